@@ -3,7 +3,8 @@
 from torchpipe.constants import AUTOTUNE, INFINITE, UNKNOWN
 from torchpipe.dataset import Dataset
 from torchpipe.errors import WorkerError
-from torchpipe.loader import DataLoader
+from torchpipe.loader import DataLoader, explain
+from torchpipe.ops.map import pure
 from torchpipe.options import Options
 from torchpipe.randomness import rng
 from torchpipe.sources import (
@@ -28,10 +29,12 @@ __all__ = [
     "Dataset",
     "Options",
     "choose_from_datasets",
+    "explain",
     "from_dataset",
     "from_iterable",
     "from_tensor_slices",
     "list_files",
+    "pure",
     "range",
     "rng",
     "sample_from_datasets",

@@ -89,7 +89,8 @@ class Dataset(torch.utils.data.IterableDataset):
         return n
 
     def explain(self) -> str:
-        """Readable text of the pipeline graph, one op a line with its parameters."""
+        """The pipeline as written and as it will run, one op a line with its parameters,
+        and a line for each rewrite the static optimizer did."""
         return explain_plan(self._plan())
 
     def __repr__(self) -> str:
@@ -103,6 +104,9 @@ class Dataset(torch.utils.data.IterableDataset):
         deterministic: bool | None = None,
         executor: str = "auto",
         name: str | None = None,
+        *,
+        pure: bool = False,
+        batched: bool = False,
     ) -> Dataset:
         """Apply ``fn`` to every element (a plain tuple element is unpacked into arguments).
 
@@ -116,6 +120,13 @@ class Dataset(torch.utils.data.IterableDataset):
                 memory; for Python-heavy functions), or ``"auto"``: measure the first calls
                 and choose (see docs/executors.md).
             name: the stage name in errors, stats and ``explain()`` (default ``map(<fn name>)``).
+            pure: declare that ``fn``'s result depends only on its element (and ``tp.rng()``)
+                and that it has no side effects the caller relies on (same as ``@tp.pure``);
+                the optimizer then runs a sequential map in parallel (map_parallelization).
+            batched: declare that ``fn`` gives the same batch applied to each element before
+                collation as applied once to the collated batch; a following ``batch`` then
+                runs first and ``fn`` once per batch (vectorize). ``fn`` must not draw
+                random numbers.
 
         Raises:
             TypeError, ValueError: for arguments of the wrong type or range.
@@ -126,7 +137,9 @@ class Dataset(torch.utils.data.IterableDataset):
         _check_executor("map", executor)
         if name is not None and not isinstance(name, str):
             raise TypeError(f"map: name must be a str, got {type(name).__name__}")
-        return Dataset(MapNode(self._node, fn, num_parallel_calls, deterministic, executor, name))
+        _check_bool("map", "pure", pure)
+        _check_bool("map", "batched", batched)
+        return Dataset(MapNode(self._node, fn, num_parallel_calls, deterministic, executor, name, pure, batched))
 
     def filter(self, predicate: Callable[..., Any]) -> Dataset:
         """Keep the elements for which ``predicate`` returns True (a bool or 0-d bool tensor)."""

@@ -72,7 +72,8 @@ class DataLoader(torch.utils.data.DataLoader):
         in_order: bool = True,
         device: str | torch.device | None = None,
     ) -> None:
-        if num_workers == "auto":
+        workers_auto = num_workers == "auto"
+        if workers_auto:
             num_workers = usable_cpu_count()
         newer = {"in_order": in_order} if _TORCH_HAS_IN_ORDER else {}
         super().__init__(
@@ -84,6 +85,7 @@ class DataLoader(torch.utils.data.DataLoader):
         if not _TORCH_HAS_IN_ORDER:
             self.in_order = in_order  # torch < 2.6 lacks it; torchpipe's workers honour it
         self.__dict__["_tp"] = _LoaderState(None if device is None else check_device(device))
+        self._tp.workers_auto = workers_auto
 
     @property
     def device(self) -> torch.device | None:
@@ -148,6 +150,58 @@ class _LoaderState:
         self.epoch_rng: Any = None
         self.current: weakref.ref | None = None
         self.resume: int | None = None
+        self.workers_auto = False
+
+
+def explain(pipeline: Dataset | torch.utils.data.DataLoader) -> str:
+    """How ``pipeline`` (a ``tp.Dataset`` or a DataLoader) is set up and how it will run.
+
+    Raises:
+        TypeError: for anything else.
+    """
+    if isinstance(pipeline, Dataset):
+        return pipeline.explain()
+    if not isinstance(pipeline, torch.utils.data.DataLoader):
+        raise TypeError(f"explain() takes a tp.Dataset or a DataLoader, got {type(pipeline).__name__}")
+    return "\n".join(_loader_lines(pipeline))
+
+
+def _loader_lines(loader: torch.utils.data.DataLoader) -> list[str]:
+    state: _LoaderState | None = loader.__dict__.get("_tp")
+    dataset = loader.dataset
+    workers = f"{loader.num_workers} (auto: usable cores)" if state is not None and state.workers_auto else str(loader.num_workers)
+    kind = "a tp.Dataset pipeline" if isinstance(dataset, Dataset) else (
+        "an IterableDataset" if isinstance(dataset, torch.utils.data.IterableDataset) else "a map-style dataset"
+    )
+    sampler = type(loader.sampler).__name__
+    collate = getattr(loader.collate_fn, "__name__", type(loader.collate_fn).__name__)
+    lines = [
+        f"{'tp' if isinstance(loader, DataLoader) else 'torch'} DataLoader as written:",
+        f"  dataset: {type(dataset).__name__} ({kind})",
+        f"  batch_size={loader.batch_size}, drop_last={loader.drop_last}, sampler: {sampler}, collate_fn: {collate}",
+        f"  num_workers={workers}, prefetch_factor={loader.prefetch_factor}, "
+        f"persistent_workers={loader.persistent_workers}, pin_memory={loader.pin_memory}",
+        "As it will run:",
+    ]
+    if isinstance(dataset, Dataset) and isinstance(loader, DataLoader):
+        lines.append("  the pipeline runs in this process with its own parallel stages (num_workers unused):")
+        lines.extend("    " + line for line in dataset.explain().splitlines())
+    elif not isinstance(loader, DataLoader):
+        lines.append("  torch's own iterator (torch.utils.data.DataLoader)")
+    elif loader.num_workers > 0 and _engine_can_run(loader):
+        fetch = "__getitems__" if hasattr(dataset, "__getitems__") else "dataset[i] per index"
+        to_shm = " (tensors stacked straight into shared memory)" if loader.collate_fn is torch_collate.default_collate else ""
+        lines.append(
+            f"  {loader.num_workers} worker processes forked from a zygote; a task per batch: {fetch}, "
+            f"then {collate}{to_shm}; {(loader.prefetch_factor or 2) * loader.num_workers} batches in flight, "
+            f"delivered {'in sampler order' if loader.in_order else 'as they finish'}; a dead worker is replaced"
+        )
+    else:
+        why = "num_workers=0" if loader.num_workers == 0 else "a spawn/forkserver context"
+        lines.append(f"  torch's own iterator ({why})")
+    if state is not None and state.device is not None and state.device.type != "cpu":
+        lines.append(f"  then copied to {state.device} ahead of use: pinned buffers, a side CUDA stream")
+    return lines
 
 
 def _rng_state(generator: torch.Generator | None) -> torch.Tensor:

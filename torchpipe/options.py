@@ -4,7 +4,21 @@ from __future__ import annotations
 
 from typing import Any
 
-_DEFAULTS: dict[str, Any] = {"seed": None, "deterministic": True, "restart_workers": True}
+OPTIMIZATIONS = (
+    "noop_elimination",
+    "shuffle_repeat_fusion",
+    "vectorize",
+    "map_parallelization",
+    "map_fusion",
+    "filter_fusion",
+    "map_filter_fusion",
+    "source_pushdown",
+    "map_batch_fusion",
+    "inject_prefetch",
+)
+"""The static optimizer's passes, in the order they run (see ``torchpipe.graph.optimizer``)."""
+
+_DEFAULTS: dict[str, Any] = {"seed": None, "deterministic": True, "restart_workers": True, "optimizations": {}}
 
 
 class Options:
@@ -23,6 +37,9 @@ class Options:
         restart_workers: replace a worker process that dies and re-run its unfinished
             elements (each element is still delivered exactly once, in order); if False, a
             dead worker raises ``tp.WorkerError`` naming its pid and signal.
+        optimizations: passes of the static optimizer to switch on or off by name, e.g.
+            ``{"map_fusion": False}``; passes not named stay on. Merging options merges
+            these dicts. See ``OPTIMIZATIONS`` and docs/optimizer.md.
 
     Raises:
         TypeError: for an unknown field or a value of the wrong type.
@@ -33,11 +50,14 @@ class Options:
     def __init__(self, **fields: Any) -> None:
         for name, value in fields.items():
             _validate(name, value)
+        if "optimizations" in fields:
+            fields["optimizations"] = dict(fields["optimizations"])  # a copy: options are immutable
         object.__setattr__(self, "_set", dict(fields))
 
     def __getattr__(self, name: str) -> Any:
         if name in _DEFAULTS:
-            return self._set.get(name, _DEFAULTS[name])
+            value = self._set.get(name, _DEFAULTS[name])
+            return dict(value) if isinstance(value, dict) else value
         raise AttributeError(f"Options has no field {name!r}")
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -51,13 +71,16 @@ class Options:
         """These options overridden by the fields that ``newer`` sets."""
         if not isinstance(newer, Options):
             raise TypeError(f"expected tp.Options, got {type(newer).__name__}")
-        return Options(**{**self._set, **newer._set})
+        merged = {**self._set, **newer._set}
+        if "optimizations" in self._set and "optimizations" in newer._set:
+            merged["optimizations"] = {**self._set["optimizations"], **newer._set["optimizations"]}
+        return Options(**merged)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Options) and self._set == other._set
 
     def __hash__(self) -> int:
-        return hash(tuple(sorted(self._set.items())))
+        return hash(tuple(sorted((k, _hashable(v)) for k, v in self._set.items())))
 
     def __repr__(self) -> str:
         body = ", ".join(f"{k}={v!r}" for k, v in self._set.items())
@@ -79,3 +102,19 @@ def _validate(name: str, value: Any) -> None:
         raise ValueError(f"Options.seed must be non-negative, got {value}")
     if name in ("deterministic", "restart_workers") and not isinstance(value, bool):
         raise TypeError(f"Options.{name} must be a bool, got {value!r}")
+    if name == "optimizations":
+        _validate_optimizations(value)
+
+
+def _validate_optimizations(value: Any) -> None:
+    if not isinstance(value, dict):
+        raise TypeError(f"Options.optimizations must be a dict of pass name -> bool, got {value!r}")
+    for key, enabled in value.items():
+        if key not in OPTIMIZATIONS:
+            raise ValueError(f"Options.optimizations: unknown pass {key!r}; expected one of {list(OPTIMIZATIONS)}")
+        if not isinstance(enabled, bool):
+            raise TypeError(f"Options.optimizations[{key!r}] must be a bool, got {enabled!r}")
+
+
+def _hashable(value: Any) -> Any:
+    return tuple(sorted(value.items())) if isinstance(value, dict) else value

@@ -5,7 +5,7 @@ def test_explain_shows_every_op_with_params_root_first():
     ds = (tp.range(100).shuffle(10, seed=3).map(abs, num_parallel_calls=2).batch(8, drop_remainder=True)
           .with_options(tp.Options(seed=1)))
     lines = ds.explain().splitlines()
-    assert lines[0] == "Pipeline (root first):"
+    assert lines[0] == "Pipeline as written (root first):"
     ops = [line.strip().lstrip("└├─│ ") for line in lines[1:6]]
     assert ops[0].startswith("with_options(") and ops[-1] == "range(start=0, stop=100, step=1)"
     assert any(op.startswith("map(fn=abs, num_parallel_calls=2") for op in ops)

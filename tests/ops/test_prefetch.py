@@ -31,7 +31,7 @@ def test_same_values_and_order_as_without_prefetch(buffer_size):
 
 def test_zero_is_a_passthrough():
     before = set(threading.enumerate())
-    it = iter(tp.range(5).prefetch(0))
+    it = iter(tp.range(5).prefetch(0).with_options(tp.Options(optimizations={"inject_prefetch": False})))
     assert next(it) == 0
     assert not isinstance(it._tree, PrefetchIterator) and not _prefetch_threads(before)
     assert list(it) == [1, 2, 3, 4]
@@ -158,7 +158,7 @@ def test_checkpoint_does_not_include_buffered_elements():
     state = it.state_dict()
     it.close()
     # the input's position before the first undelivered element, not the buffer's contents
-    assert state["pipeline"]["input"] == {"input": {"index": 3}, "seq": 3}
+    assert state["pipeline"]["input"] == {"index": 3}
     with iter(ds) as resumed:
         resumed.load_state_dict(state)
         assert list(resumed) == list(range(3, 100))

@@ -5,15 +5,17 @@ from __future__ import annotations
 from torchpipe.constants import INFINITE, UNKNOWN
 from torchpipe.graph.plan import Plan
 from torchpipe.ops.base import Node
+from torchpipe.ops.structure import ElidedNode
 
 
 def explain_plan(plan: Plan) -> str:
     """The pipeline graph as text: root first, each input indented under its consumer."""
-    lines = ["Pipeline (root first):"]
+    lines = ["Pipeline as written (root first):"]
     _render(plan.root, lines, prefix="", is_last=True, is_root=True)
-    if plan.runtime_root is not plan.root:
-        lines.append("As it will run (map+batch fused):")
-        _render(plan.runtime_root, lines, prefix="", is_last=True, is_root=True)
+    lines.append("Optimizations:")
+    lines.extend(f"  {note}" for note in plan.rewrites or ["(none applied)"])
+    lines.append("As it will run:")
+    _render(plan.runtime_root, lines, prefix="", is_last=True, is_root=True)
     cardinality = plan.root.cardinality()
     lines.append(f"Cardinality: {_cardinality_text(cardinality)}")
     lines.append(f"Options: {plan.options!r}")
@@ -21,6 +23,8 @@ def explain_plan(plan: Plan) -> str:
 
 
 def _render(node: Node, lines: list[str], prefix: str, is_last: bool, is_root: bool = False) -> None:
+    while isinstance(node, ElidedNode):  # removed ops: no iterator, nothing to show
+        node = node.inputs[0]
     branch = "" if is_root else ("└─ " if is_last else "├─ ")
     lines.append(f"  {prefix}{branch}{node.label()}")
     child_prefix = prefix if is_root else prefix + ("   " if is_last else "│  ")

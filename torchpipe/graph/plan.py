@@ -6,36 +6,37 @@ import weakref
 from typing import Any
 
 from torchpipe.errors import CheckpointError
-from torchpipe.graph.fusion import fuse_map_batch
+from torchpipe.graph.optimizer import optimize
 from torchpipe.ops.base import BuildContext, Iterator, Node
 from torchpipe.options import Options
 from torchpipe.randomness import fresh_seed
 
-_FORMAT = 1
+_FORMAT = 2
 
 
 class Plan:
-    """The graph that will run: the root as written, the root after fusion, the options.
+    """The graph as written, the graph that will run (after the static passes), the options.
 
     Args:
         root: the pipeline's root node.
         options: the pipeline's merged options.
+
+    Attributes:
+        runtime_root: the root after ``graph.optimizer.optimize``.
+        rewrites: a line per rewrite the passes did, for ``explain()``.
     """
 
     def __init__(self, root: Node, options: Options) -> None:
         self.root = root
         self.options = options
-        self.runtime_root = fuse_map_batch(root)
+        self.runtime_root, self.rewrites = optimize(root, options)
 
     def fingerprint(self) -> list[str]:
-        """The op kinds in depth-first order; a checkpoint only loads into the same shape."""
-        kinds: list[str] = []
-        stack = [self.root]
-        while stack:
-            node = stack.pop()
-            kinds.append(node.kind)
-            stack.extend(reversed(node.inputs))
-        return kinds
+        """The op kinds as written and as run, depth first.
+
+        A checkpoint only loads into a pipeline of the same shape, optimized the same way.
+        """
+        return _kinds(self.root) + ["->"] + _kinds(self.runtime_root)
 
     def iterator(self, epoch: int) -> PipelineIterator:
         return PipelineIterator(self, epoch)
@@ -117,3 +118,18 @@ class PipelineIterator:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+# Ops that leave no trace in a checkpoint: no iterator, or the input's state as their own.
+_STATELESS = ("elided", "prefetch", "with_options")
+
+
+def _kinds(root: Node) -> list[str]:
+    kinds: list[str] = []
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if node.kind not in _STATELESS:
+            kinds.append(node.kind)
+        stack.extend(reversed(node.inputs))
+    return kinds

@@ -58,7 +58,7 @@ class BuildContext:
         return dataclasses.replace(self, path=self.path + (_INNER_MARK, seq))
 
     def build_input(self, node: Node, index: int = 0) -> Iterator:
-        return node.inputs[index].build(self.child(index))
+        return node.inputs[index].build(node.input_context(self, index))
 
     def stage_seed(self) -> int:
         """A seed for this position that changes every epoch and repetition."""
@@ -106,6 +106,22 @@ class Node(abc.ABC):
     @abc.abstractmethod
     def build(self, ctx: BuildContext) -> Iterator:
         """A fresh iterator for one pass over this node's elements."""
+
+    def input_context(self, ctx: BuildContext, index: int) -> BuildContext:
+        """The context input ``index`` is built with when this node is built with ``ctx``.
+
+        Nodes made by the optimizer override it so that the nodes they stand in for keep
+        the contexts (and so the seeds) they have in the graph as written.
+        """
+        return ctx.child(index)
+
+    def elided_context(self, ctx: BuildContext) -> BuildContext:
+        """The context of this node's input when the optimizer removes the node itself."""
+        return self.input_context(ctx, 0)
+
+    def is_asynchronous(self) -> bool:
+        """Whether the iterator computes ahead of its consumer (on threads or processes)."""
+        return False
 
     def label(self) -> str:
         body = ", ".join(f"{k}={_fmt(v)}" for k, v in self.params().items())

@@ -210,6 +210,9 @@ class DeviceNode(Node):
     def params(self) -> dict[str, Any]:
         return {"device": str(self.device), "buffer_size": self.buffer_size}
 
+    def is_asynchronous(self) -> bool:
+        return self.device.type != "cpu"
+
     def build(self, ctx: BuildContext) -> Iterator:
         source = ctx.build_input(self)
         if self.device.type == "cpu":

@@ -34,6 +34,19 @@ def as_bool(stage: str, value: Any) -> bool:
     raise TypeError(f"{stage}: the predicate must return a bool, got {type(value).__name__} {value!r}")
 
 
+class _Dropped:
+    """What a fused filter stage returns for an element it drops; pickles by name."""
+
+    def __reduce__(self) -> str:
+        return "DROPPED"
+
+    def __repr__(self) -> str:
+        return "DROPPED"
+
+
+DROPPED = _Dropped()
+
+
 class _PredicateNode(Node):
     def __init__(self, input: Node, predicate: Callable[..., Any]) -> None:
         super().__init__(input)

@@ -75,6 +75,9 @@ class InterleaveNode(Node):
     def cardinality(self) -> int:
         return UNKNOWN
 
+    def is_asynchronous(self) -> bool:
+        return self.num_parallel_calls is not None
+
     def build(self, ctx: BuildContext) -> Iterator:
         source = ctx.build_input(self)
         cycle = usable_cpu_count() if self.cycle_length in (None, AUTOTUNE) else self.cycle_length

@@ -23,9 +23,10 @@ from torchpipe.ops.base import (
     function_name,
 )
 from torchpipe.ops.batch import BatchIterator
-from torchpipe.ops.shuffle import ShuffleNode
+from torchpipe.ops.filter import DROPPED
+from torchpipe.ops.shuffle import ShuffleNode, ShuffleRepeatNode
 from torchpipe.ops.sources import FromDatasetNode, IndexedSourceIterator
-from torchpipe.ops.structure import RepeatNode, ShardNode, SkipNode, TakeNode
+from torchpipe.ops.structure import ElidedNode, RepeatNode, ShardNode, SkipNode, TakeNode
 from torchpipe.runtime.codec import StackedTensor, materialize
 from torchpipe.runtime.cpu import usable_cpu_count
 from torchpipe.runtime.executor import Executor, ThreadExecutor
@@ -38,7 +39,7 @@ EXECUTORS = ("auto", "thread", "process")
 
 _WAIT_S = 0.5
 # Ops that only reorder or select elements: with source pushdown they run on indices.
-_INDEX_OPS = (ShuffleNode, TakeNode, SkipNode, ShardNode, RepeatNode)
+_INDEX_OPS = (ShuffleNode, ShuffleRepeatNode, TakeNode, SkipNode, ShardNode, RepeatNode, ElidedNode)
 # executor="auto": calls measured inline before choosing, and what makes processes worth it.
 _PROBE_ELEMENTS = 8
 _PROBE_SECONDS = 0.02
@@ -64,6 +65,8 @@ class MapNode(Node):
         deterministic: bool | None,
         executor: str,
         name: str | None,
+        pure: bool = False,
+        batched: bool = False,
     ) -> None:
         super().__init__(input)
         self.fn = fn
@@ -71,40 +74,55 @@ class MapNode(Node):
         self.deterministic = deterministic
         self.executor = executor
         self.name = name or f"map({function_name(fn)})"
+        self.pure = pure or is_pure(fn)
+        self.batched = batched
+        self.pushdown = False  # set by the optimizer's source_pushdown pass
 
     def params(self) -> dict[str, Any]:
         params: dict[str, Any] = {"fn": function_name(self.fn)}
-        if self.num_parallel_calls is not None:
-            parallel = AUTOTUNE_SYMBOL if self.num_parallel_calls == AUTOTUNE else self.num_parallel_calls
-            params.update(num_parallel_calls=parallel, deterministic=self.deterministic, executor=self.executor)
+        params.update(self.parallel_params())
+        params.update((flag, True) for flag in ("pure", "batched") if getattr(self, flag))
         return params
 
     def label(self) -> str:
         text = super().label()
-        return text if self.name == f"map({function_name(self.fn)})" else f"{text} as {self.name!r}"
+        text = text if self.name == f"map({function_name(self.fn)})" else f"{text} as {self.name!r}"
+        return text + (" [source pushed down]" if self.pushdown else "")
+
+    def parallel_params(self) -> dict[str, Any]:
+        if self.num_parallel_calls is None:
+            return {}
+        parallel = AUTOTUNE_SYMBOL if self.num_parallel_calls == AUTOTUNE else self.num_parallel_calls
+        return {"num_parallel_calls": parallel, "deterministic": self.deterministic, "executor": self.executor}
+
+    def is_asynchronous(self) -> bool:
+        return self.num_parallel_calls is not None
+
+    def function(self, ctx: BuildContext, seed_globals: bool | None = None) -> Any:
+        """What each element is passed through: an object with ``on_element(seq, element)``."""
+        return UserFunction(self.fn, self.name, ctx, seed_globals)
+
 
     def build(self, ctx: BuildContext) -> Iterator:
         if self.num_parallel_calls is None:
-            return MapIterator(self.name, ctx.build_input(self), UserFunction(self.fn, self.name, ctx))
+            return MapIterator(self.name, ctx.build_input(self), self.function(ctx))
         source, dataset = self.source(ctx)
         return self.parallel_iterator(self.name, ctx, source, lambda fn, in_process: MapTask(fn, dataset))
 
     def source(self, ctx: BuildContext) -> tuple[Iterator, Any]:
         """The input iterator, and the map-style dataset when the source is pushed down.
 
-        With source pushdown the parallel stage receives indices and runs ``dataset[i]`` next
-        to ``fn``, so sample data never crosses from the main process to a worker. Ops between
-        the source and the map that only reorder or select elements (shuffle, take, skip,
-        shard, repeat) then run on the indices: same order, same seeds (the nodes keep their
-        places in the graph), and a shuffle buffer of ints.
+        With source pushdown (``self.pushdown``, set by the optimizer) the parallel stage
+        receives indices and runs ``dataset[i]`` next to ``fn``, so sample data never crosses
+        from the main process to a worker. Ops between the source and the map that only
+        reorder or select elements (shuffle, take, skip, shard, repeat) then run on the
+        indices: same order, same seeds (the nodes keep their places in the graph), and a
+        shuffle buffer of ints.
         """
-        chain, node = [], self.inputs[0]
-        while isinstance(node, _INDEX_OPS):
-            chain.append(node)
-            node = node.inputs[0]
-        if not isinstance(node, FromDatasetNode):
+        chain, node = index_chain(self.inputs[0])
+        if not (self.pushdown and isinstance(node, FromDatasetNode)):
             return ctx.build_input(self), None
-        return self._index_chain(chain, node).build(ctx.child(0)), node.dataset
+        return self._index_chain(chain, node).build(self.input_context(ctx, 0)), node.dataset
 
     @staticmethod
     def _index_chain(chain: list[Node], source: FromDatasetNode) -> Node:
@@ -124,13 +142,48 @@ class MapNode(Node):
         return ParallelMapIterator(
             name,
             source,
-            in_threads=make_task(UserFunction(self.fn, self.name, ctx, seed_globals=False), False),
-            in_processes=make_task(UserFunction(self.fn, self.name, ctx), True),
+            in_threads=make_task(self.function(ctx, seed_globals=False), False),
+            in_processes=make_task(self.function(ctx), True),
             parallelism=parallelism,
             deterministic=ctx.deterministic(self.deterministic),
             executor=self.executor,
             restart=ctx.options.restart_workers,
         )
+
+
+def index_chain(node: Node) -> tuple[list[Node], Node]:
+    """The ops that only reorder or select elements from ``node`` down (top first), and the
+    node below them."""
+    chain = []
+    while isinstance(node, _INDEX_OPS):
+        chain.append(node)
+        node = node.inputs[0]
+    return chain, node
+
+
+def pure(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Declare ``fn`` pure: its result depends only on its arguments (and ``tp.rng()``), and it
+    has no side effects the caller relies on. Returns ``fn`` itself, marked.
+
+    A sequential ``map`` of a pure function then runs in parallel (the optimizer's
+    map_parallelization pass), and the pass may move it onto threads or worker processes.
+
+    Raises:
+        TypeError: if ``fn`` is not callable or cannot carry the mark (a builtin; wrap it
+            in a def, or pass ``map(fn, pure=True)``).
+    """
+    if not callable(fn):
+        raise TypeError(f"tp.pure expects a callable, got {type(fn).__name__}")
+    try:
+        fn.__torchpipe_pure__ = True
+    except (AttributeError, TypeError) as e:
+        raise TypeError(f"tp.pure cannot mark {fn!r}; use map(fn, pure=True) instead") from e
+    return fn
+
+
+def is_pure(fn: Any) -> bool:
+    """Whether ``fn`` was declared pure with ``@tp.pure``."""
+    return getattr(fn, "__torchpipe_pure__", False) is True
 
 
 class _IndicesNode(Node):
@@ -191,9 +244,15 @@ class MapBatchNode(Node):
     def cardinality(self) -> int:
         return self.batch_node.cardinality()
 
+    def is_asynchronous(self) -> bool:
+        return True
+
+    def input_context(self, ctx: BuildContext, index: int) -> BuildContext:
+        return self.map_node.input_context(self.batch_node.input_context(ctx, 0), index)
+
     def build(self, ctx: BuildContext) -> Iterator:
         batch, map_node = self.batch_node, self.map_node
-        map_ctx = ctx.child(0)  # where the map sits unfused: keeps its seeds
+        map_ctx = batch.input_context(ctx, 0)  # where the map sits unfused: keeps its seeds
         source, dataset = map_node.source(map_ctx)
         chunks = BatchIterator(batch.name, source, batch.batch_size, batch.drop_remainder, _as_list)
         # In a worker the batch is stacked straight into the shared-memory record it is sent in.
@@ -411,16 +470,18 @@ class ParallelMapIterator(Iterator):
                 self._executor.submit(seq, payload)
 
     def next(self) -> Any:
-        self._fill()
-        if not self._order:
-            raise StopIteration
-        seq = self._wait(self._order[0] if self._deterministic else None)
-        self._order.remove(seq)
-        value, error = self._done.pop(seq)
-        self._log.delivered(seq)
-        if error is not None:
-            raise error
-        return value
+        while True:
+            self._fill()
+            if not self._order:
+                raise StopIteration
+            seq = self._wait(self._order[0] if self._deterministic else None)
+            self._order.remove(seq)
+            value, error = self._done.pop(seq)
+            self._log.delivered(seq)
+            if error is not None:
+                raise error
+            if value is not DROPPED:  # a fused filter said no
+                return value
 
     def _wait(self, seq: int | None) -> int:
         """Wait until element ``seq`` (or, if None, any element) has finished."""

@@ -16,7 +16,7 @@ from collections import deque
 from typing import Any, Callable
 
 from torchpipe.constants import AUTOTUNE
-from torchpipe.ops.base import BuildContext, Iterator, Node, PositionLog, check_state
+from torchpipe.ops.base import AUTOTUNE_SYMBOL, BuildContext, Iterator, Node, PositionLog, check_state
 
 AUTOTUNE_DEPTH = 2
 """Buffer depth used for ``prefetch(tp.AUTOTUNE)`` until the autotuner resizes it."""
@@ -35,7 +35,10 @@ class PrefetchNode(Node):
         self.buffer_size = buffer_size
 
     def params(self) -> dict[str, Any]:
-        return {"buffer_size": "AUTOTUNE" if self.buffer_size == AUTOTUNE else self.buffer_size}
+        return {"buffer_size": AUTOTUNE_SYMBOL if self.buffer_size == AUTOTUNE else self.buffer_size}
+
+    def is_asynchronous(self) -> bool:
+        return self.buffer_size != 0
 
     def build(self, ctx: BuildContext) -> Iterator:
         source = ctx.build_input(self)
@@ -141,8 +144,6 @@ class PrefetchIterator(Iterator):
         depth: the buffer depth; see :attr:`depth`.
     """
 
-    INPUT, SEQ, SKIP = "input", "seq", "skip"  # PositionLog's state keys
-
     def __init__(self, name: str, source: Iterator, depth: int) -> None:
         super().__init__(name, source)
         self._log = PositionLog(source)
@@ -187,13 +188,15 @@ class PrefetchIterator(Iterator):
         return element
 
     def get_state(self) -> dict[str, Any]:
-        return copy.deepcopy(self._log.state())
+        # The input's own state at the consumer's position: elements read ahead are read
+        # again after a resume. So a prefetch adds nothing to a checkpoint, and one with and
+        # one without it (the optimizer injects one) load each other's.
+        return copy.deepcopy(self._log.state()["input"])
 
     def set_state(self, state: dict[str, Any]) -> None:
-        check_state(self.name, state, self.INPUT, self.SEQ, self.SKIP)
-        self._log.set_state(state)
+        self._log.set_state({"input": state, "seq": 0, "skip": []})
 
     def shutdown(self) -> None:
         self._finalizer()
-        if self._thread is not None:
+        if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=_JOIN_S)

@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from torchpipe.ops.base import BuildContext, Iterator, Node, check_state
+from torchpipe.ops.structure import RepeatIterator
 
 
 class ShuffleNode(Node):
@@ -63,6 +64,13 @@ class ShuffleIterator(Iterator):
         self._buffer: list[Any] = []
         self._input_done = False
 
+    def rebind(self, source: Iterator, seed: int) -> None:
+        """Start over on a new input with a new seed, keeping the (drained) buffer."""
+        self._source = source
+        self.inputs = [source]
+        self._rng = np.random.Generator(np.random.PCG64(seed))
+        self._input_done = False
+
     def _fill(self) -> None:
         buffer, source = self._buffer, self._source
         while not self._input_done and len(buffer) < self._capacity:
@@ -107,3 +115,59 @@ class ShuffleIterator(Iterator):
 def copy_rng_state(state: dict[str, Any]) -> dict[str, Any]:
     """A copy of a bit generator's state dict (it nests a dict, which must not be shared)."""
     return {k: dict(v) if isinstance(v, dict) else v for k, v in state.items()}
+
+
+class ShuffleRepeatNode(Node):
+    """``shuffle(...).repeat(count)`` as one op (made by the optimizer's shuffle_repeat_fusion).
+
+    The output is the unfused pair's, epoch boundaries included (tf.data's semantics): each
+    repetition draws with the seed the unfused shuffle would have had in it. One shuffle
+    iterator and its buffer are kept for all repetitions instead of being rebuilt each time.
+    """
+
+    kind = "shuffle_repeat"
+
+    def __init__(self, shuffle: ShuffleNode, repeat: Node) -> None:
+        super().__init__(*shuffle.inputs)
+        self.shuffle = shuffle
+        self.repeat = repeat
+        self.count = repeat.count
+
+    def label(self) -> str:
+        return f"{self.shuffle.label()} + {self.repeat.label()}"
+
+    def cardinality(self) -> int:
+        return self.repeat.cardinality()
+
+    def input_context(self, ctx: BuildContext, index: int) -> BuildContext:
+        return self.repeat.input_context(ctx, 0)  # the shuffle's; each repetition adds its count
+
+    def build(self, ctx: BuildContext) -> Iterator:
+        return ShuffleRepeatIterator(self, ctx)
+
+
+class ShuffleRepeatIterator(RepeatIterator):
+    """A repeat whose repetitions all run through one shuffle iterator, rebound each time."""
+
+    def __init__(self, node: ShuffleRepeatNode, ctx: BuildContext) -> None:
+        self._shuffler: ShuffleIterator | None = None
+        super().__init__(node, ctx)
+
+    def _make_source(self) -> Iterator:
+        shuffle = self._node.shuffle
+        shuffle_ctx = self._ctx.repetition(self._repetition)
+        source = self._node.inputs[0].build(shuffle.input_context(shuffle_ctx, 0))
+        seed = shuffle_ctx.op_seed(shuffle.seed, shuffle.reshuffle_each_iteration)
+        if self._shuffler is None:
+            self._shuffler = ShuffleIterator(shuffle.kind, source, shuffle.buffer_size, seed)
+        else:
+            self._shuffler.rebind(source, seed)
+        self.inputs = [self._shuffler]
+        return self._shuffler
+
+    def _release(self, source: Iterator) -> None:
+        source.inputs[0].close()  # this repetition's input; the shuffle itself is reused
+
+    def shutdown(self) -> None:
+        if self._shuffler is not None:
+            self._shuffler.close()

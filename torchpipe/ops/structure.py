@@ -41,6 +41,9 @@ class RepeatNode(Node):
     def build(self, ctx: BuildContext) -> Iterator:
         return RepeatIterator(self, ctx)
 
+    def elided_context(self, ctx: BuildContext) -> BuildContext:
+        return self.input_context(ctx, 0).repetition(0)
+
 
 class RepeatIterator(Iterator):
     """Rebuilds its input for every repetition (so random ops below draw anew each time).
@@ -50,10 +53,10 @@ class RepeatIterator(Iterator):
 
     REPETITION, INPUT, FRESH = "repetition", "input", "fresh"
 
-    def __init__(self, node: RepeatNode, ctx: BuildContext) -> None:
+    def __init__(self, node: Node, ctx: BuildContext) -> None:
         super().__init__(node.kind)
         self._node = node
-        self._ctx = ctx.child(0)
+        self._ctx = node.input_context(ctx, 0)
         self._repetition = 0
         self._fresh = True  # nothing produced yet in this repetition
         self._source: Iterator | None = self._make_source() if node.count != 0 else None
@@ -76,7 +79,7 @@ class RepeatIterator(Iterator):
 
     def _advance(self) -> None:
         empty = self._fresh
-        self._source.close()
+        self._release(self._source)
         self._repetition += 1
         self._fresh = True
         count = self._node.count
@@ -86,6 +89,10 @@ class RepeatIterator(Iterator):
         else:
             self._source = self._make_source()
 
+    def _release(self, source: Iterator) -> None:
+        """Done with one repetition's iterator."""
+        source.close()
+
     def get_state(self) -> dict[str, Any]:
         source = self._source.state_dict() if self._source is not None else None
         return {self.REPETITION: self._repetition, self.INPUT: source, self.FRESH: self._fresh}
@@ -93,7 +100,7 @@ class RepeatIterator(Iterator):
     def set_state(self, state: dict[str, Any]) -> None:
         check_state(self.name, state, self.REPETITION, self.INPUT, self.FRESH)
         if self._source is not None:
-            self._source.close()
+            self._release(self._source)
         self._repetition = int(state[self.REPETITION])
         self._fresh = bool(state[self.FRESH])
         if state[self.INPUT] is None:
@@ -306,5 +313,48 @@ class WithOptionsNode(Node):
     def own_options(self) -> Options:
         return self.options
 
+    def is_asynchronous(self) -> bool:
+        return self.inputs[0].is_asynchronous()
+
     def build(self, ctx: BuildContext) -> Iterator:
         return ctx.build_input(self)
+
+
+class ElidedNode(Node):
+    """Stands in for ops the optimizer removed as no-ops (``take(-1)``, ``repeat(1)``, ...).
+
+    It has no iterator: building it builds its input, with the context the input had below
+    the removed ops, so the seeds of everything underneath stay as written.
+
+    Args:
+        hops: the removed nodes, outermost first.
+        input: the node below them.
+    """
+
+    kind = "elided"
+
+    def __init__(self, hops: tuple[Node, ...], input: Node) -> None:
+        super().__init__(input)
+        self.hops = hops
+
+    def label(self) -> str:
+        return "elided(" + ", ".join(hop.label() for hop in self.hops) + ")"
+
+    def input_context(self, ctx: BuildContext, index: int) -> BuildContext:
+        return walk_contexts(self.hops, ctx)
+
+    def elided_context(self, ctx: BuildContext) -> BuildContext:
+        return walk_contexts(self.hops, ctx)
+
+    def is_asynchronous(self) -> bool:
+        return self.inputs[0].is_asynchronous()
+
+    def build(self, ctx: BuildContext) -> Iterator:
+        return ctx.build_input(self)
+
+
+def walk_contexts(hops: tuple[Node, ...], ctx: BuildContext) -> BuildContext:
+    """The context below ``hops`` (outermost first) when the first is built with ``ctx``."""
+    for hop in hops:
+        ctx = hop.elided_context(ctx)
+    return ctx

@@ -6,9 +6,11 @@ import pytest
 import torch
 
 import torchpipe as tp
-from torchpipe.graph.fusion import fuse_map_batch
+from torchpipe.graph.passes import map_batch_fusion
 from torchpipe.ops.map import MapBatchNode
 from torchpipe.testing import assert_checkpoint_roundtrip, assert_same_elements
+
+from tests.graph.passes.toggle import assert_pass_keeps_output, only
 
 
 class Items(torch.utils.data.Dataset):
@@ -40,7 +42,20 @@ def test_fused_output_equals_inline_output(executor):
     fused = tp.from_dataset(Items()).map(noisy, 2, executor=executor).batch(5).with_options(seeded)
     inline = tp.from_dataset(Items()).map(noisy).batch(5).with_options(seeded)
     assert_same_elements(without_pids(fused), without_pids(inline))
-    assert "As it will run (map+batch fused)" in fused.explain()
+    assert "map_batch_fusion: batch(batch_size=5, drop_remainder=False) -> fused into map(" in fused.explain()
+
+
+@pytest.mark.parametrize("executor", ["thread", "process"])
+def test_on_and_off_agree(executor):
+    ds = tp.range(23).map(lambda x: x + tp.rng().random(), 2, executor=executor).batch(4)
+    assert_pass_keeps_output(ds.with_options(tp.Options(seed=8)), "map_batch_fusion")
+
+
+def test_a_chain_with_a_filter_is_not_fused_with_the_batch():
+    ds = tp.range(20).map(abs, 2).filter(lambda x: x % 3 > 0).batch(4)
+    on = only(ds, "map_filter_fusion", "map_batch_fusion")
+    assert "map_batch_fusion:" not in on.explain()
+    assert [b.tolist() for b in on] == [b.tolist() for b in only(ds)]
 
 
 def test_workers_collate_whole_batches_with_getitems():
@@ -67,11 +82,12 @@ def test_fused_checkpoint_roundtrip(executor):
 def test_rewrite_copies_only_what_changes():
     inner = tp.range(10).map(abs, 2).batch(3)
     root = inner.take(2)._node
-    fused = fuse_map_batch(root)
-    assert fused is not root and isinstance(fused.inputs[0], MapBatchNode)
+    notes = []
+    fused = map_batch_fusion.apply(root, tp.Options(), notes)
+    assert fused is not root and isinstance(fused.inputs[0], MapBatchNode) and len(notes) == 1
     assert root.inputs[0] is inner._node  # the graph as written is untouched
     plain = tp.range(5).map(abs).batch(2)._node
-    assert fuse_map_batch(plain) is plain  # sequential maps are not fused
+    assert map_batch_fusion.apply(plain, tp.Options(), []) is plain  # sequential maps are not fused
 
 
 def global_noise(x, label):

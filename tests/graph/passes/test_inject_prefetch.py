@@ -1,0 +1,37 @@
+import threading
+
+import torchpipe as tp
+from torchpipe.ops.prefetch import PrefetchIterator
+
+from tests.graph.passes.toggle import assert_pass_keeps_output, only
+
+
+def noisy(x):
+    return x + tp.rng().random()
+
+
+def test_a_synchronous_last_op_gets_a_prefetch_with_the_same_output():
+    ds = tp.range(30).shuffle(8).map(noisy).batch(4).with_options(tp.Options(seed=3))
+    assert_pass_keeps_output(ds, "inject_prefetch")
+    it = iter(only(ds, "inject_prefetch"))
+    next(it)
+    assert isinstance(it._tree, PrefetchIterator)
+    assert any(t.name.startswith("torchpipe-prefetch") for t in threading.enumerate())
+    it.close()
+
+
+def test_nothing_is_added_after_an_asynchronous_op():
+    for ds in (tp.range(5).prefetch(2), tp.range(5).map(abs, 2), tp.range(5).map(abs).with_options(tp.Options())
+               .prefetch(1)):
+        assert "inject_prefetch:" not in only(ds, "inject_prefetch").explain()
+
+
+def test_a_checkpoint_loads_with_or_without_the_injected_prefetch():
+    ds = tp.range(10).map(noisy).with_options(tp.Options(seed=1))
+    plain = iter(only(ds))
+    for _ in range(4):
+        next(plain)
+    state = plain.state_dict()
+    with iter(only(ds, "inject_prefetch")) as resumed:
+        resumed.load_state_dict(state)
+        assert list(resumed) == list(only(ds))[4:]

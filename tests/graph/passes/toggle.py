@@ -1,0 +1,42 @@
+"""Run a pipeline with one optimizer pass on and with none, and compare."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torchpipe as tp
+from torchpipe.options import OPTIMIZATIONS
+from torchpipe.testing import assert_checkpoint_roundtrip, assert_same_elements
+
+NONE = {name: False for name in OPTIMIZATIONS}
+
+
+def only(ds: tp.Dataset, *names: str) -> tp.Dataset:
+    """``ds`` with just the passes ``names`` switched on."""
+    return ds.with_options(tp.Options(optimizations={**NONE, **{name: True for name in names}}))
+
+
+def unoptimized(ds: tp.Dataset) -> tp.Dataset:
+    return ds.with_options(tp.Options(optimizations=NONE))
+
+
+def assert_pass_keeps_output(ds: tp.Dataset, name: str, applies: bool = True, roundtrip: bool = True) -> list[Any]:
+    """With only ``name`` on, ``ds`` yields exactly what it yields with no pass on, and resumes
+    exactly from every position; ``applies`` says whether the pass must have rewritten it."""
+    on = only(ds, name)
+    assert (f"{name}:" in on.explain()) is applies, on.explain()
+    expected = list(unoptimized(ds))
+    assert_same_elements(list(on), expected)
+    if roundtrip:
+        assert_checkpoint_roundtrip(on)
+    return expected
+
+
+def running_root(ds: tp.Dataset):
+    """The root node that will run, below any ``with_options``."""
+    from torchpipe.ops.structure import WithOptionsNode
+
+    root = ds._plan().runtime_root
+    while isinstance(root, WithOptionsNode):
+        root = root.inputs[0]
+    return root
