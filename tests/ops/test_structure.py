@@ -77,6 +77,12 @@ def test_with_options_is_transparent():
     assert list(ds) == [0, 1, 2] and ds.cardinality() == 3 and "with_options" in ds.explain()
 
 
+def test_more_options_do_not_change_the_random_draws_below_them():
+    ds = tp.range(20).shuffle(8).map(lambda x: x + tp.rng().random()).with_options(tp.Options(seed=4))
+    more = ds.with_options(tp.Options(deterministic=False)).with_options(tp.Options(restart_workers=False))
+    assert list(ds) == list(more)
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_checkpoint_roundtrip(name):
     assert_checkpoint_roundtrip(CASES[name][0]())

@@ -93,11 +93,14 @@ class PipelineIterator:
         """
         if not isinstance(state, dict) or state.get("format") != _FORMAT:
             raise CheckpointError("not a torchpipe iterator state (missing or unknown 'format')")
-        if state.get("ops") != self._plan.fingerprint():
-            raise CheckpointError(
-                f"checkpoint is from another pipeline: ops {state.get('ops')} "
-                f"vs {self._plan.fingerprint()}"
-            )
+        saved, mine = state.get("ops"), self._plan.fingerprint()
+        if saved != mine:
+            if isinstance(saved, list) and "->" in saved and saved[: saved.index("->")] == mine[: mine.index("->")]:
+                raise CheckpointError(
+                    "checkpoint is from this pipeline optimized differently (Options.optimizations "
+                    f"changed?): it ran as {saved[saved.index('->') + 1:]}, this runs as {mine[mine.index('->') + 1:]}"
+                )
+            raise CheckpointError(f"checkpoint is from another pipeline: ops {saved} vs {mine}")
         self.close()
         self._seed = int(state["seed"])
         self._epoch = int(state["epoch"])

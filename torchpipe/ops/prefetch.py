@@ -16,7 +16,7 @@ from collections import deque
 from typing import Any, Callable
 
 from torchpipe.constants import AUTOTUNE
-from torchpipe.ops.base import AUTOTUNE_SYMBOL, BuildContext, Iterator, Node, PositionLog, check_state
+from torchpipe.ops.base import AUTOTUNE_SYMBOL, BuildContext, Iterator, Node, PositionLog
 
 AUTOTUNE_DEPTH = 2
 """Buffer depth used for ``prefetch(tp.AUTOTUNE)`` until the autotuner resizes it."""

@@ -316,6 +316,9 @@ class WithOptionsNode(Node):
     def is_asynchronous(self) -> bool:
         return self.inputs[0].is_asynchronous()
 
+    def input_context(self, ctx: BuildContext, index: int) -> BuildContext:
+        return ctx  # setting options does not move the seeds of what is below
+
     def build(self, ctx: BuildContext) -> Iterator:
         return ctx.build_input(self)
 
