@@ -1,3 +1,5 @@
+import pytest
+
 import torchpipe as tp
 
 
@@ -17,3 +19,36 @@ def test_explain_draws_multi_input_graphs_as_a_tree():
     text = ds.explain()
     assert "├─ range(start=0, stop=3, step=1)" in text
     assert "└─ map(fn=abs)" in text and "   └─ range(start=0, stop=4, step=1)" in text
+
+
+def test_explain_shows_what_each_pass_did_and_the_plan_that_runs():
+    ds = tp.range(50).map(abs).map(float).take(-1).filter(lambda x: x > 3).map(abs, 2, executor="thread").batch(4)
+    text = ds.explain()
+    written, rest = text.split("Optimizations:")
+    notes, running = rest.split("As it will run:")
+    assert "take(count=-1)" in written and "take" not in running
+    assert "noop_elimination: take(count=-1) -> removed" in notes
+    assert "map_fusion: map(abs) + map(float) -> one stage, inline" in notes
+    assert "map_batch_fusion: batch(batch_size=4, drop_remainder=False) -> fused into map(fn=abs" in notes
+    first = running.strip().splitlines()[0]
+    assert first.startswith("map(fn=abs, num_parallel_calls=2") and "+ batch(batch_size=4" in first
+
+
+def test_tp_explain_describes_a_dataloader():
+    import torch
+
+    class Squares(torch.utils.data.Dataset):
+        def __len__(self):
+            return 10
+
+        def __getitem__(self, i):
+            return i * i
+
+    text = tp.explain(tp.DataLoader(Squares(), batch_size=4, shuffle=True, num_workers="auto"))
+    assert "dataset: Squares (a map-style dataset)" in text and "sampler: RandomSampler" in text
+    assert "(auto: usable cores)" in text and "worker processes forked from a zygote" in text
+    assert "torch's own iterator (num_workers=0)" in tp.explain(tp.DataLoader(Squares()))
+    assert "Optimizations:" in tp.explain(tp.DataLoader(tp.range(3).map(abs), batch_size=None))
+    assert tp.explain(tp.range(3)) == tp.range(3).explain()
+    with pytest.raises(TypeError, match="tp.Dataset or a DataLoader"):
+        tp.explain([1, 2])

@@ -48,7 +48,8 @@ _GIL_FREE_FOR_THREADS = 0.5
 # Large results are cheaper from workers: they arrive as views of shared memory, while threads
 # allocate them in this process (a page fault per 4 KB page for each new large tensor).
 _LARGE_RESULT_BYTES = 1 << 20
-_PROBE_THREADS = 2  # calls per thread in the two-thread trial
+_PROBE_THREADS = 3  # calls per thread in the two-thread trial
+_PROBE_BASELINE = 2  # calls timed one at a time (without the GIL probe) just before it
 _THREAD_SPEEDUP = 1.3  # below this, two threads are not worth it: the function holds the GIL
 
 
@@ -401,11 +402,17 @@ class ParallelMapIterator(Iterator):
     def _thread_speedup(self, per_call: float) -> float:
         """Run the next few elements on two threads; their speed-up over one call at a time.
 
-        Only where calls do not seed the global RNGs (threads would race on them), else 2.
+        The one-at-a-time cost is timed again right before, without the GIL probe running
+        beside it (which slows calls down and would flatter the threads). Only where calls do
+        not seed the global RNGs (threads would race on them), else 2.
         """
         task = self._tasks["thread"]
         if getattr(getattr(self._tasks["process"], "fn", None), "seeds_globals", False):
             return 2.0
+        t0 = time.perf_counter()
+        baseline = self._run_inline(_PROBE_BASELINE)
+        if baseline:
+            per_call = (time.perf_counter() - t0) / baseline
         trial = ThreadExecutor(task, 2, self.name)
         try:
             pending = set()
@@ -434,9 +441,9 @@ class ParallelMapIterator(Iterator):
         ]
         return sum(sizes) / len(sizes) if sizes else 0.0
 
-    def _run_inline(self) -> int:
+    def _run_inline(self, limit: int = _PROBE_ELEMENTS) -> int:
         task, count, deadline = self._tasks["process"], 0, None
-        while count < _PROBE_ELEMENTS and not self._exhausted:
+        while count < limit and not self._exhausted:
             seq, payload = self._pull()
             if seq is None:
                 continue
