@@ -134,7 +134,7 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown cases {unknown}; choose from {list(CASES)}")
     rows = []
-    print("| pass | pipeline | on | off | on / off |\n|---|---|---|---|---|")
+    print("| pass | unit | on | off | on / off |\n|---|---|---|---|---|")
     for name in names:
         row = run_case(name, args.seconds, args.rounds)
         rows.append(row)
