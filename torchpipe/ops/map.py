@@ -49,7 +49,7 @@ _GIL_FREE_FOR_THREADS = 0.5
 # allocate them in this process (a page fault per 4 KB page for each new large tensor).
 _LARGE_RESULT_BYTES = 1 << 20
 _PROBE_THREADS = 3  # calls per thread in the two-thread trial
-_PROBE_BASELINE = 2  # calls timed one at a time (without the GIL probe) just before it
+_PROBE_BASELINE = 3  # calls timed one at a time (without the GIL probe) just before it
 _THREAD_SPEEDUP = 1.3  # below this, two threads are not worth it: the function holds the GIL
 
 
@@ -402,17 +402,20 @@ class ParallelMapIterator(Iterator):
     def _thread_speedup(self, per_call: float) -> float:
         """Run the next few elements on two threads; their speed-up over one call at a time.
 
-        The one-at-a-time cost is timed again right before, without the GIL probe running
-        beside it (which slows calls down and would flatter the threads). Only where calls do
+        The one-at-a-time cost is timed again right before (the fastest of a few calls), without
+        the GIL probe running beside it, which slows calls down and would flatter the threads. Only where calls do
         not seed the global RNGs (threads would race on them), else 2.
         """
         task = self._tasks["thread"]
         if getattr(getattr(self._tasks["process"], "fn", None), "seeds_globals", False):
             return 2.0
-        t0 = time.perf_counter()
-        baseline = self._run_inline(_PROBE_BASELINE)
-        if baseline:
-            per_call = (time.perf_counter() - t0) / baseline
+        timings = []
+        for _ in range(_PROBE_BASELINE):  # the fastest single call: noise only ever slows one down
+            t0 = time.perf_counter()
+            if self._run_inline(1):
+                timings.append(time.perf_counter() - t0)
+        if timings:
+            per_call = min(timings)
         trial = ThreadExecutor(task, 2, self.name)
         try:
             pending = set()
