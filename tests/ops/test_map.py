@@ -4,6 +4,7 @@ import time
 import pytest
 
 import torchpipe as tp
+from torchpipe.ops.map import ParallelMapIterator
 from torchpipe.testing import assert_checkpoint_roundtrip
 
 
@@ -356,3 +357,55 @@ def test_pushdown_through_shuffle_take_skip_shard_repeat(executor):
     if executor == "process":
         assert all(fetch == worker != os.getpid() for _, fetch, worker in out)  # dataset[i] ran in the worker
     assert_checkpoint_roundtrip(pushed.with_options(seeded).map(lambda i, a, b: i))
+
+
+def spin(x):
+    total = 0
+    for i in range(2_000):
+        total += i
+    return x + total % 1
+
+
+def _start_on_threads(monkeypatch, slow):
+    """Make executor='auto' pick threads after its trial, and its later check say ``slow``."""
+    import torchpipe.ops.map as map_module
+
+    probe = map_module.gil_free_fraction
+
+    def fooled(run):
+        measured, _, seconds = probe(run)
+        return measured, 1.0, max(seconds, measured * 1e-4)  # as if calls released the GIL and cost 100 us
+
+    monkeypatch.setattr(map_module, "gil_free_fraction", fooled)
+    monkeypatch.setattr(ParallelMapIterator, "_thread_speedup", lambda self, per_call: 2.0)
+    monkeypatch.setattr(map_module, "_CHECK_S", 0.0)
+    monkeypatch.setattr(map_module._ThreadCheck, "slow", lambda self: slow)
+
+
+def test_auto_moves_to_processes_when_threads_prove_slow(monkeypatch):
+    _start_on_threads(monkeypatch, slow=True)
+    it = iter(tp.range(300).map(spin, 2).with_options(tp.Options(optimizations={"inject_prefetch": False})))
+    out = [next(it) for _ in range(5)]
+    assert it._tree.executor_kind == "thread"
+    out += list(it)
+    assert out == list(range(300)) and it._tree.executor_kind == "process"
+
+
+def test_auto_keeps_threads_that_prove_fast(monkeypatch):
+    _start_on_threads(monkeypatch, slow=False)
+    it = iter(tp.range(300).map(spin, 2).with_options(tp.Options(optimizations={"inject_prefetch": False})))
+    assert list(it) == list(range(300))
+    assert it._tree.executor_kind == "thread" and it._tree._pool is None
+
+
+def test_the_thread_check_asks_for_a_waiting_consumer_and_no_speedup():
+    from torchpipe.ops.map import _ThreadCheck
+
+    check = _ThreadCheck(per_call=0.001)
+    check.start -= 1.0  # one second of threads
+    check.results, check.waited = 1000, 0.9  # one call's worth per call time, consumer waiting
+    assert check.slow()
+    check.results = 2000  # two calls' worth: threads overlap
+    assert not check.slow()
+    check.results, check.waited = 1000, 0.1  # the consumer was the bottleneck
+    assert not check.slow()

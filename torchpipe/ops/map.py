@@ -51,6 +51,23 @@ _LARGE_RESULT_BYTES = 1 << 20
 _PROBE_THREADS = 3  # calls per thread in the two-thread trial
 _PROBE_BASELINE = 3  # calls timed one at a time (without the GIL probe) just before it
 _THREAD_SPEEDUP = 1.3  # below this, two threads are not worth it: the function holds the GIL
+_CHECK_RESULTS, _CHECK_S = 16, 0.3  # threads chosen by the trial are confirmed after this much work
+
+
+class _ThreadCheck:
+    """What confirming a choice of threads measures: results delivered and time the consumer waited."""
+
+    def __init__(self, per_call: float) -> None:
+        self.per_call = per_call
+        self.start = time.perf_counter()
+        self.results = 0
+        self.waited = 0.0
+
+    def slow(self) -> bool:
+        """The consumer mostly waited, and threads delivered less than ``_THREAD_SPEEDUP`` calls'
+        worth per call time."""
+        elapsed = time.perf_counter() - self.start
+        return self.waited > 0.5 * elapsed and self.results * self.per_call / elapsed < _THREAD_SPEEDUP
 
 
 class MapNode(Node):
@@ -351,6 +368,7 @@ class ParallelMapIterator(Iterator):
         self._order: deque[int] = deque()
         self._done: dict[int, tuple[Any, BaseException | None]] = {}
         self._exhausted = False
+        self._check: _ThreadCheck | None = None
 
     @property
     def executor_kind(self) -> str:
@@ -390,14 +408,37 @@ class ParallelMapIterator(Iterator):
             # really run faster than one.
             holds_gil = self._thread_speedup(per_call) < _THREAD_SPEEDUP
         if self._pool is not None and (holds_gil or self._mean_result_bytes() >= _LARGE_RESULT_BYTES):
-            self._pool.start()
-            self._kind, self._executor = "process", self._pool
+            self._use_processes()
             return
-        if self._pool is not None:
-            self._pool.close()
-            self._pool = None
         self._kind = "thread"
         self._executor = ThreadExecutor(self._tasks["thread"], self._parallelism, self.name)
+        if self._pool is not None and per_call >= _PROCESS_MIN_CALL_S:
+            self._check = _ThreadCheck(per_call)  # the trial can mislead: confirm in steady state
+        elif self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+    def _use_processes(self) -> None:
+        self._pool.start()
+        self._kind, self._executor = "process", self._pool
+
+    def _confirm_threads(self) -> None:
+        """Once threads have run a while: if this stage held the consumer up and threads ran no
+        faster than one call at a time should, finish their calls and move to the processes."""
+        check = self._check
+        if check.results < _CHECK_RESULTS or time.perf_counter() - check.start < _CHECK_S:
+            return
+        self._check = None
+        if check.slow():
+            threads = self._executor
+            while any(seq not in self._done for seq in self._order):
+                for seq, value, error in threads.collect(_WAIT_S):
+                    self._done[seq] = (value, error)
+            threads.close()
+            self._use_processes()
+        else:
+            self._pool.close()
+            self._pool = None
 
     def _thread_speedup(self, per_call: float) -> float:
         """Run the next few elements on two threads; their speed-up over one call at a time.
@@ -488,6 +529,9 @@ class ParallelMapIterator(Iterator):
             self._order.remove(seq)
             value, error = self._done.pop(seq)
             self._log.delivered(seq)
+            if self._check is not None:
+                self._check.results += 1
+                self._confirm_threads()
             if error is not None:
                 raise error
             if value is not DROPPED:  # a fused filter said no
@@ -500,8 +544,11 @@ class ParallelMapIterator(Iterator):
                 return next(iter(self._done))
             if seq is not None and seq in self._done:
                 return seq
+            t0 = time.perf_counter()
             for done_seq, value, error in self._executor.collect(_WAIT_S):
                 self._done[done_seq] = (value, error)
+            if self._check is not None:
+                self._check.waited += time.perf_counter() - t0
 
     def get_state(self) -> dict[str, Any]:
         return self._log.state()
