@@ -4,7 +4,9 @@ import math
 
 import pytest
 
-from torchpipe.autotune.model import Stage, cpu_cores, empty_probability, memory_bytes, predict_time, segments
+from torchpipe.autotune.model import cpu_cores, empty_probability, memory_bytes, predict_time, segments
+
+from tests.autotune.simulated import pipeline
 
 
 def test_empty_probability_of_small_queues():
@@ -16,14 +18,6 @@ def test_empty_probability_of_small_queues():
     assert empty_probability(1e6, 8) == pytest.approx(0.0, abs=1e-9)  # no overflow for big loads
     assert all(empty_probability(0.9, k) > empty_probability(0.9, k + 1) for k in range(1, 10))
 
-
-def pipeline(map_s=1e-3, step_s=0.0, cpu=1.0, element=0.0):
-    return [
-        Stage("source", 5e-6),
-        Stage("map", map_s, parallelism="p", cpu_fraction=cpu, bytes_per_element=element),
-        Stage("batch", 2e-5, buffer="depth", bytes_per_element=element),
-        Stage("consumer", step_s),
-    ]
 
 
 def test_segments_split_at_buffers():

@@ -4,19 +4,16 @@ import itertools
 
 import pytest
 
-from torchpipe.autotune.model import Knob, Stage, cpu_cores, memory_bytes, predict_time
+from torchpipe.autotune.model import Knob, cpu_cores, memory_bytes, predict_time
 from torchpipe.autotune.tuner import Budget, backoff_intervals, hill_climb
+
+from tests.autotune import simulated
 
 KNOBS = [Knob("p", 1, 1, 64), Knob("depth", 1, 1, 256)]
 
 
 def pipeline(map_s=1e-3, step_s=0.0, cpu=1.0, element=1e5):
-    return [
-        Stage("source", 5e-6),
-        Stage("map", map_s, parallelism="p", cpu_fraction=cpu, bytes_per_element=element),
-        Stage("batch", 2e-5, buffer="depth", bytes_per_element=element),
-        Stage("consumer", step_s),
-    ]
+    return simulated.pipeline(map_s, step_s, cpu, element)
 
 
 def best_by_search(stages, budget):
