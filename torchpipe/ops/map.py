@@ -120,7 +120,6 @@ class MapNode(Node):
         """What each element is passed through: an object with ``on_element(seq, element)``."""
         return UserFunction(self.fn, self.name, ctx, seed_globals)
 
-
     def build(self, ctx: BuildContext) -> Iterator:
         if self.num_parallel_calls is None:
             return MapIterator(self.name, ctx.build_input(self), self.function(ctx))
