@@ -30,13 +30,14 @@ class Plan:
         self.root = root
         self.options = options
         self.runtime_root, self.rewrites = optimize(root, options)
+        self._fingerprint = _kinds(root) + ["->"] + _kinds(self.runtime_root)
 
     def fingerprint(self) -> list[str]:
-        """The op kinds as written and as run, depth first.
+        """The op kinds as written and as run, depth first (a fresh list).
 
         A checkpoint only loads into a pipeline of the same shape, optimized the same way.
         """
-        return _kinds(self.root) + ["->"] + _kinds(self.runtime_root)
+        return list(self._fingerprint)
 
     def iterator(self, epoch: int) -> PipelineIterator:
         return PipelineIterator(self, epoch)
@@ -123,16 +124,12 @@ class PipelineIterator:
         self.close()
 
 
-# Ops that leave no trace in a checkpoint: no iterator, or the input's state as their own.
-_STATELESS = ("elided", "prefetch", "with_options")
-
-
 def _kinds(root: Node) -> list[str]:
     kinds: list[str] = []
     stack = [root]
     while stack:
         node = stack.pop()
-        if node.kind not in _STATELESS:
+        if not node.checkpoints_as_input:
             kinds.append(node.kind)
         stack.extend(reversed(node.inputs))
     return kinds

@@ -87,6 +87,9 @@ class Node(abc.ABC):
     """A logical op: parameters and input nodes. Immutable and cheap to build."""
 
     kind: ClassVar[str]
+    checkpoints_as_input: ClassVar[bool] = False
+    """True for ops that leave no trace in a checkpoint (no iterator, or the input's state as
+    their own); checkpoint fingerprints skip them."""
 
     def __init__(self, *inputs: Node) -> None:
         self.inputs: tuple[Node, ...] = inputs

@@ -29,6 +29,7 @@ class PrefetchNode(Node):
     """The input's elements, computed up to ``buffer_size`` ahead on a background thread."""
 
     kind = "prefetch"
+    checkpoints_as_input = True
 
     def __init__(self, input: Node, buffer_size: int) -> None:
         super().__init__(input)

@@ -302,6 +302,7 @@ class WithOptionsNode(Node):
     """Sets pipeline options; runs as its input (no iterator of its own)."""
 
     kind = "with_options"
+    checkpoints_as_input = True
 
     def __init__(self, input: Node, options: Options) -> None:
         super().__init__(input)
@@ -335,6 +336,7 @@ class ElidedNode(Node):
     """
 
     kind = "elided"
+    checkpoints_as_input = True
 
     def __init__(self, hops: tuple[Node, ...], input: Node) -> None:
         super().__init__(input)

@@ -28,7 +28,8 @@ def test_fetches_run_in_the_workers_and_output_is_the_same():
 
 
 def test_checkpoints_resume_on_indices():
-    ds = tp.from_dataset(Items()).shuffle(4).map(lambda i, pid: i, 2, executor="thread").with_options(tp.Options(seed=2))
+    ds = tp.from_dataset(Items()).shuffle(4).map(lambda i, pid: i, 2, executor="thread")
+    ds = ds.with_options(tp.Options(seed=2))
     assert_pass_keeps_output(ds, "source_pushdown")
 
 

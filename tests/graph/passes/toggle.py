@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import torchpipe as tp
+from torchpipe.ops.base import Node
+from torchpipe.ops.structure import WithOptionsNode
 from torchpipe.options import OPTIMIZATIONS
 from torchpipe.testing import assert_checkpoint_roundtrip, assert_same_elements
 
@@ -32,10 +34,8 @@ def assert_pass_keeps_output(ds: tp.Dataset, name: str, applies: bool = True, ro
     return expected
 
 
-def running_root(ds: tp.Dataset):
+def running_root(ds: tp.Dataset) -> Node:
     """The root node that will run, below any ``with_options``."""
-    from torchpipe.ops.structure import WithOptionsNode
-
     root = ds._plan().runtime_root
     while isinstance(root, WithOptionsNode):
         root = root.inputs[0]
