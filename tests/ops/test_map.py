@@ -379,7 +379,7 @@ def _start_on_threads(monkeypatch, slow):
     monkeypatch.setattr(map_module, "gil_free_fraction", fooled)
     monkeypatch.setattr(ParallelMapIterator, "_thread_speedup", lambda self, per_call: 2.0)
     monkeypatch.setattr(map_module, "_CHECK_S", 0.0)
-    monkeypatch.setattr(map_module._ThreadCheck, "slow", lambda self: slow)
+    monkeypatch.setattr(map_module._ThreadCheck, "slow", lambda self, waited: slow)
 
 
 def test_auto_moves_to_processes_when_threads_prove_slow(monkeypatch):
@@ -401,11 +401,11 @@ def test_auto_keeps_threads_that_prove_fast(monkeypatch):
 def test_the_thread_check_asks_for_a_waiting_consumer_and_no_speedup():
     from torchpipe.ops.map import _ThreadCheck
 
-    check = _ThreadCheck(per_call=0.001)
+    check = _ThreadCheck(per_call=0.001, waited=5.0)  # the consumer had waited 5 s before
     check.start -= 1.0  # one second of threads
-    check.results, check.waited = 1000, 0.9  # one call's worth per call time, consumer waiting
-    assert check.slow()
+    check.results = 1000  # one call's worth per call time, consumer waiting
+    assert check.slow(waited=5.9)
     check.results = 2000  # two calls' worth: threads overlap
-    assert not check.slow()
-    check.results, check.waited = 1000, 0.1  # the consumer was the bottleneck
-    assert not check.slow()
+    assert not check.slow(waited=5.9)
+    check.results = 1000
+    assert not check.slow(waited=5.1)  # the consumer was the bottleneck

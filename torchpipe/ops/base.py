@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 
 from torchpipe.constants import UNKNOWN
 from torchpipe.errors import CheckpointError, add_note
+from torchpipe.ops.stats import IteratorStats, LiveKnob
 from torchpipe.options import Options
 from torchpipe.randomness import enter_call, exit_call, mix_seed, seed_global_rngs
 
@@ -156,20 +157,6 @@ def function_name(fn: Any) -> str:
     return Symbol(name if name is not None else type(fn).__name__)
 
 
-class IteratorStats:
-    """Counters every iterator keeps; cheap enough to stay on."""
-
-    __slots__ = ("produced", "wall_s", "counters")
-
-    def __init__(self) -> None:
-        self.produced = 0
-        self.wall_s = 0.0
-        self.counters: dict[str, int] = {}
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"produced": self.produced, "wall_s": self.wall_s, **self.counters}
-
-
 _NEW, _RUNNING, _CLOSED = range(3)
 
 
@@ -186,6 +173,10 @@ class Iterator(abc.ABC):
     """
 
     _status = _NEW  # class default, so a subclass that skipped __init__ gets a clear error
+    tuning_role: ClassVar[str | None] = None
+    """How the autotuner's model sees this op: None (runs on its caller's thread), ``"buffer"``
+    (its input runs on a thread of its own, into a buffer) or ``"pool"`` (its calls run on a
+    pool of threads or processes; its input on the caller's thread)."""
 
     def __init__(self, name: str, *inputs: Iterator) -> None:
         self.name = name
@@ -223,6 +214,10 @@ class Iterator(abc.ABC):
     def children(self) -> list[Iterator]:
         """The iterators this one currently owns (closed with it, reported in stats)."""
         return self.inputs
+
+    def knobs(self) -> list[LiveKnob]:
+        """The values the autotuner may change while this iterator runs (those set to AUTOTUNE)."""
+        return []
 
     # -- what the base class does -----------------------------------------------------------
     def __iter__(self) -> Iterator:
@@ -279,6 +274,9 @@ class Iterator(abc.ABC):
     def all_stats(self) -> list[dict[str, Any]]:
         """Stats of this iterator and every iterator below it, root first."""
         out = [{"stage": self.name, **self.stats.as_dict()}]
+        knobs = self.knobs()
+        if knobs:
+            out[0]["knobs"] = {knob.name: knob.value for knob in knobs}
         for child in self.children():
             out.extend(child.all_stats())
         return out

@@ -84,16 +84,17 @@ class InterleaveNode(Node):
         if self.num_parallel_calls is None:
             opener = InnerOpener(UserFunction(self.fn, self.name, ctx), ctx)
             return InterleaveIterator(self.name, source, opener, cycle, self.block_length)
-        parallelism = usable_cpu_count() if self.num_parallel_calls == AUTOTUNE else self.num_parallel_calls
+        tunable = self.num_parallel_calls == AUTOTUNE
+        parallelism = usable_cpu_count() if tunable else self.num_parallel_calls
         block = self.block_length
         if self.executor == "process" and process_executor_supported():
             opener = InnerOpener(UserFunction(self.fn, self.name, ctx), ctx)
             restart = ctx.options.restart_workers
-            return ProcessInterleaveIterator(self.name, source, opener, cycle, block, parallelism, restart)
+            return ProcessInterleaveIterator(self.name, source, opener, cycle, block, parallelism, restart, tunable)
         # Pool threads share the global RNGs, so only tp.rng() is reproducible in fn here.
         opener = InnerOpener(UserFunction(self.fn, self.name, ctx, seed_globals=False), ctx)
         deterministic = ctx.deterministic(self.deterministic)
-        return ThreadInterleaveIterator(self.name, source, opener, cycle, block, parallelism, deterministic)
+        return ThreadInterleaveIterator(self.name, source, opener, cycle, block, parallelism, deterministic, tunable)
 
 
 class _Slot:

@@ -17,6 +17,11 @@ from typing import Any
 
 from torchpipe.errors import CheckpointError
 from torchpipe.ops.base import BuildContext, Iterator, PositionLog, UserFunction, check_state
+from torchpipe.ops.stats import LiveKnob
+from torchpipe.runtime.timing import CallTiming
+
+MAX_PARALLELISM = 64
+"""The most readers the autotuner runs at once for a parallel interleave."""
 
 # What taking from a slot can give: an element, an element's error (the slot stays open),
 # the end of the inner dataset, or a failure to open it (the user function or the input raised).
@@ -200,18 +205,52 @@ class ReadAheadInterleave(InterleaveBase):
     the inline one. The checkpoint's input position is that of the last element given to a
     slot: readers not yet in a slot are pulled again after a resume.
 
+    Readers run on a pool of ``parallelism`` threads or processes, and as many readers as that
+    are kept open (in slots and ahead of them) so every one of them has something to read. With
+    ``tunable`` (``num_parallel_calls=AUTOTUNE``) the autotuner resizes the pool while it runs:
+    the order and the checkpoint do not depend on it.
+
     Args:
-        lookahead: how many readers to keep opened ahead of the slots.
+        parallelism: threads or worker processes reading.
+        tunable: let the autotuner change ``parallelism``.
     """
 
+    tuning_role = "pool"
+
     def __init__(
-        self, name: str, source: Iterator, opener: InnerOpener, cycle_length: int, block_length: int, lookahead: int
-    ) -> None:
+        self, name: str, source: Iterator, opener: InnerOpener, cycle_length: int, block_length: int,
+        parallelism: int, tunable: bool = False,
+    ) -> None:  # fmt: skip
         super().__init__(name, source, opener, cycle_length, block_length)
+        self.stats.calls = CallTiming()
         self._log = PositionLog(source)
-        self._lookahead = lookahead
+        self._parallelism = parallelism
+        self._lookahead = self._lookahead_for(parallelism)
         self._futures: deque[Any] = deque()
         self._input_done = False
+        self._pool: Any = None
+        self._knob: LiveKnob | None = None
+        if tunable:
+            self._knob = LiveKnob(f"{name}.parallelism", parallelism, 1, MAX_PARALLELISM, False, self._resize)
+
+    def _lookahead_for(self, parallelism: int) -> int:
+        """Readers opened ahead of the slots: enough that ``parallelism`` readers are open."""
+        return max(min(self._cycle_length, parallelism), parallelism - self._cycle_length)
+
+    def knobs(self) -> list[LiveKnob]:
+        return [self._knob] if self._knob is not None else []
+
+    def _resize(self, parallelism: int) -> None:
+        self._parallelism = parallelism
+        self._lookahead = self._lookahead_for(parallelism)
+        if self._pool is not None:
+            self._pool.resize(parallelism)
+
+    def next(self) -> Any:
+        if self._knob is not None:
+            self._knob.take_request()
+        self._top_up()
+        return super().next()
 
     @abc.abstractmethod
     def _new_reader(self, element: Any, seq: int, state: dict[str, Any] | None, error: BaseException | None) -> Any:

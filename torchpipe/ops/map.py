@@ -26,6 +26,7 @@ from torchpipe.ops.batch import BatchIterator
 from torchpipe.ops.filter import DROPPED
 from torchpipe.ops.shuffle import ShuffleNode, ShuffleRepeatNode
 from torchpipe.ops.sources import FromDatasetNode, IndexedSourceIterator
+from torchpipe.ops.stats import LiveKnob
 from torchpipe.ops.structure import ElidedNode, RepeatNode, ShardNode, SkipNode, TakeNode
 from torchpipe.runtime.codec import StackedTensor, materialize
 from torchpipe.runtime.cpu import usable_cpu_count
@@ -33,6 +34,7 @@ from torchpipe.runtime.executor import Executor, ThreadExecutor
 from torchpipe.randomness import global_rng_states, restore_global_rng_states
 from torchpipe.runtime.gil import gil_free_fraction
 from torchpipe.runtime.process_pool import ProcessPool, process_executor_supported
+from torchpipe.runtime.timing import CallTiming
 
 EXECUTORS = ("auto", "thread", "process")
 """Accepted ``executor=`` values."""
@@ -52,22 +54,25 @@ _PROBE_THREADS = 3  # calls per thread in the two-thread trial
 _PROBE_BASELINE = 3  # calls timed one at a time (without the GIL probe) just before it
 _THREAD_SPEEDUP = 1.3  # below this, two threads are not worth it: the function holds the GIL
 _CHECK_RESULTS, _CHECK_S = 16, 0.3  # threads chosen by the trial are confirmed after this much work
+MAX_THREADS = 64
+"""The most threads the autotuner gives a parallel stage (functions that wait on I/O want many)."""
 
 
 class _ThreadCheck:
     """What confirming a choice of threads measures: results delivered and time the consumer waited."""
 
-    def __init__(self, per_call: float) -> None:
+    def __init__(self, per_call: float, waited: float) -> None:
         self.per_call = per_call
         self.start = time.perf_counter()
         self.results = 0
-        self.waited = 0.0
+        self.waited_before = waited
 
-    def slow(self) -> bool:
-        """The consumer mostly waited, and threads delivered less than ``_THREAD_SPEEDUP`` calls'
-        worth per call time."""
+    def slow(self, waited: float) -> bool:
+        """The consumer mostly waited (``waited`` seconds in all), and threads delivered less than
+        ``_THREAD_SPEEDUP`` calls' worth per call time."""
         elapsed = time.perf_counter() - self.start
-        return self.waited > 0.5 * elapsed and self.results * self.per_call / elapsed < _THREAD_SPEEDUP
+        slow_delivery = self.results * self.per_call / elapsed < _THREAD_SPEEDUP
+        return waited - self.waited_before > 0.5 * elapsed and slow_delivery
 
 
 class MapNode(Node):
@@ -165,6 +170,7 @@ class MapNode(Node):
             deterministic=ctx.deterministic(self.deterministic),
             executor=self.executor,
             restart=ctx.options.restart_workers,
+            tunable=self.num_parallel_calls == AUTOTUNE,
         )
 
 
@@ -341,7 +347,13 @@ class ParallelMapIterator(Iterator):
     time the function holds the GIL, then picks processes for functions that hold it and cost
     at least ~50 us a call or that return 1 MB or more, and threads otherwise (see
     ``docs/executors.md``).
+
+    With ``tunable`` (``num_parallel_calls=AUTOTUNE``) the autotuner resizes the pool while it
+    runs; calls in flight finish, and elements keep their sequence numbers, so nothing is lost,
+    repeated or reordered.
     """
+
+    tuning_role = "pool"
 
     def __init__(
         self,
@@ -354,8 +366,10 @@ class ParallelMapIterator(Iterator):
         deterministic: bool,
         executor: str,
         restart: bool,
+        tunable: bool = False,
     ) -> None:
         super().__init__(name, source)
+        self.stats.calls = CallTiming()
         self._log = PositionLog(source)
         self._tasks = {"thread": in_threads, "process": in_processes}
         self._parallelism = parallelism
@@ -368,26 +382,43 @@ class ParallelMapIterator(Iterator):
         self._done: dict[int, tuple[Any, BaseException | None]] = {}
         self._exhausted = False
         self._check: _ThreadCheck | None = None
+        self._knob: LiveKnob | None = None
+        if tunable:
+            most = max(MAX_THREADS, 2 * usable_cpu_count())
+            self._knob = LiveKnob(f"{name}.parallelism", parallelism, 1, most, False, self._resize)
 
     @property
     def executor_kind(self) -> str:
         """``thread`` or ``process`` once chosen; ``auto`` before the first element."""
         return self._kind
 
+    def knobs(self) -> list[LiveKnob]:
+        return [self._knob] if self._knob is not None else []
+
+    def _resize(self, size: int) -> None:
+        self._parallelism = size
+        if self._executor is not None:
+            self._executor.resize(size)
+
+    def _set_kind(self, kind: str) -> None:
+        self._kind = kind
+        if self._knob is not None:  # processes beyond twice the cores only cost memory
+            self._knob.maximum = MAX_THREADS if kind == "thread" else 2 * usable_cpu_count()
+
     def prepare(self) -> None:
         super().prepare()
         if self._kind in ("process", "auto") and process_executor_supported() and self._pool is None:
-            self._pool = ProcessPool(self._tasks["process"], self._parallelism, self.name, restart=self._restart)
+            self._pool = ProcessPool(self._tasks["process"], self._parallelism, self.name, restart=self._restart,
+                                     timing=self.stats.calls)  # fmt: skip
 
     def start(self) -> None:
         if self._kind == "auto":
             self._choose_executor()
         elif self._kind == "process":
             self.prepare()
-            self._pool.start()
-            self._executor = self._pool
+            self._use_processes()
         else:
-            self._executor = ThreadExecutor(self._tasks["thread"], self._parallelism, self.name)
+            self._use_threads()
 
     def _choose_executor(self) -> None:
         """Run a few elements inline under a GIL probe, keep their results, pick an executor.
@@ -409,17 +440,21 @@ class ParallelMapIterator(Iterator):
         if self._pool is not None and (holds_gil or self._mean_result_bytes() >= _LARGE_RESULT_BYTES):
             self._use_processes()
             return
-        self._kind = "thread"
-        self._executor = ThreadExecutor(self._tasks["thread"], self._parallelism, self.name)
+        self._use_threads()
         if self._pool is not None and per_call >= _PROCESS_MIN_CALL_S:
-            self._check = _ThreadCheck(per_call)  # the trial can mislead: confirm in steady state
+            self._check = _ThreadCheck(per_call, self.stats.wait_s)  # the trial can mislead: confirm it
         elif self._pool is not None:
             self._pool.close()
             self._pool = None
 
     def _use_processes(self) -> None:
-        self._pool.start()
-        self._kind, self._executor = "process", self._pool
+        self._pool.resize(self._parallelism)
+        self._executor = self._pool
+        self._set_kind("process")
+
+    def _use_threads(self) -> None:
+        self._executor = ThreadExecutor(self._tasks["thread"], self._parallelism, self.name, self.stats.calls)
+        self._set_kind("thread")
 
     def _confirm_threads(self) -> None:
         """Once threads have run a while: if this stage held the consumer up and threads ran no
@@ -428,7 +463,7 @@ class ParallelMapIterator(Iterator):
         if check.results < _CHECK_RESULTS or time.perf_counter() - check.start < _CHECK_S:
             return
         self._check = None
-        if check.slow():
+        if check.slow(self.stats.wait_s):
             threads = self._executor
             while any(seq not in self._done for seq in self._order):
                 for seq, value, error in threads.collect(_WAIT_S):
@@ -456,7 +491,7 @@ class ParallelMapIterator(Iterator):
                 timings.append(time.perf_counter() - t0)
         if timings:
             per_call = min(timings)
-        trial = ThreadExecutor(task, 2, self.name)
+        trial = ThreadExecutor(task, 2, self.name, self.stats.calls)
         try:
             pending = set()
             t0 = time.perf_counter()
@@ -520,12 +555,15 @@ class ParallelMapIterator(Iterator):
                 self._executor.submit(seq, payload)
 
     def next(self) -> Any:
+        if self._knob is not None:
+            self._knob.take_request()
         while True:
             self._fill()
             if not self._order:
                 raise StopIteration
             seq = self._wait(self._order[0] if self._deterministic else None)
             self._order.remove(seq)
+            self.stats.look(len(self._done), self._executor.capacity)
             value, error = self._done.pop(seq)
             self._log.delivered(seq)
             if self._check is not None:
@@ -534,6 +572,7 @@ class ParallelMapIterator(Iterator):
             if error is not None:
                 raise error
             if value is not DROPPED:  # a fused filter said no
+                self.stats.sample_bytes(value)
                 return value
 
     def _wait(self, seq: int | None) -> int:
@@ -546,8 +585,7 @@ class ParallelMapIterator(Iterator):
             t0 = time.perf_counter()
             for done_seq, value, error in self._executor.collect(_WAIT_S):
                 self._done[done_seq] = (value, error)
-            if self._check is not None:
-                self._check.waited += time.perf_counter() - t0
+            self.stats.wait_s += time.perf_counter() - t0
 
     def get_state(self) -> dict[str, Any]:
         return self._log.state()

@@ -11,15 +11,19 @@ from __future__ import annotations
 
 import copy
 import threading
+import time
 import weakref
 from collections import deque
 from typing import Any, Callable
 
 from torchpipe.constants import AUTOTUNE
 from torchpipe.ops.base import AUTOTUNE_SYMBOL, BuildContext, Iterator, Node, PositionLog
+from torchpipe.ops.stats import IteratorStats, LiveKnob
 
 AUTOTUNE_DEPTH = 2
 """Buffer depth used for ``prefetch(tp.AUTOTUNE)`` until the autotuner resizes it."""
+MAX_DEPTH = 64
+"""The deepest buffer the autotuner gives a prefetch (the RAM budget may allow less)."""
 
 _POLL_S = 0.1
 _JOIN_S = 1.0
@@ -45,8 +49,9 @@ class PrefetchNode(Node):
         source = ctx.build_input(self)
         if self.buffer_size == 0:
             return source
-        depth = AUTOTUNE_DEPTH if self.buffer_size == AUTOTUNE else self.buffer_size
-        return PrefetchIterator(self.kind, source, depth)
+        if self.buffer_size == AUTOTUNE:
+            return PrefetchIterator(self.kind, source, AUTOTUNE_DEPTH, tunable=True)
+        return PrefetchIterator(self.kind, source, self.buffer_size)
 
 
 class _End:
@@ -75,7 +80,7 @@ class PrefetchBuffer:
     """
 
     def __init__(self, depth: int) -> None:
-        self.depth = depth
+        self._depth = depth
         self._items: deque[Any] = deque()
         self._cond = threading.Condition()
         self._stopped = False
@@ -83,10 +88,20 @@ class PrefetchBuffer:
     def __len__(self) -> int:
         return len(self._items)
 
+    @property
+    def depth(self) -> int:
+        return self._depth
+
+    @depth.setter
+    def depth(self, value: int) -> None:
+        with self._cond:
+            self._depth = value
+            self._cond.notify_all()  # a producer waiting for room may have some now
+
     def wait_for_room(self) -> bool:
         """Block until fewer than ``depth`` items wait; False once stopped."""
         with self._cond:
-            while not self._stopped and len(self._items) >= max(1, self.depth):
+            while not self._stopped and len(self._items) >= max(1, self._depth):
                 self._cond.wait(_POLL_S)
             return not self._stopped
 
@@ -122,9 +137,14 @@ class PrefetchBuffer:
             self._cond.notify_all()
 
 
-def _produce(log: PositionLog, buffer: PrefetchBuffer) -> None:
-    """The producer thread's loop; it holds only the log and the buffer, never the iterator."""
-    while buffer.wait_for_room():
+def _produce(log: PositionLog, buffer: PrefetchBuffer, stats: IteratorStats) -> None:
+    """The producer thread's loop; it holds only the log, the buffer and the stats, never the iterator."""
+    while True:
+        t0 = time.perf_counter()
+        room = buffer.wait_for_room()
+        stats.blocked_output_s += time.perf_counter() - t0
+        if not room:
+            return
         try:
             item: Any = log.pull()
         except StopIteration:
@@ -143,12 +163,18 @@ class PrefetchIterator(Iterator):
         name: the stage name.
         source: the input iterator (owned by the thread once started).
         depth: the buffer depth; see :attr:`depth`.
+        tunable: the autotuner may change the depth (``prefetch(tp.AUTOTUNE)``).
     """
 
-    def __init__(self, name: str, source: Iterator, depth: int) -> None:
+    tuning_role = "buffer"
+
+    def __init__(self, name: str, source: Iterator, depth: int, tunable: bool = False) -> None:
         super().__init__(name, source)
         self._log = PositionLog(source)
         self.buffer = PrefetchBuffer(depth)
+        self._knob: LiveKnob | None = None
+        if tunable:
+            self._knob = LiveKnob(f"{name}.buffer_size", depth, 1, MAX_DEPTH, True, self._set_depth, immediate=True)
         self._thread: threading.Thread | None = None
         self._done = False
         # An abandoned iterator must not leave its thread running.
@@ -163,19 +189,28 @@ class PrefetchIterator(Iterator):
     def depth(self, value: int) -> None:
         self.buffer.depth = int(value)
 
+    def knobs(self) -> list[LiveKnob]:
+        return [self._knob] if self._knob is not None else []
+
+    def _set_depth(self, value: int) -> None:
+        self.buffer.depth = value
+
     def start(self) -> None:
         # Pin the starting position on this thread, before the producer owns the input.
         self._log.state()
         self._thread = threading.Thread(
-            target=_produce, args=(self._log, self.buffer), name=f"torchpipe-{self.name}", daemon=True
+            target=_produce, args=(self._log, self.buffer, self.stats), name=f"torchpipe-{self.name}", daemon=True
         )
         self._thread.start()
 
     def next(self) -> Any:
         if self._done:
             raise StopIteration
-        thread = self._thread
-        item = self.buffer.take(thread.is_alive, self.name)
+        thread, buffer = self._thread, self.buffer
+        t0 = time.perf_counter()
+        self.stats.look(len(buffer), buffer.depth)
+        item = buffer.take(thread.is_alive, self.name)
+        self.stats.wait_s += time.perf_counter() - t0
         if item is _END:
             self._done = True
             raise StopIteration
@@ -186,6 +221,7 @@ class PrefetchIterator(Iterator):
         self._log.delivered(seq)
         if error is not None:
             raise error
+        self.stats.sample_bytes(element)
         return element
 
     def get_state(self) -> dict[str, Any]:

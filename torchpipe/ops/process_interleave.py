@@ -11,6 +11,7 @@ position once per chunk.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from typing import Any
 
@@ -110,27 +111,23 @@ class ProcessInterleaveIterator(ReadAheadInterleave):
         block_length: int,
         parallelism: int,
         restart: bool,
+        tunable: bool = False,
     ) -> None:
-        super().__init__(name, source, opener, cycle_length, block_length, min(cycle_length, parallelism))
-        self._parallelism = parallelism
+        super().__init__(name, source, opener, cycle_length, block_length, parallelism, tunable)
         self._restart = restart
         self._chunk = min(max(8, 2 * block_length), 64)
-        self._pool: ProcessPool | None = None
         self._waiting: dict[int, _ChunkReader] = {}
         self._next_task = 0
 
     def prepare(self) -> None:
         super().prepare()
         if self._pool is None:
-            self._pool = ProcessPool(InnerChunkTask(self._opener), self._parallelism, self.name, restart=self._restart)
+            self._pool = ProcessPool(InnerChunkTask(self._opener), self._parallelism, self.name, restart=self._restart,
+                                     timing=self.stats.calls)  # fmt: skip
 
     def start(self) -> None:
         self.prepare()
         self._pool.start()
-
-    def next(self) -> Any:
-        self._top_up()
-        return super().next()
 
     def _top_up(self) -> None:
         self._pull_ahead()  # requests go to every reader below (new ones and open slots)
@@ -153,10 +150,12 @@ class ProcessInterleaveIterator(ReadAheadInterleave):
     def _take(self, reader: _ChunkReader) -> tuple[str, Any]:
         while not reader.ready:
             self._request(reader)
+            t0 = time.perf_counter()
             for task, items, error in self._pool.collect(_WAIT_S):
                 waiting = self._waiting.pop(task, None)
                 if waiting is not None:
                     waiting.receive(items, error)
+            self.stats.wait_s += time.perf_counter() - t0
         kind, payload, state = reader.ready.popleft()
         if kind in (_VALUE, _ERROR):
             reader.taken_state = state

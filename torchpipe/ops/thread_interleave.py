@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from concurrent.futures import Future
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 from torchpipe.ops.base import Iterator, PositionLog
 from torchpipe.ops.interleave_base import _END, _ERROR, _FAILED, _VALUE, InnerOpener, ReadAheadInterleave
 from torchpipe.runtime.thread_pool import ThreadPool
+from torchpipe.runtime.timing import CallTiming
 
 _WAIT_S = 0.5
 
@@ -29,6 +31,7 @@ class _InnerReader:
         opener: builds the inner iterator.
         wakeup: notified whenever an item is ready or a task ends.
         capacity: how many items to read ahead.
+        timing: where the cost of each read is added up.
         error: an input error to deliver instead of opening anything.
     """
 
@@ -40,6 +43,7 @@ class _InnerReader:
         opener: InnerOpener,
         wakeup: threading.Condition,
         capacity: int,
+        timing: CallTiming,
         error: BaseException | None = None,
     ) -> None:
         self.element = element
@@ -51,6 +55,7 @@ class _InnerReader:
         self._opener = opener
         self._wakeup = wakeup
         self._capacity = capacity
+        self._timing = timing
         self._iterator: Iterator | None = None
         self._done = error is not None  # nothing more will be read
         self._running = False
@@ -73,16 +78,18 @@ class _InnerReader:
         with self._wakeup:
             return bool(self.ready)
 
-    def take(self) -> tuple[str, Any]:
-        """The next item, waiting (in bounded steps) until the pool has produced it."""
+    def take(self) -> tuple[str, Any, int]:
+        """The next item and how many were ready, waiting (in bounded steps) until the pool has
+        produced it."""
         with self._wakeup:
             while not self.ready:
                 self._wakeup.wait(timeout=_WAIT_S)
+            ready = len(self.ready)
             kind, seq, payload = self.ready.popleft()
         if kind in (_VALUE, _ERROR):
             self.log.delivered(seq)
             self.taken += 1
-        return kind, payload
+        return kind, payload, ready
 
     def inner_state(self) -> dict[str, Any] | None:
         """The inner iterator's state after the items taken so far."""
@@ -129,6 +136,7 @@ class _InnerReader:
         with self._wakeup:
             if self._stopped or len(self.ready) >= self._capacity:
                 return False
+        wall, cpu = time.perf_counter(), time.thread_time()
         try:
             seq, value, error = self.log.pull()
         except StopIteration:
@@ -137,6 +145,8 @@ class _InnerReader:
         except Exception as e:  # the machinery failed (e.g. state_dict), not one element
             self._push(_FAILED, -1, e, done=True)
             return False
+        finally:
+            self._timing.add(time.perf_counter() - wall, time.thread_time() - cpu)
         kind, payload = (_VALUE, value) if error is None else (_ERROR, error)
         self._push(kind, seq, payload)
         return True
@@ -176,13 +186,12 @@ class ThreadInterleaveIterator(ReadAheadInterleave):
         block_length: int,
         parallelism: int,
         deterministic: bool,
+        tunable: bool = False,
     ) -> None:
-        super().__init__(name, source, opener, cycle_length, block_length, min(cycle_length, parallelism))
-        self._parallelism = parallelism
+        super().__init__(name, source, opener, cycle_length, block_length, parallelism, tunable)
         self._deterministic = deterministic
         self._capacity = min(max(32, 2 * block_length), 64)
         self._wakeup = threading.Condition()
-        self._pool: ThreadPool | None = None
 
     def start(self) -> None:
         self._pool = ThreadPool(self._parallelism, self.name)
@@ -191,7 +200,6 @@ class ThreadInterleaveIterator(ReadAheadInterleave):
                 reader.refill(self._pool)
 
     def next(self) -> Any:
-        self._top_up()
         try:
             return super().next()
         except StopIteration:
@@ -205,23 +213,28 @@ class ThreadInterleaveIterator(ReadAheadInterleave):
     def _new_reader(
         self, element: Any, seq: int, state: dict[str, Any] | None, error: BaseException | None
     ) -> _InnerReader:
-        return _InnerReader(element, seq, state, self._opener, self._wakeup, self._capacity, error)
+        return _InnerReader(element, seq, state, self._opener, self._wakeup, self._capacity, self.stats.calls, error)
 
     def _take(self, reader: _InnerReader) -> tuple[str, Any]:
-        item = reader.take()
-        if item[0] in (_VALUE, _ERROR):
+        t0 = time.perf_counter()
+        kind, payload, ready = reader.take()
+        self.stats.wait_s += time.perf_counter() - t0
+        self.stats.look(ready, self._capacity)
+        if kind in (_VALUE, _ERROR):
             reader.refill(self._pool)
-        return item
+        return kind, payload
 
     def _choose_slot(self) -> None:
         if self._deterministic:
             return
+        t0 = time.perf_counter()
         with self._wakeup:
             while True:
                 index = self._servable_slot()
                 if index is not None:
                     break
                 self._wakeup.wait(timeout=_WAIT_S)
+        self.stats.wait_s += time.perf_counter() - t0
         if index != self._cycle_index:
             self._cycle_index = index
             self._block_index = 0

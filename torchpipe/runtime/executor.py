@@ -7,11 +7,13 @@ Parallel ops talk to every executor the same way: ``submit`` tasks up to ``capac
 from __future__ import annotations
 
 import queue
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, Protocol
 
 from torchpipe.runtime.thread_pool import ThreadPool
+from torchpipe.runtime.timing import CallTiming
 
 Result = tuple[int, Any, "BaseException | None"]
 
@@ -22,6 +24,13 @@ class Executor(Protocol):
     @property
     def capacity(self) -> int:
         """How many tasks may be in flight at once."""
+
+    @property
+    def size(self) -> int:
+        """The number of threads or processes."""
+
+    timing: CallTiming
+    """The calls run so far: count, wall and CPU seconds."""
 
     def submit(self, seq: int, payload: Any) -> None:
         """Queue ``handler(seq, payload)``."""
@@ -43,20 +52,28 @@ class ThreadExecutor:
         handler: ``handler(seq, payload) -> value``.
         size: number of threads.
         name: thread-name prefix.
+        timing: where the calls' costs are added up.
     """
 
-    def __init__(self, handler: Callable[[int, Any], Any], size: int, name: str) -> None:
+    def __init__(
+        self, handler: Callable[[int, Any], Any], size: int, name: str, timing: CallTiming | None = None
+    ) -> None:
         self._handler = handler
         self._pool = ThreadPool(size, name)
         self._finished: queue.SimpleQueue = queue.SimpleQueue()
+        self.timing = timing if timing is not None else CallTiming()
 
     @property
     def capacity(self) -> int:
         return self._pool.size
 
+    @property
+    def size(self) -> int:
+        return self._pool.size
+
     def submit(self, seq: int, payload: Any) -> None:
         finished = self._finished
-        future = self._pool.submit(self._handler, seq, payload)
+        future = self._pool.submit(self._timed, seq, payload)
         future.add_done_callback(lambda f, seq=seq: finished.put((seq, f)))
 
     def collect(self, timeout: float) -> list[Result]:
@@ -69,6 +86,13 @@ class ThreadExecutor:
                 items.append(self._finished.get_nowait())
             except queue.Empty:
                 return [_unpack(seq, future) for seq, future in items if not future.cancelled()]
+
+    def _timed(self, seq: int, payload: Any) -> Any:
+        wall, cpu = time.perf_counter(), time.thread_time()
+        try:
+            return self._handler(seq, payload)
+        finally:
+            self.timing.add(time.perf_counter() - wall, time.thread_time() - cpu)
 
     def resize(self, size: int) -> None:
         self._pool.resize(size)

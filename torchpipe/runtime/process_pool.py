@@ -29,6 +29,7 @@ from torchpipe.runtime import codec
 from torchpipe.runtime.channel import Channel, ChannelClosed
 from torchpipe.runtime.executor import Result
 from torchpipe.runtime.shm_ring import OneOffSegment, ShmRing, memfd_supported
+from torchpipe.runtime.timing import CallTiming
 from torchpipe.runtime.worker import run_worker, unpack_exception
 from torchpipe.runtime.zygote import Zygote, describe_exit
 
@@ -113,6 +114,7 @@ class ProcessPool:
         ring_bytes: the size of each worker's first ring; a worker adds rings when results are
             larger or held longer (``worker.MAX_RING_BYTES`` in all), then takes one-off segments.
         allocate: where decoded tensors land (``allocate(shape, dtype)``), e.g. pinned memory.
+        timing: where the workers' task costs are added up (each result message carries them).
     """
 
     def __init__(
@@ -124,8 +126,10 @@ class ProcessPool:
         restart: bool = True,
         ring_bytes: int = DEFAULT_RING_BYTES,
         allocate: Callable[..., Any] | None = None,
+        timing: CallTiming | None = None,
     ) -> None:
         self.name = name
+        self.timing = timing if timing is not None else CallTiming()
         self._restart = restart
         self._allocate = allocate
         self._worker_main = functools.partial(run_worker, handler=handler, ring_capacity=ring_bytes)
@@ -144,6 +148,11 @@ class ProcessPool:
     @property
     def capacity(self) -> int:
         return self._size * PER_WORKER
+
+    @property
+    def size(self) -> int:
+        """The number of workers asked for (retiring ones finish their tasks first)."""
+        return self._size
 
     @property
     def pids(self) -> list[int]:
@@ -248,6 +257,7 @@ class ProcessPool:
             worker.rings.append(_Loans(ShmRing.attach(fds[0])))
             return
         seq = message[1]
+        self.timing.add(message[-2], message[-1])
         worker.tasks.pop(seq, None)
         self._failures.pop(seq, None)
         if kind == "ring":

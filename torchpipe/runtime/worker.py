@@ -4,9 +4,12 @@ Protocol on the worker's channel (see ``docs/process_pool.md``)::
 
     worker -> main  ("ring_added", index)                + a ring's fd (its first, and more later)
     main -> worker  ("tasks", [(seq, payload), ...])     run in order
-    worker -> main  ("ring", seq, offset, nbytes)        result encoded in the ring
-                    ("segment", seq, nbytes)             + fd: a result too large for the ring
-                    ("error", seq, packed_exception)
+    worker -> main  ("ring", seq, index, offset, nbytes, wall_s, cpu_s)   result encoded in ring ``index``
+                    ("segment", seq, nbytes, wall_s, cpu_s)              + fd: a result too large for the rings
+                    ("error", seq, packed_exception, wall_s, cpu_s)
+
+``wall_s`` and ``cpu_s`` are what the task cost the worker (the call and writing its result):
+the autotuner's measure of the stage.
     main -> worker  ("stop",)                            finish and exit
 """
 
@@ -15,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import os
 import pickle
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -109,10 +113,11 @@ class _Output:
             ring.close()
 
     def run(self, handler: Handler, seq: int, payload: Any) -> None:
+        wall, cpu = time.perf_counter(), time.thread_time()
         try:
             encoded = codec.encode(handler(seq, payload))
         except Exception as e:  # noqa: BLE001 - sent to the main process, raised there
-            self.channel.send(("error", seq, pack_exception(e)))
+            self.channel.send(("error", seq, pack_exception(e), *_cost(wall, cpu)))
             return
         nbytes = encoded.nbytes
         placed = self._reserve(nbytes)
@@ -120,14 +125,14 @@ class _Output:
             segment = OneOffSegment.create(nbytes)
             try:
                 encoded.write_into(segment.buffer)
-                self.channel.send(("segment", seq, nbytes), [segment.fd])
+                self.channel.send(("segment", seq, nbytes, *_cost(wall, cpu)), [segment.fd])
             finally:
                 segment.close()
             return
         index, reservation = placed
         encoded.write_into(reservation.buffer)
         offset, nbytes = self.rings[index].commit(reservation)
-        self.channel.send(("ring", seq, index, offset, nbytes))
+        self.channel.send(("ring", seq, index, offset, nbytes, *_cost(wall, cpu)))
 
     def _reserve(self, nbytes: int) -> tuple[int, Reservation] | None:
         for wait in (_RING_GRACE_S, None, _RING_WAIT_S):
@@ -141,6 +146,10 @@ class _Output:
                 if reservation is not None:
                     return index, reservation
         return None
+
+
+def _cost(wall_start: float, cpu_start: float) -> tuple[float, float]:
+    return time.perf_counter() - wall_start, time.thread_time() - cpu_start
 
 
 def pack_exception(exc: BaseException) -> tuple[bytes | None, str, str, str]:

@@ -1,0 +1,145 @@
+"""What every iterator measures of itself, and the knobs the autotuner may turn.
+
+Every iterator counts its elements and the wall time spent in its ``next`` (the base class does
+it: two clock reads an element). Asynchronous iterators also record what only they can see: the
+calls their threads or workers ran (:class:`~torchpipe.runtime.timing.CallTiming`), how long the
+consumer waited on them, how full their buffer was and how large its elements are. The
+autotuner reads these totals from another thread; a torn read of a float is harmless there.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from torchpipe import nest
+from torchpipe.runtime.timing import CallTiming
+
+_BYTES_EVERY = 16  # elements between two samples of an element's size
+
+
+class IteratorStats:
+    """Counters every iterator keeps; cheap enough to stay on.
+
+    Attributes:
+        produced: elements returned by ``next``.
+        wall_s: seconds spent in ``next`` (the input's ``next`` included when it runs there).
+        wait_s: of that, seconds blocked waiting for a buffer or a result (asynchronous ops).
+        calls: the calls run on threads or workers (asynchronous ops that have a pool).
+        blocked_output_s: seconds a producer thread waited for room in a full buffer.
+        occupancy_sum, occupancy_n: the buffer's fill, summed over ``occupancy_n`` looks.
+        capacity: the buffer's size at the last look.
+        bytes_sum, bytes_n: tensor and array bytes of sampled elements.
+        counters: op-specific counters (``errors_ignored``, ``inner_datasets``, ...).
+    """
+
+    __slots__ = ("produced", "wall_s", "wait_s", "calls", "blocked_output_s", "occupancy_sum", "occupancy_n",
+                 "capacity", "bytes_sum", "bytes_n", "counters")  # fmt: skip
+
+    def __init__(self) -> None:
+        self.produced = 0
+        self.wall_s = 0.0
+        self.wait_s = 0.0
+        self.calls: CallTiming | None = None
+        self.blocked_output_s = 0.0
+        self.occupancy_sum = 0
+        self.occupancy_n = 0
+        self.capacity = 0
+        self.bytes_sum = 0
+        self.bytes_n = 0
+        self.counters: dict[str, int] = {}
+
+    def look(self, occupancy: int, capacity: int) -> None:
+        """Record how full the buffer is as the consumer takes an element."""
+        self.occupancy_sum += occupancy
+        self.occupancy_n += 1
+        self.capacity = capacity
+
+    def sample_bytes(self, element: Any) -> None:
+        """Record the size of every 16th element (the first included)."""
+        if self.produced % _BYTES_EVERY == 0:
+            self.bytes_sum += element_bytes(element)
+            self.bytes_n += 1
+
+    @property
+    def bytes_per_element(self) -> float:
+        return self.bytes_sum / self.bytes_n if self.bytes_n else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"produced": self.produced, "wall_s": self.wall_s}
+        if self.calls is not None:
+            calls, work_s, cpu_s = self.calls.totals()
+            out.update(calls=calls, work_s=work_s, cpu_s=cpu_s)
+        if self.occupancy_n:
+            out.update(wait_s=self.wait_s, occupancy=self.occupancy_sum / self.occupancy_n, capacity=self.capacity)
+        if self.blocked_output_s:
+            out["blocked_output_s"] = self.blocked_output_s
+        if self.bytes_n:
+            out["bytes_per_element"] = self.bytes_per_element
+        out.update(self.counters)
+        return out
+
+
+def element_bytes(element: Any) -> int:
+    """Bytes of the tensors and arrays in an element (other leaves count as nothing)."""
+    total = 0
+    for leaf in nest.flatten(element):
+        if isinstance(leaf, torch.Tensor):
+            total += leaf.numel() * leaf.element_size()
+        elif isinstance(leaf, np.ndarray):
+            total += leaf.nbytes
+    return total
+
+
+class LiveKnob:
+    """A value the autotuner may change while the pipeline runs: a parallelism or a buffer depth.
+
+    The tuner thread calls :meth:`request`; the iterator that owns the knob applies the value on
+    its own thread (:meth:`take_request`), where resizing a pool or a buffer is safe.
+
+    Args:
+        name: unique in the pipeline, e.g. ``map(decode).parallelism``.
+        value: the current value.
+        minimum, maximum: the range the tuner searches.
+        is_buffer: a buffer depth (searched in powers of two) rather than a parallelism.
+        apply: sets the value; called by the owner, or at once when ``immediate``.
+        immediate: ``apply`` is safe from any thread.
+    """
+
+    def __init__(self, name: str, value: int, minimum: int, maximum: int, is_buffer: bool,
+                 apply: Callable[[int], None], immediate: bool = False) -> None:  # fmt: skip
+        self.name = name
+        self.value = value
+        self.minimum = minimum
+        self.maximum = max(minimum, maximum)
+        self.is_buffer = is_buffer
+        self._apply = apply
+        self._immediate = immediate
+        self._pending: int | None = None
+        self._lock = threading.Lock()
+
+    def request(self, value: int) -> None:
+        """Ask for ``value`` (clamped to the range)."""
+        value = max(self.minimum, min(self.maximum, int(value)))
+        if self._immediate:
+            with self._lock:
+                self._apply(value)
+                self.value = value
+            return
+        self._pending = value
+
+    def take_request(self) -> None:
+        """Apply a pending request; the owner calls this on its own thread (cheap when none)."""
+        value = self._pending
+        if value is None:
+            return
+        self._pending = None
+        if value != self.value:
+            self._apply(value)
+            self.value = value
+
+    def __repr__(self) -> str:
+        return f"LiveKnob({self.name}={self.value} in [{self.minimum}, {self.maximum}])"

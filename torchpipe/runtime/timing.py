@@ -1,0 +1,32 @@
+"""What a pool measures of the calls it runs: how many, and their wall and CPU seconds."""
+
+from __future__ import annotations
+
+import threading
+
+
+class CallTiming:
+    """Totals over the calls a stage ran on pool threads or worker processes; thread-safe.
+
+    ``work_s`` is each call's wall time (what the call cost its thread or worker, waits on I/O
+    included), ``cpu_s`` its CPU time; their ratio tells compute from waiting.
+    """
+
+    __slots__ = ("_lock", "calls", "work_s", "cpu_s")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.calls = 0
+        self.work_s = 0.0
+        self.cpu_s = 0.0
+
+    def add(self, wall_s: float, cpu_s: float, calls: int = 1) -> None:
+        with self._lock:
+            self.calls += calls
+            self.work_s += wall_s
+            self.cpu_s += cpu_s
+
+    def totals(self) -> tuple[int, float, float]:
+        """``(calls, work_s, cpu_s)`` read together."""
+        with self._lock:
+            return self.calls, self.work_s, self.cpu_s
