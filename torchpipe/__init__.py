@@ -5,7 +5,7 @@ from torchpipe.dataset import Dataset
 from torchpipe.errors import WorkerError
 from torchpipe.loader import DataLoader, explain
 from torchpipe.ops.map import pure
-from torchpipe.options import Options
+from torchpipe.options import AutotuneOptions, Options
 from torchpipe.randomness import rng
 from torchpipe.sources import (
     choose_from_datasets,
@@ -22,6 +22,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AUTOTUNE",
+    "AutotuneOptions",
     "DataLoader",
     "INFINITE",
     "UNKNOWN",

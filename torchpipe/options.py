@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 OPTIMIZATIONS = (
@@ -18,7 +19,43 @@ OPTIMIZATIONS = (
 )
 """The static optimizer's passes, in the order they run (see ``torchpipe.graph.optimizer``)."""
 
-_DEFAULTS: dict[str, Any] = {"seed": None, "deterministic": True, "restart_workers": True, "optimizations": {}}
+
+
+@dataclasses.dataclass(frozen=True)
+class AutotuneOptions:
+    """How the autotuner may tune a pipeline's ``tp.AUTOTUNE`` knobs while it runs.
+
+    Args:
+        enabled: run the tuner thread. Off, every AUTOTUNE knob keeps its starting value
+            (parallelism: the usable cores; a prefetch buffer: 2).
+        cpu_budget: cores the pipeline and the training loop together may keep busy; None: the
+            usable cores (CPU affinity and the cgroup quota).
+        ram_budget: bytes that buffers and elements in flight may hold; None: half the memory
+            available when the pass starts.
+
+    Raises:
+        TypeError, ValueError: for a value of the wrong type or not positive.
+    """
+
+    enabled: bool = True
+    cpu_budget: float | None = None
+    ram_budget: float | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.enabled, bool):
+            raise TypeError(f"AutotuneOptions.enabled must be a bool, got {self.enabled!r}")
+        for name in ("cpu_budget", "ram_budget"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"AutotuneOptions.{name} must be a number or None, got {value!r}")
+            if not value > 0:
+                raise ValueError(f"AutotuneOptions.{name} must be positive, got {value!r}")
+
+
+_DEFAULTS: dict[str, Any] = {"seed": None, "deterministic": True, "restart_workers": True, "optimizations": {},
+                             "autotune": AutotuneOptions()}  # fmt: skip
 
 
 class Options:
@@ -40,6 +77,7 @@ class Options:
         optimizations: passes of the static optimizer to switch on or off by name, e.g.
             ``{"map_fusion": False}``; passes not named stay on. Merging options merges
             these dicts. See ``OPTIMIZATIONS`` and docs/optimizer.md.
+        autotune: a :class:`AutotuneOptions`: whether the autotuner runs, and its budgets.
 
     Raises:
         TypeError: for an unknown field or a value of the wrong type.
@@ -104,6 +142,8 @@ def _validate(name: str, value: Any) -> None:
         raise TypeError(f"Options.{name} must be a bool, got {value!r}")
     if name == "optimizations":
         _validate_optimizations(value)
+    if name == "autotune" and not isinstance(value, AutotuneOptions):
+        raise TypeError(f"Options.autotune must be a tp.AutotuneOptions, got {value!r}")
 
 
 def _validate_optimizations(value: Any) -> None:

@@ -46,6 +46,8 @@ class Stage:
         parallelism: the name of the knob that divides ``work_s`` (None: one at a time).
         buffer: the name of the knob giving the depth of the buffer after this segment (None:
             no buffer, it runs on its consumer's thread: its work adds to the next segment's).
+        slots_per_unit: buffer slots per unit of the ``buffer`` knob (a pool of processes that
+            keeps 4 tasks per worker in flight has 4 slots per unit of its parallelism).
         cpu_fraction: CPU seconds per second of work (1 for compute, near 0 for waiting on I/O).
         bytes_per_element: bytes one element in its buffer or in flight holds.
     """
@@ -56,6 +58,7 @@ class Stage:
     buffer: str | None = None
     cpu_fraction: float = 1.0
     bytes_per_element: float = 0.0
+    slots_per_unit: int = 1
 
 
 def empty_probability(ratio: float, slots: int) -> float:
@@ -83,15 +86,13 @@ def segments(stages: list[Stage]) -> list[tuple[list[Stage], str | None]]:
     return out
 
 
-def service_times(stages: list[Stage], knobs: dict[str, int]) -> list[tuple[float, str | None]]:
-    """Per segment: seconds per root element, and the knob of the buffer that follows it."""
+def service_times(stages: list[Stage], knobs: dict[str, int]) -> list[tuple[float, int]]:
+    """Per segment: seconds per root element, and the slots of the buffer that follows it (0: none)."""
     result = []
     for group, buffer in segments(stages):
-        total = 0.0
-        for stage in group:
-            parallel = knobs[stage.parallelism] if stage.parallelism is not None else 1
-            total += stage.work_s / max(parallel, 1)
-        result.append((total, buffer))
+        total = sum(_time(stage, knobs) for stage in group)
+        slots = knobs[buffer] * group[-1].slots_per_unit if buffer is not None else 0
+        result.append((total, slots))
     return result
 
 
@@ -99,13 +100,28 @@ def predict_time(stages: list[Stage], knobs: dict[str, int]) -> float:
     """Predicted seconds per root element at the consumer, leaf-first ``stages``, knob values ``knobs``."""
     times = service_times(stages, knobs)
     worst = max(t for t, _ in times)
-    for (producer, buffer), (consumer, _) in zip(times, times[1:]):
-        if buffer is None or producer <= 0.0:
+    for (producer, slots), (consumer, _) in zip(times, times[1:]):
+        if slots == 0 or producer <= 0.0:
             continue
-        p0 = empty_probability(consumer / producer, knobs[buffer])
+        p0 = empty_probability(consumer / producer, slots)
         pair = consumer / (1.0 - p0) if p0 < 1.0 else math.inf
         worst = max(worst, min(pair, producer + consumer))
     return worst
+
+
+def bottleneck(stages: list[Stage], knobs: dict[str, int]) -> str:
+    """The stage that costs most in the slowest segment: what limits the line."""
+    slowest, worst = [], -1.0
+    for group, _ in segments(stages):
+        total = sum(_time(stage, knobs) for stage in group)
+        if total > worst:
+            slowest, worst = group, total
+    return max(slowest, key=lambda stage: _time(stage, knobs)).name if slowest else ""
+
+
+def _time(stage: Stage, knobs: dict[str, int]) -> float:
+    parallel = knobs[stage.parallelism] if stage.parallelism is not None else 1
+    return stage.work_s / max(parallel, 1)
 
 
 def cpu_cores(stages: list[Stage], knobs: dict[str, int]) -> float:
@@ -122,7 +138,7 @@ def memory_bytes(stages: list[Stage], knobs: dict[str, int]) -> float:
     for stage in stages:
         held = 0
         if stage.buffer is not None:
-            held += knobs[stage.buffer]
+            held += knobs[stage.buffer] * stage.slots_per_unit
         if stage.parallelism is not None:
             held += knobs[stage.parallelism]
         total += held * stage.bytes_per_element

@@ -5,6 +5,10 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
+from torchpipe.autotune.live import Look, start_look
+from torchpipe.autotune.report import PipelineStats, pipeline_stats
+from torchpipe.autotune.runner import Autotuner, ConsumerClock, Decision, live_knobs
+from torchpipe.autotune.tuner import Budget
 from torchpipe.errors import CheckpointError
 from torchpipe.graph.optimizer import optimize
 from torchpipe.ops.base import BuildContext, Iterator, Node
@@ -48,7 +52,8 @@ class PipelineIterator:
 
     It owns the seed of the pass (``Options.seed``, or a fresh random one) and the epoch, so
     a state dict restores both: loading it rebuilds the iterator tree with the saved seed and
-    epoch and then restores every op's position.
+    epoch and then restores every op's position. When the pipeline has AUTOTUNE knobs (and
+    ``Options.autotune.enabled``), it starts the autotuner with the first element.
     """
 
     def __init__(self, plan: Plan, epoch: int) -> None:
@@ -59,13 +64,22 @@ class PipelineIterator:
         self._epoch = epoch
         self._tree: Iterator | None = None
         self._finalizer: weakref.finalize | None = None
+        self._clock = ConsumerClock()
+        self._tuner: Autotuner | None = None
+        self._start: Look = start_look()
 
     def _build(self) -> Iterator:
         ctx = BuildContext(self._seed, self._seeded, self._epoch, self._plan.options)
         tree = self._plan.runtime_root.build(ctx)
-        self._finalizer = weakref.finalize(self, tree.close)
+        tuning = self._plan.options.autotune
+        tuner = None
+        if tuning.enabled and live_knobs(tree):
+            tuner = Autotuner(tree, self._clock, Budget.of_machine(tuning.cpu_budget, tuning.ram_budget))
+        self._finalizer = weakref.finalize(self, _close, tree, tuner)
         tree.prepare()
-        self._tree = tree
+        self._tree, self._tuner, self._clock, self._start = tree, tuner, ConsumerClock(), start_look()
+        if tuner is not None:
+            tuner.clock = self._clock
         return tree
 
     def __iter__(self) -> PipelineIterator:
@@ -73,7 +87,20 @@ class PipelineIterator:
 
     def __next__(self) -> Any:
         tree = self._tree if self._tree is not None else self._build()
-        return next(tree)
+        tuner = self._tuner
+        if tuner is None:
+            return next(tree)
+        clock = self._clock
+        clock.enter()
+        try:
+            element = next(tree)
+        except StopIteration:
+            tuner.stop()
+            raise
+        if not tuner.started:
+            tuner.start()  # with the first element: the tuner's first window starts there
+        clock.leave()
+        return element
 
     def state_dict(self) -> dict[str, Any]:
         """The position of this pass: load it into a fresh ``iter(ds)`` to get the rest."""
@@ -113,15 +140,35 @@ class PipelineIterator:
             self._finalizer()
         self._tree = None
 
-    def stats(self) -> list[dict[str, Any]]:
-        """Per-stage counters, root first (elements produced, wall time, op counters)."""
-        return self._tree.all_stats() if self._tree is not None else []
+    def stats(self) -> PipelineStats:
+        """Per-stage stats, root first; ``print()`` the result for a report that names the
+        bottleneck and says whether the training loop or the pipeline is the limit.
+
+        See :class:`~torchpipe.autotune.report.PipelineStats`.
+        """
+        if self._tree is None:
+            return PipelineStats([], 0.0, "", 0.0, [])
+        return pipeline_stats(self._tree, self._start, self._clock.outside_s(), self.decisions())
+
+    def decisions(self) -> list[Decision]:
+        """The autotuner's recent rounds, oldest first (empty without AUTOTUNE knobs)."""
+        return list(self._tuner.decisions) if self._tuner is not None else []
+
+    def tuned_values(self) -> dict[str, int]:
+        """The current value of every AUTOTUNE knob of this pass (empty before it starts)."""
+        return {name: knob.value for name, knob in sorted(self._tuner.knobs.items())} if self._tuner else {}
 
     def __enter__(self) -> PipelineIterator:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _close(tree: Iterator, tuner: Autotuner | None) -> None:
+    if tuner is not None:
+        tuner.stop()
+    tree.close()
 
 
 def _kinds(root: Node) -> list[str]:

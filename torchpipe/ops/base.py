@@ -219,6 +219,18 @@ class Iterator(abc.ABC):
         """The values the autotuner may change while this iterator runs (those set to AUTOTUNE)."""
         return []
 
+    def parallelism(self) -> int:
+        """Threads or processes running this op's calls at once (ops with a pool)."""
+        return 1
+
+    def buffer_slots(self) -> int:
+        """Elements this op can hold ready or in flight for its consumer (asynchronous ops)."""
+        return 0
+
+    def calls_in_processes(self) -> bool:
+        """Whether this op's calls run in worker processes (their CPU is not this process's)."""
+        return False
+
     # -- what the base class does -----------------------------------------------------------
     def __iter__(self) -> Iterator:
         return self

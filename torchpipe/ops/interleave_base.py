@@ -240,6 +240,9 @@ class ReadAheadInterleave(InterleaveBase):
     def knobs(self) -> list[LiveKnob]:
         return [self._knob] if self._knob is not None else []
 
+    def parallelism(self) -> int:
+        return self._parallelism
+
     def _resize(self, parallelism: int) -> None:
         self._parallelism = parallelism
         self._lookahead = self._lookahead_for(parallelism)

@@ -395,6 +395,15 @@ class ParallelMapIterator(Iterator):
     def knobs(self) -> list[LiveKnob]:
         return [self._knob] if self._knob is not None else []
 
+    def parallelism(self) -> int:
+        return self._parallelism
+
+    def buffer_slots(self) -> int:
+        return self._executor.capacity if self._executor is not None else self._parallelism
+
+    def calls_in_processes(self) -> bool:
+        return self._kind == "process"
+
     def _resize(self, size: int) -> None:
         self._parallelism = size
         if self._executor is not None:

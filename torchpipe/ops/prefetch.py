@@ -192,6 +192,9 @@ class PrefetchIterator(Iterator):
     def knobs(self) -> list[LiveKnob]:
         return [self._knob] if self._knob is not None else []
 
+    def buffer_slots(self) -> int:
+        return self.buffer.depth
+
     def _set_depth(self, value: int) -> None:
         self.buffer.depth = value
 

@@ -125,6 +125,12 @@ class ProcessInterleaveIterator(ReadAheadInterleave):
             self._pool = ProcessPool(InnerChunkTask(self._opener), self._parallelism, self.name, restart=self._restart,
                                      timing=self.stats.calls)  # fmt: skip
 
+    def buffer_slots(self) -> int:
+        return (self._cycle_length + self._lookahead) * self._chunk
+
+    def calls_in_processes(self) -> bool:
+        return True
+
     def start(self) -> None:
         self.prepare()
         self._pool.start()

@@ -193,6 +193,9 @@ class ThreadInterleaveIterator(ReadAheadInterleave):
         self._capacity = min(max(32, 2 * block_length), 64)
         self._wakeup = threading.Condition()
 
+    def buffer_slots(self) -> int:
+        return (self._cycle_length + self._lookahead) * self._capacity
+
     def start(self) -> None:
         self._pool = ThreadPool(self._parallelism, self.name)
         for reader in self._slots:

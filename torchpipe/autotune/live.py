@@ -1,0 +1,196 @@
+"""The model of a running pipeline, built from what its iterators measured between two looks.
+
+A *look* copies every iterator's cumulative counters (and the consumer's clock); the difference
+between two looks is what happened in that window. :func:`build_model` turns it into the line of
+:class:`~torchpipe.autotune.model.Stage` s that the model predicts from, leaf first, the consumer
+last, every time per element of the root (the elements the training loop receives):
+
+- an op on its caller's thread adds its *self time* (its wall time minus its inputs') there;
+- an op with a pool (parallel map, parallel interleave) adds a stage of its calls' wall time,
+  divided by its parallelism and followed by its in-flight window; its input, pulled on the
+  caller's thread, stays with the caller;
+- a prefetch ends the segment of its input (which runs on its thread) with its buffer;
+- the consumer's stage is the time the training loop spent between two ``next()`` calls.
+
+Time spent waiting on a buffer is never work: it is what the model predicts from the rest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from torchpipe.autotune.model import Knob, Stage
+from torchpipe.ops.base import Iterator
+
+CONSUMER = "consumer"
+"""The name of the training loop's stage in the model and the report."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Counters:
+    """One iterator's cumulative counters at one look."""
+
+    produced: int = 0
+    wall_s: float = 0.0
+    wait_s: float = 0.0
+    calls: int = 0
+    work_s: float = 0.0
+    cpu_s: float = 0.0
+    bytes_per_element: float = 0.0
+
+    def minus(self, earlier: Counters) -> Counters:
+        return Counters(
+            self.produced - earlier.produced,
+            self.wall_s - earlier.wall_s,
+            self.wait_s - earlier.wait_s,
+            self.calls - earlier.calls,
+            self.work_s - earlier.work_s,
+            self.cpu_s - earlier.cpu_s,
+            self.bytes_per_element,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Look:
+    """Every iterator's counters (by ``id``) and the consumer's clock at one moment.
+
+    Attributes:
+        time: ``time.perf_counter()`` when taken.
+        iterators: counters by ``id(iterator)``.
+        consumer_s: seconds the training loop spent outside ``next()`` so far.
+        main_cpu_s: CPU seconds of this process (all its threads) so far.
+    """
+
+    time: float
+    iterators: dict[int, Counters]
+    consumer_s: float
+    main_cpu_s: float
+
+    def produced(self, root: Iterator) -> int:
+        return self.iterators.get(id(root), Counters()).produced
+
+
+def start_look() -> Look:
+    """The look before a tree's first element: every counter at zero."""
+    return Look(time.perf_counter(), {}, 0.0, time.process_time())
+
+
+def look(root: Iterator, consumer_s: float) -> Look:
+    """The counters of ``root`` and every iterator below it, now."""
+    counters = {}
+    stack = [root]
+    while stack:
+        it = stack.pop()
+        stats = it.stats
+        calls, work_s, cpu_s = stats.calls.totals() if stats.calls is not None else (0, 0.0, 0.0)
+        counters[id(it)] = Counters(stats.produced, stats.wall_s, stats.wait_s, calls, work_s, cpu_s,
+                                    stats.bytes_per_element)  # fmt: skip
+        stack.extend(it.children())
+    return Look(time.perf_counter(), counters, consumer_s, time.process_time())
+
+
+@dataclasses.dataclass
+class Model:
+    """The line of stages of one window, its knobs, and what it was measured from.
+
+    Attributes:
+        stages: leaf first, the consumer last.
+        knobs: every knob the stages name (fixed values have ``minimum == maximum``).
+        tunable: the names of the knobs the tuner may change.
+        elements: root elements delivered in the window.
+        seconds: the window's length.
+    """
+
+    stages: list[Stage]
+    knobs: list[Knob]
+    tunable: set[str]
+    elements: int
+    seconds: float
+
+    @property
+    def throughput(self) -> float:
+        """Root elements per second measured in the window."""
+        return self.elements / self.seconds if self.seconds > 0 else 0.0
+
+
+def build_model(root: Iterator, before: Look, after: Look) -> Model:
+    """The model of the window between two looks (``after`` later); ``root`` is the tree's root."""
+    elements = after.produced(root) - before.produced(root)
+    builder = _Builder(before, after, max(elements, 1))
+    stages = builder.line(root)
+    seconds = after.time - before.time
+    consumer_s = after.consumer_s - before.consumer_s
+    main_cpu = (after.main_cpu_s - before.main_cpu_s) - builder.main_cpu_s
+    consumer_cpu = min(1.0, max(0.0, main_cpu / consumer_s)) if consumer_s > 0 else 0.0
+    stages.append(Stage(CONSUMER, consumer_s / max(elements, 1), cpu_fraction=consumer_cpu))
+    return Model(stages, list(builder.knobs.values()), builder.tunable, elements, seconds)
+
+
+class _Builder:
+    def __init__(self, before: Look, after: Look, elements: int) -> None:
+        self.before, self.after, self.elements = before, after, elements
+        self.knobs: dict[str, Knob] = {}
+        self.tunable: set[str] = set()
+        self.main_cpu_s = 0.0  # CPU of this process already counted in some stage
+
+    def delta(self, it: Iterator) -> Counters:
+        now = self.after.iterators.get(id(it), Counters())
+        return now.minus(self.before.iterators.get(id(it), Counters()))
+
+    def per_root(self, seconds: float) -> float:
+        return max(seconds, 0.0) / self.elements
+
+    def knob(self, it: Iterator, suffix: str, value: int) -> str:
+        """The knob named for ``it``: its live knob if tunable, else a fixed one."""
+        for live in it.knobs():
+            if live.name.endswith(suffix):
+                self.knobs[live.name] = Knob(live.name, live.value, live.minimum, live.maximum)
+                self.tunable.add(live.name)
+                return live.name
+        name = f"{it.name}{suffix}#{id(it)}"
+        self.knobs[name] = Knob(name, value, value, value)
+        return name
+
+    def line(self, it: Iterator) -> list[Stage]:
+        """The stages of ``it`` and everything below it, leaf first."""
+        d = self.delta(it)
+        below: list[Stage] = []
+        inputs_wall = 0.0
+        for child in it.children():
+            below.extend(self.line(child))
+            inputs_wall += self.delta(child).wall_s
+        if it.tuning_role == "buffer":
+            depth = self.knob(it, ".buffer_size", max(it.buffer_slots(), 1))
+            end = Stage(f"{it.name} (producer)", 0.0, buffer=depth, bytes_per_element=d.bytes_per_element)
+            own = self.per_root(d.wall_s - d.wait_s)
+            self.main_cpu_s += max(d.wall_s - d.wait_s, 0.0)
+            return below + [end, Stage(it.name, own)]
+        if it.tuning_role == "pool":
+            return self._pool(it, d, below, inputs_wall)
+        own = d.wall_s - inputs_wall
+        self.main_cpu_s += max(own, 0.0)
+        return below + [Stage(it.name, self.per_root(own))]
+
+    def _pool(self, it: Iterator, d: Counters, below: list[Stage], inputs_wall: float) -> list[Stage]:
+        """A pool stage: its calls in a segment of their own; its input and dispatch on the caller's."""
+        parallelism = self.knob(it, ".parallelism", max(it.parallelism(), 1))
+        slots = max(1, it.buffer_slots() // max(it.parallelism(), 1))
+        cpu_fraction = min(1.0, d.cpu_s / d.work_s) if d.work_s > 0 else 1.0
+        calls = Stage(f"{it.name} (calls)", self.per_root(d.work_s), parallelism=parallelism, buffer=parallelism,
+                      cpu_fraction=cpu_fraction, bytes_per_element=d.bytes_per_element, slots_per_unit=slots)
+        if not it.calls_in_processes():
+            self.main_cpu_s += d.cpu_s
+        own = d.wall_s - d.wait_s - inputs_wall
+        self.main_cpu_s += max(own, 0.0)
+        cut = _after_last_buffer(below)
+        return below[:cut] + [calls] + below[cut:] + [Stage(it.name, self.per_root(own))]
+
+
+def _after_last_buffer(stages: list[Stage]) -> int:
+    """Index just past the last stage followed by a buffer (0 if none)."""
+    for index in range(len(stages) - 1, -1, -1):
+        if stages[index].buffer is not None:
+            return index + 1
+    return 0
+

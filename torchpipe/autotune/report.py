@@ -1,0 +1,123 @@
+"""``iterator.stats()``: per-stage numbers of a running pass, printable as a one-call report.
+
+The report names the bottleneck (from the model of the tuner's latest window when it runs, else
+of the whole pass) and says whether the training loop or the pipeline is the limit.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torchpipe.autotune.live import CONSUMER, Look, build_model, look
+from torchpipe.autotune.model import bottleneck
+from torchpipe.autotune.runner import Decision
+from torchpipe.ops.base import Iterator
+
+_WAITING_LIMIT = 0.2  # a loop that waits more than this share of its time is fed too slowly
+
+
+class PipelineStats(list):
+    """The stages' stats, root first, each a dict; ``print()`` it for the report.
+
+    Each dict has ``stage`` (its name), ``depth`` (0 for the root), ``produced``, ``throughput`` (elements/s over the pass), ``self_s``
+    (seconds of its own work per element, on whatever thread or worker ran it), and where they
+    apply ``wait_ratio`` (share of its consumer's time in ``next()`` spent waiting on it),
+    ``occupancy`` (mean fill of its buffer / its capacity), ``knobs`` (AUTOTUNE values now) and the op's own
+    counters (``errors_ignored``, ``inner_datasets``).
+
+    Attributes:
+        seconds: since the pass started.
+        bottleneck: the stage that limits the pipeline, or ``"consumer"``.
+        waiting: the share of the training loop's time spent waiting for data.
+        decisions: the autotuner's recent rounds (empty without one).
+    """
+
+    def __init__(self, stages: list[dict[str, Any]], seconds: float, bottleneck: str, waiting: float,
+                 decisions: list[Decision]) -> None:  # fmt: skip
+        super().__init__(stages)
+        self.seconds = seconds
+        self.bottleneck = bottleneck
+        self.waiting = waiting
+        self.decisions = decisions
+
+    @property
+    def consumer_is_limit(self) -> bool:
+        """Whether the training loop, not the pipeline, sets the pace."""
+        return self.bottleneck == CONSUMER or self.waiting < _WAITING_LIMIT
+
+    def __str__(self) -> str:
+        return self.report()
+
+    def report(self) -> str:
+        """The text report."""
+        if not self:
+            return "torchpipe: the pass has not started"
+        root = self[0]
+        lines = [f"torchpipe pass: {self.seconds:.1f} s, {root['produced']} elements, {root['throughput']:.4g}/s",
+                 f"{'stage':<36} {'elements':>9} {'per s':>9} {'self/elem':>10} {'wait':>5} {'buffer':>7}  knobs"]
+        for stage in self:
+            wait = f"{stage['wait_ratio']:.0%}" if "wait_ratio" in stage else ""
+            fill = f"{stage['occupancy']:.0%}" if "occupancy" in stage else ""
+            knobs = ", ".join(f"{k}={v}" for k, v in stage.get("knobs", {}).items())
+            name = "  " * stage["depth"] + stage["stage"]
+            lines.append(f"{name[:36]:<36} {stage['produced']:>9} {stage['throughput']:>9.4g} "
+                         f"{_duration(stage['self_s']):>10} {wait:>5} {fill:>7}  {knobs}")  # fmt: skip
+        lines.append(f"Bottleneck: {self.bottleneck}")
+        if self.consumer_is_limit:
+            lines.append(f"Limit: the consumer (training step); it waited for data {self.waiting:.0%} of its time.")
+        else:
+            lines.append(f"Limit: the pipeline; the consumer waited for data {self.waiting:.0%} of its time.")
+        if self.decisions:
+            last = self.decisions[-1]
+            chosen = ", ".join(f"{k}={v}" for k, v in last.values.items())
+            lines.append(f"Autotune: {len(self.decisions)} rounds; now {chosen} (measured {last.throughput:.4g}/s, "
+                         f"model predicts {last.predicted:.4g}/s)")  # fmt: skip
+        return "\n".join(lines)
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 1.0:
+        return f"{seconds:.2f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.2f} ms"
+    return f"{seconds * 1e6:.1f} us"
+
+
+def pipeline_stats(root: Iterator, start: Look, consumer_s: float, decisions: list[Decision]) -> PipelineStats:
+    """The stats of the pass under ``root``; ``start`` is :func:`~torchpipe.autotune.live.start_look` of
+    when its tree was built."""
+    now = look(root, consumer_s)
+    seconds = max(now.time - start.time, 1e-9)
+    stages = []
+    for it, depth in _walk(root):
+        counters = now.iterators[id(it)]  # the tree is built when the pass starts: totals are the pass's
+        entry: dict[str, Any] = {"stage": it.name, "depth": depth, "produced": counters.produced,
+                                 "throughput": counters.produced / seconds}  # fmt: skip
+        inputs_wall = sum(now.iterators[id(c)].wall_s for c in it.children()) if it.tuning_role != "buffer" else 0.0
+        own = counters.work_s if it.tuning_role == "pool" else counters.wall_s - counters.wait_s - inputs_wall
+        entry["self_s"] = max(own, 0.0) / max(counters.calls if it.tuning_role == "pool" else counters.produced, 1)
+        if counters.wall_s > 0 and it.tuning_role is not None:
+            entry["wait_ratio"] = counters.wait_s / counters.wall_s
+        if it.stats.occupancy_n:
+            entry["occupancy"] = it.stats.occupancy_sum / it.stats.occupancy_n / max(it.stats.capacity, 1)
+        if it.knobs():
+            entry["knobs"] = {knob.name: knob.value for knob in it.knobs()}
+        entry.update(it.stats.counters)  # errors_ignored, inner_datasets, ...
+        stages.append(entry)
+    if decisions:
+        limit = decisions[-1].bottleneck
+    else:
+        model = build_model(root, start, now)
+        limit = bottleneck(model.stages, {knob.name: knob.value for knob in model.knobs})
+    inside = now.iterators[id(root)].wall_s
+    waiting = inside / (inside + consumer_s) if inside + consumer_s > 0 else 0.0
+    return PipelineStats(stages, seconds, limit, waiting, list(decisions))
+
+
+def _walk(root: Iterator) -> list[tuple[Iterator, int]]:
+    out, stack = [], [(root, 0)]
+    while stack:
+        it, depth = stack.pop()
+        out.append((it, depth))
+        stack.extend((child, depth + 1) for child in reversed(it.children()))
+    return out

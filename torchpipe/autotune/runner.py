@@ -1,0 +1,186 @@
+"""The tuner thread of one pipeline pass: look, model, climb, apply; often at first, then less.
+
+Each round takes a look at the counters, builds the model of the window since the last round
+(:mod:`torchpipe.autotune.live`), hill-climbs every AUTOTUNE knob from its minimum under the CPU
+and RAM budgets (:mod:`torchpipe.autotune.tuner`), and asks the iterators for the new values;
+they apply them on their own threads, between two elements.
+
+The model can be wrong where Python is: threads that hold the GIL, cores already busy elsewhere.
+So every move is checked against what it bought: if raising knobs did not raise the measured
+throughput by at least ``_MIN_GAIN``, they are held at their old values for ``_HOLD_ROUNDS``
+rounds (then the model may try again: the workload may have changed).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+import time
+from collections.abc import Iterable
+
+from torchpipe.autotune.live import Look, Model, build_model, look
+from torchpipe.autotune.model import Knob, bottleneck, predict_time
+from torchpipe.autotune.tuner import Budget, backoff_intervals, hill_climb
+from torchpipe.ops.base import Iterator
+from torchpipe.ops.stats import LiveKnob
+
+_MIN_ELEMENTS = 4  # root elements a window needs before it is modelled
+_MIN_GAIN = 0.03
+_HOLD_ROUNDS = 8
+_HISTORY = 64
+_FIRST_S, _LAST_S = 0.1, 2.0
+
+
+class ConsumerClock:
+    """Time the training loop spends outside ``next()``: the consumer's own work per element.
+
+    The pipeline's root iterator calls :meth:`enter` and :meth:`leave` around each ``next()``.
+    """
+
+    __slots__ = ("_outside_s", "_left_at")
+
+    def __init__(self) -> None:
+        self._outside_s = 0.0
+        self._left_at: float | None = None
+
+    def enter(self) -> None:
+        left_at = self._left_at
+        if left_at is not None:
+            self._outside_s += time.perf_counter() - left_at
+            self._left_at = None
+
+    def leave(self) -> None:
+        self._left_at = time.perf_counter()
+
+    def outside_s(self) -> float:
+        """Seconds outside ``next()`` so far, the current stretch included."""
+        left_at = self._left_at
+        return self._outside_s + (time.perf_counter() - left_at if left_at is not None else 0.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """One round of the tuner.
+
+    Attributes:
+        at_s: seconds since the tuner started.
+        values: every AUTOTUNE knob's value after the round.
+        throughput: root elements per second measured in the window.
+        predicted: root elements per second the model predicts with ``values``.
+        bottleneck: the stage that limits the line (``consumer`` for the training loop).
+    """
+
+    at_s: float
+    values: dict[str, int]
+    throughput: float
+    predicted: float
+    bottleneck: str
+
+
+def live_knobs(root: Iterator) -> list[LiveKnob]:
+    """Every AUTOTUNE knob in the tree under ``root``."""
+    knobs, stack = [], [root]
+    while stack:
+        it = stack.pop()
+        knobs.extend(it.knobs())
+        stack.extend(it.children())
+    return knobs
+
+
+class Autotuner:
+    """Tunes the AUTOTUNE knobs of one iterator tree while it runs.
+
+    Args:
+        root: the tree's root iterator.
+        clock: the consumer's clock.
+        budget: what the pipeline may use.
+        intervals: seconds between rounds (default: 0.1 s at first, backing off to 2 s).
+    """
+
+    def __init__(self, root: Iterator, clock: ConsumerClock, budget: Budget,
+                 intervals: Iterable[float] | None = None) -> None:  # fmt: skip
+        self.root = root
+        self.clock = clock
+        self.budget = budget
+        self.decisions: collections.deque[Decision] = collections.deque(maxlen=_HISTORY)
+        self._intervals = intervals if intervals is not None else backoff_intervals(_FIRST_S, _LAST_S)
+        self._live = {knob.name: knob for knob in live_knobs(root)}
+        self._held: dict[str, tuple[int, int]] = {}  # knob -> (held value, rounds left)
+        self._last_move: tuple[dict[str, int], float] | None = None  # knobs raised (old values), throughput
+        self._started = time.perf_counter()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def knobs(self) -> dict[str, LiveKnob]:
+        return dict(self._live)
+
+    @property
+    def started(self) -> bool:
+        return self._thread is not None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="torchpipe-autotune", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        before = look(self.root, self.clock.outside_s())
+        for interval in self._intervals:
+            if self._stop.wait(interval):
+                return
+            after = look(self.root, self.clock.outside_s())
+            if after.produced(self.root) - before.produced(self.root) < _MIN_ELEMENTS:
+                continue  # too little to go on: let the window grow
+            self.step(before, after)
+            before = after
+
+    def step(self, before: Look, after: Look) -> Decision:
+        """One round over the window between two looks: model, climb, apply, record."""
+        model = build_model(self.root, before, after)
+        return self.decide(model)
+
+    def decide(self, model: Model) -> Decision:
+        """Choose and apply knob values for ``model`` (the part of a round that needs no tree)."""
+        self._judge_last_move(model.throughput)
+        values = hill_climb(model.stages, [self._search_range(k, model.tunable) for k in model.knobs], self.budget)
+        raised = {}
+        for name in model.tunable:
+            live = self._live.get(name)
+            if live is None or values[name] == live.value:
+                continue
+            if values[name] > live.value:
+                raised[name] = live.value
+            live.request(values[name])
+        self._last_move = (raised, model.throughput) if raised else None
+        predicted = predict_time(model.stages, values)
+        decision = Decision(
+            at_s=time.perf_counter() - self._started,
+            values={name: values[name] for name in sorted(model.tunable)},
+            throughput=model.throughput,
+            predicted=1.0 / predicted if predicted > 0 else float("inf"),
+            bottleneck=bottleneck(model.stages, values),
+        )
+        self.decisions.append(decision)
+        return decision
+
+    def _search_range(self, knob: Knob, tunable: set[str]) -> Knob:
+        """The knob as the climb sees it: from its minimum, up to its maximum or its held value."""
+        if knob.name not in tunable:
+            return knob
+        held = self._held.get(knob.name)
+        maximum = min(knob.maximum, held[0]) if held is not None else knob.maximum
+        return dataclasses.replace(knob, value=knob.minimum, maximum=max(maximum, knob.minimum))
+
+    def _judge_last_move(self, throughput: float) -> None:
+        """Hold the knobs of a move that did not pay at their old values; count down the holds."""
+        self._held = {name: (value, rounds - 1) for name, (value, rounds) in self._held.items() if rounds > 1}
+        if self._last_move is None:
+            return
+        raised, before = self._last_move
+        if throughput < before * (1.0 + _MIN_GAIN):
+            for name, old in raised.items():
+                self._held[name] = (old, _HOLD_ROUNDS)
