@@ -3,7 +3,8 @@
 Each round takes a look at the counters, builds the model of the window since the last round
 (:mod:`torchpipe.autotune.live`), hill-climbs every AUTOTUNE knob from its minimum under the CPU
 and RAM budgets (:mod:`torchpipe.autotune.tuner`), and asks the iterators for the new values;
-they apply them on their own threads, between two elements.
+they apply them on their own threads, between two elements. The window in which the pass
+starts, and the one right after a change, are not modelled: they hold start-up and transition.
 
 The model can be wrong where Python is: threads that hold the GIL, cores already busy elsewhere.
 So every move is checked against what it bought: if raising knobs did not raise the measured
@@ -25,7 +26,7 @@ from torchpipe.autotune.tuner import Budget, backoff_intervals, hill_climb
 from torchpipe.ops.base import Iterator
 from torchpipe.ops.stats import LiveKnob
 
-_MIN_ELEMENTS = 4  # root elements a window needs before it is modelled
+_MIN_ELEMENTS, _MIN_WINDOW_S = 8, 0.25  # what a window needs before it is modelled
 _MIN_GAIN = 0.03
 _HOLD_ROUNDS = 8
 _HISTORY = 64
@@ -69,6 +70,7 @@ class Decision:
         throughput: root elements per second measured in the window.
         predicted: root elements per second the model predicts with ``values``.
         bottleneck: the stage that limits the line (``consumer`` for the training loop).
+        changed: the knobs the round changed.
     """
 
     at_s: float
@@ -76,6 +78,7 @@ class Decision:
     throughput: float
     predicted: float
     bottleneck: str
+    changed: tuple[str, ...] = ()
 
 
 def live_knobs(root: Iterator) -> list[LiveKnob]:
@@ -129,13 +132,18 @@ class Autotuner:
 
     def _run(self) -> None:
         before = look(self.root, self.clock.outside_s())
+        settling = True  # the first window holds the start-up
         for interval in self._intervals:
             if self._stop.wait(interval):
                 return
             after = look(self.root, self.clock.outside_s())
-            if after.produced(self.root) - before.produced(self.root) < _MIN_ELEMENTS:
+            enough = after.produced(self.root) - before.produced(self.root) >= _MIN_ELEMENTS
+            if not enough or after.time - before.time < _MIN_WINDOW_S:
                 continue  # too little to go on: let the window grow
-            self.step(before, after)
+            if not settling:
+                settling = bool(self.step(before, after).changed)
+            else:
+                settling = False
             before = after
 
     def step(self, before: Look, after: Look) -> Decision:
@@ -147,14 +155,15 @@ class Autotuner:
         """Choose and apply knob values for ``model`` (the part of a round that needs no tree)."""
         self._judge_last_move(model.throughput)
         values = hill_climb(model.stages, [self._search_range(k, model.tunable) for k in model.knobs], self.budget)
-        raised = {}
-        for name in model.tunable:
+        raised, changed = {}, []
+        for name in sorted(model.tunable):
             live = self._live.get(name)
             if live is None or values[name] == live.value:
                 continue
             if values[name] > live.value:
                 raised[name] = live.value
             live.request(values[name])
+            changed.append(name)
         self._last_move = (raised, model.throughput) if raised else None
         predicted = predict_time(model.stages, values)
         decision = Decision(
@@ -163,6 +172,7 @@ class Autotuner:
             throughput=model.throughput,
             predicted=1.0 / predicted if predicted > 0 else float("inf"),
             bottleneck=bottleneck(model.stages, values),
+            changed=tuple(changed),
         )
         self.decisions.append(decision)
         return decision

@@ -2,8 +2,8 @@
 
 At each step every knob is tried one notch up (parallelism +1; a buffer doubled), and the move that
 cuts the predicted time per element most is taken, as long as the pipeline stays within its
-budgets: the cores it would keep busy (the consumer's own share counts) and the bytes its buffers
-and in-flight elements would hold. The climb stops when no move gains at least ``min_gain``.
+budgets: the cores it would keep busy (the consumer's own share counts; ``CPU_TOLERANCE`` over is
+allowed) and the bytes its buffers and in-flight elements would hold. The climb stops when no move gains at least ``min_gain``.
 Knobs never go below their current value unless a budget is exceeded, in which case the most
 memory- or CPU-hungry knob is brought down first.
 """
@@ -19,6 +19,9 @@ from torchpipe.autotune.model import Knob, Stage, cpu_cores, memory_bytes, predi
 from torchpipe.runtime.cpu import usable_cpu_count
 
 _RAM_SHARE = 0.5  # of the memory available when the pipeline starts
+CPU_TOLERANCE = 0.1
+"""Share of the CPU budget a setting may exceed: measured CPU shares (0.98 a worker, plus the main
+thread's bits) must not keep one CPU-bound worker per core out of reach."""
 _MAX_STEPS = 512
 
 
@@ -47,7 +50,8 @@ def _up(knob: Knob, value: int, is_buffer: bool) -> int:
 
 
 def _fits(stages: list[Stage], values: dict[str, int], budget: Budget) -> bool:
-    return cpu_cores(stages, values) <= budget.cpu + 1e-9 and memory_bytes(stages, values) <= budget.ram
+    cpu_ok = cpu_cores(stages, values) <= budget.cpu * (1.0 + CPU_TOLERANCE) + 1e-9
+    return cpu_ok and memory_bytes(stages, values) <= budget.ram
 
 
 def hill_climb(stages: list[Stage], knobs: list[Knob], budget: Budget, min_gain: float = 0.01) -> dict[str, int]:

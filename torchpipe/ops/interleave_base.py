@@ -253,7 +253,9 @@ class ReadAheadInterleave(InterleaveBase):
         if self._knob is not None:
             self._knob.take_request()
         self._top_up()
-        return super().next()
+        element = super().next()
+        self.stats.sample_bytes(element)
+        return element
 
     @abc.abstractmethod
     def _new_reader(self, element: Any, seq: int, state: dict[str, Any] | None, error: BaseException | None) -> Any:

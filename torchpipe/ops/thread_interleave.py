@@ -14,6 +14,18 @@ from torchpipe.runtime.thread_pool import ThreadPool
 from torchpipe.runtime.timing import CallTiming
 
 _WAIT_S = 0.5
+_MAX_READ_AHEAD = 4096  # elements one reader may hold ready (AUTOTUNE)
+_READER_BYTES = 8 << 20  # and at most this many bytes of them
+
+
+class ReadAhead:
+    """How many elements each reader may read ahead; shared by the readers of one iterator, so
+    a change reaches the open ones too."""
+
+    __slots__ = ("capacity",)
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
 
 
 class _InnerReader:
@@ -30,7 +42,7 @@ class _InnerReader:
         state: the inner state to resume from, or None for a fresh start.
         opener: builds the inner iterator.
         wakeup: notified whenever an item is ready or a task ends.
-        capacity: how many items to read ahead.
+        read_ahead: how many items to read ahead.
         timing: where the cost of each read is added up.
         error: an input error to deliver instead of opening anything.
     """
@@ -42,7 +54,7 @@ class _InnerReader:
         state: dict[str, Any] | None,
         opener: InnerOpener,
         wakeup: threading.Condition,
-        capacity: int,
+        read_ahead: ReadAhead,
         timing: CallTiming,
         error: BaseException | None = None,
     ) -> None:
@@ -54,7 +66,7 @@ class _InnerReader:
         self.log: PositionLog | None = None
         self._opener = opener
         self._wakeup = wakeup
-        self._capacity = capacity
+        self._ahead = read_ahead
         self._timing = timing
         self._iterator: Iterator | None = None
         self._done = error is not None  # nothing more will be read
@@ -69,7 +81,7 @@ class _InnerReader:
         """Start a read-ahead task unless one runs, the reader is done, or it is full (reading
         on as soon as there is room keeps a slow source's next read in flight)."""
         with self._wakeup:
-            if self._running or self._stopped or self._done or len(self.ready) >= self._capacity:
+            if self._running or self._stopped or self._done or len(self.ready) >= self._ahead.capacity:
                 return
             self._running = True
         self._future = pool.submit(self._read_ahead)
@@ -134,7 +146,7 @@ class _InnerReader:
 
     def _read_one(self) -> bool:
         with self._wakeup:
-            if self._stopped or len(self.ready) >= self._capacity:
+            if self._stopped or len(self.ready) >= self._ahead.capacity:
                 return False
         wall, cpu = time.perf_counter(), time.thread_time()
         try:
@@ -190,11 +202,12 @@ class ThreadInterleaveIterator(ReadAheadInterleave):
     ) -> None:
         super().__init__(name, source, opener, cycle_length, block_length, parallelism, tunable)
         self._deterministic = deterministic
-        self._capacity = min(max(32, 2 * block_length), 64)
+        self._read_ahead = ReadAhead(min(max(32, 2 * block_length), 64))
+        self._inner_lengths = [0, 0]  # elements taken from inner datasets that ended, and their count
         self._wakeup = threading.Condition()
 
     def buffer_slots(self) -> int:
-        return (self._cycle_length + self._lookahead) * self._capacity
+        return (self._cycle_length + self._lookahead) * self._read_ahead.capacity
 
     def start(self) -> None:
         self._pool = ThreadPool(self._parallelism, self.name)
@@ -216,13 +229,13 @@ class ThreadInterleaveIterator(ReadAheadInterleave):
     def _new_reader(
         self, element: Any, seq: int, state: dict[str, Any] | None, error: BaseException | None
     ) -> _InnerReader:
-        return _InnerReader(element, seq, state, self._opener, self._wakeup, self._capacity, self.stats.calls, error)
+        return _InnerReader(element, seq, state, self._opener, self._wakeup, self._read_ahead, self.stats.calls, error)
 
     def _take(self, reader: _InnerReader) -> tuple[str, Any]:
         t0 = time.perf_counter()
         kind, payload, ready = reader.take()
         self.stats.wait_s += time.perf_counter() - t0
-        self.stats.look(ready, self._capacity)
+        self.stats.look(ready, self._read_ahead.capacity)
         if kind in (_VALUE, _ERROR):
             reader.refill(self._pool)
         return kind, payload
@@ -255,7 +268,20 @@ class ThreadInterleaveIterator(ReadAheadInterleave):
                 return index
         return None
 
+    def _inner_ended(self, reader: _InnerReader) -> None:
+        """With AUTOTUNE, let readers read a whole inner dataset ahead (twice the mean length seen),
+        within ``_MAX_READ_AHEAD`` elements and ``_READER_BYTES`` each: with a short cycle, readers
+        waiting for a slot are what keeps slow reads (remote storage) in flight."""
+        if self._knob is None:
+            return
+        self._inner_lengths[0] += reader.taken
+        self._inner_lengths[1] += 1
+        wanted = 2 * self._inner_lengths[0] // self._inner_lengths[1]
+        by_bytes = _READER_BYTES // max(int(self.stats.bytes_per_element), 1)
+        self._read_ahead.capacity = max(self._read_ahead.capacity, min(wanted, _MAX_READ_AHEAD, by_bytes))
+
     def _close_slot(self, reader: _InnerReader) -> None:
+        self._inner_ended(reader)
         reader.close()
 
     def _slot_state(self, reader: _InnerReader) -> dict[str, Any]:
