@@ -64,7 +64,8 @@ def hill_climb(stages: list[Stage], knobs: list[Knob], budget: Budget, min_gain:
         min_gain: the least relative cut in predicted time a move must bring.
     """
     by_name = {k.name: k for k in knobs}
-    buffers = {s.buffer for s in stages if s.buffer is not None}
+    # Buffer depths move in powers of two; a pool's window is its parallelism, which moves by one.
+    buffers = {s.buffer for s in stages if s.buffer is not None} - {s.parallelism for s in stages}
     values = {k.name: max(k.minimum, min(k.maximum, k.value)) for k in knobs}
     values = _shrink_to_budget(stages, values, by_name, buffers, budget)
     current = predict_time(stages, values)

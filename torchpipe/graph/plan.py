@@ -87,17 +87,15 @@ class PipelineIterator:
 
     def __next__(self) -> Any:
         tree = self._tree if self._tree is not None else self._build()
-        tuner = self._tuner
-        if tuner is None:
-            return next(tree)
-        clock = self._clock
-        clock.enter()
+        clock, tuner = self._clock, self._tuner
+        clock.enter()  # the time between two calls is the training step's (stats and the tuner)
         try:
             element = next(tree)
         except StopIteration:
-            tuner.stop()
+            if tuner is not None:
+                tuner.stop()
             raise
-        if not tuner.started:
+        if tuner is not None and not tuner.started:
             tuner.start()  # with the first element: the tuner's first window starts there
         clock.leave()
         return element

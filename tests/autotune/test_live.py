@@ -1,0 +1,106 @@
+"""The model of a running tree, built from made-up counters: no threads, no clocks."""
+
+import pytest
+
+from torchpipe.autotune.live import CONSUMER, Counters, Look, build_model
+from torchpipe.autotune.model import bottleneck, predict_time
+from torchpipe.ops.base import Iterator
+from torchpipe.ops.stats import LiveKnob
+
+
+class Fake(Iterator):
+    """An iterator that only has a shape: role, inputs, knobs, pool size and buffer slots."""
+
+    def __init__(self, name, *inputs, role=None, knob=None, parallelism=1, slots=0, in_processes=False):
+        super().__init__(name, *inputs)
+        self.tuning_role = role
+        self._knob = knob
+        self._parallelism, self._slots, self._in_processes = parallelism, slots, in_processes
+
+    def next(self):
+        raise StopIteration
+
+    def get_state(self):
+        return {}
+
+    def set_state(self, state):
+        pass
+
+    def knobs(self):
+        return [self._knob] if self._knob is not None else []
+
+    def parallelism(self):
+        return self._parallelism
+
+    def buffer_slots(self):
+        return self._slots
+
+    def calls_in_processes(self):
+        return self._in_processes
+
+
+def _knob(name, value, maximum=16, is_buffer=False):
+    return LiveKnob(name, value, 1, maximum, is_buffer, lambda v: None)
+
+
+def _tree():
+    """source -> map (a pool of 2 processes, AUTOTUNE) -> batch(8) -> prefetch (AUTOTUNE)."""
+    source = Fake("source")
+    pool = Fake("map", source, role="pool", knob=_knob("map.parallelism", 2), parallelism=2, slots=8,
+                in_processes=True)
+    batch = Fake("batch", pool)
+    prefetch = Fake("prefetch", batch, role="buffer", knob=_knob("prefetch.buffer_size", 2, 64, True), slots=2)
+    return prefetch, batch, pool, source
+
+
+def _looks(prefetch, batch, pool, source, consumer_s):
+    """One second in which 10 batches of 8 went through; every map call cost 10 ms of a worker."""
+    counters = {
+        id(source): Counters(produced=80, wall_s=0.008),
+        id(pool): Counters(produced=80, wall_s=0.608, wait_s=0.5, calls=80, work_s=0.8, cpu_s=0.76),
+        id(batch): Counters(produced=10, wall_s=0.618),
+        id(prefetch): Counters(produced=10, wall_s=0.2, wait_s=0.199, bytes_per_element=1000.0),
+    }
+    return Look(0.0, {}, 0.0, 0.0), Look(1.0, counters, consumer_s, 0.1)
+
+
+def test_a_pool_stage_is_its_calls_per_root_element_divided_by_its_parallelism():
+    tree = _tree()
+    model = build_model(tree[0], *_looks(*tree, consumer_s=0.3))
+    by_name = {stage.name: stage for stage in model.stages}
+    calls = by_name["map (calls)"]
+    assert calls.work_s == pytest.approx(0.8 / 10)  # 8 calls of 10 ms per batch
+    assert calls.parallelism == "map.parallelism" and calls.buffer == "map.parallelism"
+    assert calls.slots_per_unit == 4 and calls.cpu_fraction == pytest.approx(0.95)
+    # The map's own share on the caller's thread excludes its waits and its input.
+    assert by_name["map"].work_s == pytest.approx((0.608 - 0.5 - 0.008) / 10)
+    assert by_name["batch"].work_s == pytest.approx(0.01 / 10)
+    assert by_name["prefetch (producer)"].buffer == "prefetch.buffer_size"
+    assert model.stages[-1].name == CONSUMER and model.stages[-1].work_s == pytest.approx(0.03)
+    assert model.tunable == {"map.parallelism", "prefetch.buffer_size"}
+    assert model.throughput == pytest.approx(10.0)
+
+
+def test_the_map_calls_come_before_the_threads_that_feed_and_drain_them():
+    tree = _tree()
+    names = [stage.name for stage in build_model(tree[0], *_looks(*tree, consumer_s=0.3)).stages]
+    assert names == ["map (calls)", "source", "map", "batch", "prefetch (producer)", "prefetch", CONSUMER]
+
+
+def test_the_bottleneck_is_the_pool_or_the_consumer_whichever_is_slower():
+    tree = _tree()
+    slow_pipeline = build_model(tree[0], *_looks(*tree, consumer_s=0.1))
+    values = {knob.name: knob.value for knob in slow_pipeline.knobs}
+    assert bottleneck(slow_pipeline.stages, values) == "map (calls)"
+    assert 1 / predict_time(slow_pipeline.stages, values) == pytest.approx(25, rel=0.1)  # 2 workers, 40 ms a batch
+    slow_consumer = build_model(tree[0], *_looks(*tree, consumer_s=0.9))
+    assert bottleneck(slow_consumer.stages, values) == CONSUMER
+
+
+def test_fixed_values_become_knobs_the_climb_cannot_move():
+    source = Fake("source")
+    pool = Fake("map", source, role="pool", parallelism=3, slots=3)
+    counters = {id(source): Counters(produced=9), id(pool): Counters(produced=9, calls=9, work_s=0.9)}
+    model = build_model(pool, Look(0.0, {}, 0.0, 0.0), Look(1.0, counters, 0.0, 0.0))
+    (knob,) = model.knobs
+    assert knob.minimum == knob.maximum == knob.value == 3 and model.tunable == set()

@@ -1,0 +1,92 @@
+"""Knobs turned while a pipeline runs: nothing lost, repeated or reordered, and the sizes change."""
+
+import itertools
+
+import pytest
+
+import torchpipe as tp
+from torchpipe.ops.interleave_base import ReadAheadInterleave
+from torchpipe.ops.map import ParallelMapIterator
+from torchpipe.ops.prefetch import PrefetchIterator
+
+NO_TUNER = tp.Options(autotune=tp.AutotuneOptions(enabled=False), optimizations={"inject_prefetch": False})
+
+
+def _find(it, kind):
+    stack = [it._tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, kind):
+            return node
+        stack.extend(node.children())
+    raise AssertionError(f"no {kind.__name__} in the tree")
+
+
+def _turn(it, kind, values, every=7):
+    """Consume ``it`` to the end, requesting the next of ``values`` every ``every`` elements."""
+    out = [next(it)]
+    (knob,) = _find(it, kind).knobs()
+    sizes = itertools.cycle(values)
+    for k, element in enumerate(it):
+        out.append(element)
+        if k % every == 0:
+            knob.request(next(sizes))
+    return out, knob
+
+
+def _square(x):
+    return x * x
+
+
+@pytest.mark.parametrize("executor", ["thread", "process"])
+def test_a_parallel_map_resized_while_running_keeps_every_element_in_order(executor):
+    ds = tp.range(300).map(_square, num_parallel_calls=tp.AUTOTUNE, executor=executor).with_options(NO_TUNER)
+    it = iter(ds)
+    out, knob = _turn(it, ParallelMapIterator, [1, 4, 2, 3])
+    assert out == [x * x for x in range(300)]
+    assert knob.value in (1, 4, 2, 3)
+
+
+def test_a_resized_process_pool_has_that_many_workers():
+    ds = tp.range(10_000).map(_square, num_parallel_calls=tp.AUTOTUNE, executor="process").with_options(NO_TUNER)
+    it = iter(ds)
+    next(it)
+    stage = _find(it, ParallelMapIterator)
+    (knob,) = stage.knobs()
+    knob.request(3)
+    next(it)  # applied by the stage itself, between two elements
+    assert stage.parallelism() == 3 and len(stage._pool.pids) == 3
+    knob.request(1)
+    for _ in range(50):
+        next(it)
+    assert stage.parallelism() == 1 and len(stage._pool.pids) == 1
+    it.close()
+
+
+def test_a_prefetch_depth_changes_at_once_and_keeps_the_order():
+    it = iter(tp.range(500).prefetch(tp.AUTOTUNE).with_options(NO_TUNER))
+    out, knob = _turn(it, PrefetchIterator, [1, 16, 4, 64], every=11)
+    assert out == list(range(500))
+    assert _find(it, PrefetchIterator).depth == knob.value
+
+
+def _inner(x):
+    return tp.range(x * 100, x * 100 + 30)
+
+
+def test_a_parallel_interleave_resized_while_running_keeps_its_order():
+    expected = list(tp.range(40).interleave(_inner, cycle_length=3))
+    ds = tp.range(40).interleave(_inner, cycle_length=3, num_parallel_calls=tp.AUTOTUNE).with_options(NO_TUNER)
+    out, knob = _turn(iter(ds), ReadAheadInterleave, [1, 8, 2, 5])
+    assert out == expected
+
+
+def test_requests_are_clamped_to_the_knob_range():
+    it = iter(tp.range(5).prefetch(tp.AUTOTUNE).with_options(NO_TUNER))
+    next(it)
+    (knob,) = _find(it, PrefetchIterator).knobs()
+    knob.request(10**6)
+    assert knob.value == knob.maximum
+    knob.request(0)
+    assert knob.value == 1
+    it.close()

@@ -1,0 +1,143 @@
+"""The tuner's rounds on simulated windows (made-up timings), and the tuner thread on a real pipeline."""
+
+import time
+
+import pytest
+import torch
+
+import torchpipe as tp
+from torchpipe.autotune.live import Model
+from torchpipe.autotune.model import Knob, Stage
+from torchpipe.autotune.runner import Autotuner, ConsumerClock
+from torchpipe.autotune.tuner import Budget
+from torchpipe.ops.base import Iterator
+from torchpipe.ops.stats import LiveKnob
+
+
+class Root(Iterator):
+    """A tree of one iterator that owns the knobs under test."""
+
+    def __init__(self, *knobs):
+        super().__init__("root")
+        self._knobs = list(knobs)
+
+    def next(self):
+        raise StopIteration
+
+    def get_state(self):
+        return {}
+
+    def set_state(self, state):
+        pass
+
+    def knobs(self):
+        return self._knobs
+
+
+def _window(map_s, throughput, step_s=1e-4, cpu=0.05, parallelism=1):
+    """A simulated window: an I/O-bound map (``map_s`` a root element) feeding the consumer."""
+    stages = [Stage("map (calls)", map_s, parallelism="p", buffer="p", cpu_fraction=cpu),
+              Stage("consumer", step_s)]  # fmt: skip
+    return Model(stages, [Knob("p", parallelism, 1, 64)], {"p"}, int(throughput), 1.0)
+
+
+def _tuner():
+    applied = []
+    knob = LiveKnob("p", 1, 1, 64, False, applied.append, immediate=True)
+    return Autotuner(Root(knob), ConsumerClock(), Budget(cpu=2, ram=1e9), intervals=[]), knob
+
+
+def test_a_round_applies_what_the_model_prefers():
+    tuner, knob = _tuner()
+    decision = tuner.decide(_window(map_s=2e-3, throughput=500))
+    assert knob.value > 8 and decision.values == {"p": knob.value} and decision.changed == ("p",)
+    assert decision.bottleneck in ("map (calls)", "consumer")
+
+
+def test_a_slower_function_gets_more_parallelism():
+    tuner, knob = _tuner()
+    tuner.decide(_window(map_s=1e-3, throughput=1000))
+    before = knob.value
+    tuner.decide(_window(map_s=5e-3, throughput=5000, parallelism=before))  # the move paid: throughput rose
+    assert knob.value > before
+
+
+def test_a_move_that_does_not_pay_is_held_back_for_a_while():
+    tuner, knob = _tuner()
+    tuner.decide(_window(map_s=2e-3, throughput=500))
+    raised = knob.value
+    assert raised > 1
+    # The next window shows no gain (say the function holds the GIL): back to the old value.
+    tuner.decide(_window(map_s=2e-3 * raised, throughput=500, parallelism=raised))
+    assert knob.value == 1
+    for _ in range(7):  # held while the hold lasts, whatever the model says
+        tuner.decide(_window(map_s=2e-3, throughput=500))
+        assert knob.value == 1
+    tuner.decide(_window(map_s=2e-3, throughput=500))
+    assert knob.value > 1  # the hold is over: the model may try again
+
+
+def test_the_consumer_clock_counts_time_outside_next():
+    clock = ConsumerClock()
+    clock.enter()
+    clock.leave()
+    time.sleep(0.02)
+    assert clock.outside_s() >= 0.02
+    clock.enter()
+    inside = clock.outside_s()
+    time.sleep(0.02)
+    assert clock.outside_s() == inside
+
+
+def _slow(x):
+    time.sleep(0.004)
+    return x
+
+
+def test_the_tuner_thread_raises_the_parallelism_of_a_waiting_map_and_keeps_every_element():
+    ds = tp.range(100_000).map(_slow, num_parallel_calls=tp.AUTOTUNE, executor="thread").prefetch(tp.AUTOTUNE)
+    it = iter(ds)
+    seen = [next(it) for _ in range(400)]
+    deadline = time.monotonic() + 20
+    while not any(v > 2 for v in it.tuned_values().values() if v) and time.monotonic() < deadline:
+        seen.extend(next(it) for _ in range(50))
+    assert it.tuned_values()["map(_slow).parallelism"] > 2
+    seen.extend(next(it) for _ in range(200))
+    it.close()
+    assert seen == list(range(len(seen)))  # nothing lost, repeated or reordered by the resizes
+    assert it.decisions() and it.decisions()[-1].values
+
+
+def test_disabled_autotune_starts_no_tuner():
+    ds = tp.range(50).map(_slow, num_parallel_calls=tp.AUTOTUNE, executor="thread")
+    it = iter(ds.with_options(tp.Options(autotune=tp.AutotuneOptions(enabled=False))))
+    assert list(it) == list(range(50))
+    assert it.decisions() == [] and it.tuned_values() == {}
+
+
+@pytest.mark.parametrize("field,value,error", [("enabled", 1, TypeError), ("cpu_budget", 0, ValueError),
+                                               ("ram_budget", "1G", TypeError), ("cpu_budget", True, TypeError)])
+def test_autotune_options_are_checked(field, value, error):
+    with pytest.raises(error, match=field):
+        tp.AutotuneOptions(**{field: value})
+    with pytest.raises(TypeError, match="AutotuneOptions"):
+        tp.Options(autotune={"enabled": False})
+
+
+def _big(x):
+    time.sleep(0.004)
+    return torch.full((1 << 20,), float(x))  # 4 MB
+
+
+def test_a_ram_budget_holds_the_buffers_of_large_elements():
+    budget = 20 << 20  # five elements
+    options = tp.Options(autotune=tp.AutotuneOptions(ram_budget=budget))
+    it = iter(tp.range(100_000).map(_big).prefetch(tp.AUTOTUNE).with_options(options))
+    deadline = time.monotonic() + 20
+    while len(it.decisions()) < 3 and time.monotonic() < deadline:
+        next(it)
+        time.sleep(0.004)  # a step as long as the producer's: a deeper buffer would pay
+    decisions = it.decisions()
+    it.close()
+    assert decisions
+    assert all(d.values["prefetch.buffer_size"] * (4 << 20) <= budget for d in decisions)
