@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import numbers
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -57,12 +58,15 @@ class Dataset(torch.utils.data.IterableDataset):
         self._node = node
         self._epochs = itertools.count()
         self._epoch_lock = threading.Lock()
+        self._latest: weakref.ref | None = None  # the latest pass, for explain()'s tuned values
 
     # -- iteration and inspection ---------------------------------------------------------
     def __iter__(self) -> PipelineIterator:
         with self._epoch_lock:
             epoch = next(self._epochs)
-        return self._plan().iterator(epoch)
+        iterator = self._plan().iterator(epoch)
+        self._latest = weakref.ref(iterator)
+        return iterator
 
     def _plan(self) -> Plan:
         return Plan(self._node, self.options())
@@ -90,8 +94,10 @@ class Dataset(torch.utils.data.IterableDataset):
 
     def explain(self) -> str:
         """The pipeline as written and as it will run, one op a line with its parameters,
-        and a line for each rewrite the static optimizer did."""
-        return explain_plan(self._plan())
+        a line for each rewrite the static optimizer did, and the values the autotuner chose
+        for the latest pass over this Dataset (while that pass is alive)."""
+        latest = self._latest() if self._latest is not None else None
+        return explain_plan(self._plan(), latest.tuned_values() if latest is not None else None)
 
     def __repr__(self) -> str:
         return f"<tp.Dataset {self._node.label()}>"

@@ -24,6 +24,9 @@ import torch.utils.data._utils.worker as torch_worker
 from torch.utils.data._utils.pin_memory import pin_memory
 from torch.utils.data import dataloader as torch_dataloader
 
+from torchpipe.autotune.live import CONSUMER
+from torchpipe.autotune.report import WAITING_LIMIT as _WAITING_LIMIT
+from torchpipe.autotune.report import PipelineStats
 from torchpipe.dataset import Dataset
 from torchpipe.ops.device import DevicePrefetcher, check_device
 from torchpipe.runtime.codec import StackedTensor
@@ -128,6 +131,22 @@ class DataLoader(torch.utils.data.DataLoader):
         else:
             yielded = current._num_yielded
         return {"format": 1, "epoch_rng": state.epoch_rng, "yielded": yielded}
+
+    def stats(self) -> PipelineStats:
+        """The current epoch's stats; ``print()`` them for a report naming the bottleneck.
+
+        For a ``tp.Dataset`` these are its pipeline's (every stage); for a map-style or iterable
+        Dataset on workers, the workers' throughput, their time per batch and how long the
+        training loop waited for batches.
+        """
+        current = self._tp.current() if self._tp.current is not None else None
+        if isinstance(current, DevicePrefetcher):
+            current = current._source
+        if isinstance(current, _PipelineIterator):
+            return current.pipeline_stats()
+        if isinstance(current, _WorkerIterator):
+            return current.stats()
+        return PipelineStats([], 0.0, "", 0.0, [])
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Make the next ``iter(loader)`` continue the epoch ``state`` was taken in.
@@ -255,6 +274,10 @@ class _PipelineIterator(torch_dataloader._BaseDataLoaderIter):
         data = self._fetcher.fetch(self._next_index())
         return pin_memory(data, self._pin_memory_device) if self._pin_memory else data
 
+    def pipeline_stats(self) -> PipelineStats:
+        pipeline = getattr(self._fetcher, "dataset_iter", None)
+        return pipeline.stats() if pipeline is not None else PipelineStats([], 0.0, "", 0.0, [])
+
 
 def _stack_later(batch: list[torch.Tensor], *, collate_fn_map: Any = None) -> Any:
     """torch's tensor collation, except that same-shape plain tensors are stacked straight into
@@ -366,6 +389,7 @@ class _WorkerIterator(torch_dataloader._BaseDataLoaderIter):
         self._start_epoch()
 
     def _start_epoch(self) -> None:
+        self._epoch_started, self._waited, self._batches = time.perf_counter(), 0.0, 0
         self._epoch += 1
         self._active = [True] * self._num_workers
         self._slots = itertools.cycle(range(self._num_workers))
@@ -405,7 +429,20 @@ class _WorkerIterator(torch_dataloader._BaseDataLoaderIter):
             self._try_put_index()
             if error is not None:
                 raise error
+            self._batches += 1
             return pin_memory(value, self._pin_memory_device) if self._pin_memory else value
+
+    def stats(self) -> PipelineStats:
+        """This epoch's numbers: batches, the workers' time per batch, the loop's waiting."""
+        seconds = max(time.perf_counter() - self._epoch_started, 1e-9)
+        calls, work_s, _ = self._pool.timing.totals()
+        stage = {"stage": "DataLoader workers", "depth": 0, "produced": self._batches,
+                 "throughput": self._batches / seconds, "self_s": work_s / max(calls, 1),
+                 "wait_ratio": self._waited / seconds, "knobs": {"num_workers": self._num_workers,
+                                                                 "in_flight": self._prefetch}}  # fmt: skip
+        waiting = self._waited / seconds
+        limit = "DataLoader workers" if waiting >= _WAITING_LIMIT else CONSUMER
+        return PipelineStats([stage], seconds, limit, waiting, [])
 
     def _next_ready(self) -> int:
         """The sequence number to deliver next, waiting for it (at most ``timeout`` seconds)."""
@@ -422,7 +459,10 @@ class _WorkerIterator(torch_dataloader._BaseDataLoaderIter):
             wait = _WAIT_S if deadline is None else max(0.0, min(_WAIT_S, deadline - time.monotonic()))
             if deadline is not None and wait == 0:
                 raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds")
-            for done_seq, value, error in self._pool.collect(wait):
+            t0 = time.perf_counter()
+            results = self._pool.collect(wait)
+            self._waited += time.perf_counter() - t0
+            for done_seq, value, error in results:
                 if done_seq in self._task_slot:  # not a late result of an abandoned epoch
                     self._done[done_seq] = (value, error)
 

@@ -52,3 +52,17 @@ def test_tp_explain_describes_a_dataloader():
     assert tp.explain(tp.range(3)) == tp.range(3).explain()
     with pytest.raises(TypeError, match="tp.Dataset or a DataLoader"):
         tp.explain([1, 2])
+
+
+def test_explain_shows_the_values_the_autotuner_chose_for_the_latest_pass():
+    ds = tp.range(10_000).map(lambda x: x, num_parallel_calls=tp.AUTOTUNE, executor="thread").prefetch(tp.AUTOTUNE)
+    assert "Autotuned" not in ds.explain()
+    it = iter(ds)
+    next(it)
+    text = ds.explain()
+    values = it.tuned_values()
+    assert "Autotuned (latest pass, now):" in text
+    assert all(f"{name} = {value}" in text for name, value in values.items()) and len(values) == 2
+    it.close()
+    del it
+    assert "Autotuned" not in ds.explain()

@@ -13,7 +13,8 @@ from torchpipe.autotune.model import bottleneck
 from torchpipe.autotune.runner import Decision
 from torchpipe.ops.base import Iterator
 
-_WAITING_LIMIT = 0.2  # a loop that waits more than this share of its time is fed too slowly
+WAITING_LIMIT = 0.2
+"""A training loop that waits for data more than this share of its time is fed too slowly."""
 
 
 class PipelineStats(list):
@@ -43,7 +44,7 @@ class PipelineStats(list):
     @property
     def consumer_is_limit(self) -> bool:
         """Whether the training loop, not the pipeline, sets the pace."""
-        return self.bottleneck == CONSUMER or self.waiting < _WAITING_LIMIT
+        return self.bottleneck == CONSUMER or self.waiting < WAITING_LIMIT
 
     def __str__(self) -> str:
         return self.report()

@@ -9,7 +9,8 @@ starts, and the one right after a change, are not modelled: they hold start-up a
 The model can be wrong where Python is: threads that hold the GIL, cores already busy elsewhere.
 So every move is checked against what it bought: if raising knobs did not raise the measured
 throughput by at least ``_MIN_GAIN``, they are held at their old values for ``_HOLD_ROUNDS``
-rounds (then the model may try again: the workload may have changed).
+rounds (then the model may try again: the workload may have changed). For the same reason a round
+at most doubles a knob: a big step the model got wrong costs one window, not the pass.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from torchpipe.ops.stats import LiveKnob
 
 _MIN_ELEMENTS, _MIN_WINDOW_S = 8, 0.25  # what a window needs before it is modelled
 _MIN_GAIN = 0.03
+_GROWTH = 2  # a round may at most double a knob
 _HOLD_ROUNDS = 8
 _HISTORY = 64
 _FIRST_S, _LAST_S = 0.1, 2.0
@@ -178,11 +180,13 @@ class Autotuner:
         return decision
 
     def _search_range(self, knob: Knob, tunable: set[str]) -> Knob:
-        """The knob as the climb sees it: from its minimum, up to its maximum or its held value."""
+        """The knob as the climb sees it: from its minimum, up to its maximum, twice its value
+        now (a round's step is judged before the next is taken), or its held value."""
         if knob.name not in tunable:
             return knob
         held = self._held.get(knob.name)
-        maximum = min(knob.maximum, held[0]) if held is not None else knob.maximum
+        maximum = min(knob.maximum, _GROWTH * knob.value)
+        maximum = min(maximum, held[0]) if held is not None else maximum
         return dataclasses.replace(knob, value=knob.minimum, maximum=max(maximum, knob.minimum))
 
     def _judge_last_move(self, throughput: float) -> None:

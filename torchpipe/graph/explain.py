@@ -8,8 +8,9 @@ from torchpipe.ops.base import Node
 from torchpipe.ops.structure import ElidedNode
 
 
-def explain_plan(plan: Plan) -> str:
-    """The pipeline graph as text: root first, each input indented under its consumer."""
+def explain_plan(plan: Plan, tuned: dict[str, int] | None = None) -> str:
+    """The pipeline graph as text: root first, each input indented under its consumer; then the
+    ``tuned`` values of its AUTOTUNE knobs, if a pass is running."""
     lines = ["Pipeline as written (root first):"]
     _render(plan.root, lines, prefix="", is_last=True, is_root=True)
     lines.append("Optimizations:")
@@ -19,6 +20,9 @@ def explain_plan(plan: Plan) -> str:
     cardinality = plan.root.cardinality()
     lines.append(f"Cardinality: {_cardinality_text(cardinality)}")
     lines.append(f"Options: {plan.options!r}")
+    if tuned:
+        lines.append("Autotuned (latest pass, now):")
+        lines.extend(f"  {name} = {value}" for name, value in tuned.items())
     return "\n".join(lines)
 
 

@@ -16,6 +16,7 @@ from torchpipe.runtime.timing import CallTiming
 _WAIT_S = 0.5
 _MAX_READ_AHEAD = 4096  # elements one reader may hold ready (AUTOTUNE)
 _READER_BYTES = 8 << 20  # and at most this many bytes of them
+_READS_PER_TASK = 32  # then the task goes to the back of the pool's queue: readers take turns
 
 
 class ReadAhead:
@@ -73,6 +74,7 @@ class _InnerReader:
         self._running = False
         self._stopped = False
         self._future: Future | None = None
+        self._pool: ThreadPool | None = None
         if error is not None:
             self.ready.append((_FAILED, -1, error))
 
@@ -84,7 +86,12 @@ class _InnerReader:
             if self._running or self._stopped or self._done or len(self.ready) >= self._ahead.capacity:
                 return
             self._running = True
-        self._future = pool.submit(self._read_ahead)
+        self._pool = pool
+        try:
+            self._future = pool.submit(self._read_ahead)
+        except RuntimeError:  # the pool closed (the pass ended or was closed): nothing to read for
+            with self._wakeup:
+                self._running = False
 
     def has_ready(self) -> bool:
         with self._wakeup:
@@ -121,11 +128,14 @@ class _InnerReader:
 
     # -- pool side -------------------------------------------------------------------------
     def _read_ahead(self) -> None:
+        more = False
         try:
             if self._iterator is None and not self._open():
                 return
-            while self._read_one():
-                pass
+            reads = 0
+            while reads < _READS_PER_TASK and self._read_one():
+                reads += 1
+            more = reads == _READS_PER_TASK
         finally:
             with self._wakeup:
                 self._running = False
@@ -133,6 +143,8 @@ class _InnerReader:
                 self._wakeup.notify_all()
             if close_now and self._iterator is not None:
                 self._iterator.close()
+        if more and not close_now:
+            self.refill(self._pool)  # behind the other readers' tasks
 
     def _open(self) -> bool:
         try:
