@@ -1,6 +1,7 @@
 """A simulated pipeline for the model and tuner tests: made-up, deterministic timings."""
 
 from torchpipe.autotune.model import Stage
+from torchpipe.ops.base import Iterator
 
 
 def pipeline(map_s=1e-3, step_s=0.0, cpu=1.0, element=0.0):
@@ -11,3 +12,34 @@ def pipeline(map_s=1e-3, step_s=0.0, cpu=1.0, element=0.0):
         Stage("batch", 2e-5, buffer="depth", bytes_per_element=element),
         Stage("consumer", step_s),
     ]
+
+
+class Fake(Iterator):
+    """An iterator that only has a shape: role, inputs, knobs, pool size and buffer slots."""
+
+    def __init__(self, name, *inputs, role=None, knob=None, parallelism=1, slots=0, in_processes=False):
+        super().__init__(name, *inputs)
+        self.tuning_role = role
+        self._knob = knob
+        self._parallelism, self._slots, self._in_processes = parallelism, slots, in_processes
+
+    def next(self):
+        raise StopIteration
+
+    def get_state(self):
+        return {}
+
+    def set_state(self, state):
+        pass
+
+    def knobs(self):
+        return [self._knob] if self._knob is not None else []
+
+    def parallelism(self):
+        return self._parallelism
+
+    def buffer_slots(self):
+        return self._slots
+
+    def calls_in_processes(self):
+        return self._in_processes

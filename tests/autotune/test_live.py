@@ -4,39 +4,9 @@ import pytest
 
 from torchpipe.autotune.live import CONSUMER, Counters, Look, build_model
 from torchpipe.autotune.model import bottleneck, predict_time
-from torchpipe.ops.base import Iterator
 from torchpipe.ops.stats import LiveKnob
 
-
-class Fake(Iterator):
-    """An iterator that only has a shape: role, inputs, knobs, pool size and buffer slots."""
-
-    def __init__(self, name, *inputs, role=None, knob=None, parallelism=1, slots=0, in_processes=False):
-        super().__init__(name, *inputs)
-        self.tuning_role = role
-        self._knob = knob
-        self._parallelism, self._slots, self._in_processes = parallelism, slots, in_processes
-
-    def next(self):
-        raise StopIteration
-
-    def get_state(self):
-        return {}
-
-    def set_state(self, state):
-        pass
-
-    def knobs(self):
-        return [self._knob] if self._knob is not None else []
-
-    def parallelism(self):
-        return self._parallelism
-
-    def buffer_slots(self):
-        return self._slots
-
-    def calls_in_processes(self):
-        return self._in_processes
+from tests.autotune.simulated import Fake
 
 
 def _knob(name, value, maximum=16, is_buffer=False):

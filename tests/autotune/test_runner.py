@@ -10,28 +10,9 @@ from torchpipe.autotune.live import Model
 from torchpipe.autotune.model import Knob, Stage
 from torchpipe.autotune.runner import Autotuner, ConsumerClock
 from torchpipe.autotune.tuner import Budget
-from torchpipe.ops.base import Iterator
 from torchpipe.ops.stats import LiveKnob
 
-
-class Root(Iterator):
-    """A tree of one iterator that owns the knobs under test."""
-
-    def __init__(self, *knobs):
-        super().__init__("root")
-        self._knobs = list(knobs)
-
-    def next(self):
-        raise StopIteration
-
-    def get_state(self):
-        return {}
-
-    def set_state(self, state):
-        pass
-
-    def knobs(self):
-        return self._knobs
+from tests.autotune.simulated import Fake
 
 
 def _window(map_s, throughput, step_s=1e-4, cpu=0.05, parallelism=1):
@@ -44,7 +25,7 @@ def _window(map_s, throughput, step_s=1e-4, cpu=0.05, parallelism=1):
 def _tuner():
     applied = []
     knob = LiveKnob("p", 1, 1, 64, False, applied.append, immediate=True)
-    return Autotuner(Root(knob), ConsumerClock(), Budget(cpu=2, ram=1e9), intervals=[]), knob
+    return Autotuner(Fake("root", knob=knob), ConsumerClock(), Budget(cpu=2, ram=1e9), intervals=[]), knob
 
 
 def test_rounds_apply_what_the_model_prefers_at_most_doubling_each_knob():
