@@ -53,13 +53,21 @@ def test_a_move_that_does_not_pay_is_held_back_for_a_while():
     raised = knob.value
     assert raised > 1
     # The next window shows no gain (say the function holds the GIL): back to the old value.
-    tuner.decide(_window(map_s=2e-3 * raised, throughput=500, parallelism=raised))
+    tuner.decide(_window(map_s=2e-3, throughput=500, parallelism=raised))
     assert knob.value == 1
     for _ in range(7):  # held while the hold lasts, whatever the model says
         tuner.decide(_window(map_s=2e-3, throughput=500))
         assert knob.value == 1
     tuner.decide(_window(map_s=2e-3, throughput=500))
     assert knob.value == 2  # the hold is over: the model may try again
+
+
+def test_a_window_with_new_work_per_element_passes_no_verdict_on_the_last_move():
+    tuner, knob = _tuner()
+    tuner.decide(_window(map_s=2e-3, throughput=500))
+    assert knob.value == 2
+    tuner.decide(_window(map_s=10e-3, throughput=300, parallelism=2))  # the function got 5x slower
+    assert knob.value > 2  # not held back: the drop came from the work, not from the move
 
 
 def test_the_consumer_clock_counts_time_outside_next():

@@ -30,6 +30,7 @@ from torchpipe.ops.stats import LiveKnob
 _MIN_ELEMENTS, _MIN_WINDOW_S = 8, 0.25  # what a window needs before it is modelled
 _MIN_GAIN = 0.03
 _GROWTH = 2  # a round may at most double a knob
+_WORK_CHANGE = 1.5  # a window whose work per element moved this much is a new workload: no verdict
 _HOLD_ROUNDS = 8
 _HISTORY = 64
 _FIRST_S, _LAST_S = 0.1, 2.0
@@ -112,7 +113,7 @@ class Autotuner:
         self._intervals = intervals if intervals is not None else backoff_intervals(_FIRST_S, _LAST_S)
         self._live = {knob.name: knob for knob in live_knobs(root)}
         self._held: dict[str, tuple[int, int]] = {}  # knob -> (held value, rounds left)
-        self._last_move: tuple[dict[str, int], float] | None = None  # knobs raised (old values), throughput
+        self._last_move: tuple[dict[str, int], float, float] | None = None  # raised (old values), rate, work
         self._started = time.perf_counter()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -155,7 +156,8 @@ class Autotuner:
 
     def decide(self, model: Model) -> Decision:
         """Choose and apply knob values for ``model`` (the part of a round that needs no tree)."""
-        self._judge_last_move(model.throughput)
+        work = sum(stage.work_s for stage in model.stages)
+        self._judge_last_move(model.throughput, work)
         values = hill_climb(model.stages, [self._search_range(k, model.tunable) for k in model.knobs], self.budget)
         raised, changed = {}, []
         for name in sorted(model.tunable):
@@ -166,7 +168,7 @@ class Autotuner:
                 raised[name] = live.value
             live.request(values[name])
             changed.append(name)
-        self._last_move = (raised, model.throughput) if raised else None
+        self._last_move = (raised, model.throughput, work) if raised else None
         predicted = predict_time(model.stages, values)
         decision = Decision(
             at_s=time.perf_counter() - self._started,
@@ -189,12 +191,16 @@ class Autotuner:
         maximum = min(maximum, held[0]) if held is not None else maximum
         return dataclasses.replace(knob, value=knob.minimum, maximum=max(maximum, knob.minimum))
 
-    def _judge_last_move(self, throughput: float) -> None:
-        """Hold the knobs of a move that did not pay at their old values; count down the holds."""
+    def _judge_last_move(self, throughput: float, work: float) -> None:
+        """Hold the knobs of a move that did not pay at their old values; count down the holds.
+
+        No verdict when the work per element changed (the function got slower or faster): the
+        throughput then says nothing about the move."""
         self._held = {name: (value, rounds - 1) for name, (value, rounds) in self._held.items() if rounds > 1}
         if self._last_move is None:
             return
-        raised, before = self._last_move
-        if throughput < before * (1.0 + _MIN_GAIN):
+        raised, before, work_before = self._last_move
+        changed = max(work, work_before) > _WORK_CHANGE * max(min(work, work_before), 1e-12)
+        if not changed and throughput < before * (1.0 + _MIN_GAIN):
             for name, old in raised.items():
                 self._held[name] = (old, _HOLD_ROUNDS)
