@@ -6,7 +6,7 @@ import pytest
 
 import torchpipe as tp
 from torchpipe.ops.interleave_base import ReadAheadInterleave
-from torchpipe.ops.map import ParallelMapIterator
+from torchpipe.ops.parallel_map import ParallelMapIterator
 from torchpipe.ops.prefetch import PrefetchIterator
 
 NO_TUNER = tp.Options(autotune=tp.AutotuneOptions(enabled=False), optimizations={"inject_prefetch": False})

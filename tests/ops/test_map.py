@@ -4,7 +4,7 @@ import time
 import pytest
 
 import torchpipe as tp
-from torchpipe.ops.map import ParallelMapIterator
+from torchpipe.ops.parallel_map import ParallelMapIterator
 from torchpipe.testing import assert_checkpoint_roundtrip
 
 
@@ -368,7 +368,7 @@ def spin(x):
 
 def _start_on_threads(monkeypatch, slow):
     """Make executor='auto' pick threads after its trial, and its later check say ``slow``."""
-    import torchpipe.ops.map as map_module
+    import torchpipe.ops.parallel_map as map_module
 
     probe = map_module.gil_free_fraction
 
@@ -399,7 +399,7 @@ def test_auto_keeps_threads_that_prove_fast(monkeypatch):
 
 
 def test_the_thread_check_asks_for_a_waiting_consumer_and_no_speedup():
-    from torchpipe.ops.map import _ThreadCheck
+    from torchpipe.ops.parallel_map import _ThreadCheck
 
     check = _ThreadCheck(per_call=0.001, waited=5.0)  # the consumer had waited 5 s before
     check.start -= 1.0  # one second of threads

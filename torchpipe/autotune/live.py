@@ -76,18 +76,32 @@ def start_look() -> Look:
     return Look(time.perf_counter(), {}, 0.0, time.process_time())
 
 
+def walk(root: Iterator) -> list[tuple[Iterator, int]]:
+    """``root`` and every iterator below it, depth first, root first, with their depths."""
+    out, stack = [], [(root, 0)]
+    while stack:
+        it, depth = stack.pop()
+        out.append((it, depth))
+        stack.extend((child, depth + 1) for child in reversed(it.children()))
+    return out
+
+
 def look(root: Iterator, consumer_s: float) -> Look:
     """The counters of ``root`` and every iterator below it, now."""
     counters = {}
-    stack = [root]
-    while stack:
-        it = stack.pop()
+    for it, _ in walk(root):
         stats = it.stats
         calls, work_s, cpu_s = stats.calls.totals() if stats.calls is not None else (0, 0.0, 0.0)
         counters[id(it)] = Counters(stats.produced, stats.wall_s, stats.wait_s, calls, work_s, cpu_s,
                                     stats.bytes_per_element)  # fmt: skip
-        stack.extend(it.children())
     return Look(time.perf_counter(), counters, consumer_s, time.process_time())
+
+
+def caller_seconds(it: Iterator, counters: Counters, inputs_wall_s: float) -> float:
+    """Seconds of ``it``'s own work on its caller's thread: its wall time less its waits and, unless
+    its input runs on a thread of its own (a prefetch), its input's wall time."""
+    inputs = 0.0 if it.tuning_role == "buffer" else inputs_wall_s
+    return max(counters.wall_s - counters.wait_s - inputs, 0.0)
 
 
 @dataclasses.dataclass
@@ -160,19 +174,18 @@ class _Builder:
         for child in it.children():
             below.extend(self.line(child))
             inputs_wall += self.delta(child).wall_s
+        own = caller_seconds(it, d, inputs_wall)
+        self.main_cpu_s += own
+        mine = Stage(it.name, self.per_root(own))
         if it.tuning_role == "buffer":
             depth = self.knob(it, ".buffer_size", max(it.buffer_slots(), 1))
             end = Stage(f"{it.name} (producer)", 0.0, buffer=depth, bytes_per_element=d.bytes_per_element)
-            own = self.per_root(d.wall_s - d.wait_s)
-            self.main_cpu_s += max(d.wall_s - d.wait_s, 0.0)
-            return below + [end, Stage(it.name, own)]
+            return below + [end, mine]
         if it.tuning_role == "pool":
-            return self._pool(it, d, below, inputs_wall)
-        own = d.wall_s - inputs_wall
-        self.main_cpu_s += max(own, 0.0)
-        return below + [Stage(it.name, self.per_root(own))]
+            return self._pool(it, d, below) + [mine]
+        return below + [mine]
 
-    def _pool(self, it: Iterator, d: Counters, below: list[Stage], inputs_wall: float) -> list[Stage]:
+    def _pool(self, it: Iterator, d: Counters, below: list[Stage]) -> list[Stage]:
         """A pool stage: its calls in a segment of their own; its input and dispatch on the caller's."""
         parallelism = self.knob(it, ".parallelism", max(it.parallelism(), 1))
         slots = max(1, it.buffer_slots() // max(it.parallelism(), 1))
@@ -181,10 +194,8 @@ class _Builder:
                       cpu_fraction=cpu_fraction, bytes_per_element=d.bytes_per_element, slots_per_unit=slots)
         if not it.calls_in_processes():
             self.main_cpu_s += d.cpu_s
-        own = d.wall_s - d.wait_s - inputs_wall
-        self.main_cpu_s += max(own, 0.0)
         cut = _after_last_buffer(below)
-        return below[:cut] + [calls] + below[cut:] + [Stage(it.name, self.per_root(own))]
+        return below[:cut] + [calls] + below[cut:]
 
 
 def _after_last_buffer(stages: list[Stage]) -> int:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from torchpipe.autotune.live import CONSUMER, Look, build_model, look
+from torchpipe.autotune.live import CONSUMER, Look, build_model, caller_seconds, look, walk
 from torchpipe.autotune.model import bottleneck
 from torchpipe.autotune.runner import Decision
 from torchpipe.ops.base import Iterator
@@ -90,13 +90,15 @@ def pipeline_stats(root: Iterator, start: Look, consumer_s: float, decisions: li
     now = look(root, consumer_s)
     seconds = max(now.time - start.time, 1e-9)
     stages = []
-    for it, depth in _walk(root):
+    for it, depth in walk(root):
         counters = now.iterators[id(it)]  # the tree is built when the pass starts: totals are the pass's
         entry: dict[str, Any] = {"stage": it.name, "depth": depth, "produced": counters.produced,
                                  "throughput": counters.produced / seconds}  # fmt: skip
-        inputs_wall = sum(now.iterators[id(c)].wall_s for c in it.children()) if it.tuning_role != "buffer" else 0.0
-        own = counters.work_s if it.tuning_role == "pool" else counters.wall_s - counters.wait_s - inputs_wall
-        entry["self_s"] = max(own, 0.0) / max(counters.calls if it.tuning_role == "pool" else counters.produced, 1)
+        if it.tuning_role == "pool":  # its calls' own time, on the threads or workers that ran them
+            entry["self_s"] = counters.work_s / max(counters.calls, 1)
+        else:
+            inputs_wall = sum(now.iterators[id(child)].wall_s for child in it.children())
+            entry["self_s"] = caller_seconds(it, counters, inputs_wall) / max(counters.produced, 1)
         if counters.wall_s > 0 and it.tuning_role is not None:
             entry["wait_ratio"] = counters.wait_s / counters.wall_s
         if it.stats.occupancy_n:
@@ -113,12 +115,3 @@ def pipeline_stats(root: Iterator, start: Look, consumer_s: float, decisions: li
     inside = now.iterators[id(root)].wall_s
     waiting = inside / (inside + consumer_s) if inside + consumer_s > 0 else 0.0
     return PipelineStats(stages, seconds, limit, waiting, list(decisions))
-
-
-def _walk(root: Iterator) -> list[tuple[Iterator, int]]:
-    out, stack = [], [(root, 0)]
-    while stack:
-        it, depth = stack.pop()
-        out.append((it, depth))
-        stack.extend((child, depth + 1) for child in reversed(it.children()))
-    return out

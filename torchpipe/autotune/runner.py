@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Iterable
 
-from torchpipe.autotune.live import Look, Model, build_model, look
+from torchpipe.autotune.live import Look, Model, build_model, look, walk
 from torchpipe.autotune.model import Knob, bottleneck, predict_time
 from torchpipe.autotune.tuner import Budget, backoff_intervals, hill_climb
 from torchpipe.ops.base import Iterator
@@ -86,12 +86,7 @@ class Decision:
 
 def live_knobs(root: Iterator) -> list[LiveKnob]:
     """Every AUTOTUNE knob in the tree under ``root``."""
-    knobs, stack = [], [root]
-    while stack:
-        it = stack.pop()
-        knobs.extend(it.knobs())
-        stack.extend(it.children())
-    return knobs
+    return [knob for it, _ in walk(root) for knob in it.knobs()]
 
 
 class Autotuner:

@@ -71,15 +71,12 @@ class PipelineIterator:
     def _build(self) -> Iterator:
         ctx = BuildContext(self._seed, self._seeded, self._epoch, self._plan.options)
         tree = self._plan.runtime_root.build(ctx)
-        tuning = self._plan.options.autotune
-        tuner = None
+        tuning, clock, tuner = self._plan.options.autotune, ConsumerClock(), None
         if tuning.enabled and live_knobs(tree):
-            tuner = Autotuner(tree, self._clock, Budget.of_machine(tuning.cpu_budget, tuning.ram_budget))
+            tuner = Autotuner(tree, clock, Budget.of_machine(tuning.cpu_budget, tuning.ram_budget))
         self._finalizer = weakref.finalize(self, _close, tree, tuner)
         tree.prepare()
-        self._tree, self._tuner, self._clock, self._start = tree, tuner, ConsumerClock(), start_look()
-        if tuner is not None:
-            tuner.clock = self._clock
+        self._tree, self._tuner, self._clock, self._start = tree, tuner, clock, start_look()
         return tree
 
     def __iter__(self) -> PipelineIterator:
