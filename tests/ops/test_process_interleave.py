@@ -85,3 +85,48 @@ def test_killed_worker_loses_nothing():
     expected = list(tp.range(4).interleave(lambda x: tp.range(30).map(lambda y: (x, y)), cycle_length=2,
                                            block_length=5))
     assert values(head + rest) == expected
+
+
+def test_a_stream_is_opened_once_per_reader(tmp_path, monkeypatch):
+    """Inner datasets that can only resume by re-reading (a generator) are read once, not
+    re-opened per chunk: each reader's chunks go to the worker that keeps it open."""
+    from torchpipe.ops import process_interleave
+
+    monkeypatch.setattr(process_interleave, "_CHUNK_ITEMS", 16)  # many chunks per inner dataset
+    log = tmp_path / "opens"
+
+    def stream(x):
+        def records():
+            with open(log, "a") as f:
+                f.write(f"{x}\n")
+            yield from (x * 1000 + y for y in range(100))
+
+        return tp.from_iterable(records)
+
+    ds = tp.range(6).interleave(stream, cycle_length=2, num_parallel_calls=2, executor="process")
+    assert list(ds) == list(tp.range(6).interleave(stream, cycle_length=2))
+    opened = log.read_text().split()
+    assert sorted(opened[: len(opened) - 6]) == [str(x) for x in range(6)]  # the inline run added the rest
+
+
+def test_chunks_end_early_for_slow_reads(monkeypatch):
+    """A chunk ends after ``_CHUNK_S`` of reading: slow records come back a few at a time."""
+    import time
+
+    from torchpipe.ops import process_interleave
+    from torchpipe.ops.base import BuildContext, UserFunction
+    from torchpipe.ops.interleave_base import InnerOpener
+
+    monkeypatch.setattr(process_interleave, "_CHUNK_S", 0.01)
+
+    def slow(x):
+        return tp.range(50).map(lambda y: time.sleep(0.004) or y)
+
+    ctx = BuildContext(seed=0, seeded=False, epoch=0, options=tp.Options())
+    task = process_interleave.InnerChunkTask(InnerOpener(UserFunction(slow, "interleave(slow)", ctx), ctx))
+    first = task(0, (0, 0, None, 256, 0, 0))
+    assert 1 < len(first) < 10
+    second = task(1, (0, 0, first[-1][2], 256, 0, len(first)))  # the open iterator reads on
+    assert [payload for _, payload, _ in first + second] == list(range(len(first) + len(second)))
+    reopened = task(2, (0, 0, first[-1][2], 256, 0, len(first)))  # a stale position re-opens at the state
+    assert reopened[0][1] == len(first)

@@ -20,10 +20,10 @@ def square(seq, x):
     return {"pid": os.getpid(), "x": torch.tensor([x * x])}
 
 
-def run_all(pool, payloads, timeout=30):
+def run_all(pool, payloads, timeout=30, prefer=None):
     pending = dict(enumerate(payloads))
     for seq, payload in pending.items():
-        pool.submit(seq, payload)
+        pool.submit(seq, payload, prefer=None if prefer is None else prefer(seq))
     results = {}
     deadline = time.monotonic() + timeout
     while len(results) < len(pending) and time.monotonic() < deadline:
@@ -62,6 +62,20 @@ def test_resize_grows_and_shrinks():
         assert len(pool.pids) == 1
         assert wait_dead([p for p in old if p not in pool.pids]) == []
         assert len(run_all(pool, list(range(4)))) == 4
+    finally:
+        pool.close()
+
+
+def test_preferred_workers_run_their_tasks_until_their_slot_is_gone():
+    pool = ProcessPool(square, 2, "m")
+    pool.start()
+    try:
+        results = run_all(pool, list(range(16)), prefer=lambda seq: seq % 2)
+        pids = [results[seq][0]["pid"] for seq in range(16)]
+        assert len(set(pids[0::2])) == 1 and len(set(pids[1::2])) == 1 and pids[0] != pids[1]
+        pool.resize(1)
+        results = run_all(pool, list(range(8)), prefer=lambda seq: 1)  # slot 1 retired: any worker
+        assert {value["pid"] for value, _ in results.values()} == set(pool.pids)
     finally:
         pool.close()
 

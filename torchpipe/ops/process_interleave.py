@@ -4,43 +4,67 @@ The interleave order is still decided in the main process by the same state mach
 inline iterator (:class:`~torchpipe.ops.interleave_base.InterleaveBase`), so the deterministic order
 is exactly tf.data's. What moves to the workers is the reading: a task asks a worker to open one
 inner dataset at a saved position, read the next chunk of elements, and send them back together
-with the inner iterator's state after each one. Workers stay stateless, so central dispatch,
-resizing and restarts work as for ``map``; the price is re-opening an inner dataset at its saved
-position once per chunk.
+with the inner iterator's state after each one. A worker keeps the inner datasets it has open
+between chunks (each reader's chunks go to the same worker), so a stream is read once, not
+re-opened per chunk; a chunk that lands elsewhere (after a resize or a worker's death) opens the
+inner dataset at its saved position instead, so central dispatch, resizing and restarts work as
+for ``map``.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from typing import Any
 
 from torchpipe.ops.base import Iterator
+from torchpipe.ops.stats import element_bytes
 from torchpipe.ops.interleave_base import _END, _ERROR, _FAILED, _VALUE, InnerOpener, ReadAheadInterleave
 from torchpipe.runtime.process_pool import ProcessPool
 
 _WAIT_S = 0.5
+_KEPT_OPEN = 64  # inner iterators a worker keeps open between chunks (least recently used go)
+_CHUNK_ITEMS = 256  # a chunk ends at this many items,
+_CHUNK_S = 0.02  # or once reading it took this long (slow reads: a few per round trip),
+_CHUNK_BYTES = 4 << 20  # or at this many bytes of tensors and arrays
+_READER_IDS = itertools.count()  # unique in the main process, whose forks the workers are
 
 
 class InnerChunkTask:
-    """Runs in a worker: open inner dataset ``seq`` at ``state`` and read up to ``count`` items.
+    """Runs in a worker: read the next chunk of inner dataset ``seq``.
 
-    Returns a list of ``(kind, payload, inner_state_after)``; it ends with an ``_END`` item if
-    the inner dataset ended. Worker processes inherit it through fork.
+    A chunk ends at ``count`` items (at least ``block_length``), after ``_CHUNK_S`` seconds of
+    reading or at ``_CHUNK_BYTES``, whichever comes first: one round trip carries many cheap items
+    or several slow reads, and little memory.
+
+    The payload names the reader (``reader_id``) and how many items it has read so far; a
+    worker that still has that reader's inner iterator open at that position reads on from it,
+    any other opens the inner dataset at ``state``. Returns a list of ``(kind, payload,
+    inner_state_after)``; it ends with an ``_END`` item if the inner dataset ended. Worker
+    processes inherit the task through fork.
     """
 
     def __init__(self, opener: InnerOpener) -> None:
         self.opener = opener
+        self._open: OrderedDict[int, tuple[int, Iterator]] = OrderedDict()  # reader_id -> (position, iterator)
 
     def start_worker(self, slot: int) -> None:
         self.opener.seed_worker(slot)
 
     def __call__(self, task_id: int, payload: tuple) -> list[tuple[str, Any, Any]]:
-        element, seq, state, count = payload
-        iterator = self.opener(element, seq, state)
+        element, seq, state, count, reader_id, position = payload
+        kept = self._open.pop(reader_id, None)
+        if kept is not None and kept[0] == position:
+            iterator = kept[1]
+        else:
+            if kept is not None:
+                kept[1].close()
+            iterator = self.opener(element, seq, state)
         items: list[tuple[str, Any, Any]] = []
+        deadline, nbytes = time.perf_counter() + _CHUNK_S, 0
         try:
-            while len(items) < count:
+            while len(items) < count and (nbytes < _CHUNK_BYTES and time.perf_counter() < deadline or not items):
                 try:
                     value = next(iterator)
                 except StopIteration:
@@ -50,30 +74,48 @@ class InnerChunkTask:
                     items.append((_ERROR, e, iterator.state_dict()))
                     continue
                 items.append((_VALUE, value, iterator.state_dict()))
-        finally:
+                nbytes += element_bytes(value)
+        except BaseException:
             iterator.close()
+            raise
+        if items and items[-1][0] == _END:
+            iterator.close()
+        else:
+            self._keep(reader_id, position + len(items), iterator)
         return items
+
+    def _keep(self, reader_id: int, position: int, iterator: Iterator) -> None:
+        self._open[reader_id] = (position, iterator)
+        while len(self._open) > _KEPT_OPEN:
+            _, (_, oldest) = self._open.popitem(last=False)
+            oldest.close()
 
 
 class _ChunkReader:
     """One open inner dataset, fed by chunk tasks; only the consumer's thread touches it."""
 
-    __slots__ = ("element", "seq", "initial_state", "ready", "taken_state", "read_state", "pending", "done")
+    __slots__ = ("id", "element", "seq", "initial_state", "ready", "taken_state", "read_state", "read", "last_chunk",
+                 "pending", "done")  # fmt: skip
 
     def __init__(self, element: Any, seq: int, state: dict[str, Any] | None, error: BaseException | None) -> None:
+        self.id = next(_READER_IDS)
         self.element = element
         self.seq = seq
         self.initial_state = state
         self.ready: deque[tuple[str, Any, Any]] = deque()
         self.taken_state = state  # inner state after the last item the consumer took
         self.read_state = state  # inner state after the last item read (where the next chunk starts)
+        self.read = 0  # items read (where a worker that kept the inner iterator open stands)
+        self.last_chunk = 0  # items in the last chunk received
         self.pending: int | None = None  # id of the chunk task in flight
         self.done = error is not None
         if error is not None:
             self.ready.append((_FAILED, error, None))
 
-    def wants_chunk(self, chunk: int) -> bool:
-        return self.pending is None and not self.done and len(self.ready) <= chunk // 2
+    def wants_chunk(self) -> bool:
+        """Whether to ask for the next chunk: none is in flight and at most one chunk's worth
+        is ready (so a reader holds about two chunks)."""
+        return self.pending is None and not self.done and len(self.ready) <= self.last_chunk
 
     def receive(self, items: list[tuple[str, Any, Any]] | None, error: BaseException | None) -> None:
         self.pending = None
@@ -81,6 +123,8 @@ class _ChunkReader:
             self.ready.append((_FAILED, error, None))
             self.done = True
             return
+        self.read += len(items)
+        self.last_chunk = len(items)
         for kind, payload, state in items:
             self.ready.append((kind, payload, state))
             if kind == _END:
@@ -115,7 +159,7 @@ class ProcessInterleaveIterator(ReadAheadInterleave):
     ) -> None:
         super().__init__(name, source, opener, cycle_length, block_length, parallelism, tunable)
         self._restart = restart
-        self._chunk = min(max(8, 2 * block_length), 64)
+        self._chunk = max(_CHUNK_ITEMS, block_length)
         self._waiting: dict[int, _ChunkReader] = {}
         self._next_task = 0
 
@@ -126,7 +170,7 @@ class ProcessInterleaveIterator(ReadAheadInterleave):
                                      timing=self.stats.calls)  # fmt: skip
 
     def buffer_slots(self) -> int:
-        return (self._cycle_length + self._lookahead) * self._chunk
+        return (self._cycle_length + self._lookahead) * 2 * self._chunk
 
     def calls_in_processes(self) -> bool:
         return True
@@ -146,12 +190,13 @@ class ProcessInterleaveIterator(ReadAheadInterleave):
         return _ChunkReader(element, seq, state, error)
 
     def _request(self, reader: _ChunkReader) -> None:
-        if reader.wants_chunk(self._chunk):
+        if reader.wants_chunk():
             task = self._next_task
             self._next_task += 1
             reader.pending = task
             self._waiting[task] = reader
-            self._pool.submit(task, (reader.element, reader.seq, reader.read_state, self._chunk))
+            payload = (reader.element, reader.seq, reader.read_state, self._chunk, reader.id, reader.read)
+            self._pool.submit(task, payload, prefer=reader.id % self._pool.size)
 
     def _take(self, reader: _ChunkReader) -> tuple[str, Any]:
         while not reader.ready:

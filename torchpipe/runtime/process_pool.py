@@ -37,6 +37,8 @@ PER_WORKER = 4
 DEFAULT_RING_BYTES = 32 * 1024 * 1024
 _MAX_TASK_FAILURES = 3
 
+_Task = tuple[int, Any, "int | None", "int | None"]  # (seq, payload, slot, prefer): see ProcessPool.submit
+
 
 class _Loans:
     """Records of one ring lent out as the memory of decoded tensors and arrays.
@@ -89,7 +91,7 @@ class _Worker:
         self.pid = pid
         self.channel = channel
         self.rings: list[_Loans] = []  # the worker's rings, by index
-        self.tasks: dict[int, tuple[Any, int | None]] = {}  # in flight: seq -> (payload, slot), in order
+        self.tasks: dict[int, tuple[Any, int | None, int | None]] = {}  # in flight: seq -> (payload, slot, prefer)
         self.retiring = False
 
     def close(self) -> None:
@@ -135,7 +137,7 @@ class ProcessPool:
         self._worker_main = functools.partial(run_worker, handler=handler, ring_capacity=ring_bytes)
         self._zygote = Zygote(self._worker_main, name)
         self._workers: dict[int, _Worker] = {}
-        self._queued: deque[tuple[int, Any, int | None]] = deque()
+        self._queued: deque[_Task] = deque()
         self._unsent: list[Result] = []
         self._failures: dict[int, int] = {}
         self._next_id = 0
@@ -158,9 +160,14 @@ class ProcessPool:
     def pids(self) -> list[int]:
         return [w.pid for w in self._workers.values() if not w.retiring]
 
-    def submit(self, seq: int, payload: Any, slot: int | None = None) -> None:
-        """Queue a task for the least busy worker, or for the worker in ``slot`` (in order)."""
-        self._queued.append((seq, payload, slot))
+    def submit(self, seq: int, payload: Any, slot: int | None = None, prefer: int | None = None) -> None:
+        """Queue a task for the least busy worker, or for the worker in ``slot`` (in order).
+
+        ``prefer`` names a slot whose worker should run the task when it has one (it may hold
+        state from earlier tasks, e.g. an open file); the task waits for that worker while it is
+        busy and goes to the least busy one only when the slot has no worker (after a shrink).
+        """
+        self._queued.append((seq, payload, slot, prefer))
         self._dispatch()
 
     def collect(self, timeout: float) -> list[Result]:
@@ -218,38 +225,46 @@ class ProcessPool:
         (in order), the others to the least busy."""
         live = [w for w in self._workers.values() if not w.retiring]
         by_slot = {w.slot: w for w in live}
-        plan: dict[int, list[tuple[int, Any, int | None]]] = {}
+        plan: dict[int, list[_Task]] = {}
         load = {w.id: len(w.tasks) for w in live}
         blocked: set[int | None] = set()
-        kept: deque[tuple[int, Any, int | None]] = deque()
-        for seq, payload, slot in self._queued:
-            worker = by_slot.get(slot) if slot is not None else min(live, key=lambda w: load[w.id], default=None)
-            if slot in blocked or worker is None or load[worker.id] >= PER_WORKER:
-                blocked.add(slot)  # later tasks of the slot wait too, to keep its order
-                kept.append((seq, payload, slot))
+        kept: deque[_Task] = deque()
+        for task in self._queued:
+            _, _, slot, prefer = task
+            if slot is not None:
+                worker = by_slot.get(slot)
+            elif prefer in by_slot:
+                worker = by_slot[prefer]
+            else:
+                worker = min(live, key=lambda w: load[w.id], default=None)
+            if worker is None or load[worker.id] >= PER_WORKER or (slot is not None and slot in blocked):
+                if slot is not None:
+                    blocked.add(slot)  # later tasks of the slot wait too, to keep its order
+                kept.append(task)
                 continue
             load[worker.id] += 1
-            plan.setdefault(worker.id, []).append((seq, payload, slot))
+            plan.setdefault(worker.id, []).append(task)
         self._queued = kept
         for worker_id, batch in plan.items():
             if worker_id in self._workers:
                 self._send_tasks(self._workers[worker_id], batch)
 
-    def _send_tasks(self, worker: _Worker, batch: list[tuple[int, Any, int | None]]) -> None:
-        worker.tasks.update((seq, (payload, slot)) for seq, payload, slot in batch)
+    def _send_tasks(self, worker: _Worker, batch: list[_Task]) -> None:
+        worker.tasks.update((seq, (payload, slot, prefer)) for seq, payload, slot, prefer in batch)
         try:
-            worker.channel.send(("tasks", [(seq, payload) for seq, payload, _ in batch]))
+            worker.channel.send(("tasks", [(seq, payload) for seq, payload, _, _ in batch]))
         except ChannelClosed:
             self._on_exit(worker)
         except (pickle.PicklingError, TypeError, AttributeError):
-            for seq, payload, slot in reversed(batch):  # find the culprits; queue the others again
+            for task in reversed(batch):  # find the culprits; queue the others again
+                seq, payload = task[0], task[1]
                 del worker.tasks[seq]
                 try:
                     pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
                 except Exception as e:  # noqa: BLE001 - reported as this element's error
                     self._unsent.append((seq, None, _unpicklable_input(self.name, seq, e)))
                 else:
-                    self._queued.appendleft((seq, payload, slot))
+                    self._queued.appendleft(task)
 
     def _handle(self, worker: _Worker, message: tuple, fds: list[int], results: list[Result]) -> None:
         kind = message[0]
@@ -313,7 +328,7 @@ class ProcessPool:
                     worker.pid,
                     how,
                 )
-        self._queued.extendleft((seq, payload, slot) for seq, (payload, slot) in reversed(lost))
+        self._queued.extendleft((seq, *task) for seq, task in reversed(lost))
         if not worker.retiring:
             self._spawn(worker.slot)
 
