@@ -5,7 +5,7 @@
   ram          4 MB elements through prefetch(AUTOTUNE) with a 20 MB budget: the deepest buffer
                the tuner chose, against the budget
   overhead     the tiny workload's per-element pipeline with the stats every iterator keeps, and
-               with that bookkeeping patched out: the overhead ratio (one run, alternating)
+               with their clock reads patched out: the overhead (median of alternating pairs)
 
 Run: python bench/autotune.py [--only adaptation,ram,overhead]
 """
@@ -13,7 +13,9 @@ Run: python bench/autotune.py [--only adaptation,ram,overhead]
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import statistics
 import sys
 import time
 
@@ -102,25 +104,69 @@ def _untimed_next(self: base.Iterator) -> object:
     return element
 
 
-def overhead(elements: int = 200_000, rounds: int = 3) -> dict[str, float]:
-    """Elements/s of ``tiny``'s per-element pipeline with and without the stats' clock reads."""
+def overhead(elements: int = 100_000, rounds: int = 12) -> dict[str, float]:
+    """Elements/s of ``tiny``'s per-element pipeline with and without the stats' clock reads.
+
+    The two run alternately, ``rounds`` pairs; the overhead is the median of the pairs' time
+    ratios (a pair runs seconds apart, so the machine's drift mostly cancels).
+    """
     timed_next = base.Iterator.__next__
     ds = tp.range(elements).map(tiny).batch(256).with_options(tp.Options(optimizations={"inject_prefetch": False}))
-    best = {"with stats": 0.0, "without": 0.0}
+    ratios, rates = [], {"with stats": [], "without": []}
     for _ in range(rounds):
+        seconds = {}
         for label, method in (("with stats", timed_next), ("without", _untimed_next)):
             base.Iterator.__next__ = method
             try:
                 t0 = time.perf_counter()
                 for _ in ds:
                     pass
-                best[label] = max(best[label], elements / (time.perf_counter() - t0))
+                seconds[label] = time.perf_counter() - t0
             finally:
                 base.Iterator.__next__ = timed_next
-    cost = 1.0 - best["with stats"] / best["without"]
-    print(f"tiny, inline: {best['with stats']:.0f} elem/s with stats, {best['without']:.0f} without: "
-          f"overhead {cost:.1%} (best of {rounds}, alternating)")
-    return {"overhead": cost}
+            rates[label].append(elements / seconds[label])
+        ratios.append(seconds["with stats"] / seconds["without"] - 1.0)
+    cost = statistics.median(ratios)
+    print(f"tiny, inline: {statistics.median(rates['with stats']):.0f} elem/s with stats, "
+          f"{statistics.median(rates['without']):.0f} without: overhead {cost:.1%} "
+          f"(median of {rounds} alternating pairs)")
+    # The same from the cost of one call (steadier than whole runs on a noisy machine).
+    it = iter(ds)
+    for _ in it:
+        pass
+    calls = sum(stage["produced"] for stage in it.stats()) / elements
+    delta = _call_ns(timed_next) - _call_ns(_untimed_next)
+    per_element = 1e9 / statistics.median(rates["without"])
+    print(f"per call: the clocks add {delta:.0f} ns; {calls:.2f} calls per element of {per_element:.0f} ns: "
+          f"overhead {delta * calls / per_element:.2%}")
+    return {"overhead": cost, "overhead_from_calls": delta * calls / per_element}
+
+
+class _One(base.Iterator):
+    def next(self) -> int:
+        return 1
+
+    def get_state(self) -> dict:
+        return {}
+
+    def set_state(self, state: dict) -> None:
+        pass
+
+
+def _call_ns(method: object, calls: int = 1_000_000) -> float:
+    """Nanoseconds per ``next()`` of a trivial iterator with ``method`` as ``Iterator.__next__``
+    (best of three)."""
+    timed_next, it, best = base.Iterator.__next__, _One("one"), math.inf
+    base.Iterator.__next__ = method
+    try:
+        for _ in range(3):
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                next(it)
+            best = min(best, (time.perf_counter() - t0) / calls * 1e9)
+    finally:
+        base.Iterator.__next__ = timed_next
+    return best
 
 
 BENCHES = {"adaptation": adaptation, "ram": ram, "overhead": overhead}

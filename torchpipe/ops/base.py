@@ -238,10 +238,16 @@ class Iterator(abc.ABC):
     def __next__(self) -> Any:
         if self._status != _RUNNING:
             self._begin()
+        stats = self.stats
+        if stats.unclocked:  # cheap elements are clocked one in a few (see IteratorStats.clocked)
+            stats.unclocked -= 1
+            element = self.next()
+            stats.produced += 1
+            return element
         t0 = time.perf_counter()
         element = self.next()
-        self.stats.produced += 1
-        self.stats.wall_s += time.perf_counter() - t0
+        stats.produced += 1
+        stats.clocked(time.perf_counter() - t0)
         return element
 
     def _begin(self) -> None:
