@@ -107,15 +107,16 @@ def _untimed_next(self: base.Iterator) -> object:
 def overhead(elements: int = 100_000, rounds: int = 12) -> dict[str, float]:
     """Elements/s of ``tiny``'s per-element pipeline with and without the stats' clock reads.
 
-    The two run alternately, ``rounds`` pairs; the overhead is the median of the pairs' time
-    ratios (a pair runs seconds apart, so the machine's drift mostly cancels).
+    The two run alternately (ABBA), ``rounds`` pairs; the overhead is the median of the pairs'
+    time ratios (a pair runs seconds apart, so the machine's drift mostly cancels).
     """
     timed_next = base.Iterator.__next__
     ds = tp.range(elements).map(tiny).batch(256).with_options(tp.Options(optimizations={"inject_prefetch": False}))
     ratios, rates = [], {"with stats": [], "without": []}
-    for _ in range(rounds):
+    arms = [("with stats", timed_next), ("without", _untimed_next)]
+    for round_ in range(rounds):
         seconds = {}
-        for label, method in (("with stats", timed_next), ("without", _untimed_next)):
+        for label, method in arms if round_ % 2 else arms[::-1]:  # ABBA: neither always goes first
             base.Iterator.__next__ = method
             try:
                 t0 = time.perf_counter()

@@ -9,6 +9,8 @@ autotuner reads these totals from another thread; a torn read of a float is harm
 
 from __future__ import annotations
 
+import math
+import random
 import threading
 from typing import Any, Callable
 
@@ -20,7 +22,9 @@ from torchpipe.runtime.timing import CallTiming
 
 _BYTES_EVERY = 16  # elements between two samples of an element's size
 CLOCK_ALL_S = 20e-6  # elements that take this long are all clocked (two clock reads cost < 1%);
-CLOCK_EVERY = 16  # cheaper ones one in this many, the sample standing for those skipped
+CLOCK_EVERY = 16  # cheaper ones with a chance of one in this many
+_LOG_SKIP = math.log(1.0 - 1.0 / CLOCK_EVERY)
+_GAPS = random.Random(0x5EED)  # private: the user's global RNG streams are not touched
 
 
 class IteratorStats:
@@ -59,16 +63,21 @@ class IteratorStats:
         self.counters: dict[str, int] = {}
 
     def clocked(self, seconds: float) -> None:
-        """Add one clocked element's time to ``wall_s``.
+        """Add one clocked element's time to ``wall_s``, and choose the next element to clock.
 
-        Two clock reads cost about 0.1 us, a few percent of an element that costs a few us; so
-        elements under ``CLOCK_ALL_S`` are clocked one in ``CLOCK_EVERY``, and each sample
-        counts for itself and the elements skipped before it. Its weight was fixed before it
-        was measured, so the estimate is unbiased.
+        Two clock reads cost about 0.1 us, a few percent of an element that costs a few us. So
+        after an element under ``CLOCK_ALL_S``, each element is clocked with a chance of one in
+        ``CLOCK_EVERY`` (the gap is drawn at once, geometric) and counts ``CLOCK_EVERY`` times;
+        after a slower one, the next is clocked. Each element's chance is fixed before it is
+        measured, so the estimate is unbiased, and random gaps cannot fall in step with costs
+        that repeat (a read every 16 records).
         """
         self.wall_s += seconds * self._weight
-        self._weight = 1 if seconds >= CLOCK_ALL_S else CLOCK_EVERY
-        self.unclocked = self._weight - 1
+        if seconds >= CLOCK_ALL_S:
+            self._weight = 1
+        else:
+            self._weight = CLOCK_EVERY
+            self.unclocked = int(math.log(1.0 - _GAPS.random()) / _LOG_SKIP)
 
     def look(self, occupancy: int, capacity: int) -> None:
         """Record how full the buffer is as the consumer takes an element."""
