@@ -15,7 +15,7 @@ from torchpipe.runtime.timing import CallTiming
 
 _WAIT_S = 0.5
 _MAX_READ_AHEAD = 4096  # elements one reader may hold ready (AUTOTUNE)
-_READER_BYTES = 8 << 20  # and at most this many bytes of them
+_READER_BYTES = 4 << 20  # and at most this many bytes of them
 _READS_PER_TASK = 32  # then the task goes to the back of the pool's queue: readers take turns
 
 
@@ -215,7 +215,6 @@ class ThreadInterleaveIterator(ReadAheadInterleave):
         super().__init__(name, source, opener, cycle_length, block_length, parallelism, tunable)
         self._deterministic = deterministic
         self._read_ahead = ReadAhead(min(max(32, 2 * block_length), 64))
-        self._inner_lengths = [0, 0]  # elements taken from inner datasets that ended, and their count
         self._wakeup = threading.Condition()
 
     def buffer_slots(self) -> int:
@@ -249,6 +248,8 @@ class ThreadInterleaveIterator(ReadAheadInterleave):
         self.stats.wait_s += time.perf_counter() - t0
         self.stats.look(ready, self._read_ahead.capacity)
         if kind in (_VALUE, _ERROR):
+            if self._knob is not None and self.stats.bytes_n:
+                self._read_far_ahead()
             reader.refill(self._pool)
         return kind, payload
 
@@ -280,20 +281,14 @@ class ThreadInterleaveIterator(ReadAheadInterleave):
                 return index
         return None
 
-    def _inner_ended(self, reader: _InnerReader) -> None:
-        """With AUTOTUNE, let readers read a whole inner dataset ahead (twice the mean length seen),
-        within ``_MAX_READ_AHEAD`` elements and ``_READER_BYTES`` each: with a short cycle, readers
-        waiting for a slot are what keeps slow reads (remote storage) in flight."""
-        if self._knob is None:
-            return
-        self._inner_lengths[0] += reader.taken
-        self._inner_lengths[1] += 1
-        wanted = 2 * self._inner_lengths[0] // self._inner_lengths[1]
+    def _read_far_ahead(self) -> None:
+        """With AUTOTUNE, let each reader read up to ``_READER_BYTES`` (at most ``_MAX_READ_AHEAD``
+        elements) ahead, once the elements' size is known: with a short cycle, readers waiting
+        for a slot are what keeps slow reads (remote storage) in flight."""
         by_bytes = _READER_BYTES // max(int(self.stats.bytes_per_element), 1)
-        self._read_ahead.capacity = max(self._read_ahead.capacity, min(wanted, _MAX_READ_AHEAD, by_bytes))
+        self._read_ahead.capacity = max(self._read_ahead.capacity, min(by_bytes, _MAX_READ_AHEAD))
 
     def _close_slot(self, reader: _InnerReader) -> None:
-        self._inner_ended(reader)
         reader.close()
 
     def _slot_state(self, reader: _InnerReader) -> dict[str, Any]:
