@@ -63,3 +63,41 @@ def test_close_cancels_queued_calls():
     pool.close()
     gate.set()
     assert running.result(5) is True and queued.cancelled()
+
+
+def test_close_waits_for_running_calls():
+    pool = ThreadPool(2, "tp-join")
+    done = []
+    futures = [pool.submit(lambda: time.sleep(0.2) or done.append(1)) for _ in range(2)]
+    time.sleep(0.05)  # both calls are running
+    pool.close()
+    assert done == [1, 1] and all(f.done() for f in futures)
+    assert alive("tp-join") == 0
+
+
+EXIT_SCRIPT = """
+import torch, torchpipe as tp
+def crop(i):
+    return torch.from_numpy(torch.rand(3, 64, 64).numpy()[:, ::-1].copy())
+it = iter(tp.range(10**6).map(crop, num_parallel_calls=2, executor="thread").batch(64))
+next(it)
+"""
+
+
+def test_exiting_with_a_pipeline_running_does_not_abort(tmp_path):
+    """Pool threads inside torch ops while the interpreter exits used to abort it ("terminate
+    called without an active exception", exit status 134)."""
+    import os
+    import subprocess
+    import sys
+
+    import torchpipe
+
+    script = tmp_path / "exit_running.py"
+    script.write_text(EXIT_SCRIPT)
+    root = os.path.dirname(os.path.dirname(torchpipe.__file__))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    runs = [subprocess.Popen([sys.executable, str(script)], stderr=subprocess.PIPE, env=env) for _ in range(3)]
+    for run in runs:
+        _, err = run.communicate(timeout=50)
+        assert run.returncode == 0, err.decode()

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 import weakref
 from concurrent.futures import Future
 from typing import Any, Callable
 
 _POLL_S = 0.5
+_JOIN_S = 2.0  # close() waits this long in all for running calls to return
 
 
 class ThreadPool:
@@ -27,6 +29,7 @@ class ThreadPool:
         self._name = name
         self._size = 0
         self._stopped = threading.Event()
+        self._threads: list[threading.Thread] = []
         self._finalizer = weakref.finalize(self, self._stopped.set)
         self.resize(size)
 
@@ -51,20 +54,33 @@ class ThreadPool:
                 target=_work, args=(self._tasks, self._stopped), name=f"{self._name}-{i}", daemon=True
             )
             thread.start()
+            self._threads.append(thread)
+        self._threads = [t for t in self._threads if t.is_alive()]
         for _ in range(size, self._size):
             self._tasks.put(None)
         self._size = size
 
     def close(self) -> None:
-        """Stop the threads once their current call returns; queued calls are cancelled."""
+        """Stop the threads once their current call returns, and wait for that (up to
+        ``_JOIN_S``); queued calls are cancelled.
+
+        Waiting matters at interpreter exit: a daemon thread still inside a torch op when the
+        process tears down its C++ thread pools aborts the process.
+        """
         self._finalizer()
         while True:
             try:
                 item = self._tasks.get_nowait()
             except queue.Empty:
-                return
+                break
             if item is not None:
                 item[0].cancel()
+        for _ in self._threads:
+            self._tasks.put(None)  # wake idle threads now rather than at their next poll
+        deadline = time.monotonic() + _JOIN_S
+        for thread in self._threads:
+            if thread is not threading.current_thread():
+                thread.join(timeout=max(0.0, deadline - time.monotonic()))
 
 
 def _work(tasks: queue.SimpleQueue, stopped: threading.Event) -> None:
