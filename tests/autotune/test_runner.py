@@ -134,38 +134,3 @@ def test_a_ram_budget_holds_the_buffers_of_large_elements():
     it.close()
     assert decisions
     assert all(d.values["prefetch.buffer_size"] * (4 << 20) <= budget for d in decisions)
-
-
-def test_rounds_come_often_again_after_a_change(monkeypatch):
-    """The schedule backs off while nothing changes and starts over after a change; the window
-    right after a change (and the start-up one) is dropped, not modelled."""
-    from torchpipe.autotune import live, runner
-
-    tuner, _ = _tuner()
-    root = tuner.root
-    clock = {"t": 0.0}
-
-    def fake_look(tree, consumer_s):
-        clock["t"] += 1.0  # every window is long enough, with 100 elements
-        return live.Look(clock["t"], {id(root): live.Counters(produced=int(clock["t"]) * 100)}, 0.0, 0.0)
-
-    changes = iter([True, False, False, True, False])
-    modelled, waits = [], []
-
-    def fake_step(before, after):
-        modelled.append((before.time, after.time))
-        changed = next(changes, None)
-        if changed is None:
-            tuner.stop()
-        return runner.Decision(0.0, {}, 0.0, 0.0, "consumer", ("p",) if changed else ())
-
-    monkeypatch.setattr(runner, "look", fake_look)
-    monkeypatch.setattr(tuner, "step", fake_step)
-    tuner._intervals = [0.001, 0.002, 0.003, 0.004, 0.005, 0.006]
-    real_wait = tuner._stop.wait
-    monkeypatch.setattr(tuner._stop, "wait", lambda s: waits.append(s) or real_wait(0))
-    tuner._run()
-    # start-up dropped; round (changed); dropped; round; round (changed); dropped; round; stop
-    assert waits[:9] == [0.001, 0.002, 0.001, 0.002, 0.003, 0.004, 0.001, 0.002, 0.003]
-    assert modelled == [(2.0, 3.0), (4.0, 5.0), (5.0, 6.0), (6.0, 7.0), (8.0, 9.0), (9.0, 10.0)][: len(modelled)]
-    assert len(modelled) == 6

@@ -19,12 +19,12 @@ import collections
 import dataclasses
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
 from torchpipe.autotune.live import Look, Model, build_model, look, walk
 from torchpipe.autotune.model import Knob, bottleneck, predict_time
 from torchpipe.autotune.tuner import Budget, backoff_intervals, hill_climb
-from torchpipe.ops.base import Iterator as PipelineIterator
+from torchpipe.ops.base import Iterator
 from torchpipe.ops.stats import LiveKnob
 
 _MIN_ELEMENTS, _MIN_WINDOW_S = 8, 0.25  # what a window needs before it is modelled
@@ -33,8 +33,7 @@ _GROWTH = 2  # a round may at most double a knob
 _WORK_CHANGE = 1.5  # a window whose work per element moved this much is a new workload: no verdict
 _HOLD_ROUNDS = 8
 _HISTORY = 64
-_FIRST_S, _LAST_S = 0.1, 2.0  # rounds: often at first and after each change, then backing off
-_SETTLE_S = 0.1  # the start-up window, and the one after a change, last this long and are dropped
+_FIRST_S, _LAST_S = 0.1, 2.0
 
 
 class ConsumerClock:
@@ -85,7 +84,7 @@ class Decision:
     changed: tuple[str, ...] = ()
 
 
-def live_knobs(root: PipelineIterator) -> list[LiveKnob]:
+def live_knobs(root: Iterator) -> list[LiveKnob]:
     """Every AUTOTUNE knob in the tree under ``root``."""
     return [knob for it, _ in walk(root) for knob in it.knobs()]
 
@@ -97,17 +96,16 @@ class Autotuner:
         root: the tree's root iterator.
         clock: the consumer's clock.
         budget: what the pipeline may use.
-        intervals: seconds between rounds (default: 0.1 s at first and after each change,
-            backing off to 2 s).
+        intervals: seconds between rounds (default: 0.1 s at first, backing off to 2 s).
     """
 
-    def __init__(self, root: PipelineIterator, clock: ConsumerClock, budget: Budget,
+    def __init__(self, root: Iterator, clock: ConsumerClock, budget: Budget,
                  intervals: Iterable[float] | None = None) -> None:  # fmt: skip
         self.root = root
         self.clock = clock
         self.budget = budget
         self.decisions: collections.deque[Decision] = collections.deque(maxlen=_HISTORY)
-        self._intervals = list(intervals) if intervals is not None else None
+        self._intervals = intervals if intervals is not None else backoff_intervals(_FIRST_S, _LAST_S)
         self._live = {knob.name: knob for knob in live_knobs(root)}
         self._held: dict[str, tuple[int, int]] = {}  # knob -> (held value, rounds left)
         self._last_move: tuple[dict[str, int], float, float] | None = None  # raised (old values), rate, work
@@ -132,28 +130,19 @@ class Autotuner:
 
     def _run(self) -> None:
         before = look(self.root, self.clock.outside_s())
-        settling = True  # the start-up, or the transition after a change: not modelled
-        schedule = self._schedule()
-        for interval in iter(lambda: next(schedule, None), None):
+        settling = True  # the first window holds the start-up
+        for interval in self._intervals:
             if self._stop.wait(interval):
                 return
             after = look(self.root, self.clock.outside_s())
-            if settling:
-                if after.time - before.time >= _SETTLE_S:
-                    settling, before = False, after  # measure from here
-                continue
             enough = after.produced(self.root) - before.produced(self.root) >= _MIN_ELEMENTS
             if not enough or after.time - before.time < _MIN_WINDOW_S:
                 continue  # too little to go on: let the window grow
-            settling = bool(self.step(before, after).changed)
+            if not settling:
+                settling = bool(self.step(before, after).changed)
+            else:
+                settling = False
             before = after
-            if settling:
-                schedule = self._schedule()  # after a change, look often again
-
-    def _schedule(self) -> Iterator[float]:
-        if self._intervals is not None:
-            return iter(self._intervals)
-        return backoff_intervals(_FIRST_S, _LAST_S)
 
     def step(self, before: Look, after: Look) -> Decision:
         """One round over the window between two looks: model, climb, apply, record."""
