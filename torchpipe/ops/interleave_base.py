@@ -254,8 +254,12 @@ class ReadAheadInterleave(InterleaveBase):
             self._knob.take_request()
         self._top_up()
         element = super().next()
-        self.stats.sample_bytes(element)
+        if self.stats.sample_bytes(element):
+            self._sized()
         return element
+
+    def _sized(self) -> None:
+        """Called when ``stats.bytes_per_element`` has a new sample."""
 
     @abc.abstractmethod
     def _new_reader(self, element: Any, seq: int, state: dict[str, Any] | None, error: BaseException | None) -> Any:

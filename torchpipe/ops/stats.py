@@ -85,11 +85,13 @@ class IteratorStats:
         self.occupancy_n += 1
         self.capacity = capacity
 
-    def sample_bytes(self, element: Any) -> None:
-        """Record the size of every 16th element (the first included)."""
-        if self.produced % _BYTES_EVERY == 0:
-            self.bytes_sum += element_bytes(element)
-            self.bytes_n += 1
+    def sample_bytes(self, element: Any) -> bool:
+        """Record the size of every 16th element (the first included); True if this one was."""
+        if self.produced % _BYTES_EVERY:
+            return False
+        self.bytes_sum += element_bytes(element)
+        self.bytes_n += 1
+        return True
 
     @property
     def bytes_per_element(self) -> float:

@@ -248,8 +248,6 @@ class ThreadInterleaveIterator(ReadAheadInterleave):
         self.stats.wait_s += time.perf_counter() - t0
         self.stats.look(ready, self._read_ahead.capacity)
         if kind in (_VALUE, _ERROR):
-            if self._knob is not None and self.stats.bytes_n:
-                self._read_far_ahead()
             reader.refill(self._pool)
         return kind, payload
 
@@ -281,10 +279,12 @@ class ThreadInterleaveIterator(ReadAheadInterleave):
                 return index
         return None
 
-    def _read_far_ahead(self) -> None:
+    def _sized(self) -> None:
         """With AUTOTUNE, let each reader read up to ``_READER_BYTES`` (at most ``_MAX_READ_AHEAD``
-        elements) ahead, once the elements' size is known: with a short cycle, readers waiting
+        elements) ahead, as the elements' size becomes known: with a short cycle, readers waiting
         for a slot are what keeps slow reads (remote storage) in flight."""
+        if self._knob is None:
+            return
         by_bytes = _READER_BYTES // max(int(self.stats.bytes_per_element), 1)
         self._read_ahead.capacity = max(self._read_ahead.capacity, min(by_bytes, _MAX_READ_AHEAD))
 
