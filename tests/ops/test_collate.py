@@ -57,3 +57,25 @@ def test_collate_rejects_different_shapes_and_dtypes():
         collate([{"x": torch.zeros(2)}, {"x": torch.zeros(3)}])
     with pytest.raises(ValueError, match="different dtypes"):
         collate([torch.zeros(2), torch.zeros(2, dtype=torch.float64)])
+
+
+def test_collate_gives_the_same_answers_once_leaf_types_are_known():
+    # The common case is answered from a cache keyed by the leaves' type: warm it with
+    # homogeneous batches, then check that mixed and bad batches are still judged one by one.
+    collate([(torch.zeros(2), 1, 1.5, True)] * 3)
+    assert_elements_equal(collate([1, 2.5]), torch.tensor([1.0, 2.5], dtype=torch.float64))
+    assert_elements_equal(collate([True, False]), torch.tensor([True, False]))
+    with pytest.raises(ValueError, match="differ in structure"):
+        collate([(torch.zeros(2), 1), (torch.zeros(2), (1, 2))])
+    with pytest.raises(ValueError, match="mixes types"):
+        collate([torch.zeros(2), 1])
+    with pytest.raises(ValueError, match=r"element\[0\].*\(2,\) and \(3,\)"):
+        collate([(torch.zeros(2), 1), (torch.zeros(3), 1)])
+
+
+def test_collate_names_the_shape_mismatch_when_stacking_into_a_record():
+    from torchpipe.ops.collate import collate_in_stage
+    from torchpipe.runtime.codec import StackedTensor
+
+    with pytest.raises(ValueError, match=r"batch: element.*\(2,\) and \(3,\)"):
+        collate_in_stage([torch.zeros(2), torch.zeros(3)], "batch", stack=StackedTensor)

@@ -58,7 +58,7 @@ def _walk(values: list, path: str, stage: str, leaf: Callable, shape: Any = None
     if not nest.is_container(first):
         return leaf(values, path, shape, pad)
     _check_same_container(values, path, stage)
-    columns = zip(*(nest.children(v) for v in values))
+    columns = zip(*values) if isinstance(first, (tuple, list)) else zip(*(nest.children(v) for v in values))
     shapes = _spec_children(shape, first, path, stage, "padded_shapes", broadcast=False)
     pads = _spec_children(pad, first, path, stage, "padding_values", broadcast=True)
     parts = zip(columns, child_paths(first, path), shapes, pads)
@@ -75,6 +75,9 @@ def child_paths(container: Any, path: str) -> list[str]:
 
 def _check_same_container(values: list, path: str, stage: str) -> None:
     first = values[0]
+    kind, size = type(first), len(first)
+    if not isinstance(first, Mapping) and all(type(v) is kind and len(v) == size for v in values):
+        return  # the common case, checked in one pass
     for v in values[1:]:
         same = type(v) is type(first) and len(v) == len(first)
         if same and isinstance(first, Mapping) and list(v.keys()) != list(first.keys()):
@@ -108,13 +111,23 @@ _KINDS = (
 )
 
 
+_KIND_OF_TYPE: dict[type, str | None] = {}  # _kind by exact type, filled as types are seen
+
+
 def _kind(value: Any) -> str | None:
     """The collation kind of a leaf, or None when it cannot be batched."""
     return next((kind for types, kind in _KINDS if isinstance(value, types)), None)
 
 
 def _common_kind(values: list, path: str, stage: str) -> str:
+    types = set(map(type, values))
+    if len(types) == 1:
+        kind = _KIND_OF_TYPE.get(types.pop(), "")
+        if kind:
+            return kind
     kinds = {_kind(v) for v in values}
+    if len(kinds) == 1 and None not in kinds and len(_KIND_OF_TYPE) < 256:
+        _KIND_OF_TYPE[type(values[0])] = next(iter(kinds))
     if any(nest.is_container(v) for v in values):
         raise ValueError(f"{stage}: elements differ in structure at {path}: some are containers, some are not")
     if None in kinds:
@@ -162,14 +175,17 @@ def _collate_leaf(values: list, path: str, stage: str, stack: Callable[[list], A
     if kind in _NUMBERS:
         return _numbers_tensor(values, kind, path, stage)
     tensors = _as_tensors(values, kind, path, stage)
-    shape = tensors[0].shape
-    for t in tensors[1:]:
-        if t.shape != shape:
-            raise ValueError(
-                f"{stage}: {path} has different shapes in one batch: {tuple(shape)} and {tuple(t.shape)}; "
-                "use padded_batch() to pad them"
-            )
-    return stack(tensors)
+    try:
+        return stack(tensors)  # checks the shapes itself
+    except (RuntimeError, ValueError):
+        shape = tensors[0].shape
+        bad = next((t for t in tensors if t.shape != shape), None)
+        if bad is None:
+            raise
+        raise ValueError(
+            f"{stage}: {path} has different shapes in one batch: {tuple(shape)} and {tuple(bad.shape)}; "
+            "use padded_batch() to pad them"
+        ) from None
 
 
 # -- padded collation -------------------------------------------------------------------------
