@@ -130,3 +130,35 @@ def test_chunks_end_early_for_slow_reads(monkeypatch):
     assert [payload for _, payload, _ in first + second] == list(range(len(first) + len(second)))
     reopened = task(2, (0, 0, first[-1][2], 256, 0, len(first)))  # a stale position re-opens at the state
     assert reopened[0][1] == len(first)
+
+
+def test_tensor_records_arrive_as_rows_and_checkpoint_mid_chunk():
+    """Chunks of same-shape records travel as columns; elements and checkpoints are unchanged."""
+    import torch
+
+    def records(x):
+        return tp.range(40).map(lambda y: {"x": torch.full((3,), float(x * 100 + y)), "label": y % 7})
+
+    ds = tp.range(5).interleave(records, cycle_length=2, block_length=3, num_parallel_calls=2, executor="process")
+    inline = tp.range(5).interleave(records, cycle_length=2, block_length=3)
+    assert_same_elements(iter(ds), iter(inline))
+    assert_checkpoint_roundtrip(ds, positions=[0, 7, 41, 150])
+
+
+def test_chunks_end_at_about_chunk_bytes():
+    import torch
+
+    from torchpipe.ops import process_interleave
+    from torchpipe.ops.base import BuildContext, UserFunction
+    from torchpipe.ops.interleave_base import InnerOpener
+
+    def big(x):
+        return tp.range(100).map(lambda y: torch.full((128, 1024), float(y)))  # 512 KiB each
+
+    ctx = BuildContext(seed=0, seeded=False, epoch=0, options=tp.Options())
+    task = process_interleave.InnerChunkTask(InnerOpener(UserFunction(big, "interleave(big)", ctx), ctx))
+    chunk = task(0, (0, 0, None, 256, 0, 0))
+    assert isinstance(chunk, process_interleave.PackedChunk)
+    items = chunk.items()
+    assert len(items) == process_interleave._CHUNK_BYTES // (512 << 10)
+    assert [float(value[0, 0]) for _, value, _ in items] == list(range(len(items)))

@@ -21,13 +21,15 @@ from typing import Any
 from torchpipe.ops.base import Iterator
 from torchpipe.ops.stats import element_bytes
 from torchpipe.ops.interleave_base import _END, _ERROR, _FAILED, _VALUE, InnerOpener, ReadAheadInterleave
+from torchpipe.runtime.columns import Columns, to_columns
 from torchpipe.runtime.process_pool import ProcessPool
 
 _WAIT_S = 0.5
 _KEPT_OPEN = 64  # inner iterators a worker keeps open between chunks (least recently used go)
 _CHUNK_ITEMS = 256  # a chunk ends at this many items,
 _CHUNK_S = 0.02  # or once reading it took this long (slow reads: a few per round trip),
-_CHUNK_BYTES = 4 << 20  # or at this many bytes of tensors and arrays
+_CHUNK_BYTES = 4 << 20  # or at about this many bytes of tensors and arrays
+_SIZE_EVERY = 8  # the chunk's size counts every item as the last one measured, measuring every 8th
 _READER_IDS = itertools.count()  # unique in the main process, whose forks the workers are
 
 
@@ -62,7 +64,7 @@ class InnerChunkTask:
                 kept[1].close()
             iterator = self.opener(element, seq, state)
         items: list[tuple[str, Any, Any]] = []
-        deadline, nbytes = time.perf_counter() + _CHUNK_S, 0
+        deadline, nbytes, size = time.perf_counter() + _CHUNK_S, 0, 0
         try:
             while len(items) < count and (nbytes < _CHUNK_BYTES and time.perf_counter() < deadline or not items):
                 try:
@@ -73,8 +75,10 @@ class InnerChunkTask:
                 except Exception as e:  # noqa: BLE001 - delivered in its place
                     items.append((_ERROR, e, iterator.state_dict()))
                     continue
+                if len(items) % _SIZE_EVERY == 0:  # sizes of a stream's items change slowly
+                    size = element_bytes(value)
                 items.append((_VALUE, value, iterator.state_dict()))
-                nbytes += element_bytes(value)
+                nbytes += size
         except BaseException:
             iterator.close()
             raise
@@ -82,13 +86,37 @@ class InnerChunkTask:
             iterator.close()
         else:
             self._keep(reader_id, position + len(items), iterator)
-        return items
+        return _packed(items)
 
     def _keep(self, reader_id: int, position: int, iterator: Iterator) -> None:
         self._open[reader_id] = (position, iterator)
         while len(self._open) > _KEPT_OPEN:
             _, (_, oldest) = self._open.popitem(last=False)
             oldest.close()
+
+
+class PackedChunk:
+    """A chunk of values only (perhaps then the end), with the values sent as columns."""
+
+    __slots__ = ("values", "states", "ended")
+
+    def __init__(self, values: Columns, states: list[Any], ended: bool) -> None:
+        self.values, self.states, self.ended = values, states, ended
+
+    def items(self) -> list[tuple[str, Any, Any]]:
+        """The chunk as :class:`InnerChunkTask` read it."""
+        items = [(_VALUE, value, state) for value, state in zip(self.values.rows(), self.states)]
+        return items + [(_END, None, None)] if self.ended else items
+
+
+def _packed(items: list[tuple[str, Any, Any]]) -> list[tuple[str, Any, Any]] | PackedChunk:
+    """``items`` as a :class:`PackedChunk` where its values go as columns, else as they are."""
+    ended = bool(items) and items[-1][0] == _END
+    values = items[:-1] if ended else items
+    if any(kind != _VALUE for kind, _, _ in values):
+        return items
+    columns = to_columns([value for _, value, _ in values])
+    return items if columns is None else PackedChunk(columns, [state for _, _, state in values], ended)
 
 
 class _ChunkReader:
@@ -117,12 +145,14 @@ class _ChunkReader:
         is ready (so a reader holds about two chunks)."""
         return self.pending is None and not self.done and len(self.ready) <= self.last_chunk
 
-    def receive(self, items: list[tuple[str, Any, Any]] | None, error: BaseException | None) -> None:
+    def receive(self, items: list[tuple[str, Any, Any]] | PackedChunk | None, error: BaseException | None) -> None:
         self.pending = None
         if error is not None:
             self.ready.append((_FAILED, error, None))
             self.done = True
             return
+        if type(items) is PackedChunk:
+            items = items.items()
         self.read += len(items)
         self.last_chunk = len(items)
         for kind, payload, state in items:
@@ -180,8 +210,9 @@ class ProcessInterleaveIterator(ReadAheadInterleave):
         self._pool.start()
 
     def _top_up(self) -> None:
-        self._pull_ahead()  # requests go to every reader below (new ones and open slots)
-        for reader in [*self._futures, *(s for s in self._slots if s is not None)]:
+        # A reader asks for its next chunk when it opens, when a chunk arrives and when an item
+        # is taken from it (the only times wants_chunk() can change), so only new ones here.
+        for reader in self._pull_ahead():
             self._request(reader)
 
     def _new_reader(
@@ -206,6 +237,7 @@ class ProcessInterleaveIterator(ReadAheadInterleave):
                 waiting = self._waiting.pop(task, None)
                 if waiting is not None:
                     waiting.receive(items, error)
+                    self._request(waiting)
             self.stats.wait_s += time.perf_counter() - t0
         kind, payload, state = reader.ready.popleft()
         if kind in (_VALUE, _ERROR):
