@@ -101,3 +101,24 @@ def test_exiting_with_a_pipeline_running_does_not_abort(tmp_path):
     for run in runs:
         _, err = run.communicate(timeout=50)
         assert run.returncode == 0, err.decode()
+
+
+def test_pool_threads_use_one_intra_op_thread_and_leave_the_others_alone():
+    """Side-by-side torch ops in pool threads must not each start an OpenMP team of all cores;
+    the main thread and threads started later keep torch's setting."""
+    import torch
+
+    before = torch.get_num_threads()
+    if before == 1:
+        pytest.skip("torch already uses one intra-op thread here")
+    pool = ThreadPool(2, "tp-intra")
+    try:
+        assert [pool.submit(torch.get_num_threads).result(timeout=5) for _ in range(4)] == [1] * 4
+    finally:
+        pool.close()
+    later = []
+    thread = threading.Thread(target=lambda: later.append(torch.get_num_threads()))
+    thread.start()
+    thread.join()
+    assert torch.get_num_threads() == before
+    assert later == [before]

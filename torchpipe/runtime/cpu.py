@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 
 
 def usable_cpu_count() -> int:
@@ -34,3 +35,29 @@ def _cgroup_quota() -> float | None:
     except (OSError, ValueError):
         return None
     return None if quota_us <= 0 else quota_us / period_us
+
+
+_INTRA_OP_LOCK = threading.Lock()
+
+
+def one_intra_op_thread() -> None:
+    """Make torch ops called from this thread use one intra-op thread; other threads keep theirs.
+
+    Pool threads run torch ops side by side. With torch's default, each call to a parallel op
+    (``torch.stack`` of a batch, a large copy) starts an OpenMP team of every core, so N pool
+    threads run N x cores threads that spin for one another: two threads stacking image batches
+    on 2 cores were 3x slower together than one alone. DataLoader's worker processes set one
+    intra-op thread for the same reason. ``torch.set_num_threads`` also sets the process-wide
+    default that new threads start with, so that default is put back from a helper thread, which
+    leaves this thread's own setting (OpenMP's is per thread) at one.
+    """
+    import torch
+
+    with _INTRA_OP_LOCK:
+        default = torch.get_num_threads()  # also runs torch's per-thread setup, which would reset it later
+        if default == 1:
+            return
+        torch.set_num_threads(1)
+        restore = threading.Thread(target=torch.set_num_threads, args=(default,), name="torchpipe-intra-op")
+        restore.start()
+        restore.join()

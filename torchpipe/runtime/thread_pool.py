@@ -9,6 +9,8 @@ import weakref
 from concurrent.futures import Future
 from typing import Any, Callable
 
+from torchpipe.runtime.cpu import one_intra_op_thread
+
 _POLL_S = 0.5
 _JOIN_S = 2.0  # close() waits this long in all for running calls to return
 
@@ -84,6 +86,7 @@ class ThreadPool:
 
 
 def _work(tasks: queue.SimpleQueue, stopped: threading.Event) -> None:
+    one_intra_op_thread()
     while not stopped.is_set():
         try:
             item = tasks.get(timeout=_POLL_S)
