@@ -43,8 +43,9 @@ class InnerChunkTask:
     The payload names the reader (``reader_id``) and how many items it has read so far; a
     worker that still has that reader's inner iterator open at that position reads on from it,
     any other opens the inner dataset at ``state``. Returns a list of ``(kind, payload,
-    inner_state_after)``; it ends with an ``_END`` item if the inner dataset ended. Worker
-    processes inherit the task through fork.
+    inner_state_after)``; it ends with an ``_END`` item if the inner dataset ended. A chunk of
+    values of one flat structure comes as a :class:`PackedChunk` (its values as columns) instead.
+    Worker processes inherit the task through fork.
     """
 
     def __init__(self, opener: InnerOpener) -> None:
@@ -54,7 +55,7 @@ class InnerChunkTask:
     def start_worker(self, slot: int) -> None:
         self.opener.seed_worker(slot)
 
-    def __call__(self, task_id: int, payload: tuple) -> list[tuple[str, Any, Any]]:
+    def __call__(self, task_id: int, payload: tuple) -> list[tuple[str, Any, Any]] | PackedChunk:
         element, seq, state, count, reader_id, position = payload
         kept = self._open.pop(reader_id, None)
         if kept is not None and kept[0] == position:
