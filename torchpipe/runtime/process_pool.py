@@ -1,12 +1,13 @@
 """Worker processes fed by central dispatch, returning results through shared-memory rings.
 
-The main process numbers tasks and hands each to the live worker with the fewest in flight
-(at most ``PER_WORKER``), so the pool can grow and shrink while it runs and a dead worker's
-tasks can go to its replacement. Each worker writes results into its own ring
-(:mod:`torchpipe.runtime.shm_ring`); only ``(seq, offset, nbytes)`` crosses the socket. The main
-process decodes each result as soon as its message arrives; its tensors and arrays view the ring
-record (no copy) and the record is reused once the last of them is freed, or, given an
-``allocate`` hook (pinned memory), they are copied there and the record is reused at once.
+The main process numbers tasks and hands each to the live worker with the fewest in flight (at most
+``PER_WORKER``, or the tasks a worker runs at once on its threads if more), so the pool can grow
+and shrink while it runs and a dead worker's tasks can go to its replacement. Each worker writes
+results into its own ring (:mod:`torchpipe.runtime.shm_ring`); only ``(seq, offset, nbytes)``
+crosses the socket. The main process decodes each result as soon as its message arrives; its
+tensors and arrays view the ring record (no copy) and the record is reused once the last of them is
+freed, or, given an ``allocate`` hook (pinned memory), they are copied there and the record is
+reused at once.
 See ``docs/process_pool.md``.
 """
 
@@ -34,6 +35,7 @@ from torchpipe.runtime.worker import run_worker, unpack_exception
 from torchpipe.runtime.zygote import Zygote, describe_exit
 
 PER_WORKER = 4
+"""Tasks in flight per worker (more when each worker runs more tasks at once on threads)."""
 DEFAULT_RING_BYTES = 32 * 1024 * 1024
 _MAX_TASK_FAILURES = 3
 
@@ -117,6 +119,13 @@ class ProcessPool:
             larger or held longer (``worker.MAX_RING_BYTES`` in all), then takes one-off segments.
         allocate: where decoded tensors land (``allocate(shape, dtype)``), e.g. pinned memory.
         timing: where the workers' task costs are added up (each result message carries them).
+        threads: how many tasks each worker runs at once, on threads of its own (for tasks
+            that wait on I/O). With more than 1 the handler is called concurrently from several
+            threads of a worker, so it must be thread-safe; with 1 tasks run in order on the
+            worker's main thread.
+
+    Raises:
+        ValueError: if ``threads`` is not an int >= 1.
     """
 
     def __init__(
@@ -129,8 +138,10 @@ class ProcessPool:
         ring_bytes: int = DEFAULT_RING_BYTES,
         allocate: Callable[..., Any] | None = None,
         timing: CallTiming | None = None,
+        threads: int = 1,
     ) -> None:
         self.name = name
+        self._threads = self._check_threads(threads)
         self.timing = timing if timing is not None else CallTiming()
         self._restart = restart
         self._allocate = allocate
@@ -149,7 +160,26 @@ class ProcessPool:
 
     @property
     def capacity(self) -> int:
-        return self._size * PER_WORKER
+        return self._size * self._per_worker
+
+    @property
+    def threads(self) -> int:
+        """How many tasks each worker runs at once."""
+        return self._threads
+
+    def set_threads(self, n: int) -> None:
+        """Let each worker run ``n`` tasks at once, on threads of its own, from now on.
+
+        Live workers are told at once; workers spawned later get ``n`` before any task. With
+        ``n > 1`` the handler is called concurrently from several threads of a worker.
+
+        Raises:
+            ValueError: if ``n`` is not an int >= 1.
+        """
+        self._threads = self._check_threads(n)
+        for worker in list(self._workers.values()):
+            self._send_threads(worker)
+        self._dispatch()
 
     @property
     def size(self) -> int:
@@ -209,6 +239,21 @@ class ProcessPool:
         self._queued.clear()
 
     # -- internals --------------------------------------------------------------------------
+    @property
+    def _per_worker(self) -> int:
+        return max(PER_WORKER, self._threads)
+
+    def _check_threads(self, n: int) -> int:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"{self.name}: threads per worker must be an int >= 1, got {n!r}")
+        return n
+
+    def _send_threads(self, worker: _Worker) -> None:
+        try:
+            worker.channel.send(("threads", self._threads))
+        except ChannelClosed:
+            pass  # it died: collect() sees its channel close and replaces it
+
     def _spawn(self, slot: int) -> None:
         worker_id = self._next_id
         self._next_id += 1
@@ -218,7 +263,10 @@ class ProcessPool:
             self._zygote.close()
             self._zygote = Zygote(self._worker_main, self.name)
         pid, channel = self._zygote.spawn(slot)
-        self._workers[worker_id] = _Worker(worker_id, slot, pid, channel)
+        worker = _Worker(worker_id, slot, pid, channel)
+        self._workers[worker_id] = worker
+        if self._threads > 1:  # before any task; with 1 the worker runs tasks inline already
+            self._send_threads(worker)
 
     def _dispatch(self) -> None:
         """Hand queued tasks to workers, several per message: slot tasks to their slot's worker
@@ -227,6 +275,7 @@ class ProcessPool:
         by_slot = {w.slot: w for w in live}
         plan: dict[int, list[_Task]] = {}
         load = {w.id: len(w.tasks) for w in live}
+        limit = self._per_worker
         blocked: set[int | None] = set()
         kept: deque[_Task] = deque()
         for task in self._queued:
@@ -237,7 +286,7 @@ class ProcessPool:
                 worker = by_slot[prefer]
             else:
                 worker = min(live, key=lambda w: load[w.id], default=None)
-            if worker is None or load[worker.id] >= PER_WORKER or (slot is not None and slot in blocked):
+            if worker is None or load[worker.id] >= limit or (slot is not None and slot in blocked):
                 if slot is not None:
                     blocked.add(slot)  # later tasks of the slot wait too, to keep its order
                 kept.append(task)

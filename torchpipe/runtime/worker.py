@@ -3,14 +3,19 @@
 Protocol on the worker's channel (see ``docs/process_pool.md``)::
 
     worker -> main  ("ring_added", index)                + a ring's fd (its first, and more later)
-    main -> worker  ("tasks", [(seq, payload), ...])     run in order
+    main -> worker  ("tasks", [(seq, payload), ...])     run in order (or on the worker's threads)
+                    ("threads", n)                       run up to n tasks at once, on threads
+                    ("stop",)                            stop the threads and exit (no task in flight)
     worker -> main  ("ring", seq, index, offset, nbytes, wall_s, cpu_s)   result encoded in ring ``index``
                     ("segment", seq, nbytes, wall_s, cpu_s)              + fd: a result too large for the rings
                     ("error", seq, packed_exception, wall_s, cpu_s)
 
-``wall_s`` and ``cpu_s`` are what the task cost the worker (the call and writing its result):
-the autotuner's measure of the stage.
-    main -> worker  ("stop",)                            finish and exit
+``wall_s`` and ``cpu_s`` are what the task cost the worker (the call and writing its result; CPU
+time of the thread that ran it): the autotuner's measure of the stage.
+
+Until a worker is sent ``("threads", n)`` with ``n > 1`` it runs tasks on its main thread, in
+order. From then on its main thread only receives messages and its tasks go to a local queue
+served by ``n`` threads, so the handler is called concurrently and must be thread-safe.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ from __future__ import annotations
 import ctypes
 import os
 import pickle
+import queue
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -38,6 +45,7 @@ MAX_RING_BYTES = 512 << 20
 _MIN_RING_BYTES = 32 << 20
 _RESULTS_PER_RING = 4
 _RING_GRACE_S = 0.002  # a ring freed this soon is worth waiting for rather than adding one
+_JOIN_S = 2.0  # how long a stopping worker waits for its task threads
 
 Handler = Callable[[int, Any], Any]
 
@@ -48,7 +56,8 @@ def run_worker(channel: Channel, worker_id: int, handler: Handler, ring_capacity
     Args:
         worker_id: the worker's slot, 0..size-1 (a replacement gets its predecessor's).
         handler: ``handler(seq, payload)`` per task; if it has ``start_worker(worker_id)``,
-            that runs first.
+            that runs first. After a ``("threads", n)`` message with ``n > 1`` it is called
+            from up to ``n`` threads at once, so it must then be thread-safe.
     """
     torch.set_num_threads(1)  # one worker, one core; the pool provides the parallelism
     keep_freed_memory()
@@ -57,18 +66,22 @@ def run_worker(channel: Channel, worker_id: int, handler: Handler, ring_capacity
         start(worker_id)  # per-worker setup (torch's worker seeding, worker_init_fn, ...)
     parent = os.getppid()
     output = _Output(channel, ring_capacity)
+    tasks = _TaskRunner(handler, output)
     try:
         while os.getppid() == parent:
             if not channel.poll(_POLL_S):
                 continue
             message, _ = channel.recv()
-            if message[0] != "tasks":
+            if message[0] == "threads":
+                tasks.set_threads(message[1])
+            elif message[0] == "tasks":
+                tasks.run(message[1])
+            else:
                 return
-            for seq, payload in message[1]:
-                output.run(handler, seq, payload)
     except ChannelClosed:
         return
     finally:
+        tasks.stop(_JOIN_S)
         output.close()
 
 
@@ -88,6 +101,85 @@ def keep_freed_memory() -> None:
         pass
 
 
+class _TaskRunner:
+    """Runs a worker's tasks: on the calling thread, in order, until asked for more than one
+    thread; from then on through a local queue served by that many threads.
+
+    Threads are started as the count grows; when it shrinks, surplus threads exit after their
+    current task (or, if idle, when they pick up the wake-up put in the queue for them).
+    """
+
+    _STOP, _SHRINK = object(), object()  # queue sentinels: leave now; leave if surplus
+
+    def __init__(self, handler: Handler, output: _Output) -> None:
+        self._handler = handler
+        self._output = output
+        self._queue: queue.SimpleQueue[tuple[int, Any] | object] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()  # guards _wanted and _serving
+        self._wanted = 1
+        self._serving = 0  # threads started and not yet leaving
+        self._stopping = False
+
+    def set_threads(self, n: int) -> None:
+        """Run up to ``n`` tasks at once (``n > 1`` moves tasks to threads for good)."""
+        if n <= 1 and not self._threads:
+            return  # still running tasks inline, as every worker does by default
+        with self._lock:
+            self._wanted = max(1, n)
+            surplus, missing = self._serving - self._wanted, self._wanted - self._serving
+            self._serving += max(0, missing)
+        for _ in range(surplus):
+            self._queue.put(self._SHRINK)
+        self._threads = [t for t in self._threads if t.is_alive()]
+        for _ in range(missing):
+            thread = threading.Thread(target=self._serve, name="torchpipe-task", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def run(self, batch: list[tuple[int, Any]]) -> None:
+        """Run the tasks of one message, or queue them for the threads."""
+        if not self._threads:
+            for seq, payload in batch:
+                self._output.run(self._handler, seq, payload)
+            return
+        for task in batch:
+            self._queue.put(task)
+
+    def stop(self, timeout: float) -> None:
+        """Tell the threads to leave (queued tasks are dropped) and wait up to ``timeout`` s."""
+        self._stopping = True
+        for _ in self._threads:
+            self._queue.put(self._STOP)
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+    def _serve(self) -> None:
+        try:
+            while True:
+                task = self._queue.get()
+                if task is self._STOP or self._stopping:
+                    return
+                if task is not self._SHRINK:
+                    seq, payload = task
+                    self._output.run(self._handler, seq, payload)
+                if self._leave_if_surplus():
+                    return
+        except ChannelClosed:
+            return  # the main thread sees the channel close too, and stops the others
+        except BaseException:  # noqa: BLE001 - end the worker as an error on its main thread would
+            traceback.print_exc()
+            os._exit(1)
+
+    def _leave_if_surplus(self) -> bool:
+        with self._lock:
+            if self._serving <= self._wanted:
+                return False
+            self._serving -= 1
+            return True
+
+
 class _Output:
     """Where a worker's results go: the first of its rings with room, a new ring, or a one-off
     segment.
@@ -96,43 +188,74 @@ class _Output:
     batch in use), so a ring can be full for a while. Rather than wait, the worker adds a ring
     (up to ``MAX_RING_BYTES`` in all), so the steady state reuses mapped, already-faulted memory;
     past that cap, a result that finds no room within 20 ms takes a one-off segment.
+
+    Safe to call from several threads: one lock is held from reserving room to sending the
+    message (the main process returns ring records in the order they were sent), and around
+    every send. The handler and ``codec.encode`` run outside it.
     """
 
     def __init__(self, channel: Channel, capacity: int) -> None:
         self.channel = channel
         self.rings: list[ShmRing] = []
-        self._add_ring(capacity)
+        self._lock = threading.Lock()
+        self._closed = False
+        with self._lock:
+            self._add_ring(capacity)
 
     def _add_ring(self, capacity: int) -> None:
         ring = ShmRing.create(capacity)
         self.rings.append(ring)
         self.channel.send(("ring_added", len(self.rings) - 1), [ring.fd])
 
-    def close(self) -> None:
-        for ring in self.rings:
-            ring.close()
+    def close(self, timeout: float = _JOIN_S) -> None:
+        """Close the rings; a task thread still running later finds the output closed.
+
+        If a thread holds the lock past ``timeout`` s, the rings are left to the process's exit.
+        """
+        if not self._lock.acquire(timeout=timeout):
+            return
+        try:
+            self._closed = True
+            for ring in self.rings:
+                ring.close()
+        finally:
+            self._lock.release()
 
     def run(self, handler: Handler, seq: int, payload: Any) -> None:
+        """Run one task and send its result or error (``ChannelClosed`` if the main process is gone)."""
         wall, cpu = time.perf_counter(), time.thread_time()
         try:
             encoded = codec.encode(handler(seq, payload))
         except Exception as e:  # noqa: BLE001 - sent to the main process, raised there
-            self.channel.send(("error", seq, pack_exception(e), *_cost(wall, cpu)))
+            packed = pack_exception(e)
+            with self._lock:
+                self._send(("error", seq, packed, *_cost(wall, cpu)))
             return
+        with self._lock:
+            self._write(seq, encoded, wall, cpu)
+
+    def _write(self, seq: int, encoded: codec.Encoded, wall: float, cpu: float) -> None:
+        if self._closed:  # the worker is stopping: its rings are gone
+            raise ChannelClosed("the worker is stopping")
         nbytes = encoded.nbytes
         placed = self._reserve(nbytes)
         if placed is None:
             segment = OneOffSegment.create(nbytes)
             try:
                 encoded.write_into(segment.buffer)
-                self.channel.send(("segment", seq, nbytes, *_cost(wall, cpu)), [segment.fd])
+                self._send(("segment", seq, nbytes, *_cost(wall, cpu)), [segment.fd])
             finally:
                 segment.close()
             return
         index, reservation = placed
         encoded.write_into(reservation.buffer)
         offset, nbytes = self.rings[index].commit(reservation)
-        self.channel.send(("ring", seq, index, offset, nbytes, *_cost(wall, cpu)))
+        self._send(("ring", seq, index, offset, nbytes, *_cost(wall, cpu)))
+
+    def _send(self, message: tuple, fds: list[int] | tuple[int, ...] = ()) -> None:
+        if self._closed:  # the worker is stopping: nobody reads the result
+            raise ChannelClosed("the worker is stopping")
+        self.channel.send(message, fds)
 
     def _reserve(self, nbytes: int) -> tuple[int, Reservation] | None:
         for wait in (_RING_GRACE_S, None, _RING_WAIT_S):
