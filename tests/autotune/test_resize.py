@@ -5,6 +5,7 @@ import itertools
 import pytest
 
 import torchpipe as tp
+from torchpipe.ops.auto_interleave import AutoInterleaveIterator
 from torchpipe.ops.interleave_base import ReadAheadInterleave
 from torchpipe.ops.parallel_map import ParallelMapIterator
 from torchpipe.ops.prefetch import PrefetchIterator
@@ -74,10 +75,12 @@ def _inner(x):
     return tp.range(x * 100, x * 100 + 30)
 
 
-def test_a_parallel_interleave_resized_while_running_keeps_its_order():
+@pytest.mark.parametrize("executor", ["thread", "process", "auto"])
+def test_a_parallel_interleave_resized_while_running_keeps_its_order(executor):
     expected = list(tp.range(40).interleave(_inner, cycle_length=3))
-    ds = tp.range(40).interleave(_inner, cycle_length=3, num_parallel_calls=tp.AUTOTUNE).with_options(NO_TUNER)
-    out, knob = _turn(iter(ds), ReadAheadInterleave, [1, 8, 2, 5])
+    ds = tp.range(40).interleave(_inner, cycle_length=3, num_parallel_calls=tp.AUTOTUNE, executor=executor)
+    kind = AutoInterleaveIterator if executor == "auto" else ReadAheadInterleave
+    out, knob = _turn(iter(ds.with_options(NO_TUNER)), kind, [1, 8, 2, 5])
     assert out == expected
 
 

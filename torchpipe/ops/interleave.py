@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from torchpipe.constants import AUTOTUNE, UNKNOWN
+from torchpipe.ops.auto_interleave import AutoInterleaveIterator
 from torchpipe.ops.base import BuildContext, Iterator, Node, UserFunction, function_name
 from torchpipe.ops.interleave_base import _END, _ERROR, _FAILED, _VALUE, InnerOpener, InterleaveBase
 from torchpipe.ops.process_interleave import ProcessInterleaveIterator
@@ -87,14 +88,20 @@ class InterleaveNode(Node):
         tunable = self.num_parallel_calls == AUTOTUNE
         parallelism = usable_cpu_count() if tunable else self.num_parallel_calls
         block = self.block_length
+        restart = ctx.options.restart_workers
         if self.executor == "process" and process_executor_supported():
             opener = InnerOpener(UserFunction(self.fn, self.name, ctx), ctx)
-            restart = ctx.options.restart_workers
             return ProcessInterleaveIterator(self.name, source, opener, cycle, block, parallelism, restart, tunable)
-        # Pool threads share the global RNGs, so only tp.rng() is reproducible in fn here.
+        # Pool threads share the global RNGs, so only tp.rng() is reproducible in fn here (and
+        # with "auto", which may move the readers to processes part way, there too).
         opener = InnerOpener(UserFunction(self.fn, self.name, ctx, seed_globals=False), ctx)
         deterministic = ctx.deterministic(self.deterministic)
-        return ThreadInterleaveIterator(self.name, source, opener, cycle, block, parallelism, deterministic, tunable)
+        threads = ThreadInterleaveIterator(self.name, source, opener, cycle, block, parallelism, deterministic, tunable)
+        if self.executor != "auto" or not process_executor_supported():
+            return threads
+        processes = ProcessInterleaveIterator(self.name, source, opener, cycle, block, parallelism, restart, tunable,
+                                              threads_in_workers=True)  # fmt: skip
+        return AutoInterleaveIterator(self.name, source, threads, processes)
 
 
 class _Slot:

@@ -12,6 +12,7 @@ open slot the input element that made it, its sequence number and the inner iter
 from __future__ import annotations
 
 import abc
+import dataclasses
 from collections import deque
 from typing import Any
 
@@ -22,6 +23,15 @@ from torchpipe.runtime.timing import CallTiming
 
 MAX_PARALLELISM = 64
 """The most readers the autotuner runs at once for a parallel interleave."""
+
+_READER_BYTES = 4 << 20  # what one reader may hold read ahead (AUTOTUNE),
+_MAX_READ_AHEAD = 4096  # and at most this many elements
+
+
+def read_ahead_items(bytes_per_element: float) -> int:
+    """Elements one reader may hold read ahead with AUTOTUNE: 4 MB of them, at most 4096."""
+    return min(_READER_BYTES // max(int(bytes_per_element), 1), _MAX_READ_AHEAD)
+
 
 # What taking from a slot can give: an element, an element's error (the slot stays open),
 # the end of the inner dataset, or a failure to open it (the user function or the input raised).
@@ -247,7 +257,10 @@ class ReadAheadInterleave(InterleaveBase):
         self._parallelism = parallelism
         self._lookahead = self._lookahead_for(parallelism)
         if self._pool is not None:
-            self._pool.resize(parallelism)
+            self._resize_pool(parallelism)
+
+    def _resize_pool(self, parallelism: int) -> None:
+        self._pool.resize(parallelism)
 
     def next(self) -> Any:
         if self._knob is not None:
@@ -266,8 +279,13 @@ class ReadAheadInterleave(InterleaveBase):
         """A reader for inner dataset ``seq`` (resumed at ``state``), or one that only raises ``error``."""
 
     @abc.abstractmethod
+    def _start_reading(self, reader: Any) -> None:
+        """Have ``reader`` read ahead (it asks again by itself as it is taken from)."""
+
     def _top_up(self) -> None:
-        """Pull ahead (:meth:`_pull_ahead`) and start reading what needs reading."""
+        """Pull ahead: open readers for input elements up to the lookahead and start them."""
+        for reader in self._pull_ahead():
+            self._start_reading(reader)
 
     def _pull_ahead(self) -> list[Any]:
         """Open readers for input elements up to the lookahead; returns the new ones."""
@@ -300,3 +318,66 @@ class ReadAheadInterleave(InterleaveBase):
 
     def _restore_slot(self, element: Any, seq: int, inner: dict[str, Any] | None) -> Any:
         return self._new_reader(element, seq, inner, None)
+
+    # -- handing a running pass to another parallel interleave ------------------------------
+    def hand_over(self) -> Handover:
+        """Everything another parallel interleave needs to go on from here, mid-pass.
+
+        The caller then shuts this one down (not its input, which the successor reads on).
+        Items read ahead but not yet taken are not handed over: the successor's readers resume
+        at the inner states after the items taken, so nothing is lost or repeated.
+        """
+        def entry(reader: Any) -> _ReaderEntry:
+            return _ReaderEntry(reader.element, reader.seq, self._slot_state(reader)[self.INNER], reader.error)
+
+        return Handover(
+            log=self._log,
+            cycle_index=self._cycle_index,
+            block_index=self._block_index,
+            end_of_input=self._end_of_input,
+            input_done=self._input_done,
+            slots=[None if reader is None else entry(reader) for reader in self._slots],
+            ahead=[entry(reader) for reader in self._futures],
+            knob=self._knob,
+        )
+
+    def take_over(self, handover: Handover) -> None:
+        """Go on from ``handover`` (this iterator is started; it has served nothing yet)."""
+        self._log = handover.log
+        self._cycle_index, self._block_index = handover.cycle_index, handover.block_index
+        self._end_of_input, self._input_done = handover.end_of_input, handover.input_done
+        self._slots = [None if e is None else self._new_reader(e.element, e.seq, e.inner, e.error)
+                       for e in handover.slots]  # fmt: skip
+        self._num_open = sum(reader is not None for reader in self._slots)
+        self._futures = deque(self._new_reader(e.element, e.seq, e.inner, e.error) for e in handover.ahead)
+        if handover.knob is not None:
+            self._knob = handover.knob
+            self._knob.rebind(self._resize)
+            self._resize(self._knob.value)
+        for reader in [*self._slots, *self._futures]:
+            if reader is not None:
+                self._start_reading(reader)
+
+
+@dataclasses.dataclass(frozen=True)
+class _ReaderEntry:
+    element: Any
+    seq: int
+    inner: dict[str, Any] | None
+    error: BaseException | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Handover:
+    """A running parallel interleave's place: the input log, the state machine, its readers
+    (in slots and ahead of them) as ``(element, seq, inner state, input error)``, and its
+    parallelism knob (which the successor adopts, so the autotuner keeps turning it)."""
+
+    log: PositionLog
+    cycle_index: int
+    block_index: int
+    end_of_input: bool
+    input_done: bool
+    slots: list[_ReaderEntry | None]
+    ahead: list[_ReaderEntry]
+    knob: LiveKnob | None

@@ -14,14 +14,16 @@ for ``map``.
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 from collections import OrderedDict, deque
 from typing import Any
 
 from torchpipe.ops.base import Iterator
 from torchpipe.ops.stats import element_bytes
-from torchpipe.ops.interleave_base import _END, _ERROR, _FAILED, _VALUE, InnerOpener, ReadAheadInterleave
+from torchpipe.ops.interleave_base import _END, _ERROR, _FAILED, _VALUE, InnerOpener, ReadAheadInterleave, read_ahead_items
 from torchpipe.runtime.columns import Columns, to_columns
+from torchpipe.runtime.cpu import usable_cpu_count
 from torchpipe.runtime.process_pool import ProcessPool
 
 _WAIT_S = 0.5
@@ -30,6 +32,7 @@ _CHUNK_ITEMS = 256  # a chunk ends at this many items,
 _CHUNK_S = 0.02  # or once reading it took this long (slow reads: a few per round trip),
 _CHUNK_BYTES = 4 << 20  # or at about this many bytes of tensors and arrays
 _SIZE_EVERY = 8  # the chunk's size counts every item as the last one measured, measuring every 8th
+_COLLECT_EVERY = 16  # items taken between looks for chunks that arrived for other readers
 _READER_IDS = itertools.count()  # unique in the main process, whose forks the workers are
 
 
@@ -45,19 +48,22 @@ class InnerChunkTask:
     any other opens the inner dataset at ``state``. Returns a list of ``(kind, payload,
     inner_state_after)``; it ends with an ``_END`` item if the inner dataset ended. A chunk of
     values of one flat structure comes as a :class:`PackedChunk` (its values as columns) instead.
-    Worker processes inherit the task through fork.
+    Worker processes inherit the task through fork. Threads of a worker may run tasks of
+    different readers at once (a reader has one chunk in flight at a time).
     """
 
     def __init__(self, opener: InnerOpener) -> None:
         self.opener = opener
         self._open: OrderedDict[int, tuple[int, Iterator]] = OrderedDict()  # reader_id -> (position, iterator)
+        self._lock = threading.Lock()
 
     def start_worker(self, slot: int) -> None:
         self.opener.seed_worker(slot)
 
     def __call__(self, task_id: int, payload: tuple) -> list[tuple[str, Any, Any]] | PackedChunk:
         element, seq, state, count, reader_id, position = payload
-        kept = self._open.pop(reader_id, None)
+        with self._lock:
+            kept = self._open.pop(reader_id, None)
         if kept is not None and kept[0] == position:
             iterator = kept[1]
         else:
@@ -90,9 +96,10 @@ class InnerChunkTask:
         return _packed(items)
 
     def _keep(self, reader_id: int, position: int, iterator: Iterator) -> None:
-        self._open[reader_id] = (position, iterator)
-        while len(self._open) > _KEPT_OPEN:
-            _, (_, oldest) = self._open.popitem(last=False)
+        with self._lock:
+            self._open[reader_id] = (position, iterator)
+            evicted = [self._open.popitem(last=False)[1][1] for _ in range(len(self._open) - _KEPT_OPEN)]
+        for oldest in evicted:
             oldest.close()
 
 
@@ -123,14 +130,15 @@ def _packed(items: list[tuple[str, Any, Any]]) -> list[tuple[str, Any, Any]] | P
 class _ChunkReader:
     """One open inner dataset, fed by chunk tasks; only the consumer's thread touches it."""
 
-    __slots__ = ("id", "element", "seq", "initial_state", "ready", "taken_state", "read_state", "read", "last_chunk",
-                 "pending", "done")  # fmt: skip
+    __slots__ = ("id", "element", "seq", "initial_state", "error", "ready", "taken_state", "read_state", "read",
+                 "last_chunk", "pending", "done")  # fmt: skip
 
     def __init__(self, element: Any, seq: int, state: dict[str, Any] | None, error: BaseException | None) -> None:
         self.id = next(_READER_IDS)
         self.element = element
         self.seq = seq
         self.initial_state = state
+        self.error = error
         self.ready: deque[tuple[str, Any, Any]] = deque()
         self.taken_state = state  # inner state after the last item the consumer took
         self.read_state = state  # inner state after the last item read (where the next chunk starts)
@@ -141,10 +149,10 @@ class _ChunkReader:
         if error is not None:
             self.ready.append((_FAILED, error, None))
 
-    def wants_chunk(self) -> bool:
+    def wants_chunk(self, ahead: int) -> bool:
         """Whether to ask for the next chunk: none is in flight and at most one chunk's worth
-        is ready (so a reader holds about two chunks)."""
-        return self.pending is None and not self.done and len(self.ready) <= self.last_chunk
+        (or ``ahead`` items) is ready, so a reader holds about two chunks (or ``ahead`` items)."""
+        return self.pending is None and not self.done and len(self.ready) <= max(self.last_chunk, ahead)
 
     def receive(self, items: list[tuple[str, Any, Any]] | PackedChunk | None, error: BaseException | None) -> None:
         self.pending = None
@@ -167,14 +175,21 @@ class _ChunkReader:
 class ProcessInterleaveIterator(ReadAheadInterleave):
     """Interleaves inner datasets that worker processes read ahead, chunk by chunk.
 
+    With ``threads_in_workers`` (the ``executor="auto"`` choice for readers that do real work),
+    ``parallelism`` counts reads in flight rather than processes: one process per core (at most)
+    runs them on threads of its own, so readers that wait on slow storage overlap their waits
+    without a process (and its memory) each, while their Python work spreads over one GIL a core.
+
     Args:
         name: the stage name.
         source: the input iterator.
         opener: builds an inner iterator (used by the workers, inherited through fork).
         cycle_length: number of inner datasets open at once.
         block_length: consecutive elements taken from one before moving to the next.
-        parallelism: number of worker processes.
+        parallelism: number of worker processes (reads in flight with ``threads_in_workers``).
         restart: replace dead workers (else ``WorkerError``).
+        tunable: let the autotuner change ``parallelism``.
+        threads_in_workers: run several reads at once in each worker process.
     """
 
     def __init__(
@@ -187,21 +202,38 @@ class ProcessInterleaveIterator(ReadAheadInterleave):
         parallelism: int,
         restart: bool,
         tunable: bool = False,
+        threads_in_workers: bool = False,
     ) -> None:
         super().__init__(name, source, opener, cycle_length, block_length, parallelism, tunable)
         self._restart = restart
+        self._threads_in_workers = threads_in_workers
         self._chunk = max(_CHUNK_ITEMS, block_length)
+        self._ahead = 0  # items a reader may hold beyond two chunks' worth (AUTOTUNE: by bytes)
         self._waiting: dict[int, _ChunkReader] = {}
         self._next_task = 0
+        self._taken = 0
 
     def prepare(self) -> None:
         super().prepare()
         if self._pool is None:
-            self._pool = ProcessPool(InnerChunkTask(self._opener), self._parallelism, self.name, restart=self._restart,
-                                     timing=self.stats.calls)  # fmt: skip
+            processes, threads = self._workers(self._parallelism)
+            self._pool = ProcessPool(InnerChunkTask(self._opener), processes, self.name, restart=self._restart,
+                                     timing=self.stats.calls, threads=threads)  # fmt: skip
+
+    def _workers(self, parallelism: int) -> tuple[int, int]:
+        """Worker processes and threads in each for ``parallelism``."""
+        if not self._threads_in_workers:
+            return parallelism, 1
+        processes = max(1, min(parallelism, usable_cpu_count()))
+        return processes, -(-parallelism // processes)
+
+    def _resize_pool(self, parallelism: int) -> None:
+        processes, threads = self._workers(parallelism)
+        self._pool.set_threads(threads)
+        self._pool.resize(processes)
 
     def buffer_slots(self) -> int:
-        return (self._cycle_length + self._lookahead) * 2 * self._chunk
+        return (self._cycle_length + self._lookahead) * max(2 * self._chunk, self._ahead)
 
     def calls_in_processes(self) -> bool:
         return True
@@ -210,19 +242,21 @@ class ProcessInterleaveIterator(ReadAheadInterleave):
         self.prepare()
         self._pool.start()
 
-    def _top_up(self) -> None:
-        # A reader asks for its next chunk when it opens, when a chunk arrives and when an item
-        # is taken from it (the only times wants_chunk() can change), so only new ones here.
-        for reader in self._pull_ahead():
-            self._request(reader)
+    def _sized(self) -> None:
+        """With AUTOTUNE, let readers read ahead by bytes (see ``read_ahead_items``), so readers
+        waiting for a slot keep slow reads in flight."""
+        if self._knob is not None:
+            self._ahead = max(self._ahead, read_ahead_items(self.stats.bytes_per_element))
 
     def _new_reader(
         self, element: Any, seq: int, state: dict[str, Any] | None, error: BaseException | None
     ) -> _ChunkReader:
         return _ChunkReader(element, seq, state, error)
 
-    def _request(self, reader: _ChunkReader) -> None:
-        if reader.wants_chunk():
+    def _start_reading(self, reader: _ChunkReader) -> None:
+        # A reader asks for its next chunk when it opens, when a chunk arrives and when an item
+        # is taken from it: the only times wants_chunk() can change.
+        if reader.wants_chunk(self._ahead):
             task = self._next_task
             self._next_task += 1
             reader.pending = task
@@ -230,20 +264,27 @@ class ProcessInterleaveIterator(ReadAheadInterleave):
             payload = (reader.element, reader.seq, reader.read_state, self._chunk, reader.id, reader.read)
             self._pool.submit(task, payload, prefer=reader.id % self._pool.size)
 
+    def _receive(self, timeout: float) -> None:
+        """Hand the chunks that arrived (waiting up to ``timeout`` s for one) to their readers."""
+        for task, items, error in self._pool.collect(timeout):
+            waiting = self._waiting.pop(task, None)
+            if waiting is not None:
+                waiting.receive(items, error)
+                self._start_reading(waiting)
+
     def _take(self, reader: _ChunkReader) -> tuple[str, Any]:
         while not reader.ready:
-            self._request(reader)
+            self._start_reading(reader)
             t0 = time.perf_counter()
-            for task, items, error in self._pool.collect(_WAIT_S):
-                waiting = self._waiting.pop(task, None)
-                if waiting is not None:
-                    waiting.receive(items, error)
-                    self._request(waiting)
+            self._receive(_WAIT_S)
             self.stats.wait_s += time.perf_counter() - t0
         kind, payload, state = reader.ready.popleft()
         if kind in (_VALUE, _ERROR):
             reader.taken_state = state
-            self._request(reader)
+            self._start_reading(reader)
+        self._taken += 1
+        if self._taken % _COLLECT_EVERY == 0:  # readers not being taken from read on meanwhile
+            self._receive(0.0)
         return kind, payload
 
     def _close_slot(self, reader: _ChunkReader) -> None:

@@ -150,6 +150,10 @@ class LiveKnob:
         self._pending: int | None = None
         self._lock = threading.Lock()
 
+    def rebind(self, apply: Callable[[int], None]) -> None:
+        """Have ``apply`` set the value from now on (a new owner took the knob over)."""
+        self._apply = apply
+
     def request(self, value: int) -> None:
         """Ask for ``value`` (clamped to the range)."""
         value = max(self.minimum, min(self.maximum, int(value)))

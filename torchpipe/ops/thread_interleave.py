@@ -9,13 +9,11 @@ from concurrent.futures import Future
 from typing import Any
 
 from torchpipe.ops.base import Iterator, PositionLog
-from torchpipe.ops.interleave_base import _END, _ERROR, _FAILED, _VALUE, InnerOpener, ReadAheadInterleave
+from torchpipe.ops.interleave_base import _END, _ERROR, _FAILED, _VALUE, InnerOpener, ReadAheadInterleave, read_ahead_items
 from torchpipe.runtime.thread_pool import ThreadPool
 from torchpipe.runtime.timing import CallTiming
 
 _WAIT_S = 0.5
-_MAX_READ_AHEAD = 4096  # elements one reader may hold ready (AUTOTUNE)
-_READER_BYTES = 4 << 20  # and at most this many bytes of them
 _READS_PER_TASK = 32  # then the task goes to the back of the pool's queue: readers take turns
 
 
@@ -62,6 +60,7 @@ class _InnerReader:
         self.element = element
         self.seq = seq
         self.initial_state = state
+        self.error = error
         self.taken = 0
         self.ready: deque[tuple[str, int, Any]] = deque()
         self.log: PositionLog | None = None
@@ -233,9 +232,8 @@ class ThreadInterleaveIterator(ReadAheadInterleave):
             self._pool.close()  # the pass is over: free the threads now rather than at close()
             raise
 
-    def _top_up(self) -> None:
-        for reader in self._pull_ahead():  # readers already open refill as they are taken from
-            reader.refill(self._pool)
+    def _start_reading(self, reader: _InnerReader) -> None:
+        reader.refill(self._pool)  # then it refills as it is taken from
 
     def _new_reader(
         self, element: Any, seq: int, state: dict[str, Any] | None, error: BaseException | None
@@ -280,13 +278,11 @@ class ThreadInterleaveIterator(ReadAheadInterleave):
         return None
 
     def _sized(self) -> None:
-        """With AUTOTUNE, let each reader read up to ``_READER_BYTES`` (at most ``_MAX_READ_AHEAD``
-        elements) ahead, as the elements' size becomes known: with a short cycle, readers waiting
-        for a slot are what keeps slow reads (remote storage) in flight."""
-        if self._knob is None:
-            return
-        by_bytes = _READER_BYTES // max(int(self.stats.bytes_per_element), 1)
-        self._read_ahead.capacity = max(self._read_ahead.capacity, min(by_bytes, _MAX_READ_AHEAD))
+        """With AUTOTUNE, let each reader read ahead up to :func:`read_ahead_items`, as the
+        elements' size becomes known: with a short cycle, readers waiting for a slot are what
+        keeps slow reads (remote storage) in flight."""
+        if self._knob is not None:
+            self._read_ahead.capacity = max(self._read_ahead.capacity, read_ahead_items(self.stats.bytes_per_element))
 
     def _close_slot(self, reader: _InnerReader) -> None:
         reader.close()

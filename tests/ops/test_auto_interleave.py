@@ -1,0 +1,143 @@
+"""interleave(executor="auto"): readers start on threads and move to worker processes mid-pass."""
+
+import os
+import time
+
+import psutil
+import pytest
+
+import torchpipe as tp
+from torchpipe.ops import auto_interleave, process_interleave
+from torchpipe.ops.auto_interleave import AutoInterleaveIterator
+from torchpipe.testing import assert_checkpoint_roundtrip
+
+NO_TUNER = tp.Options(autotune=tp.AutotuneOptions(enabled=False), optimizations={"inject_prefetch": False})
+
+
+def _find(it):
+    stack = [it._tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, AutoInterleaveIterator):
+            return node
+        stack.extend(node.children())
+    raise AssertionError("no AutoInterleaveIterator in the tree")
+
+
+@pytest.fixture
+def switch_early(monkeypatch):
+    """Decide after a few reads, at once, for processes whatever the readers cost."""
+    monkeypatch.setattr(auto_interleave, "_DECIDE_READS", 4)
+    monkeypatch.setattr(auto_interleave, "_DECIDE_S", 0.0)
+    monkeypatch.setattr(auto_interleave, "_CHECK_EVERY", 3)
+    monkeypatch.setattr(auto_interleave, "_PROCESS_MIN_READ_CPU_S", 0.0)
+
+
+def _records(x):
+    return tp.range(x % 7 + 5).map(lambda y: (x, y, os.getpid()))
+
+
+def _burn(x):
+    def work(y):
+        deadline = time.thread_time() + 300e-6  # Python work a reader does per element
+        while time.thread_time() < deadline:
+            pass
+        return x, y, os.getpid()
+
+    return tp.range(40).map(work)
+
+
+def _values(elements):
+    return [(x, y) for x, y, _ in elements]
+
+
+@pytest.mark.parametrize("cycle, block", [(1, 1), (3, 2), (4, 1)])
+def test_the_handover_keeps_the_inline_order(switch_early, cycle, block):
+    inline = list(tp.range(30).interleave(_records, cycle_length=cycle, block_length=block))
+    ds = tp.range(30).interleave(_records, cycle_length=cycle, block_length=block, num_parallel_calls=3)
+    it = iter(ds.with_options(NO_TUNER))
+    out = list(it)
+    assert _values(out) == _values(inline)
+    pids = [pid for *_, pid in out]
+    assert pids[0] == os.getpid() and pids[-1] != os.getpid()  # threads first, then processes
+    assert _find(it).executor_kind == "process"
+
+
+def test_readers_that_do_python_work_move_to_processes():
+    it = iter(tp.range(12).interleave(_burn, cycle_length=2, num_parallel_calls=2).with_options(NO_TUNER))
+    out = list(it)
+    assert _values(out) == _values(tp.range(12).interleave(_burn, cycle_length=2))
+    assert _find(it).executor_kind == "process"
+    assert {pid for *_, pid in out} - {os.getpid()}
+
+
+def test_cheap_readers_stay_on_threads_and_the_workers_go():
+    baseline = len(psutil.Process().children(recursive=True))
+    it = iter(tp.range(400).interleave(_records, cycle_length=2, num_parallel_calls=2).with_options(NO_TUNER))
+    out = list(it)
+    stage = _find(it)
+    assert stage.executor_kind == "thread"
+    assert {pid for *_, pid in out} == {os.getpid()}
+    assert stage._processes is None  # its zygote was closed when threads were chosen
+    deadline = time.monotonic() + 5
+    while len(psutil.Process().children(recursive=True)) > baseline and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(psutil.Process().children(recursive=True)) == baseline
+
+
+def test_a_pass_shorter_than_the_measurement_ends_cleanly():
+    it = iter(tp.range(2).interleave(_records, num_parallel_calls=2).with_options(NO_TUNER))
+    assert _values(list(it)) == _values(tp.range(2).interleave(_records, cycle_length=2))
+    assert _find(it).executor_kind == "thread"
+
+
+def test_checkpoints_before_and_after_the_handover_resume_exactly(switch_early):
+    ds = tp.range(9).interleave(lambda x: tp.range(x % 4 + 2), cycle_length=3, block_length=2, num_parallel_calls=2)
+    assert_checkpoint_roundtrip(ds.with_options(NO_TUNER), positions=[0, 2, 5, 9, 14, 20])
+
+
+def test_errors_arrive_in_place_across_the_handover(switch_early):
+    def fragile(x):
+        if x == 5:
+            raise KeyError("cannot open 5")
+        return tp.range(4).map(lambda y: 10 // (y - 1) if x == 7 else (x, y))
+
+    def run(**parallel):
+        return list(tp.range(10).interleave(fragile, cycle_length=2, **parallel).ignore_errors()
+                    .with_options(NO_TUNER))  # fmt: skip
+
+    assert run(num_parallel_calls=2) == run()
+    with pytest.raises(KeyError, match="cannot open 5"):
+        list(tp.range(10).interleave(fragile, cycle_length=2, num_parallel_calls=2).with_options(NO_TUNER))
+
+
+def test_the_knob_moves_with_the_handover(switch_early, monkeypatch):
+    monkeypatch.setattr(auto_interleave, "usable_cpu_count", lambda: 2)
+    monkeypatch.setattr(process_interleave, "usable_cpu_count", lambda: 2)
+    ds = tp.range(10**6).interleave(_records, cycle_length=2, num_parallel_calls=tp.AUTOTUNE)
+    it = iter(ds.with_options(NO_TUNER))
+    next(it)
+    stage = _find(it)
+    (knob,) = stage.knobs()
+    while stage.executor_kind != "process":
+        next(it)
+    assert stage.knobs() == [knob]  # the same object: the autotuner keeps turning it
+    assert knob.value >= 2  # started where reads would keep the cores busy
+    knob.request(5)
+    next(it)
+    processes = stage._current
+    assert stage.parallelism() == 5
+    assert (processes._pool.size, processes._pool.threads) == (2, 3)  # reads in flight on threads
+    knob.request(1)
+    next(it)
+    assert (processes._pool.size, processes._pool.threads) == (1, 1)
+    it.close()
+
+
+def test_explicit_executors_are_not_wrapped():
+    for executor in ("thread", "process"):
+        it = iter(tp.range(4).interleave(_records, num_parallel_calls=2, executor=executor).with_options(NO_TUNER))
+        next(it)
+        with pytest.raises(AssertionError):
+            _find(it)
+        it.close()
