@@ -74,3 +74,27 @@ def test_fixed_values_become_knobs_the_climb_cannot_move():
     model = build_model(pool, Look(0.0, {}, 0.0, 0.0), Look(1.0, counters, 0.0, 0.0))
     (knob,) = model.knobs
     assert knob.minimum == knob.maximum == knob.value == 3 and model.tunable == set()
+
+
+def test_calls_that_read_ahead_count_the_work_of_the_elements_delivered():
+    """An interleave's readers filled their read-ahead: 80 delivered, 400 read, 4 s of reading."""
+    tree = _tree()
+    prefetch, batch, pool, source = tree
+    before, after = _looks(*tree, consumer_s=0.3)
+    counters = dict(after.iterators)
+    counters[id(pool)] = Counters(produced=80, wall_s=0.608, wait_s=0.5, calls=40, work_s=4.0, cpu_s=0.4, items=400)
+    model = build_model(prefetch, before, Look(1.0, counters, 0.3, 0.1))
+    calls = {stage.name: stage for stage in model.stages}["map (calls)"]
+    assert calls.work_s == pytest.approx(4.0 * 80 / 400 / 10)  # 10 ms an element read, 8 a batch
+
+
+def test_waits_of_unclocked_elements_stay_with_the_op_that_waited():
+    """The map waited 0.5 s but its sampled wall time saw only 0.2 s of it: the batch above must
+    not be charged the difference."""
+    tree = _tree()
+    prefetch, batch, pool, source = tree
+    before, after = _looks(*tree, consumer_s=0.3)
+    counters = dict(after.iterators)
+    counters[id(pool)] = Counters(produced=80, wall_s=0.3, wait_s=0.5, calls=80, work_s=0.8, cpu_s=0.76)
+    model = build_model(prefetch, before, Look(1.0, counters, 0.3, 0.1))
+    assert {stage.name: stage for stage in model.stages}["batch"].work_s == pytest.approx((0.618 - 0.5) / 10)

@@ -62,6 +62,24 @@ def test_a_move_that_does_not_pay_is_held_back_for_a_while():
     assert knob.value == 2  # the hold is over: the model may try again
 
 
+def test_a_move_down_that_loses_throughput_is_undone_and_kept_up_for_a_while():
+    tuner, knob = _tuner()
+    for step in range(4):
+        tuner.decide(_window(map_s=2e-3, throughput=1000 * 2**step, parallelism=knob.value))
+    high = knob.value
+    # The model thinks a stage above is the limit (a busy CPU inflates its time): it lowers p.
+    stages = [Stage("map (calls)", 2e-3, parallelism="p", buffer="p", cpu_fraction=0.05), Stage("batch", 1e-3),
+              Stage("consumer", 1e-4)]  # fmt: skip
+    tuner.decide(Model(stages, [Knob("p", high, 1, 64)], {"p"}, 8000, 1.0))
+    assert knob.value < high
+    # ...and the next window shows the loss: back up, whatever the model says, for a while.
+    for _ in range(8):
+        tuner.decide(Model(stages, [Knob("p", knob.value, 1, 64)], {"p"}, 2000, 1.0))
+        assert knob.value >= high
+    tuner.decide(Model(stages, [Knob("p", knob.value, 1, 64)], {"p"}, 8000, 1.0))
+    assert knob.value < high  # the floor is gone: the model may try again
+
+
 def test_a_window_with_new_work_per_element_passes_no_verdict_on_the_last_move():
     tuner, knob = _tuner()
     tuner.decide(_window(map_s=2e-3, throughput=500))

@@ -38,6 +38,7 @@ class Counters:
     work_s: float = 0.0
     cpu_s: float = 0.0
     bytes_per_element: float = 0.0
+    items: int = 0
 
     def minus(self, earlier: Counters) -> Counters:
         return Counters(
@@ -48,6 +49,7 @@ class Counters:
             self.work_s - earlier.work_s,
             self.cpu_s - earlier.cpu_s,
             self.bytes_per_element,
+            self.items - earlier.items,
         )
 
 
@@ -92,8 +94,9 @@ def look(root: Iterator, consumer_s: float) -> Look:
     for it, _ in walk(root):
         stats = it.stats
         calls, work_s, cpu_s = stats.calls.totals() if stats.calls is not None else (0, 0.0, 0.0)
+        items = stats.calls.items if stats.calls is not None else 0
         counters[id(it)] = Counters(stats.produced, stats.wall_s, stats.wait_s, calls, work_s, cpu_s,
-                                    stats.bytes_per_element)  # fmt: skip
+                                    stats.bytes_per_element, items)  # fmt: skip
     return Look(time.perf_counter(), counters, consumer_s, time.process_time())
 
 
@@ -173,7 +176,10 @@ class _Builder:
         inputs_wall = 0.0
         for child in it.children():
             below.extend(self.line(child))
-            inputs_wall += self.delta(child).wall_s
+            # A child's wall time is sampled (IteratorStats.clocked) while its waits are all
+            # counted: waits bunched into unclocked elements must not land in this op's time.
+            child_delta = self.delta(child)
+            inputs_wall += max(child_delta.wall_s, child_delta.wait_s)
         own = caller_seconds(it, d, inputs_wall)
         self.main_cpu_s += own
         mine = Stage(it.name, self.per_root(own))
@@ -190,12 +196,24 @@ class _Builder:
         parallelism = self.knob(it, ".parallelism", max(it.parallelism(), 1))
         slots = max(1, it.buffer_slots() // max(it.parallelism(), 1))
         cpu_fraction = min(1.0, d.cpu_s / d.work_s) if d.work_s > 0 else 1.0
-        calls = Stage(f"{it.name} (calls)", self.per_root(d.work_s), parallelism=parallelism, buffer=parallelism,
+        calls = Stage(f"{it.name} (calls)", self.per_root(_delivered_work(d)), parallelism=parallelism, buffer=parallelism,
                       cpu_fraction=cpu_fraction, bytes_per_element=d.bytes_per_element, slots_per_unit=slots)
         if not it.calls_in_processes():
             self.main_cpu_s += d.cpu_s
         cut = _after_last_buffer(below)
         return below[:cut] + [calls] + below[cut:]
+
+
+def _delivered_work(d: Counters) -> float:
+    """The calls' seconds of work for the elements delivered in the window.
+
+    Where the stage counts the elements its calls read (interleaves), the window's work is
+    scaled from the elements read to those delivered: readers that fill their read-ahead (or
+    a burst served from it) would otherwise make each delivered element look dearer (cheaper).
+    """
+    if d.items <= 0 or d.produced <= 0:
+        return d.work_s
+    return d.work_s * d.produced / d.items
 
 
 def _after_last_buffer(stages: list[Stage]) -> int:

@@ -9,7 +9,8 @@ starts, and the one right after a change, are not modelled: they hold start-up a
 The model can be wrong where Python is: threads that hold the GIL, cores already busy elsewhere.
 So every move is checked against what it bought: if raising knobs did not raise the measured
 throughput by at least ``_MIN_GAIN``, they are held at their old values for ``_HOLD_ROUNDS``
-rounds (then the model may try again: the workload may have changed). For the same reason a round
+rounds (then the model may try again: the workload may have changed); if lowering knobs cost more
+than ``_MAX_LOSS`` of it, they go back up and are kept there as long. For the same reason a round
 at most doubles a knob: a big step the model got wrong costs one window, not the pass.
 """
 
@@ -29,6 +30,7 @@ from torchpipe.ops.stats import LiveKnob
 
 _MIN_ELEMENTS, _MIN_WINDOW_S = 8, 0.25  # what a window needs before it is modelled
 _MIN_GAIN = 0.03
+_MAX_LOSS = 0.1  # a move that lowered knobs and lost more throughput than this is undone
 _GROWTH = 2  # a round may at most double a knob
 _WORK_CHANGE = 1.5  # a window whose work per element moved this much is a new workload: no verdict
 _HOLD_ROUNDS = 8
@@ -107,8 +109,10 @@ class Autotuner:
         self.decisions: collections.deque[Decision] = collections.deque(maxlen=_HISTORY)
         self._intervals = intervals if intervals is not None else backoff_intervals(_FIRST_S, _LAST_S)
         self._live = {knob.name: knob for knob in live_knobs(root)}
-        self._held: dict[str, tuple[int, int]] = {}  # knob -> (held value, rounds left)
-        self._last_move: tuple[dict[str, int], float, float] | None = None  # raised (old values), rate, work
+        self._held: dict[str, tuple[int, int]] = {}  # knob -> (held value, rounds left): a ceiling
+        self._floors: dict[str, tuple[int, int]] = {}  # knob -> (floor value, rounds left)
+        self._last_move: tuple[dict[str, int], dict[str, int], float, float] | None = None
+        # (raised knobs' old values, lowered knobs' old values, rate, work) of the last round that moved
         self._started = time.perf_counter()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -154,16 +158,15 @@ class Autotuner:
         work = sum(stage.work_s for stage in model.stages)
         self._judge_last_move(model.throughput, work)
         values = hill_climb(model.stages, [self._search_range(k, model.tunable) for k in model.knobs], self.budget)
-        raised, changed = {}, []
+        raised, lowered, changed = {}, {}, []
         for name in sorted(model.tunable):
             live = self._live.get(name)
             if live is None or values[name] == live.value:
                 continue
-            if values[name] > live.value:
-                raised[name] = live.value
+            (raised if values[name] > live.value else lowered)[name] = live.value
             live.request(values[name])
             changed.append(name)
-        self._last_move = (raised, model.throughput, work) if raised else None
+        self._last_move = (raised, lowered, model.throughput, work) if changed else None
         predicted = predict_time(model.stages, values)
         decision = Decision(
             at_s=time.perf_counter() - self._started,
@@ -177,25 +180,40 @@ class Autotuner:
         return decision
 
     def _search_range(self, knob: Knob, tunable: set[str]) -> Knob:
-        """The knob as the climb sees it: from its minimum, up to its maximum, twice its value
-        now (a round's step is judged before the next is taken), or its held value."""
+        """The knob as the climb sees it: from its minimum (or its floor), up to its maximum,
+        twice its value now (a round's step is judged before the next is taken), or its held
+        value."""
         if knob.name not in tunable:
             return knob
-        held = self._held.get(knob.name)
+        held, floor = self._held.get(knob.name), self._floors.get(knob.name)
         maximum = min(knob.maximum, _GROWTH * knob.value)
         maximum = min(maximum, held[0]) if held is not None else maximum
-        return dataclasses.replace(knob, value=knob.minimum, maximum=max(maximum, knob.minimum))
+        minimum = max(knob.minimum, floor[0]) if floor is not None else knob.minimum
+        maximum = max(maximum, minimum)
+        return dataclasses.replace(knob, value=minimum, minimum=minimum, maximum=maximum)
 
     def _judge_last_move(self, throughput: float, work: float) -> None:
-        """Hold the knobs of a move that did not pay at their old values; count down the holds.
+        """Check what the last move bought: knobs raised for less than ``_MIN_GAIN`` are held at
+        their old values (a ceiling), knobs lowered at a loss of more than ``_MAX_LOSS`` go back
+        up and stay there (a floor), each for ``_HOLD_ROUNDS`` rounds; count down the holds.
 
-        No verdict when the work per element changed (the function got slower or faster): the
-        throughput then says nothing about the move."""
-        self._held = {name: (value, rounds - 1) for name, (value, rounds) in self._held.items() if rounds > 1}
+        The model can be wrong both ways where Python is: threads holding the GIL make more of
+        them look useful, and a busy CPU makes every stage look slower than it is, so a stage
+        that is not the bottleneck can look like one. No verdict when the work per element
+        changed (the function got slower or faster): the throughput then says nothing about
+        the move."""
+        def count_down(holds: dict[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
+            return {name: (value, rounds - 1) for name, (value, rounds) in holds.items() if rounds > 1}
+
+        self._held, self._floors = count_down(self._held), count_down(self._floors)
         if self._last_move is None:
             return
-        raised, before, work_before = self._last_move
-        changed = max(work, work_before) > _WORK_CHANGE * max(min(work, work_before), 1e-12)
-        if not changed and throughput < before * (1.0 + _MIN_GAIN):
+        raised, lowered, before, work_before = self._last_move
+        if max(work, work_before) > _WORK_CHANGE * max(min(work, work_before), 1e-12):
+            return
+        if raised and throughput < before * (1.0 + _MIN_GAIN):
             for name, old in raised.items():
                 self._held[name] = (old, _HOLD_ROUNDS)
+        if lowered and throughput < before * (1.0 - _MAX_LOSS):
+            for name, old in lowered.items():
+                self._floors[name] = (old, _HOLD_ROUNDS)

@@ -267,6 +267,8 @@ class ProcessInterleaveIterator(ReadAheadInterleave):
     def _receive(self, timeout: float) -> None:
         """Hand the chunks that arrived (waiting up to ``timeout`` s for one) to their readers."""
         for task, items, error in self._pool.collect(timeout):
+            if error is None:
+                self.stats.calls.add_items(len(items.states) if type(items) is PackedChunk else len(items))
             waiting = self._waiting.pop(task, None)
             if waiting is not None:
                 waiting.receive(items, error)

@@ -169,7 +169,7 @@ class _InnerReader:
             self._push(_FAILED, -1, e, done=True)
             return False
         finally:
-            self._timing.add(time.perf_counter() - wall, time.thread_time() - cpu)
+            self._timing.add(time.perf_counter() - wall, time.thread_time() - cpu, items=1)
         kind, payload = (_VALUE, value) if error is None else (_ERROR, error)
         self._push(kind, seq, payload)
         return True

@@ -9,22 +9,31 @@ class CallTiming:
     """Totals over the calls a stage ran on pool threads or worker processes; thread-safe.
 
     ``work_s`` is each call's wall time (what the call cost its thread or worker, waits on I/O
-    included), ``cpu_s`` its CPU time; their ratio tells compute from waiting.
+    included), ``cpu_s`` its CPU time; their ratio tells compute from waiting. ``items`` counts
+    the elements the calls read, for stages that read ahead of their consumer (interleaves, whose
+    calls are one read or a chunk of them); 0 where a stage does not count them.
     """
 
-    __slots__ = ("_lock", "calls", "work_s", "cpu_s")
+    __slots__ = ("_lock", "calls", "work_s", "cpu_s", "items")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.calls = 0
         self.work_s = 0.0
         self.cpu_s = 0.0
+        self.items = 0
 
-    def add(self, wall_s: float, cpu_s: float, calls: int = 1) -> None:
+    def add(self, wall_s: float, cpu_s: float, calls: int = 1, items: int = 0) -> None:
         with self._lock:
             self.calls += calls
             self.work_s += wall_s
             self.cpu_s += cpu_s
+            self.items += items
+
+    def add_items(self, items: int) -> None:
+        """Count ``items`` elements read by calls already added (a chunk that just arrived)."""
+        with self._lock:
+            self.items += items
 
     def totals(self) -> tuple[int, float, float]:
         """``(calls, work_s, cpu_s)`` read together."""
