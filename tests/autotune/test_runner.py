@@ -80,6 +80,18 @@ def test_a_move_down_that_loses_throughput_is_undone_and_kept_up_for_a_while():
     assert knob.value < high  # the floor is gone: the model may try again
 
 
+def test_a_round_at_most_halves_a_knob_unless_a_budget_requires_more():
+    tuner, knob = _tuner()
+    knob.request(16)
+    consumer_bound = [Stage("map (calls)", 1e-4, parallelism="p", buffer="p", cpu_fraction=0.05),
+                      Stage("consumer", 1e-2)]  # fmt: skip
+    tuner.decide(Model(consumer_bound, [Knob("p", 16, 1, 64)], {"p"}, 100, 1.0))
+    assert knob.value == 8  # the model wants 1: half way there this round
+    cpu_bound = [Stage("map (calls)", 1e-2, parallelism="p", buffer="p", cpu_fraction=1.0), Stage("consumer", 1e-4)]
+    tuner.decide(Model(cpu_bound, [Knob("p", 8, 1, 64)], {"p"}, 100, 1.0))
+    assert knob.value <= 2  # 8 CPU-bound calls on a 2-core budget: cut at once
+
+
 def test_a_window_with_new_work_per_element_passes_no_verdict_on_the_last_move():
     tuner, knob = _tuner()
     tuner.decide(_window(map_s=2e-3, throughput=500))

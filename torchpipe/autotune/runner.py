@@ -11,7 +11,7 @@ So every move is checked against what it bought: if raising knobs did not raise 
 throughput by at least ``_MIN_GAIN``, they are held at their old values for ``_HOLD_ROUNDS``
 rounds (then the model may try again: the workload may have changed); if lowering knobs cost more
 than ``_MAX_LOSS`` of it, they go back up and are kept there as long. For the same reason a round
-at most doubles a knob: a big step the model got wrong costs one window, not the pass.
+at most doubles or halves a knob: a big step the model got wrong costs one window, not the pass.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from torchpipe.ops.stats import LiveKnob
 _MIN_ELEMENTS, _MIN_WINDOW_S = 8, 0.25  # what a window needs before it is modelled
 _MIN_GAIN = 0.03
 _MAX_LOSS = 0.1  # a move that lowered knobs and lost more throughput than this is undone
-_GROWTH = 2  # a round may at most double a knob
+_GROWTH = 2  # a round may at most double a knob, and at most halve it
 _WORK_CHANGE = 1.5  # a window whose work per element moved this much is a new workload: no verdict
 _HOLD_ROUNDS = 8
 _HISTORY = 64
@@ -180,17 +180,16 @@ class Autotuner:
         return decision
 
     def _search_range(self, knob: Knob, tunable: set[str]) -> Knob:
-        """The knob as the climb sees it: from its minimum (or its floor), up to its maximum,
-        twice its value now (a round's step is judged before the next is taken), or its held
-        value."""
+        """The knob as the climb sees it: from half its value now (or its floor; lower only if a
+        budget requires it) up to its maximum, twice its value now or its held value (a round's
+        step is judged before the next is taken)."""
         if knob.name not in tunable:
             return knob
         held, floor = self._held.get(knob.name), self._floors.get(knob.name)
         maximum = min(knob.maximum, _GROWTH * knob.value)
         maximum = min(maximum, held[0]) if held is not None else maximum
-        minimum = max(knob.minimum, floor[0]) if floor is not None else knob.minimum
-        maximum = max(maximum, minimum)
-        return dataclasses.replace(knob, value=minimum, minimum=minimum, maximum=maximum)
+        start = max(knob.minimum, -(-knob.value // _GROWTH), floor[0] if floor is not None else 0)
+        return dataclasses.replace(knob, value=start, maximum=max(maximum, start))
 
     def _judge_last_move(self, throughput: float, work: float) -> None:
         """Check what the last move bought: knobs raised for less than ``_MIN_GAIN`` are held at
