@@ -175,8 +175,10 @@ class Dataset(torch.utils.data.IterableDataset):
 
         Args:
             executor: where inner datasets are read in parallel: ``"thread"``, ``"process"``
-                (worker processes; for Python-heavy parsing), or ``"auto"``, which means
-                threads (inner datasets are usually I/O-bound).
+                (worker processes; for Python-heavy parsing), or ``"auto"``, which starts on
+                threads and moves the readers to worker processes (one a core, reads on threads
+                in each) if they cost 15 us or more of CPU an element (docs/executors.md).
+                Only ``tp.rng()`` is reproducible in ``fn`` with threads or ``"auto"``.
         """
         _check_callable("interleave", "fn", fn)
         if cycle_length is not None and cycle_length != AUTOTUNE:
