@@ -10,23 +10,15 @@ from torchpipe.ops.interleave_base import ReadAheadInterleave
 from torchpipe.ops.parallel_map import ParallelMapIterator
 from torchpipe.ops.prefetch import PrefetchIterator
 
+from tests.trees import find_stage
+
 NO_TUNER = tp.Options(autotune=tp.AutotuneOptions(enabled=False), optimizations={"inject_prefetch": False})
-
-
-def _find(it, kind):
-    stack = [it._tree]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, kind):
-            return node
-        stack.extend(node.children())
-    raise AssertionError(f"no {kind.__name__} in the tree")
 
 
 def _turn(it, kind, values, every=7):
     """Consume ``it`` to the end, requesting the next of ``values`` every ``every`` elements."""
     out = [next(it)]
-    (knob,) = _find(it, kind).knobs()
+    (knob,) = find_stage(it, kind).knobs()
     sizes = itertools.cycle(values)
     for k, element in enumerate(it):
         out.append(element)
@@ -52,7 +44,7 @@ def test_a_resized_process_pool_has_that_many_workers():
     ds = tp.range(10_000).map(_square, num_parallel_calls=tp.AUTOTUNE, executor="process").with_options(NO_TUNER)
     it = iter(ds)
     next(it)
-    stage = _find(it, ParallelMapIterator)
+    stage = find_stage(it, ParallelMapIterator)
     (knob,) = stage.knobs()
     knob.request(3)
     next(it)  # applied by the stage itself, between two elements
@@ -68,7 +60,7 @@ def test_a_prefetch_depth_changes_at_once_and_keeps_the_order():
     it = iter(tp.range(500).prefetch(tp.AUTOTUNE).with_options(NO_TUNER))
     out, knob = _turn(it, PrefetchIterator, [1, 16, 4, 64], every=11)
     assert out == list(range(500))
-    assert _find(it, PrefetchIterator).depth == knob.value
+    assert find_stage(it, PrefetchIterator).depth == knob.value
 
 
 def _inner(x):
@@ -88,7 +80,7 @@ def test_a_parallel_interleave_resized_while_running_keeps_its_order(executor):
 def test_requests_are_clamped_to_the_knob_range():
     it = iter(tp.range(5).prefetch(tp.AUTOTUNE).with_options(NO_TUNER))
     next(it)
-    (knob,) = _find(it, PrefetchIterator).knobs()
+    (knob,) = find_stage(it, PrefetchIterator).knobs()
     knob.request(10**6)
     assert knob.value == knob.maximum
     knob.request(0)

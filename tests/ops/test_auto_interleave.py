@@ -11,17 +11,13 @@ from torchpipe.ops import auto_interleave, process_interleave
 from torchpipe.ops.auto_interleave import AutoInterleaveIterator
 from torchpipe.testing import assert_checkpoint_roundtrip
 
+from tests.trees import find_stage
+
 NO_TUNER = tp.Options(autotune=tp.AutotuneOptions(enabled=False), optimizations={"inject_prefetch": False})
 
 
 def _find(it):
-    stack = [it._tree]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, AutoInterleaveIterator):
-            return node
-        stack.extend(node.children())
-    raise AssertionError("no AutoInterleaveIterator in the tree")
+    return find_stage(it, AutoInterleaveIterator)
 
 
 @pytest.fixture
