@@ -316,7 +316,11 @@ def test_unseeded_workers_draw_distinct_global_streams():
     assert len({d[0] for d in draws}) == 40 and len({d[1] for d in draws}) == 40
 
 
-def test_auto_executor_picks_processes_for_large_results():
+def test_auto_executor_picks_processes_for_large_results(monkeypatch):
+    def no_trial(self, per_call):
+        raise AssertionError("large results need no two-thread trial")
+
+    monkeypatch.setattr(ParallelMapIterator, "_thread_speedup", no_trial)
     it = iter(tp.range(12).map(lambda x: torch.full((1 << 19,), float(x)), 2, executor="auto"))
     assert [float(t[0]) for t in it] == [float(x) for x in range(12)]
     assert it._tree.executor_kind == "process"

@@ -162,11 +162,14 @@ class ParallelMapIterator(Iterator):
             restore_global_rng_states(saved)
         per_call = seconds / max(measured, 1)
         holds_gil = per_call >= _PROCESS_MIN_CALL_S and free < _GIL_FREE_FOR_THREADS
-        if not holds_gil and per_call >= _PROCESS_MIN_CALL_S and self._pool is not None:
+        if self._pool is not None and (holds_gil or self._mean_result_bytes() >= _LARGE_RESULT_BYTES):
+            self._use_processes()  # large results go to processes whatever the GIL: no trial
+            return
+        if per_call >= _PROCESS_MIN_CALL_S and self._pool is not None:
             # Many short GIL releases (small torch ops) fool the probe: check that two threads
             # really run faster than one.
             holds_gil = self._thread_speedup(per_call) < _THREAD_SPEEDUP
-        if self._pool is not None and (holds_gil or self._mean_result_bytes() >= _LARGE_RESULT_BYTES):
+        if self._pool is not None and holds_gil:
             self._use_processes()
             return
         self._use_threads()
