@@ -87,14 +87,3 @@ def test_calls_that_read_ahead_count_the_work_of_the_elements_delivered():
     calls = {stage.name: stage for stage in model.stages}["map (calls)"]
     assert calls.work_s == pytest.approx(4.0 * 80 / 400 / 10)  # 10 ms an element read, 8 a batch
 
-
-def test_waits_of_unclocked_elements_stay_with_the_op_that_waited():
-    """The map waited 0.5 s but its sampled wall time saw only 0.2 s of it: the batch above must
-    not be charged the difference."""
-    tree = _tree()
-    prefetch, batch, pool, source = tree
-    before, after = _looks(*tree, consumer_s=0.3)
-    counters = dict(after.iterators)
-    counters[id(pool)] = Counters(produced=80, wall_s=0.3, wait_s=0.5, calls=80, work_s=0.8, cpu_s=0.76)
-    model = build_model(prefetch, before, Look(1.0, counters, 0.3, 0.1))
-    assert {stage.name: stage for stage in model.stages}["batch"].work_s == pytest.approx((0.618 - 0.5) / 10)

@@ -49,6 +49,17 @@ def test_costs_that_repeat_are_estimated_without_bias(period):
     assert stats.wall_s == pytest.approx(sum(times), rel=0.1)
 
 
+def test_waits_count_once_however_the_element_was_weighted():
+    """A cheap element clocked with weight CLOCK_EVERY that waited 5 ms adds 5 ms, not 80."""
+    stats = IteratorStats()
+    stats.clocked(1e-6)  # cheap: the next clocked element stands for CLOCK_EVERY
+    stats.unclocked = 0
+    stats.wait_s += 5e-3  # counted as it happened, inside the element
+    stats.clocked(5e-3 + 1e-6, waited=5e-3)
+    assert stats.wall_s == pytest.approx(1e-6 + 5e-3 + CLOCK_EVERY * 1e-6)
+    assert stats.wall_s - stats.wait_s == pytest.approx((1 + CLOCK_EVERY) * 1e-6)  # the op's own time
+
+
 def test_iterators_count_every_element_and_time_slow_ones():
     def slow(x):
         time.sleep(0.001)

@@ -176,10 +176,7 @@ class _Builder:
         inputs_wall = 0.0
         for child in it.children():
             below.extend(self.line(child))
-            # A child's wall time is sampled (IteratorStats.clocked) while its waits are all
-            # counted: waits bunched into unclocked elements must not land in this op's time.
-            child_delta = self.delta(child)
-            inputs_wall += max(child_delta.wall_s, child_delta.wait_s)
+            inputs_wall += self.delta(child).wall_s
         own = caller_seconds(it, d, inputs_wall)
         self.main_cpu_s += own
         mine = Stage(it.name, self.per_root(own))

@@ -244,10 +244,10 @@ class Iterator(abc.ABC):
             element = self.next()
             stats.produced += 1
             return element
-        t0 = time.perf_counter()
+        t0, waited = time.perf_counter(), stats.wait_s
         element = self.next()
         stats.produced += 1
-        stats.clocked(time.perf_counter() - t0)
+        stats.clocked(time.perf_counter() - t0, stats.wait_s - waited)
         return element
 
     def _begin(self) -> None:

@@ -32,8 +32,9 @@ class IteratorStats:
 
     Attributes:
         produced: elements returned by ``next``.
-        wall_s: seconds spent in ``next`` (the input's ``next`` included when it runs there);
-            an estimate where elements are cheap (see :meth:`clocked`).
+        wall_s: seconds spent in ``next`` (the input's ``next`` included when it runs there):
+            its waits (``wait_s``, all counted) and the rest, an estimate where elements are
+            cheap (see :meth:`clocked`).
         unclocked: elements to return before the next one is clocked.
         wait_s: of that, seconds blocked waiting for a buffer or a result (asynchronous ops).
         calls: the calls run on threads or workers (asynchronous ops that have a pool).
@@ -44,12 +45,12 @@ class IteratorStats:
         counters: op-specific counters (``errors_ignored``, ``inner_datasets``, ...).
     """
 
-    __slots__ = ("produced", "wall_s", "unclocked", "_weight", "wait_s", "calls", "blocked_output_s", "occupancy_sum", "occupancy_n",
+    __slots__ = ("produced", "_busy_s", "unclocked", "_weight", "wait_s", "calls", "blocked_output_s", "occupancy_sum", "occupancy_n",
                  "capacity", "bytes_sum", "bytes_n", "counters")  # fmt: skip
 
     def __init__(self) -> None:
         self.produced = 0
-        self.wall_s = 0.0
+        self._busy_s = 0.0
         self.unclocked = 0
         self._weight = 1
         self.wait_s = 0.0
@@ -62,18 +63,26 @@ class IteratorStats:
         self.bytes_n = 0
         self.counters: dict[str, int] = {}
 
-    def clocked(self, seconds: float) -> None:
-        """Add one clocked element's time to ``wall_s``, and choose the next element to clock.
+    @property
+    def wall_s(self) -> float:
+        return self._busy_s + self.wait_s
+
+    def clocked(self, seconds: float, waited: float = 0.0) -> None:
+        """Add one clocked element's time (``waited`` of it in ``wait_s`` already) to ``wall_s``,
+        and choose the next element to clock.
 
         Two clock reads cost about 0.1 us, a few percent of an element that costs a few us. So
-        after an element under ``CLOCK_ALL_S``, each element is clocked with a chance of one in
-        ``CLOCK_EVERY`` (the gap is drawn at once, geometric) and counts ``CLOCK_EVERY`` times;
-        after a slower one, the next is clocked. Each element's chance is fixed before it is
-        measured, so the estimate is unbiased, and random gaps cannot fall in step with costs
-        that repeat (a read every 16 records).
+        after an element under ``CLOCK_ALL_S`` (waits aside), each element is clocked with a
+        chance of one in ``CLOCK_EVERY`` (the gap is drawn at once, geometric) and counts
+        ``CLOCK_EVERY`` times; after a slower one, the next is clocked. Each element's chance is
+        fixed before it is measured, so the estimate is unbiased, and random gaps cannot fall in
+        step with costs that repeat (a read every 16 records). Waits are counted for every
+        element as they happen, so only the rest is scaled up: one long wait in a clocked cheap
+        element would otherwise count 16 times, and land in the op's self time.
         """
-        self.wall_s += seconds * self._weight
-        if seconds >= CLOCK_ALL_S:
+        busy = max(seconds - waited, 0.0)
+        self._busy_s += busy * self._weight
+        if busy >= CLOCK_ALL_S:
             self._weight = 1
         else:
             self._weight = CLOCK_EVERY
