@@ -80,7 +80,7 @@ class IteratorStats:
         element as they happen, so only the rest is scaled up: one long wait in a clocked cheap
         element would otherwise count 16 times, and land in the op's self time.
         """
-        busy = max(seconds - waited, 0.0)
+        busy = seconds - waited
         self._busy_s += busy * self._weight
         if busy >= CLOCK_ALL_S:
             self._weight = 1
