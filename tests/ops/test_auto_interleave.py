@@ -1,6 +1,7 @@
 """interleave(executor="auto"): readers start on threads and move to worker processes mid-pass."""
 
 import os
+import threading
 import time
 
 import psutil
@@ -65,6 +66,27 @@ def test_readers_that_do_python_work_move_to_processes():
     assert _values(out) == _values(tp.range(12).interleave(_burn, cycle_length=2))
     assert _find(it).executor_kind == "process"
     assert {pid for *_, pid in out} - {os.getpid()}
+
+
+class _Handle:
+    """An input element that cannot be pickled (it holds a lock), like an open file."""
+
+    def __init__(self, x):
+        self.x = x
+        self.lock = threading.Lock()
+
+
+def _burn_handle(handle):
+    return _burn(handle.x)
+
+
+def test_readers_over_unpicklable_inputs_stay_on_threads():
+    it = iter(tp.from_iterable(lambda: (_Handle(x) for x in range(6))).interleave(_burn_handle, cycle_length=2,
+                                                                                  num_parallel_calls=2)
+              .with_options(NO_TUNER))  # fmt: skip
+    out = list(it)
+    assert _values(out) == _values(tp.range(6).interleave(_burn, cycle_length=2))
+    assert _find(it).executor_kind == "thread"
 
 
 def test_cheap_readers_stay_on_threads_and_the_workers_go():

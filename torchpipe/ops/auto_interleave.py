@@ -14,6 +14,7 @@ or reordered: what threads had read ahead is read again by the processes.
 
 from __future__ import annotations
 
+import pickle
 import time
 from typing import Any
 
@@ -100,9 +101,20 @@ class AutoInterleaveIterator(Iterator):
         reads, wall_s, cpu_s = self.stats.calls.totals()
         if reads < _DECIDE_READS or time.perf_counter() - self._first_at < _DECIDE_S:
             return
-        if cpu_s / reads >= _PROCESS_MIN_READ_CPU_S:
+        if cpu_s / reads >= _PROCESS_MIN_READ_CPU_S and self._readers_travel():
             self._to_processes(wall_s / cpu_s)
         self._settle()
+
+    def _readers_travel(self) -> bool:
+        """Whether the open readers' input elements and positions can be sent to a worker (a
+        reader over an open file object or a lock cannot: those pipelines stay on threads)."""
+        threads = self._threads
+        readers = [reader for reader in [*threads._slots, *threads._futures] if reader is not None]
+        try:
+            pickle.dumps([(reader.element, reader.inner_state()) for reader in readers], pickle.HIGHEST_PROTOCOL)
+        except Exception:  # noqa: BLE001 - whatever pickling raises, the answer is no
+            return False
+        return True
 
     def _settle(self) -> None:
         """The choice is made: shut down the iterator not chosen."""
