@@ -89,6 +89,17 @@ def test_readers_over_unpicklable_inputs_stay_on_threads():
     assert _find(it).executor_kind == "thread"
 
 
+def _burn_into_handles(x):
+    return _burn(x).map(lambda x_, y, pid: ((x_, y), _Handle(x)))
+
+
+def test_readers_of_unpicklable_elements_stay_on_threads():
+    it = iter(tp.range(6).interleave(_burn_into_handles, cycle_length=2, num_parallel_calls=2).with_options(NO_TUNER))
+    out = [pair for pair, _ in it]
+    assert out == _values(tp.range(6).interleave(_burn, cycle_length=2))
+    assert _find(it).executor_kind == "thread"
+
+
 def test_cheap_readers_stay_on_threads_and_the_workers_go():
     baseline = len(psutil.Process().children(recursive=True))
     it = iter(tp.range(400).interleave(_records, cycle_length=2, num_parallel_calls=2).with_options(NO_TUNER))

@@ -22,12 +22,14 @@ from torchpipe.ops.base import Iterator
 from torchpipe.ops.process_interleave import ProcessInterleaveIterator
 from torchpipe.ops.stats import LiveKnob
 from torchpipe.ops.thread_interleave import ThreadInterleaveIterator
+from torchpipe.runtime import codec
 from torchpipe.runtime.cpu import usable_cpu_count
 from torchpipe.runtime.timing import CallTiming
 
 _DECIDE_READS = 32  # elements read before choosing,
 _DECIDE_S = 0.05  # and seconds since the first element
 _CHECK_EVERY = 16  # elements delivered between looks at the counters
+_SAMPLED_ITEMS = 4  # items read that must travel back from a worker before readers move there
 _PROCESS_MIN_READ_CPU_S = 15e-6
 """CPU seconds per element read from which readers move to processes: receiving an element from
 a worker costs the main process about 5 us, so below this threads are cheaper."""
@@ -106,12 +108,17 @@ class AutoInterleaveIterator(Iterator):
         self._settle()
 
     def _readers_travel(self) -> bool:
-        """Whether the open readers' input elements and positions can be sent to a worker (a
-        reader over an open file object or a lock cannot: those pipelines stay on threads)."""
+        """Whether the open readers' input elements and positions can be sent to a worker, and
+        what they read can be sent back (a sample of it). Where not (an open file object, a
+        lock), the pipeline stays on threads."""
         threads = self._threads
         readers = [reader for reader in [*threads._slots, *threads._futures] if reader is not None]
+        with threads._wakeup:  # guards the readers' ready items, which pool threads append to
+            read = [reader.ready[0] for reader in readers if reader.ready][:_SAMPLED_ITEMS]
         try:
             pickle.dumps([(reader.element, reader.inner_state()) for reader in readers], pickle.HIGHEST_PROTOCOL)
+            for _, _, value in read:
+                codec.encode(value)  # tensors are not copied: only the rest is pickled
         except Exception:  # noqa: BLE001 - whatever pickling raises, the answer is no
             return False
         return True
