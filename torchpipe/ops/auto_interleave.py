@@ -111,13 +111,10 @@ class AutoInterleaveIterator(Iterator):
         """Whether the open readers' input elements and positions can be sent to a worker, and
         what they read can be sent back (a sample of it). Where not (an open file object, a
         lock), the pipeline stays on threads."""
-        threads = self._threads
-        readers = [reader for reader in [*threads._slots, *threads._futures] if reader is not None]
-        with threads._wakeup:  # guards the readers' ready items, which pool threads append to
-            read = [reader.ready[0] for reader in readers if reader.ready][:_SAMPLED_ITEMS]
+        places, read = self._threads.sample_readers(_SAMPLED_ITEMS)
         try:
-            pickle.dumps([(reader.element, reader.inner_state()) for reader in readers], pickle.HIGHEST_PROTOCOL)
-            for _, _, value in read:
+            pickle.dumps(places, pickle.HIGHEST_PROTOCOL)
+            for value in read:
                 codec.encode(value)  # tensors are not copied: only the rest is pickled
         except Exception:  # noqa: BLE001 - whatever pickling raises, the answer is no
             return False
