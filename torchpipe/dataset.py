@@ -177,7 +177,7 @@ class Dataset(torch.utils.data.IterableDataset):
             executor: where inner datasets are read in parallel: ``"thread"``, ``"process"``
                 (worker processes; for Python-heavy parsing), or ``"auto"``, which starts on
                 threads and moves the readers to worker processes (one a core, reads on threads
-                in each) if they cost 15 us or more of CPU an element (docs/executors.md).
+                in each) if they cost 20 us or more of CPU an element (docs/executors.md).
                 Only ``tp.rng()`` is reproducible in ``fn`` with threads or ``"auto"``.
         """
         _check_callable("interleave", "fn", fn)

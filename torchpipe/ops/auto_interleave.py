@@ -26,13 +26,13 @@ from torchpipe.runtime import codec
 from torchpipe.runtime.cpu import usable_cpu_count
 from torchpipe.runtime.timing import CallTiming
 
-_DECIDE_READS = 32  # elements read before choosing,
-_DECIDE_S = 0.05  # and seconds since the first element
+_DECIDE_READS = 32  # elements read before choosing (after the first _CHECK_EVERY delivered, whose
+_DECIDE_S = 0.05  # reads carry one-time costs), and seconds since then
 _CHECK_EVERY = 16  # elements delivered between looks at the counters
-_SAMPLED_ITEMS = 4  # items read that must travel back from a worker before readers move there
-_PROCESS_MIN_READ_CPU_S = 15e-6
-"""CPU seconds per element read from which readers move to processes: receiving an element from
-a worker costs the main process about 5 us, so below this threads are cheaper."""
+_PROCESS_MIN_READ_CPU_S = 20e-6
+"""CPU seconds per element read from which readers move to processes. Receiving an element from a
+worker costs the main process about 5 us, and a read on threads costs 8-12 us of machinery (its
+position recorded) besides the user's work: below this, threads are cheaper."""
 
 
 class AutoInterleaveIterator(Iterator):
@@ -66,7 +66,7 @@ class AutoInterleaveIterator(Iterator):
         self._current: ThreadInterleaveIterator | ProcessInterleaveIterator = threads
         self._deciding = processes is not None
         self._delivered = 0
-        self._first_at: float | None = None
+        self._since: tuple[float, tuple[int, float, float]] | None = None  # when, and the totals then
 
     @property
     def executor_kind(self) -> str:
@@ -93,29 +93,31 @@ class AutoInterleaveIterator(Iterator):
             raise
         if self._deciding:
             self._delivered += 1
-            if self._first_at is None:
-                self._first_at = time.perf_counter()
-            elif self._delivered % _CHECK_EVERY == 0:
-                self._maybe_decide()
+            if self._delivered % _CHECK_EVERY == 0:
+                self._maybe_decide(element)
         return element
 
-    def _maybe_decide(self) -> None:
-        reads, wall_s, cpu_s = self.stats.calls.totals()
-        if reads < _DECIDE_READS or time.perf_counter() - self._first_at < _DECIDE_S:
+    def _maybe_decide(self, element: Any) -> None:
+        """Measure the reads from the first look on; choose once there are enough of them."""
+        now, totals = time.perf_counter(), self.stats.calls.totals()
+        if self._since is None:
+            self._since = now, totals
             return
-        if cpu_s / reads >= _PROCESS_MIN_READ_CPU_S and self._readers_travel():
+        then, (reads0, wall0, cpu0) = self._since
+        reads, wall_s, cpu_s = totals[0] - reads0, totals[1] - wall0, totals[2] - cpu0
+        if reads < _DECIDE_READS or now - then < _DECIDE_S:
+            return
+        if cpu_s / reads >= _PROCESS_MIN_READ_CPU_S and self._readers_travel(element):
             self._to_processes(wall_s / cpu_s)
         self._settle()
 
-    def _readers_travel(self) -> bool:
+    def _readers_travel(self, element: Any) -> bool:
         """Whether the open readers' input elements and positions can be sent to a worker, and
-        what they read can be sent back (a sample of it). Where not (an open file object, a
-        lock), the pipeline stays on threads."""
-        places, read = self._threads.sample_readers(_SAMPLED_ITEMS)
+        what they read can come back (``element``, the one just delivered, stands for it). Where
+        not (an open file object, a lock), the pipeline stays on threads."""
         try:
-            pickle.dumps(places, pickle.HIGHEST_PROTOCOL)
-            for value in read:
-                codec.encode(value)  # tensors are not copied: only the rest is pickled
+            pickle.dumps(self._threads.reader_places(), pickle.HIGHEST_PROTOCOL)
+            codec.encode(element)  # tensors are not copied: only the rest is pickled
         except Exception:  # noqa: BLE001 - whatever pickling raises, the answer is no
             return False
         return True

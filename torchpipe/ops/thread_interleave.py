@@ -284,13 +284,10 @@ class ThreadInterleaveIterator(ReadAheadInterleave):
         if self._knob is not None:
             self._read_ahead.capacity = max(self._read_ahead.capacity, read_ahead_items(self.stats.bytes_per_element))
 
-    def sample_readers(self, items: int) -> tuple[list[tuple[Any, dict[str, Any] | None]], list[Any]]:
-        """The open readers' ``(input element, inner state)``, and up to ``items`` of the elements
-        they have read (one a reader): what moving them to worker processes would send."""
+    def reader_places(self) -> list[tuple[Any, dict[str, Any] | None]]:
+        """The open readers' ``(input element, inner state)``: what moving them elsewhere sends."""
         readers = [reader for reader in [*self._slots, *self._futures] if reader is not None]
-        with self._wakeup:
-            read = [reader.ready[0][2] for reader in readers if reader.ready and reader.ready[0][0] == _VALUE]
-        return [(reader.element, reader.inner_state()) for reader in readers], read[:items]
+        return [(reader.element, reader.inner_state()) for reader in readers]
 
     def _close_slot(self, reader: _InnerReader) -> None:
         reader.close()
