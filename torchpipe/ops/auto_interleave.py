@@ -19,6 +19,7 @@ import time
 from typing import Any
 
 from torchpipe.ops.base import Iterator
+from torchpipe.ops.interleave_base import Handover
 from torchpipe.ops.process_interleave import ProcessInterleaveIterator
 from torchpipe.ops.stats import LiveKnob
 from torchpipe.ops.thread_interleave import ThreadInterleaveIterator
@@ -65,7 +66,6 @@ class AutoInterleaveIterator(Iterator):
         self._processes = processes
         self._current: ThreadInterleaveIterator | ProcessInterleaveIterator = threads
         self._deciding = processes is not None
-        self._delivered = 0
         self._since: tuple[float, tuple[int, float, float]] | None = None  # when, and the totals then
 
     @property
@@ -91,10 +91,8 @@ class AutoInterleaveIterator(Iterator):
             if self._deciding:
                 self._settle()
             raise
-        if self._deciding:
-            self._delivered += 1
-            if self._delivered % _CHECK_EVERY == 0:
-                self._maybe_decide(element)
+        if self._deciding and (self.stats.produced + 1) % _CHECK_EVERY == 0:  # this one not counted yet
+            self._maybe_decide(element)
         return element
 
     def _maybe_decide(self, element: Any) -> None:
@@ -107,20 +105,11 @@ class AutoInterleaveIterator(Iterator):
         reads, wall_s, cpu_s = totals[0] - reads0, totals[1] - wall0, totals[2] - cpu0
         if reads < _DECIDE_READS or now - then < _DECIDE_S:
             return
-        if cpu_s / reads >= _PROCESS_MIN_READ_CPU_S and self._readers_travel(element):
-            self._to_processes(wall_s / cpu_s)
+        if cpu_s / reads >= _PROCESS_MIN_READ_CPU_S:
+            handover = self._threads.hand_over()
+            if _travels(handover, element):
+                self._to_processes(handover, wall_s / cpu_s)
         self._settle()
-
-    def _readers_travel(self, element: Any) -> bool:
-        """Whether the open readers' input elements and positions can be sent to a worker, and
-        what they read can come back (``element``, the one just delivered, stands for it). Where
-        not (an open file object, a lock), the pipeline stays on threads."""
-        try:
-            pickle.dumps(self._threads.reader_places(), pickle.HIGHEST_PROTOCOL)
-            codec.encode(element)  # tensors are not copied: only the rest is pickled
-        except Exception:  # noqa: BLE001 - whatever pickling raises, the answer is no
-            return False
-        return True
 
     def _settle(self) -> None:
         """The choice is made: shut down the iterator not chosen."""
@@ -129,10 +118,9 @@ class AutoInterleaveIterator(Iterator):
             self._processes.shutdown()
             self._processes = None
 
-    def _to_processes(self, wall_per_cpu: float) -> None:
+    def _to_processes(self, handover: Handover, wall_per_cpu: float) -> None:
         """Hand the pass over; with AUTOTUNE, start at the reads in flight that would keep every
         core busy if reading were all there was (the autotuner takes it from there)."""
-        handover = self._threads.hand_over()
         self._threads.shutdown()
         self._threads = None
         processes = self._processes
@@ -166,3 +154,16 @@ class AutoInterleaveIterator(Iterator):
         for iterator in (self._threads, self._processes):
             if iterator is not None:
                 iterator.shutdown()
+
+
+def _travels(handover: Handover, element: Any) -> bool:
+    """Whether the open readers' input elements and positions can be sent to a worker, and what
+    they read can come back (``element``, the one just delivered, stands for it). Where not (an
+    open file object, a lock), the pipeline stays on threads."""
+    readers = [entry for entry in [*handover.slots, *handover.ahead] if entry is not None]
+    try:
+        pickle.dumps([(entry.element, entry.inner) for entry in readers], pickle.HIGHEST_PROTOCOL)
+        codec.encode(element)  # tensors are not copied: only the rest is pickled
+    except Exception:  # noqa: BLE001 - whatever pickling raises, the answer is no
+        return False
+    return True

@@ -111,6 +111,10 @@ class PackedChunk:
     def __init__(self, values: Columns, states: list[Any], ended: bool) -> None:
         self.values, self.states, self.ended = values, states, ended
 
+    def __len__(self) -> int:
+        """Items in the chunk, as :meth:`items` lists them."""
+        return len(self.states) + self.ended
+
     def items(self) -> list[tuple[str, Any, Any]]:
         """The chunk as :class:`InnerChunkTask` read it."""
         items = [(_VALUE, value, state) for value, state in zip(self.values.rows(), self.states)]
@@ -268,7 +272,7 @@ class ProcessInterleaveIterator(ReadAheadInterleave):
         """Hand the chunks that arrived (waiting up to ``timeout`` s for one) to their readers."""
         for task, items, error in self._pool.collect(timeout):
             if error is None:
-                self.stats.calls.add_items(len(items.states) if type(items) is PackedChunk else len(items))
+                self.stats.calls.add_items(len(items))
             waiting = self._waiting.pop(task, None)
             if waiting is not None:
                 waiting.receive(items, error)

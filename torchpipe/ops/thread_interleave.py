@@ -284,11 +284,6 @@ class ThreadInterleaveIterator(ReadAheadInterleave):
         if self._knob is not None:
             self._read_ahead.capacity = max(self._read_ahead.capacity, read_ahead_items(self.stats.bytes_per_element))
 
-    def reader_places(self) -> list[tuple[Any, dict[str, Any] | None]]:
-        """The open readers' ``(input element, inner state)``: what moving them elsewhere sends."""
-        readers = [reader for reader in [*self._slots, *self._futures] if reader is not None]
-        return [(reader.element, reader.inner_state()) for reader in readers]
-
     def _close_slot(self, reader: _InnerReader) -> None:
         reader.close()
 

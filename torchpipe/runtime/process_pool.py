@@ -176,7 +176,9 @@ class ProcessPool:
         Raises:
             ValueError: if ``n`` is not an int >= 1.
         """
-        self._threads = self._check_threads(n)
+        if self._check_threads(n) == self._threads:
+            return  # live workers have it; new ones get it when spawned
+        self._threads = n
         for worker in list(self._workers.values()):
             self._send_threads(worker)
         self._dispatch()
