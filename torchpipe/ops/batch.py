@@ -31,6 +31,7 @@ from torchpipe.ops.collate import (
     collate_in_stage,
     padded_collate,
 )
+from torchpipe.runtime.recycle import RecycledStack
 
 _Combine = Callable[[int, list], Any]
 
@@ -65,8 +66,13 @@ class BatchNode(Node):
         return _batched_cardinality(self.inputs[0].cardinality(), self.batch_size, self.drop_remainder)
 
     def build(self, ctx: BuildContext) -> Iterator:
-        combine = self.combiner(ctx)
-        return BatchIterator(self.name, ctx.build_input(self), self.batch_size, self.drop_remainder, combine)
+        memory = self.memory()
+        combine = self.combiner(ctx, stack=memory or torch.stack)
+        return BatchIterator(self.name, ctx.build_input(self), self.batch_size, self.drop_remainder, combine, memory)
+
+    def memory(self) -> RecycledStack | None:
+        """Where the default collation stacks large batches in this process (None with a ``collate_fn``)."""
+        return RecycledStack() if self.collate_fn is None else None
 
     def combiner(self, ctx: BuildContext, stack: Callable[[list], Any] = torch.stack) -> _Combine:
         """``combine(batch_seq, elements)``: the default collation or the user's ``collate_fn``.
@@ -125,22 +131,34 @@ class BatchIterator(PassThroughIterator):
 
     Args:
         combine: ``combine(batch_seq, elements)`` makes the batch.
+        memory: the stack ``combine`` collates with, whose rows elements are copied to as they
+            arrive (None: elements are kept as they are until ``combine``).
     """
 
     COUNTERS = ("seq",)
 
-    def __init__(self, name: str, source: Iterator, batch_size: int, drop_remainder: bool, combine: _Combine) -> None:
+    def __init__(
+        self, name: str, source: Iterator, batch_size: int, drop_remainder: bool, combine: _Combine,
+        memory: RecycledStack | None = None,
+    ) -> None:  # fmt: skip
         super().__init__(name, source)
         self._batch_size = batch_size
         self._drop_remainder = drop_remainder
         self._combine = combine
+        self._memory = memory
         self._seq = 0
 
     def next(self) -> Any:
+        if self._memory is None:
+            return self._next_batch(_keep)
+        with self._memory.rows(self._batch_size) as rows:
+            return self._next_batch(rows.place)
+
+    def _next_batch(self, place: Callable[[int, Any], Any]) -> Any:
         elements: list[Any] = []
         while len(elements) < self._batch_size:
             try:
-                elements.append(next(self._source))
+                elements.append(place(len(elements), next(self._source)))
             except StopIteration:
                 break
         if not elements or (self._drop_remainder and len(elements) < self._batch_size):
@@ -148,6 +166,10 @@ class BatchIterator(PassThroughIterator):
         seq = self._seq
         self._seq = seq + 1
         return self._combine(seq, elements)
+
+
+def _keep(j: int, element: Any) -> Any:
+    return element
 
 
 # -- unbatch and rebatch ----------------------------------------------------------------------

@@ -8,6 +8,8 @@ from __future__ import annotations
 import copy
 from typing import Any, Callable
 
+import torch
+
 from torchpipe.constants import AUTOTUNE
 from torchpipe.ops.base import (
     AUTOTUNE_SYMBOL,
@@ -25,6 +27,7 @@ from torchpipe.ops.sources import FromDatasetNode, IndexedSourceIterator
 from torchpipe.ops.structure import ElidedNode, RepeatNode, ShardNode, SkipNode, TakeNode
 from torchpipe.runtime.codec import StackedTensor
 from torchpipe.runtime.cpu import usable_cpu_count
+from torchpipe.runtime.recycle import RecycledStack
 
 EXECUTORS = ("auto", "thread", "process")
 """Accepted ``executor=`` values."""
@@ -235,35 +238,48 @@ class MapBatchNode(Node):
         map_ctx = batch.input_context(ctx, 0)  # where the map sits unfused: keeps its seeds
         source, dataset = map_node.source(map_ctx)
         chunks = BatchIterator(batch.name, source, batch.batch_size, batch.drop_remainder, _as_list)
-        # In a worker the batch is stacked straight into the shared-memory record it is sent in.
-        combiners = {False: batch.combiner(ctx), True: batch.combiner(ctx, stack=StackedTensor)}
+        # In a worker the batch is stacked straight into the shared-memory record it is sent in;
+        # here, into memory that earlier batches used.
+        memory = batch.memory()
+        combiners = {False: batch.combiner(ctx, stack=memory or torch.stack), True: batch.combiner(ctx, stack=StackedTensor)}
         size = batch.batch_size
 
         def make_task(fn: UserFunction, in_process: bool) -> MapBatchTask:
-            return MapBatchTask(fn, dataset, combiners[in_process], size)
+            return MapBatchTask(fn, dataset, combiners[in_process], size, None if in_process else memory)
 
         return map_node.parallel_iterator(f"{map_node.name}+{batch.name}", map_ctx, chunks, make_task)
 
 
 class MapBatchTask:
-    """Maps a list of inputs (fetching them with ``__getitems__`` when it exists) and collates."""
+    """Maps a list of inputs (fetching them with ``__getitems__`` when it exists) and collates.
 
-    __slots__ = ("fn", "dataset", "combine", "batch_size")
+    With ``memory`` (in this process), each mapped element's large tensors are copied to their
+    rows of the batch at once (see :class:`RecycledStack`).
+    """
 
-    def __init__(self, fn: UserFunction, dataset: Any, combine: Callable[[int, list], Any], batch_size: int) -> None:
+    __slots__ = ("fn", "dataset", "combine", "batch_size", "memory")
+
+    def __init__(
+        self, fn: UserFunction, dataset: Any, combine: Callable[[int, list], Any], batch_size: int,
+        memory: RecycledStack | None = None,
+    ) -> None:  # fmt: skip
         self.fn = fn
         self.dataset = dataset
         self.combine = combine
         self.batch_size = batch_size
+        self.memory = memory
 
     def start_worker(self, slot: int) -> None:
         self.fn.seed_worker(slot)
 
     def __call__(self, seq: int, payloads: list) -> Any:
         elements = payloads if self.dataset is None else _fetch_many(self.dataset, payloads)
-        first = seq * self.batch_size
-        mapped = [self.fn.on_element(first + j, element) for j, element in enumerate(elements)]
-        return self.combine(seq, mapped)
+        first, on_element = seq * self.batch_size, self.fn.on_element
+        if self.memory is None:
+            return self.combine(seq, [on_element(first + j, element) for j, element in enumerate(elements)])
+        with self.memory.rows(len(elements)) as rows:
+            mapped = [rows.place(j, on_element(first + j, element)) for j, element in enumerate(elements)]
+            return self.combine(seq, mapped)
 
 
 def _fetch_many(dataset: Any, indices: list[int]) -> list[Any]:

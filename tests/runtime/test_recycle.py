@@ -1,0 +1,137 @@
+import gc
+import threading
+from collections import namedtuple
+
+import pytest
+import torch
+
+import torchpipe as tp
+from torchpipe.ops.collate import collate_in_stage
+from torchpipe.runtime.recycle import RecycledStack
+
+Pair = namedtuple("Pair", "image label")
+
+
+def rows(n, shape=(3, 8), start=0):
+    return [torch.full(shape, float(start + i)) for i in range(n)]
+
+
+def test_a_stack_equals_torch_stack_and_its_memory_comes_back_when_the_batch_is_freed():
+    memory = RecycledStack(min_bytes=1)
+    batch = memory(rows(5))
+    assert torch.equal(batch, torch.stack(rows(5))) and batch.is_contiguous()
+    address = batch.data_ptr()
+    del batch
+    again = memory(rows(5, start=10))
+    assert memory.reused == 1 and again.data_ptr() == address
+    assert torch.equal(again, torch.stack(rows(5, start=10)))
+
+
+@pytest.mark.parametrize("keep", ["row", "dtype view", "numpy slice", "storage"])
+def test_memory_still_viewed_is_never_reused(keep):
+    memory = RecycledStack(min_bytes=1)
+    batch = memory(rows(4))
+    held = {
+        "row": lambda: batch[2],
+        "dtype view": lambda: batch.view(torch.int32),
+        "numpy slice": lambda: batch.numpy()[1:],
+        "storage": lambda: batch.untyped_storage(),
+    }[keep]()
+    expected = torch.stack(rows(4))
+    del batch
+    gc.collect()
+    other = memory(rows(4, start=100))
+    assert memory.reused == 0
+    assert torch.equal(other, torch.stack(rows(4, start=100)))
+    if keep == "storage":
+        assert torch.equal(torch.tensor([], dtype=torch.float32).set_(held).view(4, 3, 8), expected)
+    elif keep == "row":
+        assert torch.equal(held, expected[2])
+    elif keep == "dtype view":
+        assert torch.equal(held.view(torch.float32), expected)
+    else:
+        assert (held == expected.numpy()[1:]).all()
+    del held
+    del other
+    memory(rows(4))
+    assert memory.reused == 1
+
+
+def test_small_stacks_grad_and_bad_shapes_go_to_torch_stack():
+    memory = RecycledStack(min_bytes=1 << 20)
+    small = memory(rows(3))
+    small.resize_(1)  # torch.stack's own memory: resizable
+    parts = [torch.ones(512, 600, requires_grad=True) for _ in range(2)]
+    memory(parts).sum().backward()
+    assert parts[0].grad is not None
+    with pytest.raises(RuntimeError, match="stack expects each tensor to be equal size"):
+        memory([torch.zeros(512, 600), torch.zeros(512, 601)])
+    assert memory.reused == 0
+
+
+def test_threads_stacking_at_once_get_their_own_memory():
+    memory = RecycledStack(min_bytes=1)
+    errors = []
+
+    def work(k):
+        for i in range(200):
+            parts = rows(6, start=1000 * k + i)
+            batch = memory(parts)
+            if not torch.equal(batch, torch.stack(parts)):
+                errors.append((k, i))
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and memory.reused > 0
+
+
+def test_placed_rows_make_the_batch_without_a_second_copy():
+    memory = RecycledStack(min_bytes=1)
+    elements = [Pair(torch.full((2, 4), float(i)), i) for i in range(3)]
+    with memory.rows(4) as batch_rows:
+        placed = [batch_rows.place(j, e) for j, e in enumerate(elements)]
+        assert all(type(p) is Pair and p.image.data_ptr() != e.image.data_ptr() for p, e in zip(placed, elements))
+        batch = collate_in_stage(placed, "batch", memory)
+    assert type(batch) is Pair and batch.label.tolist() == [0, 1, 2]
+    assert batch.image.data_ptr() == placed[0].image.data_ptr() and batch.image.shape == (3, 2, 4)  # partial
+    assert torch.equal(batch.image, torch.stack([e.image for e in elements]))
+
+
+def test_rows_leave_what_does_not_match_the_first_element():
+    memory = RecycledStack(min_bytes=1)
+    with memory.rows(3) as batch_rows:
+        first = batch_rows.place(0, (torch.zeros(4), "a"))
+        wider = torch.zeros(5)
+        other = batch_rows.place(1, (wider, "b"))
+        graded = torch.zeros(4, requires_grad=True)
+        third = batch_rows.place(2, (graded, "c"))
+    assert first[0].data_ptr() != 0 and other[0] is wider and third[0] is graded
+
+
+def big_row(i):
+    return {"x": torch.full((256, 1024), float(i)), "i": i}
+
+
+@pytest.mark.parametrize("executor", [None, "thread"])
+def test_pipelines_batch_large_elements_into_reused_memory(executor):
+    ds = tp.from_dataset(range(40)).map(big_row, num_parallel_calls=None if executor is None else 2,
+                                       executor=executor or "thread").batch(8)  # fmt: skip
+    seen = []
+    for batch in ds:
+        assert torch.equal(batch["x"][:, 0, 0], batch["i"].float())
+        seen.append(batch["x"].data_ptr())
+        del batch
+    assert len(set(seen)) < len(seen)  # a freed batch's memory held a later one
+
+
+def test_a_batch_with_a_different_shape_still_says_so():
+    def shaped(i):
+        return torch.zeros(256, 1024 + (i == 5))
+
+    with pytest.raises(ValueError, match="different shapes in one batch"):
+        list(tp.from_dataset(range(8)).map(shaped).batch(8))
+    with pytest.raises(ValueError, match="different shapes in one batch"):
+        list(tp.from_dataset(range(8)).map(shaped, num_parallel_calls=2, executor="thread").batch(8))
