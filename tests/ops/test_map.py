@@ -5,6 +5,7 @@ import time
 import pytest
 
 import torchpipe as tp
+from torchpipe.ops import parallel_map
 from torchpipe.ops.parallel_map import ParallelMapIterator
 from torchpipe.testing import assert_checkpoint_roundtrip
 
@@ -318,14 +319,22 @@ def test_unseeded_workers_draw_distinct_global_streams():
     assert len({d[0] for d in draws}) == 40 and len({d[1] for d in draws}) == 40
 
 
-def test_auto_executor_picks_processes_for_large_results(monkeypatch):
+@pytest.mark.parametrize("free, kind", [(0.8, "process"), (0.95, "thread")])
+def test_auto_executor_keeps_large_results_on_threads_only_where_the_gil_stays_free(monkeypatch, free, kind):
+    measure = parallel_map.gil_free_fraction
+
+    def probe(run):  # the function's own share of GIL-free time, as if each call took 1 ms
+        measured, _, _ = measure(run)
+        return measured, free, measured * 1e-3
+
     def no_trial(self, per_call):
         raise AssertionError("large results need no two-thread trial")
 
+    monkeypatch.setattr(parallel_map, "gil_free_fraction", probe)
     monkeypatch.setattr(ParallelMapIterator, "_thread_speedup", no_trial)
     it = iter(tp.range(12).map(lambda x: torch.full((1 << 19,), float(x)), 2, executor="auto"))
     assert [float(t[0]) for t in it] == [float(x) for x in range(12)]
-    assert it._tree.executor_kind == "process"
+    assert it._tree.executor_kind == kind
 
 
 def small_torch_ops(i):

@@ -27,9 +27,10 @@ _PROBE_ELEMENTS = 8
 _PROBE_SECONDS = 0.02
 _PROCESS_MIN_CALL_S = 50e-6
 _GIL_FREE_FOR_THREADS = 0.5
-# Large results are cheaper from workers: they arrive as views of shared memory, while threads
-# allocate them in this process (a page fault per 4 KB page for each new large tensor).
+# Large results: workers send them without a copy on this side, so threads must leave the GIL
+# almost always free to match them (threads batch into reused memory: no page faults here).
 _LARGE_RESULT_BYTES = 1 << 20
+_GIL_FREE_FOR_LARGE = 0.9
 _PROBE_THREADS = 3  # calls per thread in the two-thread trial
 _PROBE_BASELINE = 3  # calls timed one at a time (without the GIL probe) just before it
 _THREAD_SPEEDUP = 1.3  # below this, two threads are not worth it: the function holds the GIL
@@ -162,13 +163,14 @@ class ParallelMapIterator(Iterator):
             restore_global_rng_states(saved)
         per_call = seconds / max(measured, 1)
         if self._pool is not None:
-            large = self._mean_result_bytes() >= _LARGE_RESULT_BYTES  # processes whatever the GIL: no trial
-            holds_gil = per_call >= _PROCESS_MIN_CALL_S and free < _GIL_FREE_FOR_THREADS
+            large = self._mean_result_bytes() >= _LARGE_RESULT_BYTES  # decided by the probe: no trial
+            free_enough = _GIL_FREE_FOR_LARGE if large else _GIL_FREE_FOR_THREADS
+            holds_gil = per_call >= _PROCESS_MIN_CALL_S and free < free_enough
             if per_call >= _PROCESS_MIN_CALL_S and not (large or holds_gil):
                 # Many short GIL releases (small torch ops) fool the probe: check that two threads
                 # really run faster than one.
                 holds_gil = self._thread_speedup(per_call) < _THREAD_SPEEDUP
-            if large or holds_gil:
+            if holds_gil:
                 self._use_processes()
                 return
         self._use_threads()
