@@ -135,3 +135,10 @@ def test_a_batch_with_a_different_shape_still_says_so():
         list(tp.from_dataset(range(8)).map(shaped).batch(8))
     with pytest.raises(ValueError, match="different shapes in one batch"):
         list(tp.from_dataset(range(8)).map(shaped, num_parallel_calls=2, executor="thread").batch(8))
+
+
+def test_small_elements_are_left_alone_after_the_first():
+    memory = RecycledStack(min_bytes=1 << 20)
+    with memory.rows(64) as batch_rows:
+        elements = [(torch.zeros(4), i) for i in range(3)]
+        assert all(batch_rows.place(j, e) is e for j, e in enumerate(elements))

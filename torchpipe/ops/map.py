@@ -241,7 +241,10 @@ class MapBatchNode(Node):
         # In a worker the batch is stacked straight into the shared-memory record it is sent in;
         # here, into memory that earlier batches used.
         memory = batch.memory()
-        combiners = {False: batch.combiner(ctx, stack=memory or torch.stack), True: batch.combiner(ctx, stack=StackedTensor)}
+        combiners = {
+            False: batch.combiner(ctx, stack=memory or torch.stack),
+            True: batch.combiner(ctx, stack=StackedTensor),
+        }
         size = batch.batch_size
 
         def make_task(fn: UserFunction, in_process: bool) -> MapBatchTask:

@@ -49,7 +49,7 @@ class RecycledStack:
     def __init__(self, min_bytes: int = MIN_BYTES, keep: int = KEEP) -> None:
         self._min_bytes = min_bytes
         self._keep = keep
-        self._free: dict[int, list[np.ndarray]] = defaultdict(list)
+        self._free: dict[int, list[bytearray]] = defaultdict(list)
         self._lock = threading.Lock()
         self._local = threading.local()  # the batch this thread is placing rows of
         self.reused = 0  # stacks that went into memory already faulted in (for tests and stats)
@@ -82,10 +82,9 @@ class RecycledStack:
         with self._lock:
             free = self._free.get(nbytes)
             owner = free.pop() if free else None
+            self.reused += owner is not None
         if owner is None:
             owner = bytearray(nbytes)
-        else:
-            self.reused += 1
         # np.frombuffer's array is the base that every view of the batch keeps alive (numpy
         # stops collapsing bases at a non-array), so its finalizer runs only when all are gone.
         lent = np.frombuffer(owner, np.uint8)
@@ -111,6 +110,7 @@ class BatchRows:
         self._memory = memory
         self._size = batch_size
         self._outs: list[torch.Tensor | None] | None = None  # per leaf of the first element
+        self._placing = True  # until the first element shows nothing to place
 
     def __enter__(self) -> BatchRows:
         self._memory._local.rows = self
@@ -122,9 +122,12 @@ class BatchRows:
 
     def place(self, j: int, element: Any) -> Any:
         """``element`` with each large tensor replaced by row ``j`` of the batch (a copy)."""
+        if not self._placing:
+            return element  # small elements pay one check
         leaves = nest.flatten(element)
         if self._outs is None:
             self._outs = self._prepare(element, leaves)
+            self._placing = any(out is not None for out in self._outs)
         if len(leaves) != len(self._outs):
             return element
         placed = False
