@@ -89,7 +89,7 @@ def test_threads_stacking_at_once_get_their_own_memory():
 
 
 def test_placed_rows_make_the_batch_without_a_second_copy():
-    memory = RecycledStack(min_bytes=1)
+    memory = RecycledStack(min_bytes=1, place_bytes=1)
     elements = [Pair(torch.full((2, 4), float(i)), i) for i in range(3)]
     with memory.rows(4) as batch_rows:
         placed = [batch_rows.place(j, e) for j, e in enumerate(elements)]
@@ -101,14 +101,16 @@ def test_placed_rows_make_the_batch_without_a_second_copy():
 
 
 def test_rows_leave_what_does_not_match_the_first_element():
-    memory = RecycledStack(min_bytes=1)
+    memory = RecycledStack(min_bytes=1, place_bytes=1)
     with memory.rows(3) as batch_rows:
-        first = batch_rows.place(0, (torch.zeros(4), "a"))
+        original = torch.zeros(4)
+        first = batch_rows.place(0, (original, "a"))
         wider = torch.zeros(5)
         other = batch_rows.place(1, (wider, "b"))
         graded = torch.zeros(4, requires_grad=True)
         third = batch_rows.place(2, (graded, "c"))
-    assert first[0].data_ptr() != 0 and other[0] is wider and third[0] is graded
+    assert first[0] is not original and torch.equal(first[0], original)
+    assert other[0] is wider and third[0] is graded
 
 
 def big_row(i):
@@ -137,8 +139,9 @@ def test_a_batch_with_a_different_shape_still_says_so():
         list(tp.from_dataset(range(8)).map(shaped, num_parallel_calls=2, executor="thread").batch(8))
 
 
-def test_small_elements_are_left_alone_after_the_first():
-    memory = RecycledStack(min_bytes=1 << 20)
+@pytest.mark.parametrize("min_bytes, place_bytes", [(1 << 20, 1), (1, 1 << 10)])
+def test_small_elements_are_left_alone_after_the_first(min_bytes, place_bytes):
+    memory = RecycledStack(min_bytes=min_bytes, place_bytes=place_bytes)  # a small batch; small rows
     with memory.rows(64) as batch_rows:
         elements = [(torch.zeros(4), i) for i in range(3)]
         assert all(batch_rows.place(j, e) is e for j, e in enumerate(elements))
