@@ -30,13 +30,14 @@ def test_a_stack_equals_torch_stack_and_its_memory_comes_back_when_the_batch_is_
 @pytest.mark.parametrize("keep", ["row", "dtype view", "numpy slice", "storage"])
 def test_memory_still_viewed_is_never_reused(keep):
     memory = RecycledStack(min_bytes=1)
+    views = {
+        "row": lambda b: b[2],
+        "dtype view": lambda b: b.view(torch.int32),
+        "numpy slice": lambda b: b.numpy()[1:],
+        "storage": lambda b: b.untyped_storage(),
+    }
     batch = memory(rows(4))
-    held = {
-        "row": lambda: batch[2],
-        "dtype view": lambda: batch.view(torch.int32),
-        "numpy slice": lambda: batch.numpy()[1:],
-        "storage": lambda: batch.untyped_storage(),
-    }[keep]()
+    held = views[keep](batch)
     expected = torch.stack(rows(4))
     del batch
     gc.collect()
