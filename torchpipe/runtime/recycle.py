@@ -56,7 +56,7 @@ class RecycledStack:
         self._free: dict[int, list[bytearray]] = defaultdict(list)
         self._lock = threading.Lock()
         self._local = threading.local()  # the batch this thread is placing rows of
-        self.reused = 0  # stacks that went into memory already faulted in (for tests and stats)
+        self.reused = 0  # lends of a buffer given back earlier (memory already faulted in)
 
     def __call__(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
         rows: BatchRows | None = getattr(self._local, "rows", None)
@@ -149,7 +149,7 @@ class BatchRows:
         out = next((o for o in self._outs or () if o is not None and o.data_ptr() == first.data_ptr()), None)
         if out is None or len(tensors) > len(out):
             return None
-        row_bytes = out[0].numel() * out.element_size()
+        row_bytes = out.stride(0) * out.element_size()
         start = out.data_ptr()
         for j, t in enumerate(tensors):
             if t.data_ptr() != start + j * row_bytes or t.shape != out.shape[1:] or t.dtype != out.dtype:
