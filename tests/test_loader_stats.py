@@ -26,7 +26,7 @@ def test_worker_loader_stats_report_batches_workers_and_waiting():
     (stage,) = stats
     assert stage["produced"] == 20 and stage["knobs"]["num_workers"] == 2
     assert 0.008 <= stage["self_s"] < 0.2  # a batch of 4 items of 2 ms on a worker
-    assert stats.bottleneck == "DataLoader workers" and "Limit: the pipeline" in str(stats)
+    assert stats.bottleneck == "DataLoader workers (calls)" and "Limit: the pipeline" in str(stats)
     del it
 
 

@@ -34,7 +34,10 @@ class DataLoader(torch.utils.data.DataLoader):
     """A drop-in ``torch.utils.data.DataLoader``; see torch's documentation for the arguments.
 
     Args:
-        num_workers: as torch's, or ``"auto"``: as many workers as usable CPU cores.
+        num_workers: as torch's, or ``"auto"``: start with as many workers as usable CPU cores;
+            over a map-style dataset the autotuner resizes the pool while it runs, between 1 and
+            twice the cores (each batch goes to a free worker; they still arrive in sampler
+            order; ``get_worker_info().num_workers`` is that most).
         device: ``None`` (batches stay on the CPU), or a device such as ``"cuda"``: batches
             arrive there, copied ahead through pinned memory on a side stream.
         dataset: also a ``tp.Dataset`` pipeline, which runs in this process with its own
@@ -180,7 +183,7 @@ def explain(pipeline: Dataset | torch.utils.data.DataLoader) -> str:
 def _loader_lines(loader: torch.utils.data.DataLoader) -> list[str]:
     state: _LoaderState | None = loader.__dict__.get("_tp")
     dataset = loader.dataset
-    workers = f"{loader.num_workers} (auto: usable cores)" if state is not None and state.workers_auto else str(loader.num_workers)
+    workers = f"{loader.num_workers} (auto: usable cores to start)" if state is not None and state.workers_auto else str(loader.num_workers)
     kind = "a tp.Dataset pipeline" if isinstance(dataset, Dataset) else (
         "an IterableDataset" if isinstance(dataset, torch.utils.data.IterableDataset) else "a map-style dataset"
     )
@@ -202,9 +205,11 @@ def _loader_lines(loader: torch.utils.data.DataLoader) -> list[str]:
     elif loader.num_workers > 0 and _engine_can_run(loader):
         fetch = "__getitems__" if hasattr(dataset, "__getitems__") else "dataset[i] per index"
         to_shm = " (tensors stacked straight into shared memory)" if loader.collate_fn is torch_collate.default_collate else ""
+        tuned = state is not None and state.workers_auto and not isinstance(dataset, torch.utils.data.IterableDataset)
+        resized = f" (resized by the autotuner: 1 to {2 * usable_cpu_count()})" if tuned else ""
         lines.append(
-            f"  {loader.num_workers} worker processes forked from a zygote; a task per batch: {fetch}, "
-            f"then {collate}{to_shm}; {(loader.prefetch_factor or 2) * loader.num_workers} batches in flight, "
+            f"  {loader.num_workers} worker processes forked from a zygote{resized}; a task per batch: {fetch}, "
+            f"then {collate}{to_shm}; {loader.prefetch_factor or 2} batches in flight per worker, "
             f"delivered {'in sampler order' if loader.in_order else 'as they finish'}; a dead worker is replaced"
         )
     else:

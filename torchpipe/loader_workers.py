@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import random
 import time
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -20,9 +21,13 @@ import torch.utils.data._utils.worker as torch_worker
 from torch.utils.data import dataloader as torch_dataloader
 from torch.utils.data._utils.pin_memory import pin_memory
 
-from torchpipe.autotune.live import CONSUMER
-from torchpipe.autotune.report import WAITING_LIMIT, PipelineStats
+from torchpipe.autotune.live import start_look
+from torchpipe.autotune.report import PipelineStats, pipeline_stats
+from torchpipe.autotune.runner import Autotuner, ConsumerClock
+from torchpipe.autotune.tuner import Budget
+from torchpipe.ops.stats import IteratorStats, LiveKnob
 from torchpipe.runtime.codec import StackedTensor
+from torchpipe.runtime.cpu import usable_cpu_count
 from torchpipe.runtime.process_pool import ProcessPool
 
 if TYPE_CHECKING:
@@ -67,13 +72,13 @@ class _FetchTask:
     task, as torch does.
     """
 
-    def __init__(self, loader: DataLoader, base_seed: int) -> None:
+    def __init__(self, loader: DataLoader, base_seed: int, num_workers: int) -> None:
         self.dataset = loader.dataset
         self.kind = loader._dataset_kind
         self.auto_collation = loader._auto_collation
         self.collate_fn = loader.collate_fn
         self.drop_last = loader.drop_last
-        self.num_workers = loader.num_workers
+        self.num_workers = num_workers  # what get_worker_info() says: the most workers there may be
         self.worker_init_fn = loader.worker_init_fn
         self.base_seed = base_seed
         self.fetcher: Any = None
@@ -128,9 +133,17 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
     def __init__(self, loader: DataLoader) -> None:
         super().__init__(loader)
         self._in_order = loader.in_order
-        self._prefetch = (loader.prefetch_factor or 2) * self._num_workers
-        self._pool = ProcessPool(_FetchTask(loader, self._base_seed), self._num_workers, "DataLoader")
+        self._factor = loader.prefetch_factor or 2
+        self._prefetch = self._factor * self._num_workers
+        # num_workers="auto" over a map-style dataset: the tuner sizes the pool while it runs.
+        # (An IterableDataset's replicas are split by worker count: that stays fixed.)
+        tuned = loader._tp.workers_auto and self._dataset_kind == torch_dataloader._DatasetKind.Map
+        most = max(self._num_workers, 2 * usable_cpu_count()) if tuned else self._num_workers
+        self._knob = _workers_knob(self, self._num_workers, most) if tuned else None
+        self._pool = ProcessPool(_FetchTask(loader, self._base_seed, most), self._num_workers, "DataLoader")
         self._pool.start()
+        self._tuner: Autotuner | None = None
+        self._tuner_stop = weakref.finalize(self, lambda: None)
         self._epoch = -1
         self._send_idx = 0  # sequence numbers run on across epochs: late results of a broken-off
         self._start_epoch()  # epoch can never be taken for this one's
@@ -141,27 +154,41 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
         self._start_epoch()
 
     def _start_epoch(self) -> None:
-        self._epoch_started, self._waited, self._batches = time.perf_counter(), 0.0, 0
+        self._stop_tuner()
+        self._stage = _WorkersStage(self._pool, self._factor, self._knob)
+        self._clock, self._started = ConsumerClock(), start_look()
+        if self._knob is not None:
+            self._tuner = Autotuner(self._stage, self._clock, Budget.of_machine())
+            self._tuner_stop.detach()
+            self._tuner_stop = weakref.finalize(self, self._tuner.stop)  # a dropped iterator stops it
         self._epoch += 1
         self._active = [True] * self._num_workers
         self._slots = itertools.cycle(range(self._num_workers))
-        self._task_slot: dict[int, int] = {}
+        self._task_slot: dict[int, int | None] = {}
         self._done: dict[int, tuple[Any, BaseException | None]] = {}
         self._rcvd_idx = self._send_idx
-        for _ in range(self._prefetch):
-            self._try_put_index()
+        self._fill()
 
-    def _try_put_index(self) -> None:
-        if not any(self._active):
-            return
-        try:
-            index = self._next_index()
-        except StopIteration:
-            return
-        slot = next(s for s in self._slots if self._active[s])
-        self._task_slot[self._send_idx] = slot
-        self._pool.submit(self._send_idx, (self._epoch, index), slot=slot)
-        self._send_idx += 1
+    def _fill(self) -> None:
+        """Put indices until ``prefetch_factor`` batches per worker are in flight (or none are left)."""
+        while len(self._task_slot) < self._prefetch and any(self._active):
+            try:
+                index = self._next_index()
+            except StopIteration:
+                return
+            # Fixed workers get torch's order (batch k to worker k % n); a tuned pool, the least busy.
+            slot = next(s for s in self._slots if self._active[s]) if self._knob is None else None
+            self._task_slot[self._send_idx] = slot
+            self._pool.submit(self._send_idx, (self._epoch, index), slot=slot)
+            self._send_idx += 1
+
+    def _set_workers(self, n: int) -> None:
+        """Resize the pool (the tuner's request, applied between two batches): retired workers
+        finish their batches first, and batches keep their sequence numbers, so none is lost,
+        repeated or reordered."""
+        self._pool.resize(n)
+        self._prefetch = self._factor * n
+        self._fill()
 
     def skip(self, count: int) -> None:
         """Resume support: drop ``count`` batches (map-style: without fetching them)."""
@@ -170,34 +197,52 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
             self._num_yielded += 1
 
     def _next_data(self) -> Any:
+        self._clock.enter()
+        if self._knob is not None:
+            self._knob.take_request()
+        stats, started, waited = self._stage.stats, time.perf_counter(), 0.0
         while True:
-            seq = self._next_ready()
+            try:
+                seq, seq_waited = self._next_ready()
+            except StopIteration:
+                self._stop_tuner()
+                raise
+            waited += seq_waited
             value, error = self._done.pop(seq)
             slot = self._task_slot.pop(seq)
             if isinstance(value, _Exhausted):
                 self._active[slot] = False
-                self._try_put_index()
+                self._fill()
                 continue
-            self._try_put_index()
+            self._fill()
             if error is not None:
                 raise error
-            self._batches += 1
+            stats.look(len(self._done), self._prefetch)
+            stats.produced += 1
+            stats.wait_s += waited
+            stats.clocked(time.perf_counter() - started, waited)
+            stats.sample_bytes(value)
+            if self._tuner is not None and not self._tuner.started:
+                self._tuner.start()  # with the first batch, as a pipeline's tuner
+            self._clock.leave()
             return pin_memory(value, self._pin_memory_device) if self._pin_memory else value
 
     def stats(self) -> PipelineStats:
-        """This epoch's numbers: batches, the workers' time per batch, the loop's waiting."""
-        seconds = max(time.perf_counter() - self._epoch_started, 1e-9)
-        calls, work_s, _ = self._pool.timing.totals()
-        stage = {"stage": "DataLoader workers", "depth": 0, "produced": self._batches,
-                 "throughput": self._batches / seconds, "self_s": work_s / max(calls, 1),
-                 "wait_ratio": self._waited / seconds, "knobs": {"num_workers": self._num_workers,
-                                                                 "in_flight": self._prefetch}}  # fmt: skip
-        waiting = self._waited / seconds
-        limit = "DataLoader workers" if waiting >= WAITING_LIMIT else CONSUMER
-        return PipelineStats([stage], seconds, limit, waiting, [])
+        """This epoch's numbers: batches, the workers' time per batch, the loop's waiting, the
+        worker count (and the tuner's rounds, with ``num_workers="auto"``)."""
+        decisions = list(self._tuner.decisions) if self._tuner is not None else []
+        stats = pipeline_stats(self._stage, self._started, self._clock.outside_s(), decisions)
+        stats[0]["knobs"] = {"num_workers": self._pool.size, "in_flight": self._prefetch}
+        return stats
 
-    def _next_ready(self) -> int:
-        """The sequence number to deliver next, waiting for it (at most ``timeout`` seconds)."""
+    def _stop_tuner(self) -> None:
+        if self._tuner is not None:
+            self._tuner.stop()
+
+    def _next_ready(self) -> tuple[int, float]:
+        """The sequence number to deliver next, waiting for it (at most ``timeout`` seconds), and
+        the seconds waited."""
+        waited = 0.0
         deadline = time.monotonic() + self._timeout if self._timeout > 0 else None
         while True:
             while self._rcvd_idx < self._send_idx and self._rcvd_idx not in self._task_slot:
@@ -207,22 +252,68 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
                 raise StopIteration
             ready = self._rcvd_idx if self._in_order else next(iter(self._done), None)
             if ready is not None and ready in self._done:
-                return ready
+                return ready, waited
             wait = _WAIT_S if deadline is None else max(0.0, min(_WAIT_S, deadline - time.monotonic()))
             if deadline is not None and wait == 0:
                 raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds")
             t0 = time.perf_counter()
             results = self._pool.collect(wait)
-            self._waited += time.perf_counter() - t0
+            waited += time.perf_counter() - t0
             for done_seq, value, error in results:
                 if done_seq in self._task_slot:  # not a late result of an abandoned epoch
                     self._done[done_seq] = (value, error)
 
     def _shutdown_if_done(self) -> None:
+        self._stop_tuner()
         if not self._persistent_workers:
             self._pool.close()
 
     def __del__(self) -> None:
+        self._stop_tuner()
         pool = getattr(self, "_pool", None)
         if pool is not None:
             pool.close()
+
+
+class _WorkersStage:
+    """A DataLoader's workers as the autotuner and the report see them: one pool stage, no input.
+
+    It counts the batches delivered (and the loop's waits) in the iterator stats every op keeps;
+    the workers' time per batch comes from the pool.
+    """
+
+    name = "DataLoader workers"
+    tuning_role = "pool"
+
+    def __init__(self, pool: ProcessPool, per_worker: int, knob: LiveKnob | None) -> None:
+        self.stats = IteratorStats()
+        self.stats.calls = pool.timing
+        self._pool, self._per_worker, self._knob = pool, per_worker, knob
+
+    def children(self) -> list[Any]:
+        return []
+
+    def knobs(self) -> list[LiveKnob]:
+        return [self._knob] if self._knob is not None else []
+
+    def parallelism(self) -> int:
+        return self._pool.size
+
+    def buffer_slots(self) -> int:
+        return self._per_worker * self._pool.size
+
+    def calls_in_processes(self) -> bool:
+        return True
+
+
+def _workers_knob(iterator: WorkerIterator, value: int, most: int) -> LiveKnob:
+    """The tuner's knob for the worker count; it holds the iterator weakly (the tuner's thread
+    must not keep a dropped iterator, and its workers, alive)."""
+    ref = weakref.ref(iterator)
+
+    def apply(n: int) -> None:
+        live = ref()
+        if live is not None:
+            live._set_workers(n)
+
+    return LiveKnob(f"{_WorkersStage.name}.parallelism", value, 1, most, False, apply)

@@ -46,7 +46,7 @@ def test_tp_explain_describes_a_dataloader():
 
     text = tp.explain(tp.DataLoader(Squares(), batch_size=4, shuffle=True, num_workers="auto"))
     assert "dataset: Squares (a map-style dataset)" in text and "sampler: RandomSampler" in text
-    assert "(auto: usable cores)" in text and "worker processes forked from a zygote" in text
+    assert "(auto: usable cores to start)" in text and "worker processes forked from a zygote (resized by the autotuner" in text
     assert "torch's own iterator (num_workers=0)" in tp.explain(tp.DataLoader(Squares()))
     assert "Optimizations:" in tp.explain(tp.DataLoader(tp.range(3).map(abs), batch_size=None))
     assert tp.explain(tp.range(3)) == tp.range(3).explain()
