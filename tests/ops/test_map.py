@@ -321,20 +321,27 @@ def test_unseeded_workers_draw_distinct_global_streams():
 
 @pytest.mark.parametrize("free, kind", [(0.8, "process"), (0.95, "thread")])
 def test_auto_executor_keeps_large_results_on_threads_only_where_the_gil_stays_free(monkeypatch, free, kind):
-    measure = parallel_map.gil_free_fraction
+    measure, steady = parallel_map.gil_free_fraction, parallel_map.steady_gil_free_fraction
+    repeats = []
 
-    def probe(run):  # the function's own share of GIL-free time, as if each call took 1 ms
+    def first_probe(run):  # the first calls look busier than they are (warm-up): not what decides
         measured, _, _ = measure(run)
-        return measured, free, measured * 1e-3
+        return measured, 0.5, measured * 1e-3
+
+    def steady_probe(call, n):  # the function's own share of GIL-free time over n more calls
+        repeats.append(n)
+        results, _, seconds = steady(call, n)
+        return results, free, seconds
 
     def no_trial(self, per_call):
         raise AssertionError("large results need no two-thread trial")
 
-    monkeypatch.setattr(parallel_map, "gil_free_fraction", probe)
+    monkeypatch.setattr(parallel_map, "gil_free_fraction", first_probe)
+    monkeypatch.setattr(parallel_map, "steady_gil_free_fraction", steady_probe)
     monkeypatch.setattr(ParallelMapIterator, "_thread_speedup", no_trial)
-    it = iter(tp.range(12).map(lambda x: torch.full((1 << 19,), float(x)), 2, executor="auto"))
-    assert [float(t[0]) for t in it] == [float(x) for x in range(12)]
-    assert it._tree.executor_kind == kind
+    it = iter(tp.range(16).map(lambda x: torch.full((1 << 19,), float(x)), 2, executor="auto"))
+    assert [float(t[0]) for t in it] == [float(x) for x in range(16)]
+    assert it._tree.executor_kind == kind and repeats == [parallel_map._LARGE_PROBE_CALLS]
 
 
 def small_torch_ops(i):
