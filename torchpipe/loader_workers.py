@@ -122,7 +122,9 @@ class _FetchTask:
 
 
 class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
-    """Batches from worker processes, in torch's order: index ``k`` goes to worker ``k % n``.
+    """Batches from worker processes, in torch's order: index ``k`` goes to worker ``k % n``
+    (with ``num_workers="auto"`` over a map-style dataset, to the least busy worker of a pool the
+    autotuner resizes; batches still arrive in sampler order).
 
     Like torch's multiprocessing iterator it keeps ``prefetch_factor * num_workers`` batches in
     flight, skips workers whose IterableDataset replica has ended, and raises after ``timeout``
@@ -143,7 +145,7 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
         self._pool = ProcessPool(_FetchTask(loader, self._base_seed, most), self._num_workers, "DataLoader")
         self._pool.start()
         self._tuner: Autotuner | None = None
-        self._tuner_stop = weakref.finalize(self, lambda: None)
+        self._tuner_stop: weakref.finalize | None = None
         self._epoch = -1
         self._send_idx = 0  # sequence numbers run on across epochs: late results of a broken-off
         self._start_epoch()  # epoch can never be taken for this one's
@@ -159,7 +161,8 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
         self._clock, self._started = ConsumerClock(), start_look()
         if self._knob is not None:
             self._tuner = Autotuner(self._stage, self._clock, Budget.of_machine())
-            self._tuner_stop.detach()
+            if self._tuner_stop is not None:
+                self._tuner_stop.detach()
             self._tuner_stop = weakref.finalize(self, self._tuner.stop)  # a dropped iterator stops it
         self._epoch += 1
         self._active = [True] * self._num_workers
@@ -202,11 +205,7 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
             self._knob.take_request()
         stats, started, waited = self._stage.stats, time.perf_counter(), 0.0
         while True:
-            try:
-                seq, seq_waited = self._next_ready()
-            except StopIteration:
-                self._stop_tuner()
-                raise
+            seq, seq_waited = self._next_ready()  # at the end: StopIteration, the tuner stopped
             waited += seq_waited
             value, error = self._done.pop(seq)
             slot = self._task_slot.pop(seq)

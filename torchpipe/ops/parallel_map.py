@@ -33,7 +33,8 @@ _LARGE_RESULT_BYTES = 1 << 20
 # Their first calls (page faults, warm-up) and other threads' bursts of Python make the GIL look
 # busier than it is: the least disturbed of this many more calls, each measured on its own, decides.
 _LARGE_PROBE_CALLS = 4
-_GIL_FREE_FOR_LARGE = 0.95  # beside the bench's monitor thread: bigtensor 0.94-1.0 (9 of 12 >= 0.95), jpeg batches 0.79-0.93
+# Beside the bench's monitor thread: bigtensor 0.94-1.0 (9 of 12 >= 0.95), jpeg's batches 0.79-0.93.
+_GIL_FREE_FOR_LARGE = 0.95
 _PROBE_THREADS = 3  # calls per thread in the two-thread trial
 _PROBE_BASELINE = 3  # calls timed one at a time (without the GIL probe) just before it
 _THREAD_SPEEDUP = 1.3  # below this, two threads are not worth it: the function holds the GIL
