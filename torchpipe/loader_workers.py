@@ -268,7 +268,6 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
             self._pool.close()
 
     def __del__(self) -> None:
-        self._stop_tuner()
         pool = getattr(self, "_pool", None)
         if pool is not None:
             pool.close()
