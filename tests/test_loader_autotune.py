@@ -52,6 +52,19 @@ def test_resizing_mid_epoch_loses_repeats_and_reorders_no_batch():
     assert items[:, 1].max() < most
 
 
+def test_the_next_epoch_starts_with_the_workers_the_tuner_left():
+    loader = tp.DataLoader(Sleepy(40), batch_size=4, num_workers="auto")
+    it = iter(loader)
+    assert len(it._pool.pids) == usable_cpu_count()
+    next(it)
+    it._knob.request(3)
+    rest = list(it)
+    assert len(rest) == 9 and _workers(loader, it) == 3
+    again = iter(loader)  # a new epoch (workers are not persistent): no climb from the cores again
+    assert len(again._pool.pids) == 3 and again._knob.value == 3
+    assert torch.cat(list(again))[:, 0].tolist() == list(range(40))
+
+
 def test_fixed_workers_and_iterable_datasets_are_not_tuned():
     assert iter(tp.DataLoader(Sleepy(8), num_workers=2))._knob is None
 

@@ -59,6 +59,7 @@ class Dataset(torch.utils.data.IterableDataset):
         self._epochs = itertools.count()
         self._epoch_lock = threading.Lock()
         self._latest: weakref.ref | None = None  # the latest pass, for explain()'s tuned values
+        self._memory: dict[tuple[int, ...], dict[str, Any]] = {}  # what passes learned: the next starts there
 
     # -- iteration and inspection ---------------------------------------------------------
     def __iter__(self) -> PipelineIterator:
@@ -69,7 +70,7 @@ class Dataset(torch.utils.data.IterableDataset):
         return iterator
 
     def _plan(self) -> Plan:
-        return Plan(self._node, self.options())
+        return Plan(self._node, self.options(), self._memory)
 
     def options(self) -> Options:
         """The pipeline's options: every ``with_options`` below this node, later ones winning."""

@@ -165,6 +165,7 @@ class _LoaderState:
         self.current: weakref.ref | None = None
         self.resume: int | None = None
         self.workers_auto = False
+        self.tuned_workers: int | None = None  # where the autotuner left num_workers="auto"
 
 
 def explain(pipeline: Dataset | torch.utils.data.DataLoader) -> str:

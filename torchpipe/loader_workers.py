@@ -136,11 +136,15 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
         super().__init__(loader)
         self._in_order = loader.in_order
         self._factor = loader.prefetch_factor or 2
-        self._prefetch = self._factor * self._num_workers
-        # num_workers="auto" over a map-style dataset: the tuner sizes the pool while it runs.
-        # (An IterableDataset's replicas are split by worker count: that stays fixed.)
+        # num_workers="auto" over a map-style dataset: the tuner sizes the pool while it runs,
+        # from where the last epoch left it. (An IterableDataset's replicas are split by worker
+        # count: that stays fixed.)
         tuned = loader._tp.workers_auto and self._dataset_kind == torch_dataloader._DatasetKind.Map
         most = max(self._num_workers, 2 * usable_cpu_count()) if tuned else self._num_workers
+        self._tp_state = loader._tp
+        if tuned and self._tp_state.tuned_workers is not None:
+            self._num_workers = min(most, self._tp_state.tuned_workers)
+        self._prefetch = self._factor * self._num_workers
         self._knob = _workers_knob(self, self._num_workers, most) if tuned else None
         self._pool = ProcessPool(_FetchTask(loader, self._base_seed, most), self._num_workers, "DataLoader")
         self._pool.start()
@@ -191,6 +195,7 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
         repeated or reordered."""
         self._pool.resize(n)
         self._prefetch = self._factor * n
+        self._tp_state.tuned_workers = n
         self._fill()
 
     def skip(self, count: int) -> None:

@@ -135,3 +135,15 @@ def test_position_log_returns_errors_in_place():
     assert log.pull()[1] == 2
     with pytest.raises(StopIteration):
         log.pull()
+
+
+def test_learned_is_kept_by_position_across_passes_but_not_inside_inner_datasets():
+    memory = {}
+    outer = BuildContext(seed=1, seeded=False, epoch=0, options=Options(), memory=memory).child(0)
+    outer.learned()["executor"] = "process"
+    next_pass = BuildContext(seed=2, seeded=False, epoch=1, options=Options(), memory=memory).child(0)
+    assert next_pass.learned() == {"executor": "process"}
+    inner = next_pass.inner(7).child(0)
+    inner.learned()["executor"] = "thread"
+    assert inner.learned() == {} and list(memory) == [(0,)]  # one dataset per element: nothing kept
+    assert ctx().learned() == {}  # a context without memory (no Dataset behind it)

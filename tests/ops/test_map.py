@@ -227,6 +227,63 @@ def test_auto_executor_picks_processes_for_gil_holders_and_threads_otherwise():
     assert list(it) == list(range(20)) and it._tree.executor_kind == "thread"
 
 
+def _parallel_stage(it):
+    stage = it._tree
+    while not isinstance(stage, ParallelMapIterator):
+        (stage,) = stage.children()
+    return stage
+
+
+@pytest.mark.parametrize("free, per_call, kind", [(0.0, 1e-3, "process"), (1.0, 1e-6, "thread")])
+def test_the_next_pass_starts_with_the_executor_and_parallelism_the_last_one_settled_on(
+    monkeypatch, free, per_call, kind
+):
+    def probe(run):  # the GIL measured free for ``free`` of the time, at ``per_call`` s a call
+        measured = run()
+        return measured, free, measured * per_call
+
+    monkeypatch.setattr(parallel_map, "gil_free_fraction", probe)
+    untuned = tp.Options(autotune=tp.AutotuneOptions(enabled=False))  # the test plays the tuner
+    ds = tp.range(20).map(abs, tp.AUTOTUNE, executor="auto").with_options(untuned)
+    first = iter(ds)
+    out = [next(first)]
+    stage = _parallel_stage(first)
+    assert stage.executor_kind == kind
+    stage.knobs()[0].request(3)  # what the autotuner's request does, applied before the next element
+    out.extend(first)
+    assert out == list(range(20)) and stage.parallelism() == 3
+
+    def no_probe(run):
+        raise AssertionError("the executor was chosen in the last pass: no probe again")
+
+    monkeypatch.setattr(parallel_map, "gil_free_fraction", no_probe)
+    second = iter(ds)
+    out = [next(second)]
+    stage = _parallel_stage(second)
+    assert stage.executor_kind == kind and stage.parallelism() == 3 and stage.knobs()[0].value == 3
+    assert out + list(second) == list(range(20))
+    with pytest.raises(AssertionError, match="no probe again"):  # what is learned stays with its Dataset
+        next(iter(tp.range(20).map(abs, tp.AUTOTUNE, executor="auto")))
+
+
+def test_threads_picked_by_the_trial_are_remembered_only_once_confirmed(monkeypatch):
+    probes = []
+
+    def probe(run):  # GIL free, 1 ms a call: the two-thread trial decides (it says threads)
+        probes.append(1)
+        measured = run()
+        return measured, 1.0, measured * 1e-3
+
+    monkeypatch.setattr(parallel_map, "gil_free_fraction", probe)
+    monkeypatch.setattr(ParallelMapIterator, "_thread_speedup", lambda self, per_call: 2.0)
+    ds = tp.range(100).map(abs, 2, executor="auto")
+    it = iter(ds)
+    next(it)
+    assert _parallel_stage(it).executor_kind == "thread"
+    it.close()  # before the steady-state check confirmed the threads
+    assert list(ds) == list(range(100)) and len(probes) == 2  # so the next pass measured again
+
+
 CHILD = """
 import os, sys, time, torchpipe as tp
 def slow(x):

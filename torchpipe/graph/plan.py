@@ -24,15 +24,18 @@ class Plan:
     Args:
         root: the pipeline's root node.
         options: the pipeline's merged options.
+        memory: what earlier passes learned, by stage position (the Dataset's; passes share it).
 
     Attributes:
         runtime_root: the root after ``graph.optimizer.optimize``.
         rewrites: a line per rewrite the passes did, for ``explain()``.
     """
 
-    def __init__(self, root: Node, options: Options) -> None:
+    def __init__(self, root: Node, options: Options,
+                 memory: dict[tuple[int, ...], dict[str, Any]] | None = None) -> None:  # fmt: skip
         self.root = root
         self.options = options
+        self.memory = memory
         self.runtime_root, self.rewrites = optimize(root, options)
         self._fingerprint = _kinds(root) + ["->"] + _kinds(self.runtime_root)
 
@@ -69,7 +72,7 @@ class PipelineIterator:
         self._start: Look = start_look()
 
     def _build(self) -> Iterator:
-        ctx = BuildContext(self._seed, self._seeded, self._epoch, self._plan.options)
+        ctx = BuildContext(self._seed, self._seeded, self._epoch, self._plan.options, memory=self._plan.memory)
         tree = self._plan.runtime_root.build(ctx)
         tuning, clock, tuner = self._plan.options.autotune, ConsumerClock(), None
         if tuning.enabled and live_knobs(tree):

@@ -39,6 +39,7 @@ class BuildContext:
         options: the pipeline's merged options.
         path: the node's structural position (child indices from the root).
         iteration: repetition counters of enclosing ``repeat`` ops.
+        memory: what earlier passes of the Dataset learned, by position (see :meth:`learned`).
     """
 
     seed: int
@@ -47,6 +48,16 @@ class BuildContext:
     options: Options
     path: tuple[int, ...] = ()
     iteration: tuple[int, ...] = ()
+    memory: dict[tuple[int, ...], dict[str, Any]] | None = dataclasses.field(default=None, compare=False)
+
+    def learned(self) -> dict[str, Any]:
+        """What earlier passes of this Dataset learned about the stage at this position (the
+        executor ``auto`` chose, the parallelism the autotuner settled on), for this pass to start
+        from and to update. Inside a dataset a user function made, nothing is kept (a fresh dict):
+        there is one per input element."""
+        if self.memory is None or _INNER_MARK in self.path:
+            return {}
+        return self.memory.setdefault(self.path, {})
 
     def child(self, index: int) -> BuildContext:
         return dataclasses.replace(self, path=self.path + (index,))

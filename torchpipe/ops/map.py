@@ -131,6 +131,7 @@ class MapNode(Node):
             executor=self.executor,
             restart=ctx.options.restart_workers,
             tunable=self.num_parallel_calls == AUTOTUNE,
+            learned=ctx.learned(),
         )
 
 

@@ -92,8 +92,15 @@ class ParallelMapIterator(Iterator):
         executor: str,
         restart: bool,
         tunable: bool = False,
+        learned: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(name, source)
+        # What earlier passes settled on: start there (no probe; no climb from the cores).
+        self._learned = learned if learned is not None else {}
+        if executor == "auto" and self._learned.get("executor") in ("thread", "process"):
+            executor = self._learned["executor"]
+        if tunable:
+            parallelism = self._learned.get("parallelism", parallelism)
         self.stats.calls = CallTiming()
         self._log = PositionLog(source)
         self._tasks = {"thread": in_threads, "process": in_processes}
@@ -131,6 +138,7 @@ class ParallelMapIterator(Iterator):
 
     def _resize(self, size: int) -> None:
         self._parallelism = size
+        self._learned["parallelism"] = size
         if self._executor is not None:
             self._executor.resize(size)
 
@@ -182,7 +190,9 @@ class ParallelMapIterator(Iterator):
         self._use_threads()
         if self._pool is not None and per_call >= _PROCESS_MIN_CALL_S:
             self._check = _ThreadCheck(per_call, self.stats.wait_s)  # the trial can mislead: confirm it
-        elif self._pool is not None:
+            return
+        self._learned["executor"] = "thread"
+        if self._pool is not None:
             self._pool.close()
             self._pool = None
 
@@ -190,6 +200,7 @@ class ParallelMapIterator(Iterator):
         self._pool.resize(self._parallelism)
         self._executor = self._pool
         self._set_kind("process")
+        self._learned["executor"] = "process"
 
     def _use_threads(self) -> None:
         self._executor = ThreadExecutor(self._tasks["thread"], self._parallelism, self.name, self.stats.calls)
@@ -210,6 +221,7 @@ class ParallelMapIterator(Iterator):
             threads.close()
             self._use_processes()
         else:
+            self._learned["executor"] = "thread"
             self._pool.close()
             self._pool = None
 
