@@ -50,7 +50,9 @@ class PrefetchNode(Node):
         if self.buffer_size == 0:
             return source
         if self.buffer_size == AUTOTUNE:
-            return PrefetchIterator(self.kind, source, AUTOTUNE_DEPTH, tunable=True)
+            learned = ctx.learned()  # the depth the tuner left in the last pass, if any
+            return PrefetchIterator(self.kind, source, learned.get("depth", AUTOTUNE_DEPTH), tunable=True,
+                                    learned=learned)  # fmt: skip
         return PrefetchIterator(self.kind, source, self.buffer_size)
 
 
@@ -164,12 +166,15 @@ class PrefetchIterator(Iterator):
         source: the input iterator (owned by the thread once started).
         depth: the buffer depth; see :attr:`depth`.
         tunable: the autotuner may change the depth (``prefetch(tp.AUTOTUNE)``).
+        learned: where the depth the tuner sets is kept for the next pass.
     """
 
     tuning_role = "buffer"
 
-    def __init__(self, name: str, source: Iterator, depth: int, tunable: bool = False) -> None:
+    def __init__(self, name: str, source: Iterator, depth: int, tunable: bool = False,
+                 learned: dict[str, Any] | None = None) -> None:  # fmt: skip
         super().__init__(name, source)
+        self._learned = learned if learned is not None else {}
         self._log = PositionLog(source)
         self.buffer = PrefetchBuffer(depth)
         self._knob: LiveKnob | None = None
@@ -197,6 +202,7 @@ class PrefetchIterator(Iterator):
 
     def _set_depth(self, value: int) -> None:
         self.buffer.depth = value
+        self._learned["depth"] = value
 
     def start(self) -> None:
         # Pin the starting position on this thread, before the producer owns the input.
