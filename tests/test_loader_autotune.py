@@ -1,7 +1,10 @@
-"""``DataLoader(num_workers="auto")``: the autotuner sizes the worker pool of a map-style dataset."""
+"""``DataLoader(num_workers="auto")``: the policy places a map-style dataset's batches (this process,
+threads or worker processes) and the autotuner sizes the pool."""
 
+import random
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -12,6 +15,7 @@ from torchpipe.autotune.tuner import Budget
 from torchpipe.loader_workers import WorkerIterator, _WorkersStage
 from torchpipe.ops.stats import LiveKnob
 from torchpipe.runtime.cpu import usable_cpu_count
+from torchpipe.runtime.policy import INLINE, PROCESS, THREAD
 from torchpipe.runtime.timing import CallTiming
 
 
@@ -27,42 +31,94 @@ class Sleepy(torch.utils.data.Dataset):
     def __getitem__(self, i):
         if self.seconds:
             time.sleep(self.seconds)
-        info = torch.utils.data.get_worker_info()
-        return torch.tensor([i, info.id, info.num_workers])
+        info = torch.utils.data.get_worker_info()  # None in this process (inline or on threads)
+        return torch.tensor([i, -1, 0] if info is None else [i, info.id, info.num_workers])
 
 
 def _workers(loader, it):
     return loader.stats()[0]["knobs"]["num_workers"]
 
 
-def test_resizing_mid_epoch_loses_repeats_and_reorders_no_batch():
-    loader = tp.DataLoader(Sleepy(200), batch_size=4, num_workers="auto")
+def test_moving_between_this_process_threads_and_processes_mid_epoch_loses_repeats_and_reorders_no_batch():
+    loader = tp.DataLoader(Sleepy(400), batch_size=4, num_workers="auto")
     it = iter(loader)
     assert isinstance(it, WorkerIterator) and it._knob is not None
     seen = [next(it) for _ in range(5)]
-    for size in (1, 3, 2):  # what the tuner's requests do, applied between two batches
-        it._knob.request(size)
-        seen.extend(next(it) for _ in range(5))
-        assert _workers(loader, it) == size == len(it._pool.pids)
+    kinds = set()
+    for kind, size in ((PROCESS, 2), (INLINE, 0), (THREAD, 3), (PROCESS, 3), (PROCESS, 1), (INLINE, 0)):
+        it._placement.move(kind, size)  # what the policy's and the tuner's decisions do
+        seen.extend(next(it) for _ in range(8))
+        kinds.add(loader.stats()[0]["knobs"]["executor"])
+        assert _workers(loader, it) == size
+        if kind == PROCESS:
+            assert len(it._pool.pids) == size
     seen.extend(it)
     items = torch.cat(seen)
-    assert items[:, 0].tolist() == list(range(200))
+    assert items[:, 0].tolist() == list(range(400))
     most = max(usable_cpu_count(), 2 * usable_cpu_count())
-    assert set(items[:, 2].tolist()) == {most}  # get_worker_info().num_workers: the most there may be
-    assert items[:, 1].max() < most
+    from_workers = items[items[:, 1] >= 0]
+    assert len(from_workers) and set(from_workers[:, 2].tolist()) == {most}  # get_worker_info(): the most there may be
+    assert from_workers[:, 1].max() < most and kinds == {INLINE, THREAD, PROCESS}
 
 
-def test_the_next_epoch_starts_with_the_workers_the_tuner_left():
+def test_cheap_batches_are_made_in_this_process_and_the_tuners_zero_means_that():
+    loader = tp.DataLoader(Sleepy(100_000), batch_size=4, num_workers="auto")
+    it = iter(loader)
+    first, deadline = [], time.monotonic() + 10
+    while it._placement.kind != INLINE and time.monotonic() < deadline:  # it may try the others first
+        first.append(next(it))
+    first += [next(it) for _ in range(100)]
+    assert it._placement.kind == INLINE and _workers(loader, it) == 0 and it._pool.pids == []
+    it._knob.request(2)  # the tuner asks for a pool: the best parallel executor gets it
+    rest = [next(it) for _ in range(100)]
+    assert _workers(loader, it) == 2
+    assert torch.cat(first + rest)[:, 0].tolist() == list(range(4 * (len(first) + 100)))
+
+
+def test_the_next_epoch_starts_where_the_last_one_left_the_batches():
     loader = tp.DataLoader(Sleepy(40), batch_size=4, num_workers="auto")
     it = iter(loader)
-    assert len(it._pool.pids) == usable_cpu_count()
     next(it)
-    it._knob.request(3)
+    it._placement.move(PROCESS, 3)
     rest = list(it)
     assert len(rest) == 9 and _workers(loader, it) == 3
-    again = iter(loader)  # a new epoch (workers are not persistent): no climb from the cores again
-    assert len(again._pool.pids) == 3 and again._knob.value == 3
+    again = iter(loader)  # a new epoch (workers are not persistent): no measuring again
+    assert again._placement.kind == PROCESS and len(again._pool.pids) == 3 and again._knob.value == 3
     assert torch.cat(list(again))[:, 0].tolist() == list(range(40))
+
+
+class Augmented(torch.utils.data.Dataset):
+    """Random augmentation from the global RNGs, as torchvision transforms draw it."""
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        return torch.tensor([i, random.random(), float(np.random.rand()), float(torch.rand(()))])
+
+
+@pytest.mark.parametrize("kind, workers", [(INLINE, 0), (PROCESS, 1), (PROCESS, 3)])
+def test_auto_augmentation_is_the_same_wherever_a_batch_is_made(kind, workers):
+    def epoch(move_to):
+        torch.manual_seed(7)
+        loader = tp.DataLoader(Augmented(), batch_size=4, num_workers="auto", shuffle=True)
+        it = iter(loader)
+        out = [next(it)]
+        if move_to is not None:
+            it._placement.move(*move_to)
+        return torch.cat(out + list(it))
+
+    reference = epoch(None)
+    assert torch.equal(epoch((kind, workers)), reference)
+    assert not torch.equal(reference[:, 1], reference[:, 1].sort().values)  # shuffled, and random
+
+
+def test_calls_that_draw_from_the_global_rngs_are_never_placed_on_threads():
+    loader = tp.DataLoader(Augmented(), batch_size=4, num_workers="auto")
+    it = iter(loader)
+    list(it)
+    assert it._placement.policy.costs.thread_safe is False
+    assert THREAD not in it._placement.policy.measured
 
 
 def test_fixed_workers_and_iterable_datasets_are_not_tuned():
@@ -75,11 +131,15 @@ def test_fixed_workers_and_iterable_datasets_are_not_tuned():
     assert iter(tp.DataLoader(Stream(), num_workers="auto"))._knob is None
 
 
-class _Pool:
-    """What the workers' stage reads of a pool: its size and its workers' timing."""
+class _Iterator:
+    """What the workers' stage reads of its iterator: its knob, its pool and its window."""
 
-    def __init__(self, size):
-        self.size, self.timing = size, CallTiming()
+    def __init__(self, size, knob):
+        self._knob, self._placement = knob, None
+        self._pool = type("Pool", (), {"size": size, "timing": CallTiming()})()
+
+    def _window(self):
+        return 2 * self._pool.size
 
 
 def _window(stage, batches, seconds, work_s, consumer_s):
@@ -99,7 +159,8 @@ def test_the_tuner_adds_workers_only_when_the_loop_waits_for_them(work_s, consum
     (it is the limit: do not)."""
     requested = []
     knob = LiveKnob("DataLoader workers.parallelism", 2, 1, 8, False, requested.append)
-    stage = _WorkersStage(_Pool(2), 2, knob)
+    owner = _Iterator(2, knob)
+    stage = _WorkersStage(owner)
     tuner = Autotuner(stage, ConsumerClock(), Budget(cpu=2.0, ram=1e9))
     decision = tuner.step(*_window(stage, batches=50, seconds=1.0, work_s=work_s, consumer_s=consumer_s))
     knob.take_request()  # what the iterator does before its next batch
@@ -110,15 +171,9 @@ def test_the_tuner_adds_workers_only_when_the_loop_waits_for_them(work_s, consum
         assert not requested or requested[-1] <= 2
 
 
-def test_the_tuner_thread_adds_workers_to_a_loop_that_waits():
+def test_batches_that_wait_on_io_get_many_workers_and_keep_their_order():
     loader = tp.DataLoader(Sleepy(100_000, seconds=0.005), batch_size=4, num_workers="auto")
     it = iter(loader)
-    start = _workers(loader, it)
-    deadline = time.monotonic() + 20
-    seen = []
-    while _workers(loader, it) <= start and time.monotonic() < deadline:
-        seen.append(next(it))
-    assert _workers(loader, it) > start
-    assert loader.stats().decisions
-    seen.extend(next(it) for _ in range(20))
+    seen = [next(it) for _ in range(60)]
+    assert it._placement.kind in (THREAD, PROCESS) and _workers(loader, it) > usable_cpu_count()
     assert torch.cat(seen)[:, 0].tolist() == list(range(4 * len(seen)))

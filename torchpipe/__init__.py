@@ -2,7 +2,7 @@
 
 from torchpipe.constants import AUTOTUNE, INFINITE, UNKNOWN
 from torchpipe.dataset import Dataset
-from torchpipe.errors import WorkerError
+from torchpipe.errors import StallError, WorkerError
 from torchpipe.loader import DataLoader, explain
 from torchpipe.ops.map import pure
 from torchpipe.options import AutotuneOptions, Options
@@ -24,11 +24,12 @@ __all__ = [
     "AUTOTUNE",
     "AutotuneOptions",
     "DataLoader",
+    "Dataset",
     "INFINITE",
+    "Options",
+    "StallError",
     "UNKNOWN",
     "WorkerError",
-    "Dataset",
-    "Options",
     "choose_from_datasets",
     "explain",
     "from_dataset",

@@ -37,3 +37,22 @@ class WorkerError(RuntimeError):
 
     def __reduce__(self):
         return type(self), (self.args[0], self.pid, self.how)
+
+
+class StallError(RuntimeError):
+    """An element of a parallel stage has been out longer than ``tp.Options(stall_timeout=...)``.
+
+    Attributes:
+        stage: the stage, e.g. ``map(decode)``.
+        seq: the element's sequence number at that stage.
+        where: where it runs, e.g. ``worker process 4242``.
+    """
+
+    def __init__(self, message: str, stage: str | None = None, seq: int | None = None, where: str | None = None) -> None:
+        super().__init__(message)
+        self.stage = stage
+        self.seq = seq
+        self.where = where
+
+    def __reduce__(self):
+        return type(self), (self.args[0], self.stage, self.seq, self.where)

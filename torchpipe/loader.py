@@ -165,7 +165,9 @@ class _LoaderState:
         self.current: weakref.ref | None = None
         self.resume: int | None = None
         self.workers_auto = False
-        self.tuned_workers: int | None = None  # where the autotuner left num_workers="auto"
+        self.tuned_workers: int | None = None  # where num_workers="auto" left the worker count
+        self.policy: Any = None  # and where it placed batches (a runtime.policy.Policy), for the next epoch
+        self.drawn_rngs: tuple[str, ...] | None = None  # the global RNGs its batches draw from, once measured
 
 
 def explain(pipeline: Dataset | torch.utils.data.DataLoader) -> str:

@@ -1,14 +1,22 @@
-"""The DataLoader's worker processes: torch's fetch logic, run on torchpipe's process pool.
+"""Where a DataLoader's batches are made: torch's fetch logic, run through torchpipe's runtime.
 
-:class:`WorkerIterator` is what ``iter(tp.DataLoader(..., num_workers=n))`` returns for a
-map-style or iterable dataset when workers can fork: batches are fetched in worker processes
-with torch's own fetchers and seeds, stacked straight into shared memory, and delivered in
-torch's order. A dead worker is replaced and its batches fetched again.
+:class:`WorkerIterator` is what ``iter(tp.DataLoader(...))`` returns for a map-style or iterable
+dataset when ``num_workers > 0`` or ``"auto"`` (and workers can fork). Each batch is a task
+numbered in sampler order, run by torch's own fetcher and collation, and delivered through the
+runtime's dispatcher (bounded waits, the stall check, in order or as completed).
+
+- ``num_workers=n``: ``n`` worker processes forked from a zygote, torch's seeds and order (batch
+  ``k`` to worker ``k % n``), batches stacked straight into shared memory; a dead worker is
+  replaced and its batches fetched again.
+- ``num_workers="auto"`` over a map-style dataset: the runtime's policy places the batches in
+  this process (inline), on threads or on worker processes, from what the first batches cost, and
+  moves them while the epoch runs when measurements say another place is faster; the autotuner
+  sizes the pool. Every batch's global RNGs are seeded from the epoch's base seed and the batch's
+  index, so augmentation is the same on every run wherever a batch was made (docs/determinism.md).
 """
 
 from __future__ import annotations
 
-import itertools
 import random
 import time
 import weakref
@@ -26,14 +34,28 @@ from torchpipe.autotune.report import PipelineStats, pipeline_stats
 from torchpipe.autotune.runner import Autotuner, ConsumerClock
 from torchpipe.autotune.tuner import Budget
 from torchpipe.ops.stats import IteratorStats, LiveKnob
+from torchpipe.options import DEFAULT_STALL_TIMEOUT_S
+from torchpipe.randomness import (
+    GLOBAL_RNGS,
+    call_seeded,
+    global_rng_states,
+    mix_seed,
+    restore_global_rng_states,
+    GlobalDraws,
+    seed_global_rngs,
+)
 from torchpipe.runtime.codec import StackedTensor
 from torchpipe.runtime.cpu import usable_cpu_count
+from torchpipe.runtime.dispatch import Dispatcher
+from torchpipe.runtime.executor import Executor, InlineExecutor, ThreadExecutor
+from torchpipe.runtime.placement import Placement, measure_calls
+from torchpipe.runtime.policy import INLINE, KINDS, PROCESS, THREAD, Policy
 from torchpipe.runtime.process_pool import ProcessPool
 
 if TYPE_CHECKING:
     from torchpipe.loader import DataLoader
 
-_WAIT_S = 0.5
+STAGE = "DataLoader workers"
 
 
 def _stack_later(batch: list[torch.Tensor], *, collate_fn_map: Any = None) -> Any:
@@ -59,20 +81,26 @@ def _collate_into_shared_memory(batch: list[Any]) -> Any:
     return torch_collate.collate(batch, collate_fn_map=_WORKER_COLLATE_MAP)
 
 
+def batch_seed(base_seed: int, epoch: int, batch: int) -> int:
+    """The global RNGs' seed for batch ``batch`` of an epoch with ``num_workers="auto"``."""
+    return mix_seed(base_seed, epoch, batch)
+
+
 class _Exhausted:
     """What a worker returns once its IterableDataset replica has ended."""
 
 
 class _FetchTask:
-    """Runs in each worker: torch's worker set-up, then torch's fetcher for every index.
+    """Runs in each worker: torch's worker set-up, then torch's fetcher for every batch.
 
     Seeds ``random``, torch and numpy exactly as torch's workers do (``base_seed + worker_id``),
     sets ``get_worker_info()``, calls ``worker_init_fn``, and makes the fetcher (for an
     IterableDataset, the worker's own replica). An error in that set-up is raised for every
-    task, as torch does.
+    task, as torch does. With ``per_batch_seeds`` (``num_workers="auto"``) the global RNGs are
+    seeded again before each batch, from its index (:func:`batch_seed`).
     """
 
-    def __init__(self, loader: DataLoader, base_seed: int, num_workers: int) -> None:
+    def __init__(self, loader: DataLoader, base_seed: int, num_workers: int, per_batch_seeds: bool) -> None:
         self.dataset = loader.dataset
         self.kind = loader._dataset_kind
         self.auto_collation = loader._auto_collation
@@ -81,6 +109,7 @@ class _FetchTask:
         self.num_workers = num_workers  # what get_worker_info() says: the most workers there may be
         self.worker_init_fn = loader.worker_init_fn
         self.base_seed = base_seed
+        self.per_batch_seeds = per_batch_seeds
         self.fetcher: Any = None
         self.epoch = 0
         self.init_error: BaseException | None = None
@@ -108,25 +137,59 @@ class _FetchTask:
             self.kind, self.dataset, self.auto_collation, collate_fn, self.drop_last
         )
 
-    def __call__(self, seq: int, payload: tuple[int, Any]) -> Any:
+    def __call__(self, seq: int, payload: tuple[int, int, Any]) -> Any:
         if self.init_error is not None:
             raise self.init_error
-        epoch, index = payload
+        epoch, batch, index = payload
         if epoch != self.epoch:  # a persistent worker's next epoch: a fresh replica iterator
             self.epoch = epoch
             self._make_fetcher()
+        if self.per_batch_seeds:
+            seed_global_rngs(batch_seed(self.base_seed, epoch, batch))
         try:
             return self.fetcher.fetch(index)
         except StopIteration:
             return _Exhausted()
 
 
-class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
-    """Batches from worker processes, in torch's order: index ``k`` goes to worker ``k % n``
-    (with ``num_workers="auto"`` over a map-style dataset, to the least busy worker of a pool the
-    autotuner resizes; batches still arrive in sampler order).
+class _LocalFetch:
+    """Fetches batches in this process, inline or on threads, as torch does with ``num_workers=0``.
 
-    Like torch's multiprocessing iterator it keeps ``prefetch_factor * num_workers`` batches in
+    Inline, the global RNGs in ``rngs`` are seeded per batch as a worker seeds them, and the
+    consumer's own states of them are put back afterwards (its dropout must not be reseeded).
+    ``rngs`` are those the batches draw from, as measured: saving numpy's state costs ~90 us, so
+    RNGs the dataset does not use are left alone. On threads nothing is seeded: the policy puts a
+    fetch there only if it draws from none of them.
+    """
+
+    def __init__(self, loader: DataLoader, base_seed: int, rngs: tuple[str, ...]) -> None:
+        self.base_seed = base_seed
+        self.rngs = rngs
+        self.fetcher = torch_dataloader._DatasetKind.create_fetcher(
+            loader._dataset_kind, loader.dataset, loader._auto_collation, loader.collate_fn, loader.drop_last
+        )
+
+    def __call__(self, seq: int, payload: tuple[int, int, Any]) -> Any:
+        epoch, batch, index = payload
+        if not self.rngs:
+            return self.fetcher.fetch(index)
+        saved = global_rng_states(self.rngs)
+        try:
+            return self.seeded(payload)
+        finally:
+            restore_global_rng_states(saved)
+
+    def seeded(self, payload: tuple[int, int, Any]) -> Any:
+        """Fetch with the RNGs seeded for the batch, and nothing put back."""
+        epoch, batch, index = payload
+        return call_seeded(batch_seed(self.base_seed, epoch, batch), self.fetcher.fetch, index, rngs=self.rngs)
+
+
+class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
+    """Batches made off the consumer's path (or, with ``"auto"``, wherever is fastest), delivered
+    in sampler order (or as they finish with ``in_order=False``).
+
+    Like torch's multiprocessing iterator it keeps ``prefetch_factor`` batches per worker in
     flight, skips workers whose IterableDataset replica has ended, and raises after ``timeout``
     seconds without a batch. Results arrive through shared memory; a dead worker is replaced
     and its batches fetched again.
@@ -136,23 +199,49 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
         super().__init__(loader)
         self._in_order = loader.in_order
         self._factor = loader.prefetch_factor or 2
-        # num_workers="auto" over a map-style dataset: the tuner sizes the pool while it runs,
-        # from where the last epoch left it. (An IterableDataset's replicas are split by worker
-        # count: that stays fixed.)
-        tuned = loader._tp.workers_auto and self._dataset_kind == torch_dataloader._DatasetKind.Map
-        most = max(self._num_workers, 2 * usable_cpu_count()) if tuned else self._num_workers
-        self._tp_state = loader._tp
-        if tuned and self._tp_state.tuned_workers is not None:
-            self._num_workers = min(most, self._tp_state.tuned_workers)
-        self._prefetch = self._factor * self._num_workers
-        self._knob = _workers_knob(self, self._num_workers, most) if tuned else None
-        self._pool = ProcessPool(_FetchTask(loader, self._base_seed, most), self._num_workers, "DataLoader")
-        self._pool.start()
+        self._tp_state = state = loader._tp
+        self._auto = state.workers_auto and self._dataset_kind == torch_dataloader._DatasetKind.Map
+        most = max(self._num_workers, 2 * usable_cpu_count()) if self._auto else self._num_workers
+        self._pool = ProcessPool(_FetchTask(loader, self._base_seed, most, self._auto), self._num_workers, STAGE)
+        self._stage = _WorkersStage(self)
+        self._dispatch = Dispatcher(STAGE, self._pool, DEFAULT_STALL_TIMEOUT_S)
+        self._placement: Placement | None = None
+        self._knob: LiveKnob | None = None
+        if self._auto:
+            self._start_auto(loader, most)
+        else:
+            self._pool.start()
         self._tuner: Autotuner | None = None
         self._tuner_stop: weakref.finalize | None = None
         self._epoch = -1
-        self._send_idx = 0  # sequence numbers run on across epochs: late results of a broken-off
+        self._seq = 0  # sequence numbers run on across epochs: late results of a broken-off
         self._start_epoch()  # epoch can never be taken for this one's
+
+    def _start_auto(self, loader: DataLoader, most: int) -> None:
+        """``num_workers="auto"``: the policy (kept by the loader across epochs) places batches."""
+        state = self._tp_state
+        if state.policy is None:
+            state.policy = Policy(KINDS, usable_cpu_count())
+        drawn = state.drawn_rngs if state.drawn_rngs is not None else GLOBAL_RNGS  # all, until measured
+        self._local = {INLINE: _LocalFetch(loader, self._base_seed, drawn), THREAD: _LocalFetch(loader, self._base_seed, ())}
+        self._dispatch.switch(InlineExecutor(self._local[INLINE], self._pool.timing), _park)
+        self._placement = Placement(STAGE, self._dispatch, self._make, state.policy, self._pool.timing,
+                                    self._moved, _park)  # fmt: skip
+        self._knob = _workers_knob(self, 0, most)
+
+    def _make(self, kind: str, workers: int) -> Executor:
+        if kind == INLINE:
+            return InlineExecutor(self._local[INLINE], self._pool.timing)
+        if kind == THREAD:
+            return ThreadExecutor(self._local[THREAD], workers, STAGE, self._pool.timing)
+        self._pool.resize(workers)
+        return self._pool
+
+    def _moved(self, kind: str, workers: int) -> None:
+        self._tp_state.tuned_workers = workers
+        self._num_workers = workers
+        if self._knob is not None:
+            self._knob.value = workers
 
     def _reset(self, loader: DataLoader, first_iter: bool = False) -> None:
         """The next epoch with the same (persistent) workers, as torch's iterator does."""
@@ -161,162 +250,242 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
 
     def _start_epoch(self) -> None:
         self._stop_tuner()
-        self._stage = _WorkersStage(self._pool, self._factor, self._knob)
+        self._dispatch.forget()
         self._clock, self._started = ConsumerClock(), start_look()
+        self._stage.stats = IteratorStats()
+        self._stage.stats.calls = self._pool.timing
         if self._knob is not None:
             self._tuner = Autotuner(self._stage, self._clock, Budget.of_machine())
             if self._tuner_stop is not None:
                 self._tuner_stop.detach()
             self._tuner_stop = weakref.finalize(self, self._tuner.stop)  # a dropped iterator stops it
         self._epoch += 1
+        self._batch = 0  # batches drawn from the sampler this epoch (each one's seed)
         self._active = [True] * self._num_workers
-        self._slots = itertools.cycle(range(self._num_workers))
+        self._slot = 0
         self._task_slot: dict[int, int | None] = {}
-        self._done: dict[int, tuple[Any, BaseException | None]] = {}
-        self._rcvd_idx = self._send_idx
+        self._sampler_done = False
+        if self._placement is not None:
+            self._place()
         self._fill()
+
+    def _place(self) -> None:
+        """Where this epoch's batches go: where the last epoch left them, or, the first time, where
+        the policy puts them after a few batches made here and measured."""
+        policy, state = self._tp_state.policy, self._tp_state
+        if policy.kind is not None:
+            self._placement.move(policy.kind, state.tuned_workers or 0)
+            return
+        def drawn(draws: GlobalDraws) -> None:  # from here on only these are seeded and put back
+            state.drawn_rngs = self._local[INLINE].rngs = tuple(sorted(draws.drawn))
+
+        saved = global_rng_states()  # once: putting them back after every measured batch would be measured
+        try:
+            costs, _ = measure_calls(self._run_inline, on_draws=drawn)
+        finally:
+            restore_global_rng_states(saved)
+        self._placement.decide(costs.without_threads() if state.drawn_rngs else costs)
+
+    def _run_inline(self, limit: int) -> list[Any]:
+        results = []
+        while len(results) < limit and not self._sampler_done:
+            payload = self._next_payload()
+            if payload is None:
+                break
+            try:
+                value, error = self._local[INLINE].seeded(payload), None
+            except Exception as e:  # noqa: BLE001 - delivered in its place
+                value, error = None, e
+            self._task_slot[self._seq] = None
+            self._dispatch.put(self._seq, value, error)
+            self._seq += 1
+            results.append(value)
+        return results
+
+    def _next_payload(self) -> tuple[int, int, Any] | None:
+        try:
+            index = self._next_index()
+        except StopIteration:
+            self._sampler_done = True
+            return None
+        self._batch += 1
+        return self._epoch, self._batch - 1, index
+
+    def _window(self) -> int:
+        """Batches in flight: ``prefetch_factor`` per worker (one at a time inline)."""
+        if self._placement is not None and self._placement.kind == INLINE:
+            return 1
+        workers = self._placement.workers if self._placement is not None else self._num_workers
+        return self._factor * max(workers, 1)
 
     def _fill(self) -> None:
-        """Put indices until ``prefetch_factor`` batches per worker are in flight (or none are left)."""
-        while len(self._task_slot) < self._prefetch and any(self._active):
-            try:
-                index = self._next_index()
-            except StopIteration:
+        """Send batches until ``prefetch_factor`` per worker are in flight (or none are left)."""
+        window = self._window()
+        while self._dispatch.pending < window and not self._sampler_done and (self._auto or any(self._active)):
+            payload = self._next_payload()
+            if payload is None:
                 return
-            # Fixed workers get torch's order (batch k to worker k % n); a tuned pool, the least busy.
-            slot = next(s for s in self._slots if self._active[s]) if self._knob is None else None
-            self._task_slot[self._send_idx] = slot
-            self._pool.submit(self._send_idx, (self._epoch, index), slot=slot)
-            self._send_idx += 1
-
-    def _set_workers(self, n: int) -> None:
-        """Resize the pool (the tuner's request, applied between two batches): retired workers
-        finish their batches first, and batches keep their sequence numbers, so none is lost,
-        repeated or reordered."""
-        self._pool.resize(n)
-        self._prefetch = self._factor * n
-        self._tp_state.tuned_workers = n
-        self._fill()
+            slot = None
+            if self._placement is None:  # fixed workers get torch's order: batch k to worker k % n
+                while not self._active[self._slot]:
+                    self._slot = (self._slot + 1) % self._num_workers
+                slot, self._slot = self._slot, (self._slot + 1) % self._num_workers
+            self._task_slot[self._seq] = slot
+            self._dispatch.submit(self._seq, payload, **({} if slot is None else {"slot": slot}))
+            self._seq += 1
 
     def skip(self, count: int) -> None:
-        """Resume support: drop ``count`` batches (map-style: without fetching them)."""
+        """Resume support: drop ``count`` batches (map-style: drawn from the sampler, not fetched)."""
         for _ in range(count):
-            self._next_data()
+            if self._dataset_kind == torch_dataloader._DatasetKind.Map and not self._dispatch.pending:
+                if self._next_payload() is None:
+                    return
+            else:
+                self._next_data()
             self._num_yielded += 1
 
     def _next_data(self) -> Any:
         self._clock.enter()
         if self._knob is not None:
             self._knob.take_request()
-        stats, started, waited = self._stage.stats, time.perf_counter(), 0.0
+        stats, started = self._stage.stats, time.perf_counter()
+        if self._placement is not None and self._placement.kind == INLINE and not self._dispatch.pending:
+            value, error, waited = self._fetch_here(), None, 0.0
+        else:
+            value, error, waited = self._receive()
+        stats.produced += 1
+        stats.wait_s += waited
+        if stats.unclocked:  # cheap batches are clocked one in a few (see IteratorStats.clocked)
+            stats.unclocked -= 1
+        else:
+            stats.look(self._dispatch.finished, self._window())
+            stats.clocked(time.perf_counter() - started, waited)
+        stats.sample_bytes(value)
+        if self._placement is not None:
+            self._placement.delivered(stats.wall_s)
+        if error is not None:
+            raise error
+        if self._tuner is not None and not self._tuner.started:
+            self._tuner.start()  # with the first batch, as a pipeline's tuner
+        self._clock.leave()
+        return pin_memory(value, self._pin_memory_device) if self._pin_memory else value
+
+    def _fetch_here(self) -> Any:
+        """The next batch, made on this thread (inline, nothing in flight): no dispatch needed."""
+        payload = self._next_payload()
+        if payload is None:
+            self._shutdown_if_done()
+            raise StopIteration
+        self._seq += 1
+        wall, cpu = time.perf_counter(), time.thread_time()
+        try:
+            return self._local[INLINE](self._seq - 1, payload)
+        finally:
+            self._pool.timing.add(time.perf_counter() - wall, time.thread_time() - cpu)
+
+    def _receive(self) -> tuple[Any, BaseException | None, float]:
+        """The next batch from the dispatcher (sent ahead to an executor): value, error, seconds waited."""
+        waited = 0.0
         while True:
-            seq, seq_waited = self._next_ready()  # at the end: StopIteration, the tuner stopped
-            waited += seq_waited
-            value, error = self._done.pop(seq)
+            self._fill()
+            if not self._dispatch.pending:
+                self._shutdown_if_done()
+                raise StopIteration
+            before = self._dispatch.wait_s
+            seq, value, error = self._take()
+            waited += self._dispatch.wait_s - before
             slot = self._task_slot.pop(seq)
             if isinstance(value, _Exhausted):
                 self._active[slot] = False
-                self._fill()
                 continue
-            self._fill()
-            if error is not None:
-                raise error
-            stats.look(len(self._done), self._prefetch)
-            stats.produced += 1
-            stats.wait_s += waited
-            stats.clocked(time.perf_counter() - started, waited)
-            stats.sample_bytes(value)
-            if self._tuner is not None and not self._tuner.started:
-                self._tuner.start()  # with the first batch, as a pipeline's tuner
-            self._clock.leave()
-            return pin_memory(value, self._pin_memory_device) if self._pin_memory else value
+            return value, error, waited
+
+    def _take(self) -> tuple[int, Any, BaseException | None]:
+        deadline = time.monotonic() + self._timeout if self._timeout > 0 else None
+        try:
+            return self._dispatch.take(self._in_order, deadline)
+        except TimeoutError:
+            raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds") from None
 
     def stats(self) -> PipelineStats:
-        """This epoch's numbers: batches, the workers' time per batch, the loop's waiting, the
-        worker count (and the tuner's rounds, with ``num_workers="auto"``)."""
+        """This epoch's numbers: batches, the time per batch, the loop's waiting, where batches were
+        made and by how many (and the tuner's rounds, with ``num_workers="auto"``)."""
         decisions = list(self._tuner.decisions) if self._tuner is not None else []
         stats = pipeline_stats(self._stage, self._started, self._clock.outside_s(), decisions)
-        stats[0]["knobs"] = {"num_workers": self._pool.size, "in_flight": self._prefetch}
+        kind = self._placement.kind if self._placement is not None else PROCESS
+        stats[0]["knobs"] = {"num_workers": self._stage.parallelism(), "in_flight": self._window(), "executor": kind}
         return stats
 
     def _stop_tuner(self) -> None:
         if self._tuner is not None:
             self._tuner.stop()
 
-    def _next_ready(self) -> tuple[int, float]:
-        """The sequence number to deliver next, waiting for it (at most ``timeout`` seconds), and
-        the seconds waited."""
-        waited = 0.0
-        deadline = time.monotonic() + self._timeout if self._timeout > 0 else None
-        while True:
-            while self._rcvd_idx < self._send_idx and self._rcvd_idx not in self._task_slot:
-                self._rcvd_idx += 1  # delivered out of order earlier
-            if not self._task_slot:
-                self._shutdown_if_done()
-                raise StopIteration
-            ready = self._rcvd_idx if self._in_order else next(iter(self._done), None)
-            if ready is not None and ready in self._done:
-                return ready, waited
-            wait = _WAIT_S if deadline is None else max(0.0, min(_WAIT_S, deadline - time.monotonic()))
-            if deadline is not None and wait == 0:
-                raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds")
-            t0 = time.perf_counter()
-            results = self._pool.collect(wait)
-            waited += time.perf_counter() - t0
-            for done_seq, value, error in results:
-                if done_seq in self._task_slot:  # not a late result of an abandoned epoch
-                    self._done[done_seq] = (value, error)
-
     def _shutdown_if_done(self) -> None:
         self._stop_tuner()
         if not self._persistent_workers:
+            self._dispatch.close()
             self._pool.close()
 
     def __del__(self) -> None:
-        pool = getattr(self, "_pool", None)
-        if pool is not None:
-            pool.close()
+        for part in ("_dispatch", "_pool"):
+            closing = getattr(self, part, None)
+            if closing is not None:
+                closing.close()
+
+
+def _park(executor: Executor) -> None:
+    """Retire an executor the batches moved away from: a process pool keeps its zygote."""
+    if isinstance(executor, ProcessPool):
+        executor.resize(0)
+    else:
+        executor.close()
 
 
 class _WorkersStage:
-    """A DataLoader's workers as the autotuner and the report see them: one pool stage, no input.
+    """A DataLoader's batches as the autotuner and the report see them: one pool stage, no input.
 
     It counts the batches delivered (and the loop's waits) in the iterator stats every op keeps;
-    the workers' time per batch comes from the pool.
+    the time per batch comes from the executors' call timing.
     """
 
-    name = "DataLoader workers"
+    name = STAGE
     tuning_role = "pool"
 
-    def __init__(self, pool: ProcessPool, per_worker: int, knob: LiveKnob | None) -> None:
+    def __init__(self, iterator: WorkerIterator) -> None:
         self.stats = IteratorStats()
-        self.stats.calls = pool.timing
-        self._pool, self._per_worker, self._knob = pool, per_worker, knob
+        self._iterator = weakref.ref(iterator)
 
     def children(self) -> list[Any]:
         return []
 
     def knobs(self) -> list[LiveKnob]:
-        return [self._knob] if self._knob is not None else []
+        it = self._iterator()
+        return [it._knob] if it is not None and it._knob is not None else []
 
     def parallelism(self) -> int:
-        return self._pool.size
+        it = self._iterator()
+        if it is None:
+            return 0
+        return it._placement.workers if it._placement is not None else it._pool.size
 
     def buffer_slots(self) -> int:
-        return self._per_worker * self._pool.size
+        it = self._iterator()
+        return it._window() if it is not None else 0
 
     def calls_in_processes(self) -> bool:
-        return True
+        it = self._iterator()
+        return it is not None and (it._placement is None or it._placement.kind == PROCESS)
 
 
 def _workers_knob(iterator: WorkerIterator, value: int, most: int) -> LiveKnob:
-    """The tuner's knob for the worker count; it holds the iterator weakly (the tuner's thread
-    must not keep a dropped iterator, and its workers, alive)."""
+    """The tuner's knob for the worker count (0: batches made in this process); it holds the
+    iterator weakly (the tuner's thread must not keep a dropped iterator, and its workers, alive)."""
     ref = weakref.ref(iterator)
 
     def apply(n: int) -> None:
         live = ref()
         if live is not None:
-            live._set_workers(n)
+            live._placement.resize(n)
+            live._fill()
 
-    return LiveKnob(f"{_WorkersStage.name}.parallelism", value, 1, most, False, apply)
+    return LiveKnob(f"{STAGE}.parallelism", value, 0, most, False, apply)

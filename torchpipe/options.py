@@ -54,8 +54,11 @@ class AutotuneOptions:
                 raise ValueError(f"AutotuneOptions.{name} must be positive, got {value!r}")
 
 
+DEFAULT_STALL_TIMEOUT_S = 600.0
+"""How long an element may be out in a parallel stage before :class:`~torchpipe.errors.StallError`."""
+
 _DEFAULTS: dict[str, Any] = {"seed": None, "deterministic": True, "restart_workers": True, "optimizations": {},
-                             "autotune": AutotuneOptions()}  # fmt: skip
+                             "autotune": AutotuneOptions(), "stall_timeout": DEFAULT_STALL_TIMEOUT_S}  # fmt: skip
 
 
 class Options:
@@ -78,6 +81,10 @@ class Options:
             ``{"map_fusion": False}``; passes not named stay on. Merging options merges
             these dicts. See ``OPTIMIZATIONS`` and docs/optimizer.md.
         autotune: a :class:`AutotuneOptions`: whether the autotuner runs, and its budgets.
+        stall_timeout: seconds an element may be out in a parallel stage (on a thread, in a
+            worker process) before the stage raises ``tp.StallError`` naming the element and
+            where it runs, instead of waiting on a hung call forever; ``None`` turns the check
+            off. Default 600.
 
     Raises:
         TypeError: for an unknown field or a value of the wrong type.
@@ -142,6 +149,11 @@ def _validate(name: str, value: Any) -> None:
         raise TypeError(f"Options.{name} must be a bool, got {value!r}")
     if name == "optimizations":
         _validate_optimizations(value)
+    if name == "stall_timeout" and value is not None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"Options.stall_timeout must be a number of seconds or None, got {value!r}")
+        if not value > 0:
+            raise ValueError(f"Options.stall_timeout must be positive, got {value!r}")
     if name == "autotune" and not isinstance(value, AutotuneOptions):
         raise TypeError(f"Options.autotune must be a tp.AutotuneOptions, got {value!r}")
 

@@ -7,6 +7,8 @@ import pytest
 import torchpipe as tp
 from torchpipe.ops import parallel_map
 from torchpipe.ops.parallel_map import ParallelMapIterator
+from torchpipe.randomness import watch_global_draws
+from torchpipe.runtime.policy import PROCESS, THREAD, CallCosts, Policy
 from torchpipe.testing import assert_checkpoint_roundtrip
 
 
@@ -234,15 +236,22 @@ def _parallel_stage(it):
     return stage
 
 
-@pytest.mark.parametrize("free, per_call, kind", [(0.0, 1e-3, "process"), (1.0, 1e-6, "thread")])
-def test_the_next_pass_starts_with_the_executor_and_parallelism_the_last_one_settled_on(
-    monkeypatch, free, per_call, kind
-):
-    def probe(run):  # the GIL measured free for ``free`` of the time, at ``per_call`` s a call
-        measured = run()
-        return measured, free, measured * per_call
+def _costs(call_s, gil_free, cpu_s=None, move_s=1e-6):
+    """A fake of ``measure_calls``: the first calls run inline as usual, their costs are these."""
 
-    monkeypatch.setattr(parallel_map, "gil_free_fraction", probe)
+    def measure(run, limit=8, on_draws=None):
+        with watch_global_draws() as draws:
+            done = run(limit)
+        if on_draws is not None:
+            on_draws(draws)
+        return CallCosts(call_s, call_s if cpu_s is None else cpu_s, gil_free, move_s), len(done)
+
+    return measure
+
+
+@pytest.mark.parametrize("costs, kind", [((1e-3, 0.0), "process"), ((1e-3, 1.0, 1e-5), "thread")])
+def test_the_next_pass_starts_with_the_executor_and_parallelism_the_last_one_settled_on(monkeypatch, costs, kind):
+    monkeypatch.setattr(parallel_map, "measure_calls", _costs(*costs))
     untuned = tp.Options(autotune=tp.AutotuneOptions(enabled=False))  # the test plays the tuner
     ds = tp.range(20).map(abs, tp.AUTOTUNE, executor="auto").with_options(untuned)
     first = iter(ds)
@@ -253,10 +262,10 @@ def test_the_next_pass_starts_with_the_executor_and_parallelism_the_last_one_set
     out.extend(first)
     assert out == list(range(20)) and stage.parallelism() == 3
 
-    def no_probe(run):
+    def no_probe(run, limit=8, on_draws=None):
         raise AssertionError("the executor was chosen in the last pass: no probe again")
 
-    monkeypatch.setattr(parallel_map, "gil_free_fraction", no_probe)
+    monkeypatch.setattr(parallel_map, "measure_calls", no_probe)
     second = iter(ds)
     out = [next(second)]
     stage = _parallel_stage(second)
@@ -266,22 +275,42 @@ def test_the_next_pass_starts_with_the_executor_and_parallelism_the_last_one_set
         next(iter(tp.range(20).map(abs, tp.AUTOTUNE, executor="auto")))
 
 
-def test_threads_picked_by_the_trial_are_remembered_only_once_confirmed(monkeypatch):
-    probes = []
+def test_autotune_runs_calls_cheaper_than_moving_their_results_inline():
+    it = iter(tp.range(200).map(lambda x: x + 1, tp.AUTOTUNE).with_options(tp.Options(optimizations={"inject_prefetch": False})))
+    assert list(it) == list(range(1, 201))
+    stage = _parallel_stage(it)
+    assert stage.executor_kind == "inline" and stage.parallelism() == 0 and stage.knobs()[0].value == 0
+    assert stage._pool is None or stage._pool.pids == []  # no worker was ever started
+    explicit = iter(tp.range(50).map(lambda x: x + 1, 2))  # a count asked for: never inline
+    assert list(explicit) == list(range(1, 51)) and _parallel_stage(explicit).executor_kind in ("thread", "process")
 
-    def probe(run):  # GIL free, 1 ms a call: the two-thread trial decides (it says threads)
-        probes.append(1)
-        measured = run()
-        return measured, 1.0, measured * 1e-3
 
-    monkeypatch.setattr(parallel_map, "gil_free_fraction", probe)
-    monkeypatch.setattr(ParallelMapIterator, "_thread_speedup", lambda self, per_call: 2.0)
-    ds = tp.range(100).map(abs, 2, executor="auto")
-    it = iter(ds)
-    next(it)
-    assert _parallel_stage(it).executor_kind == "thread"
-    it.close()  # before the steady-state check confirmed the threads
-    assert list(ds) == list(range(100)) and len(probes) == 2  # so the next pass measured again
+def test_the_autotuner_moves_calls_between_inline_and_a_pool_without_losing_any(monkeypatch):
+    monkeypatch.setattr(parallel_map, "measure_calls", _costs(1e-6, 0.0))  # inline, to begin with
+    untuned = tp.Options(autotune=tp.AutotuneOptions(enabled=False), optimizations={"inject_prefetch": False})
+    it = iter(tp.range(300).map(lambda x: x * 3, tp.AUTOTUNE).with_options(untuned))
+    out = [next(it) for _ in range(10)]
+    stage = _parallel_stage(it)
+    assert stage.executor_kind == "inline"
+    for workers in (2, 0, 3, 1, 0):
+        stage.knobs()[0].request(workers)
+        out += [next(it) for _ in range(25)]
+        assert stage.parallelism() == workers and (stage.executor_kind == "inline") == (workers == 0)
+    assert out + list(it) == [x * 3 for x in range(300)]
+
+
+def test_seeded_calls_that_draw_from_the_global_rngs_never_run_on_threads(monkeypatch):
+    monkeypatch.setattr(parallel_map, "measure_calls", _costs(1e-3, 1.0, 1e-5))  # threads would win, if allowed
+    def draws():
+        return tp.range(40).map(lambda x: x + random.random(), tp.AUTOTUNE).with_options(tp.Options(seed=5))
+
+    it = iter(draws())
+    out = list(it)
+    assert _parallel_stage(it).executor_kind != "thread"
+    assert out == list(draws())  # the same numbers on every run
+    it = iter(tp.range(40).map(lambda x: x + 1, tp.AUTOTUNE).with_options(tp.Options(seed=5)))
+    list(it)
+    assert _parallel_stage(it).executor_kind == "thread"  # no draws: threads are fine
 
 
 CHILD = """
@@ -376,38 +405,13 @@ def test_unseeded_workers_draw_distinct_global_streams():
     assert len({d[0] for d in draws}) == 40 and len({d[1] for d in draws}) == 40
 
 
-@pytest.mark.parametrize("free, kind", [(0.8, "process"), (0.95, "thread")])
-def test_auto_executor_keeps_large_results_on_threads_only_where_the_gil_stays_free(monkeypatch, free, kind):
-    measure, steady = parallel_map.gil_free_fraction, parallel_map.steady_gil_free_fraction
-    repeats = []
-
-    def first_probe(run):  # the first calls look busier than they are (warm-up): not what decides
-        measured, _, _ = measure(run)
-        return measured, 0.5, measured * 1e-3
-
-    def steady_probe(call, n):  # the function's own share of GIL-free time over n more calls
-        repeats.append(n)
-        results, _, seconds = steady(call, n)
-        return results, free, seconds
-
-    def no_trial(self, per_call):
-        raise AssertionError("large results need no two-thread trial")
-
-    monkeypatch.setattr(parallel_map, "gil_free_fraction", first_probe)
-    monkeypatch.setattr(parallel_map, "steady_gil_free_fraction", steady_probe)
-    monkeypatch.setattr(ParallelMapIterator, "_thread_speedup", no_trial)
-    it = iter(tp.range(16).map(lambda x: torch.full((1 << 19,), float(x)), 2, executor="auto"))
-    assert [float(t[0]) for t in it] == [float(x) for x in range(16)]
-    assert it._tree.executor_kind == kind and repeats == [parallel_map._LARGE_PROBE_CALLS]
-
-
 def small_torch_ops(i):
     return torch.tensor([i, i + 1, i + 2, i + 3], dtype=torch.float32) * 0.5
 
 
-def test_auto_executor_trial_on_threads_keeps_every_element_in_order():
-    # Many tiny torch calls release the GIL briefly, so the choice goes through a two-thread
-    # trial (which executor wins depends on the machine's load; the output may not).
+def test_auto_executor_keeps_every_element_in_order_wherever_it_runs():
+    # Many tiny torch calls release the GIL briefly: which executor wins depends on the machine's
+    # load (the policy may try both); the output may not.
     it = iter(tp.from_dataset(range(4000)).map(small_torch_ops, 2).batch(256))
     batches = list(it)
     assert it._tree.executor_kind in ("thread", "process")
@@ -445,24 +449,20 @@ def spin(x):
     return x + total % 1
 
 
-def _start_on_threads(monkeypatch, slow):
-    """Make executor='auto' pick threads after its trial, and its later check say ``slow``."""
-    import torchpipe.ops.parallel_map as map_module
-
-    probe = map_module.gil_free_fraction
-
-    def fooled(run):
-        measured, _, seconds = probe(run)
-        return measured, 1.0, max(seconds, measured * 1e-4)  # as if calls released the GIL and cost 100 us
-
-    monkeypatch.setattr(map_module, "gil_free_fraction", fooled)
-    monkeypatch.setattr(ParallelMapIterator, "_thread_speedup", lambda self, per_call: 2.0)
-    monkeypatch.setattr(map_module, "_CHECK_S", 0.0)
-    monkeypatch.setattr(map_module._ThreadCheck, "slow", lambda self, waited: slow)
-
-
 def test_auto_moves_to_processes_when_threads_prove_slow(monkeypatch):
-    _start_on_threads(monkeypatch, slow=True)
+    from torchpipe.runtime import placement
+
+    monkeypatch.setattr(placement, "_WINDOW_S", 0.0)
+    monkeypatch.setattr(placement, "_SETTLE_S", 0.0)
+    # As if calls released the GIL and cost 100 us: threads are predicted fastest. They hold it.
+    monkeypatch.setattr(parallel_map, "measure_calls", _costs(1e-4, 1.0))
+
+    def review(self, seconds):  # what measuring the threads says
+        self._measured[self.kind] = (seconds, time.monotonic())
+        self.kind = PROCESS if self.kind == THREAD else self.kind
+        return self.kind
+
+    monkeypatch.setattr(Policy, "review", review)
     it = iter(tp.range(300).map(spin, 2).with_options(tp.Options(optimizations={"inject_prefetch": False})))
     out = [next(it) for _ in range(5)]
     assert it._tree.executor_kind == "thread"
@@ -470,21 +470,24 @@ def test_auto_moves_to_processes_when_threads_prove_slow(monkeypatch):
     assert out == list(range(300)) and it._tree.executor_kind == "process"
 
 
-def test_auto_keeps_threads_that_prove_fast(monkeypatch):
-    _start_on_threads(monkeypatch, slow=False)
-    it = iter(tp.range(300).map(spin, 2).with_options(tp.Options(optimizations={"inject_prefetch": False})))
-    assert list(it) == list(range(300))
-    assert it._tree.executor_kind == "thread" and it._tree._pool is None
+def test_a_hung_call_raises_a_stall_error_naming_the_stage_element_and_worker():
+    def hang_on_three(x):
+        if x == 3:
+            time.sleep(30)
+        return x
+
+    options = tp.Options(stall_timeout=1.0, optimizations={"inject_prefetch": False})
+    it = iter(tp.range(10).map(hang_on_three, 2, executor="process").with_options(options))
+    assert [next(it) for _ in range(3)] == [0, 1, 2]
+    with pytest.raises(tp.StallError, match=r"map\(hang_on_three\): element 3 .* worker process \d+") as info:
+        next(it)
+    assert info.value.seq == 3 and "stall_timeout" in str(info.value)
+    it.close()
 
 
-def test_the_thread_check_asks_for_a_waiting_consumer_and_no_speedup():
-    from torchpipe.ops.parallel_map import _ThreadCheck
-
-    check = _ThreadCheck(per_call=0.001, waited=5.0)  # the consumer had waited 5 s before
-    check.start -= 1.0  # one second of threads
-    check.results = 1000  # one call's worth per call time, consumer waiting
-    assert check.slow(waited=5.9)
-    check.results = 2000  # two calls' worth: threads overlap
-    assert not check.slow(waited=5.9)
-    check.results = 1000
-    assert not check.slow(waited=5.1)  # the consumer was the bottleneck
+def test_stall_timeout_is_checked():
+    with pytest.raises(ValueError):
+        tp.Options(stall_timeout=0)
+    with pytest.raises(TypeError):
+        tp.Options(stall_timeout="10")
+    assert tp.Options(stall_timeout=None).stall_timeout is None

@@ -19,7 +19,7 @@ from torchpipe.constants import UNKNOWN
 from torchpipe.errors import CheckpointError, add_note
 from torchpipe.ops.stats import IteratorStats, LiveKnob
 from torchpipe.options import Options
-from torchpipe.randomness import enter_call, exit_call, mix_seed, seed_global_rngs
+from torchpipe.randomness import call_seeded, enter_call, exit_call, mix_seed, seed_global_rngs
 
 # Markers inside seed paths, so that (child 1) and (inner dataset of element 1) never collide.
 _EPOCH_MARK = 1 << 62
@@ -366,7 +366,7 @@ class UserFunction:
         prev = enter_call(self._seed, seq)
         try:
             if self._seed_globals:
-                seed_global_rngs(mix_seed(self._seed, seq))
+                return call_seeded(mix_seed(self._seed, seq), self.fn, *args)
             return self.fn(*args)
         except StopIteration as e:
             raise RuntimeError(f"{self.stage} raised StopIteration at element {seq}") from e

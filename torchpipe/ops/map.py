@@ -121,17 +121,23 @@ class MapNode(Node):
     ) -> ParallelMapIterator:
         """A parallel stage running ``make_task(fn, in_process)`` per input; ``ctx`` is this node's."""
         parallelism = usable_cpu_count() if self.num_parallel_calls == AUTOTUNE else self.num_parallel_calls
+        tasks = {
+            "inline": make_task(self.function(ctx), False),  # as a worker: global RNGs seeded per element
+            "thread": make_task(self.function(ctx, seed_globals=False), False),
+            "process": make_task(self.function(ctx), True),
+        }
         return ParallelMapIterator(
             name,
             source,
-            in_threads=make_task(self.function(ctx, seed_globals=False), False),
-            in_processes=make_task(self.function(ctx), True),
+            tasks=tasks,
             parallelism=parallelism,
             deterministic=ctx.deterministic(self.deterministic),
             executor=self.executor,
             restart=ctx.options.restart_workers,
             tunable=self.num_parallel_calls == AUTOTUNE,
             learned=ctx.learned(),
+            stall_s=ctx.options.stall_timeout,
+            reproducible_globals=ctx.seeded,
         )
 
 

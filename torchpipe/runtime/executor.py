@@ -1,12 +1,16 @@
 """Executors run ``handler(seq, payload)`` tasks and hand back results as they complete.
 
-Parallel ops talk to every executor the same way: ``submit`` tasks up to ``capacity``, then
-``collect`` the finished ones as ``(seq, value, error)``. Ordering is the op's business.
+Parallel ops talk to every executor the same way, through a
+:class:`~torchpipe.runtime.dispatch.Dispatcher`: ``submit`` tasks up to ``capacity``, then
+``collect`` the finished ones as ``(seq, value, error)``. There are three: :class:`InlineExecutor`
+(the consumer's own thread), :class:`ThreadExecutor` and the process pool
+(:class:`~torchpipe.runtime.process_pool.ProcessPool`).
 """
 
 from __future__ import annotations
 
 import queue
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -41,8 +45,58 @@ class Executor(Protocol):
     def resize(self, size: int) -> None:
         """Change the number of threads or processes while running."""
 
+    def holds(self, seq: int) -> bool:
+        """Whether task ``seq`` was submitted here and its result not yet collected."""
+
+    def where(self, seq: int) -> str:
+        """Where task ``seq`` runs, for errors: a thread's name, a worker's pid."""
+
     def close(self) -> None:
         """Stop all work; idempotent."""
+
+
+class InlineExecutor:
+    """Runs each task at once, on the thread that submits it: no hand-off, nothing copied.
+
+    For calls cheaper than moving their results; ``capacity`` is 1, so a stage on it computes one
+    element when its consumer asks for one.
+
+    Args:
+        handler: ``handler(seq, payload) -> value``.
+        timing: where the calls' costs are added up.
+    """
+
+    capacity = 1
+    size = 0
+
+    def __init__(self, handler: Callable[[int, Any], Any], timing: CallTiming | None = None) -> None:
+        self._handler = handler
+        self._results: list[Result] = []
+        self.timing = timing if timing is not None else CallTiming()
+
+    def submit(self, seq: int, payload: Any) -> None:
+        wall, cpu = time.perf_counter(), time.thread_time()
+        try:
+            self._results.append((seq, self._handler(seq, payload), None))
+        except Exception as e:  # noqa: BLE001 - delivered in its place, like a worker's
+            self._results.append((seq, None, e))
+        self.timing.add(time.perf_counter() - wall, time.thread_time() - cpu)
+
+    def collect(self, timeout: float) -> list[Result]:
+        results, self._results = self._results, []
+        return results
+
+    def resize(self, size: int) -> None:
+        """Nothing to resize: calls run on the caller's thread."""
+
+    def holds(self, seq: int) -> bool:
+        return any(done == seq for done, _, _ in self._results)
+
+    def where(self, seq: int) -> str:
+        return "the consumer's thread"
+
+    def close(self) -> None:
+        self._results.clear()
 
 
 class ThreadExecutor:
@@ -61,6 +115,7 @@ class ThreadExecutor:
         self._handler = handler
         self._pool = ThreadPool(size, name)
         self._finished: queue.SimpleQueue = queue.SimpleQueue()
+        self._in_flight: dict[int, str] = {}  # seq -> the thread running it ("" while queued)
         self.timing = timing if timing is not None else CallTiming()
 
     @property
@@ -73,6 +128,7 @@ class ThreadExecutor:
 
     def submit(self, seq: int, payload: Any) -> None:
         finished = self._finished
+        self._in_flight[seq] = ""
         future = self._pool.submit(self._timed, seq, payload)
         future.add_done_callback(lambda f, seq=seq: finished.put((seq, f)))
 
@@ -85,9 +141,20 @@ class ThreadExecutor:
             try:
                 items.append(self._finished.get_nowait())
             except queue.Empty:
+                for seq, _ in items:
+                    self._in_flight.pop(seq, None)
                 return [_unpack(seq, future) for seq, future in items if not future.cancelled()]
 
+    def holds(self, seq: int) -> bool:
+        return seq in self._in_flight
+
+    def where(self, seq: int) -> str:
+        thread = self._in_flight.get(seq)
+        return f"thread {thread}" if thread else "a thread pool's queue"
+
     def _timed(self, seq: int, payload: Any) -> Any:
+        if seq in self._in_flight:
+            self._in_flight[seq] = threading.current_thread().name
         wall, cpu = time.perf_counter(), time.thread_time()
         try:
             return self._handler(seq, payload)
@@ -99,6 +166,7 @@ class ThreadExecutor:
 
     def close(self) -> None:
         self._pool.close()
+        self._in_flight.clear()
 
 
 def _unpack(seq: int, future: Future) -> Result:

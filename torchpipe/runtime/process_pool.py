@@ -218,10 +218,21 @@ class ProcessPool:
         self._dispatch()
         return results
 
+    def holds(self, seq: int) -> bool:
+        """Whether task ``seq`` is queued here or running in a worker."""
+        waiting = [t[0] for t in self._queued] + [r[0] for r in self._unsent]
+        return seq in waiting or any(seq in w.tasks for w in self._workers.values())
+
+    def where(self, seq: int) -> str:
+        """The worker running task ``seq``, for errors."""
+        worker = next((w for w in self._workers.values() if seq in w.tasks), None)
+        return f"worker process {worker.pid}" if worker is not None else "the process pool's queue"
+
     def resize(self, size: int) -> None:
-        """Grow by spawning workers; shrink by retiring some once their tasks are done."""
-        if size < 1:
-            raise ValueError(f"{self.name}: pool size must be >= 1, got {size}")
+        """Grow by spawning workers; shrink by retiring some once their tasks are done. At 0 the
+        pool is parked: no workers, its zygote ready to fork them again."""
+        if size < 0:
+            raise ValueError(f"{self.name}: pool size must be >= 0, got {size}")
         self._size = size
         live = [w for w in self._workers.values() if not w.retiring]
         taken = {w.slot for w in live}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
 import time
@@ -13,6 +14,7 @@ from torchpipe.runtime.cpu import one_intra_op_thread
 
 _POLL_S = 0.5
 _JOIN_S = 2.0  # close() waits this long in all for running calls to return
+_LIVE: weakref.WeakSet[ThreadPool] = weakref.WeakSet()  # closed at interpreter exit (see close())
 
 
 class ThreadPool:
@@ -34,6 +36,7 @@ class ThreadPool:
         self._threads: list[threading.Thread] = []
         self._finalizer = weakref.finalize(self, self._stopped.set)
         self.resize(size)
+        _LIVE.add(self)
 
     @property
     def size(self) -> int:
@@ -101,3 +104,11 @@ def _work(tasks: queue.SimpleQueue, stopped: threading.Event) -> None:
             future.set_result(fn(*args))
         except BaseException as e:  # noqa: BLE001 - delivered to the consumer, not swallowed
             future.set_exception(e)
+
+
+@atexit.register
+def _close_live_pools() -> None:
+    """Pools of iterators still open at exit (a loop left with ``break``) stop before the
+    interpreter tears down torch: a thread inside a torch op then would abort the process."""
+    for pool in list(_LIVE):
+        pool.close()

@@ -1,0 +1,102 @@
+"""The dispatcher: ordered delivery over any executor, bounded waits, the stall check, switching."""
+
+import threading
+import time
+
+import pytest
+
+import torchpipe as tp
+from torchpipe.runtime.dispatch import Dispatcher
+from torchpipe.runtime.executor import InlineExecutor, ThreadExecutor
+
+
+def _slow_square(seq, x):
+    time.sleep(0.001 * ((x * 7) % 5))
+    return x * x
+
+
+def _drain(dispatch, in_order=True):
+    out = []
+    while dispatch.pending:
+        seq, value, error = dispatch.take(in_order)
+        out.append((seq, value if error is None else type(error)))
+    return out
+
+
+def test_results_come_back_in_sequence_order_whatever_order_they_finish_in():
+    dispatch = Dispatcher("t", ThreadExecutor(_slow_square, 4, "t"))
+    for seq in range(20):
+        dispatch.submit(seq, seq)
+    assert _drain(dispatch) == [(seq, seq * seq) for seq in range(20)]
+    dispatch.close()
+
+
+def test_as_completed_delivers_every_result_once():
+    dispatch = Dispatcher("t", ThreadExecutor(_slow_square, 4, "t"))
+    for seq in range(20):
+        dispatch.submit(seq, seq)
+    out = _drain(dispatch, in_order=False)
+    assert sorted(out) == [(seq, seq * seq) for seq in range(20)]
+    dispatch.close()
+
+
+def test_results_put_in_place_and_errors_keep_their_places():
+    dispatch = Dispatcher("t", InlineExecutor(lambda seq, x: 10 // x))
+    dispatch.put(0, "computed elsewhere")
+    dispatch.submit(1, 0)
+    dispatch.submit(2, 5)
+    assert _drain(dispatch) == [(0, "computed elsewhere"), (1, ZeroDivisionError), (2, 2)]
+    with pytest.raises(LookupError):
+        dispatch.take()
+
+
+def test_switching_executors_mid_stream_loses_repeats_and_reorders_nothing():
+    closed = []
+    threads = ThreadExecutor(_slow_square, 3, "t")
+    dispatch = Dispatcher("t", threads)
+    out, seq = [], 0
+    for executor in (InlineExecutor(_slow_square), ThreadExecutor(_slow_square, 2, "u"), InlineExecutor(_slow_square)):
+        for _ in range(10):
+            dispatch.submit(seq, seq)
+            seq += 1
+        out += [dispatch.take() for _ in range(3)]
+        dispatch.switch(executor, closed.append)  # tasks in flight finish where they are
+    while dispatch.pending:
+        out.append(dispatch.take())
+    assert [(s, v) for s, v, _ in out] == [(s, s * s) for s in range(30)]
+    assert threads in closed  # retired once its tasks were done
+
+
+def test_a_deadline_bounds_the_wait():
+    gate = threading.Event()
+    dispatch = Dispatcher("t", ThreadExecutor(lambda seq, x: gate.wait(5), 1, "t"))
+    dispatch.submit(0, None)
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError):
+        dispatch.take(deadline=time.monotonic() + 0.2)
+    assert time.monotonic() - t0 < 2
+    gate.set()
+    assert dispatch.take()[1] is True
+    dispatch.close()
+
+
+def test_a_stalled_element_raises_naming_the_stage_the_element_and_the_thread():
+    gate = threading.Event()
+    dispatch = Dispatcher("map(stuck)", ThreadExecutor(lambda seq, x: gate.wait(10), 1, "tp-stuck"), stall_s=0.3)
+    dispatch.submit(7, None)
+    with pytest.raises(tp.StallError, match=r"map\(stuck\): element 7 .* thread tp-stuck-0") as info:
+        dispatch.take()
+    assert (info.value.stage, info.value.seq) == ("map(stuck)", 7)
+    gate.set()
+    dispatch.close()
+
+
+def test_forgotten_tasks_results_are_ignored():
+    dispatch = Dispatcher("t", ThreadExecutor(_slow_square, 2, "t"))
+    for seq in range(4):
+        dispatch.submit(seq, seq)
+    dispatch.forget()
+    assert dispatch.pending == 0
+    dispatch.submit(10, 3)
+    assert dispatch.take() == (10, 9, None)
+    dispatch.close()

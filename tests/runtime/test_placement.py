@@ -1,0 +1,138 @@
+"""A stage's placement: measuring the first calls, moving calls on the policy's word, never losing one."""
+
+import time
+
+import pytest
+import torch
+
+from torchpipe.runtime import placement as placement_module
+from torchpipe.runtime.dispatch import Dispatcher
+from torchpipe.runtime.executor import InlineExecutor, ThreadExecutor
+from torchpipe.runtime.placement import Placement, measure_calls, move_seconds
+from torchpipe.runtime.policy import INLINE, KINDS, PROCESS, THREAD, CallCosts, Policy
+from torchpipe.runtime.timing import CallTiming
+
+
+def _python(n):
+    total = 0
+    for i in range(n):
+        total += i
+    return total
+
+
+def test_measuring_tells_python_from_waiting():
+    busy, ran = measure_calls(lambda n: [_python(20_000) for _ in range(n)])
+    assert ran >= 1 and busy.gil_free < 0.5 and busy.cpu_s > 0.5 * busy.call_s
+    idle, _ = measure_calls(lambda n: [time.sleep(0.002) for _ in range(n)])
+    assert idle.gil_free > 0.5 and idle.cpu_s < 0.5 * idle.call_s and idle.call_s >= 0.002
+
+
+def test_measuring_stops_when_the_calls_run_out():
+    supply = iter(range(3))
+    costs, ran = measure_calls(lambda n: [x for _, x in zip(range(n), supply)])
+    assert ran == 3
+    assert measure_calls(lambda n: [])[1] == 0
+
+
+def test_moving_a_large_result_costs_more_than_a_small_one_and_unpicklable_ones_cannot_move():
+    small, large = move_seconds({"a": 1}), move_seconds([b"x" * 100] * 2000)
+    assert 0 < small < large
+    assert move_seconds(lambda: None) == float("inf")
+
+
+class _Stage:
+    """A stage driving a placement: numbered tasks through a dispatcher, as map and the DataLoader do."""
+
+    def __init__(self, policy, kind=INLINE):
+        self.timing = CallTiming()
+        self.retired = []
+        self.dispatch = Dispatcher("stage", InlineExecutor(self.call, self.timing))
+        self.placement = Placement("stage", self.dispatch, self.make, policy, self.timing, retire=self.retire)
+        self.seq = 0
+        self.cost_s = 0.0
+
+    def call(self, seq, x):
+        if self.cost_s:
+            time.sleep(self.cost_s)
+        return x * 2
+
+    def make(self, kind, workers):
+        return InlineExecutor(self.call, self.timing) if kind == INLINE else ThreadExecutor(self.call, workers, kind, self.timing)
+
+    def retire(self, executor):
+        self.retired.append(executor)
+        executor.close()
+
+    def run(self, count):
+        out = []
+        for _ in range(count):
+            while self.dispatch.has_room():
+                self.dispatch.submit(self.seq, self.seq)
+                self.seq += 1
+            out.append(self.dispatch.take())
+            self.placement.delivered(0.0)
+        return out
+
+
+def test_moves_on_the_policys_word_keep_every_element_in_order(monkeypatch):
+    monkeypatch.setattr(placement_module, "_WINDOW_S", 0.0)
+    monkeypatch.setattr(placement_module, "_SETTLE_S", 0.0)
+    monkeypatch.setattr(placement_module, "_WINDOW_ELEMENTS", 2)
+    verdicts = iter([THREAD, THREAD, INLINE, PROCESS, INLINE])
+
+    class Scripted(Policy):
+        def review(self, seconds_per_element):
+            self.kind = next(verdicts, self.kind)
+            return self.kind
+
+    stage = _Stage(Scripted((INLINE, THREAD), 2))
+    stage.placement.decide(CallCosts(1e-3, 1e-3, 0.0, 0.0))
+    kinds, out = [], []
+    for _ in range(8):
+        out += stage.run(10)
+        kinds.append(stage.placement.kind)
+    while stage.dispatch.pending:
+        out.append(stage.dispatch.take())
+    assert [(s, v) for s, v, _ in out] == [(s, 2 * s) for s in range(len(out))]
+    assert THREAD in kinds and INLINE in kinds
+    assert any(isinstance(e, ThreadExecutor) for e in stage.retired)
+
+
+def test_calls_whose_cost_changes_are_decided_afresh(monkeypatch):
+    monkeypatch.setattr(placement_module, "_WINDOW_S", 0.0)
+    monkeypatch.setattr(placement_module, "_SETTLE_S", 0.0)
+    monkeypatch.setattr(placement_module, "_WINDOW_ELEMENTS", 4)
+    policy = Policy((INLINE, THREAD), 2)
+    stage = _Stage(policy)
+    stage.placement.decide(CallCosts(1e-6, 1e-6, 0.0, 0.0))
+    stage.run(30)
+    assert stage.placement.kind == INLINE
+    stage.cost_s = 0.003  # the calls now wait 3 ms each (I/O): threads overlap the waits
+    stage.run(30)
+    assert stage.placement.kind == THREAD and stage.placement.workers > 2
+    stage.dispatch.close()
+
+
+def test_the_tuners_zero_means_inline_and_more_means_the_best_pool():
+    stage = _Stage(Policy((INLINE, THREAD), 2))
+    stage.placement.decide(CallCosts(1e-6, 1e-6, 0.0, 0.0))
+    moves = []
+    stage.placement._on_move = lambda kind, n: moves.append((kind, n))
+    stage.placement.resize(3)
+    stage.placement.resize(2)
+    stage.placement.resize(0)
+    assert moves == [(THREAD, 3), (THREAD, 2), (INLINE, 0)]
+    assert [v for _, v, _ in stage.run(5)] == [0, 2, 4, 6, 8]
+
+
+def test_a_later_pass_resumes_what_was_learned():
+    policy = Policy(KINDS, 2)
+    stage = _Stage(policy)
+    stage.placement.decide(CallCosts(1e-6, 1e-6, 0.0, 0.0))
+    learned = {}
+    stage.placement.remember(learned)
+    assert learned["executor"] == INLINE and learned["costs"].call_s == 1e-6
+    again = _Stage(Policy(KINDS, 2))
+    assert again.placement.resume(learned, 0) and again.placement.kind == INLINE
+    assert not _Stage(Policy(KINDS, 2)).placement.resume({}, 0)
+    assert not _Stage(None).placement.resume(learned, 0)  # a fixed executor learns nothing

@@ -1,0 +1,89 @@
+"""The executor policy: predictions from call costs, the choice, and re-deciding from measurements."""
+
+import pytest
+
+from torchpipe.runtime import policy as policy_module
+from torchpipe.runtime.policy import INLINE, KINDS, PROCESS, THREAD, CallCosts, Policy, choose, predict, workers
+
+
+def costs(call_s, gil_free=0.0, cpu_s=None, move_s=20e-6, consumer_s=0.0, thread_safe=True):
+    return CallCosts(call_s, call_s if cpu_s is None else cpu_s, gil_free, move_s, consumer_s, thread_safe)
+
+
+@pytest.mark.parametrize(
+    "calls, kind",
+    [
+        (costs(2e-6), INLINE),  # cheaper than any hand-off
+        (costs(500e-6, move_s=400e-6), INLINE),  # moving the result costs about what making it does
+        (costs(2e-3), PROCESS),  # Python that holds the GIL, results cheap to move
+        (costs(10e-3, gil_free=0.98, move_s=2e-3), THREAD),  # C code that releases the GIL, large results
+        (costs(10e-3, gil_free=0.1, cpu_s=0.2e-3), THREAD),  # waits on I/O: many threads overlap the waits
+    ],
+)
+def test_the_choice_follows_the_costs(calls, kind):
+    assert choose(calls, 2, KINDS) == kind
+
+
+def test_a_dearer_executor_must_win_by_the_margin():
+    calls = costs(1e-3, gil_free=0.5)
+    near = costs(1e-3, move_s=0.4e-3)  # processes predicted just under inline, not by the margin
+    assert predict(near, PROCESS, 2) < predict(near, INLINE, 2)
+    assert predict(near, PROCESS, 2) * policy_module.MARGIN >= predict(near, INLINE, 2)
+    assert choose(near, 2, KINDS) == INLINE
+    assert choose(calls, 2, (PROCESS,)) == PROCESS  # the only candidate
+
+
+def test_measured_times_stand_in_for_predictions_and_the_current_executor_is_kept_unless_beaten():
+    calls = costs(2e-3)  # processes predicted fastest
+    assert choose(calls, 2, KINDS) == PROCESS
+    assert choose(calls, 2, KINDS, measured={PROCESS: 3e-3}) == INLINE  # they turned out slower
+    # On processes measured a little slower than inline's prediction: a cheaper one no slower wins.
+    assert choose(calls, 2, KINDS, measured={PROCESS: 1.9e-3}, current=PROCESS) == PROCESS
+    assert choose(calls, 2, KINDS, measured={PROCESS: 2.1e-3}, current=PROCESS) == INLINE
+
+
+def test_threads_are_no_candidate_for_calls_that_must_not_share_the_global_rngs():
+    calls = costs(10e-3, gil_free=0.98, move_s=2e-3, thread_safe=False)
+    assert choose(calls, 2, KINDS) != THREAD
+    with pytest.raises(ValueError):
+        choose(calls, 2, (THREAD,))
+
+
+def test_workers_start_at_the_cores_and_more_for_calls_that_wait():
+    assert workers(costs(1e-3), PROCESS, 4) == 4
+    assert workers(costs(1e-3), INLINE, 4) == 0
+    assert workers(costs(10e-3, cpu_s=1e-3), THREAD, 2) == 20
+    assert workers(costs(10e-3, cpu_s=1e-3), PROCESS, 2) == 4  # processes beyond twice the cores only cost memory
+
+
+def test_the_policy_tries_a_close_alternative_once_and_settles_on_what_was_measured():
+    policy = Policy(KINDS, 2)
+    assert policy.decide(costs(4e-3, gil_free=0.9, move_s=0.5e-3)) == THREAD
+    # Threads measured slower than predicted (2 ms); processes are predicted faster than that
+    # measure (2.5 ms), though not by the margin: they are tried, once.
+    assert policy.review(2.8e-3) == PROCESS
+    assert policy.review(3.2e-3) == THREAD  # measured worse: back
+    assert policy.review(2.8e-3) == THREAD  # nothing left worth trying: it stays
+    assert policy.review(5e-3) == PROCESS  # threads got slow: processes measured faster
+
+
+def test_measurements_go_stale_and_costs_that_change_clear_them(monkeypatch):
+    clock = [0.0]
+    monkeypatch.setattr(policy_module.time, "monotonic", lambda: clock[0])
+    policy = Policy(KINDS, 2)
+    policy.decide(costs(2e-3))
+    policy.review(5e-3)  # a busy moment made processes look slow
+    assert policy.measured == {PROCESS: 5e-3} and policy.kind == INLINE
+    clock[0] = policy_module.STALE_S + 1
+    assert policy.measured == {}  # the next window's measurement decides, not that moment
+    policy.review(2e-3)
+    assert policy.rebase(costs(2e-6)) == INLINE and policy.measured == {}
+
+
+def test_a_policy_needs_known_candidates():
+    with pytest.raises(ValueError):
+        Policy(("gpu",), 2)
+    with pytest.raises(ValueError):
+        Policy((), 2)
+    with pytest.raises(RuntimeError):
+        Policy(KINDS, 2).review(1.0)

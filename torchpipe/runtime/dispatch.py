@@ -1,0 +1,176 @@
+"""Ordered delivery over any executor: the one dispatcher every parallel op runs its calls through.
+
+A parallel op (map, the DataLoader's batches, an interleave's reads) numbers its tasks and hands
+them to a :class:`Dispatcher`, which sends them to its executor (inline, threads or processes),
+collects what finishes, and gives results back in sequence order, or as they complete. Every wait
+is bounded: it polls in short steps, gives up at a caller's deadline, and a task out for longer
+than the stage's stall limit raises :class:`~torchpipe.errors.StallError` naming the stage, the
+element and where it runs.
+
+The executor can be swapped while tasks are in flight (:meth:`Dispatcher.switch`): tasks already
+sent finish where they are, new ones go to the new executor, and results keep their sequence
+numbers, so nothing is lost, repeated or reordered.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from torchpipe.errors import StallError
+from torchpipe.runtime.executor import Executor
+
+_POLL_S = 0.5  # one wait's step: the stall limit and deadlines are checked between steps
+_DRAIN_POLL_S = 0.005  # a step while a switched-out executor still has tasks (they are few)
+
+
+class Dispatcher:
+    """Tasks numbered by the caller, run on an executor, delivered in order or as completed.
+
+    Args:
+        stage: the stage name, for errors.
+        executor: where tasks run.
+        stall_s: raise :class:`StallError` when the oldest undelivered task has been out this many
+            seconds (None: never).
+    """
+
+    def __init__(self, stage: str, executor: Executor, stall_s: float | None = None) -> None:
+        self.stage = stage
+        self.executor = executor
+        self._stall_s = stall_s
+        self._draining: list[tuple[Executor, Callable[[Executor], None] | None]] = []
+        self._order: deque[int] = deque()  # every task not yet delivered, in sequence order
+        self._done: dict[int, tuple[Any, BaseException | None]] = {}
+        self._sent: dict[int, float] = {}  # in flight: seq -> when it was sent (monotonic)
+        self.wait_s = 0.0  # seconds spent waiting for results
+
+    @property
+    def pending(self) -> int:
+        """Tasks submitted (or results put) and not yet delivered."""
+        return len(self._order)
+
+    @property
+    def finished(self) -> int:
+        """Results waiting to be delivered."""
+        return len(self._done)
+
+    def has_room(self) -> bool:
+        """Whether another task fits in the executor's window."""
+        return len(self._order) < self.executor.capacity
+
+    def submit(self, seq: int, payload: Any, **route: Any) -> None:
+        """Run ``payload`` as task ``seq`` (sequence numbers increase with every call); ``route``
+        goes to the executor's ``submit`` (a process pool's ``slot`` or ``prefer``)."""
+        self._order.append(seq)
+        self._sent[seq] = time.monotonic()
+        self.executor.submit(seq, payload, **route)
+
+    def put(self, seq: int, value: Any, error: BaseException | None = None) -> None:
+        """Deliver ``value`` (or raise ``error``) in ``seq``'s place: a result computed elsewhere."""
+        self._order.append(seq)
+        self._done[seq] = (value, error)
+
+    def take(self, in_order: bool = True, deadline: float | None = None) -> tuple[int, Any, BaseException | None]:
+        """The next result, ``(seq, value, error)``: the oldest task's when ``in_order``, else any
+        finished one, waiting for it in bounded steps.
+
+        Raises:
+            LookupError: if nothing is pending.
+            TimeoutError: once ``deadline`` (a ``time.monotonic()`` value) has passed.
+            StallError: if the oldest task has been out longer than the stall limit.
+        """
+        if not self._order:
+            raise LookupError(f"{self.stage}: no task is pending")
+        while True:
+            seq = self._ready(in_order)
+            if seq is not None:
+                if seq == self._order[0]:
+                    self._order.popleft()
+                else:
+                    self._order.remove(seq)  # as completed: rare, and the window is small
+                value, error = self._done.pop(seq)
+                return seq, value, error
+            self._check_stall()
+            step = _DRAIN_POLL_S if self._draining else _POLL_S
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"{self.stage}: no result within the time allowed")
+                step = min(step, left)
+            self.collect(step)
+
+    def collect(self, timeout: float) -> int:
+        """Gather finished results, waiting up to ``timeout`` s for the first; how many came."""
+        t0 = time.perf_counter()
+        count = 0
+        for executor, _ in self._draining:
+            count += self._gather(executor.collect(0.0))
+        count += self._gather(self.executor.collect(0.0 if count else timeout))
+        if self._draining:
+            self._draining = [(e, retire) for e, retire in self._draining if not self._retire(e, retire)]
+        self.wait_s += time.perf_counter() - t0
+        return count
+
+    def switch(self, executor: Executor, retire: Callable[[Executor], None] | None = None) -> None:
+        """Send new tasks to ``executor``; tasks in flight finish on the old one, which is then
+        handed to ``retire`` (default: closed)."""
+        old, self.executor = self.executor, executor
+        if old is not executor and not self._retire(old, retire):
+            self._draining.append((old, retire))
+
+    def drain(self) -> None:
+        """Wait (in bounded steps) until every task sent has finished; results stay to be taken."""
+        while self._sent:
+            self._check_stall()
+            self.collect(_DRAIN_POLL_S if self._draining else _POLL_S)
+
+    def forget(self) -> None:
+        """Drop every pending task and result (a pass broken off); executors keep running, and
+        results of the dropped tasks that still arrive are ignored."""
+        self._order.clear()
+        self._done.clear()
+        self._sent.clear()
+
+    def close(self) -> None:
+        """Close the executors and drop every pending task and result."""
+        for executor in [*(e for e, _ in self._draining), self.executor]:
+            executor.close()
+        self._draining.clear()
+        self.forget()
+
+    def _ready(self, in_order: bool) -> int | None:
+        if in_order:
+            seq = self._order[0]
+            return seq if seq in self._done else None
+        return next(iter(self._done), None)
+
+    def _gather(self, results: list[tuple[int, Any, BaseException | None]]) -> int:
+        count = 0
+        for seq, value, error in results:
+            if self._sent.pop(seq, None) is not None:  # not a late result of a dropped task
+                self._done[seq] = (value, error)
+                count += 1
+        return count
+
+    def _retire(self, executor: Executor, retire: Callable[[Executor], None] | None) -> bool:
+        """Retire ``executor`` if none of the tasks in flight runs there; whether it was."""
+        if any(executor.holds(seq) for seq in self._sent):
+            return False
+        (retire or type(executor).close)(executor)
+        return True
+
+    def _check_stall(self) -> None:
+        if self._stall_s is None or not self._sent:
+            return
+        seq = next(iter(self._sent))  # the oldest sent: sequence numbers only grow
+        waited = time.monotonic() - self._sent[seq]
+        if waited > self._stall_s:
+            executors = [self.executor, *(e for e, _ in self._draining)]
+            where = next((e.where(seq) for e in executors if e.holds(seq)), "an executor")
+            raise StallError(
+                f"{self.stage}: element {seq} has been running for {waited:.0f} s on {where} "
+                f"(the limit is tp.Options(stall_timeout={self._stall_s:g}); None turns the check off)",
+                stage=self.stage, seq=seq, where=where,
+            )  # fmt: skip

@@ -1,0 +1,203 @@
+"""Where a stage's calls run: the one rule that map, interleave and the DataLoader share.
+
+A call can run **inline** (on the consumer's thread, when the consumer asks for its element), on
+**threads** of this process, or in worker **processes**. Which is fastest follows from a few
+measured costs (:class:`CallCosts`): what one call costs (wall and CPU time), the share of it
+during which the GIL is free, what it costs this process to receive a result from a worker, and
+the consumer's own time per element. :func:`predict` turns them into seconds per element for each
+executor; :func:`choose` takes the fastest, where a dearer executor (threads over inline, processes
+over threads: start-up, memory) must win by ``MARGIN``.
+
+The prediction is only as good as the costs it is given. So a running stage measures what the
+executor it chose really delivers, and :class:`Policy` re-decides from the measurements: a time
+measured on an executor replaces its prediction, and a stage whose call costs change (a workload
+that gets dearer mid-epoch) is predicted afresh. docs/executors.md states the rule in prose.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+
+INLINE, THREAD, PROCESS = "inline", "thread", "process"
+KINDS = (INLINE, THREAD, PROCESS)
+
+MARGIN = 1.15
+"""How much faster a dearer executor must be predicted (or measured) to be chosen."""
+HANDOFF_S = 10e-6
+"""This process's cost of one call on a thread: queueing it and taking its result (measured
+8-12 us with the GIL contended)."""
+MESSAGE_S = 30e-6
+"""This process's cost of one result from a worker besides decoding it: the socket message, the
+wake-up and sending the next task (measured 20-40 us on 2 cores)."""
+MAX_THREADS = 64
+"""The most threads a stage runs (calls that wait on I/O want many)."""
+STALE_S = 10.0
+"""A time measured on an executor longer ago than this no longer stands in for its prediction (a
+busy moment must not rule an executor out for good)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CallCosts:
+    """What one call costs, measured.
+
+    Attributes:
+        call_s: wall seconds of one call, run alone on this process's thread.
+        cpu_s: CPU seconds of it (``call_s`` less its waits on I/O).
+        gil_free: the share of the call during which the GIL was free (0 to 1): C code that
+            releases it (decoding, numpy, torch, I/O) against Python.
+        move_s: seconds this process spends receiving one result from a worker process
+            (decoding it, besides :data:`MESSAGE_S`); a worker spends about as much encoding it.
+        consumer_s: the consumer's own seconds per element, between two of its requests.
+        thread_safe: whether calls may run on threads at all (reproducibility: a call that
+            draws from the global RNGs, in a stage that must reproduce them, may not).
+    """
+
+    call_s: float
+    cpu_s: float
+    gil_free: float
+    move_s: float
+    consumer_s: float = 0.0
+    thread_safe: bool = True
+
+    def without_threads(self) -> CallCosts:
+        """These costs, for calls that must not run on threads."""
+        return dataclasses.replace(self, thread_safe=False)
+
+
+def workers(costs: CallCosts, kind: str, cores: int) -> int:
+    """How many threads or processes to start with: one a core, more for calls that wait."""
+    if kind == INLINE:
+        return 0
+    waits = costs.call_s / max(costs.cpu_s, costs.call_s * 0.05, 1e-9)  # wall per CPU second
+    if kind == THREAD:
+        return max(1, min(MAX_THREADS, math.ceil(cores * waits)))
+    return max(1, min(2 * cores, math.ceil(cores * waits)))
+
+
+def predict(costs: CallCosts, kind: str, cores: int) -> float:
+    """Seconds per element the consumer gets from ``kind`` at steady state.
+
+    Inline, a call and the consumer take turns. On threads, calls overlap but their GIL-held part
+    (and the hand-off) does not, nor the consumer's Python; all CPU shares ``cores``. On
+    processes, this process receives every result, and the workers encode them.
+    """
+    c = costs
+    if kind == INLINE:
+        return c.call_s + c.consumer_s
+    n = workers(c, kind, cores)
+    if kind == THREAD:
+        held = min((1.0 - c.gil_free) * c.call_s, c.cpu_s)  # a call waiting on I/O does not hold it
+        serial = held + HANDOFF_S + c.consumer_s
+        cpu = c.cpu_s + HANDOFF_S + c.consumer_s
+        return max(c.call_s / n, serial, cpu / cores)
+    receive = MESSAGE_S + c.move_s
+    cpu = c.cpu_s + c.move_s + receive + c.consumer_s  # the worker encodes what this process decodes
+    return max(c.call_s / n, receive + c.consumer_s, cpu / cores)
+
+
+def choose(
+    costs: CallCosts, cores: int, candidates: tuple[str, ...], measured: dict[str, float] | None = None,
+    current: str | None = None,
+) -> str:
+    """The executor for ``costs``: the fastest of ``candidates``, where a dearer one (threads over
+    inline, processes over threads) must be ``MARGIN`` times faster than the best cheaper one.
+
+    Args:
+        measured: seconds per element measured on executors already tried; they stand in for
+            the predictions.
+        current: the executor the stage runs on now: it is left only for a dearer one that is
+            ``MARGIN`` times faster than it, or a cheaper one that is no slower.
+    """
+    measured = measured or {}
+    options = [k for k in KINDS if k in candidates and (k != THREAD or costs.thread_safe)]
+    if not options:
+        raise ValueError(f"no executor to choose from in {candidates!r}")
+    seconds = {kind: measured.get(kind, predict(costs, kind, cores)) for kind in options}
+    best = options[0]
+    for kind in options[1:]:
+        if seconds[kind] * MARGIN < seconds[best]:
+            best = kind
+    if current in seconds and best != current:
+        dearer = KINDS.index(best) > KINDS.index(current)
+        if seconds[best] * (MARGIN if dearer else 1.0) >= seconds[current]:
+            return current
+    return best
+
+
+class Policy:
+    """The executor decisions of one stage: the first from measured call costs, then again after
+    every window of measurements on the executor it runs on.
+
+    A time measured on an executor replaces that executor's prediction. An executor that is
+    predicted faster than the measured one, but not by ``MARGIN``, is tried once (for a window),
+    so a close call is settled by measurement rather than by the model. Call costs that change
+    (:meth:`rebase`) make every measurement stale.
+
+    Args:
+        candidates: the executors this stage can run on (in :data:`KINDS`).
+        cores: the usable cores.
+    """
+
+    def __init__(self, candidates: tuple[str, ...], cores: int) -> None:
+        unknown = set(candidates) - set(KINDS)
+        if unknown or not candidates:
+            raise ValueError(f"executor candidates must be from {KINDS}, got {candidates!r}")
+        self.candidates = candidates
+        self.cores = cores
+        self.costs: CallCosts | None = None
+        self.kind: str | None = None
+        self._measured: dict[str, tuple[float, float]] = {}  # executor -> (seconds per element, when)
+
+    @property
+    def measured(self) -> dict[str, float]:
+        """Seconds per element measured on each executor tried, within the last ``STALE_S``."""
+        now = time.monotonic()
+        return {kind: seconds for kind, (seconds, when) in self._measured.items() if now - when < STALE_S}
+
+    def decide(self, costs: CallCosts) -> str:
+        """The executor for a stage whose calls cost ``costs``; remembers both."""
+        self.costs = costs
+        self.kind = choose(costs, self.cores, self.candidates, self.measured, self.kind)
+        return self.kind
+
+    def rebase(self, costs: CallCosts) -> str:
+        """The calls now cost ``costs`` (another workload): forget what was measured, decide anew."""
+        self._measured.clear()
+        return self.decide(costs)
+
+    def review(self, seconds_per_element: float) -> str:
+        """The executor after a window on the current one, in which the consumer got an element
+        every ``seconds_per_element`` (its own work included: that is what executors are
+        compared by)."""
+        if self.kind is None or self.costs is None:
+            raise RuntimeError("Policy.review() before decide()")
+        self._measured[self.kind] = (seconds_per_element, time.monotonic())
+        measured = self.measured
+        choice = choose(self.costs, self.cores, self.candidates, measured, self.kind)
+        if choice == self.kind:
+            choice = self._worth_trying(measured) or choice
+        self.kind = choice
+        return choice
+
+    def alternative(self) -> str:
+        """The best executor other than inline, for a stage asked to run calls in parallel."""
+        parallel = tuple(k for k in self.candidates if k != INLINE) or (THREAD,)
+        costs = self.costs or CallCosts(1e-3, 1e-3, 0.0, 0.0)
+        return choose(costs, self.cores, parallel, self.measured)
+
+    def restore(self, costs: CallCosts, measured: dict[str, float], kind: str) -> None:
+        """Go on from what an earlier pass knew (:meth:`snapshot`)."""
+        now = time.monotonic()
+        self.costs, self.kind = costs, kind
+        self._measured = {k: (seconds, now) for k, seconds in measured.items()}
+
+    def _worth_trying(self, measured: dict[str, float]) -> str | None:
+        """An executor not measured lately that is predicted faster than the current one measured."""
+        here = measured[self.kind]
+        for kind in KINDS:
+            if kind in self.candidates and kind not in measured and (kind != THREAD or self.costs.thread_safe):
+                if predict(self.costs, kind, self.cores) < here:
+                    return kind
+        return None
