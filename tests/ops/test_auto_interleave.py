@@ -10,6 +10,7 @@ import pytest
 import torchpipe as tp
 from torchpipe.ops import auto_interleave, process_interleave
 from torchpipe.ops.auto_interleave import AutoInterleaveIterator
+from torchpipe.runtime.cpu import usable_cpu_count
 from torchpipe.runtime.process_pool import ProcessPool
 from torchpipe.testing import assert_checkpoint_roundtrip
 
@@ -28,7 +29,7 @@ def switch_early(monkeypatch):
     monkeypatch.setattr(auto_interleave, "_DECIDE_READS", 4)
     monkeypatch.setattr(auto_interleave, "_DECIDE_S", 0.0)
     monkeypatch.setattr(auto_interleave, "_CHECK_EVERY", 3)
-    monkeypatch.setattr(auto_interleave, "_PROCESS_MIN_READ_CPU_S", 0.0)
+    monkeypatch.setattr(auto_interleave.AutoInterleaveIterator, "_processes_faster", lambda self, *costs: True)
 
 
 def _records(x):
@@ -189,9 +190,13 @@ def test_readers_of_unpicklable_elements_stay_on_threads():
     assert _find(it).executor_kind == "thread"
 
 
-def test_cheap_readers_stay_on_threads_and_the_workers_go():
+def _waits(x):
+    return tp.range(x % 7 + 5).map(lambda y: (time.sleep(0.0005), (x, y, os.getpid()))[1])  # waits, like storage
+
+
+def test_readers_that_mostly_wait_stay_on_threads_and_the_workers_go():
     baseline = len(psutil.Process().children(recursive=True))
-    it = iter(tp.range(400).interleave(_records, cycle_length=2, num_parallel_calls=2).with_options(NO_TUNER))
+    it = iter(tp.range(100).interleave(_waits, cycle_length=2, num_parallel_calls=2).with_options(NO_TUNER))
     out = list(it)
     stage = _find(it)
     assert stage.executor_kind == "thread"
@@ -259,3 +264,15 @@ def test_explicit_executors_are_not_wrapped():
         with pytest.raises(AssertionError):
             _find(it)
         it.close()
+
+
+@pytest.mark.parametrize("cpu_share, moves", [(0.02, False), (1.0, True)])
+def test_the_executor_policy_decides_the_handover(cpu_share, moves):
+    it = iter(tp.range(4).interleave(_records, cycle_length=2, num_parallel_calls=2).with_options(NO_TUNER))
+    next(it)
+    stage = _find(it)
+    stage.stats.produced, stage.stats.wait_s = 64, 0.0  # this thread's own time: 2 us an element
+    stage.stats._busy_s = 64 * 2e-6
+    # 64 reads of 200 us each: Python parsing (GIL held, two cores to spread it on) or waiting.
+    assert stage._processes_faster(64, 64 * 200e-6, 64 * 200e-6 * cpu_share) == (moves and usable_cpu_count() > 1)
+    it.close()

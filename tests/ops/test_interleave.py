@@ -444,3 +444,20 @@ def test_parallel_nested_matches_inline() -> None:
         )
 
     assert list(nested(num_parallel_calls=2)) == list(nested())
+
+
+def _hangs_at_three(x):
+    return tp.range(2).map(lambda y: (time.sleep(30) if x == 3 else None, (x, y))[1])
+
+
+@pytest.mark.parametrize("executor, deterministic", [("thread", True), ("thread", False), ("process", True)])
+def test_a_hung_reader_raises_a_stall_error(executor, deterministic):
+    options = tp.Options(stall_timeout=1.0, optimizations={"inject_prefetch": False})
+    ds = tp.range(6).interleave(_hangs_at_three, cycle_length=2, num_parallel_calls=2, executor=executor,
+                                deterministic=deterministic)  # fmt: skip
+    it = iter(ds.with_options(options))
+    t0 = time.monotonic()
+    with pytest.raises(tp.StallError, match=r"interleave\(_hangs_at_three\)"):
+        list(it)
+    assert time.monotonic() - t0 < 20
+    it.close()

@@ -4,10 +4,12 @@ worker processes, mid-pass, when they turn out to do real work.
 Threads cost nothing to start and nothing per element, which suits readers that only wait (on
 files, on remote storage) or hand over ready-made tensors. Readers that also parse records in
 Python hold the GIL for it, and on threads that work shares one core with the training loop. So
-the pass starts on threads, measures the CPU each element costs its reader, and where that is at
-least ``_PROCESS_MIN_READ_CPU_S`` (several times what an element costs to receive from a worker),
-hands the running interleave over to worker processes that run their reads on threads of their
-own (one process per core; see :class:`ProcessInterleaveIterator`). The handover keeps the input
+the pass starts on threads and measures what each element costs its reader (wall and CPU time)
+and this thread; the runtime's executor policy (``torchpipe.runtime.policy``, the rule map and the
+DataLoader use too) then says whether worker processes would deliver faster, by
+``ONE_WAY_MARGIN`` since the move is not undone, and if so the running interleave is handed over
+to worker processes that run their reads on threads of their own (one process per core; see
+:class:`ProcessInterleaveIterator`). The handover keeps the input
 position, the interleave's cycle and every open reader's place, so no element is lost, repeated
 or reordered; what the threads had read ahead moves over too, so nothing is read twice.
 """
@@ -25,15 +27,15 @@ from torchpipe.ops.stats import LiveKnob
 from torchpipe.ops.thread_interleave import ThreadInterleaveIterator
 from torchpipe.runtime import codec
 from torchpipe.runtime.cpu import usable_cpu_count
+from torchpipe.runtime.policy import ONE_WAY_MARGIN, PROCESS, THREAD, CallCosts, choose
 from torchpipe.runtime.timing import CallTiming
 
 _DECIDE_READS = 32  # elements read before choosing (after the first _CHECK_EVERY delivered, whose
 _DECIDE_S = 0.05  # reads carry one-time costs), and seconds since then
 _CHECK_EVERY = 16  # elements delivered between looks at the counters
-_PROCESS_MIN_READ_CPU_S = 20e-6
-"""CPU seconds per element read from which readers move to processes. Receiving an element from a
-worker costs the main process about 5 us, and a read on threads costs 8-12 us of machinery (its
-position recorded) besides the user's work: below this, threads are cheaper."""
+RECEIVE_S = 5e-6
+"""What receiving an element read by a worker costs this process (elements travel in chunks of
+many, as columns where they can): measured about 5 us."""
 
 
 class AutoInterleaveIterator(Iterator):
@@ -105,11 +107,21 @@ class AutoInterleaveIterator(Iterator):
         reads, wall_s, cpu_s = totals[0] - reads0, totals[1] - wall0, totals[2] - cpu0
         if reads < _DECIDE_READS or now - then < _DECIDE_S:
             return
-        if cpu_s / reads >= _PROCESS_MIN_READ_CPU_S:
+        if self._processes_faster(reads, wall_s, cpu_s):
             if _travels(self._threads.hand_over(), element):
                 self._threads.stop_reading()  # what they read moves over with them
                 self._to_processes(self._threads.hand_over(read_ahead=True), wall_s / cpu_s)
         self._settle()
+
+    def _processes_faster(self, reads: int, wall_s: float, cpu_s: float) -> bool:
+        """Whether the policy moves readers whose reads cost ``wall_s`` and ``cpu_s`` over ``reads``
+        elements to processes. A read's CPU time is taken to hold the GIL (parsing in Python), its
+        waits not; this thread's own time per element is the threads' hand-off."""
+        stats = self.stats
+        handoff = max(stats.wall_s - stats.wait_s, 0.0) / max(stats.produced, 1)
+        costs = CallCosts(wall_s / reads, cpu_s / reads, max(0.0, 1.0 - cpu_s / wall_s) if wall_s > 0 else 1.0,
+                          0.0, handoff_s=handoff, message_s=RECEIVE_S)  # fmt: skip
+        return choose(costs, usable_cpu_count(), (THREAD, PROCESS), current=THREAD, margin=ONE_WAY_MARGIN) == PROCESS
 
     def _settle(self) -> None:
         """The choice is made: shut down the iterator not chosen."""

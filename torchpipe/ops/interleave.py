@@ -103,20 +103,22 @@ class InterleaveNode(Node):
         if tunable:  # a process each costs memory: processes start at the cores, threads at the cycle
             parallelism = usable_cpu_count() if self.executor == "process" else min(cycle, MAX_PARALLELISM)
         block = self.block_length
-        restart = ctx.options.restart_workers
+        restart, stall_s = ctx.options.restart_workers, ctx.options.stall_timeout
         deterministic = ctx.deterministic(self.deterministic)
         if self.executor == "process" and process_executor_supported():
             opener = InnerOpener(UserFunction(self.fn, self.name, ctx), ctx)
             return ProcessInterleaveIterator(self.name, source, opener, cycle, block, parallelism, restart, tunable,
-                                             deterministic=deterministic)  # fmt: skip
+                                             deterministic=deterministic, stall_s=stall_s)  # fmt: skip
         # Pool threads share the global RNGs, so only tp.rng() is reproducible in fn here (and
         # with "auto", which may move the readers to processes part way, there too).
         opener = InnerOpener(UserFunction(self.fn, self.name, ctx, seed_globals=False), ctx)
-        threads = ThreadInterleaveIterator(self.name, source, opener, cycle, block, parallelism, deterministic, tunable)
+        threads = ThreadInterleaveIterator(self.name, source, opener, cycle, block, parallelism, deterministic, tunable,
+                                           stall_s=stall_s)  # fmt: skip
         if self.executor != "auto" or not process_executor_supported():
             return threads
         processes = ProcessInterleaveIterator(self.name, source, opener, cycle, block, parallelism, restart, tunable,
-                                              threads_in_workers=True, deterministic=deterministic)  # fmt: skip
+                                              threads_in_workers=True, deterministic=deterministic,
+                                              stall_s=stall_s)  # fmt: skip
         return AutoInterleaveIterator(self.name, source, threads, processes)
 
 

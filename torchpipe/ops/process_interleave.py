@@ -26,6 +26,7 @@ from torchpipe.ops.interleave_base import (
 )
 from torchpipe.runtime.columns import Columns, to_columns
 from torchpipe.runtime.cpu import usable_cpu_count
+from torchpipe.runtime.dispatch import Dispatcher
 from torchpipe.runtime.process_pool import ProcessPool
 
 _WAIT_S = 0.5
@@ -198,6 +199,7 @@ class ProcessInterleaveIterator(ReadAheadInterleave):
         threads_in_workers: run several reads at once in each worker process.
         deterministic: keep the inline order; if False, a slot with nothing read yet is passed
             over for the next one that has something.
+        stall_s: ``Options.stall_timeout``: a chunk out this long raises ``StallError``.
     """
 
     def __init__(
@@ -212,6 +214,7 @@ class ProcessInterleaveIterator(ReadAheadInterleave):
         tunable: bool = False,
         threads_in_workers: bool = False,
         deterministic: bool = True,
+        stall_s: float | None = None,
     ) -> None:
         super().__init__(name, source, opener, cycle_length, block_length, parallelism, tunable)
         self._restart = restart
@@ -219,7 +222,9 @@ class ProcessInterleaveIterator(ReadAheadInterleave):
         self._deterministic = deterministic
         self._chunk = max(_CHUNK_ITEMS, block_length)
         self._ahead = 0  # items a reader may hold beyond two chunks' worth (see _deep_read_ahead)
-        self._waiting: dict[int, _ChunkReader] = {}
+        self._waiting: dict[int, _ChunkReader] = {}  # chunk task -> the reader it is for
+        self._dispatch: Dispatcher | None = None
+        self._stall_s = stall_s
         self._next_task = 0
         self._taken = 0
 
@@ -229,6 +234,7 @@ class ProcessInterleaveIterator(ReadAheadInterleave):
             processes, threads = self._workers(self._parallelism)
             self._pool = ProcessPool(InnerChunkTask(self._opener), processes, self.name, restart=self._restart,
                                      timing=self.stats.calls, threads=threads)  # fmt: skip
+            self._dispatch = Dispatcher(self.name, self._pool, self._stall_s)
 
     def _workers(self, parallelism: int) -> tuple[int, int]:
         """Worker processes and threads in each for ``parallelism``."""
@@ -275,11 +281,11 @@ class ProcessInterleaveIterator(ReadAheadInterleave):
             reader.pending = task
             self._waiting[task] = reader
             payload = (reader.element, reader.seq, reader.read_state, self._chunk, reader.id, reader.read)
-            self._pool.submit(task, payload, prefer=reader.id % self._pool.size)
+            self._dispatch.submit(task, payload, prefer=reader.id % self._pool.size)
 
     def _receive(self, timeout: float) -> None:
         """Hand the chunks that arrived (waiting up to ``timeout`` s for one) to their readers."""
-        for task, items, error in self._pool.collect(timeout):
+        for task, items, error in self._dispatch.poll(timeout):
             if error is None:
                 self.stats.calls.add_items(len(items))
             waiting = self._waiting.pop(task, None)
@@ -330,6 +336,8 @@ class ProcessInterleaveIterator(ReadAheadInterleave):
         return {self.ELEMENT: reader.element, self.SEQ: reader.seq, self.INNER: reader.taken_state}
 
     def shutdown(self) -> None:
+        if self._dispatch is not None:
+            self._dispatch.close()
         if self._pool is not None:
             self._pool.close()
         self._waiting.clear()

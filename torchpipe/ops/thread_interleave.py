@@ -8,6 +8,7 @@ from collections import deque
 from concurrent.futures import Future
 from typing import Any
 
+from torchpipe.errors import StallError
 from torchpipe.ops.base import Iterator, PositionLog
 from torchpipe.ops.interleave_base import _END, _ERROR, _FAILED, _VALUE, InnerOpener, ReadAheadInterleave
 from torchpipe.runtime.thread_pool import ThreadPool
@@ -98,12 +99,24 @@ class _InnerReader:
         with self._wakeup:
             return bool(self.ready)
 
-    def take(self) -> tuple[str, Any, int]:
+    def take(self, stage: str, stall_s: float | None) -> tuple[str, Any, int]:
         """The next item and how many were ready, waiting (in bounded steps) until the pool has
-        produced it."""
+        produced it.
+
+        Raises:
+            StallError: after ``stall_s`` seconds without an item.
+        """
         with self._wakeup:
+            since = time.monotonic()
             while not self.ready:
                 self._wakeup.wait(timeout=_WAIT_S)
+                if not self.ready and stall_s is not None and time.monotonic() - since > stall_s:
+                    raise StallError(
+                        f"{stage}: inner dataset {self.seq} has given no element for {stall_s:g} s "
+                        f"({'a read runs on a pool thread' if self._running else 'no read is running'}; "
+                        "tp.Options(stall_timeout=None) turns the check off)",
+                        stage=stage, seq=self.seq, where="a thread of the interleave's pool",
+                    )  # fmt: skip
             ready = len(self.ready)
             kind, seq, payload = self.ready.popleft()
         if kind in (_VALUE, _ERROR):
@@ -224,6 +237,8 @@ class ThreadInterleaveIterator(ReadAheadInterleave):
         block_length: consecutive elements taken from one before moving to the next.
         parallelism: number of pool threads.
         deterministic: whether to keep the inline order.
+        tunable: let the autotuner change ``parallelism``.
+        stall_s: ``Options.stall_timeout``: a slot that gives nothing this long raises ``StallError``.
     """
 
     def __init__(
@@ -236,9 +251,11 @@ class ThreadInterleaveIterator(ReadAheadInterleave):
         parallelism: int,
         deterministic: bool,
         tunable: bool = False,
+        stall_s: float | None = None,
     ) -> None:
         super().__init__(name, source, opener, cycle_length, block_length, parallelism, tunable)
         self._deterministic = deterministic
+        self._stall_s = stall_s
         self._usual_read_ahead = min(max(32, 2 * block_length), 64)
         self._read_ahead = ReadAhead(self._usual_read_ahead)
         self._wakeup = threading.Condition()
@@ -269,7 +286,7 @@ class ThreadInterleaveIterator(ReadAheadInterleave):
 
     def _take(self, reader: _InnerReader) -> tuple[str, Any]:
         t0 = time.perf_counter()
-        kind, payload, ready = reader.take()
+        kind, payload, ready = reader.take(self.name, self._stall_s)
         self.stats.wait_s += time.perf_counter() - t0
         self.stats.look(ready, self._read_ahead.capacity)
         if kind in (_VALUE, _ERROR):
@@ -286,6 +303,9 @@ class ThreadInterleaveIterator(ReadAheadInterleave):
                 if index is not None:
                     break
                 self._wakeup.wait(timeout=_WAIT_S)
+                if self._stall_s is not None and time.perf_counter() - t0 > self._stall_s:
+                    raise StallError(f"{self.name}: no inner dataset has given an element for {self._stall_s:g} s "
+                                     "(tp.Options(stall_timeout=None) turns the check off)", stage=self.name)
         self.stats.wait_s += time.perf_counter() - t0
         self._serve(index)
 

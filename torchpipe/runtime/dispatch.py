@@ -101,6 +101,23 @@ class Dispatcher:
                 step = min(step, left)
             self.collect(step)
 
+    def poll(self, timeout: float) -> list[tuple[int, Any, BaseException | None]]:
+        """Every result finished now, as completed, waiting up to ``timeout`` s for one (for ops
+        that route results themselves, as an interleave routes chunks to their readers).
+
+        Raises:
+            StallError: if the oldest task has been out longer than the stall limit.
+        """
+        if not self._done:
+            self.collect(timeout)
+        if not self._done:
+            self._check_stall()
+        results = [(seq, *self._done.pop(seq)) for seq in list(self._done)]
+        if results:
+            taken = {seq for seq, _, _ in results}
+            self._order = deque(seq for seq in self._order if seq not in taken)
+        return results
+
     def collect(self, timeout: float) -> int:
         """Gather finished results, waiting up to ``timeout`` s for the first; how many came."""
         t0 = time.perf_counter()

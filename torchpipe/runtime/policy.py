@@ -25,6 +25,9 @@ KINDS = (INLINE, THREAD, PROCESS)
 
 MARGIN = 1.15
 """How much faster a dearer executor must be predicted (or measured) to be chosen."""
+ONE_WAY_MARGIN = 1.5
+"""The same for a move that is not measured afterwards and not undone (an interleave's readers
+handed over to processes)."""
 HANDOFF_S = 10e-6
 """This process's cost of one call on a thread: queueing it and taking its result (measured
 8-12 us with the GIL contended)."""
@@ -52,6 +55,9 @@ class CallCosts:
         consumer_s: the consumer's own seconds per element, between two of its requests.
         thread_safe: whether calls may run on threads at all (reproducibility: a call that
             draws from the global RNGs, in a stage that must reproduce them, may not).
+        handoff_s: this process's cost of one call on a thread (:data:`HANDOFF_S` unless measured).
+        message_s: this process's cost of one result from a worker besides decoding it
+            (:data:`MESSAGE_S`; less where results travel many to a message).
     """
 
     call_s: float
@@ -60,6 +66,8 @@ class CallCosts:
     move_s: float
     consumer_s: float = 0.0
     thread_safe: bool = True
+    handoff_s: float = HANDOFF_S
+    message_s: float = MESSAGE_S
 
     def without_threads(self) -> CallCosts:
         """These costs, for calls that must not run on threads."""
@@ -89,26 +97,27 @@ def predict(costs: CallCosts, kind: str, cores: int) -> float:
     n = workers(c, kind, cores)
     if kind == THREAD:
         held = min((1.0 - c.gil_free) * c.call_s, c.cpu_s)  # a call waiting on I/O does not hold it
-        serial = held + HANDOFF_S + c.consumer_s
-        cpu = c.cpu_s + HANDOFF_S + c.consumer_s
+        serial = held + c.handoff_s + c.consumer_s
+        cpu = c.cpu_s + c.handoff_s + c.consumer_s
         return max(c.call_s / n, serial, cpu / cores)
-    receive = MESSAGE_S + c.move_s
+    receive = c.message_s + c.move_s
     cpu = c.cpu_s + c.move_s + receive + c.consumer_s  # the worker encodes what this process decodes
     return max(c.call_s / n, receive + c.consumer_s, cpu / cores)
 
 
 def choose(
     costs: CallCosts, cores: int, candidates: tuple[str, ...], measured: dict[str, float] | None = None,
-    current: str | None = None,
+    current: str | None = None, margin: float = MARGIN,
 ) -> str:
     """The executor for ``costs``: the fastest of ``candidates``, where a dearer one (threads over
-    inline, processes over threads) must be ``MARGIN`` times faster than the best cheaper one.
+    inline, processes over threads) must be ``margin`` times faster than the best cheaper one.
 
     Args:
         measured: seconds per element measured on executors already tried; they stand in for
             the predictions.
         current: the executor the stage runs on now: it is left only for a dearer one that is
-            ``MARGIN`` times faster than it, or a cheaper one that is no slower.
+            ``margin`` times faster than it, or a cheaper one that is no slower.
+        margin: :data:`MARGIN`; more for a move that cannot be undone (:data:`ONE_WAY_MARGIN`).
     """
     measured = measured or {}
     options = [k for k in KINDS if k in candidates and (k != THREAD or costs.thread_safe)]
@@ -117,11 +126,11 @@ def choose(
     seconds = {kind: measured.get(kind, predict(costs, kind, cores)) for kind in options}
     best = options[0]
     for kind in options[1:]:
-        if seconds[kind] * MARGIN < seconds[best]:
+        if seconds[kind] * margin < seconds[best]:
             best = kind
     if current in seconds and best != current:
         dearer = KINDS.index(best) > KINDS.index(current)
-        if seconds[best] * (MARGIN if dearer else 1.0) >= seconds[current]:
+        if seconds[best] * (margin if dearer else 1.0) >= seconds[current]:
             return current
     return best
 
