@@ -70,8 +70,9 @@ def test_cheap_batches_are_made_in_this_process_and_the_tuners_zero_means_that()
     first += [next(it) for _ in range(100)]
     assert it._placement.kind == INLINE and _workers(loader, it) == 0 and it._pool.pids == []
     it._knob.request(2)  # the tuner asks for a pool: the best parallel executor gets it
-    rest = [next(it) for _ in range(100)]
-    assert _workers(loader, it) == 2
+    rest = [next(it)]
+    assert _workers(loader, it) == 2 and it._placement.kind != INLINE
+    rest += [next(it) for _ in range(99)]
     assert torch.cat(first + rest)[:, 0].tolist() == list(range(4 * (len(first) + 100)))
 
 

@@ -25,7 +25,7 @@ def _window(map_s, throughput, step_s=1e-4, cpu=0.05, parallelism=1):
 def _tuner():
     applied = []
     knob = LiveKnob("p", 1, 1, 64, False, applied.append, immediate=True)
-    return Autotuner(Fake("root", knob=knob), ConsumerClock(), Budget(cpu=2, ram=1e9), intervals=[]), knob
+    return Autotuner(Fake("root", knob=knob, role="pool"), ConsumerClock(), Budget(cpu=2, ram=1e9), intervals=[]), knob
 
 
 def test_rounds_apply_what_the_model_prefers_at_most_doubling_each_knob():

@@ -20,7 +20,9 @@ from __future__ import annotations
 import dataclasses
 import time
 
+from torchpipe.autotune import tunable
 from torchpipe.autotune.model import Knob, Stage
+from torchpipe.autotune.tunable import BUFFER, POOL
 from torchpipe.ops.base import Iterator
 
 CONSUMER = "consumer"
@@ -103,7 +105,7 @@ def look(root: Iterator, consumer_s: float) -> Look:
 def caller_seconds(it: Iterator, counters: Counters, inputs_wall_s: float) -> float:
     """Seconds of ``it``'s own work on its caller's thread: its wall time less its waits and, unless
     its input runs on a thread of its own (a prefetch), its input's wall time."""
-    inputs = 0.0 if it.tuning_role == "buffer" else inputs_wall_s
+    inputs = 0.0 if tunable.role(it) == BUFFER else inputs_wall_s
     return max(counters.wall_s - counters.wait_s - inputs, 0.0)
 
 
@@ -160,7 +162,7 @@ class _Builder:
 
     def knob(self, it: Iterator, suffix: str, value: int) -> str:
         """The knob named for ``it``: its live knob if tunable, else a fixed one."""
-        for live in it.knobs():
+        for live in tunable.knobs(it):
             if live.name.endswith(suffix):
                 self.knobs[live.name] = Knob(live.name, live.value, live.minimum, live.maximum)
                 self.tunable.add(live.name)
@@ -180,22 +182,22 @@ class _Builder:
         own = caller_seconds(it, d, inputs_wall)
         self.main_cpu_s += own
         mine = Stage(it.name, self.per_root(own))
-        if it.tuning_role == "buffer":
-            depth = self.knob(it, ".buffer_size", max(it.buffer_slots(), 1))
+        if tunable.role(it) == BUFFER:
+            depth = self.knob(it, ".buffer_size", max(tunable.buffer_slots(it), 1))
             end = Stage(f"{it.name} (producer)", 0.0, buffer=depth, bytes_per_element=d.bytes_per_element)
             return below + [end, mine]
-        if it.tuning_role == "pool":
+        if tunable.role(it) == POOL and tunable.parallelism(it) > 0:  # at 0 calls run here: in its self time
             return self._pool(it, d, below) + [mine]
         return below + [mine]
 
     def _pool(self, it: Iterator, d: Counters, below: list[Stage]) -> list[Stage]:
         """A pool stage: its calls in a segment of their own; its input and dispatch on the caller's."""
-        parallelism = self.knob(it, ".parallelism", max(it.parallelism(), 1))
-        slots = max(1, it.buffer_slots() // max(it.parallelism(), 1))
+        parallelism = self.knob(it, ".parallelism", max(tunable.parallelism(it), 1))
+        slots = max(1, tunable.buffer_slots(it) // max(tunable.parallelism(it), 1))
         cpu_fraction = min(1.0, d.cpu_s / d.work_s) if d.work_s > 0 else 1.0
         calls = Stage(f"{it.name} (calls)", self.per_root(_delivered_work(d)), parallelism=parallelism, buffer=parallelism,
                       cpu_fraction=cpu_fraction, bytes_per_element=d.bytes_per_element, slots_per_unit=slots)
-        if not it.calls_in_processes():
+        if not tunable.calls_in_processes(it):
             self.main_cpu_s += d.cpu_s
         cut = _after_last_buffer(below)
         return below[:cut] + [calls] + below[cut:]

@@ -101,7 +101,10 @@ def predict_time(stages: list[Stage], knobs: dict[str, int]) -> float:
     times = service_times(stages, knobs)
     worst = max(t for t, _ in times)
     for (producer, slots), (consumer, _) in zip(times, times[1:]):
-        if slots == 0 or producer <= 0.0:
+        if slots == 0:  # nothing in between (a pool of 0: calls on its consumer's thread): they take turns
+            worst = max(worst, producer + consumer)
+            continue
+        if producer <= 0.0:
             continue
         p0 = empty_probability(consumer / producer, slots)
         pair = consumer / (1.0 - p0) if p0 < 1.0 else math.inf

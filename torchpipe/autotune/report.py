@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from torchpipe.autotune import tunable
 from torchpipe.autotune.live import CONSUMER, Look, build_model, caller_seconds, look, walk
 from torchpipe.autotune.model import bottleneck
 from torchpipe.autotune.runner import Decision
+from torchpipe.autotune.tunable import POOL
 from torchpipe.ops.base import Iterator
 
 WAITING_LIMIT = 0.2
@@ -94,17 +96,17 @@ def pipeline_stats(root: Iterator, start: Look, consumer_s: float, decisions: li
         counters = now.iterators[id(it)]  # the tree is built when the pass starts: totals are the pass's
         entry: dict[str, Any] = {"stage": it.name, "depth": depth, "produced": counters.produced,
                                  "throughput": counters.produced / seconds}  # fmt: skip
-        if it.tuning_role == "pool":  # its calls' own time, on the threads or workers that ran them
+        if tunable.role(it) == POOL:  # its calls' own time, on the threads or workers that ran them
             entry["self_s"] = counters.work_s / max(counters.calls, 1)
         else:
             inputs_wall = sum(now.iterators[id(child)].wall_s for child in it.children())
             entry["self_s"] = caller_seconds(it, counters, inputs_wall) / max(counters.produced, 1)
-        if counters.wall_s > 0 and it.tuning_role is not None:
+        if counters.wall_s > 0 and tunable.role(it) is not None:
             entry["wait_ratio"] = counters.wait_s / counters.wall_s
         if it.stats.occupancy_n:
             entry["occupancy"] = it.stats.occupancy_sum / it.stats.occupancy_n / max(it.stats.capacity, 1)
-        if it.knobs():
-            entry["knobs"] = {knob.name: knob.value for knob in it.knobs()}
+        if tunable.knobs(it):
+            entry["knobs"] = {knob.name: knob.value for knob in tunable.knobs(it)}
         entry.update(it.stats.counters)  # errors_ignored, inner_datasets, ...
         stages.append(entry)
     if decisions:

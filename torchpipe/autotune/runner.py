@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Iterable
 
+from torchpipe.autotune import tunable
 from torchpipe.autotune.live import Look, Model, build_model, look, walk
 from torchpipe.autotune.model import Knob, bottleneck, predict_time
 from torchpipe.autotune.tuner import Budget, backoff_intervals, hill_climb
@@ -94,7 +95,7 @@ class Decision:
 
 def live_knobs(root: Iterator) -> list[LiveKnob]:
     """Every AUTOTUNE knob in the tree under ``root``."""
-    return [knob for it, _ in walk(root) for knob in it.knobs()]
+    return [knob for it, _ in walk(root) for knob in tunable.knobs(it)]
 
 
 class Autotuner:
@@ -188,18 +189,22 @@ class Autotuner:
         self.decisions.append(decision)
         return decision
 
-    def _search_range(self, knob: Knob, tunable: set[str], may_lower: bool = True) -> Knob:
+    def _search_range(self, knob: Knob, tunable_names: set[str], may_lower: bool = True) -> Knob:
         """The knob as the climb sees it: from half its value now (or its floor; its value now
         unless ``may_lower``; lower only if a budget requires it) up to its maximum, twice its
-        value now or its held value (a round's step is judged before the next is taken)."""
-        if knob.name not in tunable:
+        value now or its held value (a round's step is judged before the next is taken). A knob
+        at 0 (calls on the caller's thread) stays there, and one above stays above: moving calls
+        between the caller's thread and a pool is the executor policy's decision, by measurement."""
+        if knob.name not in tunable_names:
             return knob
+        if knob.value == 0:
+            return dataclasses.replace(knob, minimum=0, maximum=0)
         held, floor = self._held.get(knob.name), self._floors.get(knob.name)
         maximum = min(knob.maximum, _GROWTH * knob.value)
         maximum = min(maximum, held[0]) if held is not None else maximum
         lowest = -(-knob.value // _GROWTH) if may_lower else knob.value
-        start = max(knob.minimum, lowest, floor[0] if floor is not None else 0)
-        return dataclasses.replace(knob, value=start, maximum=max(maximum, start))
+        start = max(knob.minimum, 1, lowest, floor[0] if floor is not None else 0)
+        return dataclasses.replace(knob, value=start, minimum=max(knob.minimum, 1), maximum=max(maximum, start))
 
     def _judge_last_move(self, throughput: float, work: float) -> None:
         """Check what the last move bought: knobs raised for less than ``_MIN_GAIN`` are held at

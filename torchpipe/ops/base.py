@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 from torchpipe.constants import UNKNOWN
 from torchpipe.errors import CheckpointError, add_note
-from torchpipe.ops.stats import IteratorStats, LiveKnob
+from torchpipe.ops.stats import IteratorStats
 from torchpipe.options import Options
 from torchpipe.randomness import call_seeded, enter_call, exit_call, mix_seed, seed_global_rngs
 
@@ -184,10 +184,6 @@ class Iterator(abc.ABC):
     """
 
     _status = _NEW  # class default, so a subclass that skipped __init__ gets a clear error
-    tuning_role: ClassVar[str | None] = None
-    """How the autotuner's model sees this op: None (runs on its caller's thread), ``"buffer"``
-    (its input runs on a thread of its own, into a buffer) or ``"pool"`` (its calls run on a
-    pool of threads or processes; its input on the caller's thread)."""
 
     def __init__(self, name: str, *inputs: Iterator) -> None:
         self.name = name
@@ -225,22 +221,6 @@ class Iterator(abc.ABC):
     def children(self) -> list[Iterator]:
         """The iterators this one currently owns (closed with it, reported in stats)."""
         return self.inputs
-
-    def knobs(self) -> list[LiveKnob]:
-        """The values the autotuner may change while this iterator runs (those set to AUTOTUNE)."""
-        return []
-
-    def parallelism(self) -> int:
-        """Threads or processes running this op's calls at once (ops with a pool)."""
-        return 1
-
-    def buffer_slots(self) -> int:
-        """Elements this op can hold ready or in flight for its consumer (asynchronous ops)."""
-        return 0
-
-    def calls_in_processes(self) -> bool:
-        """Whether this op's calls run in worker processes (their CPU is not this process's)."""
-        return False
 
     # -- what the base class does -----------------------------------------------------------
     def __iter__(self) -> Iterator:
@@ -303,7 +283,7 @@ class Iterator(abc.ABC):
     def all_stats(self) -> list[dict[str, Any]]:
         """Stats of this iterator and every iterator below it, root first."""
         out = [{"stage": self.name, **self.stats.as_dict()}]
-        knobs = self.knobs()
+        knobs = self.knobs() if hasattr(self, "knobs") else []  # ops the autotuner tunes have some
         if knobs:
             out[0]["knobs"] = {knob.name: knob.value for knob in knobs}
         for child in self.children():
