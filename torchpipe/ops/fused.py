@@ -63,7 +63,7 @@ class FusedMapNode(MapNode):
         inner = " -> ".join(stage.label() for stage in self.stages)
         extra = ", ".join(f"{k}={v!r}" for k, v in self.parallel_params().items())
         text = f"fused[{inner}]" + (f"({extra})" if extra else "")
-        return text + (" [source pushed down]" if self.pushdown else "")
+        return text + (" [source pushed down]" if self.dataset is not None else "")
 
     def input_context(self, ctx: BuildContext, index: int) -> BuildContext:
         return walk_contexts(self.hops, ctx)

@@ -5,7 +5,6 @@ resizing in ``parallel_map.py``."""
 
 from __future__ import annotations
 
-import copy
 from typing import Any, Callable
 
 import torch
@@ -22,9 +21,6 @@ from torchpipe.ops.base import (
 )
 from torchpipe.ops.batch import BatchIterator
 from torchpipe.ops.parallel_map import ParallelMapIterator
-from torchpipe.ops.shuffle import ShuffleNode, ShuffleRepeatNode
-from torchpipe.ops.sources import FromDatasetNode, IndexedSourceIterator
-from torchpipe.ops.structure import ElidedNode, RepeatNode, ShardNode, SkipNode, TakeNode
 from torchpipe.runtime.codec import StackedTensor
 from torchpipe.runtime.cpu import usable_cpu_count
 from torchpipe.runtime.recycle import RecycledStack
@@ -32,8 +28,6 @@ from torchpipe.runtime.recycle import RecycledStack
 EXECUTORS = ("auto", "thread", "process")
 """Accepted ``executor=`` values."""
 
-# Ops that only reorder or select elements: with source pushdown they run on indices.
-_INDEX_OPS = (ShuffleNode, ShuffleRepeatNode, TakeNode, SkipNode, ShardNode, RepeatNode, ElidedNode)
 
 class MapNode(Node):
     """``fn(element)`` for every element."""
@@ -59,7 +53,7 @@ class MapNode(Node):
         self.name = name or f"map({function_name(fn)})"
         self.pure = pure or is_pure(fn)
         self.batched = batched
-        self.pushdown = False  # set by the optimizer's source_pushdown pass
+        self.dataset: Any = None  # the pushed-down source's dataset (the optimizer's source_pushdown)
 
     def params(self) -> dict[str, Any]:
         params: dict[str, Any] = {"fn": function_name(self.fn)}
@@ -70,7 +64,7 @@ class MapNode(Node):
     def label(self) -> str:
         text = super().label()
         text = text if self.name == f"map({function_name(self.fn)})" else f"{text} as {self.name!r}"
-        return text + (" [source pushed down]" if self.pushdown else "")
+        return text + (" [source pushed down]" if self.dataset is not None else "")
 
     def parallel_params(self) -> dict[str, Any]:
         if self.num_parallel_calls is None:
@@ -92,29 +86,9 @@ class MapNode(Node):
         return self.parallel_iterator(self.name, ctx, source, lambda fn, in_process: MapTask(fn, dataset))
 
     def source(self, ctx: BuildContext) -> tuple[Iterator, Any]:
-        """The input iterator, and the map-style dataset when the source is pushed down.
-
-        With source pushdown (``self.pushdown``, set by the optimizer) the parallel stage
-        receives indices and runs ``dataset[i]`` next to ``fn``, so sample data never crosses
-        from the main process to a worker. Ops between the source and the map that only
-        reorder or select elements (shuffle, take, skip, shard, repeat) then run on the
-        indices: same order, same seeds (the nodes keep their places in the graph), and a
-        shuffle buffer of ints.
-        """
-        chain, node = index_chain(self.inputs[0])
-        if not (self.pushdown and isinstance(node, FromDatasetNode)):
-            return ctx.build_input(self), None
-        return self._index_chain(chain, node).build(self.input_context(ctx, 0)), node.dataset
-
-    @staticmethod
-    def _index_chain(chain: list[Node], source: FromDatasetNode) -> Node:
-        """``chain`` (top first) rebuilt over the indices of ``source``."""
-        node: Node = _IndicesNode(source)
-        for op in reversed(chain):
-            copied = copy.copy(op)
-            copied.inputs = (node,)
-            node = copied
-        return node
+        """The input iterator, and the map-style dataset whose fetch runs next to ``fn`` (set by
+        the optimizer's source_pushdown pass, which replaced the source by its indices)."""
+        return ctx.build_input(self), self.dataset
 
     def parallel_iterator(
         self, name: str, ctx: BuildContext, source: Iterator, make_task: Callable[[UserFunction, bool], Any]
@@ -141,16 +115,6 @@ class MapNode(Node):
         )
 
 
-def index_chain(node: Node) -> tuple[list[Node], Node]:
-    """The ops that only reorder or select elements from ``node`` down (top first), and the
-    node below them."""
-    chain = []
-    while isinstance(node, _INDEX_OPS):
-        chain.append(node)
-        node = node.inputs[0]
-    return chain, node
-
-
 def pure(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Declare ``fn`` pure: its result depends only on its arguments (and ``tp.rng()``), and it
     has no side effects the caller relies on. Returns ``fn`` itself, marked.
@@ -174,22 +138,6 @@ def pure(fn: Callable[..., Any]) -> Callable[..., Any]:
 def is_pure(fn: Any) -> bool:
     """Whether ``fn`` was declared pure with ``@tp.pure``."""
     return getattr(fn, "__torchpipe_pure__", False) is True
-
-
-class _IndicesNode(Node):
-    """The indices ``0 .. len(dataset) - 1`` of a pushed-down ``from_dataset`` source."""
-
-    kind = "from_dataset"
-
-    def __init__(self, source: FromDatasetNode) -> None:
-        super().__init__()
-        self.length = len(source.dataset)
-
-    def cardinality(self) -> int:
-        return self.length
-
-    def build(self, ctx: BuildContext) -> Iterator:
-        return IndexedSourceIterator(self.kind, self.length, int)
 
 
 class MapTask:

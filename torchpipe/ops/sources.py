@@ -56,6 +56,28 @@ class FromDatasetNode(Node):
         return IndexedSourceIterator(self.kind, len(self.dataset), self.dataset.__getitem__)
 
 
+class IndicesNode(Node):
+    """The indices ``0 .. len(dataset) - 1`` of a map-style dataset whose fetch the optimizer
+    pushed into a parallel map (``graph/passes/source_pushdown.py``): it stands where the
+    ``from_dataset`` stood, so the ops above it keep their seeds and checkpoints."""
+
+    kind = "from_dataset"
+
+    def __init__(self, source: FromDatasetNode) -> None:
+        super().__init__()
+        self.dataset_name = type(source.dataset).__name__
+        self.length = len(source.dataset)
+
+    def params(self) -> dict[str, Any]:
+        return {"indices of": self.dataset_name, "len": self.length}
+
+    def cardinality(self) -> int:
+        return self.length
+
+    def build(self, ctx: BuildContext) -> Iterator:
+        return IndexedSourceIterator(self.kind, self.length, int)
+
+
 class TensorSlicesNode(Node):
     """Slices of a structure of tensors, arrays and lists along their first dimension."""
 

@@ -1,30 +1,53 @@
 """source_pushdown: a parallel map over ``from_dataset`` fetches ``dataset[i]`` in its workers.
 
-Only indices cross to the workers; ``__getitems__`` is used when the dataset has it (with
-map+batch fusion). Ops between the source and the map that only reorder or select
-elements (shuffle, take, skip, shard, repeat) run on the indices with the same seeds.
+The source is replaced by its indices and the dataset handed to the map, which fetches each
+element next to its function (with ``__getitems__`` when the dataset has it and the map is fused
+with its batch): only indices cross to the workers. Ops between the source and the map that only
+reorder or select elements (shuffle, take, skip, shard, repeat) then run on the indices; every
+node keeps its place in the graph, so its seeds and its checkpoint are the same.
 """
 
 from __future__ import annotations
 
-from torchpipe.graph.rewrite import rewrite_bottom_up, with_attrs
+from typing import Any
+
+from torchpipe.graph.rewrite import rewrite_bottom_up, with_attrs, with_inputs
 from torchpipe.ops.base import Node
-from torchpipe.ops.map import MapNode, index_chain
-from torchpipe.ops.sources import FromDatasetNode
+from torchpipe.ops.map import MapNode
+from torchpipe.ops.shuffle import ShuffleNode, ShuffleRepeatNode
+from torchpipe.ops.sources import FromDatasetNode, IndicesNode
+from torchpipe.ops.structure import ElidedNode, RepeatNode, ShardNode, SkipNode, TakeNode
 from torchpipe.options import Options
 
 NAME = "source_pushdown"
+INDEX_OPS = (ShuffleNode, ShuffleRepeatNode, TakeNode, SkipNode, ShardNode, RepeatNode, ElidedNode)
+"""Ops that only reorder or select elements: they run on indices as they would on the elements."""
 
 
 def apply(root: Node, options: Options, notes: list[str]) -> Node:
     def rule(node: Node) -> Node | None:
-        if not (isinstance(node, MapNode) and node.num_parallel_calls is not None and not node.pushdown):
+        if not (isinstance(node, MapNode) and node.num_parallel_calls is not None and node.dataset is None):
             return None
-        chain, source = index_chain(node.inputs[0])
-        if not isinstance(source, FromDatasetNode):
+        found = over_indices(node.inputs[0])
+        if found is None:
             return None
-        via = "".join(f" through {op.kind}" for op in chain)
+        indices, source, chain = found
+        via = "".join(f" through {kind}" for kind in chain)
         notes.append(f"{NAME}: {source.label()}{via} -> fetched inside {node.name}'s workers")
-        return with_attrs(node, pushdown=True)
+        return with_attrs(with_inputs(node, (indices,)), dataset=source.dataset)
 
     return rewrite_bottom_up(root, rule)
+
+
+def over_indices(node: Node) -> tuple[Node, FromDatasetNode, list[str]] | None:
+    """``node`` rebuilt over the indices of the ``from_dataset`` below it, the source, and the
+    kinds of the index-only ops in between (top first); None where something else is in between."""
+    if isinstance(node, FromDatasetNode):
+        return IndicesNode(node), node, []
+    if not isinstance(node, INDEX_OPS):
+        return None
+    below: Any = over_indices(node.inputs[0])
+    if below is None:
+        return None
+    indices, source, chain = below
+    return with_inputs(node, (indices,)), source, [node.kind, *chain]
