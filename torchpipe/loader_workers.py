@@ -20,7 +20,7 @@ from __future__ import annotations
 import random
 import time
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -52,9 +52,7 @@ from torchpipe.runtime.placement import Placement, measure_calls
 from torchpipe.runtime.policy import INLINE, KINDS, PROCESS, THREAD, Policy
 from torchpipe.runtime.process_pool import ProcessPool
 
-if TYPE_CHECKING:
-    from torchpipe.loader import DataLoader
-
+DataLoader = torch.utils.data.DataLoader  # a torchpipe.DataLoader: torch's, with its ``_tp`` state
 STAGE = "DataLoader workers"
 
 
