@@ -56,30 +56,3 @@ class GilProbe:
         seconds = time.perf_counter() - t0
         observed = self._ticks - before
         return result, min(1.0, observed / max(self._free_rate * seconds, 1e-9)), seconds
-
-
-def gil_free_fraction(call: Callable[[], Any]) -> tuple[Any, float, float]:
-    """Run ``call()`` here under a :class:`GilProbe`: ``(result, free_fraction, seconds)``."""
-    with GilProbe() as probe:
-        return probe.measure(call)
-
-
-def steady_gil_free_fraction(call: Callable[[], Any], repeats: int) -> tuple[list[Any], float, float]:
-    """Run ``call()`` ``repeats`` times under one probe; the highest of their free fractions.
-
-    For calls long enough that a few make the decision. Page faults, warm-up and other threads'
-    bursts of Python only ever make a call look as if it held the GIL more, so the least
-    disturbed of separate measurements is the best estimate of the function's own.
-
-    Returns:
-        ``(results, free_fraction, seconds)``: the calls' results, the highest fraction, and the
-        time they took in all.
-    """
-    results, fractions, seconds = [], [], 0.0
-    with GilProbe() as probe:
-        for _ in range(repeats):
-            result, free, took = probe.measure(call)
-            results.append(result)
-            fractions.append(free)
-            seconds += took
-    return results, max(fractions, default=1.0), seconds
