@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from torchpipe import nest
 from torchpipe.runtime import codec
 from torchpipe.testing import assert_elements_equal
 
@@ -372,6 +373,46 @@ def test_unpicklable_parts_are_named_in_a_type_error():
     cyclic.append(cyclic)
     with pytest.raises(TypeError, match=r"element\['f'\] of type builtins.function"):
         codec.encode({"cyclic": cyclic, "f": lambda: 0})
+
+
+def data_address(x):
+    return x.data_ptr() if isinstance(x, torch.Tensor) else x.ctypes.data
+
+
+def aligned_base(record):
+    """The record copied to a 64-byte-aligned writable array, as a ring or segment holds it."""
+    raw = np.empty(len(record) + 64, np.uint8)
+    start = -raw.ctypes.data % 64
+    base = raw[start : start + len(record)]
+    base[:] = np.frombuffer(record, np.uint8)
+    return base
+
+
+def misaligning_element():
+    """Tensors and arrays of odd sizes, each of which would misalign the next if packed."""
+    return {
+        "tensors": [torch.arange(n, dtype=torch.uint8) for n in (0, 1, 3, 63, 64, 65, 1001)],
+        "arrays": [np.arange(n, dtype=np.int16) for n in (0, 1, 5, 33)],
+        "nested": (Point(torch.ones(3, 5, dtype=torch.float64).t(), np.zeros((0, 7))), {"deep": [np.ones(9, "f4")[::2]]}),
+        "odd dtypes": (torch.ones(7, dtype=torch.bfloat16), np.array(["ab", "c"]), np.zeros(3, structured_dtype())),
+        "scalars": (torch.tensor(1.5), np.float32(2.5), np.array(7, np.int8)),
+        "other": ("text", b"y" * 100, 3),
+    }
+
+
+def test_every_tensor_and_array_is_decoded_64_byte_aligned():
+    element = misaligning_element()
+    record = codec.encode_bytes(element)
+    pinned = []
+    copied = roundtrip(element)  # from a buffer at an arbitrary address: copies
+    allocated = roundtrip(element, allocate=lambda shape, dtype: pinned.append(1) or torch.empty(shape, dtype=dtype))
+    viewed = codec.decode_view(aligned_base(record))
+    for out in (copied, allocated, viewed):
+        assert_elements_equal(out, element)
+        leaves = [x for x in nest.flatten(out) if isinstance(x, (torch.Tensor, np.ndarray))]
+        assert len(leaves) == 19  # np.float32(2.5) is a numpy scalar, not an array
+        assert [data_address(x) % 64 for x in leaves] == [0] * len(leaves)
+    assert len(pinned) == 10
 
 
 def test_encode_bytes_round_trips_plain_values():

@@ -1,9 +1,9 @@
 """Element codec: an element as one flat byte record, for passing results through shared memory.
 
 A worker encodes its result and writes the record straight into a shared-memory ring; the main
-process decodes it, copying every tensor and array out, and frees the ring space. Tensor and
-array data is copied exactly once on each side; everything else goes through pickle, so nested
-tuples, lists, dicts and namedtuples keep their exact types and order.
+process decodes it in place (:func:`decode_view`: tensors and arrays view the record) or copies it
+out (:func:`decode`). Tensor and array data is copied once into the record; everything else goes
+through pickle, so nested tuples, lists, dicts and namedtuples keep their exact types and order.
 
 Record layout (integers little-endian, offsets relative to the start of the record)::
 
@@ -19,8 +19,11 @@ Record layout (integers little-endian, offsets relative to the start of the reco
     32 + 16n  s        skeleton: the element pickled with protocol 5
     ...                each raw buffer, starting at the next multiple of 64
 
-Padding bytes are unspecified. A record written at a 64-byte-aligned address (as the rings do)
-has every buffer 64-byte aligned. Buffer flags: bit 0 marks an out-of-band pickle buffer (a
+Padding bytes are unspecified. Rings and one-off segments place records on 64-byte boundaries, so
+every buffer, and every tensor and array :func:`decode_view` makes, is 64-byte aligned;
+:func:`decode` copies arrays to 64-byte-aligned memory and tensors to ``torch.empty`` (aligned the
+same) or wherever ``allocate`` puts them. Tensors from torch's ``DataLoader`` are aligned so, and
+some CPU kernels round differently on less aligned data. Buffer flags: bit 0 marks an out-of-band pickle buffer (a
 ``PickleBuffer`` that pickle handed to ``buffer_callback``; the unpickler takes these in table
 order), bit 1 marks one that was read-only (decoded as ``bytes``, otherwise as ``bytearray``).
 
@@ -51,6 +54,7 @@ import torch
 
 from torchpipe import nest
 from torchpipe.runtime.codec_pickle import (
+    ALIGN,
     OUT_OF_BAND,
     READONLY,
     Allocator,
@@ -64,11 +68,10 @@ _MAGIC = b"TPEC"
 _VERSION = 1
 _HEADER = struct.Struct("<4sHHIIQQ")
 _ENTRY_SIZE = 16
-_ALIGN = 64
 
 
 def _align(offset: int) -> int:
-    return -(-offset // _ALIGN) * _ALIGN
+    return -(-offset // ALIGN) * ALIGN
 
 
 def _as_bytes_view(buf: Any) -> memoryview:
@@ -235,7 +238,8 @@ def decode(buf: Any, *, allocate: Allocator | None = None) -> Any:
         buf: the record: a memoryview (e.g. of a shared-memory slice), bytes or bytearray; it may
             be longer than the record.
         allocate: ``allocate(shape, dtype)`` returns the contiguous CPU tensor that a decoded
-            tensor's data is copied into (e.g. pinned memory); default ``torch.empty``.
+            tensor's data is copied into (e.g. pinned memory); default ``torch.empty``. Arrays
+            are copied to fresh 64-byte-aligned memory.
 
     Raises:
         ValueError: if ``buf`` does not hold a complete record of this format version.

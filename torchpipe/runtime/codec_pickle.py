@@ -23,6 +23,7 @@ Allocator = Callable[[tuple[int, ...], torch.dtype], torch.Tensor]
 # Flags of the buffer table (record layout: torchpipe.runtime.codec)
 OUT_OF_BAND = 1
 READONLY = 2
+ALIGN = 64  # raw buffers start this far apart from the record start, and arrays are copied to it
 
 _TENSOR = 0
 _ARRAY = 1
@@ -162,9 +163,13 @@ class RecordPickler(pickle.Pickler):
             ref = self._refs.get(id(obj))
             if ref is None:
                 self.buffers.append((memoryview(obj), len(obj), 0))
-                ref = self._refs[id(obj)] = (_BYTES, len(self.buffers) - 1)
+                ref = self._remember(obj, (_BYTES, len(self.buffers) - 1))
             return ref
         return None
+
+    def _remember(self, obj: Any, ref: tuple) -> tuple:
+        self._refs[id(obj)] = ref
+        return ref
 
     def _stack_ref(self, stacked: StackedTensor) -> tuple:
         nbytes = math.prod(stacked.shape) * stacked.dtype.itemsize
@@ -185,9 +190,7 @@ class RecordPickler(pickle.Pickler):
             if source is None:
                 return None
         self.buffers.append((source, nbytes, 0))
-        ref = (_TENSOR, len(self.buffers) - 1, name, tuple(t.shape), t.requires_grad)
-        self._refs[id(t)] = ref
-        return ref
+        return self._remember(t, (_TENSOR, len(self.buffers) - 1, name, tuple(t.shape), t.requires_grad))
 
     def _array_ref(self, a: np.ndarray) -> tuple | None:
         dtype = a.dtype
@@ -198,9 +201,7 @@ class RecordPickler(pickle.Pickler):
         else:
             source = _array_bytes(a) if a.flags.c_contiguous else a
         self.buffers.append((source, a.nbytes, 0))
-        ref = (_ARRAY, len(self.buffers) - 1, _array_dtype_token(dtype), a.shape)
-        self._refs[id(a)] = ref
-        return ref
+        return self._remember(a, (_ARRAY, len(self.buffers) - 1, _array_dtype_token(dtype), a.shape))
 
 
 class RecordUnpickler(pickle.Unpickler):
@@ -260,7 +261,15 @@ class RecordUnpickler(pickle.Unpickler):
             raise ValueError(f"corrupt element record: a {len(src)}-byte buffer for array {dtype}{list(shape)}")
         if isinstance(src, np.ndarray):  # decode_view: a view of the record, no copy
             return src.view(dtype).reshape(shape)
-        out = np.empty(shape, dtype)
+        out = _aligned_empty(shape, dtype)
         if len(src):
             copy_bytes(_array_bytes(out), src)
         return out
+
+
+def _aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """An uninitialized C-contiguous array starting on a 64-byte boundary, as torch's allocator
+    places tensors (``np.empty`` gets malloc's 16 bytes)."""
+    raw = np.empty(math.prod(shape) * dtype.itemsize + ALIGN, np.uint8)
+    # The constructor, not a slice: numpy leaves an empty slice's data at the start of ``raw``.
+    return np.ndarray(shape, dtype, buffer=raw, offset=-raw.ctypes.data % ALIGN)
