@@ -41,6 +41,19 @@ class HoldsArray:
         self.note = note
 
 
+class FreshState:
+    """Pickles as a tensor made on the spot (its state), which pickle drops once it is written."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def __reduce__(self):
+        return FreshState, (None,), torch.full((3,), float(self.value))
+
+    def __setstate__(self, state):
+        self.state = state
+
+
 class HoldsLock:
     def __init__(self):
         self.lock = threading.Lock()
@@ -413,6 +426,12 @@ def test_every_tensor_and_array_is_decoded_64_byte_aligned():
         assert len(leaves) == 19  # np.float32(2.5) is a numpy scalar, not an array
         assert [data_address(x) % 64 for x in leaves] == [0] * len(leaves)
     assert len(pinned) == 10
+
+
+def test_objects_made_while_pickling_never_share_an_id():
+    # Each state tensor is freed once pickled, so the next may be built at the same address.
+    out = roundtrip([FreshState(i) for i in range(6)])
+    assert [x.state.tolist() for x in out] == [[float(i)] * 3 for i in range(6)]
 
 
 def test_encode_bytes_round_trips_plain_values():

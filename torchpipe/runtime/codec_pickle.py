@@ -146,7 +146,10 @@ class RecordPickler(pickle.Pickler):
         # encoded element's sources to the cyclic garbage collector.
         super().__init__(file, protocol=5, buffer_callback=functools.partial(_add_pickle_buffer, buffers))
         self.buffers = buffers
+        # The ids of objects already referenced, and the objects, kept alive: an object a
+        # __reduce__ makes and drops while pickling would otherwise free its id for another.
         self._refs: dict[int, tuple] = {}
+        self._kept: list[Any] = []
 
     def persistent_id(self, obj: Any) -> tuple | None:
         cls = type(obj)
@@ -169,6 +172,7 @@ class RecordPickler(pickle.Pickler):
 
     def _remember(self, obj: Any, ref: tuple) -> tuple:
         self._refs[id(obj)] = ref
+        self._kept.append(obj)
         return ref
 
     def _stack_ref(self, stacked: StackedTensor) -> tuple:
