@@ -9,7 +9,7 @@ Record layout (integers little-endian, offsets relative to the start of the reco
 
     offset    size     field
     0         4        magic b"TPEC"
-    4         2        format version (1)
+    4         2        format version (2; version 1 records, which lack kind 3 below, are read too)
     6         2        reserved, 0
     8         4        n: number of raw buffers
     12        4        reserved, 0
@@ -23,9 +23,11 @@ Padding bytes are unspecified. Rings and one-off segments place records on 64-by
 every buffer, and every tensor and array :func:`decode_view` makes, is 64-byte aligned;
 :func:`decode` copies arrays to 64-byte-aligned memory and tensors to ``torch.empty`` (aligned the
 same) or wherever ``allocate`` puts them. Tensors from torch's ``DataLoader`` are aligned so, and
-some CPU kernels round differently on less aligned data. Buffer flags: bit 0 marks an out-of-band pickle buffer (a
-``PickleBuffer`` that pickle handed to ``buffer_callback``; the unpickler takes these in table
-order), bit 1 marks one that was read-only (decoded as ``bytes``, otherwise as ``bytearray``).
+some CPU kernels round differently on less aligned data.
+
+Buffer flags: bit 0 marks an out-of-band pickle buffer (a ``PickleBuffer`` that pickle handed to
+``buffer_callback``; the unpickler takes these in table order), bit 1 marks one that was read-only
+(decoded as ``bytes``, otherwise as ``bytearray``).
 
 In the skeleton every plain strided CPU ``torch.Tensor`` and every ``numpy.ndarray`` of a
 fixed-size dtype is a persistent id instead of pickled data:
@@ -33,6 +35,9 @@ fixed-size dtype is a persistent id instead of pickled data:
 - tensor: ``(0, buffer index, dtype name, shape, requires_grad)``
 - array: ``(1, buffer index, dtype.str or the numpy.dtype itself, shape)``
 - bytes of 64 KiB or more: ``(2, buffer index)``
+- tensor stacked with aligned rows (a :class:`StackedTensor` with ``aligned_rows``, which columns
+  use): ``(3, buffer index, dtype name, shape, row stride in bytes)``; each row is padded to the
+  stride, a multiple of 64, and the stack decodes as a view of the rows, the padding left out
 
 whose buffer holds the element's bytes in C order. The same tensor or array object twice in an
 element is stored once and decodes as one object (views of one storage are stored separately).
@@ -65,7 +70,8 @@ from torchpipe.runtime.codec_pickle import (
 )
 
 _MAGIC = b"TPEC"
-_VERSION = 1
+_VERSION = 2
+_READABLE_VERSIONS = (1, 2)  # a version 1 record (cache files) is a version 2 record without the new kinds
 _HEADER = struct.Struct("<4sHHIIQQ")
 _ENTRY_SIZE = 16
 
@@ -142,9 +148,11 @@ def _copy_strided_array(buf: memoryview, offset: int, src: np.ndarray) -> None:
 
 
 def _copy_stack(buf: memoryview, offset: int, src: StackedTensor) -> None:
-    count = math.prod(src.shape) * src.dtype.itemsize
-    dst = torch.frombuffer(buf, dtype=torch.uint8, count=count, offset=offset)
-    torch.stack(src.parts, out=dst.view(src.dtype).view(src.shape))
+    rows, row_bytes = src.shape[0], math.prod(src.shape[1:]) * src.dtype.itemsize
+    dst = torch.frombuffer(buf, dtype=torch.uint8, count=rows * src.row_stride, offset=offset)
+    # Rows are row_stride bytes apart: the padding of aligned rows is skipped (stack writes strided).
+    rows_view = dst.view(rows, src.row_stride)[:, :row_bytes]
+    torch.stack(src.parts, out=rows_view.view(src.dtype).view(src.shape))
 
 
 def materialize(element: Any) -> Any:
@@ -301,8 +309,8 @@ def _read_header(buf: memoryview) -> tuple[int, int, list[tuple[int, int, int]]]
     magic, version, _, count, _, skeleton_len, total = _HEADER.unpack_from(buf)
     if magic != _MAGIC:
         raise ValueError(f"not an element record: magic {bytes(magic)!r}, expected {_MAGIC!r}")
-    if version != _VERSION:
-        raise ValueError(f"element record format version {version}, this torchpipe reads version {_VERSION}")
+    if version not in _READABLE_VERSIONS:
+        raise ValueError(f"element record format version {version}, this torchpipe reads versions 1 and 2")
     if total > len(buf):
         raise ValueError(f"truncated element record: its header says {total} bytes, the buffer has {len(buf)}")
     skeleton_start = _HEADER.size + _ENTRY_SIZE * count

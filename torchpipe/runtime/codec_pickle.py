@@ -28,6 +28,7 @@ ALIGN = 64  # raw buffers start this far apart from the record start, and arrays
 _TENSOR = 0
 _ARRAY = 1
 _BYTES = 2
+_ROWS = 3
 _RAW_BYTES_MIN = 64 * 1024
 
 # From this size on, copies go through numpy, which releases the GIL while it copies.
@@ -118,19 +119,28 @@ class StackedTensor:
     one copy into shared memory, and the element decodes as an ordinary tensor. Never seen
     outside a worker.
 
+    Args:
+        parts: the tensors, one per row of the stack.
+        aligned_rows: start every row on a 64-byte boundary, padding each to a multiple of 64
+            bytes; the stack then decodes as a strided view whose rows are meant to be used on
+            their own (columns of small elements), each aligned as a tensor of its own would be.
+
     Raises:
         ValueError: if the tensors differ in shape or dtype.
     """
 
-    __slots__ = ("parts", "shape", "dtype")
+    __slots__ = ("parts", "shape", "dtype", "row_stride")
 
-    def __init__(self, parts: list[torch.Tensor]) -> None:
+    def __init__(self, parts: list[torch.Tensor], aligned_rows: bool = False) -> None:
         first = parts[0]
         if any(p.shape != first.shape or p.dtype != first.dtype for p in parts):
             raise ValueError("StackedTensor: the tensors must have one shape and dtype")
         self.parts = parts
         self.shape = (len(parts), *first.shape)
         self.dtype = first.dtype
+        row_bytes = first.numel() * first.element_size()
+        # Bytes from one row to the next in the record.
+        self.row_stride = -(-row_bytes // ALIGN) * ALIGN if aligned_rows else row_bytes
 
 
 class RecordPickler(pickle.Pickler):
@@ -176,9 +186,12 @@ class RecordPickler(pickle.Pickler):
         return ref
 
     def _stack_ref(self, stacked: StackedTensor) -> tuple:
-        nbytes = math.prod(stacked.shape) * stacked.dtype.itemsize
+        nbytes = stacked.shape[0] * stacked.row_stride
         self.buffers.append((stacked if nbytes else _NO_BYTES, nbytes, 0))
-        return (_TENSOR, len(self.buffers) - 1, _TORCH_DTYPE_NAMES[stacked.dtype], stacked.shape, False)
+        index, name = len(self.buffers) - 1, _TORCH_DTYPE_NAMES[stacked.dtype]
+        if nbytes != math.prod(stacked.shape) * stacked.dtype.itemsize:
+            return (_ROWS, index, name, stacked.shape, stacked.row_stride)
+        return (_TENSOR, index, name, stacked.shape, False)
 
     def _tensor_ref(self, t: torch.Tensor) -> tuple | None:
         name = _TORCH_DTYPE_NAMES.get(t.dtype)
@@ -229,6 +242,8 @@ class RecordUnpickler(pickle.Unpickler):
                 obj = self._load_tensor(src, *meta)
             elif kind == _ARRAY:
                 obj = self._load_array(src, *meta)
+            elif kind == _ROWS:
+                obj = self._load_rows(src, *meta)
             elif kind == _BYTES and not meta:
                 obj = src.tobytes() if isinstance(src, np.ndarray) else bytes(src)
             else:
@@ -258,6 +273,16 @@ class RecordUnpickler(pickle.Unpickler):
         if len(src):
             copy_bytes(_tensor_bytes(out), src)
         return out.requires_grad_() if requires_grad else out
+
+    def _load_rows(self, src: Any, name: str, shape: tuple[int, ...], row_stride: int) -> torch.Tensor:
+        """A stack whose rows lie ``row_stride`` bytes apart: a view of the rows, padding left out."""
+        dtype = _TORCH_DTYPES.get(name, torch.uint8)  # an unknown name fails in _load_tensor
+        row_elems = math.prod(shape[1:])
+        stride_elems, misfit = divmod(row_stride, dtype.itemsize)
+        if not shape or misfit or stride_elems <= row_elems:
+            raise ValueError(f"corrupt element record: rows {row_stride} bytes apart for tensor {name}{list(shape)}")
+        padded = self._load_tensor(src, name, (shape[0], stride_elems), False)
+        return padded[:, :row_elems].view(shape)
 
     def _load_array(self, src: Any, token: str | np.dtype, shape: tuple[int, ...]) -> np.ndarray:
         dtype = _array_dtype(token) if isinstance(token, str) else token
