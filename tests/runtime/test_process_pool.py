@@ -10,6 +10,7 @@ from torchpipe.errors import WorkerError
 from tests.processes import wait_dead
 from tests.runtime.alignment import data_addresses, misaligned
 from torchpipe.runtime import worker
+from torchpipe.runtime.codec_pickle import RAW_MIN
 from torchpipe.runtime.columns import to_columns
 from torchpipe.runtime.process_pool import PER_WORKER, ProcessPool
 from torchpipe.runtime.zygote import Zygote
@@ -27,11 +28,12 @@ def square(seq, x):
 
 
 def misaligning(seq, kind):
-    """Tensors and arrays of odd sizes, each of which would misalign the next if packed."""
+    """Tensors, arrays and blobs of odd sizes, each of which would misalign the next if packed."""
     g = torch.Generator().manual_seed(seq)
     if kind == "columns":
         return to_columns([(torch.rand(3, generator=g), np.full(5, i, np.int8), i) for i in range(9)])
     element = {
+        "blobs": [b"\1" * (RAW_MIN + 1), "é" * (RAW_MIN + 3), bytearray(RAW_MIN + 5)],  # raw buffers too
         "tensors": [torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g) for n in (0, 1, 3, 63, 65, 1001)],
         "arrays": [np.arange(n, dtype=np.int16) + seq for n in (0, 1, 5, 33)],
         "nested": ({"deep": [torch.ones(3, 5, dtype=torch.float64).t() * seq]}, (np.ones(9, "f4")[::2],)),

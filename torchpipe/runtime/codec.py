@@ -9,7 +9,7 @@ Record layout (integers little-endian, offsets relative to the start of the reco
 
     offset    size     field
     0         4        magic b"TPEC"
-    4         2        format version (2; version 1 records, which lack kind 3 below, are read too)
+    4         2        format version (2; version 1 records are read too: see below)
     6         2        reserved, 0
     8         4        n: number of raw buffers
     12        4        reserved, 0
@@ -27,22 +27,30 @@ some CPU kernels round differently on less aligned data.
 
 Buffer flags: bit 0 marks an out-of-band pickle buffer (a ``PickleBuffer`` that pickle handed to
 ``buffer_callback``; the unpickler takes these in table order), bit 1 marks one that was read-only
-(decoded as ``bytes``, otherwise as ``bytearray``).
+(decoded as ``bytes``, otherwise as ``bytearray``). Bits 2-3 mark a blob: 1 ``bytes``,
+2 ``bytearray``, 3 ``str`` in UTF-8 (lone surrogates encoded as pickle does, ``surrogatepass``).
 
 In the skeleton every plain strided CPU ``torch.Tensor`` and every ``numpy.ndarray`` of a
-fixed-size dtype is a persistent id instead of pickled data:
+fixed-size dtype is a persistent id instead of pickled data, whose buffer holds the element's
+bytes in C order:
 
 - tensor: ``(0, buffer index, dtype name, shape, requires_grad)``
 - array: ``(1, buffer index, dtype.str or the numpy.dtype itself, shape)``
-- bytes of 64 KiB or more: ``(2, buffer index)``
 - tensor stacked with aligned rows (a :class:`StackedTensor` with ``aligned_rows``, which columns
   use): ``(3, buffer index, dtype name, shape, row stride in bytes)``; each row is padded to the
   stride, a multiple of 64, and the stack decodes as a view of the rows, the padding left out
+- blob, a ``bytes``, ``bytearray`` or ``str`` of ``codec_pickle.RAW_MIN`` (16 Ki) bytes or
+  characters or more: the buffer index alone, an int; the type is in the buffer's flags
 
-whose buffer holds the element's bytes in C order. The same tensor or array object twice in an
-element is stored once and decodes as one object (views of one storage are stored separately).
-Other tensors (sparse, quantized, nested, meta, subclasses) and object arrays are pickled the
-ordinary way; the plain tensors inside them are still raw buffers.
+Blobs are copied out before the skeleton is unpickled, so pickle copies none of them into the
+skeleton on the worker side or out of it on the main side. Version 1 records have no blobs and
+no kind 3; they reference bytes of 64 KiB or more as ``(2, buffer index)``.
+
+The same tensor, array or blob object twice in an element is stored once and decodes as one
+object (views of one storage are stored separately; equal objects stay distinct). Other tensors
+(sparse, quantized, nested, meta, subclasses), array subclasses and object arrays are pickled the
+ordinary way, and land where their unpickling puts them; the plain tensors inside them are still
+raw buffers.
 """
 
 from __future__ import annotations
@@ -60,6 +68,8 @@ import torch
 from torchpipe import nest
 from torchpipe.runtime.codec_pickle import (
     ALIGN,
+    BLOB_MASK,
+    BLOB_TYPES,
     OUT_OF_BAND,
     READONLY,
     Allocator,
@@ -91,8 +101,8 @@ def _as_bytes_view(buf: Any) -> memoryview:
 class Encoded:
     """One element ready to be written as a record of ``nbytes`` bytes; made by :func:`encode`.
 
-    It references the element's tensors and arrays until ``write_into`` copies them, so write
-    it before they are modified.
+    It references the element's tensors, arrays and large bytearrays until ``write_into`` copies
+    them, so write it before they are modified.
     """
 
     __slots__ = ("nbytes", "_head", "_skeleton", "_sources", "_offsets")
@@ -287,17 +297,21 @@ def decode_view(base: np.ndarray) -> Any:
 
 
 def _load(view: memoryview, buffer: Callable[[int, int], Any], allocate: Allocator | None) -> Any:
-    """Unpickle the record in ``view``; ``buffer(start, end)`` gives each raw buffer's source."""
+    """Unpickle the record in ``view``; ``buffer(start, end)`` gives each tensor's or array's source."""
     try:
         skeleton_start, skeleton_end, spans = _read_header(view)
-        raw = [buffer(start, end) for start, end, _ in spans]
-        out_of_band = [
-            bytes(src) if flags & READONLY else bytearray(src)
-            for src, (_, _, flags) in zip(raw, spans)
-            if flags & OUT_OF_BAND
-        ]
+        raw: list[Any] = []
+        blobs: dict[int, Any] = {}
+        out_of_band: list[Any] = []
+        for index, (start, end, flags) in enumerate(spans):
+            # Blobs and pickle buffers are copied out now, from plain slices (cheaper than buffer's).
+            if flags & BLOB_MASK:
+                blobs[index] = BLOB_TYPES[flags & BLOB_MASK](view[start:end])
+            elif flags & OUT_OF_BAND:
+                out_of_band.append((bytes if flags & READONLY else bytearray)(view[start:end]))
+            raw.append(None if flags & (BLOB_MASK | OUT_OF_BAND) else buffer(start, end))
         skeleton = bytes(view[skeleton_start:skeleton_end])
-        return RecordUnpickler(skeleton, out_of_band, raw, allocate).load()
+        return RecordUnpickler(skeleton, out_of_band, raw, blobs, allocate).load()
     except (pickle.UnpicklingError, EOFError, IndexError) as e:
         raise ValueError(f"corrupt element record: its pickled skeleton does not load ({e})") from e
 

@@ -1,9 +1,10 @@
-"""The pickling half of the element codec: tensors, arrays and large bytes as raw buffers.
+"""The pickling half of the element codec: tensors, arrays and large bytes and str as raw buffers.
 
-:class:`RecordPickler` pickles an element's skeleton, turning each plain tensor, array and large
-``bytes`` into a persistent id that references a raw buffer of the record;
-:class:`RecordUnpickler` turns the ids back into objects, viewing or copying the buffers. The
-record layout and the persistent id kinds are described in :mod:`torchpipe.runtime.codec`.
+:class:`RecordPickler` pickles an element's skeleton, turning each plain tensor and array, and
+each ``bytes``, ``bytearray`` and ``str`` of :data:`RAW_MIN` or more, into a persistent id that
+references a raw buffer of the record; :class:`RecordUnpickler` turns the ids back into objects,
+viewing or copying the buffers. The record layout and the persistent id kinds are described in
+:mod:`torchpipe.runtime.codec`.
 """
 
 from __future__ import annotations
@@ -23,13 +24,22 @@ Allocator = Callable[[tuple[int, ...], torch.dtype], torch.Tensor]
 # Flags of the buffer table (record layout: torchpipe.runtime.codec)
 OUT_OF_BAND = 1
 READONLY = 2
-ALIGN = 64  # raw buffers start this far apart from the record start, and arrays are copied to it
+BLOB_MASK = 12  # bits 2-3: the buffer is a bytes, bytearray or str, referenced by its index alone
+BLOB_BYTES = 4
+BLOB_BYTEARRAY = 8
+BLOB_STR = 12
+ALIGN = 64  # raw buffers start on multiples of it from the record start; arrays are copied to it
 
 _TENSOR = 0
 _ARRAY = 1
-_BYTES = 2
+_BYTES = 2  # version 1 records only: now a blob
 _ROWS = 3
-_RAW_BYTES_MIN = 64 * 1024
+# The shortest bytes, bytearray and str (length in characters) written as raw buffers rather than
+# pickled into the skeleton. Measured (docs/process_pool.md): a raw buffer costs the main process
+# less from 12-20 KiB on, for each of the three, and 30-60% less from 32 KiB; the worker gains
+# from 32 KiB on.
+RAW_MIN = 16 * 1024
+_BLOB_FLAGS: dict[type, int] = {bytes: BLOB_BYTES, bytearray: BLOB_BYTEARRAY, str: BLOB_STR}
 
 # From this size on, copies go through numpy, which releases the GIL while it copies.
 _GIL_FREE_COPY_BYTES = 1 << 20
@@ -144,7 +154,7 @@ class StackedTensor:
 
 
 class RecordPickler(pickle.Pickler):
-    """Pickles the skeleton, collecting tensors, arrays and out-of-band buffers as raw buffers.
+    """Pickles the skeleton, collecting tensors, arrays, blobs and out-of-band buffers as raw buffers.
 
     ``buffers`` gets one ``(source, length, flags)`` per raw buffer; ``source`` is a flat
     memoryview, or a non-contiguous tensor or array that ``write_into`` copies from.
@@ -158,10 +168,10 @@ class RecordPickler(pickle.Pickler):
         self.buffers = buffers
         # The ids of objects already referenced, and the objects, kept alive: an object a
         # __reduce__ makes and drops while pickling would otherwise free its id for another.
-        self._refs: dict[int, tuple] = {}
+        self._refs: dict[int, tuple | int] = {}
         self._kept: list[Any] = []
 
-    def persistent_id(self, obj: Any) -> tuple | None:
+    def persistent_id(self, obj: Any) -> tuple | int | None:
         cls = type(obj)
         if cls is torch.Tensor:
             ref = self._refs.get(id(obj))
@@ -171,16 +181,20 @@ class RecordPickler(pickle.Pickler):
             return ref if ref is not None else self._array_ref(obj)
         if cls is StackedTensor:
             return self._stack_ref(obj)
-        if cls is bytes and len(obj) >= _RAW_BYTES_MIN:
-            # Pickle would copy large bytes into the skeleton and out again: one raw copy instead.
+        if cls in _BLOB_FLAGS and len(obj) >= RAW_MIN:
             ref = self._refs.get(id(obj))
-            if ref is None:
-                self.buffers.append((memoryview(obj), len(obj), 0))
-                ref = self._remember(obj, (_BYTES, len(self.buffers) - 1))
-            return ref
+            return ref if ref is not None else self._blob_ref(obj)
         return None
 
-    def _remember(self, obj: Any, ref: tuple) -> tuple:
+    def _blob_ref(self, obj: bytes | bytearray | str) -> int:
+        # Pickle would copy the data into the skeleton and, in the main process, out of the
+        # record with the skeleton and again into the object: one raw copy each side instead.
+        # The reference is a bare int: the elements of a tuple would each pass persistent_id.
+        data = memoryview(obj.encode("utf-8", "surrogatepass") if type(obj) is str else obj)
+        self.buffers.append((data, len(data), _BLOB_FLAGS[type(obj)]))
+        return self._remember(obj, len(self.buffers) - 1)
+
+    def _remember(self, obj: Any, ref: Any) -> Any:
         self._refs[id(obj)] = ref
         self._kept.append(obj)
         return ref
@@ -222,20 +236,40 @@ class RecordPickler(pickle.Pickler):
 
 
 class RecordUnpickler(pickle.Unpickler):
-    """Unpickles the skeleton, copying each referenced buffer into a fresh tensor or array."""
+    """Unpickles the skeleton, turning each tensor's or array's buffer into a tensor or array
+    (a view of the buffer, or a copy), and each blob's index into the blob.
 
-    def __init__(self, skeleton: bytes, buffers: list[Any], raw: list[memoryview], allocate: Allocator | None) -> None:
+    Args:
+        skeleton: the pickled skeleton.
+        buffers: the out-of-band pickle buffers, in table order.
+        raw: per buffer of the record, the source of a tensor or array (a memoryview, or a uint8
+            array to view), or None.
+        blobs: the bytes, bytearray and str objects, by buffer index, already made.
+        allocate: where decoded tensors are copied to, or None (see ``codec.decode``).
+    """
+
+    def __init__(
+        self, skeleton: bytes, buffers: list[Any], raw: list[Any], blobs: dict[int, Any], allocate: Allocator | None
+    ) -> None:
         super().__init__(io.BytesIO(skeleton), buffers=buffers)
         self._raw = raw
+        self._blobs = blobs
         self._allocate = allocate
         self._objects: dict[int, Any] = {}
 
     def persistent_load(self, pid: Any) -> Any:
+        if type(pid) is int:
+            blob = self._blobs.get(pid)
+            if blob is None:
+                raise ValueError(f"corrupt element record: no blob in buffer {pid}")
+            return blob
         try:
             kind, index, *meta = pid
             src = self._raw[index]
         except (TypeError, ValueError, IndexError) as e:
             raise ValueError(f"corrupt element record: bad buffer reference {pid!r}") from e
+        if src is None:
+            raise ValueError(f"corrupt element record: {pid!r} references a blob or a pickle buffer")
         obj = self._objects.get(index)
         if obj is None:
             if kind == _TENSOR:
@@ -245,7 +279,7 @@ class RecordUnpickler(pickle.Unpickler):
             elif kind == _ROWS:
                 obj = self._load_rows(src, *meta)
             elif kind == _BYTES and not meta:
-                obj = src.tobytes() if isinstance(src, np.ndarray) else bytes(src)
+                obj = bytes(src)
             else:
                 raise ValueError(f"corrupt element record: bad buffer reference {pid!r}")
             self._objects[index] = obj
@@ -294,6 +328,13 @@ class RecordUnpickler(pickle.Unpickler):
         if len(src):
             copy_bytes(_array_bytes(out), src)
         return out
+
+
+def _utf8_str(data: memoryview) -> str:
+    return str(data, "utf-8", "surrogatepass")  # as pickle does: lone surrogates survive
+
+
+BLOB_TYPES: dict[int, Callable[[memoryview], Any]] = {BLOB_BYTES: bytes, BLOB_BYTEARRAY: bytearray, BLOB_STR: _utf8_str}
 
 
 def _aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
