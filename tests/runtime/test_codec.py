@@ -402,7 +402,7 @@ def misaligning_element():
     return {
         "tensors": [torch.arange(n, dtype=torch.uint8) for n in (0, 1, 3, 63, 64, 65, 1001)],
         "arrays": [np.arange(n, dtype=np.int16) for n in (0, 1, 5, 33)],
-        "nested": (Point(torch.ones(3, 5, dtype=torch.float64).t(), np.zeros((0, 7))), {"deep": [np.ones(9, "f4")[::2]]}),
+        "nested": (Point(torch.ones(3, 5, dtype=torch.float64).t(), np.zeros((0, 7))), {"deep": [np.ones(9)[::2]]}),
         "odd dtypes": (torch.ones(7, dtype=torch.bfloat16), np.array(["ab", "c"]), np.zeros(3, structured_dtype())),
         "scalars": (torch.tensor(1.5), np.float32(2.5), np.array(7, np.int8)),
         "other": ("text", b"y" * 100, 3),

@@ -91,7 +91,8 @@ def rows(count):
 
 def test_rows_and_batches_of_rows_round_trip():
     some = rows(8)
-    named = [Row(r["id"], torch.from_numpy(r["x"]), bytearray(r["blob"]), (r["meta"], r["meta"]["caption"])) for r in some]
+    named = [Row(r["id"], torch.from_numpy(r["x"]), bytearray(r["blob"]), (r["meta"], r["meta"]["caption"]))
+             for r in some]  # fmt: skip
     batch = default_collate(rows(32))
     assert type(batch["blob"]) is list and type(batch["id"]) is list and type(batch["x"]) is torch.Tensor
     for element in (some[3], some, named, batch, (some[:2], [named[:2]], {"batch": batch})):
