@@ -81,7 +81,7 @@ from torchpipe.runtime.codec_pickle import (
 
 _MAGIC = b"TPEC"
 _VERSION = 2
-_READABLE_VERSIONS = (1, 2)  # a version 1 record (cache files) is a version 2 record without the new kinds
+_READABLE_VERSIONS = (1, 2)  # version 1 (cache files): a version 2 record without its new kinds
 _HEADER = struct.Struct("<4sHHIIQQ")
 _ENTRY_SIZE = 16
 
@@ -324,7 +324,7 @@ def _read_header(buf: memoryview) -> tuple[int, int, list[tuple[int, int, int]]]
     if magic != _MAGIC:
         raise ValueError(f"not an element record: magic {bytes(magic)!r}, expected {_MAGIC!r}")
     if version not in _READABLE_VERSIONS:
-        raise ValueError(f"element record format version {version}, this torchpipe reads versions 1 and 2")
+        raise ValueError(f"element record format version {version}, this torchpipe reads versions 1 to {_VERSION}")
     if total > len(buf):
         raise ValueError(f"truncated element record: its header says {total} bytes, the buffer has {len(buf)}")
     skeleton_start = _HEADER.size + _ENTRY_SIZE * count
