@@ -1,3 +1,4 @@
+import functools
 import mmap
 import pickle
 import struct
@@ -8,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from torchpipe.runtime import codec
+from tests.runtime.alignment import aligned_base, data_addresses, misaligned
+from torchpipe.runtime import codec, codec_pickle
 from torchpipe.testing import assert_elements_equal
 
 pytestmark = pytest.mark.filterwarnings(
@@ -38,6 +40,19 @@ class HoldsArray:
     def __init__(self, array, note):
         self.array = array
         self.note = note
+
+
+class FreshState:
+    """Pickles as an object made on the spot (its state), which pickle drops once it is written."""
+
+    def __init__(self, make):
+        self.make = make
+
+    def __reduce__(self):
+        return FreshState, (None,), self.make()
+
+    def __setstate__(self, state):
+        self.state = state
 
 
 class HoldsLock:
@@ -305,7 +320,7 @@ def test_record_layout_matches_the_documented_format():
     element = (torch.arange(3, dtype=torch.int16), Blob(b"abc"), np.zeros(5, np.uint8))
     record = codec.encode_bytes(element)
     magic, version, _, count, _, skeleton_len, total = struct.unpack_from("<4sHHIIQQ", record)
-    assert (magic, version, count, total) == (b"TPEC", 1, 3, len(record))
+    assert (magic, version, count, total) == (b"TPEC", 2, 3, len(record))
     table = struct.unpack_from(f"<{2 * count}Q", record, 32)
     assert list(table[0::2]) == [6, 3, 5] and list(table[1::2]) == [0, 1 | 2, 0]
     offset = 32 + 16 * count + skeleton_len
@@ -318,6 +333,14 @@ def test_record_layout_matches_the_documented_format():
     assert record[offsets[0] : offsets[0] + 6] == torch.arange(3, dtype=torch.int16).numpy().tobytes()
     assert record[offsets[1] : offsets[1] + 3] == b"abc"
     assert_elements_equal(codec.decode_bytes(record)[2], element[2])
+
+
+def test_version_1_records_still_decode():
+    # Cache files hold records of version 1, which are version 2 records without its new kinds.
+    element = {"t": torch.arange(5), "a": np.ones(3), "s": "x", "b": b"z" * 100_000}
+    record = bytearray(codec.encode_bytes(element))
+    struct.pack_into("<H", record, 4, 1)
+    assert_elements_equal(codec.decode(record), element)
 
 
 def test_write_into_rejects_small_or_read_only_buffers():
@@ -374,18 +397,51 @@ def test_unpicklable_parts_are_named_in_a_type_error():
         codec.encode({"cyclic": cyclic, "f": lambda: 0})
 
 
+def misaligning_element():
+    """Tensors and arrays of odd sizes, each of which would misalign the next if packed."""
+    return {
+        "tensors": [torch.arange(n, dtype=torch.uint8) for n in (0, 1, 3, 63, 64, 65, 1001)],
+        "arrays": [np.arange(n, dtype=np.int16) for n in (0, 1, 5, 33)],
+        "nested": (Point(torch.ones(3, 5, dtype=torch.float64).t(), np.zeros((0, 7))), {"deep": [np.ones(9)[::2]]}),
+        "odd dtypes": (torch.ones(7, dtype=torch.bfloat16), np.array(["ab", "c"]), np.zeros(3, structured_dtype())),
+        "scalars": (torch.tensor(1.5), np.float32(2.5), np.array(7, np.int8)),
+        "other": ("text", b"y" * 100, 3),
+    }
+
+
+def test_every_tensor_and_array_is_decoded_64_byte_aligned():
+    element = misaligning_element()
+    record = codec.encode_bytes(element)
+    pinned = []
+    copied = roundtrip(element)  # from a buffer at an arbitrary address: copies
+    allocated = roundtrip(element, allocate=lambda shape, dtype: pinned.append(1) or torch.empty(shape, dtype=dtype))
+    viewed = codec.decode_view(aligned_base(record))
+    for out in (copied, allocated, viewed):
+        assert_elements_equal(out, element)
+        assert len(data_addresses(out)) == 19  # np.float32(2.5) is a numpy scalar, not an array
+        assert misaligned(out) == []
+    assert len(pinned) == 10
+
+
+FRESH = {
+    "tensor": lambda i: torch.full((3,), float(i)),
+    "array": lambda i: np.full(3, i),
+    "bytes": lambda i: bytes([i]) * codec_pickle.RAW_MIN,
+    "str": lambda i: str(i) * codec_pickle.RAW_MIN,
+}
+
+
+@pytest.mark.parametrize("kind", sorted(FRESH))
+def test_objects_made_while_pickling_never_share_an_id(kind):
+    # Each state is freed once pickled, so the next may be built at the same address.
+    make = FRESH[kind]
+    out = roundtrip([FreshState(functools.partial(make, i)) for i in range(6)])
+    assert_elements_equal([x.state for x in out], [make(i) for i in range(6)])
+
+
 def test_encode_bytes_round_trips_plain_values():
     for value in (None, 0, "", b"", [], {"k": None}, Point(1, 2), 10**40):
         assert_elements_equal(codec.decode_bytes(codec.encode_bytes(value)), value)
-
-
-def test_large_bytes_travel_as_one_raw_buffer():
-    big = bytes(range(256)) * 1024
-    element = {"blob": big, "small": b"abc", "again": big}
-    encoded = codec.encode(element)
-    assert encoded.nbytes < 2 * len(big)  # stored once, not pickled inline
-    out = codec.decode_bytes(codec.encode_bytes(element))
-    assert out == element and type(out["blob"]) is bytes
 
 
 def test_decode_view_shares_memory_and_frees_the_record_with_the_last_view():
@@ -420,6 +476,38 @@ def test_stacked_tensors_are_stacked_straight_into_the_record():
                                 "none": torch.zeros(2, 0)})
     with pytest.raises(ValueError, match="one shape and dtype"):
         codec.StackedTensor([torch.zeros(2), torch.zeros(3)])
+
+
+@pytest.mark.parametrize(("dtype", "row_shape", "stride"), [
+    (torch.float32, (3,), 16),  # 12-byte rows, padded to 64
+    (torch.bool, (2, 5), 64),
+    (torch.complex128, (), 4),
+    (torch.bfloat16, (33,), 64),  # 66 bytes: 128
+    (torch.int64, (8,), 8),  # 64 bytes: no padding, an ordinary contiguous tensor
+])
+def test_stacks_of_aligned_rows_decode_as_views_of_aligned_rows(dtype, row_shape, stride):
+    parts = [random_tensor(dtype, row_shape, seed=i) for i in range(5)]
+    record = codec.encode_bytes(codec.StackedTensor(parts, aligned_rows=True))
+    allocated = []
+
+    def allocate(shape, dtype):
+        allocated.append(shape)
+        return torch.empty(shape, dtype=dtype)
+
+    for out in (codec.decode_bytes(record), codec.decode_view(aligned_base(record)),
+                codec.decode(record, allocate=allocate)):  # fmt: skip
+        assert_elements_equal(out, torch.stack(parts))
+        assert out.stride()[0] == stride
+        assert [row.data_ptr() % 64 for row in out.unbind(0)] == [0] * 5
+    assert allocated == [(5, stride)]
+
+
+def test_corrupt_row_strides_raise_value_error():
+    record = codec.encode_bytes(codec.StackedTensor([torch.ones(3)] * 2, aligned_rows=True))
+    assert record.count(struct.pack("<BB", 0x4B, 64)) == 1  # the stride, pickled as BININT1 64
+    for bad in (12, 8, 62, 128):  # no padding; shorter than a row; not whole elements; past the buffer
+        with pytest.raises(ValueError, match="corrupt"):
+            codec.decode(record.replace(struct.pack("<BB", 0x4B, 64), struct.pack("<BB", 0x4B, bad)))
 
 
 def test_materialize_stacks_what_was_meant_for_shared_memory():

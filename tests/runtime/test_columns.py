@@ -5,6 +5,7 @@ import collections
 import pytest
 import torch
 
+from tests.runtime.alignment import aligned_base, misaligned
 from torchpipe.runtime import codec
 from torchpipe.runtime.columns import Columns, to_columns
 from torchpipe.testing import assert_elements_equal
@@ -41,6 +42,20 @@ def test_each_tensor_component_travels_as_one_buffer():
     rows = codec.decode_bytes(codec.encode_bytes(to_columns(values))).rows()
     first = rows[0][0]
     assert first.untyped_storage().data_ptr() == rows[-1][0].untyped_storage().data_ptr()  # rows of one stack
+
+
+@pytest.mark.parametrize("row", [
+    torch.ones(3), torch.ones(2, 5, dtype=torch.bool), torch.tensor(1.5, dtype=torch.float64),
+    torch.ones(16), torch.ones(17, dtype=torch.int16), torch.zeros(0),
+], ids=["12_bytes", "10_bools", "scalar", "64_bytes", "34_bytes", "empty"])  # fmt: skip
+def test_rows_start_on_64_byte_boundaries(row):
+    values = [{"x": row.clone() if i % 2 else torch.zeros_like(row), "i": i} for i in range(7)]
+    record = codec.encode_bytes(to_columns(values))
+    for columns in (codec.decode_bytes(record), codec.decode_view(aligned_base(record))):
+        rows = columns.rows()
+        for got, want in zip(rows, values):
+            assert_elements_equal(got, want)
+        assert misaligned(rows) == []
 
 
 @pytest.mark.parametrize("values", [

@@ -2,13 +2,19 @@ import os
 import signal
 import time
 
+import numpy as np
 import pytest
 import torch
 
 from torchpipe.errors import WorkerError
 from tests.processes import wait_dead
+from tests.runtime.alignment import data_addresses, misaligned
+from torchpipe.runtime import worker
+from torchpipe.runtime.codec_pickle import RAW_MIN
+from torchpipe.runtime.columns import to_columns
 from torchpipe.runtime.process_pool import PER_WORKER, ProcessPool
 from torchpipe.runtime.zygote import Zygote
+from torchpipe.testing import assert_elements_equal
 
 
 def square(seq, x):
@@ -19,6 +25,28 @@ def square(seq, x):
     if x == "big":
         return torch.arange(300_000, dtype=torch.float64)  # 2.4 MB: larger than the ring below
     return {"pid": os.getpid(), "x": torch.tensor([x * x])}
+
+
+def misaligning(seq, kind):
+    """Tensors, arrays and blobs of odd sizes, each of which would misalign the next if packed."""
+    g = torch.Generator().manual_seed(seq)
+    if kind == "columns":
+        return to_columns([(torch.rand(3, generator=g), np.full(5, i, np.int8), i) for i in range(9)])
+    element = {
+        "blobs": [b"\1" * (RAW_MIN + 1), "é" * (RAW_MIN + 3), bytearray(RAW_MIN + 5)],  # raw buffers too
+        "tensors": [torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g) for n in (0, 1, 3, 63, 65, 1001)],
+        "arrays": [np.arange(n, dtype=np.int16) + seq for n in (0, 1, 5, 33)],
+        "nested": ({"deep": [torch.ones(3, 5, dtype=torch.float64).t() * seq]}, (np.ones(9, "f4")[::2],)),
+        "bits": (torch.ones(7, dtype=torch.bfloat16), torch.tensor(seq, dtype=torch.int8), np.array(seq)),
+        "id": f"row-{seq}",
+    }
+    if kind == "big":
+        element["big"] = torch.arange(300_000, dtype=torch.float64)  # 2.4 MB: more than the ring
+    return element
+
+
+def fresh_tensor(shape, dtype):
+    return torch.empty(shape, dtype=dtype)
 
 
 def run_all(pool, payloads, timeout=30, prefer=None):
@@ -184,5 +212,27 @@ def test_a_killed_zygote_is_replaced_and_nothing_is_lost(monkeypatch, noticed):
         monkeypatch.undo()
         assert {seq: value["x"].item() for seq, (value, _) in results.items()} == {s: s * s for s in range(8)}
         assert wait_dead(old) == [] and pool._zygote.pid not in old
+    finally:
+        pool.close()
+
+
+@pytest.mark.parametrize("allocate", [None, fresh_tensor], ids=["views", "allocate"])
+def test_every_tensor_and_array_from_a_worker_is_64_byte_aligned(monkeypatch, allocate):
+    monkeypatch.setattr(worker, "MAX_RING_BYTES", 1 << 20)  # no ring for the big results: segments
+    pool = ProcessPool(misaligning, 1, "m", ring_bytes=1 << 20, allocate=allocate)
+    pool.start()
+    try:
+        kinds = ["small", "big", "columns"] * 3
+        results = run_all(pool, kinds)
+        (only,) = pool._workers.values()
+        assert len(only.rings) == 1
+        for seq, kind in enumerate(kinds):
+            value, error = results[seq]
+            assert error is None
+            expected = misaligning(seq, kind)
+            if kind == "columns":
+                value, expected = value.rows(), expected.rows()
+            assert_elements_equal(value, expected)
+            assert len(data_addresses(value)) >= 15 and misaligned(value) == []
     finally:
         pool.close()

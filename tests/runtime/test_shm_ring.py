@@ -47,6 +47,10 @@ def take(ring, offset, nbytes):
     return data
 
 
+def address(buffer):
+    return np.frombuffer(buffer, np.uint8).ctypes.data
+
+
 # ---- single process ---------------------------------------------------------------------------
 
 
@@ -76,6 +80,34 @@ def test_round_trip_and_record_framing():
         assert take(ring, 64, 0) == b""
         assert take(ring, 128, 100) == bytes(100)
         assert ring.bytes_in_use() == 0
+
+
+def test_payloads_start_on_64_byte_boundaries_in_both_mappings_also_after_wrapping():
+    rng = np.random.default_rng(11)
+    sizes = [0, 1, 7, 55, 56, 57, 63, 64, 65, 1000, 3001, 2 * PAGE - 8]
+    pending = collections.deque()
+    wraps = last = 0
+    with ShmRing.create(2 * PAGE) as ring, ShmRing.attach(os.dup(ring.fd)) as other:
+        for _ in range(400):
+            data = payload(rng, int(rng.choice(sizes)))
+            reservation = ring.reserve(len(data), timeout=0)
+            while reservation is None:  # full: the consumer frees the oldest record
+                record, expected = pending.popleft()
+                assert take(other, *record) == expected
+                reservation = ring.reserve(len(data), timeout=0)
+            assert address(reservation.buffer) % 64 == 0
+            reservation.buffer[:] = data
+            offset, nbytes = ring.commit(reservation)
+            wraps += offset < last
+            last = offset
+            for side in (ring, other):
+                assert address(side.view(offset, nbytes)) % 64 == 0
+                assert address(side.view(offset, nbytes, writable=True)) % 64 == 0
+            pending.append(((offset, nbytes), data))
+        assert wraps > 20
+    for nbytes in (0, 1, 3 * PAGE + 5):
+        with OneOffSegment.create(nbytes) as segment, OneOffSegment.attach(os.dup(segment.fd), nbytes) as other:
+            assert address(segment.buffer) % 64 == 0 and address(other.buffer) % 64 == 0
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -191,8 +223,9 @@ def test_attach_validates_the_header():
     cases = {
         b"\0" * 64: "less than a header",
         b"NOTARING" + bytes(PAGE): "bad magic",
-        struct.pack("=8sQQQ", b"TPSHMRNG", VERSION + 1, PAGE, 192) + bytes(PAGE + 160): "version",
-        struct.pack("=8sQQQ", b"TPSHMRNG", VERSION, 2 * PAGE, 192) + bytes(PAGE + 160): "corrupt",
+        struct.pack("=8sQQQ", b"TPSHMRNG", VERSION + 1, PAGE, 248) + bytes(PAGE + 216): "version",
+        struct.pack("=8sQQQ", b"TPSHMRNG", VERSION, 2 * PAGE, 248) + bytes(PAGE + 216): "corrupt",
+        struct.pack("=8sQQQ", b"TPSHMRNG", VERSION, PAGE, 192) + bytes(PAGE + 216): "corrupt",
     }
     for content, message in cases.items():
         fd = os.memfd_create("not-a-ring")

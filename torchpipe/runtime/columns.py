@@ -7,7 +7,8 @@ structure (a tensor; a tuple, list or namedtuple of leaves; a dict of leaves wit
 and each tensor component has one shape and dtype, :func:`to_columns` keeps each tensor
 component as a :class:`~torchpipe.runtime.codec.StackedTensor`, written straight into the record
 as one buffer, and every other component as a list. :meth:`Columns.rows` rebuilds the elements;
-their tensors are rows (views) of the decoded stacks.
+their tensors are rows (views) of the decoded stacks. Each row is padded to a multiple of 64 bytes
+in the record so that every row starts on a 64-byte boundary, like any tensor from a worker.
 """
 
 from __future__ import annotations
@@ -106,4 +107,4 @@ def _tensor_column(tensors: Any) -> StackedTensor | None:
         if (type(t) is not torch.Tensor or t.shape != shape or t.dtype is not dtype or t.requires_grad
                 or not t.is_cpu or t.layout is not torch.strided):  # fmt: skip
             return None
-    return StackedTensor(list(tensors))
+    return StackedTensor(list(tensors), aligned_rows=True)

@@ -12,19 +12,23 @@ is freed when the last descriptor and mapping are gone, also after a crash or SI
 Layout of a ring segment (all integers native-endian uint64; ``C`` = capacity)::
 
     byte 0     +--------------------------------------------------+
-               | magic "TPSHMRNG" | version | capacity C | 192    |  header (line 0)
+               | magic "TPSHMRNG" | version | capacity C | 248    |  header (line 0)
     byte 64    +--------------------------------------------------+
                | head: bytes ever committed by the producer       |  written by producer only
     byte 128   +--------------------------------------------------+
                | tail: bytes ever released by the consumer        |  written by consumer only
     byte 192   +--------------------------------------------------+
+               | unused                                           |
+    byte 248   +--------------------------------------------------+
                | data area, C bytes (C is a multiple of the page) |
                |   record: [uint64 length][payload][pad to 64]    |
                |   wrap marker: [uint64 0xFFFF_FFFF_FFFF_FFFF]    |
-    192 + C    +--------------------------------------------------+
+    248 + C    +--------------------------------------------------+
 
 ``head`` and ``tail`` only grow; a byte counter ``n`` lives at data offset ``n % C``. Records
-start on 64-byte boundaries, so payloads are 8-byte aligned. When a record does not fit before
+start at data offsets that are multiples of 64, and the data area starts 8 bytes before a 64-byte
+boundary: each length word ends a cache line and its payload starts on the next, so payloads (and
+the tensors the codec lays out in them) are 64-byte aligned. When a record does not fit before
 the end of the data area, the producer writes a wrap marker where it would have started and
 puts the record at offset 0; the consumer's ``release`` skips the marker. An empty ring takes
 any record that :meth:`ShmRing.fits`, wherever its cursors are. See
@@ -42,15 +46,17 @@ import struct
 import time
 import weakref
 
-VERSION = 1
+VERSION = 2
 _MAGIC = b"TPSHMRNG"
 _HEADER = struct.Struct("=8sQQQ")  # magic, version, capacity, data offset
 _LINE = 64
-_DATA_START = 3 * _LINE
+_LENGTH_BYTES = 8
+# Three header lines, then the data area, shifted so that payloads (after their length word) are
+# 64-byte aligned: CPU kernels may take a different path, and round differently, on unaligned data.
+_DATA_START = 4 * _LINE - _LENGTH_BYTES
 _HEAD_WORD = _LINE // 8
 _TAIL_WORD = 2 * _LINE // 8
 _DATA_WORD = _DATA_START // 8
-_LENGTH_BYTES = 8
 _WRAP = 0xFFFF_FFFF_FFFF_FFFF
 _MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
 _SEALS = ("F_SEAL_SHRINK", "F_SEAL_GROW", "F_SEAL_SEAL")
@@ -158,7 +164,8 @@ class Reservation:
     """Payload space handed out by :meth:`ShmRing.reserve`, published by :meth:`ShmRing.commit`.
 
     Attributes:
-        buffer: writable memoryview of exactly ``nbytes`` bytes; invalid after commit.
+        buffer: writable memoryview of exactly ``nbytes`` bytes, starting on a 64-byte boundary;
+            invalid after commit.
         offset: the record's offset in the data area (what the consumer gets).
         nbytes: payload size.
     """
@@ -310,7 +317,7 @@ class ShmRing:
         return reservation.offset, nbytes
 
     def view(self, offset: int, nbytes: int, writable: bool = False) -> memoryview:
-        """Access to the committed record ``(offset, nbytes)``, valid until its release.
+        """Access to the committed record ``(offset, nbytes)`` (64-byte aligned), valid until its release.
 
         Args:
             writable: hand out a writable view (the consumer owns the record until it releases
@@ -429,7 +436,7 @@ class OneOffSegment:
     Attributes:
         fd: the segment's descriptor, owned by this object.
         nbytes: payload size.
-        buffer: writable memoryview of exactly ``nbytes`` bytes.
+        buffer: writable memoryview of exactly ``nbytes`` bytes (page-aligned).
     """
 
     def __init__(self, fd: int, mapping: mmap.mmap, nbytes: int) -> None:
