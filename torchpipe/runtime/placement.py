@@ -25,11 +25,11 @@ from torchpipe.runtime import codec
 from torchpipe.runtime.dispatch import Dispatcher
 from torchpipe.runtime.executor import Executor
 from torchpipe.runtime.gil import GilProbe
-from torchpipe.runtime.policy import INLINE, CallCosts, Policy, workers
+from torchpipe.runtime.policy import INLINE, PROCESS, CallCosts, Policy, observe_message_cost, workers
 from torchpipe.runtime.timing import CallTiming
 
-_WINDOW_ELEMENTS, _WINDOW_S = 8, 0.25  # a window to judge an executor by: this many, this long
-_SETTLE_ELEMENTS, _SETTLE_S = 4, 0.1  # after a move, not judged: workers start, buffers fill
+_WINDOW_ELEMENTS, _WINDOW_S = 8, 0.15  # a window to judge an executor by: this many, this long
+_SETTLE_ELEMENTS, _SETTLE_S = 4, 0.05  # after a move, not judged: workers start, buffers fill
 _PROBE_CALLS, _PROBE_S = 8, 0.02  # calls measured inline before the first decision (at most; at least one)
 _MOVE_SAMPLES = 3  # decodings timed for the cost of receiving a result (the fastest counts)
 
@@ -221,6 +221,9 @@ class Placement:
     def _review(self, seconds_per_element: float, consumer_s: float, calls: tuple[int, float, float],
                 calls0: tuple[int, float, float]) -> None:  # fmt: skip
         policy = self.policy
+        per_result = getattr(self.dispatcher.executor, "message_seconds", lambda: None)()
+        if self.kind == PROCESS and per_result is not None:  # what a result really costs here
+            observe_message_cost(max(per_result - policy.costs.move_s, 0.0))
         ran = calls[0] - calls0[0]
         call_s = (calls[1] - calls0[1]) / ran if ran > 0 else None
         policy.costs = dataclasses.replace(policy.costs, consumer_s=consumer_s)

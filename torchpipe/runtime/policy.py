@@ -31,11 +31,17 @@ handed over to processes)."""
 HANDOFF_S = 10e-6
 """This process's cost of one call on a thread: queueing it and taking its result (measured
 8-12 us with the GIL contended)."""
-MESSAGE_S = 30e-6
-"""This process's cost of one result from a worker besides decoding it: the socket message, the
-wake-up and sending the next task (measured 20-40 us on 2 cores)."""
+MESSAGE_S = 100e-6
+"""This process's cost of one result from a worker besides decoding it (the socket messages, the
+wake-ups, the bookkeeping) until a pool has measured it (:func:`observe_message_cost`): measured
+100-150 us of CPU on the 2-core CI machine, where the syscalls of a wake-up dominate."""
+_observed_message_s: float | None = None
 MAX_THREADS = 64
 """The most threads a stage runs (calls that wait on I/O want many)."""
+EXPLORE = 1.1
+"""An executor not measured yet is tried when predicted this much faster than the current one measured."""
+THREAD_FREE_SHARE = 0.5
+"""The GIL-free share of a call from which threads are predicted to overlap it."""
 STALE_S = 10.0
 """A time measured on an executor longer ago than this no longer stands in for its prediction (a
 busy moment must not rule an executor out for good)."""
@@ -56,8 +62,9 @@ class CallCosts:
         thread_safe: whether calls may run on threads at all (reproducibility: a call that
             draws from the global RNGs, in a stage that must reproduce them, may not).
         handoff_s: this process's cost of one call on a thread (:data:`HANDOFF_S` unless measured).
-        message_s: this process's cost of one result from a worker besides decoding it
-            (:data:`MESSAGE_S`; less where results travel many to a message).
+        message_s: this process's cost of one result from a worker besides decoding it; None: what
+            pools in this process measured (:func:`message_cost`). Less where results travel many
+            to a message.
     """
 
     call_s: float
@@ -67,11 +74,23 @@ class CallCosts:
     consumer_s: float = 0.0
     thread_safe: bool = True
     handoff_s: float = HANDOFF_S
-    message_s: float = MESSAGE_S
+    message_s: float | None = None
 
     def without_threads(self) -> CallCosts:
         """These costs, for calls that must not run on threads."""
         return dataclasses.replace(self, thread_safe=False)
+
+
+def observe_message_cost(seconds: float) -> None:
+    """What a process pool measured one result to cost this process (its CPU per result)."""
+    global _observed_message_s
+    previous = _observed_message_s
+    _observed_message_s = seconds if previous is None else 0.5 * (previous + seconds)
+
+
+def message_cost() -> float:
+    """This process's cost of one result from a worker: as pools here measured it, else :data:`MESSAGE_S`."""
+    return _observed_message_s if _observed_message_s is not None else MESSAGE_S
 
 
 def workers(costs: CallCosts, kind: str, cores: int) -> int:
@@ -96,11 +115,14 @@ def predict(costs: CallCosts, kind: str, cores: int) -> float:
         return c.call_s + c.consumer_s
     n = workers(c, kind, cores)
     if kind == THREAD:
-        held = min((1.0 - c.gil_free) * c.call_s, c.cpu_s)  # a call waiting on I/O does not hold it
+        # Short GIL releases (a call made of many small C operations) do not let another thread
+        # run: it waits its turn for a switch interval. Under half of a call free counts as none.
+        free = c.gil_free if c.gil_free >= THREAD_FREE_SHARE else 0.0
+        held = min((1.0 - free) * c.call_s, c.cpu_s)  # a call waiting on I/O does not hold it
         serial = held + c.handoff_s + c.consumer_s
         cpu = c.cpu_s + c.handoff_s + c.consumer_s
         return max(c.call_s / n, serial, cpu / cores)
-    receive = c.message_s + c.move_s
+    receive = (c.message_s if c.message_s is not None else message_cost()) + c.move_s
     cpu = c.cpu_s + c.move_s + receive + c.consumer_s  # the worker encodes what this process decodes
     return max(c.call_s / n, receive + c.consumer_s, cpu / cores)
 
@@ -140,8 +162,8 @@ class Policy:
     every window of measurements on the executor it runs on.
 
     A time measured on an executor replaces that executor's prediction. An executor that is
-    predicted faster than the measured one, but not by ``MARGIN``, is tried once (for a window),
-    so a close call is settled by measurement rather than by the model. Call costs that change
+    predicted ``EXPLORE`` times faster than the measured one, but not ``MARGIN`` times, is tried
+    once (for a window), so a close call is settled by measurement rather than by the model. Call costs that change
     (:meth:`rebase`) make every measurement stale.
 
     Args:
@@ -203,10 +225,10 @@ class Policy:
         self._measured = {k: (seconds, now) for k, seconds in measured.items()}
 
     def _worth_trying(self, measured: dict[str, float]) -> str | None:
-        """An executor not measured lately that is predicted faster than the current one measured."""
+        """An executor not measured lately, predicted ``EXPLORE`` times faster than the current one measured."""
         here = measured[self.kind]
         for kind in KINDS:
             if kind in self.candidates and kind not in measured and (kind != THREAD or self.costs.thread_safe):
-                if predict(self.costs, kind, self.cores) < here:
+                if predict(self.costs, kind, self.cores) * EXPLORE < here:
                     return kind
         return None
