@@ -149,14 +149,14 @@ class Placement:
         self._settle = (0, 0.0)  # (elements delivered, time) before which nothing is judged
         self._base_call_s: float | None = None  # a call's cost in the first window on this executor
 
-    def move(self, kind: str, workers_: int) -> None:
-        """Run new calls on ``kind`` with ``workers_`` threads or processes from now on."""
-        workers_ = 0 if kind == INLINE else max(workers_, 1)
+    def move(self, kind: str, count: int) -> None:
+        """Run new calls on ``kind`` with ``count`` threads or processes from now on."""
+        count = 0 if kind == INLINE else max(count, 1)
         if kind != self.kind:
-            self.dispatcher.switch(self._make(kind, workers_), self._retire)
-        elif workers_ != self.workers:
-            self.dispatcher.executor.resize(workers_)
-        self.kind, self.workers = kind, workers_
+            self.dispatcher.switch(self._make(kind, count), self._retire)
+        elif count != self.workers:
+            self.dispatcher.executor.resize(count)
+        self.kind, self.workers = kind, count
         if self.policy is not None:
             self.policy.kind = kind
         self._window, self._base_call_s = None, None
@@ -169,14 +169,14 @@ class Placement:
         kind = self.policy.decide(costs)
         self.move(kind, workers(costs, kind, self.policy.cores))
 
-    def resume(self, learned: dict[str, Any], workers_: int) -> bool:
+    def resume(self, learned: dict[str, Any], count: int) -> bool:
         """Start where an earlier pass left off (its executor, costs and measurements), with
-        ``workers_`` threads or processes; False if nothing was learned."""
+        ``count`` threads or processes; False if nothing was learned."""
         kind, costs = learned.get("executor"), learned.get("costs")
         if self.policy is None or kind not in self.policy.candidates or costs is None:
             return False
         self.policy.restore(costs, learned.get("measured", {}), kind)
-        self.move(kind, workers_)
+        self.move(kind, count)
         return True
 
     def remember(self, learned: dict[str, Any]) -> None:
@@ -185,16 +185,16 @@ class Placement:
         if self.policy is not None and self.policy.costs is not None:
             learned["costs"], learned["measured"] = self.policy.costs, self.policy.measured
 
-    def resize(self, workers_: int) -> None:
+    def resize(self, count: int) -> None:
         """The autotuner's request: ``0`` runs calls inline; more, on the best parallel executor."""
-        if workers_ == self.workers:
+        if count == self.workers:
             return
-        if workers_ == 0:
+        if count == 0:
             self.move(INLINE, 0)
         elif self.kind == INLINE:
-            self.move(self.policy.alternative() if self.policy is not None else self.kind, workers_)
+            self.move(self.policy.alternative() if self.policy is not None else self.kind, count)
         else:
-            self.move(self.kind, workers_)
+            self.move(self.kind, count)
 
     def delivered(self, inside_s: float) -> None:
         """Count one element handed to the consumer; ``inside_s`` is the stage's total time inside
