@@ -206,11 +206,16 @@ def _megabytes(value: float | None) -> str:
     return "-" if value is None else f"{value:.0f}MB"
 
 
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"
+
+
 def table(report: dict[str, Any]) -> str:
-    """The printed summary: throughput, ratios against dataloader_best and the limit, and costs."""
+    """The printed summary: throughput, ratios against dataloader_best and the limit, and costs;
+    ``others`` is the share of the cores other processes took during the measurement."""
     lines = []
     header = (f"{'workload':<10} {'config':<25} {'throughput':>11} {'unit':<9} {'vs DL best':>10} {'vs limit':>8} "
-              f"{'1st batch':>9} {'peak RSS':>9} {'end PSS':>8} {'CPU/item':>10}")  # fmt: skip
+              f"{'1st batch':>9} {'peak RSS':>9} {'end PSS':>8} {'CPU/item':>10} {'others':>6}")  # fmt: skip
     lines += [header, "-" * len(header)]
     for name, entry in report["workloads"].items():
         results, limit = entry["results"], entry["limit"]
@@ -222,6 +227,7 @@ def table(report: dict[str, Any]) -> str:
             lines.append(
                 f"{name:<10} {config:<25} {r['throughput']:>11.4g} {entry['unit']:<9} {vs_best:>10} {vs_limit:>8} "
                 f"{r['first_batch_s']:>8.2f}s {r['peak_rss_mb']:>7.0f}MB {_megabytes(r.get('end_pss_mb')):>8} {r['cpu_s_per_item'] * 1e3:>8.3f}ms"
+                f" {_share(r.get('others_cpu_share')):>6}"
             )
     return "\n".join(lines)
 

@@ -42,6 +42,8 @@ TARGETS = (
     Target("pss_vs_dataloader_best", "PSS vs DL best", "<=", 1.2),
     Target("vs_limit", "vs limit", ">=", 0.9),
 )
+NOISY = 0.15
+"""Other processes' share of the cores above which a measurement is flagged as taken beside them."""
 LIMIT_WORKLOADS = ("tiny",)
 """Workloads held to ``vs_limit``: where the item function itself is the limit of any loader."""
 
@@ -99,4 +101,18 @@ def format_targets(report: dict[str, Any]) -> str:
                     missed += 1
                     misses.append(f"{name}/{config} {key}")
     lines.append(f"{met} targets met, {missed} missed" + (f": {', '.join(misses)}" if misses else ""))
+    noisy = _noisy(report)
+    if noisy:
+        lines.append(f"measured while other processes took {NOISY:.0%} or more of the cores: {', '.join(noisy)}")
     return "\n".join(lines)
+
+
+def _noisy(report: dict[str, Any]) -> list[str]:
+    """``workload/config (share)`` for each configuration the targets use that ran beside other work."""
+    out = []
+    for name, entry in report["workloads"].items():
+        for config in (BASELINE, TORCHPIPE_BEST, *ZERO_KNOB):
+            share = entry.get("results", {}).get(config, {}).get("others_cpu_share")
+            if share is not None and share >= NOISY:
+                out.append(f"{name}/{config} ({share:.0%})")
+    return out

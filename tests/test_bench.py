@@ -20,7 +20,7 @@ CONFIGS = {"dataloader_default", "dataloader_best", "torchpipe_dataloader", "tor
            "torchpipe_auto", "torchpipe_best"}
 CACHE_CONFIGS = {"dataloader_default", "dataloader_best", "torchpipe_dataloader_auto", "torchpipe_cache_epoch1",
                  "torchpipe_cache_epoch2"}
-KEYS = {"throughput", "first_batch_s", "peak_rss_mb", "end_pss_mb", "cpu_s_per_item"}
+KEYS = {"throughput", "first_batch_s", "peak_rss_mb", "end_pss_mb", "cpu_s_per_item", "others_cpu_share"}
 
 
 @pytest.fixture
@@ -46,6 +46,7 @@ def test_every_workload_and_configuration_end_to_end(small, capsys):
             assert set(result) == KEYS
             assert result["throughput"] > 0 and result["peak_rss_mb"] > 0 and result["cpu_s_per_item"] >= 0
             assert result["end_pss_mb"] > 0, result  # Linux: smaps_rollup
+            assert 0 <= result["others_cpu_share"] <= 1, result
     json.dumps(report)  # the document is plain JSON
     text = run.table(report)
     assert "torchpipe_best" in text and "vs DL best" in text and "torchpipe_dataloader_auto" in text
@@ -149,11 +150,15 @@ def test_targets_with_missing_configs_and_pss():
 
 def test_targets_printed():
     results = {"dataloader_best": _result(100.0, 200.0), "torchpipe_auto": _result(80.0, 200.0)}
-    report = {"workloads": {"tiny": {"targets": tg.targets("tiny", results, limit=100.0)}}}
+    results["dataloader_best"]["others_cpu_share"] = 0.4
+    report = {"workloads": {"tiny": {"results": results, "targets": tg.targets("tiny", results, limit=100.0)}}}
     text = tg.format_targets(report)
     row = next(line for line in text.splitlines() if line.startswith("tiny") and "torchpipe_auto" in line)
     assert row.split()[2:] == ["0.80", "MISS", "0.80", "MISS", "1.00", "ok", "0.80", "MISS"]
+    loader_row = next(line for line in text.splitlines() if "torchpipe_dataloader_auto" in line)
+    assert loader_row.split()[2:] == ["-"] * 4  # not measured
     assert "1 targets met, 3 missed" in text and "tiny/torchpipe_auto vs_limit" in text
+    assert text.splitlines()[-1].endswith("cores: tiny/dataloader_best (40%)")
 
 
 def test_plot_without_matplotlib_says_so(tmp_path, monkeypatch):
