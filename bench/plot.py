@@ -54,7 +54,7 @@ def draw(table: dict[str, dict[str, float]], title: str, out: str, plt: Any) -> 
     configs = sorted({c for row in table.values() for c in row}, key=lambda c: (ORDER + (c,)).index(c))
     workloads = list(table)
     width = 0.8 / max(len(configs), 1)
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(workloads)), 4.2))
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(workloads)) + 2.0, 4.2))  # + the legend's column
     for k, config in enumerate(configs):
         xs = [i + (k - (len(configs) - 1) / 2) * width for i in range(len(workloads))]
         present = [(x, table[w][config]) for x, w in zip(xs, workloads) if config in table[w]]
@@ -70,7 +70,8 @@ def draw(table: dict[str, dict[str, float]], title: str, out: str, plt: Any) -> 
     ax.yaxis.set_major_formatter(ratio)
     ax.yaxis.set_minor_formatter(ratio)
     ax.set_title(title)
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=7, title="hatched: no knobs", title_fontsize=7, loc="upper left",
+              bbox_to_anchor=(1.01, 1.0))  # beside the bars, not over them
     fig.tight_layout()
     fig.savefig(out, dpi=120)
     plt.close(fig)
