@@ -12,10 +12,11 @@ sets the pace. The same loop is fed in turn by what a user would write:
 
 While each runs a progress line shows the steps done, images per second so far and the share of
 time the loop waited for data (in place on a terminal, every few seconds otherwise). At the end
-it prints, for each, images per second, that waiting share, the time to the first batch and how
-busy the cores were, then torchpipe's speed-up over each torch loader and, where it is not
-faster, why, from what was measured. The JPEGs are generated on first use into
-``$TORCHPIPE_BENCH_CACHE`` (default ``~/.cache/torchpipe-bench``). About a minute on 2 cores.
+it prints, for each, images per second, that waiting share, the time to the first batch, how
+busy the cores were (and how much other processes took) and the CPU time per image; then
+torchpipe's speed-up over each torch loader and, where it is not faster, why, from what was
+measured. The JPEGs are generated on first use into ``$TORCHPIPE_BENCH_CACHE`` (default
+``~/.cache/torchpipe-bench``). About a minute on 2 cores.
 
 Run: python examples/train_synthetic.py [--steps 400] [--batch-size 32] [--files 1024]
 """
@@ -27,7 +28,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import Any, Callable, TextIO
 
 import psutil
 import torch
@@ -103,23 +104,22 @@ class Result:
     wait_fraction: float
     first_batch_s: float
     cpu_busy: float  # CPU seconds of this process tree / (wall seconds x usable cores)
+    cpu_per_image_s: float  # CPU seconds of this process tree per image
     others_busy: float  # the same share, of every other process on those cores
-    loss: float
     stats: Any = None  # torchpipe's loader.stats() at the end of the run, if it has one
 
 
-def step_fn(model: torch.nn.Module, device: torch.device) -> Any:
+def step_fn(model: torch.nn.Module, device: torch.device) -> Callable[[torch.Tensor, torch.Tensor], None]:
     """One training step on a uint8 image batch: thumbnail, forward, backward, update."""
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 
-    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def step(x: torch.Tensor, y: torch.Tensor) -> None:
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         thumbnail = x[:, :, ::THUMBNAIL_STRIDE, ::THUMBNAIL_STRIDE].float().div_(255)
         loss = torch.nn.functional.cross_entropy(model(thumbnail), y % 10)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        return loss
 
     return step
 
@@ -133,13 +133,13 @@ def train(loader: Any, steps: int, device: torch.device, progress: Progress) -> 
     x, y = next(iterator)
     first = time.perf_counter() - t0
     for _ in range(WARMUP_STEPS):
-        loss = step(x, y)
+        step(x, y)
         x, y = next(iterator)
     cpus = usable_cpus()
     cpu0, all0, start = tree_cpu_seconds(), busy_cpu_seconds(cpus), time.perf_counter()
     waited, images = 0.0, 0
     for done in range(1, steps + 1):
-        loss = step(x, y)
+        step(x, y)
         images += x.shape[0]
         before = time.perf_counter()
         x, y = next(iterator)
@@ -154,14 +154,14 @@ def train(loader: Any, steps: int, device: torch.device, progress: Progress) -> 
     del iterator  # stops the workers
     progress.close()
     others = min(1.0, max(0.0, everyone - ours) / capacity)  # /proc/stat counts in 10 ms ticks
-    return Result(images / total, waited / total, first, ours / capacity, others, loss.item(), stats)
+    return Result(images / total, waited / total, first, ours / capacity, ours / images, others, stats)
 
 
 def describe(name: str, result: Result) -> str:
     """One run's result line."""
     return (f"  {name:<40} {result.images_per_s:>6.0f} img/s   waiting for data {result.wait_fraction:>4.0%}   "
-            f"first batch {result.first_batch_s:.2f} s   cores busy {result.cpu_busy:>4.0%} "
-            f"(others {result.others_busy:.0%})   loss {result.loss:.3f}")
+            f"first batch {result.first_batch_s:.2f} s   cores busy {result.cpu_busy:>4.0%} (others "
+            f"{result.others_busy:.0%})   CPU {result.cpu_per_image_s * 1e3:.2f} ms/img")
 
 
 def why_not_faster(ours: Result, theirs: Result, cores: int) -> str:
@@ -170,9 +170,11 @@ def why_not_faster(ours: Result, theirs: Result, cores: int) -> str:
         return (f"the training step, not data, was the limit: the loop waited for data only "
                 f"{ours.wait_fraction:.0%} of its time, so a faster loader cannot make it faster")  # fmt: skip
     if min(ours.cpu_busy, theirs.cpu_busy) >= 0.85:
-        return (f"both kept the {cores} cores busy ({theirs.cpu_busy:.0%} and {ours.cpu_busy:.0%}): the per-image "
-                f"work (decode, crop, flip), not the loader, is the limit, and torch's loader already uses "
-                f"every core")  # fmt: skip
+        more = ours.cpu_per_image_s / theirs.cpu_per_image_s - 1
+        cost = (f"torchpipe spent {more:.0%} more CPU per image ({ours.cpu_per_image_s * 1e3:.2f} ms against "
+                f"{theirs.cpu_per_image_s * 1e3:.2f} ms)" if more > SAME else "both spent the same CPU per image")
+        return (f"both kept the {cores} cores busy ({theirs.cpu_busy:.0%} and {ours.cpu_busy:.0%}), so the "
+                f"cores set the pace, and {cost}")  # fmt: skip
     stats = ours.stats
     named = f"torchpipe's stats name {stats.bottleneck!r} as the bottleneck" if stats else "no stats"
     return (f"data was the limit (the loop waited {ours.wait_fraction:.0%} of its time) with the cores "
