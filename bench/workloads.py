@@ -146,7 +146,7 @@ class Records:
 
     An id string, an int label, 16 float32 features, a ``bytes`` blob of 16-64 KB (an encoded
     image or audio clip, not decoded here) and a nested dict of metadata. Everything is cut from
-    buffers made once, so a row costs what building it costs: ~10 us on the 2-core CI machine
+    buffers made once, so a row costs what building it costs: 7-10 us on the 2-core CI machine
     with a batch's rows alive together, the blobs' fresh pages included (``extra["item_us"]``).
     A loader's per-row overhead and the bytes it moves are most of what there is to measure.
     """
