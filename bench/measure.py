@@ -1,10 +1,12 @@
-"""One measurement: throughput, time to first batch, peak RSS and CPU time of the process tree."""
+"""One measurement: throughput, time to first batch, peak RSS and CPU time of the process tree, and
+how much of the cores other processes took meanwhile (the machine may be shared)."""
 
 from __future__ import annotations
 
 import ctypes
 import gc
 import math
+import os
 import threading
 import time
 from typing import Any, Callable
@@ -87,6 +89,23 @@ class TreeMonitor:
             return sum(self._cpu.values())
 
 
+def usable_cpus() -> list[int]:
+    """The CPUs this process may run on (its affinity mask)."""
+    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+
+
+def busy_cpu_seconds(cpus: list[int]) -> float:
+    """Seconds the CPUs ``cpus`` have been busy so far, whoever ran there (``/proc/stat``); time a
+    hypervisor stole counts as busy: it was not available either."""
+    per_cpu = psutil.cpu_times(percpu=True)
+    busy = 0.0
+    for cpu in cpus:
+        if cpu < len(per_cpu):
+            t = per_cpu[cpu]
+            busy += t.user + t.system + sum(getattr(t, f, 0.0) for f in ("nice", "irq", "softirq", "steal"))
+    return busy
+
+
 def release_memory() -> None:
     """Collect garbage and return freed heap to the OS, so one measurement's peak RSS does not
     start from the previous one's leftovers."""
@@ -119,7 +138,8 @@ def measure(
     batches are drawn for ``warmup_s`` seconds so buffers reach their steady state; then for
     ``seconds`` (at least ``min_batches`` batches, or to the end) the throughput in units per
     second and the process tree's CPU seconds per item are measured, and its peak RSS; its PSS
-    is read once, at the end of the window.
+    is read once, at the end of the window. ``others_cpu_share`` is the share of the usable
+    cores' time that other processes were busy in the window (0: the tree had them to itself).
 
     ``whole_epoch=True`` instead measures everything from ``iter()`` to the end of the data,
     first batch included (batches prefetched while the first one was awaited would otherwise
@@ -129,8 +149,9 @@ def measure(
         RuntimeError: if the iterable ends before a batch could be measured.
     """
     release_memory()
+    cpus = usable_cpus()
     with TreeMonitor() as monitor:
-        cpu0 = monitor.cpu_seconds()  # read before the clock starts: the monitor's own cost is not timed
+        cpu0, busy0 = monitor.cpu_seconds(), busy_cpu_seconds(cpus)  # read before the clock starts
         t0 = time.perf_counter()
         iterator = iter(make())
         try:
@@ -142,10 +163,10 @@ def measure(
                 items, units = items + more[0], units + more[1]
             else:
                 _drain(iterator, warmup_s)
-                cpu0, start = monitor.cpu_seconds(), time.perf_counter()
+                cpu0, busy0, start = monitor.cpu_seconds(), busy_cpu_seconds(cpus), time.perf_counter()
                 items, units, _ = _timed(iterator, count, seconds, min_batches)
             elapsed = time.perf_counter() - start
-            cpu = monitor.cpu_seconds() - cpu0
+            cpu, busy = monitor.cpu_seconds() - cpu0, busy_cpu_seconds(cpus) - busy0
             pss = monitor.pss()
         finally:
             close(iterator)
@@ -158,6 +179,8 @@ def measure(
         "peak_rss_mb": monitor.peak_rss / 2**20,
         "end_pss_mb": pss / 2**20 if pss is not None else None,
         "cpu_s_per_item": cpu / items,
+        # /proc/stat counts in ticks (10 ms): short windows can round past either end.
+        "others_cpu_share": min(1.0, max(0.0, busy - cpu) / (elapsed * len(cpus))),
     }
 
 

@@ -16,6 +16,7 @@ from typing import Any
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from bench.run import ORDER  # noqa: E402
+from bench.targets import ZERO_KNOB  # noqa: E402
 
 BASELINE = "dataloader_best"
 
@@ -45,14 +46,20 @@ def _pyplot() -> Any:
 
 
 def draw(table: dict[str, dict[str, float]], title: str, out: str, plt: Any) -> None:
-    """One group of bars per workload, one bar per configuration, a line at 1.0 (DataLoader's best)."""
+    """One group of bars per workload, one bar per configuration, a line at 1.0 (DataLoader's best).
+
+    Zero-knob configurations (what a user gets without tuning) are hatched. A configuration a
+    workload did not measure has no bar there.
+    """
     configs = sorted({c for row in table.values() for c in row}, key=lambda c: (ORDER + (c,)).index(c))
     workloads = list(table)
     width = 0.8 / max(len(configs), 1)
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(workloads)), 4.2))
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(workloads)) + 2.0, 4.2))  # + the legend's column
     for k, config in enumerate(configs):
         xs = [i + (k - (len(configs) - 1) / 2) * width for i in range(len(workloads))]
-        ax.bar(xs, [table[w].get(config, 0.0) for w in workloads], width, label=config)
+        present = [(x, table[w][config]) for x, w in zip(xs, workloads) if config in table[w]]
+        ax.bar([x for x, _ in present], [r for _, r in present], width, label=config,
+               hatch="//" if config in ZERO_KNOB else None)  # fmt: skip
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks(range(len(workloads)), workloads)
     ax.set_ylabel("throughput / dataloader_best")
@@ -63,7 +70,8 @@ def draw(table: dict[str, dict[str, float]], title: str, out: str, plt: Any) -> 
     ax.yaxis.set_major_formatter(ratio)
     ax.yaxis.set_minor_formatter(ratio)
     ax.set_title(title)
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=7, title="hatched: no knobs", title_fontsize=7, loc="upper left",
+              bbox_to_anchor=(1.01, 1.0))  # beside the bars, not over them
     fig.tight_layout()
     fig.savefig(out, dpi=120)
     plt.close(fig)

@@ -6,12 +6,17 @@ different runs are not: machines are noisy). Synthetic data is generated once in
 ``$TORCHPIPE_BENCH_CACHE`` (default ``~/.cache/torchpipe-bench``); nothing is downloaded.
 
 Configurations:
-  dataloader_default    torch DataLoader, num_workers=0
-  dataloader_best       torch DataLoader, the best of a grid of num_workers and prefetch_factor
-  torchpipe_dataloader  torchpipe.DataLoader with dataloader_best's arguments
-  torchpipe_auto        the DSL with tp.AUTOTUNE everywhere (no knobs)
-  torchpipe_best        the DSL, the best of a small grid of num_parallel_calls and executor
-  torchpipe_cache_epoch1/2 (workload cache) the jpeg pipeline with cache() after decode
+  dataloader_default         torch DataLoader, num_workers=0
+  dataloader_best            torch DataLoader, the best of a grid of num_workers and prefetch_factor
+  torchpipe_dataloader       torchpipe.DataLoader with dataloader_best's arguments
+  torchpipe_dataloader_auto  torchpipe.DataLoader(num_workers="auto"), no other knob
+  torchpipe_auto             the DSL with tp.AUTOTUNE everywhere (no knobs)
+  torchpipe_best             the DSL, the best of a small grid of num_parallel_calls and executor
+  torchpipe_cache_epoch1/2   (workload cache) the jpeg pipeline with cache() after decode
+
+After the table, the two zero-knob configurations (torchpipe_dataloader_auto, torchpipe_auto)
+are checked against their targets (``bench/targets.py``); the JSON has the same checks under
+``workloads.<name>.targets``.
 
 Run: python bench/run.py [--quick] [--workloads jpeg,bigtensor,...] [--json out.json]
 """
@@ -36,11 +41,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import torchpipe as tp  # noqa: E402
 from bench import workloads as wl  # noqa: E402
 from bench.measure import measure  # noqa: E402
+from bench.targets import format_targets, targets  # noqa: E402
 from torchpipe.runtime.cpu import usable_cpu_count  # noqa: E402
 
 PEERS = {"torchdata_nodes": "torchdata", "tf_data": "tensorflow", "spdl": "spdl"}
-ORDER = ("dataloader_default", "dataloader_best", "torchpipe_dataloader", "torchpipe_auto", "torchpipe_best",
-         "torchpipe_cache_epoch1", "torchpipe_cache_epoch2")
+ORDER = ("dataloader_default", "dataloader_best", "torchpipe_dataloader", "torchpipe_dataloader_auto",
+         "torchpipe_auto", "torchpipe_best", "torchpipe_cache_epoch1", "torchpipe_cache_epoch2")
 
 
 def dataloader_grid(quick: bool) -> list[dict[str, int]]:
@@ -103,17 +109,28 @@ class Runner:
         self.record("torchpipe_best", best, str(best_knobs))
         self.chosen["torchpipe_best"] = best_knobs
 
+    def torchpipe_dataloader_auto(self, measure_one: Callable[[Callable[[], Any]], dict[str, float]]) -> None:
+        """``torchpipe_dataloader_auto``: the drop-in DataLoader with no knob but ``num_workers="auto"``."""
+        dataset, kwargs = self.work.dataset, self.work.loader_kwargs()
+        result = measure_one(lambda: tp.DataLoader(dataset, num_workers="auto", **kwargs))
+        self.record("torchpipe_dataloader_auto", result, "num_workers='auto'")
+
     def run(self) -> None:
         """Every configuration of a throughput workload."""
         best_args = self.dataloaders(self.timed)
         dataset, kwargs = self.work.dataset, self.work.loader_kwargs()
         self.record("torchpipe_dataloader", self.timed(lambda: tp.DataLoader(dataset, **best_args, **kwargs)),
                     str(best_args))  # fmt: skip
+        self.torchpipe_dataloader_auto(self.timed)
         self.torchpipe_dsl()
 
     def run_cache(self) -> None:
-        """The ``cache`` workload: DataLoader baselines and torchpipe's epochs 1 and 2, each a full epoch."""
+        """The ``cache`` workload: DataLoader baselines and torchpipe's epochs 1 and 2, each a full epoch.
+
+        ``torchpipe_dataloader_auto`` runs the same uncached epoch as the DataLoader baselines.
+        """
         self.dataloaders(self.epoch)
+        self.torchpipe_dataloader_auto(self.epoch)
         cores = usable_cpu_count()
         pipeline = self.work.batched(cores, "thread").prefetch(tp.AUTOTUNE)  # one Dataset: its cache persists
         knobs = f"decode num_parallel_calls={cores}, executor='thread'"
@@ -166,10 +183,12 @@ def run_all(names: list[str], quick: bool, sizes: wl.Sizes | None = None) -> dic
     for name in names:
         work = wl.WORKLOADS[name](sizes, quick)
         limit = "null" if work.limit is None else f"{work.limit:.4g} {work.unit}"
-        print(f"\n{name}: batch {work.batch_size}, limit {limit} ({work.limit_note})", flush=True)
+        extra = "".join(f", {key} {value}" for key, value in work.extra.items())
+        print(f"\n{name}: batch {work.batch_size}, limit {limit} ({work.limit_note}){extra}", flush=True)
         runner = Runner(work, sizes, quick)
         runner.run_cache() if name == "cache" else runner.run()
-        report["workloads"][name] = {"unit": work.unit, "limit": work.limit, "results": runner.results}
+        report["workloads"][name] = {"unit": work.unit, "limit": work.limit, "results": runner.results,
+                                     "targets": targets(name, runner.results, work.limit), "extra": work.extra}
         run_info["chosen"][name] = runner.chosen
         run_info["limit_notes"][name] = work.limit_note
     return report
@@ -187,11 +206,16 @@ def _megabytes(value: float | None) -> str:
     return "-" if value is None else f"{value:.0f}MB"
 
 
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"
+
+
 def table(report: dict[str, Any]) -> str:
-    """The printed summary: throughput, ratios against dataloader_best and the limit, and costs."""
+    """The printed summary: throughput, ratios against dataloader_best and the limit, and costs;
+    ``others`` is the share of the cores other processes took during the measurement."""
     lines = []
-    header = (f"{'workload':<10} {'config':<23} {'throughput':>11} {'unit':<9} {'vs DL best':>10} {'vs limit':>8} "
-              f"{'1st batch':>9} {'peak RSS':>9} {'end PSS':>8} {'CPU/item':>10}")  # fmt: skip
+    header = (f"{'workload':<10} {'config':<25} {'throughput':>11} {'unit':<9} {'vs DL best':>10} {'vs limit':>8} "
+              f"{'1st batch':>9} {'peak RSS':>9} {'end PSS':>8} {'CPU/item':>10} {'others':>6}")  # fmt: skip
     lines += [header, "-" * len(header)]
     for name, entry in report["workloads"].items():
         results, limit = entry["results"], entry["limit"]
@@ -201,8 +225,9 @@ def table(report: dict[str, Any]) -> str:
             vs_best = f"{r['throughput'] / base:.2f}x" if base else "-"
             vs_limit = f"{r['throughput'] / limit:.2f}" if limit else "-"
             lines.append(
-                f"{name:<10} {config:<23} {r['throughput']:>11.4g} {entry['unit']:<9} {vs_best:>10} {vs_limit:>8} "
+                f"{name:<10} {config:<25} {r['throughput']:>11.4g} {entry['unit']:<9} {vs_best:>10} {vs_limit:>8} "
                 f"{r['first_batch_s']:>8.2f}s {r['peak_rss_mb']:>7.0f}MB {_megabytes(r.get('end_pss_mb')):>8} {r['cpu_s_per_item'] * 1e3:>8.3f}ms"
+                f" {_share(r.get('others_cpu_share')):>6}"
             )
     return "\n".join(lines)
 
@@ -227,6 +252,8 @@ def main(argv: list[str] | None = None) -> None:
     for config, note in report["machine"]["run"]["peers"].items():
         print(f"{config}: {note}")
     print(table(report))
+    print()
+    print(format_targets(report))
     print(f"\n{report['machine']['run']['seconds']:.0f} s in all; usable cores: {usable_cpu_count()}")
     if args.json:
         with open(args.json, "w") as f:

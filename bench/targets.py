@@ -1,0 +1,118 @@
+"""The targets zero-knob torchpipe is held to, checked against one run's results.
+
+Zero-knob torchpipe is what a user gets without tuning anything: the DSL with ``tp.AUTOTUNE``
+(``torchpipe_auto``) and the drop-in ``tp.DataLoader(num_workers="auto")``
+(``torchpipe_dataloader_auto``). On every workload each must reach 0.95 of the faster of the two
+hand-tuned bests (torch's ``dataloader_best`` and ``torchpipe_best``), never fall below
+``dataloader_best``, and hold at most 1.2 x the memory ``dataloader_best`` holds, compared as
+the process tree's PSS at the end of the timed window (each shared page counted once: summed RSS
+counts pages shared with forked workers once per process, so it stays in the table for
+information only). On ``tiny``, whose item function caps any loader, each must also reach 0.9 of
+the limit (one core's rate of the item work x the cores).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+ZERO_KNOB = ("torchpipe_auto", "torchpipe_dataloader_auto")
+BASELINE = "dataloader_best"
+TORCHPIPE_BEST = "torchpipe_best"
+
+
+@dataclass(frozen=True)
+class Target:
+    """One check: ``ratio op bound`` (``op`` is ``">="`` or ``"<="``)."""
+
+    key: str
+    label: str
+    op: str
+    bound: float
+
+    def check(self, ratio: float | None) -> dict[str, Any]:
+        """The JSON entry for ``ratio``; ``met`` is None when the ratio could not be computed."""
+        met = None if ratio is None else (ratio >= self.bound if self.op == ">=" else ratio <= self.bound)
+        return {"ratio": ratio, "op": self.op, "target": self.bound, "met": met}
+
+
+TARGETS = (
+    Target("vs_best_of_both", "vs max(DL,TP best)", ">=", 0.95),
+    Target("vs_dataloader_best", "vs DL best", ">=", 1.0),
+    Target("pss_vs_dataloader_best", "PSS vs DL best", "<=", 1.2),
+    Target("vs_limit", "vs limit", ">=", 0.9),
+)
+NOISY = 0.15
+"""Other processes' share of the cores above which a measurement is flagged as taken beside them."""
+LIMIT_WORKLOADS = ("tiny",)
+"""Workloads held to ``vs_limit``: where the item function itself is the limit of any loader."""
+
+
+def _ratio(value: float | None, base: float | None) -> float | None:
+    return None if value is None or not base else value / base
+
+
+def targets(name: str, results: dict[str, dict[str, Any]], limit: float | None) -> dict[str, dict[str, Any]]:
+    """Each zero-knob configuration's ratios against its targets, as ``{config: {key: check}}``.
+
+    A ratio is None (and ``met`` None) where what it needs was not measured: the configuration
+    itself, ``dataloader_best``, or a PSS (None where ``/proc`` could not be read). Where only one
+    of ``dataloader_best`` and ``torchpipe_best`` was measured, ``vs_best_of_both`` compares with it.
+    """
+    base = results.get(BASELINE, {})
+    bests = [results[c]["throughput"] for c in (BASELINE, TORCHPIPE_BEST) if c in results]
+    wanted = [t for t in TARGETS if t.key != "vs_limit" or name in LIMIT_WORKLOADS]
+    out = {}
+    for config in ZERO_KNOB:
+        mine = results.get(config, {})
+        throughput = mine.get("throughput")
+        ratios = {
+            "vs_best_of_both": _ratio(throughput, max(bests, default=None)),
+            "vs_dataloader_best": _ratio(throughput, base.get("throughput")),
+            "pss_vs_dataloader_best": _ratio(mine.get("end_pss_mb"), base.get("end_pss_mb")),
+            "vs_limit": _ratio(throughput, limit),
+        }
+        out[config] = {t.key: t.check(ratios[t.key]) for t in wanted}
+    return out
+
+
+def _cell(check: dict[str, Any] | None) -> str:
+    if check is None:
+        return ""
+    if check["met"] is None:
+        return "-"
+    return f"{check['ratio']:.2f} {'ok' if check['met'] else 'MISS'}"
+
+
+def format_targets(report: dict[str, Any]) -> str:
+    """The printed check: one row per workload and zero-knob configuration, and a count of misses."""
+    headings = [f"{t.label} {t.op}{t.bound:g}" for t in TARGETS]
+    lines = ["targets of zero-knob torchpipe (ok: met, MISS: not met, -: not measured)",
+             f"{'workload':<10} {'config':<25} " + " ".join(f"{h:>22}" for h in headings)]  # fmt: skip
+    met = missed = 0
+    misses = []
+    for name, entry in report["workloads"].items():
+        for config, checks in entry.get("targets", {}).items():
+            cells = [_cell(checks.get(t.key)) for t in TARGETS]
+            lines.append(f"{name:<10} {config:<25} " + " ".join(f"{c:>22}" for c in cells))
+            for key, check in checks.items():
+                met += check["met"] is True
+                if check["met"] is False:
+                    missed += 1
+                    misses.append(f"{name}/{config} {key}")
+    lines.append(f"{met} targets met, {missed} missed" + (f": {', '.join(misses)}" if misses else ""))
+    noisy = _noisy(report)
+    if noisy:
+        lines.append(f"measured while other processes took {NOISY:.0%} or more of the cores: {', '.join(noisy)}")
+    return "\n".join(lines)
+
+
+def _noisy(report: dict[str, Any]) -> list[str]:
+    """``workload/config (share)`` for each configuration the targets use that ran beside other work."""
+    out = []
+    for name, entry in report["workloads"].items():
+        for config in (BASELINE, TORCHPIPE_BEST, *ZERO_KNOB):
+            share = entry.get("results", {}).get(config, {}).get("others_cpu_share")
+            if share is not None and share >= NOISY:
+                out.append(f"{name}/{config} ({share:.0%})")
+    return out
