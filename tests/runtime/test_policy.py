@@ -59,14 +59,21 @@ def test_workers_start_at_the_cores_and_more_for_calls_that_wait():
 
 
 def test_the_policy_tries_a_close_alternative_once_and_settles_on_what_was_measured():
-    policy = Policy(KINDS, 2)
-    assert policy.decide(costs(4e-3, gil_free=0.9, move_s=0.5e-3)) == THREAD
+    policy = Policy(KINDS, 4)
+    assert policy.decide(costs(8e-3, gil_free=0.9, move_s=0.5e-3)) == THREAD
     # Threads measured slower than predicted (2 ms); processes are predicted faster than that
-    # measure (2.55 ms), though not by the margin: they are tried, once.
-    assert policy.review(3.0e-3) == PROCESS
-    assert policy.review(3.2e-3) == THREAD  # measured worse: back
-    assert policy.review(2.8e-3) == THREAD  # nothing left worth trying: it stays
+    # measure (2.3 ms), though not by the margin: they are tried, once.
+    assert policy.review(2.6e-3) == PROCESS
+    assert policy.review(2.9e-3) == THREAD  # measured worse: back
+    assert policy.review(2.6e-3) == THREAD  # nothing left worth trying (inline: 8 ms, over 2x)
     assert policy.review(5e-3) == PROCESS  # threads got slow: processes measured faster
+
+
+def test_inline_is_tried_even_when_predicted_somewhat_slower():
+    policy = Policy(KINDS, 2)
+    assert policy.decide(costs(2e-3)) == PROCESS  # predicted 1.2 ms: the first calls looked dear
+    assert policy.review(1.5e-3) == INLINE  # inline's 2 ms is within 2x: worth a window
+    assert policy.review(1.0e-3) == INLINE  # it measured faster: it stays
 
 
 def test_measurements_go_stale_and_costs_that_change_clear_them(monkeypatch):

@@ -224,19 +224,18 @@ class Placement:
         per_result = getattr(self.dispatcher.executor, "message_seconds", lambda: None)()
         if self.kind == PROCESS and per_result is not None:  # what a result really costs here
             observe_message_cost(max(per_result - policy.costs.move_s, 0.0))
-        ran = calls[0] - calls0[0]
-        call_s = (calls[1] - calls0[1]) / ran if ran > 0 else None
         policy.costs = dataclasses.replace(policy.costs, consumer_s=consumer_s)
-        # Off this thread a call's wall time swings with contention (the GIL, the cores): its CPU
-        # time tells a workload that changed.
-        marker = call_s if self.kind == INLINE or call_s is None else (calls[2] - calls0[2]) / ran
-        if marker is not None and self._base_call_s is None:
-            self._base_call_s = marker  # what a call costs on this executor: later windows compare
-        changed = marker is not None and self._changed(marker)
-        if call_s is not None and (changed or self.kind == INLINE):
-            # Inline, a call costs what it costs alone; elsewhere, a change is worth more than the
-            # skew of the executor (a busy GIL, a worker's encoding) that a rebase forgets.
-            policy.costs = dataclasses.replace(policy.costs, call_s=call_s, cpu_s=call_s * _cpu_share(calls, calls0))
+        ran = calls[0] - calls0[0]
+        changed = False
+        if ran > 0:
+            wall, cpu = (calls[1] - calls0[1]) / ran, (calls[2] - calls0[2]) / ran
+            # Off this thread a call's wall time swings with contention (the GIL, the cores): its
+            # CPU time tells a workload that changed.
+            marker = wall if self.kind == INLINE else cpu
+            if self._base_call_s is None:
+                self._base_call_s = marker  # what a call costs on this executor: later windows compare
+            changed = self._changed(marker)
+            self._update_call_cost(wall, cpu, changed)
         if changed:
             kind = policy.rebase(policy.costs)
         else:
@@ -245,12 +244,22 @@ class Placement:
                 return
         self.move(kind, workers(policy.costs, kind, policy.cores))
 
+    def _update_call_cost(self, wall: float, cpu: float, changed: bool) -> None:
+        """What a call alone costs, from a window's calls. Inline, their wall time is just that.
+        Elsewhere the wall time is contended, but the CPU time is not: over the call's CPU share
+        (as first measured) it says what a call alone costs, which corrects the first calls'
+        warm-up (always) and follows a workload that changed."""
+        costs = self.policy.costs
+        if self.kind == INLINE:
+            alone, share = wall, min(1.0, cpu / wall) if wall > 0 else 1.0
+        else:
+            share = min(1.0, max(costs.cpu_s / costs.call_s, 0.05)) if costs.call_s > 0 else 1.0
+            alone = cpu / share
+            if not changed and alone >= costs.call_s:
+                return
+        self.policy.costs = dataclasses.replace(costs, call_s=alone, cpu_s=alone * share)
+
     def _changed(self, marker: float) -> bool:
         """Whether a call now costs more than twice, or less than half, what it first did here."""
         base = self._base_call_s
         return base is not None and max(marker, base) > 2.0 * max(min(marker, base), 1e-9)
-
-
-def _cpu_share(calls: tuple[int, float, float], calls0: tuple[int, float, float]) -> float:
-    wall = calls[1] - calls0[1]
-    return min(1.0, (calls[2] - calls0[2]) / wall) if wall > 0 else 1.0
