@@ -16,11 +16,19 @@ def is_namedtuple(x: Any) -> bool:
     return isinstance(x, tuple) and hasattr(type(x), "_fields")
 
 
+_LEAVES = frozenset((int, float, bool, str, bytes, type(None)))  # common leaves, told apart at once
+
+
 def is_container(x: Any, lists: bool = True) -> bool:
     """Whether ``x`` is a structure node (tuple, list, dict or namedtuple) rather than a leaf.
 
     With ``lists=False`` a list counts as a leaf (``from_tensor_slices`` slices lists as data).
     """
+    kind = type(x)
+    if kind is dict or kind is tuple:  # the usual ones first: Mapping's isinstance is slow
+        return True
+    if kind in _LEAVES:
+        return False
     return isinstance(x, (tuple, Mapping)) or (lists and isinstance(x, list))
 
 
@@ -47,6 +55,8 @@ def _rebuild_mapping(template: Mapping, children: list[Any]) -> Mapping:
 
 def children(x: Any) -> list[Any]:
     """The direct children of a container, in order (a dict's values in key order)."""
+    if type(x) is dict:
+        return list(x.values())
     return list(x.values()) if isinstance(x, Mapping) else list(x)
 
 

@@ -76,7 +76,11 @@ def child_paths(container: Any, path: str) -> list[str]:
 def _check_same_container(values: list, path: str, stage: str) -> None:
     first = values[0]
     kind, size = type(first), len(first)
-    if not isinstance(first, Mapping) and all(type(v) is kind and len(v) == size for v in values):
+    if kind is dict:
+        keys = list(first)
+        if all(type(v) is dict and list(v) == keys for v in values):
+            return  # the common case of dict rows, checked in one pass
+    elif not isinstance(first, Mapping) and all(type(v) is kind and len(v) == size for v in values):
         return  # the common case, checked in one pass
     for v in values[1:]:
         same = type(v) is type(first) and len(v) == len(first)

@@ -16,7 +16,6 @@ from torchpipe.ops.base import Iterator, PositionLog
 from torchpipe.ops.filter import DROPPED
 from torchpipe.ops.stats import LiveKnob
 from torchpipe.randomness import global_rng_states, restore_global_rng_states
-from torchpipe.runtime.codec import materialize
 from torchpipe.runtime.cpu import usable_cpu_count
 from torchpipe.runtime.dispatch import Dispatcher
 from torchpipe.runtime.executor import Executor, InlineExecutor, ThreadExecutor
@@ -90,7 +89,7 @@ class ParallelMapIterator(Iterator):
         candidates = (INLINE,) if tunable else ()
         candidates += (THREAD, PROCESS) if processes else (THREAD,)
         self._policy = Policy(candidates, usable_cpu_count()) if self._fixed is None else None
-        self._dispatch = Dispatcher(name, InlineExecutor(self._inline, self.stats.calls), stall_s)
+        self._dispatch = Dispatcher(name, InlineExecutor(self._tasks[INLINE], self.stats.calls), stall_s)
         self._placement = Placement(name, self._dispatch, self._make, self._policy, self.stats.calls, self._moved,
                                     self._retire)  # fmt: skip
         self._knob: LiveKnob | None = None
@@ -149,19 +148,16 @@ class ParallelMapIterator(Iterator):
             if seq is None:
                 continue
             try:
-                value, error = self._inline(seq, payload), None
+                value, error = self._tasks[INLINE](seq, payload), None
             except Exception as e:  # noqa: BLE001 - delivered in its place, like a worker's
                 value, error = None, e
             self._dispatch.put(seq, value, error)
             results.append(value)
         return results
 
-    def _inline(self, seq: int, payload: Any) -> Any:
-        return materialize(self._tasks[INLINE](seq, payload))
-
     def _make(self, kind: str, workers: int) -> Executor:
         if kind == INLINE:
-            return InlineExecutor(self._inline, self.stats.calls)
+            return InlineExecutor(self._tasks[INLINE], self.stats.calls)
         if kind == THREAD:
             return ThreadExecutor(self._tasks[THREAD], workers, self.name, self.stats.calls)
         self.prepare()
