@@ -193,6 +193,8 @@ def _worker_process(
         control.close()
         die_with_parent(zygote)
         worker_main(Channel(socket.socket(fileno=fd)), worker_id)
+    except ChannelClosed:
+        pass  # the pool let the worker go (closed, or retired it) before it got going: not an error
     except BaseException:  # noqa: BLE001 - report, then leave without unwinding into the zygote
         traceback.print_exc()
         code = 1
