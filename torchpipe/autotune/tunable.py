@@ -37,13 +37,13 @@ class Tunable(Protocol):
         """The values the autotuner may change while it runs (those set to AUTOTUNE)."""
 
     def parallelism(self) -> int:
-        """Threads or processes running its calls at once (0: on the caller's thread)."""
+        """Threads or processes running its calls at once (0: on the caller's thread); pools only."""
 
     def buffer_slots(self) -> int:
         """Elements it can hold ready or in flight for its consumer."""
 
     def calls_in_processes(self) -> bool:
-        """Whether its calls run in worker processes (their CPU is not this process's)."""
+        """Whether its calls run in worker processes (their CPU is not this process's); pools only."""
 
 
 def role(stage: Any) -> str | None:

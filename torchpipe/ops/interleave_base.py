@@ -254,6 +254,9 @@ class ReadAheadInterleave(InterleaveBase):
     def parallelism(self) -> int:
         return self._parallelism
 
+    def calls_in_processes(self) -> bool:
+        return False  # the process iterator's say otherwise
+
     def resize(self, parallelism: int) -> None:
         """Keep ``parallelism`` readers open and reading from now on (the knob's setter)."""
         self._parallelism = parallelism

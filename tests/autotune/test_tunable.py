@@ -1,0 +1,41 @@
+"""Every op the autotuner models as a pool or a buffer implements the whole ``Tunable`` interface."""
+
+import inspect
+
+import torchpipe as tp
+import torchpipe.loader_workers  # noqa: F401 - its stage is one of them
+from torchpipe.autotune.live import build_model, look, start_look
+from torchpipe.autotune.tunable import BUFFER, POOL, Tunable
+from torchpipe.ops.base import Iterator
+
+
+def _subclasses(cls):
+    for sub in cls.__subclasses__():
+        yield sub
+        yield from _subclasses(sub)
+
+
+POOL_ONLY = {"parallelism", "calls_in_processes"}  # a buffer's producer is one thread of this process
+
+
+def test_every_pool_and_buffer_op_implements_the_interface():
+    methods = [name for name, _ in inspect.getmembers(Tunable, inspect.isfunction) if not name.startswith("_")]
+    tunable = [cls for cls in _subclasses(Iterator) if getattr(cls, "tuning_role", None) is not None]
+    tunable.append(torchpipe.loader_workers._WorkersStage)
+    assert {cls.tuning_role for cls in tunable} == {POOL, BUFFER} and len(tunable) >= 6
+    for cls in tunable:
+        needed = methods if cls.tuning_role == POOL else [name for name in methods if name not in POOL_ONLY]
+        missing = [name for name in needed if not callable(getattr(cls, name, None))]
+        assert not missing, f"{cls.__name__} lacks {missing}"
+
+
+def test_the_model_of_running_interleaves_maps_and_prefetches_builds():
+    for executor in ("thread", "process", "auto"):
+        ds = tp.range(40).interleave(lambda x: tp.range(3), cycle_length=2, num_parallel_calls=2, executor=executor)
+        ds = ds.map(lambda x: x + 1, tp.AUTOTUNE).prefetch(tp.AUTOTUNE)
+        it = iter(ds.with_options(tp.Options(autotune=tp.AutotuneOptions(enabled=False))))
+        start = start_look()
+        out = [next(it) for _ in range(30)]
+        model = build_model(it._tree, start, look(it._tree, 0.0))
+        assert model.stages and out
+        it.close()
