@@ -28,8 +28,8 @@ from torchpipe.runtime.gil import GilProbe
 from torchpipe.runtime.policy import INLINE, PROCESS, CallCosts, Policy, observe_message_cost, workers
 from torchpipe.runtime.timing import CallTiming
 
-_WINDOW_ELEMENTS, _WINDOW_S = 8, 0.15  # a window to judge an executor by: this many, this long
-_SETTLE_ELEMENTS, _SETTLE_S = 4, 0.05  # after a move, not judged: workers start, buffers fill
+_WINDOW_ELEMENTS, _WINDOW_S = 4, 0.15  # a window to judge an executor by: this many, this long
+_SETTLE_ELEMENTS, _SETTLE_S = 2, 0.05  # after a move, not judged: workers start, buffers fill
 _PROBE_CALLS, _PROBE_S = 8, 0.02  # calls measured inline before the first decision (at most; at least one)
 _MOVE_SAMPLES = 3  # decodings timed for the cost of receiving a result (the fastest counts)
 

@@ -40,10 +40,12 @@ MAX_THREADS = 64
 """The most threads a stage runs (calls that wait on I/O want many)."""
 EXPLORE = 1.1
 """An executor not measured yet is tried when predicted this much faster than the current one measured."""
-EXPLORE_INLINE = 0.5
-"""Inline is tried even when predicted up to 2x slower: trying it costs nothing to start, and its
+EXPLORE_INLINE = 1 / 1.3
+"""Inline is tried even when predicted up to 1.3x slower: trying it costs nothing to start, and its
 prediction comes from the first calls, which pay for warm-up (fresh memory for every result they
-keep: the dict rows of the ``records`` benchmark took 1.8 ms a batch then, 0.95 ms later)."""
+keep: the dict rows of the ``records`` benchmark took 1.8 ms a batch then, 0.95 ms later). Not
+further: a window of calls that are clearly faster elsewhere (JPEG batches: 1.6x on processes)
+costs a second of throughput."""
 THREAD_FREE_SHARE = 0.5
 """The GIL-free share of a call from which threads are predicted to overlap it."""
 STALE_S = 10.0
