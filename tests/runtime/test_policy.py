@@ -58,25 +58,31 @@ def test_workers_start_at_the_cores_and_more_for_calls_that_wait():
     assert workers(costs(10e-3, cpu_s=1e-3), PROCESS, 2) == 4  # processes beyond twice the cores only cost memory
 
 
+def _acted(policy, seconds):
+    """Review a window and act on the verdict, as a placement does."""
+    policy.kind = policy.review(seconds)
+    return policy.kind
+
+
 def test_the_policy_tries_a_close_alternative_once_and_settles_on_what_was_measured():
     policy = Policy(KINDS, 4)
     assert policy.decide(costs(8e-3, gil_free=0.9, move_s=0.5e-3)) == THREAD
     # Threads measured slower than predicted (2 ms); processes are predicted faster than that
     # measure (2.3 ms), though not by the margin: they are tried, once.
-    assert policy.review(2.6e-3) == PROCESS
-    assert policy.review(2.9e-3) == THREAD  # measured worse: back
-    assert policy.review(2.6e-3) == THREAD  # nothing left worth trying (inline: 8 ms, over 1.3x)
-    assert policy.review(5e-3) == PROCESS  # threads got slow: processes measured faster
+    assert _acted(policy, 2.6e-3) == PROCESS
+    assert _acted(policy, 2.9e-3) == THREAD  # measured worse: back
+    assert _acted(policy, 2.6e-3) == THREAD  # nothing left worth trying (inline: 8 ms, over 1.3x)
+    assert _acted(policy, 5e-3) == PROCESS  # threads got slow: processes measured faster
 
 
 def test_inline_is_tried_even_when_predicted_somewhat_slower():
     policy = Policy(KINDS, 2)
     assert policy.decide(costs(2e-3)) == PROCESS  # predicted 1.2 ms: the first calls looked dear
-    assert policy.review(1.7e-3) == INLINE  # inline's 2 ms is within 1.3x: worth a window
-    assert policy.review(1.0e-3) == INLINE  # it measured faster: it stays
+    assert _acted(policy, 1.7e-3) == INLINE  # inline's 2 ms is within 1.3x: worth a window
+    assert _acted(policy, 1.0e-3) == INLINE  # it measured faster: it stays
     other = Policy(KINDS, 2)
     other.decide(costs(2e-3))
-    assert other.review(1.2e-3) == PROCESS  # 2 ms is 1.7x: a clear loss, not worth a window
+    assert _acted(other, 1.2e-3) == PROCESS  # 2 ms is 1.7x: a clear loss, not worth a window
 
 
 def test_measurements_go_stale_and_costs_that_change_clear_them(monkeypatch):
@@ -84,11 +90,11 @@ def test_measurements_go_stale_and_costs_that_change_clear_them(monkeypatch):
     monkeypatch.setattr(policy_module.time, "monotonic", lambda: clock[0])
     policy = Policy(KINDS, 2)
     policy.decide(costs(2e-3))
-    policy.review(5e-3)  # a busy moment made processes look slow
-    assert policy.measured == {PROCESS: 5e-3} and policy.kind == INLINE
+    assert _acted(policy, 5e-3) == INLINE  # a busy moment made processes look slow
+    assert policy.measured == {PROCESS: 5e-3}
     clock[0] = policy_module.STALE_S + 1
     assert policy.measured == {}  # the next window's measurement decides, not that moment
-    policy.review(2e-3)
+    _acted(policy, 2e-3)
     assert policy.rebase(costs(2e-6)) == INLINE and policy.measured == {}
 
 

@@ -29,10 +29,12 @@ from torchpipe.runtime.policy import INLINE, PROCESS, CallCosts, Policy, observe
 from torchpipe.runtime.timing import CallTiming
 
 _WINDOW_ELEMENTS, _WINDOW_S = 4, 0.15  # a window to judge an executor by: this many, this long
-_SETTLE_ELEMENTS, _SETTLE_S = 2, 0.05  # after a move, not judged: workers start, buffers fill
+_SETTLE_ELEMENTS, _SETTLE_S = 2, 0.05  # after a move, not judged: threads start, buffers fill
+_SETTLE_PROCESS_S = 0.25  # and workers fork and fault their rings in (first windows ran 2x slow)
 _PROBE_CALLS, _PROBE_S = 8, 0.02  # calls measured inline before the first decision (at most; at least one)
 _MOVE_SAMPLES = 3  # decodings timed for the cost of receiving a result (the fastest counts)
 
+_REBASE = "rebase"  # a pending verdict: the calls' cost changed, decide afresh
 MakeExecutor = Callable[[str, int], Executor]
 """``make(kind, workers)``: the stage's executor of ``kind`` with ``workers`` threads or processes."""
 
@@ -148,6 +150,7 @@ class Placement:
         self._delivered = 0
         self._settle = (0, 0.0)  # (elements delivered, time) before which nothing is judged
         self._base_call_s: float | None = None  # a call's cost in the first window on this executor
+        self._pending: str | None = None  # a move the last window asked for, until the next agrees
 
     def move(self, kind: str, count: int) -> None:
         """Run new calls on ``kind`` with ``count`` threads or processes from now on."""
@@ -159,8 +162,9 @@ class Placement:
         self.kind, self.workers = kind, count
         if self.policy is not None:
             self.policy.kind = kind
-        self._window, self._base_call_s = None, None
-        self._settle = (self._delivered + _SETTLE_ELEMENTS, time.perf_counter() + _SETTLE_S)
+        self._window, self._base_call_s, self._pending = None, None, None
+        settle_s = _SETTLE_PROCESS_S if kind == PROCESS else _SETTLE_S  # workers fork, rings fill
+        self._settle = (self._delivered + _SETTLE_ELEMENTS, time.perf_counter() + settle_s)
         if self._on_move is not None:
             self._on_move(self.kind, self.workers)
 
@@ -232,17 +236,22 @@ class Placement:
             # Off this thread a call's wall time swings with contention (the GIL, the cores): its
             # CPU time tells a workload that changed.
             marker = wall if self.kind == INLINE else cpu
-            if self._base_call_s is None:
-                self._base_call_s = marker  # what a call costs on this executor: later windows compare
             changed = self._changed(marker)
+            if not changed:
+                self._base_call_s = marker  # the last window like the one before: what a call costs now
             self._update_call_cost(wall, cpu, changed)
+        # One window can mislead (a cold start, a busy moment): a move waits for the next to agree.
         if changed:
-            kind = policy.rebase(policy.costs)
-        else:
-            kind = policy.review(seconds_per_element)
-            if kind == self.kind:
+            if self._pending != _REBASE:
+                self._pending = _REBASE
                 return
-        self.move(kind, workers(policy.costs, kind, policy.cores))
+            verdict = policy.rebase(policy.costs)
+        else:
+            verdict = policy.review(seconds_per_element)
+            if verdict == self.kind or verdict != self._pending:
+                self._pending = None if verdict == self.kind else verdict
+                return
+        self.move(verdict, workers(policy.costs, verdict, policy.cores))
 
     def _update_call_cost(self, wall: float, cpu: float, changed: bool) -> None:
         """What a call alone costs, from a window's calls. Inline, their wall time is just that.
@@ -260,6 +269,7 @@ class Placement:
         self.policy.costs = dataclasses.replace(costs, call_s=alone, cpu_s=alone * share)
 
     def _changed(self, marker: float) -> bool:
-        """Whether a call now costs more than twice, or less than half, what it first did here."""
+        """Whether a call now costs more than twice, or less than half, what it did in the last
+        window before (or, while a change waits to be confirmed, before the change)."""
         base = self._base_call_s
         return base is not None and max(marker, base) > 2.0 * max(min(marker, base), 1e-9)

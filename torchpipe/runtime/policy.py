@@ -205,9 +205,9 @@ class Policy:
         return self.decide(costs)
 
     def review(self, seconds_per_element: float) -> str:
-        """The executor after a window on the current one, in which the consumer got an element
-        every ``seconds_per_element`` (its own work included: that is what executors are
-        compared by)."""
+        """The executor after a window on the current one (``kind``), in which the consumer got an
+        element every ``seconds_per_element`` (its own work included: that is what executors are
+        compared by). The caller moves the calls, and sets ``kind``, when it acts on the verdict."""
         if self.kind is None or self.costs is None:
             raise RuntimeError("Policy.review() before decide()")
         self._measured[self.kind] = (seconds_per_element, time.monotonic())
@@ -215,7 +215,6 @@ class Policy:
         choice = choose(self.costs, self.cores, self.candidates, measured, self.kind)
         if choice == self.kind:
             choice = self._worth_trying(measured) or choice
-        self.kind = choice
         return choice
 
     def alternative(self) -> str:
