@@ -48,6 +48,8 @@ further: a window of calls that are clearly faster elsewhere (JPEG batches: 1.6x
 costs a second of throughput."""
 THREAD_FREE_SHARE = 0.5
 """The GIL-free share of a call from which threads are predicted to overlap it."""
+WAITS_FOR_MORE = 1.5
+"""Calls whose wall time is this many times their CPU time get more threads or processes than cores."""
 STALE_S = 10.0
 """A time measured on an executor longer ago than this no longer stands in for its prediction (a
 busy moment must not rule an executor out for good)."""
@@ -100,13 +102,16 @@ def message_cost() -> float:
 
 
 def workers(costs: CallCosts, kind: str, cores: int) -> int:
-    """How many threads or processes to start with: one a core, more for calls that wait."""
+    """How many threads or processes to start with: one a core, more for calls that mostly wait
+    (wall time 1.5x their CPU time or more: a little waiting is page faults and contention, and
+    a process too many holds its share of results in memory for nothing)."""
     if kind == INLINE:
         return 0
     waits = costs.call_s / max(costs.cpu_s, costs.call_s * 0.05, 1e-9)  # wall per CPU second
+    wanted = math.ceil(cores * waits) if waits >= WAITS_FOR_MORE else cores
     if kind == THREAD:
-        return max(1, min(MAX_THREADS, math.ceil(cores * waits)))
-    return max(1, min(2 * cores, math.ceil(cores * waits)))
+        return max(1, min(MAX_THREADS, wanted))
+    return max(1, min(2 * cores, wanted))
 
 
 def predict(costs: CallCosts, kind: str, cores: int) -> float:
