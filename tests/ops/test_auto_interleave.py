@@ -273,6 +273,6 @@ def test_the_executor_policy_decides_the_handover(cpu_share, moves):
     stage = _find(it)
     stage.stats.produced, stage.stats.wait_s = 64, 0.0  # this thread's own time: 2 us an element
     stage.stats._busy_s = 64 * 2e-6
-    # 64 reads of 200 us each: Python parsing (GIL held, two cores to spread it on) or waiting.
-    assert stage._processes_faster(64, 64 * 200e-6, 64 * 200e-6 * cpu_share) == (moves and usable_cpu_count() > 1)
+    # 64 reads of 200 us each in 0.1 s: Python parsing (GIL held, two cores to spread it on) or waiting.
+    assert stage._processes_faster(64, 64 * 200e-6, 64 * 200e-6 * cpu_share, 0.1) == (moves and usable_cpu_count() > 1)
     it.close()

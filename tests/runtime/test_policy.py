@@ -114,3 +114,12 @@ def test_the_message_cost_is_what_pools_measured(monkeypatch):
     policy_module.observe_message_cost(1e-3)  # results turned out dear here
     assert policy_module.message_cost() == 1e-3 and predict(calls, PROCESS, 2) > before
     assert choose(calls, 2, KINDS) == INLINE
+
+
+def test_reads_that_wait_overlap_on_the_threads_of_worker_processes_too():
+    reads = CallCosts(340e-6, 30e-6, 0.91, 0.0, handoff_s=10e-6, message_s=5e-6)  # 5 ms every 16 records
+    assert workers(reads, PROCESS, 2) == 4  # one process a read in flight: the most is twice the cores
+    pooled = CallCosts(340e-6, 30e-6, 0.91, 0.0, handoff_s=10e-6, message_s=5e-6, threads_in_workers=True)
+    assert workers(pooled, PROCESS, 2) == workers(pooled, THREAD, 2) > 4
+    assert choose(reads, 2, (THREAD, PROCESS)) == THREAD
+    assert choose(pooled, 2, (THREAD, PROCESS), margin=policy_module.ONE_WAY_MARGIN) == PROCESS

@@ -33,6 +33,7 @@ from torchpipe.runtime.timing import CallTiming
 _DECIDE_READS = 32  # elements read before choosing (after the first _CHECK_EVERY delivered, whose
 _DECIDE_S = 0.05  # reads carry one-time costs), and seconds since then
 _CHECK_EVERY = 16  # elements delivered between looks at the counters
+_BUSIEST = 0.95  # the GIL share readers are taken to use at most (a queue at 1 waits forever)
 RECEIVE_S = 5e-6
 """What receiving an element read by a worker costs this process (elements travel in chunks of
 many, as columns where they can): measured about 5 us."""
@@ -107,20 +108,28 @@ class AutoInterleaveIterator(Iterator):
         reads, wall_s, cpu_s = totals[0] - reads0, totals[1] - wall0, totals[2] - cpu0
         if reads < _DECIDE_READS or now - then < _DECIDE_S:
             return
-        if self._processes_faster(reads, wall_s, cpu_s):
+        if self._processes_faster(reads, wall_s, cpu_s, now - then):
             if _travels(self._threads.hand_over(), element):
                 self._threads.stop_reading()  # what they read moves over with them
                 self._to_processes(self._threads.hand_over(read_ahead=True), wall_s / cpu_s)
         self._settle()
 
-    def _processes_faster(self, reads: int, wall_s: float, cpu_s: float) -> bool:
-        """Whether the policy moves readers whose reads cost ``wall_s`` and ``cpu_s`` over ``reads``
-        elements to processes. A read's CPU time is taken to hold the GIL (parsing in Python), its
-        waits not; this thread's own time per element is the threads' hand-off."""
+    def _processes_faster(self, reads: int, wall_s: float, cpu_s: float, seconds: float) -> bool:
+        """Whether the policy moves readers whose ``reads`` over the last ``seconds`` cost ``wall_s``
+        and ``cpu_s`` in all to processes.
+
+        A read's CPU time is taken to hold the GIL (parsing in Python). Its wall time on threads
+        also holds its waits for the GIL while the other readers run: with the readers keeping the
+        GIL busy a share ``u`` of the time, a read waits about ``cpu u / (1 - u)`` for it, which a
+        read alone (in a worker) would not. This thread's own time per element is the threads'
+        hand-off, and no less on processes."""
         stats = self.stats
         handoff = max(stats.wall_s - stats.wait_s, 0.0) / max(stats.produced, 1)
-        costs = CallCosts(wall_s / reads, cpu_s / reads, max(0.0, 1.0 - cpu_s / wall_s) if wall_s > 0 else 1.0,
-                          0.0, handoff_s=handoff, message_s=RECEIVE_S)  # fmt: skip
+        cpu, busy = cpu_s / reads, min(cpu_s / seconds, _BUSIEST) if seconds > 0 else _BUSIEST
+        alone = max(cpu, wall_s / reads - cpu * busy / (1.0 - busy))
+        costs = CallCosts(alone, cpu, 1.0 - cpu / alone if alone > 0 else 1.0, 0.0, handoff_s=handoff,
+                          message_s=max(RECEIVE_S, handoff), threads_in_workers=True,
+                          most=None if self.knobs() else self.parallelism())  # fmt: skip
         return choose(costs, usable_cpu_count(), (THREAD, PROCESS), current=THREAD, margin=ONE_WAY_MARGIN) == PROCESS
 
     def _settle(self) -> None:

@@ -73,6 +73,9 @@ class CallCosts:
         message_s: this process's cost of one result from a worker besides decoding it; None: what
             pools in this process measured (:func:`message_cost`). Less where results travel many
             to a message.
+        threads_in_workers: worker processes run several calls at once on threads of their own
+            (an interleave's readers), so calls that wait overlap there as on threads.
+        most: the calls the stage runs at once, where the user fixed it (None: as many as pay).
     """
 
     call_s: float
@@ -83,6 +86,8 @@ class CallCosts:
     thread_safe: bool = True
     handoff_s: float = HANDOFF_S
     message_s: float | None = None
+    threads_in_workers: bool = False
+    most: int | None = None
 
     def without_threads(self) -> CallCosts:
         """These costs, for calls that must not run on threads."""
@@ -109,7 +114,9 @@ def workers(costs: CallCosts, kind: str, cores: int) -> int:
         return 0
     waits = costs.call_s / max(costs.cpu_s, costs.call_s * 0.05, 1e-9)  # wall per CPU second
     wanted = math.ceil(cores * waits) if waits >= WAITS_FOR_MORE else cores
-    if kind == THREAD:
+    if costs.most is not None:
+        wanted = min(wanted, costs.most)
+    if kind == THREAD or costs.threads_in_workers:
         return max(1, min(MAX_THREADS, wanted))
     return max(1, min(2 * cores, wanted))
 
