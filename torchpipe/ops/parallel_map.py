@@ -94,7 +94,7 @@ class ParallelMapIterator(Iterator):
                                     self._retire)  # fmt: skip
         self._knob: LiveKnob | None = None
         if tunable:
-            lowest = 0 if INLINE in candidates else 1
+            lowest = 0 if self._policy is not None and INLINE in candidates else 1  # 0: inline
             self._knob = LiveKnob(f"{name}.parallelism", self._parallelism, lowest, self._most(THREAD), False,
                                   self._placement.resize)  # fmt: skip
 
