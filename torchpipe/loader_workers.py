@@ -223,7 +223,7 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
         drawn = state.drawn_rngs if state.drawn_rngs is not None else GLOBAL_RNGS  # all, until measured
         self._local = {INLINE: _LocalFetch(loader, self._base_seed, drawn), THREAD: _LocalFetch(loader, self._base_seed, ())}
         self._dispatch.switch(InlineExecutor(self._local[INLINE], self._pool.timing), _park)
-        self._placement = Placement(STAGE, self._dispatch, self._make, state.policy, self._pool.timing,
+        self._placement = Placement(self._dispatch, self._make, state.policy, self._pool.timing,
                                     self._moved, _park)  # fmt: skip
         self._knob = _workers_knob(self, 0, most)
 
@@ -375,11 +375,7 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
             self._shutdown_if_done()
             raise StopIteration
         self._seq += 1
-        wall, cpu = time.perf_counter(), time.thread_time()
-        try:
-            return self._local[INLINE](self._seq - 1, payload)
-        finally:
-            self._pool.timing.add(time.perf_counter() - wall, time.thread_time() - cpu)
+        return self._dispatch.executor.call(self._seq - 1, payload)
 
     def _receive(self) -> tuple[Any, BaseException | None, float]:
         """The next batch from the dispatcher (sent ahead to an executor): value, error, seconds waited."""

@@ -2,9 +2,6 @@
 
 import time
 
-import pytest
-import torch
-
 from torchpipe.runtime import placement as placement_module
 from torchpipe.runtime.dispatch import Dispatcher
 from torchpipe.runtime.executor import InlineExecutor, ThreadExecutor
@@ -47,7 +44,7 @@ class _Stage:
         self.timing = CallTiming()
         self.retired = []
         self.dispatch = Dispatcher("stage", InlineExecutor(self.call, self.timing))
-        self.placement = Placement("stage", self.dispatch, self.make, policy, self.timing, retire=self.retire)
+        self.placement = Placement(self.dispatch, self.make, policy, self.timing, retire=self.retire)
         self.seq = 0
         self.cost_s = 0.0
 

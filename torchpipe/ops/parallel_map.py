@@ -90,7 +90,7 @@ class ParallelMapIterator(Iterator):
         candidates += (THREAD, PROCESS) if processes else (THREAD,)
         self._policy = Policy(candidates, usable_cpu_count()) if self._fixed is None else None
         self._dispatch = Dispatcher(name, InlineExecutor(self._tasks[INLINE], self.stats.calls), stall_s)
-        self._placement = Placement(name, self._dispatch, self._make, self._policy, self.stats.calls, self._moved,
+        self._placement = Placement(self._dispatch, self._make, self._policy, self.stats.calls, self._moved,
                                     self._retire)  # fmt: skip
         self._knob: LiveKnob | None = None
         if tunable:

@@ -137,12 +137,6 @@ class Dispatcher:
         if old is not executor and not self._retire(old, retire):
             self._draining.append((old, retire))
 
-    def drain(self) -> None:
-        """Wait (in bounded steps) until every task sent has finished; results stay to be taken."""
-        while self._sent:
-            self._check_stall()
-            self.collect(_DRAIN_POLL_S if self._draining else _POLL_S)
-
     def forget(self) -> None:
         """Drop every pending task and result (a pass broken off); executors keep running, and
         results of the dropped tasks that still arrive are ignored."""

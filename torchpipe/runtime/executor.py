@@ -75,12 +75,19 @@ class InlineExecutor:
         self.timing = timing if timing is not None else CallTiming()
 
     def submit(self, seq: int, payload: Any) -> None:
-        wall, cpu = time.perf_counter(), time.thread_time()
         try:
-            self._results.append((seq, self._handler(seq, payload), None))
+            self._results.append((seq, self.call(seq, payload), None))
         except Exception as e:  # noqa: BLE001 - delivered in its place, like a worker's
             self._results.append((seq, None, e))
-        self.timing.add(time.perf_counter() - wall, time.thread_time() - cpu)
+
+    def call(self, seq: int, payload: Any) -> Any:
+        """Run task ``seq`` now and return its value (its exception propagates), timed like every
+        call: for a stage that needs no dispatch because nothing else is in flight."""
+        wall, cpu = time.perf_counter(), time.thread_time()
+        try:
+            return self._handler(seq, payload)
+        finally:
+            self.timing.add(time.perf_counter() - wall, time.thread_time() - cpu)
 
     def collect(self, timeout: float) -> list[Result]:
         results, self._results = self._results, []

@@ -123,7 +123,6 @@ class Placement:
     """The executor one stage's calls run on, and the measurements that move them.
 
     Args:
-        stage: the stage name.
         dispatcher: the stage's dispatcher (its executor is swapped on a move).
         make: builds the stage's executors.
         policy: decides where calls run; None for a stage whose executor is fixed.
@@ -134,10 +133,9 @@ class Placement:
     """
 
     def __init__(
-        self, stage: str, dispatcher: Dispatcher, make: MakeExecutor, policy: Policy | None, timing: CallTiming,
+        self, dispatcher: Dispatcher, make: MakeExecutor, policy: Policy | None, timing: CallTiming,
         on_move: Callable[[str, int], None] | None = None, retire: Callable[[Executor], None] | None = None,
     ) -> None:  # fmt: skip
-        self.stage = stage
         self.dispatcher = dispatcher
         self.policy = policy
         self.kind = INLINE

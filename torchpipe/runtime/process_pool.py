@@ -238,8 +238,11 @@ class ProcessPool:
 
     def holds(self, seq: int) -> bool:
         """Whether task ``seq`` is queued here or running in a worker."""
-        waiting = [t[0] for t in self._queued] + [r[0] for r in self._unsent]
-        return seq in waiting or any(seq in w.tasks for w in self._workers.values())
+        return (
+            any(seq in w.tasks for w in self._workers.values())
+            or any(t[0] == seq for t in self._queued)
+            or any(r[0] == seq for r in self._unsent)
+        )
 
     def where(self, seq: int) -> str:
         """The worker running task ``seq``, for errors."""
