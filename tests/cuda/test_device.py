@@ -1,5 +1,8 @@
 """The CUDA path of device prefetch: runs only where CUDA exists (skipped elsewhere)."""
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -96,3 +99,25 @@ def test_loader_resume_counts_batches_handed_over_not_copied_ahead():
     fresh.load_state_dict(state)
     again = [b[0].cpu() for b in fresh]
     assert len(head) + len(rest) == 16 and all(torch.equal(a, b) for a, b in zip(again, rest))
+
+
+_LEAVE_OPEN = """
+import torch, torchpipe as tp
+data = torch.utils.data.TensorDataset(torch.rand(4096, 3, 64, 64))
+it = iter(tp.DataLoader(data, batch_size=64, num_workers=2, device="cuda"))
+next(it)
+pipe = iter(tp.range(1000).map(lambda i: torch.rand(64, 3, 64, 64)).to_device("cuda"))
+next(pipe)
+dropped = iter(tp.DataLoader(data, batch_size=64, num_workers=2, device="cuda"))
+next(dropped)
+del dropped  # its copy thread finishes the batch in hand after this
+print("left open")
+"""
+
+
+def test_exit_with_an_epoch_left_open_is_clean():
+    # a loop left with `break` (or an epoch dropped) leaves copy threads running: the interpreter's exit must stop
+    # them before CUDA is torn down ("terminate called without an active exception")
+    done = subprocess.run([sys.executable, "-c", _LEAVE_OPEN], capture_output=True, text=True, timeout=50)
+    assert done.returncode == 0 and "left open" in done.stdout, done.stderr
+    assert "terminate" not in done.stderr

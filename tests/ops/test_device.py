@@ -4,7 +4,8 @@ import pytest
 import torch
 
 import torchpipe as tp
-from torchpipe.ops.device import DevicePrefetcher, check_device
+from torchpipe.ops.base import PositionLog
+from torchpipe.ops.device import DevicePrefetcher, _numbered, check_device
 from torchpipe.testing import assert_checkpoint_roundtrip
 
 
@@ -24,3 +25,10 @@ def test_bad_devices_fail_at_the_call():
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeError, match="CUDA is not available"):
             tp.range(3).to_device("cuda")
+
+
+def test_the_copy_threads_input_ends_cleanly():
+    # the copy thread pulls numbered elements from a generator: the input's end must end it,
+    # not escape it as "generator raised StopIteration" (PEP 479)
+    log = PositionLog(iter(tp.range(3)))
+    assert list(_numbered(log)) == [(0, 0), (1, 1), (2, 2)]

@@ -12,8 +12,10 @@ Without CUDA the path degrades cleanly: ``device="cpu"`` is a no-op and nothing 
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
+import weakref
 from collections import defaultdict
 from typing import Any
 
@@ -24,6 +26,9 @@ from torchpipe.ops.base import BuildContext, Iterator, Node, PositionLog
 
 _WAIT_S = 0.5
 _END = object()
+# copy threads still running, with their stop events: stopped at interpreter exit (they outlive
+# a prefetcher that was dropped mid-epoch by up to one batch)
+_LIVE: weakref.WeakKeyDictionary[threading.Thread, threading.Event] = weakref.WeakKeyDictionary()
 
 
 class PinnedBufferPool:
@@ -140,6 +145,7 @@ class DevicePrefetcher:
         args = (self._source, self.device, self._queue, self._stop)
         self._thread = threading.Thread(target=_copy_ahead, args=args, name="torchpipe-device", daemon=True)
         self._thread.start()
+        _LIVE[self._thread] = self._stop
 
     def close(self) -> None:
         """Stop the copy thread; idempotent."""
@@ -158,6 +164,17 @@ class DevicePrefetcher:
         if source is None:
             raise AttributeError(name)
         return getattr(source, name)
+
+
+@atexit.register
+def _stop_copy_threads() -> None:
+    """Copy threads of epochs still open at exit (a loop left with ``break``) stop before the
+    interpreter tears CUDA down: a copy still in flight then aborts the process."""
+    threads = list(_LIVE.items())
+    for _, stop in threads:
+        stop.set()
+    for thread, _ in threads:
+        thread.join(timeout=5)
 
 
 def _copy_ahead(source: Any, device: torch.device, out: queue.Queue, stop: threading.Event) -> None:
@@ -232,7 +249,10 @@ class _Failed:
 def _numbered(log: PositionLog) -> Any:
     """``(seq, element)`` pairs of the input, pulled (on the copy thread) through ``log``."""
     while True:
-        seq, element, error = log.pull()  # StopIteration ends the generator
+        try:
+            seq, element, error = log.pull()
+        except StopIteration:  # raised inside a generator it would become a RuntimeError
+            return
         yield seq, (element if error is None else _Failed(error))
 
 
