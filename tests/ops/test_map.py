@@ -229,6 +229,14 @@ def test_auto_executor_picks_processes_for_gil_holders_and_threads_otherwise():
     assert list(it) == list(range(20)) and it._tree.executor_kind == "thread"
 
 
+def test_auto_executor_runs_as_many_calls_at_once_as_asked():
+    # calls that wait would get threads by the dozen, but the user said 3 at once
+    it = iter(tp.range(30).map(lambda x: time.sleep(0.002) or x, 3, executor="auto"))
+    assert next(it) == 0
+    assert it._tree.executor_kind == "thread" and it._tree.parallelism() == 3
+    assert list(it) == list(range(1, 30))
+
+
 def _parallel_stage(it):
     stage = it._tree
     while not isinstance(stage, ParallelMapIterator):

@@ -9,6 +9,7 @@ autotuner turns (``num_parallel_calls=AUTOTUNE``).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -139,6 +140,8 @@ class ParallelMapIterator(Iterator):
             costs, _ = measure_calls(self._run_inline, on_draws=lambda draws: drew.append(draws.drew))
         finally:
             restore_global_rng_states(saved)
+        if self._knob is None:  # the user fixed how many calls run at once: the choice is made at that many
+            costs = dataclasses.replace(costs, most=self._parallelism)
         return costs.without_threads() if self._reproducible and any(drew) else costs
 
     def _run_inline(self, limit: int) -> list[Any]:
