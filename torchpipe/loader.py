@@ -34,10 +34,13 @@ class DataLoader(torch.utils.data.DataLoader):
     """A drop-in ``torch.utils.data.DataLoader``; see torch's documentation for the arguments.
 
     Args:
-        num_workers: as torch's, or ``"auto"``: start with as many workers as usable CPU cores;
-            over a map-style dataset the autotuner resizes the pool while it runs, between 1 and
-            twice the cores (each batch goes to a free worker; they still arrive in sampler
-            order; ``get_worker_info().num_workers`` is that most).
+        num_workers: as torch's, or ``"auto"``: over a map-style dataset, batches are made in
+            this process, on threads or on worker processes, wherever measured fastest, and the
+            autotuner resizes a pool while it runs, between 1 and twice the cores (each batch goes
+            to a free worker; they still arrive in sampler order;
+            ``get_worker_info().num_workers`` is that most). Over an IterableDataset, twice the
+            cores in replicas, on as many processes as the first batches say pay (torch's batches
+            with that many workers).
         device: ``None`` (batches stay on the CPU), or a device such as ``"cuda"``: batches
             arrive there, copied ahead through pinned memory on a side stream.
         dataset: also a ``tp.Dataset`` pipeline, which runs in this process with its own
@@ -207,9 +210,15 @@ def _loader_lines(loader: torch.utils.data.DataLoader) -> list[str]:
         lines.append("  torch's own iterator (torch.utils.data.DataLoader)")
     elif loader.num_workers > 0 and _engine_can_run(loader):
         fetch = "__getitems__" if hasattr(dataset, "__getitems__") else "dataset[i] per index"
+        auto, iterable = state is not None and state.workers_auto, isinstance(dataset, torch.utils.data.IterableDataset)
+        if iterable:
+            fetch = "the worker's replica's next items"
         to_shm = " (tensors stacked straight into shared memory)" if loader.collate_fn is torch_collate.default_collate else ""
-        tuned = state is not None and state.workers_auto and not isinstance(dataset, torch.utils.data.IterableDataset)
-        resized = f" (resized by the autotuner: 1 to {2 * usable_cpu_count()})" if tuned else ""
+        if auto and iterable:
+            resized = (f" running {2 * usable_cpu_count()} replicas (one a process where the first batches "
+                       "show they wait, else in turn)")  # fmt: skip
+        else:
+            resized = f" (resized by the autotuner: 1 to {2 * usable_cpu_count()})" if auto else ""
         lines.append(
             f"  {loader.num_workers} worker processes forked from a zygote{resized}; a task per batch: {fetch}, "
             f"then {collate}{to_shm}; {loader.prefetch_factor or 2} batches in flight per worker, "

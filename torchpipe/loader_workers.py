@@ -17,19 +17,17 @@ runtime's dispatcher (bounded waits, the stall check, in order or as completed).
 
 from __future__ import annotations
 
-import random
 import time
 import weakref
 from typing import Any
 
-import numpy as np
 import torch
 import torch.utils.data._utils.collate as torch_collate
-import torch.utils.data._utils.worker as torch_worker
 from torch.utils.data import dataloader as torch_dataloader
 from torch.utils.data._utils.pin_memory import pin_memory
 
 from torchpipe.autotune.live import start_look
+from torchpipe.loader_replicas import ReplicaPlan, Replicas
 from torchpipe.autotune.report import PipelineStats, pipeline_stats
 from torchpipe.autotune.runner import Autotuner, ConsumerClock
 from torchpipe.autotune.tuner import Budget
@@ -93,59 +91,38 @@ class _FetchTask:
 
     Seeds ``random``, torch and numpy exactly as torch's workers do (``base_seed + worker_id``),
     sets ``get_worker_info()``, calls ``worker_init_fn``, and makes the fetcher (for an
-    IterableDataset, the worker's own replica). An error in that set-up is raised for every
-    task, as torch does. With ``per_batch_seeds`` (``num_workers="auto"``) the global RNGs are
+    IterableDataset, the worker's own replica): :class:`~torchpipe.loader_replicas.Replicas`
+    does it, and runs the further replicas a batch may name (``num_workers="auto"`` over an
+    IterableDataset). An error in that set-up is raised for every task, as torch does. With
+    ``per_batch_seeds`` (``num_workers="auto"`` over a map-style dataset) the global RNGs are
     seeded again before each batch, from its index (:func:`batch_seed`).
     """
 
     def __init__(self, loader: DataLoader, base_seed: int, num_workers: int, per_batch_seeds: bool) -> None:
-        self.dataset = loader.dataset
-        self.kind = loader._dataset_kind
-        self.auto_collation = loader._auto_collation
-        self.collate_fn = loader.collate_fn
-        self.drop_last = loader.drop_last
-        self.num_workers = num_workers  # what get_worker_info() says: the most workers there may be
-        self.worker_init_fn = loader.worker_init_fn
-        self.base_seed = base_seed
-        self.per_batch_seeds = per_batch_seeds
-        self.fetcher: Any = None
-        self.epoch = 0
-        self.init_error: BaseException | None = None
-
-    def start_worker(self, worker_id: int) -> None:
-        seed = self.base_seed + worker_id
-        random.seed(seed)
-        torch.manual_seed(seed)
-        np.random.seed(torch_worker._generate_state(self.base_seed, worker_id))
-        torch_worker._worker_info = torch_worker.WorkerInfo(
-            id=worker_id, num_workers=self.num_workers, seed=seed, dataset=self.dataset
-        )
-        try:
-            if self.worker_init_fn is not None:
-                self.worker_init_fn(worker_id)
-            self._make_fetcher()
-        except Exception as e:  # noqa: BLE001 - raised for each task, like torch's workers
-            self.init_error = e
-
-    def _make_fetcher(self) -> None:
-        collate_fn = self.collate_fn
+        collate_fn = loader.collate_fn
         if collate_fn is torch_collate.default_collate:
             collate_fn = _collate_into_shared_memory
-        self.fetcher = torch_dataloader._DatasetKind.create_fetcher(
-            self.kind, self.dataset, self.auto_collation, collate_fn, self.drop_last
-        )
+        kind, auto_collation, drop_last = loader._dataset_kind, loader._auto_collation, loader.drop_last
 
-    def __call__(self, seq: int, payload: tuple[int, int, Any]) -> Any:
-        if self.init_error is not None:
-            raise self.init_error
-        epoch, batch, index = payload
-        if epoch != self.epoch:  # a persistent worker's next epoch: a fresh replica iterator
-            self.epoch = epoch
-            self._make_fetcher()
+        def make_fetcher(dataset: Any) -> Any:
+            return torch_dataloader._DatasetKind.create_fetcher(kind, dataset, auto_collation, collate_fn, drop_last)
+
+        # num_workers: what get_worker_info() says, the most workers (or replicas) there may be
+        self.replicas = Replicas(loader.dataset, num_workers, base_seed, loader.worker_init_fn, make_fetcher)
+        self.base_seed = base_seed
+        self.per_batch_seeds = per_batch_seeds
+        self.worker_id = 0
+
+    def start_worker(self, worker_id: int) -> None:
+        self.worker_id = worker_id
+        self.replicas.start(worker_id)
+
+    def __call__(self, seq: int, payload: tuple[Any, ...]) -> Any:
+        epoch, batch, index, *replica = payload  # a replica is named where a worker may run several
         if self.per_batch_seeds:
             seed_global_rngs(batch_seed(self.base_seed, epoch, batch))
         try:
-            return self.fetcher.fetch(index)
+            return self.replicas.fetch(replica[0] if replica else self.worker_id, epoch, index)
         except StopIteration:
             return _Exhausted()
 
@@ -198,9 +175,13 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
         self._in_order = loader.in_order
         self._factor = loader.prefetch_factor or 2
         self._tp_state = state = loader._tp
-        self._auto = state.workers_auto and self._dataset_kind == torch_dataloader._DatasetKind.Map
-        most = max(self._num_workers, 2 * usable_cpu_count()) if self._auto else self._num_workers
-        self._pool = ProcessPool(_FetchTask(loader, self._base_seed, most, self._auto), self._num_workers, STAGE)
+        iterable = self._dataset_kind == torch_dataloader._DatasetKind.Iterable
+        self._auto = state.workers_auto and not iterable
+        most = max(self._num_workers, 2 * usable_cpu_count()) if state.workers_auto else self._num_workers
+        # auto over an IterableDataset: `most` replicas, on processes decided from the first batches
+        self._plan = ReplicaPlan(most, self._num_workers, state.tuned_workers) if state.workers_auto and iterable else None
+        processes = self._plan.processes if self._plan is not None else self._num_workers
+        self._pool = ProcessPool(_FetchTask(loader, self._base_seed, most, self._auto), processes, STAGE)
         self._stage = _WorkersStage(self)
         self._dispatch = Dispatcher(STAGE, self._pool, DEFAULT_STALL_TIMEOUT_S)
         self._placement: Placement | None = None
@@ -259,7 +240,7 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
             self._tuner_stop = weakref.finalize(self, self._tuner.stop)  # a dropped iterator stops it
         self._epoch += 1
         self._batch = 0  # batches drawn from the sampler this epoch (each one's seed)
-        self._active = [True] * self._num_workers
+        self._active = [True] * (self._plan.replicas if self._plan is not None else self._num_workers)
         self._slot = 0
         self._task_slot: dict[int, int | None] = {}
         self._sampler_done = False
@@ -313,24 +294,47 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
         """Batches in flight: ``prefetch_factor`` per worker (one at a time inline)."""
         if self._placement is not None and self._placement.kind == INLINE:
             return 1
-        workers = self._placement.workers if self._placement is not None else self._num_workers
+        workers = self._placement.workers if self._placement is not None else self._pool.size
         return self._factor * max(workers, 1)
 
     def _fill(self) -> None:
         """Send batches until ``prefetch_factor`` per worker are in flight (or none are left)."""
-        window = self._window()
-        while self._dispatch.pending < window and not self._sampler_done and (self._auto or any(self._active)):
+        while self._dispatch.pending < self._window() and not self._sampler_done and (self._auto or any(self._active)):
+            replica = host = None
+            if self._placement is None:  # workers (or replicas) get torch's order: batch k to k % n
+                replica = self._next_active()
+                host = self._host(replica)
+                if host is None:
+                    return  # the first batches' cost decides where the other replicas run
             payload = self._next_payload()
             if payload is None:
                 return
-            slot = None
-            if self._placement is None:  # fixed workers get torch's order: batch k to worker k % n
-                while not self._active[self._slot]:
-                    self._slot = (self._slot + 1) % self._num_workers
-                slot, self._slot = self._slot, (self._slot + 1) % self._num_workers
-            self._task_slot[self._seq] = slot
-            self._dispatch.submit(self._seq, payload, **({} if slot is None else {"slot": slot}))
+            self._task_slot[self._seq] = replica
+            if host is None:
+                self._dispatch.submit(self._seq, payload)
+            else:
+                self._slot = (replica + 1) % len(self._active)
+                self._dispatch.submit(self._seq, payload if self._plan is None else (*payload, replica), slot=host)
             self._seq += 1
+
+    def _next_active(self) -> int:
+        """The worker (or replica) whose turn it is: the first from ``_slot`` on that has not ended."""
+        n = len(self._active)
+        return next(r % n for r in range(self._slot, self._slot + n) if self._active[r % n])
+
+    def _host(self, replica: int) -> int | None:
+        """The worker slot that makes ``replica``'s batches; None while that waits for a measurement."""
+        if self._plan is None:
+            return replica
+        host = self._plan.host(replica)
+        if host is None:
+            calls, wall_s, cpu_s = self._pool.timing.totals()
+            if calls < self._plan.processes:  # a batch from each: one alone may be a slow start
+                return None
+            self._tp_state.tuned_workers = self._plan.decide(calls, wall_s, cpu_s, usable_cpu_count())
+            self._pool.resize(self._plan.processes)
+            host = self._plan.host(replica)
+        return host
 
     def skip(self, count: int) -> None:
         """Resume support: drop ``count`` batches (map-style: drawn from the sampler, not fetched)."""

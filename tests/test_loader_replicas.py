@@ -1,0 +1,91 @@
+"""num_workers="auto" over an IterableDataset: replicas placed on processes, torch's batches wherever they run."""
+
+import random
+import time
+
+import pytest
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+import torchpipe as tp
+from torchpipe.loader_replicas import ReplicaPlan
+from torchpipe.runtime.cpu import usable_cpu_count
+from torchpipe.testing import assert_same_elements
+
+REPLICAS = 2 * usable_cpu_count()
+pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create")  # torch's, for its many workers
+
+
+class Shares(IterableDataset):
+    """Each replica yields its share of ``range(n)`` with draws from every global RNG, waiting
+    ``wait_s`` before each element (slow storage) if asked to."""
+
+    def __init__(self, n=60, wait_s=0.0):
+        self.n, self.wait_s = n, wait_s
+
+    def __iter__(self):
+        info = get_worker_info()
+        for i in range(info.id, self.n, info.num_workers):
+            if self.wait_s:
+                time.sleep(self.wait_s)
+            yield {"i": i, "replica": info.id, "of": info.num_workers,
+                   "draws": torch.tensor([random.random(), float(torch.rand(()))])}
+
+
+def loaders(dataset, processes=None, **kwargs):
+    """torch's DataLoader with one worker a replica, and torchpipe's with ``"auto"`` (its replicas
+    on ``processes`` processes where given, as a loader that measured before would place them)."""
+    theirs = torch.utils.data.DataLoader(dataset, num_workers=REPLICAS, generator=torch.Generator().manual_seed(5),
+                                         **kwargs)  # fmt: skip
+    ours = tp.DataLoader(dataset, num_workers="auto", generator=torch.Generator().manual_seed(5), **kwargs)
+    ours._tp.tuned_workers = processes
+    return theirs, ours
+
+
+@pytest.mark.parametrize("processes", [1, None])  # every replica in one process; measured (spread: they wait)
+def test_batches_are_torchs_with_a_worker_a_replica_wherever_replicas_run(processes):
+    theirs, ours = loaders(Shares(wait_s=0.002), processes, batch_size=4)
+    it = iter(ours)
+    got = list(it)
+    assert_same_elements(got, list(theirs))  # same order, same draws: each replica keeps its RNG states
+    assert sorted(int(i) for b in got for i in b["i"]) == list(range(60))
+    assert {int(n) for b in got for n in b["of"]} == {REPLICAS}
+    assert it._pool.size == (processes or REPLICAS)  # elements that wait: a process a replica
+
+
+def _split_by_init(worker_id):
+    # torch's documented pattern: worker_init_fn narrows its worker's copy of the dataset
+    info = get_worker_info()
+    info.dataset.start = worker_id * 10
+
+
+class Ranged(IterableDataset):
+    start = 0
+
+    def __iter__(self):
+        for i in range(10):
+            yield self.start + i  # read as it goes: another replica's set-up must not move it
+
+
+def test_worker_init_fn_sets_up_each_replica_alone_in_a_shared_process():
+    theirs, ours = loaders(Ranged(), processes=1, batch_size=5, worker_init_fn=_split_by_init)
+    got = [b.tolist() for b in ours]
+    assert got == [b.tolist() for b in theirs]
+    assert sorted(x for b in got for x in b) == list(range(10 * REPLICAS))
+
+
+def test_persistent_workers_give_torchs_epochs():
+    theirs, ours = loaders(Shares(24), processes=1, batch_size=3, persistent_workers=True)
+    for _ in range(2):
+        assert_same_elements(list(ours), list(theirs))
+
+
+def test_the_plan_waits_for_a_measurement_then_spreads_waiting_replicas_and_shares_busy_ones():
+    plan = ReplicaPlan(replicas=4, processes=2)
+    assert [plan.host(r) for r in range(4)] == [0, 1, None, None]
+    assert plan.decide(calls=2, wall_s=0.020, cpu_s=0.019, cores=2) == 2  # busy: a process a core
+    assert [plan.host(r) for r in range(4)] == [0, 1, 0, 1]
+    waiting = ReplicaPlan(replicas=4, processes=2)
+    assert waiting.decide(calls=2, wall_s=0.020, cpu_s=0.002, cores=2) == 4  # mostly waiting
+    assert [waiting.host(r) for r in range(4)] == [0, 1, 2, 3]
+    assert ReplicaPlan(replicas=4, processes=2, decided=3).host(3) == 0  # an earlier epoch decided

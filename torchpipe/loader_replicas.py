@@ -1,0 +1,145 @@
+"""``num_workers="auto"`` over an IterableDataset: replicas of the dataset, placed on worker processes.
+
+An IterableDataset is split by its replicas: each runs ``iter(dataset)`` with ``get_worker_info()``
+naming its id and how many replicas there are, and yields its share. So their number cannot change
+while an epoch runs, and a replica cannot move once it has started (its position lives in the
+process that runs it). With ``"auto"`` an epoch runs twice the usable cores in replicas (what
+``get_worker_info().num_workers`` says, as for a map-style dataset) and, once the first batches
+are measured, decides how many processes they run on, by the runtime's policy
+(:func:`~torchpipe.runtime.policy.workers`): one a replica where batches mostly wait (slow storage:
+as many reads in flight as replicas), else one a core, each running its replicas in turn.
+
+Every replica is set up as torch sets up a worker (its seeds, ``worker_init_fn``, its own
+``WorkerInfo``) and keeps its own global RNG states, swapped in whenever its process turns to it.
+Batches are taken from the replicas in torch's order (batch ``k`` from replica ``k % n``, skipping
+ended ones), so an epoch gives the batches of torch's DataLoader with ``num_workers`` = the
+replicas, wherever each one runs.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+import torch.utils.data._utils.worker as torch_worker
+
+from torchpipe.randomness import global_rng_states, restore_global_rng_states
+from torchpipe.runtime.policy import PROCESS, CallCosts, workers
+
+MakeFetcher = Callable[[Any], Any]
+"""``make_fetcher(dataset)``: torch's fetcher over ``dataset`` (for an IterableDataset, a fresh replica iterator)."""
+
+
+class _Replica:
+    __slots__ = ("info", "fetcher", "epoch", "rngs", "init_error")
+
+    def __init__(self, info: Any) -> None:
+        self.info = info
+        self.fetcher: Any = None
+        self.epoch = 0
+        self.rngs: dict[str, Any] | None = None  # its global RNG states while another replica runs
+        self.init_error: BaseException | None = None
+
+
+class Replicas:
+    """The replicas one worker process runs, each with its own ``WorkerInfo`` and global RNG states.
+
+    Args:
+        dataset: the loader's dataset (a replica other than the process's first gets a shallow
+            copy, so a ``worker_init_fn`` that sets attributes on ``get_worker_info().dataset``,
+            as torch's documentation shows, sets them for its replica alone).
+        count: how many replicas the epoch has (``get_worker_info().num_workers``).
+        base_seed: the epoch's base seed; replica ``r`` is seeded ``base_seed + r``, as torch's worker ``r``.
+        worker_init_fn: called once per replica, with its id, after its seeding.
+        make_fetcher: builds a replica's fetcher over its dataset.
+    """
+
+    def __init__(self, dataset: Any, count: int, base_seed: int, worker_init_fn: Any, make_fetcher: MakeFetcher) -> None:
+        self._dataset = dataset
+        self.count = count
+        self._base_seed = base_seed
+        self._worker_init_fn = worker_init_fn
+        self._make_fetcher = make_fetcher
+        self._open: dict[int, _Replica] = {}
+        self._current: _Replica | None = None
+
+    def start(self, replica: int) -> None:
+        """Set up ``replica`` now (a worker's own one, at the worker's start, as torch does)."""
+        self._switch_to(None)
+        seed = self._base_seed + replica
+        random.seed(seed)
+        torch.manual_seed(seed)
+        np.random.seed(torch_worker._generate_state(self._base_seed, replica))
+        dataset = self._dataset if not self._open else copy.copy(self._dataset)
+        entry = _Replica(torch_worker.WorkerInfo(id=replica, num_workers=self.count, seed=seed, dataset=dataset))
+        self._open[replica] = entry
+        self._current = entry
+        torch_worker._worker_info = entry.info
+        try:
+            if self._worker_init_fn is not None:
+                self._worker_init_fn(replica)
+            entry.fetcher = self._make_fetcher(dataset)
+        except Exception as e:  # noqa: BLE001 - raised for each of its batches, like torch's workers
+            entry.init_error = e
+
+    def fetch(self, replica: int, epoch: int, index: Any) -> Any:
+        """The next batch of ``replica`` (``StopIteration`` once it has ended).
+
+        Raises:
+            Exception: what setting the replica up raised, for each of its batches.
+        """
+        if replica not in self._open:
+            self.start(replica)
+        entry = self._open[replica]
+        self._switch_to(entry)
+        if entry.init_error is not None:
+            raise entry.init_error
+        if entry.epoch != epoch:  # a persistent worker's next epoch: a fresh replica iterator
+            entry.epoch = epoch
+            entry.fetcher = self._make_fetcher(entry.info.dataset)
+        return entry.fetcher.fetch(index)
+
+    def _switch_to(self, entry: _Replica | None) -> None:
+        current = self._current
+        if current is entry:
+            return
+        if current is not None:
+            current.rngs = global_rng_states()
+        if entry is not None:
+            if entry.rngs is not None:
+                restore_global_rng_states(entry.rngs)
+            torch_worker._worker_info = entry.info
+        self._current = entry
+
+
+class ReplicaPlan:
+    """Which worker process runs each replica: replica ``r`` on process ``r`` for the first ones,
+    and, once :meth:`decide` has seen what the first batches cost, on process ``r % processes``.
+
+    Args:
+        replicas: the epoch's replicas.
+        processes: the processes the epoch starts with (the first replicas', one each).
+        decided: a count an earlier epoch decided (no need to wait for measurements).
+    """
+
+    def __init__(self, replicas: int, processes: int, decided: int | None = None) -> None:
+        self.replicas = replicas
+        self.processes = min(decided or processes, replicas)
+        self.decided = decided is not None
+
+    def host(self, replica: int) -> int | None:
+        """The process slot that runs ``replica``; None until that is decided."""
+        if replica < self.processes:
+            return replica
+        return replica % self.processes if self.decided else None
+
+    def decide(self, calls: int, wall_s: float, cpu_s: float, cores: int) -> int:
+        """How many processes the replicas run on, from what ``calls`` batches cost their workers."""
+        costs = CallCosts(wall_s / calls, cpu_s / calls, 1.0, 0.0, most=self.replicas)
+        self.processes = max(self.processes, workers(costs, PROCESS, cores))
+        self.decided = True
+        return self.processes
