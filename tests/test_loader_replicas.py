@@ -1,6 +1,8 @@
 """num_workers="auto" over an IterableDataset: replicas placed on processes, torch's batches wherever they run."""
 
+import os
 import random
+import signal
 import time
 
 import pytest
@@ -89,3 +91,48 @@ def test_the_plan_waits_for_a_measurement_then_spreads_waiting_replicas_and_shar
     assert waiting.decide(calls=2, wall_s=0.020, cpu_s=0.002, cores=2) == 4  # mostly waiting
     assert [waiting.host(r) for r in range(4)] == [0, 1, 2, 3]
     assert ReplicaPlan(replicas=4, processes=2, decided=3).host(3) == 0  # an earlier epoch decided
+
+
+class Tagged(IterableDataset):
+    """Its share of ``range(n)``, each element with the pid that made it; ``shorter_after_restart``:
+    a replica started in a process other than the first yields a tenth as much (a stream that
+    cannot be replayed)."""
+
+    def __init__(self, n=1200, shorter_after_restart=None):
+        self.n, self.marker = n, shorter_after_restart
+
+    def __iter__(self):
+        info = get_worker_info()
+        n = self.n
+        if self.marker is not None:
+            if os.path.exists(self.marker):
+                n //= 10
+            open(self.marker, "w").close()
+        for i in range(info.id, n, info.num_workers):
+            yield i, os.getpid()
+
+
+def _kill_at(loader, at):
+    """Every batch of ``loader``, the worker that made batch ``at`` killed when it arrives."""
+    batches = []
+    for k, (x, pid) in enumerate(loader):
+        batches.append(x)
+        if k == at:
+            os.kill(int(pid[0]), signal.SIGKILL)
+    return batches
+
+
+@pytest.mark.parametrize("workers", [2, "auto"])
+def test_a_killed_workers_replica_is_replayed_past_what_it_delivered(workers):
+    def make():
+        return tp.DataLoader(Tagged(), batch_size=8, num_workers=workers, generator=torch.Generator().manual_seed(1))
+
+    want = [x for x, _ in make()]
+    got = _kill_at(make(), at=40)
+    assert len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got, want))  # nothing lost or repeated
+
+
+def test_a_replica_that_cannot_be_replayed_fails_clearly(tmp_path):
+    loader = tp.DataLoader(Tagged(shorter_after_restart=str(tmp_path / "ran")), batch_size=8, num_workers=1)
+    with pytest.raises(RuntimeError, match="its replacement replayed the replica.*cannot go on without losing data"):
+        _kill_at(loader, at=40)

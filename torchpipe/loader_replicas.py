@@ -34,13 +34,18 @@ MakeFetcher = Callable[[Any], Any]
 """``make_fetcher(dataset)``: torch's fetcher over ``dataset`` (for an IterableDataset, a fresh replica iterator)."""
 
 
+class EndedOnReplay(Exception):
+    """A replica started again in a replacement worker ended before the batch it was asked for."""
+
+
 class _Replica:
-    __slots__ = ("info", "fetcher", "epoch", "rngs", "init_error")
+    __slots__ = ("info", "fetcher", "epoch", "fetched", "rngs", "init_error")
 
     def __init__(self, info: Any) -> None:
         self.info = info
         self.fetcher: Any = None
         self.epoch = 0
+        self.fetched = 0  # its batches fetched this epoch
         self.rngs: dict[str, Any] | None = None  # its global RNG states while another replica runs
         self.init_error: BaseException | None = None
 
@@ -86,11 +91,21 @@ class Replicas:
         except Exception as e:  # noqa: BLE001 - raised for each of its batches, like torch's workers
             entry.init_error = e
 
-    def fetch(self, replica: int, epoch: int, index: Any) -> Any:
-        """The next batch of ``replica`` (``StopIteration`` once it has ended).
+    def fetch(self, replica: int, epoch: int, index: Any, position: int | None = None) -> Any:
+        """The next batch of ``replica``, its ``position``-th of the epoch where given
+        (``StopIteration`` once it has ended).
+
+        A replica started in a replacement worker (its predecessor died) is asked for a later
+        batch than its first: the batches before it, which the dead worker made and the loader
+        delivered, are made again and dropped, so none is delivered twice. That holds for a
+        replica that yields the same elements on every run from its seeds, as torch's workers
+        seed them.
 
         Raises:
             Exception: what setting the replica up raised, for each of its batches.
+            EndedOnReplay: the replayed replica ended before ``position`` (fine where it had
+                ended there before too; the loader, which knows, tells the two apart).
+            RuntimeError: the replica was asked to go back to a batch before one it has made.
         """
         if replica not in self._open:
             self.start(replica)
@@ -99,9 +114,27 @@ class Replicas:
         if entry.init_error is not None:
             raise entry.init_error
         if entry.epoch != epoch:  # a persistent worker's next epoch: a fresh replica iterator
-            entry.epoch = epoch
+            entry.epoch, entry.fetched = epoch, 0
             entry.fetcher = self._make_fetcher(entry.info.dataset)
-        return entry.fetcher.fetch(index)
+        if position is not None:
+            self._replay(replica, entry, index, position)
+        batch = entry.fetcher.fetch(index)
+        entry.fetched += 1
+        return batch
+
+    @staticmethod
+    def _replay(replica: int, entry: _Replica, index: Any, position: int) -> None:
+        if position < entry.fetched:
+            raise RuntimeError(f"IterableDataset replica {replica} was asked for its batch {position} "
+                               f"after making {entry.fetched}: a replica cannot go back")  # fmt: skip
+        while entry.fetched < position:
+            try:
+                entry.fetcher.fetch(index)
+            except StopIteration:
+                raise EndedOnReplay(entry.fetched) from None
+            except Exception:  # noqa: BLE001 - that batch's error was delivered by the dead worker
+                pass
+            entry.fetched += 1
 
     def _switch_to(self, entry: _Replica | None) -> None:
         current = self._current

@@ -27,7 +27,7 @@ from torch.utils.data import dataloader as torch_dataloader
 from torch.utils.data._utils.pin_memory import pin_memory
 
 from torchpipe.autotune.live import start_look
-from torchpipe.loader_replicas import ReplicaPlan, Replicas
+from torchpipe.loader_replicas import EndedOnReplay, ReplicaPlan, Replicas
 from torchpipe.autotune.report import PipelineStats, pipeline_stats
 from torchpipe.autotune.runner import Autotuner, ConsumerClock
 from torchpipe.autotune.tuner import Budget
@@ -83,7 +83,11 @@ def batch_seed(base_seed: int, epoch: int, batch: int) -> int:
 
 
 class _Exhausted:
-    """What a worker returns once its IterableDataset replica has ended."""
+    """What a worker returns once its IterableDataset replica has ended (``on_replay``: it ended
+    while a replacement worker replayed it, after ``on_replay`` batches)."""
+
+    def __init__(self, on_replay: int | None = None) -> None:
+        self.on_replay = on_replay
 
 
 class _FetchTask:
@@ -118,13 +122,17 @@ class _FetchTask:
         self.replicas.start(worker_id)
 
     def __call__(self, seq: int, payload: tuple[Any, ...]) -> Any:
-        epoch, batch, index, *replica = payload  # a replica is named where a worker may run several
+        # an IterableDataset's batch names its replica and its place in the replica's batches
+        epoch, batch, index, *place = payload
         if self.per_batch_seeds:
             seed_global_rngs(batch_seed(self.base_seed, epoch, batch))
+        replica, position = place if place else (self.worker_id, None)
         try:
-            return self.replicas.fetch(replica[0] if replica else self.worker_id, epoch, index)
+            return self.replicas.fetch(replica, epoch, index, position)
         except StopIteration:
             return _Exhausted()
+        except EndedOnReplay as e:
+            return _Exhausted(on_replay=e.args[0])
 
 
 class _LocalFetch:
@@ -241,6 +249,7 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
         self._epoch += 1
         self._batch = 0  # batches drawn from the sampler this epoch (each one's seed)
         self._active = [True] * (self._plan.replicas if self._plan is not None else self._num_workers)
+        self._made = [0] * len(self._active)  # batches asked of each worker's (or replica's) dataset
         self._slot = 0
         self._task_slot: dict[int, int | None] = {}
         self._sampler_done = False
@@ -314,7 +323,10 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
                 self._dispatch.submit(self._seq, payload)
             else:
                 self._slot = (replica + 1) % len(self._active)
-                self._dispatch.submit(self._seq, payload if self._plan is None else (*payload, replica), slot=host)
+                if self._dataset_kind == torch_dataloader._DatasetKind.Iterable:
+                    payload = (*payload, replica, self._made[replica])
+                    self._made[replica] += 1
+                self._dispatch.submit(self._seq, payload, slot=host)
             self._seq += 1
 
     def _next_active(self) -> int:
@@ -394,6 +406,12 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
             waited += self._dispatch.wait_s - before
             slot = self._task_slot.pop(seq)
             if isinstance(value, _Exhausted):
+                if value.on_replay is not None and self._active[slot]:
+                    raise RuntimeError(
+                        f"a worker running IterableDataset replica {slot} died; its replacement replayed the replica "
+                        f"to skip what was delivered, but it ended after {value.on_replay} batches where it had made "
+                        "more: it yields other elements on each run, so the epoch cannot go on without losing data"
+                    )
                 self._active[slot] = False
                 continue
             return value, error, waited
