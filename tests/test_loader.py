@@ -1,6 +1,8 @@
 """torchpipe.DataLoader against torch.utils.data.DataLoader itself."""
 
 import os
+import subprocess
+import sys
 import time
 import warnings
 
@@ -159,11 +161,11 @@ def test_worker_init_fn_runs_once_per_worker_and_persistent_workers_stay():
 
 
 class Slow(torch.utils.data.Dataset):
-    def __init__(self, delay, slow_index=None):
-        self.delay, self.slow_index = delay, slow_index
+    def __init__(self, delay, slow_index=None, length=6):
+        self.delay, self.slow_index, self.length = delay, slow_index, length
 
     def __len__(self):
-        return 6
+        return self.length
 
     def __getitem__(self, i):
         if self.slow_index is None or i == self.slow_index:
@@ -180,6 +182,12 @@ def test_in_order_false_delivers_as_completed():
     out = [int(b) for b in tp.DataLoader(Slow(1.0, slow_index=0), num_workers=2, in_order=False)]
     assert sorted(out) == list(range(6)) and out[0] != 0
     assert [int(b) for b in tp.DataLoader(Slow(0.2, slow_index=0), num_workers=2)] == list(range(6))
+
+
+def test_in_order_false_sends_work_past_a_stalled_worker():
+    # torch gives a free worker the next batch; round-robin would queue half of them behind the stall
+    out = [int(b) for b in tp.DataLoader(Slow(1.5, slow_index=0, length=40), num_workers=2, in_order=False)]
+    assert sorted(out) == list(range(40)) and out.index(0) >= 30
 
 
 class Broken(torch.utils.data.Dataset):
@@ -201,6 +209,29 @@ def test_getitem_errors_keep_their_type(num_workers):
 def test_spawn_context_is_honoured():
     theirs, ours = both(batch_size=4, num_workers=1, multiprocessing_context="spawn")
     assert_same_elements(list(ours), list(theirs))
+
+
+def test_a_global_start_method_is_honoured():
+    # as torch does: set_start_method("spawn") makes the default context spawn, so torch's own workers run
+    code = ("import multiprocessing, torch, torchpipe as tp; multiprocessing.set_start_method('spawn'); "
+            "print(tp.explain(tp.DataLoader(torch.arange(4), num_workers=2)))")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=50)
+    assert "torch's own iterator (a spawn/forkserver context)" in done.stdout, done.stderr
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(num_workers="Auto"), 'num_workers must be a non-negative int or "auto"'),
+    (dict(num_workers=2, prefetch_factor=0), "prefetch_factor must be at least 1"),
+    (dict(device="nonsense"), "device must be a cpu or cuda device"),
+    (dict(device=5), "device must be a device name"),
+])  # fmt: skip
+def test_bad_new_words_fail_at_construction_with_a_value_error(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        tp.DataLoader(DATA, **kwargs)
+
+
+def test_the_loader_is_generic_as_torchs():
+    assert tp.DataLoader[int] is not None
 
 
 def test_auto_workers_and_cpu_device():

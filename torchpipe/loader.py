@@ -11,8 +11,9 @@ resume an epoch in the middle.
 from __future__ import annotations
 
 import inspect
+import multiprocessing
 import weakref
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.utils.data._utils.collate as torch_collate
@@ -28,9 +29,10 @@ from torchpipe.runtime.process_pool import process_executor_supported
 
 _FORK = ("fork", None)
 _TORCH_HAS_IN_ORDER = "in_order" in inspect.signature(torch.utils.data.DataLoader.__init__).parameters
+_T_co = TypeVar("_T_co", covariant=True)
 
 
-class DataLoader(torch.utils.data.DataLoader):
+class DataLoader(torch.utils.data.DataLoader[_T_co]):
     """A drop-in ``torch.utils.data.DataLoader``; see torch's documentation for the arguments.
 
     Args:
@@ -48,7 +50,9 @@ class DataLoader(torch.utils.data.DataLoader):
         (every other argument is torch's)
 
     Raises:
-        ValueError, TypeError: exactly where torch's DataLoader raises them.
+        ValueError, TypeError: where torch's DataLoader raises them; and for a ``num_workers``
+            that is neither an int nor ``"auto"``, a ``prefetch_factor`` of 0 with workers (torch
+            raises when the epoch starts), and a ``device`` that is not a usable device.
     """
 
     def __init__(
@@ -73,6 +77,7 @@ class DataLoader(torch.utils.data.DataLoader):
         in_order: bool = True,
         device: str | torch.device | None = None,
     ) -> None:
+        _check_workers(num_workers, prefetch_factor)
         workers_auto = num_workers == "auto"
         if workers_auto:
             num_workers = usable_cpu_count()
@@ -243,10 +248,18 @@ def _set_rng_state(generator: torch.Generator | None, state: torch.Tensor) -> No
         torch.set_rng_state(state)
 
 
+def _check_workers(num_workers: Any, prefetch_factor: int | None) -> None:
+    if isinstance(num_workers, str) and num_workers != "auto":
+        raise ValueError(f'num_workers must be a non-negative int or "auto", got {num_workers!r}')
+    if prefetch_factor == 0 and num_workers != 0:
+        raise ValueError("prefetch_factor must be at least 1 with worker processes (batches each keeps in flight), got 0")
+
+
 def _engine_can_run(loader: DataLoader) -> bool:
-    """Our workers fork; a ``spawn``/``forkserver`` context (or no Linux) gets torch's own."""
+    """Our workers fork; a ``spawn``/``forkserver`` context, given or set for the program with
+    ``multiprocessing.set_start_method``, gets torch's own workers (as does a non-Linux system)."""
     context = loader.multiprocessing_context
-    method = context.get_start_method() if context is not None else None
+    method = context.get_start_method() if context is not None else multiprocessing.get_start_method(allow_none=True)
     return process_executor_supported() and method in _FORK
 
 

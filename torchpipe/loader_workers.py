@@ -194,6 +194,9 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
         self._dispatch = Dispatcher(STAGE, self._pool, DEFAULT_STALL_TIMEOUT_S)
         self._placement: Placement | None = None
         self._knob: LiveKnob | None = None
+        # Batch k goes to worker (or replica) k % n: a replica's batches must, and fixed workers
+        # keep torch's order; with in_order=False a map-style batch goes to the least busy worker.
+        self._pinned = iterable or (not self._auto and self._in_order)
         if self._auto:
             self._start_auto(loader, most)
         else:
@@ -310,7 +313,7 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
         """Send batches until ``prefetch_factor`` per worker are in flight (or none are left)."""
         while self._dispatch.pending < self._window() and not self._sampler_done and (self._auto or any(self._active)):
             replica = host = None
-            if self._placement is None:  # workers (or replicas) get torch's order: batch k to k % n
+            if self._pinned:  # workers (or replicas) get torch's order: batch k to k % n
                 replica = self._next_active()
                 host = self._host(replica)
                 if host is None:

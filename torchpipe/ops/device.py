@@ -73,13 +73,21 @@ def check_device(device: torch.device | str) -> torch.device:
 
     Raises:
         RuntimeError: for a CUDA device when CUDA is not available.
-        ValueError: for a device type other than ``cpu`` and ``cuda``.
+        ValueError: for anything but a ``cpu`` or ``cuda`` device (a name or a ``torch.device``),
+            and for a CUDA device index this machine does not have.
     """
-    device = torch.device(device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError(f"device={str(device)!r} was asked for, but CUDA is not available")
+    if not isinstance(device, (str, torch.device)):
+        raise ValueError(f"device must be a device name such as 'cuda' or 'cuda:1', or a torch.device; got {device!r}")
+    try:
+        device = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"device must be a cpu or cuda device, got {device!r}") from None
     if device.type not in ("cpu", "cuda"):
         raise ValueError(f"device must be a cpu or cuda device, got {str(device)!r}")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"device={str(device)!r} was asked for, but CUDA is not available")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError(f"device={str(device)!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
     return device
 
 
