@@ -316,3 +316,22 @@ def test_worker_batches_are_stacked_into_shared_memory_with_default_collate_sema
     ragged = [torch.zeros(i % 3 + 1) for i in range(4)]
     with pytest.raises(RuntimeError, match="stack expects each tensor to be equal size"):
         list(tp.DataLoader(ragged, batch_size=4, num_workers=1))
+
+
+class Corrupt(torch.utils.data.Dataset):
+    def __len__(self):
+        return 40
+
+    def __getitem__(self, i):
+        if i == 13:
+            raise OSError("Truncated File Read")
+        return i
+
+
+@pytest.mark.parametrize("num_workers", [0, 2, "auto"])
+@pytest.mark.parametrize("batch_size", [4, None])
+def test_getitem_errors_name_the_batch_and_the_index(num_workers, batch_size):
+    with pytest.raises(OSError, match="Truncated File Read") as caught:
+        list(tp.DataLoader(Corrupt(), batch_size=batch_size, num_workers=num_workers))
+    batch = 3 if batch_size == 4 else 13
+    assert f"raised in torchpipe stage DataLoader at batch {batch}, dataset index 13" in caught.value.__notes__

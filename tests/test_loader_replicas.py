@@ -136,3 +136,16 @@ def test_a_replica_that_cannot_be_replayed_fails_clearly(tmp_path):
     loader = tp.DataLoader(Tagged(shorter_after_restart=str(tmp_path / "ran")), batch_size=8, num_workers=1)
     with pytest.raises(RuntimeError, match="its replacement replayed the replica.*cannot go on without losing data"):
         _kill_at(loader, at=40)
+
+
+class FailsSecond(IterableDataset):
+    def __iter__(self):
+        yield 1
+        raise OSError("bad record")
+
+
+@pytest.mark.parametrize("workers", [2, "auto"])
+def test_a_replicas_error_names_the_batch_and_the_replica(workers):
+    with pytest.raises(OSError, match="bad record") as caught:
+        list(tp.DataLoader(FailsSecond(), batch_size=2, num_workers=workers))
+    assert "raised in torchpipe stage DataLoader at batch 0, IterableDataset replica 0" in caught.value.__notes__

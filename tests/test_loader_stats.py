@@ -38,3 +38,15 @@ def test_pipeline_loader_stats_are_the_pipelines():
         next(it)
     stages = [s["stage"] for s in loader.stats()]
     assert "map(<lambda>)" in stages and "range" in stages
+
+
+def test_stats_describe_the_last_pass_after_the_loop():
+    loader = tp.DataLoader(torch.arange(100.0), batch_size=10, num_workers=2)
+    assert "has not started" in loader.stats().report()
+    for _ in loader:
+        pass
+    assert loader.stats()[0]["produced"] == 10  # the iterator is gone; its pass is still reported
+    it = iter(loader)
+    next(it), next(it)
+    del it  # a pass left mid-epoch, as far as it went
+    assert loader.stats()[0]["produced"] == 2

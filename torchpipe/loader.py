@@ -24,7 +24,7 @@ from torchpipe.autotune.report import PipelineStats
 from torchpipe.dataset import Dataset
 from torchpipe.ops.device import DevicePrefetcher, check_device
 from torchpipe.runtime.cpu import usable_cpu_count
-from torchpipe.loader_workers import WorkerIterator
+from torchpipe.loader_workers import WorkerIterator, fetch_noted
 from torchpipe.runtime.process_pool import process_executor_supported
 
 _FORK = ("fork", None)
@@ -117,6 +117,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             return _PipelineIterator(self)
         if self.num_workers > 0 and _engine_can_run(self):
             return WorkerIterator(self)
+        if self.num_workers == 0:
+            return _InlineIterator(self)
         return super()._get_iterator()
 
     def state_dict(self) -> dict[str, Any]:
@@ -140,7 +142,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
 
         For a ``tp.Dataset`` these are its pipeline's (every stage); for a map-style or iterable
         Dataset on workers, the workers' throughput, their time per batch and how long the
-        training loop waited for batches.
+        training loop waited for batches. After a pass they describe it until the next starts.
         """
         current = self._tp.current() if self._tp.current is not None else None
         if isinstance(current, DevicePrefetcher):
@@ -149,7 +151,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             return current.pipeline_stats()
         if isinstance(current, WorkerIterator):
             return current.stats()
-        return PipelineStats([], 0.0, "", 0.0, [])
+        return self._tp.last_stats or PipelineStats([], 0.0, "", 0.0, [])  # the last pass, once it is gone
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Make the next ``iter(loader)`` continue the epoch ``state`` was taken in.
@@ -176,6 +178,7 @@ class _LoaderState:
         self.tuned_workers: int | None = None  # where num_workers="auto" left the worker count
         self.policy: Any = None  # and where it placed batches (a runtime.policy.Policy), for the next epoch
         self.drawn_rngs: tuple[str, ...] | None = None  # the global RNGs its batches draw from, once measured
+        self.last_stats: PipelineStats | None = None  # the last pass on workers, after its iterator is gone
 
 
 def explain(pipeline: Dataset | torch.utils.data.DataLoader) -> str:
@@ -274,6 +277,14 @@ def _skip(iterator: Any, count: int) -> None:
         else:
             iterator._next_data()
         iterator._num_yielded += 1
+
+
+class _InlineIterator(torch_dataloader._SingleProcessDataLoaderIter):
+    """torch's iterator for ``num_workers=0``, whose errors name the batch and the index that failed."""
+
+    def _next_data(self) -> Any:
+        data = fetch_noted(self._dataset_fetcher.fetch, self._next_index(), self._num_yielded)
+        return pin_memory(data, self._pin_memory_device) if self._pin_memory else data
 
 
 class _PipelineIterator(torch_dataloader._BaseDataLoaderIter):

@@ -19,18 +19,21 @@ from __future__ import annotations
 
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.utils.data._utils.collate as torch_collate
+import torch.utils.data._utils.fetch as torch_fetch
 from torch.utils.data import dataloader as torch_dataloader
 from torch.utils.data._utils.pin_memory import pin_memory
 
 from torchpipe.autotune.live import start_look
-from torchpipe.loader_replicas import EndedOnReplay, ReplicaPlan, Replicas
 from torchpipe.autotune.report import PipelineStats, pipeline_stats
 from torchpipe.autotune.runner import Autotuner, ConsumerClock
 from torchpipe.autotune.tuner import Budget
+from torchpipe.errors import add_note
+from torchpipe.loader_replicas import EndedOnReplay, ReplicaPlan, Replicas
 from torchpipe.ops.stats import IteratorStats, LiveKnob
 from torchpipe.options import DEFAULT_STALL_TIMEOUT_S
 from torchpipe.randomness import (
@@ -82,6 +85,36 @@ def batch_seed(base_seed: int, epoch: int, batch: int) -> int:
     return mix_seed(base_seed, epoch, batch)
 
 
+def fetch_noted(fetch: Callable[[Any], Any], index: Any, batch: int, replica: int | None = None) -> Any:
+    """``fetch(index)``: an error it raises gets a note naming the DataLoader's batch and the
+    dataset index that failed (or the batch's indices, or the IterableDataset replica)."""
+    try:
+        return fetch(index)
+    except StopIteration:
+        raise
+    except Exception as e:
+        where = f"IterableDataset replica {replica}" if replica is not None else _failed_index(e, index)
+        add_note(e, f"raised in torchpipe stage DataLoader at batch {batch}, {where}")
+        raise
+
+
+def _failed_index(error: BaseException, index: Any) -> str:
+    """Which index of the batch ``error`` came from: the one torch's fetcher was at when it was
+    raised (read from the traceback, so no call pays for it), else the batch's indices."""
+    if index is None or (isinstance(index, list) and all(i is None for i in index)):
+        return "in the IterableDataset"  # its sampler yields no indices
+    if not isinstance(index, list):
+        return f"dataset index {index!r}"
+    tb = error.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        if frame.f_code.co_filename == torch_fetch.__file__ and "idx" in frame.f_locals:
+            return f"dataset index {frame.f_locals['idx']!r}"
+        tb = tb.tb_next
+    shown = ", ".join(map(repr, index[:8])) + (f", ... ({len(index)} in all)" if len(index) > 8 else "")
+    return f"dataset indices [{shown}]"
+
+
 class _Exhausted:
     """What a worker returns once its IterableDataset replica has ended (``on_replay``: it ended
     while a replacement worker replayed it, after ``on_replay`` batches)."""
@@ -128,7 +161,8 @@ class _FetchTask:
             seed_global_rngs(batch_seed(self.base_seed, epoch, batch))
         replica, position = place if place else (self.worker_id, None)
         try:
-            return self.replicas.fetch(replica, epoch, index, position)
+            return fetch_noted(lambda i: self.replicas.fetch(replica, epoch, i, position), index, batch,
+                               replica if place else None)  # fmt: skip
         except StopIteration:
             return _Exhausted()
         except EndedOnReplay as e:
@@ -155,7 +189,7 @@ class _LocalFetch:
     def __call__(self, seq: int, payload: tuple[int, int, Any]) -> Any:
         epoch, batch, index = payload
         if not self.rngs:
-            return self.fetcher.fetch(index)
+            return fetch_noted(self.fetcher.fetch, index, batch)
         saved = global_rng_states(self.rngs)
         try:
             return self.seeded(payload)
@@ -165,7 +199,8 @@ class _LocalFetch:
     def seeded(self, payload: tuple[int, int, Any]) -> Any:
         """Fetch with the RNGs seeded for the batch, and nothing put back."""
         epoch, batch, index = payload
-        return call_seeded(batch_seed(self.base_seed, epoch, batch), self.fetcher.fetch, index, rngs=self.rngs)
+        return call_seeded(batch_seed(self.base_seed, epoch, batch), fetch_noted, self.fetcher.fetch, index, batch,
+                           rngs=self.rngs)  # fmt: skip
 
 
 class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
@@ -440,12 +475,19 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
             self._tuner.stop()
 
     def _shutdown_if_done(self) -> None:
+        self._tp_state.last_stats = self.stats()  # loader.stats() describes this pass until the next
         self._stop_tuner()
         if not self._persistent_workers:
             self._dispatch.close()
             self._pool.close()
 
     def __del__(self) -> None:
+        state = getattr(self, "_tp_state", None)
+        if state is not None and getattr(self, "_stage", None) is not None and self._stage.stats.produced:
+            try:
+                state.last_stats = self.stats()  # a pass left mid-epoch, as far as it went
+            except Exception:  # noqa: BLE001 - a report is not worth failing a collection over
+                pass
         for part in ("_dispatch", "_pool"):
             closing = getattr(self, part, None)
             if closing is not None:
