@@ -12,6 +12,7 @@ from torch.utils.data import DataLoader as TorchLoader
 from torch.utils.data import IterableDataset, TensorDataset, get_worker_info
 
 import torchpipe as tp
+from torchpipe.errors import CheckpointError
 from torchpipe.testing import assert_same_elements
 
 DATA = TensorDataset(torch.arange(23.0), torch.arange(23) % 3)
@@ -268,6 +269,57 @@ def test_resume_mid_epoch_in_a_new_loader(num_workers):
     assert len(head) + len(rest) == len(loader)
     with pytest.raises(ValueError, match="not a torchpipe DataLoader state"):
         fresh.load_state_dict({})
+
+
+def _state_of(loader, batches=3):
+    it = iter(loader)
+    for _ in range(batches):
+        next(it)
+    return loader.state_dict()
+
+
+@pytest.mark.parametrize("other, differs", [
+    (dict(batch_size=4), "batch_size: the state's 3, this loader's 4"),
+    (dict(shuffle=False), "sampler: the state's 'RandomSampler', this loader's 'SequentialSampler'"),
+    (dict(dataset=TensorDataset(torch.arange(10.0))), "length: the state's 23, this loader's 10"),
+    (dict(drop_last=True), "drop_last: the state's False, this loader's True"),
+])  # fmt: skip
+def test_a_state_does_not_load_into_a_loader_that_makes_other_batches(other, differs):
+    kwargs = dict(dataset=DATA, batch_size=3, shuffle=True)
+    state = _state_of(tp.DataLoader(**kwargs))
+    with pytest.raises(CheckpointError, match=differs.replace("(", r"\(")):
+        tp.DataLoader(**{**kwargs, **other}).load_state_dict(state)
+
+
+@pytest.mark.parametrize("garble, message", [
+    (dict(yielded="3"), "'yielded' must be a count of batches"),
+    (dict(yielded=-1), "'yielded' must be a count of batches"),
+    (dict(epoch_rng=[1, 2]), "'epoch_rng' must be a generator state"),
+    (dict(loader="x"), "'loader' must be a dict"),
+    (dict(yielded=100), "is at batch 100, but this loader's epoch has 8 batches"),
+])  # fmt: skip
+def test_a_garbled_state_is_a_checkpoint_error_that_names_the_key(garble, message):
+    loader = tp.DataLoader(DATA, batch_size=3)
+    with pytest.raises(CheckpointError, match=message):
+        loader.load_state_dict({**_state_of(loader), **garble})
+
+
+class Counted(IterableDataset):
+    def __init__(self, n):
+        self.n = n
+
+    def __iter__(self):
+        return iter(range(self.n))
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_state_past_the_end_of_an_unsized_epoch_is_a_checkpoint_error_not_a_stop_iteration(num_workers):
+    state = _state_of(tp.DataLoader(Counted(30), batch_size=3, num_workers=num_workers), batches=6)
+    del state["loader"]  # a format-1 state carries no fingerprint, and the stream has no length
+    short = tp.DataLoader(Counted(6), batch_size=3, num_workers=num_workers)
+    short.load_state_dict({**state, "format": 1})
+    with pytest.raises(CheckpointError, match="epoch ends before it"):
+        iter(short)
 
 
 def test_a_pipeline_as_dataset_is_not_replicated_into_workers():

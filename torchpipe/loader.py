@@ -22,6 +22,7 @@ from torch.utils.data import dataloader as torch_dataloader
 
 from torchpipe.autotune.report import PipelineStats
 from torchpipe.dataset import Dataset
+from torchpipe.errors import CheckpointError
 from torchpipe.ops.device import DevicePrefetcher, check_device
 from torchpipe.runtime.cpu import usable_cpu_count
 from torchpipe.loader_workers import WorkerIterator, fetch_noted
@@ -125,7 +126,9 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         """Where the current epoch is: load it into a loader built the same way to get the rest.
 
         The state is the RNG state the epoch started from and how many batches it has yielded;
-        resuming replays the epoch's sampling (no data is loaded) up to that point.
+        resuming replays the epoch's sampling (no data is loaded) up to that point. It also holds
+        what the batches depend on (the dataset's type and length, the batch size, the sampler),
+        so that it is not loaded into a loader that would make other batches.
         """
         state = self._tp
         current = state.current() if state.current is not None else None
@@ -135,7 +138,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             yielded = current.delivered  # the copy thread runs ahead of what was handed over
         else:
             yielded = current._num_yielded
-        return {"format": 1, "epoch_rng": state.epoch_rng, "yielded": yielded}
+        return {"format": 2, "epoch_rng": state.epoch_rng, "yielded": yielded, "loader": _fingerprint(self)}
 
     def stats(self) -> PipelineStats:
         """The current epoch's stats; ``print()`` them for a report naming the bottleneck.
@@ -157,13 +160,25 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         """Make the next ``iter(loader)`` continue the epoch ``state`` was taken in.
 
         Raises:
-            ValueError: for something that is not a ``DataLoader.state_dict()``.
+            CheckpointError: (a ``ValueError``) for something that is not a ``DataLoader.state_dict()``,
+                or one taken from a loader that makes other batches (another dataset length,
+                batch size, sampler, ...): it says what differs.
         """
-        if not isinstance(state, dict) or state.get("format") != 1:
-            raise ValueError("not a torchpipe DataLoader state (missing or unknown 'format')")
-        _set_rng_state(self.generator, state["epoch_rng"])
-        self._tp.resume = int(state["yielded"])
-        self._tp.epoch_rng = state["epoch_rng"]
+        if not isinstance(state, dict) or state.get("format") not in (1, 2):
+            raise CheckpointError("not a torchpipe DataLoader state (missing or unknown 'format')")
+        yielded, rng = state.get("yielded"), state.get("epoch_rng")
+        if not isinstance(yielded, int) or isinstance(yielded, bool) or yielded < 0:
+            raise CheckpointError(f"DataLoader state: 'yielded' must be a count of batches, got {yielded!r}")
+        if not isinstance(rng, torch.Tensor) or rng.dtype != torch.uint8:
+            raise CheckpointError(f"DataLoader state: 'epoch_rng' must be a generator state (a uint8 tensor), got {type(rng).__name__}")
+        if "loader" in state:  # format 1 states carry no fingerprint: loaded on trust
+            _check_fingerprint(state["loader"], _fingerprint(self))
+        length = _epoch_batches(self)
+        if length is not None and yielded > length:
+            raise CheckpointError(f"DataLoader state is at batch {yielded}, but this loader's epoch has {length} batches")
+        _set_rng_state(self.generator, rng)
+        self._tp.resume = yielded
+        self._tp.epoch_rng = rng
 
 
 class _LoaderState:
@@ -240,6 +255,44 @@ def _loader_lines(loader: torch.utils.data.DataLoader) -> list[str]:
     return lines
 
 
+def _fingerprint(loader: torch.utils.data.DataLoader) -> dict[str, Any]:
+    """What a loader's batches depend on, besides the RNG state an epoch starts from."""
+    dataset = loader.dataset
+    found: dict[str, Any] = {
+        "dataset": type(dataset).__qualname__, "batch_size": loader.batch_size, "drop_last": loader.drop_last,
+        "sampler": type(loader.sampler).__qualname__,
+        "batch_sampler": None if loader.batch_sampler is None else type(loader.batch_sampler).__qualname__,
+    }  # fmt: skip
+    if isinstance(dataset, torch.utils.data.IterableDataset):
+        # its replicas split it, so their number decides what each batch holds
+        state = loader.__dict__.get("_tp")
+        auto = state is not None and state.workers_auto and not isinstance(dataset, Dataset)
+        found["replicas"] = 2 * usable_cpu_count() if auto else loader.num_workers
+    else:
+        try:
+            found["length"] = len(dataset)
+        except TypeError:
+            pass
+    return found
+
+
+def _check_fingerprint(saved: Any, here: dict[str, Any]) -> None:
+    if not isinstance(saved, dict):
+        raise CheckpointError(f"DataLoader state: 'loader' must be a dict, got {type(saved).__name__}")
+    differs = [f"{key}: the state's {saved.get(key)!r}, this loader's {value!r}"
+               for key, value in here.items() if saved.get(key) != value]  # fmt: skip
+    if differs:
+        raise CheckpointError("the DataLoader state was taken from a loader that makes other batches; "
+                              + "; ".join(differs))  # fmt: skip
+
+
+def _epoch_batches(loader: torch.utils.data.DataLoader) -> int | None:
+    try:
+        return len(loader)
+    except TypeError:
+        return None
+
+
 def _rng_state(generator: torch.Generator | None) -> torch.Tensor:
     return generator.get_state() if generator is not None else torch.get_rng_state()
 
@@ -267,16 +320,23 @@ def _engine_can_run(loader: DataLoader) -> bool:
 
 
 def _skip(iterator: Any, count: int) -> None:
-    """Advance a fresh iterator by ``count`` batches: map-style by sampling alone."""
-    if isinstance(iterator, WorkerIterator):
-        iterator.skip(count)
-        return
-    for _ in range(count):
-        if iterator._dataset_kind == torch_dataloader._DatasetKind.Map:
-            iterator._next_index()
-        else:
-            iterator._next_data()
-        iterator._num_yielded += 1
+    """Advance a fresh iterator by ``count`` batches: map-style by sampling alone.
+
+    Raises:
+        CheckpointError: the epoch ends before ``count`` batches (the state is not this loader's).
+    """
+    try:
+        if isinstance(iterator, WorkerIterator):
+            iterator.skip(count)
+            return
+        for _ in range(count):
+            if iterator._dataset_kind == torch_dataloader._DatasetKind.Map:
+                iterator._next_index()
+            else:
+                iterator._next_data()
+            iterator._num_yielded += 1
+    except StopIteration:
+        raise CheckpointError(f"the DataLoader state is at batch {count}, but this loader's epoch ends before it") from None
 
 
 class _InlineIterator(torch_dataloader._SingleProcessDataLoaderIter):

@@ -391,7 +391,7 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
         for _ in range(count):
             if self._dataset_kind == torch_dataloader._DatasetKind.Map and not self._dispatch.pending:
                 if self._next_payload() is None:
-                    return
+                    raise StopIteration  # the caller says the state is not this epoch's
             else:
                 self._next_data()
             self._num_yielded += 1
