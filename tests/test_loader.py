@@ -322,10 +322,14 @@ def test_a_state_past_the_end_of_an_unsized_epoch_is_a_checkpoint_error_not_a_st
         iter(short)
 
 
-def test_a_pipeline_as_dataset_is_not_replicated_into_workers():
+def test_a_pipeline_as_dataset_is_not_replicated_into_workers_and_a_worker_count_warns():
     pipeline = tp.range(10).map(lambda x: x * 2, 2)
-    batches = [b.tolist() for b in tp.DataLoader(pipeline, batch_size=4, num_workers=2)]
-    assert batches == [[0, 2, 4, 6], [8, 10, 12, 14], [16, 18]]
+    with pytest.warns(UserWarning, match="num_workers=2 is not used: a tp.Dataset runs its own parallel stages"):
+        loader = tp.DataLoader(pipeline, batch_size=4, num_workers=2)
+    assert [b.tolist() for b in loader] == [[0, 2, 4, 6], [8, 10, 12, 14], [16, 18]]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tp.DataLoader(pipeline, batch_size=4, num_workers="auto")  # auto: in-process is its choice
 
 
 def test_persistent_workers_consume_the_generator_like_torch():

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 import multiprocessing
+import warnings
 import weakref
 from typing import Any, TypeVar
 
@@ -79,6 +80,10 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         device: str | torch.device | None = None,
     ) -> None:
         _check_workers(num_workers, prefetch_factor)
+        if isinstance(dataset, Dataset) and isinstance(num_workers, int) and num_workers > 0:
+            warnings.warn(f"num_workers={num_workers} is not used: a tp.Dataset runs its own parallel stages in "
+                          "this process (num_parallel_calls=..., or tp.AUTOTUNE); replicas in workers would "
+                          "repeat its elements", UserWarning, stacklevel=2)  # fmt: skip
         workers_auto = num_workers == "auto"
         if workers_auto:
             num_workers = usable_cpu_count()
