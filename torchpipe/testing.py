@@ -1,4 +1,5 @@
-"""Public test helpers: element equality, checkpoint round-trips, identical output.
+"""Public test helpers: element equality, checkpoint round-trips, identical output, exactly once
+under a killed worker.
 
 Every op's tests use these, so a new op gets its checkpoint and determinism guarantees checked
 by adding one line::
@@ -9,11 +10,15 @@ by adding one line::
 
 from __future__ import annotations
 
+import os
 import pickle
-from collections.abc import Iterable, Mapping
+import random
+import signal
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
+import psutil
 import torch
 
 from torchpipe import nest
@@ -144,3 +149,50 @@ def _check_resume(dataset: Any, state: Any, expected: list[Any], ended: bool, k:
 
 
 _END = object()
+
+
+def assert_exactly_once(make: Callable[[], Iterable[Any]], seed: int = 0, ordered: bool = True) -> int | None:
+    """Assert that ``make()`` yields every element once, in order, when one of its worker
+    processes is killed (SIGKILL) at a random point.
+
+    ``make()`` builds the iterable afresh (a ``tp.Dataset`` or a DataLoader); an undisturbed run
+    gives the elements expected. In a second run, at an element drawn from ``seed`` between a
+    quarter and three quarters of the way, one worker process that this run started is killed: a
+    process of this process tree with none of its own (a worker, not a zygote). Where none runs
+    (inline, threads) nothing is killed and the run must still match. With ``ordered=False`` the
+    order may differ, but not the elements or how often each comes.
+
+    Returns:
+        The pid killed, or None where no worker process ran.
+    """
+    expected = list(make())
+    rng = random.Random(seed)
+    at = rng.randint(len(expected) // 4, max(len(expected) // 4, 3 * len(expected) // 4))
+    before = {p.pid for p in psutil.Process().children(recursive=True)}  # other runs' processes stay
+    actual, killed = [], None
+    for k, element in enumerate(make()):
+        actual.append(element)
+        if k == at:
+            killed = _kill_a_worker(rng, before)
+    if not ordered:
+        expected, actual = sorted(expected, key=repr), sorted(actual, key=repr)
+    if len(actual) != len(expected):
+        raise AssertionError(f"{len(actual)} elements with a worker killed at element {at}, {len(expected)} without")
+    for i, (a, b) in enumerate(zip(actual, expected)):
+        assert_elements_equal(a, b, f"element {i} (a worker killed at element {at})")
+    return killed
+
+
+def _kill_a_worker(rng: random.Random, spared: set[int]) -> int | None:
+    workers = []
+    for process in psutil.Process().children(recursive=True):
+        try:
+            if process.pid not in spared and not process.children():
+                workers.append(process.pid)
+        except psutil.NoSuchProcess:
+            continue
+    if not workers:
+        return None
+    pid = rng.choice(sorted(workers))
+    os.kill(pid, signal.SIGKILL)
+    return pid
