@@ -2,7 +2,9 @@
 
 from torchpipe.constants import AUTOTUNE, INFINITE, UNKNOWN
 from torchpipe.dataset import Dataset
+from torchpipe import io
 from torchpipe.errors import StallError, WorkerError
+from torchpipe.io import TFRecordDataset
 from torchpipe.loader import DataLoader, explain
 from torchpipe.ops.map import pure
 from torchpipe.options import AutotuneOptions, Options
@@ -28,6 +30,7 @@ __all__ = [
     "INFINITE",
     "Options",
     "StallError",
+    "TFRecordDataset",
     "UNKNOWN",
     "WorkerError",
     "choose_from_datasets",
@@ -35,6 +38,7 @@ __all__ = [
     "from_dataset",
     "from_iterable",
     "from_tensor_slices",
+    "io",
     "list_files",
     "pure",
     "range",
