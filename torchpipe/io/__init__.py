@@ -3,16 +3,36 @@ access), WebDataset tar shards, and remote paths through fsspec. Readers are sou
 are plain classes. See docs/formats.md.
 """
 
+from torchpipe.io.example import (
+    FixedLenFeature,
+    FixedLenSequenceFeature,
+    Ragged,
+    VarLenFeature,
+    parse_example,
+    parse_single_example,
+    parse_single_sequence_example,
+    serialize_example,
+    serialize_sequence_example,
+)
 from torchpipe.io.files import DataLossError, expand_braces
 from torchpipe.io.remote import RemoteReadError, RetryPolicy
 from torchpipe.io.tfrecord import TFRecordDataset, TFRecordWriter, masked_crc
 
 __all__ = [
     "DataLossError",
+    "FixedLenFeature",
+    "FixedLenSequenceFeature",
+    "Ragged",
     "RemoteReadError",
     "RetryPolicy",
     "TFRecordDataset",
     "TFRecordWriter",
+    "VarLenFeature",
     "expand_braces",
     "masked_crc",
+    "parse_example",
+    "parse_single_example",
+    "parse_single_sequence_example",
+    "serialize_example",
+    "serialize_sequence_example",
 ]
