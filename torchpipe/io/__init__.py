@@ -15,6 +15,7 @@ from torchpipe.io.example import (
     serialize_sequence_example,
 )
 from torchpipe.io.files import DataLossError, expand_braces
+from torchpipe.io.index import TFRecordRecords, tfrecord_index
 from torchpipe.io.remote import RemoteReadError, RetryPolicy
 from torchpipe.io.tfrecord import TFRecordDataset, TFRecordWriter, masked_crc
 
@@ -26,6 +27,7 @@ __all__ = [
     "RemoteReadError",
     "RetryPolicy",
     "TFRecordDataset",
+    "TFRecordRecords",
     "TFRecordWriter",
     "VarLenFeature",
     "expand_braces",
@@ -35,4 +37,5 @@ __all__ = [
     "parse_single_sequence_example",
     "serialize_example",
     "serialize_sequence_example",
+    "tfrecord_index",
 ]
