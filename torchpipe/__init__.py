@@ -4,7 +4,7 @@ from torchpipe.constants import AUTOTUNE, INFINITE, UNKNOWN
 from torchpipe.dataset import Dataset
 from torchpipe import io
 from torchpipe.errors import StallError, WorkerError
-from torchpipe.io import TFRecordDataset
+from torchpipe.io import TFRecordDataset, from_webdataset
 from torchpipe.loader import DataLoader, explain
 from torchpipe.ops.map import pure
 from torchpipe.options import AutotuneOptions, Options
@@ -38,6 +38,7 @@ __all__ = [
     "from_dataset",
     "from_iterable",
     "from_tensor_slices",
+    "from_webdataset",
     "io",
     "list_files",
     "pure",
