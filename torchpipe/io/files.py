@@ -67,11 +67,15 @@ def check_path(op: str, path: Any) -> str:
     return path
 
 
-def open_input(path: str, buffer_size: int, retry: remote.RetryPolicy | None = None) -> BinaryIO:
-    """``path`` opened for reading bytes: local files directly, URLs through fsspec."""
+def open_input(path: str, buffer_size: int | None, retry: remote.RetryPolicy | None = None) -> BinaryIO:
+    """``path`` opened for reading bytes: local files directly, URLs through fsspec.
+
+    Args:
+        buffer_size: bytes read at once (default: 256 KB for local files, 8 MB for URLs).
+    """
     if remote.is_url(path):
         return remote.open_url(path, "rb", buffer_size, retry)
-    return open(remote.local_path(path), "rb", buffering=buffer_size)
+    return open(remote.local_path(path), "rb", buffering=buffer_size or DEFAULT_BUFFER_SIZE)
 
 
 def open_output(path: str) -> BinaryIO:
@@ -82,7 +86,8 @@ def open_output(path: str) -> BinaryIO:
 
 
 def open_stream(
-    path: str, compression: str | None, buffer_size: int, offset: int = 0, retry: remote.RetryPolicy | None = None
+    path: str, compression: str | None, buffer_size: int | None, offset: int = 0,
+    retry: remote.RetryPolicy | None = None,
 ) -> BinaryIO:
     """``path`` opened for reading, decompressed, positioned at ``offset`` of the uncompressed
     stream: a seek for plain files, a read of the bytes before it for compressed ones (a
@@ -96,7 +101,7 @@ def open_stream(
         if offset:
             raw.seek(offset)
         return raw
-    stream = io.BufferedReader(InflateStream(raw, compression, path), buffer_size)
+    stream = io.BufferedReader(InflateStream(raw, compression, path), buffer_size or DEFAULT_BUFFER_SIZE)
     skipped = 0
     while skipped < offset:
         chunk = stream.read(min(_SKIP_CHUNK, offset - skipped))

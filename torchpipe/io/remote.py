@@ -128,7 +128,7 @@ def open_url(url: str, mode: str, buffer_size: int | None = None, retry: RetryPo
     fs, path = filesystem(url)
     if mode == "wb":
         return fs.open(path, "wb")
-    size = max(buffer_size or 0, DEFAULT_REMOTE_BUFFER)
+    size = buffer_size or DEFAULT_REMOTE_BUFFER
     raw = RetryingFile(url, lambda: fs.open(path, "rb", block_size=size, cache_type="none"), retry or RetryPolicy())
     return io.BufferedReader(raw, size)
 
@@ -136,7 +136,7 @@ def open_url(url: str, mode: str, buffer_size: int | None = None, retry: RetryPo
 def read_range(url: str, start: int, length: int, retry: RetryPolicy | None = None) -> bytes:
     """Bytes ``[start, start + length)`` of ``url`` in one request (random access)."""
     fs, path = filesystem(url)
-    return (retry or RetryPolicy()).call(url, start, lambda: fs.cat_file(path, start, start + length))
+    return (retry or RetryPolicy()).call(url, start, lambda: fs.cat_file(path, start=start, end=start + length))
 
 
 def size(url: str) -> int:

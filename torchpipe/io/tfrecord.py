@@ -31,7 +31,6 @@ from torchpipe.dataset import Dataset, _check_bool, _check_int
 from torchpipe.errors import CheckpointError
 from torchpipe.io import remote
 from torchpipe.io.files import (
-    DEFAULT_BUFFER_SIZE,
     DataLossError,
     check_compression,
     check_path,
@@ -104,7 +103,7 @@ class TFRecordFileNode(Node):
 
     kind = "tfrecord_file"
 
-    def __init__(self, path: str, compression: str | None, buffer_size: int, verify: bool,
+    def __init__(self, path: str, compression: str | None, buffer_size: int | None, verify: bool,
                  retry: remote.RetryPolicy | None) -> None:  # fmt: skip
         super().__init__()
         self.path = path
@@ -199,7 +198,7 @@ class TFRecordFileReader:
 
     __name__ = "tfrecord_file"
 
-    def __init__(self, compression: str | None, buffer_size: int, verify: bool,
+    def __init__(self, compression: str | None, buffer_size: int | None, verify: bool,
                  retry: remote.RetryPolicy | None) -> None:  # fmt: skip
         self.compression = compression
         self.buffer_size = buffer_size
@@ -247,7 +246,7 @@ def TFRecordDataset(  # noqa: N802 - tf.data's name
     _check_bool("TFRecordDataset", "verify", verify)
     if retry is not None and not isinstance(retry, remote.RetryPolicy):
         raise TypeError(f"TFRecordDataset: retry must be a tp.io.RetryPolicy, got {type(retry).__name__}")
-    reader = TFRecordFileReader(compression, buffer_size or DEFAULT_BUFFER_SIZE, verify, retry)
+    reader = TFRecordFileReader(compression, buffer_size, verify, retry)
     if isinstance(filenames, (str, os.PathLike)) and num_parallel_reads is None:
         return reader(filenames)
     files = path_dataset("TFRecordDataset", filenames)

@@ -24,7 +24,7 @@ from torchpipe.dataset import Dataset, _check_bool, _check_int, _check_seed
 from torchpipe.errors import CheckpointError
 from torchpipe.io import remote
 from torchpipe.io.decoders import SampleDecoder, encode_field
-from torchpipe.io.files import DEFAULT_BUFFER_SIZE, DataLossError, check_path, open_output, open_stream, path_dataset
+from torchpipe.io.files import DataLossError, check_path, open_output, open_stream, path_dataset
 from torchpipe.io.sharding import split_files
 from torchpipe.ops.base import BuildContext, Iterator, Node, check_state
 
@@ -47,7 +47,7 @@ class TarShardNode(Node):
 
     kind = "tar_shard"
 
-    def __init__(self, url: str, buffer_size: int, retry: remote.RetryPolicy | None) -> None:
+    def __init__(self, url: str, buffer_size: int | None, retry: remote.RetryPolicy | None) -> None:
         super().__init__()
         self.url, self.buffer_size, self.retry = url, buffer_size, retry
 
@@ -169,7 +169,7 @@ class TarShardReader:
 
     __name__ = "tar_shard"
 
-    def __init__(self, buffer_size: int, retry: remote.RetryPolicy | None) -> None:
+    def __init__(self, buffer_size: int | None, retry: remote.RetryPolicy | None) -> None:
         self.buffer_size, self.retry = buffer_size, retry
 
     def __call__(self, url: Any) -> Dataset:
@@ -225,7 +225,7 @@ def from_webdataset(
         files = files.shuffle(len(files), seed=seed)
     if split_by_rank or split_by_worker:
         files = split_files(files, split_by_rank, split_by_worker, shuffled=shardshuffle and seed is None)
-    reader = TarShardReader(buffer_size or DEFAULT_BUFFER_SIZE, retry)
+    reader = TarShardReader(buffer_size, retry)
     if num_parallel_reads is None:
         samples = files.flat_map(reader)
     else:
