@@ -107,7 +107,7 @@ def test_checkpoint_is_the_next_samples_offset_and_resume_seeks(tmp_path):
     it.close()
     inner = state["pipeline"]["slots"][0]["inner"]  # flat_map over the shard list: the shard's reader
     offset = inner["offset"]
-    assert inner["url"] == path and offset > 0 and offset % 512 == 0
+    assert inner["file"] == path and offset > 0 and offset % 512 == 0
     with open(path, "r+b") as f:  # wipe the samples before the checkpoint: a seek never reads them
         f.write(b"\0" * offset)
     resumed = iter(tp.from_webdataset(path))

@@ -14,7 +14,10 @@ from collections.abc import Sequence
 from typing import Any, BinaryIO
 
 from torchpipe.dataset import Dataset
+from torchpipe.errors import CheckpointError
 from torchpipe.io import remote
+from torchpipe.ops.base import Iterator, check_state
+from torchpipe.ops.sources import TensorSlicesNode
 
 DEFAULT_BUFFER_SIZE = 256 * 1024
 """Read buffer of a record file (tf.data's default for TFRecordDataset)."""
@@ -181,6 +184,60 @@ class InflateStream(io.RawIOBase):
         super().close()
 
 
+class FileReaderIterator(Iterator):
+    """Base of the iterators that read one file from start to end; the state is
+    ``{file, offset, done}``, ``offset`` being where the next element starts.
+
+    A subclass opens its stream in :meth:`start` (at ``self._offset``) and reads the next
+    element in :meth:`read_next` (raising StopIteration at the end). Any error ends the file
+    after it is raised once, so that under ``ignore_errors()`` reading goes on at the next file
+    (as in tf.data); :class:`DataLossError` s are counted in ``stats.counters["corrupt"]``.
+
+    Args:
+        name: the stage name.
+        path: the file (or URL) read.
+    """
+
+    FILE, OFFSET, DONE, CORRUPT = "file", "offset", "done", "corrupt"
+
+    def __init__(self, name: str, path: str) -> None:
+        super().__init__(name)
+        self.path = path
+        self._offset = 0
+        self._done = False
+        self._stream: BinaryIO | None = None
+
+    def read_next(self) -> Any:
+        """The next element; StopIteration at the end of the file."""
+        raise NotImplementedError
+
+    def next(self) -> Any:
+        if self._done:
+            raise StopIteration
+        try:
+            return self.read_next()
+        except BaseException as e:
+            if isinstance(e, DataLossError):
+                self.stats.counters[self.CORRUPT] = self.stats.counters.get(self.CORRUPT, 0) + 1
+            self._done = True
+            self.shutdown()
+            raise
+
+    def get_state(self) -> dict[str, Any]:
+        return {self.FILE: self.path, self.OFFSET: self._offset, self.DONE: self._done}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        check_state(self.name, state, self.FILE, self.OFFSET, self.DONE)
+        if state[self.FILE] != self.path:
+            raise CheckpointError(f"{self.name}: the checkpoint is of file {state[self.FILE]!r}, not {self.path!r}")
+        self._offset, self._done = int(state[self.OFFSET]), bool(state[self.DONE])
+
+    def shutdown(self) -> None:
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            stream.close()
+
+
 # -- shard lists ----------------------------------------------------------------------------------
 _BRACES = re.compile(r"\{([^{}]*)\}")
 _RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
@@ -230,8 +287,6 @@ def path_dataset(op: str, filenames: Any, braces: bool = False) -> Dataset:
         TypeError: for anything else.
         ValueError: for an empty list.
     """
-    from torchpipe.sources import from_tensor_slices  # sources imports the io package
-
     if isinstance(filenames, Dataset):
         return filenames
     if isinstance(filenames, (str, os.PathLike)):
@@ -246,4 +301,4 @@ def path_dataset(op: str, filenames: Any, braces: bool = False) -> Dataset:
         paths = [name for path in paths for name in expand_braces(path)]
     if not paths:
         raise ValueError(f"{op}: no filenames given")
-    return from_tensor_slices(paths)
+    return Dataset(TensorSlicesNode(paths, len(paths)))

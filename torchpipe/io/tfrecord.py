@@ -28,17 +28,17 @@ import crc32c
 
 from torchpipe.constants import AUTOTUNE, UNKNOWN
 from torchpipe.dataset import Dataset, _check_bool, _check_int
-from torchpipe.errors import CheckpointError
 from torchpipe.io import remote
 from torchpipe.io.files import (
     DataLossError,
+    FileReaderIterator,
     check_compression,
     check_path,
     open_output,
     open_stream,
     path_dataset,
 )
-from torchpipe.ops.base import BuildContext, Iterator, Node, check_state
+from torchpipe.ops.base import BuildContext, Iterator, Node
 
 _LENGTH = struct.Struct("<Q")
 _CRC = struct.Struct("<I")
@@ -122,22 +122,16 @@ class TFRecordFileNode(Node):
         return TFRecordFileIterator(self)
 
 
-class TFRecordFileIterator(Iterator):
+class TFRecordFileIterator(FileReaderIterator):
     """Reads one TFRecord file record by record; its state is ``{file, offset, done}``.
 
     After a corrupt or truncated record it raises :class:`DataLossError` once and then ends,
     so that under ``ignore_errors()`` reading goes on at the next file (as in tf.data).
     """
 
-    FILE, OFFSET, DONE = "file", "offset", "done"
-    CORRUPT = "corrupt_records"
-
     def __init__(self, node: TFRecordFileNode) -> None:
-        super().__init__(f"tfrecord_file({os.path.basename(node.path)})")
+        super().__init__(f"tfrecord_file({os.path.basename(node.path)})", node.path)
         self._node = node
-        self._offset = 0
-        self._done = False
-        self._stream: BinaryIO | None = None
         self._read: Any = None
         self._size: int | None = None
 
@@ -150,44 +144,14 @@ class TFRecordFileIterator(Iterator):
         if node.compression is None and not remote.is_url(node.path):
             self._size = os.fstat(self._stream.fileno()).st_size
 
-    def next(self) -> bytes:
-        if self._done:
-            raise StopIteration
+    def read_next(self) -> bytes:
         offset = self._offset
         limit = None if self._size is None else self._size - offset
-        try:
-            record = read_record(self._read, self._node.path, offset, self._node.verify, limit)
-        except DataLossError:
-            self.stats.counters[self.CORRUPT] = self.stats.counters.get(self.CORRUPT, 0) + 1
-            self._finish()
-            raise
-        except Exception:
-            self._finish()  # an IO error that the retries did not mend ends this file too
-            raise
+        record = read_record(self._read, self.path, offset, self._node.verify, limit)
         if record is None:
-            self._finish()
             raise StopIteration
         self._offset = offset + HEADER_BYTES + len(record) + FOOTER_BYTES
         return record
-
-    def _finish(self) -> None:
-        self._done = True
-        self.shutdown()
-
-    def get_state(self) -> dict[str, Any]:
-        return {self.FILE: self._node.path, self.OFFSET: self._offset, self.DONE: self._done}
-
-    def set_state(self, state: dict[str, Any]) -> None:
-        check_state(self.name, state, self.FILE, self.OFFSET, self.DONE)
-        if state[self.FILE] != self._node.path:
-            raise CheckpointError(f"{self.name}: the checkpoint is of file {state[self.FILE]!r}, not {self._node.path!r}")
-        self._offset = int(state[self.OFFSET])
-        self._done = bool(state[self.DONE])
-
-    def shutdown(self) -> None:
-        stream, self._stream = self._stream, None
-        if stream is not None:
-            stream.close()
 
 
 class TFRecordFileReader:

@@ -21,12 +21,18 @@ from typing import Any, BinaryIO, Callable
 
 from torchpipe.constants import AUTOTUNE, UNKNOWN
 from torchpipe.dataset import Dataset, _check_bool, _check_int, _check_seed
-from torchpipe.errors import CheckpointError
 from torchpipe.io import remote
 from torchpipe.io.decoders import SampleDecoder, encode_field
-from torchpipe.io.files import DataLossError, check_path, open_output, open_stream, path_dataset
+from torchpipe.io.files import (
+    DataLossError,
+    FileReaderIterator,
+    check_path,
+    open_output,
+    open_stream,
+    path_dataset,
+)
 from torchpipe.io.sharding import split_files
-from torchpipe.ops.base import BuildContext, Iterator, Node, check_state
+from torchpipe.ops.base import BuildContext, Iterator, Node
 
 _KEY_AND_EXTENSION = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
 _META = re.compile(r"__[^/]*__($|/)")
@@ -61,21 +67,17 @@ class TarShardNode(Node):
         return TarShardIterator(self)
 
 
-class TarShardIterator(Iterator):
-    """Reads one shard sample by sample; its state is ``{url, offset, done}``.
+class TarShardIterator(FileReaderIterator):
+    """Reads one shard sample by sample; its state is ``{file, offset, done}``, ``offset`` being
+    where the next sample's first member starts.
 
     A damaged shard raises :class:`DataLossError` (naming the shard and the offset) once and
     then ends, so that under ``ignore_errors()`` reading goes on at the next shard.
     """
 
-    URL, OFFSET, DONE = "url", "offset", "done"
-
     def __init__(self, node: TarShardNode) -> None:
-        super().__init__(f"tar_shard({node.url.rsplit('/', 1)[-1]})")
+        super().__init__(f"tar_shard({node.url.rsplit('/', 1)[-1]})", node.url)
         self._node = node
-        self._offset = 0  # where the next sample's first member starts
-        self._done = False
-        self._stream: BinaryIO | None = None
         self._tar: tarfile.TarFile | None = None
         self._pending: tuple[str, str, bytes, int] | None = None
 
@@ -92,25 +94,15 @@ class TarShardIterator(Iterator):
                 raise self._damaged(self._offset, e) from e
             self._done = True
 
-    def next(self) -> dict[str, Any]:
-        if self._done:
-            raise StopIteration
-        try:
-            return self._next_sample()
-        except StopIteration:
-            raise
-        except Exception:
-            self._finish()
-            raise
-
-    def _next_sample(self) -> dict[str, Any]:
+    def read_next(self) -> dict[str, Any]:
         sample: dict[str, Any] | None = None
         while True:
             item, self._pending = self._pending or self._next_member(), None
             if item is None:
-                self._finish()
                 if sample is None:
                     raise StopIteration
+                self._done = True  # the last sample: a checkpoint after it is at the end
+                self.shutdown()
                 return sample
             key, ext, data, offset = item
             if sample is None:
@@ -145,23 +137,9 @@ class TarShardIterator(Iterator):
         url = self._node.url
         return DataLossError(f"{url}: damaged tar shard at byte {offset}: {error}", url, offset)
 
-    def _finish(self) -> None:
-        self._done = True
-        self.shutdown()
-
-    def get_state(self) -> dict[str, Any]:
-        return {self.URL: self._node.url, self.OFFSET: self._offset, self.DONE: self._done}
-
-    def set_state(self, state: dict[str, Any]) -> None:
-        check_state(self.name, state, self.URL, self.OFFSET, self.DONE)
-        if state[self.URL] != self._node.url:
-            raise CheckpointError(f"{self.name}: the checkpoint is of shard {state[self.URL]!r}, not {self._node.url!r}")
-        self._offset, self._done = int(state[self.OFFSET]), bool(state[self.DONE])
-
     def shutdown(self) -> None:
-        stream, self._stream, self._tar = self._stream, None, None
-        if stream is not None:
-            stream.close()
+        self._tar = None
+        super().shutdown()
 
 
 class TarShardReader:
@@ -208,18 +186,8 @@ def from_webdataset(
         TypeError, ValueError: for bad arguments.
     """
     op = "from_webdataset"
-    for name, value in (("shardshuffle", shardshuffle), ("split_by_rank", split_by_rank),
-                        ("split_by_worker", split_by_worker)):  # fmt: skip
-        _check_bool(op, name, value)
-    _check_seed(op, seed)
-    if num_parallel_reads is not None and num_parallel_reads != AUTOTUNE:
-        _check_int(op, "num_parallel_reads", num_parallel_reads, minimum=1)
-    if buffer_size is not None:
-        _check_int(op, "buffer_size", buffer_size, minimum=1)
-    if not (isinstance(decode, bool) or callable(decode)):
-        raise TypeError(f"{op}: decode must be a bool or a function of the sample, got {type(decode).__name__}")
-    if isinstance(urls, Dataset):
-        raise TypeError(f"{op}: urls must be a str or a list of str (a shard list of known length)")
+    _check_arguments(op, urls, shardshuffle, seed, split_by_rank, split_by_worker, num_parallel_reads, decode,
+                     buffer_size)  # fmt: skip
     files = path_dataset(op, urls, braces=True)
     if shardshuffle:
         files = files.shuffle(len(files), seed=seed)
@@ -233,6 +201,22 @@ def from_webdataset(
     if decode is False:
         return samples
     return samples.map(SampleDecoder() if decode is True else decode)
+
+
+def _check_arguments(op: str, urls: Any, shardshuffle: Any, seed: Any, split_by_rank: Any, split_by_worker: Any,
+                     num_parallel_reads: Any, decode: Any, buffer_size: Any) -> None:  # fmt: skip
+    for name, value in (("shardshuffle", shardshuffle), ("split_by_rank", split_by_rank),
+                        ("split_by_worker", split_by_worker)):  # fmt: skip
+        _check_bool(op, name, value)
+    _check_seed(op, seed)
+    if num_parallel_reads is not None and num_parallel_reads != AUTOTUNE:
+        _check_int(op, "num_parallel_reads", num_parallel_reads, minimum=1)
+    if buffer_size is not None:
+        _check_int(op, "buffer_size", buffer_size, minimum=1)
+    if not (isinstance(decode, bool) or callable(decode)):
+        raise TypeError(f"{op}: decode must be a bool or a function of the sample, got {type(decode).__name__}")
+    if isinstance(urls, Dataset):
+        raise TypeError(f"{op}: urls must be a str or a list of str (a shard list of known length)")
 
 
 class TarWriter:
