@@ -8,6 +8,7 @@ from typing import Any
 
 from torchpipe import nest
 from torchpipe.constants import UNKNOWN
+from torchpipe.errors import add_note
 from torchpipe.ops.base import BuildContext, Iterator, Node, check_state
 
 
@@ -37,6 +38,40 @@ class IndexedSourceIterator(Iterator):
         self._index = int(state[self.INDEX])
 
 
+class DatasetFetch:
+    """``dataset[i]`` as the ``from_dataset`` stage fetches it, inline or in a map's workers
+    (source pushdown): an exception gets a note naming the stage and the index.
+
+    Args:
+        dataset: the map-style dataset.
+    """
+
+    __slots__ = ("dataset", "stage")
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+        self.stage = f"from_dataset({type(dataset).__name__})"
+
+    def __call__(self, index: int) -> Any:
+        try:
+            return self.dataset[index]
+        except Exception as e:
+            add_note(e, f"raised in torchpipe stage {self.stage} at index {index}")
+            raise
+
+    def many(self, indices: list[int]) -> list[Any]:
+        """The elements at ``indices``, with one ``__getitems__`` call where the dataset has it."""
+        getitems = getattr(self.dataset, "__getitems__", None)
+        if getitems is None:
+            return [self(i) for i in indices]
+        try:
+            return list(getitems(indices))
+        except Exception as e:
+            shown = ", ".join(map(str, indices[:8])) + (", ..." if len(indices) > 8 else "")
+            add_note(e, f"raised in torchpipe stage {self.stage} at one of indices [{shown}] (__getitems__)")
+            raise
+
+
 class FromDatasetNode(Node):
     """``dataset[i]`` for every index of a map-style dataset."""
 
@@ -53,7 +88,8 @@ class FromDatasetNode(Node):
         return len(self.dataset)
 
     def build(self, ctx: BuildContext) -> Iterator:
-        return IndexedSourceIterator(self.kind, len(self.dataset), self.dataset.__getitem__)
+        fetch = DatasetFetch(self.dataset)
+        return IndexedSourceIterator(fetch.stage, len(self.dataset), fetch)
 
 
 class IndicesNode(Node):
