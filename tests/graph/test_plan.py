@@ -75,3 +75,23 @@ def test_abandoned_iterators_are_collected():
     del it
     gc.collect()
     assert ref() is None
+
+
+def test_a_resumed_dataset_goes_on_with_the_epoch_after_the_checkpoint():
+    def make():
+        return tp.range(20).shuffle(20, seed=1)
+
+    ds = make()
+    list(ds), list(ds)
+    it = iter(ds)  # epoch 2
+    [next(it) for _ in range(5)]
+    state = it.state_dict()
+    rest, epoch3 = list(it), list(ds)
+    assert sorted(epoch3) == list(range(20)) and epoch3 != sorted(epoch3)
+
+    ds2 = make()  # as in a fresh process
+    resumed = iter(ds2)
+    resumed.load_state_dict(state)
+    assert list(resumed) == rest
+    assert list(iter(ds2)) == epoch3
+    assert iter(ds2).state_dict()["epoch"] == 4

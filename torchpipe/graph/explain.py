@@ -8,9 +8,9 @@ from torchpipe.ops.base import Node
 from torchpipe.ops.structure import ElidedNode
 
 
-def explain_plan(plan: Plan, tuned: dict[str, int] | None = None) -> str:
+def explain_plan(plan: Plan, tuned: dict[str, int] | None = None, running: bool = True) -> str:
     """The pipeline graph as text: root first, each input indented under its consumer; then the
-    ``tuned`` values of its AUTOTUNE knobs, if a pass is running."""
+    ``tuned`` values of its AUTOTUNE knobs, now (``running``) or where the last pass left them."""
     lines = ["Pipeline as written (root first):"]
     _render(plan.root, lines, prefix="", is_last=True, is_root=True)
     lines.append("Optimizations:")
@@ -21,7 +21,7 @@ def explain_plan(plan: Plan, tuned: dict[str, int] | None = None) -> str:
     lines.append(f"Cardinality: {_cardinality_text(cardinality)}")
     lines.append(f"Options: {plan.options!r}")
     if tuned:
-        lines.append("Autotuned (latest pass, now):")
+        lines.append("Autotuned (latest pass, now):" if running else "Autotuned (last pass, at its end):")
         lines.extend(f"  {name} = {value}" for name, value in tuned.items())
     return "\n".join(lines)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import weakref
 from typing import Any
 
@@ -46,8 +47,48 @@ class Plan:
         """
         return list(self._fingerprint)
 
-    def iterator(self, epoch: int) -> PipelineIterator:
-        return PipelineIterator(self, epoch)
+    def iterator(self, history: PassHistory) -> PipelineIterator:
+        """A new pass, in the epoch ``history`` gives it."""
+        return PipelineIterator(self, history)
+
+
+class PassHistory:
+    """What a Dataset keeps between its passes: the next epoch and what the latest pass tuned.
+
+    A pass takes its epoch from it when it starts, moves it when a checkpoint is loaded (the
+    pass after a resumed one is the epoch after the checkpoint's), and leaves its tuned values
+    in it when it ends, so that ``explain()`` describes the last pass until a new one starts.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._next_epoch = 0
+        self._passes = 0
+        self._tuned: dict[str, int] = {}
+
+    def start(self) -> tuple[int, int]:
+        """``(pass number, epoch)`` of a new pass; it becomes the latest."""
+        with self._lock:
+            epoch, self._next_epoch = self._next_epoch, self._next_epoch + 1
+            self._passes += 1
+            self._tuned = {}
+            return self._passes, epoch
+
+    def resumed(self, epoch: int) -> None:
+        """A pass now continues ``epoch`` (from a checkpoint): the next pass is the one after it."""
+        with self._lock:
+            self._next_epoch = epoch + 1
+
+    def ended(self, number: int, tuned: dict[str, int]) -> None:
+        """Pass ``number`` ended (or was closed) with these AUTOTUNE values."""
+        with self._lock:
+            if number == self._passes:
+                self._tuned = dict(tuned)
+
+    def last_tuned(self) -> dict[str, int]:
+        """The values the latest pass left when it ended; empty while it runs or if it tuned nothing."""
+        with self._lock:
+            return dict(self._tuned)
 
 
 class PipelineIterator:
@@ -59,12 +100,13 @@ class PipelineIterator:
     ``Options.autotune.enabled``), it starts the autotuner with the first element.
     """
 
-    def __init__(self, plan: Plan, epoch: int) -> None:
+    def __init__(self, plan: Plan, history: PassHistory) -> None:
         self._plan = plan
         seed = plan.options.seed
         self._seeded = seed is not None
         self._seed = seed if seed is not None else fresh_seed()
-        self._epoch = epoch
+        self._history = history
+        self._number, self._epoch = history.start()
         self._tree: Iterator | None = None
         self._finalizer: weakref.finalize | None = None
         self._clock = ConsumerClock()
@@ -77,7 +119,7 @@ class PipelineIterator:
         tuning, clock, tuner = self._plan.options.autotune, ConsumerClock(), None
         if tuning.enabled and live_knobs(tree):
             tuner = Autotuner(tree, clock, Budget.of_machine(tuning.cpu_budget, tuning.ram_budget))
-        self._finalizer = weakref.finalize(self, _close, tree, tuner)
+        self._finalizer = weakref.finalize(self, _close, tree, tuner, self._history, self._number)
         tree.prepare()
         self._tree, self._tuner, self._clock, self._start = tree, tuner, clock, start_look()
         return tree
@@ -130,6 +172,7 @@ class PipelineIterator:
         self.close()
         self._seed = int(state["seed"])
         self._epoch = int(state["epoch"])
+        self._history.resumed(self._epoch)
         self._build().load_state_dict(state["pipeline"])
 
     def close(self) -> None:
@@ -154,7 +197,7 @@ class PipelineIterator:
 
     def tuned_values(self) -> dict[str, int]:
         """The current value of every AUTOTUNE knob of this pass (empty before it starts)."""
-        return {name: knob.value for name, knob in sorted(self._tuner.knobs.items())} if self._tuner else {}
+        return _tuned_values(self._tuner)
 
     def __enter__(self) -> PipelineIterator:
         return self
@@ -163,10 +206,15 @@ class PipelineIterator:
         self.close()
 
 
-def _close(tree: Iterator, tuner: Autotuner | None) -> None:
+def _close(tree: Iterator, tuner: Autotuner | None, history: PassHistory, number: int) -> None:
     if tuner is not None:
         tuner.stop()
+    history.ended(number, _tuned_values(tuner))
     tree.close()
+
+
+def _tuned_values(tuner: Autotuner | None) -> dict[str, int]:
+    return {name: knob.value for name, knob in sorted(tuner.knobs.items())} if tuner is not None else {}
 
 
 def _kinds(root: Node) -> list[str]:
