@@ -12,11 +12,13 @@ from torchpipe.autotune.runner import Autotuner, ConsumerClock, Decision, live_k
 from torchpipe.autotune.tuner import Budget
 from torchpipe.errors import CheckpointError
 from torchpipe.graph.optimizer import optimize
-from torchpipe.ops.base import BuildContext, Iterator, Node
+from torchpipe.ops.base import BuildContext, Iterator, Node, check_int
+from torchpipe.ops.fingerprint import describe_ops, ops_of
 from torchpipe.options import Options
 from torchpipe.randomness import fresh_seed
 
-_FORMAT = 2
+_FORMAT = 3
+"""Version 3 names each op as written with its parameters (version 2 had only the kinds)."""
 
 
 class Plan:
@@ -38,12 +40,14 @@ class Plan:
         self.options = options
         self.memory = memory
         self.runtime_root, self.rewrites = optimize(root, options)
-        self._fingerprint = _kinds(root) + ["->"] + _kinds(self.runtime_root)
+        self._fingerprint = describe_ops(root) + ["->"] + [node.kind for node in ops_of(self.runtime_root)]
 
     def fingerprint(self) -> list[str]:
-        """The op kinds as written and as run, depth first (a fresh list).
+        """Each op as written with its parameters, then the op kinds as run, depth first (a
+        fresh list; ``ops/fingerprint.py``).
 
-        A checkpoint only loads into a pipeline of the same shape, optimized the same way.
+        A checkpoint only loads into a pipeline of the same ops and parameters, optimized the
+        same way.
         """
         return list(self._fingerprint)
 
@@ -157,22 +161,27 @@ class PipelineIterator:
         """Continue from ``state``: the next element is the one after the checkpoint.
 
         Raises:
-            CheckpointError: if ``state`` came from a pipeline of another shape or format.
+            CheckpointError: if ``state`` came from a pipeline of other ops, other parameters or
+                another format, or a value in it is malformed; the message says what differs.
         """
-        if not isinstance(state, dict) or state.get("format") != _FORMAT:
+        if not isinstance(state, dict) or state.get("format") not in (_FORMAT, 2):
             raise CheckpointError("not a torchpipe iterator state (missing or unknown 'format')")
-        saved, mine = state.get("ops"), self._plan.fingerprint()
-        if saved != mine:
-            if isinstance(saved, list) and "->" in saved and saved[: saved.index("->")] == mine[: mine.index("->")]:
-                raise CheckpointError(
-                    "checkpoint is from this pipeline optimized differently (Options.optimizations "
-                    f"changed?): it ran as {saved[saved.index('->') + 1:]}, this runs as {mine[mine.index('->') + 1:]}"
-                )
-            raise CheckpointError(f"checkpoint is from another pipeline: ops {saved} vs {mine}")
+        if state["format"] == 2:
+            raise CheckpointError(
+                "checkpoint has format 2, from an older torchpipe: it names the ops but not their "
+                "parameters, so it cannot be checked against this pipeline and is not loaded; "
+                "start the epoch afresh (checkpoints saved from now on have format 3)"
+            )
+        difference = _difference(state.get("ops"), self._plan.fingerprint())
+        if difference is not None:
+            raise CheckpointError(difference)
+        missing = [key for key in ("seed", "epoch", "pipeline") if key not in state]
+        if missing:
+            raise CheckpointError(f"pipeline: state is missing {missing}")
+        seed, epoch = check_int("pipeline", state, "seed", minimum=0), check_int("pipeline", state, "epoch", minimum=0)
         self.close()
-        self._seed = int(state["seed"])
-        self._epoch = int(state["epoch"])
-        self._history.resumed(self._epoch)
+        self._seed, self._epoch = seed, epoch
+        self._history.resumed(epoch)
         self._build().load_state_dict(state["pipeline"])
 
     def close(self) -> None:
@@ -217,12 +226,23 @@ def _tuned_values(tuner: Autotuner | None) -> dict[str, int]:
     return {name: knob.value for name, knob in sorted(tuner.knobs.items())} if tuner is not None else {}
 
 
-def _kinds(root: Node) -> list[str]:
-    kinds: list[str] = []
-    stack = [root]
-    while stack:
-        node = stack.pop()
-        if not node.checkpoints_as_input:
-            kinds.append(node.kind)
-        stack.extend(reversed(node.inputs))
-    return kinds
+def _difference(saved: Any, mine: list[str]) -> str | None:
+    """What differs between a checkpoint's ``ops`` and this plan's fingerprint, or None."""
+    if not isinstance(saved, list) or "->" not in saved or not all(isinstance(line, str) for line in saved):
+        return f"checkpoint's 'ops' is malformed: {saved!r}"
+    if saved == mine:
+        return None
+    split_saved, split_mine = saved.index("->"), mine.index("->")
+    written, mine_written = saved[:split_saved], mine[:split_mine]
+    kinds, mine_kinds = [line.split("(", 1)[0] for line in written], [line.split("(", 1)[0] for line in mine_written]
+    if kinds != mine_kinds:
+        return f"checkpoint is from another pipeline: ops {kinds} vs {mine_kinds}"
+    if written != mine_written:
+        changed = "; ".join(
+            f"op {i} was {old}, here it is {new}" for i, (old, new) in enumerate(zip(written, mine_written)) if old != new
+        )
+        return f"checkpoint is from this pipeline with other parameters: {changed}"
+    return (
+        "checkpoint is from this pipeline optimized differently (Options.optimizations changed?): "
+        f"it ran as {saved[split_saved + 1:]}, this runs as {mine[split_mine + 1:]}"
+    )

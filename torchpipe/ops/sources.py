@@ -9,7 +9,7 @@ from typing import Any
 from torchpipe import nest
 from torchpipe.constants import UNKNOWN
 from torchpipe.errors import add_note
-from torchpipe.ops.base import BuildContext, Iterator, Node, check_state
+from torchpipe.ops.base import BuildContext, Iterator, Node, Symbol, check_int, check_state, function_name
 
 
 class IndexedSourceIterator(Iterator):
@@ -35,7 +35,7 @@ class IndexedSourceIterator(Iterator):
 
     def set_state(self, state: dict[str, Any]) -> None:
         check_state(self.name, state, self.INDEX)
-        self._index = int(state[self.INDEX])
+        self._index = check_int(self.name, state, self.INDEX, minimum=0, maximum=self._length)
 
 
 class DatasetFetch:
@@ -167,7 +167,7 @@ class FromIterableNode(Node):
         self.source = source
 
     def params(self) -> dict[str, Any]:
-        return {"source": getattr(self.source, "__name__", type(self.source).__name__)}
+        return {"source": function_name(self.source) if callable(self.source) else Symbol(type(self.source).__name__)}
 
     def cardinality(self) -> int:
         if not callable(self.source) and isinstance(self.source, Sized):
@@ -213,4 +213,4 @@ class IterableIterator(Iterator):
 
     def set_state(self, state: dict[str, Any]) -> None:
         check_state(self.name, state, self.CONSUMED)
-        self._consumed = int(state[self.CONSUMED])
+        self._consumed = check_int(self.name, state, self.CONSUMED, minimum=0)
