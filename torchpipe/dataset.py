@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from torchpipe.constants import AUTOTUNE, INFINITE, UNKNOWN
-from torchpipe.graph import PassHistory, PipelineIterator, Plan, explain_plan
+from torchpipe.graph import PassHistory, PipelineIterator, Plan, current_worker, explain_plan
 from torchpipe.ops.base import Node
 from torchpipe.ops.batch import (
     BatchNode,
@@ -72,7 +72,7 @@ class Dataset(torch.utils.data.IterableDataset):
         return iterator
 
     def _plan(self) -> Plan:
-        return Plan(self._node, self.options(), self._memory)
+        return Plan(self._node, self.options(), self._memory, current_worker())
 
     def options(self) -> Options:
         """The pipeline's options: every ``with_options`` below this node, later ones winning."""

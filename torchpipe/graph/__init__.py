@@ -2,5 +2,6 @@
 
 from torchpipe.graph.explain import explain_plan
 from torchpipe.graph.plan import PassHistory, PipelineIterator, Plan
+from torchpipe.graph.sharding import current_worker
 
-__all__ = ["PassHistory", "PipelineIterator", "Plan", "explain_plan"]
+__all__ = ["PassHistory", "PipelineIterator", "Plan", "current_worker", "explain_plan"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from torchpipe.constants import INFINITE, UNKNOWN
 from torchpipe.graph.plan import Plan
+from torchpipe.graph.sharding import describe as describe_sharding
 from torchpipe.ops.base import Node
 from torchpipe.ops.structure import ElidedNode
 
@@ -20,6 +21,8 @@ def explain_plan(plan: Plan, tuned: dict[str, int] | None = None, running: bool 
     cardinality = plan.root.cardinality()
     lines.append(f"Cardinality: {_cardinality_text(cardinality)}")
     lines.append(f"Options: {plan.options!r}")
+    if plan.worker is None:
+        lines.append(f"In torch DataLoader workers: {describe_sharding(plan.root)}")
     if tuned:
         lines.append("Autotuned (latest pass, now):" if running else "Autotuned (last pass, at its end):")
         lines.extend(f"  {name} = {value}" for name, value in tuned.items())

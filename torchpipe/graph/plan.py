@@ -12,6 +12,7 @@ from torchpipe.autotune.runner import Autotuner, ConsumerClock, Decision, live_k
 from torchpipe.autotune.tuner import Budget
 from torchpipe.errors import CheckpointError
 from torchpipe.graph.optimizer import optimize
+from torchpipe.graph.sharding import WorkerShard, shard_for_worker
 from torchpipe.ops.base import BuildContext, Iterator, Node, check_int
 from torchpipe.ops.fingerprint import describe_ops, ops_of
 from torchpipe.options import Options
@@ -28,19 +29,28 @@ class Plan:
         root: the pipeline's root node.
         options: the pipeline's merged options.
         memory: what earlier passes learned, by stage position (the Dataset's; passes share it).
+        worker: the torch DataLoader worker this process is, if any: the plan then yields its
+            share alone (``graph/sharding.py``).
 
     Attributes:
-        runtime_root: the root after ``graph.optimizer.optimize``.
-        rewrites: a line per rewrite the passes did, for ``explain()``.
+        runtime_root: the root after the worker's shard and ``graph.optimizer.optimize``.
+        rewrites: a line per rewrite (the shard, the passes), for ``explain()``.
     """
 
-    def __init__(self, root: Node, options: Options,
-                 memory: dict[tuple[int, ...], dict[str, Any]] | None = None) -> None:  # fmt: skip
+    def __init__(self, root: Node, options: Options, memory: dict[tuple[int, ...], dict[str, Any]] | None = None,
+                 worker: WorkerShard | None = None) -> None:  # fmt: skip
         self.root = root
         self.options = options
         self.memory = memory
-        self.runtime_root, self.rewrites = optimize(root, options)
-        self._fingerprint = describe_ops(root) + ["->"] + [node.kind for node in ops_of(self.runtime_root)]
+        self.worker = worker
+        sharded, notes = root, []
+        if worker is not None:
+            sharded, note = shard_for_worker(root, worker)
+            notes.append(note)
+        self.runtime_root, rewrites = optimize(sharded, options)
+        self.rewrites = notes + rewrites
+        # The shard is part of what a checkpoint names: worker 0's state does not load in worker 1.
+        self._fingerprint = describe_ops(sharded) + ["->"] + [node.kind for node in ops_of(self.runtime_root)]
 
     def fingerprint(self) -> list[str]:
         """Each op as written with its parameters, then the op kinds as run, depth first (a
@@ -54,6 +64,13 @@ class Plan:
     def iterator(self, history: PassHistory) -> PipelineIterator:
         """A new pass, in the epoch ``history`` gives it."""
         return PipelineIterator(self, history)
+
+    def pass_seed(self) -> int:
+        """The seed of a new pass: ``Options.seed``; in a torch worker the seed its DataLoader's
+        workers share this epoch; else a fresh random one."""
+        if self.options.seed is not None:
+            return self.options.seed
+        return self.worker.seed if self.worker is not None else fresh_seed()
 
 
 class PassHistory:
@@ -106,9 +123,8 @@ class PipelineIterator:
 
     def __init__(self, plan: Plan, history: PassHistory) -> None:
         self._plan = plan
-        seed = plan.options.seed
-        self._seeded = seed is not None
-        self._seed = seed if seed is not None else fresh_seed()
+        self._seeded = plan.options.seed is not None
+        self._seed = plan.pass_seed()
         self._history = history
         self._number, self._epoch = history.start()
         self._tree: Iterator | None = None

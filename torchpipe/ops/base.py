@@ -223,6 +223,12 @@ class Iterator(abc.ABC):
     def set_state(self, state: dict[str, Any]) -> None:
         """Resume from :meth:`get_state`'s output; called before the first element only."""
 
+    def skip(self) -> None:
+        """Move past the next element without handing it over (StopIteration at the end).
+
+        Sources that can seek override it to skip without reading (``shard`` uses it)."""
+        next(self)
+
     def start(self) -> None:
         """Start background work; called once, just before the first element is asked for."""
 

@@ -30,6 +30,11 @@ class IndexedSourceIterator(Iterator):
         self._index = i + 1
         return self._get(i)
 
+    def skip(self) -> None:
+        if self._index >= self._length:
+            raise StopIteration
+        self._index += 1
+
     def get_state(self) -> dict[str, Any]:
         return {self.INDEX: self._index}
 

@@ -224,6 +224,12 @@ class ShardNode(Node):
 
 
 class ShardIterator(PassThroughIterator):
+    """Keeps the input elements at positions ``index, index + num_shards, ...``.
+
+    The others are skipped (a source that can seek does not read them), and an error raised by
+    one of them is dropped: it belongs to the shard that keeps that element.
+    """
+
     COUNTERS = ("position",)
 
     def __init__(self, name: str, source: Iterator, num_shards: int, index: int) -> None:
@@ -233,12 +239,26 @@ class ShardIterator(PassThroughIterator):
         self._position = 0  # input elements consumed
 
     def next(self) -> Any:
+        source = self._source
         while True:
-            element = next(self._source)
             position = self._position
-            self._position = position + 1
             if position % self._num_shards == self._index:
+                try:
+                    element = next(source)
+                except StopIteration:
+                    raise
+                except Exception:
+                    self._position = position + 1  # the element that raised took its place
+                    raise
+                self._position = position + 1
                 return element
+            try:
+                source.skip()
+            except StopIteration:
+                raise
+            except Exception:  # noqa: BLE001 - another shard's element: its error is that shard's
+                pass
+            self._position = position + 1
 
 
 class EnumerateNode(Node):
