@@ -9,19 +9,30 @@ from torchpipe.ops.base import Iterator, Node
 from torchpipe.testing import assert_checkpoint_roundtrip, assert_elements_equal, assert_same_elements
 
 
-class ForgetfulNode(Node):
-    """A deliberately broken op: its checkpoint forgets the input position."""
+class BrokenNode(Node):
+    """A deliberately broken op: its input wrapped in one of the broken iterators below."""
 
-    kind = "forgetful"
+    kind = "broken"
+
+    def __init__(self, input, iterator):
+        super().__init__(input)
+        self.iterator = iterator
 
     def build(self, ctx):
-        return ForgetfulIterator(ctx.build_input(self))
+        return self.iterator(ctx.build_input(self))
+
+
+def broken(iterator):
+    return tp.Dataset(BrokenNode(tp.range(5)._node, iterator))
 
 
 class ForgetfulIterator(Iterator):
+    """Its checkpoint forgets the input position."""
+
     def __init__(self, source):
-        super().__init__("forgetful", source)
+        super().__init__("broken", source)
         self.source = source
+        self.started = False
 
     def next(self):
         return next(self.source)
@@ -35,7 +46,7 @@ class ForgetfulIterator(Iterator):
 
 def test_roundtrip_catches_a_broken_checkpoint():
     with pytest.raises(AssertionError, match="resumed at 1"):
-        assert_checkpoint_roundtrip(tp.Dataset(ForgetfulNode(tp.range(5)._node)))
+        assert_checkpoint_roundtrip(broken(ForgetfulIterator))
 
 
 def test_roundtrip_passes_and_returns_elements():
@@ -74,20 +85,8 @@ def test_unordered_roundtrip_compares_multisets():
     assert_checkpoint_roundtrip(tp.range(5).map(lambda x: x, 2, deterministic=False), ordered=False)
 
 
-class DriftingNode(Node):
-    """A deliberately broken op: its state gains a key after the first element."""
-
-    kind = "drifting"
-
-    def build(self, ctx):
-        return DriftingIterator(ctx.build_input(self))
-
-
-class DriftingIterator(Iterator):
-    def __init__(self, source):
-        super().__init__("drifting", source)
-        self.source = source
-        self.started = False
+class DriftingIterator(ForgetfulIterator):
+    """Its state gains a key after the first element."""
 
     def next(self):
         self.started = True
@@ -102,16 +101,9 @@ class DriftingIterator(Iterator):
         self.started = "started" in state
 
 
-class SloppyNode(DriftingNode):
-    """A deliberately broken op: after a load its state is not the state it loaded."""
-
-    kind = "sloppy"
-
-    def build(self, ctx):
-        return SloppyIterator(ctx.build_input(self))
-
-
 class SloppyIterator(DriftingIterator):
+    """After a load its state is not the state it loaded."""
+
     def get_state(self):
         return {"input": self.source.state_dict(), "started": self.started}
 
@@ -122,14 +114,14 @@ class SloppyIterator(DriftingIterator):
 
 def test_roundtrip_catches_a_state_whose_structure_changes():
     with pytest.raises(AssertionError, match=r"structure changed between positions 0 and 1: .* has keys \['input'\], then \['input', 'started'\]"):
-        assert_checkpoint_roundtrip(tp.Dataset(DriftingNode(tp.range(5)._node)))
+        assert_checkpoint_roundtrip(broken(DriftingIterator))
 
 
 def test_roundtrip_catches_a_state_that_does_not_survive_a_load():
     with pytest.raises(AssertionError, match=r"state_dict\(\) after load_state_dict\(\)"):
-        sloppy = tp.Dataset(SloppyNode(tp.range(5)._node))
         # without the injected prefetch, which hands back the state it loaded until it moves
-        assert_checkpoint_roundtrip(sloppy.with_options(tp.Options(optimizations={"inject_prefetch": False})))
+        no_prefetch = tp.Options(optimizations={"inject_prefetch": False})
+        assert_checkpoint_roundtrip(broken(SloppyIterator).with_options(no_prefetch))
 
 
 class EpochForgetting:

@@ -61,16 +61,13 @@ def test_source_errors_propagate_with_their_type():
     assert list(it) == [2]
 
 
-class Corrupt(torch.utils.data.Dataset):
+class Corrupt(Items):
     """Index 5 is a truncated file, as a corrupt JPEG would be."""
-
-    def __len__(self):
-        return 8
 
     def __getitem__(self, i):
         if i == 5:
             raise OSError("Truncated File Read")
-        return i
+        return super().__getitem__(i)
 
     def __getitems__(self, indices):
         return [self[i] for i in indices]
