@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader as TorchLoader
 from torch.utils.data import IterableDataset, TensorDataset, get_worker_info
 
 import torchpipe as tp
-from torchpipe.errors import CheckpointError
+from torchpipe.errors import CheckpointError  # noqa: F401 (also tp.CheckpointError)
 from torchpipe.testing import assert_same_elements
 
 DATA = TensorDataset(torch.arange(23.0), torch.arange(23) % 3)

@@ -2,7 +2,7 @@
 
 from torchpipe.constants import AUTOTUNE, INFINITE, UNKNOWN
 from torchpipe.dataset import Dataset
-from torchpipe.errors import StallError, WorkerError
+from torchpipe.errors import CheckpointError, StallError, WorkerError
 from torchpipe.loader import DataLoader, explain
 from torchpipe.ops.map import pure
 from torchpipe.options import AutotuneOptions, Options
@@ -23,6 +23,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AUTOTUNE",
     "AutotuneOptions",
+    "CheckpointError",
     "DataLoader",
     "Dataset",
     "INFINITE",
