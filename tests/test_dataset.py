@@ -1,5 +1,7 @@
 """Dataset: chain methods check their arguments at the call that made the mistake."""
 
+import pickle
+
 import pytest
 import torch
 
@@ -105,3 +107,10 @@ def test_each_iter_is_a_new_epoch_and_iterators_are_independent():
     a, b = iter(ds), iter(ds)
     assert next(a) == 0 and next(a) == 1 and next(b) == 0
     assert a.state_dict()["epoch"] + 1 == b.state_dict()["epoch"]
+
+
+def test_a_pipeline_pickles_and_its_copy_starts_afresh():
+    ds = tp.range(6).shuffle(6, seed=3).batch(2)
+    first = [b.tolist() for b in ds]
+    copy = pickle.loads(pickle.dumps(ds))
+    assert [b.tolist() for b in copy] == first  # epoch 0 again: a copy for a spawned worker

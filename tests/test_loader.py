@@ -12,7 +12,6 @@ from torch.utils.data import DataLoader as TorchLoader
 from torch.utils.data import IterableDataset, TensorDataset, get_worker_info
 
 import torchpipe as tp
-from torchpipe.errors import CheckpointError
 from torchpipe.testing import assert_same_elements
 
 DATA = TensorDataset(torch.arange(23.0), torch.arange(23) % 3)
@@ -287,7 +286,7 @@ def _state_of(loader, batches=3):
 def test_a_state_does_not_load_into_a_loader_that_makes_other_batches(other, differs):
     kwargs = dict(dataset=DATA, batch_size=3, shuffle=True)
     state = _state_of(tp.DataLoader(**kwargs))
-    with pytest.raises(CheckpointError, match=differs.replace("(", r"\(")):
+    with pytest.raises(tp.CheckpointError, match=differs.replace("(", r"\(")):
         tp.DataLoader(**{**kwargs, **other}).load_state_dict(state)
 
 
@@ -300,7 +299,7 @@ def test_a_state_does_not_load_into_a_loader_that_makes_other_batches(other, dif
 ])  # fmt: skip
 def test_a_garbled_state_is_a_checkpoint_error_that_names_the_key(garble, message):
     loader = tp.DataLoader(DATA, batch_size=3)
-    with pytest.raises(CheckpointError, match=message):
+    with pytest.raises(tp.CheckpointError, match=message):
         loader.load_state_dict({**_state_of(loader), **garble})
 
 
@@ -318,7 +317,7 @@ def test_a_state_past_the_end_of_an_unsized_epoch_is_a_checkpoint_error_not_a_st
     del state["loader"]  # a format-1 state carries no fingerprint, and the stream has no length
     short = tp.DataLoader(Counted(6), batch_size=3, num_workers=num_workers)
     short.load_state_dict({**state, "format": 1})
-    with pytest.raises(CheckpointError, match="epoch ends before it"):
+    with pytest.raises(tp.CheckpointError, match="epoch ends before it"):
         iter(short)
 
 

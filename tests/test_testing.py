@@ -9,19 +9,30 @@ from torchpipe.ops.base import Iterator, Node
 from torchpipe.testing import assert_checkpoint_roundtrip, assert_elements_equal, assert_same_elements
 
 
-class ForgetfulNode(Node):
-    """A deliberately broken op: its checkpoint forgets the input position."""
+class BrokenNode(Node):
+    """A deliberately broken op: its input wrapped in one of the broken iterators below."""
 
-    kind = "forgetful"
+    kind = "broken"
+
+    def __init__(self, input, iterator):
+        super().__init__(input)
+        self.iterator = iterator
 
     def build(self, ctx):
-        return ForgetfulIterator(ctx.build_input(self))
+        return self.iterator(ctx.build_input(self))
+
+
+def broken(iterator):
+    return tp.Dataset(BrokenNode(tp.range(5)._node, iterator))
 
 
 class ForgetfulIterator(Iterator):
+    """Its checkpoint forgets the input position."""
+
     def __init__(self, source):
-        super().__init__("forgetful", source)
+        super().__init__("broken", source)
         self.source = source
+        self.started = False
 
     def next(self):
         return next(self.source)
@@ -35,7 +46,7 @@ class ForgetfulIterator(Iterator):
 
 def test_roundtrip_catches_a_broken_checkpoint():
     with pytest.raises(AssertionError, match="resumed at 1"):
-        assert_checkpoint_roundtrip(tp.Dataset(ForgetfulNode(tp.range(5)._node)))
+        assert_checkpoint_roundtrip(broken(ForgetfulIterator))
 
 
 def test_roundtrip_passes_and_returns_elements():
@@ -72,3 +83,86 @@ def test_elements_equal_accepts_equal_values_and_nans():
 
 def test_unordered_roundtrip_compares_multisets():
     assert_checkpoint_roundtrip(tp.range(5).map(lambda x: x, 2, deterministic=False), ordered=False)
+
+
+class DriftingIterator(ForgetfulIterator):
+    """Its state gains a key after the first element."""
+
+    def next(self):
+        self.started = True
+        return next(self.source)
+
+    def get_state(self):
+        state = {"input": self.source.state_dict()}
+        return {**state, "started": True} if self.started else state
+
+    def set_state(self, state):
+        self.source.load_state_dict(state["input"])
+        self.started = "started" in state
+
+
+class SloppyIterator(DriftingIterator):
+    """After a load its state is not the state it loaded."""
+
+    def get_state(self):
+        return {"input": self.source.state_dict(), "started": self.started}
+
+    def set_state(self, state):
+        self.source.load_state_dict(state["input"])
+        self.started = int(state["started"])  # resumes right, but the state now says 1, not True
+
+
+def test_roundtrip_catches_a_state_whose_structure_changes():
+    with pytest.raises(AssertionError, match=r"structure changed between positions 0 and 1: .* has keys \['input'\], then \['input', 'started'\]"):
+        assert_checkpoint_roundtrip(broken(DriftingIterator))
+
+
+def test_roundtrip_catches_a_state_that_does_not_survive_a_load():
+    with pytest.raises(AssertionError, match=r"state_dict\(\) after load_state_dict\(\)"):
+        # without the injected prefetch, which hands back the state it loaded until it moves
+        no_prefetch = tp.Options(optimizations={"inject_prefetch": False})
+        assert_checkpoint_roundtrip(broken(SloppyIterator).with_options(no_prefetch))
+
+
+class EpochForgetting:
+    """A deliberately broken dataset: a resumed iterator leaves the epoch counter where it was."""
+
+    def __init__(self):
+        self.epochs = 0
+
+    def options(self):
+        return tp.Options(seed=0)
+
+    def __iter__(self):
+        self.epochs += 1
+        return EpochIterator(self.epochs - 1)
+
+
+class EpochIterator:
+    def __init__(self, epoch):
+        self.epoch, self.position = epoch, 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.position == 3:
+            raise StopIteration
+        self.position += 1
+        return self.epoch, self.position - 1
+
+    def state_dict(self):
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state):
+        self.epoch, self.position = state["epoch"], state["position"]
+
+    def close(self):
+        pass
+
+
+def test_roundtrip_runs_the_epoch_after_a_resume():
+    with pytest.raises(AssertionError, match="resumed at 0: the next pass is epoch 3, not 1"):
+        assert_checkpoint_roundtrip(EpochForgetting())
+    seeded = tp.range(8).shuffle(8).with_options(tp.Options(seed=1))
+    assert sorted(assert_checkpoint_roundtrip(seeded)) == list(range(8))

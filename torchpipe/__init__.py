@@ -3,7 +3,7 @@
 from torchpipe.constants import AUTOTUNE, INFINITE, UNKNOWN
 from torchpipe.dataset import Dataset
 from torchpipe import io
-from torchpipe.errors import StallError, WorkerError
+from torchpipe.errors import CheckpointError, StallError, WorkerError
 from torchpipe.io import TFRecordDataset, from_webdataset
 from torchpipe.loader import DataLoader, explain
 from torchpipe.ops.map import pure
@@ -25,6 +25,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AUTOTUNE",
     "AutotuneOptions",
+    "CheckpointError",
     "DataLoader",
     "Dataset",
     "INFINITE",

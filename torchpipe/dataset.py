@@ -6,9 +6,7 @@ A ``Dataset`` is a ``torch.utils.data.IterableDataset``, so any torch consumer c
 
 from __future__ import annotations
 
-import itertools
 import numbers
-import threading
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -16,7 +14,7 @@ from typing import Any
 import torch
 
 from torchpipe.constants import AUTOTUNE, INFINITE, UNKNOWN
-from torchpipe.graph import PipelineIterator, Plan, explain_plan
+from torchpipe.graph import PassHistory, PipelineIterator, Plan, current_worker, explain_plan
 from torchpipe.ops.base import Node
 from torchpipe.ops.batch import (
     BatchNode,
@@ -56,21 +54,25 @@ class Dataset(torch.utils.data.IterableDataset):
         if not isinstance(node, Node):
             raise TypeError("Datasets are made by tp.from_dataset(), tp.range() and the other sources")
         self._node = node
-        self._epochs = itertools.count()
-        self._epoch_lock = threading.Lock()
+        self._history = PassHistory()  # the epoch counter, and what the latest pass tuned
         self._latest: weakref.ref | None = None  # the latest pass, for explain()'s tuned values
         self._memory: dict[tuple[int, ...], dict[str, Any]] = {}  # what passes learned: the next starts there
 
+    def __getstate__(self) -> dict[str, Any]:
+        # A copy (torch's DataLoader pickles its dataset for spawned workers) starts afresh.
+        return {"_node": self._node}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["_node"])
+
     # -- iteration and inspection ---------------------------------------------------------
     def __iter__(self) -> PipelineIterator:
-        with self._epoch_lock:
-            epoch = next(self._epochs)
-        iterator = self._plan().iterator(epoch)
+        iterator = self._plan().iterator(self._history)
         self._latest = weakref.ref(iterator)
         return iterator
 
     def _plan(self) -> Plan:
-        return Plan(self._node, self.options(), self._memory)
+        return Plan(self._node, self.options(), self._memory, current_worker())
 
     def options(self) -> Options:
         """The pipeline's options: every ``with_options`` below this node, later ones winning."""
@@ -96,9 +98,12 @@ class Dataset(torch.utils.data.IterableDataset):
     def explain(self) -> str:
         """The pipeline as written and as it will run, one op a line with its parameters,
         a line for each rewrite the static optimizer did, and the values the autotuner chose
-        for the latest pass over this Dataset (while that pass is alive)."""
+        for the latest pass over this Dataset: now while it is alive, as it left them once it
+        ended (until a new pass starts)."""
         latest = self._latest() if self._latest is not None else None
-        return explain_plan(self._plan(), latest.tuned_values() if latest is not None else None)
+        if latest is not None:
+            return explain_plan(self._plan(), latest.tuned_values())
+        return explain_plan(self._plan(), self._history.last_tuned(), running=False)
 
     def __repr__(self) -> str:
         return f"<tp.Dataset {self._node.label()}>"

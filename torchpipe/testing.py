@@ -10,6 +10,7 @@ by adding one line::
 
 from __future__ import annotations
 
+import itertools
 import os
 import pickle
 import random
@@ -91,10 +92,14 @@ def assert_checkpoint_roundtrip(
     """Check that a checkpoint taken after any ``k`` elements resumes exactly.
 
     One pass takes ``state_dict()`` before every element (pickled, as a user would save it).
-    For each position ``k`` a fresh ``iter(dataset)`` loads the k-th state and must yield
-    exactly the elements ``k, k+1, ...`` of that pass, then stop where it stopped. A resume
-    from position 0 must reproduce the whole pass, which also checks that ``state_dict()``
-    has no side effects.
+    Every state must have the same structure (the same nested keys: a resumed run can load
+    into a template taken anywhere). For each position ``k`` a fresh ``iter(dataset)`` loads
+    the k-th state; its ``state_dict()`` right then must equal the state, and it must yield
+    exactly the elements ``k, k+1, ...`` of that pass, then stop where it stopped. A resume from
+    position 0 must reproduce the whole pass, which also checks that ``state_dict()`` has no
+    side effects. After the resumed pass at the first, a middle and the last position, the next
+    ``iter(dataset)`` must be the epoch after the checkpoint's and, where the pipeline has a
+    seed (``Options.seed``), yield what the pass after the reference pass yielded.
 
     Args:
         dataset: a ``tp.Dataset`` (or anything whose iterators have state_dict/load_state_dict).
@@ -120,9 +125,16 @@ def assert_checkpoint_roundtrip(
                 break
     finally:
         it.close()
+    _check_same_structure([pickle.loads(state) for state in states])
+    following = _take(iter(dataset), max_elements) if _reproducible(dataset) else None
     chosen = range(len(states)) if positions is None else [k for k in positions if k < len(states)]
+    chosen = list(chosen)
+    then = {chosen[0], chosen[len(chosen) // 2], chosen[-1]} if chosen else set()
     for k in chosen:
-        _check_resume(dataset, pickle.loads(states[k]), elements[k:], ended, k, ordered)
+        state = pickle.loads(states[k])
+        _check_resume(dataset, state, elements[k:], ended, k, ordered)
+        if k in then:
+            _check_next_epoch(dataset, state, following, k, ordered)
     return elements
 
 
@@ -130,22 +142,94 @@ def _check_resume(dataset: Any, state: Any, expected: list[Any], ended: bool, k:
     resumed = iter(dataset)
     try:
         resumed.load_state_dict(state)
+        _assert_states_equal(resumed.state_dict(), state, f"resumed at {k}: state_dict() after load_state_dict()")
         got = []
         for i in range(len(expected)):
             try:
                 got.append(next(resumed))
             except StopIteration:
                 raise AssertionError(f"resumed at {k}: ended after {i} elements, expected {len(expected)}") from None
-        if not ordered:
-            got, expected = sorted(got, key=repr), sorted(expected, key=repr)
-        for i, (g, want) in enumerate(zip(got, expected)):
-            assert_elements_equal(g, want, f"resumed at {k}, element {k + i}")
+        _compare(got, expected, f"resumed at {k}", k, ordered)
         if ended:
             extra = next(resumed, _END)
             if extra is not _END:
                 raise AssertionError(f"resumed at {k}: yielded an extra element {extra!r}")
     finally:
         resumed.close()
+
+
+def _check_next_epoch(dataset: Any, state: Any, following: list[Any] | None, k: int, ordered: bool) -> None:
+    """The pass after a resumed one is the epoch after the checkpoint's."""
+    after = iter(dataset)
+    try:
+        if isinstance(state, dict) and "epoch" in state:
+            epoch = after.state_dict()["epoch"]
+            if epoch != state["epoch"] + 1:
+                raise AssertionError(f"resumed at {k}: the next pass is epoch {epoch}, not {state['epoch'] + 1}")
+        if following is not None:
+            _compare(_take(after, len(following)), following, f"the pass after a resume at {k}", 0, ordered)
+    finally:
+        after.close()
+
+
+def _reproducible(dataset: Any) -> bool:
+    """Whether two passes of ``dataset`` in the same epoch yield the same elements."""
+    options = getattr(dataset, "options", None)
+    return callable(options) and options().seed is not None
+
+
+def _take(iterator: Any, count: int) -> list[Any]:
+    try:
+        return list(itertools.islice(iterator, count))
+    finally:
+        iterator.close()
+
+
+def _compare(got: list[Any], expected: list[Any], where: str, first: int, ordered: bool) -> None:
+    if len(got) != len(expected):
+        raise AssertionError(f"{where}: {len(got)} elements, expected {len(expected)}")
+    if not ordered:
+        got, expected = sorted(got, key=repr), sorted(expected, key=repr)
+    for i, (g, want) in enumerate(zip(got, expected)):
+        assert_elements_equal(g, want, f"{where}, element {first + i}")
+
+
+def _check_same_structure(states: list[Any]) -> None:
+    """Every state has the first one's nested keys."""
+    for k, state in enumerate(states[1:], 1):
+        difference = _structure_difference(states[0], state, "state")
+        if difference is not None:
+            raise AssertionError(f"the state's structure changed between positions 0 and {k}: {difference}")
+
+
+def _structure_difference(a: Any, b: Any, where: str) -> str | None:
+    if isinstance(a, Mapping) != isinstance(b, Mapping):
+        kinds = ["a dict" if isinstance(x, Mapping) else type(x).__name__ for x in (a, b)]
+        return f"{where} is {kinds[0]}, then {kinds[1]}"
+    if not isinstance(a, Mapping):
+        return None
+    if set(a) != set(b):
+        return f"{where} has keys {sorted(a, key=str)}, then {sorted(b, key=str)}"
+    for key in a:
+        difference = _structure_difference(a[key], b[key], f"{where}[{key!r}]")
+        if difference is not None:
+            return difference
+    return None
+
+
+def _assert_states_equal(a: Any, b: Any, where: str) -> None:
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        if set(a) != set(b):
+            raise AssertionError(f"{where}: keys {sorted(a, key=str)} vs {sorted(b, key=str)}")
+        for key in a:
+            _assert_states_equal(a[key], b[key], f"{where}[{key!r}]")
+    elif isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and type(a) is type(b):
+        if len(a) != len(b):
+            raise AssertionError(f"{where}: length {len(a)} vs {len(b)}")
+        for i, (x, y) in enumerate(zip(a, b)):
+            _assert_states_equal(x, y, f"{where}[{i}]")
+    else:
+        assert_elements_equal(a, b, where)
 
 
 _END = object()

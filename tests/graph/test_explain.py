@@ -65,4 +65,19 @@ def test_explain_shows_the_values_the_autotuner_chose_for_the_latest_pass():
     assert all(f"{name} = {value}" in text for name, value in values.items()) and len(values) == 2
     it.close()
     del it
+    assert "Autotuned (last pass, at its end):" in ds.explain()  # until a new pass starts
+    fresh = iter(ds)
     assert "Autotuned" not in ds.explain()
+    del fresh
+
+
+def test_explain_after_the_loop_shows_what_the_last_pass_chose():
+    ds = tp.range(3000).map(lambda x: x, num_parallel_calls=tp.AUTOTUNE, executor="thread").prefetch(tp.AUTOTUNE)
+    it = iter(ds)
+    for _ in it:
+        pass
+    values = it.tuned_values()  # the tuner stopped with the pass's end: these are final
+    del it  # as a for loop drops its iterator
+    text = ds.explain()
+    assert "Autotuned (last pass, at its end):" in text and len(values) == 2
+    assert all(f"{name} = {value}" in text for name, value in values.items())

@@ -132,8 +132,21 @@ def test_checkpoint_of_another_file_is_rejected(tmp_path):
     it = iter(tp.TFRecordDataset(a))
     next(it)
     state = it.state_dict()
-    with pytest.raises(CheckpointError, match="checkpoint is of file"):
+    with pytest.raises(CheckpointError, match="other parameters: op 0 was tfrecord_file"):
         iter(tp.TFRecordDataset(b)).load_state_dict(state)
+    # Inside a flat_map the reader checks its file itself: the pipeline's ops are the same.
+    it = iter(tp.TFRecordDataset([a]))
+    next(it)
+    state = it.state_dict()
+    state["pipeline"]["slots"][0]["inner"]["file"] = b
+    with pytest.raises(CheckpointError, match="checkpoint is of file"):
+        next(iter_loaded(tp.TFRecordDataset([a]), state))
+
+
+def iter_loaded(ds, state):
+    it = iter(ds)
+    it.load_state_dict(state)
+    return it
 
 
 # -- corrupt and truncated input ---------------------------------------------------------------

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import torchpipe as tp
+from torchpipe.ops import cache as tp_cache
 from torchpipe.ops.cache import CacheFormatError, MemoryStore
 from torchpipe.testing import assert_checkpoint_roundtrip, assert_elements_equal, assert_same_elements
 
@@ -186,8 +187,12 @@ def test_directory_as_path_is_an_error(tmp_path):
         list(tp.range(3).cache(tmp_path))
 
 
+def _tensors(n=4):
+    return tp.range(n).map(lambda x: torch.full((3,), x))
+
+
 def _write_cache(path, n=4):
-    assert list(tp.range(n).map(lambda x: torch.full((3,), x)).cache(path))
+    assert list(_tensors(n).cache(path))
     return bytearray(path.read_bytes())
 
 
@@ -205,7 +210,7 @@ def test_corrupt_file_is_a_clear_error_naming_the_path(tmp_path, damage, message
     path = tmp_path / "c"
     path.write_bytes(bytes(damage(_write_cache(path))))
     with pytest.raises(CacheFormatError, match=message) as info:
-        list(tp.range(4).cache(path))
+        list(_tensors().cache(path))
     assert str(path) in str(info.value)
 
 
@@ -213,7 +218,7 @@ def test_a_damaged_record_ends_the_pass_after_its_error(tmp_path):
     path = tmp_path / "c"
     data = _write_cache(path)
     path.write_bytes(bytes(data[:-25] + bytes([data[-25] ^ 0xFF]) + data[-24:]))  # the last record
-    assert len(list(tp.range(4).cache(path).ignore_errors())) == 3
+    assert len(list(_tensors().cache(path).ignore_errors())) == 3
     it = iter(tp.range(4).cache(tmp_path / "missing" / "c"))
     with pytest.raises(FileNotFoundError):
         next(it)
@@ -245,7 +250,8 @@ def test_tensors_of_every_kind_survive_a_file_cache(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch's own pickling of quantized tensors warns
         list(tp.from_iterable(elements).cache(str(path)))
-        back = list(tp.from_iterable(lambda: iter(())).cache(str(path)))  # reads the file, runs nothing
+        back = list(tp.from_iterable(elements).cache(str(path)))  # a new pipeline: reads the file
+    assert len(back) == len(elements)
     for got, want in zip(back, elements):
         for key, value in want.items():
             if key == "quantized":
@@ -265,8 +271,13 @@ def test_nested_structures_and_python_values(tmp_path):
         "point": Point(torch.tensor(1.0, dtype=torch.bfloat16), None),
         "empty": (torch.zeros(0), np.zeros((0, 2), dtype=np.float16)),
     }
-    list(tp.from_iterable([element]).cache(str(tmp_path / "c")))
-    back = list(tp.from_iterable([]).cache(str(tmp_path / "c")))
+    def make(count):
+        return tp.from_iterable([element]).map(count).cache(str(tmp_path / "c"))
+
+    list(make(Counter(lambda x: x)))
+    count = Counter(lambda x: x)
+    back = list(make(count))  # a new pipeline, as in a new process: reads the file
+    assert count.calls == 0 and len(back) == 1
     assert_elements_equal(back[0], element)
 
 
@@ -338,7 +349,8 @@ def test_resumed_memory_fill_runs_upstream_but_stores_nothing():
 
 def test_resumed_file_fill_continues_the_temporary_file(tmp_path):
     path = tmp_path / "c"
-    ds = tp.range(6).map(lambda x: x * 2).cache(path)
+    double = lambda x: x * 2  # noqa: E731
+    ds = tp.range(6).map(Counter(double)).cache(path)
     it = iter(ds)
     for _ in range(3):
         next(it)
@@ -348,11 +360,11 @@ def test_resumed_file_fill_continues_the_temporary_file(tmp_path):
     next(it)  # written past the checkpoint; the resume must truncate it
     it.close()
     os.replace(tmp_path / "saved", tmp_path / temp)  # as if the process had been killed
-    with iter(tp.range(6).map(lambda x: x * 2).cache(path)) as resumed:
+    with iter(tp.range(6).map(Counter(double)).cache(path)) as resumed:
         resumed.load_state_dict(state)
         assert list(resumed) == [6, 8, 10]
     assert _files(tmp_path) == ["c"]
-    count = Counter()
+    count = Counter(double)
     assert list(tp.range(6).map(count).cache(path)) == [0, 2, 4, 6, 8, 10] and count.calls == 0
 
 
@@ -395,3 +407,85 @@ def test_cached_elements_own_their_memory():
     ds = tp.range(6).map(lambda x: torch.full((1000,), float(x)), 2, executor="process").cache()
     first = list(ds)
     assert [float(t[0]) for t in ds] == [float(t[0]) for t in first] == [float(x) for x in range(6)]
+
+
+# -- what a file is bound to: its records' places, its pipeline, its format ------------------------
+def _record_spans(data):
+    """(start, end) of every record of a cache file's bytes."""
+    import struct
+
+    meta_length = struct.unpack_from("<I", data, 12)[0]
+    offset, spans = 16 + meta_length, []
+    while offset < len(data) - 24:
+        length = struct.unpack_from("<Q", data, offset)[0]
+        spans.append((offset, offset + 20 + length))
+        offset += 20 + length
+    return spans
+
+
+def test_records_swapped_on_disk_are_an_error_not_a_reorder(tmp_path):
+    path = tmp_path / "c"
+    data = _write_cache(path)
+    (a0, a1), (b0, b1) = _record_spans(data)[1:3]
+    assert a1 - a0 == b1 - b0  # equal sizes: the footer still adds up, each checksum still holds
+    path.write_bytes(bytes(data[:a0] + data[b0:b1] + data[a0:a1] + data[b1:]))
+    it = iter(_tensors().cache(path))
+    assert next(it).tolist() == [0, 0, 0]
+    with pytest.raises(CacheFormatError, match="record 2 is where record 1 belongs"):
+        next(it)
+
+
+def test_a_changed_function_above_the_cache_rebuilds_the_file(tmp_path):
+    path = tmp_path / "c"
+    assert list(tp.range(4).map(lambda x: x * 2).cache(path)) == [0, 2, 4, 6]
+    count = Counter(lambda x: x * 3)
+    with pytest.warns(tp_cache.StaleCacheWarning, match=r"another pipeline above the cache: op 0 was map\(fn=<lambda>#"):
+        assert list(tp.range(4).map(count).cache(path)) == [0, 3, 6, 9]
+    assert count.calls == 4 and _files(tmp_path) == ["c"]
+    again = Counter(lambda x: x * 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert list(tp.range(4).map(again).cache(path)) == [0, 3, 6, 9]  # the rebuilt file replays
+    assert again.calls == 0
+
+
+def _scaled(path, factor):
+    return tp.range(3).map(lambda x: x * factor).cache(path)
+
+
+@pytest.mark.parametrize("factor, rebuilt", [(2, False), (3, True)])
+def test_a_value_a_function_closes_over_is_part_of_the_fingerprint(tmp_path, factor, rebuilt):
+    path = tmp_path / "c"
+    list(_scaled(path, 2))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert list(_scaled(path, factor)) == [0, factor, 2 * factor]
+    assert [w.category for w in caught] == ([tp_cache.StaleCacheWarning] if rebuilt else [])
+
+
+def test_a_file_of_an_older_format_is_rebuilt_with_a_warning(tmp_path):
+    path = tmp_path / "c"
+    data = _write_cache(path)
+    data[8:12] = (2).to_bytes(4, "little")  # as an older torchpipe wrote it
+    path.write_bytes(bytes(data))
+    count = Counter(lambda x: torch.full((3,), x))
+    with pytest.warns(tp_cache.StaleCacheWarning, match="format version 2, from an older torchpipe"):
+        assert len(list(tp.range(4).map(count).cache(path))) == 4
+    assert count.calls == 4 and path.read_bytes()[8:12] == (3).to_bytes(4, "little")
+
+
+def test_temporary_files_of_killed_passes_are_removed_once_a_file_is_complete(tmp_path):
+    path = tmp_path / "c"
+    leftover = tmp_path / "c.tmp-4242-deadbeef"
+    leftover.write_bytes(b"a killed pass's partial file")
+    ds = tp.range(5).cache(path)
+    live = iter(ds)
+    next(live)  # a pass filling right now: its temporary file is locked and stays
+    assert len(_files(tmp_path)) == 2
+    assert list(ds) == [0, 1, 2, 3, 4]  # publishes the file
+    assert _files(tmp_path) == ["c", next(n for n in _files(tmp_path) if n.startswith("c.tmp-") and "4242" not in n)]
+    live.close()
+    assert _files(tmp_path) == ["c"]
+    leftover.write_bytes(b"another one")
+    assert list(ds) == [0, 1, 2, 3, 4]  # a replay of the complete file cleans up too
+    assert _files(tmp_path) == ["c"]

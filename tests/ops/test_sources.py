@@ -59,3 +59,37 @@ def test_source_errors_propagate_with_their_type():
     with pytest.raises(IndexError, match="missing file"):
         next(it)
     assert list(it) == [2]
+
+
+class Corrupt(Items):
+    """Index 5 is a truncated file, as a corrupt JPEG would be."""
+
+    def __getitem__(self, i):
+        if i == 5:
+            raise OSError("Truncated File Read")
+        return super().__getitem__(i)
+
+    def __getitems__(self, indices):
+        return [self[i] for i in indices]
+
+
+class CorruptNoBatchFetch(Corrupt):
+    __getitems__ = None
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda ds: tp.from_dataset(ds),  # inline
+        lambda ds: tp.from_dataset(ds).map(lambda x: x, 2, executor="thread"),  # pushed down, threads
+        lambda ds: tp.from_dataset(ds).map(lambda x: x, 2, executor="process"),  # pushed down, processes
+        lambda ds: tp.from_dataset(ds).map(lambda x: x, 2, executor="process").batch(2),  # + batch: __getitems__
+    ],
+)
+@pytest.mark.parametrize("dataset", [Corrupt(), CorruptNoBatchFetch()])
+def test_getitem_errors_name_the_stage_and_the_index(make, dataset):
+    with pytest.raises(OSError, match="Truncated File Read") as info:
+        list(make(dataset))
+    notes = "\n".join(getattr(info.value, "__notes__", []))
+    assert f"raised in torchpipe stage from_dataset({type(dataset).__name__}) at" in notes
+    assert "index 5" in notes or "indices [4, 5]" in notes

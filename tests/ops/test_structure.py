@@ -1,6 +1,7 @@
 """repeat, take, skip, shard, enumerate, scan, with_options: tf.data's elements and cardinality."""
 
 import pytest
+import torch
 
 import torchpipe as tp
 from torchpipe.testing import assert_checkpoint_roundtrip
@@ -90,3 +91,36 @@ def test_checkpoint_roundtrip(name):
 
 def test_checkpoint_across_repetitions_of_an_endless_repeat():
     assert_checkpoint_roundtrip(tp.range(4).enumerate().repeat().skip(2).shard(3, 1), max_elements=25)
+
+
+class Reads(torch.utils.data.Dataset):
+    """Records the indices read; index 3 is unreadable."""
+
+    def __init__(self):
+        self.read = []
+
+    def __len__(self):
+        return 10
+
+    def __getitem__(self, i):
+        self.read.append(i)
+        if i == 3:
+            raise ValueError("unreadable 3")
+        return i
+
+
+def _three_fails(x):
+    if x == 3:
+        raise ValueError("unreadable 3")
+    return x
+
+
+def test_shard_does_not_read_other_shards_elements_nor_raise_their_errors():
+    items = Reads()
+    assert list(tp.from_dataset(items).shard(2, 0)) == [0, 2, 4, 6, 8] and items.read == [0, 2, 4, 6, 8]
+    assert list(tp.range(10).map(_three_fails).shard(2, 0)) == [0, 2, 4, 6, 8]  # computed, its error dropped
+    with pytest.raises(ValueError, match="unreadable 3"):
+        list(tp.from_dataset(Reads()).shard(2, 1))
+    # the element that raised keeps its place: the shard goes on with its own
+    assert list(tp.from_dataset(Reads()).shard(2, 1).ignore_errors()) == [1, 5, 7, 9]
+    assert list(tp.range(10).map(_three_fails).shard(2, 1).ignore_errors()) == [1, 5, 7, 9]

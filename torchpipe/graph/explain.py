@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from torchpipe.constants import INFINITE, UNKNOWN
 from torchpipe.graph.plan import Plan
+from torchpipe.graph.sharding import describe as describe_sharding
 from torchpipe.ops.base import Node
 from torchpipe.ops.structure import ElidedNode
 
 
-def explain_plan(plan: Plan, tuned: dict[str, int] | None = None) -> str:
+def explain_plan(plan: Plan, tuned: dict[str, int] | None = None, running: bool = True) -> str:
     """The pipeline graph as text: root first, each input indented under its consumer; then the
-    ``tuned`` values of its AUTOTUNE knobs, if a pass is running."""
+    ``tuned`` values of its AUTOTUNE knobs, now (``running``) or where the last pass left them."""
     lines = ["Pipeline as written (root first):"]
     _render(plan.root, lines, prefix="", is_last=True, is_root=True)
     lines.append("Optimizations:")
@@ -20,8 +21,10 @@ def explain_plan(plan: Plan, tuned: dict[str, int] | None = None) -> str:
     cardinality = plan.root.cardinality()
     lines.append(f"Cardinality: {_cardinality_text(cardinality)}")
     lines.append(f"Options: {plan.options!r}")
+    if plan.worker is None:
+        lines.append(f"In torch DataLoader workers: {describe_sharding(plan.root)}")
     if tuned:
-        lines.append("Autotuned (latest pass, now):")
+        lines.append("Autotuned (latest pass, now):" if running else "Autotuned (last pass, at its end):")
         lines.extend(f"  {name} = {value}" for name, value in tuned.items())
     return "\n".join(lines)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import weakref
 from typing import Any
 
@@ -11,11 +12,14 @@ from torchpipe.autotune.runner import Autotuner, ConsumerClock, Decision, live_k
 from torchpipe.autotune.tuner import Budget
 from torchpipe.errors import CheckpointError
 from torchpipe.graph.optimizer import optimize
-from torchpipe.ops.base import BuildContext, Iterator, Node
+from torchpipe.graph.sharding import WorkerShard, shard_for_worker
+from torchpipe.ops.base import BuildContext, Iterator, Node, check_int
+from torchpipe.ops.fingerprint import describe_ops, ops_of
 from torchpipe.options import Options
 from torchpipe.randomness import fresh_seed
 
-_FORMAT = 2
+_FORMAT = 3
+"""Version 3 names each op as written with its parameters (version 2 had only the kinds)."""
 
 
 class Plan:
@@ -25,29 +29,87 @@ class Plan:
         root: the pipeline's root node.
         options: the pipeline's merged options.
         memory: what earlier passes learned, by stage position (the Dataset's; passes share it).
+        worker: the torch DataLoader worker this process is, if any: the plan then yields its
+            share alone (``graph/sharding.py``).
 
     Attributes:
-        runtime_root: the root after ``graph.optimizer.optimize``.
-        rewrites: a line per rewrite the passes did, for ``explain()``.
+        runtime_root: the root after the worker's shard and ``graph.optimizer.optimize``.
+        rewrites: a line per rewrite (the shard, the passes), for ``explain()``.
     """
 
-    def __init__(self, root: Node, options: Options,
-                 memory: dict[tuple[int, ...], dict[str, Any]] | None = None) -> None:  # fmt: skip
+    def __init__(self, root: Node, options: Options, memory: dict[tuple[int, ...], dict[str, Any]] | None = None,
+                 worker: WorkerShard | None = None) -> None:  # fmt: skip
         self.root = root
         self.options = options
         self.memory = memory
-        self.runtime_root, self.rewrites = optimize(root, options)
-        self._fingerprint = _kinds(root) + ["->"] + _kinds(self.runtime_root)
+        self.worker = worker
+        sharded, notes = root, []
+        if worker is not None:
+            sharded, note = shard_for_worker(root, worker)
+            notes.append(note)
+        self.runtime_root, rewrites = optimize(sharded, options)
+        self.rewrites = notes + rewrites
+        # The shard is part of what a checkpoint names: worker 0's state does not load in worker 1.
+        self._fingerprint = describe_ops(sharded) + ["->"] + [node.kind for node in ops_of(self.runtime_root)]
 
     def fingerprint(self) -> list[str]:
-        """The op kinds as written and as run, depth first (a fresh list).
+        """Each op as written with its parameters, then the op kinds as run, depth first (a
+        fresh list; ``ops/fingerprint.py``).
 
-        A checkpoint only loads into a pipeline of the same shape, optimized the same way.
+        A checkpoint only loads into a pipeline of the same ops and parameters, optimized the
+        same way.
         """
         return list(self._fingerprint)
 
-    def iterator(self, epoch: int) -> PipelineIterator:
-        return PipelineIterator(self, epoch)
+    def iterator(self, history: PassHistory) -> PipelineIterator:
+        """A new pass, in the epoch ``history`` gives it."""
+        return PipelineIterator(self, history)
+
+    def pass_seed(self) -> int:
+        """The seed of a new pass: ``Options.seed``; in a torch worker the seed its DataLoader's
+        workers share this epoch; else a fresh random one."""
+        if self.options.seed is not None:
+            return self.options.seed
+        return self.worker.seed if self.worker is not None else fresh_seed()
+
+
+class PassHistory:
+    """What a Dataset keeps between its passes: the next epoch and what the latest pass tuned.
+
+    A pass takes its epoch from it when it starts, moves it when a checkpoint is loaded (the
+    pass after a resumed one is the epoch after the checkpoint's), and leaves its tuned values
+    in it when it ends, so that ``explain()`` describes the last pass until a new one starts.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._next_epoch = 0
+        self._passes = 0
+        self._tuned: dict[str, int] = {}
+
+    def start(self) -> tuple[int, int]:
+        """``(pass number, epoch)`` of a new pass; it becomes the latest."""
+        with self._lock:
+            epoch, self._next_epoch = self._next_epoch, self._next_epoch + 1
+            self._passes += 1
+            self._tuned = {}
+            return self._passes, epoch
+
+    def resumed(self, epoch: int) -> None:
+        """A pass now continues ``epoch`` (from a checkpoint): the next pass is the one after it."""
+        with self._lock:
+            self._next_epoch = epoch + 1
+
+    def ended(self, number: int, tuned: dict[str, int]) -> None:
+        """Pass ``number`` ended (or was closed) with these AUTOTUNE values."""
+        with self._lock:
+            if number == self._passes:
+                self._tuned = dict(tuned)
+
+    def last_tuned(self) -> dict[str, int]:
+        """The values the latest pass left when it ended; empty while it runs or if it tuned nothing."""
+        with self._lock:
+            return dict(self._tuned)
 
 
 class PipelineIterator:
@@ -59,12 +121,12 @@ class PipelineIterator:
     ``Options.autotune.enabled``), it starts the autotuner with the first element.
     """
 
-    def __init__(self, plan: Plan, epoch: int) -> None:
+    def __init__(self, plan: Plan, history: PassHistory) -> None:
         self._plan = plan
-        seed = plan.options.seed
-        self._seeded = seed is not None
-        self._seed = seed if seed is not None else fresh_seed()
-        self._epoch = epoch
+        self._seeded = plan.options.seed is not None
+        self._seed = plan.pass_seed()
+        self._history = history
+        self._number, self._epoch = history.start()
         self._tree: Iterator | None = None
         self._finalizer: weakref.finalize | None = None
         self._clock = ConsumerClock()
@@ -77,7 +139,7 @@ class PipelineIterator:
         tuning, clock, tuner = self._plan.options.autotune, ConsumerClock(), None
         if tuning.enabled and live_knobs(tree):
             tuner = Autotuner(tree, clock, Budget.of_machine(tuning.cpu_budget, tuning.ram_budget))
-        self._finalizer = weakref.finalize(self, _close, tree, tuner)
+        self._finalizer = weakref.finalize(self, _close, tree, tuner, self._history, self._number)
         tree.prepare()
         self._tree, self._tuner, self._clock, self._start = tree, tuner, clock, start_look()
         return tree
@@ -115,21 +177,27 @@ class PipelineIterator:
         """Continue from ``state``: the next element is the one after the checkpoint.
 
         Raises:
-            CheckpointError: if ``state`` came from a pipeline of another shape or format.
+            CheckpointError: if ``state`` came from a pipeline of other ops, other parameters or
+                another format, or a value in it is malformed; the message says what differs.
         """
-        if not isinstance(state, dict) or state.get("format") != _FORMAT:
+        if not isinstance(state, dict) or state.get("format") not in (_FORMAT, 2):
             raise CheckpointError("not a torchpipe iterator state (missing or unknown 'format')")
-        saved, mine = state.get("ops"), self._plan.fingerprint()
-        if saved != mine:
-            if isinstance(saved, list) and "->" in saved and saved[: saved.index("->")] == mine[: mine.index("->")]:
-                raise CheckpointError(
-                    "checkpoint is from this pipeline optimized differently (Options.optimizations "
-                    f"changed?): it ran as {saved[saved.index('->') + 1:]}, this runs as {mine[mine.index('->') + 1:]}"
-                )
-            raise CheckpointError(f"checkpoint is from another pipeline: ops {saved} vs {mine}")
+        if state["format"] == 2:
+            raise CheckpointError(
+                "checkpoint has format 2, from an older torchpipe: it names the ops but not their "
+                "parameters, so it cannot be checked against this pipeline and is not loaded; "
+                "start the epoch afresh (checkpoints saved from now on have format 3)"
+            )
+        difference = _difference(state.get("ops"), self._plan.fingerprint())
+        if difference is not None:
+            raise CheckpointError(difference)
+        missing = [key for key in ("seed", "epoch", "pipeline") if key not in state]
+        if missing:
+            raise CheckpointError(f"pipeline: state is missing {missing}")
+        seed, epoch = check_int("pipeline", state, "seed", minimum=0), check_int("pipeline", state, "epoch", minimum=0)
         self.close()
-        self._seed = int(state["seed"])
-        self._epoch = int(state["epoch"])
+        self._seed, self._epoch = seed, epoch
+        self._history.resumed(epoch)
         self._build().load_state_dict(state["pipeline"])
 
     def close(self) -> None:
@@ -154,7 +222,7 @@ class PipelineIterator:
 
     def tuned_values(self) -> dict[str, int]:
         """The current value of every AUTOTUNE knob of this pass (empty before it starts)."""
-        return {name: knob.value for name, knob in sorted(self._tuner.knobs.items())} if self._tuner else {}
+        return _tuned_values(self._tuner)
 
     def __enter__(self) -> PipelineIterator:
         return self
@@ -163,18 +231,34 @@ class PipelineIterator:
         self.close()
 
 
-def _close(tree: Iterator, tuner: Autotuner | None) -> None:
+def _close(tree: Iterator, tuner: Autotuner | None, history: PassHistory, number: int) -> None:
     if tuner is not None:
         tuner.stop()
+    history.ended(number, _tuned_values(tuner))
     tree.close()
 
 
-def _kinds(root: Node) -> list[str]:
-    kinds: list[str] = []
-    stack = [root]
-    while stack:
-        node = stack.pop()
-        if not node.checkpoints_as_input:
-            kinds.append(node.kind)
-        stack.extend(reversed(node.inputs))
-    return kinds
+def _tuned_values(tuner: Autotuner | None) -> dict[str, int]:
+    return {name: knob.value for name, knob in sorted(tuner.knobs.items())} if tuner is not None else {}
+
+
+def _difference(saved: Any, mine: list[str]) -> str | None:
+    """What differs between a checkpoint's ``ops`` and this plan's fingerprint, or None."""
+    if not isinstance(saved, list) or "->" not in saved or not all(isinstance(line, str) for line in saved):
+        return f"checkpoint's 'ops' is malformed: {saved!r}"
+    if saved == mine:
+        return None
+    split_saved, split_mine = saved.index("->"), mine.index("->")
+    written, mine_written = saved[:split_saved], mine[:split_mine]
+    kinds, mine_kinds = [line.split("(", 1)[0] for line in written], [line.split("(", 1)[0] for line in mine_written]
+    if kinds != mine_kinds:
+        return f"checkpoint is from another pipeline: ops {kinds} vs {mine_kinds}"
+    if written != mine_written:
+        changed = "; ".join(
+            f"op {i} was {old}, here it is {new}" for i, (old, new) in enumerate(zip(written, mine_written)) if old != new
+        )
+        return f"checkpoint is from this pipeline with other parameters: {changed}"
+    return (
+        "checkpoint is from this pipeline optimized differently (Options.optimizations changed?): "
+        f"it ran as {saved[split_saved + 1:]}, this runs as {mine[split_mine + 1:]}"
+    )

@@ -160,7 +160,6 @@ def from_webdataset(
     shardshuffle: bool = False,
     seed: int | None = None,
     split_by_rank: bool = True,
-    split_by_worker: bool = True,
     num_parallel_reads: int | None = None,
     decode: bool | Callable[[dict[str, Any]], Any] = False,
     buffer_size: int | None = None,
@@ -173,8 +172,9 @@ def from_webdataset(
         urls: a shard path or URL with brace ranges (``shard-{000000..000146}.tar``), or a list.
         shardshuffle: shuffle the shard order each epoch (seeded by ``seed``, else the pipeline
             seed; with several ranks every rank must share it).
-        split_by_rank: each ``torch.distributed`` rank reads every ``world_size``-th shard.
-        split_by_worker: each worker of a torch DataLoader reads its share of those.
+        split_by_rank: each ``torch.distributed`` rank reads every ``world_size``-th shard (and
+            each worker of a torch DataLoader iterating the pipeline its share of those, as for
+            every pipeline).
         num_parallel_reads: ``None`` reads shards one after another; ``n`` or ``tp.AUTOTUNE``
             interleaves ``n`` shards, a sample from each in turn, read ahead in parallel.
         decode: True decodes fields by extension (``tp.io.SampleDecoder()``); or a function of
@@ -186,13 +186,12 @@ def from_webdataset(
         TypeError, ValueError: for bad arguments.
     """
     op = "from_webdataset"
-    _check_arguments(op, urls, shardshuffle, seed, split_by_rank, split_by_worker, num_parallel_reads, decode,
-                     buffer_size)  # fmt: skip
+    _check_arguments(op, urls, shardshuffle, seed, split_by_rank, num_parallel_reads, decode, buffer_size)
     files = path_dataset(op, urls, braces=True)
     if shardshuffle:
         files = files.shuffle(len(files), seed=seed)
-    if split_by_rank or split_by_worker:
-        files = split_files(files, split_by_rank, split_by_worker, shuffled=shardshuffle and seed is None)
+    if split_by_rank:
+        files = split_files(files, shuffled=shardshuffle and seed is None)
     reader = TarShardReader(buffer_size, retry)
     if num_parallel_reads is None:
         samples = files.flat_map(reader)
@@ -203,11 +202,10 @@ def from_webdataset(
     return samples.map(SampleDecoder() if decode is True else decode)
 
 
-def _check_arguments(op: str, urls: Any, shardshuffle: Any, seed: Any, split_by_rank: Any, split_by_worker: Any,
-                     num_parallel_reads: Any, decode: Any, buffer_size: Any) -> None:  # fmt: skip
-    for name, value in (("shardshuffle", shardshuffle), ("split_by_rank", split_by_rank),
-                        ("split_by_worker", split_by_worker)):  # fmt: skip
-        _check_bool(op, name, value)
+def _check_arguments(op: str, urls: Any, shardshuffle: Any, seed: Any, split_by_rank: Any, num_parallel_reads: Any,
+                     decode: Any, buffer_size: Any) -> None:  # fmt: skip
+    _check_bool(op, "shardshuffle", shardshuffle)
+    _check_bool(op, "split_by_rank", split_by_rank)
     _check_seed(op, seed)
     if num_parallel_reads is not None and num_parallel_reads != AUTOTUNE:
         _check_int(op, "num_parallel_reads", num_parallel_reads, minimum=1)

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import numbers
 import threading
 import time
 from collections import deque
 from typing import Any, ClassVar
+
+import numpy as np
 
 from torchpipe.constants import UNKNOWN
 from torchpipe.errors import CheckpointError, add_note
@@ -103,12 +106,28 @@ class Node(abc.ABC):
     """True for ops that leave no trace in a checkpoint (no iterator, or the input's state as
     their own); checkpoint fingerprints skip them."""
 
+    SPEED_PARAMS: ClassVar[tuple[str, ...]] = ("num_parallel_calls", "deterministic", "executor", "pure", "batched")
+    """Parameters that change how fast an op runs, or how the optimizer may run it, but not its
+    elements: a checkpoint resumes across them (an inline map's state loads into a parallel one)."""
+
     def __init__(self, *inputs: Node) -> None:
         self.inputs: tuple[Node, ...] = inputs
 
     def params(self) -> dict[str, Any]:
         """The op's parameters, for ``explain()``."""
         return {}
+
+    def fingerprint_params(self) -> dict[str, Any]:
+        """The parameters that decide which elements the op yields, for the fingerprints of
+        checkpoints and cache files (``ops/fingerprint.py``): :meth:`params` without
+        :attr:`SPEED_PARAMS`, each function as the callable itself (``params()`` shows its name).
+        """
+        params = {key: value for key, value in self.params().items() if key not in self.SPEED_PARAMS}
+        for key, value in params.items():
+            attr = getattr(self, key, None)
+            if isinstance(value, Symbol) and callable(attr) and value == function_name(attr):
+                params[key] = attr
+        return params
 
     def cardinality(self) -> int:
         """Number of elements, ``INFINITE`` or ``UNKNOWN`` (default: the first input's)."""
@@ -204,6 +223,12 @@ class Iterator(abc.ABC):
     def set_state(self, state: dict[str, Any]) -> None:
         """Resume from :meth:`get_state`'s output; called before the first element only."""
 
+    def skip(self) -> None:
+        """Move past the next element without handing it over (StopIteration at the end).
+
+        Sources that can seek override it to skip without reading (``shard`` uses it)."""
+        next(self)
+
     def start(self) -> None:
         """Start background work; called once, just before the first element is asked for."""
 
@@ -266,7 +291,9 @@ class Iterator(abc.ABC):
             raise CheckpointError(f"{self.name}: expected a state dict, got {type(state).__name__}")
         try:
             self.set_state(state)
-        except (KeyError, TypeError, IndexError) as e:
+        except CheckpointError:
+            raise
+        except (KeyError, TypeError, IndexError, ValueError, AttributeError) as e:
             raise CheckpointError(f"{self.name}: malformed state ({e!r})") from e
 
     def close(self) -> None:
@@ -299,6 +326,8 @@ class PassThroughIterator(Iterator):
 
     INPUT = "input"
     COUNTERS: tuple[str, ...] = ()
+    COUNTER_MINIMUM: int | None = 0
+    """The least value an int counter may be loaded with (None: any)."""
 
     def __init__(self, name: str, source: Iterator) -> None:
         super().__init__(name, source)
@@ -311,9 +340,19 @@ class PassThroughIterator(Iterator):
 
     def set_state(self, state: dict[str, Any]) -> None:
         check_state(self.name, state, self.INPUT, *self.COUNTERS)
+        values = {key: self._checked_counter(state, key) for key in self.COUNTERS}
         self._source.load_state_dict(state[self.INPUT])
-        for key in self.COUNTERS:
-            setattr(self, "_" + key, state[key])
+        for key, value in values.items():
+            setattr(self, "_" + key, value)
+
+    def _checked_counter(self, state: dict[str, Any], key: str) -> Any:
+        """``state[key]``, which must have the type its counter started with (an int or a bool)."""
+        current = getattr(self, "_" + key)
+        if isinstance(current, bool):
+            return check_bool(self.name, state, key)
+        if isinstance(current, int):
+            return check_int(self.name, state, key, minimum=self.COUNTER_MINIMUM)
+        return state[key]
 
 
 class UserFunction:
@@ -456,11 +495,22 @@ class PositionLog:
             skip = sorted(self._skip | self._delivered_ahead)
             return {"input": self._before[oldest], "seq": oldest, "skip": skip}
 
-    def set_state(self, state: dict[str, Any]) -> None:
+    def set_state(self, state: dict[str, Any], stage: str | None = None) -> None:
+        """Resume at ``state``; ``stage`` names the op that owns this log in errors.
+
+        Raises:
+            CheckpointError: for a missing key or a value of the wrong type.
+        """
+        name = stage or f"the consumer of {self.source.name}"
+        check_state(name, state, "input", "seq", "skip")
+        seq = check_int(name, state, "seq", minimum=0)
+        skip = state["skip"]
+        if not isinstance(skip, (list, tuple)) or not all(_is_int(n) and n >= 0 for n in skip):
+            raise CheckpointError(f"{name}: state['skip'] must be a list of sequence numbers, got {skip!r}")
         self.source.load_state_dict(state["input"])
         self._latest = state["input"]
-        self._next_seq = int(state["seq"])
-        self._skip = set(state["skip"])
+        self._next_seq = seq
+        self._skip = {int(n) for n in skip}
 
 
 def check_state(name: str, state: dict[str, Any], *keys: str) -> None:
@@ -468,3 +518,36 @@ def check_state(name: str, state: dict[str, Any], *keys: str) -> None:
     missing = [k for k in keys if k not in state]
     if missing:
         raise CheckpointError(f"{name}: state is missing {missing}; is it from another pipeline?")
+
+
+def check_int(name: str, state: dict[str, Any], key: str, minimum: int | None = None,
+              maximum: int | None = None) -> int:  # fmt: skip
+    """``state[key]`` as an int.
+
+    Raises:
+        CheckpointError: naming the stage and the key, if the value is not an int (a bool or
+            the text of a number is not) or lies outside ``[minimum, maximum]``.
+    """
+    value = state[key]
+    if not _is_int(value):
+        raise CheckpointError(f"{name}: state[{key!r}] must be an int, got {type(value).__name__} {value!r}")
+    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+        bounds = f"[{'-inf' if minimum is None else minimum}, {'inf' if maximum is None else maximum}]"
+        raise CheckpointError(f"{name}: state[{key!r}] is {value}, outside {bounds}")
+    return int(value)
+
+
+def check_bool(name: str, state: dict[str, Any], key: str) -> bool:
+    """``state[key]`` as a bool.
+
+    Raises:
+        CheckpointError: naming the stage and the key, if the value is not a bool.
+    """
+    value = state[key]
+    if not isinstance(value, (bool, np.bool_)):
+        raise CheckpointError(f"{name}: state[{key!r}] must be a bool, got {type(value).__name__} {value!r}")
+    return bool(value)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))

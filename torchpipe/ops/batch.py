@@ -21,6 +21,8 @@ from torchpipe.ops.base import (
     Node,
     PassThroughIterator,
     UserFunction,
+    check_bool,
+    check_int,
     check_state,
     function_name,
 )
@@ -259,8 +261,9 @@ class UnbatchIterator(Iterator):
 
     def set_state(self, state: dict[str, Any]) -> None:
         check_state(self.name, state, self.INPUT, self.OFFSET)
+        skip = check_int(self.name, state, self.OFFSET, minimum=0)
         self._source.load_state_dict(state[self.INPUT])
-        self._skip = int(state[self.OFFSET])
+        self._skip = skip
 
 
 class RebatchNode(Node):
@@ -316,8 +319,9 @@ class RebatchIterator(UnbatchIterator):
 
     def set_state(self, state: dict[str, Any]) -> None:
         check_state(self.name, state, self.SIZE_INDEX)
+        size_index = check_int(self.name, state, self.SIZE_INDEX, minimum=0, maximum=len(self._sizes) - 1)
         super().set_state(state)
-        self._size_index = int(state[self.SIZE_INDEX]) % len(self._sizes)
+        self._size_index = size_index
 
 
 # -- bucket_by_sequence_length ----------------------------------------------------------------
@@ -441,10 +445,11 @@ class BucketIterator(Iterator):
         buckets = state[self.BUCKETS]
         if len(buckets) != len(self._buckets):
             raise CheckpointError(f"{self.name}: the checkpoint has {len(buckets)} buckets, not {len(self._buckets)}")
+        seq, ended = check_int(self.name, state, self.SEQ, minimum=0), check_bool(self.name, state, self.ENDED)
         self._source.load_state_dict(state[self.INPUT])
-        self._seq = int(state[self.SEQ])
+        self._seq = seq
         self._buckets = [list(bucket) for bucket in buckets]
-        self._ended = bool(state[self.ENDED])
+        self._ended = ended
 
 
 def _as_length(value: Any, stage: str) -> int:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import bisect
+import copy
 import itertools
 from typing import Any
 
@@ -12,7 +13,7 @@ import torch
 
 from torchpipe import nest
 from torchpipe.constants import INFINITE, UNKNOWN
-from torchpipe.ops.base import BuildContext, Iterator, Node, check_state
+from torchpipe.ops.base import BuildContext, Iterator, Node, check_bool, check_int, check_state
 from torchpipe.ops.shuffle import copy_rng_state
 
 
@@ -99,8 +100,9 @@ class ZipIterator(Iterator):
 
     def set_state(self, state: dict[str, Any]) -> None:
         check_state(self.name, state, self.INPUTS, self.DONE)
+        done = check_bool(self.name, state, self.DONE)
         _load_all(self.name, self.inputs, state[self.INPUTS])
-        self._done = bool(state[self.DONE])
+        self._done = done
 
 
 def _load_all(name: str, sources: list[Iterator | None], states: list[Any]) -> None:
@@ -133,45 +135,54 @@ class ConcatenateNode(Node):
 
 
 class ConcatenateIterator(Iterator):
-    """Runs the first input, then builds and runs the second (never both at once)."""
+    """Runs the first input to its end, then the second.
 
-    INDEX, INPUT = "index", "input"
+    Both are built at once (an iterator does nothing before its first element) so that every
+    state holds both inputs' states, but only the running one is a child (stats, the tuner);
+    the first is closed as soon as it ends, and its state at its end is what the checkpoint
+    keeps of it from then on.
+    """
+
+    INDEX, INPUTS = "index", "inputs"
 
     def __init__(self, node: ConcatenateNode, ctx: BuildContext) -> None:
-        super().__init__(node.kind)
-        self._node = node
-        self._ctx = ctx
-        self._index = 0
-        self._source: Iterator | None = self._open(0)
+        super().__init__(node.kind, ctx.build_input(node, 0), ctx.build_input(node, 1))
+        self._index = 0  # the input running now; 2 once both ended
+        self._first_ended: dict[str, Any] | None = None
 
-    def _open(self, index: int) -> Iterator | None:
-        source = self._ctx.build_input(self._node, index) if index < 2 else None
-        self.inputs = [] if source is None else [source]
-        return source
+    def children(self) -> list[Iterator]:
+        return self.inputs[self._index:self._index + 1]
+
+    def shutdown(self) -> None:
+        for source in self.inputs:
+            source.close()
 
     def next(self) -> Any:
-        while self._source is not None:
+        while self._index < 2:
             try:
-                return next(self._source)
+                return next(self.inputs[self._index])
             except StopIteration:
-                self._source.close()
+                if self._index == 0:
+                    self._first_ended = self.inputs[0].state_dict()
+                    self.inputs[0].close()
                 self._index += 1
-                self._source = self._open(self._index)
         raise StopIteration
 
     def get_state(self) -> dict[str, Any]:
-        source = None if self._source is None else self._source.state_dict()
-        return {self.INDEX: self._index, self.INPUT: source}
+        first = self.inputs[0].state_dict() if self._index == 0 else copy.deepcopy(self._first_ended)
+        return {self.INDEX: self._index, self.INPUTS: [first, self.inputs[1].state_dict()]}
 
     def set_state(self, state: dict[str, Any]) -> None:
-        check_state(self.name, state, self.INDEX, self.INPUT)
-        index = int(state[self.INDEX])
-        if index != self._index:
-            self._source.close()
-            self._index = index
-            self._source = self._open(index)
-        if self._source is not None:
-            self._source.load_state_dict(state[self.INPUT])
+        check_state(self.name, state, self.INDEX, self.INPUTS)
+        index = check_int(self.name, state, self.INDEX, minimum=0, maximum=2)
+        first, second = state[self.INPUTS]
+        if index == 0:
+            self.inputs[0].load_state_dict(first)
+        else:
+            self._first_ended = copy.deepcopy(first)
+            self.inputs[0].close()
+        self.inputs[1].load_state_dict(second)
+        self._index = index
 
 
 def _interleave_cardinality(inputs: list[Node]) -> int:
@@ -291,10 +302,10 @@ class ChooseIterator(_DirectedIterator):
 
     def set_state(self, state: dict[str, Any]) -> None:
         check_state(self.name, state, self.INPUTS, self.CHOICE, self.SEQ, self.DONE)
+        seq, done = check_int(self.name, state, self.SEQ, minimum=0), check_bool(self.name, state, self.DONE)
         self._load_inputs(state[self.INPUTS])
         self._choice.load_state_dict(state[self.CHOICE])
-        self._seq = int(state[self.SEQ])
-        self._done = bool(state[self.DONE])
+        self._seq, self._done = seq, done
 
 
 def choice_index(stage: str, value: Any, n: int, seq: int) -> int:
@@ -417,8 +428,9 @@ class SampleIterator(_DirectedIterator):
 
     def set_state(self, state: dict[str, Any]) -> None:
         check_state(self.name, state, self.INPUTS, self.RNG, self.DONE)
+        done = check_bool(self.name, state, self.DONE)
         self._load_inputs(state[self.INPUTS])
         self._rng.bit_generator.state = copy_rng_state(state[self.RNG])
-        self._done = bool(state[self.DONE])
+        self._done = done
         self._reweigh()
 

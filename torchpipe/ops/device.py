@@ -235,6 +235,9 @@ class DeviceNode(Node):
     def params(self) -> dict[str, Any]:
         return {"device": str(self.device), "buffer_size": self.buffer_size}
 
+    def fingerprint_params(self) -> dict[str, Any]:
+        return {}  # the same elements on any device: a checkpoint taken on a GPU resumes on a CPU
+
     def is_asynchronous(self) -> bool:
         return self.device.type != "cpu"
 
@@ -288,7 +291,7 @@ class DeviceIterator(Iterator):
         return self._log.state()
 
     def set_state(self, state: dict[str, Any]) -> None:
-        self._log.set_state(state)
+        self._log.set_state(state, self.name)
 
     def shutdown(self) -> None:
         if self._prefetcher is not None:

@@ -14,6 +14,7 @@ from torchpipe.ops.base import (
     Node,
     PassThroughIterator,
     UserFunction,
+    check_int,
     check_state,
     function_name,
 )
@@ -155,6 +156,7 @@ class IgnoreErrorsIterator(Iterator):
         return {self.INPUT: self._source.state_dict(), self.IGNORED: self.stats.counters[self.IGNORED]}
 
     def set_state(self, state: dict[str, Any]) -> None:
-        check_state(self.name, state, self.INPUT)
+        check_state(self.name, state, self.INPUT, self.IGNORED)
+        ignored = check_int(self.name, state, self.IGNORED, minimum=0)
         self._source.load_state_dict(state[self.INPUT])
-        self.stats.counters[self.IGNORED] = int(state.get(self.IGNORED, 0))
+        self.stats.counters[self.IGNORED] = ignored

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from torchpipe.errors import CheckpointError
 from torchpipe.ops.base import BuildContext, Iterator, Node, UserFunction, check_state
 from torchpipe.ops.filter import DROPPED, FilterNode, as_bool
 from torchpipe.ops.map import MapNode, is_pure
@@ -157,7 +158,9 @@ class ChainIterator(Iterator):
 
     def set_state(self, state: dict[str, Any]) -> None:
         check_state(self.name, state, self.INPUT, self.COUNTS)
-        if len(state[self.COUNTS]) != len(self._stages):
-            raise KeyError(self.COUNTS)
+        counts = state[self.COUNTS]
+        valid = isinstance(counts, list) and len(counts) == len(self._stages)
+        if not valid or not all(type(n) is int and n >= 0 for n in counts):
+            raise CheckpointError(f"{self.name}: state['counts'] must be {len(self._stages)} counts, got {counts!r}")
         self._source.load_state_dict(state[self.INPUT])
-        self._counts = [int(n) for n in state[self.COUNTS]]
+        self._counts = list(counts)

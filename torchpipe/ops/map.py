@@ -21,6 +21,7 @@ from torchpipe.ops.base import (
 )
 from torchpipe.ops.batch import BatchIterator
 from torchpipe.ops.parallel_map import ParallelMapIterator
+from torchpipe.ops.sources import DatasetFetch
 from torchpipe.runtime.codec import StackedTensor
 from torchpipe.runtime.cpu import usable_cpu_count
 from torchpipe.runtime.recycle import RecycledStack
@@ -82,13 +83,13 @@ class MapNode(Node):
     def build(self, ctx: BuildContext) -> Iterator:
         if self.num_parallel_calls is None:
             return MapIterator(self.name, ctx.build_input(self), self.function(ctx))
-        source, dataset = self.source(ctx)
-        return self.parallel_iterator(self.name, ctx, source, lambda fn, in_process: MapTask(fn, dataset))
+        source, fetch = self.source(ctx)
+        return self.parallel_iterator(self.name, ctx, source, lambda fn, in_process: MapTask(fn, fetch))
 
-    def source(self, ctx: BuildContext) -> tuple[Iterator, Any]:
-        """The input iterator, and the map-style dataset whose fetch runs next to ``fn`` (set by
-        the optimizer's source_pushdown pass, which replaced the source by its indices)."""
-        return ctx.build_input(self), self.dataset
+    def source(self, ctx: BuildContext) -> tuple[Iterator, DatasetFetch | None]:
+        """The input iterator, and the fetch of the map-style dataset that runs next to ``fn``
+        (set by the optimizer's source_pushdown pass, which replaced the source by its indices)."""
+        return ctx.build_input(self), None if self.dataset is None else DatasetFetch(self.dataset)
 
     def parallel_iterator(
         self, name: str, ctx: BuildContext, source: Iterator, make_task: Callable[[UserFunction, bool], Any]
@@ -146,17 +147,17 @@ class MapTask:
     Worker processes inherit it through fork; it is never pickled.
     """
 
-    __slots__ = ("fn", "dataset")
+    __slots__ = ("fn", "fetch")
 
-    def __init__(self, fn: UserFunction, dataset: Any = None) -> None:
+    def __init__(self, fn: UserFunction, fetch: DatasetFetch | None = None) -> None:
         self.fn = fn
-        self.dataset = dataset
+        self.fetch = fetch
 
     def start_worker(self, slot: int) -> None:
         self.fn.seed_worker(slot)
 
     def __call__(self, seq: int, payload: Any) -> Any:
-        element = payload if self.dataset is None else self.dataset[payload]
+        element = payload if self.fetch is None else self.fetch(payload)
         return self.fn.on_element(seq, element)
 
 
@@ -191,7 +192,7 @@ class MapBatchNode(Node):
     def build(self, ctx: BuildContext) -> Iterator:
         batch, map_node = self.batch_node, self.map_node
         map_ctx = batch.input_context(ctx, 0)  # where the map sits unfused: keeps its seeds
-        source, dataset = map_node.source(map_ctx)
+        source, fetch = map_node.source(map_ctx)
         chunks = BatchIterator(batch.name, source, batch.batch_size, batch.drop_remainder, _as_list)
         # In a worker the batch is stacked straight into the shared-memory record it is sent in;
         # here, into memory that earlier batches used.
@@ -203,7 +204,7 @@ class MapBatchNode(Node):
         size = batch.batch_size
 
         def make_task(fn: UserFunction, in_process: bool) -> MapBatchTask:
-            return MapBatchTask(fn, dataset, combiners[in_process], size, None if in_process else memory)
+            return MapBatchTask(fn, fetch, combiners[in_process], size, None if in_process else memory)
 
         return map_node.parallel_iterator(f"{map_node.name}+{batch.name}", map_ctx, chunks, make_task)
 
@@ -215,14 +216,14 @@ class MapBatchTask:
     rows of the batch at once (see :class:`RecycledStack`).
     """
 
-    __slots__ = ("fn", "dataset", "combine", "batch_size", "memory")
+    __slots__ = ("fn", "fetch", "combine", "batch_size", "memory")
 
     def __init__(
-        self, fn: UserFunction, dataset: Any, combine: Callable[[int, list], Any], batch_size: int,
+        self, fn: UserFunction, fetch: DatasetFetch | None, combine: Callable[[int, list], Any], batch_size: int,
         memory: RecycledStack | None = None,
     ) -> None:  # fmt: skip
         self.fn = fn
-        self.dataset = dataset
+        self.fetch = fetch
         self.combine = combine
         self.batch_size = batch_size
         self.memory = memory
@@ -231,18 +232,13 @@ class MapBatchTask:
         self.fn.seed_worker(slot)
 
     def __call__(self, seq: int, payloads: list) -> Any:
-        elements = payloads if self.dataset is None else _fetch_many(self.dataset, payloads)
+        elements = payloads if self.fetch is None else self.fetch.many(payloads)
         first, on_element = seq * self.batch_size, self.fn.on_element
         if self.memory is None:
             return self.combine(seq, [on_element(first + j, element) for j, element in enumerate(elements)])
         with self.memory.rows(len(elements)) as rows:
             mapped = [rows.place(j, on_element(first + j, element)) for j, element in enumerate(elements)]
             return self.combine(seq, mapped)
-
-
-def _fetch_many(dataset: Any, indices: list[int]) -> list[Any]:
-    getitems = getattr(dataset, "__getitems__", None)
-    return list(getitems(indices)) if getitems is not None else [dataset[i] for i in indices]
 
 
 def _as_list(seq: int, elements: list) -> list:

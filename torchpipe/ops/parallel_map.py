@@ -229,7 +229,7 @@ class ParallelMapIterator(Iterator):
         return self._log.state()
 
     def set_state(self, state: dict[str, Any]) -> None:
-        self._log.set_state(state)
+        self._log.set_state(state, self.name)
 
     def shutdown(self) -> None:
         self._dispatch.close()

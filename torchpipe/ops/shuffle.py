@@ -6,7 +6,8 @@ from typing import Any
 
 import numpy as np
 
-from torchpipe.ops.base import BuildContext, Iterator, Node, check_state
+from torchpipe.errors import CheckpointError
+from torchpipe.ops.base import BuildContext, Iterator, Node, check_bool, check_state
 from torchpipe.ops.structure import RepeatIterator
 
 
@@ -103,10 +104,13 @@ class ShuffleIterator(Iterator):
 
     def set_state(self, state: dict[str, Any]) -> None:
         check_state(self.name, state, self.INPUT, self.BUFFER, self.RNG, self.INPUT_DONE)
+        buffer, input_done = state[self.BUFFER], check_bool(self.name, state, self.INPUT_DONE)
+        if not isinstance(buffer, list) or len(buffer) > self._capacity:
+            raise CheckpointError(f"{self.name}: state['buffer'] must be a list of at most {self._capacity} elements")
         self._source.load_state_dict(state[self.INPUT])
-        self._buffer = list(state[self.BUFFER])
+        self._buffer = list(buffer)
         self._rng.bit_generator.state = copy_rng_state(state[self.RNG])
-        self._input_done = bool(state[self.INPUT_DONE])
+        self._input_done = input_done
 
     def shutdown(self) -> None:
         self._buffer = []

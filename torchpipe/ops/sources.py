@@ -8,7 +8,8 @@ from typing import Any
 
 from torchpipe import nest
 from torchpipe.constants import UNKNOWN
-from torchpipe.ops.base import BuildContext, Iterator, Node, check_state
+from torchpipe.errors import add_note
+from torchpipe.ops.base import BuildContext, Iterator, Node, Symbol, check_int, check_state, function_name
 
 
 class IndexedSourceIterator(Iterator):
@@ -29,12 +30,51 @@ class IndexedSourceIterator(Iterator):
         self._index = i + 1
         return self._get(i)
 
+    def skip(self) -> None:
+        if self._index >= self._length:
+            raise StopIteration
+        self._index += 1
+
     def get_state(self) -> dict[str, Any]:
         return {self.INDEX: self._index}
 
     def set_state(self, state: dict[str, Any]) -> None:
         check_state(self.name, state, self.INDEX)
-        self._index = int(state[self.INDEX])
+        self._index = check_int(self.name, state, self.INDEX, minimum=0, maximum=self._length)
+
+
+class DatasetFetch:
+    """``dataset[i]`` as the ``from_dataset`` stage fetches it, inline or in a map's workers
+    (source pushdown): an exception gets a note naming the stage and the index.
+
+    Args:
+        dataset: the map-style dataset.
+    """
+
+    __slots__ = ("dataset", "stage")
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+        self.stage = f"from_dataset({type(dataset).__name__})"
+
+    def __call__(self, index: int) -> Any:
+        try:
+            return self.dataset[index]
+        except Exception as e:
+            add_note(e, f"raised in torchpipe stage {self.stage} at index {index}")
+            raise
+
+    def many(self, indices: list[int]) -> list[Any]:
+        """The elements at ``indices``, with one ``__getitems__`` call where the dataset has it."""
+        getitems = getattr(self.dataset, "__getitems__", None)
+        if getitems is None:
+            return [self(i) for i in indices]
+        try:
+            return list(getitems(indices))
+        except Exception as e:
+            shown = ", ".join(map(str, indices[:8])) + (", ..." if len(indices) > 8 else "")
+            add_note(e, f"raised in torchpipe stage {self.stage} at one of indices [{shown}] (__getitems__)")
+            raise
 
 
 class FromDatasetNode(Node):
@@ -53,7 +93,8 @@ class FromDatasetNode(Node):
         return len(self.dataset)
 
     def build(self, ctx: BuildContext) -> Iterator:
-        return IndexedSourceIterator(self.kind, len(self.dataset), self.dataset.__getitem__)
+        fetch = DatasetFetch(self.dataset)
+        return IndexedSourceIterator(fetch.stage, len(self.dataset), fetch)
 
 
 class IndicesNode(Node):
@@ -131,7 +172,7 @@ class FromIterableNode(Node):
         self.source = source
 
     def params(self) -> dict[str, Any]:
-        return {"source": getattr(self.source, "__name__", type(self.source).__name__)}
+        return {"source": function_name(self.source) if callable(self.source) else Symbol(type(self.source).__name__)}
 
     def cardinality(self) -> int:
         if not callable(self.source) and isinstance(self.source, Sized):
@@ -177,4 +218,4 @@ class IterableIterator(Iterator):
 
     def set_state(self, state: dict[str, Any]) -> None:
         check_state(self.name, state, self.CONSUMED)
-        self._consumed = int(state[self.CONSUMED])
+        self._consumed = check_int(self.name, state, self.CONSUMED, minimum=0)

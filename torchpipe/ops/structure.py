@@ -3,6 +3,7 @@ enumerate, scan, and ``with_options`` (which only carries options)."""
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Callable
 
 from torchpipe.constants import INFINITE, UNKNOWN
@@ -12,6 +13,8 @@ from torchpipe.ops.base import (
     Node,
     PassThroughIterator,
     UserFunction,
+    check_bool,
+    check_int,
     check_state,
     function_name,
 )
@@ -49,6 +52,8 @@ class RepeatIterator(Iterator):
     """Rebuilds its input for every repetition (so random ops below draw anew each time).
 
     Like tf.data, an endless repeat of an input that turns out empty ends instead of spinning.
+    Once it has ended, its state is the last repetition's at that repetition's end (the same
+    structure as every other state): resuming there finds the end again.
     """
 
     REPETITION, INPUT, FRESH = "repetition", "input", "fresh"
@@ -59,6 +64,7 @@ class RepeatIterator(Iterator):
         self._ctx = node.input_context(ctx, 0)
         self._repetition = 0
         self._fresh = True  # nothing produced yet in this repetition
+        self._final: dict[str, Any] | None = None  # the state once ended
         self._source: Iterator | None = self._make_source() if node.count != 0 else None
 
     def _make_source(self) -> Iterator:
@@ -79,31 +85,37 @@ class RepeatIterator(Iterator):
 
     def _advance(self) -> None:
         empty = self._fresh
+        count = self._node.count
+        if (count < 0 and empty) or (count >= 0 and self._repetition + 1 >= count):
+            self._final = self.get_state()
+            self._release(self._source)
+            self._source = None
+            self.inputs = []
+            return
         self._release(self._source)
         self._repetition += 1
         self._fresh = True
-        count = self._node.count
-        if (count < 0 and empty) or (count >= 0 and self._repetition >= count):
-            self._source = None
-            self.inputs = []
-        else:
-            self._source = self._make_source()
+        self._source = self._make_source()
 
     def _release(self, source: Iterator) -> None:
         """Done with one repetition's iterator."""
         source.close()
 
     def get_state(self) -> dict[str, Any]:
-        source = self._source.state_dict() if self._source is not None else None
-        return {self.REPETITION: self._repetition, self.INPUT: source, self.FRESH: self._fresh}
+        if self._source is None:
+            return copy.deepcopy(self._final) if self._final is not None else {
+                self.REPETITION: self._repetition, self.INPUT: None, self.FRESH: self._fresh}
+        return {self.REPETITION: self._repetition, self.INPUT: self._source.state_dict(), self.FRESH: self._fresh}
 
     def set_state(self, state: dict[str, Any]) -> None:
         check_state(self.name, state, self.REPETITION, self.INPUT, self.FRESH)
+        repetition = check_int(self.name, state, self.REPETITION, minimum=0)
         if self._source is not None:
             self._release(self._source)
-        self._repetition = int(state[self.REPETITION])
-        self._fresh = bool(state[self.FRESH])
-        if state[self.INPUT] is None:
+        self._repetition = repetition
+        self._fresh = check_bool(self.name, state, self.FRESH)
+        self._final = None
+        if state[self.INPUT] is None or self._node.count == 0:
             self._source = None
             self.inputs = []
         else:
@@ -212,6 +224,12 @@ class ShardNode(Node):
 
 
 class ShardIterator(PassThroughIterator):
+    """Keeps the input elements at positions ``index, index + num_shards, ...``.
+
+    The others are skipped (a source that can seek does not read them), and an error raised by
+    one of them is dropped: it belongs to the shard that keeps that element.
+    """
+
     COUNTERS = ("position",)
 
     def __init__(self, name: str, source: Iterator, num_shards: int, index: int) -> None:
@@ -221,12 +239,26 @@ class ShardIterator(PassThroughIterator):
         self._position = 0  # input elements consumed
 
     def next(self) -> Any:
+        source = self._source
         while True:
-            element = next(self._source)
             position = self._position
-            self._position = position + 1
             if position % self._num_shards == self._index:
+                try:
+                    element = next(source)
+                except StopIteration:
+                    raise
+                except Exception:
+                    self._position = position + 1  # the element that raised took its place
+                    raise
+                self._position = position + 1
                 return element
+            try:
+                source.skip()
+            except StopIteration:
+                raise
+            except Exception:  # noqa: BLE001 - another shard's element: its error is that shard's
+                pass
+            self._position = position + 1
 
 
 class EnumerateNode(Node):
@@ -247,6 +279,7 @@ class EnumerateNode(Node):
 
 class EnumerateIterator(PassThroughIterator):
     COUNTERS = ("next_index",)
+    COUNTER_MINIMUM = None  # enumerate(start) may start below 0
 
     def __init__(self, name: str, source: Iterator, start: int) -> None:
         super().__init__(name, source)
@@ -279,7 +312,8 @@ class ScanNode(Node):
 
 
 class ScanIterator(PassThroughIterator):
-    COUNTERS = ("state", "seq")
+    COUNTERS = ("seq",)
+    STATE = "state"  # the user's scan state: any value, kept as it is
 
     def __init__(self, name: str, source: Iterator, fn: UserFunction, initial_state: Any) -> None:
         super().__init__(name, source)
@@ -296,6 +330,14 @@ class ScanIterator(PassThroughIterator):
             raise TypeError(f"{self.name}: fn must return (new_state, output), got {type(result).__name__}")
         self._state, output = result
         return output
+
+    def get_state(self) -> dict[str, Any]:
+        return {**super().get_state(), self.STATE: self._state}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        check_state(self.name, state, self.STATE)
+        super().set_state(state)
+        self._state = state[self.STATE]
 
 
 class WithOptionsNode(Node):
