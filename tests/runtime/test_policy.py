@@ -122,4 +122,4 @@ def test_reads_that_wait_overlap_on_the_threads_of_worker_processes_too():
     pooled = CallCosts(340e-6, 30e-6, 0.91, 0.0, handoff_s=10e-6, message_s=5e-6, threads_in_workers=True)
     assert workers(pooled, PROCESS, 2) == workers(pooled, THREAD, 2) > 4
     assert choose(reads, 2, (THREAD, PROCESS)) == THREAD
-    assert choose(pooled, 2, (THREAD, PROCESS), margin=policy_module.ONE_WAY_MARGIN) == PROCESS
+    assert choose(pooled, 2, (THREAD, PROCESS), margin=policy_module.READERS_MARGIN) == PROCESS

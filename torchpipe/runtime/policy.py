@@ -25,9 +25,9 @@ KINDS = (INLINE, THREAD, PROCESS)
 
 MARGIN = 1.15
 """How much faster a dearer executor must be predicted (or measured) to be chosen."""
-ONE_WAY_MARGIN = 1.5
-"""The same for a move that is not measured afterwards and not undone (an interleave's readers
-handed over to processes)."""
+READERS_MARGIN = 1.5
+"""The same for moving an interleave's readers to the other pool: every open reader re-opens its
+inner dataset there, which for a stream that resumes by reading from its start costs what it read."""
 HANDOFF_S = 10e-6
 """This process's cost of one call on a thread: queueing it and taking its result (measured
 8-12 us with the GIL contended)."""
@@ -159,7 +159,7 @@ def choose(
             the predictions.
         current: the executor the stage runs on now: it is left only for a dearer one that is
             ``margin`` times faster than it, or a cheaper one that is no slower.
-        margin: :data:`MARGIN`; more for a move that cannot be undone (:data:`ONE_WAY_MARGIN`).
+        margin: :data:`MARGIN`; more for a dear move (an interleave's readers: :data:`READERS_MARGIN`).
     """
     measured = measured or {}
     options = [k for k in KINDS if k in candidates and (k != THREAD or costs.thread_safe)]
