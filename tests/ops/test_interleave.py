@@ -496,5 +496,6 @@ def test_a_hung_reader_raises_a_stall_error(executor, deterministic):
     with pytest.raises(tp.StallError, match=r"interleave\(_hangs_at_three\)") as info:
         list(it)
     assert time.monotonic() - t0 < 20
-    assert info.value.where.startswith("thread interleave(_hangs_at_three)" if executor == "thread" else "worker process")
+    where = "thread interleave(_hangs_at_three)" if executor == "thread" else "worker process"
+    assert info.value.where.startswith(where)
     it.close()

@@ -60,7 +60,7 @@ def _drain(pool, reader) -> list:
 
 def _states_of_inline_reads(element: int) -> list:
     pool = _pool("inline")
-    return _drain(pool, pool.open(ReaderPlace(element, 0)))
+    return _drain(pool, pool.open(element, 0))
 
 
 KINDS = ["inline", "thread", "process"]
@@ -74,7 +74,7 @@ def test_a_reader_opens_at_a_saved_place_and_gives_what_was_read_ahead_first(kin
     place = ReaderPlace(1, 0, items[0][2], None, tuple(items[1:3]))
     pool = _pool(kind)
     try:
-        got = _drain(pool, pool.open(place))
+        got = _drain(pool, pool.open(*place))
     finally:
         pool.shutdown()
     assert got == items[1:]  # the same elements and the same inner states after each
@@ -85,7 +85,7 @@ def test_a_reader_whose_read_ahead_ran_to_the_end_opens_nothing(kind):
     place = ReaderPlace(99, 0, {"stands": "for a state"}, None, ((VALUE, 990, {"after": 990}), (END, None, None)))
     pool = _pool(kind)
     try:
-        reader = pool.open(place)
+        reader = pool.open(*place)
         pool.read(reader)
         assert pool.take(reader) == (VALUE, 990) and pool.inner_state(reader) == {"after": 990}
         assert pool.take(reader) == (END, None)
@@ -97,7 +97,7 @@ def test_a_reader_whose_read_ahead_ran_to_the_end_opens_nothing(kind):
 def test_a_reader_for_a_failed_input_element_only_fails(kind):
     pool = _pool(kind)
     try:
-        reader = pool.open(ReaderPlace(None, 3, None, KeyError("no such file")))
+        reader = pool.open(None, 3, None, KeyError("no such file"))
         pool.read(reader)
         kind_, error = pool.take(reader)
     finally:
@@ -109,7 +109,7 @@ def test_a_reader_for_a_failed_input_element_only_fails(kind):
 def test_released_readers_hand_over_their_place_and_what_they_read(kind):
     pool = _pool(kind)
     try:
-        reader = pool.open(ReaderPlace(2, 0))
+        reader = pool.open(2, 0)
         pool.read(reader)
         assert pool.take(reader) == (VALUE, 20)
         if kind != "inline":  # it reads ahead: wait until it has
@@ -119,7 +119,7 @@ def test_released_readers_hand_over_their_place_and_what_they_read(kind):
         pool.shutdown()
     assert (place.element, place.seq) == (2, 0)
     resumed = _pool("inline")
-    assert [p for _, p, _ in _drain(resumed, resumed.open(place))] == [21, 22, 23, 24, None]
+    assert [p for _, p, _ in _drain(resumed, resumed.open(*place))] == [21, 22, 23, 24, None]
 
 
 def test_the_inline_pool_runs_through_the_same_iterator():

@@ -8,7 +8,7 @@ import pytest
 
 import torchpipe as tp
 from torchpipe.ops.base import BuildContext, UserFunction
-from torchpipe.ops.interleave_readers import InnerOpener, ReaderPlace
+from torchpipe.ops.interleave_readers import InnerOpener
 from torchpipe.ops.stats import IteratorStats
 from torchpipe.ops.thread_readers import ThreadReaders
 from torchpipe.runtime.timing import CallTiming
@@ -23,11 +23,11 @@ def test_a_hung_read_raises_a_stall_error_naming_the_inner_dataset_and_the_threa
     stats.calls = CallTiming()
     pool.bind(stats)
     pool.start(1)
-    reader = pool.open(ReaderPlace(0, 7))
+    reader = pool.open(0, 7)
     pool.read(reader)
     try:
-        with pytest.raises(tp.StallError, match=r"interleave\(hang\): a read of inner dataset 7 .* thread interleave\(hang\)-0"
-                           ) as info:  # fmt: skip
+        named = r"interleave\(hang\): a read of inner dataset 7 .* thread interleave\(hang\)-0"
+        with pytest.raises(tp.StallError, match=named) as info:
             pool.take(reader)
         assert (info.value.stage, info.value.seq) == ("interleave(hang)", 7)
     finally:

@@ -19,8 +19,8 @@ def test_work_out_too_long_raises_naming_the_stage_the_work_and_where():
     watch.begin(3, "thread interleave(read)-0")
     watch.check()  # not yet
     _age(watch, 2.0)
-    with pytest.raises(tp.StallError, match=r"interleave\(read\): a read of inner dataset 3 .* thread interleave\(read\)-0"
-                       ) as info:  # fmt: skip
+    named = r"interleave\(read\): a read of inner dataset 3 .* thread interleave\(read\)-0"
+    with pytest.raises(tp.StallError, match=named) as info:
         watch.check()
     assert (info.value.stage, info.value.seq, info.value.where) == ("interleave(read)", 3, "thread interleave(read)-0")
 

@@ -18,7 +18,7 @@ from torchpipe.constants import AUTOTUNE, UNKNOWN
 from torchpipe.errors import CheckpointError
 from torchpipe.ops.base import BuildContext, Iterator, Node, PositionLog, UserFunction, check_state, function_name
 from torchpipe.ops.interleave_readers import (
-    END, ERROR, FAILED, MAX_PARALLELISM, VALUE, InlineReaders, InnerOpener, Reader, ReaderPlace, ReaderPool,
+    ERROR, FAILED, MAX_PARALLELISM, VALUE, InlineReaders, InnerOpener, Reader, ReaderPool,
     read_ahead_items,
 )  # fmt: skip
 from torchpipe.ops.process_readers import ProcessReaders
@@ -296,23 +296,11 @@ class InterleaveIterator(Iterator):
                 self._pool.read(reader)
 
     def next(self) -> Any:
-        if self._knob is not None:
-            self._knob.take_request()
-        self._top_up()
-        try:
-            element = self._interleave()
-        except StopIteration:
-            self._end_of_pass()
-            raise
-        if self._reads_ahead and self.stats.sample_bytes(element):
-            self._pool.set_read_ahead(self._deep_read_ahead())
-        placement = self._placement
-        if placement is not None and (self.stats.produced + 1) % placement.check_every == 0:  # this one not counted yet
-            self._review(element)
-        return element
-
-    def _interleave(self) -> Any:
-        """tf.data's state machine: the next element, from the slot whose turn it is."""
+        # tf.data's state machine: the next element, from the slot whose turn it is. A pool that
+        # reads ahead also takes the knob's requests, opens readers ahead of the slots and looks
+        # at what it delivers; inline reads need none of it.
+        if self._reads_ahead:
+            self._before()
         while not self._end_of_input or self._num_open > 0:
             self._choose_slot()
             reader = self._slots[self._cycle_index]
@@ -327,6 +315,8 @@ class InterleaveIterator(Iterator):
                 self._block_index += 1
                 if self._block_index == self._block_length:
                     self._advance_cycle()
+                if self._reads_ahead:
+                    self._after(payload)
                 return payload
             if kind == ERROR:
                 raise payload
@@ -335,7 +325,22 @@ class InterleaveIterator(Iterator):
                 # Like tf.data: the slot stays current, so the next call refills it.
                 raise payload
             self._advance_cycle()
+        self._end_of_pass()
         raise StopIteration
+
+    def _before(self) -> None:
+        if self._knob is not None:
+            self._knob.take_request()
+        self._top_up()
+
+    def _after(self, element: Any) -> None:
+        """Learn from a delivered element: its size (how far to read ahead), and every few
+        elements, where the readers should read (``executor="auto"``)."""
+        if self.stats.sample_bytes(element):
+            self._pool.set_read_ahead(self._deep_read_ahead())
+        placement = self._placement
+        if placement is not None and (self.stats.produced + 1) % placement.check_every == 0:  # this one not counted yet
+            self._review(element)
 
     def _advance_cycle(self) -> None:
         self._block_index = 0
@@ -343,11 +348,12 @@ class InterleaveIterator(Iterator):
 
     def _fill_slot(self) -> None:
         """Give the current slot the next reader in input order, or mark the end of the input."""
-        self._top_up()
-        if not self._ahead and not self._pull():  # the inline pool opens none ahead
+        if len(self._ahead) < self._lookahead:
+            self._top_up()
+        reader = self._ahead.popleft() if self._ahead else self._open_next()  # inline: none ahead
+        if reader is None:
             self._end_of_input = True
             return
-        reader = self._ahead.popleft()
         self._log.delivered(reader.seq)
         self._slots[self._cycle_index] = reader
         self._num_open += 1
@@ -361,22 +367,24 @@ class InterleaveIterator(Iterator):
 
     def _top_up(self) -> None:
         """Open readers ahead of the slots, up to the lookahead."""
-        while len(self._ahead) < self._lookahead and self._pull():
-            pass
+        while len(self._ahead) < self._lookahead:
+            reader = self._open_next()
+            if reader is None:
+                return
+            self._ahead.append(reader)
 
-    def _pull(self) -> bool:
-        """Open a reader for the next input element, behind those ahead; False at the input's end."""
+    def _open_next(self) -> Reader | None:
+        """A reader, reading, for the next input element; None at the input's end."""
         if self._input_done:
-            return False
+            return None
         try:
             seq, element, error = self._log.pull()
         except StopIteration:
             self._input_done = True
-            return False
-        reader = self._pool.open(ReaderPlace(element, seq, None, error))
-        self._ahead.append(reader)
+            return None
+        reader = self._pool.open(element, seq, None, error)
         self._pool.read(reader)
-        return True
+        return reader
 
     def _choose_slot(self) -> None:
         """Without determinism, serve the first slot from the current one on that has something."""
@@ -436,8 +444,8 @@ class InterleaveIterator(Iterator):
             self._knob.value = parallelism
         new.start(parallelism)  # sized before the readers ask: their first reads use every worker thread
         self.resize(parallelism)
-        self._slots = [None if r is None else new.open(moved[id(r)]) for r in self._slots]
-        self._ahead = deque(new.open(moved[id(r)]) for r in self._ahead)
+        self._slots = [None if r is None else new.open(*moved[id(r)]) for r in self._slots]
+        self._ahead = deque(new.open(*moved[id(r)]) for r in self._ahead)
         for reader in [*self._slots, *self._ahead]:
             if reader is not None:
                 new.read(reader)
@@ -479,7 +487,7 @@ class InterleaveIterator(Iterator):
         self._end_of_input = bool(state[self.END_OF_INPUT])
         # Readers restored before the first element hold no resources yet: nothing to close.
         self._slots = [
-            None if e is None else self._pool.open(ReaderPlace(e[self.ELEMENT], int(e[self.SEQ]), e[self.INNER]))
+            None if e is None else self._pool.open(e[self.ELEMENT], int(e[self.SEQ]), e[self.INNER])
             for e in saved
         ]
         self._num_open = sum(reader is not None for reader in self._slots)

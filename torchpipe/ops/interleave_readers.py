@@ -18,10 +18,9 @@ moves readers between threads and processes.
 from __future__ import annotations
 
 import abc
-import dataclasses
 from collections import deque
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 from torchpipe.ops.base import BuildContext, Iterator, UserFunction
 from torchpipe.ops.stats import IteratorStats
@@ -85,17 +84,16 @@ class InnerOpener:
         return iterator
 
 
-@dataclasses.dataclass(frozen=True)
-class ReaderPlace:
-    """Where a reader stands, for a pool to open it there.
+class ReaderPlace(NamedTuple):
+    """Where a reader stands: what :meth:`ReaderPool.release` gives, for another pool to
+    ``open(*place)`` there.
 
     Attributes:
         element: the input element its inner dataset is made from.
         seq: that element's sequence number.
         inner: the inner iterator's state after the items the consumer took (None: the start).
         error: the input's error for this element: the reader only fails with it.
-        read_ahead: items read after ``inner`` and not yet taken, in order; the reader gives
-            them first and reads on after the last.
+        read_ahead: items read after ``inner`` and not yet taken, in order.
     """
 
     element: Any
@@ -104,14 +102,11 @@ class ReaderPlace:
     error: BaseException | None = None
     read_ahead: tuple[Item, ...] = ()
 
-    def read_state(self) -> dict[str, Any] | None:
-        """The inner state where reading goes on: after the last item read ahead."""
-        states = [state for kind, _, state in self.read_ahead if kind in (VALUE, ERROR)]
-        return states[-1] if states else self.inner
 
-    def ended(self) -> bool:
-        """Whether what was read ahead runs to the end of the inner dataset."""
-        return bool(self.read_ahead) and self.read_ahead[-1][0] == END
+def read_on_from(inner: dict[str, Any] | None, read_ahead: tuple[Item, ...]) -> dict[str, Any] | None:
+    """The inner state where reading goes on: after the last item read ahead, else ``inner``."""
+    states = [state for kind, _, state in read_ahead if kind in (VALUE, ERROR)]
+    return states[-1] if states else inner
 
 
 class Reader:
@@ -119,10 +114,10 @@ class Reader:
 
     __slots__ = ("element", "seq", "error")
 
-    def __init__(self, place: ReaderPlace) -> None:
-        self.element = place.element
-        self.seq = place.seq
-        self.error = place.error
+    def __init__(self, element: Any, seq: int, error: BaseException | None) -> None:
+        self.element = element
+        self.seq = seq
+        self.error = error
 
 
 class ReaderPool(abc.ABC):
@@ -165,8 +160,13 @@ class ReaderPool(abc.ABC):
         return False
 
     @abc.abstractmethod
-    def open(self, place: ReaderPlace) -> Reader:
-        """A reader at ``place``; it reads nothing until :meth:`read`."""
+    def open(self, element: Any, seq: int, inner: dict[str, Any] | None = None, error: BaseException | None = None,
+             read_ahead: tuple[Item, ...] = ()) -> Reader:  # fmt: skip
+        """A reader of inner dataset ``seq``, made from input ``element``, at inner state ``inner``
+        (None: its start), that gives ``read_ahead`` (items another pool read after ``inner``)
+        first and reads on after them; or, with ``error`` (the input raised), one that only fails
+        with it. It reads nothing until :meth:`read`. A released reader opens at ``open(*place)``.
+        """
 
     def read(self, reader: Reader) -> None:
         """Have ``reader`` read ahead; it asks again by itself as it is taken from."""
@@ -225,13 +225,13 @@ class ReaderPool(abc.ABC):
 
 
 class _InlineReader(Reader):
-    __slots__ = ("carried", "taken_state", "open_at", "iterator")
+    __slots__ = ("carried", "taken_state", "iterator")
 
-    def __init__(self, place: ReaderPlace) -> None:
-        super().__init__(place)
-        self.carried: deque[Item] = deque(place.read_ahead)
-        self.taken_state = place.inner
-        self.open_at = place.read_state()
+    def __init__(self, element: Any, seq: int, inner: dict[str, Any] | None, error: BaseException | None,
+                 read_ahead: tuple[Item, ...]) -> None:  # fmt: skip
+        super().__init__(element, seq, error)
+        self.carried: deque[Item] | None = deque(read_ahead) if read_ahead else None
+        self.taken_state = inner
         self.iterator: Iterator | None = None
 
 
@@ -250,31 +250,37 @@ class InlineReaders(ReaderPool):
     def __init__(self, opener: InnerOpener) -> None:
         self._opener = opener
 
-    def open(self, place: ReaderPlace) -> _InlineReader:
-        return _InlineReader(place)
+    def open(self, element: Any, seq: int, inner: dict[str, Any] | None = None, error: BaseException | None = None,
+             read_ahead: tuple[Item, ...] = ()) -> _InlineReader:  # fmt: skip
+        return _InlineReader(element, seq, inner, error, read_ahead)
 
     def has_ready(self, reader: _InlineReader) -> bool:
         return True  # reading it now is what ready means here
 
     def take(self, reader: _InlineReader) -> tuple[str, Any]:
-        if reader.carried:
-            kind, payload, state = reader.carried.popleft()
-            if kind in (VALUE, ERROR):
-                reader.taken_state = state
-            return kind, payload
-        if reader.error is not None:
-            return FAILED, reader.error
-        if reader.iterator is None:
+        iterator = reader.iterator
+        if iterator is None:
+            if reader.carried or reader.error is not None:
+                return self._carried(reader)
             try:
-                reader.iterator = self._opener(reader.element, reader.seq, reader.open_at)
+                iterator = reader.iterator = self._opener(reader.element, reader.seq, reader.taken_state)
             except Exception as e:
                 return FAILED, e
         try:
-            return VALUE, next(reader.iterator)
+            return VALUE, next(iterator)
         except StopIteration:
             return END, None
         except Exception as e:
             return ERROR, e
+
+    def _carried(self, reader: _InlineReader) -> tuple[str, Any]:
+        """The next item read ahead by another pool, or the input's error."""
+        if reader.error is not None:
+            return FAILED, reader.error
+        kind, payload, state = reader.carried.popleft()
+        if kind in (VALUE, ERROR):
+            reader.taken_state = state  # the inner dataset opens there once these are taken
+        return kind, payload
 
     def inner_state(self, reader: _InlineReader) -> dict[str, Any] | None:
         return reader.iterator.state_dict() if reader.iterator is not None else reader.taken_state
@@ -286,8 +292,8 @@ class InlineReaders(ReaderPool):
     def release(self, readers: list[_InlineReader]) -> list[ReaderPlace]:
         places = []
         for reader in readers:
-            carried = tuple(reader.carried)
-            places.append(dataclasses.replace(self.place(reader), read_ahead=carried))
+            carried = tuple(reader.carried or ())
+            places.append(self.place(reader)._replace(read_ahead=carried))
             self.close(reader)
         return places
 

@@ -21,7 +21,9 @@ from collections.abc import Callable
 from typing import Any
 
 from torchpipe.ops.base import Iterator
-from torchpipe.ops.interleave_readers import END, ERROR, FAILED, VALUE, InnerOpener, Item, Reader, ReaderPlace, ReaderPool
+from torchpipe.ops.interleave_readers import (
+    END, ERROR, FAILED, VALUE, InnerOpener, Item, Reader, ReaderPlace, ReaderPool,
+)  # fmt: skip
 from torchpipe.ops.stats import element_bytes
 from torchpipe.runtime import codec
 from torchpipe.runtime.columns import Columns, to_columns
@@ -147,20 +149,21 @@ class _ChunkReader(Reader):
 
     __slots__ = ("id", "ready", "taken_state", "read_state", "read", "last_chunk", "pending", "done")
 
-    def __init__(self, place: ReaderPlace) -> None:
-        super().__init__(place)
+    def __init__(self, element: Any, seq: int, inner: dict[str, Any] | None, error: BaseException | None,
+                 read_ahead: tuple[Item, ...]) -> None:  # fmt: skip
+        super().__init__(element, seq, error)
         self.id = next(_READER_IDS)
         self.ready: deque[Item] = deque()
-        self.taken_state = place.inner  # inner state after the last item the consumer took
-        self.read_state = place.inner  # inner state after the last item read (where the next chunk starts)
+        self.taken_state = inner  # inner state after the last item the consumer took
+        self.read_state = inner  # inner state after the last item read (where the next chunk starts)
         self.read = 0  # items read (where a worker that kept the inner iterator open stands)
         self.last_chunk = 0  # items in the last chunk received
         self.pending: int | None = None  # id of the chunk task in flight
-        self.done = place.error is not None
-        if place.error is not None:
-            self.ready.append((FAILED, place.error, None))
-        elif place.read_ahead:  # as if a chunk had brought them: the next chunk starts after them
-            self.receive(list(place.read_ahead), None)
+        self.done = error is not None
+        if error is not None:
+            self.ready.append((FAILED, error, None))
+        elif read_ahead:  # as if a chunk had brought them: the next chunk starts after them
+            self.receive(list(read_ahead), None)
 
     def wants_chunk(self, ahead: int) -> bool:
         """Whether to ask for the next chunk: none is in flight and at most one chunk's worth
@@ -261,8 +264,9 @@ class ProcessReaders(ReaderPool):
     def reader_capacity(self) -> int:
         return max(2 * self._chunk, self._ahead)
 
-    def open(self, place: ReaderPlace) -> _ChunkReader:
-        return _ChunkReader(place)
+    def open(self, element: Any, seq: int, inner: dict[str, Any] | None = None, error: BaseException | None = None,
+             read_ahead: tuple[Item, ...] = ()) -> _ChunkReader:  # fmt: skip
+        return _ChunkReader(element, seq, inner, error, read_ahead)
 
     def read(self, reader: _ChunkReader) -> None:
         # A reader asks for its next chunk when it opens, when a chunk arrives and when an item

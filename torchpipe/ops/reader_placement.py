@@ -21,11 +21,12 @@ are not calls:
   there (their wall time less their waits for the GIL, which a read in a worker does not pay);
 - a move re-opens every open inner dataset at its position in the other pool, which for a stream
   that resumes by reading again from its start (``tp.from_iterable``) costs what it read so far.
-  So measured times stand for the pass (a Placement forgets them after 10 s, and would send
-  readers back and forth every 10 s where the prediction and the measurement disagree), no pool is
-  tried on a prediction alone, and while one pool is unmeasured the verdict compares predictions
-  for both (today's prediction for threads, not what threads delivered while cold, against the
-  prediction for processes).
+  So the other pool must be ``READERS_MARGIN`` (1.5x) faster, not ``MARGIN``; measured times stand
+  for the pass (a Placement forgets them after 10 s, and would send readers back and forth every
+  10 s where a prediction and a measurement disagree); no pool is tried on a prediction alone; and
+  while one pool is unmeasured the verdict compares the prediction for each (what the model misses,
+  an ordered interleave waiting on one slow slot, say, it misses on both sides), not a measurement
+  with a prediction.
 
 Readers that the first verdict keeps on threads stay there, and the interleave closes the worker
 processes' zygote (it holds memory for nothing); readers moved to processes are measured there and

@@ -17,7 +17,9 @@ from concurrent.futures import Future
 from typing import Any
 
 from torchpipe.ops.base import Iterator
-from torchpipe.ops.interleave_readers import END, ERROR, FAILED, VALUE, InnerOpener, Item, Reader, ReaderPlace, ReaderPool
+from torchpipe.ops.interleave_readers import (
+    END, ERROR, FAILED, VALUE, InnerOpener, Item, Reader, ReaderPlace, ReaderPool, read_on_from,
+)  # fmt: skip
 from torchpipe.runtime.policy import THREAD
 from torchpipe.runtime.stall import StallWatch
 from torchpipe.runtime.thread_pool import ThreadPool
@@ -38,20 +40,22 @@ class _ThreadReader(Reader):
     __slots__ = ("ready", "taken_state", "_pool", "_read_state", "_iterator", "_done", "_running", "_stopped",
                  "_closed", "_future")  # fmt: skip
 
-    def __init__(self, place: ReaderPlace, pool: ThreadReaders) -> None:
-        super().__init__(place)
-        self.ready: deque[Item] = deque(place.read_ahead)
-        self.taken_state = place.inner  # inner state after the last item the consumer took
+    def __init__(self, pool: ThreadReaders, element: Any, seq: int, inner: dict[str, Any] | None,
+                 error: BaseException | None, read_ahead: tuple[Item, ...]) -> None:  # fmt: skip
+        super().__init__(element, seq, error)
+        self.ready: deque[Item] = deque(read_ahead)
+        self.taken_state = inner  # inner state after the last item the consumer took
         self._pool = pool
-        self._read_state = place.read_state()  # where the inner iterator opens
+        self._read_state = read_on_from(inner, read_ahead)  # where the inner iterator opens
         self._iterator: Iterator | None = None
-        self._done = place.error is not None or place.ended()  # nothing more will be read
+        ended = bool(read_ahead) and read_ahead[-1][0] == END
+        self._done = error is not None or ended  # nothing more will be read
         self._running = False
         self._stopped = False  # read nothing more
         self._closed = False  # and keep nothing more
         self._future: Future | None = None
-        if place.error is not None:
-            self.ready.append((FAILED, place.error, None))
+        if error is not None:
+            self.ready.append((FAILED, error, None))
 
     # -- consumer side ---------------------------------------------------------------------
     def refill(self) -> None:
@@ -195,8 +199,9 @@ class ThreadReaders(ReaderPool):
     def reader_capacity(self) -> int:
         return self.capacity
 
-    def open(self, place: ReaderPlace) -> _ThreadReader:
-        return _ThreadReader(place, self)
+    def open(self, element: Any, seq: int, inner: dict[str, Any] | None = None, error: BaseException | None = None,
+             read_ahead: tuple[Item, ...] = ()) -> _ThreadReader:  # fmt: skip
+        return _ThreadReader(self, element, seq, inner, error, read_ahead)
 
     def read(self, reader: _ThreadReader) -> None:
         reader.refill()
