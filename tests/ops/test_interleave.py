@@ -409,17 +409,19 @@ def _rng(state: int, has_uint32: int, uinteger: int) -> dict:
 
 
 # Saved by the interleave iterators before they shared one state machine over reader pools (commit
-# 153c8b2): one inline after 3 elements, one on threads after 7, of the pipeline below.
-OPS = ["interleave", "shuffle", "range", "->", "interleave", "shuffle", "range"]
+# 430b870): one inline after 3 elements, one on threads after 7, of the pipeline below.
+OPS = ["interleave(fn=uneven, cycle_length=3, block_length=2)",
+       "shuffle(buffer_size=3, seed=1, reshuffle_each_iteration=True)", "range(start=0, stop=6, step=1, len=6)",
+       "->", "interleave", "shuffle", "range"]  # fmt: skip
 SAVED = [
-    ({"format": 2, "ops": OPS, "seed": 351882011062440290, "epoch": 0, "pipeline": {
+    ({"format": 3, "ops": OPS, "seed": 458692184222912420, "epoch": 0, "pipeline": {
         "input": {"input": {"index": 4}, "buffer": [0, 3], "input_done": False,
                   "rng": _rng(135221972152563403490726731193101921352, 0, 1819963395)},
         "seq": 2, "cycle_index": 1, "block_index": 1, "end_of_input": False,
         "slots": [{"element": 2, "seq": 0, "inner": {"input": {"index": 2}, "seq": 2}},
                   {"element": 1, "seq": 1, "inner": {"input": {"index": 1}, "seq": 1}}, None]}},
      [40, 41, 22, 23, 50, 51, 0, 1, 52, 53, 2, 54]),
-    ({"format": 2, "ops": OPS, "seed": 6365278860037720064, "epoch": 0, "pipeline": {
+    ({"format": 3, "ops": OPS, "seed": 185045594099368695, "epoch": 0, "pipeline": {
         "input": {"input": {"index": 5}, "buffer": [0, 3], "input_done": False,
                   "rng": _rng(183521842008194837021422278924743593609, 1, 1705563963)},
         "seq": 3, "cycle_index": 1, "block_index": 0, "end_of_input": False,
@@ -436,7 +438,19 @@ def test_checkpoints_saved_before_the_reader_pools_still_load(kwargs: dict) -> N
     for state, rest in SAVED:
         with iter(ds) as resumed:
             resumed.load_state_dict(state)
+            assert resumed.state_dict() == state  # the same state, read back as it was saved
             assert list(resumed) == rest
+
+
+@pytest.mark.parametrize("key, value", [("cycle_index", 3), ("block_index", -1), ("seq", "2"), ("end_of_input", 0)])
+def test_a_malformed_state_value_is_a_checkpoint_error_naming_the_key(key: str, value) -> None:
+    ds = tp.range(len(LENS)).interleave(uneven, cycle_length=3, block_length=2, num_parallel_calls=2)
+    with iter(ds) as it:
+        next(it)
+        state = it.state_dict()
+    state["pipeline"][key] = value
+    with iter(ds) as other, pytest.raises(CheckpointError, match=key):
+        other.load_state_dict(state)
 
 
 def test_checkpoint_from_other_cycle_length_is_rejected() -> None:

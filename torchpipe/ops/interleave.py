@@ -16,7 +16,9 @@ from typing import Any, Callable
 
 from torchpipe.constants import AUTOTUNE, UNKNOWN
 from torchpipe.errors import CheckpointError
-from torchpipe.ops.base import BuildContext, Iterator, Node, PositionLog, UserFunction, check_state, function_name
+from torchpipe.ops.base import (
+    BuildContext, Iterator, Node, PositionLog, UserFunction, check_bool, check_int, check_state, function_name,
+)  # fmt: skip
 from torchpipe.ops.interleave_readers import (
     ERROR, FAILED, MAX_PARALLELISM, VALUE, InlineReaders, InnerOpener, Reader, ReaderPool,
     read_ahead_items,
@@ -481,13 +483,14 @@ class InterleaveIterator(Iterator):
             raise CheckpointError(
                 f"{self.name}: checkpoint has {len(saved)} slots but cycle_length is {self._cycle_length}"
             )
-        self._log.set_state({"input": state[self.INPUT], "seq": int(state[self.SEQ]), "skip": []})
-        self._cycle_index = int(state[self.CYCLE_INDEX])
-        self._block_index = int(state[self.BLOCK_INDEX])
-        self._end_of_input = bool(state[self.END_OF_INPUT])
+        name = self.name
+        self._log.set_state({"input": state[self.INPUT], "seq": check_int(name, state, self.SEQ, 0), "skip": []})
+        self._cycle_index = check_int(name, state, self.CYCLE_INDEX, 0, self._cycle_length - 1)
+        self._block_index = check_int(name, state, self.BLOCK_INDEX, 0, self._block_length - 1)
+        self._end_of_input = check_bool(name, state, self.END_OF_INPUT)
         # Readers restored before the first element hold no resources yet: nothing to close.
         self._slots = [
-            None if e is None else self._pool.open(e[self.ELEMENT], int(e[self.SEQ]), e[self.INNER])
+            None if e is None else self._pool.open(e[self.ELEMENT], check_int(name, e, self.SEQ, 0), e[self.INNER])
             for e in saved
         ]
         self._num_open = sum(reader is not None for reader in self._slots)
