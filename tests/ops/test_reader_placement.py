@@ -357,31 +357,48 @@ def _stats():
     return stats
 
 
-PARSING, CHEAP = (200e-6, 200e-6), (2e-6, 2e-6)  # a read's wall and CPU seconds
+PARSING, CHEAP = (200e-6, 200e-6), (0.5e-6, 0.5e-6)  # a read's wall and CPU seconds
+
+
+WAITING = (400e-6, 8e-6)
 
 
 def test_a_move_waits_for_two_windows_and_processes_measured_slower_send_the_readers_back(clock):
     placement, stats = ReaderPlacement(2, None), _stats()
     assert _run(placement, stats, clock, 0.01, 16, *PARSING) is None  # the first look
     assert _run(placement, stats, clock, 0.1, 64, *PARSING) is None  # processes, once
-    assert _run(placement, stats, clock, 0.1, 64, *PARSING) == PROCESS  # and again: move
-    placement.moved(PROCESS)
+    assert _run(placement, stats, clock, 0.1, 64, *WAITING) is None  # threads: no two agree yet
+    assert _run(placement, stats, clock, 0.1, 64, *PARSING) is None
+    assert _run(placement, stats, clock, 0.1, 64, *PARSING) == PROCESS  # twice: move
+    placement.moved(PROCESS, stats.produced + 100)
     assert not placement.deciding and placement.kind == PROCESS
-    assert _run(placement, stats, clock, 0.3, 64, *PARSING) is None  # settling; then a look
-    assert _run(placement, stats, clock, 0.2, 64, *PARSING) is None  # half the threads' rate
-    assert _run(placement, stats, clock, 0.2, 64, *PARSING) == THREAD
+    assert _run(placement, stats, clock, 0.3, 64, *PARSING) is None  # a cycle not yet delivered
+    assert _run(placement, stats, clock, 0.1, 64, *PARSING) is None  # settled: the first window starts
+    for _ in range(3):  # half the threads' rate: the first window is not counted, then two are needed
+        assert _run(placement, stats, clock, 0.2, 64, *PARSING) is None
+    assert _run(placement, stats, clock, 0.2, 64, *PARSING) == THREAD  # and two verdicts
     placement.moved(THREAD)
-    for _ in range(4):  # threads measured faster than processes: they stay, and nothing is tried
+    for _ in range(6):  # threads measured faster than processes: they stay, and nothing is tried
         assert _run(placement, stats, clock, 0.1, 64, *PARSING) is None
     assert not placement.settled  # the worker processes stay ready: measurements may change
 
 
+def test_a_busy_moment_moves_nothing(clock):
+    placement, stats = ReaderPlacement(2, None), _stats()
+    _run(placement, stats, clock, 0.01, 16, *PARSING)
+    verdicts = [_run(placement, stats, clock, 0.1, 64, *reads) for reads in (PARSING, WAITING, PARSING, PARSING)]
+    assert verdicts == [None, None, None, PROCESS]
+    placement.moved(PROCESS)
+    _run(placement, stats, clock, 0.3, 64, *PARSING)
+    for seconds in [0.1, 0.1, 0.1, 0.5, 0.5, 0.1, 0.1]:  # two windows 5x slower: a measure is a median
+        assert _run(placement, stats, clock, seconds, 64, *PARSING) is None
+
+
 def test_readers_the_first_verdict_keeps_on_threads_stay_there(clock):
     placement, stats = ReaderPlacement(2, None), _stats()
-    waiting = (400e-6, 8e-6)
-    _run(placement, stats, clock, 0.01, 16, *waiting)
-    assert _run(placement, stats, clock, 0.1, 64, *waiting) is None and not placement.settled
-    assert _run(placement, stats, clock, 0.1, 64, *waiting) is None and placement.settled
+    _run(placement, stats, clock, 0.01, 16, *WAITING)
+    assert _run(placement, stats, clock, 0.1, 64, *WAITING) is None and not placement.settled
+    assert _run(placement, stats, clock, 0.1, 64, *WAITING) is None and placement.settled
 
 
 def test_reads_that_get_cheap_on_processes_send_the_readers_back_after_two_windows(clock):
@@ -392,7 +409,7 @@ def test_reads_that_get_cheap_on_processes_send_the_readers_back_after_two_windo
     placement.moved(PROCESS)
     _run(placement, stats, clock, 0.3, 64, *PARSING)  # settled: the first window starts
     assert _run(placement, stats, clock, 0.06, 64, *PARSING) is None  # faster than threads: stays
-    # The workload changes: a read costs 100x less, and receiving it from a worker is dearer
-    # than reading it here. Measured times from before no longer count.
+    # The workload changes: a read costs 400x less (records already in memory), and receiving one
+    # from a worker costs twice what reading it here does. Measured times from before no longer count.
     assert _run(placement, stats, clock, 0.06, 64, *CHEAP) is None  # once: could be a blip
     assert _run(placement, stats, clock, 0.06, 64, *CHEAP) == THREAD

@@ -451,7 +451,7 @@ class InterleaveIterator(Iterator):
         for reader in [*self._slots, *self._ahead]:
             if reader is not None:
                 new.read(reader)
-        self._placement.moved(kind)
+        self._placement.moved(kind, self.stats.produced + self._cycle_length * self._block_length)
 
     def _end_of_pass(self) -> None:
         """Free threads and workers now rather than at close()."""

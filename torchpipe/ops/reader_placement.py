@@ -21,23 +21,28 @@ are not calls:
   there (their wall time less their waits for the GIL, which a read in a worker does not pay);
 - a move re-opens every open inner dataset at its position in the other pool, which for a stream
   that resumes by reading again from its start (``tp.from_iterable``) costs what it read so far.
-  So the other pool must be ``READERS_MARGIN`` (1.5x) faster, not ``MARGIN``; measured times stand
-  for the pass (a Placement forgets them after 10 s, and would send readers back and forth every
-  10 s where a prediction and a measurement disagree); no pool is tried on a prediction alone; and
-  while one pool is unmeasured the verdict compares the prediction for each (what the model misses,
-  an ordered interleave waiting on one slow slot, say, it misses on both sides), not a measurement
-  with a prediction.
+  So the other pool must be ``READERS_MARGIN`` (1.5x) faster, whichever way the move goes (not
+  ``MARGIN`` one way and no slower the other); measured times stand for the pass (a Placement
+  forgets them after 10 s, and would send readers back and forth every 10 s where a prediction
+  and a measurement disagree), and a pool's measure is the lower median of several windows (one
+  slowed by a busy core moves nothing); no pool is tried on a prediction alone; while one pool is
+  unmeasured the verdict compares the prediction for each (what the model misses, an ordered
+  interleave waiting on one slow slot, say, it misses on both sides), not a measurement with a
+  prediction; and after a move nothing is judged until a full cycle came from the moved readers
+  (they re-read to where they were first).
 
 Readers that the first verdict keeps on threads stay there, and the interleave closes the worker
 processes' zygote (it holds memory for nothing); readers moved to processes are measured there and
-move back when threads delivered faster, or when the reads' cost changes and the policy predicts
-threads. docs/executors.md states the rule in prose.
+move back when threads delivered 1.5x faster, or when the reads' cost changes and the policy
+predicts threads. docs/executors.md states the rule in prose.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import statistics
 import time
+from collections import deque
 
 from torchpipe.ops.stats import IteratorStats
 from torchpipe.runtime.policy import PROCESS, READERS_MARGIN, THREAD, CallCosts, choose, workers
@@ -45,6 +50,8 @@ from torchpipe.runtime.policy import PROCESS, READERS_MARGIN, THREAD, CallCosts,
 _WINDOW_READS = 32  # a window to judge a pool by: at least this many reads,
 _WINDOW_S = 0.05  # and this many seconds
 _SETTLE_S = {THREAD: 0.05, PROCESS: 0.25}  # after a move, not judged: workers fork, read-ahead fills
+_WINDOWS_KEPT = 5  # a pool's measure is the lower median of its last windows,
+_WINDOWS_NEEDED = 2  # of at least this many (its first window, cold, not counted)
 _CHANGED = 2.0  # a read whose CPU time changed this much: the workload changed, predict afresh
 _BUSIEST = 0.95  # the GIL share readers are taken to use at most (a queue at 1 waits forever)
 RECEIVE_S = 5e-6
@@ -121,7 +128,8 @@ class ReaderPlacement:
         self.costs: CallCosts | None = None
         self._cores = cores
         self._most = most
-        self._measured: dict[str, float] = {}  # seconds per element each pool delivered, last window there
+        self._measured: dict[str, deque[float]] = {}  # seconds per element of each pool's last windows
+        self._cold = True  # the next window is the first on this pool: it does not measure it
         self._start: _Look | None = None
         self._settle = (self.check_every, 0.0)  # (elements delivered, time) before which nothing is judged
         self._pending: str | None = None
@@ -145,22 +153,34 @@ class ReaderPlacement:
 
     def verdict(self, window: Window) -> str:
         """The pool the policy chooses after ``window``: measured against measured once both
-        pools were measured, predicted against predicted until then."""
+        pools were measured, predicted against predicted until then; either way the other pool
+        must be ``READERS_MARGIN`` faster. A pool's measure is the lower median of its last
+        windows but the first (readers start, read-ahead fills), and needs two of them: one
+        window slowed by something else (a busy core, a collection) moves nothing."""
         self.costs = self._costs(window)
-        self._measured[self.kind] = window.per_element
-        measured = self._measured if len(self._measured) > 1 else {}
-        return choose(self.costs, self._cores, (THREAD, PROCESS), measured, current=self.kind, margin=READERS_MARGIN)
+        if not self._cold:
+            self._measured.setdefault(self.kind, deque(maxlen=_WINDOWS_KEPT)).append(window.per_element)
+        self._cold = False
+        return self._choose()
+
+    def _choose(self) -> str:
+        measured = {kind: statistics.median_low(times) for kind, times in self._measured.items()
+                    if len(times) >= _WINDOWS_NEEDED}  # fmt: skip
+        return choose(self.costs, self._cores, (THREAD, PROCESS), measured if len(measured) > 1 else {},
+                      current=self.kind, margin=READERS_MARGIN, move_margin=READERS_MARGIN)  # fmt: skip
 
     def workers(self, kind: str) -> int:
         """Reads in flight to start ``kind`` with (the policy's count for the costs measured)."""
         return workers(self.costs, kind, self._cores)
 
-    def moved(self, kind: str) -> None:
-        """The readers now read in ``kind``: judge it after it settles."""
+    def moved(self, kind: str, settled_at: int = 0) -> None:
+        """The readers now read in ``kind``: judge it from ``settled_at`` elements delivered on (the
+        moved readers have opened again and read back to where they were: one full cycle) and
+        once it has settled (workers fork, read-ahead fills)."""
         self.kind = kind
         self.deciding = False
-        self._pending, self._marker, self._start = None, None, None
-        self._settle = (0, time.perf_counter() + _SETTLE_S[kind])
+        self._pending, self._marker, self._start, self._cold = None, None, None, True
+        self._settle = (settled_at, time.perf_counter() + _SETTLE_S[kind])
 
     def settle(self) -> None:
         """Threads for good (the readers cannot travel, or the pass ended before a verdict)."""
@@ -214,5 +234,5 @@ class ReaderPlacement:
         self._pending, self._marker = None, window.cpu_s / window.reads
         self._measured.clear()
         self.costs = self._costs(window)
-        verdict = choose(self.costs, self._cores, (THREAD, PROCESS), current=self.kind, margin=READERS_MARGIN)
+        verdict = self._choose()
         return verdict if verdict != self.kind else None
