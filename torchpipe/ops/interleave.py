@@ -442,7 +442,7 @@ class InterleaveIterator(Iterator):
         self._pool = new
         parallelism = self._parallelism
         if self._knob is not None:  # the autotuner goes on from the policy's count
-            parallelism = max(1, min(self._placement.workers(kind), MAX_PARALLELISM))
+            parallelism = min(self._placement.workers(), MAX_PARALLELISM)
             self._knob.value = parallelism
         new.start(parallelism)  # sized before the readers ask: their first reads use every worker thread
         self.resize(parallelism)

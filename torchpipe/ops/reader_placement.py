@@ -45,7 +45,7 @@ import time
 from collections import deque
 
 from torchpipe.ops.stats import IteratorStats
-from torchpipe.runtime.policy import PROCESS, READERS_MARGIN, THREAD, CallCosts, choose, workers
+from torchpipe.runtime.policy import PROCESS, READERS_MARGIN, THREAD, CallCosts, choose
 
 _WINDOW_READS = 32  # a window to judge a pool by: at least this many reads,
 _WINDOW_S = 0.05  # and this many seconds
@@ -130,6 +130,7 @@ class ReaderPlacement:
         self._most = most
         self._measured: dict[str, deque[float]] = {}  # seconds per element of each pool's last windows
         self._cold = True  # the next window is the first on this pool: it does not measure it
+        self._wall_per_cpu = 1.0  # a read's wall time over its CPU time, last window
         self._start: _Look | None = None
         self._settle = (self.check_every, 0.0)  # (elements delivered, time) before which nothing is judged
         self._pending: str | None = None
@@ -158,6 +159,8 @@ class ReaderPlacement:
         windows but the first (readers start, read-ahead fills), and needs two of them: one
         window slowed by something else (a busy core, a collection) moves nothing."""
         self.costs = self._costs(window)
+        if window.cpu_s > 0:
+            self._wall_per_cpu = window.work_s / window.cpu_s
         if not self._cold:
             self._measured.setdefault(self.kind, deque(maxlen=_WINDOWS_KEPT)).append(window.per_element)
         self._cold = False
@@ -169,9 +172,10 @@ class ReaderPlacement:
         return choose(self.costs, self._cores, (THREAD, PROCESS), measured if len(measured) > 1 else {},
                       current=self.kind, margin=READERS_MARGIN, move_margin=READERS_MARGIN)  # fmt: skip
 
-    def workers(self, kind: str) -> int:
-        """Reads in flight to start ``kind`` with (the policy's count for the costs measured)."""
-        return workers(self.costs, kind, self._cores)
+    def workers(self) -> int:
+        """Reads in flight to start a pool with: as many as would keep every core busy if reading
+        were all there was (the cores x a read's wall time over its CPU time, as last measured)."""
+        return max(1, round(self._cores * max(self._wall_per_cpu, 1.0)))
 
     def moved(self, kind: str, settled_at: int = 0) -> None:
         """The readers now read in ``kind``: judge it from ``settled_at`` elements delivered on (the
