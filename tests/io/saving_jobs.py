@@ -1,0 +1,40 @@
+"""Pipelines that tests save, snapshot and kill in a child process (``python -m tests.io.saving_jobs``).
+
+The functions live here so that the child and the test build the same pipeline: same ops, same
+functions' code, so the same fingerprint.
+"""
+
+import sys
+import time
+
+import torch
+
+import torchpipe as tp
+
+CALLS = []  # a list, not a number: the fingerprint sees plain constants a function names, not lists
+SLOW = [0.0]
+
+
+def make(i):
+    CALLS.append(i)
+    time.sleep(SLOW[0])
+    return {"x": torch.full((3,), float(i)), "i": i, "name": f"e{i}"}
+
+
+def pipeline(n):
+    return tp.range(n).map(make)
+
+
+def main(argv):
+    kind, path, n, slow = argv[0], argv[1], int(argv[2]), float(argv[3])
+    SLOW[0] = slow
+    if kind == "save":
+        pipeline(n).save(path, checkpoint_args={"checkpoint_interval": 10})
+    else:
+        for _ in pipeline(n).snapshot(path):
+            pass
+    print("done", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
