@@ -32,6 +32,7 @@ import weakref
 import zlib
 from typing import Any, BinaryIO
 
+from torchpipe.integrations.progress import ProgressBar
 from torchpipe.runtime import codec
 
 try:
@@ -117,7 +118,8 @@ def _is_current(path: str, upstream: list[str]) -> bool:
     return version == VERSION and meta["pipeline"] == upstream
 
 
-def _remove_temp(file: BinaryIO, temp: str) -> None:
+def _remove_temp(file: BinaryIO, temp: str, bar: ProgressBar) -> None:
+    bar.close()
     file.close()
     with contextlib.suppress(FileNotFoundError):
         os.remove(temp)
@@ -158,17 +160,18 @@ class CacheWriter:
     TEMP, OFFSET, WRITTEN = "temp", "offset", "written"
 
     def __init__(self, path: str, temp: str, file: BinaryIO, start: int, offset: int, count: int,
-                 upstream: list[str]) -> None:  # fmt: skip
+                 upstream: list[str], total: int | None = None) -> None:  # fmt: skip
         self.path, self.temp = path, temp
         self._file = file
         self._start = start  # offset of the first record
         self.offset = offset
         self.count = count
         self._upstream = upstream
-        self._finalizer = weakref.finalize(self, _remove_temp, file, temp)
+        self.bar = ProgressBar(f"cache({path})", total, initial=count)  # drawn on a terminal only
+        self._finalizer = weakref.finalize(self, _remove_temp, file, temp, self.bar)
 
     @classmethod
-    def create(cls, path: str, origin: Origin, upstream: list[str]) -> CacheWriter:
+    def create(cls, path: str, origin: Origin, upstream: list[str], total: int | None = None) -> CacheWriter:
         """A writer of a new temporary file next to ``path``.
 
         Raises:
@@ -183,10 +186,11 @@ class CacheWriter:
         try_lock(file)
         header = file_header(origin, upstream)
         file.write(header)
-        return cls(path, temp, file, len(header), len(header), 0, upstream)
+        return cls(path, temp, file, len(header), len(header), 0, upstream, total)
 
     @classmethod
-    def resume(cls, path: str, state: dict[str, Any], upstream: list[str]) -> CacheWriter | None:
+    def resume(cls, path: str, state: dict[str, Any], upstream: list[str],
+               total: int | None = None) -> CacheWriter | None:  # fmt: skip
         """Reopen an interrupted pass's temporary file at its checkpoint, or None if unusable."""
         if not isinstance(state[cls.TEMP], str):
             return None
@@ -206,7 +210,7 @@ class CacheWriter:
             return None
         file.truncate(offset)
         file.seek(offset)
-        return cls(path, temp, file, start, offset, count, upstream)
+        return cls(path, temp, file, start, offset, count, upstream, total)
 
     def add(self, element: Any) -> None:
         payload = codec.encode_bytes(element)
@@ -215,6 +219,7 @@ class CacheWriter:
         self._file.write(payload)
         self.offset += RECORD.size + len(payload)
         self.count += 1
+        self.bar.update()
 
     def state(self) -> dict[str, Any]:
         # Flushed so that a process killed after this checkpoint can still resume the file.
@@ -333,9 +338,10 @@ class FileStorage:
             is stale.
     """
 
-    def __init__(self, path: str, upstream: list[str]) -> None:
+    def __init__(self, path: str, upstream: list[str], total: int | None = None) -> None:
         self.path = path
         self.upstream = upstream
+        self.total = total
 
     def replay(self, origin: Origin | None, state: dict[str, Any] | None) -> CacheReader | None:
         """A reader of the file at ``state``'s position (if it was filled by ``origin``'s pass),
@@ -371,7 +377,9 @@ class FileStorage:
         return f"cache file {self.path!r} was written by another pipeline above the cache: {'; '.join(changes)}"
 
     def recorder(self, origin: Origin) -> CacheWriter:
-        return CacheWriter.create(self.path, origin, self.upstream)
+        return CacheWriter.create(self.path, origin, self.upstream, self.total)
 
     def resume_recorder(self, state: dict[str, Any]) -> CacheWriter | None:
-        return CacheWriter.resume(self.path, state, self.upstream)
+        return CacheWriter.resume(self.path, state, self.upstream, self.total)
+
+

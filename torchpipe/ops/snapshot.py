@@ -24,13 +24,13 @@ from torchpipe.integrations.progress import ProgressBar
 from torchpipe.io.saved import (
     FORMAT,
     FORMAT_VERSION,
-    MANIFEST,
     PARTIAL,
     SavedFormatError,
     SavedRecords,
     ShardFile,
     lock_directory,
     new_generation,
+    read_manifest,
     remove_files,
     shard_name,
     write_manifest,
@@ -119,19 +119,20 @@ class SnapshotStorage:
         """The interrupted fill of a checkpoint, cut back to it and going on, or None if its files
         are gone or another process writes the snapshot now."""
         generation, count, position = state[_TEMP], state[_WRITTEN], state[_OFFSET]
-        if not isinstance(generation, str) or not isinstance(position, dict):
+        if not isinstance(generation, str) or not isinstance(position, list) or len(position) != 2:
             return None
+        shards, spec = position
         lock = self._lock()
         if lock is None:
             return None
         try:
-            resumed = {int(shard): ShardFile.resume(self.directory, shard_name(generation, int(shard)), offset, records,
-                                                    self.upstream) for shard, (offset, records) in position["shards"].items()}  # fmt: skip
+            resumed = {int(shard): ShardFile.resume(self.directory, shard_name(generation, int(shard)), int(offset),
+                                                    int(records), self.upstream) for shard, offset, records in shards}  # fmt: skip
         except SavedFormatError:
             lock.close()
             return None
         origin = self._origin_of(resumed, generation)
-        writers = self._writers(generation, origin, resumed, position["spec"])
+        writers = self._writers(generation, origin, resumed, spec)
         return SnapshotRecorder(self, lock, writers, generation, origin, int(count))
 
     def _origin_of(self, resumed: dict[int, ShardFile], generation: str) -> Origin:
@@ -143,10 +144,18 @@ class SnapshotStorage:
     def _lock(self) -> BinaryIO | None:
         os.makedirs(self.directory, exist_ok=True)
         lock = lock_directory(self.directory)
-        if lock is not None and os.path.exists(os.path.join(self.directory, MANIFEST)):
+        if lock is not None and self._published():
             lock.close()  # published since this pass looked: the next pass reads it
             return None
         return lock
+
+    def _published(self) -> bool:
+        """Whether a readable manifest is there (a damaged one is written over)."""
+        try:
+            read_manifest(self.directory)
+        except (FileNotFoundError, SavedFormatError):
+            return False
+        return True
 
     def _writers(self, generation: str, origin: Origin, resumed: dict[int, ShardFile], spec: Any) -> ShardWriters:
         return ShardWriters(self.directory, generation, origin, self.upstream, self.compression, usable_cpu_count(),
@@ -198,11 +207,11 @@ class SnapshotRecorder:
         self._bar.update()
 
     def state(self) -> dict[str, Any]:
-        # Flushed so that a process killed after this checkpoint can still resume the snapshot.
+        # Flushed so that a process killed after this checkpoint can still resume the snapshot. The
+        # shards' positions are a list, not a dict: a state keeps its nested keys in every mode.
         self._writers.drain(sync=False)
-        position = {"shards": {shard: list(p) for shard, p in self._writers.positions().items()},
-                    "spec": self._writers.spec}  # fmt: skip
-        return {_TEMP: self._generation, _OFFSET: position, _WRITTEN: self._count}
+        shards = [[shard, offset, records] for shard, (offset, records) in sorted(self._writers.positions().items())]
+        return {_TEMP: self._generation, _OFFSET: [shards, self._writers.spec], _WRITTEN: self._count}
 
     def commit(self) -> None:
         """Finish the shards and publish the manifest; the lock is then released."""
