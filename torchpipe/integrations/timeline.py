@@ -63,7 +63,7 @@ def plot_timeline(snapshot: TraceSnapshot, path: str | os.PathLike, title: str =
     for row, info in enumerate(tracks):
         y = rows - 1 - row
         shown = spans[info.id] if len(spans[info.id]) <= MAX_BARS else merge_spans(spans[info.id], gap)
-        bars = [(t0, t1 - t0) for t0, t1 in shown]
+        bars = [(t0, max(t1 - t0, gap)) for t0, t1 in shown]  # at least a pixel: a 1 us element still shows
         if info.group == CONSUMER:
             ax.broken_barh([(0.0, seconds)], (y - 0.35, 0.7), facecolors=_STEP, label="training step")
             ax.broken_barh(bars, (y - 0.35, 0.7), facecolors=_WAIT, label="waiting for data")

@@ -110,7 +110,7 @@ def _process_events(snapshot: TraceSnapshot) -> list[dict[str, Any]]:
     names = {snapshot.pid: f"torchpipe pass (pid {snapshot.pid})"}
     for info in snapshot.tracks.values():
         if info.pid not in names:
-            names[info.pid] = info.name
+            names[info.pid] = f"{info.label} worker (pid {info.pid})"
     out = []
     for rank, (pid, name) in enumerate(names.items()):
         out.append({"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": name}})

@@ -155,7 +155,7 @@ class LiveKnob:
     def __init__(self, name: str, value: int, minimum: int, maximum: int, is_buffer: bool,
                  apply: Callable[[int], None], immediate: bool = False) -> None:  # fmt: skip
         self.name = name
-        self.value = value
+        self._value = value
         self.minimum = minimum
         self.maximum = max(minimum, maximum)
         self.is_buffer = is_buffer
@@ -164,6 +164,18 @@ class LiveKnob:
         self._pending: int | None = None
         self._lock = threading.Lock()
         self.trace: Callable[[str, float], None] | None = None  # a traced pass's counter of knob values
+
+    @property
+    def value(self) -> int:
+        """The current value."""
+        return self._value
+
+    @value.setter
+    def value(self, value: int) -> None:
+        changed = value != self._value
+        self._value = value
+        if changed and self.trace is not None:  # a traced pass sees every change, the tuner's or a move's
+            self.trace(self.name, value)
 
     def rebind(self, apply: Callable[[int], None]) -> None:
         """Have ``apply`` set the value from now on (a new owner took the knob over)."""
@@ -176,8 +188,6 @@ class LiveKnob:
             with self._lock:
                 self._apply(value)
                 self.value = value
-            if self.trace is not None:
-                self.trace(self.name, value)
             return
         self._pending = value
 
@@ -190,8 +200,6 @@ class LiveKnob:
         if value != self.value:
             self._apply(value)
             self.value = value
-            if self.trace is not None:
-                self.trace(self.name, value)
 
     def __repr__(self) -> str:
         return f"LiveKnob({self.name}={self.value} in [{self.minimum}, {self.maximum}])"
