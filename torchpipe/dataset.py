@@ -428,7 +428,7 @@ class Dataset(torch.utils.data.IterableDataset):
             compression: ``None``, ``"GZIP"`` or ``"ZLIB"``.
         """
         from torchpipe.io.saved import check_compression
-        from torchpipe.ops.snapshot import SnapshotNode
+        from torchpipe.io.snapshot import SnapshotNode
 
         _check_path("snapshot", path)
         return Dataset(SnapshotNode(self._node, os.fsdecode(os.fspath(path)), check_compression(compression)))

@@ -66,8 +66,11 @@ def test_a_traced_pipeline_on_worker_processes(tmp_path):
     assert {"training loop", "prefetch", "map(decode)+batch", "batch", "range"} <= threads
     workers = [t for t in threads if t.startswith("map(decode)+batch on worker")]
     assert len(workers) == 2
-    processes = {e["args"]["name"]: e["pid"] for e in data["traceEvents"] if e["name"] == "process_name"}
-    assert {processes[w] for w in workers} == {int(w.split("pid ")[1].rstrip(")")) for w in workers}  # a process each
+    processes = {e["pid"]: e["args"]["name"] for e in data["traceEvents"] if e["name"] == "process_name"}
+    for worker in workers:  # each in its own process, named after the stage
+        pid = int(worker.split("pid ")[1].rstrip(")"))
+        assert processes[pid] == f"map(decode)+batch worker (pid {pid})"
+        assert {e["pid"] for e in _spans_on(data, worker)} == {pid}
     calls = sum(len(_spans_on(data, w)) for w in workers)
     assert calls == 12  # 96 elements in batches of 8, a call a batch
     waits = _spans_on(data, "training loop")
@@ -162,3 +165,12 @@ def test_the_plot_names_the_extra_when_matplotlib_is_missing(tmp_path, monkeypat
         list(it)
         with pytest.raises(ImportError, match=r"pip install 'torchpipe\[plot\]'"):
             it.stats().plot(tmp_path / "t.png")
+
+
+def test_the_trace_shown_in_the_docs_is_valid():
+    with open("docs/img/trace.json") as f:
+        data = json.load(f)
+    check_chrome_trace(data)
+    threads = _threads(data)
+    assert {"training loop", "prefetch", "map(JpegSample)+batch"} <= threads
+    assert [t for t in threads if t.startswith("map(JpegSample)+batch on worker")]
