@@ -5,7 +5,7 @@ from torchpipe.dataset import Dataset
 from torchpipe import io
 from torchpipe.errors import CheckpointError, StallError, WorkerError
 from torchpipe.io import TFRecordDataset, from_webdataset
-from torchpipe.io.save import load
+from torchpipe.io.load import load
 from torchpipe.loader import DataLoader, explain
 from torchpipe.ops.map import pure
 from torchpipe.options import AutotuneOptions, Options

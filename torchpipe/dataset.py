@@ -31,7 +31,10 @@ from torchpipe.ops.filter import FilterNode, IgnoreErrorsNode, TakeWhileNode
 from torchpipe.ops.interleave import FlatMapNode, InterleaveNode
 from torchpipe.ops.map import EXECUTORS, MapNode
 from torchpipe.ops.prefetch import PrefetchNode
+from torchpipe.ops.save import check_checkpoint_args, save
+from torchpipe.ops.saved_file import check_compression
 from torchpipe.ops.shuffle import ShuffleNode
+from torchpipe.ops.snapshot import SnapshotNode
 from torchpipe.ops.structure import (
     EnumerateNode,
     RepeatNode,
@@ -403,9 +406,6 @@ class Dataset(torch.utils.data.IterableDataset):
             TypeError, ValueError: for arguments of the wrong type or value.
             RuntimeError: if another process is saving to ``path``.
         """
-        from torchpipe.io.save import check_checkpoint_args, save
-        from torchpipe.io.saved import check_compression
-
         _check_path("save", path)
         if shard_func is not None:
             _check_callable("save", "shard_func", shard_func)
@@ -427,9 +427,6 @@ class Dataset(torch.utils.data.IterableDataset):
             path: the directory that holds snapshots (created if missing).
             compression: ``None``, ``"GZIP"`` or ``"ZLIB"``.
         """
-        from torchpipe.io.saved import check_compression
-        from torchpipe.io.snapshot import SnapshotNode
-
         _check_path("snapshot", path)
         return Dataset(SnapshotNode(self._node, os.fsdecode(os.fspath(path)), check_compression(compression)))
 

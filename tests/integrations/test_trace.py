@@ -1,4 +1,5 @@
 import json
+import os
 import sys
 import time
 from collections import Counter, defaultdict
@@ -168,7 +169,7 @@ def test_the_plot_names_the_extra_when_matplotlib_is_missing(tmp_path, monkeypat
 
 
 def test_the_trace_shown_in_the_docs_is_valid():
-    with open("docs/img/trace.json") as f:
+    with open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "img", "trace.json")) as f:
         data = json.load(f)
     check_chrome_trace(data)
     threads = _threads(data)

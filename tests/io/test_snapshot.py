@@ -12,8 +12,8 @@ import torch
 import torchpipe as tp
 from tests.io import saving_jobs
 from tests.io.test_save import ROOT, every_structure
-from torchpipe.io.saved import MANIFEST
-from torchpipe.io.snapshot import SnapshotNode
+from torchpipe.ops.saved_file import MANIFEST
+from torchpipe.ops.snapshot import SnapshotNode
 from torchpipe.testing import assert_checkpoint_roundtrip, assert_same_elements
 
 

@@ -1,13 +1,12 @@
-"""``ds.save(path)`` and ``tp.load(path)``: a pipeline's output written once, read by index later.
+"""``ds.save(path)``: a pipeline's output written once, for ``tp.load(path)`` (``io/load.py``) to read.
 
 ``save`` runs one pass over the dataset and writes its elements to shards on writer threads
-(:mod:`torchpipe.io.shard_writers`; format in :mod:`torchpipe.io.saved`, ``docs/save.md``).
+(:mod:`torchpipe.ops.shard_writers`; format in :mod:`torchpipe.ops.saved_file`, ``docs/save.md``).
 Every few seconds it drains the writers and records a checkpoint in ``progress.pkl``: the
 pipeline iterator's state, each shard's length and the element count. A save that is killed is
 resumed by saving the same pipeline to the same directory again: the shards are cut back to the
 checkpoint, the iterator resumes there, and only the rest is computed. The manifest is written
-last, so a reader never sees a half-written dataset. ``load`` gives a :class:`SavedDataset`: a
-``tp.Dataset`` of known length whose elements are read by index (a checkpoint is an index).
+last, so a reader never sees a half-written dataset.
 """
 
 from __future__ import annotations
@@ -22,15 +21,13 @@ from typing import Any
 
 import torch
 
-from torchpipe.dataset import Dataset
 from torchpipe.errors import CheckpointError, add_note
 from torchpipe.integrations.progress import ProgressBar
-from torchpipe.io.saved import (
+from torchpipe.ops.saved_file import (
     FORMAT,
     FORMAT_VERSION,
     MANIFEST,
     SavedFormatError,
-    SavedRecords,
     ShardFile,
     lock_directory,
     new_generation,
@@ -41,8 +38,7 @@ from torchpipe.io.saved import (
     write_manifest,
 )
 from torchpipe.ops.fingerprint import describe_ops, function_digest
-from torchpipe.io.shard_writers import ShardWriters
-from torchpipe.ops.sources import FromDatasetNode
+from torchpipe.ops.shard_writers import ShardWriters
 from torchpipe.runtime.cpu import usable_cpu_count
 
 PROGRESS = "progress.pkl"
@@ -50,7 +46,7 @@ DEFAULT_CHECKPOINT_S = 5.0
 CHECKPOINT_KEYS = ("checkpoint_interval", "checkpoint_interval_s")
 
 
-def save(dataset: Dataset, path: str, shard_func: Callable[..., Any] | None = None, compression: str | None = None,
+def save(dataset: Any, path: str, shard_func: Callable[..., Any] | None = None, compression: str | None = None,
          checkpoint_interval: int | None = None, checkpoint_interval_s: float = DEFAULT_CHECKPOINT_S) -> None:  # fmt: skip
     """Write one pass over ``dataset`` to ``path`` (see ``tp.Dataset.save``, which checks the arguments).
 
@@ -70,7 +66,7 @@ def save(dataset: Dataset, path: str, shard_func: Callable[..., Any] | None = No
 class _Save:
     """One save: its job description (what a resume must match), the pass, the checkpoints."""
 
-    def __init__(self, dataset: Dataset, path: str, shard_func: Callable[..., Any] | None, compression: str | None,
+    def __init__(self, dataset: Any, path: str, shard_func: Callable[..., Any] | None, compression: str | None,
                  every: int | None, every_s: float) -> None:  # fmt: skip
         self.dataset, self.path, self.shard_func, self.compression = dataset, path, shard_func, compression
         self.every, self.every_s = every, every_s
@@ -215,49 +211,3 @@ def check_checkpoint_args(checkpoint_args: Any) -> dict[str, Any]:
     if isinstance(every_s, bool) or not isinstance(every_s, (int, float)) or not every_s > 0:
         raise ValueError(f"save: checkpoint_interval_s must be a positive number of seconds, got {every_s!r}")
     return {"checkpoint_interval": every, "checkpoint_interval_s": float(every_s)}
-
-
-# -- reading ---------------------------------------------------------------------------------------
-class SavedDataset(Dataset):
-    """A saved dataset (``tp.load(path)``): a ``tp.Dataset`` of known length whose elements are
-    read by index, so ``ds[i]`` works, a checkpoint is an index and ``shuffle`` after it
-    shuffles indices (docs/save.md).
-
-    Args:
-        records: the saved dataset's records.
-    """
-
-    def __init__(self, records: SavedRecords) -> None:
-        super().__init__(FromDatasetNode(records))
-        self.records = records
-
-    def __getitem__(self, index: int) -> Any:
-        return self.records[index]
-
-    @property
-    def element_spec(self) -> Any:
-        """The structure, dtypes and shapes of the elements (``None`` for a size that varies)."""
-        return self.records.element_spec
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"records": self.records}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["records"])
-
-
-def load(path: str | os.PathLike) -> SavedDataset:
-    """The dataset ``ds.save(path)`` wrote, in its order (tf.data's ``Dataset.load``).
-
-    Raises:
-        TypeError: if ``path`` is not a path.
-        FileNotFoundError: if ``path`` holds no complete saved dataset (an interrupted save leaves
-            none until it is resumed).
-        SavedFormatError: if the dataset is damaged or from a newer torchpipe.
-    """
-    if not isinstance(path, (str, bytes)) and not hasattr(path, "__fspath__"):
-        raise TypeError(f"load: path must be a str or os.PathLike, got {type(path).__name__}")
-    return SavedDataset(SavedRecords(path))
-
-
-__all__ = ["MANIFEST", "SavedDataset", "check_checkpoint_args", "load", "save"]

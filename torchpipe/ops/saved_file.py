@@ -27,8 +27,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from torchpipe.io.files import DataLossError
-from torchpipe.io.index import ProcessLocalFiles
+from torchpipe.errors import DataLossError
 from torchpipe.ops.cache_file import (
     END_MAGIC,
     FOOTER,
@@ -43,6 +42,7 @@ from torchpipe.ops.cache_file import (
     try_lock,
 )
 from torchpipe.runtime import codec
+from torchpipe.runtime.local_files import ProcessLocalFiles
 
 FORMAT = "torchpipe-saved"
 FORMAT_VERSION = 1

@@ -1,6 +1,6 @@
 """``snapshot(path)``: a pipeline's output kept on disk across jobs, under the pipeline's fingerprint.
 
-A snapshot is a saved dataset (:mod:`torchpipe.io.saved`) in ``<path>/<fingerprint>/``, where the
+A snapshot is a saved dataset (:mod:`torchpipe.ops.saved_file`) in ``<path>/<fingerprint>/``, where the
 fingerprint digests the pipeline above the snapshot: every op with its parameters and each
 function's code (``ops/fingerprint.py``). So a job running the same pipeline finds it and a
 changed pipeline writes a new one next to it. The op is ``cache``'s iterator
@@ -21,7 +21,7 @@ import weakref
 from typing import Any, BinaryIO
 
 from torchpipe.integrations.progress import ProgressBar
-from torchpipe.io.saved import (
+from torchpipe.ops.saved_file import (
     FORMAT,
     FORMAT_VERSION,
     PARTIAL,
@@ -35,7 +35,7 @@ from torchpipe.io.saved import (
     shard_name,
     write_manifest,
 )
-from torchpipe.io.shard_writers import ShardWriters
+from torchpipe.ops.shard_writers import ShardWriters
 from torchpipe.ops.base import Node
 from torchpipe.ops.cache import CacheNode
 from torchpipe.ops.cache_file import Origin, origin_of, read_header

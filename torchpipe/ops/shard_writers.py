@@ -12,8 +12,8 @@ import threading
 from typing import Any
 
 from torchpipe.errors import add_note
-from torchpipe.io.element_spec import element_spec, merge_specs
-from torchpipe.io.saved import ShardFile, compress, shard_name
+from torchpipe.ops.element_spec import element_spec, merge_specs
+from torchpipe.ops.saved_file import ShardFile, compress, shard_name
 from torchpipe.ops.cache_file import Origin
 from torchpipe.runtime import codec
 
