@@ -359,9 +359,10 @@ def lock_directory(directory: str) -> BinaryIO | None:
 
 
 def remove_files(directory: str, keep: str | None = None) -> None:
-    """Remove the shard files and manifest temporaries in ``directory`` not of generation ``keep``."""
+    """Remove the shard files and manifest temporaries in ``directory`` not of generation ``keep``,
+    and ``keep``'s partial files: once it is published (or is the published one), they are strays."""
     for name in os.listdir(directory):
-        ours = keep is not None and name.startswith(f"shard-{keep}-")
+        ours = keep is not None and name.startswith(f"shard-{keep}-") and not name.endswith(PARTIAL)
         if (name.startswith("shard-") and not ours) or name.startswith(f"{MANIFEST}.tmp-"):
             with contextlib.suppress(OSError):
                 os.remove(os.path.join(directory, name))
