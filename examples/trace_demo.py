@@ -51,20 +51,7 @@ def render_chrome_trace(trace_path: str, png_path: str) -> None:
     import matplotlib.pyplot as plt
 
     with open(trace_path) as f:
-        events = json.load(f)["traceEvents"]
-    names, order, spans, counters = {}, {}, defaultdict(list), defaultdict(list)
-    processes = {}
-    for e in events:
-        if e["ph"] == "M" and e["name"] == "thread_name":
-            names[e["pid"], e["tid"]] = e["args"]["name"]
-        elif e["ph"] == "M" and e["name"] == "thread_sort_index":
-            order[e["pid"], e["tid"]] = e["args"]["sort_index"]
-        elif e["ph"] == "M" and e["name"] == "process_name":
-            processes[e["pid"]] = e["args"]["name"]
-        elif e["ph"] == "X":
-            spans[e["pid"], e["tid"]].append((e["ts"] / 1e6, e["dur"] / 1e6, e["name"]))
-        elif e["ph"] == "C":
-            counters[e["name"]].append((e["ts"] / 1e6, e["args"]["value"]))
+        names, order, spans, counters, processes = _parse(json.load(f)["traceEvents"])
     main = min(processes, key=lambda p: 0 if processes[p].startswith("torchpipe pass") else 1)
     rows = sorted(names, key=lambda k: (k[0] != main, k[0], order.get(k, 0)))
     end = max(t + d for lane in spans.values() for t, d, _ in lane)
@@ -92,6 +79,24 @@ def render_chrome_trace(trace_path: str, png_path: str) -> None:
     fig.tight_layout()
     fig.savefig(png_path)
     plt.close(fig)
+
+
+def _parse(events: list[dict[str, Any]]) -> tuple[dict, dict, dict, dict, dict]:
+    """Thread names and sort order, spans by thread, counter points and process names of a trace."""
+    names, order, spans, counters = {}, {}, defaultdict(list), defaultdict(list)
+    processes = {}
+    for e in events:
+        if e["ph"] == "M" and e["name"] == "thread_name":
+            names[e["pid"], e["tid"]] = e["args"]["name"]
+        elif e["ph"] == "M" and e["name"] == "thread_sort_index":
+            order[e["pid"], e["tid"]] = e["args"]["sort_index"]
+        elif e["ph"] == "M" and e["name"] == "process_name":
+            processes[e["pid"]] = e["args"]["name"]
+        elif e["ph"] == "X":
+            spans[e["pid"], e["tid"]].append((e["ts"] / 1e6, e["dur"] / 1e6, e["name"]))
+        elif e["ph"] == "C":
+            counters[e["name"]].append((e["ts"] / 1e6, e["args"]["value"]))
+    return names, order, spans, counters, processes
 
 
 def main() -> None:
