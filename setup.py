@@ -11,8 +11,11 @@ setup(
     # crc32c: hardware CRC32C for TFRecord integrity checks (docs/formats.md says why this one).
     install_requires=["torch>=2.1", "numpy", "pillow", "psutil", "crc32c>=2.3"],
     extras_require={
-        "test": ["pytest", "pytest-timeout", "hypothesis", "fsspec", "s3fs", "moto[server]>=5", "webdataset"],
+        "test": ["pytest", "pytest-timeout", "hypothesis", "fsspec", "s3fs", "moto[server]>=5", "webdataset", "tqdm",
+                 "matplotlib"],
         "remote": ["fsspec", "s3fs"],
+        "progress": ["tqdm"],  # progress bars on save, snapshot and cache(path) fills
+        "plot": ["matplotlib"],  # it.stats().plot(path): the timeline PNG
         "bench": [
             "matplotlib",
             "tensorflow-cpu; platform_machine == 'x86_64' or platform_machine == 'AMD64'",

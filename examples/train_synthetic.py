@@ -10,8 +10,8 @@ sets the pace. The same loop is fed in turn by what a user would write:
 - the same with ``num_workers`` = the usable cores, a hand-picked count;
 - ``torchpipe.DataLoader(..., num_workers="auto")``: no count to pick.
 
-While each runs a progress line shows the steps done, images per second so far and the share of
-time the loop waited for data (in place on a terminal, every few seconds otherwise). At the end
+While each runs a progress bar (tqdm's, on a terminal; silent in a log) shows the steps done, images
+per second so far and the share of time the loop waited for data. At the end
 it prints, for each, images per second, that waiting share, the time to the first batch, how
 busy the cores were (and how much other processes took) and the CPU time per image; then
 torchpipe's speed-up over each torch loader and, where it is not faster, why, from what was
@@ -69,29 +69,39 @@ def tree_cpu_seconds() -> float:
 
 
 class Progress:
-    """One line that follows a run: redrawn in place on a terminal, printed every few seconds otherwise."""
+    """A progress bar that follows a run: tqdm's on a terminal (``pip install 'torchpipe[progress]'``;
+    a line redrawn in place without it), silent when the output is not a terminal (a log, CI)."""
 
     def __init__(self, name: str, total: int, stream: TextIO = sys.stdout) -> None:
         self.name, self.total, self.stream = name, total, stream
         self.tty = stream.isatty()
-        self.every = 0.25 if self.tty else 5.0
         self.last = time.perf_counter()
+        self.bar = None
+        if self.tty:
+            try:
+                from tqdm import tqdm
+            except ImportError:
+                pass
+            else:
+                self.bar = tqdm(desc=f"  {name}", total=total, unit="step", file=stream, leave=False, dynamic_ncols=True)
 
     def update(self, step: int, images: int, seconds: float, waited: float) -> None:
         now = time.perf_counter()
-        if now - self.last < self.every or seconds <= 0:
+        if not self.tty or now - self.last < 0.25 or seconds <= 0:
             return
         self.last = now
-        line = (f"  {self.name:<40} step {step:>4}/{self.total}  {images / seconds:>6.0f} img/s  "
-                f"waiting for data {waited / seconds:>4.0%}")  # fmt: skip
-        if self.tty:
-            self.stream.write("\r" + line + "\x1b[K")  # \x1b[K: clear what a longer line left
-            self.stream.flush()
-        else:
-            print(line, file=self.stream, flush=True)
+        rates = f"{images / seconds:>6.0f} img/s  waiting for data {waited / seconds:>4.0%}"
+        if self.bar is not None:
+            self.bar.update(step - self.bar.n)
+            self.bar.set_postfix_str(rates, refresh=False)
+            return
+        self.stream.write(f"\r  {self.name:<40} step {step:>4}/{self.total}  {rates}\x1b[K")  # \x1b[K: clear the rest
+        self.stream.flush()
 
     def close(self) -> None:
-        if self.tty:
+        if self.bar is not None:
+            self.bar.close()
+        elif self.tty:
             self.stream.write("\r\x1b[K")
             self.stream.flush()
 

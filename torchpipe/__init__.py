@@ -5,6 +5,7 @@ from torchpipe.dataset import Dataset
 from torchpipe import io
 from torchpipe.errors import CheckpointError, StallError, WorkerError
 from torchpipe.io import TFRecordDataset, from_webdataset
+from torchpipe.io.load import load
 from torchpipe.loader import DataLoader, explain
 from torchpipe.ops.map import pure
 from torchpipe.options import AutotuneOptions, Options
@@ -42,6 +43,7 @@ __all__ = [
     "from_webdataset",
     "io",
     "list_files",
+    "load",
     "pure",
     "range",
     "rng",

@@ -7,6 +7,7 @@ A ``Dataset`` is a ``torch.utils.data.IterableDataset``, so any torch consumer c
 from __future__ import annotations
 
 import numbers
+import os
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -30,7 +31,10 @@ from torchpipe.ops.filter import FilterNode, IgnoreErrorsNode, TakeWhileNode
 from torchpipe.ops.interleave import FlatMapNode, InterleaveNode
 from torchpipe.ops.map import EXECUTORS, MapNode
 from torchpipe.ops.prefetch import PrefetchNode
+from torchpipe.ops.save import check_checkpoint_args, save
+from torchpipe.ops.saved_file import check_compression
 from torchpipe.ops.shuffle import ShuffleNode
+from torchpipe.ops.snapshot import SnapshotNode
 from torchpipe.ops.structure import (
     EnumerateNode,
     RepeatNode,
@@ -372,6 +376,60 @@ class Dataset(torch.utils.data.IterableDataset):
             raise TypeError(f"cache: path must be a str, os.PathLike or None, got {type(path).__name__}")
         return Dataset(CacheNode(self._node, path))
 
+    def save(
+        self,
+        path: str | os.PathLike,
+        *,
+        shard_func: Callable[..., Any] | None = None,
+        compression: str | None = None,
+        checkpoint_args: dict[str, Any] | None = None,
+    ) -> None:
+        """Write one pass over the dataset to the directory ``path``; ``tp.load(path)`` reads it.
+
+        As tf.data's ``Dataset.save``: the elements go to shard files written in parallel (one
+        writer thread a shard), with a manifest (element structure, count, the pipeline's
+        fingerprint, format version) written last, so a reader never sees a half-written dataset;
+        every record is checksummed. A save that is interrupted (even by SIGKILL) resumes where
+        its last checkpoint left it when the same pipeline is saved to ``path`` again. A progress
+        bar is drawn on a terminal (docs/save.md).
+
+        Args:
+            path: the directory (created if missing); a dataset saved there before is replaced.
+            shard_func: maps an element (a plain tuple is unpacked into arguments) to its shard, an
+                int >= 0; default: element ``i`` goes to shard ``i % cores``.
+            compression: ``None``, ``"GZIP"`` or ``"ZLIB"`` (each record on its own, so reads stay
+                random access).
+            checkpoint_args: ``{"checkpoint_interval": n}`` checkpoints every ``n`` elements,
+                ``{"checkpoint_interval_s": s}`` every ``s`` seconds (default 5).
+
+        Raises:
+            TypeError, ValueError: for arguments of the wrong type or value.
+            RuntimeError: if another process is saving to ``path``.
+        """
+        _check_path("save", path)
+        if shard_func is not None:
+            _check_callable("save", "shard_func", shard_func)
+        save(self, os.fsdecode(os.fspath(path)), shard_func, check_compression(compression),
+             **check_checkpoint_args(checkpoint_args))  # fmt: skip
+
+    def snapshot(self, path: str | os.PathLike, *, compression: str | None = None) -> Dataset:
+        """The input's elements, written under ``path`` by the first job that runs this pipeline
+        and read from there by later jobs (tf.data's ``snapshot``).
+
+        The snapshot's directory is named by a fingerprint of the pipeline above it (its ops,
+        parameters and functions' code), so a changed pipeline writes a new one. The first
+        complete pass writes it (on writer threads, while the pass is consumed) and publishes it
+        when it ends; later passes, in this job or another, read it and run nothing upstream.
+        Of jobs filling the same snapshot at once, one writes and the others compute without
+        writing (docs/save.md).
+
+        Args:
+            path: the directory that holds snapshots (created if missing).
+            compression: ``None``, ``"GZIP"`` or ``"ZLIB"``.
+        """
+        _check_path("snapshot", path)
+        return Dataset(SnapshotNode(self._node, os.fsdecode(os.fspath(path)), check_compression(compression)))
+
     def prefetch(self, buffer_size: int) -> Dataset:
         """Compute up to ``buffer_size`` elements ahead on a background thread.
 
@@ -461,6 +519,13 @@ def _check_executor(op: str, executor: Any) -> None:
 def _check_seed(op: str, seed: Any) -> None:
     if seed is not None:
         _check_int(op, "seed", seed, minimum=0)
+
+
+def _check_path(op: str, path: Any) -> None:
+    if not isinstance(path, (str, bytes)) and not hasattr(path, "__fspath__"):
+        raise TypeError(f"{op}: path must be a str or os.PathLike, got {type(path).__name__}")
+    if not os.fspath(path):
+        raise ValueError(f"{op}: path must not be empty")
 
 
 def _check_dataset(op: str, value: Any) -> None:

@@ -56,3 +56,21 @@ class StallError(RuntimeError):
 
     def __reduce__(self):
         return type(self), (self.args[0], self.stage, self.seq, self.where)
+
+
+class DataLossError(ValueError):
+    """A record file is corrupt or truncated.
+
+    Attributes:
+        path: the file (or URL).
+        offset: the byte offset of the damaged record (in the uncompressed stream for GZIP and
+            ZLIB files), or of the damage itself where no record could be framed.
+    """
+
+    def __init__(self, message: str, path: str | None = None, offset: int | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+        self.offset = offset
+
+    def __reduce__(self):
+        return type(self), (self.args[0], self.path, self.offset)

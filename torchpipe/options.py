@@ -58,7 +58,8 @@ DEFAULT_STALL_TIMEOUT_S = 600.0
 """How long an element may be out in a parallel stage before :class:`~torchpipe.errors.StallError`."""
 
 _DEFAULTS: dict[str, Any] = {"seed": None, "deterministic": True, "restart_workers": True, "optimizations": {},
-                             "autotune": AutotuneOptions(), "stall_timeout": DEFAULT_STALL_TIMEOUT_S}  # fmt: skip
+                             "autotune": AutotuneOptions(), "stall_timeout": DEFAULT_STALL_TIMEOUT_S,
+                             "trace": False}  # fmt: skip
 
 
 class Options:
@@ -85,6 +86,12 @@ class Options:
             worker process) before the stage raises ``tp.StallError`` naming the element and
             where it runs, instead of waiting on a hung call forever; ``None`` turns the check
             off. Default 600.
+        trace: record the pass for ``it.trace(path)`` (Chrome / Perfetto JSON) and
+            ``it.stats().plot(path)`` (a timeline): ``True`` records each stage's elements that
+            cost 20 us or more and one in about 16 cheaper ones, every call its threads or worker
+            processes run, the training loop's waits, buffer occupancy and the tuner's knob
+            changes; ``"all"`` records every element of every stage (finer, dearer on cheap
+            elements); ``False`` (default) records nothing and costs nothing (docs/observability.md).
 
     Raises:
         TypeError: for an unknown field or a value of the wrong type.
@@ -154,6 +161,10 @@ def _validate(name: str, value: Any) -> None:
             raise TypeError(f"Options.stall_timeout must be a number of seconds or None, got {value!r}")
         if not value > 0:
             raise ValueError(f"Options.stall_timeout must be positive, got {value!r}")
+    if name == "trace" and not isinstance(value, (bool, str)):
+        raise TypeError(f"Options.trace must be False, True or 'all', got {value!r}")
+    if name == "trace" and isinstance(value, str) and value != "all":
+        raise ValueError(f"Options.trace must be False, True or 'all', got {value!r}")
     if name == "autotune" and not isinstance(value, AutotuneOptions):
         raise TypeError(f"Options.autotune must be a tp.AutotuneOptions, got {value!r}")
 

@@ -6,6 +6,7 @@ of the whole pass) and says whether the training loop or the pipeline is the lim
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from torchpipe.autotune import tunable
@@ -14,6 +15,7 @@ from torchpipe.autotune.model import bottleneck
 from torchpipe.autotune.runner import Decision
 from torchpipe.autotune.tunable import POOL
 from torchpipe.ops.base import Iterator
+from torchpipe.runtime.tracing import TraceSnapshot
 
 WAITING_LIMIT = 0.2
 """A training loop that waits for data more than this share of its time is fed too slowly."""
@@ -36,12 +38,29 @@ class PipelineStats(list):
     """
 
     def __init__(self, stages: list[dict[str, Any]], seconds: float, bottleneck: str, waiting: float,
-                 decisions: list[Decision]) -> None:  # fmt: skip
+                 decisions: list[Decision], trace: TraceSnapshot | None = None) -> None:  # fmt: skip
         super().__init__(stages)
         self.seconds = seconds
         self.bottleneck = bottleneck
         self.waiting = waiting
         self.decisions = decisions
+        self.trace = trace
+
+    def plot(self, path: str | os.PathLike) -> None:
+        """Draw the pass's timeline to a PNG: a row per stage and per thread or worker process,
+        a bar for each element produced or call run, the training loop's waits for data in red,
+        buffer occupancy and knob values below (needs ``pip install 'torchpipe[plot]'``).
+
+        Raises:
+            RuntimeError: if the pass was not traced (``tp.Options(trace=True)``).
+            ImportError: if matplotlib is missing, naming the extra that installs it.
+        """
+        from torchpipe.integrations.timeline import plot_timeline
+
+        if self.trace is None:
+            raise RuntimeError("this pass is not traced: run it with ds.with_options(tp.Options(trace=True)) to plot "
+                               "its timeline")  # fmt: skip
+        plot_timeline(self.trace, path, title=f"torchpipe pass: {self.seconds:.2f} s, bottleneck {self.bottleneck}")
 
     @property
     def consumer_is_limit(self) -> bool:
@@ -86,9 +105,10 @@ def _duration(seconds: float) -> str:
     return f"{seconds * 1e6:.1f} us"
 
 
-def pipeline_stats(root: Iterator, start: Look, consumer_s: float, decisions: list[Decision]) -> PipelineStats:
+def pipeline_stats(root: Iterator, start: Look, consumer_s: float, decisions: list[Decision],
+                   trace: TraceSnapshot | None = None) -> PipelineStats:  # fmt: skip
     """The stats of the pass under ``root``; ``start`` is :func:`~torchpipe.autotune.live.start_look` of
-    when its tree was built."""
+    when its tree was built; ``trace`` the pass's events if it is traced."""
     now = look(root, consumer_s)
     seconds = max(now.time - start.time, 1e-9)
     stages = []
@@ -116,4 +136,4 @@ def pipeline_stats(root: Iterator, start: Look, consumer_s: float, decisions: li
         limit = bottleneck(model.stages, {knob.name: knob.value for knob in model.knobs})
     inside = now.iterators[id(root)].wall_s
     waiting = inside / (inside + consumer_s) if inside + consumer_s > 0 else 0.0
-    return PipelineStats(stages, seconds, limit, waiting, list(decisions))
+    return PipelineStats(stages, seconds, limit, waiting, list(decisions), trace)

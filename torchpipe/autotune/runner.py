@@ -22,7 +22,7 @@ import collections
 import dataclasses
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from torchpipe.autotune import tunable
 from torchpipe.autotune.live import Look, Model, build_model, look, walk
@@ -123,6 +123,7 @@ class Autotuner:
         self._started = time.perf_counter()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.trace: Callable[[Decision], None] | None = None  # a traced pass records every round
 
     @property
     def knobs(self) -> dict[str, LiveKnob]:
@@ -187,6 +188,8 @@ class Autotuner:
             changed=tuple(changed),
         )
         self.decisions.append(decision)
+        if self.trace is not None:
+            self.trace(decision)
         return decision
 
     def _search_range(self, knob: Knob, tunable_names: set[str], may_lower: bool = True) -> Knob:

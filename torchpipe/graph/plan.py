@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+import os
 import threading
+import time
 import weakref
 from typing import Any
 
@@ -17,6 +20,7 @@ from torchpipe.ops.base import BuildContext, Iterator, Node, check_int
 from torchpipe.ops.fingerprint import describe_ops, ops_of
 from torchpipe.options import Options
 from torchpipe.randomness import fresh_seed
+from torchpipe.runtime.tracing import TUNER, TraceLog, Track
 
 _FORMAT = 3
 """Version 3 names each op as written with its parameters (version 2 had only the kinds)."""
@@ -132,13 +136,21 @@ class PipelineIterator:
         self._clock = ConsumerClock()
         self._tuner: Autotuner | None = None
         self._start: Look = start_look()
+        self._log: TraceLog | None = None
+        self._waits: Track | None = None  # the training loop's track in a traced pass
 
     def _build(self) -> Iterator:
-        ctx = BuildContext(self._seed, self._seeded, self._epoch, self._plan.options, memory=self._plan.memory)
-        tree = self._plan.runtime_root.build(ctx)
+        trace = self._plan.options.trace
+        log = TraceLog(every_element=trace == "all") if trace else None
+        ctx = BuildContext(self._seed, self._seeded, self._epoch, self._plan.options, memory=self._plan.memory,
+                           trace=log)  # fmt: skip
+        tree = ctx.traced(self._plan.runtime_root.build(ctx))
         tuning, clock, tuner = self._plan.options.autotune, ConsumerClock(), None
         if tuning.enabled and live_knobs(tree):
             tuner = Autotuner(tree, clock, Budget.of_machine(tuning.cpu_budget, tuning.ram_budget))
+            if log is not None:
+                tuner.trace = functools.partial(_record_round, log, log.track((TUNER,), "autotune", TUNER, ()))
+        self._log, self._waits = log, log.consumer if log is not None else None
         self._finalizer = weakref.finalize(self, _close, tree, tuner, self._history, self._number)
         tree.prepare()
         self._tree, self._tuner, self._clock, self._start = tree, tuner, clock, start_look()
@@ -149,8 +161,10 @@ class PipelineIterator:
 
     def __next__(self) -> Any:
         tree = self._tree if self._tree is not None else self._build()
-        clock, tuner = self._clock, self._tuner
+        clock, tuner, waits = self._clock, self._tuner, self._waits
         clock.enter()  # the time between two calls is the training step's (stats and the tuner)
+        if waits is not None:
+            t0 = time.perf_counter()
         try:
             element = next(tree)
         except StopIteration:
@@ -160,6 +174,8 @@ class PipelineIterator:
         if tuner is not None and not tuner.started:
             tuner.start()  # with the first element: the tuner's first window starts there
         clock.leave()
+        if waits is not None:
+            waits.span(t0, time.perf_counter())
         return element
 
     def state_dict(self) -> dict[str, Any]:
@@ -214,7 +230,23 @@ class PipelineIterator:
         """
         if self._tree is None:
             return PipelineStats([], 0.0, "", 0.0, [])
-        return pipeline_stats(self._tree, self._start, self._clock.outside_s(), self.decisions())
+        trace = self._log.snapshot() if self._log is not None else None
+        return pipeline_stats(self._tree, self._start, self._clock.outside_s(), self.decisions(), trace)
+
+    def trace(self, path: str | os.PathLike) -> None:
+        """Write the pass so far as a Chrome trace / Perfetto JSON file (open it in ui.perfetto.dev
+        or chrome://tracing): a track per stage and per thread or worker process that ran its
+        calls, the training loop's waits for data, counters for buffer occupancy and knob values.
+
+        Raises:
+            RuntimeError: if the pass is not traced: build it with
+                ``ds.with_options(tp.Options(trace=True))``.
+        """
+        from torchpipe.integrations.trace import write_chrome_trace
+
+        if self._log is None:
+            raise RuntimeError(_NOT_TRACED)
+        write_chrome_trace(self._log.snapshot(), path)
 
     def decisions(self) -> list[Decision]:
         """The autotuner's recent rounds, oldest first (empty without AUTOTUNE knobs)."""
@@ -229,6 +261,15 @@ class PipelineIterator:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+_NOT_TRACED = ("this pass is not traced: run it with ds.with_options(tp.Options(trace=True)) (or trace='all' for "
+               "every element) to record it for trace() and stats().plot()")
+
+
+def _record_round(log: TraceLog, track: Track, decision: Decision) -> None:
+    log.instant(track, "autotune round", {"throughput": decision.throughput, "predicted": decision.predicted,
+                                          "bottleneck": decision.bottleneck, "changed": list(decision.changed)})  # fmt: skip
 
 
 def _close(tree: Iterator, tuner: Autotuner | None, history: PassHistory, number: int) -> None:

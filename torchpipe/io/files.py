@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any, BinaryIO
 
 from torchpipe.dataset import Dataset
-from torchpipe.errors import CheckpointError
+from torchpipe.errors import CheckpointError, DataLossError  # noqa: F401 - tp.io.DataLossError lives here too
 from torchpipe.io import remote
 from torchpipe.ops.base import Iterator, check_state
 from torchpipe.ops.sources import TensorSlicesNode
@@ -25,24 +25,6 @@ DEFAULT_BUFFER_SIZE = 256 * 1024
 COMPRESSION_TYPES = {None: None, "": None, "GZIP": "GZIP", "ZLIB": "ZLIB"}
 _WBITS = {"GZIP": 16 + zlib.MAX_WBITS, "ZLIB": zlib.MAX_WBITS}
 _SKIP_CHUNK = 1 << 20
-
-
-class DataLossError(ValueError):
-    """A record file is corrupt or truncated.
-
-    Attributes:
-        path: the file (or URL).
-        offset: the byte offset of the damaged record (in the uncompressed stream for GZIP and
-            ZLIB files), or of the damage itself where no record could be framed.
-    """
-
-    def __init__(self, message: str, path: str | None = None, offset: int | None = None) -> None:
-        super().__init__(message)
-        self.path = path
-        self.offset = offset
-
-    def __reduce__(self):
-        return type(self), (self.args[0], self.path, self.offset)
 
 
 def check_compression(op: str, compression_type: Any) -> str | None:

@@ -16,7 +16,6 @@ import bisect
 import io
 import os
 import tempfile
-import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,6 +25,7 @@ from torchpipe.dataset import _check_bool
 from torchpipe.io import remote
 from torchpipe.io.files import DataLossError, check_path, open_input
 from torchpipe.io.tfrecord import FOOTER_BYTES, HEADER_BYTES, _CRC, _HEADER, masked_crc
+from torchpipe.runtime.local_files import ProcessLocalFiles
 
 FRAMING = HEADER_BYTES + FOOTER_BYTES
 _SCAN_BUFFER = 64 * 1024
@@ -192,7 +192,7 @@ class TFRecordRecords:
         if remote.is_url(path):
             framed = remote.read_range(path, offset, length, self.retry)
         else:
-            framed = os.pread(self._local.descriptor(file, path), length, offset)
+            framed = os.pread(self._local.descriptor(file, remote.local_path(path)), length, offset)
         if len(framed) < length:
             raise DataLossError(f"{path}: truncated record at byte {offset}: {len(framed)} of its {length} bytes; "
                                 "has the file changed since it was indexed?", path, offset)  # fmt: skip
@@ -213,38 +213,3 @@ def _unframe(framed: bytes, path: str, offset: int, verify: bool) -> bytes:
         raise DataLossError(f"{path}: corrupt record at byte {offset}: the data's CRC does not match "
                             f"({length} bytes)", path, offset)  # fmt: skip
     return data
-
-
-class ProcessLocalFiles:
-    """Read-only descriptors of local files, opened on first use in each process (a forked
-    worker opens its own) and closed when the owner is collected."""
-
-    def __init__(self) -> None:
-        self._pid = os.getpid()
-        self._fds: dict[int, int] = {}
-        self._lock = threading.Lock()
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {}  # descriptors belong to a process: a copy elsewhere opens its own
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__()
-
-    def descriptor(self, key: int, path: str) -> int:
-        fd = self._fds.get(key) if self._pid == os.getpid() else None
-        if fd is not None:
-            return fd
-        with self._lock:
-            if self._pid != os.getpid():
-                self._pid, self._fds = os.getpid(), {}  # inherited descriptors stay the parent's to close
-            if key not in self._fds:
-                self._fds[key] = os.open(remote.local_path(path), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-            return self._fds[key]
-
-    def __del__(self) -> None:
-        if getattr(self, "_pid", None) == os.getpid():
-            for fd in self._fds.values():
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass

@@ -23,6 +23,7 @@ from torchpipe.errors import CheckpointError, add_note
 from torchpipe.ops.stats import IteratorStats
 from torchpipe.options import Options
 from torchpipe.randomness import call_seeded, enter_call, exit_call, mix_seed, seed_global_rngs
+from torchpipe.runtime.tracing import STAGE, TraceLog
 
 # Markers inside seed paths, so that (child 1) and (inner dataset of element 1) never collide.
 _EPOCH_MARK = 1 << 62
@@ -43,6 +44,7 @@ class BuildContext:
         path: the node's structural position (child indices from the root).
         iteration: repetition counters of enclosing ``repeat`` ops.
         memory: what earlier passes of the Dataset learned, by position (see :meth:`learned`).
+        trace: the pass's trace log when it is traced (``Options(trace=...)``).
     """
 
     seed: int
@@ -52,6 +54,7 @@ class BuildContext:
     path: tuple[int, ...] = ()
     iteration: tuple[int, ...] = ()
     memory: dict[tuple[int, ...], dict[str, Any]] | None = dataclasses.field(default=None, compare=False)
+    trace: TraceLog | None = dataclasses.field(default=None, compare=False)
 
     def learned(self) -> dict[str, Any]:
         """What earlier passes of this Dataset learned about the stage at this position (the
@@ -73,7 +76,26 @@ class BuildContext:
         return dataclasses.replace(self, path=self.path + (_INNER_MARK, seq))
 
     def build_input(self, node: Node, index: int = 0) -> Iterator:
-        return node.inputs[index].build(node.input_context(self, index))
+        ctx = node.input_context(self, index)
+        return ctx.traced(node.inputs[index].build(ctx))
+
+    def traced(self, iterator: Iterator) -> Iterator:
+        """``iterator`` (built with this context), recording into the pass's trace if it has one.
+
+        Its stage gets a track named by its position in the graph, so the readers an interleave
+        opens, one per input element, share one track."""
+        if self.trace is not None and iterator.stats.trace is None:
+            position = self.path[: self.path.index(_INNER_MARK) + 1] if _INNER_MARK in self.path else self.path
+            order = (len(position), position)
+            iterator.stats.trace = self.trace.track((STAGE, position, iterator.name), iterator.name, STAGE, order)
+            if self.trace.every_element:
+                iterator.stats.clock_all_s = -1.0
+            if iterator.stats.calls is not None and iterator.stats.calls.trace is None:
+                iterator.stats.calls.trace = self.trace.calls(iterator.name, order)
+            for knob in iterator.knobs() if hasattr(iterator, "knobs") else ():
+                knob.trace = self.trace.counter
+                self.trace.counter(knob.name, knob.value)
+        return iterator
 
     def stage_seed(self) -> int:
         """A seed for this position that changes every epoch and repetition."""
@@ -263,7 +285,10 @@ class Iterator(abc.ABC):
         t0, waited = time.perf_counter(), stats.wait_s
         element = self.next()
         stats.produced += 1
-        stats.clocked(time.perf_counter() - t0, stats.wait_s - waited)
+        t1 = time.perf_counter()
+        stats.clocked(t1 - t0, stats.wait_s - waited)
+        if stats.trace is not None:  # a traced pass records the elements it clocks
+            stats.trace.span(t0, t1)
         return element
 
     def _begin(self) -> None:

@@ -156,7 +156,7 @@ class CacheNode(Node):
         if self.path is None:
             self.storage: MemoryStore | FileStorage = MemoryStore()
         else:
-            self.storage = FileStorage(self.path, describe_ops(input, code=True))
+            self.storage = FileStorage(self.path, describe_ops(input, code=True), input.cardinality())
         self.name = "cache" if self.path is None else f"cache({self.path})"
 
     def params(self) -> dict[str, Any]:

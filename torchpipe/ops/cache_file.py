@@ -32,6 +32,7 @@ import weakref
 import zlib
 from typing import Any, BinaryIO
 
+from torchpipe.integrations.progress import ProgressBar
 from torchpipe.runtime import codec
 
 try:
@@ -43,9 +44,11 @@ MAGIC = b"TPCACHE\0"
 END_MAGIC = b"TPCEND\0\0"
 VERSION = 3
 _HEADER = struct.Struct("<8sII")
-_RECORD = struct.Struct("<QQI")
+RECORD = struct.Struct("<QQI")
+"""A record's framing: payload length, record index, CRC-32 of the index's 8 bytes and the payload."""
 _INDEX = struct.Struct("<Q")
-_FOOTER = struct.Struct("<QQ8s")
+FOOTER = struct.Struct("<QQ8s")
+"""The footer: record count, record bytes, ``END_MAGIC``."""
 _IO_BUFFER = 1 << 20
 
 Origin = tuple[int, int, tuple[int, ...]]
@@ -67,12 +70,12 @@ def origin_of(value: Any) -> Origin:
     return int(seed), int(epoch), tuple(int(i) for i in iteration)
 
 
-def _header(origin: Origin, upstream: list[str]) -> bytes:
+def file_header(origin: Origin, upstream: list[str]) -> bytes:
     meta = json.dumps({"origin": [origin[0], origin[1], list(origin[2])], "pipeline": upstream}).encode()
     return _HEADER.pack(MAGIC, VERSION, len(meta)) + meta
 
 
-def _read_header(file: BinaryIO, path: str) -> tuple[int, int, dict[str, Any]]:
+def read_header(file: BinaryIO, path: str) -> tuple[int, int, dict[str, Any]]:
     """``(version, records start offset, meta)`` of an open cache file; only the version is
     checked for files of another version."""
     fixed = file.read(_HEADER.size)
@@ -95,23 +98,34 @@ def _read_header(file: BinaryIO, path: str) -> tuple[int, int, dict[str, Any]]:
     return version, _HEADER.size + meta_len, meta
 
 
+def record_crc(index: int, payload: bytes) -> int:
+    """The CRC-32 a record carries: of its index's 8 bytes followed by its payload."""
+    return zlib.crc32(payload, zlib.crc32(_INDEX.pack(index)))
+
+
+def frame_record(index: int, payload: bytes) -> bytes:
+    """The framing written before ``payload`` as record ``index``."""
+    return RECORD.pack(len(payload), index, record_crc(index, payload))
+
+
 def _is_current(path: str, upstream: list[str]) -> bool:
     """Whether the file at ``path`` is this version's and was written by the pipeline ``upstream``."""
     try:
         with open(path, "rb") as file:
-            version, _, meta = _read_header(file, path)
+            version, _, meta = read_header(file, path)
     except (OSError, CacheFormatError):
         return False
     return version == VERSION and meta["pipeline"] == upstream
 
 
-def _remove_temp(file: BinaryIO, temp: str) -> None:
+def _remove_temp(file: BinaryIO, temp: str, bar: ProgressBar) -> None:
+    bar.close()
     file.close()
     with contextlib.suppress(FileNotFoundError):
         os.remove(temp)
 
 
-def _try_lock(file: BinaryIO) -> bool:
+def try_lock(file: BinaryIO) -> bool:
     """Take an exclusive advisory lock (never waits); False if another writer holds it."""
     if fcntl is None:
         return True
@@ -131,7 +145,7 @@ def remove_stale_temps(path: str) -> None:
     for temp in glob.glob(glob.escape(path) + ".tmp-*"):
         try:
             with open(temp, "rb") as file:
-                if _try_lock(file):
+                if try_lock(file):
                     os.remove(temp)
         except OSError:  # gone already, or not ours to remove
             continue
@@ -146,17 +160,18 @@ class CacheWriter:
     TEMP, OFFSET, WRITTEN = "temp", "offset", "written"
 
     def __init__(self, path: str, temp: str, file: BinaryIO, start: int, offset: int, count: int,
-                 upstream: list[str]) -> None:  # fmt: skip
+                 upstream: list[str], total: int | None = None) -> None:  # fmt: skip
         self.path, self.temp = path, temp
         self._file = file
         self._start = start  # offset of the first record
         self.offset = offset
         self.count = count
         self._upstream = upstream
-        self._finalizer = weakref.finalize(self, _remove_temp, file, temp)
+        self.bar = ProgressBar(f"cache({path})", total, initial=count)  # drawn on a terminal only
+        self._finalizer = weakref.finalize(self, _remove_temp, file, temp, self.bar)
 
     @classmethod
-    def create(cls, path: str, origin: Origin, upstream: list[str]) -> CacheWriter:
+    def create(cls, path: str, origin: Origin, upstream: list[str], total: int | None = None) -> CacheWriter:
         """A writer of a new temporary file next to ``path``.
 
         Raises:
@@ -168,13 +183,14 @@ class CacheWriter:
         except FileNotFoundError as e:
             folder = os.path.dirname(os.path.abspath(path))
             raise FileNotFoundError(f"cannot write cache file {path!r}: directory {folder!r} does not exist") from e
-        _try_lock(file)
-        header = _header(origin, upstream)
+        try_lock(file)
+        header = file_header(origin, upstream)
         file.write(header)
-        return cls(path, temp, file, len(header), len(header), 0, upstream)
+        return cls(path, temp, file, len(header), len(header), 0, upstream, total)
 
     @classmethod
-    def resume(cls, path: str, state: dict[str, Any], upstream: list[str]) -> CacheWriter | None:
+    def resume(cls, path: str, state: dict[str, Any], upstream: list[str],
+               total: int | None = None) -> CacheWriter | None:  # fmt: skip
         """Reopen an interrupted pass's temporary file at its checkpoint, or None if unusable."""
         if not isinstance(state[cls.TEMP], str):
             return None
@@ -184,9 +200,9 @@ class CacheWriter:
         except OSError:
             return None
         try:
-            version, start, meta = _read_header(file, temp)
+            version, start, meta = read_header(file, temp)
             usable = (version == VERSION and meta["pipeline"] == upstream
-                      and start <= offset <= os.fstat(file.fileno()).st_size and _try_lock(file))  # fmt: skip
+                      and start <= offset <= os.fstat(file.fileno()).st_size and try_lock(file))  # fmt: skip
         except CacheFormatError:
             usable = False
         if not usable:
@@ -194,15 +210,16 @@ class CacheWriter:
             return None
         file.truncate(offset)
         file.seek(offset)
-        return cls(path, temp, file, start, offset, count, upstream)
+        return cls(path, temp, file, start, offset, count, upstream, total)
 
     def add(self, element: Any) -> None:
         payload = codec.encode_bytes(element)
         index = self.count
-        self._file.write(_RECORD.pack(len(payload), index, zlib.crc32(payload, zlib.crc32(_INDEX.pack(index)))))
+        self._file.write(frame_record(index, payload))
         self._file.write(payload)
-        self.offset += _RECORD.size + len(payload)
+        self.offset += RECORD.size + len(payload)
         self.count += 1
+        self.bar.update()
 
     def state(self) -> dict[str, Any]:
         # Flushed so that a process killed after this checkpoint can still resume the file.
@@ -212,7 +229,7 @@ class CacheWriter:
     def commit(self) -> None:
         """Write the footer and publish the file at ``path``, unless a current one is there
         (the first complete pass wins); a stale one (another pipeline's) is replaced."""
-        self._file.write(_FOOTER.pack(self.count, self.offset - self._start, END_MAGIC))
+        self._file.write(FOOTER.pack(self.count, self.offset - self._start, END_MAGIC))
         self._file.flush()
         os.fsync(self._file.fileno())
         self._file.close()
@@ -249,7 +266,7 @@ class CacheReader:
         self.path = path
         self._file: BinaryIO = open(path, "rb", buffering=_IO_BUFFER)  # noqa: SIM115
         try:
-            self.version, self._start, meta = _read_header(self._file, path)
+            self.version, self._start, meta = read_header(self._file, path)
             self.origin = origin_of(meta["origin"]) if meta else (0, 0, ())
             self.upstream: list[str] = meta.get("pipeline", [])
             self.count, self._end = self._read_footer() if meta else (0, self._start)
@@ -261,11 +278,11 @@ class CacheReader:
 
     def _read_footer(self) -> tuple[int, int]:
         size = os.fstat(self._file.fileno()).st_size
-        if size < self._start + _FOOTER.size:
+        if size < self._start + FOOTER.size:
             raise CacheFormatError(f"cache file {self.path!r} is truncated (no footer)")
-        self._file.seek(size - _FOOTER.size)
-        count, data_bytes, magic = _FOOTER.unpack(self._file.read(_FOOTER.size))
-        if magic != END_MAGIC or self._start + data_bytes + _FOOTER.size != size:
+        self._file.seek(size - FOOTER.size)
+        count, data_bytes, magic = FOOTER.unpack(self._file.read(FOOTER.size))
+        if magic != END_MAGIC or self._start + data_bytes + FOOTER.size != size:
             raise CacheFormatError(f"cache file {self.path!r} is truncated or corrupt (bad footer)")
         self._file.seek(self._start)
         return count, self._start + data_bytes
@@ -283,12 +300,12 @@ class CacheReader:
             if self.offset != self._end:
                 raise self._fail("has data after its last record")
             raise StopIteration
-        fixed = self._file.read(_RECORD.size)
-        length, index, crc = _RECORD.unpack(fixed) if len(fixed) == _RECORD.size else (-1, 0, 0)
-        if length < 0 or self.offset + _RECORD.size + length > self._end:
+        fixed = self._file.read(RECORD.size)
+        length, index, crc = RECORD.unpack(fixed) if len(fixed) == RECORD.size else (-1, 0, 0)
+        if length < 0 or self.offset + RECORD.size + length > self._end:
             raise self._fail(f"record {self.position} runs past the data")
         payload = self._file.read(length)
-        if zlib.crc32(payload, zlib.crc32(_INDEX.pack(index))) != crc:
+        if record_crc(index, payload) != crc:
             raise self._fail(f"record {self.position} fails its checksum")
         if index != self.position:
             raise self._fail(f"record {index} is where record {self.position} belongs (records out of order)")
@@ -297,7 +314,7 @@ class CacheReader:
         except Exception as e:
             raise self._fail(f"record {self.position} cannot be read") from e
         self.position += 1
-        self.offset += _RECORD.size + length
+        self.offset += RECORD.size + length
         return element
 
     def _fail(self, problem: str) -> CacheFormatError:
@@ -321,9 +338,10 @@ class FileStorage:
             is stale.
     """
 
-    def __init__(self, path: str, upstream: list[str]) -> None:
+    def __init__(self, path: str, upstream: list[str], total: int | None = None) -> None:
         self.path = path
         self.upstream = upstream
+        self.total = total
 
     def replay(self, origin: Origin | None, state: dict[str, Any] | None) -> CacheReader | None:
         """A reader of the file at ``state``'s position (if it was filled by ``origin``'s pass),
@@ -359,7 +377,9 @@ class FileStorage:
         return f"cache file {self.path!r} was written by another pipeline above the cache: {'; '.join(changes)}"
 
     def recorder(self, origin: Origin) -> CacheWriter:
-        return CacheWriter.create(self.path, origin, self.upstream)
+        return CacheWriter.create(self.path, origin, self.upstream, self.total)
 
     def resume_recorder(self, state: dict[str, Any]) -> CacheWriter | None:
-        return CacheWriter.resume(self.path, state, self.upstream)
+        return CacheWriter.resume(self.path, state, self.upstream, self.total)
+
+

@@ -193,7 +193,7 @@ class MapBatchNode(Node):
         batch, map_node = self.batch_node, self.map_node
         map_ctx = batch.input_context(ctx, 0)  # where the map sits unfused: keeps its seeds
         source, fetch = map_node.source(map_ctx)
-        chunks = BatchIterator(batch.name, source, batch.batch_size, batch.drop_remainder, _as_list)
+        chunks = map_ctx.traced(BatchIterator(batch.name, source, batch.batch_size, batch.drop_remainder, _as_list))
         # In a worker the batch is stacked straight into the shared-memory record it is sent in;
         # here, into memory that earlier batches used.
         memory = batch.memory()

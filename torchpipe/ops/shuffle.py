@@ -160,10 +160,11 @@ class ShuffleRepeatIterator(RepeatIterator):
     def _make_source(self) -> Iterator:
         shuffle = self._node.shuffle
         shuffle_ctx = self._ctx.repetition(self._repetition)
-        source = self._node.inputs[0].build(shuffle.input_context(shuffle_ctx, 0))
+        source_ctx = shuffle.input_context(shuffle_ctx, 0)
+        source = source_ctx.traced(self._node.inputs[0].build(source_ctx))
         seed = shuffle_ctx.op_seed(shuffle.seed, shuffle.reshuffle_each_iteration)
         if self._shuffler is None:
-            self._shuffler = ShuffleIterator(shuffle.kind, source, shuffle.buffer_size, seed)
+            self._shuffler = shuffle_ctx.traced(ShuffleIterator(shuffle.kind, source, shuffle.buffer_size, seed))
         else:
             self._shuffler.rebind(source, seed)
         self.inputs = [self._shuffler]

@@ -19,6 +19,7 @@ import torch
 
 from torchpipe import nest
 from torchpipe.runtime.timing import CallTiming
+from torchpipe.runtime.tracing import Track
 
 _BYTES_EVERY = 16  # elements between two samples of an element's size
 CLOCK_ALL_S = 20e-6  # elements that take this long are all clocked (two clock reads cost < 1%);
@@ -46,7 +47,7 @@ class IteratorStats:
     """
 
     __slots__ = ("produced", "_busy_s", "unclocked", "_weight", "wait_s", "calls", "blocked_output_s", "occupancy_sum", "occupancy_n",
-                 "capacity", "bytes_sum", "bytes_n", "counters")  # fmt: skip
+                 "capacity", "bytes_sum", "bytes_n", "counters", "trace", "clock_all_s")  # fmt: skip
 
     def __init__(self) -> None:
         self.produced = 0
@@ -62,6 +63,8 @@ class IteratorStats:
         self.bytes_sum = 0
         self.bytes_n = 0
         self.counters: dict[str, int] = {}
+        self.trace: Track | None = None  # the stage's track when the pass is traced
+        self.clock_all_s = CLOCK_ALL_S  # a traced pass that records every element clocks every one
 
     @property
     def wall_s(self) -> float:
@@ -82,7 +85,7 @@ class IteratorStats:
         """
         busy = seconds - waited
         self._busy_s += busy * self._weight
-        if busy >= CLOCK_ALL_S:
+        if busy >= self.clock_all_s:
             self._weight = 1
         else:
             self._weight = CLOCK_EVERY
@@ -93,6 +96,8 @@ class IteratorStats:
         self.occupancy_sum += occupancy
         self.occupancy_n += 1
         self.capacity = capacity
+        if self.trace is not None:
+            self.trace.counter(occupancy)
 
     def sample_bytes(self, element: Any) -> bool:
         """Record the size of every 16th element (the first included); True if this one was."""
@@ -150,7 +155,7 @@ class LiveKnob:
     def __init__(self, name: str, value: int, minimum: int, maximum: int, is_buffer: bool,
                  apply: Callable[[int], None], immediate: bool = False) -> None:  # fmt: skip
         self.name = name
-        self.value = value
+        self._value = value
         self.minimum = minimum
         self.maximum = max(minimum, maximum)
         self.is_buffer = is_buffer
@@ -158,6 +163,19 @@ class LiveKnob:
         self._immediate = immediate
         self._pending: int | None = None
         self._lock = threading.Lock()
+        self.trace: Callable[[str, float], None] | None = None  # a traced pass's counter of knob values
+
+    @property
+    def value(self) -> int:
+        """The current value."""
+        return self._value
+
+    @value.setter
+    def value(self, value: int) -> None:
+        changed = value != self._value
+        self._value = value
+        if changed and self.trace is not None:  # a traced pass sees every change, the tuner's or a move's
+            self.trace(self.name, value)
 
     def rebind(self, apply: Callable[[int], None]) -> None:
         """Have ``apply`` set the value from now on (a new owner took the knob over)."""

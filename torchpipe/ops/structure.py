@@ -68,7 +68,8 @@ class RepeatIterator(Iterator):
         self._source: Iterator | None = self._make_source() if node.count != 0 else None
 
     def _make_source(self) -> Iterator:
-        source = self._node.inputs[0].build(self._ctx.repetition(self._repetition))
+        ctx = self._ctx.repetition(self._repetition)
+        source = ctx.traced(self._node.inputs[0].build(ctx))
         self.inputs = [source]
         return source
 

@@ -362,7 +362,8 @@ class ProcessPool:
             worker.rings.append(_Loans(ShmRing.attach(fds[0])))
             return
         seq = message[1]
-        self.timing.add(message[-2], message[-1])
+        self.timing.add(message[-2], message[-1], start=message[-3], where=f"worker {worker.slot} (pid {worker.pid})",
+                        pid=worker.pid)  # fmt: skip
         worker.tasks.pop(seq, None)
         self._failures.pop(seq, None)
         if kind == "ring":

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import threading
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torchpipe.runtime.tracing import CallTracer
 
 
 class CallTiming:
@@ -14,7 +18,7 @@ class CallTiming:
     calls are one read or a chunk of them); 0 where a stage does not count them.
     """
 
-    __slots__ = ("_lock", "calls", "work_s", "cpu_s", "items")
+    __slots__ = ("_lock", "calls", "work_s", "cpu_s", "items", "trace")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -22,13 +26,22 @@ class CallTiming:
         self.work_s = 0.0
         self.cpu_s = 0.0
         self.items = 0
+        self.trace: CallTracer | None = None  # set when the pass is traced (Options(trace=...))
 
-    def add(self, wall_s: float, cpu_s: float, calls: int = 1, items: int = 0) -> None:
+    def add(self, wall_s: float, cpu_s: float, calls: int = 1, items: int = 0, start: float | None = None,
+            where: str | None = None, pid: int | None = None) -> None:  # fmt: skip
+        """Count calls that took ``wall_s`` and ``cpu_s`` seconds in all.
+
+        ``start`` (on ``perf_counter``'s clock), ``where`` and ``pid`` say where a call that ran in
+        a worker process ran, for a trace; without them the call ran on this thread, just now.
+        """
         with self._lock:
             self.calls += calls
             self.work_s += wall_s
             self.cpu_s += cpu_s
             self.items += items
+        if self.trace is not None:
+            self.trace.call(wall_s, start, where, pid)
 
     def add_items(self, items: int) -> None:
         """Count ``items`` elements read by calls already added (a chunk that just arrived)."""

@@ -271,8 +271,10 @@ class _Output:
         return None
 
 
-def _cost(wall_start: float, cpu_start: float) -> tuple[float, float]:
-    return time.perf_counter() - wall_start, time.thread_time() - cpu_start
+def _cost(wall_start: float, cpu_start: float) -> tuple[float, float, float]:
+    """``(start, wall seconds, CPU seconds)`` of a task: the last two are always a message's last
+    two fields; the start (``perf_counter``, one clock for all processes) places it in a trace."""
+    return wall_start, time.perf_counter() - wall_start, time.thread_time() - cpu_start
 
 
 def pack_exception(exc: BaseException) -> tuple[bytes | None, str, str, str]:

@@ -1,0 +1,155 @@
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+import warnings
+
+import pytest
+import torch
+
+import torchpipe as tp
+from tests.io import saving_jobs
+from tests.io.test_save import ROOT, every_structure
+from torchpipe.ops.saved_file import MANIFEST
+from torchpipe.ops.snapshot import SnapshotNode
+from torchpipe.testing import assert_checkpoint_roundtrip, assert_same_elements
+
+
+class Counter:
+    """A map function that counts its calls (how much upstream work a pass did)."""
+
+    def __init__(self, offset=0):
+        self.calls = 0
+        self.offset = offset
+        self.__name__ = "counted"
+
+    def __call__(self, x):
+        self.calls += 1
+        return torch.tensor([x + self.offset])
+
+
+def _snapshots(root):
+    return sorted(p for p in os.listdir(root) if os.path.isdir(os.path.join(root, p)))
+
+
+def _published(root):
+    return [s for s in _snapshots(root) if os.path.exists(os.path.join(root, s, MANIFEST))]
+
+
+def test_the_first_job_writes_and_later_jobs_read(tmp_path):
+    elements = every_structure()
+    first = tp.from_iterable(elements).snapshot(tmp_path)
+    assert_same_elements(first, elements)
+    assert len(_published(tmp_path)) == 1
+    count = Counter()
+    again = tp.from_iterable(elements).take(100).snapshot(tmp_path)  # another pipeline: a new snapshot
+    assert_same_elements(again, elements)
+    assert len(_published(tmp_path)) == 2
+    same = tp.range(6).map(count).snapshot(tmp_path)
+    assert [int(x) for x in same] == list(range(6)) and count.calls == 6
+    count.calls = 0
+    assert [int(x) for x in tp.range(6).map(count).snapshot(tmp_path)] == list(range(6))  # a new Dataset object
+    assert count.calls == 0
+
+
+@pytest.mark.parametrize("change", [lambda n, c: tp.range(n + 1).map(c), lambda n, c: tp.range(n).map(c).map(abs)])
+def test_a_changed_pipeline_gets_a_new_snapshot(tmp_path, change):
+    list(tp.range(4).map(Counter()).snapshot(tmp_path))
+    count = Counter()
+    list(change(4, count).snapshot(tmp_path))
+    assert count.calls > 0 and len(_published(tmp_path)) == 2
+
+
+def test_a_changed_function_gets_a_new_snapshot(tmp_path):
+    list(tp.range(4).map(lambda x: x * 2).snapshot(tmp_path))
+    assert list(tp.range(4).map(lambda x: x * 3).snapshot(tmp_path)) == [0, 3, 6, 9]
+    assert len(_published(tmp_path)) == 2
+
+
+def test_two_passes_filling_at_once_one_writes_the_other_computes(tmp_path):
+    count = Counter()
+    ds = tp.range(20).map(count).snapshot(tmp_path)
+    a, b = iter(ds), iter(ds)
+    got_a, got_b = [next(a)], [next(b)]  # both decided to fill; a holds the lock
+    got_a += list(a)
+    got_b += list(b)
+    assert [int(x) for x in got_a] == [int(x) for x in got_b] == list(range(20))
+    assert count.calls == 40 and len(_published(tmp_path)) == 1
+    count.calls = 0
+    assert [int(x) for x in ds] == list(range(20)) and count.calls == 0
+
+
+def test_jobs_in_other_processes_compute_while_one_writes_then_read(tmp_path):
+    n = 200
+    child = subprocess.Popen([sys.executable, "-m", "tests.io.saving_jobs", "snapshot", str(tmp_path), str(n), "0.01"],
+                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    deadline = time.monotonic() + 30
+    while not any(n.endswith(".partial") for s in _snapshots(tmp_path) for n in os.listdir(tmp_path / s)):
+        assert child.poll() is None and time.monotonic() < deadline, child.communicate()
+        time.sleep(0.02)
+    saving_jobs.CALLS.clear()
+    assert_same_elements(saving_jobs.pipeline(n).snapshot(tmp_path), [saving_jobs.make(i) for i in range(n)])
+    assert len(saving_jobs.CALLS) == 2 * n  # computed (the child writes), nothing written here
+    assert child.wait(60) == 0, child.communicate()
+    saving_jobs.CALLS.clear()
+    assert_same_elements(saving_jobs.pipeline(n).snapshot(tmp_path), [saving_jobs.make(i) for i in range(n)])
+    assert len(saving_jobs.CALLS) == n  # only the expected elements above: the snapshot was read
+
+
+def test_a_killed_writer_leaves_nothing_a_reader_sees_and_its_checkpoint_resumes_the_fill(tmp_path):
+    n, stop, state_file = 60, 25, tmp_path / "state.pkl"
+    root = tmp_path / "snap"
+    child = subprocess.run([sys.executable, "-m", "tests.io.saving_jobs", "kill", str(root), str(n), "0", str(stop),
+                            str(state_file)], cwd=ROOT, capture_output=True, timeout=60)  # fmt: skip
+    assert child.returncode == -signal.SIGKILL, child.stderr.decode()
+    assert _snapshots(root) and not _published(root)
+    saving_jobs.CALLS.clear()
+    with iter(saving_jobs.pipeline(n).snapshot(root)) as it:
+        it.load_state_dict(pickle.loads(state_file.read_bytes()))
+        rest = list(it)
+    assert_same_elements(rest, [saving_jobs.make(i) for i in range(stop, n)])
+    assert len(saving_jobs.CALLS) == 2 * (n - stop)  # the pipeline's calls, then the expected elements'
+    saving_jobs.CALLS.clear()
+    assert_same_elements(saving_jobs.pipeline(n).snapshot(root), [saving_jobs.make(i) for i in range(n)])
+    assert len(saving_jobs.CALLS) == n  # read: the resumed fill published the whole pass
+
+
+def test_a_fresh_pass_replaces_a_killed_writers_partial_files(tmp_path):
+    root, state_file = tmp_path / "snap", tmp_path / "state.pkl"
+    subprocess.run([sys.executable, "-m", "tests.io.saving_jobs", "kill", str(root), "30", "0", "10", str(state_file)],
+                   cwd=ROOT, capture_output=True, timeout=60)  # fmt: skip
+    assert_same_elements(saving_jobs.pipeline(30).snapshot(root), [saving_jobs.make(i) for i in range(30)])
+    (snapshot,) = _published(root)
+    assert not [n for n in os.listdir(root / snapshot) if n.endswith(".partial")]
+
+
+@pytest.mark.parametrize("read", [False, True])
+def test_checkpoints_while_filling_and_reading(tmp_path, read):
+    ds = tp.range(15).map(lambda x: torch.tensor([x])).snapshot(tmp_path).shuffle(4, seed=0)
+    if read:
+        list(ds)
+    assert_checkpoint_roundtrip(ds, positions=[0, 1, 7, 14, 15])
+
+
+def test_a_damaged_snapshot_is_written_again_with_a_warning(tmp_path):
+    ds = tp.range(5).snapshot(tmp_path)
+    list(ds)
+    (snapshot,) = _published(tmp_path)
+    (tmp_path / snapshot / MANIFEST).write_text("{not json")
+    with pytest.warns(UserWarning, match="is damaged"):
+        assert list(tp.range(5).snapshot(tmp_path)) == [0, 1, 2, 3, 4]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert list(tp.range(5).snapshot(tmp_path)) == [0, 1, 2, 3, 4]  # written again, read now
+
+
+def test_explain_cardinality_and_arguments(tmp_path):
+    ds = tp.range(7).snapshot(tmp_path, compression="GZIP")
+    assert ds.cardinality() == 7 and "snapshot(path=" in ds.explain()
+    assert isinstance(ds._node, SnapshotNode)
+    with pytest.raises(TypeError, match="snapshot: path must be a str or os.PathLike"):
+        tp.range(3).snapshot(None)
+    with pytest.raises(ValueError, match="compression must be one of"):
+        tp.range(3).snapshot(tmp_path, compression="LZ4")

@@ -1,0 +1,53 @@
+"""``tp.load(path)``: the dataset ``ds.save(path)`` wrote, as a ``tp.Dataset`` read by index."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from torchpipe.dataset import Dataset
+from torchpipe.ops.saved_file import SavedRecords
+from torchpipe.ops.sources import FromDatasetNode
+
+
+class SavedDataset(Dataset):
+    """A saved dataset (``tp.load(path)``): a ``tp.Dataset`` of known length whose elements are
+    read by index, so ``ds[i]`` works, a checkpoint is an index and ``shuffle`` after it
+    shuffles indices (docs/save.md).
+
+    Args:
+        records: the saved dataset's records.
+    """
+
+    def __init__(self, records: SavedRecords) -> None:
+        super().__init__(FromDatasetNode(records))
+        self.records = records
+
+    def __getitem__(self, index: int) -> Any:
+        return self.records[index]
+
+    @property
+    def element_spec(self) -> Any:
+        """The structure, dtypes and shapes of the elements (``None`` for a size that varies)."""
+        return self.records.element_spec
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"records": self.records}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["records"])
+
+
+def load(path: str | os.PathLike) -> SavedDataset:
+    """The dataset ``ds.save(path)`` wrote, in its order (tf.data's ``Dataset.load``).
+
+    Raises:
+        TypeError: if ``path`` is not a path.
+        FileNotFoundError: if ``path`` holds no complete saved dataset (an interrupted save leaves
+            none until it is resumed).
+        SavedFormatError: if the dataset is damaged or from a newer torchpipe.
+    """
+    if not isinstance(path, (str, bytes)) and not hasattr(path, "__fspath__"):
+        raise TypeError(f"load: path must be a str or os.PathLike, got {type(path).__name__}")
+    return SavedDataset(SavedRecords(path))
+
