@@ -13,7 +13,7 @@ import torch
 from torchpipe import nest
 from torchpipe.dataset import Dataset, _check_bool, _check_dataset, _check_int, _check_seed
 from torchpipe.ops.combine import ChooseFromDatasetsNode, SampleFromDatasetsNode, ZipNode
-from torchpipe.ops.sources import FromDatasetNode, FromIterableNode, RangeNode, TensorSlicesNode
+from torchpipe.ops.sources import FileListNode, FromDatasetNode, FromIterableNode, RangeNode, TensorSlicesNode
 
 
 def from_dataset(dataset: Any) -> Dataset:
@@ -91,7 +91,8 @@ def range(*args: int) -> Dataset:  # noqa: A001 - the tf.data name
 def list_files(pattern: str | Sequence[str], shuffle: bool = False, seed: int | None = None) -> Dataset:
     """The paths matching glob ``pattern`` (or any of several), sorted unless ``shuffle``.
 
-    The glob runs now, so a pattern that matches nothing fails here.
+    The glob runs now, so a pattern that matches nothing fails here. On several ranks
+    (docs/distributed.md) a pipeline that starts here is split by files: each rank reads its own.
 
     Raises:
         ValueError: if no file matches.
@@ -104,7 +105,7 @@ def list_files(pattern: str | Sequence[str], shuffle: bool = False, seed: int | 
     files = sorted({f for p in patterns for f in glob.glob(os.fspath(p))})
     if not files:
         raise ValueError(f"list_files: no files match {patterns}")
-    ds = from_tensor_slices(files)
+    ds = Dataset(FileListNode(files))
     return ds.shuffle(len(files), seed=seed) if shuffle else ds
 
 

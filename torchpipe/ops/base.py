@@ -43,6 +43,9 @@ class BuildContext:
         path: the node's structural position (child indices from the root).
         iteration: repetition counters of enclosing ``repeat`` ops.
         memory: what earlier passes of the Dataset learned, by position (see :meth:`learned`).
+        salt: mixed into every seed drawn here: a rank's mark above the shard that splits a
+            pipeline between ranks, so that ranks' shares are not shuffled and augmented alike
+            (``graph/distribute.py``); empty elsewhere, where seeds are as they always were.
     """
 
     seed: int
@@ -52,6 +55,7 @@ class BuildContext:
     path: tuple[int, ...] = ()
     iteration: tuple[int, ...] = ()
     memory: dict[tuple[int, ...], dict[str, Any]] | None = dataclasses.field(default=None, compare=False)
+    salt: tuple[int, ...] = ()
 
     def learned(self) -> dict[str, Any]:
         """What earlier passes of this Dataset learned about the stage at this position (the
@@ -77,7 +81,7 @@ class BuildContext:
 
     def stage_seed(self) -> int:
         """A seed for this position that changes every epoch and repetition."""
-        return mix_seed(self.seed, *self.path, _EPOCH_MARK, self.epoch, *self.iteration)
+        return mix_seed(self.seed, *self.path, _EPOCH_MARK, self.epoch, *self.iteration, *self.salt)
 
     def op_seed(self, explicit: int | None, reshuffle: bool) -> int:
         """The seed of a random op: its own seed if given, else derived from its position.
@@ -92,7 +96,7 @@ class BuildContext:
             base = (explicit, self.options.seed or 0)
         if reshuffle:
             base += (_EPOCH_MARK, self.epoch, *self.iteration)
-        return mix_seed(*base)
+        return mix_seed(*base, *self.salt)
 
     def deterministic(self, explicit: bool | None) -> bool:
         return self.options.deterministic if explicit is None else explicit

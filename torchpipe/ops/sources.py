@@ -143,6 +143,15 @@ class TensorSlicesNode(Node):
         return IndexedSourceIterator(self.kind, self.length, self._slice)
 
 
+class FileListNode(TensorSlicesNode):
+    """The file names ``tp.list_files`` matched: tensor slices of a list of paths (and checkpointed
+    as such), which the distribution rewrite recognizes as a pipeline that starts from files."""
+
+    def __init__(self, files: list[str]) -> None:
+        super().__init__(files, len(files))
+        self.files = files
+
+
 class RangeNode(Node):
     """Python ints ``start, start + step, ...`` short of ``stop``."""
 

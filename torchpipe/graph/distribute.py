@@ -1,0 +1,282 @@
+"""Splitting a pipeline between ranks: where the rank shard goes, equal lengths, global batches.
+
+On rank ``r`` of ``N`` (``torchpipe/distributed.py`` says which) the plan puts one shard node in
+before the static passes, splitting between ranks x torch DataLoader workers where it runs in
+one (so it takes the place of ``graph/sharding.py``'s worker shard). Where it goes, by
+``DistributeOptions.policy``:
+
+- **file** (``"auto"`` where the pipeline starts from ``tp.list_files`` with at least ranks x
+  workers files): above the file list and the ops that only reorder or select it (its shuffle):
+  each rank reads its own files.
+- **data** (``"auto"`` otherwise, where the pipeline has one source): above the source and the
+  ops that only reorder or select its elements (shuffle, take, skip, repeat), so every rank runs
+  those alike and splits one order, as ``DistributedSampler`` shuffles and then splits. A
+  ``from_dataset`` source then yields indices and ``dataset[i]`` is read above the shard: a
+  rank reads only its share.
+- **output** (several sources, a cache file the ranks share, or ``policy="data"`` over files):
+  every rank runs the whole pipeline and keeps one element in N.
+
+Below the shard every rank draws the same random numbers (the pass seed all ranks share); above
+it each rank's seeds carry its rank, so ranks do not shuffle or augment their shares alike. A
+pipeline that shards itself (``shard(...)``) is not split again by ``"auto"``; its seeds are
+shared. Ranks' lengths are made equal (``DistributeOptions.uneven``) by the shard where its
+input's length is known, else by an ``equalize`` op at the output: to a length known ahead,
+or with the ranks agreeing at every element.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from torchpipe.constants import INFINITE, UNKNOWN
+from torchpipe.distributed import PassGroup, Replica
+from torchpipe.graph.rewrite import rewrite_bottom_up, with_attrs, with_inputs
+from torchpipe.graph.sharding import WorkerShard, shards_at_source, sources_of
+from torchpipe.ops.base import Node
+from torchpipe.ops.batch import BatchNode, PaddedBatchNode, RebatchNode
+from torchpipe.ops.distribute import EqualizeNode, FetchNode, ReplicaShard, ReplicaShardNode
+from torchpipe.ops.fingerprint import ops_of
+from torchpipe.ops.shuffle import ShuffleNode
+from torchpipe.ops.sources import FileListNode, FromDatasetNode, IndicesNode
+from torchpipe.ops.structure import ElidedNode, RepeatNode, ShardNode, SkipNode, TakeNode, WithOptionsNode
+from torchpipe.options import DistributeOptions
+
+NAME = "distribute"
+INDEX_OPS = (ShuffleNode, TakeNode, SkipNode, RepeatNode, ShardNode, WithOptionsNode, ElidedNode)
+"""Ops that only reorder or select elements without looking at them: the shard goes above them."""
+_RANK_MARK = (1 << 62) + 3
+
+
+@dataclasses.dataclass
+class Distribution:
+    """A pipeline split for one rank.
+
+    Attributes:
+        written: the graph as written with the shard (and equalizer) in, as checkpoints name it:
+            with the batch sizes as written, so that a state names no world size.
+        root: the graph the static passes take (``written`` with global batch sizes divided).
+        notes: lines for ``explain()``.
+        shared_seed: whether something below the shard draws random numbers, so that every
+            rank's pass needs the same seed.
+        group: the ranks' agreement the pass needs (opened for each pass), or None.
+        salt: mixed into the seeds above the shard (empty where nothing of the user's is above).
+    """
+
+    written: Node
+    root: Node
+    notes: list[str]
+    shared_seed: bool
+    group: PassGroup | None
+    salt: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Where the shard goes: ``level`` (``data``, ``file``, ``output``, or ``manual`` where the
+    pipeline shards itself), above ``top`` (whose source is ``source``), and why."""
+
+    level: str
+    top: Node | None = None
+    source: Node | None = None
+    why: str = ""
+
+    def apply(self, root: Node, shard: ReplicaShard, uneven: str) -> Node:
+        """``root`` with the shard in."""
+        if self.level == "manual":
+            return root
+        if self.level == "output":
+            return ReplicaShardNode(root, shard, "output", uneven)
+        source = self.source
+        fetch = isinstance(source, FromDatasetNode) and self.top is not source
+
+        def split(top: Node) -> Node:
+            below = _replace(top, source, IndicesNode(source)) if fetch else top
+            shard_node = ReplicaShardNode(below, shard, self.level, uneven)
+            return FetchNode(shard_node, source.dataset) if fetch else shard_node
+
+        return _replace(root, self.top, split(self.top))
+
+    def chain(self) -> list[Node]:
+        """The nodes from ``top`` down to the source (below the shard)."""
+        nodes, node = [], self.top
+        while node is not None:
+            nodes.append(node)
+            node = node.inputs[0] if node.inputs else None
+        return nodes
+
+    def random_below(self) -> bool:
+        """Whether ranks must share the pass seed for their shares to be disjoint."""
+        if self.level in ("output", "manual"):
+            return True  # every op is below the shard; any of them may draw
+        return any(isinstance(node, ShuffleNode) and node.seed is None for node in self.chain())
+
+    def note(self, shard: ReplicaShard) -> str:
+        """A line for ``explain()``: what ``shard`` keeps."""
+        return f"{NAME}: {self.sentence(shard.describe(), str(shard.shards))}"
+
+    def sentence(self, who: str, shards: str) -> str:
+        if self.level == "manual":
+            return f"{self.why}: not split again ({who}); the ranks share its seeds"
+        if self.level == "output":
+            return (f"{who} runs the whole pipeline ({self.why}) with a seed the ranks share and keeps one element "
+                    f"in {shards} of the output")  # fmt: skip
+        what = "file" if self.level == "file" else "element"
+        over = "" if self.top is self.source else f" over {self.source.label()}"
+        reads = " (indices: dataset[i] is read above the shard, for its share only)" if (
+            isinstance(self.source, FromDatasetNode) and self.top is not self.source) else ""  # fmt: skip
+        return f"{who} keeps one {what} in {shards} of {self.top.label()}{over}{reads}"
+
+
+def distribute(root: Node, options: DistributeOptions, replica: Replica, worker: WorkerShard | None,
+               wait_s: float | None = None) -> Distribution:  # fmt: skip
+    """``root`` split for ``replica`` (and the torch ``worker`` this process is, if any).
+
+    Args:
+        wait_s: how long the ranks' agreement waits for the others (``Options.stall_timeout``).
+
+    Raises:
+        ValueError: for ``policy="file"`` where the pipeline does not start from
+            ``tp.list_files`` or has fewer files than ranks x workers; for a global batch size
+            that does not divide by the world size; for lengths that differ between ranks in a
+            torch DataLoader worker, where the ranks cannot agree.
+    """
+    workers = (worker.num_workers, worker.index) if worker is not None else (1, 0)
+    shard = ReplicaShard(replica.world_size, replica.rank, *workers)
+    placement = place(root, options.policy, shard)
+    notes = [placement.note(shard)]
+    written, run = _split(root, placement, shard, options, notes)
+    target, group = _equal_lengths(root, placement, options, shard, run, wait_s)
+    if target is not None or group is not None:
+        written = EqualizeNode(written, options.uneven, target, group)
+        run = EqualizeNode(run, options.uneven, target, group)
+        notes.append(f"{NAME}: {run.label()}: {'ends with the shortest rank' if options.uneven == 'drop' else 'as long as the longest rank, padded'}")
+    salt = (_RANK_MARK, replica.rank) if placement.level in ("data", "file") else ()
+    return Distribution(written, run, notes, placement.random_below(), group, salt)
+
+
+def place(root: Node, policy: str, shard: ReplicaShard) -> Placement:
+    """Where ``policy`` puts the shard in ``root`` (see the module docstring)."""
+    sources = sources_of(root)
+    if policy == "auto" and any(type(node) is ShardNode for node in ops_of(root)):
+        return Placement("manual", why="the pipeline shards itself")
+    single = shards_at_source(root, sources)
+    files = single and isinstance(sources[0], FileListNode)
+    if policy == "file" and not files:
+        names = ", ".join(source.label() for source in sources)
+        raise ValueError(f"DistributeOptions(policy='file'): the pipeline does not start from tp.list_files(...) "
+                         f"(its sources: {names}); split its elements with policy='data' (or 'auto')")  # fmt: skip
+    if files and policy in ("auto", "file"):
+        top = _index_top(root, sources[0])
+        count = top.cardinality()
+        if count == INFINITE or count >= shard.shards:
+            return Placement("file", top, sources[0])
+        if policy == "file":
+            raise ValueError(f"DistributeOptions(policy='file'): {count} files for {shard.world_size} ranks x "
+                             f"{shard.num_workers} workers: each needs at least one file; give more files, or "
+                             "split the elements with policy='data' (or 'auto')")  # fmt: skip
+        return Placement("output", why=f"{count} files, fewer than {shard.shards} ranks x workers")
+    if single and not files:
+        return Placement("data", _index_top(root, sources[0]), sources[0])
+    why = f"{len(sources)} sources" if len(sources) > 1 else (
+        "files, split by element with policy='data'" if files else "a cache file the ranks share")  # fmt: skip
+    return Placement("output", why=why)
+
+
+def describe(root: Node, options: DistributeOptions) -> str:
+    """Where the shard would go on several ranks, for ``explain()`` where there is one."""
+    if options.policy == "off":
+        return "not split (DistributeOptions(policy='off')): every rank gets every element"
+    try:
+        placement = place(root, options.policy, ReplicaShard(2, 0))
+    except ValueError as e:
+        return str(e)
+    return f"{placement.sentence('each rank', 'world_size')} (uneven={options.uneven!r})"
+
+
+def _split(root: Node, placement: Placement, shard: ReplicaShard, options: DistributeOptions,
+           notes: list[str] | None = None) -> tuple[Node, Node]:  # fmt: skip
+    """The graph with ``shard`` in, as written and with global batch sizes divided."""
+    written = placement.apply(root, shard, options.uneven)
+    if not options.global_batch:
+        return written, written
+    return written, _divide_batches(written, shard.world_size, notes if notes is not None else [])
+
+
+def _divide_batches(root: Node, world_size: int, notes: list[str]) -> Node:
+    divided: list[str] = []
+
+    def per_rank(node: Node, size: int) -> int:
+        if size % world_size:
+            raise ValueError(f"{node.label()}: with DistributeOptions(global_batch=True) on {world_size} ranks the "
+                             f"global batch size {size} must divide by {world_size}")  # fmt: skip
+        divided.append(f"{node.label()} -> {size // world_size} a rank")
+        return size // world_size
+
+    def rule(node: Node) -> Node | None:
+        if isinstance(node, (BatchNode, PaddedBatchNode)):
+            return with_attrs(node, batch_size=per_rank(node, node.batch_size))
+        if isinstance(node, RebatchNode):
+            return with_attrs(node, batch_sizes=[per_rank(node, size) for size in node.batch_sizes])
+        return None
+
+    out = rewrite_bottom_up(root, rule)
+    if not divided:
+        raise ValueError("DistributeOptions(global_batch=True): the pipeline has no batch, padded_batch or rebatch "
+                         "whose size is global")  # fmt: skip
+    notes.append(f"{NAME}: global batch sizes: " + "; ".join(divided))
+    return out
+
+
+def _equal_lengths(root: Node, placement: Placement, options: DistributeOptions, shard: ReplicaShard, run: Node,
+                   wait_s: float | None) -> tuple[int | None, PassGroup | None]:  # fmt: skip
+    """The length every rank's pass gets where each is known, or the agreement the ranks need."""
+    if options.uneven == "allow" or run.cardinality() == INFINITE:
+        return None, None
+    lengths = {UNKNOWN} if placement.level == "manual" else {
+        _split(root, placement, ReplicaShard(shard.world_size, rank), options)[1].cardinality()
+        for rank in (0, shard.world_size - 1)  # the longest and the shortest share
+    }  # fmt: skip
+    if len(lengths) == 1 and UNKNOWN not in lengths:
+        return None, None
+    if shard.num_workers > 1:
+        raise ValueError(
+            f"{NAME}: this pipeline's length differs between ranks ({_lengths_text(lengths)}), and in torch "
+            "DataLoader workers the ranks cannot agree where it ends: iterate it with tp.DataLoader(pipeline), "
+            "which runs it in the rank's own process, or leave the lengths alone with "
+            "DistributeOptions(uneven='allow')"
+        )
+    if UNKNOWN in lengths:
+        return None, PassGroup(wait_s)
+    return (min(lengths) if options.uneven == "drop" else max(lengths)), None
+
+
+def _lengths_text(lengths: set[int]) -> str:
+    return "not known ahead" if UNKNOWN in lengths else " vs ".join(map(str, sorted(lengths)))
+
+
+def _index_top(root: Node, source: Node) -> Node:
+    """The highest node above ``source`` that only reorders or selects its elements."""
+    path = _path(root, source)
+    top = source
+    for node in reversed(path[:-1]):
+        if not isinstance(node, INDEX_OPS):
+            break
+        top = node
+    return top
+
+
+def _path(root: Node, target: Node) -> list[Node]:
+    """The nodes from ``root`` down to ``target`` (a one-source pipeline is a chain)."""
+    path, node = [root], root
+    while node is not target:
+        node = node.inputs[0]
+        path.append(node)
+    return path
+
+
+def _replace(node: Node, target: Node, replacement: Node) -> Node:
+    """``node``'s graph with ``target`` replaced, copying the nodes above it."""
+    if node is target:
+        return replacement
+    return with_inputs(node, tuple(_replace(child, target, replacement) for child in node.inputs))
+
