@@ -1,11 +1,12 @@
 """torchpipe: tf.data-style input pipelines and a drop-in DataLoader for PyTorch."""
 
+from torchpipe import distributed
 from torchpipe.constants import AUTOTUNE, INFINITE, UNKNOWN
 from torchpipe.dataset import Dataset
 from torchpipe.errors import CheckpointError, StallError, WorkerError
 from torchpipe.loader import DataLoader, explain
 from torchpipe.ops.map import pure
-from torchpipe.options import AutotuneOptions, Options
+from torchpipe.options import AutotuneOptions, DistributeOptions, Options
 from torchpipe.randomness import rng
 from torchpipe.sources import (
     choose_from_datasets,
@@ -26,12 +27,14 @@ __all__ = [
     "CheckpointError",
     "DataLoader",
     "Dataset",
+    "DistributeOptions",
     "INFINITE",
     "Options",
     "StallError",
     "UNKNOWN",
     "WorkerError",
     "choose_from_datasets",
+    "distributed",
     "explain",
     "from_dataset",
     "from_iterable",

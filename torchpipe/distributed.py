@@ -136,9 +136,13 @@ class PassGroup:
         self._wait_s = wait_s
         self._group: Any = None
         self._lock = threading.Lock()
+        self._in_flight = 0
+        self._closing = False
 
     def open(self) -> None:
         """Make the group; every rank calls it, in the same order as its other groups."""
+        if self._group is not None or self._closing:
+            raise RuntimeError("a pass's agreement is opened once")
         timeout = datetime.timedelta(seconds=self._wait_s or DEFAULT_WAIT_S)
         self._group = dist.new_group(backend="gloo", timeout=timeout)
 
@@ -149,15 +153,35 @@ class PassGroup:
         return self._reduce(value, dist.ReduceOp.MAX)
 
     def _reduce(self, value: bool, op: Any) -> bool:
-        if self._group is None:
-            raise RuntimeError("the ranks' agreement is closed (the pass was closed)")
-        flag = torch.tensor([int(value)], dtype=torch.int32)
-        _wait(dist.all_reduce(flag, op=op, group=self._group, async_op=True), self._wait_s,
-              "the other ranks to agree whether the pass goes on (do all ranks iterate it?)")  # fmt: skip
-        return bool(flag.item())
+        with self._lock:
+            if self._group is None or self._closing:
+                raise RuntimeError("the ranks' agreement is closed (the pass was closed)")
+            group = self._group
+            self._in_flight += 1
+        try:
+            flag = torch.tensor([int(value)], dtype=torch.int32)
+            _wait(dist.all_reduce(flag, op=op, group=group, async_op=True), self._wait_s,
+                  "the other ranks to agree whether the pass goes on (do all ranks iterate it?)")  # fmt: skip
+            return bool(flag.item())
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+                last = self._closing and not self._in_flight
+            if last:
+                self._destroy()
 
     def close(self) -> None:
-        """Drop the group; a rank still waiting on it gets an error instead of waiting on."""
+        """Drop the group, now or, where a collective is still waiting on it, when that ends
+        (destroying a group under a waiting collective would wait with it)."""
+        with self._lock:
+            if self._closing:
+                return
+            self._closing = True
+            waiting = self._in_flight
+        if not waiting:
+            self._destroy()
+
+    def _destroy(self) -> None:
         with self._lock:
             group, self._group = self._group, None
         if group is not None and dist.is_initialized():

@@ -54,20 +54,37 @@ class Distribution:
     Attributes:
         written: the graph as written with the shard (and equalizer) in, as checkpoints name it:
             with the batch sizes as written, so that a state names no world size.
-        root: the graph the static passes take (``written`` with global batch sizes divided).
+        root: the graph the static passes take (``written`` with global batch sizes divided,
+            without the equalizer: :meth:`equalized` puts it above what the passes made).
         notes: lines for ``explain()``.
         shared_seed: whether something below the shard draws random numbers, so that every
             rank's pass needs the same seed.
-        group: the ranks' agreement the pass needs (opened for each pass), or None.
         salt: mixed into the seeds above the shard (empty where nothing of the user's is above).
+        uneven: ``DistributeOptions.uneven``.
+        target: the length every rank's pass is cut or padded to, where the ranks' lengths are
+            known and differ.
+        group: the ranks' agreement a pass needs (opened for each pass) where they are not known.
     """
 
     written: Node
     root: Node
     notes: list[str]
     shared_seed: bool
-    group: PassGroup | None
     salt: tuple[int, ...]
+    uneven: str
+    target: int | None = None
+    group: PassGroup | None = None
+
+    def equalized(self, optimized: Node) -> Node:
+        """``optimized`` (``root`` after the static passes) made as long as the other ranks'.
+
+        The equalizer goes above everything, prefetches included: its agreement then runs in
+        the consumer's thread, one collective per element taken, so that ranks that all stop
+        taking at one step (a ``break``) leave no collective half done.
+        """
+        if self.target is None and self.group is None:
+            return optimized
+        return EqualizeNode(optimized, self.uneven, self.target, self.group)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,10 +165,10 @@ def distribute(root: Node, options: DistributeOptions, replica: Replica, worker:
     target, group = _equal_lengths(root, placement, options, shard, run, wait_s)
     if target is not None or group is not None:
         written = EqualizeNode(written, options.uneven, target, group)
-        run = EqualizeNode(run, options.uneven, target, group)
-        notes.append(f"{NAME}: {run.label()}: {'ends with the shortest rank' if options.uneven == 'drop' else 'as long as the longest rank, padded'}")
+        how = "ends where the shortest rank's does" if options.uneven == "drop" else "runs as long as the longest rank's, padded"
+        notes.append(f"{NAME}: {written.label()}: this rank's pass {how}")
     salt = (_RANK_MARK, replica.rank) if placement.level in ("data", "file") else ()
-    return Distribution(written, run, notes, placement.random_below(), group, salt)
+    return Distribution(written, run, notes, placement.random_below(), salt, options.uneven, target, group)
 
 
 def place(root: Node, policy: str, shard: ReplicaShard) -> Placement:

@@ -67,6 +67,8 @@ class Plan:
         else:
             runnable = root
         self.runtime_root, rewrites = optimize(runnable, options)
+        if self.distribution is not None:
+            self.runtime_root = self.distribution.equalized(self.runtime_root)
         self.rewrites = notes + rewrites
         # The shard is part of what a checkpoint names: worker 0's state does not load in worker 1
         # (a rank's shard names its rank in its state instead, so that states can be resharded).
