@@ -49,8 +49,9 @@ class Replica:
 def current_replica(options: DistributeOptions | None = None) -> Replica | None:
     """The rank this process is, or None where a pipeline is not split between ranks.
 
-    ``options.rank`` and ``options.world_size`` win over ``torch.distributed``'s; a world of
-    one rank, or ``policy="off"``, is no split.
+    ``options.rank`` and ``options.world_size`` win over ``torch.distributed``'s; ``policy="off"``
+    or a ``torch.distributed`` world of one rank is no split (an explicit ``world_size=1`` is a
+    split of one, which loads states resharded for one rank).
     """
     options = options if options is not None else DistributeOptions()
     if options.policy == "off":
@@ -62,7 +63,7 @@ def current_replica(options: DistributeOptions | None = None) -> Replica | None:
         rank, world = group
     else:
         return None
-    if world <= 1:
+    if world <= 1 and options.rank is None:
         return None
     connected = group is not None and group[1] > 1 and torch.utils.data.get_worker_info() is None
     return Replica(rank, world, connected)

@@ -168,7 +168,8 @@ def distribute(root: Node, options: DistributeOptions, replica: Replica, worker:
         how = "ends where the shortest rank's does" if options.uneven == "drop" else "runs as long as the longest rank's, padded"
         notes.append(f"{NAME}: {written.label()}: this rank's pass {how}")
     salt = (_RANK_MARK, replica.rank) if placement.level in ("data", "file") else ()
-    return Distribution(written, run, notes, placement.random_below(), salt, options.uneven, target, group)
+    shared_seed = placement.random_below() and replica.world_size > 1
+    return Distribution(written, run, notes, shared_seed, salt, options.uneven, target, group)
 
 
 def place(root: Node, policy: str, shard: ReplicaShard) -> Placement:
@@ -247,7 +248,7 @@ def _divide_batches(root: Node, world_size: int, notes: list[str]) -> Node:
 def _equal_lengths(root: Node, placement: Placement, options: DistributeOptions, shard: ReplicaShard, run: Node,
                    wait_s: float | None) -> tuple[int | None, PassGroup | None]:  # fmt: skip
     """The length every rank's pass gets where each is known, or the agreement the ranks need."""
-    if options.uneven == "allow" or run.cardinality() == INFINITE:
+    if options.uneven == "allow" or shard.world_size == 1 or run.cardinality() == INFINITE:
         return None, None
     lengths = {UNKNOWN} if placement.level == "manual" else {
         _split(root, placement, ReplicaShard(shard.world_size, rank), options)[1].cardinality()
