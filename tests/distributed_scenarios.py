@@ -100,13 +100,15 @@ def _resharded(n: int, batch: int) -> tp.Dataset:
 
 def resume_uneven(k: int, n: int) -> tuple[list[int], list[int]]:
     """A pass of unknown length on each rank, and the same pass resumed after ``k`` elements."""
-    ds = pipeline("filter", n).with_options(tp.Options(seed=4))
-    whole = [int(x) for x in ds]
-    it = iter(ds)
+    def make() -> tp.Dataset:  # a new Dataset for each pass: all three in epoch 0
+        return pipeline("filter", n).with_options(tp.Options(seed=4))
+
+    whole = [int(x) for x in make()]
+    it = iter(make())
     head = [int(next(it)) for _ in range(k)]
     state = pickle.loads(pickle.dumps(it.state_dict()))
     it.close()
-    resumed = iter(ds)
+    resumed = iter(make())
     resumed.load_state_dict(state)
     return whole, head + [int(x) for x in resumed]
 
@@ -124,10 +126,9 @@ def loader_parity(n: int, batch: int, drop_last: bool, workers: int) -> bool:
     return ours == theirs and len(ours[0]) > 0
 
 
-def torch_workers(n: int, num_workers: int, seed: int | None) -> list[int]:
+def torch_workers(n: int, num_workers: int, seed: int) -> list[int]:
     """A pipeline as the dataset of torch's own DataLoader with workers, on this rank."""
-    options = tp.Options(seed=seed) if seed is not None else tp.Options()
-    ds = tp.from_dataset(Numbers(n)).shuffle(n).map(lambda x: x).with_options(options)
+    ds = tp.from_dataset(Numbers(n)).shuffle(n).map(lambda x: x).with_options(tp.Options(seed=seed))
     loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=num_workers)
     return [int(x) for x in loader]
 
