@@ -7,18 +7,17 @@ resharding N -> M ranks; global batches; explain(); the errors.
 """
 
 import collections
-import contextlib
 import pickle
 
 import pytest
 import torch
-import torch.utils.data._utils.worker as torch_worker
 from torch.utils.data.distributed import DistributedSampler
 
 import torchpipe as tp
 from torchpipe.distributed import current_replica, current_shard, reshard_states, shard_files
 from torchpipe.ops.distribute import ReplicaShard
 from torchpipe.testing import assert_checkpoint_roundtrip
+from tests.workers import as_torch_worker
 
 
 class Numbers(torch.utils.data.Dataset):
@@ -50,16 +49,6 @@ def shares(make, world_size, **distribute):
 
 def once_each(shares_, expected):
     assert collections.Counter(x for share in shares_ for x in share) == collections.Counter(expected)
-
-
-@contextlib.contextmanager
-def as_torch_worker(index, num_workers, seed=1000):
-    before = torch_worker._worker_info
-    torch_worker._worker_info = torch_worker.WorkerInfo(id=index, num_workers=num_workers, seed=seed + index, dataset=None)
-    try:
-        yield
-    finally:
-        torch_worker._worker_info = before
 
 
 def write_files(tmp_path, count, per_file=3):
