@@ -226,6 +226,21 @@ def test_reshard_states_after_ranks_stopped_at_different_steps():
     assert sorted(seen) == list(range(30))
 
 
+def test_reshard_states_with_global_batches_changes_the_batch_each_rank_takes():
+    def make(rank, world_size):
+        return on_rank(tp.range(48).shuffle(48).batch(12), rank, world_size, global_batch=True)
+
+    iterators = [iter(make(rank, 2)) for rank in range(2)]
+    seen = _consume(iterators, 2)
+    for rank, state in enumerate(reshard_states([it.state_dict() for it in iterators], 3)):
+        it = iter(make(rank, 3))
+        it.load_state_dict(state)
+        batches = list(it)
+        assert [len(batch) for batch in batches] == [4, 4]
+        seen += [x for batch in batches for x in batch.tolist()]
+    assert sorted(seen) == list(range(48))
+
+
 def test_reshard_states_refuses_what_it_cannot_reshard(tmp_path):
     def states_of(make, world_size=2):
         its = [iter(on_rank(make(), r, world_size)) for r in range(world_size)]

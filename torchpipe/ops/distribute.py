@@ -119,10 +119,6 @@ class ReplicaShardNode(Node):
     def label(self) -> str:
         return f"{super().label()} [{self.shard.describe()}]"
 
-    def equalizes(self) -> bool:
-        """Whether the shares come out equal here (else the equalizer at the output sees to it)."""
-        return self.level != "file" and self.uneven != "allow" and self._total() is not None
-
     def _total(self) -> int | None:
         n = self.inputs[0].cardinality()
         return None if n in (INFINITE, UNKNOWN) else n
