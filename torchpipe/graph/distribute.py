@@ -32,7 +32,7 @@ from torchpipe.constants import INFINITE, UNKNOWN
 from torchpipe.distributed import PassGroup, Replica
 from torchpipe.graph.rewrite import rewrite_bottom_up, with_attrs, with_inputs
 from torchpipe.graph.sharding import WorkerShard, shards_at_source, sources_of
-from torchpipe.ops.base import Node
+from torchpipe.ops.base import RANK_MARK, Node
 from torchpipe.ops.batch import BatchNode, PaddedBatchNode, RebatchNode
 from torchpipe.ops.distribute import EqualizeNode, FetchNode, ReplicaShard, ReplicaShardNode
 from torchpipe.ops.fingerprint import ops_of
@@ -44,7 +44,6 @@ from torchpipe.options import DistributeOptions
 NAME = "distribute"
 INDEX_OPS = (ShuffleNode, TakeNode, SkipNode, RepeatNode, ShardNode, WithOptionsNode, ElidedNode)
 """Ops that only reorder or select elements without looking at them: the shard goes above them."""
-_RANK_MARK = (1 << 62) + 3
 
 
 @dataclasses.dataclass
@@ -103,15 +102,14 @@ class Placement:
             return root
         if self.level == "output":
             return ReplicaShardNode(root, shard, "output", uneven)
-        source = self.source
-        fetch = isinstance(source, FromDatasetNode) and self.top is not source
-
-        def split(top: Node) -> Node:
-            below = _replace(top, source, IndicesNode(source)) if fetch else top
-            shard_node = ReplicaShardNode(below, shard, self.level, uneven)
-            return FetchNode(shard_node, source.dataset) if fetch else shard_node
-
-        return _replace(root, self.top, split(self.top))
+        source, top = self.source, self.top
+        if isinstance(source, FromDatasetNode) and top is not source:
+            # indices below the shard, dataset[i] read above it: a rank reads only its share
+            below = _replace(top, source, IndicesNode(source))
+            split: Node = FetchNode(ReplicaShardNode(below, shard, self.level, uneven), source.dataset)
+        else:
+            split = ReplicaShardNode(top, shard, self.level, uneven)
+        return _replace(root, top, split)
 
     def chain(self) -> list[Node]:
         """The nodes from ``top`` down to the source (below the shard)."""
@@ -165,9 +163,10 @@ def distribute(root: Node, options: DistributeOptions, replica: Replica, worker:
     target, group = _equal_lengths(root, placement, options, shard, run, wait_s)
     if target is not None or group is not None:
         written = EqualizeNode(written, options.uneven, target, group)
-        how = "ends where the shortest rank's does" if options.uneven == "drop" else "runs as long as the longest rank's, padded"
+        how = "ends where the shortest rank's does" if options.uneven == "drop" else (
+            "runs as long as the longest rank's, padded")  # fmt: skip
         notes.append(f"{NAME}: {written.label()}: this rank's pass {how}")
-    salt = (_RANK_MARK, replica.rank) if placement.level in ("data", "file") else ()
+    salt = (RANK_MARK, replica.rank) if placement.level in ("data", "file") else ()
     shared_seed = placement.random_below() and replica.world_size > 1
     return Distribution(written, run, notes, shared_seed, salt, options.uneven, target, group)
 

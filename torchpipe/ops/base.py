@@ -28,6 +28,8 @@ from torchpipe.randomness import call_seeded, enter_call, exit_call, mix_seed, s
 _EPOCH_MARK = 1 << 62
 _INNER_MARK = (1 << 62) + 1
 _WORKER_MARK = (1 << 62) + 2
+RANK_MARK = (1 << 62) + 3
+"""Begins a rank's ``BuildContext.salt`` (``graph/distribute.py``)."""
 
 
 @dataclasses.dataclass(frozen=True)
