@@ -118,11 +118,14 @@ def _serve(rank: int, world_size: int, port: int, inbox: Any, results: Any) -> N
     except Exception:  # noqa: BLE001 - reported to the test
         results.put((rank, False, traceback.format_exc()))
         return
+    parent = os.getppid()
     while True:
         try:
-            message = inbox.get(timeout=600)
+            message = inbox.get(timeout=1)
         except queue.Empty:
-            break  # the test process is gone
+            if os.getppid() != parent:
+                break  # the test process is gone
+            continue
         if message is None:
             break
         module, name, args, kwargs = message
