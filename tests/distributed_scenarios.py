@@ -74,8 +74,8 @@ def reads(n: int) -> tuple[list[int], list[int]]:
     return [int(x) for x in ds], sorted(source.reads)
 
 
-def explain(kind: str, n: int, files: str = "") -> str:
-    return pipeline(kind, n, files).explain()
+def explain(kind: str, n: int, files: str = "", **distribute: Any) -> str:
+    return pipeline(kind, n, files, **distribute).explain()
 
 
 def states_after(k: int, n: int, batch: int) -> tuple[list[list[int]], bytes]:

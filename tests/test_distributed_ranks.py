@@ -49,10 +49,11 @@ def text_files(tmp_path_factory):
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
-@pytest.mark.parametrize("kind", ["data", "file", "output"])
-def test_every_element_of_an_epoch_reaches_exactly_one_rank(kind, world_size, text_files):
+@pytest.mark.parametrize("kind, policy", [("data", "auto"), ("data", "data"), ("file", "auto"), ("file", "file"),
+                                          ("file", "data"), ("output", "auto")])  # fmt: skip
+def test_every_element_of_an_epoch_reaches_exactly_one_rank(kind, policy, world_size, text_files):
     n = 12
-    per_rank = ranks(world_size).run(scenarios.elements, kind, n, text_files, epochs=2)
+    per_rank = ranks(world_size).run(scenarios.elements, kind, n, text_files, epochs=2, policy=policy)
     expected = {"data": [10 * i for i in range(n)], "file": [f * 100 + i for f in range(6) for i in range(3)]}
     for epoch in range(2):
         shares = [share[epoch] for share in per_rank]
@@ -67,7 +68,14 @@ def test_every_element_of_an_epoch_reaches_exactly_one_rank(kind, world_size, te
 def test_a_rank_reads_only_its_share():
     for out, read in ranks(2).run(scenarios.reads, 20):
         assert sorted(out) == read
+
+
+def test_explain_on_each_rank_says_where_the_split_went(text_files):
     assert "distribute: rank 1 of 2 keeps one element in 2 of shuffle" in ranks(2).run(scenarios.explain, "data", 8)[1]
+    assert "distribute: rank 0 of 2 keeps one file in 2 of shuffle" in ranks(2).run(scenarios.explain, "file", 0,
+                                                                                   text_files)[0]  # fmt: skip
+    by_element = ranks(2).run(scenarios.explain, "file", 0, text_files, policy="data")[1]
+    assert "distribute: rank 1 of 2 runs the whole pipeline (files, split by element with policy='data')" in by_element
 
 
 def test_a_pipeline_that_shards_itself_after_an_unseeded_shuffle_does_not_overlap():
