@@ -102,7 +102,7 @@ def main() -> None:
         if sampler is not None:
             sampler.set_epoch(epoch)
         steps, seen = train(loader, model, optimizer)
-        check("tp.DataLoader + DistributedSampler", epoch, steps, seen, args.elements)
+        check("tp.DataLoader" + (" + DistributedSampler" if sampler is not None else ""), epoch, steps, seen, args.elements)
     if dist.is_initialized():
         dist.destroy_process_group()
 
