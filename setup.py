@@ -8,7 +8,16 @@ setup(
     long_description_content_type="text/markdown",
     packages=find_packages(include=["torchpipe", "torchpipe.*"]),
     python_requires=">=3.10",
-    install_requires=["torch>=2.1", "numpy", "pillow", "psutil"],
-    extras_require={"test": ["pytest", "pytest-timeout", "hypothesis"], "bench": ["matplotlib"]},
+    # crc32c: hardware CRC32C for TFRecord integrity checks (docs/formats.md says why this one).
+    install_requires=["torch>=2.1", "numpy", "pillow", "psutil", "crc32c>=2.3"],
+    extras_require={
+        "test": ["pytest", "pytest-timeout", "hypothesis", "fsspec", "s3fs", "moto[server]>=5", "webdataset"],
+        "remote": ["fsspec", "s3fs"],
+        "bench": [
+            "matplotlib",
+            "tensorflow-cpu; platform_machine == 'x86_64' or platform_machine == 'AMD64'",
+            "tensorflow; platform_machine != 'x86_64' and platform_machine != 'AMD64'",
+        ],
+    },
     license="BSD-3-Clause",
 )

@@ -13,6 +13,7 @@ Configurations:
   torchpipe_auto             the DSL with tp.AUTOTUNE everywhere (no knobs)
   torchpipe_best             the DSL, the best of a small grid of num_parallel_calls and executor
   torchpipe_cache_epoch1/2   (workload cache) the jpeg pipeline with cache() after decode
+  tf_data                    (workload tfrecord, TensorFlow installed) tf.data on the same files
 
 After the table, the two zero-knob configurations (torchpipe_dataloader_auto, torchpipe_auto)
 are checked against their targets (``bench/targets.py``); the JSON has the same checks under
@@ -46,7 +47,7 @@ from torchpipe.runtime.cpu import usable_cpu_count  # noqa: E402
 
 PEERS = {"torchdata_nodes": "torchdata", "tf_data": "tensorflow", "spdl": "spdl"}
 ORDER = ("dataloader_default", "dataloader_best", "torchpipe_dataloader", "torchpipe_dataloader_auto",
-         "torchpipe_auto", "torchpipe_best", "torchpipe_cache_epoch1", "torchpipe_cache_epoch2")
+         "torchpipe_auto", "torchpipe_best", "torchpipe_cache_epoch1", "torchpipe_cache_epoch2", "tf_data")
 
 
 def dataloader_grid(quick: bool) -> list[dict[str, int]]:
@@ -123,6 +124,8 @@ class Runner:
                     str(best_args))  # fmt: skip
         self.torchpipe_dataloader_auto(self.timed)
         self.torchpipe_dsl()
+        for config, make in self.work.peers.items():
+            self.record(config, self.timed(make), "the same work in that library, AUTOTUNE everywhere")
 
     def run_cache(self) -> None:
         """The ``cache`` workload: DataLoader baselines and torchpipe's epochs 1 and 2, each a full epoch.
@@ -197,6 +200,9 @@ def run_all(names: list[str], quick: bool, sizes: wl.Sizes | None = None) -> dic
 def _peer_notes() -> dict[str, str]:
     notes = {}
     for config, present in peers_available().items():
+        if config == "tf_data" and present:
+            notes[config] = "measured on the tfrecord workload (no adapter for the others yet)"
+            continue
         notes[config] = ("installed, but this bench has no adapter for it yet: not measured" if present
                          else f"not measured: {PEERS[config]} is not installed")  # fmt: skip
     return notes

@@ -248,6 +248,8 @@ class Workload:
     limit: float | None = None
     limit_note: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    peers: dict[str, Callable[[], Any]] = field(default_factory=dict)
+    """Other libraries' loaders doing the same work (config name -> a maker of batches)."""
 
     def loader_kwargs(self) -> dict[str, Any]:
         """The DataLoader arguments every DataLoader configuration shares."""
@@ -406,8 +408,15 @@ def cache(sizes: Sizes, quick: bool) -> Workload:
     return work
 
 
+def tfrecord(sizes: Sizes, quick: bool) -> Workload:
+    """Issue #22's seed pipeline on TFRecord shards of JPEG Examples (``bench/tfrecord.py``)."""
+    from bench.tfrecord import tfrecord as build  # that module builds on this one
+
+    return build(sizes, quick)
+
+
 WORKLOADS = {"jpeg": jpeg, "bigtensor": bigtensor, "tiny": tiny_elements, "records": records, "text": text,
-             "latency": latency, "cache": cache}
+             "latency": latency, "cache": cache, "tfrecord": tfrecord}
 
 
 # -- limits ------------------------------------------------------------------------------------

@@ -3,7 +3,9 @@
 from torchpipe import distributed
 from torchpipe.constants import AUTOTUNE, INFINITE, UNKNOWN
 from torchpipe.dataset import Dataset
+from torchpipe import io
 from torchpipe.errors import CheckpointError, StallError, WorkerError
+from torchpipe.io import TFRecordDataset, from_webdataset
 from torchpipe.loader import DataLoader, explain
 from torchpipe.ops.map import pure
 from torchpipe.options import AutotuneOptions, DistributeOptions, Options
@@ -31,6 +33,7 @@ __all__ = [
     "INFINITE",
     "Options",
     "StallError",
+    "TFRecordDataset",
     "UNKNOWN",
     "WorkerError",
     "choose_from_datasets",
@@ -39,6 +42,8 @@ __all__ = [
     "from_dataset",
     "from_iterable",
     "from_tensor_slices",
+    "from_webdataset",
+    "io",
     "list_files",
     "pure",
     "range",

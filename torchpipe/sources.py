@@ -91,6 +91,8 @@ def range(*args: int) -> Dataset:  # noqa: A001 - the tf.data name
 def list_files(pattern: str | Sequence[str], shuffle: bool = False, seed: int | None = None) -> Dataset:
     """The paths matching glob ``pattern`` (or any of several), sorted unless ``shuffle``.
 
+    A pattern with a scheme (``s3://bucket/train-*.tfrecord``) is globbed through fsspec.
+
     The glob runs now, so a pattern that matches nothing fails here. On several ranks
     (docs/distributed.md) a pipeline that starts here is split by files: each rank reads its own.
 
@@ -102,11 +104,18 @@ def list_files(pattern: str | Sequence[str], shuffle: bool = False, seed: int | 
         raise TypeError(f"list_files: pattern must be a str or a list of str, got {pattern!r}")
     _check_bool("list_files", "shuffle", shuffle)
     _check_seed("list_files", seed)
-    files = sorted({f for p in patterns for f in glob.glob(os.fspath(p))})
+    files = sorted({f for p in patterns for f in _glob(os.fspath(p))})
     if not files:
         raise ValueError(f"list_files: no files match {patterns}")
     ds = Dataset(FileListNode(files))
     return ds.shuffle(len(files), seed=seed) if shuffle else ds
+
+
+def _glob(pattern: str) -> list[str]:
+    """Local paths, or URLs (``s3://bucket/train-*``) through fsspec (the ``remote`` extra)."""
+    from torchpipe.io import remote
+
+    return remote.glob(pattern) if remote.is_url(pattern) else glob.glob(pattern)
 
 
 def zip(*datasets: Any) -> Dataset:  # noqa: A001 - the tf.data name

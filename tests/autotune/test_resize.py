@@ -5,8 +5,8 @@ import itertools
 import pytest
 
 import torchpipe as tp
-from torchpipe.ops.auto_interleave import AutoInterleaveIterator
-from torchpipe.ops.interleave_base import ReadAheadInterleave, read_ahead_items
+from torchpipe.ops.interleave import InterleaveIterator
+from torchpipe.ops.interleave_readers import read_ahead_items
 from torchpipe.ops.parallel_map import ParallelMapIterator
 from torchpipe.ops.prefetch import PrefetchIterator
 
@@ -71,9 +71,8 @@ def _inner(x):
 def test_a_parallel_interleave_resized_while_running_keeps_its_order(executor):
     expected = list(tp.range(40).interleave(_inner, cycle_length=3))
     ds = tp.range(40).interleave(_inner, cycle_length=3, num_parallel_calls=tp.AUTOTUNE, executor=executor)
-    kind = AutoInterleaveIterator if executor == "auto" else ReadAheadInterleave
     every = 60 if executor == "process" else 7  # each resize of a process pool forks or retires workers
-    out, knob = _turn(iter(ds.with_options(NO_TUNER)), kind, [1, 8, 2, 5], every=every)
+    out, knob = _turn(iter(ds.with_options(NO_TUNER)), InterleaveIterator, [1, 8, 2, 5], every=every)
     assert out == expected
 
 
@@ -93,11 +92,11 @@ def test_readers_read_far_ahead_only_with_four_reads_in_flight_a_slot(executor):
     ds = tp.range(10**6).interleave(_inner, cycle_length=2, num_parallel_calls=tp.AUTOTUNE, executor=executor)
     it = iter(ds.with_options(NO_TUNER))
     next(it)
-    stage = find_stage(it, ReadAheadInterleave)
+    stage = find_stage(it, InterleaveIterator)
     (knob,) = stage.knobs()
 
     def read_ahead():
-        return stage._read_ahead.capacity if executor == "thread" else stage._ahead
+        return stage._pool.capacity if executor == "thread" else stage._pool._ahead
 
     knob.request(3)  # AUTOTUNE starts at the cores: deep already on a machine of 8 or more
     next(it)

@@ -13,8 +13,7 @@ import torch
 import torchpipe as tp
 from torchpipe.errors import CheckpointError
 from torchpipe.ops import interleave as interleave_op
-from torchpipe.ops.auto_interleave import AutoInterleaveIterator
-from torchpipe.ops.interleave_base import ReadAheadInterleave
+from torchpipe.ops.interleave import InterleaveIterator
 from torchpipe.testing import assert_checkpoint_roundtrip
 
 from tests.trees import find_stage
@@ -200,7 +199,7 @@ def test_autotuned_readers_start_at_the_cycle_on_threads_and_the_cores_in_proces
     ds = tp.range(4).interleave(uneven_mod, cycle_length=cycle, num_parallel_calls=tp.AUTOTUNE, executor=executor)
     it = iter(ds.with_options(tp.Options(autotune=tp.AutotuneOptions(enabled=False))))
     next(it)
-    (knob,) = find_stage(it, ReadAheadInterleave if executor != "auto" else AutoInterleaveIterator).knobs()
+    (knob,) = find_stage(it, InterleaveIterator).knobs()
     assert knob.value == start
     it.close()
 
@@ -403,6 +402,57 @@ def test_checkpoint_non_deterministic_resumes_remaining_elements(executor: str) 
     assert sorted(head + tail) == sorted(tp.range(9).interleave(slow_first, cycle_length=3))
 
 
+def _rng(state: int, has_uint32: int, uinteger: int) -> dict:
+    inc = 200833649129300423505225703336343220001
+    return {"bit_generator": "PCG64", "state": {"state": state, "inc": inc}, "has_uint32": has_uint32,
+            "uinteger": uinteger}  # fmt: skip
+
+
+# Saved by the interleave iterators before they shared one state machine over reader pools (commit
+# 430b870): one inline after 3 elements, one on threads after 7, of the pipeline below.
+OPS = ["interleave(fn=uneven, cycle_length=3, block_length=2)",
+       "shuffle(buffer_size=3, seed=1, reshuffle_each_iteration=True)", "range(start=0, stop=6, step=1, len=6)",
+       "->", "interleave", "shuffle", "range"]  # fmt: skip
+SAVED = [
+    ({"format": 3, "ops": OPS, "seed": 458692184222912420, "epoch": 0, "pipeline": {
+        "input": {"input": {"index": 4}, "buffer": [0, 3], "input_done": False,
+                  "rng": _rng(135221972152563403490726731193101921352, 0, 1819963395)},
+        "seq": 2, "cycle_index": 1, "block_index": 1, "end_of_input": False,
+        "slots": [{"element": 2, "seq": 0, "inner": {"input": {"index": 2}, "seq": 2}},
+                  {"element": 1, "seq": 1, "inner": {"input": {"index": 1}, "seq": 1}}, None]}},
+     [40, 41, 22, 23, 50, 51, 0, 1, 52, 53, 2, 54]),
+    ({"format": 3, "ops": OPS, "seed": 185045594099368695, "epoch": 0, "pipeline": {
+        "input": {"input": {"index": 5}, "buffer": [0, 3], "input_done": False,
+                  "rng": _rng(183521842008194837021422278924743593609, 1, 1705563963)},
+        "seq": 3, "cycle_index": 1, "block_index": 0, "end_of_input": False,
+        "slots": [{"element": 2, "seq": 0, "inner": {"input": {"index": 4}, "seq": 4}}, None,
+                  {"element": 4, "seq": 2, "inner": {"input": {"index": 2}, "seq": 2}}]}},
+     [50, 51, 0, 1, 52, 53, 2, 54]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"num_parallel_calls": 2, "executor": "thread"},
+                                    {"num_parallel_calls": 2, "executor": "process"}, {"num_parallel_calls": 2}])
+def test_checkpoints_saved_before_the_reader_pools_still_load(kwargs: dict) -> None:
+    ds = tp.range(len(LENS)).shuffle(3, seed=1).interleave(uneven, cycle_length=3, block_length=2, **kwargs)
+    for state, rest in SAVED:
+        with iter(ds) as resumed:
+            resumed.load_state_dict(state)
+            assert resumed.state_dict() == state  # the same state, read back as it was saved
+            assert list(resumed) == rest
+
+
+@pytest.mark.parametrize("key, value", [("cycle_index", 3), ("block_index", -1), ("seq", "2"), ("end_of_input", 0)])
+def test_a_malformed_state_value_is_a_checkpoint_error_naming_the_key(key: str, value) -> None:
+    ds = tp.range(len(LENS)).interleave(uneven, cycle_length=3, block_length=2, num_parallel_calls=2)
+    with iter(ds) as it:
+        next(it)
+        state = it.state_dict()
+    state["pipeline"][key] = value
+    with iter(ds) as other, pytest.raises(CheckpointError, match=key):
+        other.load_state_dict(state)
+
+
 def test_checkpoint_from_other_cycle_length_is_rejected() -> None:
     with iter(tp.range(4).interleave(uneven, cycle_length=2)) as it:
         next(it)
@@ -457,7 +507,9 @@ def test_a_hung_reader_raises_a_stall_error(executor, deterministic):
                                 deterministic=deterministic)  # fmt: skip
     it = iter(ds.with_options(options))
     t0 = time.monotonic()
-    with pytest.raises(tp.StallError, match=r"interleave\(_hangs_at_three\)"):
+    with pytest.raises(tp.StallError, match=r"interleave\(_hangs_at_three\)") as info:
         list(it)
     assert time.monotonic() - t0 < 20
+    where = "thread interleave(_hangs_at_three)" if executor == "thread" else "worker process"
+    assert info.value.where.startswith(where)
     it.close()

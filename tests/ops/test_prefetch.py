@@ -8,6 +8,8 @@ import torchpipe as tp
 from torchpipe.ops.prefetch import AUTOTUNE_DEPTH, PrefetchIterator
 from torchpipe.testing import assert_checkpoint_roundtrip, assert_same_elements
 
+NO_INJECT = tp.Options(optimizations={"inject_prefetch": False})
+
 
 def _prefetch_threads(before):
     return [t for t in threading.enumerate() if t not in before and t.name.startswith("torchpipe-prefetch")]
@@ -174,3 +176,42 @@ def test_checkpoint_does_not_include_buffered_elements():
     with iter(ds) as resumed:
         resumed.load_state_dict(state)
         assert list(resumed) == list(range(3, 100))
+
+
+def _waiting(x):
+    time.sleep(0.001)  # the GIL is free while it waits: a thread overlaps it with the consumer
+    return x
+
+
+def test_autotune_runs_the_input_inline_for_a_consumer_with_nothing_to_overlap():
+    it = iter(tp.range(10**6).prefetch(tp.AUTOTUNE).with_options(NO_INJECT))
+    got = [next(it) for _ in range(20_000)]  # a loop that only collects: a hand-off costs more than an element
+    assert got == list(range(20_000)) and it._tree.mode == "inline"
+    assert not it._tree._thread.is_alive()
+    state = it.state_dict()
+    rest = [next(it) for _ in range(10)]
+    again = iter(tp.range(10**6).prefetch(tp.AUTOTUNE).with_options(NO_INJECT))
+    again.load_state_dict(state)
+    assert [next(again) for _ in range(10)] == rest == list(range(20_000, 20_010))
+
+
+def test_autotune_keeps_the_thread_where_it_overlaps_and_comes_back_to_it():
+    it = iter(tp.range(10**6).map(_waiting).prefetch(tp.AUTOTUNE).with_options(NO_INJECT))
+    got = [next(it)]
+    deadline = time.monotonic() + 20
+    while it._tree.mode != "inline" or len(got) < 200:  # an idle consumer first: inline
+        got.append(next(it))
+        assert time.monotonic() < deadline
+    while it._tree.mode != "thread":  # then one that works as long as an element takes: the thread again
+        got.append(next(it))
+        time.sleep(0.001)
+        assert time.monotonic() < deadline
+    for _ in range(300):
+        got.append(next(it))
+        time.sleep(0.001)
+    assert it._tree.mode == "thread" and got == list(range(len(got)))
+
+
+def test_an_explicit_buffer_keeps_its_thread():
+    it = iter(tp.range(10**6).prefetch(2).with_options(NO_INJECT))
+    assert [next(it) for _ in range(20_000)] == list(range(20_000)) and it._tree.mode == "thread"

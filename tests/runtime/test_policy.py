@@ -122,4 +122,14 @@ def test_reads_that_wait_overlap_on_the_threads_of_worker_processes_too():
     pooled = CallCosts(340e-6, 30e-6, 0.91, 0.0, handoff_s=10e-6, message_s=5e-6, threads_in_workers=True)
     assert workers(pooled, PROCESS, 2) == workers(pooled, THREAD, 2) > 4
     assert choose(reads, 2, (THREAD, PROCESS)) == THREAD
-    assert choose(pooled, 2, (THREAD, PROCESS), margin=policy_module.ONE_WAY_MARGIN) == PROCESS
+    assert choose(pooled, 2, (THREAD, PROCESS), margin=policy_module.READERS_MARGIN) == PROCESS
+
+
+def test_a_move_that_costs_the_same_either_way_needs_the_margin_either_way():
+    reads = CallCosts(200e-6, 200e-6, 0.0, 0.0, handoff_s=2e-6, message_s=5e-6, threads_in_workers=True)
+    measured = {THREAD: 30e-6, PROCESS: 40e-6}  # threads measured faster, but not 1.5x
+    assert choose(reads, 2, (THREAD, PROCESS), measured, current=PROCESS) == THREAD  # the usual rule
+    margin = policy_module.READERS_MARGIN
+    assert choose(reads, 2, (THREAD, PROCESS), measured, PROCESS, margin, move_margin=margin) == PROCESS
+    faster = {THREAD: 20e-6, PROCESS: 40e-6}
+    assert choose(reads, 2, (THREAD, PROCESS), faster, PROCESS, margin, move_margin=margin) == THREAD

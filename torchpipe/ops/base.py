@@ -473,6 +473,11 @@ class PositionLog:
                 self._order.append(seq)
             return seq, element, error
 
+    def rebase(self) -> None:
+        """The input was moved on without the log (nothing in flight): read its position afresh."""
+        with self._lock:
+            self._latest = None
+
     def delivered(self, seq: int) -> None:
         """Mark element ``seq`` as handed to the consumer."""
         with self._lock:

@@ -5,6 +5,15 @@ A daemon thread pulls input elements through a :class:`~torchpipe.ops.base.Posit
 buffer in their position and iteration continues after them. The checkpoint is the input's
 position before the oldest element not yet delivered: buffered elements are recomputed after a
 resume, never saved.
+
+A thread pays only where there is something to overlap: handing an element from one Python
+thread to another costs a few microseconds of GIL hand-offs, more than a cheap input takes to make
+one, and a consumer that asks again at once (a benchmark loop, a loop that only counts) gives the
+thread nothing to hide. So ``prefetch(tp.AUTOTUNE)`` (the one the optimizer puts at the end of
+every pipeline, too) measures what the consumer gets, window by window, and runs its input inline
+on the consumer's thread when that is faster (:class:`OverlapChoice`); it goes back to the thread
+when the consumer's own time per element changes. An explicit ``prefetch(n)`` always keeps its
+thread.
 """
 
 from __future__ import annotations
@@ -27,6 +36,12 @@ MAX_DEPTH = 64
 
 _POLL_S = 0.1
 _JOIN_S = 1.0
+THREAD, INLINE = "thread", "inline"
+_WINDOW_ELEMENTS, _WINDOW_S = 16, 0.1  # a window to judge the mode by: this many, this long
+_SETTLE_ELEMENTS = 4  # after a switch (or the start), not judged: the thread starts, the buffer fills
+_MARGIN = 1.1  # the thread, dearer in CPU and memory, must be measured this much faster to stay
+_CHANGED = 2.0  # a consumer whose own time per element changes this much is measured afresh
+_STALE_S = 30.0  # and a measurement older than this no longer stands for its mode
 
 
 class PrefetchNode(Node):
@@ -68,6 +83,8 @@ class _Failure:
 
 
 _END = _End()
+DRAINED = object()
+"""What the buffer gives once a paused producer has left it empty: the input is the consumer's now."""
 
 
 class PrefetchBuffer:
@@ -86,6 +103,8 @@ class PrefetchBuffer:
         self._items: deque[Any] = deque()
         self._cond = threading.Condition()
         self._stopped = False
+        self.paused = False  # the producer stops after its element in hand (the input goes inline)
+        self._producer_left = False  # it saw the pause and left
 
     def __len__(self) -> int:
         return len(self._items)
@@ -101,11 +120,27 @@ class PrefetchBuffer:
             self._cond.notify_all()  # a producer waiting for room may have some now
 
     def wait_for_room(self) -> bool:
-        """Block until fewer than ``depth`` items wait; False once stopped."""
+        """Block until fewer than ``depth`` items wait; False once stopped or paused."""
         with self._cond:
-            while not self._stopped and len(self._items) >= max(1, self._depth):
+            while not self._stopped and not self.paused and len(self._items) >= max(1, self._depth):
                 self._cond.wait(_POLL_S)
-            return not self._stopped
+            if self.paused:
+                self._producer_left = True
+                self._cond.notify_all()  # a consumer waiting for an item takes the input inline now
+            return not self._stopped and not self.paused
+
+    def pause(self) -> None:
+        """Let the producer finish its element in hand and leave."""
+        with self._cond:
+            self.paused = True
+            self._cond.notify_all()
+
+    def resume(self) -> bool:
+        """Undo :meth:`pause`; False if the producer has left already (start another)."""
+        with self._cond:
+            self.paused = False
+            left, self._producer_left = self._producer_left, False
+            return not left
 
     def append(self, item: Any) -> None:
         """Add an item (dropped once stopped) and wake the consumer."""
@@ -115,7 +150,8 @@ class PrefetchBuffer:
                 self._cond.notify_all()
 
     def take(self, producer_alive: Callable[[], bool], stage: str) -> Any:
-        """The oldest item, waiting in bounded steps.
+        """The oldest item, waiting in bounded steps; ``DRAINED`` once a paused producer has left
+        and nothing is left to take.
 
         Raises:
             RuntimeError: if the producer is gone and left nothing to take.
@@ -124,6 +160,8 @@ class PrefetchBuffer:
             while not self._items:
                 if self._stopped:
                     raise RuntimeError(f"{stage}: iterator is closed")
+                if self._producer_left or (self.paused and not producer_alive()):
+                    return DRAINED
                 if not producer_alive():
                     raise RuntimeError(f"{stage}: the prefetch thread ended without delivering the end of input")
                 self._cond.wait(_POLL_S)
@@ -139,23 +177,105 @@ class PrefetchBuffer:
             self._cond.notify_all()
 
 
-def _produce(log: PositionLog, buffer: PrefetchBuffer, stats: IteratorStats) -> None:
+class _PullClock:
+    """The input's time per element, from the thread or from inline pulls (a plain average of the
+    last window's; a torn read between the two fields only skews one window)."""
+
+    __slots__ = ("count", "seconds")
+
+    def __init__(self) -> None:
+        self.count, self.seconds = 0, 0.0
+
+    def add(self, seconds: float) -> None:
+        self.count += 1
+        self.seconds += seconds
+
+    def per_element(self) -> float:
+        count, seconds = self.count, self.seconds
+        self.count, self.seconds = 0, 0.0
+        return seconds / count if count else 0.0
+
+
+def _produce(log: PositionLog, buffer: PrefetchBuffer, stats: IteratorStats, clock: _PullClock) -> None:
     """The producer thread's loop; it holds only the log, the buffer and the stats, never the iterator."""
     while True:
         t0 = time.perf_counter()
         room = buffer.wait_for_room()
-        stats.blocked_output_s += time.perf_counter() - t0
+        t1 = time.perf_counter()
+        stats.blocked_output_s += t1 - t0
         if not room:
             return
-        try:
-            item: Any = log.pull()
-        except StopIteration:
-            buffer.append(_END)
-            return
-        except BaseException as e:  # noqa: BLE001 - delivered to the consumer, who raises it
-            buffer.append(_Failure(e))
-            return
+        item = _pull(log)
+        clock.add(time.perf_counter() - t1)
         buffer.append(item)
+        if item is _END or isinstance(item, _Failure):
+            return
+
+
+def _pull(log: PositionLog) -> Any:
+    """The next input item, ``_END`` at its end, or the ``_Failure`` that ended it."""
+    try:
+        return log.pull()
+    except StopIteration:
+        return _END
+    except BaseException as e:  # noqa: BLE001 - delivered to the consumer, who raises it
+        return _Failure(e)
+
+
+class OverlapChoice:
+    """Whether a ``prefetch(tp.AUTOTUNE)`` runs its input on its thread or inline, by measurement.
+
+    Every window of delivered elements says what the consumer got per element, its own time
+    between requests included: what the two modes are compared by. A thread window whose
+    consumer time plus the input's own time per element (what inline would take) comes within
+    ``_MARGIN`` of it is followed by an inline window; the faster stays. A consumer whose own
+    time per element changes by ``_CHANGED``, or a measurement ``_STALE_S`` old, is measured
+    afresh in the other mode.
+    """
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self._measured: dict[str, tuple[float, float]] = {}  # mode -> (seconds per element, when)
+        self._consumer_s: float | None = None  # the consumer's own time per element when decided
+        self._window: tuple[float, int, float] | None = None  # (start, elements, outside_s) at its start
+        self._settle = _SETTLE_ELEMENTS
+
+    def delivered(self, now: float, outside_s: float, pull_s: Callable[[], float], count: int) -> str:
+        """After each delivered element: ``outside_s`` the consumer's time outside ``next()`` so
+        far, ``pull_s()`` the input's time per element since it was last asked, ``count`` the
+        elements delivered. Returns the mode to run in from now on."""
+        if count < self._settle:
+            return self.mode
+        if self._window is None:
+            self._window = (now, count, outside_s)
+            return self.mode
+        start, first, outside0 = self._window
+        elements = count - first
+        if elements < _WINDOW_ELEMENTS or now - start < _WINDOW_S:
+            return self.mode
+        per_element, consumer_s = (now - start) / elements, (outside_s - outside0) / elements
+        self._measured[self.mode] = (per_element, now)
+        self._window = None
+        verdict = self._verdict(now, per_element, consumer_s, pull_s())
+        if verdict != self.mode:
+            self.mode, self._settle = verdict, count + _SETTLE_ELEMENTS
+            self._consumer_s = consumer_s
+        return self.mode
+
+    def _verdict(self, now: float, per_element: float, consumer_s: float, pull_s: float) -> str:
+        measured = {mode: s for mode, (s, when) in self._measured.items() if now - when < _STALE_S}
+        base = self._consumer_s
+        if base is not None and max(consumer_s, base) > _CHANGED * max(min(consumer_s, base), 1e-7):
+            measured = {self.mode: per_element}  # another consumer: the other mode's figure is old
+            self._measured = {self.mode: (per_element, now)}
+            self._consumer_s = consumer_s
+        other = INLINE if self.mode == THREAD else THREAD
+        if other not in measured:
+            inline_guess = pull_s + consumer_s  # inline, the consumer waits for each element's making
+            worth = inline_guess < _MARGIN * per_element if other == INLINE else base is not None
+            return other if worth else self.mode
+        thread, inline = measured.get(THREAD, per_element), measured.get(INLINE, per_element)
+        return THREAD if thread * _MARGIN < inline else INLINE
 
 
 class PrefetchIterator(Iterator):
@@ -178,9 +298,16 @@ class PrefetchIterator(Iterator):
         self._log = PositionLog(source)
         self.buffer = PrefetchBuffer(depth)
         self._knob: LiveKnob | None = None
+        self._choice: OverlapChoice | None = None
         if tunable:
             self._knob = LiveKnob(f"{name}.buffer_size", depth, 1, MAX_DEPTH, True, self._set_depth, immediate=True)
+            self._choice = OverlapChoice(self._learned.get("mode", THREAD))
         self._thread: threading.Thread | None = None
+        self._pulls = _PullClock()
+        self._delivered = 0
+        self._outside_s = 0.0  # the consumer's time between its requests, in all
+        self._returned: float | None = None
+        self._direct = False  # inline, with nothing left from the thread: the input is pulled here
         self._done = False
         # An abandoned iterator must not leave its thread running.
         self._finalizer = weakref.finalize(self, self.buffer.stop)
@@ -204,22 +331,63 @@ class PrefetchIterator(Iterator):
         self.buffer.depth = value
         self._learned["depth"] = value
 
+    @property
+    def mode(self) -> str:
+        """``thread`` or ``inline``: where the input runs (``prefetch(tp.AUTOTUNE)`` chooses)."""
+        return self._choice.mode if self._choice is not None else THREAD
+
     def start(self) -> None:
         # Pin the starting position on this thread, before the producer owns the input.
         self._log.state()
-        self._thread = threading.Thread(
-            target=_produce, args=(self._log, self.buffer, self.stats), name=f"torchpipe-{self.name}", daemon=True
-        )
+        if self.mode == THREAD:
+            self._start_thread()
+        else:
+            self.buffer.pause()
+
+    def _start_thread(self) -> None:
+        args = (self._log, self.buffer, self.stats, self._pulls)
+        self._thread = threading.Thread(target=_produce, args=args, name=f"torchpipe-{self.name}", daemon=True)
         self._thread.start()
 
     def next(self) -> Any:
         if self._done:
             raise StopIteration
+        now = time.perf_counter()
+        if self._returned is not None:
+            self._outside_s += now - self._returned
+        try:
+            if not self._direct:
+                item = self._take()
+                if item is not DRAINED:
+                    return self._deliver(item)
+                self._direct = True  # the thread has left and all it made is delivered
+            return self._pull_here(now)
+        finally:
+            self._returned = time.perf_counter()
+            if self._choice is not None and not self._done:
+                self._review()
+
+    def _take(self) -> Any:
         thread, buffer = self._thread, self.buffer
         t0 = time.perf_counter()
         self.stats.look(len(buffer), buffer.depth)
-        item = buffer.take(thread.is_alive, self.name)
+        item = buffer.take(lambda: thread is not None and thread.is_alive(), self.name)
         self.stats.wait_s += time.perf_counter() - t0
+        return item
+
+    def _pull_here(self, now: float) -> Any:
+        """The next element straight from the input, on the consumer's thread: no log, no buffer."""
+        try:
+            element = next(self.inputs[0])
+        except StopIteration:
+            self._done = True
+            raise
+        finally:
+            self._pulls.add(time.perf_counter() - now)
+        self._delivered += 1
+        return element
+
+    def _deliver(self, item: Any) -> Any:
         if item is _END:
             self._done = True
             raise StopIteration
@@ -228,15 +396,33 @@ class PrefetchIterator(Iterator):
             raise item.error
         seq, element, error = item
         self._log.delivered(seq)
+        self._delivered += 1
         if error is not None:
             raise error
         self.stats.sample_bytes(element)
         return element
 
+    def _review(self) -> None:
+        mode = self._choice.mode
+        verdict = self._choice.delivered(self._returned, self._outside_s, self._pulls.per_element, self._delivered)
+        if verdict == mode:
+            return
+        self._learned["mode"] = verdict
+        if verdict == INLINE:
+            self.buffer.pause()  # what the thread has made is delivered first, then the input comes here
+            return
+        if self._direct:
+            self._direct = False
+            self._log.rebase()  # the input moved on outside the log
+        if not self.buffer.resume():
+            self._start_thread()
+
     def get_state(self) -> dict[str, Any]:
         # The input's own state at the consumer's position: elements read ahead are read
         # again after a resume. So a prefetch adds nothing to a checkpoint, and one with and
         # one without it (the optimizer injects one) load each other's.
+        if self._direct:
+            return copy.deepcopy(self.inputs[0].state_dict())
         return copy.deepcopy(self._log.state()["input"])
 
     def set_state(self, state: dict[str, Any]) -> None:

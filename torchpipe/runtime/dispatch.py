@@ -19,8 +19,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from torchpipe.errors import StallError
 from torchpipe.runtime.executor import Executor
+from torchpipe.runtime.stall import StallWatch
 
 _POLL_S = 0.5  # one wait's step: the stall limit and deadlines are checked between steps
 _DRAIN_POLL_S = 0.005  # a step while a switched-out executor still has tasks (they are few)
@@ -39,11 +39,10 @@ class Dispatcher:
     def __init__(self, stage: str, executor: Executor, stall_s: float | None = None) -> None:
         self.stage = stage
         self.executor = executor
-        self._stall_s = stall_s
         self._draining: list[tuple[Executor, Callable[[Executor], None] | None]] = []
         self._order: deque[int] = deque()  # every task not yet delivered, in sequence order
         self._done: dict[int, tuple[Any, BaseException | None]] = {}
-        self._sent: dict[int, float] = {}  # in flight: seq -> when it was sent (monotonic)
+        self._sent = StallWatch(stage, stall_s)  # the tasks in flight, and since when
         self.wait_s = 0.0  # seconds spent waiting for results
 
     @property
@@ -64,7 +63,7 @@ class Dispatcher:
         """Run ``payload`` as task ``seq`` (sequence numbers increase with every call); ``route``
         goes to the executor's ``submit`` (a process pool's ``slot`` or ``prefer``)."""
         self._order.append(seq)
-        self._sent[seq] = time.monotonic()
+        self._sent.begin(seq)
         self.executor.submit(seq, payload, **route)
 
     def put(self, seq: int, value: Any, error: BaseException | None = None) -> None:
@@ -160,28 +159,21 @@ class Dispatcher:
     def _gather(self, results: list[tuple[int, Any, BaseException | None]]) -> int:
         count = 0
         for seq, value, error in results:
-            if self._sent.pop(seq, None) is not None:  # not a late result of a dropped task
+            if self._sent.end(seq):  # not a late result of a dropped task
                 self._done[seq] = (value, error)
                 count += 1
         return count
 
     def _retire(self, executor: Executor, retire: Callable[[Executor], None] | None) -> bool:
         """Retire ``executor`` if none of the tasks in flight runs there; whether it was."""
-        if any(executor.holds(seq) for seq in self._sent):
+        if any(executor.holds(seq) for seq in self._sent.seqs()):
             return False
         (retire or type(executor).close)(executor)
         return True
 
     def _check_stall(self) -> None:
-        if self._stall_s is None or not self._sent:
-            return
-        seq = next(iter(self._sent))  # the oldest sent: sequence numbers only grow
-        waited = time.monotonic() - self._sent[seq]
-        if waited > self._stall_s:
-            executors = [self.executor, *(e for e, _ in self._draining)]
-            where = next((e.where(seq) for e in executors if e.holds(seq)), "an executor")
-            raise StallError(
-                f"{self.stage}: element {seq} has been running for {waited:.0f} s on {where} "
-                f"(the limit is tp.Options(stall_timeout={self._stall_s:g}); None turns the check off)",
-                stage=self.stage, seq=seq, where=where,
-            )  # fmt: skip
+        self._sent.check(self._where)
+
+    def _where(self, seq: int) -> str:
+        executors = [self.executor, *(e for e, _ in self._draining)]
+        return next((e.where(seq) for e in executors if e.holds(seq)), "an executor")

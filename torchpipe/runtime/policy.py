@@ -25,9 +25,10 @@ KINDS = (INLINE, THREAD, PROCESS)
 
 MARGIN = 1.15
 """How much faster a dearer executor must be predicted (or measured) to be chosen."""
-ONE_WAY_MARGIN = 1.5
-"""The same for a move that is not measured afterwards and not undone (an interleave's readers
-handed over to processes)."""
+READERS_MARGIN = 1.5
+"""The same for moving an interleave's readers to the other pool, either way: every open reader
+re-opens its inner dataset there, which for a stream that resumes by reading from its start costs
+what it read."""
 HANDOFF_S = 10e-6
 """This process's cost of one call on a thread: queueing it and taking its result (measured
 8-12 us with the GIL contended)."""
@@ -149,7 +150,7 @@ def predict(costs: CallCosts, kind: str, cores: int) -> float:
 
 def choose(
     costs: CallCosts, cores: int, candidates: tuple[str, ...], measured: dict[str, float] | None = None,
-    current: str | None = None, margin: float = MARGIN,
+    current: str | None = None, margin: float = MARGIN, move_margin: float | None = None,
 ) -> str:
     """The executor for ``costs``: the fastest of ``candidates``, where a dearer one (threads over
     inline, processes over threads) must be ``margin`` times faster than the best cheaper one.
@@ -159,7 +160,9 @@ def choose(
             the predictions.
         current: the executor the stage runs on now: it is left only for a dearer one that is
             ``margin`` times faster than it, or a cheaper one that is no slower.
-        margin: :data:`MARGIN`; more for a move that cannot be undone (:data:`ONE_WAY_MARGIN`).
+        margin: :data:`MARGIN`; more for a dear move (an interleave's readers: :data:`READERS_MARGIN`).
+        move_margin: how much faster any other executor must be to leave ``current`` for it,
+            cheaper or dearer, where leaving costs the same either way (None: the rule above).
     """
     measured = measured or {}
     options = [k for k in KINDS if k in candidates and (k != THREAD or costs.thread_safe)]
@@ -172,7 +175,8 @@ def choose(
             best = kind
     if current in seconds and best != current:
         dearer = KINDS.index(best) > KINDS.index(current)
-        if seconds[best] * (margin if dearer else 1.0) >= seconds[current]:
+        needed = move_margin if move_margin is not None else margin if dearer else 1.0
+        if seconds[best] * needed >= seconds[current]:
             return current
     return best
 

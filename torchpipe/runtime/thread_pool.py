@@ -65,12 +65,13 @@ class ThreadPool:
             self._tasks.put(None)
         self._size = size
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
         """Stop the threads once their current call returns, and wait for that (up to
-        ``_JOIN_S``); queued calls are cancelled.
+        ``_JOIN_S``) unless told not to; queued calls are cancelled.
 
         Waiting matters at interpreter exit: a daemon thread still inside a torch op when the
-        process tears down its C++ thread pools aborts the process.
+        process tears down its C++ thread pools aborts the process. A pool left while the
+        process goes on (an interleave's readers moving to worker processes) need not wait.
         """
         self._finalizer()
         while True:
@@ -82,6 +83,8 @@ class ThreadPool:
                 item[0].cancel()
         for _ in self._threads:
             self._tasks.put(None)  # wake idle threads now rather than at their next poll
+        if not wait:
+            return
         deadline = time.monotonic() + _JOIN_S
         for thread in self._threads:
             if thread is not threading.current_thread():

@@ -91,9 +91,9 @@ def test_killed_worker_loses_nothing():
 def test_a_stream_is_opened_once_per_reader(tmp_path, monkeypatch):
     """Inner datasets that can only resume by re-reading (a generator) are read once, not
     re-opened per chunk: each reader's chunks go to the worker that keeps it open."""
-    from torchpipe.ops import process_interleave
+    from torchpipe.ops import process_readers
 
-    monkeypatch.setattr(process_interleave, "_CHUNK_ITEMS", 16)  # many chunks per inner dataset
+    monkeypatch.setattr(process_readers, "_CHUNK_ITEMS", 16)  # many chunks per inner dataset
     log = tmp_path / "opens"
 
     def stream(x):
@@ -114,17 +114,17 @@ def test_chunks_end_early_for_slow_reads(monkeypatch):
     """A chunk ends after ``_CHUNK_S`` of reading: slow records come back a few at a time."""
     import time
 
-    from torchpipe.ops import process_interleave
+    from torchpipe.ops import process_readers
     from torchpipe.ops.base import BuildContext, UserFunction
-    from torchpipe.ops.interleave_base import InnerOpener
+    from torchpipe.ops.interleave_readers import InnerOpener
 
-    monkeypatch.setattr(process_interleave, "_CHUNK_S", 0.01)
+    monkeypatch.setattr(process_readers, "_CHUNK_S", 0.01)
 
     def slow(x):
         return tp.range(50).map(lambda y: time.sleep(0.004) or y)
 
     ctx = BuildContext(seed=0, seeded=False, epoch=0, options=tp.Options())
-    task = process_interleave.InnerChunkTask(InnerOpener(UserFunction(slow, "interleave(slow)", ctx), ctx))
+    task = process_readers.InnerChunkTask(InnerOpener(UserFunction(slow, "interleave(slow)", ctx), ctx))
     first = task(0, (0, 0, None, 256, 0, 0))
     assert 1 < len(first) < 10
     second = task(1, (0, 0, first[-1][2], 256, 0, len(first)))  # the open iterator reads on
@@ -149,20 +149,20 @@ def test_tensor_records_arrive_as_rows_and_checkpoint_mid_chunk():
 def test_chunks_end_at_about_chunk_bytes(monkeypatch):
     import torch
 
-    from torchpipe.ops import process_interleave
+    from torchpipe.ops import process_readers
     from torchpipe.ops.base import BuildContext, UserFunction
-    from torchpipe.ops.interleave_base import InnerOpener
+    from torchpipe.ops.interleave_readers import InnerOpener
 
     def big(x):
         return tp.range(100).map(lambda y: torch.full((128, 1024), float(y)))  # 512 KiB each
 
-    monkeypatch.setattr(process_interleave, "_CHUNK_S", 60.0)  # only the bytes end this chunk, however slow
+    monkeypatch.setattr(process_readers, "_CHUNK_S", 60.0)  # only the bytes end this chunk, however slow
     ctx = BuildContext(seed=0, seeded=False, epoch=0, options=tp.Options())
-    task = process_interleave.InnerChunkTask(InnerOpener(UserFunction(big, "interleave(big)", ctx), ctx))
+    task = process_readers.InnerChunkTask(InnerOpener(UserFunction(big, "interleave(big)", ctx), ctx))
     chunk = task(0, (0, 0, None, 256, 0, 0))
-    assert isinstance(chunk, process_interleave.PackedChunk)
+    assert isinstance(chunk, process_readers.PackedChunk)
     items = chunk.items()
-    assert len(items) == process_interleave._CHUNK_BYTES // (512 << 10)
+    assert len(items) == process_readers._CHUNK_BYTES // (512 << 10)
     assert [float(value[0, 0]) for _, value, _ in items] == list(range(len(items)))
 
 

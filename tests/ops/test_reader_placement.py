@@ -1,4 +1,4 @@
-"""interleave(executor="auto"): readers start on threads and move to worker processes mid-pass."""
+"""interleave(executor="auto"): readers start on threads and move between threads and worker processes mid-pass."""
 
 import os
 import threading
@@ -8,10 +8,14 @@ import psutil
 import pytest
 
 import torchpipe as tp
-from torchpipe.ops import auto_interleave, process_interleave
-from torchpipe.ops.auto_interleave import AutoInterleaveIterator
+from torchpipe.ops import interleave, process_readers, reader_placement
+from torchpipe.ops.interleave import InterleaveIterator
+from torchpipe.ops.reader_placement import ReaderPlacement, Window
+from torchpipe.ops.stats import IteratorStats
 from torchpipe.runtime.cpu import usable_cpu_count
+from torchpipe.runtime.policy import PROCESS, THREAD
 from torchpipe.runtime.process_pool import ProcessPool
+from torchpipe.runtime.timing import CallTiming
 from torchpipe.testing import assert_checkpoint_roundtrip
 
 from tests.trees import find_stage
@@ -20,16 +24,29 @@ NO_TUNER = tp.Options(autotune=tp.AutotuneOptions(enabled=False), optimizations=
 
 
 def _find(it):
-    return find_stage(it, AutoInterleaveIterator)
+    return find_stage(it, InterleaveIterator)
+
+
+def _verdicts(monkeypatch, kinds):
+    """Judge every 3 elements, and have the policy's verdicts be ``kinds(window number)``."""
+    monkeypatch.setattr(reader_placement, "_WINDOW_READS", 4)
+    monkeypatch.setattr(reader_placement, "_WINDOW_S", 0.0)
+    monkeypatch.setattr(reader_placement, "_SETTLE_S", {THREAD: 0.0, PROCESS: 0.0})
+    monkeypatch.setattr(ReaderPlacement, "check_every", 3)
+    verdict, windows = ReaderPlacement.verdict, []
+
+    def forced(self, window):
+        verdict(self, window)  # measures the costs, as the move needs them
+        windows.append(window)
+        return kinds(len(windows))
+
+    monkeypatch.setattr(ReaderPlacement, "verdict", forced)
 
 
 @pytest.fixture
 def switch_early(monkeypatch):
-    """Decide after a few reads, at once, for processes whatever the readers cost."""
-    monkeypatch.setattr(auto_interleave, "_DECIDE_READS", 4)
-    monkeypatch.setattr(auto_interleave, "_DECIDE_S", 0.0)
-    monkeypatch.setattr(auto_interleave, "_CHECK_EVERY", 3)
-    monkeypatch.setattr(auto_interleave.AutoInterleaveIterator, "_processes_faster", lambda self, *costs: True)
+    """Decide after a few reads, for processes whatever the readers cost."""
+    _verdicts(monkeypatch, lambda window: PROCESS)
 
 
 def _records(x):
@@ -116,12 +133,10 @@ def test_the_non_deterministic_order_holds_on_both_sides_of_the_handover(switch_
     out = list(it)
     assert _find(it).executor_kind == "process"
     assert sorted(_values(out)) == sorted(_values(tp.range(30).interleave(_records, cycle_length=3)))
-    assert _find(it)._current._deterministic is False
+    assert _find(it)._deterministic is False
 
 
 def test_a_read_in_progress_does_not_hold_up_the_handover():
-    from torchpipe.ops.thread_interleave import ThreadInterleaveIterator
-
     release = threading.Event()
 
     def blocking(x):
@@ -135,25 +150,26 @@ def test_a_read_in_progress_does_not_hold_up_the_handover():
     ds = tp.range(2).interleave(blocking, cycle_length=2, num_parallel_calls=2, executor="thread")
     with iter(ds.with_options(NO_TUNER)) as it:
         assert next(it) == (0, 0)
-        threads = find_stage(it, ThreadInterleaveIterator)
-        second = next(r for r in [*threads._slots, *threads._futures] if r is not None and r.seq == 1)
+        stage = _find(it)
+        readers = [r for r in [*stage._slots, *stage._ahead] if r is not None]
+        second = next(r for r in readers if r.seq == 1)
         deadline = time.monotonic() + 5
         while len(second.ready) < 2 and time.monotonic() < deadline:
             time.sleep(0.01)  # it has read (1, 0) and (1, 1), and waits in (1, 2)
         t0 = time.perf_counter()
-        threads.stop_reading(timeout=0.05)
+        places = stage._pool.release(readers)
         assert time.perf_counter() - t0 < 1.0
-        handover = threads.hand_over(read_ahead=True)
         release.set()
-    entries = {e.seq: e for e in [*handover.slots, *handover.ahead] if e is not None}
+    entries = {place.seq: place for place in places}
     assert entries[1].read_ahead == ()  # read again by the successor, from the items taken
     assert [kind for kind, _, _ in entries[0].read_ahead] == ["value", "value", "value", "end"]
 
 
 def test_readers_that_do_python_work_move_to_processes():
-    it = iter(tp.range(12).interleave(_burn, cycle_length=2, num_parallel_calls=2).with_options(NO_TUNER))
+    # Long enough for the first look and two windows that agree (0.15-0.2 s on 2 cores) and more.
+    it = iter(tp.range(30).interleave(_burn, cycle_length=2, num_parallel_calls=2).with_options(NO_TUNER))
     out = list(it)
-    assert _values(out) == _values(tp.range(12).interleave(_burn, cycle_length=2))
+    assert _values(out) == _values(tp.range(30).interleave(_burn, cycle_length=2))
     assert _find(it).executor_kind == "process"
     assert {pid for *_, pid in out} - {os.getpid()}
 
@@ -201,7 +217,7 @@ def test_readers_that_mostly_wait_stay_on_threads_and_the_workers_go():
     stage = _find(it)
     assert stage.executor_kind == "thread"
     assert {pid for *_, pid in out} == {os.getpid()}
-    assert stage._processes is None  # its zygote was closed when threads were chosen
+    assert list(stage._pools) == [THREAD]  # the process pool's zygote was closed when threads were chosen
     deadline = time.monotonic() + 5
     while len(psutil.Process().children(recursive=True)) > baseline and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -235,8 +251,8 @@ def test_errors_arrive_in_place_across_the_handover(switch_early):
 
 
 def test_the_knob_moves_with_the_handover(switch_early, monkeypatch):
-    monkeypatch.setattr(auto_interleave, "usable_cpu_count", lambda: 2)
-    monkeypatch.setattr(process_interleave, "usable_cpu_count", lambda: 2)
+    monkeypatch.setattr(interleave, "usable_cpu_count", lambda: 2)
+    monkeypatch.setattr(process_readers, "usable_cpu_count", lambda: 2)
     ds = tp.range(10**6).interleave(_records, cycle_length=2, num_parallel_calls=tp.AUTOTUNE)
     it = iter(ds.with_options(NO_TUNER))
     next(it)
@@ -248,7 +264,7 @@ def test_the_knob_moves_with_the_handover(switch_early, monkeypatch):
     assert knob.value >= 2  # started where reads would keep the cores busy
     knob.request(5)
     next(it)
-    processes = stage._current
+    processes = stage._pools[PROCESS]
     assert stage.parallelism() == 5
     assert (processes._pool.size, processes._pool.threads) == (2, 3)  # reads in flight on threads
     knob.request(1)
@@ -257,22 +273,143 @@ def test_the_knob_moves_with_the_handover(switch_early, monkeypatch):
     it.close()
 
 
-def test_explicit_executors_are_not_wrapped():
+def test_explicit_executors_do_not_move():
     for executor in ("thread", "process"):
         it = iter(tp.range(4).interleave(_records, num_parallel_calls=2, executor=executor).with_options(NO_TUNER))
         next(it)
-        with pytest.raises(AssertionError):
-            _find(it)
+        stage = _find(it)
+        assert stage.executor_kind == executor and list(stage._pools) == [executor] and stage._placement is None
         it.close()
 
 
 @pytest.mark.parametrize("cpu_share, moves", [(0.02, False), (1.0, True)])
 def test_the_executor_policy_decides_the_handover(cpu_share, moves):
-    it = iter(tp.range(4).interleave(_records, cycle_length=2, num_parallel_calls=2).with_options(NO_TUNER))
-    next(it)
-    stage = _find(it)
-    stage.stats.produced, stage.stats.wait_s = 64, 0.0  # this thread's own time: 2 us an element
-    stage.stats._busy_s = 64 * 2e-6
-    # 64 reads of 200 us each in 0.1 s: Python parsing (GIL held, two cores to spread it on) or waiting.
-    assert stage._processes_faster(64, 64 * 200e-6, 64 * 200e-6 * cpu_share, 0.1) == (moves and usable_cpu_count() > 1)
-    it.close()
+    placement = ReaderPlacement(usable_cpu_count(), None)
+    # 64 reads of 200 us each in 0.1 s: Python parsing (GIL held, two cores to spread it on) or
+    # waiting; this thread's own time: 2 us an element.
+    window = Window(0.1, 64, 64, 64 * 200e-6, 64 * 200e-6 * cpu_share, 64 * 2e-6)
+    assert placement.verdict(window) == (PROCESS if moves and usable_cpu_count() > 1 else THREAD)
+
+
+def _there_and_back(window):
+    """Processes for two windows, threads for two, and so on: a move every second window."""
+    return PROCESS if (window - 1) // 2 % 2 == 0 else THREAD
+
+
+def test_readers_move_to_processes_and_back_to_threads_keeping_the_order(monkeypatch, tmp_path):
+    _verdicts(monkeypatch, _there_and_back)
+    reads = _LoggedReads(str(tmp_path / "reads"))
+    ds = tp.range(40).interleave(reads, cycle_length=3, block_length=2, num_parallel_calls=3)
+    it = iter(ds.with_options(NO_TUNER))
+    out = list(it)
+    assert _values(out) == _values(tp.range(40).interleave(_records, cycle_length=3, block_length=2))
+    here = [pid == os.getpid() for *_, pid in out]
+    assert here[0] and not all(here)
+    back = next(k for k in range(1, len(here)) if here[k] and not here[k - 1])  # read here again after a worker
+    assert back < len(here)
+    lines = (tmp_path / "reads").read_text().splitlines()
+    assert sorted(lines) == sorted(f"{x},{y}" for x, y in _values(out))  # each element read once, either way
+
+
+def test_checkpoints_resume_exactly_while_readers_move_both_ways(monkeypatch):
+    _verdicts(monkeypatch, _there_and_back)
+    ds = tp.range(12).interleave(lambda x: tp.range(x % 4 + 2), cycle_length=3, block_length=2, num_parallel_calls=2)
+    assert_checkpoint_roundtrip(ds.with_options(NO_TUNER), positions=[0, 4, 9, 15, 22, 30, 36])
+
+
+def test_the_non_deterministic_order_holds_while_readers_move_both_ways(monkeypatch):
+    _verdicts(monkeypatch, _there_and_back)
+    ds = tp.range(30).interleave(_records, cycle_length=3, num_parallel_calls=3, deterministic=False)
+    out = list(ds.with_options(NO_TUNER))
+    assert sorted(_values(out)) == sorted(_values(tp.range(30).interleave(_records, cycle_length=3)))
+
+
+class _Clock:
+    """Stands in for time.perf_counter in the placement, moved on by hand."""
+
+    def __init__(self):
+        self.now = 100.0
+
+    def perf_counter(self):
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    fake = _Clock()
+    monkeypatch.setattr(reader_placement, "time", fake)
+    return fake
+
+
+def _run(placement, stats, clock, seconds, elements, wall, cpu):
+    """``elements`` delivered in ``seconds``, each read taking ``wall`` and ``cpu`` seconds; what
+    the placement says at the end."""
+    clock.now += seconds
+    stats.produced += elements
+    stats.calls.add(wall * elements, cpu * elements, calls=elements, items=elements)
+    stats.clocked(elements * 2e-6)  # this thread's own time: 2 us an element
+    return placement.review(stats)
+
+
+def _stats():
+    stats = IteratorStats()
+    stats.calls = CallTiming()
+    return stats
+
+
+PARSING, CHEAP = (200e-6, 200e-6), (0.5e-6, 0.5e-6)  # a read's wall and CPU seconds
+
+
+WAITING = (400e-6, 8e-6)
+
+
+def test_a_move_waits_for_two_windows_and_processes_measured_slower_send_the_readers_back(clock):
+    placement, stats = ReaderPlacement(2, None), _stats()
+    assert _run(placement, stats, clock, 0.01, 16, *PARSING) is None  # the first look
+    assert _run(placement, stats, clock, 0.1, 64, *PARSING) is None  # processes, once
+    assert _run(placement, stats, clock, 0.1, 64, *WAITING) is None  # threads: no two agree yet
+    assert _run(placement, stats, clock, 0.1, 64, *PARSING) is None
+    assert _run(placement, stats, clock, 0.1, 64, *PARSING) == PROCESS  # twice: move
+    placement.moved(PROCESS, stats.produced + 100)
+    assert not placement.deciding and placement.kind == PROCESS
+    assert _run(placement, stats, clock, 0.3, 64, *PARSING) is None  # a cycle not yet delivered
+    assert _run(placement, stats, clock, 0.1, 64, *PARSING) is None  # settled: the first window starts
+    for _ in range(3):  # half the threads' rate: the first window is not counted, then two are needed
+        assert _run(placement, stats, clock, 0.2, 64, *PARSING) is None
+    assert _run(placement, stats, clock, 0.2, 64, *PARSING) == THREAD  # and two verdicts
+    placement.moved(THREAD)
+    for _ in range(6):  # threads measured faster than processes: they stay, and nothing is tried
+        assert _run(placement, stats, clock, 0.1, 64, *PARSING) is None
+    assert not placement.settled  # the worker processes stay ready: measurements may change
+
+
+def test_a_busy_moment_moves_nothing(clock):
+    placement, stats = ReaderPlacement(2, None), _stats()
+    _run(placement, stats, clock, 0.01, 16, *PARSING)
+    verdicts = [_run(placement, stats, clock, 0.1, 64, *reads) for reads in (PARSING, WAITING, PARSING, PARSING)]
+    assert verdicts == [None, None, None, PROCESS]
+    placement.moved(PROCESS)
+    _run(placement, stats, clock, 0.3, 64, *PARSING)
+    for seconds in [0.1, 0.1, 0.1, 0.5, 0.5, 0.1, 0.1]:  # two windows 5x slower: a measure is a median
+        assert _run(placement, stats, clock, seconds, 64, *PARSING) is None
+
+
+def test_readers_the_first_verdict_keeps_on_threads_stay_there(clock):
+    placement, stats = ReaderPlacement(2, None), _stats()
+    _run(placement, stats, clock, 0.01, 16, *WAITING)
+    assert _run(placement, stats, clock, 0.1, 64, *WAITING) is None and not placement.settled
+    assert _run(placement, stats, clock, 0.1, 64, *WAITING) is None and placement.settled
+
+
+def test_reads_that_get_cheap_on_processes_send_the_readers_back_after_two_windows(clock):
+    placement, stats = ReaderPlacement(2, None), _stats()
+    _run(placement, stats, clock, 0.01, 16, *PARSING)
+    _run(placement, stats, clock, 0.1, 64, *PARSING)
+    assert _run(placement, stats, clock, 0.1, 64, *PARSING) == PROCESS
+    placement.moved(PROCESS)
+    _run(placement, stats, clock, 0.3, 64, *PARSING)  # settled: the first window starts
+    assert _run(placement, stats, clock, 0.06, 64, *PARSING) is None  # faster than threads: stays
+    # The workload changes: a read costs 400x less (records already in memory), and receiving one
+    # from a worker costs twice what reading it here does. Measured times from before no longer count.
+    assert _run(placement, stats, clock, 0.06, 64, *CHEAP) is None  # once: could be a blip
+    assert _run(placement, stats, clock, 0.06, 64, *CHEAP) == THREAD

@@ -1,0 +1,132 @@
+"""The reader pools behind interleave: one interface, three pools (inline, threads, processes)."""
+
+from __future__ import annotations
+
+import pytest
+
+import torchpipe as tp
+from torchpipe.autotune import tunable
+from torchpipe.ops.base import BuildContext, UserFunction
+from torchpipe.ops.interleave import InterleaveIterator
+from torchpipe.ops.interleave_readers import END, FAILED, VALUE, InlineReaders, InnerOpener, ReaderPlace
+from torchpipe.ops.process_readers import ProcessReaders
+from torchpipe.ops.stats import IteratorStats
+from torchpipe.ops.thread_readers import ThreadReaders
+from torchpipe.runtime.process_pool import process_executor_supported
+from torchpipe.runtime.timing import CallTiming
+
+from tests.trees import find_stage
+
+
+def tens(x: int) -> tp.Dataset:
+    if x == 99:
+        raise AssertionError("opened an inner dataset whose read-ahead ran to its end")
+    return tp.range(x * 10, x * 10 + 5)
+
+
+def _opener() -> InnerOpener:
+    ctx = BuildContext(seed=0, seeded=False, epoch=0, options=tp.Options())
+    return InnerOpener(UserFunction(tens, "interleave(tens)", ctx), ctx)
+
+
+def _pool(kind: str):
+    """A started pool of ``kind``, counting into fresh stats."""
+    if kind == "inline":
+        pool = InlineReaders(_opener())
+    elif kind == "thread":
+        pool = ThreadReaders("interleave(tens)", _opener(), 1, stall_s=10.0)
+    else:
+        if not process_executor_supported():
+            pytest.skip("worker processes need Linux")
+        pool = ProcessReaders("interleave(tens)", _opener(), 1, restart=True, stall_s=10.0)
+    stats = IteratorStats()
+    stats.calls = CallTiming()
+    pool.bind(stats)
+    pool.prepare()
+    pool.start(2)
+    return pool
+
+
+def _drain(pool, reader) -> list:
+    """Every ``(kind, payload)`` of ``reader`` up to its end, each with the inner state after it."""
+    pool.read(reader)
+    out = []
+    while True:
+        kind, payload = pool.take(reader)
+        out.append((kind, payload, pool.inner_state(reader) if kind == VALUE else None))
+        if kind in (END, FAILED):
+            return out
+
+
+def _states_of_inline_reads(element: int) -> list:
+    pool = _pool("inline")
+    return _drain(pool, pool.open(element, 0))
+
+
+KINDS = ["inline", "thread", "process"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_reader_opens_at_a_saved_place_and_gives_what_was_read_ahead_first(kind):
+    items = _states_of_inline_reads(1)  # 10..14, each with the state after it, then the end
+    assert [payload for _, payload, _ in items] == [10, 11, 12, 13, 14, None]
+    # Taken: 10; read ahead (by another pool): 11 and 12; this pool goes on from there.
+    place = ReaderPlace(1, 0, items[0][2], None, tuple(items[1:3]))
+    pool = _pool(kind)
+    try:
+        got = _drain(pool, pool.open(*place))
+    finally:
+        pool.shutdown()
+    assert got == items[1:]  # the same elements and the same inner states after each
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_reader_whose_read_ahead_ran_to_the_end_opens_nothing(kind):
+    place = ReaderPlace(99, 0, {"stands": "for a state"}, None, ((VALUE, 990, {"after": 990}), (END, None, None)))
+    pool = _pool(kind)
+    try:
+        reader = pool.open(*place)
+        pool.read(reader)
+        assert pool.take(reader) == (VALUE, 990) and pool.inner_state(reader) == {"after": 990}
+        assert pool.take(reader) == (END, None)
+    finally:
+        pool.shutdown()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_reader_for_a_failed_input_element_only_fails(kind):
+    pool = _pool(kind)
+    try:
+        reader = pool.open(None, 3, None, KeyError("no such file"))
+        pool.read(reader)
+        kind_, error = pool.take(reader)
+    finally:
+        pool.shutdown()
+    assert kind_ == FAILED and isinstance(error, KeyError)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_released_readers_hand_over_their_place_and_what_they_read(kind):
+    pool = _pool(kind)
+    try:
+        reader = pool.open(2, 0)
+        pool.read(reader)
+        assert pool.take(reader) == (VALUE, 20)
+        if kind != "inline":  # it reads ahead: wait until it has
+            pool.wait(lambda: pool.has_ready(reader))
+        (place,) = pool.release([reader])
+    finally:
+        pool.shutdown()
+    assert (place.element, place.seq) == (2, 0)
+    resumed = _pool("inline")
+    assert [p for _, p, _ in _drain(resumed, resumed.open(*place))] == [21, 22, 23, 24, None]
+
+
+def test_the_inline_pool_runs_through_the_same_iterator():
+    it = iter(tp.range(3).flat_map(tens))
+    assert next(it) == 0
+    stage = find_stage(it, InterleaveIterator)
+    assert stage.executor_kind == "inline" and stage.parallelism() == 0
+    assert tunable.role(stage) is None  # the autotuner sees it as an op on its caller's thread
+    assert len(stage.children()) == 2  # its input, and the inner dataset it reads
+    assert list(it) == [1, 2, 3, 4, 10, 11, 12, 13, 14, 20, 21, 22, 23, 24]

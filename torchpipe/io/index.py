@@ -1,0 +1,250 @@
+"""Random access to TFRecord files: an index of record offsets (kept in a sidecar file) and
+:class:`TFRecordRecords`, a map-style dataset over every record of a list of files.
+
+``tp.from_dataset(tp.io.TFRecordRecords(paths))`` is then a random-access source: ``shuffle``
+over all records needs no buffer of records, a parallel ``map`` after it fetches records inside
+its workers (source pushdown), and a checkpoint is an index.
+
+The sidecar is a text file, ``<path>.idx`` by default, with one ``offset length`` line per
+record (the offset of its header and its length in the file, framing included): the format of
+DALI's ``tfrecord2idx`` and of the ``tfrecord`` package, so their indexes are read as is.
+"""
+
+from __future__ import annotations
+
+import bisect
+import io
+import os
+import tempfile
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from torchpipe.dataset import _check_bool
+from torchpipe.io import remote
+from torchpipe.io.files import DataLossError, check_path, open_input
+from torchpipe.io.tfrecord import FOOTER_BYTES, HEADER_BYTES, _CRC, _HEADER, masked_crc
+
+FRAMING = HEADER_BYTES + FOOTER_BYTES
+_SCAN_BUFFER = 64 * 1024
+
+
+def tfrecord_index(
+    path: Any, index_path: Any = None, *, write: bool = True, retry: remote.RetryPolicy | None = None
+) -> np.ndarray:
+    """The offsets and lengths of the records of an uncompressed TFRecord file.
+
+    Reads the sidecar index if there is one and it fits the file (its records end where the
+    file ends); otherwise scans the file's record headers (verifying each length's CRC; the data
+    is skipped, not read) and, if ``write``, saves the sidecar for next time (atomically; a
+    directory that cannot be written is left alone).
+
+    Args:
+        path: the TFRecord file (a local path or a URL).
+        index_path: the sidecar (default ``path + ".idx"``).
+        write: save a sidecar that was missing or stale.
+        retry: how reads of URLs are retried.
+
+    Returns:
+        An int64 array of shape ``(records, 2)``: each record's byte offset and its length in
+        the file (16 bytes of framing plus its data).
+
+    Raises:
+        DataLossError: if a record header is corrupt or the file is truncated.
+    """
+    path = check_path("tfrecord_index", path)
+    index_path = path + ".idx" if index_path is None else check_path("tfrecord_index", index_path)
+    _check_bool("tfrecord_index", "write", write)
+    size = remote.size(path) if remote.is_url(path) else os.path.getsize(remote.local_path(path))
+    index = _read_sidecar(index_path)
+    if index is not None and _fits(index, size):
+        return index
+    index = _scan(path, size, retry)
+    if write:
+        _write_sidecar(index_path, index)
+    return index
+
+
+def _read_sidecar(index_path: str) -> np.ndarray | None:
+    try:
+        if remote.is_url(index_path):
+            fs, inner = remote.filesystem(index_path)
+            text = fs.cat_file(inner).decode()
+        else:
+            with open(remote.local_path(index_path), encoding="ascii") as f:
+                text = f.read()
+        values = np.array(text.split(), dtype=np.int64)
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None  # missing or unreadable: build it again
+    return values.reshape(-1, 2) if values.size % 2 == 0 else None
+
+
+def _fits(index: np.ndarray, size: int) -> bool:
+    """Whether ``index`` frames the whole file: consecutive records from 0 to ``size``."""
+    if len(index) == 0:
+        return size == 0
+    ends = index[:, 0] + index[:, 1]
+    return bool(index[0, 0] == 0 and ends[-1] == size and np.array_equal(index[1:, 0], ends[:-1]))
+
+
+def _scan(path: str, size: int, retry: remote.RetryPolicy | None) -> np.ndarray:
+    offsets: list[int] = []
+    lengths: list[int] = []
+    offset = 0
+    with open_input(path, _SCAN_BUFFER, retry) as f:
+        while offset < size:
+            header = f.read(HEADER_BYTES)
+            if len(header) < HEADER_BYTES:
+                raise DataLossError(f"{path}: truncated record at byte {offset}: {len(header)} of its "
+                                    f"{HEADER_BYTES} header bytes", path, offset)  # fmt: skip
+            length, length_crc = _HEADER.unpack(header)
+            if masked_crc(header[:8]) != length_crc:
+                raise DataLossError(f"{path}: corrupt record at byte {offset}: the length's CRC does not match",
+                                    path, offset)  # fmt: skip
+            if offset + FRAMING + length > size:
+                raise DataLossError(f"{path}: truncated record at byte {offset}: {length} bytes long, past the "
+                                    f"end of the file ({size} bytes)", path, offset)  # fmt: skip
+            offsets.append(offset)
+            lengths.append(FRAMING + length)
+            offset += FRAMING + length
+            f.seek(length + FOOTER_BYTES, io.SEEK_CUR)
+    return np.array([offsets, lengths], dtype=np.int64).T.reshape(-1, 2)
+
+
+def _write_sidecar(index_path: str, index: np.ndarray) -> None:
+    text = "".join(f"{offset} {length}\n" for offset, length in index.tolist())
+    if remote.is_url(index_path):
+        return  # object stores get no sidecar written behind the user's back
+    directory = os.path.dirname(os.path.abspath(index_path))
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".idx-", dir=directory)
+    except OSError:
+        return  # a read-only directory: the index stays in memory
+    try:
+        with os.fdopen(fd, "w", encoding="ascii") as f:
+            f.write(text)
+        os.replace(tmp, index_path)
+    except OSError:
+        os.unlink(tmp)  # a full disk: no sidecar, and no half-written one either
+
+
+class TFRecordRecords:
+    """Every record of a list of uncompressed TFRecord files, as a map-style dataset of ``bytes``.
+
+    Record ``i`` counts through the files in order. Indexes come from :func:`tfrecord_index`
+    (sidecars are read, or built and saved). Local files are read with ``os.pread`` on
+    descriptors opened once per process (safe in forked workers and across threads); URLs with
+    one ranged request a record.
+
+    Args:
+        paths: a path or URL, or a list of them.
+        index_paths: sidecar paths, one a file (default ``<path>.idx``).
+        verify: check both CRCs of every record read.
+        write_index: save sidecars that were missing or stale.
+        retry: how reads of URLs are retried.
+
+    Raises:
+        TypeError, ValueError: for bad arguments; DataLossError for a corrupt file.
+    """
+
+    def __init__(
+        self,
+        paths: Any,
+        *,
+        index_paths: Sequence[Any] | None = None,
+        verify: bool = True,
+        write_index: bool = True,
+        retry: remote.RetryPolicy | None = None,
+    ) -> None:
+        op = "TFRecordRecords"
+        items = [paths] if isinstance(paths, (str, bytes, os.PathLike)) else list(paths)
+        self.paths = [check_path(op, p) for p in items]
+        if not self.paths:
+            raise ValueError(f"{op}: no paths given")
+        sidecars = [None] * len(self.paths) if index_paths is None else list(index_paths)
+        if len(sidecars) != len(self.paths):
+            raise ValueError(f"{op}: {len(sidecars)} index_paths for {len(self.paths)} paths")
+        _check_bool(op, "verify", verify)
+        self.verify = verify
+        self.retry = retry
+        indexes = [tfrecord_index(p, s, write=write_index, retry=retry) for p, s in zip(self.paths, sidecars)]
+        self._offsets = [index[:, 0] for index in indexes]
+        self._lengths = [index[:, 1] for index in indexes]
+        self._ends = np.cumsum([len(index) for index in indexes]).tolist()
+        self._local = ProcessLocalFiles()
+
+    def __len__(self) -> int:
+        return self._ends[-1]
+
+    def __getitem__(self, i: int) -> bytes:
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"TFRecordRecords: index {i} out of range for {n} records")
+        i = int(i) % n
+        file = bisect.bisect_right(self._ends, i)
+        k = i - (self._ends[file - 1] if file else 0)
+        return self._read(file, int(self._offsets[file][k]), int(self._lengths[file][k]))
+
+    def _read(self, file: int, offset: int, length: int) -> bytes:
+        path = self.paths[file]
+        if remote.is_url(path):
+            framed = remote.read_range(path, offset, length, self.retry)
+        else:
+            framed = os.pread(self._local.descriptor(file, path), length, offset)
+        if len(framed) < length:
+            raise DataLossError(f"{path}: truncated record at byte {offset}: {len(framed)} of its {length} bytes; "
+                                "has the file changed since it was indexed?", path, offset)  # fmt: skip
+        return _unframe(framed, path, offset, self.verify)
+
+    def __repr__(self) -> str:
+        return f"TFRecordRecords({len(self.paths)} files, {len(self)} records)"
+
+
+def _unframe(framed: bytes, path: str, offset: int, verify: bool) -> bytes:
+    """The data of one framed record read whole; its framing is checked against the index."""
+    length, length_crc = _HEADER.unpack_from(framed)
+    if length != len(framed) - FRAMING or (verify and masked_crc(framed[:8]) != length_crc):
+        raise DataLossError(f"{path}: corrupt record at byte {offset}: its header does not match the index "
+                            "(a stale index, or a damaged length)", path, offset)  # fmt: skip
+    data = framed[HEADER_BYTES : HEADER_BYTES + length]
+    if verify and masked_crc(data) != _CRC.unpack_from(framed, HEADER_BYTES + length)[0]:
+        raise DataLossError(f"{path}: corrupt record at byte {offset}: the data's CRC does not match "
+                            f"({length} bytes)", path, offset)  # fmt: skip
+    return data
+
+
+class ProcessLocalFiles:
+    """Read-only descriptors of local files, opened on first use in each process (a forked
+    worker opens its own) and closed when the owner is collected."""
+
+    def __init__(self) -> None:
+        self._pid = os.getpid()
+        self._fds: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {}  # descriptors belong to a process: a copy elsewhere opens its own
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__()
+
+    def descriptor(self, key: int, path: str) -> int:
+        fd = self._fds.get(key) if self._pid == os.getpid() else None
+        if fd is not None:
+            return fd
+        with self._lock:
+            if self._pid != os.getpid():
+                self._pid, self._fds = os.getpid(), {}  # inherited descriptors stay the parent's to close
+            if key not in self._fds:
+                self._fds[key] = os.open(remote.local_path(path), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            return self._fds[key]
+
+    def __del__(self) -> None:
+        if getattr(self, "_pid", None) == os.getpid():
+            for fd in self._fds.values():
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass

@@ -1,0 +1,295 @@
+"""TFRecord files without TensorFlow: ``tp.TFRecordDataset`` and ``tp.io.TFRecordWriter``.
+
+A TFRecord file is a sequence of records, each framed as::
+
+    uint64 length (little-endian)
+    uint32 masked CRC32C of the 8 length bytes
+    byte   data[length]
+    uint32 masked CRC32C of data
+
+where ``masked(crc) = ((crc >> 15) | (crc << 17)) + 0xa282ead8`` (mod 2**32). A file may be
+GZIP or ZLIB compressed as a whole. The CRC32C comes from the ``crc32c`` package: hardware
+CRC32C (SSE4.2 / ARMv8) at 15-19 GB/s on 100 KB records, about 3x ``google-crc32c``, and it
+takes any buffer and releases the GIL on large ones (docs/formats.md).
+
+A file's reader is a source whose checkpoint is ``{file, offset}``: the byte where the next
+record starts (in the uncompressed stream for compressed files), so a resume seeks instead of
+reading the records before it again.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import zlib
+from typing import Any, BinaryIO
+
+import crc32c
+
+from torchpipe.constants import AUTOTUNE, UNKNOWN
+from torchpipe.dataset import Dataset, _check_bool, _check_int
+from torchpipe.io import remote
+from torchpipe.io.files import (
+    DataLossError,
+    FileReaderIterator,
+    check_compression,
+    check_path,
+    open_output,
+    open_stream,
+    path_dataset,
+)
+from torchpipe.ops.base import BuildContext, Iterator, Node
+
+_LENGTH = struct.Struct("<Q")
+_CRC = struct.Struct("<I")
+_HEADER = struct.Struct("<QI")
+HEADER_BYTES = 12
+FOOTER_BYTES = 4
+_MASK_DELTA = 0xA282EAD8
+
+
+def masked_crc(data: Any) -> int:
+    """The masked CRC32C that TFRecord stores for ``data`` (any bytes-like object)."""
+    crc = crc32c.crc32c(data)
+    return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
+
+
+def frame_header(length: int) -> bytes:
+    """The 12 bytes before a record of ``length`` bytes: its length and the length's CRC."""
+    encoded = _LENGTH.pack(length)
+    return encoded + _CRC.pack(masked_crc(encoded))
+
+
+def read_record(read: Any, path: str, offset: int, verify: bool, limit: int | None = None) -> bytes | None:
+    """The record starting at byte ``offset``, read with ``read(n)``; None at a clean end of file.
+
+    Args:
+        read: reads up to ``n`` bytes (fewer only at the end of the file).
+        path: the file, for errors.
+        offset: where the record starts, for errors.
+        verify: check both CRCs.
+        limit: the bytes left in the file from ``offset``, where known: a length past it is
+            truncation (and is not allocated).
+
+    Raises:
+        DataLossError: for a truncated record or a CRC mismatch, naming the file and offset.
+    """
+    header = read(HEADER_BYTES)
+    if len(header) < HEADER_BYTES:
+        if not header:
+            return None
+        raise DataLossError(f"{path}: truncated record at byte {offset}: {len(header)} of its "
+                            f"{HEADER_BYTES} header bytes", path, offset)  # fmt: skip
+    length, length_crc = _HEADER.unpack(header)
+    if verify and masked_crc(header[:8]) != length_crc:
+        raise DataLossError(f"{path}: corrupt record at byte {offset}: the length's CRC does not match", path, offset)
+    if limit is not None and HEADER_BYTES + length + FOOTER_BYTES > limit:
+        raise DataLossError(f"{path}: truncated record at byte {offset}: it is {length} bytes long, but the file "
+                            f"has {limit - HEADER_BYTES} bytes after its header", path, offset)  # fmt: skip
+    data = read(length)
+    footer = read(FOOTER_BYTES)
+    if len(data) < length or len(footer) < FOOTER_BYTES:
+        got = len(data) + len(footer)
+        raise DataLossError(f"{path}: truncated record at byte {offset}: {got} of its {length + FOOTER_BYTES} "
+                            f"data and CRC bytes", path, offset)  # fmt: skip
+    if verify and masked_crc(data) != _CRC.unpack(footer)[0]:
+        raise DataLossError(f"{path}: corrupt record at byte {offset}: the data's CRC does not match "
+                            f"({length} bytes)", path, offset)  # fmt: skip
+    return data
+
+
+class TFRecordFileNode(Node):
+    """The records of one TFRecord file, as ``bytes``."""
+
+    kind = "tfrecord_file"
+
+    def __init__(self, path: str, compression: str | None, buffer_size: int | None, verify: bool,
+                 retry: remote.RetryPolicy | None) -> None:  # fmt: skip
+        super().__init__()
+        self.path = path
+        self.compression = compression
+        self.buffer_size = buffer_size
+        self.verify = verify
+        self.retry = retry
+
+    def params(self) -> dict[str, Any]:
+        return {"path": self.path, "compression_type": self.compression}
+
+    def cardinality(self) -> int:
+        return UNKNOWN
+
+    def build(self, ctx: BuildContext) -> Iterator:
+        return TFRecordFileIterator(self)
+
+
+class TFRecordFileIterator(FileReaderIterator):
+    """Reads one TFRecord file record by record; its state is ``{file, offset, done}``.
+
+    After a corrupt or truncated record it raises :class:`DataLossError` once and then ends,
+    so that under ``ignore_errors()`` reading goes on at the next file (as in tf.data).
+    """
+
+    def __init__(self, node: TFRecordFileNode) -> None:
+        super().__init__(f"tfrecord_file({os.path.basename(node.path)})", node.path)
+        self._node = node
+        self._read: Any = None
+        self._size: int | None = None
+
+    def start(self) -> None:
+        if self._done:
+            return
+        node = self._node
+        self._stream = open_stream(node.path, node.compression, node.buffer_size, self._offset, node.retry)
+        self._read = self._stream.read
+        if node.compression is None and not remote.is_url(node.path):
+            self._size = os.fstat(self._stream.fileno()).st_size
+
+    def read_next(self) -> bytes:
+        offset = self._offset
+        limit = None if self._size is None else self._size - offset
+        record = read_record(self._read, self.path, offset, self._node.verify, limit)
+        if record is None:
+            raise StopIteration
+        self._offset = offset + HEADER_BYTES + len(record) + FOOTER_BYTES
+        return record
+
+
+class TFRecordFileReader:
+    """The function ``TFRecordDataset`` maps each file name to: a path to a dataset of records.
+
+    Picklable and stateless, so worker processes can open files too.
+    """
+
+    __name__ = "tfrecord_file"
+
+    def __init__(self, compression: str | None, buffer_size: int | None, verify: bool,
+                 retry: remote.RetryPolicy | None) -> None:  # fmt: skip
+        self.compression = compression
+        self.buffer_size = buffer_size
+        self.verify = verify
+        self.retry = retry
+
+    def __call__(self, path: Any) -> Dataset:
+        path = check_path("TFRecordDataset", path)
+        return Dataset(TFRecordFileNode(path, self.compression, self.buffer_size, self.verify, self.retry))
+
+
+def TFRecordDataset(  # noqa: N802 - tf.data's name
+    filenames: Any,
+    compression_type: str | None = None,
+    buffer_size: int | None = None,
+    num_parallel_reads: int | None = None,
+    *,
+    verify: bool = True,
+    retry: remote.RetryPolicy | None = None,
+) -> Dataset:
+    """The records of one or more TFRecord files, each as ``bytes`` (tf.data's signature).
+
+    Args:
+        filenames: a path or URL, a list of them, or a ``tp.Dataset`` of them.
+        compression_type: ``None`` or ``""`` (none), ``"GZIP"`` or ``"ZLIB"``.
+        buffer_size: bytes of read buffer per file (default 256 KB locally, 8 MB for URLs).
+        num_parallel_reads: ``None`` reads the files one after another; ``n`` or
+            ``tp.AUTOTUNE`` interleaves ``n`` files (one record from each in turn, read ahead in
+            parallel), as ``filenames.interleave(..., cycle_length=n, num_parallel_calls=n)``.
+        verify: check each record's two CRC32Cs (tf.data always does).
+        retry: how reads of URLs are retried (default ``tp.io.RetryPolicy()``).
+
+    Raises:
+        TypeError, ValueError: for arguments of the wrong type or value.
+
+    While iterating, a corrupt or truncated record raises ``tp.io.DataLossError`` naming the
+    file and the record's byte offset; under ``ignore_errors()`` it is skipped (and counted) and
+    reading goes on at the next file.
+    """
+    compression = check_compression("TFRecordDataset", compression_type)
+    if buffer_size is not None:
+        _check_int("TFRecordDataset", "buffer_size", buffer_size, minimum=1)
+    if num_parallel_reads is not None and num_parallel_reads != AUTOTUNE:
+        _check_int("TFRecordDataset", "num_parallel_reads", num_parallel_reads, minimum=1)
+    _check_bool("TFRecordDataset", "verify", verify)
+    if retry is not None and not isinstance(retry, remote.RetryPolicy):
+        raise TypeError(f"TFRecordDataset: retry must be a tp.io.RetryPolicy, got {type(retry).__name__}")
+    reader = TFRecordFileReader(compression, buffer_size, verify, retry)
+    if isinstance(filenames, (str, os.PathLike)) and num_parallel_reads is None:
+        return reader(filenames)
+    files = path_dataset("TFRecordDataset", filenames)
+    if num_parallel_reads is None:
+        return files.flat_map(reader)
+    return files.interleave(reader, cycle_length=num_parallel_reads, block_length=1,
+                            num_parallel_calls=num_parallel_reads)  # fmt: skip
+
+
+class TFRecordWriter:
+    """Writes records to a TFRecord file, byte-identical to ``tf.io.TFRecordWriter``'s.
+
+    Use as a context manager, or call :meth:`close`::
+
+        with tp.io.TFRecordWriter("train-00000.tfrecord") as writer:
+            writer.write(record_bytes)
+
+    Args:
+        path: a local path or a URL (through fsspec).
+        compression_type: ``None``/``""``, ``"GZIP"`` or ``"ZLIB"`` (zlib at TensorFlow's
+            settings: default level, memory level 9).
+
+    Raises:
+        ValueError: for an unknown compression type.
+    """
+
+    def __init__(self, path: Any, compression_type: str | None = None) -> None:
+        compression = check_compression("TFRecordWriter", compression_type)
+        self.path = check_path("TFRecordWriter", path)
+        self._deflate = None
+        if compression is not None:
+            wbits = 16 + zlib.MAX_WBITS if compression == "GZIP" else zlib.MAX_WBITS
+            self._deflate = zlib.compressobj(zlib.Z_DEFAULT_COMPRESSION, zlib.DEFLATED, wbits, 9)
+        self._file: BinaryIO | None = open_output(self.path)
+
+    def write(self, record: Any) -> None:
+        """Append one record (``bytes``, ``bytearray`` or ``memoryview``).
+
+        Raises:
+            TypeError: for anything else (a str must be encoded first).
+            ValueError: after :meth:`close`.
+        """
+        if not isinstance(record, (bytes, bytearray, memoryview)):
+            raise TypeError(f"TFRecordWriter.write: expected bytes, got {type(record).__name__}")
+        data = memoryview(record).cast("B")
+        self._emit(frame_header(len(data)))
+        self._emit(data)
+        self._emit(_CRC.pack(masked_crc(data)))
+
+    def _emit(self, data: Any) -> None:
+        file = self._open_file()
+        file.write(data if self._deflate is None else self._deflate.compress(data))
+
+    def _open_file(self) -> BinaryIO:
+        if self._file is None:
+            raise ValueError(f"TFRecordWriter: {self.path} is closed")
+        return self._file
+
+    def flush(self) -> None:
+        """Push what was written to the file (a compressed file gets a zlib partial flush, as
+        TensorFlow's writer does, so the bytes stay identical to its)."""
+        file = self._open_file()
+        if self._deflate is not None:
+            file.write(self._deflate.flush(zlib.Z_PARTIAL_FLUSH))
+        file.flush()
+
+    def close(self) -> None:
+        """Finish the compressed stream and close the file; idempotent."""
+        file, self._file = self._file, None
+        if file is None:
+            return
+        try:
+            if self._deflate is not None:
+                file.write(self._deflate.flush(zlib.Z_FINISH))
+        finally:
+            file.close()
+
+    def __enter__(self) -> TFRecordWriter:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

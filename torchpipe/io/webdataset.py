@@ -1,0 +1,277 @@
+"""WebDataset tar shards: ``tp.from_webdataset`` and ``tp.io.TarWriter``.
+
+A shard is a tar file whose consecutive members with the same key form a sample, as the
+``webdataset`` package groups them: a member ``dir/abc.seg.png`` has key ``dir/abc`` and
+extension ``seg.png`` (split at the first dot of the basename; extensions lower-cased). A
+sample is ``{"__key__": key, "__url__": shard, ext: bytes, ...}``. Members that are not regular
+files, have no dot, or are ``__meta__`` files are skipped.
+
+A shard's reader is a source whose checkpoint is ``{url, offset}``: the byte where the next
+sample's first member starts, so a resume seeks (for ``.tar.gz`` shards: the offset in the
+uncompressed stream, read up to on resume).
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import tarfile
+from collections.abc import Mapping
+from typing import Any, BinaryIO, Callable
+
+from torchpipe.constants import AUTOTUNE, UNKNOWN
+from torchpipe.dataset import Dataset, _check_bool, _check_int, _check_seed
+from torchpipe.io import remote
+from torchpipe.io.decoders import SampleDecoder, encode_field
+from torchpipe.io.files import (
+    DataLossError,
+    FileReaderIterator,
+    check_path,
+    open_output,
+    open_stream,
+    path_dataset,
+)
+from torchpipe.io.sharding import split_files
+from torchpipe.ops.base import BuildContext, Iterator, Node
+
+_KEY_AND_EXTENSION = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
+_META = re.compile(r"__[^/]*__($|/)")
+
+
+def split_name(name: str) -> tuple[str | None, str | None]:
+    """``(key, extension)`` of a member name, split at the first dot of its basename."""
+    match = _KEY_AND_EXTENSION.match(name)
+    return (match.group(1), match.group(2)) if match else (None, None)
+
+
+def _compression(url: str) -> str | None:
+    return "GZIP" if url.endswith((".tar.gz", ".tgz")) else None
+
+
+class TarShardNode(Node):
+    """The samples of one tar shard, grouped by key."""
+
+    kind = "tar_shard"
+
+    def __init__(self, url: str, buffer_size: int | None, retry: remote.RetryPolicy | None) -> None:
+        super().__init__()
+        self.url, self.buffer_size, self.retry = url, buffer_size, retry
+
+    def params(self) -> dict[str, Any]:
+        return {"url": self.url}
+
+    def cardinality(self) -> int:
+        return UNKNOWN
+
+    def build(self, ctx: BuildContext) -> Iterator:
+        return TarShardIterator(self)
+
+
+class TarShardIterator(FileReaderIterator):
+    """Reads one shard sample by sample; its state is ``{file, offset, done}``, ``offset`` being
+    where the next sample's first member starts.
+
+    A damaged shard raises :class:`DataLossError` (naming the shard and the offset) once and
+    then ends, so that under ``ignore_errors()`` reading goes on at the next shard.
+    """
+
+    def __init__(self, node: TarShardNode) -> None:
+        super().__init__(f"tar_shard({node.url.rsplit('/', 1)[-1]})", node.url)
+        self._node = node
+        self._tar: tarfile.TarFile | None = None
+        self._pending: tuple[str, str, bytes, int] | None = None
+
+    def start(self) -> None:
+        if self._done:
+            return
+        node = self._node
+        self._stream = open_stream(node.url, _compression(node.url), node.buffer_size, self._offset, node.retry)
+        self._base = self._offset
+        try:
+            self._tar = tarfile.open(fileobj=self._stream, mode="r|")
+        except tarfile.ReadError as e:
+            if "empty file" not in str(e):
+                raise self._damaged(self._offset, e) from e
+            self._done = True
+
+    def read_next(self) -> dict[str, Any]:
+        sample: dict[str, Any] | None = None
+        while True:
+            item, self._pending = self._pending or self._next_member(), None
+            if item is None:
+                if sample is None:
+                    raise StopIteration
+                self._done = True  # the last sample: a checkpoint after it is at the end
+                self.shutdown()
+                return sample
+            key, ext, data, offset = item
+            if sample is None:
+                sample = {"__key__": key, "__url__": self._node.url}
+            elif key != sample["__key__"]:
+                self._pending, self._offset = item, offset
+                return sample
+            if ext in sample:
+                raise DataLossError(f"{self._node.url}: sample {key!r} has two {ext!r} files (the second at byte "
+                                    f"{offset})", self._node.url, offset)  # fmt: skip
+            sample[ext] = data
+
+    def _next_member(self) -> tuple[str, str, bytes, int] | None:
+        """The next regular file that belongs to a sample: ``(key, ext, data, offset)``."""
+        tar = self._tar
+        while True:
+            at = self._base + tar.offset
+            try:
+                info = tar.next()
+                if info is None:
+                    return None
+                data = tar.extractfile(info).read() if info.isreg() else None
+            except (tarfile.TarError, EOFError) as e:
+                raise self._damaged(at, e) from e
+            tar.members = []  # a stream is read once: keep no member list
+            key, ext = split_name(info.name)
+            if data is None or key is None or _META.match(info.name):
+                continue
+            return key, ext.lower(), data, self._base + info.offset
+
+    def _damaged(self, offset: int, error: BaseException) -> DataLossError:
+        url = self._node.url
+        return DataLossError(f"{url}: damaged tar shard at byte {offset}: {error}", url, offset)
+
+    def shutdown(self) -> None:
+        self._tar = None
+        super().shutdown()
+
+
+class TarShardReader:
+    """The function ``from_webdataset`` maps each shard URL to: a dataset of its samples."""
+
+    __name__ = "tar_shard"
+
+    def __init__(self, buffer_size: int | None, retry: remote.RetryPolicy | None) -> None:
+        self.buffer_size, self.retry = buffer_size, retry
+
+    def __call__(self, url: Any) -> Dataset:
+        return Dataset(TarShardNode(check_path("from_webdataset", url), self.buffer_size, self.retry))
+
+
+def from_webdataset(
+    urls: Any,
+    *,
+    shardshuffle: bool = False,
+    seed: int | None = None,
+    split_by_rank: bool = True,
+    num_parallel_reads: int | None = None,
+    decode: bool | Callable[[dict[str, Any]], Any] = False,
+    buffer_size: int | None = None,
+    retry: remote.RetryPolicy | None = None,
+) -> Dataset:
+    """The samples of WebDataset tar shards, as dicts (``__key__``, ``__url__``, one ``bytes``
+    per extension).
+
+    Args:
+        urls: a shard path or URL with brace ranges (``shard-{000000..000146}.tar``), or a list.
+        shardshuffle: shuffle the shard order each epoch (seeded by ``seed``, else the pipeline
+            seed; with several ranks every rank must share it).
+        split_by_rank: each ``torch.distributed`` rank reads every ``world_size``-th shard (and
+            each worker of a torch DataLoader iterating the pipeline its share of those, as for
+            every pipeline).
+        num_parallel_reads: ``None`` reads shards one after another; ``n`` or ``tp.AUTOTUNE``
+            interleaves ``n`` shards, a sample from each in turn, read ahead in parallel.
+        decode: True decodes fields by extension (``tp.io.SampleDecoder()``); or a function of
+            the sample.
+        buffer_size: read buffer per shard (default 256 KB locally, 8 MB for URLs).
+        retry: how reads of URLs are retried.
+
+    Raises:
+        TypeError, ValueError: for bad arguments.
+    """
+    op = "from_webdataset"
+    _check_arguments(op, urls, shardshuffle, seed, split_by_rank, num_parallel_reads, decode, buffer_size)
+    files = path_dataset(op, urls, braces=True)
+    if shardshuffle:
+        files = files.shuffle(len(files), seed=seed)
+    if split_by_rank:
+        files = split_files(files, shuffled=shardshuffle and seed is None)
+    reader = TarShardReader(buffer_size, retry)
+    if num_parallel_reads is None:
+        samples = files.flat_map(reader)
+    else:
+        samples = files.interleave(reader, cycle_length=num_parallel_reads, num_parallel_calls=num_parallel_reads)
+    if decode is False:
+        return samples
+    return samples.map(SampleDecoder() if decode is True else decode)
+
+
+def _check_arguments(op: str, urls: Any, shardshuffle: Any, seed: Any, split_by_rank: Any, num_parallel_reads: Any,
+                     decode: Any, buffer_size: Any) -> None:  # fmt: skip
+    _check_bool(op, "shardshuffle", shardshuffle)
+    _check_bool(op, "split_by_rank", split_by_rank)
+    _check_seed(op, seed)
+    if num_parallel_reads is not None and num_parallel_reads != AUTOTUNE:
+        _check_int(op, "num_parallel_reads", num_parallel_reads, minimum=1)
+    if buffer_size is not None:
+        _check_int(op, "buffer_size", buffer_size, minimum=1)
+    if not (isinstance(decode, bool) or callable(decode)):
+        raise TypeError(f"{op}: decode must be a bool or a function of the sample, got {type(decode).__name__}")
+    if isinstance(urls, Dataset):
+        raise TypeError(f"{op}: urls must be a str or a list of str (a shard list of known length)")
+
+
+class TarWriter:
+    """Writes WebDataset samples to a tar shard that ``webdataset`` reads back unchanged.
+
+    Each sample is a dict with a ``__key__`` (no dot in its basename) and one value per
+    extension: ``bytes`` as they are, or values the extension has an encoder for (images for
+    ``jpg``/``png``/..., ``str`` and numbers as text, ``json``, ``npy``, ``pth``). Members are
+    written in the dict's order, read-only, with a fixed ``mtime`` so the same samples make the
+    same bytes.
+
+    Args:
+        path: a local path or URL (``.tar.gz``/``.tgz`` is gzip-compressed).
+        mtime: the members' modification time (seconds since the epoch).
+    """
+
+    def __init__(self, path: Any, mtime: float = 0.0) -> None:
+        self.path = check_path("TarWriter", path)
+        self._file: BinaryIO | None = open_output(self.path)
+        mode = "w|gz" if _compression(self.path) else "w|"
+        self._tar = tarfile.open(fileobj=self._file, mode=mode, format=tarfile.PAX_FORMAT)
+        self._mtime = mtime
+
+    def write(self, sample: Mapping[str, Any]) -> None:
+        """Append one sample.
+
+        Raises:
+            ValueError: for a missing or dotted key, or an extension with a ``/``.
+            TypeError: for a value with no encoder (pass bytes).
+        """
+        if self._file is None:
+            raise ValueError(f"TarWriter: {self.path} is closed")
+        key = sample.get("__key__") if isinstance(sample, Mapping) else None
+        if not isinstance(key, str) or not key or "." in key.rsplit("/", 1)[-1]:
+            raise ValueError(f"TarWriter: a sample needs a '__key__' str without a dot in its basename, got {key!r}")
+        members = [(ext, encode_field(ext, v)) for ext, v in sample.items() if not ext.startswith("__")]
+        for ext, data in members:
+            if not ext or "/" in ext:
+                raise ValueError(f"TarWriter: extension {ext!r} of sample {key!r} must be non-empty, without '/'")
+            info = tarfile.TarInfo(f"{key}.{ext}")
+            info.size, info.mtime, info.mode = len(data), self._mtime, 0o444
+            info.uname = info.gname = "torchpipe"
+            self._tar.addfile(info, io.BytesIO(data))
+
+    def close(self) -> None:
+        """Finish the archive and close the file; idempotent."""
+        file, self._file = self._file, None
+        if file is None:
+            return
+        try:
+            self._tar.close()
+        finally:
+            file.close()
+
+    def __enter__(self) -> TarWriter:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
