@@ -310,6 +310,12 @@ def test_a_pipeline_that_shards_itself_is_not_split_again():
     ds = tp.range(12).shuffle(12).shard(2, 1)
     assert "the pipeline shards itself: not split again" in on_rank(ds, 1, 2, uneven="allow").explain()
     assert len(flat(on_rank(ds, 1, 2, uneven="allow"))) == 6
+    per_worker = []
+    for rank in range(2):
+        for worker in range(3):
+            with as_torch_worker(worker, 3):  # but a rank's torch workers split what it reads
+                per_worker.append(flat(on_rank(tp.range(12).shuffle(12).shard(2, rank), rank, 2, uneven="allow")))
+    once_each(per_worker, range(12))
 
 
 def test_explain_says_where_the_shard_would_go_and_went():

@@ -19,9 +19,10 @@ one (so it takes the place of ``graph/sharding.py``'s worker shard). Where it go
 Below the shard every rank draws the same random numbers (the pass seed all ranks share); above
 it each rank's seeds carry its rank, so ranks do not shuffle or augment their shares alike. A
 pipeline that shards itself (``shard(...)``) is not split again by ``"auto"``; its seeds are
-shared. Ranks' lengths are made equal (``DistributeOptions.uneven``) by the shard where its
-input's length is known, else by an ``equalize`` op at the output: to a length known ahead,
-or with the ranks agreeing at every element.
+shared, and its torch workers split it as ``graph/sharding.py`` does. Ranks' lengths are made
+equal (``DistributeOptions.uneven``) by the shard where its input's length is known, else by an
+``equalize`` op at the output: to a length known ahead, or with the ranks agreeing at every
+element.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import dataclasses
 from torchpipe.constants import INFINITE, UNKNOWN
 from torchpipe.distributed import PassGroup, Replica
 from torchpipe.graph.rewrite import rewrite_bottom_up, with_attrs, with_inputs
-from torchpipe.graph.sharding import WorkerShard, shards_at_source, sources_of
+from torchpipe.graph.sharding import WorkerShard, shards_at_source, sources_of, split_for_worker
 from torchpipe.ops.base import RANK_MARK, Node
 from torchpipe.ops.batch import BatchNode, PaddedBatchNode, RebatchNode
 from torchpipe.ops.distribute import EqualizeNode, FetchNode, ReplicaShard, ReplicaShardNode
@@ -99,7 +100,8 @@ class Placement:
     def apply(self, root: Node, shard: ReplicaShard, uneven: str) -> Node:
         """``root`` with the shard in."""
         if self.level == "manual":
-            return root
+            # not split again between ranks, but a rank's torch workers must still split its share
+            return root if shard.num_workers == 1 else split_for_worker(root, shard.num_workers, shard.worker)[0]
         if self.level == "output":
             return ReplicaShardNode(root, shard, "output", uneven)
         source, top = self.source, self.top

@@ -73,8 +73,12 @@ class WorkerShardNode(ShardNode):
 
 def shard_for_worker(root: Node, worker: WorkerShard) -> tuple[Node, str]:
     """``root`` with the worker's shard put in (see the module docstring), and a line saying where."""
+    return split_for_worker(root, worker.num_workers, worker.index)
+
+
+def split_for_worker(root: Node, n: int, i: int) -> tuple[Node, str]:
+    """``root`` with worker ``i`` of ``n``'s shard put in, and a line saying where."""
     sources = sources_of(root)
-    n, i = worker.num_workers, worker.index
     if shards_at_source(root, sources):
         source = sources[0]
         sharded = rewrite_bottom_up(root, lambda node: WorkerShardNode(node, n, i) if node is source else None)
