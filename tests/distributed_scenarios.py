@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import glob
 import os
 import pickle
 from typing import Any
@@ -48,6 +49,9 @@ def pipeline(kind: str, n: int, files: str = "", **distribute: Any) -> tp.Datase
         ds = tp.zip(tp.range(n).shuffle(n), tp.range(n)).map(lambda a, b: a * 1000 + b)
     elif kind == "filter":
         ds = tp.range(n).shuffle(n).filter(_odd)
+    elif kind == "tfrecord":  # a file list of torchpipe.io's reader, interleaved
+        ds = tp.TFRecordDataset(sorted(glob.glob(os.path.join(files, "*.tfrecord"))), num_parallel_reads=2).map(int)
+        ds = ds.shuffle(8)
     elif kind == "manual":
         ds = tp.range(n).shuffle(n).shard(dist.get_world_size(), dist.get_rank())
     else:

@@ -12,6 +12,7 @@ import sys
 
 import pytest
 
+import torchpipe as tp
 from tests import distributed_scenarios as scenarios
 from tests.cluster import Cluster, free_port
 from torchpipe.distributed import reshard_states
@@ -63,6 +64,31 @@ def test_every_element_of_an_epoch_reaches_exactly_one_rank(kind, policy, world_
         else:
             once_each(shares, expected[kind])
     assert [share[0] for share in per_rank] != [share[1] for share in per_rank]  # each epoch reshuffled
+
+
+@pytest.fixture(scope="module")
+def record_files(tmp_path_factory):
+    """6 TFRecord files and 6 WebDataset shards of 3 records each: ``f * 100 + i``."""
+    folder = tmp_path_factory.mktemp("records")
+    for f in range(6):
+        with tp.io.TFRecordWriter(str(folder / f"{f}.tfrecord")) as tfrecord, \
+                tp.io.TarWriter(str(folder / f"shard-{f:06d}.tar")) as shard:  # fmt: skip
+            for i in range(3):
+                tfrecord.write(str(f * 100 + i).encode())
+                shard.write({"__key__": f"s{f}/{i}", "cls": f * 100 + i})
+    return str(folder)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("kind", ["tfrecord"])
+def test_io_readers_give_every_record_of_an_epoch_to_exactly_one_rank(kind, world_size, record_files):
+    records = [f * 100 + i for f in range(6) for i in range(3)]
+    per_rank = ranks(world_size).run(scenarios.elements, kind, 0, record_files, epochs=2)
+    for epoch in range(2):
+        once_each([share[epoch] for share in per_rank], records)
+    assert [share[0] for share in per_rank] != [share[1] for share in per_rank]  # each epoch reshuffled
+    for share in ranks(world_size).run(scenarios.elements, kind, 0, record_files, policy="off"):
+        assert sorted(share[0]) == records  # every rank reads every file
 
 
 def test_a_rank_reads_only_its_share():

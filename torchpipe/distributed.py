@@ -92,7 +92,9 @@ def shard_files(files: Sequence[str], shard: ReplicaShard | None = None) -> list
 
     Ranks take the files in turn (file ``i`` to rank ``i % world_size``), and a rank's files go
     to its torch DataLoader workers in turn, so every file is read by exactly one shard and a
-    rank reads the same files with or without workers.
+    rank reads the same files with or without workers. This is the list form of the split a
+    pipeline's rank shard makes (``ReplicaShard.owns``); in a pipeline, mark the names with
+    ``tp.io.split_files`` instead, which splits them when each pass starts.
 
     Args:
         files: every file, in the order all shards agree on.
@@ -105,10 +107,7 @@ def shard_files(files: Sequence[str], shard: ReplicaShard | None = None) -> list
     if shard is None:
         return list(files)
     if len(files) < shard.shards:
-        raise ValueError(
-            f"{len(files)} files for {shard.world_size} ranks x {shard.num_workers} workers: each needs at least "
-            "one file; give more files, or split the elements instead (DistributeOptions(policy='data'))"
-        )
+        raise ValueError(shard.too_few_files(len(files)))
     return [name for i, name in enumerate(files) if shard.owns(i)]
 
 

@@ -5,9 +5,10 @@ before the static passes, splitting between ranks x torch DataLoader workers whe
 one (so it takes the place of ``graph/sharding.py``'s worker shard). Where it goes, by
 ``DistributeOptions.policy``:
 
-- **file** (``"auto"`` where the pipeline starts from ``tp.list_files`` with at least ranks x
-  workers files): above the file list and the ops that only reorder or select it (its shuffle):
-  each rank reads its own files.
+- **file** (``"auto"`` where the pipeline starts from a list of files with at least ranks x
+  workers of them: ``tp.list_files``, a ``torchpipe.io`` reader's list, names that a flat_map or
+  interleave opens with an io reader): above the file list and the ops that only reorder or
+  select it (its shuffle): each rank reads its own files.
 - **data** (``"auto"`` otherwise, where the pipeline has one source): above the source and the
   ops that only reorder or select its elements (shuffle, take, skip, repeat), so every rank runs
   those alike and splits one order, as ``DistributedSampler`` shuffles and then splits. A
@@ -37,8 +38,9 @@ from torchpipe.ops.base import RANK_MARK, Node
 from torchpipe.ops.batch import BatchNode, PaddedBatchNode, RebatchNode
 from torchpipe.ops.distribute import EqualizeNode, FetchNode, ReplicaShard, ReplicaShardNode
 from torchpipe.ops.fingerprint import ops_of
+from torchpipe.ops.interleave import FlatMapNode, InterleaveNode
 from torchpipe.ops.shuffle import ShuffleNode
-from torchpipe.ops.sources import FileListNode, FromDatasetNode, IndicesNode
+from torchpipe.ops.sources import FileListNode, FileOpener, FromDatasetNode, IndicesNode
 from torchpipe.ops.structure import ElidedNode, RepeatNode, ShardNode, SkipNode, TakeNode, WithOptionsNode
 from torchpipe.options import DistributeOptions
 
@@ -179,20 +181,19 @@ def place(root: Node, policy: str, shard: ReplicaShard) -> Placement:
     if policy == "auto" and any(type(node) is ShardNode for node in ops_of(root)):
         return Placement("manual", why="the pipeline shards itself")
     single = shards_at_source(root, sources)
-    files = single and isinstance(sources[0], FileListNode)
+    files = single and _starts_from_files(root, sources[0])
     if policy == "file" and not files:
         names = ", ".join(source.label() for source in sources)
-        raise ValueError(f"DistributeOptions(policy='file'): the pipeline does not start from tp.list_files(...) "
-                         f"(its sources: {names}); split its elements with policy='data' (or 'auto')")  # fmt: skip
+        raise ValueError(f"DistributeOptions(policy='file'): the pipeline does not start from tp.list_files(...) or "
+                         f"another list of files (its sources: {names}); split its elements with policy='data' "
+                         "(or 'auto')")  # fmt: skip
     if files and policy in ("auto", "file"):
         top = _index_top(root, sources[0])
         count = top.cardinality()
         if count == INFINITE or count >= shard.shards:
             return Placement("file", top, sources[0])
         if policy == "file":
-            raise ValueError(f"DistributeOptions(policy='file'): {count} files for {shard.world_size} ranks x "
-                             f"{shard.num_workers} workers: each needs at least one file; give more files, or "
-                             "split the elements with policy='data' (or 'auto')")  # fmt: skip
+            raise ValueError(f"DistributeOptions(policy='file'): {shard.too_few_files(count)}")
         return Placement("output", why=f"{count} files, fewer than {shard.shards} ranks x workers")
     if single and not files:
         return Placement("data", _index_top(root, sources[0]), sources[0])
@@ -271,6 +272,17 @@ def _equal_lengths(root: Node, placement: Placement, options: DistributeOptions,
 
 def _lengths_text(lengths: set[int]) -> str:
     return "not known ahead" if UNKNOWN in lengths else " vs ".join(map(str, sorted(lengths)))
+
+
+def _starts_from_files(root: Node, source: Node) -> bool:
+    """Whether ``source`` is a list of files: ``tp.list_files``' or an io reader's, or names that the
+    first op above its index ops opens with an io reader (``ops.sources.FileOpener``)."""
+    if isinstance(source, FileListNode):
+        return True
+    top = _index_top(root, source)
+    path = _path(root, top)
+    above = path[-2] if len(path) > 1 else None
+    return isinstance(above, (FlatMapNode, InterleaveNode)) and isinstance(above.fn, FileOpener)
 
 
 def _index_top(root: Node, source: Node) -> Node:

@@ -39,6 +39,7 @@ from torchpipe.io.files import (
     path_dataset,
 )
 from torchpipe.ops.base import BuildContext, Iterator, Node
+from torchpipe.ops.sources import FileOpener
 
 _LENGTH = struct.Struct("<Q")
 _CRC = struct.Struct("<I")
@@ -154,7 +155,7 @@ class TFRecordFileIterator(FileReaderIterator):
         return record
 
 
-class TFRecordFileReader:
+class TFRecordFileReader(FileOpener):
     """The function ``TFRecordDataset`` maps each file name to: a path to a dataset of records.
 
     Picklable and stateless, so worker processes can open files too.

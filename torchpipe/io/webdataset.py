@@ -33,6 +33,7 @@ from torchpipe.io.files import (
 )
 from torchpipe.io.sharding import split_files
 from torchpipe.ops.base import BuildContext, Iterator, Node
+from torchpipe.ops.sources import FileOpener
 
 _KEY_AND_EXTENSION = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
 _META = re.compile(r"__[^/]*__($|/)")
@@ -142,7 +143,7 @@ class TarShardIterator(FileReaderIterator):
         super().shutdown()
 
 
-class TarShardReader:
+class TarShardReader(FileOpener):
     """The function ``from_webdataset`` maps each shard URL to: a dataset of its samples."""
 
     __name__ = "tar_shard"

@@ -56,6 +56,11 @@ class ReplicaShard:
         in_rank = max(0, -(-(stop - self.rank) // self.world_size))
         return max(0, -(-(in_rank - self.worker) // self.num_workers))
 
+    def too_few_files(self, count: int) -> str:
+        """Why ``count`` files cannot be split into :attr:`shards` shares of whole files (fewer)."""
+        return (f"{count} files for {self.world_size} ranks x {self.num_workers} workers: each needs at least "
+                "one file; give more files, or split the elements with DistributeOptions(policy='data') (or 'auto')")
+
     def describe(self) -> str:
         text = f"rank {self.rank} of {self.world_size}"
         return text if self.num_workers == 1 else f"{text} x torch worker {self.worker} of {self.num_workers}"
