@@ -38,6 +38,10 @@ def _odd(x: int) -> bool:
     return x % 3 != 0
 
 
+def _cls(sample: dict[str, Any]) -> int:
+    return int(sample["cls"])
+
+
 def pipeline(kind: str, n: int, files: str = "", **distribute: Any) -> tp.Dataset:
     """The pipelines the tests split, none with a seed of its own (ranks must share one)."""
     options = tp.Options(distribute=tp.DistributeOptions(**distribute)) if distribute else tp.Options()
@@ -52,6 +56,8 @@ def pipeline(kind: str, n: int, files: str = "", **distribute: Any) -> tp.Datase
     elif kind == "tfrecord":  # a file list of torchpipe.io's reader, interleaved
         ds = tp.TFRecordDataset(sorted(glob.glob(os.path.join(files, "*.tfrecord"))), num_parallel_reads=2).map(int)
         ds = ds.shuffle(8)
+    elif kind == "webdataset":  # shards shuffled with the pipeline seed: rank 0's, broadcast
+        ds = tp.from_webdataset(os.path.join(files, "shard-{000000..000005}.tar"), shardshuffle=True).map(_cls)
     elif kind == "manual":
         ds = tp.range(n).shuffle(n).shard(dist.get_world_size(), dist.get_rank())
     else:

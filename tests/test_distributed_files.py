@@ -1,11 +1,12 @@
-"""torchpipe.io's file readers split between ranks: TFRecord file lists.
+"""torchpipe.io's file readers split between ranks: TFRecord file lists and WebDataset shards.
 
 Ranks are simulated in this process, with ``DistributeOptions(rank=..., world_size=...)`` as in
 tests/test_distributed.py, or as ``torch.distributed`` reports them (its functions patched);
 tests/test_distributed_ranks.py runs the readers on real ranks that share rank 0's seed.
 
 What is checked: every record reaches exactly one rank (and one torch worker), whole files to a
-rank, where the pipeline starts from a list of files that an io reader opens.
+rank; a reader's own split (``tp.io.split_files``, ``from_webdataset``) is the only one; the
+policies (``"off"``, ``"file"``, ``"data"``) and ``split_by_rank=False`` are honoured.
 """
 
 import collections
@@ -125,3 +126,101 @@ def test_with_torch_distributed_a_tfrecord_list_is_split_once(tmp_path, as_torch
     once_each(got, records(6))
     off = tp.TFRecordDataset(paths).with_options(tp.Options(distribute=tp.DistributeOptions(policy="off")))
     assert sorted(number(x) for x in off) == records(6)  # every rank reads every file
+
+
+# -- WebDataset shards ----------------------------------------------------------------------------
+@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("num_parallel_reads", [None, 2])
+def test_webdataset_shards_give_every_sample_to_one_rank(tmp_path, world_size, num_parallel_reads):
+    urls = write_shards(tmp_path, 6)
+
+    def make():
+        return tp.from_webdataset(urls, shardshuffle=True, num_parallel_reads=num_parallel_reads)
+
+    got = shares(make, world_size)
+    once_each(got, records(6))
+    assert [len(files) for files in whole_files(got)] == [6 // world_size] * world_size
+    text = on_rank(make(), 1, world_size).explain()
+    assert f"distribute: rank 1 of {world_size} keeps one file in {world_size} of shuffle(buffer_size=6" in text
+    assert got != shares(make, world_size, seed=8)  # the pipeline seed shuffles the shards all ranks split
+
+
+def test_ranks_times_workers_read_each_shard_once(tmp_path, as_torch_distributed):
+    urls = write_shards(tmp_path, 8)
+    options = tp.Options(seed=7, distribute=tp.DistributeOptions(uneven="allow"))
+    per_share = []
+    for rank in range(2):
+        as_torch_distributed(rank, 2)
+        for worker in range(2):
+            with as_torch_worker(worker, 2):
+                per_share.append([number(x) for x in tp.from_webdataset(urls, shardshuffle=True).with_options(options)])
+    once_each(per_share, records(8))
+    assert [len(files) for files in whole_files(per_share)] == [2] * 4
+
+
+def test_with_torch_distributed_the_shards_are_split_once(tmp_path, as_torch_distributed):
+    urls = write_shards(tmp_path, 6)
+
+    def make(**distribute):
+        options = tp.DistributeOptions(uneven="allow", **distribute)
+        return tp.from_webdataset(urls, shardshuffle=True).with_options(tp.Options(seed=3, distribute=options))
+
+    got = []
+    for rank in range(2):
+        as_torch_distributed(rank, 2)
+        got.append([number(x) for x in make()])
+    once_each(got, records(6))
+    assert sorted(number(x) for x in make(policy="off")) == records(6)  # every rank reads every shard
+    as_torch_distributed(0, 2)  # the rank and world size given win over torch.distributed's
+    given = [[number(x) for x in make(rank=rank, world_size=3)] for rank in range(3)]
+    once_each(given, records(6))
+    assert [len(files) for files in whole_files(given)] == [2, 2, 2]
+
+
+def test_policies_and_split_by_rank_false_over_shards(tmp_path):
+    urls = write_shards(tmp_path, 4)
+    whole = shares(lambda: tp.from_webdataset(urls, split_by_rank=False), 2)
+    assert whole[0] == whole[1] == records(4)  # every rank reads every shard
+    assert "not split (rank 0 of 2 gets every element)" in on_rank(
+        tp.from_webdataset(urls, split_by_rank=False), 0, 2).explain()  # fmt: skip
+    per_worker = []
+    for worker in range(2):
+        with as_torch_worker(worker, 2):  # a rank's torch workers still split what it reads
+            per_worker.append([number(x) for x in on_rank(tp.from_webdataset(urls, split_by_rank=False), 1, 2)])
+    once_each(per_worker, records(4))
+    filed = shares(lambda: tp.from_webdataset(urls, split_by_rank=False), 2, policy="file")
+    once_each(filed, records(4))  # an explicit policy wins
+    by_element = shares(lambda: tp.from_webdataset(urls), 2, policy="data")
+    once_each(by_element, records(4))
+    assert [len(files) for files in map(set, ([x // 100 for x in s] for s in by_element))] == [4, 4]
+    assert shares(lambda: tp.from_webdataset(urls), 2, policy="off") == [records(4)] * 2
+    few = shares(lambda: tp.from_webdataset(urls), 8)  # 4 shards for 8 ranks: auto splits the samples
+    once_each(few, records(4))
+    with pytest.raises(ValueError, match="4 files for 8 ranks x 1 workers"):
+        iter(on_rank(tp.from_webdataset(urls), 0, 8, policy="file"))
+
+
+def test_split_files_puts_the_split_where_it_is(tmp_path):
+    paths = write_tfrecords(tmp_path, 6)
+
+    def make():  # ops of one's own on the names, then the split: the names split are the mapped ones
+        names = tp.io.split_files(tp.from_tensor_slices(paths).map(lambda p: p).shuffle(6), shuffled=True)
+        return names.interleave(tp.TFRecordDataset, cycle_length=2)
+
+    got = shares(make, 3)
+    once_each(got, records(6))
+    whole_files(got)
+    assert "keeps one file in 3 of shuffle(buffer_size=6" in on_rank(make(), 0, 3).explain()
+    with as_torch_worker(0, 2), pytest.raises(RuntimeError, match="tp.Options\\(seed=...\\)"):
+        iter(make().with_options(tp.Options(distribute=tp.DistributeOptions(rank=0, world_size=2, uneven="allow"))))
+    assert sorted(number(x) for x in make()) == records(6)  # one process: every file
+
+
+def test_a_rank_resumes_its_own_files_and_refuses_another_ranks(tmp_path):
+    urls = write_shards(tmp_path, 4)
+    ds = [on_rank(tp.from_webdataset(urls, shardshuffle=True), rank, 2) for rank in range(2)]
+    assert_checkpoint_roundtrip(ds[1])
+    it = iter(ds[1])
+    next(it)
+    with pytest.raises(tp.CheckpointError, match="rank 1 of 2's and this is rank 0 of 2"):
+        iter(ds[0]).load_state_dict(it.state_dict())

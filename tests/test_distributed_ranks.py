@@ -80,7 +80,7 @@ def record_files(tmp_path_factory):
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
-@pytest.mark.parametrize("kind", ["tfrecord"])
+@pytest.mark.parametrize("kind", ["tfrecord", "webdataset"])
 def test_io_readers_give_every_record_of_an_epoch_to_exactly_one_rank(kind, world_size, record_files):
     records = [f * 100 + i for f in range(6) for i in range(3)]
     per_rank = ranks(world_size).run(scenarios.elements, kind, 0, record_files, epochs=2)

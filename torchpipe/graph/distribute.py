@@ -8,7 +8,7 @@ one (so it takes the place of ``graph/sharding.py``'s worker shard). Where it go
 - **file** (``"auto"`` where the pipeline starts from a list of files with at least ranks x
   workers of them: ``tp.list_files``, a ``torchpipe.io`` reader's list, names that a flat_map or
   interleave opens with an io reader): above the file list and the ops that only reorder or
-  select it (its shuffle): each rank reads its own files.
+  select it (its shuffle), or where ``tp.io.split_files`` marks: each rank reads its own files.
 - **data** (``"auto"`` otherwise, where the pipeline has one source): above the source and the
   ops that only reorder or select its elements (shuffle, take, skip, repeat), so every rank runs
   those alike and splits one order, as ``DistributedSampler`` shuffles and then splits. A
@@ -20,10 +20,11 @@ one (so it takes the place of ``graph/sharding.py``'s worker shard). Where it go
 Below the shard every rank draws the same random numbers (the pass seed all ranks share); above
 it each rank's seeds carry its rank, so ranks do not shuffle or augment their shares alike. A
 pipeline that shards itself (``shard(...)``) is not split again by ``"auto"``; its seeds are
-shared, and its torch workers split it as ``graph/sharding.py`` does. Ranks' lengths are made
-equal (``DistributeOptions.uneven``) by the shard where its input's length is known, else by an
-``equalize`` op at the output: to a length known ahead, or with the ranks agreeing at every
-element.
+shared, and its torch workers split it as ``graph/sharding.py`` does. Nor is one whose files are
+marked to be read whole on every rank (``from_webdataset(split_by_rank=False)``); its torch
+workers split it too. Ranks' lengths are made equal (``DistributeOptions.uneven``) by the shard
+where its input's length is known, else by an ``equalize`` op at the output: to a length known
+ahead, or with the ranks agreeing at every element.
 """
 
 from __future__ import annotations
@@ -36,8 +37,7 @@ from torchpipe.graph.rewrite import rewrite_bottom_up, with_attrs, with_inputs
 from torchpipe.graph.sharding import WorkerShard, shards_at_source, sources_of, split_for_worker
 from torchpipe.ops.base import RANK_MARK, Node
 from torchpipe.ops.batch import BatchNode, PaddedBatchNode, RebatchNode
-from torchpipe.ops.distribute import EqualizeNode, FetchNode, ReplicaShard, ReplicaShardNode
-from torchpipe.ops.fingerprint import ops_of
+from torchpipe.ops.distribute import EqualizeNode, FetchNode, ReplicaShard, ReplicaShardNode, SplitFilesNode
 from torchpipe.ops.interleave import FlatMapNode, InterleaveNode
 from torchpipe.ops.shuffle import ShuffleNode
 from torchpipe.ops.sources import FileListNode, FileOpener, FromDatasetNode, IndicesNode
@@ -91,18 +91,21 @@ class Distribution:
 
 @dataclasses.dataclass(frozen=True)
 class Placement:
-    """Where the shard goes: ``level`` (``data``, ``file``, ``output``, or ``manual`` where the
-    pipeline shards itself), above ``top`` (whose source is ``source``), and why."""
+    """Where the shard goes: ``level`` (``data``, ``file``, ``output``; ``manual`` where the
+    pipeline shards itself, ``whole`` where its files are marked to be read whole on every rank),
+    above ``top`` (whose source is ``source``), and why. ``shuffled``: the files below were
+    shuffled with the pipeline seed (``tp.io.split_files(shuffled=True)``)."""
 
     level: str
     top: Node | None = None
     source: Node | None = None
     why: str = ""
+    shuffled: bool = False
 
     def apply(self, root: Node, shard: ReplicaShard, uneven: str) -> Node:
         """``root`` with the shard in."""
-        if self.level == "manual":
-            # not split again between ranks, but a rank's torch workers must still split its share
+        if self.level in ("manual", "whole"):
+            # not split between ranks, but a rank's torch workers must still split its share
             return root if shard.num_workers == 1 else split_for_worker(root, shard.num_workers, shard.worker)[0]
         if self.level == "output":
             return ReplicaShardNode(root, shard, "output", uneven)
@@ -127,7 +130,9 @@ class Placement:
         """Whether ranks must share the pass seed for their shares to be disjoint."""
         if self.level in ("output", "manual"):
             return True  # every op is below the shard; any of them may draw
-        return any(isinstance(node, ShuffleNode) and node.seed is None for node in self.chain())
+        if self.level == "whole":
+            return False  # nothing is split between ranks: their draws need not agree
+        return self.shuffled or any(isinstance(node, ShuffleNode) and node.seed is None for node in self.chain())
 
     def note(self, shard: ReplicaShard) -> str:
         """A line for ``explain()``: what ``shard`` keeps."""
@@ -136,6 +141,8 @@ class Placement:
     def sentence(self, who: str, shards: str) -> str:
         if self.level == "manual":
             return f"{self.why}: not split again ({who}); the ranks share its seeds"
+        if self.level == "whole":
+            return f"{self.why}: not split ({who} gets every element)"
         if self.level == "output":
             return (f"{who} runs the whole pipeline ({self.why}) with a seed the ranks share and keeps one element "
                     f"in {shards} of the output")  # fmt: skip
@@ -177,21 +184,26 @@ def distribute(root: Node, options: DistributeOptions, replica: Replica, worker:
 
 def place(root: Node, policy: str, shard: ReplicaShard) -> Placement:
     """Where ``policy`` puts the shard in ``root`` (see the module docstring)."""
-    sources = sources_of(root)
-    if policy == "auto" and any(type(node) is ShardNode for node in ops_of(root)):
+    nodes, sources = _nodes(root), sources_of(root)
+    marks = [node for node in nodes if isinstance(node, SplitFilesNode)]
+    if policy == "auto" and any(type(node) is ShardNode for node in nodes):
         return Placement("manual", why="the pipeline shards itself")
+    if policy == "auto" and any(not mark.split for mark in marks):
+        return Placement("whole", why="its files are read whole on every rank (from_webdataset(split_by_rank=False))")
     single = shards_at_source(root, sources)
-    files = single and _starts_from_files(root, sources[0])
+    mark = next((mark for mark in marks if mark.split), None) if single else None
+    files = single and (mark is not None or _starts_from_files(root, sources[0]))
     if policy == "file" and not files:
         names = ", ".join(source.label() for source in sources)
         raise ValueError(f"DistributeOptions(policy='file'): the pipeline does not start from tp.list_files(...) or "
                          f"another list of files (its sources: {names}); split its elements with policy='data' "
                          "(or 'auto')")  # fmt: skip
     if files and policy in ("auto", "file"):
-        top = _index_top(root, sources[0])
+        # where tp.io.split_files marks, else above the file list and its shuffle
+        top = mark.inputs[0] if mark is not None else _index_top(root, sources[0])
         count = top.cardinality()
         if count == INFINITE or count >= shard.shards:
-            return Placement("file", top, sources[0])
+            return Placement("file", top, sources[0], shuffled=mark is not None and mark.shuffled)
         if policy == "file":
             raise ValueError(f"DistributeOptions(policy='file'): {shard.too_few_files(count)}")
         return Placement("output", why=f"{count} files, fewer than {shard.shards} ranks x workers")
@@ -252,6 +264,8 @@ def _equal_lengths(root: Node, placement: Placement, options: DistributeOptions,
     """The length every rank's pass gets where each is known, or the agreement the ranks need."""
     if options.uneven == "allow" or shard.world_size == 1 or run.cardinality() == INFINITE:
         return None, None
+    if placement.level == "whole":
+        return None, None  # every rank reads the same files whole
     lengths = {UNKNOWN} if placement.level == "manual" else {
         _split(root, placement, ReplicaShard(shard.world_size, rank), options)[1].cardinality()
         for rank in (0, shard.world_size - 1)  # the longest and the shortest share
@@ -283,6 +297,17 @@ def _starts_from_files(root: Node, source: Node) -> bool:
     path = _path(root, top)
     above = path[-2] if len(path) > 1 else None
     return isinstance(above, (FlatMapNode, InterleaveNode)) and isinstance(above.fn, FileOpener)
+
+
+def _nodes(root: Node) -> list[Node]:
+    """Every node of ``root``'s graph, depth first, marks included (``ops_of`` leaves out the
+    nodes without a state of their own, ``split_files`` among them)."""
+    nodes, stack = [], [root]
+    while stack:
+        node = stack.pop()
+        nodes.append(node)
+        stack.extend(reversed(node.inputs))
+    return nodes
 
 
 def _index_top(root: Node, source: Node) -> Node:

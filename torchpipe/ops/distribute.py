@@ -274,6 +274,45 @@ class ReplicaShardIterator(Iterator):
             )
 
 
+class SplitFilesNode(Node):
+    """Where a list of files is split between ranks (``tp.io.split_files``, ``tp.from_webdataset``).
+
+    The split itself is the rank shard that the distribution rewrite puts right below this node
+    (``graph/distribute.py``), so it follows ``DistributeOptions`` (the policy, an explicit rank
+    and world size) and splits ranks x torch DataLoader workers once. The node has no iterator of
+    its own: where the pipeline is not split between ranks (one process, ``policy="off"``, a split
+    placed elsewhere) every file passes.
+
+    Args:
+        input: a node of file names, the same list on every rank.
+        shuffled: the names were shuffled with the pipeline seed: every rank needs the same one
+            (rank 0's, broadcast, where the pipeline has none).
+        split: False marks files that every rank reads whole
+            (``from_webdataset(split_by_rank=False)``): under ``policy="auto"`` the pipeline is
+            then not split.
+    """
+
+    kind = "split_files"
+    checkpoints_as_input = True
+
+    def __init__(self, input: Node, shuffled: bool, split: bool = True) -> None:
+        super().__init__(input)
+        self.shuffled = shuffled
+        self.split = split
+
+    def params(self) -> dict[str, Any]:
+        return {"shuffled": self.shuffled, "split": self.split}
+
+    def is_asynchronous(self) -> bool:
+        return self.inputs[0].is_asynchronous()
+
+    def input_context(self, ctx: BuildContext, index: int) -> BuildContext:
+        return ctx  # a mark, not a stage: the seeds below are the same with and without it
+
+    def build(self, ctx: BuildContext) -> Iterator:
+        return ctx.build_input(self)
+
+
 class FetchNode(Node):
     """``dataset[i]`` for every index of its input: a ``from_dataset`` source's reads, moved above
     the rank shard so that each rank reads only its share. It checkpoints as its input."""
