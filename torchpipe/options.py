@@ -34,8 +34,9 @@ class DistributeOptions:
     (docs/distributed.md).
 
     Args:
-        policy: ``"auto"`` (the default): ``"file"`` where the pipeline starts from
-            ``tp.list_files`` with at least ranks x workers files, else ``"data"``;
+        policy: ``"auto"`` (the default): ``"file"`` where the pipeline starts from a list of
+            files (``tp.list_files``, ``tp.TFRecordDataset``'s or ``tp.from_webdataset``'s) with
+            at least ranks x workers of them, else ``"data"``;
             ``"file"``: each rank reads its own files (an error with fewer files than ranks x
             workers); ``"data"``: each rank keeps every N-th element (of the source, after the
             ops that only reorder or select it, where the pipeline has one source that is not a
