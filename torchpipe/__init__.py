@@ -1,5 +1,6 @@
 """torchpipe: tf.data-style input pipelines and a drop-in DataLoader for PyTorch."""
 
+from torchpipe import distributed
 from torchpipe.constants import AUTOTUNE, INFINITE, UNKNOWN
 from torchpipe.dataset import Dataset
 from torchpipe import io
@@ -8,7 +9,7 @@ from torchpipe.io import TFRecordDataset, from_webdataset
 from torchpipe.io.load import load
 from torchpipe.loader import DataLoader, explain
 from torchpipe.ops.map import pure
-from torchpipe.options import AutotuneOptions, Options
+from torchpipe.options import AutotuneOptions, DistributeOptions, Options
 from torchpipe.randomness import rng
 from torchpipe.sources import (
     choose_from_datasets,
@@ -29,6 +30,7 @@ __all__ = [
     "CheckpointError",
     "DataLoader",
     "Dataset",
+    "DistributeOptions",
     "INFINITE",
     "Options",
     "StallError",
@@ -36,6 +38,7 @@ __all__ = [
     "UNKNOWN",
     "WorkerError",
     "choose_from_datasets",
+    "distributed",
     "explain",
     "from_dataset",
     "from_iterable",

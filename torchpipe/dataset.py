@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from torchpipe.constants import AUTOTUNE, INFINITE, UNKNOWN
+from torchpipe.distributed import current_replica
 from torchpipe.graph import PassHistory, PipelineIterator, Plan, current_worker, explain_plan
 from torchpipe.ops.base import Node
 from torchpipe.ops.batch import (
@@ -76,7 +77,8 @@ class Dataset(torch.utils.data.IterableDataset):
         return iterator
 
     def _plan(self) -> Plan:
-        return Plan(self._node, self.options(), self._memory, current_worker())
+        options = self.options()
+        return Plan(self._node, options, self._memory, current_worker(), current_replica(options.distribute))
 
     def options(self) -> Options:
         """The pipeline's options: every ``with_options`` below this node, later ones winning."""
@@ -88,7 +90,12 @@ class Dataset(torch.utils.data.IterableDataset):
         return merged
 
     def cardinality(self) -> int:
-        """Number of elements; ``tp.INFINITE`` or ``tp.UNKNOWN`` where that is all one can know."""
+        """Number of elements; ``tp.INFINITE`` or ``tp.UNKNOWN`` where that is all one can know.
+
+        On one of several ranks (docs/distributed.md), the number this rank's pass yields.
+        """
+        if current_replica(self.options().distribute) is not None:
+            return self._plan().runtime_root.cardinality()
         return self._node.cardinality()
 
     def __len__(self) -> int:

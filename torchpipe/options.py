@@ -19,6 +19,71 @@ OPTIMIZATIONS = (
 )
 """The static optimizer's passes, in the order they run (see ``torchpipe.graph.optimizer``)."""
 
+POLICIES = ("auto", "file", "data", "off")
+"""``DistributeOptions.policy`` values: how a pipeline is split between ranks."""
+UNEVEN = ("drop", "pad", "allow")
+"""``DistributeOptions.uneven`` values: what happens when ranks' shares differ in length."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DistributeOptions:
+    """How a pipeline iterated on several ranks (``torch.distributed``) splits its data.
+
+    Where ``torch.distributed`` is initialized with a world size above 1 (torchrun, DDP, FSDP),
+    or ``rank`` and ``world_size`` are given, each rank's pass yields that rank's share
+    (docs/distributed.md).
+
+    Args:
+        policy: ``"auto"`` (the default): ``"file"`` where the pipeline starts from a list of
+            files (``tp.list_files``, ``tp.TFRecordDataset``'s or ``tp.from_webdataset``'s) with
+            at least ranks x workers of them, else ``"data"``;
+            ``"file"``: each rank reads its own files (an error with fewer files than ranks x
+            workers); ``"data"``: each rank keeps every N-th element (of the source, after the
+            ops that only reorder or select it, where the pipeline has one source that is not a
+            file list; else of the output); ``"off"``: every rank gets everything.
+        rank: this process's rank; with ``world_size``, instead of ``torch.distributed``'s.
+        world_size: the number of ranks; with ``rank``.
+        uneven: when ranks' shares differ in length: ``"drop"`` (the default) ends every
+            rank's pass where the shortest ends, so no rank runs a step the others do not
+            (as ``DistributedSampler(drop_last=True)``); ``"pad"`` runs as long as the longest,
+            the others repeating elements from the start of their share (as
+            ``DistributedSampler(drop_last=False)``); ``"allow"`` leaves the lengths alone
+            (for training loops that handle uneven inputs themselves, e.g. torch's ``Join``).
+        global_batch: the batch sizes of the pipeline's ``batch``, ``padded_batch`` and
+            ``rebatch`` are global: each rank batches ``batch_size / world_size`` elements (as
+            ``tf.distribute`` rebatches); a size that does not divide is a ValueError when the
+            pass starts. False (the default): sizes are per rank, as with
+            ``DataLoader(batch_size=...)`` and ``DistributedSampler``.
+
+    Raises:
+        TypeError, ValueError: for a value of the wrong type or range, or only one of
+            ``rank`` and ``world_size``.
+    """
+
+    policy: str = "auto"
+    rank: int | None = None
+    world_size: int | None = None
+    uneven: str = "drop"
+    global_batch: bool = False
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"DistributeOptions.policy must be one of {POLICIES}, got {self.policy!r}")
+        if self.uneven not in UNEVEN:
+            raise ValueError(f"DistributeOptions.uneven must be one of {UNEVEN}, got {self.uneven!r}")
+        if not isinstance(self.global_batch, bool):
+            raise TypeError(f"DistributeOptions.global_batch must be a bool, got {self.global_batch!r}")
+        for name in ("rank", "world_size"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise TypeError(f"DistributeOptions.{name} must be an int or None, got {value!r}")
+        if (self.rank is None) != (self.world_size is None):
+            raise ValueError("DistributeOptions: give both rank and world_size, or neither "
+                             f"(got rank={self.rank!r}, world_size={self.world_size!r})")  # fmt: skip
+        if self.world_size is not None and self.world_size < 1:
+            raise ValueError(f"DistributeOptions.world_size must be >= 1, got {self.world_size}")
+        if self.rank is not None and not 0 <= self.rank < self.world_size:
+            raise ValueError(f"DistributeOptions.rank must be in [0, {self.world_size}), got {self.rank}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +124,7 @@ DEFAULT_STALL_TIMEOUT_S = 600.0
 
 _DEFAULTS: dict[str, Any] = {"seed": None, "deterministic": True, "restart_workers": True, "optimizations": {},
                              "autotune": AutotuneOptions(), "stall_timeout": DEFAULT_STALL_TIMEOUT_S,
-                             "trace": False}  # fmt: skip
+                             "trace": False, "distribute": DistributeOptions()}  # fmt: skip
 
 
 class Options:
@@ -92,6 +157,8 @@ class Options:
             processes run, the training loop's waits, buffer occupancy and the tuner's knob
             changes; ``"all"`` records every element of every stage (finer, dearer on cheap
             elements); ``False`` (default) records nothing and costs nothing (docs/observability.md).
+        distribute: a :class:`DistributeOptions`: how the pipeline splits its data between
+            ranks when it runs on several (``torch.distributed``).
 
     Raises:
         TypeError: for an unknown field or a value of the wrong type.
@@ -167,6 +234,8 @@ def _validate(name: str, value: Any) -> None:
         raise ValueError(f"Options.trace must be False, True or 'all', got {value!r}")
     if name == "autotune" and not isinstance(value, AutotuneOptions):
         raise TypeError(f"Options.autotune must be a tp.AutotuneOptions, got {value!r}")
+    if name == "distribute" and not isinstance(value, DistributeOptions):
+        raise TypeError(f"Options.distribute must be a tp.DistributeOptions, got {value!r}")
 
 
 def _validate_optimizations(value: Any) -> None:

@@ -13,7 +13,7 @@ import torch
 from torchpipe import nest
 from torchpipe.dataset import Dataset, _check_bool, _check_dataset, _check_int, _check_seed
 from torchpipe.ops.combine import ChooseFromDatasetsNode, SampleFromDatasetsNode, ZipNode
-from torchpipe.ops.sources import FromDatasetNode, FromIterableNode, RangeNode, TensorSlicesNode
+from torchpipe.ops.sources import FileListNode, FromDatasetNode, FromIterableNode, RangeNode, TensorSlicesNode
 
 
 def from_dataset(dataset: Any) -> Dataset:
@@ -93,7 +93,8 @@ def list_files(pattern: str | Sequence[str], shuffle: bool = False, seed: int | 
 
     A pattern with a scheme (``s3://bucket/train-*.tfrecord``) is globbed through fsspec.
 
-    The glob runs now, so a pattern that matches nothing fails here.
+    The glob runs now, so a pattern that matches nothing fails here. On several ranks
+    (docs/distributed.md) a pipeline that starts here is split by files: each rank reads its own.
 
     Raises:
         ValueError: if no file matches.
@@ -106,7 +107,7 @@ def list_files(pattern: str | Sequence[str], shuffle: bool = False, seed: int | 
     files = sorted({f for p in patterns for f in _glob(os.fspath(p))})
     if not files:
         raise ValueError(f"list_files: no files match {patterns}")
-    ds = from_tensor_slices(files)
+    ds = Dataset(FileListNode(files))
     return ds.shuffle(len(files), seed=seed) if shuffle else ds
 
 

@@ -1,16 +1,15 @@
 """A pipeline iterated in a torch DataLoader worker yields that worker's share: every element once in all."""
 
 import collections
-import contextlib
 import pickle
 
 import pytest
 import torch
-import torch.utils.data._utils.worker as torch_worker
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 import torchpipe as tp
 from torchpipe.testing import assert_checkpoint_roundtrip
+from tests.workers import as_torch_worker
 
 
 def _through_workers(ds, num_workers=2, **kwargs):
@@ -19,17 +18,6 @@ def _through_workers(ds, num_workers=2, **kwargs):
 
 def _once_each(elements, expected):
     assert collections.Counter(elements) == collections.Counter(expected), "not every element exactly once"
-
-
-@contextlib.contextmanager
-def _as_worker(index, num_workers, seed=1000):
-    """This process, as torch's worker ``index`` of ``num_workers`` sees itself."""
-    before = torch_worker._worker_info
-    torch_worker._worker_info = torch_worker.WorkerInfo(id=index, num_workers=num_workers, seed=seed + index, dataset=None)
-    try:
-        yield
-    finally:
-        torch_worker._worker_info = before
 
 
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")
@@ -103,7 +91,7 @@ def test_explain_says_where_the_shard_goes():
     assert "In torch DataLoader workers: each keeps one element in num_workers of from_dataset(" in ds.explain()
     assert "which reads only its share" in ds.explain()
     assert "is read whole" in tp.from_iterable([1, 2, 3]).explain()
-    with _as_worker(1, 3):
+    with as_torch_worker(1, 3):
         text = ds.explain()
     assert "worker_shard: torch DataLoader worker 1 of 3 keeps one element in 3 of from_dataset(" in text
     assert "shard(num_shards=3, index=1) [torch worker 1 of 3]" in text
@@ -112,14 +100,14 @@ def test_explain_says_where_the_shard_goes():
 
 def test_a_worker_resumes_its_own_share_and_refuses_another_workers_state():
     ds = tp.range(20).shuffle(6, seed=3).batch(2)
-    with _as_worker(1, 2):
+    with as_torch_worker(1, 2):
         share = [b.tolist() for b in ds]
         assert sorted(x for b in share for x in b) == list(range(1, 20, 2))
         assert_checkpoint_roundtrip(ds)
         it = iter(ds)
         next(it)
         state = it.state_dict()
-    with _as_worker(0, 2), pytest.raises(tp.CheckpointError, match="op 2 was shard\\(num_shards=2, index=1\\)"):
+    with as_torch_worker(0, 2), pytest.raises(tp.CheckpointError, match="op 2 was shard\\(num_shards=2, index=1\\)"):
         iter(ds).load_state_dict(state)
     with pytest.raises(tp.CheckpointError, match="another pipeline"):
         iter(ds).load_state_dict(state)  # the whole pipeline, outside any worker

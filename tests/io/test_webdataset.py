@@ -15,7 +15,6 @@ import webdataset as wds
 
 import torchpipe as tp
 from torchpipe.errors import CheckpointError
-from torchpipe.io import sharding
 from torchpipe.testing import assert_checkpoint_roundtrip
 
 
@@ -134,28 +133,29 @@ def test_dataloader_workers_split_the_shards(shards):
     assert sorted(keys) == sorted(s["__key__"] for s in tp.from_webdataset(shards)) and len(set(keys)) == len(keys)
 
 
-def test_ranks_split_the_shards_and_need_a_shared_seed_to_shuffle(shards, monkeypatch):
-    monkeypatch.setattr(sharding, "rank_and_world", lambda: (1, 2))
-    mine = {s["__key__"].split("/")[0] for s in tp.from_webdataset(shards)}
+def test_ranks_split_the_shards_and_need_a_shared_seed_to_shuffle(shards):
+    # ranks simulated in this process (tests/test_distributed_files.py has more; on real ranks,
+    # tests/test_distributed_ranks.py, a shuffle without a seed shares rank 0's)
+    def on_rank(ds, rank, world_size, policy="auto"):
+        distribute = tp.DistributeOptions(policy=policy, rank=rank, world_size=world_size, uneven="allow")
+        return ds.with_options(tp.Options(distribute=distribute))
+
+    mine = {s["__key__"].split("/")[0] for s in on_rank(tp.from_webdataset(shards), 1, 2)}
     assert mine == {"s1", "s3"}
-    with pytest.raises(ValueError, match="every rank needs the same seed"):
-        list(tp.from_webdataset(shards, shardshuffle=True))
+    with pytest.raises(RuntimeError, match="every rank must draw the same seed.*tp.Options\\(seed=...\\)"):
+        iter(on_rank(tp.from_webdataset(shards, shardshuffle=True), 0, 2))  # these ranks cannot share rank 0's
     ranks = []
     for rank in (0, 1):  # the same seed on every rank: disjoint shares that cover every shard
-        monkeypatch.setattr(sharding, "rank_and_world", lambda rank=rank: (rank, 2))
-        ranks.append({s["__key__"] for s in tp.from_webdataset(shards, shardshuffle=True, seed=1)})
+        ranks.append({s["__key__"] for s in on_rank(tp.from_webdataset(shards, shardshuffle=True, seed=1), rank, 2)})
     assert not ranks[0] & ranks[1] and len(ranks[0] | ranks[1]) == 18
-    monkeypatch.setattr(sharding, "rank_and_world", lambda: (0, 8))
-    with pytest.raises(ValueError, match="4 files cannot be split across 8 ranks"):
-        list(tp.from_webdataset(shards))
-    monkeypatch.setattr(sharding, "rank_and_world", lambda: (0, 2))
-    it = iter(tp.from_webdataset(shards))
+    with pytest.raises(ValueError, match="4 files for 8 ranks x 1 workers"):
+        iter(on_rank(tp.from_webdataset(shards), 0, 8, policy="file"))
+    it = iter(on_rank(tp.from_webdataset(shards), 0, 2))
     next(it)
     state = it.state_dict()
-    monkeypatch.setattr(sharding, "rank_and_world", lambda: (1, 2))
-    with pytest.raises(CheckpointError, match="share"):
-        iter(tp.from_webdataset(shards)).load_state_dict(state)
-    assert len(list(tp.from_webdataset(shards, split_by_rank=False))) == 18
+    with pytest.raises(CheckpointError, match="rank 0 of 2's and this is rank 1 of 2"):
+        iter(on_rank(tp.from_webdataset(shards), 1, 2)).load_state_dict(state)
+    assert len(list(on_rank(tp.from_webdataset(shards, split_by_rank=False), 1, 2))) == 18
 
 
 def test_damaged_shards_name_the_url_and_offset(shards, tmp_path):

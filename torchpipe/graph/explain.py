@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from torchpipe.constants import INFINITE, UNKNOWN
+from torchpipe.graph.distribute import describe as describe_distribution
 from torchpipe.graph.plan import Plan
 from torchpipe.graph.sharding import describe as describe_sharding
 from torchpipe.ops.base import Node
@@ -19,10 +20,13 @@ def explain_plan(plan: Plan, tuned: dict[str, int] | None = None, running: bool 
     lines.append("As it will run:")
     _render(plan.runtime_root, lines, prefix="", is_last=True, is_root=True)
     cardinality = plan.root.cardinality()
-    lines.append(f"Cardinality: {_cardinality_text(cardinality)}")
+    share = "" if plan.replica is None else f" (this rank's share: {_cardinality_text(plan.runtime_root.cardinality())})"
+    lines.append(f"Cardinality: {_cardinality_text(cardinality)}{share}")
     lines.append(f"Options: {plan.options!r}")
-    if plan.worker is None:
+    if plan.worker is None and plan.replica is None:
         lines.append(f"In torch DataLoader workers: {describe_sharding(plan.root)}")
+    if plan.replica is None:
+        lines.append(f"On several ranks: {describe_distribution(plan.root, plan.options.distribute)}")
     if tuned:
         lines.append("Autotuned (latest pass, now):" if running else "Autotuned (last pass, at its end):")
         lines.extend(f"  {name} = {value}" for name, value in tuned.items())

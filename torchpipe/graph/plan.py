@@ -7,13 +7,18 @@ import os
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any
+
+import torch
 
 from torchpipe.autotune.live import Look, start_look
 from torchpipe.autotune.report import PipelineStats, pipeline_stats
 from torchpipe.autotune.runner import Autotuner, ConsumerClock, Decision, live_knobs
 from torchpipe.autotune.tuner import Budget
+from torchpipe.distributed import Replica, broadcast_seed
 from torchpipe.errors import CheckpointError
+from torchpipe.graph.distribute import Distribution, distribute
 from torchpipe.graph.optimizer import optimize
 from torchpipe.graph.sharding import WorkerShard, shard_for_worker
 from torchpipe.ops.base import BuildContext, Iterator, Node, check_int
@@ -35,26 +40,43 @@ class Plan:
         memory: what earlier passes learned, by stage position (the Dataset's; passes share it).
         worker: the torch DataLoader worker this process is, if any: the plan then yields its
             share alone (``graph/sharding.py``).
+        replica: the rank this process is, where the pipeline is split between ranks: the plan
+            then yields the rank's share (with ``worker``, the worker's share of it;
+            ``graph/distribute.py``).
 
     Attributes:
-        runtime_root: the root after the worker's shard and ``graph.optimizer.optimize``.
+        runtime_root: the root after the rank's or worker's shard and ``graph.optimizer.optimize``.
         rewrites: a line per rewrite (the shard, the passes), for ``explain()``.
+        distribution: how the pipeline is split between ranks (None where it is not).
+
+    Raises:
+        ValueError: for distribution options this pipeline cannot run with (``graph/distribute.py``).
     """
 
     def __init__(self, root: Node, options: Options, memory: dict[tuple[int, ...], dict[str, Any]] | None = None,
-                 worker: WorkerShard | None = None) -> None:  # fmt: skip
+                 worker: WorkerShard | None = None, replica: Replica | None = None) -> None:  # fmt: skip
         self.root = root
         self.options = options
         self.memory = memory
         self.worker = worker
-        sharded, notes = root, []
-        if worker is not None:
-            sharded, note = shard_for_worker(root, worker)
-            notes.append(note)
-        self.runtime_root, rewrites = optimize(sharded, options)
+        self.replica = replica
+        self.distribution: Distribution | None = None
+        written, notes = root, []
+        if replica is not None:
+            self.distribution = distribute(root, options.distribute, replica, worker, options.stall_timeout)
+            written, runnable, notes = self.distribution.written, self.distribution.root, list(self.distribution.notes)
+        elif worker is not None:
+            written, note = shard_for_worker(root, worker)
+            runnable, notes = written, [note]
+        else:
+            runnable = root
+        self.runtime_root, rewrites = optimize(runnable, options)
+        if self.distribution is not None:
+            self.runtime_root = self.distribution.equalized(self.runtime_root)
         self.rewrites = notes + rewrites
-        # The shard is part of what a checkpoint names: worker 0's state does not load in worker 1.
-        self._fingerprint = describe_ops(sharded) + ["->"] + [node.kind for node in ops_of(self.runtime_root)]
+        # The shard is part of what a checkpoint names: worker 0's state does not load in worker 1
+        # (a rank's shard names its rank in its state instead, so that states can be resharded).
+        self._fingerprint = describe_ops(written) + ["->"] + [node.kind for node in ops_of(self.runtime_root)]
 
     def fingerprint(self) -> list[str]:
         """Each op as written with its parameters, then the op kinds as run, depth first (a
@@ -69,12 +91,51 @@ class Plan:
         """A new pass, in the epoch ``history`` gives it."""
         return PipelineIterator(self, history)
 
+    @property
+    def salt(self) -> tuple[int, ...]:
+        """What the seeds above a rank's shard mix in (``BuildContext.salt``)."""
+        return self.distribution.salt if self.distribution is not None else ()
+
     def pass_seed(self) -> int:
-        """The seed of a new pass: ``Options.seed``; in a torch worker the seed its DataLoader's
-        workers share this epoch; else a fresh random one."""
+        """The seed of a new pass: ``Options.seed``; where ranks must draw alike, rank 0's fresh
+        one (broadcast: a collective); in a torch worker the seed its DataLoader's workers share
+        this epoch; else a fresh random one.
+
+        Raises:
+            RuntimeError: where ranks must draw alike but cannot talk (in a torch DataLoader
+                worker, or without ``torch.distributed``) and the pipeline has no seed.
+        """
         if self.options.seed is not None:
             return self.options.seed
+        if self.distribution is not None and self.distribution.shared_seed:
+            if not self.replica.connected:
+                raise RuntimeError(
+                    "this pipeline is split between ranks below a random op (a shuffle), so every rank must draw "
+                    f"the same seed, and {_cannot_talk()} to share one: give the pipeline "
+                    "tp.Options(seed=...)"
+                )
+            return broadcast_seed(fresh_seed(), self.options.stall_timeout)
         return self.worker.seed if self.worker is not None else fresh_seed()
+
+    def open_pass(self) -> Callable[[], None] | None:
+        """Set up what one pass needs from the other ranks (their agreement on its end, where its
+        length is not known ahead); returns what closes it, or None.
+
+        Raises:
+            RuntimeError: where that agreement is needed but the ranks cannot talk.
+        """
+        group = self.distribution.group if self.distribution is not None else None
+        if group is None:
+            return None
+        if not self.replica.connected:
+            raise RuntimeError(
+                "this pipeline's length on each rank is not known ahead, so the ranks must agree where it ends "
+                f"(DistributeOptions(uneven={self.options.distribute.uneven!r})), and {_cannot_talk()}: "
+                "initialize torch.distributed, run it with tp.DataLoader(pipeline) rather than in torch "
+                "DataLoader workers, or leave the lengths alone with DistributeOptions(uneven='allow')"
+            )
+        group.open()
+        return group.close
 
 
 class PassHistory:
@@ -129,6 +190,8 @@ class PipelineIterator:
         self._plan = plan
         self._seeded = plan.options.seed is not None
         self._seed = plan.pass_seed()
+        closer = plan.open_pass()
+        self._pass_finalizer = weakref.finalize(self, closer) if closer is not None else None
         self._history = history
         self._number, self._epoch = history.start()
         self._tree: Iterator | None = None
@@ -143,7 +206,7 @@ class PipelineIterator:
         trace = self._plan.options.trace
         log = TraceLog(every_element=trace == "all") if trace else None
         ctx = BuildContext(self._seed, self._seeded, self._epoch, self._plan.options, memory=self._plan.memory,
-                           trace=log)  # fmt: skip
+                           salt=self._plan.salt, trace=log)  # fmt: skip
         tree = ctx.traced(self._plan.runtime_root.build(ctx))
         tuning, clock, tuner = self._plan.options.autotune, ConsumerClock(), None
         if tuning.enabled and live_knobs(tree):
@@ -211,13 +274,18 @@ class PipelineIterator:
         if missing:
             raise CheckpointError(f"pipeline: state is missing {missing}")
         seed, epoch = check_int("pipeline", state, "seed", minimum=0), check_int("pipeline", state, "epoch", minimum=0)
-        self.close()
+        self._close_tree()
         self._seed, self._epoch = seed, epoch
         self._history.resumed(epoch)
         self._build().load_state_dict(state["pipeline"])
 
     def close(self) -> None:
         """Stop background threads and release buffers. Safe to call more than once."""
+        if self._pass_finalizer is not None:
+            self._pass_finalizer()  # first: a thread waiting on the other ranks then wakes with an error
+        self._close_tree()
+
+    def _close_tree(self) -> None:
         if self._finalizer is not None:
             self._finalizer()
         self._tree = None
@@ -270,6 +338,12 @@ _NOT_TRACED = ("this pass is not traced: run it with ds.with_options(tp.Options(
 def _record_round(log: TraceLog, track: Track, decision: Decision) -> None:
     log.instant(track, "autotune round", {"throughput": decision.throughput, "predicted": decision.predicted,
                                           "bottleneck": decision.bottleneck, "changed": list(decision.changed)})  # fmt: skip
+
+
+def _cannot_talk() -> str:
+    if torch.utils.data.get_worker_info() is not None:
+        return "a torch DataLoader worker cannot talk to the other ranks"
+    return "torch.distributed is not initialized for the ranks"
 
 
 def _close(tree: Iterator, tuner: Autotuner | None, history: PassHistory, number: int) -> None:

@@ -73,9 +73,13 @@ class WorkerShardNode(ShardNode):
 
 def shard_for_worker(root: Node, worker: WorkerShard) -> tuple[Node, str]:
     """``root`` with the worker's shard put in (see the module docstring), and a line saying where."""
-    sources = _sources(root)
-    n, i = worker.num_workers, worker.index
-    if _shards_at_source(root, sources):
+    return split_for_worker(root, worker.num_workers, worker.index)
+
+
+def split_for_worker(root: Node, n: int, i: int) -> tuple[Node, str]:
+    """``root`` with worker ``i`` of ``n``'s shard put in, and a line saying where."""
+    sources = sources_of(root)
+    if shards_at_source(root, sources):
         source = sources[0]
         sharded = rewrite_bottom_up(root, lambda node: WorkerShardNode(node, n, i) if node is source else None)
         where = source.label()
@@ -86,21 +90,24 @@ def shard_for_worker(root: Node, worker: WorkerShard) -> tuple[Node, str]:
 
 def describe(root: Node) -> str:
     """Where a torch worker's shard goes in this pipeline, for ``explain()``."""
-    sources = _sources(root)
-    if _shards_at_source(root, sources):
-        reads = "reads only its share" if _seeks(sources[0]) else "is read whole, each worker keeping its share"
+    sources = sources_of(root)
+    if shards_at_source(root, sources):
+        reads = "reads only its share" if seeks(sources[0]) else "is read whole, each worker keeping its share"
         return f"each keeps one element in num_workers of {sources[0].label()}, which {reads}"
     why = f"{len(sources)} sources" if len(sources) > 1 else "a cache file the workers share"
     return f"each runs the whole pipeline ({why}) with a seed they share and keeps one element in num_workers of the output"
 
 
-def _shards_at_source(root: Node, sources: list[Node]) -> bool:
+def shards_at_source(root: Node, sources: list[Node]) -> bool:
+    """Whether a shard can go at the pipeline's source: it has one, and no cache file all shards share."""
     return len(sources) == 1 and not any(isinstance(node, CacheNode) and node.path for node in ops_of(root))
 
 
-def _seeks(source: Node) -> bool:
+def seeks(source: Node) -> bool:
+    """Whether ``source`` skips an element without reading it."""
     return isinstance(source, (FromDatasetNode, RangeNode, TensorSlicesNode))
 
 
-def _sources(root: Node) -> list[Node]:
+def sources_of(root: Node) -> list[Node]:
+    """The pipeline's sources, depth first (a source reached along two paths comes twice)."""
     return [node for node in ops_of(root) if not node.inputs]

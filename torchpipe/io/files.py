@@ -17,7 +17,7 @@ from torchpipe.dataset import Dataset
 from torchpipe.errors import CheckpointError, DataLossError  # noqa: F401 - tp.io.DataLossError lives here too
 from torchpipe.io import remote
 from torchpipe.ops.base import Iterator, check_state
-from torchpipe.ops.sources import TensorSlicesNode
+from torchpipe.ops.sources import FileListNode
 
 DEFAULT_BUFFER_SIZE = 256 * 1024
 """Read buffer of a record file (tf.data's default for TFRecordDataset)."""
@@ -283,4 +283,4 @@ def path_dataset(op: str, filenames: Any, braces: bool = False) -> Dataset:
         paths = [name for path in paths for name in expand_braces(path)]
     if not paths:
         raise ValueError(f"{op}: no filenames given")
-    return Dataset(TensorSlicesNode(paths, len(paths)))
+    return Dataset(FileListNode(paths))

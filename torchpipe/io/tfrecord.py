@@ -39,6 +39,7 @@ from torchpipe.io.files import (
     path_dataset,
 )
 from torchpipe.ops.base import BuildContext, Iterator, Node
+from torchpipe.ops.sources import FileOpener
 
 _LENGTH = struct.Struct("<Q")
 _CRC = struct.Struct("<I")
@@ -154,7 +155,7 @@ class TFRecordFileIterator(FileReaderIterator):
         return record
 
 
-class TFRecordFileReader:
+class TFRecordFileReader(FileOpener):
     """The function ``TFRecordDataset`` maps each file name to: a path to a dataset of records.
 
     Picklable and stateless, so worker processes can open files too.
@@ -201,6 +202,9 @@ def TFRecordDataset(  # noqa: N802 - tf.data's name
     While iterating, a corrupt or truncated record raises ``tp.io.DataLossError`` naming the
     file and the record's byte offset; under ``ignore_errors()`` it is skipped (and counted) and
     reading goes on at the next file.
+
+    On several ranks (docs/distributed.md) a list of files is split by whole file between ranks
+    and their torch DataLoader workers, as ``tp.DistributeOptions`` says.
     """
     compression = check_compression("TFRecordDataset", compression_type)
     if buffer_size is not None:

@@ -31,8 +31,9 @@ from torchpipe.io.files import (
     open_stream,
     path_dataset,
 )
-from torchpipe.io.sharding import split_files
 from torchpipe.ops.base import BuildContext, Iterator, Node
+from torchpipe.ops.distribute import SplitFilesNode
+from torchpipe.ops.sources import FileOpener
 
 _KEY_AND_EXTENSION = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
 _META = re.compile(r"__[^/]*__($|/)")
@@ -142,7 +143,7 @@ class TarShardIterator(FileReaderIterator):
         super().shutdown()
 
 
-class TarShardReader:
+class TarShardReader(FileOpener):
     """The function ``from_webdataset`` maps each shard URL to: a dataset of its samples."""
 
     __name__ = "tar_shard"
@@ -172,9 +173,12 @@ def from_webdataset(
         urls: a shard path or URL with brace ranges (``shard-{000000..000146}.tar``), or a list.
         shardshuffle: shuffle the shard order each epoch (seeded by ``seed``, else the pipeline
             seed; with several ranks every rank must share it).
-        split_by_rank: each ``torch.distributed`` rank reads every ``world_size``-th shard (and
-            each worker of a torch DataLoader iterating the pipeline its share of those, as for
-            every pipeline).
+        split_by_rank: on several ranks (``torch.distributed``, or
+            ``tp.DistributeOptions(rank=..., world_size=...)``) each rank reads every
+            ``world_size``-th shard after the shard shuffle, and each of its torch DataLoader
+            workers its share of those: the split every pipeline gets (docs/distributed.md),
+            following the pipeline's ``DistributeOptions``. False: every rank reads every shard
+            (under ``policy="auto"``; ``"file"`` and ``"data"`` still split as they say).
         num_parallel_reads: ``None`` reads shards one after another; ``n`` or ``tp.AUTOTUNE``
             interleaves ``n`` shards, a sample from each in turn, read ahead in parallel.
         decode: True decodes fields by extension (``tp.io.SampleDecoder()``); or a function of
@@ -190,8 +194,9 @@ def from_webdataset(
     files = path_dataset(op, urls, braces=True)
     if shardshuffle:
         files = files.shuffle(len(files), seed=seed)
-    if split_by_rank:
-        files = split_files(files, shuffled=shardshuffle and seed is None)
+    # The split goes after the shard shuffle, through the distribution rewrite (so that the
+    # pipeline's DistributeOptions decide); split_by_rank=False is a mark that keeps it out.
+    files = Dataset(SplitFilesNode(files._node, shuffled=shardshuffle and seed is None, split=split_by_rank))
     reader = TarShardReader(buffer_size, retry)
     if num_parallel_reads is None:
         samples = files.flat_map(reader)

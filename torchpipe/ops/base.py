@@ -29,6 +29,8 @@ from torchpipe.runtime.tracing import STAGE, TraceLog
 _EPOCH_MARK = 1 << 62
 _INNER_MARK = (1 << 62) + 1
 _WORKER_MARK = (1 << 62) + 2
+RANK_MARK = (1 << 62) + 3
+"""Begins a rank's ``BuildContext.salt`` (``graph/distribute.py``)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +47,9 @@ class BuildContext:
         iteration: repetition counters of enclosing ``repeat`` ops.
         memory: what earlier passes of the Dataset learned, by position (see :meth:`learned`).
         trace: the pass's trace log when it is traced (``Options(trace=...)``).
+        salt: mixed into every seed drawn here: a rank's mark above the shard that splits a
+            pipeline between ranks, so that ranks' shares are not shuffled and augmented alike
+            (``graph/distribute.py``); empty elsewhere, where seeds are as they always were.
     """
 
     seed: int
@@ -55,6 +60,7 @@ class BuildContext:
     iteration: tuple[int, ...] = ()
     memory: dict[tuple[int, ...], dict[str, Any]] | None = dataclasses.field(default=None, compare=False)
     trace: TraceLog | None = dataclasses.field(default=None, compare=False)
+    salt: tuple[int, ...] = ()
 
     def learned(self) -> dict[str, Any]:
         """What earlier passes of this Dataset learned about the stage at this position (the
@@ -99,7 +105,7 @@ class BuildContext:
 
     def stage_seed(self) -> int:
         """A seed for this position that changes every epoch and repetition."""
-        return mix_seed(self.seed, *self.path, _EPOCH_MARK, self.epoch, *self.iteration)
+        return mix_seed(self.seed, *self.path, _EPOCH_MARK, self.epoch, *self.iteration, *self.salt)
 
     def op_seed(self, explicit: int | None, reshuffle: bool) -> int:
         """The seed of a random op: its own seed if given, else derived from its position.
@@ -114,7 +120,7 @@ class BuildContext:
             base = (explicit, self.options.seed or 0)
         if reshuffle:
             base += (_EPOCH_MARK, self.epoch, *self.iteration)
-        return mix_seed(*base)
+        return mix_seed(*base, *self.salt)
 
     def deterministic(self, explicit: bool | None) -> bool:
         return self.options.deterministic if explicit is None else explicit

@@ -143,6 +143,22 @@ class TensorSlicesNode(Node):
         return IndexedSourceIterator(self.kind, self.length, self._slice)
 
 
+class FileListNode(TensorSlicesNode):
+    """A list of file names (``tp.list_files``' matches, a file reader's list in ``torchpipe.io``):
+    tensor slices of the paths (and checkpointed as such), which the distribution rewrite
+    recognizes as a pipeline that starts from files."""
+
+    def __init__(self, files: list[str]) -> None:
+        super().__init__(files, len(files))
+        self.files = files
+
+
+class FileOpener:
+    """Base of the functions that map a file name to the dataset of its records (``torchpipe.io``'s
+    TFRecord and tar readers): a ``flat_map`` or ``interleave`` of one reads files, so the
+    distribution rewrite splits its input by file, whatever dataset of names it is given."""
+
+
 class RangeNode(Node):
     """Python ints ``start, start + step, ...`` short of ``stop``."""
 

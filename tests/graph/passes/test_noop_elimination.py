@@ -46,5 +46,5 @@ def test_ops_that_do_something_stay(op):
 def test_elided_nodes_are_not_shown_as_running():
     text = tp.range(3).take(-1).explain()
     assert "noop_elimination: take(count=-1) -> removed" in text
-    running = text.split("As it will run:")[1]
+    running = text.split("As it will run:")[1].split("Cardinality:")[0]
     assert "take" not in running and not isinstance(only(tp.range(3).take(-1), "noop_elimination"), ElidedNode)

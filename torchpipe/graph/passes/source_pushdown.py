@@ -4,7 +4,9 @@ The source is replaced by its indices and the dataset handed to the map, which f
 element next to its function (with ``__getitems__`` when the dataset has it and the map is fused
 with its batch): only indices cross to the workers. Ops between the source and the map that only
 reorder or select elements (shuffle, take, skip, shard, repeat) then run on the indices; every
-node keeps its place in the graph, so its seeds and its checkpoint are the same.
+node keeps its place in the graph, so its seeds and its checkpoint are the same. Where the
+pipeline is split between ranks the source already yields indices, read by a ``fetch`` above the
+rank's shard (``graph/distribute.py``); a parallel map over that fetch takes its reads over.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 
 from torchpipe.graph.rewrite import rewrite_bottom_up, with_attrs, with_inputs
 from torchpipe.ops.base import Node
+from torchpipe.ops.distribute import FetchNode
 from torchpipe.ops.map import MapNode
 from torchpipe.ops.shuffle import ShuffleNode, ShuffleRepeatNode
 from torchpipe.ops.sources import FromDatasetNode, IndicesNode
@@ -28,7 +31,11 @@ def apply(root: Node, options: Options, notes: list[str]) -> Node:
     def rule(node: Node) -> Node | None:
         if not (isinstance(node, MapNode) and node.num_parallel_calls is not None and node.dataset is None):
             return None
-        found = over_indices(node.inputs[0])
+        below = node.inputs[0]
+        if isinstance(below, FetchNode):
+            notes.append(f"{NAME}: {below.label()} above the rank's shard -> fetched inside {node.name}'s workers")
+            return with_attrs(with_inputs(node, below.inputs), dataset=below.dataset)
+        found = over_indices(below)
         if found is None:
             return None
         indices, source, chain = found
