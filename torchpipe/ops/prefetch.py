@@ -10,10 +10,11 @@ A thread pays only where there is something to overlap: handing an element from 
 thread to another costs a few microseconds of GIL hand-offs, more than a cheap input takes to make
 one, and a consumer that asks again at once (a benchmark loop, a loop that only counts) gives the
 thread nothing to hide. So ``prefetch(tp.AUTOTUNE)`` (the one the optimizer puts at the end of
-every pipeline, too) measures what the consumer gets, window by window, and runs its input inline
-on the consumer's thread when that is faster (:class:`OverlapChoice`); it goes back to the thread
-when the consumer's own time per element changes. An explicit ``prefetch(n)`` always keeps its
-thread.
+every pipeline, too) over an input in which no stage runs ahead (no parallel map or interleave)
+measures what the consumer gets, window by window, and runs its input inline on the consumer's
+thread when that is faster (:class:`OverlapChoice`); it goes back to the thread when the
+consumer's own time per element changes. Over a stage that runs ahead, and for an explicit
+``prefetch(n)``, it keeps its thread.
 """
 
 from __future__ import annotations
@@ -67,8 +68,17 @@ class PrefetchNode(Node):
         if self.buffer_size == AUTOTUNE:
             learned = ctx.learned()  # the depth the tuner left in the last pass, if any
             return PrefetchIterator(self.kind, source, learned.get("depth", AUTOTUNE_DEPTH), tunable=True,
-                                    learned=learned)  # fmt: skip
+                                    learned=learned, may_inline=not _runs_ahead(self.inputs[0]))  # fmt: skip
         return PrefetchIterator(self.kind, source, self.buffer_size)
+
+
+def _runs_ahead(node: Node) -> bool:
+    """Whether a stage in ``node``'s input chain computes ahead of its consumer (a parallel map or
+    interleave, another prefetch). Such a stage is fed, and its results received, by whoever
+    pulls from it: a prefetch over it keeps its thread, which pulls while the consumer works,
+    and does not run inline (its consumer would then be the stage's, and the stage's own
+    executor choice would measure another consumer)."""
+    return node.is_asynchronous() or any(_runs_ahead(child) for child in node.inputs)
 
 
 class _End:
@@ -287,12 +297,14 @@ class PrefetchIterator(Iterator):
         depth: the buffer depth; see :attr:`depth`.
         tunable: the autotuner may change the depth (``prefetch(tp.AUTOTUNE)``).
         learned: where the depth the tuner sets is kept for the next pass.
+        may_inline: with ``tunable``, the input may run inline where measured faster (an input
+            with no stage that runs ahead of its consumer: see :func:`_runs_ahead`).
     """
 
     tuning_role = "buffer"
 
     def __init__(self, name: str, source: Iterator, depth: int, tunable: bool = False,
-                 learned: dict[str, Any] | None = None) -> None:  # fmt: skip
+                 learned: dict[str, Any] | None = None, may_inline: bool = False) -> None:  # fmt: skip
         super().__init__(name, source)
         self._learned = learned if learned is not None else {}
         self._log = PositionLog(source)
@@ -301,7 +313,8 @@ class PrefetchIterator(Iterator):
         self._choice: OverlapChoice | None = None
         if tunable:
             self._knob = LiveKnob(f"{name}.buffer_size", depth, 1, MAX_DEPTH, True, self._set_depth, immediate=True)
-            self._choice = OverlapChoice(self._learned.get("mode", THREAD))
+            if may_inline:
+                self._choice = OverlapChoice(self._learned.get("mode", THREAD))
         self._thread: threading.Thread | None = None
         self._pulls = _PullClock()
         self._delivered = 0
