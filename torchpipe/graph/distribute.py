@@ -19,7 +19,8 @@ one (so it takes the place of ``graph/sharding.py``'s worker shard). Where it go
 
 Below the shard every rank draws the same random numbers (the pass seed all ranks share); above
 it each rank's seeds carry its rank, so ranks do not shuffle or augment their shares alike. A
-pipeline that shards itself (``shard(...)``) is not split again by ``"auto"``; its seeds are
+pipeline that shards itself (``shard(...)``, or a source that is one rank's share already: a Ray
+Train worker's dataset shard) is not split again by ``"auto"``; its seeds are
 shared, and its torch workers split it as ``graph/sharding.py`` does. Nor is one whose files are
 marked to be read whole on every rank (``from_webdataset(split_by_rank=False)``); its torch
 workers split it too. Ranks' lengths are made equal (``DistributeOptions.uneven``) by the shard
@@ -188,6 +189,9 @@ def place(root: Node, policy: str, shard: ReplicaShard) -> Placement:
     marks = [node for node in nodes if isinstance(node, SplitFilesNode)]
     if policy == "auto" and any(type(node) is ShardNode for node in nodes):
         return Placement("manual", why="the pipeline shards itself")
+    given = next((node for node in nodes if getattr(node, "shards_itself", False)), None)
+    if policy == "auto" and given is not None:  # a source that is already this rank's share (tp.from_ray's)
+        return Placement("manual", why=given.shards_why)
     if policy == "auto" and any(not mark.split for mark in marks):
         return Placement("whole", why="its files are read whole on every rank (from_webdataset(split_by_rank=False))")
     single = shards_at_source(root, sources)

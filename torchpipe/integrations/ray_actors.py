@@ -45,7 +45,8 @@ class TaskServer:
     def install(self, token: str, boxed_handler: list[Any], slot: int, threads: int) -> tuple[Any, ...]:
         """Load the handler (``boxed_handler[0]``, an object reference) unless ``token`` is
         installed already, and set the actor up as a worker in ``slot``; ``(OK, pid, node)``
-        or ``(ERROR, packed exception)`` if the handler cannot be loaded here."""
+        or ``(ERROR, packed exception)`` if the handler cannot be loaded here (``node``: its
+        address and Ray's id)."""
         import ray
 
         if token != self._token:
@@ -59,7 +60,7 @@ class TaskServer:
             except Exception as e:  # noqa: BLE001 - the pool raises it, naming the actor
                 return ERROR, pack_exception(e)
             self._handler, self._token = handler, token
-        return OK, os.getpid(), ray.util.get_node_ip_address()
+        return OK, os.getpid(), (ray.util.get_node_ip_address(), ray.get_runtime_context().get_node_id())
 
     def run(self, token: str, seq: int, payload: Any) -> tuple[Any, ...]:
         """``(OK, record, wall_s, cpu_s)``, ``(ERROR, packed, wall_s, cpu_s)`` or ``(STALE,)``."""
@@ -140,11 +141,12 @@ class IdleActors:
                 self._reaper = threading.Thread(target=self._reap, name="torchpipe-ray-idle", daemon=True)
                 self._reaper.start()
 
-    def clear(self) -> None:
-        """Kill every kept actor now."""
+    def clear(self, keep: Any = None) -> None:
+        """Kill every kept actor now, but those kept for ``keep``: a pool that must start
+        actors of other options frees the resources they hold on the cluster."""
         with self._lock:
-            actors = [actor for kept in self._kept.values() for actor, _ in kept]
-            self._kept.clear()
+            actors = [actor for key, kept in self._kept.items() if key != keep for actor, _ in kept]
+            self._kept = {keep: self._kept[keep]} if keep in self._kept else {}
         _kill(actors)
 
     def count(self) -> int:

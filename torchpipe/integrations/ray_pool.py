@@ -17,6 +17,10 @@ one if Ray gave up on it. An element whose calls killed three actors raises
 
 from __future__ import annotations
 
+import os
+import random
+import signal
+import threading
 import time
 import uuid
 import weakref
@@ -35,6 +39,7 @@ _MAX_TASK_FAILURES = 3
 _RETRY_S = 0.1  # an actor Ray is still restarting is asked again after this long
 _FREE_CPUS_S = 2.0  # how long the cluster's free CPUs, as last read, stand
 _GET_S = 10.0  # a result already in the object store; the bound is for a node lost in between
+_RECLAIM_S = 0.5  # an actor not started this long makes the pool take those of pools left unused this long
 
 _POOLS: weakref.WeakSet[RayActorPool] = weakref.WeakSet()
 
@@ -81,19 +86,22 @@ class PoolStats:
 class _Actor:
     """One actor slot: the actor handle, whether it is installed, and its tasks in flight."""
 
-    __slots__ = ("slot", "handle", "ready", "pid", "node", "ping", "retry_at", "tasks", "retiring", "stats")
+    __slots__ = ("slot", "handle", "ready", "pid", "node", "node_id", "ping", "retry_at", "tasks", "retiring", "stats",
+                 "added_at")
 
     def __init__(self, slot: int, handle: Any) -> None:
         self.slot = slot
         self.handle = handle
         self.ready = False
         self.pid: int | None = None
-        self.node = "?"
+        self.node = "?"  # its node's address
+        self.node_id = ""  # and Ray's id of it
         self.ping: Any = None  # the installation call in flight
         self.retry_at = 0.0  # when to install again, after Ray said it is restarting
         self.tasks: dict[int, Any] = {}  # seq -> the call's object reference
         self.retiring = False
         self.stats = ActorStats()
+        self.added_at = time.monotonic()
 
     def describe(self) -> str:
         if self.pid is None:
@@ -141,6 +149,10 @@ class RayActorPool:
         self._free: tuple[float, float] = (-1e9, 0.0)  # (when read, free CPUs)
         self.stats = PoolStats()
         self._main_cpu_s = 0.0
+        self._lock = threading.RLock()  # another pool's thread may take this one's lapsed actors
+        self._touched = time.monotonic()  # when the consumer last called
+        self._lapsed = False  # its actors were taken while it was not used: start them again when it is
+        self._reclaimed_at = 0.0
         _POOLS.add(self)
         self.resize(size)
 
@@ -166,9 +178,11 @@ class RayActorPool:
         """Queue a task for the least busy ready actor (or the actor in slot ``prefer``, which may
         hold state from the reader's earlier tasks, when it is up)."""
         cpu = time.thread_time()
-        self._payloads[seq] = (payload, prefer if prefer is not None else slot)
-        self._queued.append((seq, payload, prefer if prefer is not None else slot))
-        self._dispatch()
+        with self._lock:
+            self._touch()
+            self._payloads[seq] = (payload, prefer if prefer is not None else slot)
+            self._queued.append((seq, payload, prefer if prefer is not None else slot))
+            self._dispatch()
         self._main_cpu_s += time.thread_time() - cpu
 
     def collect(self, timeout: float) -> list[Result]:
@@ -176,7 +190,9 @@ class RayActorPool:
         their installation start taking tasks."""
         cpu = time.thread_time()
         try:
-            return self._collect(timeout)
+            with self._lock:
+                self._touch()
+                return self._collect(timeout)
         finally:
             self._main_cpu_s += time.thread_time() - cpu
 
@@ -195,6 +211,11 @@ class RayActorPool:
         their tasks are done."""
         if size < 0:
             raise ValueError(f"{self.name}: pool size must be >= 0, got {size}")
+        with self._lock:
+            self._touched = time.monotonic()
+            self._resize(size)
+
+    def _resize(self, size: int) -> None:
         self._size = size
         for slot in range(size):
             actor = self._actors.get(slot)
@@ -210,6 +231,10 @@ class RayActorPool:
 
     def close(self) -> None:
         """Stop using the actors: idle ones stay warm for the next pool (``IDLE_S``); idempotent."""
+        with self._lock:
+            self._close()
+
+    def _close(self) -> None:
         for actor in list(self._actors.values()):
             self._release(actor)
         self._actors.clear()
@@ -242,13 +267,64 @@ class RayActorPool:
         actors = {a.describe(): a.stats.as_dict() for a in sorted(self._actors.values(), key=lambda a: a.slot)}
         return self.stats.as_dict(actors)
 
-    def actor_processes(self) -> list[tuple[Any, int | None]]:
-        """``(actor handle, pid)`` of every actor the pool runs (for fault tests)."""
-        return [(a.handle, a.pid) for a in self._actors.values() if not a.retiring]
+    def actor_processes(self) -> list[tuple[Any, int | None, str]]:
+        """``(actor handle, pid, Ray's node id)`` of every actor the pool runs (for fault tests)."""
+        return [(a.handle, a.pid, a.node_id) for a in self._actors.values() if not a.retiring]
+
+    def lapse_if_unused(self, unused_s: float) -> bool:
+        """Give up every actor if the consumer has not called for ``unused_s`` seconds (a pass
+        left unfinished and not closed): another pool needs the CPUs they hold. Calls already
+        sent finish and are collected as ever; the pool starts actors again when used. Whether
+        it gave them up."""
+        if not self._lock.acquire(blocking=False):
+            return False  # in use right now
+        try:
+            if self._lapsed or not self._actors or time.monotonic() - self._touched < unused_s:
+                return False
+            for actor in list(self._actors.values()):
+                self._release(actor)
+            self._lapsed = True
+            return True
+        finally:
+            self._lock.release()
 
     # -- internals --------------------------------------------------------------------------
+    def _touch(self) -> None:
+        self._touched = time.monotonic()
+        if self._lapsed:  # used again after its actors were taken: start (or take) some
+            self._lapsed = False
+            self._resize(self._size)
+
+    def _reclaim(self) -> None:
+        """Some actors of this pool could not start for a while (the cluster's CPUs are held):
+        take the actors of pools nobody uses, and free the warm actors of other options."""
+        now = time.monotonic()
+        if now - self._reclaimed_at < _RECLAIM_S:
+            return
+        self._reclaimed_at = now
+        for pool in running_pools():
+            if pool is not self:
+                pool.lapse_if_unused(_RECLAIM_S)
+        for actor in [a for a in self._actors.values() if a.pid is None and not a.ready]:
+            warm = IDLE.take(self._key)
+            if warm is None:
+                break
+            self._pings.pop(actor.ping, None)
+            self._ray.kill(actor.handle, no_restart=True)  # never started: nothing of it is lost
+            actor.handle, actor.ping = warm, None
+            self._install(actor)
+        IDLE.clear(keep=self._key)
+
+    def _starved(self) -> bool:
+        """Whether an actor asked for has not started within ``_RECLAIM_S``."""
+        now = time.monotonic()
+        return any(a.pid is None and now - a.added_at > _RECLAIM_S for a in self._actors.values())
+
     def _add(self, slot: int) -> None:
-        handle = IDLE.take(self._key) or start_actor(self._options.actor_options(self._restart))
+        handle = IDLE.take(self._key)
+        if handle is None:
+            IDLE.clear(keep=self._key)  # warm actors of other options would hold the CPUs it needs
+            handle = start_actor(self._options.actor_options(self._restart))
         actor = _Actor(slot, handle)
         self._actors[slot] = actor
         self._install(actor)
@@ -317,6 +393,8 @@ class RayActorPool:
             elif ref in self._running:
                 self._finished(ref, results)
         self._dispatch()
+        if self._starved():
+            self._reclaim()
         return results
 
     def _retry_installs(self) -> None:
@@ -344,7 +422,7 @@ class RayActorPool:
                 "What it uses must be importable on the cluster's nodes (install it there, or pass "
                 "RayExecutor(runtime_env=...))"
             ) from error
-        _, actor.pid, actor.node = answer
+        _, actor.pid, (actor.node, actor.node_id) = answer
         actor.ready = True
 
     def _finished(self, ref: Any, results: list[Result]) -> None:
@@ -378,7 +456,10 @@ class RayActorPool:
 
     def _lost(self, actor: _Actor, seq: int, error: BaseException | None, count: bool) -> None:
         """Task ``seq`` got no result from ``actor``: queue it again (in order) and install the
-        actor again once it is back; or raise."""
+        actor again once it is back; or raise. An actor the pool gave up while unused may have
+        been killed for another pool's sake: its tasks go again, and that is no failure."""
+        if self._actors.get(actor.slot) is not actor:
+            error, count = None, False
         if error is not None and not self._restart:
             raise WorkerError(f"{self.name}: {actor.describe()} died ({error})", actor.pid or -1, "died")
         if count:
@@ -419,3 +500,25 @@ class RayActorPool:
 def running_pools() -> list[RayActorPool]:
     """The Ray pools alive in this process."""
     return list(_POOLS)
+
+
+def kill_an_actor(rng: random.Random, with_ray: bool = False) -> int | None:
+    """Kill one actor of a Ray pool alive in this process, drawn with ``rng``: its process with
+    SIGKILL where it runs on this machine, else (or ``with_ray``) with ``ray.kill(actor,
+    no_restart=False)``, which Ray restarts as it restarts a crashed one. For fault tests
+    (``torchpipe.testing.assert_exactly_once(..., kill=kill_an_actor)``).
+
+    Returns:
+        The pid of the actor killed, or None if no pool has an actor up.
+    """
+    import ray
+
+    actors = [actor for pool in running_pools() for actor in pool.actor_processes() if actor[1] is not None]
+    if not actors:
+        return None
+    handle, pid, node = rng.choice(sorted(actors, key=lambda actor: actor[1]))
+    if with_ray or node != ray.get_runtime_context().get_node_id():
+        ray.kill(handle, no_restart=False)
+    else:
+        os.kill(pid, signal.SIGKILL)
+    return pid

@@ -246,6 +246,7 @@ class ParallelMapIterator(Iterator):
         while True:
             self._fill()
             if not dispatch.pending:
+                self._end_of_pass()
                 raise StopIteration
             waited = dispatch.wait_s
             seq, value, error = dispatch.take(self._deterministic)
@@ -258,6 +259,12 @@ class ParallelMapIterator(Iterator):
             if value is not DROPPED:  # a fused filter said no
                 self.stats.sample_bytes(value)
                 return value
+
+    def _end_of_pass(self) -> None:
+        """Give Ray actors back now, not when the iterator is closed: they hold the cluster's CPUs,
+        which the next pass (or another pipeline) needs, and they stay warm for it a while."""
+        if self._ray_pool is not None and self._dispatch.executor is self._ray_pool:
+            self._ray_pool.resize(0)
 
     def get_state(self) -> dict[str, Any]:
         return self._log.state()
