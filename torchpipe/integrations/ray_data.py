@@ -69,7 +69,7 @@ class RayDataNode(Node):
         return {"dataset": Symbol(type(self.source).__name__)}
 
     def cardinality(self) -> int:
-        from ray.data import MaterializedDataset
+        from ray.data.dataset import MaterializedDataset
 
         return self.source.count() if isinstance(self.source, MaterializedDataset) else UNKNOWN
 
@@ -154,6 +154,6 @@ def _batches(source: Any) -> Any:
 
 
 def _is_materialized(source: Any) -> bool:
-    from ray.data import MaterializedDataset
+    from ray.data.dataset import MaterializedDataset
 
     return isinstance(source, MaterializedDataset)
