@@ -17,6 +17,7 @@ one if Ray gave up on it. An element whose calls killed three actors raises
 
 from __future__ import annotations
 
+import ctypes
 import os
 import random
 import signal
@@ -27,10 +28,13 @@ import weakref
 from collections import deque
 from typing import Any
 
+import numpy as np
+
 from torchpipe.errors import WorkerError
 from torchpipe.integrations.ray import RayExecutor, connect
 from torchpipe.integrations.ray_actors import ERROR, IDLE, OK, STALE, session, start_actor
 from torchpipe.runtime import codec
+from torchpipe.runtime.codec_pickle import ALIGN
 from torchpipe.runtime.executor import Result
 from torchpipe.runtime.timing import CallTiming
 from torchpipe.runtime.worker import unpack_exception
@@ -446,7 +450,7 @@ class RayActorPool:
         self._failures.pop(seq, None)
         self.timing.add(wall_s, cpu_s, start=time.perf_counter() - wall_s, where=actor.describe(), pid=actor.pid)
         if kind == OK:
-            results.append((seq, codec.decode(body), None))
+            results.append((seq, decode_result(body), None))
             self.stats.received(body.nbytes, time.perf_counter() - t0)
         else:
             results.append((seq, None, unpack_exception(body, actor.pid or -1)))
@@ -495,6 +499,23 @@ class RayActorPool:
         if actor.slot < self._size:
             self._add(actor.slot)
             self._actors[actor.slot].stats.restarts = actor.stats.restarts + 1
+
+
+def decode_result(record: np.ndarray) -> Any:
+    """The element in a record fetched from the object store, its tensors and arrays viewing it.
+
+    Ray hands the record over read-only (an object is immutable to Ray), but it is this pool's
+    alone: its reference is dropped once fetched, and the memory stays pinned while a view of it
+    lives. Copying it out cost 2.7x the fetch on a 38 MB batch (fresh pages fault), so the views
+    are writable like a ring record's in the process pool; a record off the 64-byte alignment the
+    codec needs is copied out instead.
+    """
+    address = record.ctypes.data
+    if address % ALIGN:
+        return codec.decode(record)
+    memory = (ctypes.c_uint8 * record.nbytes).from_address(address)
+    memory.owner = record  # the record (and Ray's pin on the object) lives as long as a view does
+    return codec.decode_view(np.frombuffer(memory, np.uint8))
 
 
 def running_pools() -> list[RayActorPool]:
