@@ -6,7 +6,6 @@ from torchpipe.dataset import Dataset
 from torchpipe import io
 from torchpipe.errors import CheckpointError, StallError, WorkerError
 from torchpipe.integrations.ray import RayExecutor  # Ray itself is imported only when a stage uses it
-from torchpipe.integrations.ray_data import from_ray
 from torchpipe.io import TFRecordDataset, from_webdataset
 from torchpipe.io.load import load
 from torchpipe.loader import DataLoader, explain
@@ -17,6 +16,7 @@ from torchpipe.sources import (
     choose_from_datasets,
     from_dataset,
     from_iterable,
+    from_ray,
     from_tensor_slices,
     list_files,
     range,

@@ -161,6 +161,7 @@ class Dataset(torch.utils.data.IterableDataset):
         _check_optional_bool("map", "deterministic", deterministic)
         _check_executor("map", executor)
         num_parallel_calls = _ray_parallelism("map", executor, num_parallel_calls)
+        executor = resolve_ray(executor) or executor  # "ray" is RayExecutor(): the node builds its pool with it
         if name is not None and not isinstance(name, str):
             raise TypeError(f"map: name must be a str, got {type(name).__name__}")
         _check_bool("map", "pure", pure)
@@ -211,6 +212,7 @@ class Dataset(torch.utils.data.IterableDataset):
         _check_optional_bool("interleave", "deterministic", deterministic)
         _check_executor("interleave", executor)
         num_parallel_calls = _ray_parallelism("interleave", executor, num_parallel_calls)
+        executor = resolve_ray(executor) or executor
         node = InterleaveNode(
             self._node, fn, cycle_length, block_length, num_parallel_calls, deterministic, executor
         )

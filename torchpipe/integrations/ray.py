@@ -4,34 +4,20 @@
 the stage's calls on a pool of Ray actors (``integrations/ray_pool.py``) through the same
 dispatcher as every other executor: the same order, seeds, checkpoints and output as worker
 processes. :class:`RayExecutor` carries the options (how many actors, what each reserves, where
-they go, which cluster). Ray is imported only when a stage asks for it: :func:`require_ray` names
-the extra that installs it. See docs/scale_out.md.
+they go, which cluster). Ray is imported only when a stage asks for it: ``require_ray`` names the
+extra that installs it. See docs/scale_out.md.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import logging
-from types import ModuleType
 from typing import Any, ClassVar
 
 from torchpipe.constants import AUTOTUNE
+from torchpipe.integrations.ray_actors import require_ray
 from torchpipe.runtime.policy import RAY
-_EXTRA = "pip install 'torchpipe[ray]'"
-_log = logging.getLogger(__name__)
 
-
-def require_ray() -> ModuleType:
-    """The ``ray`` module.
-
-    Raises:
-        ImportError: if Ray is not installed, naming the extra that installs it.
-    """
-    try:
-        import ray
-    except ImportError as e:
-        raise ImportError(f"executor='ray' and tp.from_ray need Ray: {_EXTRA} (or pip install 'ray[data]')") from e
-    return ray
+__all__ = ["RAY", "RayExecutor", "require_ray", "resolve"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,26 +103,25 @@ class RayExecutor:
         """The stage's parallelism: ``num_actors`` where set, else ``num_parallel_calls``."""
         return self.num_actors if self.num_actors is not None else num_parallel_calls
 
+    def pool(self, handler: Any, size: int, name: str, *, restart: bool, timing: Any) -> Any:
+        """A :class:`~torchpipe.integrations.ray_pool.RayActorPool` of ``size`` actors running
+        ``handler`` (the ops build their Ray executors through this, never importing Ray's code)."""
+        from torchpipe.integrations.ray_pool import RayActorPool
+
+        return RayActorPool(handler, size, name, self, restart=restart, timing=timing)
+
+    def __repr__(self) -> str:
+        """``RayExecutor(...)`` with the options that differ from the defaults (for ``explain()``)."""
+        changed = [f"{field.name}={getattr(self, field.name)!r}" for field in dataclasses.fields(self)
+                   if getattr(self, field.name) != field.default]  # fmt: skip
+        return f"RayExecutor({', '.join(changed)})"
+
 
 def resolve(executor: Any) -> RayExecutor | None:
     """The :class:`RayExecutor` of an ``executor=`` argument, or None if it does not ask for Ray."""
     if isinstance(executor, RayExecutor):
         return executor
     return RayExecutor() if executor == RAY else None
-
-
-def connect(options: RayExecutor) -> ModuleType:
-    """The ``ray`` module, connected: to the cluster this process is connected to, else to
-    ``options.address`` (None: as ``ray.init()`` chooses, a new local cluster at worst).
-
-    Raises:
-        ImportError: if Ray is not installed.
-    """
-    ray = require_ray()
-    if not ray.is_initialized():
-        _log.info("torchpipe: connecting to Ray (address=%r)", options.address)
-        ray.init(address=options.address, ignore_reinit_error=True)
-    return ray
 
 
 def _check_int(name: str, value: Any, minimum: int) -> None:

@@ -1,4 +1,4 @@
-"""The Ray actor a stage's calls run on, and the actors kept warm between passes.
+"""The Ray actor a stage's calls run on, the actors kept warm between passes, and connecting.
 
 A :class:`TaskServer` actor runs one stage's handler (``handler(seq, payload)``, the same object a
 worker process runs) one call at a time, and returns each result encoded as one record
@@ -15,10 +15,12 @@ the next pass); actors idle for ``IDLE_S`` are killed, freeing their CPUs on the
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -27,6 +29,37 @@ import torch
 from torchpipe.runtime import codec
 from torchpipe.runtime.codec_pickle import ALIGN
 from torchpipe.runtime.worker import keep_freed_memory, pack_exception
+
+_EXTRA = "pip install 'torchpipe[ray]'"
+_log = logging.getLogger(__name__)
+
+
+def require_ray() -> ModuleType:
+    """The ``ray`` module.
+
+    Raises:
+        ImportError: if Ray is not installed, naming the extra that installs it.
+    """
+    try:
+        import ray
+    except ImportError as e:
+        raise ImportError(f"executor='ray' and tp.from_ray need Ray: {_EXTRA} (or pip install 'ray[data]')") from e
+    return ray
+
+
+def connect(address: str | None) -> ModuleType:
+    """The ``ray`` module, connected: to the cluster this process is connected to, else to
+    ``address`` (None: as ``ray.init()`` chooses, a new local cluster at worst).
+
+    Raises:
+        ImportError: if Ray is not installed.
+    """
+    ray = require_ray()
+    if not ray.is_initialized():
+        _log.info("torchpipe: connecting to Ray (address=%r)", address)
+        ray.init(address=address, ignore_reinit_error=True)
+    return ray
+
 
 OK, ERROR, STALE = "ok", "error", "stale"
 """What a call answers: its result's record, its exception packed, or that the actor has another

@@ -26,13 +26,12 @@ import time
 import uuid
 import weakref
 from collections import deque
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from torchpipe.errors import WorkerError
-from torchpipe.integrations.ray import RayExecutor, connect
-from torchpipe.integrations.ray_actors import ERROR, IDLE, OK, STALE, session, start_actor
+from torchpipe.integrations.ray_actors import ERROR, IDLE, OK, STALE, connect, session, start_actor
 from torchpipe.runtime import codec
 from torchpipe.runtime.codec_pickle import ALIGN
 from torchpipe.runtime.executor import Result
@@ -87,6 +86,19 @@ class PoolStats:
                 "transfer_bytes_per_s": rate, "actors": actors}  # fmt: skip
 
 
+class ActorOptions(Protocol):
+    """What a pool needs of its options (a ``tp.RayExecutor``, which makes the pool)."""
+
+    min_actors: int
+    max_actors: int | None
+    num_cpus: float
+    address: str | None
+    tasks_per_actor: int
+
+    def actor_options(self, restart: bool) -> dict[str, Any]:
+        """Each actor's Ray ``.options(...)``."""
+
+
 class _Actor:
     """One actor slot: the actor handle, whether it is installed, and its tasks in flight."""
 
@@ -131,11 +143,11 @@ class RayActorPool:
         TypeError: if ``handler`` cannot be pickled for the actors.
     """
 
-    def __init__(self, handler: Any, size: int, name: str, options: RayExecutor, *, restart: bool = True,
+    def __init__(self, handler: Any, size: int, name: str, options: ActorOptions, *, restart: bool = True,
                  timing: CallTiming | None = None) -> None:  # fmt: skip
         self.name = name
         self.timing = timing if timing is not None else CallTiming()
-        self._ray = connect(options)
+        self._ray = connect(options.address)
         self._options = options
         self._restart = restart
         self._key = (session(), repr(sorted(options.actor_options(restart).items(), key=lambda kv: kv[0])))

@@ -1,7 +1,7 @@
 """``flat_map`` and ``interleave``: a Dataset per input element, their elements merged in tf.data's
 order by one iterator (:class:`InterleaveIterator`) over a pool of readers: inline
 (``interleave_readers.py``), on threads (``thread_readers.py``), in worker processes
-(``process_readers.py``) or on Ray actors (``integrations/ray_readers.py``). With ``executor="auto"`` the readers move between threads and processes
+(``process_readers.py``) or on Ray actors (``ray_readers.py``). With ``executor="auto"`` the readers move between threads and processes
 while the pass runs (``reader_placement.py``, docs/executors.md).
 
 Resuming calls the user function again on the saved elements, with the same sequence numbers,
@@ -25,6 +25,7 @@ from torchpipe.ops.interleave_readers import (
 )  # fmt: skip
 from torchpipe.ops.map import executor_kind
 from torchpipe.ops.process_readers import ProcessReaders
+from torchpipe.ops.ray_readers import RayReaders
 from torchpipe.ops.reader_placement import ReaderPlacement
 from torchpipe.ops.stats import LiveKnob
 from torchpipe.ops.thread_readers import ThreadReaders
@@ -130,11 +131,8 @@ class InterleaveNode(Node):
         restart, stall_s, block = ctx.options.restart_workers, ctx.options.stall_timeout, self.block_length
         processes = process_executor_supported()
         if executor_kind(self.executor) == RAY:  # as on processes, with the global RNGs seeded per element
-            from torchpipe.integrations.ray import resolve
-            from torchpipe.integrations.ray_readers import RayReaders  # Ray only where asked for
-
             opener = InnerOpener(UserFunction(self.fn, self.name, ctx), ctx)
-            return {RAY: RayReaders(self.name, opener, block, restart, stall_s, resolve(self.executor))}
+            return {RAY: RayReaders(self.name, opener, block, restart, stall_s, self.executor)}  # a tp.RayExecutor
         if self.executor == "process" and processes:
             opener = InnerOpener(UserFunction(self.fn, self.name, ctx), ctx)
             return {PROCESS: ProcessReaders(self.name, opener, block, restart, stall_s)}

@@ -43,8 +43,8 @@ class ParallelMapIterator(Iterator):
             where the pipeline has a seed), on a ``thread`` and in a ``process``.
         parallelism: threads or processes to start with (an explicit ``num_parallel_calls``).
         deterministic: deliver in input order.
-        executor: ``"thread"``, ``"process"``, ``"ray"`` or a ``tp.RayExecutor`` (Ray actors,
-            ``integrations/ray_pool.py``), or ``"auto"`` (the policy chooses, and moves the calls
+        executor: ``"thread"``, ``"process"``, a ``tp.RayExecutor`` (Ray actors: it makes the
+            pool, ``integrations/ray_pool.py``), or ``"auto"`` (the policy chooses, and moves the calls
             while they run; with ``tunable`` inline is a candidate too).
         restart: replace dead worker processes.
         tunable: ``num_parallel_calls=AUTOTUNE``: the autotuner resizes the pool while it runs.
@@ -84,10 +84,8 @@ class ParallelMapIterator(Iterator):
         self._started = False
         self._pool: ProcessPool | None = None
         self._ray, self._ray_pool = None, None
-        if getattr(executor, "kind", executor) == RAY:
-            from torchpipe.integrations.ray import resolve  # Ray only where asked for
-
-            self._ray, executor = resolve(executor), RAY
+        if getattr(executor, "kind", None) == RAY:  # a tp.RayExecutor: it builds the pool, importing Ray then
+            self._ray, executor = executor, RAY
         processes = process_executor_supported()
         if executor == PROCESS and not processes:
             executor = THREAD
@@ -191,10 +189,8 @@ class ParallelMapIterator(Iterator):
 
     def _ray_actors(self, workers: int) -> Executor:
         if self._ray_pool is None:
-            from torchpipe.integrations.ray_pool import RayActorPool
-
-            self._ray_pool = RayActorPool(self._tasks[RAY], workers, self.name, self._ray, restart=self._restart,
-                                          timing=self.stats.calls)  # fmt: skip
+            self._ray_pool = self._ray.pool(self._tasks[RAY], workers, self.name, restart=self._restart,
+                                            timing=self.stats.calls)  # fmt: skip
         else:
             self._ray_pool.resize(workers)
         return self._ray_pool

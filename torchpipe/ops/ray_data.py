@@ -22,33 +22,22 @@ from typing import Any
 import numpy as np
 
 from torchpipe.constants import UNKNOWN
-from torchpipe.integrations.ray import require_ray
 from torchpipe.ops.base import BuildContext, Iterator, Node, Symbol, check_int, check_state
 
 
-def from_ray(dataset: Any) -> Any:
-    """A pipeline over the rows of a Ray Dataset, or of a Ray Train worker's dataset shard.
-
-    Each pass (epoch) executes the dataset again, streaming; its checkpoint is the number of
-    rows delivered (a resume skips whole blocks up to it; see docs/scale_out.md for what Ray
-    allows).
-
-    Args:
-        dataset: a ``ray.data.Dataset`` or a ``ray.data.DataIterator``.
+def ray_source(dataset: Any) -> RayDataNode:
+    """The source node of ``tp.from_ray(dataset)`` (``torchpipe/sources.py``, which has made
+    sure Ray is installed).
 
     Raises:
-        ImportError: if Ray is not installed (naming the extra).
-        TypeError: if ``dataset`` is neither.
+        TypeError: if ``dataset`` is neither a ``ray.data.Dataset`` nor a ``DataIterator``.
     """
-    require_ray()
     from ray.data import DataIterator, Dataset as RayDataset
-
-    from torchpipe.dataset import Dataset
 
     if not isinstance(dataset, (RayDataset, DataIterator)):
         raise TypeError(f"from_ray: expected a ray.data.Dataset or a ray.data.DataIterator (a Ray Train "
                         f"worker's dataset shard), got {type(dataset).__name__}")  # fmt: skip
-    return Dataset(RayDataNode(dataset))
+    return RayDataNode(dataset)
 
 
 class RayDataNode(Node):

@@ -4,18 +4,21 @@ The process readers' protocol as it is (``ops/process_readers.py``): each open i
 read chunk by chunk through the dispatcher, a chunk task naming the reader and its position, so an
 actor that still has the inner iterator open reads on from it, and any other (after a resize, or
 an actor Ray restarted) opens it at the saved position. Only the pool differs: the chunk task is
-pickled once to a :class:`~torchpipe.integrations.ray_pool.RayActorPool`, each actor reads one
-chunk at a time, and chunks come back through Ray's object store.
+pickled once to a :class:`~torchpipe.integrations.ray_pool.RayActorPool` (which the stage's
+``tp.RayExecutor`` makes: nothing here imports Ray), each actor reads one chunk at a time, and
+chunks come back through Ray's object store.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from torchpipe.integrations.ray import RayExecutor
 from torchpipe.ops.interleave_readers import InnerOpener
 from torchpipe.ops.process_readers import InnerChunkTask, ProcessReaders
 from torchpipe.runtime.policy import RAY
+
+if TYPE_CHECKING:
+    from torchpipe.integrations.ray import RayExecutor
 
 
 class RayReaders(ProcessReaders):
@@ -28,7 +31,7 @@ class RayReaders(ProcessReaders):
         block_length: the interleave's; a chunk holds at least one block.
         restart: replace dead actors (else ``WorkerError``).
         stall_s: ``Options.stall_timeout``: a chunk out this long raises ``StallError``.
-        options: the actors' options.
+        options: the actors' options (a ``tp.RayExecutor``, which makes the pool).
     """
 
     kind = RAY
@@ -39,9 +42,7 @@ class RayReaders(ProcessReaders):
         self._options = options
 
     def _make_pool(self, task: InnerChunkTask) -> Any:
-        from torchpipe.integrations.ray_pool import RayActorPool
-
-        return RayActorPool(task, 0, self.name, self._options, restart=self._restart, timing=self.stats.calls)
+        return self._options.pool(task, 0, self.name, restart=self._restart, timing=self.stats.calls)
 
     def resize(self, parallelism: int) -> None:
         if self._reading:
