@@ -12,10 +12,11 @@ setup(
     install_requires=["torch>=2.1", "numpy", "pillow", "psutil", "crc32c>=2.3"],
     extras_require={
         "test": ["pytest", "pytest-timeout", "hypothesis", "fsspec", "s3fs", "moto[server]>=5", "webdataset", "tqdm",
-                 "matplotlib"],
+                 "matplotlib", "ray[data]>=2.10"],
         "remote": ["fsspec", "s3fs"],
         "progress": ["tqdm"],  # progress bars on save, snapshot and cache(path) fills
         "plot": ["matplotlib"],  # it.stats().plot(path): the timeline PNG
+        "ray": ["ray[data]>=2.10"],  # executor="ray", tp.from_ray (Ray Data needs pyarrow and pandas)
         "bench": [
             "matplotlib",
             "tensorflow-cpu; platform_machine == 'x86_64' or platform_machine == 'AMD64'",

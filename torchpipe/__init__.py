@@ -5,6 +5,7 @@ from torchpipe.constants import AUTOTUNE, INFINITE, UNKNOWN
 from torchpipe.dataset import Dataset
 from torchpipe import io
 from torchpipe.errors import CheckpointError, StallError, WorkerError
+from torchpipe.integrations.ray import RayExecutor  # Ray itself is imported only when a stage uses it
 from torchpipe.io import TFRecordDataset, from_webdataset
 from torchpipe.io.load import load
 from torchpipe.loader import DataLoader, explain
@@ -15,6 +16,7 @@ from torchpipe.sources import (
     choose_from_datasets,
     from_dataset,
     from_iterable,
+    from_ray,
     from_tensor_slices,
     list_files,
     range,
@@ -33,6 +35,7 @@ __all__ = [
     "DistributeOptions",
     "INFINITE",
     "Options",
+    "RayExecutor",
     "StallError",
     "TFRecordDataset",
     "UNKNOWN",
@@ -42,6 +45,7 @@ __all__ = [
     "explain",
     "from_dataset",
     "from_iterable",
+    "from_ray",
     "from_tensor_slices",
     "from_webdataset",
     "io",

@@ -17,6 +17,7 @@ import torch
 from torchpipe.constants import AUTOTUNE, INFINITE, UNKNOWN
 from torchpipe.distributed import current_replica
 from torchpipe.graph import PassHistory, PipelineIterator, Plan, current_worker, explain_plan
+from torchpipe.integrations.ray import RayExecutor, resolve as resolve_ray
 from torchpipe.ops.base import Node
 from torchpipe.ops.batch import (
     BatchNode,
@@ -140,8 +141,9 @@ class Dataset(torch.utils.data.IterableDataset):
             deterministic: keep input order (default: ``Options.deterministic``).
             executor: ``"thread"`` (shares the GIL; best for functions that release it: PIL,
                 numpy, torch ops), ``"process"`` (worker processes, results through shared
-                memory; for Python-heavy functions), or ``"auto"``: measure the first calls
-                and choose (see docs/executors.md).
+                memory; for Python-heavy functions), ``"ray"`` or ``tp.RayExecutor(...)`` (Ray
+                actors, on this machine or a cluster: docs/scale_out.md), or ``"auto"``: measure
+                the first calls and choose among threads and processes (see docs/executors.md).
             name: the stage name in errors, stats and ``explain()`` (default ``map(<fn name>)``).
             pure: declare that ``fn``'s result depends only on its element (and ``tp.rng()``)
                 and that it has no side effects the caller relies on (same as ``@tp.pure``);
@@ -158,6 +160,8 @@ class Dataset(torch.utils.data.IterableDataset):
         _check_parallelism("map", num_parallel_calls)
         _check_optional_bool("map", "deterministic", deterministic)
         _check_executor("map", executor)
+        num_parallel_calls = _ray_parallelism("map", executor, num_parallel_calls)
+        executor = resolve_ray(executor) or executor  # "ray" is RayExecutor(): the node builds its pool with it
         if name is not None and not isinstance(name, str):
             raise TypeError(f"map: name must be a str, got {type(name).__name__}")
         _check_bool("map", "pure", pure)
@@ -194,7 +198,8 @@ class Dataset(torch.utils.data.IterableDataset):
 
         Args:
             executor: where inner datasets are read in parallel: ``"thread"``, ``"process"``
-                (worker processes; for Python-heavy parsing), or ``"auto"``, which starts on
+                (worker processes; for Python-heavy parsing), ``"ray"`` or ``tp.RayExecutor(...)``
+                (Ray actors, a read at a time each: docs/scale_out.md), or ``"auto"``, which starts on
                 threads and moves the readers to worker processes (one a core, reads on threads
                 in each) if they cost 20 us or more of CPU an element (docs/executors.md).
                 Only ``tp.rng()`` is reproducible in ``fn`` with threads or ``"auto"``.
@@ -206,6 +211,8 @@ class Dataset(torch.utils.data.IterableDataset):
         _check_parallelism("interleave", num_parallel_calls)
         _check_optional_bool("interleave", "deterministic", deterministic)
         _check_executor("interleave", executor)
+        num_parallel_calls = _ray_parallelism("interleave", executor, num_parallel_calls)
+        executor = resolve_ray(executor) or executor
         node = InterleaveNode(
             self._node, fn, cycle_length, block_length, num_parallel_calls, deterministic, executor
         )
@@ -519,8 +526,26 @@ def _check_parallelism(op: str, value: Any) -> None:
 
 
 def _check_executor(op: str, executor: Any) -> None:
-    if executor not in EXECUTORS:
-        raise ValueError(f"{op}: executor must be one of {EXECUTORS}, got {executor!r}")
+    if not isinstance(executor, RayExecutor) and (not isinstance(executor, str) or executor not in EXECUTORS):
+        raise ValueError(f"{op}: executor must be one of {EXECUTORS} or a tp.RayExecutor, got {executor!r}")
+
+
+def _ray_parallelism(op: str, executor: Any, num_parallel_calls: int | None) -> int | None:
+    """The stage's ``num_parallel_calls`` where it runs on Ray: a ``RayExecutor``'s
+    ``num_actors`` where set (an int ``num_parallel_calls`` must agree), else as given, which
+    must then say how many run at once."""
+    ray = resolve_ray(executor)
+    if ray is None:
+        return num_parallel_calls
+    actors = ray.num_actors
+    if actors is not None and num_parallel_calls not in (None, actors):
+        raise ValueError(f"{op}: num_parallel_calls={num_parallel_calls} and RayExecutor(num_actors={actors}) "
+                         "disagree; give one of them")  # fmt: skip
+    parallel = ray.parallelism(num_parallel_calls)
+    if parallel is None:
+        raise ValueError(f"{op}: executor={executor!r} runs calls in parallel on Ray actors: give "
+                         "num_parallel_calls (an int or tp.AUTOTUNE) or RayExecutor(num_actors=...)")  # fmt: skip
+    return parallel
 
 
 def _check_seed(op: str, seed: Any) -> None:

@@ -235,7 +235,8 @@ def _assert_states_equal(a: Any, b: Any, where: str) -> None:
 _END = object()
 
 
-def assert_exactly_once(make: Callable[[], Iterable[Any]], seed: int = 0, ordered: bool = True) -> int | None:
+def assert_exactly_once(make: Callable[[], Iterable[Any]], seed: int = 0, ordered: bool = True,
+                        kill: Callable[[random.Random], Any] | None = None) -> Any:  # fmt: skip
     """Assert that ``make()`` yields every element once, in order, when one of its worker
     processes is killed (SIGKILL) at a random point.
 
@@ -246,8 +247,13 @@ def assert_exactly_once(make: Callable[[], Iterable[Any]], seed: int = 0, ordere
     (inline, threads) nothing is killed and the run must still match. With ``ordered=False`` the
     order may differ, but not the elements or how often each comes.
 
+    Args:
+        kill: kills something else instead, given a ``random.Random`` seeded from ``seed``, and
+            returns what it killed (None: nothing): for a stage on Ray actors,
+            ``torchpipe.integrations.ray_pool.kill_an_actor``.
+
     Returns:
-        The pid killed, or None where no worker process ran.
+        The pid killed (what ``kill`` returned), or None where no worker process ran.
     """
     expected = list(make())
     rng = random.Random(seed)
@@ -257,7 +263,7 @@ def assert_exactly_once(make: Callable[[], Iterable[Any]], seed: int = 0, ordere
     for k, element in enumerate(make()):
         actual.append(element)
         if k == at:
-            killed = _kill_a_worker(rng, before)
+            killed = _kill_a_worker(rng, before) if kill is None else kill(rng)
     if not ordered:
         expected, actual = sorted(expected, key=repr), sorted(actual, key=repr)
     if len(actual) != len(expected):

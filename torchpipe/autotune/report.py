@@ -84,6 +84,7 @@ class PipelineStats(list):
             name = "  " * stage["depth"] + stage["stage"]
             lines.append(f"{name[:36]:<36} {stage['produced']:>9} {stage['throughput']:>9.4g} "
                          f"{_duration(stage['self_s']):>10} {wait:>5} {fill:>7}  {knobs}")  # fmt: skip
+        lines.extend(line for stage in self if "ray" in stage for line in _ray_lines(stage["stage"], stage["ray"]))
         lines.append(f"Bottleneck: {self.bottleneck}")
         if self.consumer_is_limit:
             lines.append(f"Limit: the consumer (training step); it waited for data {self.waiting:.0%} of its time.")
@@ -95,6 +96,17 @@ class PipelineStats(list):
             lines.append(f"Autotune: {len(self.decisions)} rounds; now {chosen} (measured {last.throughput:.4g}/s, "
                          f"model predicts {last.predicted:.4g}/s)")  # fmt: skip
         return "\n".join(lines)
+
+
+def _ray_lines(stage: str, ray: dict[str, Any]) -> list[str]:
+    """A stage's Ray actors: their calls, and what receiving results cost this process."""
+    rate = ray["transfer_bytes_per_s"] / 1e6
+    lines = [f"{stage} on Ray: {len(ray['actors'])} actors, {ray['results']} results, "
+             f"{_duration(ray['transfer_s'])} a result to fetch and decode ({rate:.4g} MB/s)"]  # fmt: skip
+    for name, actor in ray["actors"].items():
+        restarts = f", {actor['restarts']} restarts" if actor["restarts"] else ""
+        lines.append(f"  {name}: {actor['calls']} calls, {_duration(actor['call_s'])} a call{restarts}")
+    return lines
 
 
 def _duration(seconds: float) -> str:
@@ -128,6 +140,7 @@ def pipeline_stats(root: Iterator, start: Look, consumer_s: float, decisions: li
         if tunable.knobs(it):
             entry["knobs"] = {knob.name: knob.value for knob in tunable.knobs(it)}
         entry.update(it.stats.counters)  # errors_ignored, inner_datasets, ...
+        entry.update(getattr(it, "executor_report", dict)())  # where its calls ran: Ray's actors
         stages.append(entry)
     if decisions:
         limit = decisions[-1].bottleneck

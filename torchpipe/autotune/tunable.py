@@ -66,3 +66,9 @@ def buffer_slots(stage: Any) -> int:
 
 def calls_in_processes(stage: Any) -> bool:
     return role(stage) == POOL and stage.calls_in_processes()
+
+
+def calls_on_cluster(stage: Any) -> bool:
+    """Whether a pool's calls run on a cluster's CPUs (Ray actors), which the machine's CPU
+    budget does not count: its knob's maximum is what the cluster has free."""
+    return role(stage) == POOL and getattr(stage, "calls_on_cluster", lambda: False)()

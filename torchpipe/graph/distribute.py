@@ -22,9 +22,11 @@ it each rank's seeds carry its rank, so ranks do not shuffle or augment their sh
 pipeline that shards itself (``shard(...)``) is not split again by ``"auto"``; its seeds are
 shared, and its torch workers split it as ``graph/sharding.py`` does. Nor is one whose files are
 marked to be read whole on every rank (``from_webdataset(split_by_rank=False)``); its torch
-workers split it too. Ranks' lengths are made equal (``DistributeOptions.uneven``) by the shard
-where its input's length is known, else by an ``equalize`` op at the output: to a length known
-ahead, or with the ranks agreeing at every element.
+workers split it too. Nor is one whose source is the rank's share already (``tp.from_ray`` over a
+Ray Train worker's dataset shard): its seeds carry the rank, and Ray evens the shards' lengths.
+Ranks' lengths are made equal (``DistributeOptions.uneven``) by the shard where its input's length
+is known, else by an ``equalize`` op at the output: to a length known ahead, or with the ranks
+agreeing at every element.
 """
 
 from __future__ import annotations
@@ -92,7 +94,8 @@ class Distribution:
 @dataclasses.dataclass(frozen=True)
 class Placement:
     """Where the shard goes: ``level`` (``data``, ``file``, ``output``; ``manual`` where the
-    pipeline shards itself, ``whole`` where its files are marked to be read whole on every rank),
+    pipeline shards itself, ``whole`` where its files are marked to be read whole on every rank,
+    ``given`` where its source is the rank's share already: a Ray Train worker's),
     above ``top`` (whose source is ``source``), and why. ``shuffled``: the files below were
     shuffled with the pipeline seed (``tp.io.split_files(shuffled=True)``)."""
 
@@ -104,7 +107,7 @@ class Placement:
 
     def apply(self, root: Node, shard: ReplicaShard, uneven: str) -> Node:
         """``root`` with the shard in."""
-        if self.level in ("manual", "whole"):
+        if self.level in ("manual", "whole", "given"):
             # not split between ranks, but a rank's torch workers must still split its share
             return root if shard.num_workers == 1 else split_for_worker(root, shard.num_workers, shard.worker)[0]
         if self.level == "output":
@@ -130,7 +133,7 @@ class Placement:
         """Whether ranks must share the pass seed for their shares to be disjoint."""
         if self.level in ("output", "manual"):
             return True  # every op is below the shard; any of them may draw
-        if self.level == "whole":
+        if self.level in ("whole", "given"):
             return False  # nothing is split between ranks: their draws need not agree
         return self.shuffled or any(isinstance(node, ShuffleNode) and node.seed is None for node in self.chain())
 
@@ -143,6 +146,8 @@ class Placement:
             return f"{self.why}: not split again ({who}); the ranks share its seeds"
         if self.level == "whole":
             return f"{self.why}: not split ({who} gets every element)"
+        if self.level == "given":
+            return f"{self.why}: not split again ({who} gets its own shard)"
         if self.level == "output":
             return (f"{who} runs the whole pipeline ({self.why}) with a seed the ranks share and keeps one element "
                     f"in {shards} of the output")  # fmt: skip
@@ -177,7 +182,7 @@ def distribute(root: Node, options: DistributeOptions, replica: Replica, worker:
         how = "ends where the shortest rank's does" if options.uneven == "drop" else (
             "runs as long as the longest rank's, padded")  # fmt: skip
         notes.append(f"{NAME}: {written.label()}: this rank's pass {how}")
-    salt = (RANK_MARK, replica.rank) if placement.level in ("data", "file") else ()
+    salt = (RANK_MARK, replica.rank) if placement.level in ("data", "file", "given") else ()
     shared_seed = placement.random_below() and replica.world_size > 1
     return Distribution(written, run, notes, shared_seed, salt, options.uneven, target, group)
 
@@ -188,6 +193,9 @@ def place(root: Node, policy: str, shard: ReplicaShard) -> Placement:
     marks = [node for node in nodes if isinstance(node, SplitFilesNode)]
     if policy == "auto" and any(type(node) is ShardNode for node in nodes):
         return Placement("manual", why="the pipeline shards itself")
+    given = next((node for node in nodes if getattr(node, "shards_itself", False)), None)
+    if policy == "auto" and given is not None:  # a source that is already this rank's share (tp.from_ray's)
+        return Placement("given", why=given.shards_why)
     if policy == "auto" and any(not mark.split for mark in marks):
         return Placement("whole", why="its files are read whole on every rank (from_webdataset(split_by_rank=False))")
     single = shards_at_source(root, sources)
@@ -266,6 +274,8 @@ def _equal_lengths(root: Node, placement: Placement, options: DistributeOptions,
         return None, None
     if placement.level == "whole":
         return None, None  # every rank reads the same files whole
+    if placement.level == "given":
+        return None, None  # the source evens its shards (Ray's streaming_split(equal=True), as Ray Train does)
     lengths = {UNKNOWN} if placement.level == "manual" else {
         _split(root, placement, ReplicaShard(shard.world_size, rank), options)[1].cardinality()
         for rank in (0, shard.world_size - 1)  # the longest and the shortest share

@@ -62,6 +62,11 @@ class BuildContext:
     trace: TraceLog | None = dataclasses.field(default=None, compare=False)
     salt: tuple[int, ...] = ()
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled for a Ray actor (an interleave's readers there): without what earlier passes
+        learned and the pass's trace, which belong to this process (inner datasets keep neither)."""
+        return {**self.__dict__, "memory": None, "trace": None}
+
     def learned(self) -> dict[str, Any]:
         """What earlier passes of this Dataset learned about the stage at this position (the
         executor ``auto`` chose, the parallelism the autotuner settled on), for this pass to start

@@ -1,7 +1,7 @@
 """``flat_map`` and ``interleave``: a Dataset per input element, their elements merged in tf.data's
 order by one iterator (:class:`InterleaveIterator`) over a pool of readers: inline
-(``interleave_readers.py``), on threads (``thread_readers.py``) or in worker processes
-(``process_readers.py``). With ``executor="auto"`` the readers move between threads and processes
+(``interleave_readers.py``), on threads (``thread_readers.py``), in worker processes
+(``process_readers.py``) or on Ray actors (``ray_readers.py``). With ``executor="auto"`` the readers move between threads and processes
 while the pass runs (``reader_placement.py``, docs/executors.md).
 
 Resuming calls the user function again on the saved elements, with the same sequence numbers,
@@ -23,12 +23,14 @@ from torchpipe.ops.interleave_readers import (
     ERROR, FAILED, MAX_PARALLELISM, VALUE, InlineReaders, InnerOpener, Reader, ReaderPool,
     read_ahead_items,
 )  # fmt: skip
+from torchpipe.ops.map import executor_kind
 from torchpipe.ops.process_readers import ProcessReaders
+from torchpipe.ops.ray_readers import RayReaders
 from torchpipe.ops.reader_placement import ReaderPlacement
 from torchpipe.ops.stats import LiveKnob
 from torchpipe.ops.thread_readers import ThreadReaders
 from torchpipe.runtime.cpu import usable_cpu_count
-from torchpipe.runtime.policy import INLINE, PROCESS, THREAD
+from torchpipe.runtime.policy import INLINE, PROCESS, RAY, THREAD
 from torchpipe.runtime.process_pool import process_executor_supported
 from torchpipe.runtime.timing import CallTiming
 
@@ -115,8 +117,9 @@ class InterleaveNode(Node):
             return InterleaveIterator(self.name, source, {INLINE: readers}, cycle, self.block_length)
         tunable = self.num_parallel_calls == AUTOTUNE
         parallelism = self.num_parallel_calls
-        if tunable:  # a process each costs memory: processes start at the cores, threads at the cycle
-            parallelism = usable_cpu_count() if self.executor == "process" else min(cycle, MAX_PARALLELISM)
+        if tunable:  # a process (an actor) each costs memory: they start at the cores, threads at the cycle
+            each_own = executor_kind(self.executor) in (PROCESS, RAY)
+            parallelism = usable_cpu_count() if each_own else min(cycle, MAX_PARALLELISM)
         pools = self._pools(ctx)
         placement = ReaderPlacement(usable_cpu_count(), None if tunable else parallelism) if len(pools) > 1 else None
         return InterleaveIterator(self.name, source, pools, cycle, self.block_length, parallelism=parallelism,
@@ -127,6 +130,9 @@ class InterleaveNode(Node):
         """The reader pools by kind, the one reading starts in first."""
         restart, stall_s, block = ctx.options.restart_workers, ctx.options.stall_timeout, self.block_length
         processes = process_executor_supported()
+        if executor_kind(self.executor) == RAY:  # as on processes, with the global RNGs seeded per element
+            opener = InnerOpener(UserFunction(self.fn, self.name, ctx), ctx)
+            return {RAY: RayReaders(self.name, opener, block, restart, stall_s, self.executor)}  # a tp.RayExecutor
         if self.executor == "process" and processes:
             opener = InnerOpener(UserFunction(self.fn, self.name, ctx), ctx)
             return {PROCESS: ProcessReaders(self.name, opener, block, restart, stall_s)}

@@ -26,8 +26,13 @@ from torchpipe.runtime.codec import StackedTensor
 from torchpipe.runtime.cpu import usable_cpu_count
 from torchpipe.runtime.recycle import RecycledStack
 
-EXECUTORS = ("auto", "thread", "process")
-"""Accepted ``executor=`` values."""
+EXECUTORS = ("auto", "thread", "process", "ray")
+"""Accepted ``executor=`` names (and a ``tp.RayExecutor``, whose kind is ``"ray"``)."""
+
+
+def executor_kind(executor: Any) -> str:
+    """The executor an ``executor=`` argument names: a ``tp.RayExecutor`` is ``"ray"``."""
+    return executor if isinstance(executor, str) else getattr(executor, "kind", "auto")
 
 
 class MapNode(Node):
@@ -96,10 +101,12 @@ class MapNode(Node):
     ) -> ParallelMapIterator:
         """A parallel stage running ``make_task(fn, in_process)`` per input; ``ctx`` is this node's."""
         parallelism = usable_cpu_count() if self.num_parallel_calls == AUTOTUNE else self.num_parallel_calls
+        in_worker = make_task(self.function(ctx), True)
         tasks = {
             "inline": make_task(self.function(ctx), False),  # as a worker: global RNGs seeded per element
             "thread": make_task(self.function(ctx, seed_globals=False), False),
-            "process": make_task(self.function(ctx), True),
+            "process": in_worker,
+            "ray": in_worker,  # a Ray actor runs what a worker process runs (pickled, not forked)
         }
         return ParallelMapIterator(
             name,
@@ -144,7 +151,7 @@ def is_pure(fn: Any) -> bool:
 class MapTask:
     """What a parallel map runs per element: fetch it by index when pushed down, call ``fn``.
 
-    Worker processes inherit it through fork; it is never pickled.
+    Worker processes inherit it through fork; Ray actors get it pickled, once per pool.
     """
 
     __slots__ = ("fn", "fetch")

@@ -21,7 +21,7 @@ from torchpipe.runtime.cpu import usable_cpu_count
 from torchpipe.runtime.dispatch import Dispatcher
 from torchpipe.runtime.executor import Executor, InlineExecutor, ThreadExecutor
 from torchpipe.runtime.placement import Placement, measure_calls
-from torchpipe.runtime.policy import INLINE, MAX_THREADS, PROCESS, THREAD, CallCosts, Policy
+from torchpipe.runtime.policy import INLINE, MAX_THREADS, PROCESS, RAY, THREAD, CallCosts, Policy
 from torchpipe.runtime.process_pool import ProcessPool, process_executor_supported
 from torchpipe.runtime.timing import CallTiming
 
@@ -43,8 +43,9 @@ class ParallelMapIterator(Iterator):
             where the pipeline has a seed), on a ``thread`` and in a ``process``.
         parallelism: threads or processes to start with (an explicit ``num_parallel_calls``).
         deterministic: deliver in input order.
-        executor: ``"thread"``, ``"process"`` or ``"auto"`` (the policy chooses, and moves the
-            calls while they run; with ``tunable`` inline is a candidate too).
+        executor: ``"thread"``, ``"process"``, a ``tp.RayExecutor`` (Ray actors: it makes the
+            pool, ``integrations/ray_pool.py``), or ``"auto"`` (the policy chooses, and moves the calls
+            while they run; with ``tunable`` inline is a candidate too).
         restart: replace dead worker processes.
         tunable: ``num_parallel_calls=AUTOTUNE``: the autotuner resizes the pool while it runs.
         learned: what earlier passes of the Dataset settled on; updated by this one.
@@ -64,7 +65,7 @@ class ParallelMapIterator(Iterator):
         tasks: dict[str, Callable[[int, Any], Any]],
         parallelism: int,
         deterministic: bool,
-        executor: str,
+        executor: Any,
         restart: bool,
         tunable: bool = False,
         learned: dict[str, Any] | None = None,
@@ -82,6 +83,9 @@ class ParallelMapIterator(Iterator):
         self._exhausted = False
         self._started = False
         self._pool: ProcessPool | None = None
+        self._ray, self._ray_pool = None, None
+        if getattr(executor, "kind", None) == RAY:  # a tp.RayExecutor: it builds the pool, importing Ray then
+            self._ray, executor = executor, RAY
         processes = process_executor_supported()
         if executor == PROCESS and not processes:
             executor = THREAD
@@ -96,7 +100,11 @@ class ParallelMapIterator(Iterator):
         self._knob: LiveKnob | None = None
         if tunable:
             lowest = 0 if self._policy is not None and INLINE in candidates else 1  # 0: inline
-            self._knob = LiveKnob(f"{name}.parallelism", self._parallelism, lowest, self._most(THREAD), False,
+            if self._ray is not None:
+                lowest = self._ray.min_actors
+                self._parallelism = max(lowest, min(self._parallelism, self._ray.max_actors or self._parallelism))
+            most = self._most(RAY if self._ray is not None else THREAD)
+            self._knob = LiveKnob(f"{name}.parallelism", self._parallelism, lowest, most, False,
                                   self._placement.resize)  # fmt: skip
 
     @property
@@ -105,6 +113,8 @@ class ParallelMapIterator(Iterator):
         return self._placement.kind if self._started else (self._fixed or AUTO)
 
     def knobs(self) -> list[LiveKnob]:
+        if self._knob is not None and self._ray_pool is not None:  # the cluster's free CPUs move
+            self._knob.maximum = max(self._ray_pool.most_actors(), self._knob.minimum)
         return [self._knob] if self._knob is not None else []
 
     def parallelism(self) -> int:
@@ -114,7 +124,15 @@ class ParallelMapIterator(Iterator):
         return self._dispatch.executor.capacity
 
     def calls_in_processes(self) -> bool:
-        return self._placement.kind == PROCESS
+        return self._placement.kind in (PROCESS, RAY)
+
+    def calls_on_cluster(self) -> bool:
+        """Whether calls run on Ray actors, whose CPUs are the cluster's, not this machine's."""
+        return self._placement.kind == RAY
+
+    def executor_report(self) -> dict[str, Any]:
+        """Where the calls ran, for ``it.stats()``: Ray's actors and transfers (else nothing)."""
+        return {"ray": self._ray_pool.report()} if self._ray_pool is not None else {}
 
     def prepare(self) -> None:
         super().prepare()
@@ -163,13 +181,25 @@ class ParallelMapIterator(Iterator):
             return InlineExecutor(self._tasks[INLINE], self.stats.calls)
         if kind == THREAD:
             return ThreadExecutor(self._tasks[THREAD], workers, self.name, self.stats.calls)
+        if kind == RAY:
+            return self._ray_actors(workers)
         self.prepare()
         self._pool.resize(workers)
         return self._pool
 
+    def _ray_actors(self, workers: int) -> Executor:
+        if self._ray_pool is None:
+            self._ray_pool = self._ray.pool(self._tasks[RAY], workers, self.name, restart=self._restart,
+                                            timing=self.stats.calls)  # fmt: skip
+        else:
+            self._ray_pool.resize(workers)
+        return self._ray_pool
+
     def _most(self, kind: str) -> int:
         """The most calls in flight the autotuner may ask for: processes beyond twice the cores
-        only cost memory; threads wait on I/O."""
+        only cost memory; threads wait on I/O; actors as many as the cluster's free CPUs allow."""
+        if kind == RAY:
+            return self._ray_pool.most_actors() if self._ray_pool is not None else self._parallelism
         return MAX_THREADS if kind != PROCESS else 2 * usable_cpu_count()
 
     def _retire(self, executor: Executor) -> None:
@@ -212,6 +242,7 @@ class ParallelMapIterator(Iterator):
         while True:
             self._fill()
             if not dispatch.pending:
+                self._end_of_pass()
                 raise StopIteration
             waited = dispatch.wait_s
             seq, value, error = dispatch.take(self._deterministic)
@@ -225,6 +256,12 @@ class ParallelMapIterator(Iterator):
                 self.stats.sample_bytes(value)
                 return value
 
+    def _end_of_pass(self) -> None:
+        """Give Ray actors back now, not when the iterator is closed: they hold the cluster's CPUs,
+        which the next pass (or another pipeline) needs, and they stay warm for it a while."""
+        if self._ray_pool is not None and self._dispatch.executor is self._ray_pool:
+            self._ray_pool.resize(0)
+
     def get_state(self) -> dict[str, Any]:
         return self._log.state()
 
@@ -236,3 +273,6 @@ class ParallelMapIterator(Iterator):
         if self._pool is not None:
             self._pool.close()
             self._pool = None
+        if self._ray_pool is not None:
+            self._ray_pool.close()  # its actors stay warm a few seconds for the next pass
+            self._ray_pool = None

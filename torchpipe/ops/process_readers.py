@@ -55,7 +55,7 @@ class InnerChunkTask:
     any other opens the inner dataset at ``state``. Returns a list of ``(kind, payload,
     inner_state_after)``; it ends with an ``END`` item if the inner dataset ended. A chunk of
     values of one flat structure comes as a :class:`PackedChunk` (its values as columns) instead.
-    Worker processes inherit the task through fork. Threads of a worker may run tasks of
+    Worker processes inherit the task through fork (Ray actors get it pickled). Threads of a worker may run tasks of
     different readers at once (a reader has one chunk in flight at a time).
     """
 
@@ -66,6 +66,13 @@ class InnerChunkTask:
 
     def start_worker(self, slot: int) -> None:
         self.opener.seed_worker(slot)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled for a Ray actor: the opener; the inner datasets kept open stay here."""
+        return {"opener": self.opener}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["opener"])
 
     def __call__(self, task_id: int, payload: tuple) -> list[Item] | PackedChunk:
         element, seq, state, count, reader_id, position = payload
@@ -236,9 +243,12 @@ class ProcessReaders(ReaderPool):
 
     def prepare(self) -> None:
         if self._pool is None:
-            self._pool = ProcessPool(InnerChunkTask(self._opener), 0, self.name, restart=self._restart,
-                                     timing=self.stats.calls)  # fmt: skip
+            self._pool = self._make_pool(InnerChunkTask(self._opener))
             self._dispatch = Dispatcher(self.name, self._pool, self._stall_s)
+
+    def _make_pool(self, task: InnerChunkTask) -> Any:
+        """The pool the chunk tasks run on, empty until :meth:`start` sizes it."""
+        return ProcessPool(task, 0, self.name, restart=self._restart, timing=self.stats.calls)
 
     def start(self, parallelism: int) -> None:
         self.prepare()

@@ -5,7 +5,7 @@ Two stages fuse into one ``FusedMapNode`` when their parallel settings agree:
 - one parallel: the fused stage runs in parallel with its settings, so the inline function
   moves onto the threads or workers. In a pipeline with a seed, an inline function seeds the
   global RNGs before each call and threads cannot, so this happens there only when the
-  parallel stage uses processes or the inline function is declared pure;
+  parallel stage uses processes (or Ray actors) or the inline function is declared pure;
 - both parallel: the same ``deterministic``, and executors that agree (``"auto"`` agrees
   with either); the fused parallelism is the larger (``AUTOTUNE`` if either is).
 A parallel chain calls every function with the input's sequence number, so there a filter
@@ -21,7 +21,7 @@ from torchpipe.graph.rewrite import rewrite_bottom_up
 from torchpipe.ops.base import Node
 from torchpipe.ops.filter import FilterNode
 from torchpipe.ops.fused import FusedMapNode, is_pure_stage
-from torchpipe.ops.map import MapNode
+from torchpipe.ops.map import MapNode, executor_kind
 from torchpipe.ops.structure import ElidedNode
 from torchpipe.options import Options
 
@@ -53,7 +53,9 @@ def _merge(outer: Node, inner: Node, options: Options) -> tuple[Any, ...] | None
         return None, None, "auto"
     if a is None or b is None:
         parallel, inline = (a, inner) if b is None else (b, outer)
-        if options.seed is not None and parallel[2] != "process" and not is_pure_stage(inline):
+        # Worker processes and Ray actors seed the global RNGs per element, as inline calls do.
+        seeds_per_element = executor_kind(parallel[2]) in ("process", "ray")
+        if options.seed is not None and not seeds_per_element and not is_pure_stage(inline):
             return None
         return parallel
     if a[1] != b[1] or (a[2] != b[2] and "auto" not in (a[2], b[2])):
