@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from bench import data
+from bench import markdown
 from bench import peers as pr
 from bench import plot
 from bench import run
@@ -283,6 +284,20 @@ def test_peer_adapter_with_the_library(small, library):
     for padded, lengths in batches:
         assert padded.dtype == torch.int64 and padded.shape == (32, int(lengths.max())) and lengths.shape == (32,)
     assert sorted(work.count(b)[1] for b in batches)[0] > 0
+
+
+def test_markdown_tables_from_a_report():
+    results = {"dataloader_best": {**dict.fromkeys(KEYS, 1.0), "throughput": 100.0},
+               "nodes_best": {**dict.fromkeys(KEYS, 1.0), "throughput": 50.0, "end_pss_mb": None},
+               "torchpipe_auto": {**dict.fromkeys(KEYS, 1.0), "throughput": 120.0}}  # fmt: skip
+    report = {"workloads": {"jpeg": {"unit": "img/s", "limit": 200.0, "results": results,
+                                     "targets": tg.targets("jpeg", results, limit=200.0)}}}  # fmt: skip
+    rows = markdown.results_table(report).splitlines()
+    assert [row.split(" | ")[1] for row in rows[2:]] == ["dataloader_best", "torchpipe_auto", "nodes_best"]
+    assert rows[4] == "| jpeg | nodes_best | 50 img/s | 0.50x | 0.25 | 1.00 s | 1 MB | - | 1000.000 ms | 100% |"
+    targets = markdown.targets_table(report).splitlines()
+    assert len(targets) == 3  # torchpipe_dataloader_auto was not measured: no row
+    assert "| 2.40 ok (nodes_best) | - |" in targets[2] and "vs best Python peer >=1" in targets[0]
 
 
 def test_plot_without_matplotlib_says_so(tmp_path, monkeypatch):
