@@ -282,7 +282,7 @@ def table(report: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="small data and a small grid: under 5 minutes on 2 cores")
+    parser.add_argument("--quick", action="store_true", help="small data and small grids: about 8 minutes on 2 cores with every peer installed")
     parser.add_argument("--workloads", default=",".join(wl.WORKLOADS), help=f"comma-separated, from {list(wl.WORKLOADS)}")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
