@@ -17,10 +17,15 @@ setup(
         "progress": ["tqdm"],  # progress bars on save, snapshot and cache(path) fills
         "plot": ["matplotlib"],  # it.stats().plot(path): the timeline PNG
         "ray": ["ray[data]>=2.10"],  # executor="ray", tp.from_ray (Ray Data needs pyarrow and pandas)
+        # The peers bench/peers.py measures (CPU builds). One with no wheel for a platform is
+        # reported "not installed" by bench/run.py, never skipped silently.
         "bench": [
             "matplotlib",
             "tensorflow-cpu; platform_machine == 'x86_64' or platform_machine == 'AMD64'",
             "tensorflow; platform_machine != 'x86_64' and platform_machine != 'AMD64'",
+            "torchdata>=0.10",  # torchdata.nodes
+            "spdl",
+            "grain",
         ],
     },
     license="BSD-3-Clause",

@@ -1,4 +1,5 @@
-"""A grouped bar chart of a ``bench/run.py`` JSON: each configuration's throughput / dataloader_best.
+"""A grouped bar chart of a ``bench/run.py`` JSON: each configuration's throughput / dataloader_best,
+the peers' included.
 
 matplotlib is optional (``pip install matplotlib``); it is imported only here, when plotting.
 
@@ -19,6 +20,7 @@ from bench.run import ORDER  # noqa: E402
 from bench.targets import ZERO_KNOB  # noqa: E402
 
 BASELINE = "dataloader_best"
+PEER_PREFIXES = ("nodes", "spdl", "grain", "tfdata")
 
 
 def ratios(report: dict[str, Any]) -> dict[str, dict[str, float]]:
@@ -48,18 +50,22 @@ def _pyplot() -> Any:
 def draw(table: dict[str, dict[str, float]], title: str, out: str, plt: Any) -> None:
     """One group of bars per workload, one bar per configuration, a line at 1.0 (DataLoader's best).
 
-    Zero-knob configurations (what a user gets without tuning) are hatched. A configuration a
-    workload did not measure has no bar there.
+    Zero-knob configurations (what a user gets without tuning: torchpipe's two and tf.data's
+    AUTOTUNE) are hatched; the peers' bars are edged in black. A configuration a workload did not
+    measure has no bar there.
     """
     configs = sorted({c for row in table.values() for c in row}, key=lambda c: (ORDER + (c,)).index(c))
     workloads = list(table)
     width = 0.8 / max(len(configs), 1)
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(workloads)) + 2.0, 4.2))  # + the legend's column
+    # wide enough for every bar of a group to stay visible, plus the legend's column
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.13 * len(configs) * len(workloads) + 1.0) + 2.4, 4.6))
     for k, config in enumerate(configs):
         xs = [i + (k - (len(configs) - 1) / 2) * width for i in range(len(workloads))]
         present = [(x, table[w][config]) for x, w in zip(xs, workloads) if config in table[w]]
+        peer = config.split("_")[0] in PEER_PREFIXES
         ax.bar([x for x, _ in present], [r for _, r in present], width, label=config,
-               hatch="//" if config in ZERO_KNOB else None)  # fmt: skip
+               hatch="//" if config in ZERO_KNOB + ("tfdata_autotune",) else None,
+               edgecolor="black" if peer else None, linewidth=0.6 if peer else 0)  # fmt: skip
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks(range(len(workloads)), workloads)
     ax.set_ylabel("throughput / dataloader_best")
@@ -88,7 +94,7 @@ def main(argv: list[str] | None = None) -> None:
     if plt is None:
         sys.exit("bench/plot.py needs matplotlib, an optional extra: pip install matplotlib")
     machine = report.get("machine", {})
-    title = f"torchpipe vs DataLoader ({machine.get('usable_cores', '?')} cores, higher is better)"
+    title = f"torchpipe vs DataLoader and the peers ({machine.get('usable_cores', '?')} cores, higher is better)"
     draw(ratios(report), title, args.output, plt)
     print(f"wrote {args.output}")
 

@@ -1,4 +1,4 @@
-"""The benchmark suite: torchpipe against torch's DataLoader (and peers when installed), side by side.
+"""The benchmark suite: torchpipe against torch's DataLoader and the peers, side by side.
 
 Every configuration of a workload runs the same per-item work with the same batch size, one
 after another in this one process, so their ratios are comparable (absolute numbers from
@@ -13,11 +13,22 @@ Configurations:
   torchpipe_auto             the DSL with tp.AUTOTUNE everywhere (no knobs)
   torchpipe_best             the DSL, the best of a small grid of num_parallel_calls and executor
   torchpipe_cache_epoch1/2   (workload cache) the jpeg pipeline with cache() after decode
-  tf_data                    (workload tfrecord, TensorFlow installed) tf.data on the same files
+  nodes_best                 torchdata.nodes: the best of ParallelMapper on threads or processes
+  spdl_best                  SPDL: the best of PipelineBuilder's pipe on threads or processes
+  grain_best                 Grain: the best of to_iter_dataset's threads or mp_prefetch's processes
+  tfdata_autotune            tf.data over the same Python item (tf.py_function), AUTOTUNE
+  tfdata_best                the same, the best of AUTOTUNE and a grid of num_parallel_calls
+  tfdata_native              (jpeg, bigtensor, tiny, tfrecord) tf.data with TensorFlow's own ops
+  tfdata_native_cache_epoch1/2  (workload cache) those ops with tf.data's cache() after decode
+
+The peers (``bench/peers.py``, ``bench/tfdata.py``) run the workload's own item function and
+collation; one that is not installed is reported "not installed". tf.data runs after every
+other configuration of every workload (TensorFlow's threads must not be inherited by worker
+processes forked later).
 
 After the table, the two zero-knob configurations (torchpipe_dataloader_auto, torchpipe_auto)
-are checked against their targets (``bench/targets.py``); the JSON has the same checks under
-``workloads.<name>.targets``.
+are checked against their targets (``bench/targets.py``), the best Python peer's best among
+them; the JSON has the same checks under ``workloads.<name>.targets``.
 
 Run: python bench/run.py [--quick] [--workloads jpeg,bigtensor,...] [--json out.json]
 """
@@ -25,7 +36,6 @@ Run: python bench/run.py [--quick] [--workloads jpeg,bigtensor,...] [--json out.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import os
@@ -40,14 +50,18 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import torchpipe as tp  # noqa: E402
+from bench import peers as pr  # noqa: E402
 from bench import workloads as wl  # noqa: E402
 from bench.measure import measure  # noqa: E402
 from bench.targets import format_targets, targets  # noqa: E402
 from torchpipe.runtime.cpu import usable_cpu_count  # noqa: E402
 
-PEERS = {"torchdata_nodes": "torchdata", "tf_data": "tensorflow", "spdl": "spdl"}
 ORDER = ("dataloader_default", "dataloader_best", "torchpipe_dataloader", "torchpipe_dataloader_auto",
-         "torchpipe_auto", "torchpipe_best", "torchpipe_cache_epoch1", "torchpipe_cache_epoch2", "tf_data")
+         "torchpipe_auto", "torchpipe_best", "torchpipe_cache_epoch1", "torchpipe_cache_epoch2", "nodes_best",
+         "spdl_best", "grain_best", "tfdata_autotune", "tfdata_best", "tfdata_native", "tfdata_native_cache_epoch1",
+         "tfdata_native_cache_epoch2")
+LAST = ("tfdata",)
+"""Peers measured after every workload's other configurations (they import TensorFlow)."""
 
 
 def dataloader_grid(quick: bool) -> list[dict[str, int]]:
@@ -67,6 +81,9 @@ class Runner:
         self.work, self.sizes, self.quick = work, sizes, quick
         self.results: dict[str, dict[str, float]] = {}
         self.chosen: dict[str, Any] = {}
+        self.errors: dict[str, str] = {}
+        # cache measures whole epochs; every other workload a timed window
+        self.measure_one = self.epoch if work.name == "cache" else self.timed
 
     def timed(self, make: Callable[[], Any]) -> dict[str, float]:
         return measure(make, self.work.count, self.sizes.warmup_s, self.sizes.seconds)
@@ -124,8 +141,7 @@ class Runner:
                     str(best_args))  # fmt: skip
         self.torchpipe_dataloader_auto(self.timed)
         self.torchpipe_dsl()
-        for config, make in self.work.peers.items():
-            self.record(config, self.timed(make), "the same work in that library, AUTOTUNE everywhere")
+        self.peers(last=False)
 
     def run_cache(self) -> None:
         """The ``cache`` workload: DataLoader baselines and torchpipe's epochs 1 and 2, each a full epoch.
@@ -140,11 +156,37 @@ class Runner:
         self.record("torchpipe_cache_epoch1", self.epoch(lambda: pipeline), knobs)
         self.record("torchpipe_cache_epoch2", self.epoch(lambda: pipeline), "replays the decoded images")
         self.chosen["torchpipe_cache"] = {"num_parallel_calls": cores, "executor": "thread"}
+        self.peers(last=False)
 
+    def peers(self, last: bool) -> None:
+        """The installed peers (those in ``LAST`` when ``last``, the others when not)."""
+        for peer in pr.PEERS:
+            if peer.installed() and (peer.library in LAST) == last:
+                self.peer(peer)
 
-def peers_available() -> dict[str, bool]:
-    """Which peer libraries are importable here (each has a configuration when installed)."""
-    return {config: importlib.util.find_spec(module) is not None for config, module in PEERS.items()}
+    def peer(self, peer: pr.Peer) -> None:
+        """One library: its named configurations, and the best of its grid as ``<library>_best``.
+
+        A library that fails on this workload is reported (printed, and in the JSON under
+        ``workloads.<name>.peer_errors``) and the run goes on with the next one.
+        """
+        best_knobs, best = None, None
+        try:
+            for config in peer.configs(self.work, self.quick):
+                result = self.measure_one(config.make)
+                if config.name is not None:
+                    self.record(config.name, result, str(config.knobs))
+                else:
+                    print(f"    {peer.library} grid {config.knobs}: {result['throughput']:.4g}", flush=True)
+                if config.in_best and (best is None or result["throughput"] > best["throughput"]):
+                    best_knobs, best = config.knobs, result
+        except Exception as e:  # noqa: BLE001: one peer's failure must not hide the others' numbers
+            self.errors[peer.library] = f"{type(e).__name__}: {e}"
+            print(f"  {peer.library} failed on {self.work.name}: {self.errors[peer.library]}", flush=True)
+            return
+        if best is not None:
+            self.record(f"{peer.library}_best", best, str(best_knobs))
+            self.chosen[f"{peer.library}_best"] = best_knobs
 
 
 def machine(quick: bool) -> dict[str, Any]:
@@ -182,7 +224,10 @@ def run_all(names: list[str], quick: bool, sizes: wl.Sizes | None = None) -> dic
     sizes = sizes or (wl.QUICK if quick else wl.FULL)
     report: dict[str, Any] = {"machine": machine(quick), "workloads": {}}
     run_info = report["machine"]["run"]
-    run_info.update(chosen={}, limit_notes={}, peers=_peer_notes())
+    run_info.update(chosen={}, limit_notes={}, peers=pr.notes())
+    for library, note in run_info["peers"].items():
+        print(f"{library}: {note}", flush=True)
+    runners = []
     for name in names:
         work = wl.WORKLOADS[name](sizes, quick)
         limit = "null" if work.limit is None else f"{work.limit:.4g} {work.unit}"
@@ -190,22 +235,19 @@ def run_all(names: list[str], quick: bool, sizes: wl.Sizes | None = None) -> dic
         print(f"\n{name}: batch {work.batch_size}, limit {limit} ({work.limit_note}){extra}", flush=True)
         runner = Runner(work, sizes, quick)
         runner.run_cache() if name == "cache" else runner.run()
-        report["workloads"][name] = {"unit": work.unit, "limit": work.limit, "results": runner.results,
-                                     "targets": targets(name, runner.results, work.limit), "extra": work.extra}
-        run_info["chosen"][name] = runner.chosen
-        run_info["limit_notes"][name] = work.limit_note
+        runners.append(runner)
+    for runner in runners:
+        if any(peer.installed() and peer.library in LAST for peer in pr.PEERS):
+            print(f"\n{runner.work.name}, measured last: {', '.join(LAST)}", flush=True)
+            runner.peers(last=True)
+    for runner in runners:
+        work = runner.work
+        report["workloads"][work.name] = {"unit": work.unit, "limit": work.limit, "results": runner.results,
+                                          "targets": targets(work.name, runner.results, work.limit),
+                                          "extra": work.extra, "peer_errors": runner.errors}  # fmt: skip
+        run_info["chosen"][work.name] = runner.chosen
+        run_info["limit_notes"][work.name] = work.limit_note
     return report
-
-
-def _peer_notes() -> dict[str, str]:
-    notes = {}
-    for config, present in peers_available().items():
-        if config == "tf_data" and present:
-            notes[config] = "measured on the tfrecord workload (no adapter for the others yet)"
-            continue
-        notes[config] = ("installed, but this bench has no adapter for it yet: not measured" if present
-                         else f"not measured: {PEERS[config]} is not installed")  # fmt: skip
-    return notes
 
 
 def _megabytes(value: float | None) -> str:
@@ -240,7 +282,7 @@ def table(report: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="small data and a small grid: under 5 minutes on 2 cores")
+    parser.add_argument("--quick", action="store_true", help="small data and small grids: about 8 minutes on 2 cores with every peer installed")
     parser.add_argument("--workloads", default=",".join(wl.WORKLOADS), help=f"comma-separated, from {list(wl.WORKLOADS)}")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)

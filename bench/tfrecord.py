@@ -1,13 +1,13 @@
 """The ``tfrecord`` workload: issue #22's seed pipeline on shards of ``tf.train.Example`` records
 holding a JPEG and a label (list_files + interleave + parse + decode + crop + batch), against
-torch's DataLoader over the equivalent map-style dataset (``tp.io.TFRecordRecords``) and, when
-TensorFlow is installed, tf.data reading the same files. Raw record reading without decode is
-reported in GB/s next to ``cat`` of the same files.
+torch's DataLoader over the equivalent map-style dataset (``tp.io.TFRecordRecords``) and the
+peers (``bench/peers.py``; tf.data's native pipeline reads the same files with its own ops,
+``bench/tfdata.py``). Raw record reading without decode is reported in GB/s next to ``cat`` of
+the same files.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import os
 import subprocess
@@ -76,31 +76,6 @@ def pipeline_builder(pattern: str) -> Callable[[Any, str], tp.Dataset]:
     return build
 
 
-def tf_data(pattern: str, batch: int) -> Callable[[], Any] | None:
-    """tf.data's seed pipeline on the same files (AUTOTUNE everywhere), if TensorFlow is installed.
-
-    TensorFlow is imported when the pipeline is first made, after torchpipe's configurations
-    ran: its threads then cannot be inherited by torchpipe's worker processes."""
-    if importlib.util.find_spec("tensorflow") is None:
-        return None
-
-    def make() -> Any:
-        import tensorflow as tf
-
-        spec = {"image": tf.io.FixedLenFeature([], tf.string), "label": tf.io.FixedLenFeature([], tf.int64)}
-
-        def parse(record: Any) -> Any:
-            parsed = tf.io.parse_single_example(record, spec)
-            image = tf.image.random_crop(tf.io.decode_jpeg(parsed["image"], channels=3), (wl.CROP, wl.CROP, 3))
-            return tf.transpose(tf.image.random_flip_left_right(image), (2, 0, 1)), parsed["label"]
-
-        files = tf.data.Dataset.list_files(pattern, shuffle=False).repeat()
-        ds = files.interleave(tf.data.TFRecordDataset, cycle_length=CYCLE, num_parallel_calls=tf.data.AUTOTUNE)
-        return ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE).batch(batch).prefetch(tf.data.AUTOTUNE)
-
-    return make
-
-
 def raw_read_gbps(paths: list[str], seconds: float) -> dict[str, float]:
     """GB/s of reading every record without decoding (CRCs verified, page cache warm), best of
     three windows: ``reader`` is ``tp.TFRecordDataset`` alone (the optimizer's injected
@@ -154,9 +129,7 @@ def tfrecord(sizes: wl.Sizes, quick: bool) -> wl.Workload:
     work = wl.Workload("tfrecord", "img/s", 64, wl.Mapped(RecordSample(records), 10**7), pipeline_builder(pattern),
                        wl._count_items, wl._map_grid())  # fmt: skip
     wl._set_core_limit(work, RecordSample(records), sizes.limit_s)
-    peer = tf_data(pattern, work.batch_size)
-    if peer is not None:
-        work.peers["tf_data"] = peer
+    work.files = paths
     raw = raw_read_gbps(paths, sizes.limit_s)
     work.extra["raw_reader_gbps"], work.extra["raw_batched_gbps"] = raw["reader"], raw["batched"]
     work.extra["cat_gbps"] = round(cat_gbps(paths, sizes.limit_s), 2)

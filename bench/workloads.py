@@ -248,8 +248,8 @@ class Workload:
     limit: float | None = None
     limit_note: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
-    peers: dict[str, Callable[[], Any]] = field(default_factory=dict)
-    """Other libraries' loaders doing the same work (config name -> a maker of batches)."""
+    files: list[str] = field(default_factory=list)
+    """The files the item function reads (tf.data's native pipeline reads them with its own ops)."""
 
     def loader_kwargs(self) -> dict[str, Any]:
         """The DataLoader arguments every DataLoader configuration shares."""
@@ -310,6 +310,7 @@ def jpeg(sizes: Sizes, quick: bool) -> Workload:
     """Decode a ~320 px JPEG with Pillow, random 224 crop, random flip; batch 64; img/s."""
     paths = data.jpeg_files(sizes.jpeg_files)
     work = _mapped("jpeg", "img/s", 64, JpegSample(paths), 10**7, _map_grid())
+    work.files = paths
     _set_core_limit(work, JpegSample(paths), sizes.limit_s)
     work.extra["mean_jpeg_bytes"] = round(data.jpeg_bytes_per_file(paths))
     return work
@@ -399,7 +400,7 @@ def cache(sizes: Sizes, quick: bool) -> Workload:
         return decoded.map(augment, parallel, executor="thread")
 
     work = Workload("cache", "img/s", 64, Mapped(JpegSample(paths), len(paths)), pipeline, _count_items,
-                    _map_grid())  # fmt: skip
+                    _map_grid(), files=paths)  # fmt: skip
     decoded = [decode(i) for i in range(min(len(paths), 64))]
     replay = (augment(*decoded[i % len(decoded)]) for i in range(10**9))
     rate = _inline_rate(lambda: replay, work.batch_size, work.count, sizes.limit_s)

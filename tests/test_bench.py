@@ -9,6 +9,8 @@ import pytest
 import torch
 
 from bench import data
+from bench import markdown
+from bench import peers as pr
 from bench import plot
 from bench import run
 from bench import targets as tg
@@ -25,8 +27,10 @@ KEYS = {"throughput", "first_batch_s", "peak_rss_mb", "end_pss_mb", "cpu_s_per_i
 
 @pytest.fixture
 def small(monkeypatch, tmp_path):
-    """Data in a temporary cache directory; one-point grids so the whole suite runs in seconds."""
+    """Data in a temporary cache directory; one-point grids so the whole suite runs in seconds;
+    no peer library, whatever is installed (their adapters are tested on their own below)."""
     monkeypatch.setenv(data.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setattr(pr.Peer, "installed", lambda self: False)
     monkeypatch.setattr(run, "dataloader_grid", lambda quick: [{"num_workers": 1, "prefetch_factor": 2}])
     monkeypatch.setattr(wl, "_map_grid", lambda inline=False: [(2, "thread")])
     monkeypatch.setattr(wl, "latency_grid", lambda quick: [(4, "thread")])
@@ -37,8 +41,8 @@ def test_every_workload_and_configuration_end_to_end(small, capsys):
     report = run.run_all(list(wl.WORKLOADS), quick=True, sizes=TINY)
     assert set(report["workloads"]) == set(wl.WORKLOADS)
     for name, entry in report["workloads"].items():
-        peers = {"tf_data"} if name == "tfrecord" else set()  # measured where TensorFlow is installed
-        assert set(entry["results"]) - peers == (CACHE_CONFIGS if name == "cache" else CONFIGS), name
+        assert set(entry["results"]) == (CACHE_CONFIGS if name == "cache" else CONFIGS), name
+        assert entry["peer_errors"] == {}
         assert isinstance(entry["unit"], str) and entry["limit"] > 0
         assert set(entry["targets"]) == set(tg.ZERO_KNOB)
         measured = entry["targets"]["torchpipe_dataloader_auto"]["vs_dataloader_best"]
@@ -54,6 +58,10 @@ def test_every_workload_and_configuration_end_to_end(small, capsys):
     assert report["workloads"]["records"]["extra"]["item_us"] > 0
     tfrecord = report["workloads"]["tfrecord"]["extra"]
     assert tfrecord["raw_reader_gbps"] > 0 and tfrecord["raw_batched_gbps"] > 0 and tfrecord["cat_gbps"] > 0
+    notes = report["machine"]["run"]["peers"]
+    assert set(notes) == {"nodes", "spdl", "grain", "tfdata"}
+    assert all(note.startswith("not installed") for note in notes.values()), notes  # reported, not skipped
+    assert "grain: not installed" in capsys.readouterr().out
 
 
 def test_cli_writes_json(small, tmp_path, monkeypatch):
@@ -122,7 +130,8 @@ def test_targets_met_and_missed():
                "torchpipe_auto": _result(114.0, 240.0), "torchpipe_dataloader_auto": _result(99.0, 241.0)}
     checks = tg.targets("jpeg", results, limit=1000.0)
     auto, loader = checks["torchpipe_auto"], checks["torchpipe_dataloader_auto"]
-    assert set(auto) == {"vs_best_of_both", "vs_dataloader_best", "pss_vs_dataloader_best"}  # no limit target
+    assert set(auto) == {"vs_best_of_both", "vs_dataloader_best", "pss_vs_dataloader_best", "vs_best_python_peer",
+                         "vs_tfdata_native"}  # no limit target
     assert auto["vs_best_of_both"] == {"ratio": 0.95, "op": ">=", "target": 0.95, "met": True}
     assert auto["vs_dataloader_best"]["ratio"] == pytest.approx(1.14) and auto["vs_dataloader_best"]["met"]
     assert auto["pss_vs_dataloader_best"]["ratio"] == pytest.approx(1.2) and auto["pss_vs_dataloader_best"]["met"]
@@ -157,11 +166,138 @@ def test_targets_printed():
     report = {"workloads": {"tiny": {"results": results, "targets": tg.targets("tiny", results, limit=100.0)}}}
     text = tg.format_targets(report)
     row = next(line for line in text.splitlines() if line.startswith("tiny") and "torchpipe_auto" in line)
-    assert row.split()[2:] == ["0.80", "MISS", "0.80", "MISS", "1.00", "ok", "0.80", "MISS"]
+    assert row.split()[2:] == ["0.80", "MISS", "0.80", "MISS", "1.00", "ok", "0.80", "MISS", "-", "-"]  # no peers
     loader_row = next(line for line in text.splitlines() if "torchpipe_dataloader_auto" in line)
-    assert loader_row.split()[2:] == ["-"] * 4  # not measured
+    assert loader_row.split()[2:] == ["-"] * 6  # not measured
     assert "1 targets met, 3 missed" in text and "tiny/torchpipe_auto vs_limit" in text
     assert text.splitlines()[-1].endswith("cores: tiny/dataloader_best (40%)")
+
+
+def test_targets_against_the_peers():
+    results = {"dataloader_best": _result(100.0), "torchpipe_auto": _result(150.0),
+               "torchpipe_dataloader_auto": _result(90.0), "nodes_best": _result(120.0), "grain_best": _result(80.0),
+               "tfdata_best": _result(60.0), "tfdata_native": _result(300.0)}  # fmt: skip
+    checks = tg.targets("jpeg", results, limit=None)
+    auto = checks["torchpipe_auto"]
+    assert auto["vs_best_python_peer"] == {"ratio": 1.25, "op": ">=", "target": 1.0, "met": True,
+                                           "against": "nodes_best"}  # fmt: skip
+    assert auto["vs_tfdata_native"] == {"ratio": 0.5, "op": None, "target": None, "met": None}  # reported only
+    assert checks["torchpipe_dataloader_auto"]["vs_best_python_peer"]["met"] is False
+    text = tg.format_targets({"workloads": {"jpeg": {"results": results, "targets": checks}}})
+    row = next(line for line in text.splitlines() if line.startswith("jpeg") and " torchpipe_auto " in line)
+    assert row.split()[2:] == ["1.50", "ok", "1.50", "ok", "1.00", "ok", "1.25", "ok", "0.50"]
+    assert "5 targets met, 3 missed" in text and "jpeg/torchpipe_dataloader_auto vs_best_python_peer" in text
+
+
+def test_peer_names_are_known_to_the_report():
+    for peer in pr.PEERS:
+        assert f"{peer.library}_best" in run.ORDER and f"{peer.library}_best" in tg.PEER_BESTS
+    assert tg.TFDATA_NATIVE in run.ORDER and "tfdata_autotune" in run.ORDER
+
+
+def test_peer_items_and_grid(small):
+    work = wl.tiny_elements(TINY, quick=True)
+    items = pr.items_of(work)
+    assert items.fn is wl.tiny and items.length == TINY.tiny_elements and items.batch_size == 256
+    assert items.collate is torch.utils.data.default_collate and items.fan_out == 0
+    assert pr.items_of(wl.text(TINY, quick=True)).collate is wl.pad_collate
+    work.tp_grid = [(None, "thread"), (2, "thread"), (4, "thread"), (2, "process"), (4, "process")]
+    assert pr.grid_of(work, quick=False) == work.tp_grid[1:]
+    assert pr.grid_of(work, quick=True) == [(4, "thread"), (2, "process")]
+    latency = pr.items_of(wl.latency(TINY, quick=True))
+    records = latency.fn(3)
+    assert latency.fan_out == len(records) > 0 and records[0][0].shape == (29,) and isinstance(records[0][1], int)
+    work.dataset = [1, 2, 3]
+    with pytest.raises(TypeError, match="no peer adapter"):
+        pr.items_of(work)
+
+
+def test_peer_batches_match_dataloader(small):
+    work = wl.records(TINY, quick=True)
+    theirs = next(iter(torch.utils.data.DataLoader(work.dataset, **work.loader_kwargs())))
+    batch = pr.BatchOf(work.dataset.fn, torch.utils.data.default_collate)(list(range(32)))
+    assert torch.equal(batch["features"], theirs["features"]) and batch["blob"] == theirs["blob"]
+    numpy = pr.NumpyBatch(torch.utils.data.default_collate)([work.dataset[i] for i in range(32)])
+    assert isinstance(numpy["features"], np.ndarray) and isinstance(numpy["meta"]["len"], np.ndarray)
+    back = pr._numpy_to_torch(numpy)
+    assert torch.equal(back["features"], theirs["features"]) and torch.equal(back["meta"]["len"], theirs["meta"]["len"])
+    assert back["id"] == theirs["id"] and work.count(back) == (32, 32.0)
+
+
+def _fake_peer(library: str, calls: list[tuple[str, str]], closed: list[str], fail: bool = False) -> pr.Peer:
+    """A library whose pipelines collate the workload's items in a loop; it logs what it made."""
+
+    def pipeline(items: pr.Items, work_name: str, knob: int) -> pr.PeerIterator:
+        calls.append((library, work_name))
+        if fail:
+            raise RuntimeError("no such device")
+        batches = (items.collate([items.fn(i) for i in range(k, k + items.batch_size)])
+                   for k in range(0, items.length, items.batch_size))  # fmt: skip
+        return pr.PeerIterator(batches, lambda: closed.append(library))
+
+    def configs(work: wl.Workload, quick: bool) -> list[pr.PeerConfig]:
+        items = pr.items_of(work)
+        return [pr.PeerConfig({"knob": 0}, lambda: pipeline(items, work.name, 0), name=f"{library}_zero"),
+                pr.PeerConfig({"knob": 1}, lambda: pipeline(items, work.name, 1)),
+                pr.PeerConfig({"other": "work"}, lambda: pipeline(items, work.name, 2), name=f"{library}_native",
+                              in_best=False)]  # fmt: skip
+
+    return pr.Peer(library, "json", library, configs)
+
+
+def test_peers_measured_last_and_failures_reported(small, monkeypatch, capsys):
+    calls, closed = [], []
+    early, late, broken = (_fake_peer("early", calls, closed), _fake_peer("late", calls, closed),
+                           _fake_peer("broken", calls, closed, fail=True))  # fmt: skip
+    monkeypatch.setattr(pr, "PEERS", (early, broken, late))
+    monkeypatch.setattr(pr.Peer, "installed", lambda self: True)
+    monkeypatch.setattr(run, "LAST", ("late",))
+    report = run.run_all(["tiny", "cache"], quick=True, sizes=TINY)
+    assert [c for c in calls if c[0] == "early"] == [("early", "tiny")] * 3 + [("early", "cache")] * 3
+    late_calls = [k for k, c in enumerate(calls) if c[0] == "late"]
+    assert min(late_calls) > max(k for k, c in enumerate(calls) if c[0] != "late")  # after every workload
+    assert closed.count("early") == closed.count("late") == 6  # every measurement stopped its pipeline
+    for name in ("tiny", "cache"):
+        entry = report["workloads"][name]
+        for library in ("early", "late"):
+            assert {f"{library}_zero", f"{library}_best", f"{library}_native"} <= set(entry["results"])
+            assert report["machine"]["run"]["chosen"][name][f"{library}_best"] in ({"knob": 0}, {"knob": 1})
+        assert "broken_best" not in entry["results"]
+        assert entry["peer_errors"] == {"broken": "RuntimeError: no such device"}
+    assert report["workloads"]["cache"]["results"]["early_best"]["first_batch_s"] > 0
+    assert "broken failed on tiny: RuntimeError: no such device" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("library", ["nodes", "spdl", "grain"])
+def test_peer_adapter_with_the_library(small, library):
+    """Each adapter against its library, where the test environment has it (CI's has none)."""
+    peer = next(p for p in pr.PEERS if p.library == library)
+    pytest.importorskip(peer.module)
+    work = wl.text(TINY, quick=True)
+    work.tp_grid = [(2, "thread")]  # threads only: Grain's processes are spawned, seconds each
+    (config,) = peer.configs(work, quick=True)
+    iterator = config.make()
+    try:
+        batches = [next(iterator) for _ in range(3)]
+    finally:
+        iterator.close()
+    for padded, lengths in batches:
+        assert padded.dtype == torch.int64 and padded.shape == (32, int(lengths.max())) and lengths.shape == (32,)
+    assert sorted(work.count(b)[1] for b in batches)[0] > 0
+
+
+def test_markdown_tables_from_a_report():
+    results = {"dataloader_best": {**dict.fromkeys(KEYS, 1.0), "throughput": 100.0},
+               "nodes_best": {**dict.fromkeys(KEYS, 1.0), "throughput": 50.0, "end_pss_mb": None},
+               "torchpipe_auto": {**dict.fromkeys(KEYS, 1.0), "throughput": 120.0}}  # fmt: skip
+    report = {"workloads": {"jpeg": {"unit": "img/s", "limit": 200.0, "results": results,
+                                     "targets": tg.targets("jpeg", results, limit=200.0)}}}  # fmt: skip
+    rows = markdown.results_table(report).splitlines()
+    assert [row.split(" | ")[1] for row in rows[2:]] == ["dataloader_best", "torchpipe_auto", "nodes_best"]
+    assert rows[4] == "| jpeg | nodes_best | 50 img/s | 0.50x | 0.25 | 1.00 s | 1 MB | - | 1000.000 ms | 100% |"
+    targets = markdown.targets_table(report).splitlines()
+    assert len(targets) == 3  # torchpipe_dataloader_auto was not measured: no row
+    assert "| 2.40 ok (nodes_best) | - |" in targets[2] and "vs best Python peer >=1" in targets[0]
 
 
 def test_plot_without_matplotlib_says_so(tmp_path, monkeypatch):

@@ -1,0 +1,384 @@
+"""The peers: the same per-item work through torchdata.nodes, SPDL, Grain and tf.data.
+
+Each library has an adapter that builds its pipeline over the workload's own Python item
+function and collation (``Items``), so every loader in a run does the same work per item, with
+the same batch size, and hands the training loop the same batches (torch tensors). An adapter
+gives a small grid of its library's own knobs (``PeerConfig``); ``bench/run.py`` measures each
+point and reports the best as ``<library>_best``, like ``dataloader_best``, and a library's
+zero-knob setting on its own where it has one (``tfdata_autotune``). The grid is the workload's
+``tp_grid`` read in each library's terms: a thread count for its threads, a worker count for
+its processes, so every library is tried at the parallelism ``torchpipe_best`` is.
+
+tf.data's adapter lives in ``bench/tfdata.py``: it also has native pipelines (TensorFlow's own
+ops) where TensorFlow has the ops. A library is imported only when its first pipeline is made;
+one that is not installed has no configuration and is reported "not installed".
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import multiprocessing.process
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import torch
+
+from bench import workloads as wl
+
+STOP_TIMEOUT_S = 10.0
+"""How long stopping a peer's pipeline may take (its threads and processes) before giving up."""
+ITEM_TIMEOUT_S = 120.0
+"""How long a peer may take to hand over one batch (worker start-up included) before failing."""
+NODES_PREFETCH = 2
+"""torchdata.nodes' Prefetcher depth: DataLoader's default prefetch_factor."""
+GRAIN_READ_AHEAD_BATCHES = 2
+"""Grain's ``prefetch_buffer_size`` in batches (DataLoader's prefetch_factor). Grain's default,
+500 elements, is chosen for 1-10 KiB elements on remote disks: 500 images here are 75-300 MB of
+fresh memory, which slowed ``bigtensor`` by a third."""
+GRAIN_WORKER_JOIN_S = 1.0
+"""How long Grain waits for a stopping worker before killing it (Grain: 25 s). A worker whose
+last batch is still in its queue's pipe cannot exit (``records``' batches of bytes are pickled
+whole), so Grain would wait the whole 25 s after every such measurement."""
+
+
+@dataclass(frozen=True)
+class Items:
+    """What every peer's pipeline computes: ``fn(i)`` for ``i < length``, batched by ``collate``.
+
+    Attributes:
+        fn: the workload's own item function (a picklable module-level callable).
+        length: how many indices (an epoch; 10**7 where the measurement never reaches the end).
+        batch_size: the workload's batch size.
+        collate: the workload's collation (torch's ``default_collate`` unless it has its own).
+        fan_out: 0, or the most items one ``fn(i)`` returns as a list (``latency``: a shard's
+            records), flattened before batching.
+    """
+
+    fn: Callable[[int], Any]
+    length: int
+    batch_size: int
+    collate: Callable[[list[Any]], Any]
+    fan_out: int = 0
+
+
+@dataclass
+class PeerConfig:
+    """One point of a library's grid.
+
+    Attributes:
+        knobs: the library's settings, as the report shows them.
+        make: builds the pipeline and returns its iterator of batches (``measure()``'s ``make``).
+        name: set for a point reported on its own (a zero-knob setting, a native pipeline).
+        in_best: whether the point competes for ``<library>_best`` (a native pipeline does
+            other work, so it does not).
+    """
+
+    knobs: dict[str, Any]
+    make: Callable[[], Iterator[Any]]
+    name: str | None = None
+    in_best: bool = True
+
+
+@dataclass(frozen=True)
+class Peer:
+    """A library under test: its configuration prefix, what to import, and its adapter."""
+
+    library: str
+    module: str
+    distribution: str
+    configs: Callable[[wl.Workload, bool], list[PeerConfig]] = field(compare=False)
+    """``configs(work, quick)``: the library's grid on ``work`` (smaller when ``quick``)."""
+
+    def installed(self) -> bool:
+        """Whether the library can be imported here."""
+        try:
+            return importlib.util.find_spec(self.module) is not None
+        except ModuleNotFoundError:  # the parent package is missing
+            return False
+
+    def version(self) -> str:
+        """The installed distribution's version ("" when it is not installed)."""
+        for name in (self.distribution, self.module):  # tensorflow-cpu on x86-64, tensorflow elsewhere
+            try:
+                return importlib.metadata.version(name)
+            except importlib.metadata.PackageNotFoundError:
+                continue
+        return ""
+
+
+class PeerIterator:
+    """A peer's iterator with the ``close()`` that ``measure()`` calls to stop its workers.
+
+    Args:
+        iterator: the library's iterator of batches.
+        stop: stops the library's threads and processes.
+        convert: applied to each batch (tf.data's tensors to torch's, without a copy).
+    """
+
+    def __init__(self, iterator: Iterator[Any], stop: Callable[[], None] = lambda: None,
+                 convert: Callable[[Any], Any] | None = None) -> None:  # fmt: skip
+        self._iterator, self._stop, self._convert = iterator, stop, convert
+
+    def __iter__(self) -> PeerIterator:
+        return self
+
+    def __next__(self) -> Any:
+        batch = next(self._iterator)
+        return batch if self._convert is None else self._convert(batch)
+
+    def close(self) -> None:
+        """Stop the pipeline now (idempotent)."""
+        stop, self._stop = self._stop, lambda: None
+        stop()
+
+
+class BatchOf:
+    """Indices to one collated batch of ``fn``'s items: a worker process's task, so one transfer
+    carries a batch (as DataLoader's workers and torchpipe's fused map+batch do)."""
+
+    def __init__(self, fn: Callable[[int], Any], collate: Callable[[list[Any]], Any]) -> None:
+        self.fn, self.collate = fn, collate
+
+    def __call__(self, indices: list[int]) -> Any:
+        return self.collate([self.fn(i) for i in indices])
+
+
+class ShardRecords:
+    """``latency``'s item for the peers: shard ``i % len(paths)`` read whole by the workload's
+    reader (its 5 ms per request included), as a list of ``(features, label)`` records."""
+
+    def __init__(self, paths: list[str], reader: wl.ShardReader) -> None:
+        self.paths, self.reader = paths, reader
+
+    def __call__(self, i: int) -> list[tuple[torch.Tensor, int]]:
+        return list(self.reader(self.paths[i % len(self.paths)]))
+
+
+def items_of(work: wl.Workload) -> Items:
+    """The workload's item function, length, batch size and collation, as every peer maps them.
+
+    Raises:
+        TypeError: for a workload whose dataset is neither map-style (``Mapped``) nor ``Shards``.
+    """
+    collate = work.collate_fn or torch.utils.data.default_collate
+    dataset = work.dataset
+    if isinstance(dataset, wl.Mapped):
+        return Items(dataset.fn, len(dataset), work.batch_size, collate)
+    if isinstance(dataset, wl.Shards):
+        undelayed = ShardRecords(dataset.paths, wl.ShardReader(0.0, dataset.reader.records_per_read))
+        most = max(len(undelayed(i)) for i in range(len(dataset.paths)))
+        return Items(ShardRecords(dataset.paths, dataset.reader), 10**7, work.batch_size, collate, fan_out=most)
+    raise TypeError(f"workload {work.name!r}: no peer adapter for a {type(dataset).__name__} dataset")
+
+
+def grid_of(work: wl.Workload, quick: bool) -> list[tuple[int, str]]:
+    """The ``(parallelism, "thread" | "process")`` points every library is tried at: the workload's
+    own ``tp_grid`` without its inline point; ``quick``, only its most threads and fewest processes
+    (the points ``torchpipe_best`` picks most often, so the run stays short)."""
+    points = [(n, executor) for n, executor in work.tp_grid if n is not None]
+    if not quick:
+        return points
+    threads = [n for n, executor in points if executor == "thread"]
+    processes = [n for n, executor in points if executor == "process"]
+    quick_points = [(max(threads), "thread")] if threads else []
+    return quick_points + ([(min(processes), "process")] if processes else [])
+
+
+# -- torchdata.nodes ----------------------------------------------------------------------------
+def nodes_configs(work: wl.Workload, quick: bool) -> list[PeerConfig]:
+    """``ParallelMapper`` on threads (one item a task) or processes (one batch a task, as
+    DataLoader's workers) + ``Batcher`` + ``Prefetcher``."""
+    items = items_of(work)
+    return [PeerConfig({"num_workers": n, "method": method}, partial(_nodes, items, n, method))
+            for n, method in grid_of(work, quick)]  # fmt: skip
+
+
+def _nodes(items: Items, workers: int, method: str) -> PeerIterator:
+    import torchdata.nodes as tn
+
+    source = tn.IterableWrapper(range(items.length))
+    if method == "process" and not items.fan_out:
+        batched = tn.Batcher(source, items.batch_size, drop_last=False)
+        node = tn.ParallelMapper(batched, BatchOf(items.fn, items.collate), num_workers=workers, method="process")
+    else:
+        node = tn.ParallelMapper(source, items.fn, num_workers=workers, method=method)
+        if items.fan_out:
+            node = tn.Unbatcher(node)
+        node = tn.Mapper(tn.Batcher(node, items.batch_size, drop_last=False), items.collate)
+    root = tn.Prefetcher(node, prefetch_factor=NODES_PREFETCH)
+    return PeerIterator(iter(tn.Loader(root)), lambda: _stop_nodes(root))
+
+
+def _stop_nodes(root: Any) -> None:
+    """Stop every thread and process of a torchdata.nodes graph, consumer side first.
+
+    torchdata.nodes stops them only when an iterator is garbage collected, and joins a worker
+    process for a few seconds at most: a worker whose last result is still in its queue's pipe
+    cannot exit until it is read. The next measurement must not share the machine (or its
+    memory count) with them, so they are stopped here, and terminated if still alive.
+    """
+    node = root
+    while node is not None:
+        running = getattr(node, "_it", None)
+        while running is not None:  # a ParallelMapper's _it is a node whose _it runs the workers
+            if hasattr(running, "_shutdown"):
+                running._shutdown()
+                for worker in getattr(running, "_workers", ()):
+                    if isinstance(worker, multiprocessing.process.BaseProcess) and worker.is_alive():
+                        worker.terminate()
+                        worker.join(STOP_TIMEOUT_S)
+            running = getattr(running, "_it", None)
+        node = getattr(node, "source", None)
+
+
+# -- SPDL -----------------------------------------------------------------------------------------
+def spdl_configs(work: wl.Workload, quick: bool) -> list[PeerConfig]:
+    """``PipelineBuilder`` with ``pipe(concurrency=n)`` on its thread pool (one item a task), or
+    on a ``ProcessPoolExecutor`` of ``n`` processes (one batch a task)."""
+    items = items_of(work)
+    return [PeerConfig({"concurrency": n, "executor": executor}, partial(_spdl, items, n, executor))
+            for n, executor in grid_of(work, quick)]  # fmt: skip
+
+
+_installed_task: BatchOf | None = None
+
+
+def _install_task(task: BatchOf) -> None:
+    """A worker process's initializer: keep the task, so it is not pickled with every call."""
+    global _installed_task
+    _installed_task = task
+
+
+def _run_installed_task(indices: list[int]) -> Any:
+    assert _installed_task is not None, "the process pool's initializer did not run"
+    return _installed_task(indices)
+
+
+def _spdl(items: Items, concurrency: int, executor: str) -> PeerIterator:
+    from spdl.pipeline import PipelineBuilder
+
+    builder = PipelineBuilder().add_source(range(items.length))
+    pool = None
+    if executor == "process" and not items.fan_out:
+        pool = ProcessPoolExecutor(concurrency, initializer=_install_task, initargs=(BatchOf(items.fn, items.collate),))
+        builder = builder.aggregate(items.batch_size).pipe(_run_installed_task, concurrency=concurrency, executor=pool)
+    else:
+        if executor == "process":
+            pool = ProcessPoolExecutor(concurrency)
+        builder = builder.pipe(items.fn, concurrency=concurrency, executor=pool)
+        if items.fan_out:
+            builder = builder.disaggregate()
+        builder = builder.aggregate(items.batch_size).pipe(items.collate)
+    pipeline = builder.add_sink().build(num_threads=concurrency)
+    pipeline.start()
+
+    def stop() -> None:
+        pipeline.stop(timeout=STOP_TIMEOUT_S)
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    return PeerIterator(iter(pipeline.get_iterator(timeout=ITEM_TIMEOUT_S)), stop)
+
+
+# -- Grain ----------------------------------------------------------------------------------------
+def grain_configs(work: wl.Workload, quick: bool) -> list[PeerConfig]:
+    """``MapDataset`` + ``to_iter_dataset`` with ``ReadOptions(num_threads=n)``, or with its
+    multiprocessing prefetch (``mp_prefetch``, ``n`` worker processes, each reading in order);
+    two batches read ahead (``GRAIN_READ_AHEAD_BATCHES``)."""
+    items = items_of(work)
+    return [PeerConfig({"workers": n, "kind": kind}, partial(_grain, items, n, kind))
+            for n, kind in grid_of(work, quick)]  # fmt: skip
+
+
+class _Records:
+    """Grain's flat map of a list of items (``latency``'s shards) to the items."""
+
+    def __init__(self, most: int) -> None:
+        import grain
+
+        # A subclass made here: grain is imported only when a Grain pipeline is built.
+        self.transform = type("FlattenList", (grain.experimental.FlatMapTransform,),
+                              {"max_fan_out": most, "flat_map": lambda self, element: element})()  # fmt: skip
+
+
+class NumpyBatch:
+    """``collate`` with its tensors handed over as NumPy arrays (views, no copy): Grain's worker
+    processes move NumPy arrays through their shared memory, but pickle torch tensors by file
+    descriptor, which fails once the worker that sent one has stopped."""
+
+    def __init__(self, collate: Callable[[list[Any]], Any]) -> None:
+        self.collate = collate
+
+    def __call__(self, items: list[Any]) -> Any:
+        return map_leaves(self.collate(items), lambda leaf: leaf.numpy() if isinstance(leaf, torch.Tensor) else leaf)
+
+
+def map_leaves(value: Any, fn: Callable[[Any], Any]) -> Any:
+    """``fn`` applied to every leaf of a batch of dicts, lists and tuples."""
+    if isinstance(value, dict):
+        return {key: map_leaves(item, fn) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(map_leaves(item, fn) for item in value)
+    return fn(value)
+
+
+def _numpy_to_torch(batch: Any) -> Any:
+    return map_leaves(batch, lambda leaf: torch.from_numpy(leaf) if isinstance(leaf, np.ndarray) else leaf)
+
+
+def _grain(items: Items, workers: int, kind: str) -> PeerIterator:
+    import grain
+
+    mapped = grain.MapDataset.range(items.length).map(items.fn)
+    # Threads read ahead in the main process; with worker processes each reads its slice in
+    # order (num_threads=0: Grain's advice for data that needs no I/O wait) and mp_prefetch
+    # overlaps the workers with the consumer.
+    per_batch = -(-items.batch_size // items.fan_out) if items.fan_out else items.batch_size  # map elements
+    ahead = max(GRAIN_READ_AHEAD_BATCHES * per_batch, workers)
+    read = grain.ReadOptions(num_threads=workers if kind == "thread" else 0, prefetch_buffer_size=ahead)
+    ds = mapped.to_iter_dataset(read)
+    if items.fan_out:
+        ds = grain.experimental.FlatMapIterDataset(ds, _Records(items.fan_out).transform)
+    if kind == "thread":
+        ds = ds.batch(items.batch_size, batch_fn=items.collate)
+        convert = None
+    else:
+        from grain._src.python.dataset.transformations import process_prefetch
+
+        process_prefetch._PROCESS_KILL_TIMEOUT_S = GRAIN_WORKER_JOIN_S  # see its docstring
+        ds = ds.batch(items.batch_size, batch_fn=NumpyBatch(items.collate))
+        ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers))
+        convert = _numpy_to_torch
+    iterator = iter(ds)
+    return PeerIterator(iterator, getattr(iterator, "close", lambda: None), convert)
+
+
+def _tfdata_configs(work: wl.Workload, quick: bool) -> list[PeerConfig]:
+    from bench import tfdata  # TensorFlow itself is imported only when a pipeline is made
+
+    return tfdata.configs(work, quick)
+
+
+PEERS = (
+    Peer("nodes", "torchdata.nodes", "torchdata", nodes_configs),
+    Peer("spdl", "spdl.pipeline", "spdl", spdl_configs),
+    Peer("grain", "grain", "grain", grain_configs),
+    Peer("tfdata", "tensorflow", "tensorflow-cpu", _tfdata_configs),
+)
+"""Every peer, in the order they run. tf.data runs last: importing TensorFlow starts its thread
+pools and maps ~0.5 GB, which every worker process forked after it would inherit."""
+
+
+def notes() -> dict[str, str]:
+    """Each peer: its version and configurations, or "not installed" and how to install it."""
+    out = {}
+    for peer in PEERS:
+        if not peer.installed():
+            out[peer.library] = f"not installed ({peer.distribution}: pip install -e \".[bench]\"): not measured"
+            continue
+        out[peer.library] = f"{peer.distribution} {peer.version()}: measured on every workload"
+    return out
