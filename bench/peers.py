@@ -190,8 +190,9 @@ def grid_of(work: wl.Workload, quick: bool) -> list[tuple[int, str]]:
 
 # -- torchdata.nodes ----------------------------------------------------------------------------
 def nodes_configs(work: wl.Workload, quick: bool) -> list[PeerConfig]:
-    """``ParallelMapper`` on threads (one item a task) or processes (one batch a task, as
-    DataLoader's workers) + ``Batcher`` + ``Prefetcher``."""
+    """``Batcher`` + ``ParallelMapper`` on threads or processes, one batch a task (as DataLoader's
+    workers: a task per item costs a queue hop each, which held ``tiny`` to 12k items/s on
+    threads) + ``Prefetcher``. ``latency``'s shards are read one a task, flattened, batched."""
     items = items_of(work)
     return [PeerConfig({"num_workers": n, "method": method}, partial(_nodes, items, n, method))
             for n, method in grid_of(work, quick)]  # fmt: skip
@@ -201,9 +202,9 @@ def _nodes(items: Items, workers: int, method: str) -> PeerIterator:
     import torchdata.nodes as tn
 
     source = tn.IterableWrapper(range(items.length))
-    if method == "process" and not items.fan_out:
+    if not items.fan_out:
         batched = tn.Batcher(source, items.batch_size, drop_last=False)
-        node = tn.ParallelMapper(batched, BatchOf(items.fn, items.collate), num_workers=workers, method="process")
+        node = tn.ParallelMapper(batched, BatchOf(items.fn, items.collate), num_workers=workers, method=method)
     else:
         node = tn.ParallelMapper(source, items.fn, num_workers=workers, method=method)
         if items.fan_out:
@@ -237,8 +238,10 @@ def _stop_nodes(root: Any) -> None:
 
 # -- SPDL -----------------------------------------------------------------------------------------
 def spdl_configs(work: wl.Workload, quick: bool) -> list[PeerConfig]:
-    """``PipelineBuilder`` with ``pipe(concurrency=n)`` on its thread pool (one item a task), or
-    on a ``ProcessPoolExecutor`` of ``n`` processes (one batch a task)."""
+    """``PipelineBuilder`` over batches of indices, ``pipe(concurrency=n)`` making one batch a task
+    on its thread pool or on a ``ProcessPoolExecutor`` of ``n`` processes (SPDL's own advice:
+    each item that passes between stages costs an event-loop hop, ~0.1 ms, so work is batched
+    before it is dispatched). ``latency``'s shards are read one a task and flattened."""
     items = items_of(work)
     return [PeerConfig({"concurrency": n, "executor": executor}, partial(_spdl, items, n, executor))
             for n, executor in grid_of(work, quick)]  # fmt: skip
@@ -258,21 +261,27 @@ def _run_installed_task(indices: list[int]) -> Any:
     return _installed_task(indices)
 
 
+def _index_batches(length: int, batch_size: int) -> Iterator[list[int]]:
+    return (list(range(k, min(k + batch_size, length))) for k in range(0, length, batch_size))
+
+
 def _spdl(items: Items, concurrency: int, executor: str) -> PeerIterator:
     from spdl.pipeline import PipelineBuilder
 
-    builder = PipelineBuilder().add_source(range(items.length))
     pool = None
-    if executor == "process" and not items.fan_out:
-        pool = ProcessPoolExecutor(concurrency, initializer=_install_task, initargs=(BatchOf(items.fn, items.collate),))
-        builder = builder.aggregate(items.batch_size).pipe(_run_installed_task, concurrency=concurrency, executor=pool)
-    else:
+    if items.fan_out:
         if executor == "process":
             pool = ProcessPoolExecutor(concurrency)
-        builder = builder.pipe(items.fn, concurrency=concurrency, executor=pool)
-        if items.fan_out:
-            builder = builder.disaggregate()
-        builder = builder.aggregate(items.batch_size).pipe(items.collate)
+        builder = (PipelineBuilder().add_source(range(items.length))
+                   .pipe(items.fn, concurrency=concurrency, executor=pool)
+                   .disaggregate().aggregate(items.batch_size).pipe(items.collate))  # fmt: skip
+    else:
+        task: Callable[[list[int]], Any] = BatchOf(items.fn, items.collate)
+        if executor == "process":
+            pool = ProcessPoolExecutor(concurrency, initializer=_install_task, initargs=(task,))
+            task = _run_installed_task
+        builder = (PipelineBuilder().add_source(_index_batches(items.length, items.batch_size))
+                   .pipe(task, concurrency=concurrency, executor=pool))  # fmt: skip
     pipeline = builder.add_sink().build(num_threads=concurrency)
     pipeline.start()
 
@@ -286,9 +295,11 @@ def _spdl(items: Items, concurrency: int, executor: str) -> PeerIterator:
 
 # -- Grain ----------------------------------------------------------------------------------------
 def grain_configs(work: wl.Workload, quick: bool) -> list[PeerConfig]:
-    """``MapDataset`` + ``to_iter_dataset`` with ``ReadOptions(num_threads=n)``, or with its
-    multiprocessing prefetch (``mp_prefetch``, ``n`` worker processes, each reading in order);
-    two batches read ahead (``GRAIN_READ_AHEAD_BATCHES``)."""
+    """``MapDataset`` over batch numbers, one batch an element (``BatchAt``), + ``to_iter_dataset``
+    with ``ReadOptions(num_threads=n)``, or with its multiprocessing prefetch (``mp_prefetch``,
+    ``n`` worker processes, each reading in order); two batches read ahead
+    (``GRAIN_READ_AHEAD_BATCHES``). ``latency``'s shards are read one an element, flattened and
+    batched."""
     items = items_of(work)
     return [PeerConfig({"workers": n, "kind": kind}, partial(_grain, items, n, kind))
             for n, kind in grid_of(work, quick)]  # fmt: skip
@@ -330,27 +341,43 @@ def _numpy_to_torch(batch: Any) -> Any:
     return map_leaves(batch, lambda leaf: torch.from_numpy(leaf) if isinstance(leaf, np.ndarray) else leaf)
 
 
+class BatchAt:
+    """Batch number ``b`` to ``task``'s batch of indices ``b * batch_size`` onwards: Grain's map
+    over batch numbers, so one map element is one batch (its per-element overhead paid once)."""
+
+    def __init__(self, task: Callable[[list[int]], Any], length: int, batch_size: int) -> None:
+        self.task, self.length, self.batch_size = task, length, batch_size
+
+    def __call__(self, b: int) -> Any:
+        start = b * self.batch_size
+        return self.task(list(range(start, min(start + self.batch_size, self.length))))
+
+
 def _grain(items: Items, workers: int, kind: str) -> PeerIterator:
     import grain
 
-    mapped = grain.MapDataset.range(items.length).map(items.fn)
     # Threads read ahead in the main process; with worker processes each reads its slice in
     # order (num_threads=0: Grain's advice for data that needs no I/O wait) and mp_prefetch
-    # overlaps the workers with the consumer.
-    per_batch = -(-items.batch_size // items.fan_out) if items.fan_out else items.batch_size  # map elements
+    # overlaps the workers with the consumer. Tensors cross processes as NumPy (NumpyBatch).
+    collate = items.collate if kind == "thread" else NumpyBatch(items.collate)
+    if items.fan_out:
+        mapped = grain.MapDataset.range(items.length).map(items.fn)
+        per_batch = -(-items.batch_size // items.fan_out)  # shards a batch
+    else:
+        batches = -(-items.length // items.batch_size)
+        mapped = grain.MapDataset.range(batches).map(BatchAt(BatchOf(items.fn, collate), items.length, items.batch_size))
+        per_batch = 1
     ahead = max(GRAIN_READ_AHEAD_BATCHES * per_batch, workers)
     read = grain.ReadOptions(num_threads=workers if kind == "thread" else 0, prefetch_buffer_size=ahead)
     ds = mapped.to_iter_dataset(read)
     if items.fan_out:
         ds = grain.experimental.FlatMapIterDataset(ds, _Records(items.fan_out).transform)
-    if kind == "thread":
-        ds = ds.batch(items.batch_size, batch_fn=items.collate)
-        convert = None
-    else:
+        ds = ds.batch(items.batch_size, batch_fn=collate)
+    convert = None
+    if kind == "process":
         from grain._src.python.dataset.transformations import process_prefetch
 
         process_prefetch._PROCESS_KILL_TIMEOUT_S = GRAIN_WORKER_JOIN_S  # see its docstring
-        ds = ds.batch(items.batch_size, batch_fn=NumpyBatch(items.collate))
         ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers))
         convert = _numpy_to_torch
     iterator = iter(ds)
