@@ -1,6 +1,7 @@
 """collate(): how elements combine into a batch (the default of batch())."""
 
 import collections
+import warnings
 
 import numpy as np
 import pytest
@@ -79,3 +80,15 @@ def test_collate_names_the_shape_mismatch_when_stacking_into_a_record():
 
     with pytest.raises(ValueError, match=r"batch: element.*\(2,\) and \(3,\)"):
         collate_in_stage([torch.zeros(2), torch.zeros(3)], "batch", stack=StackedTensor)
+
+
+def test_collate_copies_read_only_arrays_without_a_warning():
+    # Ray Data's rows and memory maps hand out arrays that may not be written: torch warns of them.
+    arrays = [np.full(3, k, dtype=np.float32) for k in range(2)]
+    for a in arrays:
+        a.flags.writeable = False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        batch = collate(arrays)
+    assert torch.equal(batch, torch.tensor([[0.0] * 3, [1.0] * 3]))
+    assert not any(a.flags.writeable for a in arrays)

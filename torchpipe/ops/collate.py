@@ -165,7 +165,9 @@ def _as_tensors(values: list, kind: str, path: str, stage: str) -> list[torch.Te
                 f"{stage}: cannot batch {path}: numpy dtype {bad.dtype} has no tensor equivalent; "
                 "convert it with map()"
             )
-        values = [torch.from_numpy(a) for a in arrays]
+        # A read-only array (Ray's rows, a memory map) is copied: torch warns of, and does not
+        # support, tensors over memory it may not write.
+        values = [torch.from_numpy(a if a.flags.writeable else a.copy()) for a in arrays]
     dtypes = {t.dtype for t in values}
     if len(dtypes) > 1:
         raise ValueError(f"{stage}: {path} has different dtypes across the batch: {sorted(map(str, dtypes))}")
