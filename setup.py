@@ -1,5 +1,15 @@
 from setuptools import find_packages, setup
 
+# The peers bench/peers.py measures (CPU builds), in the test extra too so that their adapters are
+# tested. One with no wheel for a platform is reported "not installed" by bench/run.py.
+PEERS = [
+    "tensorflow-cpu; platform_machine == 'x86_64' or platform_machine == 'AMD64'",
+    "tensorflow; platform_machine != 'x86_64' and platform_machine != 'AMD64'",
+    "torchdata>=0.10",  # torchdata.nodes
+    "spdl",
+    "grain",
+]
+
 setup(
     name="torchpipe",
     version="0.1.0",
@@ -12,21 +22,12 @@ setup(
     install_requires=["torch>=2.1", "numpy", "pillow", "psutil", "crc32c>=2.3"],
     extras_require={
         "test": ["pytest", "pytest-timeout", "hypothesis", "fsspec", "s3fs", "moto[server]>=5", "webdataset", "tqdm",
-                 "matplotlib", "ray[data]>=2.10"],
+                 "matplotlib", "ray[data]>=2.10", *PEERS],
         "remote": ["fsspec", "s3fs"],
         "progress": ["tqdm"],  # progress bars on save, snapshot and cache(path) fills
         "plot": ["matplotlib"],  # it.stats().plot(path): the timeline PNG
         "ray": ["ray[data]>=2.10"],  # executor="ray", tp.from_ray (Ray Data needs pyarrow and pandas)
-        # The peers bench/peers.py measures (CPU builds). One with no wheel for a platform is
-        # reported "not installed" by bench/run.py, never skipped silently.
-        "bench": [
-            "matplotlib",
-            "tensorflow-cpu; platform_machine == 'x86_64' or platform_machine == 'AMD64'",
-            "tensorflow; platform_machine != 'x86_64' and platform_machine != 'AMD64'",
-            "torchdata>=0.10",  # torchdata.nodes
-            "spdl",
-            "grain",
-        ],
+        "bench": ["matplotlib", *PEERS],
     },
     license="BSD-3-Clause",
 )

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -322,3 +325,41 @@ def test_plot_draws_every_configuration(tmp_path):
     assert table["records"]["torchpipe_dataloader_auto"] == 4.0 / 2.0 and table["cache"] == {"dataloader_best": 1.0}
     plot.draw(table, "test", str(tmp_path / "out.png"), plt)
     assert (tmp_path / "out.png").stat().st_size > 0
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TFDATA_SCRIPT = """
+import sys, torch
+from bench import data, peers as pr, tfdata, workloads as wl
+sizes = wl.Sizes(jpeg_files=8, text_docs=20, tiny_elements=4096, shard_records=32, cache_files=8,
+                 warmup_s=0.0, seconds=0.02, limit_s=0.02)
+for work in (wl.tiny_elements(sizes, quick=True), wl.jpeg(sizes, quick=True)):
+    work.tp_grid = [(2, "thread")]
+    configs = {c.name or c.knobs["function"]: c for c in tfdata.configs(work, quick=True)}
+    assert set(configs) == {"tfdata_autotune", "numpy_function", "tfdata_native"}, sorted(configs)
+    assert configs["tfdata_native"].in_best is False
+    for name, config in configs.items():
+        iterator = config.make()
+        try:
+            first = next(iterator)
+        finally:
+            iterator.close()
+        if work.name == "tiny":
+            expected = torch.stack([wl.tiny(i) for i in range(work.batch_size)])
+            assert torch.equal(first, expected), (name, first[:2])
+        else:
+            images, labels = first
+            assert images.shape == (work.batch_size, 3, wl.CROP, wl.CROP) and images.dtype == torch.uint8, name
+            assert labels.tolist() == list(range(work.batch_size)), name
+print("ok")
+"""
+
+
+def test_tfdata_adapter_with_tensorflow(tmp_path):
+    """tf.data over the Python item and with TensorFlow's own ops, in a process of its own: importing
+    TensorFlow starts thread pools that the suite's later forked workers must not inherit."""
+    pytest.importorskip("tensorflow")
+    env = {**os.environ, data.CACHE_ENV: str(tmp_path / "cache"), "TF_CPP_MIN_LOG_LEVEL": "3",
+           "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", TFDATA_SCRIPT], env=env, capture_output=True, text=True, timeout=50)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
