@@ -51,6 +51,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import torchpipe as tp  # noqa: E402
 from bench import peers as pr  # noqa: E402
+from bench import suite  # noqa: E402
 from bench import workloads as wl  # noqa: E402
 from bench.measure import measure  # noqa: E402
 from bench.targets import format_targets, targets  # noqa: E402
@@ -229,7 +230,7 @@ def run_all(names: list[str], quick: bool, sizes: wl.Sizes | None = None) -> dic
         print(f"{library}: {note}", flush=True)
     runners = []
     for name in names:
-        work = wl.WORKLOADS[name](sizes, quick)
+        work = suite.WORKLOADS[name](sizes, quick)
         limit = "null" if work.limit is None else f"{work.limit:.4g} {work.unit}"
         extra = "".join(f", {key} {value}" for key, value in work.extra.items())
         print(f"\n{name}: batch {work.batch_size}, limit {limit} ({work.limit_note}){extra}", flush=True)
@@ -283,13 +284,13 @@ def table(report: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small data and small grids: about 8 minutes on 2 cores with every peer installed")
-    parser.add_argument("--workloads", default=",".join(wl.WORKLOADS), help=f"comma-separated, from {list(wl.WORKLOADS)}")
+    parser.add_argument("--workloads", default=",".join(suite.WORKLOADS), help=f"comma-separated, from {list(suite.WORKLOADS)}")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.workloads.split(",") if n.strip()]
-    unknown = [n for n in names if n not in wl.WORKLOADS]
+    unknown = [n for n in names if n not in suite.WORKLOADS]
     if unknown:
-        parser.error(f"unknown workloads {unknown}; choose from {list(wl.WORKLOADS)}")
+        parser.error(f"unknown workloads {unknown}; choose from {list(suite.WORKLOADS)}")
     start = time.perf_counter()
     report = run_all(names, args.quick)
     report["machine"]["run"]["seconds"] = round(time.perf_counter() - start, 1)

@@ -37,7 +37,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from bench import peers
+from bench import peer_items
 from bench import workloads as wl
 from bench.tfrecord import CYCLE
 
@@ -52,25 +52,25 @@ def _tf() -> Any:
     return tf
 
 
-def configs(work: wl.Workload, quick: bool) -> list[peers.PeerConfig]:
+def configs(work: wl.Workload, quick: bool) -> list[peer_items.PeerConfig]:
     """tf.data's configurations of ``work``: AUTOTUNE, a grid of thread counts, native ops."""
-    items = peers.items_of(work)
-    threads = sorted({n for n, executor in peers.grid_of(work, quick) if executor == "thread"})
+    items = peer_items.items_of(work)
+    threads = sorted({n for n, executor in peer_items.grid_of(work, quick) if executor == "thread"})
     out = []
     for function in ("py_function", "numpy_function"):
         counts = threads if not quick else threads[-1:] if function == "numpy_function" else []
         for calls in [None, *counts]:
             knobs = {"function": function, "num_parallel_calls": "AUTOTUNE" if calls is None else calls}
             zero_knob = function == "py_function" and calls is None
-            out.append(peers.PeerConfig(knobs, partial(_python, items, function, calls),
+            out.append(peer_items.PeerConfig(knobs, partial(_python, items, function, calls),
                                         name="tfdata_autotune" if zero_knob else None))  # fmt: skip
     if work.name == "cache":
         once = _Once(lambda: _native_jpeg(work.files, work.batch_size, len(work.files), cache=True))
-        out += [peers.PeerConfig({"num_parallel_calls": "AUTOTUNE", "cache": "after decode"}, once, name=name,
+        out += [peer_items.PeerConfig({"num_parallel_calls": "AUTOTUNE", "cache": "after decode"}, once, name=name,
                                  in_best=False) for name in CACHE_EPOCHS]  # fmt: skip
     elif work.name in _NATIVE:
         build = _NATIVE[work.name]
-        out.append(peers.PeerConfig({"num_parallel_calls": "AUTOTUNE", "ops": "TensorFlow's"},
+        out.append(peer_items.PeerConfig({"num_parallel_calls": "AUTOTUNE", "ops": "TensorFlow's"},
                                     partial(_native, build, work), name=NATIVE, in_best=False))  # fmt: skip
     return out
 
@@ -82,19 +82,19 @@ class _Once:
     def __init__(self, build: Callable[[], Any]) -> None:
         self.build, self.dataset = build, None
 
-    def __call__(self) -> peers.PeerIterator:
+    def __call__(self) -> peer_items.PeerIterator:
         if self.dataset is None:
             self.dataset = self.build()
         return _iterate(self.dataset)
 
 
-def _iterate(dataset: Any) -> peers.PeerIterator:
+def _iterate(dataset: Any) -> peer_items.PeerIterator:
     holder = {"iterator": iter(dataset)}
 
     def stop() -> None:
         holder.clear()  # tf.data stops an iterator's threads when it is garbage collected
 
-    return peers.PeerIterator(_Forward(holder), stop, convert=to_torch)
+    return peer_items.PeerIterator(_Forward(holder), stop, convert=to_torch)
 
 
 class _Forward:
@@ -122,7 +122,7 @@ def _leaf_to_torch(tensor: Any) -> Any:
 
 
 # -- the Python item through tf.py_function -----------------------------------------------------
-def _python(items: peers.Items, function: str, parallel: int | None) -> peers.PeerIterator:
+def _python(items: peer_items.Items, function: str, parallel: int | None) -> peer_items.PeerIterator:
     tf = _tf()
     wrap = getattr(tf, function)  # tf.py_function or tf.numpy_function: (func, inp, Tout)
     calls = tf.data.AUTOTUNE if parallel is None else parallel
@@ -178,7 +178,7 @@ def _leaf_to_tf(leaf: Any) -> Any:
 
 
 # -- native pipelines: TensorFlow's own ops --------------------------------------------------
-def _native(build: Callable[[wl.Workload], Any], work: wl.Workload) -> peers.PeerIterator:
+def _native(build: Callable[[wl.Workload], Any], work: wl.Workload) -> peer_items.PeerIterator:
     return _iterate(build(work))
 
 

@@ -409,17 +409,6 @@ def cache(sizes: Sizes, quick: bool) -> Workload:
     return work
 
 
-def tfrecord(sizes: Sizes, quick: bool) -> Workload:
-    """Issue #22's seed pipeline on TFRecord shards of JPEG Examples (``bench/tfrecord.py``)."""
-    from bench.tfrecord import tfrecord as build  # that module builds on this one
-
-    return build(sizes, quick)
-
-
-WORKLOADS = {"jpeg": jpeg, "bigtensor": bigtensor, "tiny": tiny_elements, "records": records, "text": text,
-             "latency": latency, "cache": cache, "tfrecord": tfrecord}
-
-
 # -- limits ------------------------------------------------------------------------------------
 def _set_core_limit(work: Workload, fn: Callable[[int], Any], seconds: float) -> None:
     cores = usable_cpu_count()

@@ -16,6 +16,7 @@ from bench import markdown
 from bench import peers as pr
 from bench import plot
 from bench import run
+from bench import suite
 from bench import targets as tg
 from bench import workloads as wl
 
@@ -41,8 +42,8 @@ def small(monkeypatch, tmp_path):
 
 
 def test_every_workload_and_configuration_end_to_end(small, capsys):
-    report = run.run_all(list(wl.WORKLOADS), quick=True, sizes=TINY)
-    assert set(report["workloads"]) == set(wl.WORKLOADS)
+    report = run.run_all(list(suite.WORKLOADS), quick=True, sizes=TINY)
+    assert set(report["workloads"]) == set(suite.WORKLOADS)
     for name, entry in report["workloads"].items():
         assert set(entry["results"]) == (CACHE_CONFIGS if name == "cache" else CONFIGS), name
         assert entry["peer_errors"] == {}
