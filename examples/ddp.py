@@ -66,7 +66,8 @@ def check(name: str, epoch: int, steps: int, seen: list[int], n: int) -> None:
     assert len(set(all_steps)) == 1, f"ranks took different numbers of steps: {all_steps}"
     assert len(union) == len(set(union)), "an element reached two ranks"
     if not dist.is_initialized() or dist.get_rank() == 0:
-        print(f"{name} epoch {epoch}: {world} ranks x {steps} steps, {len(union)} of {n} elements, none twice")
+        print(f"{name} epoch {epoch}: {world} ranks x {steps} steps, {len(union)} of {n} elements, none twice",
+              flush=True)
 
 
 def main() -> None:
