@@ -5,6 +5,7 @@ corrupt file and the byte where the damage is.
 
 from __future__ import annotations
 
+import abc
 import io
 import itertools
 import os
@@ -189,9 +190,9 @@ class FileReaderIterator(Iterator):
         self._done = False
         self._stream: BinaryIO | None = None
 
+    @abc.abstractmethod
     def read_next(self) -> Any:
         """The next element; StopIteration at the end of the file."""
-        raise NotImplementedError
 
     def next(self) -> Any:
         if self._done:
