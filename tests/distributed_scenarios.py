@@ -188,3 +188,36 @@ def one_rank_leaves(n: int) -> str:
     except RuntimeError as e:
         return f"error: {e}"
     return "no error"
+
+
+def _tenfold(x: int) -> int:
+    return 10 * x
+
+
+class SplitByHand(torch.utils.data.IterableDataset):
+    """A pipeline the user's ``__iter__`` splits by hand, as torch's docs show: by rank
+    (``shard(world_size, rank)``), by torch DataLoader worker (``shard(num_workers, id)``), or
+    both (``tp.distributed.shard_files``)."""
+
+    def __init__(self, n: int, by: str) -> None:
+        self.n, self.by = n, by
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+
+    def __iter__(self) -> Any:
+        ds = tp.range(self.n).map(_tenfold)
+        allow = tp.Options(distribute=tp.DistributeOptions(uneven="allow"))  # the others' lengths are not known
+        if self.by == "rank":
+            ds = ds.shard(self.world_size, self.rank).with_options(allow)
+        elif self.by == "files":  # ranks x workers, by tp.distributed.shard_files
+            ds = tp.from_tensor_slices(tp.distributed.shard_files(list(range(self.n)))).map(_tenfold)
+            ds = ds.with_options(allow)
+        else:
+            info = torch.utils.data.get_worker_info()
+            ds = ds.shard(info.num_workers, info.id) if info is not None else ds
+        return iter(ds)
+
+
+def split_by_hand(n: int, by: str, num_workers: int) -> list[int]:
+    """What torch's DataLoader over :class:`SplitByHand` gives this rank."""
+    loader = torch.utils.data.DataLoader(SplitByHand(n, by), batch_size=None, num_workers=num_workers)
+    return [int(x) for x in loader]

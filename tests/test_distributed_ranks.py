@@ -167,6 +167,16 @@ def test_a_pipeline_in_torch_dataloader_workers_splits_ranks_times_workers():
     once_each(ranks(2).run(scenarios.torch_workers, 24, 2, 5), range(24))
 
 
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+@pytest.mark.parametrize("num_workers", [0, 1, 2, 3])
+@pytest.mark.parametrize("by", ["rank", "worker", "files"])
+def test_a_pipeline_split_by_hand_is_not_split_again(by, num_workers):
+    # by rank: shard(world_size, rank), every worker splitting the rank's share automatically;
+    # by worker: shard(num_workers, id) in each worker, split between the ranks automatically;
+    # files: tp.distributed.shard_files, split by both
+    once_each(ranks(2).run(scenarios.split_by_hand, 48, by, num_workers), [10 * x for x in range(48)])
+
+
 def test_a_closed_pass_leaves_the_next_alone_and_a_rank_that_leaves_fails_the_others():
     first, second = ranks(2).run(scenarios.break_early, 40, 3, 4)
     assert len(first) == len(second) >= 10 and not set(first) & set(second)

@@ -79,7 +79,7 @@ class Dataset(torch.utils.data.IterableDataset):
 
     def _plan(self) -> Plan:
         options = self.options()
-        return Plan(self._node, options, self._memory, current_worker(), current_replica(options.distribute))
+        return Plan(self._node, options, self._memory, current_worker(self), current_replica(options.distribute))
 
     def options(self) -> Options:
         """The pipeline's options: every ``with_options`` below this node, later ones winning."""

@@ -10,21 +10,109 @@ with a bounded wait.
 
 from __future__ import annotations
 
+import collections
 import copy
 import dataclasses
 import datetime
+import sys
 import threading
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.utils.data._utils.worker as torch_worker
 
 from torchpipe.errors import CheckpointError
 from torchpipe.ops.distribute import SHARD_STATE_KEYS, ReplicaShard
+from torchpipe.ops.sources import SplitFileList
 from torchpipe.options import DistributeOptions
 
 __all__ = ["Replica", "current_replica", "current_shard", "reshard_states", "shard_files"]
+
+
+# -- which torch DataLoader worker this is, and whether the user's code asked ---------------------
+def worker_info() -> Any:
+    """torch's ``WorkerInfo`` of this DataLoader worker (or ``tp.DataLoader`` replica), or None.
+
+    The one place torchpipe reads it: through torch's module, not ``get_worker_info()``, so that
+    only the user's calls count as asking (:func:`split_by_hand`).
+    """
+    return torch_worker._worker_info
+
+
+_ASKED: collections.OrderedDict[int, tuple[Any, str]] = collections.OrderedDict()
+"""What code outside torch and torchpipe did with a worker info, by its id: ``"asked"`` which
+worker it is, or ``"split"`` its files (the object is kept so that its id is not reused: torch's
+WorkerInfo takes no weak reference). A few hundred at most."""
+_ASKED_KEEP = 256
+_ASKED_LOCK = threading.Lock()
+
+
+def note_split_by_hand(info: Any, how: str = "asked") -> None:
+    """Note that the user's code in worker ``info`` learned which worker it is (``how="asked"``:
+    ``torch.utils.data.get_worker_info()``) or took its share of files (``"split"``:
+    :func:`shard_files`), so it may have split, or has split, its data by hand."""
+    with _ASKED_LOCK:
+        if _ASKED.get(id(info), (None, ""))[1] != "split":
+            _ASKED[id(info)] = (info, how)
+        while len(_ASKED) > _ASKED_KEEP:
+            _ASKED.popitem(last=False)
+
+
+def split_by_hand(info: Any) -> str:
+    """What code outside torch and torchpipe did in worker ``info``: ``"split"``, ``"asked"`` or ""."""
+    with _ASKED_LOCK:
+        known, how = _ASKED.get(id(info), (None, ""))
+        return how if known is info else ""
+
+
+_RUNNING = ("torchpipe.ops.", "torchpipe.runtime.", "torchpipe.graph.", "torchpipe.io.")
+"""Modules on the stack while a pipeline runs the user's functions: what they ask is no split."""
+
+
+def _noted_get_worker_info(info: Any) -> None:
+    frame = sys._getframe(2)
+    if frame.f_globals.get("__name__", "").startswith(("torch.", "torchpipe.")):
+        return  # torch's own (default_collate asks) and torchpipe's
+    with _ASKED_LOCK:
+        if _ASKED.get(id(info), (None, ""))[0] is info:
+            return
+    while frame is not None:  # a dataset's __getitem__ or a map's function, in a running pipeline
+        if frame.f_globals.get("__name__", "").startswith(_RUNNING):
+            return
+        frame = frame.f_back
+    note_split_by_hand(info)
+
+
+def _get_worker_info() -> Any:  # the body torch's get_worker_info() runs (see _watch_get_worker_info)
+    if _worker_info is not None:  # noqa: F821 - a global of torch's worker module, where this runs
+        _torchpipe_noted_get_worker_info(_worker_info)  # noqa: F821
+    return _worker_info  # noqa: F821
+
+
+def _watch_get_worker_info() -> bool:
+    """Make ``torch.utils.data.get_worker_info()`` note the user's calls, wherever it was imported.
+
+    ``from torch.utils.data import get_worker_info`` binds torch's function before torchpipe is
+    imported, so replacing the name would miss it: the function's code is swapped instead, for one
+    that returns exactly what torch's does and notes the caller (code in torch and torchpipe is not
+    counted: default_collate asks too). Only done where torch's function is the one-line reader
+    this expects; returns whether it was.
+    """
+    fn = torch_worker.get_worker_info
+    code, ours = fn.__code__, _get_worker_info.__code__
+    if code.co_names not in (("_worker_info",), ours.co_names) or code.co_argcount:
+        return False  # another torch's reader: leave it alone
+    torch_worker._torchpipe_noted_get_worker_info = _noted_get_worker_info
+    names = {key: getattr(code, key) for key in ("co_name", "co_qualname", "co_filename") if hasattr(code, key)}
+    fn.__code__ = ours.replace(**names)
+    return True
+
+
+WATCHING_GET_WORKER_INFO = _watch_get_worker_info()
+"""Whether the user's calls of ``get_worker_info()`` are noted: where they are not, torchpipe cannot
+tell whether code that iterates a pipeline in a worker split its data by hand, and warns."""
 
 DEFAULT_WAIT_S = 1800.0
 """How long a collective waits for the other ranks where ``Options.stall_timeout`` is None."""
@@ -65,7 +153,7 @@ def current_replica(options: DistributeOptions | None = None) -> Replica | None:
         return None
     if world <= 1 and options.rank is None:
         return None
-    connected = group is not None and group[1] > 1 and torch.utils.data.get_worker_info() is None
+    connected = group is not None and group[1] > 1 and worker_info() is None
     return Replica(rank, world, connected)
 
 
@@ -79,7 +167,7 @@ def current_shard(options: DistributeOptions | None = None) -> ReplicaShard | No
     """This process's share of a split stream: its rank x its torch DataLoader worker, or None
     where there is neither."""
     replica = current_replica(options)
-    info = torch.utils.data.get_worker_info()
+    info = worker_info()
     workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
     if replica is None and workers <= 1:
         return None
@@ -94,7 +182,9 @@ def shard_files(files: Sequence[str], shard: ReplicaShard | None = None) -> list
     to its torch DataLoader workers in turn, so every file is read by exactly one shard and a
     rank reads the same files with or without workers. This is the list form of the split a
     pipeline's rank shard makes (``ReplicaShard.owns``); in a pipeline, mark the names with
-    ``tp.io.split_files`` instead, which splits them when each pass starts.
+    ``tp.io.split_files`` instead, which splits them when each pass starts. A pipeline that
+    starts from the list returned (``tp.from_tensor_slices``, a ``torchpipe.io`` reader) is split
+    by hand: it is not split again, between ranks or between torch DataLoader workers.
 
     Args:
         files: every file, in the order all shards agree on.
@@ -103,12 +193,16 @@ def shard_files(files: Sequence[str], shard: ReplicaShard | None = None) -> list
     Raises:
         ValueError: where there are fewer files than ranks x workers (one would read nothing).
     """
-    shard = shard if shard is not None else current_shard()
+    if shard is None:
+        shard = current_shard()
+        if shard is not None and shard.num_workers > 1:
+            note_split_by_hand(worker_info(), "split")  # this worker's code split its data: not again
     if shard is None:
         return list(files)
     if len(files) < shard.shards:
         raise ValueError(shard.too_few_files(len(files)))
-    return [name for i, name in enumerate(files) if shard.owns(i)]
+    return SplitFileList((name for i, name in enumerate(files) if shard.owns(i)), shard)
+
 
 
 # -- talking to the other ranks -------------------------------------------------------------------

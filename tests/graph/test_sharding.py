@@ -1,7 +1,11 @@
 """A pipeline iterated in a torch DataLoader worker yields that worker's share: every element once in all."""
 
 import collections
+import os
 import pickle
+import subprocess
+import sys
+import warnings
 
 import pytest
 import torch
@@ -10,6 +14,8 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 import torchpipe as tp
 from torchpipe.testing import assert_checkpoint_roundtrip
 from tests.workers import as_torch_worker
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _through_workers(ds, num_workers=2, **kwargs):
@@ -137,3 +143,155 @@ def test_checkpoints_inside_torch_workers_resume_exactly():
     for _, whole, resumed in out:
         assert resumed == whole[: len(resumed)] and len(resumed) == len(whole)
     _once_each([x for _, whole, _ in out for x in whole], range(0, 90, 3))
+
+
+# -- pipelines the user's code split by hand -------------------------------------------------------
+def _tenfold(x):
+    return 10 * x
+
+
+class SplitInIter(IterableDataset):
+    """torch's documented idiom: ``__iter__`` asks ``get_worker_info()`` and builds its worker's
+    share, here with ``make(num_workers, id)``."""
+
+    def __init__(self, make):
+        self.make = make
+
+    def __iter__(self):
+        info = get_worker_info()
+        n, k = (info.num_workers, info.id) if info is not None else (1, 0)
+        return iter(self.make(n, k))
+
+
+class StartEnd(IterableDataset):
+    """torch's other idiom: ``worker_init_fn`` sets each worker's copy's ``start``/``end``."""
+
+    def __init__(self, n, options=None):
+        self.start, self.end, self.options = 0, n, options
+
+    def __iter__(self):
+        ds = tp.range(self.start, self.end).map(_tenfold)
+        return iter(ds.with_options(self.options) if self.options is not None else ds)
+
+
+def _start_end(worker_id):
+    info = get_worker_info()
+    per = -(-info.dataset.end // info.num_workers)
+    info.dataset.start, info.dataset.end = worker_id * per, min(info.dataset.end, (worker_id + 1) * per)
+
+
+class Wraps(IterableDataset):
+    """Code of the user's that iterates a pipeline without splitting it."""
+
+    def __init__(self, ds):
+        self.ds = ds
+
+    def __iter__(self):
+        return iter(self.ds)
+
+
+_FILES = [f"part-{i:02d}" for i in range(12)]
+
+HAND_SPLITS = {
+    "shard in __iter__": lambda n, k: tp.range(40).shard(n, k).map(_tenfold).batch(4).unbatch(),
+    "range in __iter__": lambda n, k: tp.range(k, 40, n).map(_tenfold),
+    "shard_files in __iter__": lambda n, k: tp.from_tensor_slices(tp.distributed.shard_files(_FILES)),
+}
+
+
+def _elements(loader):
+    return [x if isinstance(x, str) else int(x) for x in loader]
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create", "ignore:torchpipe. a pipeline is iterated")
+@pytest.mark.parametrize("num_workers", [0, 1, 2, 3])
+@pytest.mark.parametrize("idiom", sorted(HAND_SPLITS))
+def test_a_pipeline_split_by_hand_in_iter_is_not_split_again(idiom, num_workers):
+    got = _elements(DataLoader(SplitInIter(HAND_SPLITS[idiom]), batch_size=None, num_workers=num_workers))
+    _once_each(got, _FILES if "files" in idiom else [10 * x for x in range(40)])
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create", "ignore:torchpipe. a pipeline is iterated")
+@pytest.mark.parametrize("num_workers", [0, 1, 2, 3])
+def test_a_pipeline_split_by_hand_in_worker_init_fn_is_not_split_again(num_workers):
+    loader = DataLoader(StartEnd(40), batch_size=None, num_workers=num_workers, worker_init_fn=_start_end)
+    _once_each(_elements(loader), [10 * x for x in range(40)])
+    off = tp.Options(distribute=tp.DistributeOptions(policy="off"))  # says so: no warning either
+    loader = DataLoader(StartEnd(40, off), batch_size=None, num_workers=num_workers, worker_init_fn=_start_end)
+    _once_each(_elements(loader), [10 * x for x in range(40)])
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+@pytest.mark.parametrize("num_workers", [0, 1, 2, 3])
+def test_a_pipeline_code_of_the_user_iterates_unsplit_is_split_automatically(num_workers):
+    # default_collate asks get_worker_info() in the workers too: torch's asking is no split by hand
+    ds = tp.range(40).map(_tenfold)
+    _once_each(_elements(DataLoader(Wraps(ds), batch_size=None, num_workers=num_workers)), list(ds))
+    batches = DataLoader(Wraps(ds), batch_size=4, num_workers=num_workers, persistent_workers=num_workers > 0)
+    for _ in range(2):  # a second epoch in the same workers: asking inside the pipeline is no split either
+        _once_each([int(x) for batch in batches for x in batch], list(ds))
+
+
+def test_get_worker_info_imported_before_torchpipe_is_watched_too():
+    script = (
+        "from torch.utils.data import DataLoader, IterableDataset, get_worker_info\n"
+        "import torchpipe as tp\n"
+        "class D(IterableDataset):\n"
+        "    def __iter__(self):\n"
+        "        info = get_worker_info()\n"
+        "        return iter(tp.range(info.id, 40, info.num_workers))\n"
+        "print(sorted(int(x) for x in DataLoader(D(), batch_size=None, num_workers=2)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=50,
+                         env=dict(os.environ, PYTHONPATH=ROOT))  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == str(list(range(40)))
+    assert "does not split it again" in out.stderr and "comes 2 times" in out.stderr  # the warning, worker 0
+
+
+def _asks_then_builds(ds):
+    get_worker_info()  # for a seed, say: it did not split
+    return ds
+
+
+def test_code_that_asked_get_worker_info_is_warned_at_the_first_element_naming_both_risks():
+    ds = tp.range(12)
+    with as_torch_worker(0, 2):
+        it = iter(_asks_then_builds(ds))
+        with warnings.catch_warnings(record=True) as at_iter:
+            warnings.simplefilter("always")
+            explained = ds.explain()
+        with pytest.warns(UserWarning) as caught:
+            first = next(it)
+        rest = list(it)
+    assert not at_iter and first == 0 and rest == list(range(1, 12))  # not split again: every element
+    text = str(caught[0].message)
+    assert "comes 2 times" in text and "lose 1 of every 2" in text and "policy=...)): 'off'" in text
+    assert "asked torch.utils.data.get_worker_info(), so it splits its data by hand: not split again" in explained
+
+
+def test_policy_off_or_data_says_which_split_and_silences_the_warning():
+    off = tp.range(12).with_options(tp.Options(distribute=tp.DistributeOptions(policy="off")))
+    data = tp.range(12).with_options(tp.Options(distribute=tp.DistributeOptions(policy="data")))
+    with as_torch_worker(1, 2), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert list(_asks_then_builds(off)) == list(range(12))
+        assert list(_asks_then_builds(data)) == list(range(1, 12, 2))
+        assert "DistributeOptions(policy='off')): torch DataLoader worker 1 of 2 gets every element" in off.explain()
+
+
+def test_a_shard_that_matches_the_worker_is_named_in_explain():
+    ds = tp.range(12).shard(3, 1)
+    with as_torch_worker(1, 3):
+        assert list(ds) == [1, 4, 7, 10]
+        assert "the pipeline shards itself by worker (shard(num_shards=3, index=1)" in ds.explain()
+    with as_torch_worker(2, 3):  # another worker's shard: a subset of the user's, split as usual
+        assert list(ds) == [5]  # worker 2 keeps 2, 5, 8, 11 of the source; the shard, the second of those
+
+
+def test_where_get_worker_info_cannot_be_watched_the_automatic_split_warns(monkeypatch):
+    monkeypatch.setattr("torchpipe.graph.sharding.WATCHING_GET_WORKER_INFO", False)
+    ds = tp.range(12)
+    with as_torch_worker(0, 2), pytest.warns(UserWarning, match="cannot tell whether that code split") as caught:
+        assert list(Wraps(ds)) == list(range(0, 12, 2))
+    assert "1 of every 2 elements are lost" in str(caught[0].message)

@@ -36,7 +36,7 @@ import dataclasses
 from torchpipe.constants import INFINITE, UNKNOWN
 from torchpipe.distributed import PassGroup, Replica
 from torchpipe.graph.rewrite import rewrite_bottom_up, with_attrs, with_inputs
-from torchpipe.graph.sharding import WorkerShard, shards_at_source, sources_of, split_for_worker
+from torchpipe.graph.sharding import WorkerShard, shards_at_source, sources_of, split_for_worker, user_shards
 from torchpipe.ops.base import RANK_MARK, Node
 from torchpipe.ops.batch import BatchNode, PaddedBatchNode, RebatchNode
 from torchpipe.ops.distribute import EqualizeNode, FetchNode, ReplicaShard, ReplicaShardNode, SplitFilesNode
@@ -94,7 +94,7 @@ class Distribution:
 @dataclasses.dataclass(frozen=True)
 class Placement:
     """Where the shard goes: ``level`` (``data``, ``file``, ``output``; ``manual`` where the
-    pipeline shards itself, ``whole`` where its files are marked to be read whole on every rank,
+    pipeline shards itself, by the ``shard`` op ``top`` or a list of files split by hand, ``whole`` where its files are marked to be read whole on every rank,
     ``given`` where its source is the rank's share already: a Ray Train worker's),
     above ``top`` (whose source is ``source``), and why. ``shuffled``: the files below were
     shuffled with the pipeline seed (``tp.io.split_files(shuffled=True)``)."""
@@ -131,8 +131,10 @@ class Placement:
 
     def random_below(self) -> bool:
         """Whether ranks must share the pass seed for their shares to be disjoint."""
-        if self.level in ("output", "manual"):
+        if self.level == "output":
             return True  # every op is below the shard; any of them may draw
+        if self.level == "manual":  # the ranks' shards are disjoint where what reaches them is one order
+            return self.top is not None and any(getattr(node, "seed", 0) is None for node in _nodes(self.top))
         if self.level in ("whole", "given"):
             return False  # nothing is split between ranks: their draws need not agree
         return self.shuffled or any(isinstance(node, ShuffleNode) and node.seed is None for node in self.chain())
@@ -159,11 +161,13 @@ class Placement:
 
 
 def distribute(root: Node, options: DistributeOptions, replica: Replica, worker: WorkerShard | None,
-               wait_s: float | None = None) -> Distribution:  # fmt: skip
-    """``root`` split for ``replica`` (and the torch ``worker`` this process is, if any).
+               wait_s: float | None = None, by_worker: tuple[Node, ...] = ()) -> Distribution:  # fmt: skip
+    """``root`` split for ``replica`` (and the torch ``worker`` this process is, where it splits).
 
     Args:
         wait_s: how long the ranks' agreement waits for the others (``Options.stall_timeout``).
+        by_worker: the pipeline's own ``shard`` ops that split it between torch workers (not
+            between ranks: ``graph/sharding.split_between_workers``).
 
     Raises:
         ValueError: for ``policy="file"`` where the pipeline does not start from
@@ -173,7 +177,7 @@ def distribute(root: Node, options: DistributeOptions, replica: Replica, worker:
     """
     workers = (worker.num_workers, worker.index) if worker is not None else (1, 0)
     shard = ReplicaShard(replica.world_size, replica.rank, *workers)
-    placement = place(root, options.policy, shard)
+    placement = place(root, options.policy, shard, by_worker)
     notes = [placement.note(shard)]
     written, run = _split(root, placement, shard, options, notes)
     target, group = _equal_lengths(root, placement, options, shard, run, wait_s)
@@ -187,12 +191,17 @@ def distribute(root: Node, options: DistributeOptions, replica: Replica, worker:
     return Distribution(written, run, notes, shared_seed, salt, options.uneven, target, group)
 
 
-def place(root: Node, policy: str, shard: ReplicaShard) -> Placement:
-    """Where ``policy`` puts the shard in ``root`` (see the module docstring)."""
+def place(root: Node, policy: str, shard: ReplicaShard, by_worker: tuple[Node, ...] = ()) -> Placement:
+    """Where ``policy`` puts the shard in ``root`` (see the module docstring); ``by_worker``: the
+    pipeline's own ``shard`` ops that split it between torch workers, not ranks."""
     nodes, sources = _nodes(root), sources_of(root)
     marks = [node for node in nodes if isinstance(node, SplitFilesNode)]
-    if policy == "auto" and any(type(node) is ShardNode for node in nodes):
-        return Placement("manual", why="the pipeline shards itself")
+    by_rank = [node for node in user_shards(root) if node not in by_worker]
+    if policy == "auto" and by_rank:
+        return Placement("manual", by_rank[0], why="the pipeline shards itself")
+    listed = next((node.split_by_hand for node in sources if getattr(node, "split_by_hand", "")), "")
+    if policy == "auto" and listed:
+        return Placement("manual", why=listed)
     given = next((node for node in nodes if getattr(node, "shards_itself", False)), None)
     if policy == "auto" and given is not None:  # a source that is already this rank's share (tp.from_ray's)
         return Placement("given", why=given.shards_why)

@@ -6,21 +6,20 @@ import functools
 import os
 import threading
 import time
+import warnings
 import weakref
 from collections.abc import Callable
 from typing import Any
-
-import torch
 
 from torchpipe.autotune.live import Look, start_look
 from torchpipe.autotune.report import PipelineStats, pipeline_stats
 from torchpipe.autotune.runner import Autotuner, ConsumerClock, Decision, live_knobs
 from torchpipe.autotune.tuner import Budget
-from torchpipe.distributed import Replica, broadcast_seed
+from torchpipe.distributed import Replica, broadcast_seed, worker_info
 from torchpipe.errors import CheckpointError
 from torchpipe.graph.distribute import Distribution, distribute
 from torchpipe.graph.optimizer import optimize
-from torchpipe.graph.sharding import WorkerShard, shard_for_worker
+from torchpipe.graph.sharding import WorkerShard, shard_for_worker, split_between_workers
 from torchpipe.ops.base import BuildContext, Iterator, Node, check_int
 from torchpipe.ops.fingerprint import describe_ops, ops_of
 from torchpipe.options import Options
@@ -39,7 +38,8 @@ class Plan:
         options: the pipeline's merged options.
         memory: what earlier passes learned, by stage position (the Dataset's; passes share it).
         worker: the torch DataLoader worker this process is, if any: the plan then yields its
-            share alone (``graph/sharding.py``).
+            share alone, unless the pipeline or the code iterating it split the data by hand
+            (``graph/sharding.py``).
         replica: the rank this process is, where the pipeline is split between ranks: the plan
             then yields the rank's share (with ``worker``, the worker's share of it;
             ``graph/distribute.py``).
@@ -48,6 +48,8 @@ class Plan:
         runtime_root: the root after the rank's or worker's shard and ``graph.optimizer.optimize``.
         rewrites: a line per rewrite (the shard, the passes), for ``explain()``.
         distribution: how the pipeline is split between ranks (None where it is not).
+        warning: what the pass warns of at its first element (None: nothing), where torchpipe
+            cannot tell whether the user's code split the data between torch workers by hand.
 
     Raises:
         ValueError: for distribution options this pipeline cannot run with (``graph/distribute.py``).
@@ -61,12 +63,18 @@ class Plan:
         self.worker = worker
         self.replica = replica
         self.distribution: Distribution | None = None
-        written, notes = root, []
+        rank = (replica.rank, replica.world_size) if replica is not None else (0, 1)
+        split = split_between_workers(root, worker, options.distribute.policy, rank) if worker is not None else None
+        splitting = worker if split is not None and split.automatic else None
+        self.warning = split.warning if split is not None and worker.index == 0 else None  # one worker says it
+        written, notes = root, [split.note] if split is not None and split.note else []
         if replica is not None:
-            self.distribution = distribute(root, options.distribute, replica, worker, options.stall_timeout)
-            written, runnable, notes = self.distribution.written, self.distribution.root, list(self.distribution.notes)
-        elif worker is not None:
-            written, note = shard_for_worker(root, worker)
+            by_hand = split.shards if split is not None else ()
+            self.distribution = distribute(root, options.distribute, replica, splitting, options.stall_timeout, by_hand)
+            written, runnable = self.distribution.written, self.distribution.root
+            notes = list(self.distribution.notes) + notes
+        elif splitting is not None:
+            written, note = shard_for_worker(root, splitting)
             runnable, notes = written, [note]
         else:
             runnable = root
@@ -201,6 +209,7 @@ class PipelineIterator:
         self._start: Look = start_look()
         self._log: TraceLog | None = None
         self._waits: Track | None = None  # the training loop's track in a traced pass
+        self._warning = plan.warning  # said at the first element
 
     def _build(self) -> Iterator:
         trace = self._plan.options.trace
@@ -236,6 +245,8 @@ class PipelineIterator:
             raise
         if tuner is not None and not tuner.started:
             tuner.start()  # with the first element: the tuner's first window starts there
+        if self._warning is not None:
+            self._warning = _warn_once(self._warning)
         clock.leave()
         if waits is not None:
             waits.span(t0, time.perf_counter())
@@ -340,8 +351,18 @@ def _record_round(log: TraceLog, track: Track, decision: Decision) -> None:
                                           "bottleneck": decision.bottleneck, "changed": list(decision.changed)})  # fmt: skip
 
 
+_WARNED: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    """Warn ``message`` the first time this process meets it."""
+    if message not in _WARNED:
+        _WARNED.add(message)
+        warnings.warn(message, UserWarning, stacklevel=3)
+
+
 def _cannot_talk() -> str:
-    if torch.utils.data.get_worker_info() is not None:
+    if worker_info() is not None:
         return "a torch DataLoader worker cannot talk to the other ranks"
     return "torch.distributed is not initialized for the ranks"
 

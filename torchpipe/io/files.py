@@ -18,7 +18,7 @@ from torchpipe.dataset import Dataset
 from torchpipe.errors import CheckpointError, DataLossError  # noqa: F401 - tp.io.DataLossError lives here too
 from torchpipe.io import remote
 from torchpipe.ops.base import Iterator, check_state
-from torchpipe.ops.sources import FileListNode
+from torchpipe.ops.sources import FileListNode, SplitFileList
 
 DEFAULT_BUFFER_SIZE = 256 * 1024
 """Read buffer of a record file (tf.data's default for TFRecordDataset)."""
@@ -284,4 +284,6 @@ def path_dataset(op: str, filenames: Any, braces: bool = False) -> Dataset:
         paths = [name for path in paths for name in expand_braces(path)]
     if not paths:
         raise ValueError(f"{op}: no filenames given")
+    if isinstance(filenames, SplitFileList):  # tp.distributed.shard_files' share: not split again
+        paths = SplitFileList(paths, filenames.shard)
     return Dataset(FileListNode(paths))

@@ -119,8 +119,26 @@ class IndicesNode(Node):
         return IndexedSourceIterator(self.kind, self.length, int)
 
 
+class SplitFileList(list):
+    """The files ``tp.distributed.shard_files`` gave one share: a pipeline that starts from them
+    is split by hand already, and the distribution rewrite does not split it again.
+
+    Attributes:
+        shard: the share they are for (an ``ops.distribute.ReplicaShard``).
+    """
+
+    def __init__(self, files: Any, shard: Any) -> None:
+        super().__init__(files)
+        self.shard = shard
+
+
 class TensorSlicesNode(Node):
-    """Slices of a structure of tensors, arrays and lists along their first dimension."""
+    """Slices of a structure of tensors, arrays and lists along their first dimension.
+
+    Attributes:
+        split_by_hand: why its elements are one share already (a list from
+            ``tp.distributed.shard_files``), or "".
+    """
 
     kind = "from_tensor_slices"
 
@@ -129,6 +147,8 @@ class TensorSlicesNode(Node):
         self.structure = structure
         self.length = length
         self._leaves = nest.flatten(structure, lists=False)
+        split = any(isinstance(leaf, SplitFileList) for leaf in self._leaves)
+        self.split_by_hand = "its files come from tp.distributed.shard_files" if split else ""
 
     def params(self) -> dict[str, Any]:
         return {"len": self.length}
