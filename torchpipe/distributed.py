@@ -41,10 +41,12 @@ def worker_info() -> Any:
     return torch_worker._worker_info
 
 
-_ASKED: collections.OrderedDict[int, tuple[Any, str]] = collections.OrderedDict()
-"""What code outside torch and torchpipe did with a worker info, by its id: ``"asked"`` which
-worker it is, or ``"split"`` its files (the object is kept so that its id is not reused: torch's
-WorkerInfo takes no weak reference). A few hundred at most."""
+_ASKED: collections.OrderedDict[int, list[Any]] = collections.OrderedDict()
+"""What code outside torch and torchpipe did in a worker, by its info's id: ``[info, how, read]``,
+``how`` being ``"asked"`` which worker it is or ``"split"`` its files, ``read`` whether a pass
+has read it (from then on it is fixed: what code inside that pass asks is no split by hand). The
+info is kept so that its id is not reused (torch's WorkerInfo takes no weak reference); a few
+hundred at most."""
 _ASKED_KEEP = 256
 _ASKED_LOCK = threading.Lock()
 
@@ -52,37 +54,33 @@ _ASKED_LOCK = threading.Lock()
 def note_split_by_hand(info: Any, how: str = "asked") -> None:
     """Note that the user's code in worker ``info`` learned which worker it is (``how="asked"``:
     ``torch.utils.data.get_worker_info()``) or took its share of files (``"split"``:
-    :func:`shard_files`), so it may have split, or has split, its data by hand."""
+    :func:`shard_files`), so it may have split, or has split, its data by hand. Once a pass in
+    the worker has read what was noted (:func:`split_by_hand`), it no longer changes."""
     with _ASKED_LOCK:
-        if _ASKED.get(id(info), (None, ""))[1] != "split":
-            _ASKED[id(info)] = (info, how)
+        entry = _ASKED.get(id(info))
+        if entry is None or entry[0] is not info:
+            _ASKED[id(info)] = [info, how, False]
+        elif not entry[2] and entry[1] != "split":
+            entry[1] = how
         while len(_ASKED) > _ASKED_KEEP:
             _ASKED.popitem(last=False)
 
 
 def split_by_hand(info: Any) -> str:
-    """What code outside torch and torchpipe did in worker ``info``: ``"split"``, ``"asked"`` or ""."""
+    """What code outside torch and torchpipe did in worker ``info`` before its first pass started:
+    ``"split"``, ``"asked"`` or "" (calls made while a pipeline runs there, by a dataset's
+    ``__getitem__`` or a map's function, are not a split by hand)."""
     with _ASKED_LOCK:
-        known, how = _ASKED.get(id(info), (None, ""))
-        return how if known is info else ""
-
-
-_RUNNING = ("torchpipe.ops.", "torchpipe.runtime.", "torchpipe.graph.", "torchpipe.io.")
-"""Modules on the stack while a pipeline runs the user's functions: what they ask is no split."""
+        entry = _ASKED.get(id(info))
+        if entry is None or entry[0] is not info:
+            entry = _ASKED[id(info)] = [info, "", True]
+        entry[2] = True
+        return entry[1]
 
 
 def _noted_get_worker_info(info: Any) -> None:
-    frame = sys._getframe(2)
-    if frame.f_globals.get("__name__", "").startswith(("torch.", "torchpipe.")):
-        return  # torch's own (default_collate asks) and torchpipe's
-    with _ASKED_LOCK:
-        if _ASKED.get(id(info), (None, ""))[0] is info:
-            return
-    while frame is not None:  # a dataset's __getitem__ or a map's function, in a running pipeline
-        if frame.f_globals.get("__name__", "").startswith(_RUNNING):
-            return
-        frame = frame.f_back
-    note_split_by_hand(info)
+    if not sys._getframe(2).f_globals.get("__name__", "").startswith(("torch.", "torchpipe.")):
+        note_split_by_hand(info)  # not torch's own (default_collate asks) nor torchpipe's
 
 
 def _get_worker_info() -> Any:  # the body torch's get_worker_info() runs (see _watch_get_worker_info)

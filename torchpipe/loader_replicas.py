@@ -55,8 +55,9 @@ class Replicas:
 
     Args:
         dataset: the loader's dataset (a replica other than the process's first gets a shallow
-            copy, so a ``worker_init_fn`` that sets attributes on ``get_worker_info().dataset``,
-            as torch's documentation shows, sets them for its replica alone).
+            copy of it as it was before any ``worker_init_fn`` ran, so one that sets attributes on
+            ``get_worker_info().dataset`` from their values, as torch's documentation shows,
+            sets them for its replica alone, from the dataset's own).
         count: how many replicas the epoch has (``get_worker_info().num_workers``).
         base_seed: the epoch's base seed; replica ``r`` is seeded ``base_seed + r``, as torch's worker ``r``.
         worker_init_fn: called once per replica, with its id, after its seeding.
@@ -69,6 +70,7 @@ class Replicas:
         self._base_seed = base_seed
         self._worker_init_fn = worker_init_fn
         self._make_fetcher = make_fetcher
+        self._pristine = dataset  # a copy of the dataset as given: the copies of later replicas
         self._open: dict[int, _Replica] = {}
         self._current: _Replica | None = None
 
@@ -79,7 +81,9 @@ class Replicas:
         random.seed(seed)
         torch.manual_seed(seed)
         np.random.seed(torch_worker._generate_state(self._base_seed, replica))
-        dataset = self._dataset if not self._open else copy.copy(self._dataset)
+        if not self._open and self.count > 1:  # before a worker_init_fn sets the first one up
+            self._pristine = copy.copy(self._dataset)
+        dataset = self._dataset if not self._open else copy.copy(self._pristine)
         entry = _Replica(torch_worker.WorkerInfo(id=replica, num_workers=self.count, seed=seed, dataset=dataset))
         self._open[replica] = entry
         self._current = entry

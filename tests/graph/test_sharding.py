@@ -221,15 +221,20 @@ def test_a_pipeline_split_by_hand_in_worker_init_fn_is_not_split_again(num_worke
     _once_each(_elements(loader), [10 * x for x in range(40)])
 
 
-@pytest.mark.filterwarnings("ignore:This DataLoader will create")
-@pytest.mark.parametrize("num_workers", [0, 1, 2, 3])
-def test_a_pipeline_code_of_the_user_iterates_unsplit_is_split_automatically(num_workers):
-    # default_collate asks get_worker_info() in the workers too: torch's asking is no split by hand
-    ds = tp.range(40).map(_tenfold)
-    _once_each(_elements(DataLoader(Wraps(ds), batch_size=None, num_workers=num_workers)), list(ds))
-    batches = DataLoader(Wraps(ds), batch_size=4, num_workers=num_workers, persistent_workers=num_workers > 0)
-    for _ in range(2):  # a second epoch in the same workers: asking inside the pipeline is no split either
-        _once_each([int(x) for batch in batches for x in batch], list(ds))
+_LOADERS = {
+    **{idiom: (lambda make=make: SplitInIter(make), {}) for idiom, make in HAND_SPLITS.items()},
+    "worker_init_fn": (lambda: StartEnd(40), {"worker_init_fn": _start_end}),
+    "not split": (lambda: Wraps(tp.range(40).map(_tenfold)), {}),
+}
+
+
+@pytest.mark.filterwarnings("ignore:torchpipe. a pipeline is iterated")
+@pytest.mark.parametrize("num_workers", [2, "auto"])
+@pytest.mark.parametrize("idiom", sorted(_LOADERS))
+def test_tp_dataloader_replicas_leave_a_split_by_hand_alone(idiom, num_workers):
+    make, kwargs = _LOADERS[idiom]
+    loader = tp.DataLoader(make(), batch_size=None, num_workers=num_workers, **kwargs)
+    _once_each(_elements(loader), _FILES if "files" in idiom else [10 * x for x in range(40)])
 
 
 def test_get_worker_info_imported_before_torchpipe_is_watched_too():
