@@ -26,7 +26,7 @@ from torchpipe.ops.batch import (
     RebatchNode,
     UnbatchNode,
 )
-from torchpipe.ops.cache import CacheNode
+from torchpipe.ops.cache import CacheNode, check_cache_path
 from torchpipe.ops.combine import ConcatenateNode, ZipNode
 from torchpipe.ops.device import DeviceNode, check_device
 from torchpipe.ops.filter import FilterNode, IgnoreErrorsNode, TakeWhileNode
@@ -385,9 +385,15 @@ class Dataset(torch.utils.data.IterableDataset):
 
         ``path=None`` keeps them in memory; a path writes a file (written to a temporary name
         and renamed when the pass completes, so an interrupted pass is never read as complete).
+
+        Raises:
+            TypeError: for a path that is not a str, os.PathLike or None.
+            ValueError, OSError: for a file no pass could write (see :func:`check_cache_path`):
+                a URL, a directory, a missing or unwritable directory.
         """
         if path is not None and not isinstance(path, (str, bytes)) and not hasattr(path, "__fspath__"):
             raise TypeError(f"cache: path must be a str, os.PathLike or None, got {type(path).__name__}")
+        check_cache_path(path)
         return Dataset(CacheNode(self._node, path))
 
     def save(
