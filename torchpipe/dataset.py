@@ -264,7 +264,14 @@ class Dataset(torch.utils.data.IterableDataset):
             padded_shapes: a structure like the element's of shapes; ``None`` or ``-1`` in a
                 dimension pads it to the longest in the batch, an int pads to exactly that size.
                 ``None`` for the whole argument pads every dimension to the batch maximum.
-            padding_values: a scalar per component (or one for all); default 0.
+            padding_values: a scalar per component (or one for all); default 0. A number pads a
+                tensor, array or number; str and bytes components are collected, not padded.
+
+        Raises:
+            TypeError, ValueError: at the call, for a padding value that is not a number, str,
+                bytes, 0-d tensor or array, or None; at a pass's first element, before any batch,
+                for ``padding_values`` of another structure than the element's, a str padding a
+                numeric component, or a number its component's dtype cannot hold.
         """
         _check_int("padded_batch", "batch_size", batch_size, minimum=1)
         _check_bool("padded_batch", "drop_remainder", drop_remainder)

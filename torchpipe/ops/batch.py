@@ -29,6 +29,7 @@ from torchpipe.ops.base import (
 from torchpipe.ops.collate import (
     check_padded_shapes,
     check_padding_values,
+    check_padding_values_fit,
     child_paths,
     collate_in_stage,
     padded_collate,
@@ -125,7 +126,11 @@ class PaddedBatchNode(Node):
         def combine(seq: int, elements: list) -> Any:
             return padded_collate(elements, stage, shapes, pads)
 
-        return BatchIterator(stage, ctx.build_input(self), self.batch_size, self.drop_remainder, combine)
+        def check_first(element: Any) -> None:
+            check_padding_values_fit(element, stage, pads)
+
+        return BatchIterator(stage, ctx.build_input(self), self.batch_size, self.drop_remainder, combine,
+                             check_first=check_first)  # fmt: skip
 
 
 class BatchIterator(PassThroughIterator):
@@ -135,19 +140,22 @@ class BatchIterator(PassThroughIterator):
         combine: ``combine(batch_seq, elements)`` makes the batch.
         memory: the stack ``combine`` collates with, whose rows elements are copied to as they
             arrive (None: elements are kept as they are until ``combine``).
+        check_first: called with the pass's first element, to raise before any batch is made
+            where the op's arguments do not fit the elements.
     """
 
     COUNTERS = ("seq",)
 
     def __init__(
         self, name: str, source: Iterator, batch_size: int, drop_remainder: bool, combine: _Combine,
-        memory: RecycledStack | None = None,
+        memory: RecycledStack | None = None, check_first: Callable[[Any], None] | None = None,
     ) -> None:  # fmt: skip
         super().__init__(name, source)
         self._batch_size = batch_size
         self._drop_remainder = drop_remainder
         self._combine = combine
         self._memory = memory
+        self._check_first = check_first
         self._seq = 0
 
     def next(self) -> Any:
@@ -160,9 +168,13 @@ class BatchIterator(PassThroughIterator):
         elements: list[Any] = []
         while len(elements) < self._batch_size:
             try:
-                elements.append(place(len(elements), next(self._source)))
+                element = next(self._source)
             except StopIteration:
                 break
+            if self._check_first is not None:
+                check, self._check_first = self._check_first, None
+                check(element)
+            elements.append(place(len(elements), element))
         if not elements or (self._drop_remainder and len(elements) < self._batch_size):
             raise StopIteration
         seq = self._seq
@@ -392,6 +404,7 @@ class BucketIterator(Iterator):
         self._buckets: list[list[Any]] = [[] for _ in node.bucket_batch_sizes]
         self._seq = 0
         self._ended = False
+        self._checked = False  # padding_values against the pass's first element
 
     def next(self) -> Any:
         node = self._node
@@ -401,6 +414,9 @@ class BucketIterator(Iterator):
             except StopIteration:
                 self._ended = True
                 break
+            if not self._checked:
+                self._checked = True
+                check_padding_values_fit(element, self.name, node.padding_values)
             bucket_id = self._bucket_of(element)
             bucket = self._buckets[bucket_id]
             bucket.append(element)
