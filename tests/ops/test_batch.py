@@ -436,6 +436,24 @@ def test_unbatch_checkpoint_is_small_mid_element():
     assert next(resumed).item() == 3
 
 
+@pytest.mark.parametrize("garble, found", [
+    (lambda e: "x", "str"),
+    (lambda e: (e,), r"tuple\(tensor\(int64, 1-d\)\)"),
+    (lambda e: e.float(), r"tensor\(float32, 1-d\)"),
+])  # fmt: skip
+def test_bucket_state_holding_elements_of_another_structure_is_a_checkpoint_error_at_load(garble, found):
+    ds = sequences([1, 4, 7])
+    it = iter(random_buckets(ds))
+    next(it)
+    state = pickle.loads(pickle.dumps(it.state_dict()))
+    bucket = state["pipeline"]["buckets"][2]
+    bucket[0] = garble(bucket[0])
+    message = (rf"^bucket_by_sequence_length\(<lambda>\): state\['buckets'\] element 1 is {found}, but the op held "
+               r"tensor\(int64, 1-d\)")  # fmt: skip
+    with pytest.raises(tp.CheckpointError, match=message):
+        iter(random_buckets(ds)).load_state_dict(state)
+
+
 def test_bucket_checkpoint_holds_the_partial_buckets():
     ds = sequences([1, 4, 7])
     it = iter(random_buckets(ds))

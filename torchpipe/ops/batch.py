@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import bisect
 import copy
+import itertools
 import numbers
 from typing import Any, Callable
 
@@ -34,6 +35,7 @@ from torchpipe.ops.collate import (
     collate_in_stage,
     padded_collate,
 )
+from torchpipe.ops.held_elements import HeldStructure
 from torchpipe.runtime.recycle import RecycledStack
 
 _Combine = Callable[[int, list], Any]
@@ -394,7 +396,7 @@ class BucketBySequenceLengthNode(Node):
 class BucketIterator(Iterator):
     """Fills the buckets and emits them; the partial buckets are its (unavoidable) state."""
 
-    INPUT, SEQ, BUCKETS, ENDED = "input", "seq", "buckets", "ended"
+    INPUT, SEQ, BUCKETS, ENDED, STRUCTURE = "input", "seq", "buckets", "ended", "structure"
 
     def __init__(self, node: BucketBySequenceLengthNode, source: Iterator, length_fn: UserFunction) -> None:
         super().__init__(node.name, source)
@@ -402,6 +404,7 @@ class BucketIterator(Iterator):
         self._source = source
         self._length_fn = length_fn
         self._buckets: list[list[Any]] = [[] for _ in node.bucket_batch_sizes]
+        self._held = HeldStructure()  # what the buckets' elements share, checked at a resume
         self._seq = 0
         self._ended = False
         self._checked = False  # padding_values against the pass's first element
@@ -419,6 +422,7 @@ class BucketIterator(Iterator):
                 check_padding_values_fit(element, self.name, node.padding_values)
             bucket_id = self._bucket_of(element)
             bucket = self._buckets[bucket_id]
+            self._held.add(element)
             bucket.append(element)
             if len(bucket) == node.bucket_batch_sizes[bucket_id]:
                 return self._emit(bucket_id)
@@ -454,6 +458,7 @@ class BucketIterator(Iterator):
             self.SEQ: self._seq,
             self.BUCKETS: [list(bucket) for bucket in self._buckets],
             self.ENDED: self._ended,
+            self.STRUCTURE: self._held.state(itertools.chain.from_iterable(self._buckets)),
         }
 
     def set_state(self, state: dict[str, Any]) -> None:
@@ -462,6 +467,8 @@ class BucketIterator(Iterator):
         if len(buckets) != len(self._buckets):
             raise CheckpointError(f"{self.name}: the checkpoint has {len(buckets)} buckets, not {len(self._buckets)}")
         seq, ended = check_int(self.name, state, self.SEQ, minimum=0), check_bool(self.name, state, self.ENDED)
+        held = list(itertools.chain.from_iterable(buckets))
+        self._held.load(self.name, self.BUCKETS, held, state.get(self.STRUCTURE))
         self._source.load_state_dict(state[self.INPUT])
         self._seq = seq
         self._buckets = [list(bucket) for bucket in buckets]
