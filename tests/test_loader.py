@@ -6,6 +6,7 @@ import sys
 import time
 import warnings
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader as TorchLoader
@@ -228,6 +229,32 @@ def test_a_global_start_method_is_honoured():
 def test_bad_new_words_fail_at_construction_with_a_value_error(kwargs, message):
     with pytest.raises(ValueError, match=message):
         tp.DataLoader(DATA, **kwargs)
+
+
+@pytest.mark.parametrize("dataset", [5, None, (i for i in range(3)), iter([1, 2]), {1, 2}])
+def test_a_dataset_torch_cannot_index_or_iterate_is_a_type_error_at_construction(dataset):
+    # torch builds these loaders and fails only when the epoch starts
+    with pytest.raises(TypeError, match=r"^dataset must be a map-style dataset \(with __getitem__\) or a torch "
+                                        f"IterableDataset, got {type(dataset).__name__}"):  # fmt: skip
+        tp.DataLoader(dataset)
+
+
+@pytest.mark.parametrize("dataset", [[1.0, 2.0, 3.0], "abc", torch.arange(3), np.arange(3), range(3), DATA])
+def test_what_torch_takes_as_a_map_style_dataset_is_taken(dataset):
+    assert_same_elements(tp.DataLoader(dataset, batch_size=2), list(TorchLoader(dataset, batch_size=2)))
+
+
+@pytest.mark.parametrize("num_workers", [2.5, 2.0, 0.0, None, torch.tensor(1.0)])
+def test_a_num_workers_that_is_not_an_int_is_a_type_error_at_construction(num_workers):
+    with pytest.raises(TypeError, match=r'^num_workers must be a non-negative int or "auto", got '):
+        tp.DataLoader(DATA, num_workers=num_workers)
+
+
+@pytest.mark.parametrize("num_workers", [True, False, np.int64(1)])
+def test_a_bool_or_numpy_int_num_workers_is_taken_as_torch_takes_it(num_workers):
+    # torch runs True as one worker
+    loaders = both(batch_size=5, num_workers=num_workers)
+    assert_same_elements(loaders[1], list(loaders[0]))
 
 
 def test_the_loader_is_generic_as_torchs():

@@ -26,7 +26,7 @@ from torchpipe.ops.batch import (
     RebatchNode,
     UnbatchNode,
 )
-from torchpipe.ops.cache import CacheNode
+from torchpipe.ops.cache import CacheNode, check_cache_path
 from torchpipe.ops.combine import ConcatenateNode, ZipNode
 from torchpipe.ops.device import DeviceNode, check_device
 from torchpipe.ops.filter import FilterNode, IgnoreErrorsNode, TakeWhileNode
@@ -264,7 +264,14 @@ class Dataset(torch.utils.data.IterableDataset):
             padded_shapes: a structure like the element's of shapes; ``None`` or ``-1`` in a
                 dimension pads it to the longest in the batch, an int pads to exactly that size.
                 ``None`` for the whole argument pads every dimension to the batch maximum.
-            padding_values: a scalar per component (or one for all); default 0.
+            padding_values: a scalar per component (or one for all); default 0. A number pads a
+                tensor, array or number; str and bytes components are collected, not padded.
+
+        Raises:
+            TypeError, ValueError: at the call, for a padding value that is not a number, str,
+                bytes, 0-d tensor or array, or None; at a pass's first element, before any batch,
+                for ``padding_values`` of another structure than the element's, a str padding a
+                numeric component, or a number its component's dtype cannot hold.
         """
         _check_int("padded_batch", "batch_size", batch_size, minimum=1)
         _check_bool("padded_batch", "drop_remainder", drop_remainder)
@@ -385,9 +392,15 @@ class Dataset(torch.utils.data.IterableDataset):
 
         ``path=None`` keeps them in memory; a path writes a file (written to a temporary name
         and renamed when the pass completes, so an interrupted pass is never read as complete).
+
+        Raises:
+            TypeError: for a path that is not a str, os.PathLike or None.
+            ValueError, OSError: for a file no pass could write (see :func:`check_cache_path`):
+                a URL, a directory, a missing or unwritable directory.
         """
         if path is not None and not isinstance(path, (str, bytes)) and not hasattr(path, "__fspath__"):
             raise TypeError(f"cache: path must be a str, os.PathLike or None, got {type(path).__name__}")
+        check_cache_path(path)
         return Dataset(CacheNode(self._node, path))
 
     def save(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 import multiprocessing
+import operator
 import warnings
 import weakref
 from typing import Any, TypeVar
@@ -52,9 +53,11 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         (every other argument is torch's)
 
     Raises:
-        ValueError, TypeError: where torch's DataLoader raises them; and for a ``num_workers``
-            that is neither an int nor ``"auto"``, a ``prefetch_factor`` of 0 with workers (torch
-            raises when the epoch starts), and a ``device`` that is not a usable device.
+        ValueError, TypeError: where torch's DataLoader raises them; and, where torch raises only
+            when the epoch starts: a TypeError for a ``dataset`` that is neither map-style (no
+            ``__getitem__``) nor a torch ``IterableDataset`` (a generator, an int) and for a
+            ``num_workers`` that is neither an int nor ``"auto"`` (``2.5``); a ValueError for a
+            ``prefetch_factor`` of 0 with workers and a ``device`` that is not a usable device.
     """
 
     def __init__(
@@ -79,6 +82,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         in_order: bool = True,
         device: str | torch.device | None = None,
     ) -> None:
+        _check_dataset(dataset)
         _check_workers(num_workers, prefetch_factor)
         if isinstance(dataset, Dataset) and isinstance(num_workers, int) and num_workers > 0:
             warnings.warn(f"num_workers={num_workers} is not used: a tp.Dataset runs its own parallel stages in "
@@ -309,11 +313,52 @@ def _set_rng_state(generator: torch.Generator | None, state: torch.Tensor) -> No
         torch.set_rng_state(state)
 
 
+def _check_dataset(dataset: Any) -> None:
+    """Raise unless torch can read ``dataset``: an ``IterableDataset``, or map-style (indexable).
+
+    A list, a string, a tensor or a numpy array is map-style, as torch takes it; a generator or
+    another plain iterable is not (torch indexes it, and fails only when the epoch starts).
+
+    Raises:
+        TypeError: naming ``dataset`` and what was expected.
+    """
+    if isinstance(dataset, torch.utils.data.IterableDataset):
+        return
+    if not hasattr(dataset, "__getitem__") and not hasattr(dataset, "__getitems__"):
+        hint = " (wrap an iterable in a torch IterableDataset)" if hasattr(dataset, "__iter__") else ""
+        raise TypeError(
+            "dataset must be a map-style dataset (with __getitem__) or a torch IterableDataset, "
+            f"got {type(dataset).__name__}{hint}"
+        )
+
+
 def _check_workers(num_workers: Any, prefetch_factor: int | None) -> None:
-    if isinstance(num_workers, str) and num_workers != "auto":
-        raise ValueError(f'num_workers must be a non-negative int or "auto", got {num_workers!r}')
+    """Raise for a ``num_workers`` that is neither an int nor ``"auto"``, or a useless prefetch.
+
+    What ``range()`` takes is an int, as for torch: a bool (``True`` is one worker), a numpy
+    integer. A negative int is left to torch's own ValueError.
+
+    Raises:
+        TypeError: for a ``num_workers`` of another type (``2.5``, ``2.0``, ``None``).
+        ValueError: for a string other than ``"auto"``, or ``prefetch_factor=0`` with workers.
+    """
+    if isinstance(num_workers, str):
+        if num_workers != "auto":
+            raise ValueError(f'num_workers must be a non-negative int or "auto", got {num_workers!r}')
+    elif not _is_index(num_workers):
+        raise TypeError(f'num_workers must be a non-negative int or "auto", got {type(num_workers).__name__} '
+                        f"{num_workers!r}")  # fmt: skip
     if prefetch_factor == 0 and num_workers != 0:
         raise ValueError("prefetch_factor must be at least 1 with worker processes (batches each keeps in flight), got 0")
+
+
+def _is_index(value: Any) -> bool:
+    """Whether ``value`` is an integer as ``range()`` takes one (torch's use of num_workers)."""
+    try:
+        operator.index(value)
+    except TypeError:
+        return False
+    return True
 
 
 def _engine_can_run(loader: DataLoader) -> bool:

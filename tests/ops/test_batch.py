@@ -172,8 +172,55 @@ def test_padded_batch_errors_while_iterating():
         list(ramps().map(lambda x: (x, x)).padded_batch(2, padded_shapes=([None],)))
     with pytest.raises(ValueError, match=r"padding value 1.5 for element does not fit"):
         list(ramps().padded_batch(2, padding_values=1.5))
-    with pytest.raises(TypeError, match="padding value for element must be a number"):
-        list(ramps().padded_batch(2, padding_values="x"))
+
+
+
+NO_PREFETCH = tp.Options(optimizations={"inject_prefetch": False})  # which would run on after the error
+
+
+class Pulls:
+    """A map function that counts the elements pulled."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, *x):
+        self.calls += 1
+        return x[0] if len(x) == 1 else x
+
+
+@pytest.mark.parametrize("make, pads, error, message", [
+    (lambda: ramps(), "x", TypeError,
+     r"^padded_batch: padding_values for element \(a tensor of dtype torch.int64\) expected a number, got str 'x'"),
+    (lambda: tp.range(5), b"x", TypeError, r"^padded_batch: padding_values for element \(a Python int\) expected a number"),
+    (lambda: tp.range(5).map(lambda x: (np.zeros(x, np.float32), str(x))), ("x", 0), TypeError,
+     r"padding_values for element\[0\] \(a numpy value of dtype float32\) expected a number, got str"),
+    (lambda: ramps(), 1.5, ValueError, r"^padded_batch: padding value 1.5 for element does not fit its dtype"),
+    (lambda: ramps().map(lambda x: (x, x)), (0, 0, 0), ValueError,
+     r"^padded_batch: padding_values does not match the element's structure at element"),
+    (lambda: ramps().map(lambda x: {"a": x}), {"b": 0}, ValueError, "padding_values does not match"),
+])  # fmt: skip
+def test_padding_values_that_do_not_fit_the_elements_raise_at_the_first_element(make, pads, error, message):
+    pulls = Pulls()
+    it = iter(make().map(pulls).padded_batch(4, padding_values=pads).with_options(NO_PREFETCH))
+    with pytest.raises(error, match=message):
+        next(it)
+    assert pulls.calls == 1  # before the batch's other elements are made
+
+
+def test_padding_values_that_fit_are_not_rejected():
+    strings = tp.range(1, 4).map(lambda x: (str(x), torch.full((x,), x)))
+    assert as_lists(b for _, b in strings.padded_batch(3, padding_values=("", -1))) == [[[1, -1, -1], [2, 2, -1], [3, 3, 3]]]
+    assert [s for s, _ in strings.padded_batch(3, padding_values=0)] == [["1", "2", "3"]]  # strings are not padded
+    assert as_lists(tp.range(3).padded_batch(3, padding_values=np.int8(7))) == [[0, 1, 2]]
+
+
+def test_bucket_padding_values_that_do_not_fit_raise_at_the_first_element():
+    pulls = Pulls()
+    ds = sequences([3, 1, 4, 1, 5]).map(pulls).bucket_by_sequence_length(len, [3], [2, 2], padding_values="x")
+    with pytest.raises(TypeError, match=r"^bucket_by_sequence_length\(len\): padding_values for element .* got str"):
+        next(iter(ds.with_options(NO_PREFETCH)))
+    assert pulls.calls == 1
 
 
 def test_padded_batch_checks_arguments_at_construction():
@@ -181,9 +228,11 @@ def test_padded_batch_checks_arguments_at_construction():
         tp.range(3).padded_batch(2, padded_shapes=["a"])
     with pytest.raises(ValueError, match=">= -1"):
         tp.range(3).padded_batch(2, padded_shapes=[-2])
-    with pytest.raises(TypeError, match="padding values"):
+    with pytest.raises(TypeError, match=r"^padded_batch: padding_values expected numbers .* got object"):
         tp.range(3).padded_batch(2, padding_values=object())
-    with pytest.raises(ValueError, match="scalars"):
+    with pytest.raises(TypeError, match=r"^padded_batch: padding_values expected numbers .* got set"):
+        tp.range(3).padded_batch(2, padding_values={0})
+    with pytest.raises(ValueError, match="padding_values expected scalars"):
         tp.range(3).padded_batch(2, padding_values=torch.zeros(2))
 
 
@@ -385,6 +434,24 @@ def test_unbatch_checkpoint_is_small_mid_element():
     resumed = iter(tp.range(1000).batch(500).unbatch())
     resumed.load_state_dict(state)
     assert next(resumed).item() == 3
+
+
+@pytest.mark.parametrize("garble, found", [
+    (lambda e: "x", "str"),
+    (lambda e: (e,), r"tuple\(tensor\(int64, 1-d\)\)"),
+    (lambda e: e.float(), r"tensor\(float32, 1-d\)"),
+])  # fmt: skip
+def test_bucket_state_holding_elements_of_another_structure_is_a_checkpoint_error_at_load(garble, found):
+    ds = sequences([1, 4, 7])
+    it = iter(random_buckets(ds))
+    next(it)
+    state = pickle.loads(pickle.dumps(it.state_dict()))
+    bucket = state["pipeline"]["buckets"][2]
+    bucket[0] = garble(bucket[0])
+    message = (rf"^bucket_by_sequence_length\(<lambda>\): state\['buckets'\] element 1 is {found}, but the op held "
+               r"tensor\(int64, 1-d\)")  # fmt: skip
+    with pytest.raises(tp.CheckpointError, match=message):
+        iter(random_buckets(ds)).load_state_dict(state)
 
 
 def test_bucket_checkpoint_holds_the_partial_buckets():

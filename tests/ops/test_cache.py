@@ -3,6 +3,7 @@ import gc
 import os
 import pathlib
 import pickle
+import re
 import shutil
 import warnings
 from collections import namedtuple
@@ -175,16 +176,48 @@ def test_cardinality_and_explain(tmp_path):
 
 
 # -- files: errors and cleanup ---------------------------------------------------------------------
-def test_missing_directory_fails_when_iterating(tmp_path):
-    path = tmp_path / "missing" / "c"
-    ds = tp.range(3).cache(path)  # construction succeeds, as in tf.data
-    with pytest.raises(FileNotFoundError, match="missing"):
+def test_missing_directory_fails_at_the_call(tmp_path):
+    # tf.data builds the dataset and fails at the first element; torchpipe says so at the call
+    path = tmp_path / "missing" / "x" / "c"
+    folder = re.escape(repr(str(tmp_path / "missing" / "x")))
+    with pytest.raises(FileNotFoundError, match=rf"^cache: cannot write cache file .*/c': directory {folder} does not"):
+        tp.range(3).cache(path)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        tp.range(3).cache(str(path).encode())
+
+
+def test_missing_directory_fails_when_iterating_if_removed_after_the_call(tmp_path):
+    (tmp_path / "gone").mkdir()
+    ds = tp.range(3).cache(tmp_path / "gone" / "c")
+    (tmp_path / "gone").rmdir()
+    with pytest.raises(FileNotFoundError, match="gone"):
         next(iter(ds))
 
 
-def test_directory_as_path_is_an_error(tmp_path):
-    with pytest.raises(IsADirectoryError, match="directory"):
-        list(tp.range(3).cache(tmp_path))
+def test_a_file_as_the_directory_fails_at_the_call(tmp_path):
+    (tmp_path / "f").write_text("")
+    with pytest.raises(NotADirectoryError, match=r"^cache: cannot write cache file .* is not a directory"):
+        tp.range(3).cache(tmp_path / "f" / "c")
+
+
+def test_directory_as_path_is_an_error_at_the_call(tmp_path):
+    with pytest.raises(IsADirectoryError, match=r"^cache: path .* is a directory; expected a file name"):
+        tp.range(3).cache(tmp_path)
+
+
+@pytest.mark.parametrize("url", ["s3://bucket/cache", "file:///tmp/cache", "memory://c"])
+def test_a_url_is_refused_at_the_call_without_touching_the_file_system(url):
+    with pytest.raises(ValueError, match=r"^cache: path must be a local file name, got the URL"):
+        tp.range(3).cache(url)
+
+
+def test_an_unwritable_directory_fails_at_the_call_unless_a_file_is_there_to_replay(tmp_path, monkeypatch):
+    path = tmp_path / "c"
+    assert list(tp.range(3).cache(path)) == [0, 1, 2]
+    monkeypatch.setattr(os, "access", lambda p, mode: False)  # root may write anywhere; chmod cannot show it
+    assert list(tp.range(3).cache(path)) == [0, 1, 2]  # a replay writes nothing
+    with pytest.raises(PermissionError, match=rf"^cache: cannot write cache file .*/d': directory .* is not writable"):
+        tp.range(3).cache(tmp_path / "d")
 
 
 def _tensors(n=4):
@@ -219,7 +252,10 @@ def test_a_damaged_record_ends_the_pass_after_its_error(tmp_path):
     data = _write_cache(path)
     path.write_bytes(bytes(data[:-25] + bytes([data[-25] ^ 0xFF]) + data[-24:]))  # the last record
     assert len(list(_tensors().cache(path).ignore_errors())) == 3
-    it = iter(tp.range(4).cache(tmp_path / "missing" / "c"))
+    (tmp_path / "missing").mkdir()
+    ds = tp.range(4).cache(tmp_path / "missing" / "c")
+    (tmp_path / "missing").rmdir()  # after the call, which checks it
+    it = iter(ds)
     with pytest.raises(FileNotFoundError):
         next(it)
     assert next(it, "end") == "end"

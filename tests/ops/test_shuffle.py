@@ -194,6 +194,83 @@ def test_a_malformed_state_is_rejected():
         iter(ds).load_state_dict(state)
 
 
+def _state_mid_buffer(ds, taken=2):
+    it = iter(ds)
+    for _ in range(taken):
+        next(it)
+    return pickle.loads(pickle.dumps(it.state_dict()))
+
+
+def _pairs(n=10):
+    return tp.range(n).map(lambda i: (torch.full((i % 3 + 1,), i), i))
+
+
+@pytest.mark.parametrize("garble, found", [
+    (lambda e: "x", "str"),
+    (lambda e: {"x": e[0], "y": e[1]}, r"\{'x': tensor\(int64, 1-d\), 'y': int\}"),
+    (lambda e: (e[0].float(), e[1]), r"tuple\(tensor\(float32, 1-d\), int\)"),
+    (lambda e: (e[0][None], e[1]), r"tuple\(tensor\(int64, 2-d\), int\)"),
+    (lambda e: (e[0], str(e[1])), r"tuple\(tensor\(int64, 1-d\), str\)"),
+])  # fmt: skip
+def test_a_buffer_holding_elements_of_another_structure_is_a_checkpoint_error_at_load(garble, found):
+    # without the check it loads, and fails later in a batch downstream ("element mixes types")
+    ds = _pairs().shuffle(5, seed=0)
+    state = _state_mid_buffer(ds)
+    buffer = state["pipeline"]["buffer"]
+    buffer[2] = garble(buffer[2])
+    message = (rf"^shuffle: state\['buffer'\] element 2 is {found}, but the op held "
+               r"tuple\(tensor\(int64, 1-d\), int\); is the state damaged or from another pipeline\?")  # fmt: skip
+    with pytest.raises(CheckpointError, match=message):
+        iter(ds).load_state_dict(state)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: _pairs(),  # shapes vary
+    lambda: tp.from_iterable(["a", "bcd", "", "ef" * 9]),  # ragged strings
+    lambda: tp.from_iterable([{"a": 1}, {"a": 1, "b": "x"}, {"b": 2.0}, [1, 2], [3], None, torch.zeros(2, 2),
+                              np.zeros(3, np.uint8), torch.zeros(1, dtype=torch.int8), (1, "a")]),  # fmt: skip
+    lambda: tp.from_iterable([list(range(i * 40)) for i in range(6)]),  # long lists
+])  # fmt: skip
+def test_states_whose_elements_legitimately_vary_load(make):
+    ds = make().shuffle(4, seed=1)
+    assert_checkpoint_roundtrip(ds, max_elements=12)
+    state = _state_mid_buffer(ds, taken=3)
+    iter(ds).load_state_dict(state)
+
+
+def test_a_state_without_a_recorded_structure_loads_unchecked():
+    ds = _pairs().shuffle(5, seed=0)
+    state = _state_mid_buffer(ds)
+    rest = _resume(ds, state)
+    del state["pipeline"]["structure"]
+    assert_same_elements(_resume(ds, state), rest)
+
+
+def _resume(ds, state):
+    it = iter(ds)
+    it.load_state_dict(state)
+    return list(it)
+
+
+def test_a_large_buffer_checkpointed_rarely_is_checked_too():
+    # more elements arrive between two states than the op keeps by reference: it looks at the buffer
+    ds = _pairs(300).shuffle(100, seed=0)
+    state = _state_mid_buffer(ds, taken=150)
+    iter(ds).load_state_dict(pickle.loads(pickle.dumps(state)))
+    state["pipeline"]["buffer"][-1] = {"x": 1}  # 99 held: one was drawn after the top-up
+    with pytest.raises(CheckpointError, match=r"element 98 is \{'x': int\}"):
+        iter(ds).load_state_dict(state)
+
+
+def test_a_garbled_state_of_shuffle_repeat_is_a_checkpoint_error():
+    ds = _pairs().shuffle(5, seed=0).repeat(2)
+    state = _state_mid_buffer(ds, taken=12)
+    shuffle = state["pipeline"]["input"]
+    shuffle["buffer"][0] = "x"
+    with pytest.raises(CheckpointError, match=r"shuffle: state\['buffer'\] element 0 is str"):
+        iter(ds).load_state_dict(state)
+
+
 def test_input_errors_propagate():
     def boom(x):
         if x == 3:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import bisect
 import copy
+import itertools
 import numbers
 from typing import Any, Callable
 
@@ -29,10 +30,12 @@ from torchpipe.ops.base import (
 from torchpipe.ops.collate import (
     check_padded_shapes,
     check_padding_values,
+    check_padding_values_fit,
     child_paths,
     collate_in_stage,
     padded_collate,
 )
+from torchpipe.ops.held_elements import HeldStructure
 from torchpipe.runtime.recycle import RecycledStack
 
 _Combine = Callable[[int, list], Any]
@@ -125,7 +128,11 @@ class PaddedBatchNode(Node):
         def combine(seq: int, elements: list) -> Any:
             return padded_collate(elements, stage, shapes, pads)
 
-        return BatchIterator(stage, ctx.build_input(self), self.batch_size, self.drop_remainder, combine)
+        def check_first(element: Any) -> None:
+            check_padding_values_fit(element, stage, pads)
+
+        return BatchIterator(stage, ctx.build_input(self), self.batch_size, self.drop_remainder, combine,
+                             check_first=check_first)  # fmt: skip
 
 
 class BatchIterator(PassThroughIterator):
@@ -135,19 +142,22 @@ class BatchIterator(PassThroughIterator):
         combine: ``combine(batch_seq, elements)`` makes the batch.
         memory: the stack ``combine`` collates with, whose rows elements are copied to as they
             arrive (None: elements are kept as they are until ``combine``).
+        check_first: called with the pass's first element, to raise before any batch is made
+            where the op's arguments do not fit the elements.
     """
 
     COUNTERS = ("seq",)
 
     def __init__(
         self, name: str, source: Iterator, batch_size: int, drop_remainder: bool, combine: _Combine,
-        memory: RecycledStack | None = None,
+        memory: RecycledStack | None = None, check_first: Callable[[Any], None] | None = None,
     ) -> None:  # fmt: skip
         super().__init__(name, source)
         self._batch_size = batch_size
         self._drop_remainder = drop_remainder
         self._combine = combine
         self._memory = memory
+        self._check_first = check_first
         self._seq = 0
 
     def next(self) -> Any:
@@ -160,9 +170,13 @@ class BatchIterator(PassThroughIterator):
         elements: list[Any] = []
         while len(elements) < self._batch_size:
             try:
-                elements.append(place(len(elements), next(self._source)))
+                element = next(self._source)
             except StopIteration:
                 break
+            if self._check_first is not None:
+                check, self._check_first = self._check_first, None
+                check(element)
+            elements.append(place(len(elements), element))
         if not elements or (self._drop_remainder and len(elements) < self._batch_size):
             raise StopIteration
         seq = self._seq
@@ -382,7 +396,7 @@ class BucketBySequenceLengthNode(Node):
 class BucketIterator(Iterator):
     """Fills the buckets and emits them; the partial buckets are its (unavoidable) state."""
 
-    INPUT, SEQ, BUCKETS, ENDED = "input", "seq", "buckets", "ended"
+    INPUT, SEQ, BUCKETS, ENDED, STRUCTURE = "input", "seq", "buckets", "ended", "structure"
 
     def __init__(self, node: BucketBySequenceLengthNode, source: Iterator, length_fn: UserFunction) -> None:
         super().__init__(node.name, source)
@@ -390,8 +404,10 @@ class BucketIterator(Iterator):
         self._source = source
         self._length_fn = length_fn
         self._buckets: list[list[Any]] = [[] for _ in node.bucket_batch_sizes]
+        self._held = HeldStructure()  # what the buckets' elements share, checked at a resume
         self._seq = 0
         self._ended = False
+        self._checked = False  # padding_values against the pass's first element
 
     def next(self) -> Any:
         node = self._node
@@ -401,8 +417,12 @@ class BucketIterator(Iterator):
             except StopIteration:
                 self._ended = True
                 break
+            if not self._checked:
+                self._checked = True
+                check_padding_values_fit(element, self.name, node.padding_values)
             bucket_id = self._bucket_of(element)
             bucket = self._buckets[bucket_id]
+            self._held.add(element)
             bucket.append(element)
             if len(bucket) == node.bucket_batch_sizes[bucket_id]:
                 return self._emit(bucket_id)
@@ -438,6 +458,7 @@ class BucketIterator(Iterator):
             self.SEQ: self._seq,
             self.BUCKETS: [list(bucket) for bucket in self._buckets],
             self.ENDED: self._ended,
+            self.STRUCTURE: self._held.state(itertools.chain.from_iterable(self._buckets)),
         }
 
     def set_state(self, state: dict[str, Any]) -> None:
@@ -446,6 +467,8 @@ class BucketIterator(Iterator):
         if len(buckets) != len(self._buckets):
             raise CheckpointError(f"{self.name}: the checkpoint has {len(buckets)} buckets, not {len(self._buckets)}")
         seq, ended = check_int(self.name, state, self.SEQ, minimum=0), check_bool(self.name, state, self.ENDED)
+        held = list(itertools.chain.from_iterable(buckets))
+        self._held.load(self.name, self.BUCKETS, held, state.get(self.STRUCTURE))
         self._source.load_state_dict(state[self.INPUT])
         self._seq = seq
         self._buckets = [list(bucket) for bucket in buckets]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
+import re
 import threading
 from typing import Any
 
@@ -24,7 +25,7 @@ from torchpipe.ops.base import BuildContext, Iterator, Node, check_bool, check_i
 from torchpipe.ops.cache_file import CacheFormatError, FileStorage, Origin, StaleCacheWarning, origin_of
 from torchpipe.ops.fingerprint import describe_ops
 
-__all__ = ["CacheFormatError", "CacheIterator", "CacheNode", "MemoryStore", "StaleCacheWarning"]
+__all__ = ["CacheFormatError", "CacheIterator", "CacheNode", "MemoryStore", "StaleCacheWarning", "check_cache_path"]
 
 
 # -- in memory -------------------------------------------------------------------------------------
@@ -136,6 +137,42 @@ class _MemoryRecorder:
 
 
 # -- the op ----------------------------------------------------------------------------------------
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
+
+
+def check_cache_path(path: str | bytes | os.PathLike | None) -> None:
+    """Raise at ``cache(path)`` for a file that no pass could write or read.
+
+    Checked with the local file system only: a cache is a local file (locked, written to a
+    temporary name and linked into place), so a URL is refused rather than looked up. A
+    directory that is not writable is an error only while there is no file to replay yet.
+
+    Args:
+        path: the cache file; ``None`` or ``""`` (memory) is not checked.
+
+    Raises:
+        ValueError: for a URL (``s3://...``, ``file://...``).
+        IsADirectoryError: if ``path`` is a directory.
+        FileNotFoundError: if ``path``'s directory does not exist.
+        NotADirectoryError: if ``path``'s directory is a file.
+        PermissionError: if no file is at ``path`` and its directory is not writable.
+    """
+    path = os.fsdecode(os.fspath(path)) if path is not None else None
+    if not path:
+        return
+    if _URL.match(path):
+        raise ValueError(f"cache: path must be a local file name, got the URL {path!r} (cache files are local)")
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"cache: path {path!r} is a directory; expected a file name")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.exists(folder):
+        raise FileNotFoundError(f"cache: cannot write cache file {path!r}: directory {folder!r} does not exist")
+    if not os.path.isdir(folder):
+        raise NotADirectoryError(f"cache: cannot write cache file {path!r}: {folder!r} is not a directory")
+    if not os.path.exists(path) and not os.access(folder, os.W_OK | os.X_OK):
+        raise PermissionError(f"cache: cannot write cache file {path!r}: directory {folder!r} is not writable")
+
+
 class CacheNode(Node):
     """The input's elements, stored by the first complete pass and replayed by later ones.
 

@@ -176,6 +176,7 @@ class CacheWriter:
 
         Raises:
             FileNotFoundError: if ``path``'s directory does not exist.
+            PermissionError: if it is not writable.
         """
         temp = f"{path}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
         try:
@@ -183,6 +184,9 @@ class CacheWriter:
         except FileNotFoundError as e:
             folder = os.path.dirname(os.path.abspath(path))
             raise FileNotFoundError(f"cannot write cache file {path!r}: directory {folder!r} does not exist") from e
+        except PermissionError as e:
+            folder = os.path.dirname(os.path.abspath(path))
+            raise PermissionError(f"cannot write cache file {path!r}: directory {folder!r} is not writable") from e
         try_lock(file)
         header = file_header(origin, upstream)
         file.write(header)

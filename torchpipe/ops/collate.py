@@ -274,6 +274,46 @@ def _fill_value(pad: Any, dtype: torch.dtype, path: str, stage: str) -> Any:
     return scalar
 
 
+def check_padding_values_fit(element: Any, stage: str, pads: Any) -> None:
+    """Raise if ``padding_values`` cannot pad ``element``, the first of a pass, before any batch.
+
+    The structure must match (as :func:`padded_collate` reads it), a str or bytes cannot pad a
+    number, tensor or array, and a number must fit a tensor's or array's dtype. A str or bytes
+    component is collected into a list, never padded, so any padding value passes for it.
+
+    Raises:
+        ValueError: for another structure, or a number the component's dtype cannot hold.
+        TypeError: for a str or bytes padding value of a numeric component.
+    """
+    if pads is None:
+        return
+
+    def leaf(values: list, path: str, shape: Any, pad: Any) -> None:
+        _check_pad_fits(values[0], path, stage, pad)
+
+    _walk([element], "element", stage, leaf, None, pads)
+
+
+def _check_pad_fits(value: Any, path: str, stage: str, pad: Any) -> None:
+    kind = _kind(value)
+    if pad is None or kind in (None, *_STRINGS):
+        return  # strings are not padded; other types fail in collation, as in batch()
+    tensor = _as_tensors([value], kind, path, stage)[0] if kind in ("tensor", "numpy") else None
+    if isinstance(pad, (str, bytes)):
+        raise TypeError(f"{stage}: padding_values for {path} (a {_leaf_name(value, kind)}) expected a number, "
+                        f"got {type(pad).__name__} {pad!r}")  # fmt: skip
+    if tensor is not None:
+        _fill_value(pad, tensor.dtype, path, stage)
+
+
+def _leaf_name(value: Any, kind: str) -> str:
+    if kind == "tensor":
+        return f"tensor of dtype {value.dtype}"
+    if kind == "numpy":
+        return f"numpy value of dtype {np.asarray(value).dtype}"
+    return f"Python {kind}"
+
+
 def check_padded_shapes(op: str, shapes: Any) -> None:
     for dim in nest.flatten(shapes):
         if dim is None:
@@ -288,10 +328,21 @@ _PAD_TYPES = (bool, int, float, str, bytes, np.generic, torch.Tensor, np.ndarray
 
 
 def check_padding_values(op: str, values: Any) -> None:
+    """Raise at the call for padding values that could pad nothing.
+
+    What pads depends on the elements, which the call cannot see: :func:`check_padding_values_fit`
+    checks that at a pass's first element.
+
+    Raises:
+        TypeError: for a padding value that is not a number, bool, str, bytes, 0-d tensor or
+            array, or None (alone or in a tuple, list or dict).
+        ValueError: for a tensor or array that is not 0-d.
+    """
     for value in nest.flatten(values):
         if isinstance(value, (torch.Tensor, np.ndarray)) and value.ndim != 0:
-            raise ValueError(f"{op}: padding values must be scalars, got a tensor of shape {tuple(value.shape)}")
+            raise ValueError(f"{op}: padding_values expected scalars, got a tensor of shape {tuple(value.shape)}")
         if value is not None and not isinstance(value, _PAD_TYPES):
-            raise TypeError(f"{op}: padding values must be numbers, got {type(value).__name__}")
+            raise TypeError(f"{op}: padding_values expected numbers (str or bytes for string components), "
+                            f"0-d tensors or arrays, or None, alone or in a structure, got {type(value).__name__}")  # fmt: skip
 
 

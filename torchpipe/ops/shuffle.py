@@ -8,6 +8,7 @@ import numpy as np
 
 from torchpipe.errors import CheckpointError
 from torchpipe.ops.base import BuildContext, Iterator, Node, check_bool, check_state
+from torchpipe.ops.held_elements import HeldStructure
 from torchpipe.ops.structure import RepeatIterator
 
 
@@ -46,7 +47,8 @@ class ShuffleIterator(Iterator):
 
     Once the input ends the buffer drains in random order. An element can come out at most
     ``buffer_size - 1`` positions earlier than it went in. The buffer itself is part of the
-    checkpoint; that is unavoidable for a streaming shuffle.
+    checkpoint; that is unavoidable for a streaming shuffle. So is the structure its elements
+    share (``held_elements.py``), against which a loaded buffer is checked.
 
     Args:
         name: the stage name.
@@ -55,7 +57,7 @@ class ShuffleIterator(Iterator):
         seed: the seed of this pass's random draws.
     """
 
-    INPUT, BUFFER, RNG, INPUT_DONE = "input", "buffer", "rng", "input_done"
+    INPUT, BUFFER, RNG, INPUT_DONE, STRUCTURE = "input", "buffer", "rng", "input_done", "structure"
 
     def __init__(self, name: str, source: Iterator, buffer_size: int, seed: int) -> None:
         super().__init__(name, source)
@@ -63,6 +65,7 @@ class ShuffleIterator(Iterator):
         self._capacity = buffer_size
         self._rng = np.random.Generator(np.random.PCG64(seed))
         self._buffer: list[Any] = []
+        self._held = HeldStructure()
         self._input_done = False
 
     def rebind(self, source: Iterator, seed: int) -> None:
@@ -73,12 +76,15 @@ class ShuffleIterator(Iterator):
         self._input_done = False
 
     def _fill(self) -> None:
-        buffer, source = self._buffer, self._source
+        buffer, source, held = self._buffer, self._source, self._held
         while not self._input_done and len(buffer) < self._capacity:
             try:
-                buffer.append(next(source))
+                element = next(source)
             except StopIteration:
                 self._input_done = True
+                break
+            held.add(element)
+            buffer.append(element)
 
     def next(self) -> Any:
         self._fill()
@@ -100,6 +106,7 @@ class ShuffleIterator(Iterator):
             self.BUFFER: list(self._buffer),
             self.RNG: copy_rng_state(self._rng.bit_generator.state),
             self.INPUT_DONE: self._input_done,
+            self.STRUCTURE: self._held.state(self._buffer),
         }
 
     def set_state(self, state: dict[str, Any]) -> None:
@@ -107,6 +114,7 @@ class ShuffleIterator(Iterator):
         buffer, input_done = state[self.BUFFER], check_bool(self.name, state, self.INPUT_DONE)
         if not isinstance(buffer, list) or len(buffer) > self._capacity:
             raise CheckpointError(f"{self.name}: state['buffer'] must be a list of at most {self._capacity} elements")
+        self._held.load(self.name, self.BUFFER, buffer, state.get(self.STRUCTURE))
         self._source.load_state_dict(state[self.INPUT])
         self._buffer = list(buffer)
         self._rng.bit_generator.state = copy_rng_state(state[self.RNG])
