@@ -59,8 +59,8 @@ def reporting_full_disk(stage: str, filename: str, written: int) -> Iterator[Non
 class PendingFile:
     """A binary file written under a temporary name, then published under its final name.
 
-    It counts the bytes written to it; a write, flush or close that runs out of room raises
-    :class:`DiskFullError`. Publishing is :meth:`publish` (on disk, then renamed), giving up is
+    A write, flush or close that runs out of room raises :class:`DiskFullError` naming the
+    bytes that reached the file. Publishing is :meth:`publish` (on disk, then renamed), giving up is
     :meth:`discard` (closed, temporary file removed). A ``temp`` equal to ``path`` writes in
     place (a URL, which fsspec publishes when it is closed): nothing is renamed or removed.
 
@@ -88,9 +88,23 @@ class PendingFile:
         with reporting_full_disk(stage, temp, 0):
             return cls(open(temp, "xb", buffering=buffering), temp, path, stage)  # noqa: SIM115 - owned
 
-    def reporting(self) -> contextlib.AbstractContextManager[None]:
-        """Errors that say the disk is full become :class:`DiskFullError` naming this file."""
-        return reporting_full_disk(self.stage, self.temp, self.written)
+    @contextlib.contextmanager
+    def reporting(self) -> Iterator[None]:
+        """Errors that say the disk is full become :class:`DiskFullError` naming this file and
+        the bytes it holds."""
+        try:
+            yield
+        except OSError as e:
+            if is_full(e):
+                raise disk_full_error(e, self.stage, self.temp, self._size()) from e
+            raise
+
+    def _size(self) -> int:
+        """The bytes that reached the file, or (where that cannot be told) those written to it."""
+        try:
+            return os.fstat(self.file.fileno()).st_size
+        except (OSError, ValueError, AttributeError):
+            return self.written
 
     def write(self, data: Any) -> None:
         """Append ``data`` (any bytes-like object)."""
@@ -121,11 +135,16 @@ class PendingFile:
         if self.temp != self.path:
             os.replace(self.temp, self.path)
 
-    def discard(self) -> None:
-        """Close the file, dropping what it could not write, and remove it; never raises for a
-        file that cannot be flushed (on a full disk it cannot)."""
+    def abort(self) -> None:
+        """Close the file, dropping what it could not write, and leave it under its temporary
+        name (to be resumed); never raises for a file that cannot be flushed (on a full disk it
+        cannot)."""
         with contextlib.suppress(OSError, ValueError):
             self.file.close()
+
+    def discard(self) -> None:
+        """Close the file as :meth:`abort` does and remove it."""
+        self.abort()
         if self.temp != self.path:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(self.temp)
