@@ -131,9 +131,11 @@ class PendingFile:
 
     def publish(self) -> None:
         """Close the file (on disk) and rename it to its final name, replacing a file there."""
+        if self.temp == self.path:
+            self.close(sync=False)  # a URL: no local file to sync; its store publishes it on close
+            return
         self.close(sync=True)
-        if self.temp != self.path:
-            os.replace(self.temp, self.path)
+        os.replace(self.temp, self.path)
 
     def abort(self) -> None:
         """Close the file, dropping what it could not write, and leave it under its temporary
