@@ -14,7 +14,7 @@ import contextlib
 import errno
 import os
 import secrets
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, BinaryIO
 
 from torchpipe.errors import DiskFullError
@@ -42,8 +42,9 @@ def disk_full_error(error: OSError, stage: str, filename: str, written: int) -> 
 
 
 @contextlib.contextmanager
-def reporting_full_disk(stage: str, filename: str, written: int) -> Iterator[None]:
-    """Turn an ``OSError`` that says the disk is full into a :class:`DiskFullError` (``from`` it).
+def reporting_full_disk(stage: str, filename: str, written: Callable[[], int]) -> Iterator[None]:
+    """Turn an ``OSError`` that says the disk is full into a :class:`DiskFullError` (``from`` it)
+    naming ``written()`` bytes.
 
     Raises:
         DiskFullError: for ``ENOSPC``, ``EDQUOT`` or ``EFBIG``; other errors pass unchanged.
@@ -52,7 +53,7 @@ def reporting_full_disk(stage: str, filename: str, written: int) -> Iterator[Non
         yield
     except OSError as e:
         if is_full(e):
-            raise disk_full_error(e, stage, filename, written) from e
+            raise disk_full_error(e, stage, filename, written()) from e
         raise
 
 
@@ -85,19 +86,13 @@ class PendingFile:
             DiskFullError: if the disk has no room for the file's entry.
         """
         temp = temp_name(path)
-        with reporting_full_disk(stage, temp, 0):
+        with reporting_full_disk(stage, temp, lambda: 0):
             return cls(open(temp, "xb", buffering=buffering), temp, path, stage)  # noqa: SIM115 - owned
 
-    @contextlib.contextmanager
-    def reporting(self) -> Iterator[None]:
+    def reporting(self) -> contextlib.AbstractContextManager[None]:
         """Errors that say the disk is full become :class:`DiskFullError` naming this file and
         the bytes it holds."""
-        try:
-            yield
-        except OSError as e:
-            if is_full(e):
-                raise disk_full_error(e, self.stage, self.temp, self._size()) from e
-            raise
+        return reporting_full_disk(self.stage, self.temp, self._size)
 
     def _size(self) -> int:
         """The bytes that reached the file, or (where that cannot be told) those written to it."""

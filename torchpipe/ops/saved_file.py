@@ -101,7 +101,7 @@ def decompress(payload: bytes, compression: str | None) -> bytes:
 def _open_partial(base: str, suffix: str, mode: str, stage: str, written: int = 0) -> PendingFile:
     """``<base><suffix>.partial`` opened with ``mode``, to be published as ``<base><suffix>``."""
     temp = base + suffix + PARTIAL
-    with reporting_full_disk(stage, temp, written):
+    with reporting_full_disk(stage, temp, lambda: written):
         file = open(temp, mode, buffering=_IO_BUFFER)  # noqa: SIM115 - owned by the PendingFile
     return PendingFile(file, temp, base + suffix, stage, written)
 
