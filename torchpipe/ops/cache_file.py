@@ -16,9 +16,9 @@ and publishes it at ``path`` only after the footer is on disk, so a file at ``pa
 complete. Once a complete file is there, temporary files that no writer holds locked (left by
 killed processes) are removed. A pass that runs out of room (a full disk, or ``RLIMIT_FSIZE``)
 raises :class:`~torchpipe.errors.DiskFullError` naming the file and the bytes written, removes its
-temporary file and stores nothing; the next pass fills the file again. A file written by another pipeline or an older torchpipe is not
-replayed: the pass warns, fills, and its file replaces the stale one. Reading unpickles, so only
-read cache files you trust.
+temporary file and stores nothing; the next pass fills the file again. A file written by another
+pipeline or an older torchpipe is not replayed: the pass warns, fills, and its file replaces the
+stale one. Reading unpickles, so only read cache files you trust.
 """
 
 from __future__ import annotations

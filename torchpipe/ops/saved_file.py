@@ -12,8 +12,9 @@ description is in ``docs/save.md``)::
 A shard is written as ``<name>.partial`` files and renamed when its footer is on disk; the manifest
 names the files of one generation ``<gen>`` (8 hex digits), so a reader sees a complete dataset or
 none. Files are written through :class:`~torchpipe.ops.pending_file.PendingFile`, so a full disk
-raises :class:`~torchpipe.errors.DiskFullError` naming the file and the bytes written. Each shard file is opened for reading once per process and read with ``os.pread``: a record is
-one read, checked against its CRC and its index before it is decoded.
+raises :class:`~torchpipe.errors.DiskFullError` naming the file and the bytes written. Each shard
+file is opened for reading once per process and read with ``os.pread``: a record is one read,
+checked against its CRC and its index before it is decoded.
 """
 
 from __future__ import annotations
@@ -98,12 +99,12 @@ def decompress(payload: bytes, compression: str | None) -> bytes:
 
 
 # -- writing one shard -----------------------------------------------------------------------------
-def _open_partial(base: str, suffix: str, mode: str, stage: str, written: int = 0) -> PendingFile:
-    """``<base><suffix>.partial`` opened with ``mode``, to be published as ``<base><suffix>``."""
+def _create_partial(base: str, suffix: str, stage: str) -> PendingFile:
+    """A new ``<base><suffix>.partial``, to be published as ``<base><suffix>``."""
     temp = base + suffix + PARTIAL
-    with reporting_full_disk(stage, temp, lambda: written):
-        file = open(temp, mode, buffering=_IO_BUFFER)  # noqa: SIM115 - owned by the PendingFile
-    return PendingFile(file, temp, base + suffix, stage, written)
+    with reporting_full_disk(stage, temp, lambda: 0):
+        file = open(temp, "wb", buffering=_IO_BUFFER)  # noqa: SIM115 - owned by the PendingFile
+    return PendingFile(file, temp, base + suffix, stage)
 
 
 class ShardFile:
@@ -128,9 +129,9 @@ class ShardFile:
         """A new shard ``name`` in ``directory`` (partial files replaced if there); ``stage``
         names the writer in errors."""
         base = os.path.join(directory, name)
-        records = _open_partial(base, ".records", "wb", stage)
+        records = _create_partial(base, ".records", stage)
         try:
-            index = _open_partial(base, ".index", "wb", stage)
+            index = _create_partial(base, ".index", stage)
             header = file_header(origin, pipeline)
             records.write(header)
         except BaseException:
@@ -168,9 +169,8 @@ class ShardFile:
         for file, size in ((records, offset), (index, count * ENTRY.size)):
             file.truncate(size)
             file.seek(size)
-        pending = [PendingFile(file, file.name, base + suffix, stage, size)
-                   for file, suffix, size in ((records, ".records", offset), (index, ".index", count * ENTRY.size))]  # fmt: skip
-        return cls(directory, name, *pending, start, offset, count)
+        return cls(directory, name, PendingFile(records, records.name, base + ".records", stage, offset),
+                   PendingFile(index, index.name, base + ".index", stage, count * ENTRY.size), start, offset, count)
 
     def add(self, index: int, payload: bytes) -> None:
         """Append ``payload`` as the record of element ``index``."""
