@@ -4,7 +4,7 @@ from torchpipe import distributed
 from torchpipe.constants import AUTOTUNE, INFINITE, UNKNOWN
 from torchpipe.dataset import Dataset
 from torchpipe import io
-from torchpipe.errors import CheckpointError, StallError, WorkerError
+from torchpipe.errors import CheckpointError, DiskFullError, StallError, WorkerError
 from torchpipe.integrations.ray import RayExecutor  # Ray itself is imported only when a stage uses it
 from torchpipe.io import TFRecordDataset, from_webdataset
 from torchpipe.io.load import load
@@ -32,6 +32,7 @@ __all__ = [
     "CheckpointError",
     "DataLoader",
     "Dataset",
+    "DiskFullError",
     "DistributeOptions",
     "INFINITE",
     "Options",

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import re
+
 
 def add_note(exc: BaseException, note: str) -> None:
     """Attach ``note`` to ``exc`` (PEP 678), also on Python 3.10 where ``add_note`` is missing."""
@@ -74,3 +77,36 @@ class DataLossError(ValueError):
 
     def __reduce__(self):
         return type(self), (self.args[0], self.path, self.offset)
+
+
+class DiskFullError(OSError):
+    """A write ran out of room: a full disk or quota (``ENOSPC``, ``EDQUOT``), or a file past the
+    process's file-size limit (``EFBIG`` under ``RLIMIT_FSIZE``).
+
+    An ``OSError`` with the original ``errno`` and ``strerror`` (``e.errno == errno.ENOSPC`` still
+    tells), raised from the original error. The writer that raises it has removed its temporary
+    file and published nothing under the final name.
+
+    Attributes:
+        stage: the writer, e.g. ``cache(/data/train.cache)`` or ``save(/data/train)``.
+        filename: the file being written when the write failed (often a temporary name).
+        written: the bytes written to ``filename`` before the failure.
+    """
+
+    def __init__(self, message: str, errno: int | None = None, stage: str | None = None,
+                 filename: str | None = None, written: int | None = None) -> None:  # fmt: skip
+        if errno is None:  # torch's DataLoader re-raises a worker's exception as ``type(e)(its text)``
+            found = re.search(r"\[Errno (\d+)\]", message)
+            errno = int(found.group(1)) if found else None
+        super().__init__(errno, os.strerror(errno) if errno is not None else message)
+        self.message = message
+        self.stage = stage
+        self.filename = filename
+        self.written = written
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __reduce__(self):
+        # The state keeps PEP 678 notes (the stage that stored, the worker's traceback).
+        return type(self), (self.message, self.errno, self.stage, self.filename, self.written), self.__dict__

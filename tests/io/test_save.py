@@ -15,6 +15,7 @@ import torch
 
 import torchpipe as tp
 from tests.io import saving_jobs
+from tests.disk_limits import no_room, payload  # noqa: F401 - no_room is a fixture
 from torchpipe.ops.saved_file import ENTRY, MANIFEST, SavedFormatError, lock_directory
 from torchpipe.runtime.cpu import usable_cpu_count
 from torchpipe.testing import assert_checkpoint_roundtrip, assert_elements_equal, assert_same_elements
@@ -294,3 +295,18 @@ def test_a_progress_bar_on_a_terminal_and_none_elsewhere(tmp_path, monkeypatch):
         warnings.simplefilter("error")
         tp.range(50).save(tmp_path / "b")
     assert piped.getvalue() == ""
+
+
+def _save(path, n=8):
+    tp.range(n).map(payload).save(path)
+
+
+def test_a_full_disk_fails_naming_the_save_keeps_the_saved_dataset_and_saving_again_succeeds(no_room):
+    path = os.path.join(no_room.directory, "saved")
+    _save(path, n=1)  # the dataset saved before, which a failed save must leave as it was
+    before = no_room.files()
+    no_room.check(no_room.run(_save, path), f"save({path})")
+    assert no_room.files() == before and list(tp.load(path)) == [payload(0)]
+    no_room.grow()
+    _save(path)
+    assert list(tp.load(path)) == [payload(i) for i in range(8)]

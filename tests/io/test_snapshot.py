@@ -11,6 +11,7 @@ import torch
 
 import torchpipe as tp
 from tests.io import saving_jobs
+from tests.disk_limits import no_room, payload  # noqa: F401 - no_room is a fixture
 from tests.io.test_save import ROOT, every_structure
 from torchpipe.ops.saved_file import MANIFEST
 from torchpipe.ops.snapshot import SnapshotNode
@@ -153,3 +154,16 @@ def test_explain_cardinality_and_arguments(tmp_path):
         tp.range(3).snapshot(None)
     with pytest.raises(ValueError, match="compression must be one of"):
         tp.range(3).snapshot(tmp_path, compression="LZ4")
+
+
+def _snapshot(root):
+    return list(tp.range(8).map(payload).snapshot(root))
+
+
+def test_a_full_disk_fails_naming_the_snapshot_leaves_nothing_and_the_next_pass_writes_it(no_room):
+    root = os.path.join(no_room.directory, "snapshots")
+    no_room.check(no_room.run(_snapshot, root), f"snapshot({root})")
+    assert [os.path.basename(name) for name in no_room.files()] == [".lock"]
+    no_room.grow()
+    assert _snapshot(root) == [payload(i) for i in range(8)] and _published(root)
+    assert _snapshot(root) == [payload(i) for i in range(8)]

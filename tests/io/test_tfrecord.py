@@ -9,6 +9,7 @@ import shutil
 import pytest
 
 import torchpipe as tp
+from tests.disk_limits import no_room, payload  # noqa: F401 - no_room is a fixture
 from tests.fixtures import fixture_data as fd
 from torchpipe.errors import CheckpointError
 from torchpipe.io.tfrecord import masked_crc
@@ -243,3 +244,30 @@ def test_list_files_then_interleave_reads_tensorflow_shards(tmp_path):
     files = tp.list_files(str(tmp_path / "train-*.tfrecord"))
     records = list(files.interleave(tp.TFRecordDataset, cycle_length=3, num_parallel_calls=tp.AUTOTUNE))
     assert len(records) == fd.SHARDS * fd.SHARD_RECORDS and len(set(records)) == len(records)
+
+
+def test_a_full_disk_fails_naming_the_file_and_leaves_the_file_there_before_unchanged(no_room):
+    path = os.path.join(no_room.directory, "a.tfrecord")
+    write(path, [b"before"])
+    no_room.check(no_room.run(write, path, map(payload, range(8))), f"TFRecordWriter({path})")
+    assert no_room.files() == ["a.tfrecord"] and list(tp.TFRecordDataset(path)) == [b"before"]
+    no_room.grow()
+    write(path, map(payload, range(8)))
+    assert list(tp.TFRecordDataset(path)) == [payload(i) for i in range(8)]
+
+
+def test_the_file_is_published_when_the_writer_closes_and_never_when_its_block_raises(tmp_path):
+    path = tmp_path / "a.tfrecord"
+    writer = tp.io.TFRecordWriter(path)
+    writer.write(b"x")
+    writer.flush()
+    assert [name.startswith("a.tfrecord.tmp-") for name in os.listdir(tmp_path)] == [True]
+    writer.close()
+    assert os.listdir(tmp_path) == ["a.tfrecord"] and list(tp.TFRecordDataset(str(path))) == [b"x"]
+    with pytest.raises(RuntimeError, match="stop"), tp.io.TFRecordWriter(path) as writer:
+        writer.write(b"y")
+        raise RuntimeError("stop")
+    unclosed = tp.io.TFRecordWriter(path)
+    unclosed.write(b"z")
+    del unclosed
+    assert os.listdir(tmp_path) == ["a.tfrecord"] and list(tp.TFRecordDataset(str(path))) == [b"x"]

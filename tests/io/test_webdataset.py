@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import tarfile
 
 import numpy as np
@@ -14,6 +15,7 @@ import torch
 import webdataset as wds
 
 import torchpipe as tp
+from tests.disk_limits import no_room, payload  # noqa: F401 - no_room is a fixture
 from torchpipe.errors import CheckpointError
 from torchpipe.testing import assert_checkpoint_roundtrip
 
@@ -227,3 +229,19 @@ def test_bad_arguments():
     with pytest.raises(TypeError):
         tp.io.SampleDecoder({"png": 3})
     assert json.loads(json.dumps({"ok": True}))
+
+
+def _write_shard(path, count):
+    with tp.io.TarWriter(path) as writer:
+        for i in range(count):
+            writer.write({"__key__": f"k{i}", "bin": payload(i)})
+
+
+def test_tarwriter_on_a_full_disk_fails_naming_the_file_and_leaves_the_file_there_before_unchanged(no_room):
+    path = os.path.join(no_room.directory, "a.tar")
+    _write_shard(path, 1)
+    no_room.check(no_room.run(_write_shard, path, 8), f"TarWriter({path})")
+    assert no_room.files() == ["a.tar"] and [s["bin"] for s in tp.from_webdataset(path)] == [payload(0)]
+    no_room.grow()
+    _write_shard(path, 8)
+    assert [s["bin"] for s in tp.from_webdataset(path)] == [payload(i) for i in range(8)]

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import torchpipe as tp
+from tests.disk_limits import no_room, payload  # noqa: F401 - no_room is a fixture
 from torchpipe.ops import cache as tp_cache
 from torchpipe.ops.cache import CacheFormatError, MemoryStore
 from torchpipe.testing import assert_checkpoint_roundtrip, assert_elements_equal, assert_same_elements
@@ -525,3 +526,28 @@ def test_temporary_files_of_killed_passes_are_removed_once_a_file_is_complete(tm
     leftover.write_bytes(b"another one")
     assert list(ds) == [0, 1, 2, 3, 4]  # a replay of the complete file cleans up too
     assert _files(tmp_path) == ["c"]
+
+
+def _fill(path):
+    return list(tp.range(8).map(payload).cache(path))
+
+
+def test_a_full_disk_fails_naming_the_file_leaves_nothing_and_the_next_pass_fills(no_room):
+    path = os.path.join(no_room.directory, "c")
+    no_room.check(no_room.run(_fill, path), f"cache({path})")
+    assert no_room.files() == []
+    no_room.grow()
+    assert _fill(path) == _fill(path) and no_room.files() == ["c"]
+
+
+def _fill_in_a_worker(path):
+    return list(torch.utils.data.DataLoader(tp.range(8).map(payload).cache(path), batch_size=None, num_workers=1))
+
+
+def test_a_full_disk_in_a_torch_dataloader_worker_reaches_the_caller_naming_the_file(no_room):
+    # torch re-raises a worker's exception as its type built from its text: the errno is read back from it.
+    path = os.path.join(no_room.directory, "c")
+    error = no_room.run(_fill_in_a_worker, path)
+    assert isinstance(error, tp.DiskFullError) and error.errno == no_room.errno, repr(error)
+    assert f"cache({path}): " in str(error) and " bytes to " in str(error)
+    assert no_room.files() == []

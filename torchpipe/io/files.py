@@ -6,18 +6,21 @@ corrupt file and the byte where the damage is.
 from __future__ import annotations
 
 import abc
+import contextlib
 import io
 import itertools
 import os
 import re
+import weakref
 import zlib
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from typing import Any, BinaryIO
 
 from torchpipe.dataset import Dataset
 from torchpipe.errors import CheckpointError, DataLossError  # noqa: F401 - tp.io.DataLossError lives here too
 from torchpipe.io import remote
 from torchpipe.ops.base import Iterator, check_state
+from torchpipe.ops.pending_file import PendingFile
 from torchpipe.ops.sources import FileListNode, SplitFileList
 
 DEFAULT_BUFFER_SIZE = 256 * 1024
@@ -64,11 +67,64 @@ def open_input(path: str, buffer_size: int | None, retry: remote.RetryPolicy | N
     return open(remote.local_path(path), "rb", buffering=buffer_size or DEFAULT_BUFFER_SIZE)
 
 
-def open_output(path: str) -> BinaryIO:
-    """``path`` opened for writing bytes (a local file, or a URL through fsspec)."""
-    if remote.is_url(path):
-        return remote.open_url(path, "wb")
-    return open(remote.local_path(path), "wb")
+class OutputFile:
+    """The file a record writer (``TFRecordWriter``, ``TarWriter``) fills, published when complete.
+
+    A local path is written under a temporary name next to it (``<path>.tmp-<pid>-<random>``)
+    and renamed to ``path`` by :meth:`publish`, replacing a file there; a URL is written through
+    fsspec, whose store makes it visible when it is closed. If a write fails (a full disk:
+    :class:`~torchpipe.errors.DiskFullError`), or the writer is dropped without being closed, the
+    temporary file is removed and ``path`` is left as it was.
+
+    Args:
+        path: the final name (a local path or a URL).
+        stage: names the writer in errors, e.g. ``TFRecordWriter(/data/a.tfrecord)``.
+    """
+
+    def __init__(self, path: str, stage: str) -> None:
+        if remote.is_url(path):
+            self._pending = PendingFile(remote.open_url(path, "wb"), path, path, stage)
+        else:
+            self._pending = PendingFile.create(remote.local_path(path), stage)
+        self.closed = False
+        self._finalizer = weakref.finalize(self, self._pending.discard)
+
+    def write(self, data: Any) -> None:
+        """Append ``data``; after a failure the file is discarded and the error raised.
+
+        Raises:
+            ValueError: once the file is published or discarded.
+            DiskFullError: if the disk is full.
+        """
+        with self._discarding_on_error():
+            self._pending.write(data)
+
+    def flush(self) -> None:
+        """Hand what was written to the kernel (under the temporary name)."""
+        with self._discarding_on_error():
+            self._pending.flush()
+
+    def publish(self) -> None:
+        """Put the file on disk under its final name."""
+        with self._discarding_on_error():
+            self._pending.publish()
+        self.closed = True
+        self._finalizer.detach()
+
+    def discard(self) -> None:
+        """Remove the file without publishing it; idempotent."""
+        self.closed = True
+        self._finalizer()
+
+    @contextlib.contextmanager
+    def _discarding_on_error(self) -> Generator[None, None, None]:
+        if self.closed:
+            raise ValueError(f"{self._pending.stage}: the file is closed")
+        try:
+            yield
+        except BaseException:
+            self.discard()
+            raise
 
 
 def open_stream(

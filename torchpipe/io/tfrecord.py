@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import struct
 import zlib
-from typing import Any, BinaryIO
+from typing import Any
 
 import crc32c
 
@@ -32,9 +32,9 @@ from torchpipe.io import remote
 from torchpipe.io.files import (
     DataLossError,
     FileReaderIterator,
+    OutputFile,
     check_compression,
     check_path,
-    open_output,
     open_stream,
     path_dataset,
 )
@@ -232,6 +232,12 @@ class TFRecordWriter:
         with tp.io.TFRecordWriter("train-00000.tfrecord") as writer:
             writer.write(record_bytes)
 
+    Unlike TensorFlow's, it writes a local file under a temporary name next to ``path``
+    (``<path>.tmp-<pid>-<random>``) and renames it to ``path`` when closed, so a file at ``path``
+    is always complete, and one there before stays until then. If a write fails (a full disk),
+    the ``with`` block raises, or the writer is dropped unclosed, the temporary file is removed and
+    nothing is published. A URL is written through fsspec, whose store publishes it on close.
+
     Args:
         path: a local path or a URL (through fsspec).
         compression_type: ``None``/``""``, ``"GZIP"`` or ``"ZLIB"`` (zlib at TensorFlow's
@@ -239,6 +245,8 @@ class TFRecordWriter:
 
     Raises:
         ValueError: for an unknown compression type.
+        DiskFullError: (writing, flushing, closing) if the disk is full or the file would pass
+            ``RLIMIT_FSIZE``, naming the file and the bytes written; the writer is then closed.
     """
 
     def __init__(self, path: Any, compression_type: str | None = None) -> None:
@@ -248,14 +256,14 @@ class TFRecordWriter:
         if compression is not None:
             wbits = 16 + zlib.MAX_WBITS if compression == "GZIP" else zlib.MAX_WBITS
             self._deflate = zlib.compressobj(zlib.Z_DEFAULT_COMPRESSION, zlib.DEFLATED, wbits, 9)
-        self._file: BinaryIO | None = open_output(self.path)
+        self._file = OutputFile(self.path, f"TFRecordWriter({self.path})")
 
     def write(self, record: Any) -> None:
         """Append one record (``bytes``, ``bytearray`` or ``memoryview``).
 
         Raises:
             TypeError: for anything else (a str must be encoded first).
-            ValueError: after :meth:`close`.
+            ValueError: after :meth:`close`, or after a write that failed.
         """
         if not isinstance(record, (bytes, bytearray, memoryview)):
             raise TypeError(f"TFRecordWriter.write: expected bytes, got {type(record).__name__}")
@@ -268,32 +276,32 @@ class TFRecordWriter:
         file = self._open_file()
         file.write(data if self._deflate is None else self._deflate.compress(data))
 
-    def _open_file(self) -> BinaryIO:
-        if self._file is None:
+    def _open_file(self) -> OutputFile:
+        if self._file.closed:
             raise ValueError(f"TFRecordWriter: {self.path} is closed")
         return self._file
 
     def flush(self) -> None:
-        """Push what was written to the file (a compressed file gets a zlib partial flush, as
-        TensorFlow's writer does, so the bytes stay identical to its)."""
+        """Push what was written to the temporary file (a compressed file gets a zlib partial
+        flush, as TensorFlow's writer does, so the bytes stay identical to its)."""
         file = self._open_file()
         if self._deflate is not None:
             file.write(self._deflate.flush(zlib.Z_PARTIAL_FLUSH))
         file.flush()
 
     def close(self) -> None:
-        """Finish the compressed stream and close the file; idempotent."""
-        file, self._file = self._file, None
-        if file is None:
+        """Finish the compressed stream and publish the file at ``path``; idempotent."""
+        if self._file.closed:
             return
-        try:
-            if self._deflate is not None:
-                file.write(self._deflate.flush(zlib.Z_FINISH))
-        finally:
-            file.close()
+        if self._deflate is not None:
+            self._file.write(self._deflate.flush(zlib.Z_FINISH))
+        self._file.publish()
 
     def __enter__(self) -> TFRecordWriter:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        if exc_type is not None:
+            self._file.discard()  # the block did not finish: its file is not complete
+        else:
+            self.close()

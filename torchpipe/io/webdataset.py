@@ -17,7 +17,7 @@ import io
 import re
 import tarfile
 from collections.abc import Mapping
-from typing import Any, BinaryIO, Callable
+from typing import Any, Callable
 
 from torchpipe.constants import AUTOTUNE, UNKNOWN
 from torchpipe.dataset import Dataset, _check_bool, _check_int, _check_seed
@@ -26,8 +26,8 @@ from torchpipe.io.decoders import SampleDecoder, encode_field
 from torchpipe.io.files import (
     DataLossError,
     FileReaderIterator,
+    OutputFile,
     check_path,
-    open_output,
     open_stream,
     path_dataset,
 )
@@ -231,14 +231,24 @@ class TarWriter:
     written in the dict's order, read-only, with a fixed ``mtime`` so the same samples make the
     same bytes.
 
+    A local shard is written under a temporary name next to ``path`` (``<path>.tmp-<pid>-<random>``)
+    and renamed to ``path`` when closed, so a file at ``path`` is always a complete shard, and one
+    there before stays until then. If a write fails (a full disk), the ``with`` block raises, or
+    the writer is dropped unclosed, the temporary file is removed and nothing is published. A URL
+    is written through fsspec, whose store publishes it on close.
+
     Args:
         path: a local path or URL (``.tar.gz``/``.tgz`` is gzip-compressed).
         mtime: the members' modification time (seconds since the epoch).
+
+    Raises:
+        DiskFullError: (writing, closing) if the disk is full or the file would pass
+            ``RLIMIT_FSIZE``, naming the file and the bytes written; the writer is then closed.
     """
 
     def __init__(self, path: Any, mtime: float = 0.0) -> None:
         self.path = check_path("TarWriter", path)
-        self._file: BinaryIO | None = open_output(self.path)
+        self._file = OutputFile(self.path, f"TarWriter({self.path})")
         mode = "w|gz" if _compression(self.path) else "w|"
         self._tar = tarfile.open(fileobj=self._file, mode=mode, format=tarfile.PAX_FORMAT)
         self._mtime = mtime
@@ -247,10 +257,11 @@ class TarWriter:
         """Append one sample.
 
         Raises:
-            ValueError: for a missing or dotted key, or an extension with a ``/``.
+            ValueError: for a missing or dotted key, or an extension with a ``/``; after
+                :meth:`close`, or after a write that failed.
             TypeError: for a value with no encoder (pass bytes).
         """
-        if self._file is None:
+        if self._file.closed:
             raise ValueError(f"TarWriter: {self.path} is closed")
         key = sample.get("__key__") if isinstance(sample, Mapping) else None
         if not isinstance(key, str) or not key or "." in key.rsplit("/", 1)[-1]:
@@ -265,18 +276,18 @@ class TarWriter:
             self._tar.addfile(info, io.BytesIO(data))
 
     def close(self) -> None:
-        """Finish the archive and close the file; idempotent."""
-        file, self._file = self._file, None
-        if file is None:
+        """Finish the archive and publish the file at ``path``; idempotent."""
+        if self._file.closed:
             return
-        try:
-            self._tar.close()
-        finally:
-            file.close()
+        self._tar.close()  # its last blocks, through the file: a write that fails discards it
+        self._file.publish()
 
     def __enter__(self) -> TarWriter:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        if exc_type is not None:
+            self._file.discard()  # the block did not finish: its shard is not complete
+        else:
+            self.close()
 

@@ -317,10 +317,21 @@ class CacheIterator(Iterator):
         try:
             self._recorder.add(element)
         except Exception as e:
-            self._recorder.discard()
-            self._recorder, self._mode = None, self.PASS
-            add_note(e, f"raised in torchpipe stage {self.name} while storing an element; this pass stores nothing")
+            self._stop_recording(e)
             raise
+
+    def _recorder_state(self) -> dict[str, Any]:
+        try:
+            return self._recorder.state()  # flushes: a full disk can raise here too
+        except Exception as e:
+            self._stop_recording(e)
+            raise
+
+    def _stop_recording(self, error: Exception) -> None:
+        """After ``error`` (a full disk, an element that cannot be stored) the pass goes on, storing nothing."""
+        self._recorder.discard()
+        self._recorder, self._mode = None, self.PASS
+        add_note(error, f"raised in torchpipe stage {self.name} while storing an element; this pass stores nothing")
 
     def _complete(self) -> None:
         recorder, self._recorder = self._recorder, None
@@ -348,7 +359,7 @@ class CacheIterator(Iterator):
         if self._replay is not None and self._mode == self.READ:
             state.update(self._replay.state())
         if self._recorder is not None:
-            state.update(self._recorder.state())
+            state.update(self._recorder_state())
         return state
 
     def set_state(self, state: dict[str, Any]) -> None:

@@ -14,18 +14,18 @@ payload is one element in the format of :mod:`torchpipe.runtime.codec`.
 A filling pass writes ``<path>.tmp-<pid>-<random>`` next to ``path`` under an exclusive ``flock``
 and publishes it at ``path`` only after the footer is on disk, so a file at ``path`` is always
 complete. Once a complete file is there, temporary files that no writer holds locked (left by
-killed processes) are removed. A file written by another pipeline or an older torchpipe is not
-replayed: the pass warns, fills, and its file replaces the stale one. Reading unpickles, so only
-read cache files you trust.
+killed processes) are removed. A pass that runs out of room (a full disk, or ``RLIMIT_FSIZE``)
+raises :class:`~torchpipe.errors.DiskFullError` naming the file and the bytes written, removes its
+temporary file and stores nothing; the next pass fills the file again. A file written by another
+pipeline or an older torchpipe is not replayed: the pass warns, fills, and its file replaces the
+stale one. Reading unpickles, so only read cache files you trust.
 """
 
 from __future__ import annotations
 
-import contextlib
 import glob
 import json
 import os
-import secrets
 import struct
 import warnings
 import weakref
@@ -33,6 +33,7 @@ import zlib
 from typing import Any, BinaryIO
 
 from torchpipe.integrations.progress import ProgressBar
+from torchpipe.ops.pending_file import PendingFile
 from torchpipe.runtime import codec
 
 try:
@@ -118,11 +119,9 @@ def _is_current(path: str, upstream: list[str]) -> bool:
     return version == VERSION and meta["pipeline"] == upstream
 
 
-def _remove_temp(file: BinaryIO, temp: str, bar: ProgressBar) -> None:
+def _remove_temp(pending: PendingFile, bar: ProgressBar) -> None:
     bar.close()
-    file.close()
-    with contextlib.suppress(FileNotFoundError):
-        os.remove(temp)
+    pending.discard()
 
 
 def try_lock(file: BinaryIO) -> bool:
@@ -155,20 +154,24 @@ class CacheWriter:
     """Appends records to a temporary file and publishes it at ``path`` when complete.
 
     The temporary file is removed if the writer is discarded or garbage collected first.
+
+    Raises:
+        DiskFullError: (adding, taking a checkpoint, committing) if the disk is full; the caller
+            then discards the writer.
     """
 
     TEMP, OFFSET, WRITTEN = "temp", "offset", "written"
 
-    def __init__(self, path: str, temp: str, file: BinaryIO, start: int, offset: int, count: int,
-                 upstream: list[str], total: int | None = None) -> None:  # fmt: skip
-        self.path, self.temp = path, temp
-        self._file = file
+    def __init__(self, pending: PendingFile, start: int, offset: int, count: int, upstream: list[str],
+                 total: int | None = None) -> None:  # fmt: skip
+        self.path, self.temp = pending.path, pending.temp
+        self._pending = pending
         self._start = start  # offset of the first record
         self.offset = offset
         self.count = count
         self._upstream = upstream
-        self.bar = ProgressBar(f"cache({path})", total, initial=count)  # drawn on a terminal only
-        self._finalizer = weakref.finalize(self, _remove_temp, file, temp, self.bar)
+        self.bar = ProgressBar(pending.stage, total, initial=count)  # drawn on a terminal only
+        self._finalizer = weakref.finalize(self, _remove_temp, pending, self.bar)
 
     @classmethod
     def create(cls, path: str, origin: Origin, upstream: list[str], total: int | None = None) -> CacheWriter:
@@ -177,20 +180,21 @@ class CacheWriter:
         Raises:
             FileNotFoundError: if ``path``'s directory does not exist.
             PermissionError: if it is not writable.
+            DiskFullError: if the disk is full.
         """
-        temp = f"{path}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
         try:
-            file = open(temp, "xb", buffering=_IO_BUFFER)  # noqa: SIM115 - owned by the writer
+            pending = PendingFile.create(path, f"cache({path})", buffering=_IO_BUFFER)
         except FileNotFoundError as e:
             folder = os.path.dirname(os.path.abspath(path))
             raise FileNotFoundError(f"cannot write cache file {path!r}: directory {folder!r} does not exist") from e
         except PermissionError as e:
             folder = os.path.dirname(os.path.abspath(path))
             raise PermissionError(f"cannot write cache file {path!r}: directory {folder!r} is not writable") from e
-        try_lock(file)
+        try_lock(pending.file)
         header = file_header(origin, upstream)
-        file.write(header)
-        return cls(path, temp, file, len(header), len(header), 0, upstream, total)
+        writer = cls(pending, len(header), len(header), 0, upstream, total)  # from here on, it removes its file
+        pending.write(header)
+        return writer
 
     @classmethod
     def resume(cls, path: str, state: dict[str, Any], upstream: list[str],
@@ -214,29 +218,27 @@ class CacheWriter:
             return None
         file.truncate(offset)
         file.seek(offset)
-        return cls(path, temp, file, start, offset, count, upstream, total)
+        return cls(PendingFile(file, temp, path, f"cache({path})", offset), start, offset, count, upstream, total)
 
     def add(self, element: Any) -> None:
         payload = codec.encode_bytes(element)
         index = self.count
-        self._file.write(frame_record(index, payload))
-        self._file.write(payload)
+        self._pending.write(frame_record(index, payload))
+        self._pending.write(payload)
         self.offset += RECORD.size + len(payload)
         self.count += 1
         self.bar.update()
 
     def state(self) -> dict[str, Any]:
         # Flushed so that a process killed after this checkpoint can still resume the file.
-        self._file.flush()
+        self._pending.flush(sync=False)
         return {self.TEMP: self.temp, self.OFFSET: self.offset, self.WRITTEN: self.count}
 
     def commit(self) -> None:
         """Write the footer and publish the file at ``path``, unless a current one is there
         (the first complete pass wins); a stale one (another pipeline's) is replaced."""
-        self._file.write(FOOTER.pack(self.count, self.offset - self._start, END_MAGIC))
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        self._file.close()
+        self._pending.write(FOOTER.pack(self.count, self.offset - self._start, END_MAGIC))
+        self._pending.close(sync=True)
         try:
             os.link(self.temp, self.path)  # never overwrites a current file
         except FileExistsError:

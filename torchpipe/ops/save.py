@@ -6,14 +6,15 @@ Every few seconds it drains the writers and records a checkpoint in ``progress.p
 pipeline iterator's state, each shard's length and the element count. A save that is killed is
 resumed by saving the same pipeline to the same directory again: the shards are cut back to the
 checkpoint, the iterator resumes there, and only the rest is computed. The manifest is written
-last, so a reader never sees a half-written dataset.
+last, so a reader never sees a half-written dataset. A save that runs out of room raises
+:class:`~torchpipe.errors.DiskFullError` (naming the file and the bytes written) and removes its
+files and checkpoint, which hold the room the disk lacks; a dataset saved there before stays.
 """
 
 from __future__ import annotations
 
 import os
 import pickle
-import secrets
 import time
 import warnings
 from collections.abc import Callable
@@ -21,7 +22,7 @@ from typing import Any
 
 import torch
 
-from torchpipe.errors import CheckpointError, add_note
+from torchpipe.errors import CheckpointError, DiskFullError, add_note
 from torchpipe.integrations.progress import ProgressBar
 from torchpipe.ops.saved_file import (
     FORMAT,
@@ -38,6 +39,7 @@ from torchpipe.ops.saved_file import (
     write_manifest,
 )
 from torchpipe.ops.fingerprint import describe_ops, function_digest
+from torchpipe.ops.pending_file import write_file
 from torchpipe.ops.shard_writers import ShardWriters
 from torchpipe.runtime.cpu import usable_cpu_count
 
@@ -52,6 +54,8 @@ def save(dataset: Any, path: str, shard_func: Callable[..., Any] | None = None, 
 
     Raises:
         RuntimeError: if another process is saving to ``path`` right now.
+        DiskFullError: if the disk is full (or a file would pass ``RLIMIT_FSIZE``); this save's
+            files are removed and a dataset saved there before stays.
     """
     os.makedirs(path, exist_ok=True)
     lock = lock_directory(path)
@@ -87,6 +91,9 @@ class _Save:
             finally:
                 writers.close()
             self._publish(generation, count, entries, writers.spec, iterator)
+        except DiskFullError:
+            self._discard_partial()  # its files hold the room the disk lacks: a resume could not go on
+            raise
         finally:
             iterator.close()
 
@@ -111,7 +118,8 @@ class _Save:
         if progress is not None:
             try:
                 resumed = {shard: ShardFile.resume(self.path, shard_name(progress["generation"], shard), offset, count,
-                                                   self.pipeline) for shard, (offset, count) in progress["shards"].items()}  # fmt: skip
+                                                   self.pipeline, self.stage)
+                           for shard, (offset, count) in progress["shards"].items()}  # fmt: skip
                 iterator.load_state_dict(progress["state"])
             except (SavedFormatError, CheckpointError) as e:
                 warnings.warn(f"{self.stage}: cannot resume the interrupted save ({e}); saving from the start",
@@ -172,12 +180,8 @@ class _Save:
         writers.drain(sync=True)
         progress = {"job": self.job, "generation": generation, "count": count, "state": iterator.state_dict(),
                     "shards": writers.positions(), "spec": writers.spec}  # fmt: skip
-        temp = os.path.join(self.path, f"{PROGRESS}.tmp-{secrets.token_hex(4)}")
-        with open(temp, "wb") as f:
-            pickle.dump(progress, f, protocol=pickle.HIGHEST_PROTOCOL)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temp, os.path.join(self.path, PROGRESS))
+        write_file(os.path.join(self.path, PROGRESS), pickle.dumps(progress, protocol=pickle.HIGHEST_PROTOCOL),
+                   self.stage)  # fmt: skip
         sync_directory(self.path)
 
     def _publish(self, generation: str, count: int, entries: list[dict[str, Any]], spec: Any, iterator: Any) -> None:
@@ -185,7 +189,7 @@ class _Save:
         manifest = {"format": FORMAT, "version": FORMAT_VERSION, "generation": generation, "count": count,
                     "compression": self.compression, "element_spec": spec, "pipeline": self.pipeline,
                     "origin": [state["seed"], state["epoch"], []], "shards": entries}  # fmt: skip
-        write_manifest(self.path, manifest)
+        write_manifest(self.path, manifest, self.stage)
         remove_files(self.path, generation)
         if os.path.exists(os.path.join(self.path, PROGRESS)):
             os.remove(os.path.join(self.path, PROGRESS))

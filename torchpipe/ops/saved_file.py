@@ -11,8 +11,10 @@ description is in ``docs/save.md``)::
 
 A shard is written as ``<name>.partial`` files and renamed when its footer is on disk; the manifest
 names the files of one generation ``<gen>`` (8 hex digits), so a reader sees a complete dataset or
-none. Each shard file is opened for reading once per process and read with ``os.pread``: a record is
-one read, checked against its CRC and its index before it is decoded.
+none. Files are written through :class:`~torchpipe.ops.pending_file.PendingFile`, so a full disk
+raises :class:`~torchpipe.errors.DiskFullError` naming the file and the bytes written. Each shard
+file is opened for reading once per process and read with ``os.pread``: a record is one read,
+checked against its CRC and its index before it is decoded.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from torchpipe.ops.cache_file import (
     record_crc,
     try_lock,
 )
+from torchpipe.ops.pending_file import PendingFile, reporting_full_disk, write_file
 from torchpipe.runtime import codec
 from torchpipe.runtime.local_files import ProcessLocalFiles
 
@@ -96,32 +99,49 @@ def decompress(payload: bytes, compression: str | None) -> bytes:
 
 
 # -- writing one shard -----------------------------------------------------------------------------
+def _create_partial(base: str, suffix: str, stage: str) -> PendingFile:
+    """A new ``<base><suffix>.partial``, to be published as ``<base><suffix>``."""
+    temp = base + suffix + PARTIAL
+    with reporting_full_disk(stage, temp, lambda: 0):
+        file = open(temp, "wb", buffering=_IO_BUFFER)  # noqa: SIM115 - owned by the PendingFile
+    return PendingFile(file, temp, base + suffix, stage)
+
+
 class ShardFile:
     """One shard being written: its records file and its index, both ``.partial`` until finished.
 
     Attributes:
         offset: the records file's length so far; count: the records written.
+
+    Raises:
+        DiskFullError: (writing, flushing, finishing) if the disk is full, naming the file.
     """
 
-    def __init__(self, directory: str, name: str, records: BinaryIO, index: BinaryIO, start: int, offset: int,
-                 count: int) -> None:  # fmt: skip
+    def __init__(self, directory: str, name: str, records: PendingFile, index: PendingFile, start: int,
+                 offset: int, count: int) -> None:  # fmt: skip
         self.directory, self.name = directory, name
         self._records, self._index = records, index
         self._start = start
         self.offset, self.count = offset, count
 
     @classmethod
-    def create(cls, directory: str, name: str, origin: Origin, pipeline: list[str]) -> ShardFile:
-        """A new shard ``name`` in ``directory`` (partial files replaced if there)."""
+    def create(cls, directory: str, name: str, origin: Origin, pipeline: list[str], stage: str = "save") -> ShardFile:
+        """A new shard ``name`` in ``directory`` (partial files replaced if there); ``stage``
+        names the writer in errors."""
         base = os.path.join(directory, name)
-        records = open(base + ".records" + PARTIAL, "wb", buffering=_IO_BUFFER)  # noqa: SIM115 - owned
-        index = open(base + ".index" + PARTIAL, "wb", buffering=_IO_BUFFER)  # noqa: SIM115 - owned
-        header = file_header(origin, pipeline)
-        records.write(header)
+        records = _create_partial(base, ".records", stage)
+        try:
+            index = _create_partial(base, ".index", stage)
+            header = file_header(origin, pipeline)
+            records.write(header)
+        except BaseException:
+            records.abort()
+            raise
         return cls(directory, name, records, index, len(header), len(header), 0)
 
     @classmethod
-    def resume(cls, directory: str, name: str, offset: int, count: int, pipeline: list[str]) -> ShardFile:
+    def resume(cls, directory: str, name: str, offset: int, count: int, pipeline: list[str],
+               stage: str = "save") -> ShardFile:  # fmt: skip
         """The partial shard ``name`` cut back to ``offset`` bytes and ``count`` records (a checkpoint).
 
         Raises:
@@ -149,7 +169,8 @@ class ShardFile:
         for file, size in ((records, offset), (index, count * ENTRY.size)):
             file.truncate(size)
             file.seek(size)
-        return cls(directory, name, records, index, start, offset, count)
+        return cls(directory, name, PendingFile(records, records.name, base + ".records", stage, offset),
+                   PendingFile(index, index.name, base + ".index", stage, count * ENTRY.size), start, offset, count)
 
     def add(self, index: int, payload: bytes) -> None:
         """Append ``payload`` as the record of element ``index``."""
@@ -164,9 +185,7 @@ class ShardFile:
         """Hand what was written to the kernel (a killed process loses none of it); with
         ``sync``, to the disk (a checkpoint that names it survives a power loss too)."""
         for file in (self._records, self._index):
-            file.flush()
-            if sync:
-                os.fsync(file.fileno())
+            file.flush(sync)
 
     def finish(self) -> dict[str, Any]:
         """Write the footer, make both files durable and give them their final names.
@@ -175,30 +194,29 @@ class ShardFile:
             The shard's entry in the manifest.
         """
         self._records.write(FOOTER.pack(self.count, self.offset - self._start, END_MAGIC))
-        self.flush(sync=True)
-        self._records.close(), self._index.close()
+        self._records.publish()
+        self._index.publish()
         base = os.path.join(self.directory, self.name)
-        for suffix in (".records", ".index"):
-            os.replace(base + suffix + PARTIAL, base + suffix)
         with open(base + ".index", "rb") as f:
             index_crc = zlib.crc32(f.read())
         return {"records_file": self.name + ".records", "index_file": self.name + ".index", "records": self.count,
                 "bytes": os.path.getsize(base + ".records"), "index_crc32": index_crc}  # fmt: skip
 
     def close(self) -> None:
-        """Close the files, leaving them as they are (a later save may resume them)."""
-        self._records.close(), self._index.close()
+        """Close the files, leaving them as they are (a later save may resume them); never raises
+        for what a full disk could not take (a resume cuts the files back to a checkpoint)."""
+        self._records.abort()
+        self._index.abort()
 
 
 # -- the manifest ----------------------------------------------------------------------------------
-def write_manifest(directory: str, manifest: dict[str, Any]) -> None:
-    """Publish ``manifest`` atomically: a reader finds the old one, the new one, or none."""
-    temp = os.path.join(directory, f"{MANIFEST}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
-    with open(temp, "w", encoding="utf-8") as f:
-        json.dump(manifest, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(temp, os.path.join(directory, MANIFEST))
+def write_manifest(directory: str, manifest: dict[str, Any], stage: str = "save") -> None:
+    """Publish ``manifest`` atomically: a reader finds the old one, the new one, or none.
+
+    Raises:
+        DiskFullError: if the disk is full (the old manifest, if any, stays).
+    """
+    write_file(os.path.join(directory, MANIFEST), json.dumps(manifest, indent=1).encode("utf-8"), stage)
     sync_directory(directory)
 
 

@@ -164,7 +164,7 @@ class ShardWriters:
             file = self._files.get(shard)
             if file is None:
                 file = ShardFile.create(self._directory, shard_name(self._generation, shard), self._origin,
-                                        self._pipeline)  # fmt: skip
+                                        self._pipeline, self._stage)  # fmt: skip
                 self._files[shard] = file
             file.add(index, payload)
             self._specs[slot] = merge_specs(self._specs[slot], element_spec(element))

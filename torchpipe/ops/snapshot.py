@@ -8,7 +8,9 @@ changed pipeline writes a new one next to it. The op is ``cache``'s iterator
 checkpoints in every mode) over a storage that writes shards on writer threads while the pass is
 consumed and publishes the manifest when the pass completes. One process at a time writes a
 snapshot (an ``flock`` on its directory, dropped by the kernel if the writer dies); a job that finds
-it taken computes its pass without writing, and reads the snapshot once it is published.
+it taken computes its pass without writing, and reads the snapshot once it is published. A pass
+that runs out of room raises :class:`~torchpipe.errors.DiskFullError` naming the file and the bytes
+written, removes its files and publishes nothing; the next pass writes the snapshot again.
 """
 
 from __future__ import annotations
@@ -88,6 +90,7 @@ class SnapshotStorage:
         self.compression = compression
         self.total = total
         self.directory = snapshot_directory(root, upstream)
+        self.stage = f"snapshot({root})"
 
     def replay(self, origin: Origin | None, state: dict[str, Any] | None) -> SnapshotReplay | None:
         """A reader of the published snapshot at ``state``'s position (if ``origin``'s pass wrote
@@ -127,7 +130,8 @@ class SnapshotStorage:
             return None
         try:
             resumed = {int(shard): ShardFile.resume(self.directory, shard_name(generation, int(shard)), int(offset),
-                                                    int(records), self.upstream) for shard, offset, records in shards}  # fmt: skip
+                                                    int(records), self.upstream, self.stage)
+                       for shard, offset, records in shards}  # fmt: skip
         except SavedFormatError:
             lock.close()
             return None
@@ -159,7 +163,7 @@ class SnapshotStorage:
 
     def _writers(self, generation: str, origin: Origin, resumed: dict[int, ShardFile], spec: Any) -> ShardWriters:
         return ShardWriters(self.directory, generation, origin, self.upstream, self.compression, usable_cpu_count(),
-                            resumed, spec, f"snapshot({self.root})")  # fmt: skip
+                            resumed, spec, self.stage)  # fmt: skip
 
 
 class SnapshotReplay:
@@ -198,7 +202,7 @@ class SnapshotRecorder:
         self._origin = origin
         self._count = count
         self._shards = usable_cpu_count()
-        self._bar = ProgressBar(f"snapshot({storage.root})", storage.total, initial=count)
+        self._bar = ProgressBar(storage.stage, storage.total, initial=count)
         self._finalizer = weakref.finalize(self, _abandon, writers, storage.directory, generation, lock, self._bar)
 
     def add(self, element: Any) -> None:
@@ -220,21 +224,21 @@ class SnapshotRecorder:
                     "count": self._count, "compression": self._storage.compression,
                     "element_spec": self._writers.spec, "pipeline": self._storage.upstream,
                     "origin": [self._origin[0], self._origin[1], list(self._origin[2])], "shards": entries}  # fmt: skip
-        write_manifest(self._storage.directory, manifest)
+        write_manifest(self._storage.directory, manifest, self._storage.stage)
         self._finalizer.detach()
         remove_files(self._storage.directory, self._generation)
         self._bar.close()
         self._lock.close()
 
     def discard(self) -> None:
-        """Stop writing and remove the partial files (a closed pass cannot be resumed)."""
+        """Stop writing and remove this pass's files (a closed pass cannot be resumed)."""
         self._finalizer()
 
 
 def _abandon(writers: ShardWriters, directory: str, generation: str, lock: BinaryIO, bar: ProgressBar) -> None:
     writers.close()
-    for name in os.listdir(directory):
-        if name.startswith(f"shard-{generation}-") and name.endswith(PARTIAL):
+    for name in os.listdir(directory):  # shards finished before a failed commit too: no manifest names them
+        if name.startswith(f"shard-{generation}-"):
             with contextlib.suppress(OSError):
                 os.remove(os.path.join(directory, name))
     bar.close()
