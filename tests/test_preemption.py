@@ -34,6 +34,9 @@ TOKEN = "TORCHPIPE_PREEMPTION_TEST"
 """An environment variable each child gets a fresh value of: its forked workers inherit it, so a
 scan of /proc finds every process of the run, however it started, and no other test's."""
 WAIT_S = 40.0
+"""The bound on every wait for a child (a loaded machine can be slow to start one)."""
+DEATH_S = 10.0
+"""How long a run's workers may take to die of its death (a poll of the parent's pid is the slowest way)."""
 WORKERS = {"loader": True, "auto": False, "pipeline": True}
 """Whether a case has worker processes by its third batch ("auto" measures in this process first)."""
 
@@ -50,6 +53,7 @@ class Child:
     """
 
     def __init__(self, case: str, state_path: Path, token: str, handler: bool = True, new_session: bool = False):
+        self.token = token
         env = dict(os.environ, **{TOKEN: token})
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
         command = [sys.executable, "-m", "tests.preemption_child", case, str(state_path)]
@@ -87,8 +91,12 @@ class Child:
             self.process.kill()
             self.process.wait(WAIT_S)
             raise AssertionError(f"the child did not end within {WAIT_S} s: {self.stderr()}") from None
-        while (line := self._lines.get(timeout=WAIT_S)) is not None:
-            self.reports.append(line)
+        try:
+            while (line := self._lines.get(timeout=WAIT_S)) is not None:
+                self.reports.append(line)
+        except queue.Empty:
+            raise AssertionError(f"the child's stdout is still open {WAIT_S} s after it ended: a process of "
+                                 f"the run holds it: {_processes_of(self.token)}") from None  # fmt: skip
         return code
 
     def stderr(self) -> str:
@@ -164,7 +172,7 @@ def _assert_the_scans_see(child: Child, case: str, token: str) -> None:
 
 def _assert_nothing_left(token: str, pids: set[int], shm_before: set[str]) -> None:
     """No process of the run lives on, none of its pids holds a memfd, /dev/shm has no new entry."""
-    deadline = time.monotonic() + WAIT_S  # workers die of their parent's death: soon, not at once
+    deadline = time.monotonic() + DEATH_S  # workers die of their parent's death: soon, not at once
     while (left := _processes_of(token)) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert left == [], f"processes of the run outlived it: {left}"
@@ -203,8 +211,8 @@ def test_a_preempted_run_resumes_in_a_new_process_exactly_and_leaves_nothing(cas
 
 
 def test_a_sigterm_to_the_whole_process_group_also_resumes_exactly(tmp_path, run):
-    """As a cluster that signals every process of the job: the workers die, are replaced for the
-    batch the handler finishes, and the state saved is still exact."""
+    """As a cluster that signals every process of the job: the zygote and the workers die of it
+    (replaced if the loop still needs a batch from them) and the state saved is still exact."""
     expected = _uninterrupted("loader")
     shm_before = _shm_entries()
     state = tmp_path / "state.pt"
