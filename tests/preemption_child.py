@@ -6,8 +6,9 @@ loop saves the loader's (or the pipeline iterator's) state to ``STATE_PATH`` and
 ``STATE_PATH`` exists the loop first loads it, so a second run finishes the epoch. Without a
 handler SIGTERM ends the process at once.
 
-Each batch is reported as a JSON line on stdout, ``{"batch": [...], "pids": [...]}``, with the
-process's descendants at that moment, then ``{"saved": n}`` or ``{"finished": n}`` at the end.
+It reports on stdout, a JSON line each: ``{"resumed_at": n}`` (the batches trained before),
+then each batch, ``{"batch": [...], "pids": [...]}`` with the process's descendants at that
+moment, then ``{"saved": n}`` or ``{"finished": n}`` with the batches trained in all.
 """
 
 from __future__ import annotations
@@ -97,31 +98,32 @@ def _save(state: dict[str, Any], path: str) -> None:
 
 
 def run(case: str, state_path: str, handler: bool) -> int:
-    """The training loop: one epoch, or up to SIGTERM where ``handler``; returns the exit code."""
+    """The training loop: one epoch, or up to SIGTERM where ``handler``; returns the exit code.
+
+    The "model" is the count of batches trained, saved with the loader's state as README.md's
+    recipe saves a model's, so a resume shows that the two were saved at the same batch.
+    """
     stop = threading.Event()
     if handler:  # before the loader is built, as a training script does: its workers inherit it
         signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
     made = CASES[case]()
-    resume = torch.load(state_path) if os.path.exists(state_path) else None
-    if isinstance(made, tp.DataLoader):
-        if resume is not None:
-            made.load_state_dict(resume)
-        batches, state_dict = iter(made), made.state_dict
-    else:
-        batches = iter(made)
-        if resume is not None:
-            batches.load_state_dict(resume)
-        state_dict = batches.state_dict
-    count = 0
+    trained = torch.zeros((), dtype=torch.int64)
+    checkpoint = torch.load(state_path) if os.path.exists(state_path) else None  # weights_only: plain data
+    batches = made if isinstance(made, tp.DataLoader) else iter(made)
+    if checkpoint is not None:
+        trained = checkpoint["model"]
+        batches.load_state_dict(checkpoint["data"])  # a DataLoader, or a pipeline's iterator
+    _report(resumed_at=int(trained))
+    state_dict = batches.state_dict
     for batch in batches:
         time.sleep(STEP_S)  # the training step
-        count += 1
+        trained += 1
         _report(batch=batch.tolist(), pids=_descendants())
         if stop.is_set():  # the current batch is done: save where the epoch is, and leave
-            _save(state_dict(), state_path)
-            _report(saved=count)
+            _save({"data": state_dict(), "model": trained}, state_path)
+            _report(saved=int(trained))
             return 0
-    _report(finished=count)
+    _report(finished=int(trained))
     return 0
 
 

@@ -205,7 +205,8 @@ def test_a_preempted_run_resumes_in_a_new_process_exactly_and_leaves_nothing(cas
     assert 3 <= len(first.batches) < len(expected)  # stopped mid-epoch, so the resume has work to do
     second = _start(run, case, state)
     assert second.finish() == 0, second.stderr()
-    assert second.reports[-1] == {"finished": len(second.batches)}
+    assert second.reports[0] == {"resumed_at": len(first.batches)}  # the model, saved at the same batch
+    assert second.reports[-1] == {"finished": len(expected)}
     assert first.batches + second.batches == expected
     _assert_nothing_left(run["token"], first.pids | second.pids, shm_before)
 
