@@ -33,12 +33,12 @@ REPO = Path(__file__).resolve().parent.parent
 TOKEN = "TORCHPIPE_PREEMPTION_TEST"
 """An environment variable each child gets a fresh value of: its forked workers inherit it, so a
 scan of /proc finds every process of the run, however it started, and no other test's."""
-WAIT_S = 40.0
+WAIT_S = 30.0
 """The bound on every wait for a child (a loaded machine can be slow to start one)."""
 DEATH_S = 10.0
 """How long a run's workers may take to die of its death (a poll of the parent's pid is the slowest way)."""
 WORKERS = {"loader": True, "auto": False, "pipeline": True}
-"""Whether a case has worker processes by its third batch ("auto" measures in this process first)."""
+"""Whether a case has worker processes by its third batch ("auto" measures its first batches in the main process)."""
 
 
 class Child:
