@@ -79,7 +79,10 @@ class Child:
         """Read reports until ``n`` batches have come."""
         deadline = time.monotonic() + WAIT_S
         while len(self.batches) < n:
-            line = self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            try:
+                line = self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"{len(self.batches)} batches in {WAIT_S} s: {self.stderr()}") from None
             assert line is not None, f"the child ended after {len(self.batches)} batches: {self.stderr()}"
             self.reports.append(line)
 
