@@ -1,12 +1,21 @@
 """The shared harness must catch the bugs it exists for."""
 
+import os
+import signal
+
 import numpy as np
 import pytest
 import torch
 
 import torchpipe as tp
+import torchpipe.testing
 from torchpipe.ops.base import Iterator, Node
-from torchpipe.testing import assert_checkpoint_roundtrip, assert_elements_equal, assert_same_elements
+from torchpipe.testing import (
+    assert_checkpoint_roundtrip,
+    assert_elements_equal,
+    assert_exactly_once,
+    assert_same_elements,
+)
 
 
 class BrokenNode(Node):
@@ -166,3 +175,24 @@ def test_roundtrip_runs_the_epoch_after_a_resume():
         assert_checkpoint_roundtrip(EpochForgetting())
     seeded = tp.range(8).shuffle(8).with_options(tp.Options(seed=1))
     assert sorted(assert_checkpoint_roundtrip(seeded)) == list(range(8))
+
+
+_TEST_PROCESS = os.getpid()
+
+
+def _square_in_a_worker_that_ignores_sigterm(x):
+    if os.getpid() != _TEST_PROCESS:  # in a worker process (on its main thread: one task at a time)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    return x * x
+
+
+def test_exactly_once_sends_the_signal_asked_for():
+    make = lambda: tp.range(120).map(_square_in_a_worker_that_ignores_sigterm, 2, executor="process")  # noqa: E731
+    assert assert_exactly_once(make, signal=signal.SIGKILL) is not None  # SIGKILL cannot be ignored
+
+
+def test_exactly_once_fails_when_the_signalled_worker_lives_on(monkeypatch):
+    monkeypatch.setattr(torchpipe.testing, "SIGNAL_WAIT_S", 1.0)
+    make = lambda: tp.range(120).map(_square_in_a_worker_that_ignores_sigterm, 2, executor="process")  # noqa: E731
+    with pytest.raises(AssertionError, match=r"worker process \d+ still runs 1.0 s after SIGTERM"):
+        assert_exactly_once(make, signal=signal.SIGTERM)

@@ -14,7 +14,8 @@ import itertools
 import os
 import pickle
 import random
-import signal
+import signal as signals  # not `signal`: assert_exactly_once has a parameter of that name
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -233,12 +234,15 @@ def _assert_states_equal(a: Any, b: Any, where: str) -> None:
 
 
 _END = object()
+SIGNAL_WAIT_S = 10.0
+"""How long :func:`assert_exactly_once` waits for the worker it signalled to end."""
 
 
 def assert_exactly_once(make: Callable[[], Iterable[Any]], seed: int = 0, ordered: bool = True,
-                        kill: Callable[[random.Random], Any] | None = None) -> Any:  # fmt: skip
+                        kill: Callable[[random.Random], Any] | None = None,
+                        signal: int = signals.SIGKILL) -> Any:  # fmt: skip
     """Assert that ``make()`` yields every element once, in order, when one of its worker
-    processes is killed (SIGKILL) at a random point.
+    processes is killed (SIGKILL, or ``signal``) at a random point.
 
     ``make()`` builds the iterable afresh (a ``tp.Dataset`` or a DataLoader); an undisturbed run
     gives the elements expected. In a second run, at an element drawn from ``seed`` between a
@@ -251,9 +255,16 @@ def assert_exactly_once(make: Callable[[], Iterable[Any]], seed: int = 0, ordere
         kill: kills something else instead, given a ``random.Random`` seeded from ``seed``, and
             returns what it killed (None: nothing): for a stage on Ray actors,
             ``torchpipe.integrations.ray_pool.kill_an_actor``.
+        signal: the signal sent to the worker (``signal.SIGTERM``: an operator's ``kill``, a
+            cgroup shrink). The worker must end of it: one still running after
+            ``SIGNAL_WAIT_S`` fails the assertion, since it was not treated as a dead worker.
 
     Returns:
         The pid killed (what ``kill`` returned), or None where no worker process ran.
+
+    Raises:
+        AssertionError: for an element lost, repeated, out of order or different, or a worker
+            that outlived ``signal``.
     """
     expected = list(make())
     rng = random.Random(seed)
@@ -263,7 +274,7 @@ def assert_exactly_once(make: Callable[[], Iterable[Any]], seed: int = 0, ordere
     for k, element in enumerate(make()):
         actual.append(element)
         if k == at:
-            killed = _kill_a_worker(rng, before) if kill is None else kill(rng)
+            killed = _kill_a_worker(rng, before, signal) if kill is None else kill(rng)
     if not ordered:
         expected, actual = sorted(expected, key=repr), sorted(actual, key=repr)
     if len(actual) != len(expected):
@@ -273,7 +284,7 @@ def assert_exactly_once(make: Callable[[], Iterable[Any]], seed: int = 0, ordere
     return killed
 
 
-def _kill_a_worker(rng: random.Random, spared: set[int]) -> int | None:
+def _kill_a_worker(rng: random.Random, spared: set[int], signum: int) -> int | None:
     workers = []
     for process in psutil.Process().children(recursive=True):
         try:
@@ -284,5 +295,22 @@ def _kill_a_worker(rng: random.Random, spared: set[int]) -> int | None:
     if not workers:
         return None
     pid = rng.choice(sorted(workers))
-    os.kill(pid, signal.SIGKILL)
+    os.kill(pid, signum)
+    if not _ends(pid, SIGNAL_WAIT_S):
+        name = signals.Signals(signum).name
+        raise AssertionError(f"worker process {pid} still runs {SIGNAL_WAIT_S} s after {name}")
     return pid
+
+
+def _ends(pid: int, timeout: float) -> bool:
+    """Whether process ``pid`` is gone, or a zombie (dead, not yet reaped), within ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)

@@ -8,7 +8,9 @@ process runs threads.
 
 Lifetime: the zygote and every worker ask the kernel for SIGKILL when their parent dies
 (``PR_SET_PDEATHSIG``) and also poll their parent's pid, so nothing outlives the main process,
-even when it is SIGKILLed. The zygote reaps its workers and reports how each one ended.
+even when it is SIGKILLed. The zygote reaps its workers and reports how each one ended. SIGINT is
+the main process's to handle (ignored here); SIGTERM ends the zygote or a worker whatever handler
+the main process installed, so a worker sent it is a dead worker, replaced as any other.
 """
 
 from __future__ import annotations
@@ -167,6 +169,10 @@ class Zygote:
 def _zygote_main(control: Channel, worker_main: Callable[[Channel, int], None], parent: int) -> None:
     die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
+    # SIGTERM's default action for the zygote and its workers: a handler the main process set
+    # (to save a checkpoint) would be inherited and make them ignore SIGTERM; a worker sent it
+    # on its own must die and be replaced like any dead worker.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     zygote = os.getpid()
     while os.getppid() == parent:
         _report_exits(control)
