@@ -1,12 +1,20 @@
 """The shared harness must catch the bugs it exists for."""
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
 
 import torchpipe as tp
 from torchpipe.ops.base import Iterator, Node
-from torchpipe.testing import assert_checkpoint_roundtrip, assert_elements_equal, assert_same_elements
+from torchpipe.testing import (
+    assert_checkpoint_roundtrip,
+    assert_elements_equal,
+    assert_exactly_once,
+    assert_same_elements,
+)
 
 
 class BrokenNode(Node):
@@ -166,3 +174,67 @@ def test_roundtrip_runs_the_epoch_after_a_resume():
         assert_checkpoint_roundtrip(EpochForgetting())
     seeded = tp.range(8).shuffle(8).with_options(tp.Options(seed=1))
     assert sorted(assert_checkpoint_roundtrip(seeded)) == list(range(8))
+
+
+class OneWorkerRun:
+    """A deliberately broken iterable: ``range(20)`` from a generator with one worker process.
+
+    When the worker dies, the element in flight is lost or handed out twice (``mode``), or,
+    with ``mode="always lose"``, element 3 is lost in every run, killed or not.
+    """
+
+    def __init__(self, mode):
+        self.mode = mode
+        self.broken_at = None
+
+    def __call__(self):
+        return self._elements(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]))
+
+    def _elements(self, worker):
+        try:
+            for x in range(20):
+                if self.broken_at is None and _died(worker):  # the harness killed it
+                    self.broken_at = x
+                    if self.mode == "lose":
+                        continue
+                    if self.mode == "repeat":
+                        yield x - 1
+                if not (self.mode == "always lose" and x == 3):
+                    yield x
+        finally:
+            worker.kill()
+            worker.wait()
+
+
+def _died(worker, wait_s=0.005):
+    """Whether the ``worker`` process has died, given a moment to (a SIGKILL lands within it)."""
+    try:
+        worker.wait(wait_s)
+    except subprocess.TimeoutExpired:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("mode, named", [("lose", "lost: [{x}]; repeated or unexpected: []"),
+                                         ("repeat", "lost: []; repeated or unexpected: [{previous}]")])  # fmt: skip
+@pytest.mark.parametrize("ordered", [True, False])
+def test_exactly_once_names_an_element_lost_or_repeated_when_the_worker_dies(mode, named, ordered):
+    run = OneWorkerRun(mode)
+    with pytest.raises(AssertionError) as caught:
+        assert_exactly_once(run, seed=1, ordered=ordered)
+    assert run.broken_at is not None  # the harness killed the worker
+    assert "21 elements" in str(caught.value) or "19 elements" in str(caught.value)
+    assert named.format(x=run.broken_at, previous=run.broken_at - 1) in str(caught.value)
+
+
+def test_exactly_once_passes_a_run_that_survives_the_kill_and_returns_the_pid():
+    run = OneWorkerRun("survive")
+    assert assert_exactly_once(run, seed=1, expected=range(20)) is not None
+    assert run.broken_at is not None
+
+
+def test_exactly_once_against_an_expectation_catches_a_loss_in_every_run():
+    always = OneWorkerRun("always lose")
+    assert_exactly_once(always, seed=1)  # the undisturbed run loses it too: nothing to see
+    with pytest.raises(AssertionError, match=r"19 elements, expected 20; lost: \[3\]"):
+        assert_exactly_once(OneWorkerRun("always lose"), seed=1, expected=range(20))
