@@ -216,8 +216,9 @@ def _died(worker, wait_s=0.005):
 
 
 @pytest.mark.parametrize("mode, named", [("lose", "lost: [{x}]; repeated or unexpected: []"),
-                                         ("repeat", "lost: []; repeated or unexpected: [{previous}]")])  # fmt: skip
-@pytest.mark.parametrize("ordered", [True, False])
+                                         ("repeat", "lost: []; repeated or unexpected: [{previous}]")],
+                         ids=["lost", "repeated"])  # fmt: skip
+@pytest.mark.parametrize("ordered", [True, False], ids=["ordered", "unordered"])
 def test_exactly_once_names_an_element_lost_or_repeated_when_the_worker_dies(mode, named, ordered):
     run = OneWorkerRun(mode)
     with pytest.raises(AssertionError) as caught:
