@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 import time
+import typing
 import warnings
 
 import numpy as np
@@ -258,7 +259,17 @@ def test_a_bool_or_numpy_int_num_workers_is_taken_as_torch_takes_it(num_workers)
 
 
 def test_the_loader_is_generic_as_torchs():
-    assert tp.DataLoader[int] is not None
+    alias = tp.DataLoader[tuple]
+    assert typing.get_origin(alias) is tp.DataLoader and typing.get_args(alias) == (tuple,)
+    assert typing.get_origin(TorchLoader[tuple]) is TorchLoader  # the same as torch's own
+    loader = alias(DATA, batch_size=4)
+    assert type(loader) is tp.DataLoader
+    assert_same_elements(list(loader), list(TorchLoader(DATA, batch_size=4)))
+
+    class Batches(tp.DataLoader[tuple]):  # a typed subclass, as users write for torch's
+        pass
+
+    assert_same_elements(list(Batches(DATA, batch_size=4)), list(TorchLoader(DATA, batch_size=4)))
 
 
 def test_auto_workers_and_cpu_device():

@@ -1,5 +1,5 @@
 import random
-import threading
+import time
 
 import numpy as np
 import pytest
@@ -58,18 +58,41 @@ def test_global_rngs_seeded_per_element_when_the_pipeline_has_a_seed():
     random.seed(0), np.random.seed(0), torch.manual_seed(0)
     b = list(tp.range(6).map(global_draws).with_options(tp.Options(seed=11)))
     assert a == b and len(set(a)) == 6
-    # skipping elements does not change the others' draws: seeds depend on the element number
-    it = iter(tp.range(6).map(global_draws).with_options(tp.Options(seed=11)))
-    assert next(it) == a[0]
+
+
+def test_a_resume_skips_the_first_elements_without_changing_the_others_draws():
+    calls = []
+
+    def counted(x):
+        calls.append(x)
+        return global_draws(x)
+
+    seeded = tp.Options(seed=11)
+    whole = list(tp.range(6).map(counted).with_options(seeded))
+    it = iter(tp.range(6).map(counted).with_options(seeded))
+    head = [next(it), next(it)]
+    state = it.state_dict()
+    it.close()
+    calls.clear()
+    resumed = iter(tp.range(6).map(counted).with_options(seeded))
+    resumed.load_state_dict(state)
+    rest = list(resumed)
+    assert calls == [2, 3, 4, 5]  # elements 0 and 1 were never drawn for in the resumed run
+    assert head + rest == whole
+
+
+def slow_draws(x):
+    """Two draws from ``tp.rng()`` with a pause between them, so that calls on threads interleave."""
+    first = float(tp.rng().random())
+    time.sleep(0.005)
+    return x, first, float(tp.rng().random())
 
 
 def test_rng_state_is_per_thread():
-    seen = {}
-
-    def record(x):
-        seen[threading.get_ident()] = tp.rng()
-        return x
-
-    list(tp.range(8).map(record, num_parallel_calls=2))
+    seeded = tp.Options(seed=5)
+    inline = list(tp.range(8).map(slow_draws).with_options(seeded))
+    threaded = list(tp.range(8).map(slow_draws, num_parallel_calls=4, executor="thread").with_options(seeded))
+    assert threaded == inline  # another thread's call in between did not move this call's generator
+    assert len({draw for _, a, b in inline for draw in (a, b)}) == 16
     with pytest.raises(RuntimeError):
         tp.rng()

@@ -2,6 +2,8 @@
 
 import os
 import signal
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -196,3 +198,68 @@ def test_exactly_once_fails_when_the_signalled_worker_lives_on(monkeypatch):
     make = lambda: tp.range(120).map(_square_in_a_worker_that_ignores_sigterm, 2, executor="process")  # noqa: E731
     with pytest.raises(AssertionError, match=r"worker process \d+ still runs 1.0 s after SIGTERM"):
         assert_exactly_once(make, signal=signal.SIGTERM)
+
+
+class OneWorkerRun:
+    """A deliberately broken iterable: ``range(20)`` from a generator with one worker process.
+
+    When the worker dies, the element in flight is lost or handed out twice (``mode``), or,
+    with ``mode="always lose"``, element 3 is lost in every run, killed or not.
+    """
+
+    def __init__(self, mode):
+        self.mode = mode
+        self.broken_at = None
+
+    def __call__(self):
+        return self._elements(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]))
+
+    def _elements(self, worker):
+        try:
+            for x in range(20):
+                if self.broken_at is None and _died(worker):  # the harness killed it
+                    self.broken_at = x
+                    if self.mode == "lose":
+                        continue
+                    if self.mode == "repeat":
+                        yield x - 1
+                if not (self.mode == "always lose" and x == 3):
+                    yield x
+        finally:
+            worker.kill()
+            worker.wait()
+
+
+def _died(worker, wait_s=0.005):
+    """Whether the ``worker`` process has died, given a moment to (a SIGKILL lands within it)."""
+    try:
+        worker.wait(wait_s)
+    except subprocess.TimeoutExpired:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("mode, named", [("lose", "lost: [{x}]; repeated or unexpected: []"),
+                                         ("repeat", "lost: []; repeated or unexpected: [{previous}]")],
+                         ids=["lost", "repeated"])  # fmt: skip
+@pytest.mark.parametrize("ordered", [True, False], ids=["ordered", "unordered"])
+def test_exactly_once_names_an_element_lost_or_repeated_when_the_worker_dies(mode, named, ordered):
+    run = OneWorkerRun(mode)
+    with pytest.raises(AssertionError) as caught:
+        assert_exactly_once(run, seed=1, ordered=ordered)
+    assert run.broken_at is not None  # the harness killed the worker
+    assert "21 elements" in str(caught.value) or "19 elements" in str(caught.value)
+    assert named.format(x=run.broken_at, previous=run.broken_at - 1) in str(caught.value)
+
+
+def test_exactly_once_passes_a_run_that_survives_the_kill_and_returns_the_pid():
+    run = OneWorkerRun("survive")
+    assert assert_exactly_once(run, seed=1, expected=range(20)) is not None
+    assert run.broken_at is not None
+
+
+def test_exactly_once_against_an_expectation_catches_a_loss_in_every_run():
+    always = OneWorkerRun("always lose")
+    assert_exactly_once(always, seed=1)  # the undisturbed run loses it too: nothing to see
+    with pytest.raises(AssertionError, match=r"19 elements, expected 20; lost: \[3\]"):
+        assert_exactly_once(OneWorkerRun("always lose"), seed=1, expected=range(20))

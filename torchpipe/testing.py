@@ -10,6 +10,7 @@ by adding one line::
 
 from __future__ import annotations
 
+import collections
 import itertools
 import os
 import pickle
@@ -240,33 +241,39 @@ SIGNAL_WAIT_S = 10.0
 
 def assert_exactly_once(make: Callable[[], Iterable[Any]], seed: int = 0, ordered: bool = True,
                         kill: Callable[[random.Random], Any] | None = None,
-                        signal: int = signals.SIGKILL) -> Any:  # fmt: skip
+                        signal: int = signals.SIGKILL, expected: Iterable[Any] | None = None) -> Any:  # fmt: skip
     """Assert that ``make()`` yields every element once, in order, when one of its worker
     processes is killed (SIGKILL, or ``signal``) at a random point.
 
-    ``make()`` builds the iterable afresh (a ``tp.Dataset`` or a DataLoader); an undisturbed run
-    gives the elements expected. In a second run, at an element drawn from ``seed`` between a
-    quarter and three quarters of the way, one worker process that this run started is killed: a
-    process of this process tree with none of its own (a worker, not a zygote). Where none runs
-    (inline, threads) nothing is killed and the run must still match. With ``ordered=False`` the
-    order may differ, but not the elements or how often each comes.
+    ``make()`` builds the iterable afresh (a ``tp.Dataset`` or a DataLoader). The elements
+    expected are ``expected`` where given (an independent expectation: a bug that loses an
+    element in every run is caught too), else those of an undisturbed run. In a second run, at
+    an element drawn from ``seed`` between a quarter and three quarters of the way, one worker
+    process that this run started is killed: a process of this process tree with none of its own
+    (a worker, not a zygote). Where none runs (inline, threads) nothing is killed and the run must
+    still match. With ``ordered=False`` the order may differ, but not the elements or how often
+    each comes.
 
     Args:
+        make: builds the iterable to run.
+        seed: draws the element at which to kill, and the worker.
+        ordered: compare in order; False compares multisets.
         kill: kills something else instead, given a ``random.Random`` seeded from ``seed``, and
             returns what it killed (None: nothing): for a stage on Ray actors,
             ``torchpipe.integrations.ray_pool.kill_an_actor``.
         signal: the signal sent to the worker (``signal.SIGTERM``: an operator's ``kill``, a
             cgroup shrink). The worker must end of it: one still running after
             ``SIGNAL_WAIT_S`` fails the assertion, since it was not treated as a dead worker.
+        expected: the elements ``make()`` must yield; default: what an undisturbed run yields.
 
     Returns:
         The pid killed (what ``kill`` returned), or None where no worker process ran.
 
     Raises:
-        AssertionError: for an element lost, repeated, out of order or different, or a worker
+        AssertionError: naming the elements lost, repeated or out of place, or for a worker
             that outlived ``signal``.
     """
-    expected = list(make())
+    expected = list(make()) if expected is None else list(expected)
     rng = random.Random(seed)
     at = rng.randint(len(expected) // 4, max(len(expected) // 4, 3 * len(expected) // 4))
     before = {p.pid for p in psutil.Process().children(recursive=True)}  # other runs' processes stay
@@ -275,13 +282,22 @@ def assert_exactly_once(make: Callable[[], Iterable[Any]], seed: int = 0, ordere
         actual.append(element)
         if k == at:
             killed = _kill_a_worker(rng, before, signal) if kill is None else kill(rng)
-    if not ordered:
-        expected, actual = sorted(expected, key=repr), sorted(actual, key=repr)
-    if len(actual) != len(expected):
-        raise AssertionError(f"{len(actual)} elements with a worker killed at element {at}, {len(expected)} without")
-    for i, (a, b) in enumerate(zip(actual, expected)):
-        assert_elements_equal(a, b, f"element {i} (a worker killed at element {at})")
+    where = f"a worker killed at element {at}"
+    try:
+        _compare(actual, expected, where, 0, ordered)
+    except AssertionError as e:
+        raise AssertionError(f"{e}; {_difference(actual, expected)}") from None
     return killed
+
+
+def _difference(actual: list[Any], expected: list[Any]) -> str:
+    """Name the elements ``actual`` lost and those it has more often than ``expected``.
+
+    Elements are told apart by ``repr`` (tensors, arrays and dicts are not hashable).
+    """
+    have, want = collections.Counter(map(repr, actual)), collections.Counter(map(repr, expected))
+    lost, extra = sorted((want - have).elements()), sorted((have - want).elements())
+    return f"lost: [{', '.join(lost)}]; repeated or unexpected: [{', '.join(extra)}]"
 
 
 def _kill_a_worker(rng: random.Random, spared: set[int], signum: int) -> int | None:

@@ -16,15 +16,21 @@ NO_TUNER = tp.Options(autotune=tp.AutotuneOptions(enabled=False), optimizations=
 
 
 def _turn(it, kind, values, every=7):
-    """Consume ``it`` to the end, requesting the next of ``values`` every ``every`` elements."""
+    """Consume ``it`` to the end, requesting the next of ``values`` every ``every`` elements.
+
+    Returns:
+        The elements, the stage's knob and the last value requested.
+    """
     out = [next(it)]
     (knob,) = find_stage(it, kind).knobs()
     sizes = itertools.cycle(values)
+    last = None
     for k, element in enumerate(it):
         out.append(element)
         if k % every == 0:
-            knob.request(next(sizes))
-    return out, knob
+            last = next(sizes)
+            knob.request(last)
+    return out, knob, last
 
 
 def _square(x):
@@ -35,9 +41,10 @@ def _square(x):
 def test_a_parallel_map_resized_while_running_keeps_every_element_in_order(executor):
     ds = tp.range(300).map(_square, num_parallel_calls=tp.AUTOTUNE, executor=executor).with_options(NO_TUNER)
     it = iter(ds)
-    out, knob = _turn(it, ParallelMapIterator, [1, 4, 2, 3])
+    out, knob, last = _turn(it, ParallelMapIterator, [1, 4, 2, 3])
     assert out == [x * x for x in range(300)]
-    assert knob.value in (1, 4, 2, 3)
+    assert last == 2  # 43 requests: 1, 4, 2, 3, ..., 2
+    assert knob.value == last and find_stage(it, ParallelMapIterator).parallelism() == last
 
 
 def test_a_resized_process_pool_has_that_many_workers():
@@ -58,9 +65,10 @@ def test_a_resized_process_pool_has_that_many_workers():
 
 def test_a_prefetch_depth_changes_at_once_and_keeps_the_order():
     it = iter(tp.range(500).prefetch(tp.AUTOTUNE).with_options(NO_TUNER))
-    out, knob = _turn(it, PrefetchIterator, [1, 16, 4, 64], every=11)
+    out, knob, last = _turn(it, PrefetchIterator, [1, 16, 4, 64], every=11)
     assert out == list(range(500))
-    assert find_stage(it, PrefetchIterator).depth == knob.value
+    assert knob.value == last == 16  # 46 requests: 1, 16, 4, 64, ..., 16
+    assert find_stage(it, PrefetchIterator).depth == last
 
 
 def _inner(x):
@@ -72,8 +80,9 @@ def test_a_parallel_interleave_resized_while_running_keeps_its_order(executor):
     expected = list(tp.range(40).interleave(_inner, cycle_length=3))
     ds = tp.range(40).interleave(_inner, cycle_length=3, num_parallel_calls=tp.AUTOTUNE, executor=executor)
     every = 60 if executor == "process" else 7  # each resize of a process pool forks or retires workers
-    out, knob = _turn(iter(ds.with_options(NO_TUNER)), InterleaveIterator, [1, 8, 2, 5], every=every)
+    out, knob, last = _turn(iter(ds.with_options(NO_TUNER)), InterleaveIterator, [1, 8, 2, 5], every=every)
     assert out == expected
+    assert knob.value == last
 
 
 def test_requests_are_clamped_to_the_knob_range():

@@ -19,7 +19,9 @@ def batches(n=20, shape=(64, 3, 32, 32)):
 
 def test_values_equal_a_plain_to_device():
     data = batches()
-    for got, want in zip(DevicePrefetcher(iter(data), "cuda"), data):
+    out = list(DevicePrefetcher(iter(data), "cuda"))
+    assert len(out) == len(data)
+    for got, want in zip(out, data):
         assert got["x"].is_cuda and got["name"] == want["name"]
         assert torch.equal(got["x"], want["x"].to("cuda")) and torch.equal(got["y"], want["y"].to("cuda"))
 
@@ -75,8 +77,10 @@ def test_copy_overlaps_compute():
 
 def test_loader_and_pipeline_deliver_on_cuda():
     data = torch.utils.data.TensorDataset(torch.arange(100.0))
-    for batch, want in zip(tp.DataLoader(data, batch_size=10, num_workers=2, device="cuda"),
-                           torch.utils.data.DataLoader(data, batch_size=10)):
+    got = list(tp.DataLoader(data, batch_size=10, num_workers=2, device="cuda"))
+    expected = list(torch.utils.data.DataLoader(data, batch_size=10))
+    assert len(got) == len(expected) == 10
+    for batch, want in zip(got, expected):
         assert batch[0].is_cuda and torch.equal(batch[0].cpu(), want[0])
     out = list(tp.range(5).map(lambda x: torch.full((3,), x)).to_device("cuda"))
     assert all(t.is_cuda for t in out) and [int(t[0]) for t in out] == list(range(5))
@@ -98,7 +102,8 @@ def test_loader_resume_counts_batches_handed_over_not_copied_ahead():
     fresh = make()
     fresh.load_state_dict(state)
     again = [b[0].cpu() for b in fresh]
-    assert len(head) + len(rest) == 16 and all(torch.equal(a, b) for a, b in zip(again, rest))
+    assert len(head) + len(rest) == 16 and len(again) == len(rest) == 11
+    assert all(torch.equal(a, b) for a, b in zip(again, rest))
 
 
 _LEAVE_OPEN = """

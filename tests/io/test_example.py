@@ -92,7 +92,9 @@ def test_sequence_examples_round_trip_with_tensorflow():
     sequence_spec = {"tokens": tp.io.FixedLenSequenceFeature([], I64),
                      "frames": tp.io.FixedLenSequenceFeature([2], F32), "words": tp.io.VarLenFeature(bytes),
                      "absent": tp.io.FixedLenSequenceFeature([], F32, allow_missing=True)}  # fmt: skip
-    for i, (record, want) in enumerate(zip(records("sequence_examples.tfrecord"), load("sequence_examples_parsed.json"))):
+    tfrecords, parsed = records("sequence_examples.tfrecord"), load("sequence_examples_parsed.json")
+    assert len(tfrecords) == len(parsed) > 0
+    for i, (record, want) in enumerate(zip(tfrecords, parsed)):
         context, lists = fd.sequence_example(i)
         typed_lists = {k: [fd.typed(k, step) for step in steps] for k, steps in lists.items()}
         assert tp.io.serialize_sequence_example(context, typed_lists) == record

@@ -153,6 +153,31 @@ def test_a_damaged_record_is_a_data_loss_error_naming_file_and_offset(tmp_path):
     assert torch.equal(loaded[1], torch.full((100,), 1))
 
 
+def _index_entries(path):
+    """(element index, byte offset, framed length) of every record of a saved shard's index file."""
+    data = path.read_bytes()
+    return [ENTRY.unpack_from(data, at) for at in range(0, len(data), ENTRY.size)]
+
+
+def test_records_swapped_on_disk_are_an_error_not_a_reorder(tmp_path):
+    tp.range(6).map(lambda i: torch.full((8,), i)).save(tmp_path / "s", shard_func=lambda x: 0)
+    (index,) = (tmp_path / "s").glob("shard-*-00000.index")
+    records = index.with_suffix(".records")
+    spans = {i: (offset, offset + length) for i, offset, length in _index_entries(index)}
+    (a0, a1), (b0, b1) = spans[1], spans[2]
+    assert a1 - a0 == b1 - b0 and a1 <= b0  # equal sizes: each record's checksum still holds
+    data = records.read_bytes()
+    records.write_bytes(data[:a0] + data[b0:b1] + data[a1:b0] + data[a0:a1] + data[b1:])
+    loaded = tp.load(tmp_path / "s")
+    assert torch.equal(loaded[0], torch.full((8,), 0))
+    with pytest.raises(tp.io.DataLossError, match=rf"{records.name}: the record at byte {a0} is element 2, not 1"):
+        loaded[1]
+    with pytest.raises(tp.io.DataLossError, match=rf"the record at byte {b0} is element 1, not 2"):
+        loaded[2]
+    with pytest.raises(tp.io.DataLossError, match=rf"the record at byte {a0} is element 2, not 1"):
+        list(loaded)  # iterating stops at the first swapped record, not yield it in the other's place
+
+
 def test_a_damaged_or_missing_shard_fails_when_loading(tmp_path):
     tp.range(4).save(tmp_path / "s")
     index = sorted((tmp_path / "s").glob("shard-*-00000.index"))[0]

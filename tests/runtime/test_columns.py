@@ -8,7 +8,7 @@ import torch
 from tests.runtime.alignment import aligned_base, misaligned
 from torchpipe.runtime import codec
 from torchpipe.runtime.columns import Columns, to_columns
-from torchpipe.testing import assert_elements_equal
+from torchpipe.testing import assert_elements_equal, assert_same_elements
 
 Record = collections.namedtuple("Record", "x label")
 
@@ -53,8 +53,7 @@ def test_rows_start_on_64_byte_boundaries(row):
     record = codec.encode_bytes(to_columns(values))
     for columns in (codec.decode_bytes(record), codec.decode_view(aligned_base(record))):
         rows = columns.rows()
-        for got, want in zip(rows, values):
-            assert_elements_equal(got, want)
+        assert_same_elements(rows, values)
         assert misaligned(rows) == []
 
 
@@ -76,6 +75,4 @@ def test_other_elements_are_left_as_they_are(values):
 
 def test_rows_stack_in_process_when_never_sent():
     values = [(torch.full((2,), float(i)), i) for i in range(3)]
-    rows = to_columns(values).rows()
-    for got, want in zip(rows, values):
-        assert_elements_equal(got, want)
+    assert_same_elements(to_columns(values).rows(), values)

@@ -94,6 +94,7 @@ def test_placed_rows_make_the_batch_without_a_second_copy():
     elements = [Pair(torch.full((2, 4), float(i)), i) for i in range(3)]
     with memory.rows(4) as batch_rows:
         placed = [batch_rows.place(j, e) for j, e in enumerate(elements)]
+        assert len(placed) == len(elements)
         assert all(type(p) is Pair and p.image.data_ptr() != e.image.data_ptr() for p, e in zip(placed, elements))
         batch = collate_in_stage(placed, "batch", memory)
     assert type(batch) is Pair and batch.label.tolist() == [0, 1, 2]
