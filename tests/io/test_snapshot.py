@@ -3,6 +3,7 @@ import pickle
 import signal
 import subprocess
 import sys
+import types
 import time
 import warnings
 
@@ -109,27 +110,29 @@ def _times_global_dict(x):
     return x * SETTINGS["scale"]
 
 
+CONF = types.ModuleType("conf")  # a config module the function reads: conf.scale
+
+
+def _times_module_value(x):
+    return x * CONF.scale
+
+
 def _set_globals(monkeypatch, scale):
     """Change every global the functions above read, as an edit of this module between two jobs would."""
+    monkeypatch.setattr(CONF, "scale", scale, raising=False)
     monkeypatch.setattr(sys.modules[__name__], "SCALE", scale)
     monkeypatch.setattr(sys.modules[__name__], "SCALES", [scale])
     monkeypatch.setattr(sys.modules[__name__], "SETTINGS", {"scale": scale})
 
 
-_GLOBAL_GAP = ("fingerprint.py hashes only the module globals that are functions of the same module or plain "
-               "constants (int, str, ...): a changed {} global reuses the stale snapshot")
-_OBJECT_GAP = ("fingerprint.py describes a closed-over object (not a container, array or callable) by its type "
-               "alone: a changed attribute reuses the stale snapshot")
 CAPTURED = {
     "closure": lambda scale: _closure(scale),
     "default argument": lambda scale: _default(scale),
     "global int": lambda scale: _times_global,
-    "global list": pytest.param(lambda scale: _times_global_list, marks=pytest.mark.xfail(
-        strict=True, reason=_GLOBAL_GAP.format("list"))),
-    "global dict": pytest.param(lambda scale: _times_global_dict, marks=pytest.mark.xfail(
-        strict=True, reason=_GLOBAL_GAP.format("dict"))),
-    "closed-over object": pytest.param(lambda scale: _closed_over_object(scale), marks=pytest.mark.xfail(
-        strict=True, reason=_OBJECT_GAP)),
+    "global list": lambda scale: _times_global_list,
+    "global dict": lambda scale: _times_global_dict,
+    "closed-over object": lambda scale: _closed_over_object(scale),
+    "a module's value": lambda scale: _times_module_value,
 }
 
 

@@ -10,8 +10,9 @@ the whole, so a line stays under a hundred characters.
 
 A checkpoint keeps the lines of its pipeline (``code=False``). A cache file keeps the lines of the
 pipeline above it with ``code=True``: each function is also named by a digest of its code, the
-plain values it closes over, its defaults, and the functions and plain constants of its module
-that it names, so that a changed ``map`` function is noticed in a new process.
+values it closes over (an object by its attributes), its defaults, and the functions, data
+(constants, lists, dicts, arrays) and modules' data of its module that it names, so that a
+changed ``map`` function, or a value it reads, is noticed in a new process.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ def describe_value(value: Any, code: bool = False) -> str:
 
 def function_digest(fn: Callable[..., Any]) -> str:
     """A digest of what ``fn`` computes: its code, what it closes over, its defaults, and the
-    functions and plain constants of its module that it names (12 hex digits)."""
+    functions and data of its module that it names (12 hex digits)."""
     digest = hashlib.sha1()
     for part in _function_parts(fn, depth=0, seen=set()):
         digest.update(part.encode("utf-8", "surrogatepass"))
@@ -132,15 +133,32 @@ def _function_parts(fn: Any, depth: int, seen: set[int]) -> Iterator[str]:
         if isinstance(found, types.FunctionType) and found.__module__ == fn.__module__:
             yield name
             yield from _function_parts(found, depth + 1, seen)
-        elif isinstance(found, _PLAIN):
-            yield f"{name}={found!r}"
+        elif isinstance(found, _DATA):
+            yield f"{name}={describe_value(found)}"
+        elif isinstance(found, types.ModuleType):  # config.scale: the module's values the code names
+            for attr in code.co_names:
+                value = vars(found).get(attr)
+                if isinstance(value, _DATA):
+                    yield f"{name}.{attr}={describe_value(value)}"
+
+
+_DATA = (*_PLAIN, list, tuple, dict, set, frozenset, torch.Tensor, np.ndarray)
+"""Values described by their contents."""
 
 
 def _value_parts(value: Any, depth: int, seen: set[int]) -> Iterator[str]:
     if callable(value) and not isinstance(value, type):
         yield from _function_parts(value, depth + 1, seen)
-    else:
+    elif isinstance(value, _DATA) or isinstance(value, (type, types.ModuleType)) or not hasattr(value, "__dict__"):
         yield describe_value(value)
+    elif id(value) in seen or depth > 3:
+        yield "..."
+    else:  # an object the function closes over (a config): its type and its attributes
+        seen.add(id(value))
+        yield type(value).__qualname__
+        for name, attribute in sorted(vars(value).items()):
+            yield name
+            yield from _value_parts(attribute, depth + 1, seen)
 
 
 def _code_parts(code: types.CodeType) -> Iterator[str]:
