@@ -10,9 +10,10 @@ the whole, so a line stays under a hundred characters.
 
 A checkpoint keeps the lines of its pipeline (``code=False``). A cache file keeps the lines of the
 pipeline above it with ``code=True``: each function is also named by a digest of its code, the
-values it closes over (an object by its attributes), its defaults, and the functions, data
-(constants, lists, dicts, arrays) and modules' data of its module that it names, so that a
-changed ``map`` function, or a value it reads, is noticed in a new process.
+values it closes over (an object by its attributes), its defaults, and the functions and plain
+constants of its module that it names (also a module's, as ``config.scale``), so that a changed
+``map`` function, or a value it reads, is noticed in a new process. A global list or dict is left
+out: it is as often state the function keeps (a memo, a log of calls) as data it reads.
 """
 
 from __future__ import annotations
@@ -85,7 +86,8 @@ def describe_value(value: Any, code: bool = False) -> str:
 
 def function_digest(fn: Callable[..., Any]) -> str:
     """A digest of what ``fn`` computes: its code, what it closes over, its defaults, and the
-    functions and data of its module that it names (12 hex digits)."""
+    functions and plain constants of its module (or of a module it reads) that it names (12 hex
+    digits)."""
     digest = hashlib.sha1()
     for part in _function_parts(fn, depth=0, seen=set()):
         digest.update(part.encode("utf-8", "surrogatepass"))
@@ -133,13 +135,13 @@ def _function_parts(fn: Any, depth: int, seen: set[int]) -> Iterator[str]:
         if isinstance(found, types.FunctionType) and found.__module__ == fn.__module__:
             yield name
             yield from _function_parts(found, depth + 1, seen)
-        elif isinstance(found, _DATA):
-            yield f"{name}={describe_value(found)}"
-        elif isinstance(found, types.ModuleType):  # config.scale: the module's values the code names
+        elif isinstance(found, _PLAIN):  # not a list or dict: those are often state the function writes
+            yield f"{name}={found!r}"
+        elif isinstance(found, types.ModuleType):  # config.scale: the module's constants the code names
             for attr in code.co_names:
                 value = vars(found).get(attr)
-                if isinstance(value, _DATA):
-                    yield f"{name}.{attr}={describe_value(value)}"
+                if isinstance(value, _PLAIN):
+                    yield f"{name}.{attr}={value!r}"
 
 
 _DATA = (*_PLAIN, list, tuple, dict, set, frozenset, torch.Tensor, np.ndarray)
