@@ -273,14 +273,30 @@ class TarWriter:
             info = tarfile.TarInfo(f"{key}.{ext}")
             info.size, info.mtime, info.mode = len(data), self._mtime, 0o444
             info.uname = info.gname = "torchpipe"
-            self._tar.addfile(info, io.BytesIO(data))
+            try:
+                self._tar.addfile(info, io.BytesIO(data))
+            except BaseException:
+                self._abandon()  # the file is discarded: the archive must not write its end into it
+                raise
 
     def close(self) -> None:
         """Finish the archive and publish the file at ``path``; idempotent."""
         if self._file.closed:
             return
-        self._tar.close()  # its last blocks, through the file: a write that fails discards it
+        try:
+            self._tar.close()  # its last blocks, through the file: a write that fails discards it
+        except BaseException:
+            self._abandon()
+            raise
         self._file.publish()
+
+    def _abandon(self) -> None:
+        """Leave the archive without its end (the file is discarded): tarfile's stream would write
+        it when it is dropped, into a closed file."""
+        self._tar.closed = True
+        stream = self._tar.fileobj
+        if stream is not None and hasattr(stream, "closed") and stream is not self._file:
+            stream.closed = True
 
     def __enter__(self) -> TarWriter:
         return self
@@ -288,6 +304,7 @@ class TarWriter:
     def __exit__(self, exc_type: Any, *exc: Any) -> None:
         if exc_type is not None:
             self._file.discard()  # the block did not finish: its shard is not complete
+            self._abandon()
         else:
             self.close()
 
