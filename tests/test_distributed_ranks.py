@@ -16,7 +16,7 @@ import pytest
 import torchpipe as tp
 from tests import distributed_scenarios as scenarios
 from tests.cluster import Cluster, free_port
-from torchpipe.distributed import reshard_states
+from torchpipe.distributed.reshard import reshard_states
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _clusters: dict[int, Cluster] = {}

@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 import torchpipe as tp
-from torchpipe.loader_replicas import ReplicaPlan
+from torchpipe.loader.replicas import ReplicaPlan
 from torchpipe.runtime.cpu import usable_cpu_count
 from torchpipe.testing import assert_same_elements
 

@@ -11,7 +11,8 @@ import torch
 
 import torchpipe as tp
 import torchpipe.testing
-from torchpipe.ops.base import Iterator, Node
+from torchpipe.core.iterator import Iterator
+from torchpipe.core.node import Node
 from torchpipe.testing import (
     assert_checkpoint_roundtrip,
     assert_elements_equal,

@@ -5,7 +5,7 @@ from torchpipe.constants import AUTOTUNE, INFINITE, UNKNOWN
 from torchpipe.dataset import Dataset
 from torchpipe import io
 from torchpipe.errors import CheckpointError, DiskFullError, StallError, WorkerError
-from torchpipe.integrations.ray import RayExecutor  # Ray itself is imported only when a stage uses it
+from torchpipe.runtime.ray_executor import RayExecutor
 from torchpipe.io import TFRecordDataset, from_webdataset
 from torchpipe.io.load import load
 from torchpipe.loader import DataLoader, explain

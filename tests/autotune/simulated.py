@@ -1,7 +1,7 @@
 """A simulated pipeline for the model and tuner tests: made-up, deterministic timings."""
 
 from torchpipe.autotune.model import Stage
-from torchpipe.ops.base import Iterator
+from torchpipe.core.iterator import Iterator
 
 
 def pipeline(map_s=1e-3, step_s=0.0, cpu=1.0, element=0.0):

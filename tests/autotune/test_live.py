@@ -4,7 +4,7 @@ import pytest
 
 from torchpipe.autotune.live import CONSUMER, Counters, Look, build_model
 from torchpipe.autotune.model import bottleneck, predict_time
-from torchpipe.ops.stats import LiveKnob
+from torchpipe.core.stats import LiveKnob
 
 from tests.autotune.simulated import Fake
 

@@ -5,8 +5,8 @@ import itertools
 import pytest
 
 import torchpipe as tp
-from torchpipe.ops.interleave import InterleaveIterator
-from torchpipe.ops.interleave_readers import read_ahead_items
+from torchpipe.ops.interleave.interleave import InterleaveIterator
+from torchpipe.ops.interleave.readers import read_ahead_items
 from torchpipe.ops.parallel_map import ParallelMapIterator
 from torchpipe.ops.prefetch import PrefetchIterator
 

@@ -8,9 +8,9 @@ import torch
 import torchpipe as tp
 from torchpipe.autotune.live import Model
 from torchpipe.autotune.model import Knob, Stage
-from torchpipe.autotune.runner import Autotuner, ConsumerClock
+from torchpipe.autotune.autotuner import Autotuner, ConsumerClock
 from torchpipe.autotune.tuner import Budget
-from torchpipe.ops.stats import LiveKnob
+from torchpipe.core.stats import LiveKnob
 
 from tests.autotune.simulated import Fake
 

@@ -3,11 +3,11 @@
 import inspect
 
 import torchpipe as tp
-import torchpipe.loader_workers  # noqa: F401 - its stage is one of them
+import torchpipe.loader.workers  # noqa: F401 - its stage is one of them
 from torchpipe.autotune.live import build_model, look, start_look
 from torchpipe.autotune.tunable import BUFFER, POOL, Tunable
-from torchpipe.ops.base import Iterator
-from torchpipe.ops.interleave import InterleaveIterator
+from torchpipe.core.iterator import Iterator
+from torchpipe.ops.interleave.interleave import InterleaveIterator
 from torchpipe.ops.parallel_map import ParallelMapIterator
 from torchpipe.ops.prefetch import PrefetchIterator
 
@@ -24,7 +24,7 @@ POOL_ONLY = {"parallelism", "calls_in_processes"}  # a buffer's producer is one 
 def test_every_pool_and_buffer_op_implements_the_interface():
     methods = [name for name, _ in inspect.getmembers(Tunable, inspect.isfunction) if not name.startswith("_")]
     tunable = [cls for cls in _subclasses(Iterator) if getattr(cls, "tuning_role", None) and not inspect.isabstract(cls)]
-    tunable.append(torchpipe.loader_workers._WorkersStage)
+    tunable.append(torchpipe.loader.workers._WorkersStage)
     assert {cls.tuning_role for cls in tunable} == {POOL, BUFFER}
     assert {ParallelMapIterator, InterleaveIterator, PrefetchIterator} <= set(tunable)  # the search found them
     for cls in tunable:

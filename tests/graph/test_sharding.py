@@ -295,7 +295,7 @@ def test_a_shard_that_matches_the_worker_is_named_in_explain():
 
 
 def test_where_get_worker_info_cannot_be_watched_the_automatic_split_warns(monkeypatch):
-    monkeypatch.setattr("torchpipe.graph.sharding.WATCHING_GET_WORKER_INFO", False)
+    monkeypatch.setattr("torchpipe.distributed.workers.WATCHING_GET_WORKER_INFO", False)
     ds = tp.range(12)
     with as_torch_worker(0, 2), pytest.warns(UserWarning, match="cannot tell whether that code split") as caught:
         assert list(Wraps(ds)) == list(range(0, 12, 2))

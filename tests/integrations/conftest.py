@@ -14,7 +14,7 @@ def ray_cluster():
 
     ray.data.DataContext.get_current().enable_progress_bars = False
     yield ray
-    from torchpipe.integrations.ray_actors import IDLE
+    from torchpipe.runtime.ray_actors import IDLE
 
     IDLE.clear()
     ray.shutdown()

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import torchpipe as tp
-from torchpipe.integrations.ray_pool import kill_an_actor, running_pools
+from torchpipe.runtime.ray_pool import kill_an_actor, running_pools
 from torchpipe.testing import assert_checkpoint_roundtrip, assert_exactly_once, assert_same_elements
 
 

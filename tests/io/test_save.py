@@ -16,7 +16,7 @@ import torch
 import torchpipe as tp
 from tests.io import saving_jobs
 from tests.disk_limits import no_room, payload  # noqa: F401 - no_room is a fixture
-from torchpipe.ops.saved_file import ENTRY, MANIFEST, SavedFormatError, lock_directory
+from torchpipe.storage.saved_file import ENTRY, MANIFEST, SavedFormatError, lock_directory
 from torchpipe.runtime.cpu import usable_cpu_count
 from torchpipe.testing import assert_checkpoint_roundtrip, assert_elements_equal, assert_same_elements
 

@@ -14,7 +14,7 @@ import torchpipe as tp
 from tests.io import saving_jobs
 from tests.disk_limits import no_room, payload  # noqa: F401 - no_room is a fixture
 from tests.io.test_save import ROOT, every_structure
-from torchpipe.ops.saved_file import MANIFEST
+from torchpipe.storage.saved_file import MANIFEST
 from torchpipe.ops.snapshot import SnapshotNode
 from torchpipe.testing import assert_checkpoint_roundtrip, assert_same_elements
 

@@ -2,8 +2,12 @@
 
 import pytest
 
-from torchpipe.ops.base import BuildContext, Iterator, PositionLog, UserFunction, function_name
-from torchpipe.ops.sources import IndexedSourceIterator
+from torchpipe.core.context import BuildContext
+from torchpipe.core.iterator import Iterator
+from torchpipe.core.position_log import PositionLog
+from torchpipe.core.function import UserFunction
+from torchpipe.core.node import function_name
+from torchpipe.ops.source_nodes import IndexedSourceIterator
 from torchpipe.options import Options
 
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import torchpipe as tp
-from torchpipe.ops.base import PositionLog
+from torchpipe.core.position_log import PositionLog
 from torchpipe.ops.device import DevicePrefetcher, _numbered, check_device
 from torchpipe.testing import assert_checkpoint_roundtrip
 

@@ -12,8 +12,8 @@ import torch
 
 import torchpipe as tp
 from torchpipe.errors import CheckpointError
-from torchpipe.ops import interleave as interleave_op
-from torchpipe.ops.interleave import InterleaveIterator
+from torchpipe.ops.interleave import interleave as interleave_op
+from torchpipe.ops.interleave.interleave import InterleaveIterator
 from torchpipe.testing import assert_checkpoint_roundtrip
 
 from tests.trees import find_stage

@@ -6,12 +6,13 @@ import pytest
 
 import torchpipe as tp
 from torchpipe.autotune import tunable
-from torchpipe.ops.base import BuildContext, UserFunction
-from torchpipe.ops.interleave import InterleaveIterator
-from torchpipe.ops.interleave_readers import END, FAILED, VALUE, InlineReaders, InnerOpener, ReaderPlace
-from torchpipe.ops.process_readers import ProcessReaders
-from torchpipe.ops.stats import IteratorStats
-from torchpipe.ops.thread_readers import ThreadReaders
+from torchpipe.core.context import BuildContext
+from torchpipe.core.function import UserFunction
+from torchpipe.ops.interleave.interleave import InterleaveIterator
+from torchpipe.ops.interleave.readers import END, FAILED, VALUE, InlineReaders, InnerOpener, ReaderPlace
+from torchpipe.ops.interleave.process_readers import ProcessReaders
+from torchpipe.core.stats import IteratorStats
+from torchpipe.ops.interleave.thread_readers import ThreadReaders
 from torchpipe.runtime.process_pool import process_executor_supported
 from torchpipe.runtime.timing import CallTiming
 

@@ -10,7 +10,7 @@ import pytest
 import torchpipe as tp
 from tests.disk_limits import MORE_THAN_LIMIT, no_room  # noqa: F401 - no_room is a fixture
 from torchpipe.errors import add_note
-from torchpipe.ops.pending_file import PendingFile, write_file
+from torchpipe.storage.pending_file import PendingFile, write_file
 
 
 def test_a_file_appears_under_its_name_only_when_published(tmp_path):

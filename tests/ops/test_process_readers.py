@@ -91,7 +91,7 @@ def test_killed_worker_loses_nothing():
 def test_a_stream_is_opened_once_per_reader(tmp_path, monkeypatch):
     """Inner datasets that can only resume by re-reading (a generator) are read once, not
     re-opened per chunk: each reader's chunks go to the worker that keeps it open."""
-    from torchpipe.ops import process_readers
+    from torchpipe.ops.interleave import process_readers
 
     monkeypatch.setattr(process_readers, "_CHUNK_ITEMS", 16)  # many chunks per inner dataset
     log = tmp_path / "opens"
@@ -114,9 +114,10 @@ def test_chunks_end_early_for_slow_reads(monkeypatch):
     """A chunk ends after ``_CHUNK_S`` of reading: slow records come back a few at a time."""
     import time
 
-    from torchpipe.ops import process_readers
-    from torchpipe.ops.base import BuildContext, UserFunction
-    from torchpipe.ops.interleave_readers import InnerOpener
+    from torchpipe.ops.interleave import process_readers
+    from torchpipe.core.context import BuildContext
+    from torchpipe.core.function import UserFunction
+    from torchpipe.ops.interleave.readers import InnerOpener
 
     monkeypatch.setattr(process_readers, "_CHUNK_S", 0.01)
 
@@ -149,9 +150,10 @@ def test_tensor_records_arrive_as_rows_and_checkpoint_mid_chunk():
 def test_chunks_end_at_about_chunk_bytes(monkeypatch):
     import torch
 
-    from torchpipe.ops import process_readers
-    from torchpipe.ops.base import BuildContext, UserFunction
-    from torchpipe.ops.interleave_readers import InnerOpener
+    from torchpipe.ops.interleave import process_readers
+    from torchpipe.core.context import BuildContext
+    from torchpipe.core.function import UserFunction
+    from torchpipe.ops.interleave.readers import InnerOpener
 
     def big(x):
         return tp.range(100).map(lambda y: torch.full((128, 1024), float(y)))  # 512 KiB each

@@ -8,10 +8,11 @@ import psutil
 import pytest
 
 import torchpipe as tp
-from torchpipe.ops import interleave, process_readers, reader_placement
-from torchpipe.ops.interleave import InterleaveIterator
-from torchpipe.ops.reader_placement import ReaderPlacement, Window
-from torchpipe.ops.stats import IteratorStats
+from torchpipe.ops.interleave import interleave, process_readers
+from torchpipe.ops.interleave import placement as reader_placement
+from torchpipe.ops.interleave.interleave import InterleaveIterator
+from torchpipe.ops.interleave.placement import ReaderPlacement, Window
+from torchpipe.core.stats import IteratorStats
 from torchpipe.runtime.cpu import usable_cpu_count
 from torchpipe.runtime.policy import PROCESS, THREAD
 from torchpipe.runtime.process_pool import ProcessPool

@@ -1,4 +1,4 @@
-"""The counters every iterator keeps (torchpipe/ops/stats.py)."""
+"""The counters every iterator keeps (torchpipe/core/stats.py)."""
 
 import random
 import time
@@ -6,8 +6,8 @@ import time
 import pytest
 
 import torchpipe as tp
-from torchpipe.ops import stats as stats_module
-from torchpipe.ops.stats import CLOCK_ALL_S, CLOCK_EVERY, IteratorStats
+from torchpipe.core import stats as stats_module
+from torchpipe.core.stats import CLOCK_ALL_S, CLOCK_EVERY, IteratorStats
 
 
 def feed(stats, seconds):

@@ -7,10 +7,11 @@ import threading
 import pytest
 
 import torchpipe as tp
-from torchpipe.ops.base import BuildContext, UserFunction
-from torchpipe.ops.interleave_readers import InnerOpener
-from torchpipe.ops.stats import IteratorStats
-from torchpipe.ops.thread_readers import ThreadReaders
+from torchpipe.core.context import BuildContext
+from torchpipe.core.function import UserFunction
+from torchpipe.ops.interleave.readers import InnerOpener
+from torchpipe.core.stats import IteratorStats
+from torchpipe.ops.interleave.thread_readers import ThreadReaders
 from torchpipe.runtime.timing import CallTiming
 
 

@@ -23,7 +23,7 @@ import time
 from torchpipe.autotune import tunable
 from torchpipe.autotune.model import Knob, Stage
 from torchpipe.autotune.tunable import BUFFER, POOL
-from torchpipe.ops.base import Iterator
+from torchpipe.core.iterator import Iterator
 
 CONSUMER = "consumer"
 """The name of the training loop's stage in the model and the report."""

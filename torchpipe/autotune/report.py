@@ -12,9 +12,9 @@ from typing import Any
 from torchpipe.autotune import tunable
 from torchpipe.autotune.live import CONSUMER, Look, build_model, caller_seconds, look, walk
 from torchpipe.autotune.model import bottleneck
-from torchpipe.autotune.runner import Decision
+from torchpipe.autotune.autotuner import Decision
 from torchpipe.autotune.tunable import POOL
-from torchpipe.ops.base import Iterator
+from torchpipe.core.iterator import Iterator
 from torchpipe.runtime.tracing import TraceSnapshot
 
 WAITING_LIMIT = 0.2

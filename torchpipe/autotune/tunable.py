@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from torchpipe.ops.stats import IteratorStats, LiveKnob
+from torchpipe.core.stats import IteratorStats, LiveKnob
 
 POOL, BUFFER = "pool", "buffer"
 

@@ -2,6 +2,5 @@
 
 from torchpipe.graph.explain import explain_plan
 from torchpipe.graph.plan import PassHistory, PipelineIterator, Plan
-from torchpipe.graph.sharding import current_worker
 
-__all__ = ["PassHistory", "PipelineIterator", "Plan", "current_worker", "explain_plan"]
+__all__ = ["PassHistory", "PipelineIterator", "Plan", "explain_plan"]

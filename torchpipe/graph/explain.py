@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from torchpipe.constants import INFINITE, UNKNOWN
-from torchpipe.graph.distribute import describe as describe_distribution
+from torchpipe.distributed.ranks import describe as describe_distribution
 from torchpipe.graph.plan import Plan
-from torchpipe.graph.sharding import describe as describe_sharding
-from torchpipe.ops.base import Node
-from torchpipe.ops.structure import ElidedNode
+from torchpipe.distributed.workers import describe as describe_sharding
+from torchpipe.core.node import Node
+from torchpipe.ops.passthrough import ElidedNode
 
 
 def explain_plan(plan: Plan, tuned: dict[str, int] | None = None, running: bool = True) -> str:

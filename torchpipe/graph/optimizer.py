@@ -32,7 +32,7 @@ from torchpipe.graph.passes import (
     source_pushdown,
     vectorize,
 )
-from torchpipe.ops.base import Node
+from torchpipe.core.node import Node
 from torchpipe.options import OPTIMIZATIONS, Options
 
 PASSES = (

@@ -13,15 +13,19 @@ from typing import Any
 
 from torchpipe.autotune.live import Look, start_look
 from torchpipe.autotune.report import PipelineStats, pipeline_stats
-from torchpipe.autotune.runner import Autotuner, ConsumerClock, Decision, live_knobs
+from torchpipe.autotune.autotuner import Autotuner, ConsumerClock, Decision, live_knobs
 from torchpipe.autotune.tuner import Budget
-from torchpipe.distributed import Replica, broadcast_seed, worker_info
+from torchpipe.distributed.context import Replica, worker_info
+from torchpipe.distributed.collectives import broadcast_seed
 from torchpipe.errors import CheckpointError
-from torchpipe.graph.distribute import Distribution, distribute
+from torchpipe.distributed.ranks import Distribution, distribute
 from torchpipe.graph.optimizer import optimize
-from torchpipe.graph.sharding import WorkerShard, shard_for_worker, split_between_workers
-from torchpipe.ops.base import BuildContext, Iterator, Node, check_int
-from torchpipe.ops.fingerprint import describe_ops, ops_of
+from torchpipe.distributed.workers import WorkerShard, shard_for_worker, split_between_workers
+from torchpipe.core.context import BuildContext
+from torchpipe.core.iterator import Iterator
+from torchpipe.core.node import Node
+from torchpipe.core.state import check_int
+from torchpipe.storage.fingerprint import describe_ops, ops_of
 from torchpipe.options import Options
 from torchpipe.randomness import fresh_seed
 from torchpipe.runtime.tracing import TUNER, TraceLog, Track
@@ -39,10 +43,10 @@ class Plan:
         memory: what earlier passes learned, by stage position (the Dataset's; passes share it).
         worker: the torch DataLoader worker this process is, if any: the plan then yields its
             share alone, unless the pipeline or the code iterating it split the data by hand
-            (``graph/sharding.py``).
+            (``distributed/workers.py``).
         replica: the rank this process is, where the pipeline is split between ranks: the plan
             then yields the rank's share (with ``worker``, the worker's share of it;
-            ``graph/distribute.py``).
+            ``distributed/ranks.py``).
 
     Attributes:
         runtime_root: the root after the rank's or worker's shard and ``graph.optimizer.optimize``.
@@ -52,7 +56,7 @@ class Plan:
             cannot tell whether the user's code split the data between torch workers by hand.
 
     Raises:
-        ValueError: for distribution options this pipeline cannot run with (``graph/distribute.py``).
+        ValueError: for distribution options this pipeline cannot run with (``distributed/ranks.py``).
     """
 
     def __init__(self, root: Node, options: Options, memory: dict[tuple[int, ...], dict[str, Any]] | None = None,
@@ -88,7 +92,7 @@ class Plan:
 
     def fingerprint(self) -> list[str]:
         """Each op as written with its parameters, then the op kinds as run, depth first (a
-        fresh list; ``ops/fingerprint.py``).
+        fresh list; ``storage/fingerprint.py``).
 
         A checkpoint only loads into a pipeline of the same ops and parameters, optimized the
         same way.

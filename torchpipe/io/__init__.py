@@ -19,8 +19,8 @@ from torchpipe.io.files import DataLossError, expand_braces
 from torchpipe.io.index import TFRecordRecords, tfrecord_index
 from torchpipe.io.remote import RemoteReadError, RetryPolicy
 from torchpipe.io.load import SavedDataset
-from torchpipe.ops.saved_file import SavedFormatError, SavedRecords
-from torchpipe.io.sharding import split_files
+from torchpipe.storage.saved_file import SavedFormatError, SavedRecords
+from torchpipe.io.files import split_files
 from torchpipe.io.tfrecord import TFRecordDataset, TFRecordWriter, masked_crc
 from torchpipe.io.webdataset import TarWriter, from_webdataset
 

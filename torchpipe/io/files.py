@@ -1,6 +1,7 @@
 """Opening the files that readers read and writers write: local paths, URLs through fsspec
 (``remote.py``), GZIP/ZLIB streams, brace-expanded shard lists, and the error that names a
-corrupt file and the byte where the damage is.
+corrupt file and the byte where the damage is; and ``tp.io.split_files``, which marks where a
+list of files is split across ranks (the split itself is ``distributed/ranks.py``'s).
 """
 
 from __future__ import annotations
@@ -16,12 +17,14 @@ import zlib
 from collections.abc import Generator, Sequence
 from typing import Any, BinaryIO
 
-from torchpipe.dataset import Dataset
+from torchpipe.dataset import Dataset, _check_bool
+from torchpipe.distributed.nodes import SplitFilesNode
 from torchpipe.errors import CheckpointError, DataLossError  # noqa: F401 - tp.io.DataLossError lives here too
 from torchpipe.io import remote
-from torchpipe.ops.base import Iterator, check_state
-from torchpipe.ops.pending_file import PendingFile
-from torchpipe.ops.sources import FileListNode, SplitFileList
+from torchpipe.core.iterator import Iterator
+from torchpipe.core.state import check_state
+from torchpipe.storage.pending_file import PendingFile
+from torchpipe.ops.source_nodes import FileListNode, SplitFileList
 
 DEFAULT_BUFFER_SIZE = 256 * 1024
 """Read buffer of a record file (tf.data's default for TFRecordDataset)."""
@@ -343,3 +346,29 @@ def path_dataset(op: str, filenames: Any, braces: bool = False) -> Dataset:
     if isinstance(filenames, SplitFileList):  # tp.distributed.shard_files' share: not split again
         paths = SplitFileList(paths, filenames.shard)
     return Dataset(FileListNode(paths))
+
+
+def split_files(files: Dataset, *, shuffled: bool = False) -> Dataset:
+    """``files`` (a dataset of file names) split across ranks: each rank reads every
+    ``world_size``-th file (nothing changes outside ``torch.distributed``, without
+    ``DistributeOptions(rank=..., world_size=...)``, or with ``policy="off"``).
+
+    A pipeline that starts from a list of files (``tp.list_files``, ``tp.TFRecordDataset``,
+    ``tp.from_webdataset``) is split by file on several ranks without it; ``split_files`` puts the
+    split at this point (above ops of your own on the names, say). With ``policy="data"`` the
+    elements are split instead and ``split_files`` passes every file. For a plain list of names,
+    ``tp.distributed.shard_files`` is the same split.
+
+    Args:
+        files: the file names, the same list on every rank.
+        shuffled: say that ``files`` was shuffled with the pipeline seed, so the ranks share one
+            (rank 0's is broadcast where the pipeline has none; a pass that cannot share one, in
+            a torch DataLoader worker, fails instead of giving ranks overlapping files).
+
+    Raises:
+        TypeError: for ``files`` that is not a ``tp.Dataset``, or a ``shuffled`` that is not a bool.
+    """
+    _check_bool("split_files", "shuffled", shuffled)
+    if not isinstance(files, Dataset):
+        raise TypeError(f"split_files: expected a tp.Dataset of file names, got {type(files).__name__}")
+    return Dataset(SplitFilesNode(files._node, shuffled))

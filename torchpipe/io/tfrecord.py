@@ -38,8 +38,10 @@ from torchpipe.io.files import (
     open_stream,
     path_dataset,
 )
-from torchpipe.ops.base import BuildContext, Iterator, Node
-from torchpipe.ops.sources import FileOpener
+from torchpipe.core.context import BuildContext
+from torchpipe.core.iterator import Iterator
+from torchpipe.core.node import Node
+from torchpipe.ops.source_nodes import FileOpener
 
 _LENGTH = struct.Struct("<Q")
 _CRC = struct.Struct("<I")

@@ -31,9 +31,11 @@ from torchpipe.io.files import (
     open_stream,
     path_dataset,
 )
-from torchpipe.ops.base import BuildContext, Iterator, Node
-from torchpipe.ops.distribute import SplitFilesNode
-from torchpipe.ops.sources import FileOpener
+from torchpipe.core.context import BuildContext
+from torchpipe.core.iterator import Iterator
+from torchpipe.core.node import Node
+from torchpipe.distributed.nodes import SplitFilesNode
+from torchpipe.ops.source_nodes import FileOpener
 
 _KEY_AND_EXTENSION = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
 _META = re.compile(r"__[^/]*__($|/)")

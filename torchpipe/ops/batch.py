@@ -16,17 +16,11 @@ import torch
 from torchpipe import nest
 from torchpipe.constants import INFINITE, UNKNOWN
 from torchpipe.errors import CheckpointError
-from torchpipe.ops.base import (
-    BuildContext,
-    Iterator,
-    Node,
-    PassThroughIterator,
-    UserFunction,
-    check_bool,
-    check_int,
-    check_state,
-    function_name,
-)
+from torchpipe.core.context import BuildContext
+from torchpipe.core.iterator import Iterator, PassThroughIterator
+from torchpipe.core.node import Node, function_name
+from torchpipe.core.function import UserFunction
+from torchpipe.core.state import check_bool, check_int, check_state
 from torchpipe.ops.collate import (
     check_padded_shapes,
     check_padding_values,
@@ -35,7 +29,7 @@ from torchpipe.ops.collate import (
     collate_in_stage,
     padded_collate,
 )
-from torchpipe.ops.held_elements import HeldStructure
+from torchpipe.core.held_elements import HeldStructure
 from torchpipe.runtime.recycle import RecycledStack
 
 _Combine = Callable[[int, list], Any]

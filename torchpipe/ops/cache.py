@@ -21,9 +21,12 @@ import torch
 
 from torchpipe import nest
 from torchpipe.errors import CheckpointError, add_note
-from torchpipe.ops.base import BuildContext, Iterator, Node, check_bool, check_int, check_state
-from torchpipe.ops.cache_file import CacheFormatError, FileStorage, Origin, StaleCacheWarning, origin_of
-from torchpipe.ops.fingerprint import describe_ops
+from torchpipe.core.context import BuildContext
+from torchpipe.core.iterator import Iterator
+from torchpipe.core.node import Node
+from torchpipe.core.state import check_bool, check_int, check_state
+from torchpipe.storage.cache_file import CacheFormatError, FileStorage, Origin, StaleCacheWarning, origin_of
+from torchpipe.storage.fingerprint import describe_ops
 
 __all__ = ["CacheFormatError", "CacheIterator", "CacheNode", "MemoryStore", "StaleCacheWarning", "check_cache_path"]
 

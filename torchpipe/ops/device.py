@@ -22,7 +22,10 @@ from typing import Any
 import torch
 
 from torchpipe import nest
-from torchpipe.ops.base import BuildContext, Iterator, Node, PositionLog
+from torchpipe.core.context import BuildContext
+from torchpipe.core.iterator import Iterator
+from torchpipe.core.node import Node
+from torchpipe.core.position_log import PositionLog
 
 _WAIT_S = 0.5
 _END = object()

@@ -8,16 +8,11 @@ import numpy as np
 import torch
 
 from torchpipe.constants import UNKNOWN
-from torchpipe.ops.base import (
-    BuildContext,
-    Iterator,
-    Node,
-    PassThroughIterator,
-    UserFunction,
-    check_int,
-    check_state,
-    function_name,
-)
+from torchpipe.core.context import BuildContext
+from torchpipe.core.iterator import Iterator, PassThroughIterator
+from torchpipe.core.node import Node, function_name
+from torchpipe.core.function import UserFunction
+from torchpipe.core.state import check_int, check_state
 
 
 def as_bool(stage: str, value: Any) -> bool:

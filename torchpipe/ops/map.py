@@ -10,18 +10,13 @@ from typing import Any, Callable
 import torch
 
 from torchpipe.constants import AUTOTUNE
-from torchpipe.ops.base import (
-    AUTOTUNE_SYMBOL,
-    BuildContext,
-    Iterator,
-    Node,
-    PassThroughIterator,
-    UserFunction,
-    function_name,
-)
+from torchpipe.core.node import AUTOTUNE_SYMBOL, Node, function_name
+from torchpipe.core.context import BuildContext
+from torchpipe.core.iterator import Iterator, PassThroughIterator
+from torchpipe.core.function import UserFunction
 from torchpipe.ops.batch import BatchIterator
 from torchpipe.ops.parallel_map import ParallelMapIterator
-from torchpipe.ops.sources import DatasetFetch
+from torchpipe.ops.source_nodes import DatasetFetch
 from torchpipe.runtime.codec import StackedTensor
 from torchpipe.runtime.cpu import usable_cpu_count
 from torchpipe.runtime.recycle import RecycledStack

@@ -13,9 +13,10 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from torchpipe.ops.base import Iterator, PositionLog
+from torchpipe.core.iterator import Iterator
+from torchpipe.core.position_log import PositionLog
 from torchpipe.ops.filter import DROPPED
-from torchpipe.ops.stats import LiveKnob
+from torchpipe.core.stats import LiveKnob
 from torchpipe.randomness import global_rng_states, restore_global_rng_states
 from torchpipe.runtime.cpu import usable_cpu_count
 from torchpipe.runtime.dispatch import Dispatcher
@@ -44,7 +45,7 @@ class ParallelMapIterator(Iterator):
         parallelism: threads or processes to start with (an explicit ``num_parallel_calls``).
         deterministic: deliver in input order.
         executor: ``"thread"``, ``"process"``, a ``tp.RayExecutor`` (Ray actors: it makes the
-            pool, ``integrations/ray_pool.py``), or ``"auto"`` (the policy chooses, and moves the calls
+            pool, ``runtime/ray_pool.py``), or ``"auto"`` (the policy chooses, and moves the calls
             while they run; with ``tunable`` inline is a candidate too).
         restart: replace dead worker processes.
         tunable: ``num_parallel_calls=AUTOTUNE``: the autotuner resizes the pool while it runs.

@@ -1,6 +1,6 @@
 """``prefetch``: elements computed ahead on a background thread into a bounded buffer.
 
-A daemon thread pulls input elements through a :class:`~torchpipe.ops.base.PositionLog` into a
+A daemon thread pulls input elements through a :class:`~torchpipe.core.position_log.PositionLog` into a
 :class:`PrefetchBuffer`; the consumer takes them in order. Upstream errors travel through the
 buffer in their position and iteration continues after them. The checkpoint is the input's
 position before the oldest element not yet delivered: buffered elements are recomputed after a
@@ -27,8 +27,11 @@ from collections import deque
 from typing import Any, Callable
 
 from torchpipe.constants import AUTOTUNE
-from torchpipe.ops.base import AUTOTUNE_SYMBOL, BuildContext, Iterator, Node, PositionLog
-from torchpipe.ops.stats import IteratorStats, LiveKnob
+from torchpipe.core.node import AUTOTUNE_SYMBOL, Node
+from torchpipe.core.context import BuildContext
+from torchpipe.core.iterator import Iterator
+from torchpipe.core.position_log import PositionLog
+from torchpipe.core.stats import IteratorStats, LiveKnob
 
 AUTOTUNE_DEPTH = 2
 """Buffer depth used for ``prefetch(tp.AUTOTUNE)`` until the autotuner resizes it."""

@@ -1,8 +1,8 @@
 """``snapshot(path)``: a pipeline's output kept on disk across jobs, under the pipeline's fingerprint.
 
-A snapshot is a saved dataset (:mod:`torchpipe.ops.saved_file`) in ``<path>/<fingerprint>/``, where the
+A snapshot is a saved dataset (:mod:`torchpipe.storage.saved_file`) in ``<path>/<fingerprint>/``, where the
 fingerprint digests the pipeline above the snapshot: every op with its parameters and each
-function's code (``ops/fingerprint.py``). So a job running the same pipeline finds it and a
+function's code (``storage/fingerprint.py``). So a job running the same pipeline finds it and a
 changed pipeline writes a new one next to it. The op is ``cache``'s iterator
 (:class:`~torchpipe.ops.cache.CacheIterator`: the first complete pass stores, later passes replay,
 checkpoints in every mode) over a storage that writes shards on writer threads while the pass is
@@ -23,25 +23,12 @@ import weakref
 from typing import Any, BinaryIO
 
 from torchpipe.integrations.progress import ProgressBar
-from torchpipe.ops.saved_file import (
-    FORMAT,
-    FORMAT_VERSION,
-    PARTIAL,
-    SavedFormatError,
-    SavedRecords,
-    ShardFile,
-    lock_directory,
-    new_generation,
-    read_manifest,
-    remove_files,
-    shard_name,
-    write_manifest,
-)
-from torchpipe.ops.shard_writers import ShardWriters
-from torchpipe.ops.base import Node
+from torchpipe.storage.saved_file import FORMAT, FORMAT_VERSION, PARTIAL, SavedFormatError, SavedRecords, ShardFile, lock_directory, new_generation, read_manifest, remove_files, shard_name, write_manifest
+from torchpipe.storage.save_writers import ShardWriters
+from torchpipe.core.node import Node
 from torchpipe.ops.cache import CacheNode
-from torchpipe.ops.cache_file import Origin, origin_of, read_header
-from torchpipe.ops.fingerprint import describe_ops
+from torchpipe.storage.cache_file import Origin, origin_of, read_header
+from torchpipe.storage.fingerprint import describe_ops
 from torchpipe.runtime.cpu import usable_cpu_count
 
 _POSITION, _TEMP, _OFFSET, _WRITTEN = "position", "temp", "offset", "written"  # CacheIterator's state keys

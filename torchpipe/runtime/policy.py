@@ -23,7 +23,7 @@ import time
 INLINE, THREAD, PROCESS = "inline", "thread", "process"
 KINDS = (INLINE, THREAD, PROCESS)
 RAY = "ray"
-"""Ray actors (``integrations/ray_pool.py``): only where a stage asks for them, never the policy's pick."""
+"""Ray actors (``runtime/ray_pool.py``): only where a stage asks for them, never the policy's pick."""
 
 MARGIN = 1.15
 """How much faster a dearer executor must be predicted (or measured) to be chosen."""

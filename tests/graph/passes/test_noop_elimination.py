@@ -1,7 +1,7 @@
 import pytest
 
 import torchpipe as tp
-from torchpipe.ops.structure import ElidedNode
+from torchpipe.ops.passthrough import ElidedNode
 
 from tests.graph.passes.toggle import assert_pass_keeps_output, only
 

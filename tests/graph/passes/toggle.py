@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import torchpipe as tp
-from torchpipe.ops.base import Node
-from torchpipe.ops.structure import WithOptionsNode
+from torchpipe.core.node import Node
+from torchpipe.ops.passthrough import WithOptionsNode
 from torchpipe.options import OPTIMIZATIONS
 from torchpipe.testing import assert_checkpoint_roundtrip, assert_same_elements
 

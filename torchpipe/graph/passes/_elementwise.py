@@ -17,12 +17,12 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from torchpipe.constants import AUTOTUNE
-from torchpipe.graph.rewrite import rewrite_bottom_up
-from torchpipe.ops.base import Node
+from torchpipe.core.rewrite import rewrite_bottom_up
+from torchpipe.core.node import Node
 from torchpipe.ops.filter import FilterNode
 from torchpipe.ops.fused import FusedMapNode, is_pure_stage
 from torchpipe.ops.map import MapNode, executor_kind
-from torchpipe.ops.structure import ElidedNode
+from torchpipe.ops.passthrough import ElidedNode
 from torchpipe.options import Options
 
 Kinds = tuple[str, ...]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from torchpipe.graph.passes._elementwise import apply_fusion
-from torchpipe.ops.base import Node
+from torchpipe.core.node import Node
 from torchpipe.options import Options
 
 NAME = "filter_fusion"

@@ -4,7 +4,7 @@ where the map ran and dropped elements never travel back."""
 from __future__ import annotations
 
 from torchpipe.graph.passes._elementwise import apply_fusion
-from torchpipe.ops.base import Node
+from torchpipe.core.node import Node
 from torchpipe.options import Options
 
 NAME = "map_filter_fusion"

@@ -6,20 +6,22 @@ with its batch): only indices cross to the workers. Ops between the source and t
 reorder or select elements (shuffle, take, skip, shard, repeat) then run on the indices; every
 node keeps its place in the graph, so its seeds and its checkpoint are the same. Where the
 pipeline is split between ranks the source already yields indices, read by a ``fetch`` above the
-rank's shard (``graph/distribute.py``); a parallel map over that fetch takes its reads over.
+rank's shard (``distributed/ranks.py``); a parallel map over that fetch takes its reads over.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from torchpipe.graph.rewrite import rewrite_bottom_up, with_attrs, with_inputs
-from torchpipe.ops.base import Node
-from torchpipe.ops.distribute import FetchNode
+from torchpipe.core.rewrite import rewrite_bottom_up, with_attrs, with_inputs
+from torchpipe.core.node import Node
+from torchpipe.distributed.nodes import FetchNode
 from torchpipe.ops.map import MapNode
 from torchpipe.ops.shuffle import ShuffleNode, ShuffleRepeatNode
-from torchpipe.ops.sources import FromDatasetNode, IndicesNode
-from torchpipe.ops.structure import ElidedNode, RepeatNode, ShardNode, SkipNode, TakeNode
+from torchpipe.ops.source_nodes import FromDatasetNode, IndicesNode
+from torchpipe.ops.passthrough import ElidedNode
+from torchpipe.ops.repeat import RepeatNode
+from torchpipe.ops.select import ShardNode, SkipNode, TakeNode
 from torchpipe.options import Options
 
 NAME = "source_pushdown"

@@ -1,0 +1,552 @@
+"""Where a DataLoader's batches are made: torch's fetch logic, run through torchpipe's runtime.
+
+:class:`WorkerIterator` is what ``iter(tp.DataLoader(...))`` returns for a map-style or iterable
+dataset when ``num_workers > 0`` or ``"auto"`` (and workers can fork). Each batch is a task
+numbered in sampler order, run by torch's own fetcher and collation, and delivered through the
+runtime's dispatcher (bounded waits, the stall check, in order or as completed).
+
+- ``num_workers=n``: ``n`` worker processes forked from a zygote, torch's seeds and order (batch
+  ``k`` to worker ``k % n``), batches stacked straight into shared memory; a dead worker is
+  replaced and its batches fetched again.
+- ``num_workers="auto"`` over a map-style dataset: the runtime's policy places the batches in
+  this process (inline), on threads or on worker processes, from what the first batches cost, and
+  moves them while the epoch runs when measurements say another place is faster; the autotuner
+  sizes the pool. Every batch's global RNGs are seeded from the epoch's base seed and the batch's
+  index, so augmentation is the same on every run wherever a batch was made (docs/determinism.md).
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.utils.data._utils.collate as torch_collate
+import torch.utils.data._utils.fetch as torch_fetch
+from torch.utils.data import dataloader as torch_dataloader
+from torch.utils.data._utils.pin_memory import pin_memory
+
+from torchpipe.autotune.live import start_look
+from torchpipe.autotune.report import PipelineStats, pipeline_stats
+from torchpipe.autotune.autotuner import Autotuner, ConsumerClock
+from torchpipe.autotune.tuner import Budget
+from torchpipe.errors import add_note
+from torchpipe.loader.replicas import EndedOnReplay, ReplicaPlan, Replicas
+from torchpipe.core.stats import IteratorStats, LiveKnob
+from torchpipe.options import DEFAULT_STALL_TIMEOUT_S
+from torchpipe.randomness import (
+    GLOBAL_RNGS,
+    call_seeded,
+    global_rng_states,
+    mix_seed,
+    restore_global_rng_states,
+    GlobalDraws,
+    seed_global_rngs,
+)
+from torchpipe.runtime.codec import StackedTensor
+from torchpipe.runtime.cpu import usable_cpu_count
+from torchpipe.runtime.dispatch import Dispatcher
+from torchpipe.runtime.executor import Executor, InlineExecutor, ThreadExecutor
+from torchpipe.runtime.placement import Placement, measure_calls
+from torchpipe.runtime.policy import INLINE, KINDS, PROCESS, THREAD, Policy
+from torchpipe.runtime.process_pool import ProcessPool
+
+DataLoader = torch.utils.data.DataLoader  # a torchpipe.DataLoader: torch's, with its ``_tp`` state
+STAGE = "DataLoader workers"
+
+
+def _stack_later(batch: list[torch.Tensor], *, collate_fn_map: Any = None) -> Any:
+    """torch's tensor collation, except that same-shape plain tensors are stacked straight into
+    the shared-memory record the batch is sent in (torch's own would allocate a new shared
+    segment per batch)."""
+    first = batch[0]
+    plain = all(
+        type(t) is torch.Tensor and t.layout is torch.strided and t.device.type == "cpu"
+        and t.shape == first.shape and t.dtype == first.dtype
+        for t in batch
+    )
+    if plain:
+        return StackedTensor(batch)
+    return torch_collate.collate_tensor_fn(batch, collate_fn_map=collate_fn_map)
+
+
+_WORKER_COLLATE_MAP = {**torch_collate.default_collate_fn_map, torch.Tensor: _stack_later}
+
+
+def _collate_into_shared_memory(batch: list[Any]) -> Any:
+    """``default_collate`` with exactly its semantics, stacking tensors into shared memory."""
+    return torch_collate.collate(batch, collate_fn_map=_WORKER_COLLATE_MAP)
+
+
+def batch_seed(base_seed: int, epoch: int, batch: int) -> int:
+    """The global RNGs' seed for batch ``batch`` of an epoch with ``num_workers="auto"``."""
+    return mix_seed(base_seed, epoch, batch)
+
+
+def fetch_noted(fetch: Callable[[Any], Any], index: Any, batch: int, replica: int | None = None) -> Any:
+    """``fetch(index)``: an error it raises gets a note naming the DataLoader's batch and the
+    dataset index that failed (or the batch's indices, or the IterableDataset replica)."""
+    try:
+        return fetch(index)
+    except StopIteration:
+        raise
+    except Exception as e:
+        where = f"IterableDataset replica {replica}" if replica is not None else _failed_index(e, index)
+        add_note(e, f"raised in torchpipe stage DataLoader at batch {batch}, {where}")
+        raise
+
+
+def _failed_index(error: BaseException, index: Any) -> str:
+    """Which index of the batch ``error`` came from: the one torch's fetcher was at when it was
+    raised (read from the traceback, so no call pays for it), else the batch's indices."""
+    if index is None or (isinstance(index, list) and all(i is None for i in index)):
+        return "in the IterableDataset"  # its sampler yields no indices
+    if not isinstance(index, list):
+        return f"dataset index {index!r}"
+    tb = error.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        if frame.f_code.co_filename == torch_fetch.__file__ and "idx" in frame.f_locals:
+            return f"dataset index {frame.f_locals['idx']!r}"
+        tb = tb.tb_next
+    shown = ", ".join(map(repr, index[:8])) + (f", ... ({len(index)} in all)" if len(index) > 8 else "")
+    return f"dataset indices [{shown}]"
+
+
+class _Exhausted:
+    """What a worker returns once its IterableDataset replica has ended (``on_replay``: it ended
+    while a replacement worker replayed it, after ``on_replay`` batches)."""
+
+    def __init__(self, on_replay: int | None = None) -> None:
+        self.on_replay = on_replay
+
+
+class _FetchTask:
+    """Runs in each worker: torch's worker set-up, then torch's fetcher for every batch.
+
+    Seeds ``random``, torch and numpy exactly as torch's workers do (``base_seed + worker_id``),
+    sets ``get_worker_info()``, calls ``worker_init_fn``, and makes the fetcher (for an
+    IterableDataset, the worker's own replica): :class:`~torchpipe.loader.replicas.Replicas`
+    does it, and runs the further replicas a batch may name (``num_workers="auto"`` over an
+    IterableDataset). An error in that set-up is raised for every task, as torch does. With
+    ``per_batch_seeds`` (``num_workers="auto"`` over a map-style dataset) the global RNGs are
+    seeded again before each batch, from its index (:func:`batch_seed`).
+    """
+
+    def __init__(self, loader: DataLoader, base_seed: int, num_workers: int, per_batch_seeds: bool) -> None:
+        collate_fn = loader.collate_fn
+        if collate_fn is torch_collate.default_collate:
+            collate_fn = _collate_into_shared_memory
+        kind, auto_collation, drop_last = loader._dataset_kind, loader._auto_collation, loader.drop_last
+
+        def make_fetcher(dataset: Any) -> Any:
+            return torch_dataloader._DatasetKind.create_fetcher(kind, dataset, auto_collation, collate_fn, drop_last)
+
+        # num_workers: what get_worker_info() says, the most workers (or replicas) there may be
+        self.replicas = Replicas(loader.dataset, num_workers, base_seed, loader.worker_init_fn, make_fetcher)
+        self.base_seed = base_seed
+        self.per_batch_seeds = per_batch_seeds
+        self.worker_id = 0
+
+    def start_worker(self, worker_id: int) -> None:
+        self.worker_id = worker_id
+        self.replicas.start(worker_id)
+
+    def __call__(self, seq: int, payload: tuple[Any, ...]) -> Any:
+        # an IterableDataset's batch names its replica and its place in the replica's batches
+        epoch, batch, index, *place = payload
+        if self.per_batch_seeds:
+            seed_global_rngs(batch_seed(self.base_seed, epoch, batch))
+        replica, position = place if place else (self.worker_id, None)
+        try:
+            return fetch_noted(lambda i: self.replicas.fetch(replica, epoch, i, position), index, batch,
+                               replica if place else None)  # fmt: skip
+        except StopIteration:
+            return _Exhausted()
+        except EndedOnReplay as e:
+            return _Exhausted(on_replay=e.args[0])
+
+
+class _LocalFetch:
+    """Fetches batches in this process, inline or on threads, as torch does with ``num_workers=0``.
+
+    Inline, the global RNGs in ``rngs`` are seeded per batch as a worker seeds them, and the
+    consumer's own states of them are put back afterwards (its dropout must not be reseeded).
+    ``rngs`` are those the batches draw from, as measured: saving numpy's state costs ~90 us, so
+    RNGs the dataset does not use are left alone. On threads nothing is seeded: the policy puts a
+    fetch there only if it draws from none of them.
+    """
+
+    def __init__(self, loader: DataLoader, base_seed: int, rngs: tuple[str, ...]) -> None:
+        self.base_seed = base_seed
+        self.rngs = rngs
+        self.fetcher = torch_dataloader._DatasetKind.create_fetcher(
+            loader._dataset_kind, loader.dataset, loader._auto_collation, loader.collate_fn, loader.drop_last
+        )
+
+    def __call__(self, seq: int, payload: tuple[int, int, Any]) -> Any:
+        epoch, batch, index = payload
+        if not self.rngs:
+            return fetch_noted(self.fetcher.fetch, index, batch)
+        saved = global_rng_states(self.rngs)
+        try:
+            return self.seeded(payload)
+        finally:
+            restore_global_rng_states(saved)
+
+    def seeded(self, payload: tuple[int, int, Any]) -> Any:
+        """Fetch with the RNGs seeded for the batch, and nothing put back."""
+        epoch, batch, index = payload
+        return call_seeded(batch_seed(self.base_seed, epoch, batch), fetch_noted, self.fetcher.fetch, index, batch,
+                           rngs=self.rngs)  # fmt: skip
+
+
+class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
+    """Batches made off the consumer's path (or, with ``"auto"``, wherever is fastest), delivered
+    in sampler order (or as they finish with ``in_order=False``).
+
+    Like torch's multiprocessing iterator it keeps ``prefetch_factor`` batches per worker in
+    flight, skips workers whose IterableDataset replica has ended, and raises after ``timeout``
+    seconds without a batch. Results arrive through shared memory; a dead worker is replaced
+    and its batches fetched again.
+    """
+
+    def __init__(self, loader: DataLoader) -> None:
+        super().__init__(loader)
+        self._in_order = loader.in_order
+        self._factor = loader.prefetch_factor or 2
+        self._tp_state = state = loader._tp
+        iterable = self._dataset_kind == torch_dataloader._DatasetKind.Iterable
+        self._auto = state.workers_auto and not iterable
+        most = max(self._num_workers, 2 * usable_cpu_count()) if state.workers_auto else self._num_workers
+        # auto over an IterableDataset: `most` replicas, on processes decided from the first batches
+        self._plan = ReplicaPlan(most, self._num_workers, state.tuned_workers) if state.workers_auto and iterable else None
+        processes = self._plan.processes if self._plan is not None else self._num_workers
+        self._pool = ProcessPool(_FetchTask(loader, self._base_seed, most, self._auto), processes, STAGE)
+        self._stage = _WorkersStage(self)
+        self._dispatch = Dispatcher(STAGE, self._pool, DEFAULT_STALL_TIMEOUT_S)
+        self._placement: Placement | None = None
+        self._knob: LiveKnob | None = None
+        # Batch k goes to worker (or replica) k % n: a replica's batches must, and fixed workers
+        # keep torch's order; with in_order=False a map-style batch goes to the least busy worker.
+        self._pinned = iterable or (not self._auto and self._in_order)
+        if self._auto:
+            self._start_auto(loader, most)
+        else:
+            self._pool.start()
+        self._tuner: Autotuner | None = None
+        self._tuner_stop: weakref.finalize | None = None
+        self._epoch = -1
+        self._seq = 0  # sequence numbers run on across epochs: late results of a broken-off
+        self._start_epoch()  # epoch can never be taken for this one's
+
+    def _start_auto(self, loader: DataLoader, most: int) -> None:
+        """``num_workers="auto"``: the policy (kept by the loader across epochs) places batches."""
+        state = self._tp_state
+        if state.policy is None:
+            state.policy = Policy(KINDS, usable_cpu_count())
+        drawn = state.drawn_rngs if state.drawn_rngs is not None else GLOBAL_RNGS  # all, until measured
+        self._local = {INLINE: _LocalFetch(loader, self._base_seed, drawn), THREAD: _LocalFetch(loader, self._base_seed, ())}
+        self._dispatch.switch(InlineExecutor(self._local[INLINE], self._pool.timing), _park)
+        self._placement = Placement(self._dispatch, self._make, state.policy, self._pool.timing,
+                                    self._moved, _park)  # fmt: skip
+        self._knob = _workers_knob(self, 0, most)
+
+    def _make(self, kind: str, workers: int) -> Executor:
+        if kind == INLINE:
+            return InlineExecutor(self._local[INLINE], self._pool.timing)
+        if kind == THREAD:
+            return ThreadExecutor(self._local[THREAD], workers, STAGE, self._pool.timing)
+        self._pool.resize(workers)
+        return self._pool
+
+    def _moved(self, kind: str, workers: int) -> None:
+        self._tp_state.tuned_workers = workers
+        self._num_workers = workers
+        if self._knob is not None:
+            self._knob.value = workers
+
+    def _reset(self, loader: DataLoader, first_iter: bool = False) -> None:
+        """The next epoch with the same (persistent) workers, as torch's iterator does."""
+        super()._reset(loader, first_iter)
+        self._start_epoch()
+
+    def _start_epoch(self) -> None:
+        self._stop_tuner()
+        self._dispatch.forget()
+        self._clock, self._started = ConsumerClock(), start_look()
+        self._stage.stats = IteratorStats()
+        self._stage.stats.calls = self._pool.timing
+        if self._knob is not None:
+            self._tuner = Autotuner(self._stage, self._clock, Budget.of_machine())
+            if self._tuner_stop is not None:
+                self._tuner_stop.detach()
+            self._tuner_stop = weakref.finalize(self, self._tuner.stop)  # a dropped iterator stops it
+        self._epoch += 1
+        self._batch = 0  # batches drawn from the sampler this epoch (each one's seed)
+        self._active = [True] * (self._plan.replicas if self._plan is not None else self._num_workers)
+        self._made = [0] * len(self._active)  # batches asked of each worker's (or replica's) dataset
+        self._slot = 0
+        self._task_slot: dict[int, int | None] = {}
+        self._sampler_done = False
+        if self._placement is not None:
+            self._place()
+        self._fill()
+
+    def _place(self) -> None:
+        """Where this epoch's batches go: where the last epoch left them, or, the first time, where
+        the policy puts them after a few batches made here and measured."""
+        policy, state = self._tp_state.policy, self._tp_state
+        if policy.kind is not None:
+            self._placement.move(policy.kind, state.tuned_workers or 0)
+            return
+        def drawn(draws: GlobalDraws) -> None:  # from here on only these are seeded and put back
+            state.drawn_rngs = self._local[INLINE].rngs = tuple(sorted(draws.drawn))
+
+        saved = global_rng_states()  # once: putting them back after every measured batch would be measured
+        try:
+            costs, _ = measure_calls(self._run_inline, on_draws=drawn)
+        finally:
+            restore_global_rng_states(saved)
+        self._placement.decide(costs.without_threads() if state.drawn_rngs else costs)
+
+    def _run_inline(self, limit: int) -> list[Any]:
+        results = []
+        while len(results) < limit and not self._sampler_done:
+            payload = self._next_payload()
+            if payload is None:
+                break
+            try:
+                value, error = self._local[INLINE].seeded(payload), None
+            except Exception as e:  # noqa: BLE001 - delivered in its place
+                value, error = None, e
+            self._task_slot[self._seq] = None
+            self._dispatch.put(self._seq, value, error)
+            self._seq += 1
+            results.append(value)
+        return results
+
+    def _next_payload(self) -> tuple[int, int, Any] | None:
+        try:
+            index = self._next_index()
+        except StopIteration:
+            self._sampler_done = True
+            return None
+        self._batch += 1
+        return self._epoch, self._batch - 1, index
+
+    def _window(self) -> int:
+        """Batches in flight: ``prefetch_factor`` per worker (one at a time inline)."""
+        if self._placement is not None and self._placement.kind == INLINE:
+            return 1
+        workers = self._placement.workers if self._placement is not None else self._pool.size
+        return self._factor * max(workers, 1)
+
+    def _fill(self) -> None:
+        """Send batches until ``prefetch_factor`` per worker are in flight (or none are left)."""
+        while self._dispatch.pending < self._window() and not self._sampler_done and (self._auto or any(self._active)):
+            replica = host = None
+            if self._pinned:  # workers (or replicas) get torch's order: batch k to k % n
+                replica = self._next_active()
+                host = self._host(replica)
+                if host is None:
+                    return  # the first batches' cost decides where the other replicas run
+            payload = self._next_payload()
+            if payload is None:
+                return
+            self._task_slot[self._seq] = replica
+            if host is None:
+                self._dispatch.submit(self._seq, payload)
+            else:
+                self._slot = (replica + 1) % len(self._active)
+                if self._dataset_kind == torch_dataloader._DatasetKind.Iterable:
+                    payload = (*payload, replica, self._made[replica])
+                    self._made[replica] += 1
+                self._dispatch.submit(self._seq, payload, slot=host)
+            self._seq += 1
+
+    def _next_active(self) -> int:
+        """The worker (or replica) whose turn it is: the first from ``_slot`` on that has not ended."""
+        n = len(self._active)
+        return next(r % n for r in range(self._slot, self._slot + n) if self._active[r % n])
+
+    def _host(self, replica: int) -> int | None:
+        """The worker slot that makes ``replica``'s batches; None while that waits for a measurement."""
+        if self._plan is None:
+            return replica
+        host = self._plan.host(replica)
+        if host is None:
+            calls, wall_s, cpu_s = self._pool.timing.totals()
+            if calls < self._plan.processes:  # a batch from each: one alone may be a slow start
+                return None
+            self._tp_state.tuned_workers = self._plan.decide(calls, wall_s, cpu_s, usable_cpu_count())
+            self._pool.resize(self._plan.processes)
+            host = self._plan.host(replica)
+        return host
+
+    def skip(self, count: int) -> None:
+        """Resume support: drop ``count`` batches (map-style: drawn from the sampler, not fetched)."""
+        for _ in range(count):
+            if self._dataset_kind == torch_dataloader._DatasetKind.Map and not self._dispatch.pending:
+                if self._next_payload() is None:
+                    raise StopIteration  # the caller says the state is not this epoch's
+            else:
+                self._next_data()
+            self._num_yielded += 1
+
+    def _next_data(self) -> Any:
+        self._clock.enter()
+        if self._knob is not None:
+            self._knob.take_request()
+        stats, started = self._stage.stats, time.perf_counter()
+        if self._placement is not None and self._placement.kind == INLINE and not self._dispatch.pending:
+            value, error, waited = self._fetch_here(), None, 0.0
+        else:
+            value, error, waited = self._receive()
+        stats.produced += 1
+        stats.wait_s += waited
+        if stats.unclocked:  # cheap batches are clocked one in a few (see IteratorStats.clocked)
+            stats.unclocked -= 1
+        else:
+            stats.look(self._dispatch.finished, self._window())
+            stats.clocked(time.perf_counter() - started, waited)
+        stats.sample_bytes(value)
+        if self._placement is not None:
+            self._placement.delivered(stats.wall_s)
+        if error is not None:
+            raise error
+        if self._tuner is not None and not self._tuner.started:
+            self._tuner.start()  # with the first batch, as a pipeline's tuner
+        self._clock.leave()
+        return pin_memory(value, self._pin_memory_device) if self._pin_memory else value
+
+    def _fetch_here(self) -> Any:
+        """The next batch, made on this thread (inline, nothing in flight): no dispatch needed."""
+        payload = self._next_payload()
+        if payload is None:
+            self._shutdown_if_done()
+            raise StopIteration
+        self._seq += 1
+        return self._dispatch.executor.call(self._seq - 1, payload)
+
+    def _receive(self) -> tuple[Any, BaseException | None, float]:
+        """The next batch from the dispatcher (sent ahead to an executor): value, error, seconds waited."""
+        waited = 0.0
+        while True:
+            self._fill()
+            if not self._dispatch.pending:
+                self._shutdown_if_done()
+                raise StopIteration
+            before = self._dispatch.wait_s
+            seq, value, error = self._take()
+            waited += self._dispatch.wait_s - before
+            slot = self._task_slot.pop(seq)
+            if isinstance(value, _Exhausted):
+                if value.on_replay is not None and self._active[slot]:
+                    raise RuntimeError(
+                        f"a worker running IterableDataset replica {slot} died; its replacement replayed the replica "
+                        f"to skip what was delivered, but it ended after {value.on_replay} batches where it had made "
+                        "more: it yields other elements on each run, so the epoch cannot go on without losing data"
+                    )
+                self._active[slot] = False
+                continue
+            return value, error, waited
+
+    def _take(self) -> tuple[int, Any, BaseException | None]:
+        deadline = time.monotonic() + self._timeout if self._timeout > 0 else None
+        try:
+            return self._dispatch.take(self._in_order, deadline)
+        except TimeoutError:
+            raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds") from None
+
+    def stats(self) -> PipelineStats:
+        """This epoch's numbers: batches, the time per batch, the loop's waiting, where batches were
+        made and by how many (and the tuner's rounds, with ``num_workers="auto"``)."""
+        decisions = list(self._tuner.decisions) if self._tuner is not None else []
+        stats = pipeline_stats(self._stage, self._started, self._clock.outside_s(), decisions)
+        kind = self._placement.kind if self._placement is not None else PROCESS
+        stats[0]["knobs"] = {"num_workers": self._stage.parallelism(), "in_flight": self._window(), "executor": kind}
+        return stats
+
+    def _stop_tuner(self) -> None:
+        if self._tuner is not None:
+            self._tuner.stop()
+
+    def _shutdown_if_done(self) -> None:
+        self._tp_state.last_stats = self.stats()  # loader.stats() describes this pass until the next
+        self._stop_tuner()
+        if not self._persistent_workers:
+            self._dispatch.close()
+            self._pool.close()
+
+    def __del__(self) -> None:
+        state = getattr(self, "_tp_state", None)
+        if state is not None and getattr(self, "_stage", None) is not None and self._stage.stats.produced:
+            try:
+                state.last_stats = self.stats()  # a pass left mid-epoch, as far as it went
+            except Exception:  # noqa: BLE001 - a report is not worth failing a collection over
+                pass
+        for part in ("_dispatch", "_pool"):
+            closing = getattr(self, part, None)
+            if closing is not None:
+                closing.close()
+
+
+def _park(executor: Executor) -> None:
+    """Retire an executor the batches moved away from: a process pool keeps its zygote."""
+    if isinstance(executor, ProcessPool):
+        executor.resize(0)
+    else:
+        executor.close()
+
+
+class _WorkersStage:
+    """A DataLoader's batches as the autotuner and the report see them: one pool stage, no input.
+
+    It counts the batches delivered (and the loop's waits) in the iterator stats every op keeps;
+    the time per batch comes from the executors' call timing.
+    """
+
+    name = STAGE
+    tuning_role = "pool"
+
+    def __init__(self, iterator: WorkerIterator) -> None:
+        self.stats = IteratorStats()
+        self._iterator = weakref.ref(iterator)
+
+    def children(self) -> list[Any]:
+        return []
+
+    def knobs(self) -> list[LiveKnob]:
+        it = self._iterator()
+        return [it._knob] if it is not None and it._knob is not None else []
+
+    def parallelism(self) -> int:
+        it = self._iterator()
+        if it is None:
+            return 0
+        return it._placement.workers if it._placement is not None else it._pool.size
+
+    def buffer_slots(self) -> int:
+        it = self._iterator()
+        return it._window() if it is not None else 0
+
+    def calls_in_processes(self) -> bool:
+        it = self._iterator()
+        return it is not None and (it._placement is None or it._placement.kind == PROCESS)
+
+
+def _workers_knob(iterator: WorkerIterator, value: int, most: int) -> LiveKnob:
+    """The tuner's knob for the worker count (0: batches made in this process); it holds the
+    iterator weakly (the tuner's thread must not keep a dropped iterator, and its workers, alive)."""
+    ref = weakref.ref(iterator)
+
+    def apply(n: int) -> None:
+        live = ref()
+        if live is not None:
+            live._placement.resize(n)
+            live._fill()
+
+    return LiveKnob(f"{STAGE}.parallelism", value, 0, most, False, apply)

@@ -1,0 +1,365 @@
+"""Interleave readers in worker processes: each open inner dataset is read ahead chunk by chunk.
+
+A chunk task asks a worker to open one inner dataset at a saved position, read the next chunk of
+elements, and send them back together with the inner iterator's state after each one. A worker
+keeps the inner datasets it has open between chunks (each reader's chunks go to the same worker),
+so a stream is read once, not re-opened per chunk; a chunk that lands elsewhere (after a resize or
+a worker's death) opens the inner dataset at its saved position instead, so central dispatch,
+resizing and restarts work as for ``map``. Chunks go through the runtime's
+:class:`~torchpipe.runtime.dispatch.Dispatcher` (as completed), so their waits are bounded and
+watched like every other stage's.
+"""
+
+from __future__ import annotations
+
+import itertools
+import pickle
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from typing import Any
+
+from torchpipe.core.iterator import Iterator
+from torchpipe.ops.interleave.readers import END, ERROR, FAILED, VALUE, InnerOpener, Item, Reader, ReaderPlace, ReaderPool
+from torchpipe.core.stats import element_bytes
+from torchpipe.runtime import codec
+from torchpipe.runtime.columns import Columns, to_columns
+from torchpipe.runtime.cpu import usable_cpu_count
+from torchpipe.runtime.dispatch import Dispatcher
+from torchpipe.runtime.policy import PROCESS
+from torchpipe.runtime.process_pool import ProcessPool
+
+_WAIT_S = 0.5
+_STOP_S = 0.1  # how long release() waits for chunks in flight
+_KEPT_OPEN = 64  # inner iterators a worker keeps open between chunks (least recently used go)
+_CHUNK_ITEMS = 256  # a chunk ends at this many items,
+_CHUNK_S = 0.02  # or once reading it took this long (slow reads: a few per round trip),
+_CHUNK_BYTES = 4 << 20  # or at about this many bytes of tensors and arrays
+_SIZE_EVERY = 8  # the chunk's size counts every item as the last one measured, measuring every 8th
+_COLLECT_EVERY = 16  # items taken between looks for chunks that arrived for other readers
+_READER_IDS = itertools.count()  # unique in the main process, whose forks the workers are
+
+
+class InnerChunkTask:
+    """Runs in a worker: read the next chunk of inner dataset ``seq``.
+
+    A chunk ends at ``count`` items (at least ``block_length``), after ``_CHUNK_S`` seconds of
+    reading or at ``_CHUNK_BYTES``, whichever comes first: one round trip carries many cheap items
+    or several slow reads, and little memory.
+
+    The payload names the reader (``reader_id``) and how many items it has read so far; a
+    worker that still has that reader's inner iterator open at that position reads on from it,
+    any other opens the inner dataset at ``state``. Returns a list of ``(kind, payload,
+    inner_state_after)``; it ends with an ``END`` item if the inner dataset ended. A chunk of
+    values of one flat structure comes as a :class:`PackedChunk` (its values as columns) instead.
+    Worker processes inherit the task through fork (Ray actors get it pickled). Threads of a worker may run tasks of
+    different readers at once (a reader has one chunk in flight at a time).
+    """
+
+    def __init__(self, opener: InnerOpener) -> None:
+        self.opener = opener
+        self._open: OrderedDict[int, tuple[int, Iterator]] = OrderedDict()  # reader_id -> (position, iterator)
+        self._lock = threading.Lock()
+
+    def start_worker(self, slot: int) -> None:
+        self.opener.seed_worker(slot)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled for a Ray actor: the opener; the inner datasets kept open stay here."""
+        return {"opener": self.opener}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["opener"])
+
+    def __call__(self, task_id: int, payload: tuple) -> list[Item] | PackedChunk:
+        element, seq, state, count, reader_id, position = payload
+        with self._lock:
+            kept = self._open.pop(reader_id, None)
+        if kept is not None and kept[0] == position:
+            iterator = kept[1]
+        else:
+            if kept is not None:
+                kept[1].close()
+            iterator = self.opener(element, seq, state)
+        try:
+            items = _read_chunk(iterator, count)
+        except BaseException:
+            iterator.close()
+            raise
+        if items and items[-1][0] == END:
+            iterator.close()
+        else:
+            self._keep(reader_id, position + len(items), iterator)
+        return _packed(items)
+
+    def _keep(self, reader_id: int, position: int, iterator: Iterator) -> None:
+        with self._lock:
+            self._open[reader_id] = (position, iterator)
+            evicted = [self._open.popitem(last=False)[1][1] for _ in range(len(self._open) - _KEPT_OPEN)]
+        for oldest in evicted:
+            oldest.close()
+
+
+def _read_chunk(iterator: Iterator, count: int) -> list[Item]:
+    """Up to ``count`` items of ``iterator`` (at least one), until ``_CHUNK_S`` or ``_CHUNK_BYTES``."""
+    items: list[Item] = []
+    deadline, nbytes, size = time.perf_counter() + _CHUNK_S, 0, 0
+    while len(items) < count and (nbytes < _CHUNK_BYTES and time.perf_counter() < deadline or not items):
+        try:
+            value = next(iterator)
+        except StopIteration:
+            items.append((END, None, None))
+            break
+        except Exception as e:  # noqa: BLE001 - delivered in its place
+            items.append((ERROR, e, iterator.state_dict()))
+            continue
+        if len(items) % _SIZE_EVERY == 0:  # sizes of a stream's items change slowly
+            size = element_bytes(value)
+        items.append((VALUE, value, iterator.state_dict()))
+        nbytes += size
+    return items
+
+
+class PackedChunk:
+    """A chunk of values only (perhaps then the end), with the values sent as columns."""
+
+    __slots__ = ("values", "states", "ended")
+
+    def __init__(self, values: Columns, states: list[Any], ended: bool) -> None:
+        self.values, self.states, self.ended = values, states, ended
+
+    def __len__(self) -> int:
+        """Items in the chunk, as :meth:`items` lists them."""
+        return len(self.states) + self.ended
+
+    def items(self) -> list[Item]:
+        """The chunk as :class:`InnerChunkTask` read it."""
+        items = [(VALUE, value, state) for value, state in zip(self.values.rows(), self.states)]
+        return items + [(END, None, None)] if self.ended else items
+
+
+def _packed(items: list[Item]) -> list[Item] | PackedChunk:
+    """``items`` as a :class:`PackedChunk` where its values go as columns, else as they are."""
+    ended = bool(items) and items[-1][0] == END
+    values = items[:-1] if ended else items
+    if any(kind != VALUE for kind, _, _ in values):
+        return items
+    columns = to_columns([value for _, value, _ in values])
+    return items if columns is None else PackedChunk(columns, [state for _, _, state in values], ended)
+
+
+class _ChunkReader(Reader):
+    """One open inner dataset, fed by chunk tasks; only the consumer's thread touches it."""
+
+    __slots__ = ("id", "ready", "taken_state", "read_state", "read", "last_chunk", "pending", "done")
+
+    def __init__(self, element: Any, seq: int, inner: dict[str, Any] | None, error: BaseException | None,
+                 read_ahead: tuple[Item, ...]) -> None:  # fmt: skip
+        super().__init__(element, seq, error)
+        self.id = next(_READER_IDS)
+        self.ready: deque[Item] = deque()
+        self.taken_state = inner  # inner state after the last item the consumer took
+        self.read_state = inner  # inner state after the last item read (where the next chunk starts)
+        self.read = 0  # items read (where a worker that kept the inner iterator open stands)
+        self.last_chunk = 0  # items in the last chunk received
+        self.pending: int | None = None  # id of the chunk task in flight
+        self.done = error is not None
+        if error is not None:
+            self.ready.append((FAILED, error, None))
+        elif read_ahead:  # as if a chunk had brought them: the next chunk starts after them
+            self.receive(list(read_ahead), None)
+
+    def wants_chunk(self, ahead: int) -> bool:
+        """Whether to ask for the next chunk: none is in flight and at most one chunk's worth
+        (or ``ahead`` items) is ready, so a reader holds about two chunks (or ``ahead`` items)."""
+        return self.pending is None and not self.done and len(self.ready) <= max(self.last_chunk, ahead)
+
+    def receive(self, items: list[Item] | PackedChunk | None, error: BaseException | None) -> None:
+        self.pending = None
+        if error is not None:
+            self.ready.append((FAILED, error, None))
+            self.done = True
+            return
+        if type(items) is PackedChunk:
+            items = items.items()
+        self.read += len(items)
+        self.last_chunk = len(items)
+        for kind, payload, state in items:
+            self.ready.append((kind, payload, state))
+            if kind == END:
+                self.done = True
+            else:
+                self.read_state = state
+
+    def read_ahead(self) -> tuple[Item, ...]:
+        """What was read and not taken; nothing while a chunk is out or if opening failed: the
+        successor reads again from the items taken."""
+        if self.pending is not None or any(kind == FAILED for kind, _, _ in self.ready):
+            return ()
+        return tuple(self.ready)
+
+
+class ProcessReaders(ReaderPool):
+    """Reads the open inner datasets ahead in worker processes, chunk by chunk.
+
+    With ``threads_in_workers`` (the ``executor="auto"`` choice), ``parallelism`` counts reads in
+    flight rather than processes: one process per core (at most) runs them on threads of its own,
+    so readers that wait on slow storage overlap their waits without a process (and its memory)
+    each, while their Python work spreads over one GIL a core.
+
+    Args:
+        name: the stage name.
+        opener: builds an inner iterator (used by the workers, inherited through fork).
+        block_length: the interleave's; a chunk holds at least one block.
+        restart: replace dead workers (else ``WorkerError``).
+        stall_s: ``Options.stall_timeout``: a chunk out this long raises ``StallError``.
+        threads_in_workers: run several reads at once in each worker process.
+    """
+
+    kind = PROCESS
+
+    def __init__(self, name: str, opener: InnerOpener, block_length: int, restart: bool, stall_s: float | None,
+                 threads_in_workers: bool = False) -> None:  # fmt: skip
+        self.name = name
+        self._opener = opener
+        self._restart = restart
+        self._stall_s = stall_s
+        self._threads_in_workers = threads_in_workers
+        self._chunk = max(_CHUNK_ITEMS, block_length)
+        self._ahead = 0  # items a reader may hold beyond two chunks' worth
+        self._waiting: dict[int, _ChunkReader] = {}  # chunk task -> the reader it is for
+        self._pool: ProcessPool | None = None
+        self._dispatch: Dispatcher | None = None
+        self._reading = False  # chunks are asked for (not while parked or letting readers go)
+        self._next_task = 0
+        self._taken = 0
+
+    @property
+    def calls_in_processes(self) -> bool:
+        return True
+
+    def prepare(self) -> None:
+        if self._pool is None:
+            self._pool = self._make_pool(InnerChunkTask(self._opener))
+            self._dispatch = Dispatcher(self.name, self._pool, self._stall_s)
+
+    def _make_pool(self, task: InnerChunkTask) -> Any:
+        """The pool the chunk tasks run on, empty until :meth:`start` sizes it."""
+        return ProcessPool(task, 0, self.name, restart=self._restart, timing=self.stats.calls)
+
+    def start(self, parallelism: int) -> None:
+        self.prepare()
+        self._reading = True
+        self.resize(parallelism)
+
+    def resize(self, parallelism: int) -> None:
+        if self._reading:
+            processes, threads = self._workers(parallelism)
+            self._pool.set_threads(threads)
+            self._pool.resize(processes)
+
+    def _workers(self, parallelism: int) -> tuple[int, int]:
+        """Worker processes and threads in each for ``parallelism``."""
+        if not self._threads_in_workers:
+            return parallelism, 1
+        processes = max(1, min(parallelism, usable_cpu_count()))
+        return processes, -(-parallelism // processes)
+
+    def set_read_ahead(self, items: int) -> None:
+        self._ahead = items
+
+    def reader_capacity(self) -> int:
+        return max(2 * self._chunk, self._ahead)
+
+    def open(self, element: Any, seq: int, inner: dict[str, Any] | None = None, error: BaseException | None = None,
+             read_ahead: tuple[Item, ...] = ()) -> _ChunkReader:  # fmt: skip
+        return _ChunkReader(element, seq, inner, error, read_ahead)
+
+    def read(self, reader: _ChunkReader) -> None:
+        # A reader asks for its next chunk when it opens, when a chunk arrives and when an item
+        # is taken from it: the only times wants_chunk() can change.
+        if self._reading and reader.wants_chunk(self._ahead):
+            task = self._next_task
+            self._next_task += 1
+            reader.pending = task
+            self._waiting[task] = reader
+            payload = (reader.element, reader.seq, reader.read_state, self._chunk, reader.id, reader.read)
+            self._dispatch.submit(task, payload, prefer=reader.id % self._pool.size)
+
+    def _receive(self, timeout: float) -> None:
+        """Hand the chunks that arrived (waiting up to ``timeout`` s for one) to their readers."""
+        for task, items, error in self._dispatch.poll(timeout):
+            if error is None:
+                self.stats.calls.add_items(len(items))
+            waiting = self._waiting.pop(task, None)
+            if waiting is not None:
+                waiting.receive(items, error)
+                self.read(waiting)
+
+    def has_ready(self, reader: _ChunkReader) -> bool:
+        return bool(reader.ready)
+
+    def take(self, reader: _ChunkReader) -> tuple[str, Any]:
+        while not reader.ready:
+            self.read(reader)
+            t0 = time.perf_counter()
+            self._receive(_WAIT_S)
+            self.stats.wait_s += time.perf_counter() - t0
+        kind, payload, state = reader.ready.popleft()
+        if kind in (VALUE, ERROR):
+            reader.taken_state = state
+            self.read(reader)
+        self._taken += 1
+        if self._taken % _COLLECT_EVERY == 0:  # readers not being taken from read on meanwhile
+            self._receive(0.0)
+        return kind, payload
+
+    def wait(self, until: Callable[[], bool]) -> None:
+        if not until():
+            self._receive(_WAIT_S)
+
+    def inner_state(self, reader: _ChunkReader) -> dict[str, Any] | None:
+        return reader.taken_state
+
+    def close(self, reader: _ChunkReader) -> None:
+        reader.done = True
+        reader.ready.clear()
+        if reader.pending is not None:
+            self._waiting.pop(reader.pending, None)
+
+    def release(self, readers: list[_ChunkReader]) -> list[ReaderPlace]:
+        self._reading = False  # chunks that arrive now are kept, and no more are asked for
+        deadline = time.perf_counter() + _STOP_S
+        while any(r.pending is not None for r in readers) and time.perf_counter() < deadline:
+            self._receive(max(0.0, deadline - time.perf_counter()))
+        places = [ReaderPlace(r.element, r.seq, r.taken_state, r.error, r.read_ahead()) for r in readers]
+        for reader in readers:
+            self.close(reader)
+        return places
+
+    def accepts(self, places: list[ReaderPlace], element: Any) -> bool:
+        """Whether the readers' input elements and positions can be sent to a worker, and what
+        they read can come back (``element``, one they gave, stands for it). Where not (an open
+        file object, a lock), they cannot read here."""
+        try:
+            pickle.dumps([(place.element, place.inner) for place in places], pickle.HIGHEST_PROTOCOL)
+            codec.encode(element)  # tensors are not copied: only the rest is pickled
+        except Exception:  # noqa: BLE001 - whatever pickling raises, the answer is no
+            return False
+        return True
+
+    def park(self) -> None:
+        self._reading = False
+        if self._pool is not None:
+            self._dispatch.forget()  # chunks still out come back to no one
+            self._waiting.clear()
+            self._pool.resize(0)  # its zygote stays, ready to fork workers again
+
+    def shutdown(self) -> None:
+        self._reading = False
+        if self._dispatch is not None:
+            self._dispatch.close()
+        if self._pool is not None:
+            self._pool.close()
+        self._waiting.clear()

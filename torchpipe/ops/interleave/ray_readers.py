@@ -1,0 +1,49 @@
+"""Interleave readers on Ray actors: ``interleave(fn, ..., executor="ray")``.
+
+The process readers' protocol as it is (``ops/interleave/process_readers.py``): each open inner dataset is
+read chunk by chunk through the dispatcher, a chunk task naming the reader and its position, so an
+actor that still has the inner iterator open reads on from it, and any other (after a resize, or
+an actor Ray restarted) opens it at the saved position. Only the pool differs: the chunk task is
+pickled once to a :class:`~torchpipe.runtime.ray_pool.RayActorPool` (which the stage's
+``tp.RayExecutor`` makes: nothing here imports Ray), each actor reads one chunk at a time, and
+chunks come back through Ray's object store.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from torchpipe.ops.interleave.readers import InnerOpener
+from torchpipe.ops.interleave.process_readers import InnerChunkTask, ProcessReaders
+from torchpipe.runtime.policy import RAY
+
+if TYPE_CHECKING:
+    from torchpipe.runtime.ray_executor import RayExecutor
+
+
+class RayReaders(ProcessReaders):
+    """Reads the open inner datasets ahead on Ray actors, chunk by chunk; ``parallelism`` is
+    the number of actors.
+
+    Args:
+        name: the stage name.
+        opener: builds an inner iterator (pickled to the actors with the chunk task).
+        block_length: the interleave's; a chunk holds at least one block.
+        restart: replace dead actors (else ``WorkerError``).
+        stall_s: ``Options.stall_timeout``: a chunk out this long raises ``StallError``.
+        options: the actors' options (a ``tp.RayExecutor``, which makes the pool).
+    """
+
+    kind = RAY
+
+    def __init__(self, name: str, opener: InnerOpener, block_length: int, restart: bool, stall_s: float | None,
+                 options: RayExecutor) -> None:  # fmt: skip
+        super().__init__(name, opener, block_length, restart, stall_s)
+        self._options = options
+
+    def _make_pool(self, task: InnerChunkTask) -> Any:
+        return self._options.pool(task, 0, self.name, restart=self._restart, timing=self.stats.calls)
+
+    def resize(self, parallelism: int) -> None:
+        if self._reading:
+            self._pool.resize(parallelism)  # an actor reads one chunk at a time: no threads to set

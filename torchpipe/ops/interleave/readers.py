@@ -1,0 +1,303 @@
+"""The readers of an interleave: what its state machine asks of them, and the inline pool.
+
+An interleave (``ops/interleave.py``) decides which inner dataset the next element comes from; a
+**reader pool** reads them. The interleave opens a reader for each input element (at a saved
+position, or going on from another pool's reader with what it read ahead), asks whether a reader
+has an item ready, takes items, and closes readers it is done with. An item is one of four kinds:
+an element (``VALUE``), an element's error (``ERROR``: the reader goes on), the end of the inner
+dataset (``END``) or a failure to open it (``FAILED``: the user function or the input raised).
+
+Three pools implement :class:`ReaderPool`: :class:`InlineReaders` (here: reads on demand, on the
+consumer's thread), :class:`~torchpipe.ops.interleave.thread_readers.ThreadReaders` (read ahead on a thread
+pool) and :class:`~torchpipe.ops.interleave.process_readers.ProcessReaders` (read ahead in worker processes,
+chunk by chunk). A pool can let go of its readers (:meth:`ReaderPool.release`) as
+:class:`ReaderPlace` records that another pool opens again, which is how ``executor="auto"``
+moves readers between threads and processes.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections import deque
+from collections.abc import Callable
+from typing import Any, ClassVar, NamedTuple
+
+from torchpipe.core.context import BuildContext
+from torchpipe.core.iterator import Iterator
+from torchpipe.core.function import UserFunction
+from torchpipe.core.stats import IteratorStats
+from torchpipe.runtime.policy import INLINE
+
+VALUE, ERROR, END, FAILED = "value", "error", "end", "failed"
+"""What taking from a reader can give (see the module docstring)."""
+
+MAX_PARALLELISM = 64
+"""The most reads in flight the autotuner asks for in a parallel interleave."""
+
+_READER_BYTES = 4 << 20  # what one reader may hold read ahead (AUTOTUNE, reading far ahead),
+_MAX_READ_AHEAD = 4096  # and at most this many elements
+
+Item = tuple[str, Any, Any]
+"""``(kind, payload, inner state after it)``: an item read and not yet taken (the state is None
+after ``END`` and ``FAILED``)."""
+
+
+def read_ahead_items(bytes_per_element: float) -> int:
+    """Elements one reader may hold read ahead when reading far ahead: 4 MB of them, at most 4096."""
+    return min(_READER_BYTES // max(int(bytes_per_element), 1), _MAX_READ_AHEAD)
+
+
+class InnerOpener:
+    """Builds the iterator of the dataset that the user function makes from one input element.
+
+    Holds no reference to the interleave iterator, so pool threads can call it freely, and worker
+    processes inherit it through fork.
+
+    Args:
+        fn: the user function, wrapped for this stage.
+        ctx: the interleave's build context; inner dataset ``seq`` is built in ``ctx.inner(seq)``.
+    """
+
+    __slots__ = ("_fn", "_ctx")
+
+    def __init__(self, fn: UserFunction, ctx: BuildContext) -> None:
+        self._fn = fn
+        self._ctx = ctx
+
+    def seed_worker(self, slot: int) -> None:
+        """See :meth:`UserFunction.seed_worker`."""
+        self._fn.seed_worker(slot)
+
+    def __call__(self, element: Any, seq: int, state: dict[str, Any] | None) -> Iterator:
+        """The inner iterator of input element ``seq``, resumed at ``state`` if given.
+
+        Raises:
+            TypeError: if the function did not return a ``tp.Dataset``.
+        """
+        dataset = self._fn.on_element(seq, element)
+        if not hasattr(dataset, "_node"):
+            raise TypeError(
+                f"{self._fn.stage}: the function must return a tp.Dataset, got {type(dataset).__name__} "
+                f"(input element {seq})"
+            )
+        iterator = dataset._node.build(self._ctx.inner(seq))
+        if state is not None:
+            iterator.load_state_dict(state)
+        return iterator
+
+
+class ReaderPlace(NamedTuple):
+    """Where a reader stands: what :meth:`ReaderPool.release` gives, for another pool to
+    ``open(*place)`` there.
+
+    Attributes:
+        element: the input element its inner dataset is made from.
+        seq: that element's sequence number.
+        inner: the inner iterator's state after the items the consumer took (None: the start).
+        error: the input's error for this element: the reader only fails with it.
+        read_ahead: items read after ``inner`` and not yet taken, in order.
+    """
+
+    element: Any
+    seq: int
+    inner: dict[str, Any] | None = None
+    error: BaseException | None = None
+    read_ahead: tuple[Item, ...] = ()
+
+
+def read_on_from(inner: dict[str, Any] | None, read_ahead: tuple[Item, ...]) -> dict[str, Any] | None:
+    """The inner state where reading goes on: after the last item read ahead, else ``inner``."""
+    states = [state for kind, _, state in read_ahead if kind in (VALUE, ERROR)]
+    return states[-1] if states else inner
+
+
+class Reader:
+    """One open inner dataset, as the interleave sees it; each pool adds what it needs."""
+
+    __slots__ = ("element", "seq", "error")
+
+    def __init__(self, element: Any, seq: int, error: BaseException | None) -> None:
+        self.element = element
+        self.seq = seq
+        self.error = error
+
+
+class ReaderPool(abc.ABC):
+    """Where an interleave's readers read. One interleave may hold several (``executor="auto"``)
+    and move its readers between them; all add to the stage's one set of counters.
+
+    A pool that reads ahead keeps ``parallelism`` reads in flight; each reader holds a few items
+    ready (:meth:`set_read_ahead` lets it hold more). ``start``/``park`` may alternate while the
+    readers come and go; ``shutdown`` is final.
+    """
+
+    kind: ClassVar[str]
+    """The executor it stands for in the policy: ``inline``, ``thread`` or ``process``."""
+
+    stats: IteratorStats | None = None
+
+    def bind(self, stats: IteratorStats) -> None:
+        """Count waits, buffer looks and reads' costs (``stats.calls``) in the stage's ``stats``."""
+        self.stats = stats
+
+    def prepare(self) -> None:
+        """Fork what must be forked before the pipeline starts threads (a process pool's zygote)."""
+
+    def start(self, parallelism: int) -> None:
+        """Start reading, with ``parallelism`` reads in flight."""
+
+    def resize(self, parallelism: int) -> None:
+        """Keep ``parallelism`` reads in flight from now on."""
+
+    def set_read_ahead(self, items: int) -> None:
+        """Let each reader hold ``items`` read ahead (0: its usual few)."""
+
+    def reader_capacity(self) -> int:
+        """Items one reader may hold ready or in flight."""
+        return 1
+
+    @property
+    def calls_in_processes(self) -> bool:
+        """Whether reads run in worker processes (their CPU is not this process's)."""
+        return False
+
+    @abc.abstractmethod
+    def open(self, element: Any, seq: int, inner: dict[str, Any] | None = None, error: BaseException | None = None,
+             read_ahead: tuple[Item, ...] = ()) -> Reader:  # fmt: skip
+        """A reader of inner dataset ``seq``, made from input ``element``, at inner state ``inner``
+        (None: its start), that gives ``read_ahead`` (items another pool read after ``inner``)
+        first and reads on after them; or, with ``error`` (the input raised), one that only fails
+        with it. It reads nothing until :meth:`read`. A released reader opens at ``open(*place)``.
+        """
+
+    def read(self, reader: Reader) -> None:
+        """Have ``reader`` read ahead; it asks again by itself as it is taken from."""
+
+    @abc.abstractmethod
+    def has_ready(self, reader: Reader) -> bool:
+        """Whether ``reader`` has an item to take without waiting."""
+
+    @abc.abstractmethod
+    def take(self, reader: Reader) -> tuple[str, Any]:
+        """``reader``'s next ``(kind, payload)``, waiting in bounded steps for it.
+
+        Raises:
+            StallError: when a read has run longer than the stage's stall limit.
+        """
+
+    def wait(self, until: Callable[[], bool]) -> None:
+        """Wait one bounded step for an item to be ready unless ``until()`` holds already.
+
+        Raises:
+            StallError: when a read has run longer than the stage's stall limit.
+        """
+
+    @abc.abstractmethod
+    def inner_state(self, reader: Reader) -> dict[str, Any] | None:
+        """The inner iterator's state after the items taken (None: its start)."""
+
+    def place(self, reader: Reader) -> ReaderPlace:
+        """Where ``reader`` stands as far as the consumer knows (what it read ahead aside)."""
+        return ReaderPlace(reader.element, reader.seq, self.inner_state(reader), reader.error)
+
+    @abc.abstractmethod
+    def close(self, reader: Reader) -> None:
+        """Stop ``reader`` and release its inner iterator."""
+
+    @abc.abstractmethod
+    def release(self, readers: list[Reader]) -> list[ReaderPlace]:
+        """Stop ``readers`` and close them, returning their places with what they read ahead,
+        so that another pool goes on from there: nothing lost, repeated or read twice. A reader
+        whose read in progress outlasts a short wait hands over nothing read ahead (its successor
+        reads again from the items taken) rather than hold the move up."""
+
+    def accepts(self, places: list[ReaderPlace], element: Any) -> bool:
+        """Whether readers at ``places`` can read here, giving elements like ``element``."""
+        return True
+
+    def children(self, readers: list[Reader]) -> list[Iterator]:
+        """The inner iterators of ``readers`` that run on the consumer's thread (its stats show them)."""
+        return []
+
+    def park(self) -> None:
+        """Stop reading (the readers were released or the pass ended); :meth:`start` goes on."""
+
+    def shutdown(self) -> None:
+        """Stop every thread and process of the pool; final."""
+
+
+class _InlineReader(Reader):
+    __slots__ = ("carried", "taken_state", "iterator")
+
+    def __init__(self, element: Any, seq: int, inner: dict[str, Any] | None, error: BaseException | None,
+                 read_ahead: tuple[Item, ...]) -> None:  # fmt: skip
+        super().__init__(element, seq, error)
+        self.carried: deque[Item] | None = deque(read_ahead) if read_ahead else None
+        self.taken_state = inner
+        self.iterator: Iterator | None = None
+
+
+class InlineReaders(ReaderPool):
+    """Reads on demand, on the consumer's thread: one element when the interleave takes one.
+
+    An inner dataset is opened when its first element is taken; its state is asked of its
+    iterator only when a checkpoint wants it.
+
+    Args:
+        opener: builds an inner iterator from an input element.
+    """
+
+    kind = INLINE
+
+    def __init__(self, opener: InnerOpener) -> None:
+        self._opener = opener
+
+    def open(self, element: Any, seq: int, inner: dict[str, Any] | None = None, error: BaseException | None = None,
+             read_ahead: tuple[Item, ...] = ()) -> _InlineReader:  # fmt: skip
+        return _InlineReader(element, seq, inner, error, read_ahead)
+
+    def has_ready(self, reader: _InlineReader) -> bool:
+        return True  # reading it now is what ready means here
+
+    def take(self, reader: _InlineReader) -> tuple[str, Any]:
+        iterator = reader.iterator
+        if iterator is None:
+            if reader.carried or reader.error is not None:
+                return self._carried(reader)
+            try:
+                iterator = reader.iterator = self._opener(reader.element, reader.seq, reader.taken_state)
+            except Exception as e:
+                return FAILED, e
+        try:
+            return VALUE, next(iterator)
+        except StopIteration:
+            return END, None
+        except Exception as e:
+            return ERROR, e
+
+    def _carried(self, reader: _InlineReader) -> tuple[str, Any]:
+        """The next item read ahead by another pool, or the input's error."""
+        if reader.error is not None:
+            return FAILED, reader.error
+        kind, payload, state = reader.carried.popleft()
+        if kind in (VALUE, ERROR):
+            reader.taken_state = state  # the inner dataset opens there once these are taken
+        return kind, payload
+
+    def inner_state(self, reader: _InlineReader) -> dict[str, Any] | None:
+        return reader.iterator.state_dict() if reader.iterator is not None else reader.taken_state
+
+    def close(self, reader: _InlineReader) -> None:
+        if reader.iterator is not None:
+            reader.iterator.close()
+
+    def release(self, readers: list[_InlineReader]) -> list[ReaderPlace]:
+        places = []
+        for reader in readers:
+            carried = tuple(reader.carried or ())
+            places.append(self.place(reader)._replace(read_ahead=carried))
+            self.close(reader)
+        return places
+
+    def children(self, readers: list[_InlineReader]) -> list[Iterator]:
+        return [reader.iterator for reader in readers if reader.iterator is not None]

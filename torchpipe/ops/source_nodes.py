@@ -1,0 +1,260 @@
+"""Source ops: a map-style dataset, an iterable, tensor slices, a range of integers."""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Callable, Sized
+from typing import Any
+
+from torchpipe import nest
+from torchpipe.constants import UNKNOWN
+from torchpipe.errors import add_note
+from torchpipe.core.context import BuildContext
+from torchpipe.core.iterator import Iterator
+from torchpipe.core.node import Node, Symbol, function_name
+from torchpipe.core.state import check_int, check_state
+
+
+class IndexedSourceIterator(Iterator):
+    """Yields ``get(0), get(1), ..., get(length - 1)``; its state is the next index."""
+
+    INDEX = "index"
+
+    def __init__(self, name: str, length: int, get: Callable[[int], Any]) -> None:
+        super().__init__(name)
+        self._length = length
+        self._get = get
+        self._index = 0
+
+    def next(self) -> Any:
+        i = self._index
+        if i >= self._length:
+            raise StopIteration
+        self._index = i + 1
+        return self._get(i)
+
+    def skip(self) -> None:
+        if self._index >= self._length:
+            raise StopIteration
+        self._index += 1
+
+    def get_state(self) -> dict[str, Any]:
+        return {self.INDEX: self._index}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        check_state(self.name, state, self.INDEX)
+        self._index = check_int(self.name, state, self.INDEX, minimum=0, maximum=self._length)
+
+
+class DatasetFetch:
+    """``dataset[i]`` as the ``from_dataset`` stage fetches it, inline or in a map's workers
+    (source pushdown): an exception gets a note naming the stage and the index.
+
+    Args:
+        dataset: the map-style dataset.
+    """
+
+    __slots__ = ("dataset", "stage")
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+        self.stage = f"from_dataset({type(dataset).__name__})"
+
+    def __call__(self, index: int) -> Any:
+        try:
+            return self.dataset[index]
+        except Exception as e:
+            add_note(e, f"raised in torchpipe stage {self.stage} at index {index}")
+            raise
+
+    def many(self, indices: list[int]) -> list[Any]:
+        """The elements at ``indices``, with one ``__getitems__`` call where the dataset has it."""
+        getitems = getattr(self.dataset, "__getitems__", None)
+        if getitems is None:
+            return [self(i) for i in indices]
+        try:
+            return list(getitems(indices))
+        except Exception as e:
+            shown = ", ".join(map(str, indices[:8])) + (", ..." if len(indices) > 8 else "")
+            add_note(e, f"raised in torchpipe stage {self.stage} at one of indices [{shown}] (__getitems__)")
+            raise
+
+
+class FromDatasetNode(Node):
+    """``dataset[i]`` for every index of a map-style dataset."""
+
+    kind = "from_dataset"
+
+    def __init__(self, dataset: Any) -> None:
+        super().__init__()
+        self.dataset = dataset
+
+    def params(self) -> dict[str, Any]:
+        return {"dataset": type(self.dataset).__name__, "len": len(self.dataset)}
+
+    def cardinality(self) -> int:
+        return len(self.dataset)
+
+    def build(self, ctx: BuildContext) -> Iterator:
+        fetch = DatasetFetch(self.dataset)
+        return IndexedSourceIterator(fetch.stage, len(self.dataset), fetch)
+
+
+class IndicesNode(Node):
+    """The indices ``0 .. len(dataset) - 1`` of a map-style dataset whose fetch the optimizer
+    pushed into a parallel map (``graph/passes/source_pushdown.py``): it stands where the
+    ``from_dataset`` stood, so the ops above it keep their seeds and checkpoints."""
+
+    kind = "from_dataset"
+
+    def __init__(self, source: FromDatasetNode) -> None:
+        super().__init__()
+        self.dataset_name = type(source.dataset).__name__
+        self.length = len(source.dataset)
+
+    def params(self) -> dict[str, Any]:
+        return {"indices of": self.dataset_name, "len": self.length}
+
+    def cardinality(self) -> int:
+        return self.length
+
+    def build(self, ctx: BuildContext) -> Iterator:
+        return IndexedSourceIterator(self.kind, self.length, int)
+
+
+class SplitFileList(list):
+    """The files ``tp.distributed.shard_files`` gave one share: a pipeline that starts from them
+    is split by hand already, and the distribution rewrite does not split it again.
+
+    Attributes:
+        shard: the share they are for (an ``ops.distribute.ReplicaShard``).
+    """
+
+    def __init__(self, files: Any, shard: Any) -> None:
+        super().__init__(files)
+        self.shard = shard
+
+
+class TensorSlicesNode(Node):
+    """Slices of a structure of tensors, arrays and lists along their first dimension.
+
+    Attributes:
+        split_by_hand: why its elements are one share already (a list from
+            ``tp.distributed.shard_files``), or "".
+    """
+
+    kind = "from_tensor_slices"
+
+    def __init__(self, structure: Any, length: int) -> None:
+        super().__init__()
+        self.structure = structure
+        self.length = length
+        self._leaves = nest.flatten(structure, lists=False)
+        split = any(isinstance(leaf, SplitFileList) for leaf in self._leaves)
+        self.split_by_hand = "its files come from tp.distributed.shard_files" if split else ""
+
+    def params(self) -> dict[str, Any]:
+        return {"len": self.length}
+
+    def cardinality(self) -> int:
+        return self.length
+
+    def _slice(self, i: int) -> Any:
+        return nest.pack_as(self.structure, [leaf[i] for leaf in self._leaves], lists=False)
+
+    def build(self, ctx: BuildContext) -> Iterator:
+        return IndexedSourceIterator(self.kind, self.length, self._slice)
+
+
+class FileListNode(TensorSlicesNode):
+    """A list of file names (``tp.list_files``' matches, a file reader's list in ``torchpipe.io``):
+    tensor slices of the paths (and checkpointed as such), which the distribution rewrite
+    recognizes as a pipeline that starts from files."""
+
+    def __init__(self, files: list[str]) -> None:
+        super().__init__(files, len(files))
+        self.files = files
+
+
+class FileOpener:
+    """Base of the functions that map a file name to the dataset of its records (``torchpipe.io``'s
+    TFRecord and tar readers): a ``flat_map`` or ``interleave`` of one reads files, so the
+    distribution rewrite splits its input by file, whatever dataset of names it is given."""
+
+
+class RangeNode(Node):
+    """Python ints ``start, start + step, ...`` short of ``stop``."""
+
+    kind = "range"
+
+    def __init__(self, start: int, stop: int, step: int) -> None:
+        super().__init__()
+        self.values = builtins.range(start, stop, step)
+
+    def params(self) -> dict[str, Any]:
+        return {"start": self.values.start, "stop": self.values.stop, "step": self.values.step}
+
+    def cardinality(self) -> int:
+        return len(self.values)
+
+    def build(self, ctx: BuildContext) -> Iterator:
+        return IndexedSourceIterator(self.kind, len(self.values), self.values.__getitem__)
+
+
+class FromIterableNode(Node):
+    """Elements of an iterable, or of what a zero-argument callable returns for each pass."""
+
+    kind = "from_iterable"
+
+    def __init__(self, source: Any) -> None:
+        super().__init__()
+        self.source = source
+
+    def params(self) -> dict[str, Any]:
+        return {"source": function_name(self.source) if callable(self.source) else Symbol(type(self.source).__name__)}
+
+    def cardinality(self) -> int:
+        if not callable(self.source) and isinstance(self.source, Sized):
+            return len(self.source)
+        return UNKNOWN
+
+    def build(self, ctx: BuildContext) -> Iterator:
+        return IterableIterator(self.kind, self.source)
+
+
+class IterableIterator(Iterator):
+    """Iterates a fresh iterable; resumes by re-creating it and skipping what was consumed."""
+
+    CONSUMED = "consumed"
+
+    def __init__(self, name: str, source: Any) -> None:
+        super().__init__(name)
+        self._source = source
+        self._iterator: Any = None
+        self._consumed = 0
+
+    def start(self) -> None:
+        made = self._source() if callable(self._source) else self._source
+        try:
+            self._iterator = iter(made)
+        except TypeError as e:
+            raise TypeError(f"{self.name}: the callable must return an iterable, got {type(made).__name__}") from e
+        for i in builtins.range(self._consumed):
+            try:
+                next(self._iterator)
+            except StopIteration:
+                raise RuntimeError(
+                    f"{self.name}: cannot resume at element {self._consumed}: the iterable now ends after {i}"
+                ) from None
+
+    def next(self) -> Any:
+        element = next(self._iterator)
+        self._consumed += 1
+        return element
+
+    def get_state(self) -> dict[str, Any]:
+        return {self.CONSUMED: self._consumed}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        check_state(self.name, state, self.CONSUMED)
+        self._consumed = check_int(self.name, state, self.CONSUMED, minimum=0)

@@ -1,0 +1,193 @@
+"""Fingerprints of a pipeline graph: one line per op saying what it is, for checkpoints and caches.
+
+A line is the op's kind and the parameters that decide its elements
+(:meth:`Node.fingerprint_params`), plus a source's length where it is known, e.g.
+``batch(batch_size=4, drop_remainder=False)`` or ``range(start=0, stop=40, step=1, len=40)``.
+Lines come depth first, as :func:`ops_of` walks the graph, and read the same in every process:
+plain data by its text, functions by their name (a lambda re-created in a new process is the
+same lambda), any other object by its type; a long value is cut short and ends in a digest of
+the whole, so a line stays under a hundred characters.
+
+A checkpoint keeps the lines of its pipeline (``code=False``). A cache file keeps the lines of the
+pipeline above it with ``code=True``: each function is also named by a digest of its code, the
+values it closes over (an object by its attributes), its defaults, and the functions and plain
+constants of its module that it names (also a module's, as ``config.scale``), so that a changed
+``map`` function, or a value it reads, is noticed in a new process. A global list or dict is left
+out: it is as often state the function keeps (a memo, a log of calls) as data it reads.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import types
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+from torchpipe.constants import INFINITE, UNKNOWN
+from torchpipe.core.node import Node, Symbol, function_name
+
+MAX_VALUE_TEXT = 60
+MAX_HASHED_BYTES = 1 << 24  # a larger array is described by its shape and dtype alone
+_PLAIN = (type(None), bool, int, float, complex, str, bytes)
+
+
+def ops_of(root: Node) -> list[Node]:
+    """The nodes a checkpoint has a state for, depth first, inputs in order (ops that
+    checkpoint as their input, like ``prefetch``, are left out)."""
+    nodes: list[Node] = []
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if not node.checkpoints_as_input:
+            nodes.append(node)
+        stack.extend(reversed(node.inputs))
+    return nodes
+
+
+def describe_ops(root: Node, code: bool = False) -> list[str]:
+    """One line per op of ``root``'s graph (see the module docstring)."""
+    return [describe_op(node, code) for node in ops_of(root)]
+
+
+def describe_op(node: Node, code: bool = False) -> str:
+    """``kind(name=value, ...)`` for one op; with ``code``, functions carry a digest of their code."""
+    params = dict(node.fingerprint_params())
+    if not node.inputs and "len" not in params and node.cardinality() not in (INFINITE, UNKNOWN):
+        params["len"] = node.cardinality()
+    body = ", ".join(f"{key}={_short(describe_value(value, code))}" for key, value in params.items())
+    return f"{node.kind}({body})"
+
+
+def describe_value(value: Any, code: bool = False) -> str:
+    """``value`` as text that does not change between processes (no ids, no addresses)."""
+    if isinstance(value, Symbol):
+        return str(value)
+    if isinstance(value, _PLAIN):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        inner = ", ".join(describe_value(v, code) for v in value)
+        return f"[{inner}]" if isinstance(value, list) else f"({inner})"
+    if isinstance(value, (set, frozenset)):
+        return "{" + ", ".join(sorted(describe_value(v, code) for v in value)) + "}"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{describe_value(k, code)}: {describe_value(v, code)}" for k, v in value.items()) + "}"
+    if isinstance(value, (torch.Tensor, np.ndarray)):
+        return _describe_array(value)
+    if isinstance(value, type):
+        return value.__qualname__
+    if callable(value):
+        return f"{function_name(value)}#{function_digest(value)}" if code else str(function_name(value))
+    return type(value).__qualname__
+
+
+def function_digest(fn: Callable[..., Any]) -> str:
+    """A digest of what ``fn`` computes: its code, what it closes over, its defaults, and the
+    functions and plain constants of its module (or of a module it reads) that it names (12 hex
+    digits)."""
+    digest = hashlib.sha1()
+    for part in _function_parts(fn, depth=0, seen=set()):
+        digest.update(part.encode("utf-8", "surrogatepass"))
+        digest.update(b"\0")
+    return digest.hexdigest()[:12]
+
+
+def _function_parts(fn: Any, depth: int, seen: set[int]) -> Iterator[str]:
+    if id(fn) in seen or depth > 3:
+        yield "..."
+        return
+    seen.add(id(fn))
+    if isinstance(fn, functools.partial):
+        yield "partial"
+        yield from _function_parts(fn.func, depth + 1, seen)
+        yield describe_value(fn.args) + describe_value(fn.keywords)
+        return
+    if isinstance(fn, types.MethodType):
+        yield type(fn.__self__).__qualname__
+        fn = fn.__func__
+    code = getattr(fn, "__code__", None)
+    if not isinstance(code, types.CodeType):
+        call = getattr(type(fn), "__call__", None)
+        yield f"{type(fn).__module__}.{type(fn).__qualname__}"
+        if isinstance(call, types.FunctionType):  # a callable object: its class's __call__, its attributes
+            yield from _function_parts(call, depth + 1, seen)
+            for name, value in sorted(getattr(fn, "__dict__", {}).items()):
+                yield name
+                yield from _value_parts(value, depth, seen)
+        else:  # a builtin: its name is all there is
+            yield f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', '')}"
+        return
+    yield from _code_parts(code)
+    for value in (fn.__defaults__, fn.__kwdefaults__):
+        yield from _value_parts(value, depth, seen)
+    for cell in fn.__closure__ or ():
+        try:
+            contents = cell.cell_contents
+        except ValueError:  # an empty cell (a name not yet bound)
+            continue
+        yield from _value_parts(contents, depth, seen)
+    module_globals = getattr(fn, "__globals__", {})
+    for name in code.co_names:
+        found = module_globals.get(name)
+        if isinstance(found, types.FunctionType) and found.__module__ == fn.__module__:
+            yield name
+            yield from _function_parts(found, depth + 1, seen)
+        elif isinstance(found, _PLAIN):  # not a list or dict: those are often state the function writes
+            yield f"{name}={found!r}"
+        elif isinstance(found, types.ModuleType):  # config.scale: the module's constants the code names
+            for attr in code.co_names:
+                value = vars(found).get(attr)
+                if isinstance(value, _PLAIN):
+                    yield f"{name}.{attr}={value!r}"
+
+
+_DATA = (*_PLAIN, list, tuple, dict, set, frozenset, torch.Tensor, np.ndarray)
+"""Values described by their contents."""
+
+
+def _value_parts(value: Any, depth: int, seen: set[int]) -> Iterator[str]:
+    if callable(value) and not isinstance(value, type):
+        yield from _function_parts(value, depth + 1, seen)
+    elif isinstance(value, _DATA) or isinstance(value, (type, types.ModuleType)) or not hasattr(value, "__dict__"):
+        yield describe_value(value)
+    elif id(value) in seen or depth > 3:
+        yield "..."
+    else:  # an object the function closes over (a config): its type and its attributes
+        seen.add(id(value))
+        yield type(value).__qualname__
+        for name, attribute in sorted(vars(value).items()):
+            yield name
+            yield from _value_parts(attribute, depth + 1, seen)
+
+
+def _code_parts(code: types.CodeType) -> Iterator[str]:
+    yield code.co_code.hex()
+    yield ",".join(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _code_parts(const)
+        else:
+            yield describe_value(const)
+
+
+def _describe_array(value: torch.Tensor | np.ndarray) -> str:
+    try:
+        if value.nbytes > MAX_HASHED_BYTES:
+            raise ValueError("too large to hash")
+        if isinstance(value, torch.Tensor):
+            data = value.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()
+        else:
+            data = np.ascontiguousarray(value).tobytes() if value.dtype != object else repr(value.tolist()).encode()
+        digest = "#" + hashlib.sha1(data).hexdigest()[:8]
+    except (RuntimeError, TypeError, ValueError):  # quantized, sparse, ...: shape and dtype only
+        digest = ""
+    return f"{type(value).__name__}({value.dtype}, {list(value.shape)}{', ' + digest if digest else ''})"
+
+
+def _short(text: str) -> str:
+    if len(text) <= MAX_VALUE_TEXT:
+        return text
+    return f"{text[:40]}...#{hashlib.sha1(text.encode('utf-8', 'surrogatepass')).hexdigest()[:8]}"
