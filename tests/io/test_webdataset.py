@@ -136,8 +136,8 @@ def test_dataloader_workers_split_the_shards(shards):
 
 
 def test_ranks_split_the_shards_and_need_a_shared_seed_to_shuffle(shards):
-    # ranks simulated in this process (tests/test_distributed_files.py has more; on real ranks,
-    # tests/test_distributed_ranks.py, a shuffle without a seed shares rank 0's)
+    # ranks simulated in this process (tests/distributed/test_files.py has more; on real ranks,
+    # tests/distributed/test_gloo_ranks.py, a shuffle without a seed shares rank 0's)
     def on_rank(ds, rank, world_size, policy="auto"):
         distribute = tp.DistributeOptions(policy=policy, rank=rank, world_size=world_size, uneven="allow")
         return ds.with_options(tp.Options(distribute=distribute))

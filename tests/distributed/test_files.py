@@ -1,8 +1,8 @@
 """torchpipe.io's file readers split between ranks: TFRecord file lists and WebDataset shards.
 
 Ranks are simulated in this process, with ``DistributeOptions(rank=..., world_size=...)`` as in
-tests/test_distributed.py, or as ``torch.distributed`` reports them (its functions patched);
-tests/test_distributed_ranks.py runs the readers on real ranks that share rank 0's seed.
+tests/distributed/test_ranks.py, or as ``torch.distributed`` reports them (its functions patched);
+tests/distributed/test_gloo_ranks.py runs the readers on real ranks that share rank 0's seed.
 
 What is checked: every record reaches exactly one rank (and one torch worker), whole files to a
 rank; a reader's own split (``tp.io.split_files``, ``from_webdataset``) is the only one; the

@@ -1,5 +1,5 @@
 """A pipeline split between ranks, each rank simulated in this process with
-``DistributeOptions(rank=..., world_size=...)`` (tests/test_distributed_ranks.py runs real ranks).
+``DistributeOptions(rank=..., world_size=...)`` (tests/distributed/test_gloo_ranks.py runs real ranks).
 
 What is checked: every element reaches one rank for each policy, with shuffles; equal lengths
 (drop, pad) as DistributedSampler makes them; rank x torch-worker splits; checkpoints per rank;

@@ -1,4 +1,4 @@
-"""What each rank does in the multi-process tests (tests/test_distributed_ranks.py), run by
+"""What each rank does in the multi-process tests (tests/distributed/test_gloo_ranks.py), run by
 ``tests/cluster.py`` in every rank's process. Results go back pickled: plain ints and lists."""
 
 from __future__ import annotations

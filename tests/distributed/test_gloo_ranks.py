@@ -1,6 +1,6 @@
 """Pipelines on real ranks: 2 and 3 processes on 127.0.0.1 in a gloo process group.
 
-Each rank runs a scenario of tests/distributed_scenarios.py; the tests look at all ranks'
+Each rank runs a scenario of tests/distributed/scenarios.py; the tests look at all ranks'
 results together. The pipelines have no seed of their own: the ranks share rank 0's.
 """
 
@@ -14,11 +14,11 @@ import sys
 import pytest
 
 import torchpipe as tp
-from tests import distributed_scenarios as scenarios
+from tests.distributed import scenarios
 from tests.cluster import Cluster, free_port
 from torchpipe.distributed.reshard import reshard_states
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _clusters: dict[int, Cluster] = {}
 
 
@@ -162,7 +162,7 @@ def test_tp_dataloader_with_a_distributed_sampler_gives_torchs_batches(drop_last
 
 
 def test_a_pipeline_in_torch_dataloader_workers_splits_ranks_times_workers():
-    # (without a seed of its own it fails there: tests/test_distributed.py checks the message; a
+    # (without a seed of its own it fails there: tests/distributed/test_ranks.py checks the message; a
     # DataLoader whose workers failed takes torch 10 s to stop)
     once_each(ranks(2).run(scenarios.torch_workers, 24, 2, 5), range(24))
 
