@@ -42,6 +42,7 @@ from torchpipe.ops.scan import EnumerateNode, ScanNode
 from torchpipe.ops.repeat import RepeatNode
 from torchpipe.ops.select import ShardNode, SkipNode, TakeNode
 from torchpipe.ops.passthrough import WithOptionsNode
+from torchpipe.ops.window import WindowNode
 from torchpipe.options import Options
 
 
@@ -328,6 +329,47 @@ class Dataset(torch.utils.data.IterableDataset):
                 pad_to_bucket_boundary, drop_remainder,
             )
         )
+
+    def window(self, size: int, shift: int | None = None, stride: int = 1, drop_remainder: bool = False) -> Dataset:
+        """Group consecutive elements into (possibly overlapping) windows, each a tuple (tf.data's op).
+
+        Window ``i`` holds the input elements ``i * shift + j * stride`` for ``j < size``.
+        Without ``drop_remainder`` the windows that the input's end cuts short are kept
+        (shorter, never empty); with it, only full windows are. Unlike tf.data, which yields
+        each window as a dataset, a window is a tuple of elements, ready for ``map`` (a tuple is
+        unpacked into arguments) or ``batch``::
+
+            tp.range(7).window(3, shift=2, drop_remainder=True)  # (0, 1, 2), (2, 3, 4), (4, 5, 6)
+            ds.window(4, shift=1).map(lambda *w: torch.stack(w))  # overlapping frames, stacked
+
+        Input elements between two windows (``shift`` larger than a window's span) are skipped
+        without being read where the input can seek; an error one of them raises is dropped.
+        The elements the windows in progress hold, at most ``(size - 1) * stride + 1``, are part
+        of a checkpoint. On several ranks or torch DataLoader workers the pipeline is split
+        below the window, where it starts: each windows its own share (every N-th element). For
+        windows of consecutive elements, split the windows instead: ``.window(...).shard(n, i)``.
+
+        Args:
+            size: elements in a full window, >= 1.
+            shift: input elements from one window's start to the next's, >= 1 (default ``size``).
+            stride: input elements from one element of a window to the next, >= 1.
+            drop_remainder: keep only windows of ``size`` elements.
+
+        Returns:
+            A dataset of tuples of the input's elements.
+
+        Raises:
+            TypeError: if ``size``, ``shift`` or ``stride`` is not an int or ``drop_remainder``
+                not a bool.
+            ValueError: if ``size``, ``shift`` or ``stride`` is below 1.
+        """
+        _check_int("window", "size", size, minimum=1)
+        if shift is not None:
+            _check_int("window", "shift", shift, minimum=1)
+        _check_int("window", "stride", stride, minimum=1)
+        _check_bool("window", "drop_remainder", drop_remainder)
+        return Dataset(WindowNode(self._node, int(size), int(size if shift is None else shift), int(stride),
+                                  drop_remainder))  # fmt: skip
 
     # -- order and size -------------------------------------------------------------------
     def shuffle(self, buffer_size: int, seed: int | None = None, reshuffle_each_iteration: bool = True) -> Dataset:
