@@ -103,7 +103,7 @@ class WindowIterator(Iterator):
                 self._source.skip()
             except StopIteration:
                 self._input_done = True
-            except Exception:  # noqa: BLE001 - an element no window holds: its error reaches no one
+            except Exception:  # noqa: BLE001, S110 - an element no window holds: its error reaches no one
                 pass
         self._skip = 0
 
@@ -130,7 +130,7 @@ class WindowIterator(Iterator):
     def set_state(self, state: dict[str, Any]) -> None:
         check_state(self.name, state, self.INPUT, self.BUFFER, self.SKIP, self.INPUT_DONE, self.STRUCTURE)
         buffer, input_done = state[self.BUFFER], check_bool(self.name, state, self.INPUT_DONE)
-        skip = check_int(self.name, state, self.SKIP, minimum=0, maximum=self._shift - 1)
+        skip = check_int(self.name, state, self.SKIP, minimum=0, maximum=max(self._shift - self._span, 0))
         if not isinstance(buffer, list) or len(buffer) > self._span or (skip and buffer):
             raise CheckpointError(f"{self.name}: state['buffer'] must be a list of at most {self._span} elements, "
                                   "empty while input elements are to be skipped")  # fmt: skip
