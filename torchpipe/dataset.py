@@ -343,7 +343,10 @@ class Dataset(torch.utils.data.IterableDataset):
             ds.window(4, shift=1).map(lambda *w: torch.stack(w))  # overlapping frames, stacked
 
         Input elements between two windows (``shift`` larger than a window's span) are skipped
-        without being read where the input can seek; an error one of them raises is dropped.
+        without being read where the input can seek; an error one of them raises is dropped. An
+        error an element of a window raises reaches the caller as the element is read, and the
+        windows go on with the elements after it (tf.data keeps its place and raises it for each
+        window that holds it).
         The elements the windows in progress hold, at most ``(size - 1) * stride + 1``, are part
         of a checkpoint. On several ranks or torch DataLoader workers the pipeline is split
         below the window, where it starts: each windows its own share (every N-th element). For
