@@ -347,6 +347,7 @@ class Dataset(torch.utils.data.IterableDataset):
         error an element of a window raises reaches the caller as the element is read, and the
         windows go on with the elements after it (tf.data keeps its place and raises it for each
         window that holds it).
+
         The elements the windows in progress hold, at most ``(size - 1) * stride + 1``, are part
         of a checkpoint. On several ranks or torch DataLoader workers the pipeline is split
         below the window, where it starts: each windows its own share (every N-th element). For
