@@ -1,6 +1,10 @@
-"""The README's tables from a ``bench/run.py`` JSON: every configuration's row, and the targets.
+"""Markdown tables from a ``bench/run.py`` JSON: the README's summary, every row, the targets.
 
-Run: python bench/markdown.py docs/img/bench_quick.json
+The summary (README.md) is one row per workload: torch's best DataLoader, the two zero-knob
+configurations and the best Python peer, as ratios to torch's. The full table and the targets
+table go with the run's section in bench/RESULTS.md.
+
+Run: python bench/markdown.py docs/img/bench_quick.json [--table summary|results|targets|all]
 """
 
 from __future__ import annotations
@@ -14,9 +18,13 @@ from typing import Any
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from bench.run import ORDER  # noqa: E402
-from bench.targets import TARGETS  # noqa: E402
+from bench.targets import PEER_BESTS, TARGETS  # noqa: E402
 
 BASELINE = "dataloader_best"
+ZERO_KNOB = ("torchpipe_auto", "torchpipe_dataloader_auto")
+PEER_NAMES = {"nodes_best": "torchdata.nodes", "spdl_best": "SPDL", "grain_best": "Grain",
+              "tfdata_best": "tf.data"}
+TABLES = ("summary", "results", "targets")
 
 
 def _megabytes(value: float | None) -> str:
@@ -38,6 +46,46 @@ def results_table(report: dict[str, Any]) -> str:
                      _megabytes(r["peak_rss_mb"]), _megabytes(r.get("end_pss_mb")),
                      f"{r['cpu_s_per_item'] * 1e3:.3f} ms", "-" if share is None else f"{share:.0%}"]  # fmt: skip
             lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _rate(value: float) -> str:
+    """A throughput with three significant digits and a k/M suffix: 2222, 11.8k, 2.49M."""
+    if value >= 1e6:
+        return f"{value / 1e6:.3g}M"
+    return f"{value / 1e3:.3g}k" if value >= 1e4 else f"{value:.4g}"
+
+
+def _knobs(chosen: dict[str, Any] | None) -> str:
+    """The DataLoader's chosen worker count, as the README shows it: `` (2 workers)``."""
+    workers = (chosen or {}).get("num_workers")
+    if workers is None:
+        return ""
+    return " (no workers)" if workers == 0 else f" ({workers} worker{'s' if workers > 1 else ''})"
+
+
+def summary_table(report: dict[str, Any]) -> str:
+    """The README's table: one row per workload, torch's best DataLoader (its throughput and
+    workers), the zero-knob configurations and the best Python peer as ratios to it."""
+    lines = ["| workload | torch DataLoader, best | `torchpipe_auto` "
+             "| `tp.DataLoader(num_workers=\"auto\")` | best Python peer |",
+             "|---|---|---|---|---|"]
+    chosen = report.get("machine", {}).get("run", {}).get("chosen", {})
+    for name, entry in report["workloads"].items():
+        results, unit = entry["results"], entry["unit"]
+        base = results.get(BASELINE, {}).get("throughput")
+        if not base:
+            continue
+        ratios = [f"{results[c]['throughput'] / base:.2f}x" if c in results else "-"
+                  for c in ZERO_KNOB]
+        peers = [p for p in PEER_BESTS if p in results]
+        best = max(peers, key=lambda p: results[p]["throughput"], default=None)
+        peer = "-"
+        if best is not None:
+            peer = f"{results[best]['throughput'] / base:.2f}x ({PEER_NAMES.get(best, best)})"
+        knobs = _knobs(chosen.get(name, {}).get(BASELINE))
+        cells = [name, f"{_rate(base)} {unit}{knobs}", *ratios, peer]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -69,12 +117,14 @@ def targets_table(report: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("json", help="a bench/run.py --json output")
+    parser.add_argument("--table", choices=(*TABLES, "all"), default="all",
+                        help="summary: README.md's; results, targets: bench/RESULTS.md's")
     args = parser.parse_args(argv)
     with open(args.json) as f:
         report = json.load(f)
-    print(results_table(report))
-    print()
-    print(targets_table(report))
+    makers = {"summary": summary_table, "results": results_table, "targets": targets_table}
+    tables = TABLES if args.table == "all" else (args.table,)
+    print("\n\n".join(makers[t](report) for t in tables))
 
 
 if __name__ == "__main__":
