@@ -458,10 +458,11 @@ def spin(x):
 
 
 def test_auto_moves_to_processes_when_threads_prove_slow(monkeypatch):
+    import dataclasses
+
     from torchpipe.runtime import placement
 
-    monkeypatch.setattr(placement, "_WINDOW_S", 0.0)
-    monkeypatch.setattr(placement, "_SETTLE_S", 0.0)
+    monkeypatch.setattr(placement, "CALLS", dataclasses.replace(placement.CALLS, seconds=0.0, settle_s=0.0))
     # As if calls released the GIL and cost 100 us: threads are predicted fastest. They hold it.
     monkeypatch.setattr(parallel_map, "measure_calls", _costs(1e-4, 1.0))
 

@@ -1,5 +1,6 @@
 """A stage's placement: measuring the first calls, moving calls on the policy's word, never losing one."""
 
+import dataclasses
 import time
 
 from torchpipe.runtime import placement as placement_module
@@ -71,10 +72,14 @@ class _Stage:
         return out
 
 
+def _windows(monkeypatch, elements):
+    """Judge every ``elements`` calls, with no settling after a move to threads or inline."""
+    cadence = dataclasses.replace(placement_module.CALLS, elements=elements, seconds=0.0, settle_s=0.0)
+    monkeypatch.setattr(placement_module, "CALLS", cadence)
+
+
 def test_moves_on_the_policys_word_keep_every_element_in_order(monkeypatch):
-    monkeypatch.setattr(placement_module, "_WINDOW_S", 0.0)
-    monkeypatch.setattr(placement_module, "_SETTLE_S", 0.0)
-    monkeypatch.setattr(placement_module, "_WINDOW_ELEMENTS", 2)
+    _windows(monkeypatch, 2)
     verdicts = iter([THREAD, THREAD, INLINE, PROCESS, INLINE])
 
     class Scripted(Policy):
@@ -96,9 +101,7 @@ def test_moves_on_the_policys_word_keep_every_element_in_order(monkeypatch):
 
 
 def test_calls_whose_cost_changes_are_decided_afresh(monkeypatch):
-    monkeypatch.setattr(placement_module, "_WINDOW_S", 0.0)
-    monkeypatch.setattr(placement_module, "_SETTLE_S", 0.0)
-    monkeypatch.setattr(placement_module, "_WINDOW_ELEMENTS", 4)
+    _windows(monkeypatch, 4)
     policy = Policy((INLINE, THREAD), 2)
     stage = _Stage(policy)
     stage.placement.decide(CallCosts(1e-6, 1e-6, 0.0, 0.0))
@@ -133,3 +136,31 @@ def test_a_later_pass_resumes_what_was_learned():
     assert again.placement.resume(learned, 0) and again.placement.kind == INLINE
     assert not _Stage(Policy(KINDS, 2)).placement.resume({}, 0)
     assert not _Stage(None).placement.resume(learned, 0)  # a fixed executor learns nothing
+
+
+def test_the_driver_judges_settled_windows_that_follow_each_other():
+    from torchpipe.runtime.placement import Cadence, MoveDriver
+
+    driver = MoveDriver(Cadence(elements=3, seconds=1.0, settle_elements=2))
+    looks = [driver.window(float(n), n, lambda n=n: n) for n in range(1, 9)]
+    # Settled at 2 elements; a window needs 3 more and a second: 2 -> 5 -> 8.
+    assert looks == [None, None, None, None, (2, 5, 3.0), None, None, (5, 8, 3.0)]
+    driver.moved(PROCESS, settle_at=10, now=8.0)  # workers fork: the process settling time too
+    assert driver.window(8.1, 10, lambda: 10) is None and driver.window(8.2, 11, lambda: 11) is None
+    assert driver.window(9.0, 12, lambda: 12) is None  # settled: the window starts
+    assert driver.window(9.5, 15, lambda: 15) is None and driver.window(10.0, 15, lambda: 15) == (12, 15, 1.0)
+
+
+def test_the_driver_acts_on_agreeing_verdicts_and_tells_a_changed_cost():
+    from torchpipe.runtime.placement import CALLS, CHANGED, OVERLAP, REBASE, MoveDriver
+
+    driver = MoveDriver(CALLS)
+    assert [driver.agreed(v) for v in (THREAD, PROCESS, PROCESS, PROCESS, PROCESS)] == [False, False, True, False, True]
+    assert all(MoveDriver(OVERLAP).agreed(THREAD) for _ in range(3))  # a prefetch acts on one window
+    assert not driver.changed(1e-3) and not driver.changed(1.5e-3)
+    assert driver.changed(1.5e-3 * CHANGED * 1.01) and driver.changed(1.5e-3 * CHANGED * 1.01)  # the base stays
+    assert not driver.agreed(REBASE) and driver.agreed(REBASE)
+    driver.baseline(1e-2)
+    assert not driver.changed(1.2e-2)
+    fresh = MoveDriver(CALLS)
+    assert not fresh.changed(1e-9) and not fresh.changed(5e-8)  # below the floor: timer noise, no change

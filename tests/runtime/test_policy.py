@@ -133,3 +133,17 @@ def test_a_move_that_costs_the_same_either_way_needs_the_margin_either_way():
     assert choose(reads, 2, (THREAD, PROCESS), measured, PROCESS, margin, move_margin=margin) == PROCESS
     faster = {THREAD: 20e-6, PROCESS: 40e-6}
     assert choose(reads, 2, (THREAD, PROCESS), faster, PROCESS, margin, move_margin=margin) == THREAD
+
+
+def test_a_prefetch_keeps_its_thread_only_where_it_is_measured_faster_by_the_margin():
+    from torchpipe.runtime.policy import MARGIN, choose_overlap
+
+    # Inline not measured: tried where its guess comes within the margin of the thread's measure.
+    assert choose_overlap(THREAD, {THREAD: 1e-5}, 1e-6, retry_thread=False) == INLINE
+    assert choose_overlap(THREAD, {THREAD: 1e-3}, 1e-3 * MARGIN * 1.01, retry_thread=False) == THREAD
+    # The thread not measured: tried again only where the consumer changed.
+    assert choose_overlap(INLINE, {INLINE: 1e-3}, 1e-3, retry_thread=False) == INLINE
+    assert choose_overlap(INLINE, {INLINE: 1e-3}, 1e-3, retry_thread=True) == THREAD
+    # Both measured: the thread must be MARGIN times faster.
+    assert choose_overlap(INLINE, {INLINE: 1e-3, THREAD: 0.95e-3}, 1e-3, retry_thread=True) == INLINE
+    assert choose_overlap(INLINE, {INLINE: 1e-3, THREAD: 0.5e-3}, 1e-3, retry_thread=True) == THREAD

@@ -32,6 +32,8 @@ from torchpipe.core.context import BuildContext
 from torchpipe.core.iterator import Iterator
 from torchpipe.core.position_log import PositionLog
 from torchpipe.core.stats import IteratorStats, LiveKnob
+from torchpipe.runtime.placement import OVERLAP, MoveDriver, cost_changed
+from torchpipe.runtime.policy import INLINE, STALE_S, THREAD, choose_overlap
 
 AUTOTUNE_DEPTH = 2
 """Buffer depth used for ``prefetch(tp.AUTOTUNE)`` until the autotuner resizes it."""
@@ -40,12 +42,6 @@ MAX_DEPTH = 64
 
 _POLL_S = 0.1
 _JOIN_S = 1.0
-THREAD, INLINE = "thread", "inline"
-_WINDOW_ELEMENTS, _WINDOW_S = 16, 0.1  # a window to judge the mode by: this many, this long
-_SETTLE_ELEMENTS = 4  # after a switch (or the start), not judged: the thread starts, the buffer fills
-_MARGIN = 1.1  # the thread, dearer in CPU and memory, must be measured this much faster to stay
-_CHANGED = 2.0  # a consumer whose own time per element changes this much is measured afresh
-_STALE_S = 30.0  # and a measurement older than this no longer stands for its mode
 
 
 class PrefetchNode(Node):
@@ -238,57 +234,46 @@ def _pull(log: PositionLog) -> Any:
 class OverlapChoice:
     """Whether a ``prefetch(tp.AUTOTUNE)`` runs its input on its thread or inline, by measurement.
 
-    Every window of delivered elements says what the consumer got per element, its own time
-    between requests included: what the two modes are compared by. A thread window whose
-    consumer time plus the input's own time per element (what inline would take) comes within
-    ``_MARGIN`` of it is followed by an inline window; the faster stays. A consumer whose own
-    time per element changes by ``_CHANGED``, or a measurement ``_STALE_S`` old, is measured
-    afresh in the other mode.
+    The runtime's measure-and-move driver (:class:`~torchpipe.runtime.placement.MoveDriver`, with
+    the cadence :data:`~torchpipe.runtime.placement.OVERLAP`) cuts the delivered elements into
+    windows; each says what the consumer got per element, its own time between requests
+    included: what the two modes are compared by (:func:`~torchpipe.runtime.policy.choose_overlap`).
+    A consumer whose own time per element changes by ``CHANGED`` is measured afresh, and a
+    measurement older than ``STALE_S`` no longer stands for its mode.
     """
 
     def __init__(self, mode: str) -> None:
         self.mode = mode
+        self._driver = MoveDriver(OVERLAP)
         self._measured: dict[str, tuple[float, float]] = {}  # mode -> (seconds per element, when)
         self._consumer_s: float | None = None  # the consumer's own time per element when decided
-        self._window: tuple[float, int, float] | None = None  # (start, elements, outside_s) at its start
-        self._settle = _SETTLE_ELEMENTS
 
     def delivered(self, now: float, outside_s: float, pull_s: Callable[[], float], count: int) -> str:
         """After each delivered element: ``outside_s`` the consumer's time outside ``next()`` so
         far, ``pull_s()`` the input's time per element since it was last asked, ``count`` the
         elements delivered. Returns the mode to run in from now on."""
-        if count < self._settle:
+        done = self._driver.window(now, count, lambda: (count, outside_s))
+        if done is None:
             return self.mode
-        if self._window is None:
-            self._window = (now, count, outside_s)
-            return self.mode
-        start, first, outside0 = self._window
+        (first, outside0), _, seconds = done
         elements = count - first
-        if elements < _WINDOW_ELEMENTS or now - start < _WINDOW_S:
-            return self.mode
-        per_element, consumer_s = (now - start) / elements, (outside_s - outside0) / elements
+        per_element, consumer_s = seconds / elements, (outside_s - outside0) / elements
         self._measured[self.mode] = (per_element, now)
-        self._window = None
         verdict = self._verdict(now, per_element, consumer_s, pull_s())
-        if verdict != self.mode:
-            self.mode, self._settle = verdict, count + _SETTLE_ELEMENTS
+        if verdict != self.mode and self._driver.agreed(verdict):
+            self.mode = verdict
+            self._driver.moved(verdict, count + OVERLAP.settle_elements, now)
             self._consumer_s = consumer_s
         return self.mode
 
     def _verdict(self, now: float, per_element: float, consumer_s: float, pull_s: float) -> str:
-        measured = {mode: s for mode, (s, when) in self._measured.items() if now - when < _STALE_S}
         base = self._consumer_s
-        if base is not None and max(consumer_s, base) > _CHANGED * max(min(consumer_s, base), 1e-7):
-            measured = {self.mode: per_element}  # another consumer: the other mode's figure is old
+        if cost_changed(consumer_s, base):  # another consumer: the other mode's figure is old
             self._measured = {self.mode: (per_element, now)}
             self._consumer_s = consumer_s
-        other = INLINE if self.mode == THREAD else THREAD
-        if other not in measured:
-            inline_guess = pull_s + consumer_s  # inline, the consumer waits for each element's making
-            worth = inline_guess < _MARGIN * per_element if other == INLINE else base is not None
-            return other if worth else self.mode
-        thread, inline = measured.get(THREAD, per_element), measured.get(INLINE, per_element)
-        return THREAD if thread * _MARGIN < inline else INLINE
+        measured = {mode: s for mode, (s, when) in self._measured.items() if now - when < STALE_S}
+        # Inline, the consumer waits for each element's making.
+        return choose_overlap(self.mode, measured, pull_s + consumer_s, retry_thread=base is not None)
 
 
 class PrefetchIterator(Iterator):

@@ -1,6 +1,15 @@
 """Where one stage's calls run, chosen by the policy and moved while the stage runs.
 
-A :class:`Placement` is what map, the DataLoader and interleave share for ``executor="auto"``
+Every stage that moves its work while it runs goes through one driver, :class:`MoveDriver`, with
+one set of constants (below): it cuts what the stage delivers into windows (:class:`Cadence`),
+judges nothing while a move settles, acts on a verdict of the policy only once ``agree`` windows
+in a row gave it, and tells a workload that changed (:data:`CHANGED`). Its users: a
+:class:`Placement` (map and the DataLoader), an interleave's
+:class:`~torchpipe.ops.interleave.placement.ReaderPlacement` (threads or worker processes) and a
+prefetch's :class:`~torchpipe.ops.prefetch.OverlapChoice` (its thread or inline); which placement
+is better, given the measurements, is :mod:`~torchpipe.runtime.policy`'s call.
+
+A :class:`Placement` is what map and the DataLoader share for ``executor="auto"``
 (and ``num_workers="auto"``): it measures the first calls inline (:func:`measure_calls`), asks
 the :class:`~torchpipe.runtime.policy.Policy` where they should run, puts that executor under the
 stage's :class:`~torchpipe.runtime.dispatch.Dispatcher`, and after every window of delivered
@@ -28,13 +37,146 @@ from torchpipe.runtime.gil import GilProbe
 from torchpipe.runtime.policy import INLINE, PROCESS, CallCosts, Policy, observe_message_cost, workers
 from torchpipe.runtime.timing import CallTiming
 
-_WINDOW_ELEMENTS, _WINDOW_S = 4, 0.15  # a window to judge an executor by: this many, this long
-_SETTLE_ELEMENTS, _SETTLE_S = 2, 0.05  # after a move, not judged: threads start, buffers fill
-_SETTLE_PROCESS_S = 0.25  # and workers fork and fault their rings in (first windows ran 2x slow)
 _PROBE_CALLS, _PROBE_S = 8, 0.02  # calls measured inline before the first decision (at most; at least one)
 _MOVE_SAMPLES = 3  # decodings timed for the cost of receiving a result (the fastest counts)
 
-_REBASE = "rebase"  # a pending verdict: the calls' cost changed, decide afresh
+# -- the driver's constants: one set for every stage that moves its work ---------------------------
+CHANGED = 2.0
+"""A cost per element (a call's, a read's, the consumer's own) that grows or shrinks by more than
+this factor between windows is another workload: what was measured before no longer counts."""
+CHANGED_FLOOR_S = 1e-7
+"""Costs below this many seconds are taken as this much when telling a change (timer noise)."""
+SETTLE_S = 0.05
+"""After a move to inline or threads, seconds during which nothing is judged: threads start,
+buffers fill."""
+SETTLE_PROCESS_S = 0.25
+"""The same after a move to worker processes: they fork and fault their rings in (their first
+windows ran 2x slow)."""
+AGREE = 2
+"""Windows in a row whose verdicts must agree before work moves: one can mislead (a cold start, a
+busy moment)."""
+REBASE = "rebase"
+"""The verdict a window gives when the cost per element changed (:data:`CHANGED`): decide afresh."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Cadence:
+    """How a driver cuts what a stage delivers into windows to judge.
+
+    Attributes:
+        elements: a window holds at least this many of what the stage counts (elements
+            delivered; reads, for an interleave's readers).
+        seconds: and lasts at least this long.
+        settle_elements: elements delivered before the first window starts, and after a move
+            (unless the move says how many).
+        agree: verdicts in a row that must agree before work moves (:data:`AGREE`).
+        settle_s: after a move to inline or threads, seconds before a window starts (:data:`SETTLE_S`).
+        settle_process_s: the same after a move to worker processes (:data:`SETTLE_PROCESS_S`).
+        every: elements delivered between two looks at the stage's counters.
+    """
+
+    elements: int
+    seconds: float
+    settle_elements: int
+    agree: int = AGREE
+    settle_s: float = SETTLE_S
+    settle_process_s: float = SETTLE_PROCESS_S
+    every: int = 1
+
+
+CALLS = Cadence(elements=4, seconds=0.15, settle_elements=2)
+"""Map's and the DataLoader's calls: a few calls make a window (a call may take a second)."""
+READS = Cadence(elements=32, seconds=0.05, settle_elements=16, every=16)
+"""An interleave's readers: windows of reads, looked at every 16 elements (a look reads the
+counters of every reader's calls)."""
+OVERLAP = Cadence(elements=16, seconds=0.1, settle_elements=4, agree=1, settle_s=0.0, settle_process_s=0.0)
+"""A prefetch's thread against inline: its elements take microseconds, its thread starts in as
+many and its buffer holds two, so it needs no settling, and it acts on one window (trying the
+other mode costs one window, and the policy compares measurements with measurements)."""
+
+
+def cost_changed(now: float, before: float | None) -> bool:
+    """Whether a cost per element is another workload's: it moved by more than :data:`CHANGED`."""
+    return before is not None and max(now, before) > CHANGED * max(min(now, before), CHANGED_FLOOR_S)
+
+
+class MoveDriver:
+    """The measure-and-move loop of a stage whose work can move between placements.
+
+    The stage reports each element it delivers (:meth:`window`); the driver cuts them into
+    windows of its :class:`Cadence`, none while a move settles, each starting where the last
+    ended. The stage asks its policy for a verdict on each window and acts on it once
+    :meth:`agreed`; :meth:`changed` tells a cost that changed (the verdict is then
+    :data:`REBASE`, agreed on like any other). :meth:`moved` starts over on the new placement.
+
+    Args:
+        cadence: the windows' sizes and the settling.
+    """
+
+    def __init__(self, cadence: Cadence) -> None:
+        self.cadence = cadence
+        self._settle = (cadence.settle_elements, 0.0)  # (elements delivered, time) before which nothing is judged
+        self._start: tuple[float, int, Any] | None = None  # (time, count, the stage's look) where the window began
+        self._pending: str | None = None  # the verdict of the last windows, not yet agreed on enough
+        self._streak = 0
+        self._base: float | None = None  # the cost per element of the last window like the one before
+
+    def moved(self, kind: str, settle_at: int, now: float) -> None:
+        """The work runs on ``kind`` from now on: nothing is judged before ``settle_at`` elements
+        were delivered and the cadence's settling time passed; what was pending is dropped."""
+        settle_s = self.cadence.settle_process_s if kind == PROCESS else self.cadence.settle_s
+        self._settle = (settle_at, now + settle_s)
+        self._start, self._pending, self._streak, self._base = None, None, 0, None
+
+    def window(
+        self, now: float, delivered: int, look: Callable[[], Any], count: int | None = None
+    ) -> tuple[Any, Any, float] | None:
+        """After an element: once a window is complete, the stage's looks at its start and its end
+        (``look()``) and its seconds; else None.
+
+        Args:
+            now: the time.
+            delivered: elements delivered so far.
+            look: the stage's counters now (called only where a window starts or ends).
+            count: what the cadence counts so far, if not elements delivered (reads).
+        """
+        count = delivered if count is None else count
+        if self._start is None:
+            if delivered >= self._settle[0] and now >= self._settle[1]:
+                self._start = (now, count, look())
+            return None
+        start, count0, first = self._start
+        if count - count0 < self.cadence.elements or now - start < self.cadence.seconds:
+            return None
+        last = look()
+        self._start = (now, count, last)
+        return first, last, now - start
+
+    def agreed(self, verdict: str) -> bool:
+        """Whether ``verdict`` is the cadence's ``agree``-th in a row; it is then acted on, so the
+        count starts over."""
+        if verdict == self._pending:
+            self._streak += 1
+        else:
+            self._pending, self._streak = verdict, 1
+        if self._streak < self.cadence.agree:
+            return False
+        self._pending, self._streak = None, 0
+        return True
+
+    def changed(self, cost: float) -> bool:
+        """Whether ``cost`` (per element, this window) differs by :data:`CHANGED` from the last
+        window's that did not (while a change waits to be agreed on: from before the change)."""
+        changed = cost_changed(cost, self._base)
+        if not changed:
+            self._base = cost
+        return changed
+
+    def baseline(self, cost: float) -> None:
+        """Compare later windows with ``cost`` (the new workload's, once a change is acted on)."""
+        self._base = cost
+
+
 MakeExecutor = Callable[[str, int], Executor]
 """``make(kind, workers)``: the stage's executor of ``kind`` with ``workers`` threads or processes."""
 
@@ -144,11 +286,8 @@ class Placement:
         self._timing = timing
         self._on_move = on_move
         self._retire = retire
-        self._window: tuple[float, int, float, tuple[int, float, float]] | None = None
+        self._driver = MoveDriver(CALLS)
         self._delivered = 0
-        self._settle = (0, 0.0)  # (elements delivered, time) before which nothing is judged
-        self._base_call_s: float | None = None  # a call's cost in the first window on this executor
-        self._pending: str | None = None  # a move the last window asked for, until the next agrees
 
     def move(self, kind: str, count: int) -> None:
         """Run new calls on ``kind`` with ``count`` threads or processes from now on."""
@@ -160,9 +299,7 @@ class Placement:
         self.kind, self.workers = kind, count
         if self.policy is not None:
             self.policy.kind = kind
-        self._window, self._base_call_s, self._pending = None, None, None
-        settle_s = _SETTLE_PROCESS_S if kind == PROCESS else _SETTLE_S  # workers fork, rings fill
-        self._settle = (self._delivered + _SETTLE_ELEMENTS, time.perf_counter() + settle_s)
+        self._driver.moved(kind, self._delivered + self._driver.cadence.settle_elements, time.perf_counter())
         if self._on_move is not None:
             self._on_move(self.kind, self.workers)
 
@@ -203,22 +340,16 @@ class Placement:
         its ``next()`` so far (the rest is the consumer's). Every window the policy sees what the
         consumer got."""
         self._delivered += 1
-        if self.policy is None or self._delivered < self._settle[0]:
+        if self.policy is None:
             return
-        now = time.perf_counter()
-        if now < self._settle[1]:
+        delivered = self._delivered
+        done = self._driver.window(time.perf_counter(), delivered, lambda: (delivered, inside_s, self._timing.totals()))
+        if done is None:
             return
-        if self._window is None:
-            self._window = (now, self._delivered, inside_s, self._timing.totals())
-            return
-        start, first, inside0, calls0 = self._window
-        count = self._delivered - first
-        if count < _WINDOW_ELEMENTS or now - start < _WINDOW_S:
-            return
-        self._window = None
-        seconds = now - start
+        (first, inside0, calls0), (_, _, calls), seconds = done
+        count = delivered - first
         consumer_s = max(seconds - (inside_s - inside0), 0.0) / count
-        self._review(seconds / count, consumer_s, self._timing.totals(), calls0)
+        self._review(seconds / count, consumer_s, calls, calls0)
 
     def _review(self, seconds_per_element: float, consumer_s: float, calls: tuple[int, float, float],
                 calls0: tuple[int, float, float]) -> None:  # fmt: skip
@@ -233,21 +364,15 @@ class Placement:
             wall, cpu = (calls[1] - calls0[1]) / ran, (calls[2] - calls0[2]) / ran
             # Off this thread a call's wall time swings with contention (the GIL, the cores): its
             # CPU time tells a workload that changed.
-            marker = wall if self.kind == INLINE else cpu
-            changed = self._changed(marker)
-            if not changed:
-                self._base_call_s = marker  # the last window like the one before: what a call costs now
+            changed = self._driver.changed(wall if self.kind == INLINE else cpu)
             self._update_call_cost(wall, cpu, changed)
-        # One window can mislead (a cold start, a busy moment): a move waits for the next to agree.
         if changed:
-            if self._pending != _REBASE:
-                self._pending = _REBASE
+            if not self._driver.agreed(REBASE):
                 return
             verdict = policy.rebase(policy.costs)
         else:
             verdict = policy.review(seconds_per_element)
-            if verdict == self.kind or verdict != self._pending:
-                self._pending = None if verdict == self.kind else verdict
+            if not self._driver.agreed(verdict) or verdict == self.kind:
                 return
         self.move(verdict, workers(policy.costs, verdict, policy.cores))
 
@@ -265,9 +390,3 @@ class Placement:
             if not changed and alone >= costs.call_s:
                 return
         self.policy.costs = dataclasses.replace(costs, call_s=alone, cpu_s=alone * share)
-
-    def _changed(self, marker: float) -> bool:
-        """Whether a call now costs more than twice, or less than half, what it did in the last
-        window before (or, while a change waits to be confirmed, before the change)."""
-        base = self._base_call_s
-        return base is not None and max(marker, base) > 2.0 * max(min(marker, base), 1e-9)

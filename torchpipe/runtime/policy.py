@@ -258,3 +258,26 @@ class Policy:
                 if predict(self.costs, kind, self.cores) * factor < here:
                     return kind
         return None
+
+
+def choose_overlap(current: str, measured: dict[str, float], inline_guess: float, retry_thread: bool) -> str:
+    """Where a prefetch runs its input, :data:`THREAD` (overlapped with the consumer) or
+    :data:`INLINE` (on the consumer's thread), after a window on ``current``.
+
+    Measured on both, the thread, dearer in CPU and memory, stays only where it was ``MARGIN``
+    times faster. Inline not measured (lately) is tried where its guess (the input's time per
+    element plus the consumer's own) comes within ``MARGIN`` of the thread's measure; the thread
+    not measured (lately) is tried again where ``retry_thread`` (the consumer changed since).
+
+    Args:
+        current: the mode the window ran in (in ``measured``).
+        measured: seconds per element the consumer got in each mode, within ``STALE_S``.
+        inline_guess: seconds per element predicted inline.
+        retry_thread: whether an inline prefetch should measure its thread again.
+    """
+    other = INLINE if current == THREAD else THREAD
+    if other not in measured:
+        if other == INLINE:
+            return INLINE if inline_guess < MARGIN * measured[current] else current
+        return THREAD if retry_thread else current
+    return THREAD if measured[THREAD] * MARGIN < measured[INLINE] else INLINE

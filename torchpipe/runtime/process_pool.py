@@ -30,6 +30,7 @@ from torchpipe.errors import WorkerError
 from torchpipe.runtime import codec
 from torchpipe.runtime.channel import Channel, ChannelClosed
 from torchpipe.runtime.executor import Result
+from torchpipe.runtime.routing import MAX_TASK_FAILURES, Task, TaskRouter
 from torchpipe.runtime.shm_ring import OneOffSegment, ShmRing, memfd_supported
 from torchpipe.runtime.timing import CallTiming
 from torchpipe.runtime.worker import run_worker, unpack_exception
@@ -38,9 +39,6 @@ from torchpipe.runtime.zygote import Zygote, ZygoteGone, describe_exit
 PER_WORKER = 4
 """Tasks in flight per worker (more when each worker runs more tasks at once on threads)."""
 DEFAULT_RING_BYTES = 4 << 20
-_MAX_TASK_FAILURES = 3
-
-_Task = tuple[int, Any, "int | None", "int | None"]  # (seq, payload, slot, prefer): see ProcessPool.submit
 
 
 class _Loans:
@@ -87,6 +85,7 @@ class _Loans:
 
 class _Worker:
     __slots__ = ("id", "slot", "pid", "channel", "rings", "tasks", "retiring")
+    ready = True  # takes tasks as soon as it is forked (the router asks)
 
     def __init__(self, worker_id: int, slot: int, pid: int, channel: Channel) -> None:
         self.id = worker_id
@@ -94,7 +93,7 @@ class _Worker:
         self.pid = pid
         self.channel = channel
         self.rings: list[_Loans] = []  # the worker's rings, by index
-        self.tasks: dict[int, tuple[Any, int | None, int | None]] = {}  # in flight: seq -> (payload, slot, prefer)
+        self.tasks: dict[int, Task] = {}  # in flight, by seq
         self.retiring = False
 
     def close(self) -> None:
@@ -149,9 +148,8 @@ class ProcessPool:
         self._worker_main = functools.partial(run_worker, handler=handler, ring_capacity=ring_bytes)
         self._zygote = Zygote(self._worker_main, name)
         self._workers: dict[int, _Worker] = {}
-        self._queued: deque[_Task] = deque()
+        self._router = TaskRouter()
         self._unsent: list[Result] = []
-        self._failures: dict[int, int] = {}
         self._next_id = 0
         self._size = size
         self._main_cpu_s = 0.0  # this process's CPU in submit() and collect(), for message_seconds()
@@ -203,7 +201,7 @@ class ProcessPool:
         busy and goes to the least busy one only when the slot has no worker (after a shrink).
         """
         cpu = time.thread_time()
-        self._queued.append((seq, payload, slot, prefer))
+        self._router.add(Task(seq, payload, slot, prefer))
         self._dispatch()
         self._main_cpu_s += time.thread_time() - cpu
 
@@ -240,7 +238,7 @@ class ProcessPool:
         """Whether task ``seq`` is queued here or running in a worker."""
         return (
             any(seq in w.tasks for w in self._workers.values())
-            or any(t[0] == seq for t in self._queued)
+            or self._router.holds(seq)
             or any(r[0] == seq for r in self._unsent)
         )
 
@@ -270,7 +268,7 @@ class ProcessPool:
         for worker in self._workers.values():
             worker.close()
         self._workers.clear()
-        self._queued.clear()
+        self._router.clear()
 
     # -- internals --------------------------------------------------------------------------
     @property
@@ -310,51 +308,31 @@ class ProcessPool:
         self._zygote = Zygote(self._worker_main, self.name)
 
     def _dispatch(self) -> None:
-        """Hand queued tasks to workers, several per message: slot tasks to their slot's worker
-        (in order), the others to the least busy."""
-        live = [w for w in self._workers.values() if not w.retiring]
-        by_slot = {w.slot: w for w in live}
-        plan: dict[int, list[_Task]] = {}
-        load = {w.id: len(w.tasks) for w in live}
-        limit = self._per_worker
-        blocked: set[int | None] = set()
-        kept: deque[_Task] = deque()
-        for task in self._queued:
-            _, _, slot, prefer = task
-            if slot is not None:
-                worker = by_slot.get(slot)
-            elif prefer in by_slot:
-                worker = by_slot[prefer]
-            else:
-                worker = min(live, key=lambda w: load[w.id], default=None)
-            if worker is None or load[worker.id] >= limit or (slot is not None and slot in blocked):
-                if slot is not None:
-                    blocked.add(slot)  # later tasks of the slot wait too, to keep its order
-                kept.append(task)
-                continue
-            load[worker.id] += 1
+        """Hand queued tasks to workers (:class:`TaskRouter`'s rule), several per message."""
+        plan: dict[int, list[Task]] = {}
+        for worker, task in self._router.route(self._workers.values(), self._per_worker):
             plan.setdefault(worker.id, []).append(task)
-        self._queued = kept
         for worker_id, batch in plan.items():
             if worker_id in self._workers:
                 self._send_tasks(self._workers[worker_id], batch)
 
-    def _send_tasks(self, worker: _Worker, batch: list[_Task]) -> None:
-        worker.tasks.update((seq, (payload, slot, prefer)) for seq, payload, slot, prefer in batch)
+    def _send_tasks(self, worker: _Worker, batch: list[Task]) -> None:
+        worker.tasks.update((task.seq, task) for task in batch)
         try:
-            worker.channel.send(("tasks", [(seq, payload) for seq, payload, _, _ in batch]))
+            worker.channel.send(("tasks", [(task.seq, task.payload) for task in batch]))
         except ChannelClosed:
             self._on_exit(worker)
         except (pickle.PicklingError, TypeError, AttributeError):
-            for task in reversed(batch):  # find the culprits; queue the others again
-                seq, payload = task[0], task[1]
-                del worker.tasks[seq]
+            again = []
+            for task in batch:  # find the culprits; queue the others again
+                del worker.tasks[task.seq]
                 try:
-                    pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
+                    pickle.dumps(task.payload, protocol=pickle.HIGHEST_PROTOCOL)
                 except Exception as e:  # noqa: BLE001 - reported as this element's error
-                    self._unsent.append((seq, None, _unpicklable_input(self.name, seq, e)))
+                    self._unsent.append((task.seq, None, _unpicklable_input(self.name, task.seq, e)))
                 else:
-                    self._queued.appendleft(task)
+                    again.append(task)
+            self._router.requeue(again)
 
     def _handle(self, worker: _Worker, message: tuple, fds: list[int], results: list[Result]) -> None:
         kind = message[0]
@@ -365,7 +343,7 @@ class ProcessPool:
         self.timing.add(message[-2], message[-1], start=message[-3], where=f"worker {worker.slot} (pid {worker.pid})",
                         pid=worker.pid)  # fmt: skip
         worker.tasks.pop(seq, None)
-        self._failures.pop(seq, None)
+        self._router.done(seq)
         if kind == "ring":
             results.append((seq, self._decode_record(worker.rings[message[2]], message[3], message[4]), None))
         elif kind == "segment":
@@ -407,19 +385,18 @@ class ProcessPool:
         how = describe_exit(status) if status is not None else "exited"
         worker.close()
         del self._workers[worker.id]
-        lost = sorted(worker.tasks.items())
+        lost = sorted(worker.tasks.values(), key=lambda task: task.seq)
         if not self._restart:
             raise WorkerError(f"{self.name}: worker process {worker.pid} {how}", worker.pid, how)
-        for seq, _ in lost:
-            self._failures[seq] = self._failures.get(seq, 0) + 1
-            if self._failures[seq] >= _MAX_TASK_FAILURES:
+        for task in lost:
+            if self._router.failed(task.seq):
                 raise WorkerError(
-                    f"{self.name}: element {seq} killed {_MAX_TASK_FAILURES} worker processes "
+                    f"{self.name}: element {task.seq} killed {MAX_TASK_FAILURES} worker processes "
                     f"(the last, pid {worker.pid}, {how})",
                     worker.pid,
                     how,
                 )
-        self._queued.extendleft((seq, *task) for seq, task in reversed(lost))
+        self._router.requeue(lost)
         if not worker.retiring:
             self._spawn(worker.slot)
 

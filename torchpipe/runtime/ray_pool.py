@@ -1,7 +1,7 @@
 """A pool of Ray actors behind the runtime's Executor interface.
 
 The dispatcher (``runtime/dispatch.py``) numbers a stage's tasks and puts results back in order
-whatever runs them; :class:`RayActorPool` runs them on :class:`~torchpipe.integrations.ray_actors.
+whatever runs them; :class:`RayActorPool` runs them on :class:`~torchpipe.runtime.ray_actors.
 TaskServer` actors. Like the process pool it dispatches centrally: each task goes to the ready
 actor with the fewest in flight (``tasks_per_actor`` at most), so the pool can grow and shrink
 while it runs and a dead actor's tasks go to whichever actor is up. An actor is *ready* once it
@@ -25,7 +25,6 @@ import threading
 import time
 import uuid
 import weakref
-from collections import deque
 from typing import Any, Protocol
 
 import numpy as np
@@ -35,10 +34,10 @@ from torchpipe.runtime.ray_actors import ERROR, IDLE, OK, STALE, connect, sessio
 from torchpipe.runtime import codec
 from torchpipe.runtime.codec_pickle import ALIGN
 from torchpipe.runtime.executor import Result
+from torchpipe.runtime.routing import MAX_TASK_FAILURES, Task, TaskRouter
 from torchpipe.runtime.timing import CallTiming
 from torchpipe.runtime.worker import unpack_exception
 
-_MAX_TASK_FAILURES = 3
 _RETRY_S = 0.1  # an actor Ray is still restarting is asked again after this long
 _FREE_CPUS_S = 2.0  # how long the cluster's free CPUs, as last read, stand
 _GET_S = 10.0  # a result already in the object store; the bound is for a node lost in between
@@ -157,10 +156,9 @@ class RayActorPool:
         self._actors: dict[int, _Actor] = {}  # by slot
         self._pings: dict[Any, _Actor] = {}
         self._running: dict[Any, tuple[_Actor, int]] = {}  # call reference -> (actor, seq)
-        self._queued: deque[tuple[int, Any, int | None]] = deque()  # (seq, payload, prefer)
-        self._payloads: dict[int, tuple[Any, int | None]] = {}  # every task held: queued or running
+        self._router = TaskRouter()
+        self._payloads: dict[int, Task] = {}  # every task held: queued or running
         self._unsent: list[Result] = []
-        self._failures: dict[int, int] = {}
         self._size = 0
         self._free: tuple[float, float] = (-1e9, 0.0)  # (when read, free CPUs)
         self.stats = PoolStats()
@@ -196,8 +194,9 @@ class RayActorPool:
         cpu = time.thread_time()
         with self._lock:
             self._touch()
-            self._payloads[seq] = (payload, prefer if prefer is not None else slot)
-            self._queued.append((seq, payload, prefer if prefer is not None else slot))
+            task = Task(seq, payload, prefer=prefer if prefer is not None else slot)  # a slot is a preference here
+            self._payloads[seq] = task
+            self._router.add(task)
             self._dispatch()
         self._main_cpu_s += time.thread_time() - cpu
 
@@ -256,7 +255,7 @@ class RayActorPool:
         self._actors.clear()
         self._pings.clear()
         self._running.clear()
-        self._queued.clear()
+        self._router.clear()
         self._payloads.clear()
 
     # -- what the iterator and the autotuner ask ------------------------------------------------
@@ -368,28 +367,16 @@ class RayActorPool:
             self._release(actor)
 
     def _dispatch(self) -> None:
-        """Send queued tasks, in order, to ready actors with room (a task that prefers a slot
-        whose actor exists waits for that one)."""
-        if not self._queued:
+        """Send queued tasks, in order, to ready actors with room (:class:`TaskRouter`'s rule; a
+        task that prefers a slot whose actor exists waits for that one)."""
+        if not self._router:
             return
-        limit = self._options.tasks_per_actor
-        ready = [a for a in self._actors.values() if a.ready and not a.retiring]
-        kept: deque[tuple[int, Any, int | None]] = deque()
-        for task in self._queued:
-            seq, payload, prefer = task
-            preferred = self._actors.get(prefer % max(self._size, 1)) if prefer is not None else None
-            if preferred is not None and not preferred.retiring:
-                actor = preferred if preferred.ready and len(preferred.tasks) < limit else None
-            else:
-                actor = min(ready, key=lambda a: len(a.tasks), default=None)
-                actor = actor if actor is not None and len(actor.tasks) < limit else None
-            if actor is None:
-                kept.append(task)
-                continue
-            ref = actor.handle.run.remote(self._token, seq, payload)
-            actor.tasks[seq] = ref
-            self._running[ref] = (actor, seq)
-        self._queued = kept
+        size = max(self._size, 1)
+        for actor, task in self._router.route(self._actors.values(), self._options.tasks_per_actor,
+                                              slot_of=lambda prefer: prefer % size):  # fmt: skip
+            ref = actor.handle.run.remote(self._token, task.seq, task.payload)
+            actor.tasks[task.seq] = ref
+            self._running[ref] = (actor, task.seq)
 
     def _collect(self, timeout: float) -> list[Result]:
         results, self._unsent = self._unsent, []
@@ -459,7 +446,7 @@ class RayActorPool:
             return
         kind, body, wall_s, cpu_s = answer
         self._payloads.pop(seq, None)
-        self._failures.pop(seq, None)
+        self._router.done(seq)
         self.timing.add(wall_s, cpu_s, start=time.perf_counter() - wall_s, where=actor.describe(), pid=actor.pid)
         if kind == OK:
             results.append((seq, decode_result(body), None))
@@ -478,34 +465,24 @@ class RayActorPool:
             error, count = None, False
         if error is not None and not self._restart:
             raise WorkerError(f"{self.name}: {actor.describe()} died ({error})", actor.pid or -1, "died")
-        if count:
-            self._failures[seq] = self._failures.get(seq, 0) + 1
-            if self._failures[seq] >= _MAX_TASK_FAILURES:
-                raise WorkerError(f"{self.name}: element {seq} was lost with {_MAX_TASK_FAILURES} Ray actors "
-                                  f"(the last, {actor.describe()}: {error})", actor.pid or -1, "died")  # fmt: skip
+        if count and self._router.failed(seq):
+            raise WorkerError(f"{self.name}: element {seq} was lost with {MAX_TASK_FAILURES} Ray actors "
+                              f"(the last, {actor.describe()}: {error})", actor.pid or -1, "died")  # fmt: skip
         if actor.ready:
             actor.ready = False
             actor.stats.restarts += count
             actor.retry_at = time.monotonic() + (_RETRY_S if count else 0.0)
-        payload, prefer = self._payloads[seq]
-        self._requeue(seq, payload, prefer)
+        self._router.requeue([self._payloads[seq]])
         self._retire_if_idle(actor)
-
-    def _requeue(self, seq: int, payload: Any, prefer: int | None) -> None:
-        queued = list(self._queued)
-        at = next((i for i, (s, _, _) in enumerate(queued) if s > seq), len(queued))
-        queued.insert(at, (seq, payload, prefer))
-        self._queued = deque(queued)
 
     def _actor_died(self, actor: _Actor, error: BaseException) -> None:
         """Ray will not restart ``actor``: its tasks go back to the queue and a new actor takes
         its slot (or, with ``restart=False``, :class:`WorkerError`)."""
         if not self._restart:
             raise WorkerError(f"{self.name}: {actor.describe()} died ({error})", actor.pid or -1, "died")
-        for seq, ref in list(actor.tasks.items()):
+        for ref in actor.tasks.values():
             self._running.pop(ref, None)
-            payload, prefer = self._payloads[seq]
-            self._requeue(seq, payload, prefer)
+        self._router.requeue(self._payloads[seq] for seq in actor.tasks)
         actor.tasks.clear()
         del self._actors[actor.slot]
         if actor.slot < self._size:

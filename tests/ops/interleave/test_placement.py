@@ -1,5 +1,6 @@
 """interleave(executor="auto"): readers start on threads and move between threads and worker processes mid-pass."""
 
+import dataclasses
 import os
 import threading
 import time
@@ -30,10 +31,9 @@ def _find(it):
 
 def _verdicts(monkeypatch, kinds):
     """Judge every 3 elements, and have the policy's verdicts be ``kinds(window number)``."""
-    monkeypatch.setattr(reader_placement, "_WINDOW_READS", 4)
-    monkeypatch.setattr(reader_placement, "_WINDOW_S", 0.0)
-    monkeypatch.setattr(reader_placement, "_SETTLE_S", {THREAD: 0.0, PROCESS: 0.0})
-    monkeypatch.setattr(ReaderPlacement, "check_every", 3)
+    cadence = dataclasses.replace(reader_placement.READS, elements=4, seconds=0.0, settle_elements=3, every=3,
+                                  settle_s=0.0, settle_process_s=0.0)  # fmt: skip
+    monkeypatch.setattr(reader_placement, "READS", cadence)
     verdict, windows = ReaderPlacement.verdict, []
 
     def forced(self, window):

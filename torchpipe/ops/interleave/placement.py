@@ -8,10 +8,10 @@ element costs its reader (wall and CPU time) and this thread; the runtime's exec
 (:func:`~torchpipe.runtime.policy.choose`, the rule map and the DataLoader use too) says where the
 readers deliver faster, and the interleave moves its readers there (``InterleaveIterator._move``).
 
-This follows the rule of :class:`~torchpipe.runtime.placement.Placement` (windows of delivered
-elements, settling after a move, the policy's verdict, a move only once two windows in a row agree,
-a 2x change in the calls' cost makes the policy predict afresh) but is not one, because readers
-are not calls:
+Its windows, settling, agreement and change detection are the runtime's one measure-and-move
+driver (:class:`~torchpipe.runtime.placement.MoveDriver`, with the cadence
+:data:`~torchpipe.runtime.placement.READS`: windows of reads), as for map's calls; what differs is
+what it measures and how the readers move, because readers are not calls:
 
 - a Placement moves calls by swapping its dispatcher's executor, and calls in flight finish where
   they are; a reader has an open inner iterator and items read ahead, so a move hands every reader
@@ -45,19 +45,15 @@ import time
 from collections import deque
 
 from torchpipe.core.stats import IteratorStats
+from torchpipe.runtime.placement import READS, REBASE, MoveDriver
 from torchpipe.runtime.policy import PROCESS, READERS_MARGIN, THREAD, CallCosts, choose
 
-_WINDOW_READS = 32  # a window to judge a pool by: at least this many reads,
-_WINDOW_S = 0.05  # and this many seconds
-_SETTLE_S = {THREAD: 0.05, PROCESS: 0.25}  # after a move, not judged: workers fork, read-ahead fills
 _WINDOWS_KEPT = 5  # a pool's measure is the lower median of its last windows,
 _WINDOWS_NEEDED = 2  # of at least this many (its first window, cold, not counted)
-_CHANGED = 2.0  # a read whose CPU time changed this much: the workload changed, predict afresh
 _BUSIEST = 0.95  # the GIL share readers are taken to use at most (a queue at 1 waits forever)
 RECEIVE_S = 5e-6
 """What receiving an element read by a worker costs this process (elements travel in chunks of
 many, as columns where they can): measured about 5 us."""
-_REBASE = "rebase"  # a pending verdict: the reads' cost changed, predict afresh
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,9 +114,6 @@ class ReaderPlacement:
         most: the reads in flight the user fixed (``num_parallel_calls=N``), None for AUTOTUNE.
     """
 
-    check_every = 16
-    """Elements delivered between two looks at the counters (the first look: after these)."""
-
     def __init__(self, cores: int, most: int | None) -> None:
         self.kind = THREAD
         self.deciding = True  # no verdict acted on yet
@@ -131,24 +124,24 @@ class ReaderPlacement:
         self._measured: dict[str, deque[float]] = {}  # seconds per element of each pool's last windows
         self._cold = True  # the next window is the first on this pool: it does not measure it
         self._wall_per_cpu = 1.0  # a read's wall time over its CPU time, last window
-        self._start: _Look | None = None
-        self._settle = (self.check_every, 0.0)  # (elements delivered, time) before which nothing is judged
-        self._pending: str | None = None
-        self._marker: float | None = None  # CPU seconds per read, last window like the one before
+        self._driver = MoveDriver(READS)  # its base cost: CPU seconds per read
+
+    @property
+    def check_every(self) -> int:
+        """Elements delivered between two looks at the counters (the first look: after these)."""
+        return self._driver.cadence.every
 
     def review(self, stats: IteratorStats) -> str | None:
         """Look at the counters (every ``check_every`` elements): the pool to move the readers
         to, once two windows agree, else None."""
         look = _Look.of(stats)
-        if self._start is None:
-            if look.produced >= self._settle[0] and look.time >= self._settle[1]:
-                self._start = look
+        done = self._driver.window(look.time, look.produced, lambda: look, count=look.reads)
+        if done is None:
             return None
-        window = Window.between(self._start, look)
-        if window.reads < _WINDOW_READS or window.seconds < _WINDOW_S or window.elements <= 0:
+        window = Window.between(done[0], done[1])
+        if window.elements <= 0:
             return None
-        self._start = look
-        if not self.deciding and self._cost_changed(window):
+        if not self.deciding and self._driver.changed(window.cpu_s / window.reads):
             return self._rebase(window)
         return self._agreed(self.verdict(window))
 
@@ -183,8 +176,8 @@ class ReaderPlacement:
         once it has settled (workers fork, read-ahead fills)."""
         self.kind = kind
         self.deciding = False
-        self._pending, self._marker, self._start, self._cold = None, None, None, True
-        self._settle = (settled_at, time.perf_counter() + _SETTLE_S[kind])
+        self._cold = True
+        self._driver.moved(kind, settled_at, time.perf_counter())
 
     def settle(self) -> None:
         """Threads for good (the readers cannot travel, or the pass ended before a verdict)."""
@@ -192,10 +185,8 @@ class ReaderPlacement:
         self.settled = self.kind == THREAD
 
     def _agreed(self, verdict: str) -> str | None:
-        agreed, self._pending = verdict == self._pending, verdict
-        if not agreed:
+        if not self._driver.agreed(verdict):
             return None
-        self._pending = None
         if self.deciding and verdict == THREAD:
             self.settle()
         return verdict if verdict != self.kind else None
@@ -217,25 +208,12 @@ class ReaderPlacement:
         return CallCosts(alone, cpu, 1.0 - cpu / alone if alone > 0 else 1.0, 0.0, handoff_s=handoff,
                          message_s=max(RECEIVE_S, handoff), threads_in_workers=True, most=self._most)  # fmt: skip
 
-    def _cost_changed(self, window: Window) -> bool:
-        """Whether a read's CPU time is more than twice, or less than half, what it was in the last
-        window before on this pool (while a change waits to be confirmed: before the change)."""
-        marker = window.cpu_s / window.reads
-        base = self._marker
-        changed = base is not None and max(marker, base) > _CHANGED * max(min(marker, base), 1e-9)
-        if not changed:
-            self._marker = marker
-            if self._pending == _REBASE:
-                self._pending = None
-        return changed
-
     def _rebase(self, window: Window) -> str | None:
         """The reads' cost changed: once the next window agrees, forget what was measured and
         predict afresh; the verdict stands at once (two windows agreed on the change)."""
-        if self._pending != _REBASE:
-            self._pending = _REBASE
+        if not self._driver.agreed(REBASE):
             return None
-        self._pending, self._marker = None, window.cpu_s / window.reads
+        self._driver.baseline(window.cpu_s / window.reads)
         self._measured.clear()
         self.costs = self._costs(window)
         verdict = self._choose()
