@@ -94,12 +94,12 @@ class Node(abc.ABC):
 def node_classes() -> list[type[Node]]:
     """Every op class defined so far (the modules that define them imported), parents first."""
     found: list[type[Node]] = []
-    stack: list[type[Node]] = [Node]
+    stack = Node.__subclasses__()
     while stack:
-        for sub in stack.pop().__subclasses__():
-            if sub not in found:
-                found.append(sub)
-                stack.append(sub)
+        cls = stack.pop()
+        if cls not in found:  # a class with two Node parents is reached twice
+            found.append(cls)
+            stack.extend(cls.__subclasses__())
     return found
 
 
