@@ -82,9 +82,8 @@ class Dataset(torch.utils.data.IterableDataset):
         """The pipeline's options: every ``with_options`` below this node, later ones winning."""
         merged = Options()
         for node in _postorder(self._node):
-            own = node.own_options()
-            if own is not None:
-                merged = merged.merge(own)
+            if isinstance(node, WithOptionsNode):
+                merged = merged.merge(node.options)
         return merged
 
     def cardinality(self) -> int:

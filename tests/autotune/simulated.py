@@ -2,6 +2,7 @@
 
 from torchpipe.autotune.model import Stage
 from torchpipe.core.iterator import Iterator
+from torchpipe.core.tunable import Tunable
 
 
 def pipeline(map_s=1e-3, step_s=0.0, cpu=1.0, element=0.0):
@@ -14,7 +15,7 @@ def pipeline(map_s=1e-3, step_s=0.0, cpu=1.0, element=0.0):
     ]
 
 
-class Fake(Iterator):
+class Fake(Iterator, Tunable):
     """An iterator that only has a shape: role, inputs, knobs, pool size and buffer slots."""
 
     def __init__(self, name, *inputs, role=None, knob=None, parallelism=1, slots=0, in_processes=False):

@@ -1,13 +1,20 @@
 """The op contract: what every op is made of, readable in one sitting.
 
 An op is a logical :class:`Node` (immutable parameters and inputs; ``build(ctx)`` makes one pass's
-iterator) and a physical :class:`Iterator` (that pass's state). A new op subclasses both:
+iterator) and a physical :class:`Iterator` (that pass's state). A new op subclasses both; each
+class lists what an op implements first, then the hooks it may override, then what the base class
+does:
 
-- ``Node``: set ``kind``, implement ``build(ctx)``; override ``params()``, ``cardinality()`` and
-  the trait class variables where the defaults do not fit;
-- ``Iterator``: implement ``next()``, ``get_state()`` and ``set_state(state)``; the base class owns
-  lazy start, stats, the closed-state error and the checkpoint plumbing. A pass-through op
-  subclasses :class:`PassThroughIterator` instead.
+- ``Node``: set ``kind``, implement ``build(ctx)``; override ``params()``, ``cardinality()``,
+  ``is_asynchronous()``, ``input_context()``, ``elided_context()`` or ``label()`` where the
+  defaults do not fit, and set its traits (class variables the passes and the distribution
+  rewrites read instead of lists of kinds): ``checkpoints_as_input``, ``SPEED_PARAMS``,
+  ``reorders_only``, ``seekable``, ``holds_no_elements``, ``split_by_hand``, ``given_share``;
+- ``Iterator``: implement ``next()``, ``get_state()`` and ``set_state(state)``; override
+  ``start()``, ``shutdown()``, ``children()``, ``skip()`` or ``prepare()`` where needed; the base
+  class owns lazy start, stats, the closed-state error and the checkpoint plumbing. A pass-through
+  op subclasses :class:`PassThroughIterator` instead; an op the autotuner tunes also subclasses
+  :class:`Tunable`.
 
 The rest is what ops share: :class:`BuildContext` (where an iterator is built: its seeds),
 :class:`UserFunction` (a call of the user's function: seeds, error notes), :class:`PositionLog`
@@ -21,6 +28,7 @@ from torchpipe.core.function import UserFunction
 from torchpipe.core.iterator import Iterator, PassThroughIterator
 from torchpipe.core.node import AUTOTUNE_SYMBOL, Node, Symbol, function_name
 from torchpipe.core.position_log import PositionLog
+from torchpipe.core.tunable import Tunable
 from torchpipe.core.state import check_bool, check_int, check_state
 
 __all__ = [
@@ -32,6 +40,7 @@ __all__ = [
     "PositionLog",
     "RANK_MARK",
     "Symbol",
+    "Tunable",
     "UserFunction",
     "check_bool",
     "check_int",

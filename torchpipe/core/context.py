@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from torchpipe.options import Options
 from torchpipe.randomness import mix_seed
+from torchpipe.core.tunable import Tunable
 from torchpipe.runtime.tracing import STAGE, TraceLog
 
 if TYPE_CHECKING:  # a node builds its iterator with a context: the three refer to each other
@@ -93,7 +94,7 @@ class BuildContext:
                 iterator.stats.clock_all_s = -1.0
             if iterator.stats.calls is not None and iterator.stats.calls.trace is None:
                 iterator.stats.calls.trace = self.trace.calls(iterator.name, order)
-            for knob in iterator.knobs() if hasattr(iterator, "knobs") else ():
+            for knob in iterator.knobs() if isinstance(iterator, Tunable) else ():
                 knob.trace = self.trace.counter
                 self.trace.counter(knob.name, knob.value)
         return iterator

@@ -10,6 +10,7 @@ from typing import Any
 from torchpipe.errors import CheckpointError
 from torchpipe.core.state import check_bool, check_int, check_state
 from torchpipe.core.stats import IteratorStats
+from torchpipe.core.tunable import Tunable
 
 
 _NEW, _RUNNING, _CLOSED = range(3)
@@ -19,8 +20,10 @@ class Iterator(abc.ABC):
     """The physical, stateful iterator of one op.
 
     Subclasses implement :meth:`next` (raise ``StopIteration`` at the end), :meth:`get_state`
-    and :meth:`set_state`, and optionally :meth:`start` (called once, before the first
-    element), :meth:`shutdown` (release threads and buffers) and :meth:`children`.
+    and :meth:`set_state`, and override the hooks where the defaults do not fit: :meth:`start`
+    (called once, before the first element), :meth:`shutdown` (release threads and buffers),
+    :meth:`children`, :meth:`skip` (sources that seek) and :meth:`prepare` (ops that fork). An
+    iterator the autotuner models also subclasses :class:`~torchpipe.core.tunable.Tunable`.
 
     Args:
         name: the stage name used in errors and stats, e.g. ``map(decode)``.
@@ -28,12 +31,6 @@ class Iterator(abc.ABC):
     """
 
     _status = _NEW  # class default, so a subclass that skipped __init__ gets a clear error
-
-    def __init__(self, name: str, *inputs: Iterator) -> None:
-        self.name = name
-        self.inputs: list[Iterator] = list(inputs)
-        self.stats = IteratorStats()
-        self._status = _NEW
 
     # -- what an op implements ------------------------------------------------------------
     @abc.abstractmethod
@@ -48,6 +45,7 @@ class Iterator(abc.ABC):
     def set_state(self, state: dict[str, Any]) -> None:
         """Resume from :meth:`get_state`'s output; called before the first element only."""
 
+    # -- what an op may override (the defaults fit most ops) -------------------------------
     def skip(self) -> None:
         """Move past the next element without handing it over (StopIteration at the end).
 
@@ -73,6 +71,12 @@ class Iterator(abc.ABC):
         return self.inputs
 
     # -- what the base class does -----------------------------------------------------------
+    def __init__(self, name: str, *inputs: Iterator) -> None:
+        self.name = name
+        self.inputs: list[Iterator] = list(inputs)
+        self.stats = IteratorStats()
+        self._status = _NEW
+
     def __iter__(self) -> Iterator:
         return self
 
@@ -138,7 +142,7 @@ class Iterator(abc.ABC):
     def all_stats(self) -> list[dict[str, Any]]:
         """Stats of this iterator and every iterator below it, root first."""
         out = [{"stage": self.name, **self.stats.as_dict()}]
-        knobs = self.knobs() if hasattr(self, "knobs") else []  # ops the autotuner tunes have some
+        knobs = self.knobs() if isinstance(self, Tunable) else []
         if knobs:
             out[0]["knobs"] = {knob.name: knob.value for knob in knobs}
         for child in self.children():

@@ -1,4 +1,4 @@
-"""The logical half of an op: :class:`Node`, immutable parameters and inputs."""
+"""The logical half of an op: :class:`Node`, immutable parameters and inputs, and its traits."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 
 from torchpipe.constants import UNKNOWN
-from torchpipe.options import Options
 
 if TYPE_CHECKING:
     from torchpipe.core.context import BuildContext
@@ -17,45 +16,26 @@ if TYPE_CHECKING:
 class Node(abc.ABC):
     """A logical op: parameters and input nodes. Immutable and cheap to build."""
 
+    # -- what an op implements ------------------------------------------------------------------
     kind: ClassVar[str]
-    checkpoints_as_input: ClassVar[bool] = False
-    """True for ops that leave no trace in a checkpoint (no iterator, or the input's state as
-    their own); checkpoint fingerprints skip them."""
+    """The op's name in ``explain()`` and in checkpoint fingerprints (two classes may share one)."""
 
-    SPEED_PARAMS: ClassVar[tuple[str, ...]] = ("num_parallel_calls", "deterministic", "executor", "pure", "batched")
-    """Parameters that change how fast an op runs, or how the optimizer may run it, but not its
-    elements: a checkpoint resumes across them (an inline map's state loads into a parallel one)."""
+    @abc.abstractmethod
+    def build(self, ctx: BuildContext) -> Iterator:
+        """A fresh iterator for one pass over this node's elements."""
 
-    def __init__(self, *inputs: Node) -> None:
-        self.inputs: tuple[Node, ...] = inputs
-
+    # -- what an op may override (the defaults fit most ops) -----------------------------------
     def params(self) -> dict[str, Any]:
-        """The op's parameters, for ``explain()``."""
+        """The op's parameters, for ``explain()`` and fingerprints (default: none)."""
         return {}
-
-    def fingerprint_params(self) -> dict[str, Any]:
-        """The parameters that decide which elements the op yields, for the fingerprints of
-        checkpoints and cache files (``ops/fingerprint.py``): :meth:`params` without
-        :attr:`SPEED_PARAMS`, each function as the callable itself (``params()`` shows its name).
-        """
-        params = {key: value for key, value in self.params().items() if key not in self.SPEED_PARAMS}
-        for key, value in params.items():
-            attr = getattr(self, key, None)
-            if isinstance(value, Symbol) and callable(attr) and value == function_name(attr):
-                params[key] = attr
-        return params
 
     def cardinality(self) -> int:
         """Number of elements, ``INFINITE`` or ``UNKNOWN`` (default: the first input's)."""
         return self.inputs[0].cardinality() if self.inputs else UNKNOWN
 
-    def own_options(self) -> Options | None:
-        """Options this node sets for the pipeline (only ``with_options`` has any)."""
-        return None
-
-    @abc.abstractmethod
-    def build(self, ctx: BuildContext) -> Iterator:
-        """A fresh iterator for one pass over this node's elements."""
+    def is_asynchronous(self) -> bool:
+        """Whether the iterator computes ahead of its consumer (on threads or processes)."""
+        return False
 
     def input_context(self, ctx: BuildContext, index: int) -> BuildContext:
         """The context input ``index`` is built with when this node is built with ``ctx``.
@@ -66,16 +46,61 @@ class Node(abc.ABC):
         return ctx.child(index)
 
     def elided_context(self, ctx: BuildContext) -> BuildContext:
-        """The context of this node's input when the optimizer removes the node itself."""
+        """The context of this node's input when the optimizer removes the node itself (a
+        ``repeat`` gives its first repetition's)."""
         return self.input_context(ctx, 0)
 
-    def is_asynchronous(self) -> bool:
-        """Whether the iterator computes ahead of its consumer (on threads or processes)."""
-        return False
-
     def label(self) -> str:
+        """The op as ``explain()`` shows it: ``kind(name=value, ...)``."""
         body = ", ".join(f"{k}={_fmt(v)}" for k, v in self.params().items())
         return f"{self.kind}({body})"
+
+    # -- traits: facts about the op that passes and checkpoints read (defaults: the safe answer) --
+    checkpoints_as_input: ClassVar[bool] = False
+    """It leaves no trace in a checkpoint (no iterator, or the input's state as its own);
+    checkpoint fingerprints skip it."""
+
+    SPEED_PARAMS: ClassVar[tuple[str, ...]] = ("num_parallel_calls", "deterministic", "executor", "pure", "batched")
+    """Parameters that change how fast it runs, or how the optimizer may run it, but not its
+    elements: a checkpoint resumes across them (an inline map's state loads into a parallel one)."""
+
+    reorders_only: ClassVar[bool] = False
+    """It only reorders or selects its input's elements, never looking at them (shuffle, take,
+    skip, shard, repeat): it runs alike over a source's indices, so source pushdown reads
+    ``dataset[i]`` above it, and the rank's shard goes above it."""
+
+    seekable: ClassVar[bool] = False
+    """A source that skips an element without reading it (its iterator overrides ``skip``): a
+    worker's or rank's shard over it reads only its share, and its state reshards."""
+
+    holds_no_elements: ClassVar[bool] = False
+    """No element waits in it between two of its outputs and it counts nothing a rank's state
+    would carry: what it consumed is what it passed on, so ``reshard_states`` accepts it above the
+    rank shard. False where that is not known."""
+
+    split_by_hand: str = ""
+    """Why this source's elements are one share already (a list from
+    ``tp.distributed.shard_files``), or "": the rank rewrite does not split it again."""
+
+    given_share: str = ""
+    """Why this source is the rank's share already (a Ray Train worker's dataset shard), or "":
+    the rank rewrite neither splits it again nor evens its length."""
+
+    # -- what the base class does ---------------------------------------------------------------
+    def __init__(self, *inputs: Node) -> None:
+        self.inputs: tuple[Node, ...] = inputs
+
+
+def node_classes() -> list[type[Node]]:
+    """Every op class defined so far (the modules that define them imported), parents first."""
+    found: list[type[Node]] = []
+    stack = Node.__subclasses__()
+    while stack:
+        cls = stack.pop()
+        if cls not in found:  # a class with two Node parents is reached twice
+            found.append(cls)
+            stack.extend(cls.__subclasses__())
+    return found
 
 
 class Symbol(str):

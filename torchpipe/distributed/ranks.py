@@ -45,14 +45,9 @@ from torchpipe.distributed.nodes import EqualizeNode, FetchNode, ReplicaShard, R
 from torchpipe.ops.interleave.interleave import FlatMapNode, InterleaveNode
 from torchpipe.ops.shuffle import ShuffleNode
 from torchpipe.ops.source_nodes import FileListNode, FileOpener, FromDatasetNode, IndicesNode
-from torchpipe.ops.passthrough import ElidedNode, WithOptionsNode
-from torchpipe.ops.repeat import RepeatNode
-from torchpipe.ops.select import ShardNode, SkipNode, TakeNode
 from torchpipe.options import DistributeOptions
 
 NAME = "distribute"
-INDEX_OPS = (ShuffleNode, TakeNode, SkipNode, RepeatNode, ShardNode, WithOptionsNode, ElidedNode)
-"""Ops that only reorder or select elements without looking at them: the shard goes above them."""
 
 
 @dataclasses.dataclass
@@ -203,12 +198,12 @@ def place(root: Node, policy: str, shard: ReplicaShard, by_worker: tuple[Node, .
     by_rank = [node for node in user_shards(root) if node not in by_worker]
     if policy == "auto" and by_rank:
         return Placement("manual", by_rank[0], why="the pipeline shards itself")
-    listed = next((node.split_by_hand for node in sources if getattr(node, "split_by_hand", "")), "")
+    listed = next((node.split_by_hand for node in sources if node.split_by_hand), "")
     if policy == "auto" and listed:
         return Placement("manual", why=listed)
-    given = next((node for node in nodes if getattr(node, "shards_itself", False)), None)
-    if policy == "auto" and given is not None:  # a source that is already this rank's share (tp.from_ray's)
-        return Placement("given", why=given.shards_why)
+    given = next((node.given_share for node in nodes if node.given_share), "")
+    if policy == "auto" and given:  # a source that is already this rank's share (tp.from_ray's)
+        return Placement("given", why=given)
     if policy == "auto" and any(not mark.split for mark in marks):
         return Placement("whole", why="its files are read whole on every rank (from_webdataset(split_by_rank=False))")
     single = shards_at_source(root, sources)
@@ -338,7 +333,7 @@ def _index_top(root: Node, source: Node) -> Node:
     path = _path(root, source)
     top = source
     for node in reversed(path[:-1]):
-        if not isinstance(node, INDEX_OPS):
+        if not node.reorders_only:
             break
         top = node
     return top

@@ -4,21 +4,38 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 
+from torchpipe.core.node import Node, node_classes
 from torchpipe.errors import CheckpointError
-from torchpipe.distributed.nodes import SHARD_STATE_KEYS
+from torchpipe.distributed.nodes import SHARD_STATE_KEYS, EqualizeNode
 
 
 # -- elastic resume -----------------------------------------------------------------------------------
-_ABOVE = {"equalize", "map", "filter", "batch", "padded_batch", "ignore_errors", "to_device"}
-"""Ops that may sit above the rank shard of a pipeline whose states reshard: none holds elements
-between two of its outputs, so what a rank consumed is what its shard passed."""
-_BELOW = {"shuffle", "take", "skip", "repeat", "shard", "from_dataset", "range", "from_tensor_slices"}
-"""Ops that may sit below it: an index source and the ops that only reorder or select its
-elements, which every rank runs alike (the same state at the same position)."""
+def allowed_above() -> set[str]:
+    """The op kinds that may sit above the rank shard of a pipeline whose states reshard: none
+    holds elements between two of its outputs (``Node.holds_no_elements``), so what a rank
+    consumed is what its shard passed; and the equalizer, whose counts a new rank starts afresh."""
+    return _kinds(lambda cls: cls.holds_no_elements) | {EqualizeNode.kind}
+
+
+def allowed_below() -> set[str]:
+    """The op kinds that may sit below it: an index source (``Node.seekable``) and the ops that
+    only reorder or select its elements (``Node.reorders_only``), which every rank runs alike (the
+    same state at the same position)."""
+    return _kinds(lambda cls: cls.seekable or cls.reorders_only)
+
+
+def _kinds(trait: Callable[[type[Node]], bool]) -> set[str]:
+    """The kinds of the op classes with ``trait`` that a checkpoint names (``ops`` records kinds:
+    a kind two classes share is allowed where one has the trait; the test of the traits shows
+    that those that reach a state agree)."""
+    named = [cls for cls in node_classes() if hasattr(cls, "kind")]  # abstract bases have no kind
+    return {cls.kind for cls in named if not cls.checkpoints_as_input and trait(cls)}
+
+
 _LOG_KEYS = {"input", "seq", "skip"}
 _EQUALIZE_KEYS = {"input", "yielded", "wraps"}
 
@@ -159,7 +176,8 @@ def _check_ops(ops: Any) -> None:
     if "level='data'" not in lines[0]:
         raise CheckpointError(f"reshard_states: the pipeline is split as {lines[0]}; only level='data' (the "
                               "elements of an index source) reshards")  # fmt: skip
-    for line, allowed, where in ((written[:at], _ABOVE, "above"), (written[at + 1 :], _BELOW, "below")):
+    sides = ((written[:at], allowed_above(), "above"), (written[at + 1 :], allowed_below(), "below"))
+    for line, allowed, where in sides:
         for op in line:
             if op.split("(", 1)[0] not in allowed:
                 raise CheckpointError(f"reshard_states: {op} {where} the rank shard holds or makes elements a "

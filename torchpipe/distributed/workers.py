@@ -40,7 +40,6 @@ from torchpipe.core.context import BuildContext
 from torchpipe.core.node import Node
 from torchpipe.ops.cache import CacheNode
 from torchpipe.storage.fingerprint import ops_of
-from torchpipe.ops.source_nodes import FromDatasetNode, RangeNode, TensorSlicesNode
 from torchpipe.ops.select import ShardNode
 from torchpipe.randomness import mix_seed
 
@@ -199,7 +198,7 @@ def describe(root: Node) -> str:
     """Where a torch worker's shard goes in this pipeline, for ``explain()``."""
     sources = sources_of(root)
     if shards_at_source(root, sources):
-        reads = "reads only its share" if seeks(sources[0]) else "is read whole, each worker keeping its share"
+        reads = "reads only its share" if sources[0].seekable else "is read whole, each worker keeping its share"
         return f"each keeps one element in num_workers of {sources[0].label()}, which {reads}{_BY_HAND}"
     why = f"{len(sources)} sources" if len(sources) > 1 else "a cache file the workers share"
     return (f"each runs the whole pipeline ({why}) with a seed they share and keeps one element in num_workers of "
@@ -213,11 +212,6 @@ _BY_HAND = ("; not where it is split by hand already (a shard(num_workers, id), 
 def shards_at_source(root: Node, sources: list[Node]) -> bool:
     """Whether a shard can go at the pipeline's source: it has one, and no cache file all shards share."""
     return len(sources) == 1 and not any(isinstance(node, CacheNode) and node.path for node in ops_of(root))
-
-
-def seeks(source: Node) -> bool:
-    """Whether ``source`` skips an element without reading it."""
-    return isinstance(source, (FromDatasetNode, RangeNode, TensorSlicesNode))
 
 
 def sources_of(root: Node) -> list[Node]:

@@ -54,8 +54,8 @@ class RayDataNode(Node):
 
         self.source = source
         # A DataIterator is one consumer's share of a dataset (a Ray Train worker's): already split.
-        self.shards_itself = isinstance(source, DataIterator)
-        self.shards_why = "its source is a Ray Train worker's dataset shard"
+        if isinstance(source, DataIterator):
+            self.given_share = "its source is a Ray Train worker's dataset shard"
 
     def params(self) -> dict[str, Any]:
         return {"dataset": Symbol(type(self.source).__name__)}

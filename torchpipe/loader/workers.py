@@ -35,6 +35,7 @@ from torchpipe.autotune.tuner import Budget
 from torchpipe.errors import add_note
 from torchpipe.loader.replicas import EndedOnReplay, ReplicaPlan, Replicas
 from torchpipe.core.stats import IteratorStats, LiveKnob
+from torchpipe.core.tunable import POOL, Tunable
 from torchpipe.options import DEFAULT_STALL_TIMEOUT_S
 from torchpipe.randomness import (
     GLOBAL_RNGS,
@@ -502,7 +503,7 @@ def _park(executor: Executor) -> None:
         executor.close()
 
 
-class _WorkersStage:
+class _WorkersStage(Tunable):
     """A DataLoader's batches as the autotuner and the report see them: one pool stage, no input.
 
     It counts the batches delivered (and the loop's waits) in the iterator stats every op keeps;
@@ -510,7 +511,7 @@ class _WorkersStage:
     """
 
     name = STAGE
-    tuning_role = "pool"
+    tuning_role = POOL
 
     def __init__(self, iterator: WorkerIterator) -> None:
         self.stats = IteratorStats()

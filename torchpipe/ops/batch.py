@@ -45,6 +45,7 @@ class BatchNode(Node):
     """Consecutive elements combined into batches by :func:`collate` or a ``collate_fn``."""
 
     kind = "batch"
+    holds_no_elements = True
 
     def __init__(
         self, input: Node, batch_size: int, drop_remainder: bool, collate_fn: Callable[[list], Any] | None
@@ -93,6 +94,7 @@ class PaddedBatchNode(Node):
     """Consecutive elements batched with each component padded to a common shape."""
 
     kind = "padded_batch"
+    holds_no_elements = True
 
     def __init__(
         self, input: Node, batch_size: int, padded_shapes: Any, padding_values: Any, drop_remainder: bool

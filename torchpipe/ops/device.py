@@ -229,6 +229,9 @@ class DeviceNode(Node):
     """``to_device``: the input's elements, with their tensors on ``device``."""
 
     kind = "to_device"
+    # the same elements on any device: a checkpoint taken on a GPU resumes on a CPU
+    SPEED_PARAMS = ("device", "buffer_size")
+    holds_no_elements = True
 
     def __init__(self, input: Node, device: torch.device, buffer_size: int) -> None:
         super().__init__(input)
@@ -237,9 +240,6 @@ class DeviceNode(Node):
 
     def params(self) -> dict[str, Any]:
         return {"device": str(self.device), "buffer_size": self.buffer_size}
-
-    def fingerprint_params(self) -> dict[str, Any]:
-        return {}  # the same elements on any device: a checkpoint taken on a GPU resumes on a CPU
 
     def is_asynchronous(self) -> bool:
         return self.device.type != "cpu"

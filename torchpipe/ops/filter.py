@@ -77,6 +77,7 @@ class FilterNode(_PredicateNode):
     """The elements for which the predicate is True."""
 
     kind = "filter"
+    holds_no_elements = True
 
     def build(self, ctx: BuildContext) -> Iterator:
         return FilterIterator(self.name, ctx.build_input(self), UserFunction(self.predicate, self.name, ctx))
@@ -120,6 +121,7 @@ class IgnoreErrorsNode(Node):
     """The input's elements, skipping those whose computation raised an exception."""
 
     kind = "ignore_errors"
+    holds_no_elements = True
 
     def cardinality(self) -> int:
         return UNKNOWN

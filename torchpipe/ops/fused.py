@@ -73,9 +73,6 @@ class FusedMapNode(MapNode):
     def input_context(self, ctx: BuildContext, index: int) -> BuildContext:
         return walk_contexts(self.hops, ctx)
 
-    def elided_context(self, ctx: BuildContext) -> BuildContext:
-        return walk_contexts(self.hops, ctx)
-
     def _functions(self, ctx: BuildContext, seed_globals: bool | None) -> list[tuple[bool, str, UserFunction]]:
         """``(is_filter, name, function)`` per stage, innermost first, each in its own context."""
         out = []

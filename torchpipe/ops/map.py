@@ -34,6 +34,7 @@ class MapNode(Node):
     """``fn(element)`` for every element."""
 
     kind = "map"
+    holds_no_elements = True
 
     def __init__(
         self,

@@ -17,6 +17,7 @@ from torchpipe.core.iterator import Iterator
 from torchpipe.core.position_log import PositionLog
 from torchpipe.ops.filter import DROPPED
 from torchpipe.core.stats import LiveKnob
+from torchpipe.core.tunable import POOL, Tunable
 from torchpipe.randomness import global_rng_states, restore_global_rng_states
 from torchpipe.runtime.cpu import usable_cpu_count
 from torchpipe.runtime.dispatch import Dispatcher
@@ -29,7 +30,7 @@ from torchpipe.runtime.timing import CallTiming
 AUTO = "auto"
 
 
-class ParallelMapIterator(Iterator):
+class ParallelMapIterator(Iterator, Tunable):
     """Keeps calls in flight on the executor its placement chose, delivering results in order.
 
     Input elements are pulled on the consumer's thread and numbered; results are delivered in
@@ -56,7 +57,7 @@ class ParallelMapIterator(Iterator):
             for calls that do not draw from them.
     """
 
-    tuning_role = "pool"
+    tuning_role = POOL
 
     def __init__(
         self,

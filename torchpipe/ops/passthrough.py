@@ -15,6 +15,7 @@ class WithOptionsNode(Node):
 
     kind = "with_options"
     checkpoints_as_input = True
+    reorders_only = True  # options hold for the whole pipeline, wherever they are set
 
     def __init__(self, input: Node, options: Options) -> None:
         super().__init__(input)
@@ -22,9 +23,6 @@ class WithOptionsNode(Node):
 
     def params(self) -> dict[str, Any]:
         return {"options": self.options}
-
-    def own_options(self) -> Options:
-        return self.options
 
     def is_asynchronous(self) -> bool:
         return self.inputs[0].is_asynchronous()
@@ -49,6 +47,7 @@ class ElidedNode(Node):
 
     kind = "elided"
     checkpoints_as_input = True
+    reorders_only = True  # it hands on its input's elements as they are
 
     def __init__(self, hops: tuple[Node, ...], input: Node) -> None:
         super().__init__(input)
@@ -58,9 +57,6 @@ class ElidedNode(Node):
         return "elided(" + ", ".join(hop.label() for hop in self.hops) + ")"
 
     def input_context(self, ctx: BuildContext, index: int) -> BuildContext:
-        return walk_contexts(self.hops, ctx)
-
-    def elided_context(self, ctx: BuildContext) -> BuildContext:
         return walk_contexts(self.hops, ctx)
 
     def is_asynchronous(self) -> bool:

@@ -32,6 +32,7 @@ from torchpipe.core.context import BuildContext
 from torchpipe.core.iterator import Iterator
 from torchpipe.core.position_log import PositionLog
 from torchpipe.core.stats import IteratorStats, LiveKnob
+from torchpipe.core.tunable import BUFFER, Tunable
 from torchpipe.runtime.placement import OVERLAP, MoveDriver, cost_changed
 from torchpipe.runtime.policy import INLINE, STALE_S, THREAD, choose_overlap
 
@@ -276,7 +277,7 @@ class OverlapChoice:
         return choose_overlap(self.mode, measured, pull_s + consumer_s, retry_thread=base is not None)
 
 
-class PrefetchIterator(Iterator):
+class PrefetchIterator(Iterator, Tunable):
     """Runs the input on a daemon thread, keeping up to ``depth`` elements ready.
 
     Args:
@@ -289,7 +290,7 @@ class PrefetchIterator(Iterator):
             with no stage that runs ahead of its consumer: see :func:`_runs_ahead`).
     """
 
-    tuning_role = "buffer"
+    tuning_role = BUFFER
 
     def __init__(self, name: str, source: Iterator, depth: int, tunable: bool = False,
                  learned: dict[str, Any] | None = None, may_inline: bool = False) -> None:  # fmt: skip
@@ -327,6 +328,12 @@ class PrefetchIterator(Iterator):
 
     def buffer_slots(self) -> int:
         return self.buffer.depth
+
+    def parallelism(self) -> int:
+        return 1  # one thread of this process fills the buffer
+
+    def calls_in_processes(self) -> bool:
+        return False
 
     def _set_depth(self, value: int) -> None:
         self.buffer.depth = value

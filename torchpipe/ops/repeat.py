@@ -16,6 +16,7 @@ class RepeatNode(Node):
     """The input ``count`` times over (``-1``: forever); each repetition is a fresh pass."""
 
     kind = "repeat"
+    reorders_only = True
 
     def __init__(self, input: Node, count: int) -> None:
         super().__init__(input)

@@ -14,6 +14,7 @@ class TakeNode(Node):
     """The first ``count`` elements (``-1``: all)."""
 
     kind = "take"
+    reorders_only = True
 
     def __init__(self, input: Node, count: int) -> None:
         super().__init__(input)
@@ -54,6 +55,7 @@ class SkipNode(Node):
     """All but the first ``count`` elements (``-1``: skip everything)."""
 
     kind = "skip"
+    reorders_only = True
 
     def __init__(self, input: Node, count: int) -> None:
         super().__init__(input)
@@ -91,6 +93,7 @@ class ShardNode(Node):
     """Every ``num_shards``-th element, starting at ``index``."""
 
     kind = "shard"
+    reorders_only = True
 
     def __init__(self, input: Node, num_shards: int, index: int) -> None:
         super().__init__(input)

@@ -26,6 +26,7 @@ class ShuffleNode(Node):
     """
 
     kind = "shuffle"
+    reorders_only = True
 
     def __init__(self, input: Node, buffer_size: int, seed: int | None, reshuffle_each_iteration: bool) -> None:
         super().__init__(input)
@@ -141,6 +142,7 @@ class ShuffleRepeatNode(Node):
     """
 
     kind = "shuffle_repeat"
+    reorders_only = True
 
     def __init__(self, shuffle: ShuffleNode, repeat: Node) -> None:
         super().__init__(*shuffle.inputs)

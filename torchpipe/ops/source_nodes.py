@@ -84,6 +84,7 @@ class FromDatasetNode(Node):
     """``dataset[i]`` for every index of a map-style dataset."""
 
     kind = "from_dataset"
+    seekable = True
 
     def __init__(self, dataset: Any) -> None:
         super().__init__()
@@ -106,6 +107,7 @@ class IndicesNode(Node):
     ``from_dataset`` stood, so the ops above it keep their seeds and checkpoints."""
 
     kind = "from_dataset"
+    seekable = True
 
     def __init__(self, source: FromDatasetNode) -> None:
         super().__init__()
@@ -144,6 +146,7 @@ class TensorSlicesNode(Node):
     """
 
     kind = "from_tensor_slices"
+    seekable = True
 
     def __init__(self, structure: Any, length: int) -> None:
         super().__init__()
@@ -186,6 +189,7 @@ class RangeNode(Node):
     """Python ints ``start, start + step, ...`` short of ``stop``."""
 
     kind = "range"
+    seekable = True
 
     def __init__(self, start: int, stop: int, step: int) -> None:
         super().__init__()

@@ -1,7 +1,7 @@
 """Fingerprints of a pipeline graph: one line per op saying what it is, for checkpoints and caches.
 
 A line is the op's kind and the parameters that decide its elements
-(:meth:`Node.fingerprint_params`), plus a source's length where it is known, e.g.
+(:func:`element_params`), plus a source's length where it is known, e.g.
 ``batch(batch_size=4, drop_remainder=False)`` or ``range(start=0, stop=40, step=1, len=40)``.
 Lines come depth first, as :func:`ops_of` walks the graph, and read the same in every process:
 plain data by its text, functions by their name (a lambda re-created in a new process is the
@@ -55,11 +55,22 @@ def describe_ops(root: Node, code: bool = False) -> list[str]:
 
 def describe_op(node: Node, code: bool = False) -> str:
     """``kind(name=value, ...)`` for one op; with ``code``, functions carry a digest of their code."""
-    params = dict(node.fingerprint_params())
+    params = element_params(node)
     if not node.inputs and "len" not in params and node.cardinality() not in (INFINITE, UNKNOWN):
         params["len"] = node.cardinality()
     body = ", ".join(f"{key}={_short(describe_value(value, code))}" for key, value in params.items())
     return f"{node.kind}({body})"
+
+
+def element_params(node: Node) -> dict[str, Any]:
+    """The parameters that decide which elements ``node`` yields: its ``params()`` without its
+    ``SPEED_PARAMS``, each function as the callable itself (``params()`` shows its name)."""
+    params = {key: value for key, value in node.params().items() if key not in node.SPEED_PARAMS}
+    for key, value in params.items():
+        attr = getattr(node, key, None)
+        if isinstance(value, Symbol) and callable(attr) and value == function_name(attr):
+            params[key] = attr
+    return params
 
 
 def describe_value(value: Any, code: bool = False) -> str:

@@ -3,8 +3,9 @@
 The source is replaced by its indices and the dataset handed to the map, which fetches each
 element next to its function (with ``__getitems__`` when the dataset has it and the map is fused
 with its batch): only indices cross to the workers. Ops between the source and the map that only
-reorder or select elements (shuffle, take, skip, shard, repeat) then run on the indices; every
-node keeps its place in the graph, so its seeds and its checkpoint are the same. Where the
+reorder or select elements (``Node.reorders_only``: shuffle, take, skip, shard, repeat,
+``with_options``) then run on the indices; every node keeps its place in the graph, so its seeds
+and its checkpoint are the same. Where the
 pipeline is split between ranks the source already yields indices, read by a ``fetch`` above the
 rank's shard (``distributed/ranks.py``); a parallel map over that fetch takes its reads over.
 """
@@ -17,16 +18,10 @@ from torchpipe.core.rewrite import rewrite_bottom_up, with_attrs, with_inputs
 from torchpipe.core.node import Node
 from torchpipe.distributed.nodes import FetchNode
 from torchpipe.ops.map import MapNode
-from torchpipe.ops.shuffle import ShuffleNode, ShuffleRepeatNode
 from torchpipe.ops.source_nodes import FromDatasetNode, IndicesNode
-from torchpipe.ops.passthrough import ElidedNode
-from torchpipe.ops.repeat import RepeatNode
-from torchpipe.ops.select import ShardNode, SkipNode, TakeNode
 from torchpipe.options import Options
 
 NAME = "source_pushdown"
-INDEX_OPS = (ShuffleNode, ShuffleRepeatNode, TakeNode, SkipNode, ShardNode, RepeatNode, ElidedNode)
-"""Ops that only reorder or select elements: they run on indices as they would on the elements."""
 
 
 def apply(root: Node, options: Options, notes: list[str]) -> Node:
@@ -53,7 +48,7 @@ def over_indices(node: Node) -> tuple[Node, FromDatasetNode, list[str]] | None:
     kinds of the index-only ops in between (top first); None where something else is in between."""
     if isinstance(node, FromDatasetNode):
         return IndicesNode(node), node, []
-    if not isinstance(node, INDEX_OPS):
+    if not node.reorders_only:  # it runs on indices as it would on the elements
         return None
     below: Any = over_indices(node.inputs[0])
     if below is None:

@@ -28,6 +28,7 @@ from torchpipe.ops.interleave.process_readers import ProcessReaders
 from torchpipe.ops.interleave.ray_readers import RayReaders
 from torchpipe.ops.interleave.placement import ReaderPlacement
 from torchpipe.core.stats import LiveKnob
+from torchpipe.core.tunable import POOL, Tunable
 from torchpipe.ops.interleave.thread_readers import ThreadReaders
 from torchpipe.runtime.cpu import usable_cpu_count
 from torchpipe.runtime.policy import INLINE, PROCESS, RAY, THREAD
@@ -178,7 +179,7 @@ class _DirectInput:
         self._seq = int(state["seq"])
 
 
-class InterleaveIterator(Iterator):
+class InterleaveIterator(Iterator, Tunable):
     """tf.data's interleave over a pool of readers: inline, on threads or in worker processes.
 
     ``cycle_length`` slots, a cycle index and a block index: the current slot yields up to
@@ -207,7 +208,7 @@ class InterleaveIterator(Iterator):
         placement: moves the readers between ``pools`` (``executor="auto"``), or None.
     """
 
-    tuning_role = "pool"
+    tuning_role: str | None = POOL
 
     INPUT, SEQ, SLOTS = "input", "seq", "slots"
     CYCLE_INDEX, BLOCK_INDEX, END_OF_INPUT = "cycle_index", "block_index", "end_of_input"
@@ -253,7 +254,7 @@ class InterleaveIterator(Iterator):
             return "auto"
         return self._pool.kind
 
-    # -- the autotuner's view (autotune.tunable.Tunable) --------------------------------------
+    # -- the autotuner's view (core.tunable.Tunable) --------------------------------------
     def knobs(self) -> list[LiveKnob]:
         return [self._knob] if self._knob is not None else []
 
