@@ -13,8 +13,8 @@ from typing import Any
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from bench.run import ORDER  # noqa: E402
-from bench.targets import TARGETS  # noqa: E402
+from bench.run import ORDER
+from bench.targets import TARGETS
 
 BASELINE = "dataloader_best"
 

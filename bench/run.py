@@ -42,20 +42,21 @@ import os
 import platform
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-import torchpipe as tp  # noqa: E402
-from bench import peers as pr  # noqa: E402
-from bench import suite  # noqa: E402
-from bench import workloads as wl  # noqa: E402
-from bench.measure import measure  # noqa: E402
-from bench.targets import format_targets, targets  # noqa: E402
-from torchpipe.runtime.cpu import usable_cpu_count  # noqa: E402
+import torchpipe as tp
+from bench import peers as pr
+from bench import suite
+from bench import workloads as wl
+from bench.measure import measure
+from bench.targets import format_targets, targets
+from torchpipe.runtime.cpu import usable_cpu_count
 
 ORDER = ("dataloader_default", "dataloader_best", "torchpipe_dataloader", "torchpipe_dataloader_auto",
          "torchpipe_auto", "torchpipe_best", "torchpipe_cache_epoch1", "torchpipe_cache_epoch2", "nodes_best",

@@ -25,9 +25,9 @@ from typing import Any
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-import torchpipe as tp  # noqa: E402
-from bench import data  # noqa: E402
-from bench.workloads import JpegSample  # noqa: E402
+import torchpipe as tp
+from bench import data
+from bench.workloads import JpegSample
 
 
 def run(out: str, images: int) -> None:

@@ -15,11 +15,10 @@ from typing import Any
 import torch
 
 from torchpipe.constants import AUTOTUNE, INFINITE, UNKNOWN
+from torchpipe.core.node import Node
 from torchpipe.distributed.context import current_replica
 from torchpipe.distributed.workers import current_worker
 from torchpipe.graph import PassHistory, PipelineIterator, Plan, explain_plan
-from torchpipe.runtime.ray_executor import RayExecutor, resolve as resolve_ray
-from torchpipe.core.node import Node
 from torchpipe.ops.batch import (
     BatchNode,
     BucketBySequenceLengthNode,
@@ -33,16 +32,18 @@ from torchpipe.ops.device import DeviceNode, check_device
 from torchpipe.ops.filter import FilterNode, IgnoreErrorsNode, TakeWhileNode
 from torchpipe.ops.interleave.interleave import FlatMapNode, InterleaveNode
 from torchpipe.ops.map import EXECUTORS, MapNode
+from torchpipe.ops.passthrough import WithOptionsNode
 from torchpipe.ops.prefetch import PrefetchNode
-from torchpipe.storage.save import check_checkpoint_args, save
-from torchpipe.storage.saved_file import check_compression
+from torchpipe.ops.repeat import RepeatNode
+from torchpipe.ops.scan import EnumerateNode, ScanNode
+from torchpipe.ops.select import ShardNode, SkipNode, TakeNode
 from torchpipe.ops.shuffle import ShuffleNode
 from torchpipe.ops.snapshot import SnapshotNode
-from torchpipe.ops.scan import EnumerateNode, ScanNode
-from torchpipe.ops.repeat import RepeatNode
-from torchpipe.ops.select import ShardNode, SkipNode, TakeNode
-from torchpipe.ops.passthrough import WithOptionsNode
 from torchpipe.options import Options
+from torchpipe.runtime.ray_executor import RayExecutor
+from torchpipe.runtime.ray_executor import resolve as resolve_ray
+from torchpipe.storage.save import check_checkpoint_args, save
+from torchpipe.storage.saved_file import check_compression
 
 
 class Dataset(torch.utils.data.IterableDataset):

@@ -12,10 +12,10 @@ import torch
 
 from torchpipe import nest
 from torchpipe.dataset import Dataset, _check_bool, _check_dataset, _check_int, _check_seed
-from torchpipe.runtime.ray_actors import require_ray
-from torchpipe.ops.combine import ChooseFromDatasetsNode, SampleFromDatasetsNode, ZipNode
 from torchpipe.integrations.ray_data import ray_source
+from torchpipe.ops.combine import ChooseFromDatasetsNode, SampleFromDatasetsNode, ZipNode
 from torchpipe.ops.source_nodes import FileListNode, FromDatasetNode, FromIterableNode, RangeNode, TensorSlicesNode
+from torchpipe.runtime.ray_actors import require_ray
 
 
 def from_ray(dataset: Any) -> Dataset:

@@ -14,12 +14,12 @@ import torch
 from torch.utils.data.distributed import DistributedSampler
 
 import torchpipe as tp
+from tests.workers import as_torch_worker
 from torchpipe.distributed.context import current_replica, current_shard
-from torchpipe.distributed.reshard import reshard_states
 from torchpipe.distributed.files import shard_files
 from torchpipe.distributed.nodes import ReplicaShard
+from torchpipe.distributed.reshard import reshard_states
 from torchpipe.testing import assert_checkpoint_roundtrip
-from tests.workers import as_torch_worker
 
 
 class Numbers(torch.utils.data.Dataset):

@@ -10,9 +10,9 @@ import os
 from typing import Any
 
 from torchpipe.autotune import tunable
+from torchpipe.autotune.autotuner import Decision
 from torchpipe.autotune.live import CONSUMER, Look, build_model, caller_seconds, look, walk
 from torchpipe.autotune.model import bottleneck
-from torchpipe.autotune.autotuner import Decision
 from torchpipe.autotune.tunable import POOL
 from torchpipe.core.iterator import Iterator
 from torchpipe.runtime.tracing import TraceSnapshot

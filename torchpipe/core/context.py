@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-
 from torchpipe.options import Options
 from torchpipe.randomness import mix_seed
 from torchpipe.runtime.tracing import STAGE, TraceLog

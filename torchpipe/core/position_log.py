@@ -6,7 +6,6 @@ import threading
 from collections import deque
 from typing import Any
 
-
 from torchpipe.core.iterator import Iterator
 from torchpipe.core.state import check_int, check_state, is_int
 from torchpipe.errors import CheckpointError

@@ -18,11 +18,11 @@ import dataclasses
 from typing import Any, Protocol
 
 from torchpipe.constants import INFINITE, UNKNOWN
-from torchpipe.errors import CheckpointError
 from torchpipe.core.context import BuildContext
 from torchpipe.core.iterator import Iterator
 from torchpipe.core.node import Node
 from torchpipe.core.state import check_bool, check_int, check_state
+from torchpipe.errors import CheckpointError
 from torchpipe.ops.source_nodes import DatasetFetch
 
 

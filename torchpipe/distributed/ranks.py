@@ -34,20 +34,20 @@ from __future__ import annotations
 import dataclasses
 
 from torchpipe.constants import INFINITE, UNKNOWN
-from torchpipe.distributed.collectives import PassGroup
-from torchpipe.distributed.context import Replica
-from torchpipe.core.rewrite import rewrite_bottom_up, with_attrs, with_inputs
-from torchpipe.distributed.workers import WorkerShard, shards_at_source, sources_of, split_for_worker, user_shards
 from torchpipe.core.context import RANK_MARK
 from torchpipe.core.node import Node
-from torchpipe.ops.batch import BatchNode, PaddedBatchNode, RebatchNode
+from torchpipe.core.rewrite import rewrite_bottom_up, with_attrs, with_inputs
+from torchpipe.distributed.collectives import PassGroup
+from torchpipe.distributed.context import Replica
 from torchpipe.distributed.nodes import EqualizeNode, FetchNode, ReplicaShard, ReplicaShardNode, SplitFilesNode
+from torchpipe.distributed.workers import WorkerShard, shards_at_source, sources_of, split_for_worker, user_shards
+from torchpipe.ops.batch import BatchNode, PaddedBatchNode, RebatchNode
 from torchpipe.ops.interleave.interleave import FlatMapNode, InterleaveNode
-from torchpipe.ops.shuffle import ShuffleNode
-from torchpipe.ops.source_nodes import FileListNode, FileOpener, FromDatasetNode, IndicesNode
 from torchpipe.ops.passthrough import ElidedNode, WithOptionsNode
 from torchpipe.ops.repeat import RepeatNode
 from torchpipe.ops.select import ShardNode, SkipNode, TakeNode
+from torchpipe.ops.shuffle import ShuffleNode
+from torchpipe.ops.source_nodes import FileListNode, FileOpener, FromDatasetNode, IndicesNode
 from torchpipe.options import DistributeOptions
 
 NAME = "distribute"

@@ -7,10 +7,8 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-
-from torchpipe.errors import CheckpointError
 from torchpipe.distributed.nodes import SHARD_STATE_KEYS
-
+from torchpipe.errors import CheckpointError
 
 # -- elastic resume -----------------------------------------------------------------------------------
 _ABOVE = {"equalize", "map", "filter", "batch", "padded_batch", "ignore_errors", "to_device"}
@@ -84,7 +82,7 @@ class _OldShard:
         state = copy.deepcopy(self.state)
         parent, node = state, state["pipeline"]
         for key in self.path:
-            if isinstance(node, dict) and _EQUALIZE_KEYS <= set(node):
+            if isinstance(node, dict) and set(node) >= _EQUALIZE_KEYS:
                 node["yielded"], node["wraps"] = 0, 0  # the new ranks' passes are as long as each other's
             parent, node = node, node[key]
         shard = dict(input=node["input"], position=resume, world_size=world_size, rank=rank, num_workers=1,
@@ -169,12 +167,12 @@ def _check_ops(ops: Any) -> None:
 def _check_nothing_held(old: _OldShard) -> None:
     node: Any = old.state["pipeline"]
     for key in old.path:
-        if isinstance(node, dict) and _LOG_KEYS <= set(node) and node["skip"]:
+        if isinstance(node, dict) and set(node) >= _LOG_KEYS and node["skip"]:
             raise CheckpointError(
                 f"reshard_states: rank {old.shard['rank']}'s parallel map delivered elements out of order "
                 "(deterministic=False); reshard states taken with deterministic=True"
             )
-        if isinstance(node, dict) and _EQUALIZE_KEYS <= set(node) and node["wraps"]:
+        if isinstance(node, dict) and set(node) >= _EQUALIZE_KEYS and node["wraps"]:
             raise CheckpointError(
                 f"reshard_states: rank {old.shard['rank']} was already padding the end of its epoch with repeated "
                 "elements: nothing is left to reshard; start the next epoch on the new ranks instead"

@@ -34,15 +34,15 @@ from __future__ import annotations
 
 import dataclasses
 
-from torchpipe.distributed.context import WATCHING_GET_WORKER_INFO, split_by_hand, worker_info
-from torchpipe.core.rewrite import rewrite_bottom_up
 from torchpipe.core.context import BuildContext
 from torchpipe.core.node import Node
+from torchpipe.core.rewrite import rewrite_bottom_up
+from torchpipe.distributed.context import WATCHING_GET_WORKER_INFO, split_by_hand, worker_info
 from torchpipe.ops.cache import CacheNode
-from torchpipe.storage.fingerprint import ops_of
-from torchpipe.ops.source_nodes import FromDatasetNode, RangeNode, TensorSlicesNode
 from torchpipe.ops.select import ShardNode
+from torchpipe.ops.source_nodes import FromDatasetNode, RangeNode, TensorSlicesNode
 from torchpipe.randomness import mix_seed
+from torchpipe.storage.fingerprint import ops_of
 
 NAME = "worker_shard"
 

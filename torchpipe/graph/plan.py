@@ -11,24 +11,24 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from torchpipe.autotune.autotuner import Autotuner, ConsumerClock, Decision, live_knobs
 from torchpipe.autotune.live import Look, start_look
 from torchpipe.autotune.report import PipelineStats, pipeline_stats
-from torchpipe.autotune.autotuner import Autotuner, ConsumerClock, Decision, live_knobs
 from torchpipe.autotune.tuner import Budget
-from torchpipe.distributed.context import Replica, worker_info
-from torchpipe.distributed.collectives import broadcast_seed
-from torchpipe.errors import CheckpointError
-from torchpipe.distributed.ranks import Distribution, distribute
-from torchpipe.graph.optimizer import optimize
-from torchpipe.distributed.workers import WorkerShard, shard_for_worker, split_between_workers
 from torchpipe.core.context import BuildContext
 from torchpipe.core.iterator import Iterator
 from torchpipe.core.node import Node
 from torchpipe.core.state import check_int
-from torchpipe.storage.fingerprint import describe_ops, ops_of
+from torchpipe.distributed.collectives import broadcast_seed
+from torchpipe.distributed.context import Replica, worker_info
+from torchpipe.distributed.ranks import Distribution, distribute
+from torchpipe.distributed.workers import WorkerShard, shard_for_worker, split_between_workers
+from torchpipe.errors import CheckpointError
+from torchpipe.graph.optimizer import optimize
 from torchpipe.options import Options
 from torchpipe.randomness import fresh_seed
 from torchpipe.runtime.tracing import TUNER, TraceLog, Track
+from torchpipe.storage.fingerprint import describe_ops, ops_of
 
 _FORMAT = 3
 """Version 3 names each op as written with its parameters (version 2 had only the kinds)."""

@@ -73,10 +73,10 @@ def decode_torch(data: bytes) -> Any:
 
 
 DEFAULT_DECODERS: Mapping[str, Callable[[bytes], Any]] = types.MappingProxyType({
-    **{ext: decode_image for ext in IMAGE_EXTENSIONS},
-    **{ext: decode_int for ext in ("cls", "cls2", "index", "inx", "id")},
-    **{ext: decode_text for ext in ("txt", "text", "transcript")},
-    **{ext: decode_json for ext in ("json", "jsn")},
+    **dict.fromkeys(IMAGE_EXTENSIONS, decode_image),
+    **dict.fromkeys(("cls", "cls2", "index", "inx", "id"), decode_int),
+    **dict.fromkeys(("txt", "text", "transcript"), decode_text),
+    **dict.fromkeys(("json", "jsn"), decode_json),
     "npy": decode_npy, "npz": decode_npz, "pth": decode_torch, "pt": decode_torch,
 })  # fmt: skip
 

@@ -6,8 +6,8 @@ import os
 from typing import Any
 
 from torchpipe.dataset import Dataset
-from torchpipe.storage.saved_file import SavedRecords
 from torchpipe.ops.source_nodes import FromDatasetNode
+from torchpipe.storage.saved_file import SavedRecords
 
 
 class SavedDataset(Dataset):

@@ -16,11 +16,15 @@ from __future__ import annotations
 import io
 import re
 import tarfile
-from collections.abc import Mapping
-from typing import Any, Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from torchpipe.constants import AUTOTUNE, UNKNOWN
+from torchpipe.core.context import BuildContext
+from torchpipe.core.iterator import Iterator
+from torchpipe.core.node import Node
 from torchpipe.dataset import Dataset, _check_bool, _check_int, _check_seed
+from torchpipe.distributed.nodes import SplitFilesNode
 from torchpipe.io import remote
 from torchpipe.io.decoders import SampleDecoder, encode_field
 from torchpipe.io.files import (
@@ -31,10 +35,6 @@ from torchpipe.io.files import (
     open_stream,
     path_dataset,
 )
-from torchpipe.core.context import BuildContext
-from torchpipe.core.iterator import Iterator
-from torchpipe.core.node import Node
-from torchpipe.distributed.nodes import SplitFilesNode
 from torchpipe.ops.source_nodes import FileOpener
 
 _KEY_AND_EXTENSION = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")

@@ -19,15 +19,15 @@ from typing import Any, TypeVar
 
 import torch
 import torch.utils.data._utils.collate as torch_collate
-from torch.utils.data._utils.pin_memory import pin_memory
 from torch.utils.data import dataloader as torch_dataloader
+from torch.utils.data._utils.pin_memory import pin_memory
 
 from torchpipe.autotune.report import PipelineStats
 from torchpipe.dataset import Dataset
 from torchpipe.errors import CheckpointError
+from torchpipe.loader.workers import WorkerIterator, fetch_noted
 from torchpipe.ops.device import DevicePrefetcher, check_device
 from torchpipe.runtime.cpu import usable_cpu_count
-from torchpipe.loader.workers import WorkerIterator, fetch_noted
 from torchpipe.runtime.process_pool import process_executor_supported
 
 _FORK = ("fork", None)

@@ -28,21 +28,21 @@ import torch.utils.data._utils.fetch as torch_fetch
 from torch.utils.data import dataloader as torch_dataloader
 from torch.utils.data._utils.pin_memory import pin_memory
 
+from torchpipe.autotune.autotuner import Autotuner, ConsumerClock
 from torchpipe.autotune.live import start_look
 from torchpipe.autotune.report import PipelineStats, pipeline_stats
-from torchpipe.autotune.autotuner import Autotuner, ConsumerClock
 from torchpipe.autotune.tuner import Budget
+from torchpipe.core.stats import IteratorStats, LiveKnob
 from torchpipe.errors import add_note
 from torchpipe.loader.replicas import EndedOnReplay, ReplicaPlan, Replicas
-from torchpipe.core.stats import IteratorStats, LiveKnob
 from torchpipe.options import DEFAULT_STALL_TIMEOUT_S
 from torchpipe.randomness import (
     GLOBAL_RNGS,
+    GlobalDraws,
     call_seeded,
     global_rng_states,
     mix_seed,
     restore_global_rng_states,
-    GlobalDraws,
     seed_global_rngs,
 )
 from torchpipe.runtime.codec import StackedTensor

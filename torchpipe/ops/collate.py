@@ -9,8 +9,8 @@ Pure functions, so worker processes can collate a batch straight into shared mem
 from __future__ import annotations
 
 import numbers
-from collections.abc import Mapping
-from typing import Any, Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 import torch

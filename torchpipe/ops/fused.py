@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from torchpipe.errors import CheckpointError
 from torchpipe.core.context import BuildContext
+from torchpipe.core.function import UserFunction
 from torchpipe.core.iterator import Iterator
 from torchpipe.core.node import Node
-from torchpipe.core.function import UserFunction
 from torchpipe.core.state import check_state
+from torchpipe.errors import CheckpointError
 from torchpipe.ops.filter import DROPPED, FilterNode, as_bool
 from torchpipe.ops.map import MapNode, is_pure
 from torchpipe.ops.passthrough import ElidedNode, walk_contexts

@@ -5,15 +5,16 @@ resizing in ``parallel_map.py``."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from torchpipe.constants import AUTOTUNE
-from torchpipe.core.node import AUTOTUNE_SYMBOL, Node, function_name
 from torchpipe.core.context import BuildContext
-from torchpipe.core.iterator import Iterator, PassThroughIterator
 from torchpipe.core.function import UserFunction
+from torchpipe.core.iterator import Iterator, PassThroughIterator
+from torchpipe.core.node import AUTOTUNE_SYMBOL, Node, function_name
 from torchpipe.ops.batch import BatchIterator
 from torchpipe.ops.parallel_map import ParallelMapIterator
 from torchpipe.ops.source_nodes import DatasetFetch

@@ -15,8 +15,8 @@ from typing import Any
 
 from torchpipe.core.iterator import Iterator
 from torchpipe.core.position_log import PositionLog
-from torchpipe.ops.filter import DROPPED
 from torchpipe.core.stats import LiveKnob
+from torchpipe.ops.filter import DROPPED
 from torchpipe.randomness import global_rng_states, restore_global_rng_states
 from torchpipe.runtime.cpu import usable_cpu_count
 from torchpipe.runtime.dispatch import Dispatcher

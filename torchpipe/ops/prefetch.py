@@ -24,12 +24,13 @@ import threading
 import time
 import weakref
 from collections import deque
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from torchpipe.constants import AUTOTUNE
-from torchpipe.core.node import AUTOTUNE_SYMBOL, Node
 from torchpipe.core.context import BuildContext
 from torchpipe.core.iterator import Iterator
+from torchpipe.core.node import AUTOTUNE_SYMBOL, Node
 from torchpipe.core.position_log import PositionLog
 from torchpipe.core.stats import IteratorStats, LiveKnob
 

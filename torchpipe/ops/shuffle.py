@@ -6,12 +6,12 @@ from typing import Any
 
 import numpy as np
 
-from torchpipe.errors import CheckpointError
 from torchpipe.core.context import BuildContext
+from torchpipe.core.held_elements import HeldStructure
 from torchpipe.core.iterator import Iterator
 from torchpipe.core.node import Node
 from torchpipe.core.state import check_bool, check_state
-from torchpipe.core.held_elements import HeldStructure
+from torchpipe.errors import CheckpointError
 from torchpipe.ops.repeat import RepeatIterator
 
 

@@ -31,10 +31,10 @@ from typing import Any, Protocol
 import numpy as np
 
 from torchpipe.errors import WorkerError
-from torchpipe.runtime.ray_actors import ERROR, IDLE, OK, STALE, connect, session, start_actor
 from torchpipe.runtime import codec
 from torchpipe.runtime.codec_pickle import ALIGN
 from torchpipe.runtime.executor import Result
+from torchpipe.runtime.ray_actors import ERROR, IDLE, OK, STALE, connect, session, start_actor
 from torchpipe.runtime.timing import CallTiming
 from torchpipe.runtime.worker import unpack_exception
 

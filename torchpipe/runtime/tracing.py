@@ -17,7 +17,8 @@ import os
 import threading
 import time
 from collections import deque
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 MAX_EVENTS = 500_000
 """Events a pass keeps (about 60 MB at most); past it the oldest are dropped and the export says so."""

@@ -87,7 +87,7 @@ class PendingFile:
         """
         temp = temp_name(path)
         with reporting_full_disk(stage, temp, lambda: 0):
-            return cls(open(temp, "xb", buffering=buffering), temp, path, stage)  # noqa: SIM115 - owned
+            return cls(open(temp, "xb", buffering=buffering), temp, path, stage)
 
     def reporting(self) -> contextlib.AbstractContextManager[None]:
         """Errors that say the disk is full become :class:`DiskFullError` naming this file and

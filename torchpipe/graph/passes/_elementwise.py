@@ -14,11 +14,12 @@ can only be the last stage (inline, each stage counts the elements that reach it
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from torchpipe.constants import AUTOTUNE
-from torchpipe.core.rewrite import rewrite_bottom_up
 from torchpipe.core.node import Node
+from torchpipe.core.rewrite import rewrite_bottom_up
 from torchpipe.ops.filter import FilterNode
 from torchpipe.ops.fused import FusedMapNode, is_pure_stage
 from torchpipe.ops.map import MapNode, executor_kind

@@ -13,15 +13,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from torchpipe.core.rewrite import rewrite_bottom_up, with_attrs, with_inputs
 from torchpipe.core.node import Node
+from torchpipe.core.rewrite import rewrite_bottom_up, with_attrs, with_inputs
 from torchpipe.distributed.nodes import FetchNode
 from torchpipe.ops.map import MapNode
-from torchpipe.ops.shuffle import ShuffleNode, ShuffleRepeatNode
-from torchpipe.ops.source_nodes import FromDatasetNode, IndicesNode
 from torchpipe.ops.passthrough import ElidedNode
 from torchpipe.ops.repeat import RepeatNode
 from torchpipe.ops.select import ShardNode, SkipNode, TakeNode
+from torchpipe.ops.shuffle import ShuffleNode, ShuffleRepeatNode
+from torchpipe.ops.source_nodes import FromDatasetNode, IndicesNode
 from torchpipe.options import Options
 
 NAME = "source_pushdown"

@@ -12,23 +12,34 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from torchpipe.constants import AUTOTUNE, UNKNOWN
-from torchpipe.errors import CheckpointError
 from torchpipe.core.context import BuildContext
+from torchpipe.core.function import UserFunction
 from torchpipe.core.iterator import Iterator
 from torchpipe.core.node import Node, function_name
 from torchpipe.core.position_log import PositionLog
-from torchpipe.core.function import UserFunction
 from torchpipe.core.state import check_bool, check_int, check_state
-from torchpipe.ops.interleave.readers import ERROR, FAILED, MAX_PARALLELISM, VALUE, InlineReaders, InnerOpener, Reader, ReaderPool, read_ahead_items
-from torchpipe.ops.map import executor_kind
+from torchpipe.core.stats import LiveKnob
+from torchpipe.errors import CheckpointError
+from torchpipe.ops.interleave.placement import ReaderPlacement
 from torchpipe.ops.interleave.process_readers import ProcessReaders
 from torchpipe.ops.interleave.ray_readers import RayReaders
-from torchpipe.ops.interleave.placement import ReaderPlacement
-from torchpipe.core.stats import LiveKnob
+from torchpipe.ops.interleave.readers import (
+    ERROR,
+    FAILED,
+    MAX_PARALLELISM,
+    VALUE,
+    InlineReaders,
+    InnerOpener,
+    Reader,
+    ReaderPool,
+    read_ahead_items,
+)
 from torchpipe.ops.interleave.thread_readers import ThreadReaders
+from torchpipe.ops.map import executor_kind
 from torchpipe.runtime.cpu import usable_cpu_count
 from torchpipe.runtime.policy import INLINE, PROCESS, RAY, THREAD
 from torchpipe.runtime.process_pool import process_executor_supported

@@ -21,8 +21,18 @@ from collections.abc import Callable
 from typing import Any
 
 from torchpipe.core.iterator import Iterator
-from torchpipe.ops.interleave.readers import END, ERROR, FAILED, VALUE, InnerOpener, Item, Reader, ReaderPlace, ReaderPool
 from torchpipe.core.stats import element_bytes
+from torchpipe.ops.interleave.readers import (
+    END,
+    ERROR,
+    FAILED,
+    VALUE,
+    InnerOpener,
+    Item,
+    Reader,
+    ReaderPlace,
+    ReaderPool,
+)
 from torchpipe.runtime import codec
 from torchpipe.runtime.columns import Columns, to_columns
 from torchpipe.runtime.cpu import usable_cpu_count
@@ -105,7 +115,7 @@ def _read_chunk(iterator: Iterator, count: int) -> list[Item]:
     """Up to ``count`` items of ``iterator`` (at least one), until ``_CHUNK_S`` or ``_CHUNK_BYTES``."""
     items: list[Item] = []
     deadline, nbytes, size = time.perf_counter() + _CHUNK_S, 0, 0
-    while len(items) < count and (nbytes < _CHUNK_BYTES and time.perf_counter() < deadline or not items):
+    while len(items) < count and ((nbytes < _CHUNK_BYTES and time.perf_counter() < deadline) or not items):
         try:
             value = next(iterator)
         except StopIteration:

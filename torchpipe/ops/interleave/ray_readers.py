@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from torchpipe.ops.interleave.readers import InnerOpener
 from torchpipe.ops.interleave.process_readers import InnerChunkTask, ProcessReaders
+from torchpipe.ops.interleave.readers import InnerOpener
 from torchpipe.runtime.policy import RAY
 
 if TYPE_CHECKING:

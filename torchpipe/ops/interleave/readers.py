@@ -23,8 +23,8 @@ from collections.abc import Callable
 from typing import Any, ClassVar, NamedTuple
 
 from torchpipe.core.context import BuildContext
-from torchpipe.core.iterator import Iterator
 from torchpipe.core.function import UserFunction
+from torchpipe.core.iterator import Iterator
 from torchpipe.core.stats import IteratorStats
 from torchpipe.runtime.policy import INLINE
 

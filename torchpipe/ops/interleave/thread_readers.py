@@ -17,7 +17,18 @@ from concurrent.futures import Future
 from typing import Any
 
 from torchpipe.core.iterator import Iterator
-from torchpipe.ops.interleave.readers import END, ERROR, FAILED, VALUE, InnerOpener, Item, Reader, ReaderPlace, ReaderPool, read_on_from
+from torchpipe.ops.interleave.readers import (
+    END,
+    ERROR,
+    FAILED,
+    VALUE,
+    InnerOpener,
+    Item,
+    Reader,
+    ReaderPlace,
+    ReaderPool,
+    read_on_from,
+)
 from torchpipe.runtime.policy import THREAD
 from torchpipe.runtime.stall import StallWatch
 from torchpipe.runtime.thread_pool import ThreadPool
