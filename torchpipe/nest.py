@@ -48,7 +48,7 @@ def _rebuild_mapping(template: Mapping, children: list[Any]) -> Mapping:
     if type(template) is dict:
         return dict(pairs)
     try:
-        return type(template)(pairs)
+        return type(template)(pairs)  # type: ignore[call-arg]  # a TypeError falls back to dict
     except TypeError:
         return dict(pairs)
 

@@ -224,7 +224,7 @@ def _normalized_weights(weights: Any, n: int) -> list[float]:
     values = weights.tolist() if hasattr(weights, "tolist") else list(weights)
     if len(values) != n:
         raise ValueError(f"sample_from_datasets: expected {n} weights, got {len(values)}")
-    if not all(isinstance(w, numbers.Real) and w >= 0 for w in values):
+    if not all(isinstance(w, numbers.Real) and float(w) >= 0 for w in values):
         raise ValueError(f"sample_from_datasets: weights must be non-negative numbers, got {values}")
     total = float(sum(values))
     if total <= 0:

@@ -99,7 +99,7 @@ class SampleDecoder:
     __name__ = "decode"
 
     def __init__(self, decoders: Mapping[str, Callable[[bytes], Any] | None] | None = None) -> None:
-        table = dict(DEFAULT_DECODERS)
+        table: dict[str, Callable[[bytes], Any] | None] = dict(DEFAULT_DECODERS)
         for ext, fn in (decoders or {}).items():
             if fn is not None and not callable(fn):
                 raise TypeError(f"SampleDecoder: the decoder for {ext!r} must be callable or None")

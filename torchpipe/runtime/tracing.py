@@ -171,6 +171,7 @@ class CallTracer:
         if start is None:
             start = time.perf_counter() - wall_s
             where = threading.current_thread().name
+        assert where is not None  # given with start: the worker the call ran in
         track = self._tracks.get(where)
         if track is None:
             shown = where if pid is not None else f"thread {where.removeprefix(self._stage + '-')}"

@@ -36,7 +36,7 @@ def is_full(error: BaseException) -> bool:
 
 def disk_full_error(error: OSError, stage: str, filename: str, written: int) -> DiskFullError:
     """The :class:`DiskFullError` for ``error``, a write of ``filename`` that ran out of room."""
-    reason = _FULL.get(error.errno, "out of room")
+    reason = _FULL.get(error.errno or 0, "out of room")
     return DiskFullError(f"{stage}: {reason} after writing {written:,} bytes to {filename}: [Errno {error.errno}] "
                          f"{error.strerror}", error.errno, stage, filename, written)  # fmt: skip
 
