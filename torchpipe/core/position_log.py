@@ -86,6 +86,7 @@ class PositionLog:
 
         For inputs pulled and delivered in order, as an inner reader's are (nothing skipped)."""
         with self._lock:
+            assert self._latest is not None  # set by the first pull
             return self._before.get(seq + 1, self._latest)
 
     def state(self) -> dict[str, Any]:

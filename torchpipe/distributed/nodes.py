@@ -454,6 +454,7 @@ class EqualizeIterator(Iterator):
                 pass
             except Exception as e:  # an element that raised still takes its step, so ranks stay in step
                 error, has = e, True
+        assert node.agreement is not None  # checked at build: no target, so an agreement
         go_on = node.agreement.all(has) if node.uneven == "drop" else node.agreement.any(has)
         if not go_on:
             self._ended = True

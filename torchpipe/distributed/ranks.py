@@ -117,6 +117,7 @@ class Placement:
         if self.level == "output":
             return ReplicaShardNode(root, shard, "output", uneven)
         source, top = self.source, self.top
+        assert source is not None and top is not None  # set for a "file" or "element" split
         if isinstance(source, FromDatasetNode) and top is not source:
             # indices below the shard, dataset[i] read above it: a rank reads only its share
             below = _replace(top, source, IndicesNode(source))
@@ -158,6 +159,7 @@ class Placement:
             return (f"{who} runs the whole pipeline ({self.why}) with a seed the ranks share and keeps one element "
                     f"in {shards} of the output")  # fmt: skip
         what = "file" if self.level == "file" else "element"
+        assert self.source is not None and self.top is not None  # set for a "file" or "element" split
         over = "" if self.top is self.source else f" over {self.source.label()}"
         reads = " (indices: dataset[i] is read above the shard, for its share only)" if (
             isinstance(self.source, FromDatasetNode) and self.top is not self.source) else ""  # fmt: skip
@@ -203,12 +205,12 @@ def place(root: Node, policy: str, shard: ReplicaShard, by_worker: tuple[Node, .
     by_rank = [node for node in user_shards(root) if node not in by_worker]
     if policy == "auto" and by_rank:
         return Placement("manual", by_rank[0], why="the pipeline shards itself")
-    listed = next((node.split_by_hand for node in sources if getattr(node, "split_by_hand", "")), "")
+    listed = next((node.split_by_hand for node in sources if getattr(node, "split_by_hand", "")), "")  # type: ignore[attr-defined]
     if policy == "auto" and listed:
         return Placement("manual", why=listed)
     given = next((node for node in nodes if getattr(node, "shards_itself", False)), None)
     if policy == "auto" and given is not None:  # a source that is already this rank's share (tp.from_ray's)
-        return Placement("given", why=given.shards_why)
+        return Placement("given", why=given.shards_why)  # type: ignore[attr-defined]  # shards_itself: it says why
     if policy == "auto" and any(not mark.split for mark in marks):
         return Placement("whole", why="its files are read whole on every rank (from_webdataset(split_by_rank=False))")
     single = shards_at_source(root, sources)

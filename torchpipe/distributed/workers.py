@@ -131,12 +131,12 @@ def split_between_workers(root: Node, worker: WorkerShard, policy: str, rank: tu
     return WorkerSplit(True, warning=_unseen_warning(worker))
 
 
-def user_shards(root: Node) -> list[Node]:
+def user_shards(root: Node) -> list[ShardNode]:
     """The ``shard`` ops the user wrote in ``root`` (a ``shard(1, 0)`` splits nothing)."""
     return [node for node in ops_of(root) if type(node) is ShardNode and node.num_shards > 1]
 
 
-def _splits_workers(shard: Node, worker: WorkerShard, rank: tuple[int, int]) -> bool:
+def _splits_workers(shard: ShardNode, worker: WorkerShard, rank: tuple[int, int]) -> bool:
     """Whether ``shard`` is this worker's share: of the workers, or of ranks x workers."""
     (r, world), (w, workers) = rank, (worker.index, worker.num_workers)
     split = (shard.num_shards, shard.index)

@@ -35,7 +35,7 @@ class SavedDataset(Dataset):
         return {"records": self.records}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["records"])
+        self.__init__(state["records"])  # type: ignore[misc]  # this class's own __init__
 
 
 def load(path: str | os.PathLike) -> SavedDataset:

@@ -121,18 +121,19 @@ class TarShardIterator(FileReaderIterator):
     def _next_member(self) -> tuple[str, str, bytes, int] | None:
         """The next regular file that belongs to a sample: ``(key, ext, data, offset)``."""
         tar = self._tar
+        assert tar is not None  # opened before the first read
         while True:
             at = self._base + tar.offset
             try:
                 info = tar.next()
                 if info is None:
                     return None
-                data = tar.extractfile(info).read() if info.isreg() else None
+                data = tar.extractfile(info).read() if info.isreg() else None  # type: ignore[union-attr]  # a regular file's
             except (tarfile.TarError, EOFError) as e:
                 raise self._damaged(at, e) from e
-            tar.members = []  # a stream is read once: keep no member list
+            tar.members = []  # type: ignore[attr-defined]  # a stream is read once: keep no member list
             key, ext = split_name(info.name)
-            if data is None or key is None or _META.match(info.name):
+            if data is None or key is None or ext is None or _META.match(info.name):  # key and ext: None together
                 continue
             return key, ext.lower(), data, self._base + info.offset
 
@@ -252,7 +253,7 @@ class TarWriter:
         self.path = check_path("TarWriter", path)
         self._file = OutputFile(self.path, f"TarWriter({self.path})")
         mode = "w|gz" if _compression(self.path) else "w|"
-        self._tar = tarfile.open(fileobj=self._file, mode=mode, format=tarfile.PAX_FORMAT)
+        self._tar = tarfile.open(fileobj=self._file, mode=mode, format=tarfile.PAX_FORMAT)  # type: ignore[call-overload]  # a write stream
         self._mtime = mtime
 
     def write(self, sample: Mapping[str, Any]) -> None:

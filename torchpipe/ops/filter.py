@@ -60,7 +60,7 @@ class _PredicateNode(Node):
 class _PredicateIterator(PassThroughIterator):
     """Base of the predicate ops: numbers input elements and asks the predicate about them."""
 
-    COUNTERS = ("seq",)
+    COUNTERS: tuple[str, ...] = ("seq",)
 
     def __init__(self, name: str, source: Iterator, predicate: UserFunction) -> None:
         super().__init__(name, source)

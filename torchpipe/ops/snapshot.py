@@ -62,7 +62,9 @@ class SnapshotNode(CacheNode):
         Node.__init__(self, input)
         self.path = path
         self.compression = compression
-        self.storage = SnapshotStorage(path, describe_ops(input, code=True), compression, input.cardinality())
+        self.storage = SnapshotStorage(  # type: ignore[assignment]  # a cache's storage calls: replay, recorder, ...
+            path, describe_ops(input, code=True), compression, input.cardinality()
+        )
         self.name = f"snapshot({path})"
 
     def params(self) -> dict[str, Any]:

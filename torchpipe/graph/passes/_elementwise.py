@@ -54,6 +54,7 @@ def _merge(outer: Node, inner: Node, options: Options) -> tuple[Any, ...] | None
         return None, None, "auto"
     if a is None or b is None:
         parallel, inline = (a, inner) if b is None else (b, outer)
+        assert parallel is not None  # not both None (above)
         # Worker processes and Ray actors seed the global RNGs per element, as inline calls do.
         seeds_per_element = executor_kind(parallel[2]) in ("process", "ray")
         if options.seed is not None and not seeds_per_element and not is_pure_stage(inline):
