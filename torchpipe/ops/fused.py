@@ -48,7 +48,7 @@ class FusedMapNode(MapNode):
         self.hops = hops
         self.stages = tuple(hop for hop in reversed(hops) if isinstance(hop, STAGE_TYPES))  # innermost first
         name = "+".join(stage.name for stage in self.stages)
-        super().__init__(input, None, num_parallel_calls, deterministic, executor, name)
+        super().__init__(input, None, num_parallel_calls, deterministic, executor, name)  # type: ignore[arg-type]  # no one fn: each hop's
         self.pure = all(is_pure_stage(stage) for stage in self.stages)
 
     @staticmethod
@@ -82,7 +82,7 @@ class FusedMapNode(MapNode):
         for hop in self.hops:
             if isinstance(hop, STAGE_TYPES):
                 is_filter = isinstance(hop, FilterNode)
-                fn = hop.predicate if is_filter else hop.fn
+                fn = hop.predicate if isinstance(hop, FilterNode) else hop.fn
                 out.append((is_filter, hop.name, UserFunction(fn, hop.name, ctx, seed_globals)))
             ctx = hop.elided_context(ctx)
         out.reverse()

@@ -15,7 +15,7 @@ from torchpipe.core.context import BuildContext
 from torchpipe.core.function import UserFunction
 from torchpipe.core.iterator import Iterator, PassThroughIterator
 from torchpipe.core.node import AUTOTUNE_SYMBOL, Node, function_name
-from torchpipe.ops.batch import BatchIterator
+from torchpipe.ops.batch import BatchIterator, BatchNode
 from torchpipe.ops.parallel_map import ParallelMapIterator
 from torchpipe.ops.source_nodes import DatasetFetch
 from torchpipe.runtime.codec import StackedTensor
@@ -97,6 +97,7 @@ class MapNode(Node):
     ) -> ParallelMapIterator:
         """A parallel stage running ``make_task(fn, in_process)`` per input; ``ctx`` is this node's."""
         parallelism = usable_cpu_count() if self.num_parallel_calls == AUTOTUNE else self.num_parallel_calls
+        assert parallelism is not None  # a parallel map's
         in_worker = make_task(self.function(ctx), True)
         tasks = {
             "inline": make_task(self.function(ctx), False),  # as a worker: global RNGs seeded per element
@@ -133,7 +134,7 @@ def pure(fn: Callable[..., Any]) -> Callable[..., Any]:
     if not callable(fn):
         raise TypeError(f"tp.pure expects a callable, got {type(fn).__name__}")
     try:
-        fn.__torchpipe_pure__ = True
+        fn.__torchpipe_pure__ = True  # type: ignore[attr-defined]  # a builtin refuses: caught below
     except (AttributeError, TypeError) as e:
         raise TypeError(f"tp.pure cannot mark {fn!r}; use map(fn, pure=True) instead") from e
     return fn
@@ -175,7 +176,7 @@ class MapBatchNode(Node):
 
     kind = "map_batch"
 
-    def __init__(self, map_node: MapNode, batch_node: Node) -> None:
+    def __init__(self, map_node: MapNode, batch_node: BatchNode) -> None:
         super().__init__(*map_node.inputs)
         self.map_node = map_node
         self.batch_node = batch_node
