@@ -66,7 +66,7 @@ class Dataset(torch.utils.data.IterableDataset):
         return {"_node": self._node}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["_node"])
+        self.__init__(state["_node"])  # type: ignore[misc]  # this class's own __init__
 
     # -- iteration and inspection ---------------------------------------------------------
     def __iter__(self) -> PipelineIterator:
@@ -123,7 +123,7 @@ class Dataset(torch.utils.data.IterableDataset):
         fn: Callable[..., Any],
         num_parallel_calls: int | None = None,
         deterministic: bool | None = None,
-        executor: str = "auto",
+        executor: str | RayExecutor = "auto",
         name: str | None = None,
         *,
         pure: bool = False,
@@ -182,7 +182,7 @@ class Dataset(torch.utils.data.IterableDataset):
         block_length: int = 1,
         num_parallel_calls: int | None = None,
         deterministic: bool | None = None,
-        executor: str = "auto",
+        executor: str | RayExecutor = "auto",
     ) -> Dataset:
         """Map each element to a Dataset and interleave them, tf.data's order.
 

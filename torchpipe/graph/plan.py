@@ -70,7 +70,7 @@ class Plan:
         rank = (replica.rank, replica.world_size) if replica is not None else (0, 1)
         split = split_between_workers(root, worker, options.distribute.policy, rank) if worker is not None else None
         splitting = worker if split is not None and split.automatic else None
-        self.warning = split.warning if split is not None and worker.index == 0 else None  # one worker says it
+        self.warning = split.warning if split is not None and worker is not None and worker.index == 0 else None
         written, notes = root, [split.note] if split is not None and split.note else []
         if replica is not None:
             by_hand = split.shards if split is not None else ()
@@ -120,7 +120,7 @@ class Plan:
         if self.options.seed is not None:
             return self.options.seed
         if self.distribution is not None and self.distribution.shared_seed:
-            if not self.replica.connected:
+            if self.replica is None or not self.replica.connected:  # a distribution is a replica's
                 raise RuntimeError(
                     "this pipeline is split between ranks below a random op (a shuffle), so every rank must draw "
                     f"the same seed, and {_cannot_talk()} to share one: give the pipeline "
@@ -139,7 +139,7 @@ class Plan:
         group = self.distribution.group if self.distribution is not None else None
         if group is None:
             return None
-        if not self.replica.connected:
+        if self.replica is None or not self.replica.connected:  # a distribution is a replica's
             raise RuntimeError(
                 "this pipeline's length on each rank is not known ahead, so the ranks must agree where it ends "
                 f"(DistributeOptions(uneven={self.options.distribute.uneven!r})), and {_cannot_talk()}: "
@@ -250,7 +250,8 @@ class PipelineIterator:
         if tuner is not None and not tuner.started:
             tuner.start()  # with the first element: the tuner's first window starts there
         if self._warning is not None:
-            self._warning = _warn_once(self._warning)
+            _warn_once(self._warning)
+            self._warning = None
         clock.leave()
         if waits is not None:
             waits.span(t0, time.perf_counter())

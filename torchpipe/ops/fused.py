@@ -9,7 +9,7 @@ input's sequence number, which is why a parallel chain may have filters only at 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torchpipe.core.context import BuildContext
 from torchpipe.core.function import UserFunction
@@ -20,6 +20,9 @@ from torchpipe.errors import CheckpointError
 from torchpipe.ops.filter import DROPPED, FilterNode, as_bool
 from torchpipe.ops.map import MapNode, is_pure
 from torchpipe.ops.passthrough import ElidedNode, walk_contexts
+
+if TYPE_CHECKING:
+    from torchpipe.runtime.ray_executor import RayExecutor
 
 STAGE_TYPES = (MapNode, FilterNode)
 
@@ -43,7 +46,7 @@ class FusedMapNode(MapNode):
         input: Node,
         num_parallel_calls: int | None,
         deterministic: bool | None,
-        executor: str,
+        executor: str | RayExecutor,
     ) -> None:
         self.hops = hops
         self.stages = tuple(hop for hop in reversed(hops) if isinstance(hop, STAGE_TYPES))  # innermost first

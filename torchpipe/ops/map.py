@@ -6,7 +6,7 @@ resizing in ``parallel_map.py``."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -21,6 +21,9 @@ from torchpipe.ops.source_nodes import DatasetFetch
 from torchpipe.runtime.codec import StackedTensor
 from torchpipe.runtime.cpu import usable_cpu_count
 from torchpipe.runtime.recycle import RecycledStack
+
+if TYPE_CHECKING:
+    from torchpipe.runtime.ray_executor import RayExecutor
 
 EXECUTORS = ("auto", "thread", "process", "ray")
 """Accepted ``executor=`` names (and a ``tp.RayExecutor``, whose kind is ``"ray"``)."""
@@ -42,7 +45,7 @@ class MapNode(Node):
         fn: Callable[..., Any],
         num_parallel_calls: int | None,
         deterministic: bool | None,
-        executor: str,
+        executor: str | RayExecutor,
         name: str | None,
         pure: bool = False,
         batched: bool = False,

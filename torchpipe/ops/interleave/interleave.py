@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torchpipe.constants import AUTOTUNE, UNKNOWN
 from torchpipe.core.context import BuildContext
@@ -44,6 +44,9 @@ from torchpipe.runtime.cpu import usable_cpu_count
 from torchpipe.runtime.policy import INLINE, PROCESS, RAY, THREAD
 from torchpipe.runtime.process_pool import process_executor_supported
 from torchpipe.runtime.timing import CallTiming
+
+if TYPE_CHECKING:
+    from torchpipe.runtime.ray_executor import RayExecutor
 
 AUTOTUNE_MIN_CYCLE = 16
 _DEEP_READ_AHEAD = 4  # reads in flight a slot from which AUTOTUNE readers read far ahead
@@ -94,7 +97,7 @@ class InterleaveNode(Node):
         block_length: int,
         num_parallel_calls: int | None,
         deterministic: bool | None,
-        executor: str = "auto",
+        executor: str | RayExecutor = "auto",
     ) -> None:
         super().__init__(input)
         self.fn = fn
