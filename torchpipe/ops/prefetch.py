@@ -420,6 +420,7 @@ class PrefetchIterator(Iterator):
         return element
 
     def _review(self) -> None:
+        assert self._choice is not None and self._returned is not None  # after an element, when choosing
         mode = self._choice.mode
         verdict = self._choice.delivered(self._returned, self._outside_s, self._pulls.per_element, self._delivered)
         if verdict == mode:

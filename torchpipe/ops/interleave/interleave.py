@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from torchpipe.constants import AUTOTUNE, UNKNOWN
 from torchpipe.core.context import BuildContext
@@ -146,7 +146,7 @@ class InterleaveNode(Node):
         processes = process_executor_supported()
         if executor_kind(self.executor) == RAY:  # as on processes, with the global RNGs seeded per element
             opener = InnerOpener(UserFunction(self.fn, self.name, ctx), ctx)
-            return {RAY: RayReaders(self.name, opener, block, restart, stall_s, self.executor)}  # a tp.RayExecutor
+            return {RAY: RayReaders(self.name, opener, block, restart, stall_s, cast("RayExecutor", self.executor))}
         if self.executor == "process" and processes:
             opener = InnerOpener(UserFunction(self.fn, self.name, ctx), ctx)
             return {PROCESS: ProcessReaders(self.name, opener, block, restart, stall_s)}
@@ -221,7 +221,7 @@ class InterleaveIterator(Iterator):
         placement: moves the readers between ``pools`` (``executor="auto"``), or None.
     """
 
-    tuning_role = "pool"
+    tuning_role: str | None = "pool"
 
     INPUT, SEQ, SLOTS = "input", "seq", "slots"
     CYCLE_INDEX, BLOCK_INDEX, END_OF_INPUT = "cycle_index", "block_index", "end_of_input"
@@ -440,6 +440,7 @@ class InterleaveIterator(Iterator):
     def _review(self, element: Any) -> None:
         """Let the placement look at the counters; move the readers if it says so."""
         placement = self._placement
+        assert placement is not None  # reviewed under executor="auto"
         kind = placement.review(self.stats)
         if kind is not None:
             self._move(kind, element)
@@ -452,6 +453,7 @@ class InterleaveIterator(Iterator):
         it read ahead: the input position, the cycle and each reader's place stay as they are, so
         nothing is lost, repeated, reordered or read twice. Readers whose input elements, positions
         or elements (``element`` stands for them) cannot go there stay, for good."""
+        assert self._placement is not None  # moved under executor="auto"
         old, new = self._pool, self._pools[kind]
         readers = [*(r for r in self._slots if r is not None), *self._ahead]
         if not new.accepts([old.place(reader) for reader in readers], element):

@@ -80,7 +80,7 @@ class InnerChunkTask:
         return {"opener": self.opener}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["opener"])
+        self.__init__(state["opener"])  # type: ignore[misc]  # this class's own __init__
 
     def __call__(self, task_id: int, payload: tuple) -> list[Item] | PackedChunk:
         element, seq, state, count, reader_id, position = payload
@@ -193,6 +193,7 @@ class _ChunkReader(Reader):
             return
         if type(items) is PackedChunk:
             items = items.items()
+        assert isinstance(items, list)  # no error: the chunk's items
         self.read += len(items)
         self.last_chunk = len(items)
         for kind, payload, state in items:
@@ -210,7 +211,7 @@ class _ChunkReader(Reader):
         return tuple(self.ready)
 
 
-class ProcessReaders(ReaderPool):
+class ProcessReaders(ReaderPool[_ChunkReader]):
     """Reads the open inner datasets ahead in worker processes, chunk by chunk.
 
     With ``threads_in_workers`` (the ``executor="auto"`` choice), ``parallelism`` counts reads in
@@ -265,6 +266,7 @@ class ProcessReaders(ReaderPool):
 
     def resize(self, parallelism: int) -> None:
         if self._reading:
+            assert self._pool is not None  # reading: prepared
             processes, threads = self._workers(parallelism)
             self._pool.set_threads(threads)
             self._pool.resize(processes)
@@ -290,6 +292,7 @@ class ProcessReaders(ReaderPool):
         # A reader asks for its next chunk when it opens, when a chunk arrives and when an item
         # is taken from it: the only times wants_chunk() can change.
         if self._reading and reader.wants_chunk(self._ahead):
+            assert self._dispatch is not None and self._pool is not None  # reading: prepared
             task = self._next_task
             self._next_task += 1
             reader.pending = task
@@ -299,6 +302,7 @@ class ProcessReaders(ReaderPool):
 
     def _receive(self, timeout: float) -> None:
         """Hand the chunks that arrived (waiting up to ``timeout`` s for one) to their readers."""
+        assert self._dispatch is not None and self.stats.calls is not None  # prepared; calls counted
         for task, items, error in self._dispatch.poll(timeout):
             if error is None:
                 self.stats.calls.add_items(len(items))
@@ -361,7 +365,7 @@ class ProcessReaders(ReaderPool):
 
     def park(self) -> None:
         self._reading = False
-        if self._pool is not None:
+        if self._pool is not None and self._dispatch is not None:  # made together
             self._dispatch.forget()  # chunks still out come back to no one
             self._waiting.clear()
             self._pool.resize(0)  # its zygote stays, ready to fork workers again

@@ -46,4 +46,5 @@ class RayReaders(ProcessReaders):
 
     def resize(self, parallelism: int) -> None:
         if self._reading:
+            assert self._pool is not None  # reading: prepared
             self._pool.resize(parallelism)  # an actor reads one chunk at a time: no threads to set
