@@ -24,11 +24,12 @@ WAITING_LIMIT = 0.2
 class PipelineStats(list):
     """The stages' stats, root first, each a dict; ``print()`` it for the report.
 
-    Each dict has ``stage`` (its name), ``depth`` (0 for the root), ``produced``, ``throughput`` (elements/s over the pass), ``self_s``
-    (seconds of its own work per element, on whatever thread or worker ran it), and where they
-    apply ``wait_ratio`` (share of its consumer's time in ``next()`` spent waiting on it),
-    ``occupancy`` (mean fill of its buffer / its capacity), ``knobs`` (AUTOTUNE values now) and the op's own
-    counters (``errors_ignored``, ``inner_datasets``).
+    Each dict has ``stage`` (its name), ``depth`` (0 for the root), ``produced``, ``throughput``
+    (elements/s over the pass), ``self_s`` (seconds of its own work per element, on whatever thread
+    or worker ran it), and where they apply ``wait_ratio`` (share of its consumer's time in
+    ``next()`` spent waiting on it), ``occupancy`` (mean fill of its buffer / its capacity),
+    ``knobs`` (AUTOTUNE values now) and the op's own counters (``errors_ignored``,
+    ``inner_datasets``).
 
     Attributes:
         seconds: since the pass started.

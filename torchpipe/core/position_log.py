@@ -51,7 +51,7 @@ class PositionLog:
             except StopIteration:
                 self._latest = self.source.state_dict()
                 raise
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - returned, to take the element's place in the order
                 error = e
             after = self.source.state_dict()
             with self._lock:

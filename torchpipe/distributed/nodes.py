@@ -452,7 +452,7 @@ class EqualizeIterator(Iterator):
                 element, has = next(self._source), True
             except StopIteration:
                 pass
-            except Exception as e:  # an element that raised still takes its step, so ranks stay in step
+            except Exception as e:  # noqa: BLE001 - an element that raised still takes its step, so ranks stay in step
                 error, has = e, True
         assert node.agreement is not None  # checked at build: no target, so an agreement
         go_on = node.agreement.all(has) if node.uneven == "drop" else node.agreement.any(has)

@@ -98,7 +98,8 @@ class Distribution:
 @dataclasses.dataclass(frozen=True)
 class Placement:
     """Where the shard goes: ``level`` (``data``, ``file``, ``output``; ``manual`` where the
-    pipeline shards itself, by the ``shard`` op ``top`` or a list of files split by hand, ``whole`` where its files are marked to be read whole on every rank,
+    pipeline shards itself, by the ``shard`` op ``top`` or a list of files split by hand, ``whole``
+    where its files are marked to be read whole on every rank,
     ``given`` where its source is the rank's share already: a Ray Train worker's),
     above ``top`` (whose source is ``source``), and why. ``shuffled``: the files below were
     shuffled with the pipeline seed (``tp.io.split_files(shuffled=True)``)."""

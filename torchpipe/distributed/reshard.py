@@ -161,7 +161,8 @@ def _check_ops(ops: Any) -> None:
         for op in line:
             if op.split("(", 1)[0] not in allowed:
                 raise CheckpointError(f"reshard_states: {op} {where} the rank shard holds or makes elements a "
-                                      f"resharded rank could not take over; allowed {where} it: {sorted(allowed)}")  # fmt: skip
+                                      f"resharded rank could not take over; allowed {where} it: "
+                                      f"{sorted(allowed)}")  # fmt: skip
 
 
 def _check_nothing_held(old: _OldShard) -> None:

@@ -353,7 +353,8 @@ _NOT_TRACED = ("this pass is not traced: run it with ds.with_options(tp.Options(
 
 def _record_round(log: TraceLog, track: Track, decision: Decision) -> None:
     log.instant(track, "autotune round", {"throughput": decision.throughput, "predicted": decision.predicted,
-                                          "bottleneck": decision.bottleneck, "changed": list(decision.changed)})  # fmt: skip
+                                          "bottleneck": decision.bottleneck,
+                                          "changed": list(decision.changed)})  # fmt: skip
 
 
 _WARNED: set[str] = set()

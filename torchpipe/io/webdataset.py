@@ -91,7 +91,7 @@ class TarShardIterator(FileReaderIterator):
         self._stream = open_stream(node.url, _compression(node.url), node.buffer_size, self._offset, node.retry)
         self._base = self._offset
         try:
-            self._tar = tarfile.open(fileobj=self._stream, mode="r|")
+            self._tar = tarfile.open(fileobj=self._stream, mode="r|")  # noqa: SIM115 - closed by close()
         except tarfile.ReadError as e:
             if "empty file" not in str(e):
                 raise self._damaged(self._offset, e) from e
@@ -253,7 +253,9 @@ class TarWriter:
         self.path = check_path("TarWriter", path)
         self._file = OutputFile(self.path, f"TarWriter({self.path})")
         mode = "w|gz" if _compression(self.path) else "w|"
-        self._tar = tarfile.open(fileobj=self._file, mode=mode, format=tarfile.PAX_FORMAT)  # type: ignore[call-overload]  # a write stream
+        self._tar = tarfile.open(  # noqa: SIM115 - the writer's, closed by close()
+            fileobj=self._file, mode=mode, format=tarfile.PAX_FORMAT  # type: ignore[call-overload]
+        )
         self._mtime = mtime
 
     def write(self, sample: Mapping[str, Any]) -> None:

@@ -189,7 +189,7 @@ class _LocalFetch:
         )
 
     def __call__(self, seq: int, payload: tuple[int, int, Any]) -> Any:
-        epoch, batch, index = payload
+        _epoch, batch, index = payload
         if not self.rngs:
             return fetch_noted(self.fetcher.fetch, index, batch)
         saved = global_rng_states(self.rngs)

@@ -345,6 +345,7 @@ def check_padding_values(op: str, values: Any) -> None:
             raise ValueError(f"{op}: padding_values expected scalars, got a tensor of shape {tuple(value.shape)}")
         if value is not None and not isinstance(value, _PAD_TYPES):
             raise TypeError(f"{op}: padding_values expected numbers (str or bytes for string components), "
-                            f"0-d tensors or arrays, or None, alone or in a structure, got {type(value).__name__}")  # fmt: skip
+                            "0-d tensors or arrays, or None, alone or in a structure, "
+                            f"got {type(value).__name__}")  # fmt: skip
 
 

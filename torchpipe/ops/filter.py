@@ -145,7 +145,7 @@ class IgnoreErrorsIterator(Iterator):
                 return next(self._source)
             except StopIteration:
                 raise
-            except Exception:
+            except Exception:  # noqa: BLE001 - ignore_errors: counted and dropped
                 self.stats.counters[self.IGNORED] += 1
 
     def get_state(self) -> dict[str, Any]:

@@ -225,7 +225,7 @@ def _find_unpicklable(obj: Any, path: str, seen: set[int] | None = None) -> tupl
                 return found
     try:
         RecordPickler(io.BytesIO()).dump(obj)
-    except Exception:
+    except Exception:  # noqa: BLE001 - any failure to pickle: this is the part that cannot travel
         return path, obj
     return None
 

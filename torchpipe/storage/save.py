@@ -48,7 +48,8 @@ CHECKPOINT_KEYS = ("checkpoint_interval", "checkpoint_interval_s")
 
 
 def save(dataset: Any, path: str, shard_func: Callable[..., Any] | None = None, compression: str | None = None,
-         checkpoint_interval: int | None = None, checkpoint_interval_s: float = DEFAULT_CHECKPOINT_S) -> None:  # fmt: skip
+         checkpoint_interval: int | None = None,
+         checkpoint_interval_s: float = DEFAULT_CHECKPOINT_S) -> None:  # fmt: skip
     """Write one pass over ``dataset`` to ``path`` (see ``tp.Dataset.save``, which checks the arguments).
 
     Raises:

@@ -1,8 +1,8 @@
 """``flat_map`` and ``interleave``: a Dataset per input element, their elements merged in tf.data's
 order by one iterator (:class:`InterleaveIterator`) over a pool of readers: inline
 (``interleave_readers.py``), on threads (``thread_readers.py``), in worker processes
-(``process_readers.py``) or on Ray actors (``ray_readers.py``). With ``executor="auto"`` the readers move between threads and processes
-while the pass runs (``reader_placement.py``, docs/executors.md).
+(``process_readers.py``) or on Ray actors (``ray_readers.py``). With ``executor="auto"`` the readers
+move between threads and processes while the pass runs (``reader_placement.py``, docs/executors.md).
 
 Resuming calls the user function again on the saved elements, with the same sequence numbers,
 so the inner datasets (and their seeds) are rebuilt exactly.
@@ -175,7 +175,7 @@ class _DirectInput:
             element = next(self._source)
         except StopIteration:  # an Exception too, but the end, not an element's error
             raise
-        except Exception as e:  # takes its place in the order, and uses up its number
+        except Exception as e:  # noqa: BLE001 - takes its place in the order, and uses up its number
             self._seq = seq + 1
             return seq, None, e
         self._seq = seq + 1

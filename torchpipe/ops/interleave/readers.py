@@ -270,13 +270,13 @@ class InlineReaders(ReaderPool[_InlineReader]):
                 return self._carried(reader)
             try:
                 iterator = reader.iterator = self._opener(reader.element, reader.seq, reader.taken_state)
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - the reader fails with it, in its place
                 return FAILED, e
         try:
             return VALUE, next(iterator)
         except StopIteration:
             return END, None
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - this element's error, delivered in its place
             return ERROR, e
 
     def _carried(self, reader: _InlineReader) -> tuple[str, Any]:

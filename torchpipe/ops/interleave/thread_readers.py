@@ -138,7 +138,7 @@ class _ThreadReader(Reader):
         self._pool.watch.begin(self.seq, where)
         try:
             self._iterator = self._pool.opener(self.element, self.seq, self._read_state)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - the reader fails with it, in its place
             self._push(FAILED, e, None, done=True)
             return False
         return True
@@ -160,7 +160,7 @@ class _ThreadReader(Reader):
             kind, payload = ERROR, e
         try:
             state = iterator.state_dict() if kind != END else None
-        except Exception as e:  # the machinery failed, not one element
+        except Exception as e:  # noqa: BLE001 - the machinery failed, not one element
             kind, payload, state = FAILED, e, None
         finally:
             calls.add(time.perf_counter() - wall, time.thread_time() - cpu, items=1)
