@@ -191,9 +191,9 @@ class _ChunkReader(Reader):
             self.ready.append((FAILED, error, None))
             self.done = True
             return
-        if type(items) is PackedChunk:
+        if isinstance(items, PackedChunk):
             items = items.items()
-        assert isinstance(items, list)  # no error: the chunk's items
+        assert items is not None  # no error: the chunk came
         self.read += len(items)
         self.last_chunk = len(items)
         for kind, payload, state in items:
