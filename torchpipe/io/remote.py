@@ -42,7 +42,7 @@ class RemoteReadError(OSError):
     def __str__(self) -> str:
         return str(self.args[0])
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, ...]:
         return type(self), (self.args[0], self.url, self.offset)
 
 
