@@ -1,3 +1,5 @@
+from pathlib import Path
+
 from setuptools import find_packages, setup
 
 # The peers bench/peers.py measures (CPU builds), in the test extra too so that their adapters are
@@ -10,19 +12,25 @@ PEERS = [
     "grain",
 ]
 
+# The linter and the type checker .ci/run runs, pinned so that CI and developers check alike.
+CHECKERS = ["ruff==0.17.6", "mypy==2.4.1"]
+
 setup(
     name="torchpipe",
     version="0.1.0",
     description="tf.data-style input pipelines and a drop-in DataLoader for PyTorch",
-    long_description=open("README.md", encoding="utf-8").read(),
+    long_description=Path("README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
     packages=find_packages(include=["torchpipe", "torchpipe.*"]),
+    # py.typed (PEP 561): type checkers read the package's own hints.
+    package_data={"torchpipe": ["py.typed"]},
+    include_package_data=True,
     python_requires=">=3.10",
     # crc32c: hardware CRC32C for TFRecord integrity checks (docs/formats.md says why this one).
     install_requires=["torch>=2.1", "numpy", "pillow", "psutil", "crc32c>=2.3"],
     extras_require={
-        "test": ["pytest", "pytest-timeout", "hypothesis", "fsspec", "s3fs", "moto[server]>=5", "webdataset", "tqdm",
-                 "matplotlib", "ray[data]>=2.10", *PEERS],
+        "test": [*CHECKERS, "pytest", "pytest-timeout", "hypothesis", "fsspec", "s3fs", "moto[server]>=5", "webdataset",
+                 "tqdm", "matplotlib", "ray[data]>=2.10", *PEERS],
         "remote": ["fsspec", "s3fs"],
         "progress": ["tqdm"],  # progress bars on save, snapshot and cache(path) fills
         "plot": ["matplotlib"],  # it.stats().plot(path): the timeline PNG

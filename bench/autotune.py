@@ -23,9 +23,9 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-import torchpipe as tp  # noqa: E402
-from bench.workloads import tiny  # noqa: E402
-from torchpipe.core import iterator as base  # noqa: E402
+import torchpipe as tp
+from bench.workloads import tiny
+from torchpipe.core import iterator as base
 
 
 class Storage:

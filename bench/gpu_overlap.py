@@ -26,7 +26,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-import torchpipe as tp  # noqa: E402
+import torchpipe as tp
 
 _WIDTH = 4096
 

@@ -20,7 +20,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-import torchpipe as tp  # noqa: E402
+import torchpipe as tp
 
 SIZES = {"1K": 1 << 10, "16K": 16 << 10, "128K": 128 << 10, "512K": 512 << 10, "2M": 2 << 20, "8M": 8 << 20,
          "32M": 32 << 20}

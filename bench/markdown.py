@@ -17,8 +17,8 @@ from typing import Any
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from bench.run import ORDER  # noqa: E402
-from bench.targets import PEER_BESTS, TARGETS  # noqa: E402
+from bench.run import ORDER
+from bench.targets import PEER_BESTS, TARGETS
 
 BASELINE = "dataloader_best"
 ZERO_KNOB = ("torchpipe_auto", "torchpipe_dataloader_auto")

@@ -14,15 +14,16 @@ import json
 import os
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-import torchpipe as tp  # noqa: E402
-from bench.measure import measure  # noqa: E402
-from bench.workloads import tiny  # noqa: E402
+import torchpipe as tp
+from bench.measure import measure
+from bench.workloads import tiny
 
 STEP_S = 0.002  # the simulated training step of the inject_prefetch case
 BIG = 256 << 10  # bytes per element in the transfer-bound cases

@@ -19,10 +19,11 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import multiprocessing.process
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 import torch

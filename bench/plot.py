@@ -16,8 +16,8 @@ from typing import Any
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from bench.run import ORDER  # noqa: E402
-from bench.targets import ZERO_KNOB  # noqa: E402
+from bench.run import ORDER
+from bench.targets import ZERO_KNOB
 
 BASELINE = "dataloader_best"
 PEER_PREFIXES = ("nodes", "spdl", "grain", "tfdata")

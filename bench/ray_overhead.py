@@ -28,14 +28,15 @@ import os
 import statistics
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-import torchpipe as tp  # noqa: E402
-from bench import data  # noqa: E402
-from bench.workloads import JpegSample, big_tensor  # noqa: E402
-from torchpipe.runtime.cpu import usable_cpu_count  # noqa: E402
+import torchpipe as tp
+from bench import data
+from bench.workloads import JpegSample, big_tensor
+from torchpipe.runtime.cpu import usable_cpu_count
 
 EXECUTORS = ("process", "ray")
 BATCH = 64

@@ -42,20 +42,21 @@ import os
 import platform
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-import torchpipe as tp  # noqa: E402
-from bench import peers as pr  # noqa: E402
-from bench import suite  # noqa: E402
-from bench import workloads as wl  # noqa: E402
-from bench.measure import measure  # noqa: E402
-from bench.targets import format_targets, targets  # noqa: E402
-from torchpipe.runtime.cpu import usable_cpu_count  # noqa: E402
+import torchpipe as tp
+from bench import peers as pr
+from bench import suite
+from bench import workloads as wl
+from bench.measure import measure
+from bench.targets import format_targets, targets
+from torchpipe.runtime.cpu import usable_cpu_count
 
 ORDER = ("dataloader_default", "dataloader_best", "torchpipe_dataloader", "torchpipe_dataloader_auto",
          "torchpipe_auto", "torchpipe_best", "torchpipe_cache_epoch1", "torchpipe_cache_epoch2", "nodes_best",
@@ -181,7 +182,7 @@ class Runner:
                     print(f"    {peer.library} grid {config.knobs}: {result['throughput']:.4g}", flush=True)
                 if config.in_best and (best is None or result["throughput"] > best["throughput"]):
                     best_knobs, best = config.knobs, result
-        except Exception as e:  # noqa: BLE001: one peer's failure must not hide the others' numbers
+        except Exception as e:  # noqa: BLE001 - one peer's failure must not hide the others' numbers
             self.errors[peer.library] = f"{type(e).__name__}: {e}"
             print(f"  {peer.library} failed on {self.work.name}: {self.errors[peer.library]}", flush=True)
             return
@@ -275,7 +276,8 @@ def table(report: dict[str, Any]) -> str:
             vs_limit = f"{r['throughput'] / limit:.2f}" if limit else "-"
             lines.append(
                 f"{name:<10} {config:<25} {r['throughput']:>11.4g} {entry['unit']:<9} {vs_best:>10} {vs_limit:>8} "
-                f"{r['first_batch_s']:>8.2f}s {r['peak_rss_mb']:>7.0f}MB {_megabytes(r.get('end_pss_mb')):>8} {r['cpu_s_per_item'] * 1e3:>8.3f}ms"
+                f"{r['first_batch_s']:>8.2f}s {r['peak_rss_mb']:>7.0f}MB {_megabytes(r.get('end_pss_mb')):>8} "
+                f"{r['cpu_s_per_item'] * 1e3:>8.3f}ms"
                 f" {_share(r.get('others_cpu_share')):>6}"
             )
     return "\n".join(lines)

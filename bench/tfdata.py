@@ -31,8 +31,9 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Callable
 from functools import partial
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch

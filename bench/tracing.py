@@ -25,13 +25,14 @@ import os
 import statistics
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-import torchpipe as tp  # noqa: E402
-from bench.workloads import tiny  # noqa: E402
-from torchpipe.core import iterator as base  # noqa: E402
+import torchpipe as tp
+from bench.workloads import tiny
+from torchpipe.core import iterator as base
 
 ARMS = ("untraced code", "trace off", "trace on", "trace all")
 

@@ -25,9 +25,9 @@ from typing import Any
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-import torchpipe as tp  # noqa: E402
-from bench import data  # noqa: E402
-from bench.workloads import JpegSample  # noqa: E402
+import torchpipe as tp
+from bench import data
+from bench.workloads import JpegSample
 
 
 def run(out: str, images: int) -> None:
@@ -55,8 +55,10 @@ def render_chrome_trace(trace_path: str, png_path: str) -> None:
     main = min(processes, key=lambda p: 0 if processes[p].startswith("torchpipe pass") else 1)
     rows = sorted(names, key=lambda k: (k[0] != main, k[0], order.get(k, 0)))
     end = max(t + d for lane in spans.values() for t, d, _ in lane)
-    fig, axes = plt.subplots(1 + len(counters), 1, sharex=True, dpi=100, figsize=(14, 0.34 * len(rows) + 1.3 * len(counters) + 1.2),
-                             gridspec_kw={"height_ratios": [0.34 * len(rows) + 0.6] + [1.0] * len(counters)})  # fmt: skip
+    height = 0.34 * len(rows) + 1.3 * len(counters) + 1.2
+    ratios = [0.34 * len(rows) + 0.6] + [1.0] * len(counters)
+    fig, axes = plt.subplots(1 + len(counters), 1, sharex=True, dpi=100, figsize=(14, height),
+                             gridspec_kw={"height_ratios": ratios})  # fmt: skip
     ax = axes[0]
     palette = plt.get_cmap("tab10")
     colors: dict[str, Any] = {}

@@ -27,18 +27,19 @@ import argparse
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, TextIO
+from typing import Any, TextIO
 
 import psutil
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-import torchpipe as tp  # noqa: E402
-from bench import data  # noqa: E402
-from bench.measure import busy_cpu_seconds, usable_cpus  # noqa: E402
-from bench.workloads import JpegSample, Mapped  # noqa: E402
+import torchpipe as tp
+from bench import data
+from bench.measure import busy_cpu_seconds, usable_cpus
+from bench.workloads import JpegSample, Mapped
 
 WARMUP_STEPS = 5
 THUMBNAIL_STRIDE = 8  # 224 px crops -> 28 px thumbnails

@@ -17,7 +17,8 @@ import queue
 import socket
 import time
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 START_S = 60.0
 """How long the ranks may take to start and join their process group."""

@@ -11,12 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from bench import data
-from bench import markdown
+from bench import data, markdown, plot, run, suite
 from bench import peers as pr
-from bench import plot
-from bench import run
-from bench import suite
 from bench import targets as tg
 from bench import workloads as wl
 
@@ -90,7 +86,7 @@ def test_data_is_deterministic_and_reused(small):
     again = data.jpeg_files(3)
     assert again == first and [open(p, "rb").read() for p in again] == stamp
     docs, vocab = data.text_corpus(5)
-    assert len(docs) == 5 and "[PAD]" == vocab[0]
+    assert len(docs) == 5 and vocab[0] == "[PAD]"
 
 
 def test_same_work_for_dataloader_and_torchpipe(small):

@@ -1,17 +1,16 @@
 """torchpipe: tf.data-style input pipelines and a drop-in DataLoader for PyTorch."""
 
-from torchpipe import distributed
+from torchpipe import distributed, io
 from torchpipe.constants import AUTOTUNE, INFINITE, UNKNOWN
 from torchpipe.dataset import Dataset
-from torchpipe import io
 from torchpipe.errors import CheckpointError, DiskFullError, StallError, WorkerError
-from torchpipe.runtime.ray_executor import RayExecutor
 from torchpipe.io import TFRecordDataset, from_webdataset
 from torchpipe.io.load import load
 from torchpipe.loader import DataLoader, explain
 from torchpipe.ops.map import pure
 from torchpipe.options import AutotuneOptions, DistributeOptions, Options
 from torchpipe.randomness import rng
+from torchpipe.runtime.ray_executor import RayExecutor
 from torchpipe.sources import (
     choose_from_datasets,
     from_dataset,

@@ -15,11 +15,10 @@ from typing import Any
 import torch
 
 from torchpipe.constants import AUTOTUNE, INFINITE, UNKNOWN
+from torchpipe.core.node import Node
 from torchpipe.distributed.context import current_replica
 from torchpipe.distributed.workers import current_worker
 from torchpipe.graph import PassHistory, PipelineIterator, Plan, explain_plan
-from torchpipe.runtime.ray_executor import RayExecutor, resolve as resolve_ray
-from torchpipe.core.node import Node
 from torchpipe.ops.batch import (
     BatchNode,
     BucketBySequenceLengthNode,
@@ -33,17 +32,19 @@ from torchpipe.ops.device import DeviceNode, check_device
 from torchpipe.ops.filter import FilterNode, IgnoreErrorsNode, TakeWhileNode
 from torchpipe.ops.interleave.interleave import FlatMapNode, InterleaveNode
 from torchpipe.ops.map import EXECUTORS, MapNode
+from torchpipe.ops.passthrough import WithOptionsNode
 from torchpipe.ops.prefetch import PrefetchNode
-from torchpipe.storage.save import check_checkpoint_args, save
-from torchpipe.storage.saved_file import check_compression
+from torchpipe.ops.repeat import RepeatNode
+from torchpipe.ops.scan import EnumerateNode, ScanNode
+from torchpipe.ops.select import ShardNode, SkipNode, TakeNode
 from torchpipe.ops.shuffle import ShuffleNode
 from torchpipe.ops.snapshot import SnapshotNode
-from torchpipe.ops.scan import EnumerateNode, ScanNode
-from torchpipe.ops.repeat import RepeatNode
-from torchpipe.ops.select import ShardNode, SkipNode, TakeNode
-from torchpipe.ops.passthrough import WithOptionsNode
 from torchpipe.ops.window import WindowNode
 from torchpipe.options import Options
+from torchpipe.runtime.ray_executor import RayExecutor
+from torchpipe.runtime.ray_executor import resolve as resolve_ray
+from torchpipe.storage.save import check_checkpoint_args, save
+from torchpipe.storage.saved_file import check_compression
 
 
 class Dataset(torch.utils.data.IterableDataset):
@@ -66,7 +67,7 @@ class Dataset(torch.utils.data.IterableDataset):
         return {"_node": self._node}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["_node"])
+        self.__init__(state["_node"])  # type: ignore[misc]  # this class's own __init__
 
     # -- iteration and inspection ---------------------------------------------------------
     def __iter__(self) -> PipelineIterator:
@@ -122,7 +123,7 @@ class Dataset(torch.utils.data.IterableDataset):
         fn: Callable[..., Any],
         num_parallel_calls: int | None = None,
         deterministic: bool | None = None,
-        executor: str = "auto",
+        executor: str | RayExecutor = "auto",
         name: str | None = None,
         *,
         pure: bool = False,
@@ -181,7 +182,7 @@ class Dataset(torch.utils.data.IterableDataset):
         block_length: int = 1,
         num_parallel_calls: int | None = None,
         deterministic: bool | None = None,
-        executor: str = "auto",
+        executor: str | RayExecutor = "auto",
     ) -> Dataset:
         """Map each element to a Dataset and interleave them, tf.data's order.
 

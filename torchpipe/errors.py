@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+from typing import Any
 
 
 def add_note(exc: BaseException, note: str) -> None:
@@ -38,7 +39,7 @@ class WorkerError(RuntimeError):
         self.pid = pid
         self.how = how
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, ...]:
         return type(self), (self.args[0], self.pid, self.how)
 
 
@@ -57,7 +58,7 @@ class StallError(RuntimeError):
         self.seq = seq
         self.where = where
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, ...]:
         return type(self), (self.args[0], self.stage, self.seq, self.where)
 
 
@@ -75,7 +76,7 @@ class DataLossError(ValueError):
         self.path = path
         self.offset = offset
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, ...]:
         return type(self), (self.args[0], self.path, self.offset)
 
 
@@ -107,6 +108,6 @@ class DiskFullError(OSError):
     def __str__(self) -> str:
         return self.message
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, ...]:
         # The state keeps PEP 678 notes (the stage that stored, the worker's traceback).
         return type(self), (self.message, self.errno, self.stage, self.filename, self.written), self.__dict__

@@ -7,7 +7,7 @@ rebuilt, so a namedtuple stays that namedtuple and a dict keeps its key order.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 
@@ -48,7 +48,7 @@ def _rebuild_mapping(template: Mapping, children: list[Any]) -> Mapping:
     if type(template) is dict:
         return dict(pairs)
     try:
-        return type(template)(pairs)
+        return type(template)(pairs)  # type: ignore[call-arg]  # a TypeError falls back to dict
     except TypeError:
         return dict(pairs)
 
@@ -82,7 +82,7 @@ def pack_as(template: Any, leaves: list[Any], lists: bool = True) -> Any:
 _END = object()
 
 
-def _pack(template: Any, it, lists: bool) -> Any:
+def _pack(template: Any, it: Iterator[Any], lists: bool) -> Any:
     if not is_container(template, lists):
         try:
             return next(it)

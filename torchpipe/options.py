@@ -82,7 +82,7 @@ class DistributeOptions:
                              f"(got rank={self.rank!r}, world_size={self.world_size!r})")  # fmt: skip
         if self.world_size is not None and self.world_size < 1:
             raise ValueError(f"DistributeOptions.world_size must be >= 1, got {self.world_size}")
-        if self.rank is not None and not 0 <= self.rank < self.world_size:
+        if self.rank is not None and self.world_size is not None and not 0 <= self.rank < self.world_size:
             raise ValueError(f"DistributeOptions.rank must be in [0, {self.world_size}), got {self.rank}")
 
 

@@ -12,10 +12,10 @@ import torch
 
 from torchpipe import nest
 from torchpipe.dataset import Dataset, _check_bool, _check_dataset, _check_int, _check_seed
-from torchpipe.runtime.ray_actors import require_ray
-from torchpipe.ops.combine import ChooseFromDatasetsNode, SampleFromDatasetsNode, ZipNode
 from torchpipe.integrations.ray_data import ray_source
+from torchpipe.ops.combine import ChooseFromDatasetsNode, SampleFromDatasetsNode, ZipNode
 from torchpipe.ops.source_nodes import FileListNode, FromDatasetNode, FromIterableNode, RangeNode, TensorSlicesNode
+from torchpipe.runtime.ray_actors import require_ray
 
 
 def from_ray(dataset: Any) -> Dataset:
@@ -224,7 +224,7 @@ def _normalized_weights(weights: Any, n: int) -> list[float]:
     values = weights.tolist() if hasattr(weights, "tolist") else list(weights)
     if len(values) != n:
         raise ValueError(f"sample_from_datasets: expected {n} weights, got {len(values)}")
-    if not all(isinstance(w, numbers.Real) and w >= 0 for w in values):
+    if not all(isinstance(w, numbers.Real) and float(w) >= 0 for w in values):
         raise ValueError(f"sample_from_datasets: weights must be non-negative numbers, got {values}")
     total = float(sum(values))
     if total <= 0:

@@ -4,9 +4,8 @@ import math
 
 import pytest
 
-from torchpipe.autotune.model import cpu_cores, empty_probability, memory_bytes, predict_time, segments
-
 from tests.autotune.simulated import pipeline
+from torchpipe.autotune.model import cpu_cores, empty_probability, memory_bytes, predict_time, segments
 
 
 def test_empty_probability_of_small_queues():

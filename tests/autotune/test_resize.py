@@ -5,12 +5,11 @@ import itertools
 import pytest
 
 import torchpipe as tp
+from tests.trees import find_stage
 from torchpipe.ops.interleave.interleave import InterleaveIterator
 from torchpipe.ops.interleave.readers import read_ahead_items
 from torchpipe.ops.parallel_map import ParallelMapIterator
 from torchpipe.ops.prefetch import PrefetchIterator
-
-from tests.trees import find_stage
 
 NO_TUNER = tp.Options(autotune=tp.AutotuneOptions(enabled=False), optimizations={"inject_prefetch": False})
 

@@ -6,13 +6,12 @@ import pytest
 import torch
 
 import torchpipe as tp
+from tests.autotune.simulated import Fake
+from torchpipe.autotune.autotuner import Autotuner, ConsumerClock
 from torchpipe.autotune.live import Model
 from torchpipe.autotune.model import Knob, Stage
-from torchpipe.autotune.autotuner import Autotuner, ConsumerClock
 from torchpipe.autotune.tuner import Budget
 from torchpipe.core.stats import LiveKnob
-
-from tests.autotune.simulated import Fake
 
 
 def _window(map_s, throughput, step_s=1e-4, cpu=0.05, parallelism=1):

@@ -3,7 +3,7 @@
 import inspect
 
 import torchpipe as tp
-import torchpipe.loader.workers  # noqa: F401 - its stage is one of them
+import torchpipe.loader.workers
 from torchpipe.autotune.live import build_model, look, start_look
 from torchpipe.autotune.tunable import BUFFER, POOL, Tunable
 from torchpipe.core.iterator import Iterator

@@ -4,10 +4,9 @@ import itertools
 
 import pytest
 
+from tests.autotune import simulated
 from torchpipe.autotune.model import Knob, cpu_cores, memory_bytes, predict_time
 from torchpipe.autotune.tuner import CPU_TOLERANCE, Budget, backoff_intervals, hill_climb
-
-from tests.autotune import simulated
 
 KNOBS = [Knob("p", 1, 1, 64), Knob("depth", 1, 1, 256)]
 

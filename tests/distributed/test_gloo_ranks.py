@@ -14,8 +14,8 @@ import sys
 import pytest
 
 import torchpipe as tp
-from tests.distributed import scenarios
 from tests.cluster import Cluster, free_port
+from tests.distributed import scenarios
 from torchpipe.distributed.reshard import reshard_states
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -14,12 +14,12 @@ import torch
 from torch.utils.data.distributed import DistributedSampler
 
 import torchpipe as tp
+from tests.workers import as_torch_worker
 from torchpipe.distributed.context import current_replica, current_shard
-from torchpipe.distributed.reshard import reshard_states
 from torchpipe.distributed.files import shard_files
 from torchpipe.distributed.nodes import ReplicaShard
+from torchpipe.distributed.reshard import reshard_states
 from torchpipe.testing import assert_checkpoint_roundtrip
-from tests.workers import as_torch_worker
 
 
 class Numbers(torch.utils.data.Dataset):
@@ -146,7 +146,7 @@ def test_known_lengths_that_differ_are_cut_to_the_shortest_or_padded_to_the_long
     assert [len(s) for s in shares(make, 2, uneven="drop")] == [2, 2]
     padded = [on_rank(make(), rank, 2, uneven="pad") for rank in range(2)]
     assert [len(list(ds)) for ds in padded] == [3, 3] and len(padded[1]) == 3
-    assert list(padded[1])[2] == list(padded[1])[0]  # padded from the start of its pass
+    assert list(padded[1])[2] == list(padded[1])[0]  # noqa: RUF015 - padded from the start of its pass
 
 
 def test_equal_lengths_resume_exactly(tmp_path):
@@ -168,7 +168,7 @@ def test_ranks_times_workers_split_once_and_a_rank_keeps_its_share():
             ds = on_rank(make(), rank, 2)  # each worker its own copy, in the same epoch
             with as_torch_worker(worker, 3):
                 per_worker.append(flat(ds))
-                assert "[rank %d of 2 x torch worker %d of 3]" % (rank, worker) in ds.explain()
+                assert f"[rank {rank} of 2 x torch worker {worker} of 3]" in ds.explain()
         with_workers.append(per_worker)
     once_each([share for rank in with_workers for share in rank], range(24))
     for rank in range(2):

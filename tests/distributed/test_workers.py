@@ -12,8 +12,8 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 import torchpipe as tp
-from torchpipe.testing import assert_checkpoint_roundtrip
 from tests.workers import as_torch_worker
+from torchpipe.testing import assert_checkpoint_roundtrip
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -266,7 +266,7 @@ def test_code_that_asked_get_worker_info_is_warned_at_the_first_element_naming_b
         with warnings.catch_warnings(record=True) as at_iter:
             warnings.simplefilter("always")
             explained = ds.explain()
-        with pytest.warns(UserWarning) as caught:
+        with pytest.warns(UserWarning) as caught:  # noqa: PT030 - its text is checked below
             first = next(it)
         rest = list(it)
     assert not at_iter and first == 0 and rest == list(range(1, 12))  # not split again: every element

@@ -4,12 +4,11 @@ import pytest
 import torch
 
 import torchpipe as tp
+from tests.graph.passes.toggle import unoptimized
 from torchpipe.errors import CheckpointError
 from torchpipe.graph.optimizer import PASSES
 from torchpipe.options import OPTIMIZATIONS
 from torchpipe.testing import assert_checkpoint_roundtrip, assert_same_elements
-
-from tests.graph.passes.toggle import unoptimized
 
 
 def test_passes_run_in_the_documented_order():

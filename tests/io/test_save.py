@@ -14,10 +14,10 @@ import pytest
 import torch
 
 import torchpipe as tp
-from tests.io import saving_jobs
 from tests.disk_limits import no_room, payload  # noqa: F401 - no_room is a fixture
-from torchpipe.storage.saved_file import ENTRY, MANIFEST, SavedFormatError, lock_directory
+from tests.io import saving_jobs
 from torchpipe.runtime.cpu import usable_cpu_count
+from torchpipe.storage.saved_file import ENTRY, MANIFEST, SavedFormatError, lock_directory
 from torchpipe.testing import assert_checkpoint_roundtrip, assert_elements_equal, assert_same_elements
 
 Point = namedtuple("Point", ["x", "y"])
@@ -211,7 +211,7 @@ def test_one_save_at_a_time(tmp_path):
 
 
 def test_an_unpicklable_element_fails_the_save_naming_it(tmp_path):
-    with pytest.raises(Exception) as error:  # noqa: B017 - pickle's own error type
+    with pytest.raises(Exception) as error:
         tp.range(5).map(lambda i: (lambda: i) if i == 3 else i).save(tmp_path / "s")
     assert "while writing element 3" in "\n".join(getattr(error.value, "__notes__", []))
     with pytest.raises(FileNotFoundError):

@@ -3,19 +3,19 @@ import pickle
 import signal
 import subprocess
 import sys
-import types
 import time
+import types
 import warnings
 
 import pytest
 import torch
 
 import torchpipe as tp
-from tests.io import saving_jobs
 from tests.disk_limits import no_room, payload  # noqa: F401 - no_room is a fixture
+from tests.io import saving_jobs
 from tests.io.test_save import ROOT, every_structure
-from torchpipe.storage.saved_file import MANIFEST
 from torchpipe.ops.snapshot import SnapshotNode
+from torchpipe.storage.saved_file import MANIFEST
 from torchpipe.testing import assert_checkpoint_roundtrip, assert_same_elements
 
 

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 import torchpipe as tp
-from torchpipe.autotune.live import Counters, Look
 from torchpipe.autotune.autotuner import Autotuner, ConsumerClock
+from torchpipe.autotune.live import Counters, Look
 from torchpipe.autotune.tuner import Budget
-from torchpipe.loader.workers import WorkerIterator, _WorkersStage
 from torchpipe.core.stats import LiveKnob
+from torchpipe.loader.workers import WorkerIterator, _WorkersStage
 from torchpipe.runtime.cpu import usable_cpu_count
 from torchpipe.runtime.policy import INLINE, PROCESS, THREAD
 from torchpipe.runtime.timing import CallTiming

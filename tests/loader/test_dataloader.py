@@ -152,8 +152,8 @@ class Marked(torch.utils.data.Dataset):
 def test_worker_init_fn_runs_once_per_worker_and_persistent_workers_stay():
     loader = tp.DataLoader(Marked(), batch_size=2, num_workers=2, worker_init_fn=init_marker,
                            persistent_workers=True, generator=torch.Generator().manual_seed(0))
-    first = [b for b in loader]
-    second = [b for b in loader]
+    first = list(loader)
+    second = list(loader)
     pids = {int(p) for b in first for p in b[0]}
     assert len(pids) == 2 and pids == {int(p) for b in second for p in b[0]}
     assert all(marks in ((0,), (1,)) for b in first for marks in zip(*b[1]))

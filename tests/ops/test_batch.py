@@ -192,7 +192,8 @@ class Pulls:
 @pytest.mark.parametrize("make, pads, error, message", [
     (lambda: ramps(), "x", TypeError,
      r"^padded_batch: padding_values for element \(a tensor of dtype torch.int64\) expected a number, got str 'x'"),
-    (lambda: tp.range(5), b"x", TypeError, r"^padded_batch: padding_values for element \(a Python int\) expected a number"),
+    (lambda: tp.range(5), b"x", TypeError,
+     r"^padded_batch: padding_values for element \(a Python int\) expected a number"),
     (lambda: tp.range(5).map(lambda x: (np.zeros(x, np.float32), str(x))), ("x", 0), TypeError,
      r"padding_values for element\[0\] \(a numpy value of dtype float32\) expected a number, got str"),
     (lambda: ramps(), 1.5, ValueError, r"^padded_batch: padding value 1.5 for element does not fit its dtype"),

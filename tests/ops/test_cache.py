@@ -217,7 +217,7 @@ def test_an_unwritable_directory_fails_at_the_call_unless_a_file_is_there_to_rep
     assert list(tp.range(3).cache(path)) == [0, 1, 2]
     monkeypatch.setattr(os, "access", lambda p, mode: False)  # root may write anywhere; chmod cannot show it
     assert list(tp.range(3).cache(path)) == [0, 1, 2]  # a replay writes nothing
-    with pytest.raises(PermissionError, match=rf"^cache: cannot write cache file .*/d': directory .* is not writable"):
+    with pytest.raises(PermissionError, match=r"^cache: cannot write cache file .*/d': directory .* is not writable"):
         tp.range(3).cache(tmp_path / "d")
 
 

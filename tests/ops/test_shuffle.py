@@ -224,18 +224,20 @@ def test_a_buffer_holding_elements_of_another_structure_is_a_checkpoint_error_at
         iter(ds).load_state_dict(state)
 
 
+# fmt: off
 @pytest.mark.parametrize("make", [
     lambda: _pairs(),  # shapes vary
     lambda: tp.from_iterable(["a", "bcd", "", "ef" * 9]),  # ragged strings
     lambda: tp.from_iterable([{"a": 1}, {"a": 1, "b": "x"}, {"b": 2.0}, [1, 2], [3], None, torch.zeros(2, 2),
-                              np.zeros(3, np.uint8), torch.zeros(1, dtype=torch.int8), (1, "a")]),  # fmt: skip
+                              np.zeros(3, np.uint8), torch.zeros(1, dtype=torch.int8), (1, "a")]),
     lambda: tp.from_iterable([list(range(i * 40)) for i in range(6)]),  # long lists
-])  # fmt: skip
+])
 def test_states_whose_elements_legitimately_vary_load(make):
     ds = make().shuffle(4, seed=1)
     assert_checkpoint_roundtrip(ds, max_elements=12)
     state = _state_mid_buffer(ds, taken=3)
     iter(ds).load_state_dict(state)
+# fmt: on
 
 
 def test_a_state_without_a_recorded_structure_loads_unchecked():

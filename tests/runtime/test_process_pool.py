@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from torchpipe.errors import WorkerError
 from tests.processes import wait_dead
 from tests.runtime.alignment import data_addresses, misaligned
+from torchpipe.errors import WorkerError
 from torchpipe.runtime import worker
 from torchpipe.runtime.codec_pickle import RAW_MIN
 from torchpipe.runtime.columns import to_columns

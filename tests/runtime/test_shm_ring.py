@@ -215,11 +215,10 @@ def test_commit_only_the_outstanding_reservation():
 
 
 def test_attach_validates_the_header():
-    with ShmRing.create(PAGE) as ring:
-        with ShmRing.attach(os.dup(ring.fd)) as other:
-            assert other.capacity == ring.capacity
-            assert put(ring, b"shared") == (0, 6)
-            assert bytes(other.view(0, 6)) == b"shared"
+    with ShmRing.create(PAGE) as ring, ShmRing.attach(os.dup(ring.fd)) as other:
+        assert other.capacity == ring.capacity
+        assert put(ring, b"shared") == (0, 6)
+        assert bytes(other.view(0, 6)) == b"shared"
     cases = {
         b"\0" * 64: "less than a header",
         b"NOTARING" + bytes(PAGE): "bad magic",
@@ -273,9 +272,8 @@ def test_one_off_segment_any_size():
             segment.buffer[:] = b"q" * nbytes
             with OneOffSegment.attach(os.dup(segment.fd), nbytes) as other:
                 assert bytes(other.buffer) == b"q" * nbytes
-    with OneOffSegment.create(10) as segment:
-        with pytest.raises(ValueError, match="cannot hold"):
-            OneOffSegment.attach(segment.fd, 11)
+    with OneOffSegment.create(10) as segment, pytest.raises(ValueError, match="cannot hold"):
+        OneOffSegment.attach(segment.fd, 11)
     with pytest.raises(ValueError, match="nbytes"):
         OneOffSegment.create(-1)
 

@@ -169,7 +169,9 @@ class Autotuner:
         may_lower = now <= 0 or 1.0 / now <= _UNEXPLAINED * model.throughput
         knobs = [self._search_range(k, model.tunable, may_lower) for k in model.knobs]
         values = hill_climb(model.stages, knobs, self.budget)
-        raised, lowered, changed = {}, {}, []
+        raised: dict[str, int] = {}
+        lowered: dict[str, int] = {}
+        changed: list[str] = []
         for name in sorted(model.tunable):
             live = self._live.get(name)
             if live is None or values[name] == live.value:

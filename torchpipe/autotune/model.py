@@ -75,7 +75,8 @@ def empty_probability(ratio: float, slots: int) -> float:
 
 def segments(stages: list[Stage]) -> list[tuple[list[Stage], str | None]]:
     """The stages grouped into segments: runs of stages ending at a buffer (or at the end)."""
-    out, current = [], []
+    out: list[tuple[list[Stage], str | None]] = []
+    current: list[Stage] = []
     for stage in stages:
         current.append(stage)
         if stage.buffer is not None:

@@ -10,9 +10,9 @@ import os
 from typing import Any
 
 from torchpipe.autotune import tunable
+from torchpipe.autotune.autotuner import Decision
 from torchpipe.autotune.live import CONSUMER, Look, build_model, caller_seconds, look, walk
 from torchpipe.autotune.model import bottleneck
-from torchpipe.autotune.autotuner import Decision
 from torchpipe.autotune.tunable import POOL
 from torchpipe.core.iterator import Iterator
 from torchpipe.runtime.tracing import TraceSnapshot
@@ -24,11 +24,12 @@ WAITING_LIMIT = 0.2
 class PipelineStats(list):
     """The stages' stats, root first, each a dict; ``print()`` it for the report.
 
-    Each dict has ``stage`` (its name), ``depth`` (0 for the root), ``produced``, ``throughput`` (elements/s over the pass), ``self_s``
-    (seconds of its own work per element, on whatever thread or worker ran it), and where they
-    apply ``wait_ratio`` (share of its consumer's time in ``next()`` spent waiting on it),
-    ``occupancy`` (mean fill of its buffer / its capacity), ``knobs`` (AUTOTUNE values now) and the op's own
-    counters (``errors_ignored``, ``inner_datasets``).
+    Each dict has ``stage`` (its name), ``depth`` (0 for the root), ``produced``, ``throughput``
+    (elements/s over the pass), ``self_s`` (seconds of its own work per element, on whatever thread
+    or worker ran it), and where they apply ``wait_ratio`` (share of its consumer's time in
+    ``next()`` spent waiting on it), ``occupancy`` (mean fill of its buffer / its capacity),
+    ``knobs`` (AUTOTUNE values now) and the op's own counters (``errors_ignored``,
+    ``inner_datasets``).
 
     Attributes:
         seconds: since the pass started.

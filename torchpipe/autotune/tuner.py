@@ -3,7 +3,8 @@
 At each step every knob is tried one notch up (parallelism +1; a buffer doubled), and the move that
 cuts the predicted time per element most is taken, as long as the pipeline stays within its
 budgets: the cores it would keep busy (the consumer's own share counts; ``CPU_TOLERANCE`` over is
-allowed) and the bytes its buffers and in-flight elements would hold. The climb stops when no move gains at least ``min_gain``.
+allowed) and the bytes its buffers and in-flight elements would hold. The climb stops when no move
+gains at least ``min_gain``.
 Knobs never go below their current value unless a budget is exceeded, in which case the most
 memory- or CPU-hungry knob is brought down first.
 """
@@ -102,7 +103,7 @@ def _shrink_to_budget(stages: list[Stage], values: dict[str, int], knobs: dict[s
 
         def saving(name: str) -> float:
             lowered = {**values, name: _down(values[name], knobs[name], name in buffers)}
-            if over_ram:
+            if over_ram:  # noqa: B023 - max() calls it in this iteration
                 return memory_bytes(stages, values) - memory_bytes(stages, lowered)
             return cpu_cores(stages, values) - cpu_cores(stages, lowered)
 

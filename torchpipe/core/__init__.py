@@ -28,8 +28,8 @@ from torchpipe.core.function import UserFunction
 from torchpipe.core.iterator import Iterator, PassThroughIterator
 from torchpipe.core.node import AUTOTUNE_SYMBOL, Node, Symbol, function_name
 from torchpipe.core.position_log import PositionLog
-from torchpipe.core.tunable import Tunable
 from torchpipe.core.state import check_bool, check_int, check_state
+from torchpipe.core.tunable import Tunable
 
 __all__ = [
     "AUTOTUNE_SYMBOL",

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-
+from torchpipe.core.stats import LiveKnob
+from torchpipe.core.tunable import Tunable
 from torchpipe.options import Options
 from torchpipe.randomness import mix_seed
-from torchpipe.core.tunable import Tunable
 from torchpipe.runtime.tracing import STAGE, TraceLog
 
 if TYPE_CHECKING:  # a node builds its iterator with a context: the three refer to each other
     from torchpipe.core.iterator import Iterator
     from torchpipe.core.node import Node
+
+_IteratorT = TypeVar("_IteratorT", bound="Iterator")
 
 
 # Markers inside seed paths, so that (child 1) and (inner dataset of element 1) never collide.
@@ -81,7 +83,7 @@ class BuildContext:
         ctx = node.input_context(self, index)
         return ctx.traced(node.inputs[index].build(ctx))
 
-    def traced(self, iterator: Iterator) -> Iterator:
+    def traced(self, iterator: _IteratorT) -> _IteratorT:
         """``iterator`` (built with this context), recording into the pass's trace if it has one.
 
         Its stage gets a track named by its position in the graph, so the readers an interleave
@@ -94,7 +96,8 @@ class BuildContext:
                 iterator.stats.clock_all_s = -1.0
             if iterator.stats.calls is not None and iterator.stats.calls.trace is None:
                 iterator.stats.calls.trace = self.trace.calls(iterator.name, order)
-            for knob in iterator.knobs() if isinstance(iterator, Tunable) else ():
+            knobs: list[LiveKnob] = iterator.knobs() if isinstance(iterator, Tunable) else []
+            for knob in knobs:
                 knob.trace = self.trace.counter
                 self.trace.counter(knob.name, knob.value)
         return iterator

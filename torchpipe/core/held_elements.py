@@ -21,8 +21,8 @@ reads it:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import numpy as np
 import torch

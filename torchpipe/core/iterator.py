@@ -6,12 +6,10 @@ import abc
 import time
 from typing import Any
 
-
-from torchpipe.errors import CheckpointError
 from torchpipe.core.state import check_bool, check_int, check_state
 from torchpipe.core.stats import IteratorStats
 from torchpipe.core.tunable import Tunable
-
+from torchpipe.errors import CheckpointError
 
 _NEW, _RUNNING, _CLOSED = range(3)
 

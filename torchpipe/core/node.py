@@ -5,7 +5,6 @@ from __future__ import annotations
 import abc
 from typing import TYPE_CHECKING, Any, ClassVar
 
-
 from torchpipe.constants import UNKNOWN
 
 if TYPE_CHECKING:

@@ -6,7 +6,6 @@ import threading
 from collections import deque
 from typing import Any
 
-
 from torchpipe.core.iterator import Iterator
 from torchpipe.core.state import check_int, check_state, is_int
 from torchpipe.errors import CheckpointError
@@ -52,7 +51,7 @@ class PositionLog:
             except StopIteration:
                 self._latest = self.source.state_dict()
                 raise
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - returned, to take the element's place in the order
                 error = e
             after = self.source.state_dict()
             with self._lock:
@@ -87,6 +86,7 @@ class PositionLog:
 
         For inputs pulled and delivered in order, as an inner reader's are (nothing skipped)."""
         with self._lock:
+            assert self._latest is not None  # set by the first pull
             return self._before.get(seq + 1, self._latest)
 
     def state(self) -> dict[str, Any]:

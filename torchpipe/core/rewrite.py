@@ -8,7 +8,7 @@ changed; a node reachable along two paths is rewritten once.
 from __future__ import annotations
 
 import copy
-from typing import Callable
+from collections.abc import Callable
 
 from torchpipe.core.node import Node
 

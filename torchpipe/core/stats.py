@@ -12,7 +12,8 @@ from __future__ import annotations
 import math
 import random
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -46,8 +47,9 @@ class IteratorStats:
         counters: op-specific counters (``errors_ignored``, ``inner_datasets``, ...).
     """
 
-    __slots__ = ("produced", "_busy_s", "unclocked", "_weight", "wait_s", "calls", "blocked_output_s", "occupancy_sum", "occupancy_n",
-                 "capacity", "bytes_sum", "bytes_n", "counters", "trace", "clock_all_s")  # fmt: skip
+    __slots__ = ("produced", "_busy_s", "unclocked", "_weight", "wait_s", "calls", "blocked_output_s",
+                 "occupancy_sum", "occupancy_n", "capacity", "bytes_sum", "bytes_n", "counters", "trace",
+                 "clock_all_s")  # fmt: skip
 
     def __init__(self) -> None:
         self.produced = 0

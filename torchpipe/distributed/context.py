@@ -72,9 +72,9 @@ def _noted_get_worker_info(info: Any) -> None:
 
 
 def _get_worker_info() -> Any:  # the body torch's get_worker_info() runs (see _watch_get_worker_info)
-    if _worker_info is not None:  # noqa: F821 - a global of torch's worker module, where this runs
-        _torchpipe_noted_get_worker_info(_worker_info)  # noqa: F821
-    return _worker_info  # noqa: F821
+    if _worker_info is not None:  # type: ignore[name-defined]  # noqa: F821 - a global of torch's worker module, where this runs
+        _torchpipe_noted_get_worker_info(_worker_info)  # type: ignore[name-defined]  # noqa: F821
+    return _worker_info  # type: ignore[name-defined]  # noqa: F821
 
 
 def _watch_get_worker_info() -> bool:
@@ -90,7 +90,7 @@ def _watch_get_worker_info() -> bool:
     code, ours = fn.__code__, _get_worker_info.__code__
     if code.co_names not in (("_worker_info",), ours.co_names) or code.co_argcount:
         return False  # another torch's reader: leave it alone
-    torch_worker._torchpipe_noted_get_worker_info = _noted_get_worker_info
+    torch_worker._torchpipe_noted_get_worker_info = _noted_get_worker_info  # type: ignore[attr-defined]
     names = {key: getattr(code, key) for key in ("co_name", "co_qualname", "co_filename") if hasattr(code, key)}
     fn.__code__ = ours.replace(**names)
     return True
@@ -129,7 +129,7 @@ def current_replica(options: DistributeOptions | None = None) -> Replica | None:
     if options.policy == "off":
         return None
     group = _group_rank()
-    if options.rank is not None:
+    if options.rank is not None and options.world_size is not None:  # given together (DistributeOptions)
         rank, world = options.rank, options.world_size
     elif group is not None:
         rank, world = group

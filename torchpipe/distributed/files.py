@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-
 from torchpipe.distributed.context import current_shard, note_split_by_hand, worker_info
 from torchpipe.distributed.nodes import ReplicaShard
 from torchpipe.ops.source_nodes import SplitFileList

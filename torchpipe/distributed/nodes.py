@@ -18,11 +18,11 @@ import dataclasses
 from typing import Any, Protocol
 
 from torchpipe.constants import INFINITE, UNKNOWN
-from torchpipe.errors import CheckpointError
 from torchpipe.core.context import BuildContext
 from torchpipe.core.iterator import Iterator
 from torchpipe.core.node import Node
 from torchpipe.core.state import check_bool, check_int, check_state
+from torchpipe.errors import CheckpointError
 from torchpipe.ops.source_nodes import DatasetFetch
 
 
@@ -452,8 +452,9 @@ class EqualizeIterator(Iterator):
                 element, has = next(self._source), True
             except StopIteration:
                 pass
-            except Exception as e:  # an element that raised still takes its step, so ranks stay in step
+            except Exception as e:  # noqa: BLE001 - an element that raised still takes its step, so ranks stay in step
                 error, has = e, True
+        assert node.agreement is not None  # checked at build: no target, so an agreement
         go_on = node.agreement.all(has) if node.uneven == "drop" else node.agreement.any(has)
         if not go_on:
             self._ended = True

@@ -34,14 +34,14 @@ from __future__ import annotations
 import dataclasses
 
 from torchpipe.constants import INFINITE, UNKNOWN
-from torchpipe.distributed.collectives import PassGroup
-from torchpipe.distributed.context import Replica
-from torchpipe.core.rewrite import rewrite_bottom_up, with_attrs, with_inputs
-from torchpipe.distributed.workers import WorkerShard, shards_at_source, sources_of, split_for_worker, user_shards
 from torchpipe.core.context import RANK_MARK
 from torchpipe.core.node import Node
-from torchpipe.ops.batch import BatchNode, PaddedBatchNode, RebatchNode
+from torchpipe.core.rewrite import rewrite_bottom_up, with_attrs, with_inputs
+from torchpipe.distributed.collectives import PassGroup
+from torchpipe.distributed.context import Replica
 from torchpipe.distributed.nodes import EqualizeNode, FetchNode, ReplicaShard, ReplicaShardNode, SplitFilesNode
+from torchpipe.distributed.workers import WorkerShard, shards_at_source, sources_of, split_for_worker, user_shards
+from torchpipe.ops.batch import BatchNode, PaddedBatchNode, RebatchNode
 from torchpipe.ops.interleave.interleave import FlatMapNode, InterleaveNode
 from torchpipe.ops.shuffle import ShuffleNode
 from torchpipe.ops.source_nodes import FileListNode, FileOpener, FromDatasetNode, IndicesNode
@@ -93,7 +93,8 @@ class Distribution:
 @dataclasses.dataclass(frozen=True)
 class Placement:
     """Where the shard goes: ``level`` (``data``, ``file``, ``output``; ``manual`` where the
-    pipeline shards itself, by the ``shard`` op ``top`` or a list of files split by hand, ``whole`` where its files are marked to be read whole on every rank,
+    pipeline shards itself, by the ``shard`` op ``top`` or a list of files split by hand, ``whole``
+    where its files are marked to be read whole on every rank,
     ``given`` where its source is the rank's share already: a Ray Train worker's),
     above ``top`` (whose source is ``source``), and why. ``shuffled``: the files below were
     shuffled with the pipeline seed (``tp.io.split_files(shuffled=True)``)."""
@@ -112,6 +113,7 @@ class Placement:
         if self.level == "output":
             return ReplicaShardNode(root, shard, "output", uneven)
         source, top = self.source, self.top
+        assert source is not None and top is not None  # set for a "file" or "element" split
         if isinstance(source, FromDatasetNode) and top is not source:
             # indices below the shard, dataset[i] read above it: a rank reads only its share
             below = _replace(top, source, IndicesNode(source))
@@ -153,6 +155,7 @@ class Placement:
             return (f"{who} runs the whole pipeline ({self.why}) with a seed the ranks share and keeps one element "
                     f"in {shards} of the output")  # fmt: skip
         what = "file" if self.level == "file" else "element"
+        assert self.source is not None and self.top is not None  # set for a "file" or "element" split
         over = "" if self.top is self.source else f" over {self.source.label()}"
         reads = " (indices: dataset[i] is read above the shard, for its share only)" if (
             isinstance(self.source, FromDatasetNode) and self.top is not self.source) else ""  # fmt: skip

@@ -7,10 +7,9 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
-
 from torchpipe.core.node import Node, node_classes
-from torchpipe.errors import CheckpointError
 from torchpipe.distributed.nodes import SHARD_STATE_KEYS, EqualizeNode
+from torchpipe.errors import CheckpointError
 
 
 # -- elastic resume -----------------------------------------------------------------------------------
@@ -101,7 +100,7 @@ class _OldShard:
         state = copy.deepcopy(self.state)
         parent, node = state, state["pipeline"]
         for key in self.path:
-            if isinstance(node, dict) and _EQUALIZE_KEYS <= set(node):
+            if isinstance(node, dict) and set(node) >= _EQUALIZE_KEYS:
                 node["yielded"], node["wraps"] = 0, 0  # the new ranks' passes are as long as each other's
             parent, node = node, node[key]
         shard = dict(input=node["input"], position=resume, world_size=world_size, rank=rank, num_workers=1,
@@ -181,18 +180,19 @@ def _check_ops(ops: Any) -> None:
         for op in line:
             if op.split("(", 1)[0] not in allowed:
                 raise CheckpointError(f"reshard_states: {op} {where} the rank shard holds or makes elements a "
-                                      f"resharded rank could not take over; allowed {where} it: {sorted(allowed)}")  # fmt: skip
+                                      f"resharded rank could not take over; allowed {where} it: "
+                                      f"{sorted(allowed)}")  # fmt: skip
 
 
 def _check_nothing_held(old: _OldShard) -> None:
     node: Any = old.state["pipeline"]
     for key in old.path:
-        if isinstance(node, dict) and _LOG_KEYS <= set(node) and node["skip"]:
+        if isinstance(node, dict) and set(node) >= _LOG_KEYS and node["skip"]:
             raise CheckpointError(
                 f"reshard_states: rank {old.shard['rank']}'s parallel map delivered elements out of order "
                 "(deterministic=False); reshard states taken with deterministic=True"
             )
-        if isinstance(node, dict) and _EQUALIZE_KEYS <= set(node) and node["wraps"]:
+        if isinstance(node, dict) and set(node) >= _EQUALIZE_KEYS and node["wraps"]:
             raise CheckpointError(
                 f"reshard_states: rank {old.shard['rank']} was already padding the end of its epoch with repeated "
                 "elements: nothing is left to reshard; start the next epoch on the new ranks instead"

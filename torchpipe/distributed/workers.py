@@ -34,14 +34,14 @@ from __future__ import annotations
 
 import dataclasses
 
-from torchpipe.distributed.context import WATCHING_GET_WORKER_INFO, split_by_hand, worker_info
-from torchpipe.core.rewrite import rewrite_bottom_up
 from torchpipe.core.context import BuildContext
 from torchpipe.core.node import Node
+from torchpipe.core.rewrite import rewrite_bottom_up
+from torchpipe.distributed.context import WATCHING_GET_WORKER_INFO, split_by_hand, worker_info
 from torchpipe.ops.cache import CacheNode
-from torchpipe.storage.fingerprint import ops_of
 from torchpipe.ops.select import ShardNode
 from torchpipe.randomness import mix_seed
+from torchpipe.storage.fingerprint import ops_of
 
 NAME = "worker_shard"
 
@@ -130,12 +130,12 @@ def split_between_workers(root: Node, worker: WorkerShard, policy: str, rank: tu
     return WorkerSplit(True, warning=_unseen_warning(worker))
 
 
-def user_shards(root: Node) -> list[Node]:
+def user_shards(root: Node) -> list[ShardNode]:
     """The ``shard`` ops the user wrote in ``root`` (a ``shard(1, 0)`` splits nothing)."""
     return [node for node in ops_of(root) if type(node) is ShardNode and node.num_shards > 1]
 
 
-def _splits_workers(shard: Node, worker: WorkerShard, rank: tuple[int, int]) -> bool:
+def _splits_workers(shard: ShardNode, worker: WorkerShard, rank: tuple[int, int]) -> bool:
     """Whether ``shard`` is this worker's share: of the workers, or of ranks x workers."""
     (r, world), (w, workers) = rank, (worker.index, worker.num_workers)
     split = (shard.num_shards, shard.index)

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from torchpipe.constants import INFINITE, UNKNOWN
-from torchpipe.distributed.ranks import describe as describe_distribution
-from torchpipe.graph.plan import Plan
-from torchpipe.distributed.workers import describe as describe_sharding
 from torchpipe.core.node import Node
+from torchpipe.distributed.ranks import describe as describe_distribution
+from torchpipe.distributed.workers import describe as describe_sharding
+from torchpipe.graph.plan import Plan
 from torchpipe.ops.passthrough import ElidedNode
 
 

@@ -20,19 +20,19 @@ yields (see docs/optimizer.md for what each assumes).
 
 from __future__ import annotations
 
+from torchpipe.core.node import Node
 from torchpipe.graph.passes import (
     filter_fusion,
     inject_prefetch,
     map_batch_fusion,
-    map_fusion,
     map_filter_fusion,
+    map_fusion,
     map_parallelization,
     noop_elimination,
     shuffle_repeat_fusion,
     source_pushdown,
     vectorize,
 )
-from torchpipe.core.node import Node
 from torchpipe.options import OPTIMIZATIONS, Options
 
 PASSES = (

@@ -11,24 +11,24 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from torchpipe.autotune.autotuner import Autotuner, ConsumerClock, Decision, live_knobs
 from torchpipe.autotune.live import Look, start_look
 from torchpipe.autotune.report import PipelineStats, pipeline_stats
-from torchpipe.autotune.autotuner import Autotuner, ConsumerClock, Decision, live_knobs
 from torchpipe.autotune.tuner import Budget
-from torchpipe.distributed.context import Replica, worker_info
-from torchpipe.distributed.collectives import broadcast_seed
-from torchpipe.errors import CheckpointError
-from torchpipe.distributed.ranks import Distribution, distribute
-from torchpipe.graph.optimizer import optimize
-from torchpipe.distributed.workers import WorkerShard, shard_for_worker, split_between_workers
 from torchpipe.core.context import BuildContext
 from torchpipe.core.iterator import Iterator
 from torchpipe.core.node import Node
 from torchpipe.core.state import check_int
-from torchpipe.storage.fingerprint import describe_ops, ops_of
+from torchpipe.distributed.collectives import broadcast_seed
+from torchpipe.distributed.context import Replica, worker_info
+from torchpipe.distributed.ranks import Distribution, distribute
+from torchpipe.distributed.workers import WorkerShard, shard_for_worker, split_between_workers
+from torchpipe.errors import CheckpointError
+from torchpipe.graph.optimizer import optimize
 from torchpipe.options import Options
 from torchpipe.randomness import fresh_seed
 from torchpipe.runtime.tracing import TUNER, TraceLog, Track
+from torchpipe.storage.fingerprint import describe_ops, ops_of
 
 _FORMAT = 3
 """Version 3 names each op as written with its parameters (version 2 had only the kinds)."""
@@ -70,7 +70,7 @@ class Plan:
         rank = (replica.rank, replica.world_size) if replica is not None else (0, 1)
         split = split_between_workers(root, worker, options.distribute.policy, rank) if worker is not None else None
         splitting = worker if split is not None and split.automatic else None
-        self.warning = split.warning if split is not None and worker.index == 0 else None  # one worker says it
+        self.warning = split.warning if split is not None and worker is not None and worker.index == 0 else None
         written, notes = root, [split.note] if split is not None and split.note else []
         if replica is not None:
             by_hand = split.shards if split is not None else ()
@@ -120,7 +120,7 @@ class Plan:
         if self.options.seed is not None:
             return self.options.seed
         if self.distribution is not None and self.distribution.shared_seed:
-            if not self.replica.connected:
+            if self.replica is None or not self.replica.connected:  # a distribution is a replica's
                 raise RuntimeError(
                     "this pipeline is split between ranks below a random op (a shuffle), so every rank must draw "
                     f"the same seed, and {_cannot_talk()} to share one: give the pipeline "
@@ -139,7 +139,7 @@ class Plan:
         group = self.distribution.group if self.distribution is not None else None
         if group is None:
             return None
-        if not self.replica.connected:
+        if self.replica is None or not self.replica.connected:  # a distribution is a replica's
             raise RuntimeError(
                 "this pipeline's length on each rank is not known ahead, so the ranks must agree where it ends "
                 f"(DistributeOptions(uneven={self.options.distribute.uneven!r})), and {_cannot_talk()}: "
@@ -250,7 +250,8 @@ class PipelineIterator:
         if tuner is not None and not tuner.started:
             tuner.start()  # with the first element: the tuner's first window starts there
         if self._warning is not None:
-            self._warning = _warn_once(self._warning)
+            _warn_once(self._warning)
+            self._warning = None
         clock.leave()
         if waits is not None:
             waits.span(t0, time.perf_counter())
@@ -352,7 +353,8 @@ _NOT_TRACED = ("this pass is not traced: run it with ds.with_options(tp.Options(
 
 def _record_round(log: TraceLog, track: Track, decision: Decision) -> None:
     log.instant(track, "autotune round", {"throughput": decision.throughput, "predicted": decision.predicted,
-                                          "bottleneck": decision.bottleneck, "changed": list(decision.changed)})  # fmt: skip
+                                          "bottleneck": decision.bottleneck,
+                                          "changed": list(decision.changed)})  # fmt: skip
 
 
 _WARNED: set[str] = set()

@@ -35,7 +35,8 @@ def ray_source(dataset: Any) -> RayDataNode:
     Raises:
         TypeError: if ``dataset`` is neither a ``ray.data.Dataset`` nor a ``DataIterator``.
     """
-    from ray.data import DataIterator, Dataset as RayDataset
+    from ray.data import DataIterator
+    from ray.data import Dataset as RayDataset
 
     if not isinstance(dataset, (RayDataset, DataIterator)):
         raise TypeError(f"from_ray: expected a ray.data.Dataset or a ray.data.DataIterator (a Ray Train "

@@ -45,7 +45,7 @@ def chrome_trace(snapshot: TraceSnapshot) -> dict[str, Any]:
 
     spans: dict[int, list[tuple[int, int]]] = defaultdict(list)
     events: list[dict[str, Any]] = []
-    for kind, track, t0, t1, name, args in snapshot.events:
+    for kind, track, t0, t1, _name, _args in snapshot.events:
         if kind == SPAN:
             spans[track].append((ns(t0), ns(t1)))
         elif kind == COUNTER:

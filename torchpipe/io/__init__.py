@@ -15,14 +15,13 @@ from torchpipe.io.example import (
     serialize_example,
     serialize_sequence_example,
 )
-from torchpipe.io.files import DataLossError, expand_braces
+from torchpipe.io.files import DataLossError, expand_braces, split_files
 from torchpipe.io.index import TFRecordRecords, tfrecord_index
-from torchpipe.io.remote import RemoteReadError, RetryPolicy
 from torchpipe.io.load import SavedDataset
-from torchpipe.storage.saved_file import SavedFormatError, SavedRecords
-from torchpipe.io.files import split_files
+from torchpipe.io.remote import RemoteReadError, RetryPolicy
 from torchpipe.io.tfrecord import TFRecordDataset, TFRecordWriter, masked_crc
 from torchpipe.io.webdataset import TarWriter, from_webdataset
+from torchpipe.storage.saved_file import SavedFormatError, SavedRecords
 
 __all__ = [
     "DEFAULT_DECODERS",

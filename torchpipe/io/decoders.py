@@ -73,10 +73,10 @@ def decode_torch(data: bytes) -> Any:
 
 
 DEFAULT_DECODERS: Mapping[str, Callable[[bytes], Any]] = types.MappingProxyType({
-    **{ext: decode_image for ext in IMAGE_EXTENSIONS},
-    **{ext: decode_int for ext in ("cls", "cls2", "index", "inx", "id")},
-    **{ext: decode_text for ext in ("txt", "text", "transcript")},
-    **{ext: decode_json for ext in ("json", "jsn")},
+    **dict.fromkeys(IMAGE_EXTENSIONS, decode_image),
+    **dict.fromkeys(("cls", "cls2", "index", "inx", "id"), decode_int),
+    **dict.fromkeys(("txt", "text", "transcript"), decode_text),
+    **dict.fromkeys(("json", "jsn"), decode_json),
     "npy": decode_npy, "npz": decode_npz, "pth": decode_torch, "pt": decode_torch,
 })  # fmt: skip
 
@@ -99,7 +99,7 @@ class SampleDecoder:
     __name__ = "decode"
 
     def __init__(self, decoders: Mapping[str, Callable[[bytes], Any] | None] | None = None) -> None:
-        table = dict(DEFAULT_DECODERS)
+        table: dict[str, Callable[[bytes], Any] | None] = dict(DEFAULT_DECODERS)
         for ext, fn in (decoders or {}).items():
             if fn is not None and not callable(fn):
                 raise TypeError(f"SampleDecoder: the decoder for {ext!r} must be callable or None")

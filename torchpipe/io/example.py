@@ -44,7 +44,7 @@ def _check_dtype(feature: str, dtype: Any) -> int:
 
 def _check_shape(feature: str, shape: Any) -> tuple[int, ...]:
     dims = (shape,) if isinstance(shape, numbers.Integral) else tuple(shape)
-    if not all(isinstance(d, numbers.Integral) and not isinstance(d, bool) and d >= 0 for d in dims):
+    if not all(isinstance(d, numbers.Integral) and not isinstance(d, bool) and int(d) >= 0 for d in dims):
         raise ValueError(f"{feature}: shape must be a list of non-negative ints, got {shape!r}")
     return tuple(int(d) for d in dims)
 

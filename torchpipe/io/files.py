@@ -17,14 +17,14 @@ import zlib
 from collections.abc import Generator, Sequence
 from typing import Any, BinaryIO
 
-from torchpipe.dataset import Dataset, _check_bool
-from torchpipe.distributed.nodes import SplitFilesNode
-from torchpipe.errors import CheckpointError, DataLossError  # noqa: F401 - tp.io.DataLossError lives here too
-from torchpipe.io import remote
 from torchpipe.core.iterator import Iterator
 from torchpipe.core.state import check_state
-from torchpipe.storage.pending_file import PendingFile
+from torchpipe.dataset import Dataset, _check_bool
+from torchpipe.distributed.nodes import SplitFilesNode
+from torchpipe.errors import CheckpointError, DataLossError
+from torchpipe.io import remote
 from torchpipe.ops.source_nodes import FileListNode, SplitFileList
+from torchpipe.storage.pending_file import PendingFile
 
 DEFAULT_BUFFER_SIZE = 256 * 1024
 """Read buffer of a record file (tf.data's default for TFRecordDataset)."""

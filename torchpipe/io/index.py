@@ -24,7 +24,7 @@ import numpy as np
 from torchpipe.dataset import _check_bool
 from torchpipe.io import remote
 from torchpipe.io.files import DataLossError, check_path, open_input
-from torchpipe.io.tfrecord import FOOTER_BYTES, HEADER_BYTES, _CRC, _HEADER, masked_crc
+from torchpipe.io.tfrecord import _CRC, _HEADER, FOOTER_BYTES, HEADER_BYTES, masked_crc
 from torchpipe.runtime.local_files import ProcessLocalFiles
 
 FRAMING = HEADER_BYTES + FOOTER_BYTES

@@ -6,8 +6,8 @@ import os
 from typing import Any
 
 from torchpipe.dataset import Dataset
-from torchpipe.storage.saved_file import SavedRecords
 from torchpipe.ops.source_nodes import FromDatasetNode
+from torchpipe.storage.saved_file import SavedRecords
 
 
 class SavedDataset(Dataset):
@@ -35,7 +35,7 @@ class SavedDataset(Dataset):
         return {"records": self.records}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["records"])
+        self.__init__(state["records"])  # type: ignore[misc]  # this class's own __init__
 
 
 def load(path: str | os.PathLike) -> SavedDataset:

@@ -14,7 +14,8 @@ import dataclasses
 import io
 import re
 import time
-from typing import Any, BinaryIO, Callable
+from collections.abc import Callable
+from typing import Any, BinaryIO
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
 EXTRA = "pip install 'torchpipe[remote]'"
@@ -41,7 +42,7 @@ class RemoteReadError(OSError):
     def __str__(self) -> str:
         return str(self.args[0])
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, ...]:
         return type(self), (self.args[0], self.url, self.offset)
 
 
@@ -87,7 +88,7 @@ class RetryPolicy:
                 return fn()
             except _PERMANENT:
                 raise
-            except Exception as e:  # noqa: BLE001 - backends raise many kinds; all get the same policy
+            except Exception as e:
                 if attempt + 1 == self.attempts:
                     raise RemoteReadError(f"reading {url} failed at byte {offset} after {self.attempts} "
                                           f"attempt(s): {type(e).__name__}: {e}", url, offset) from e  # fmt: skip

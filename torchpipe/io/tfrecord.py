@@ -27,6 +27,9 @@ from typing import Any
 import crc32c
 
 from torchpipe.constants import AUTOTUNE, UNKNOWN
+from torchpipe.core.context import BuildContext
+from torchpipe.core.iterator import Iterator
+from torchpipe.core.node import Node
 from torchpipe.dataset import Dataset, _check_bool, _check_int
 from torchpipe.io import remote
 from torchpipe.io.files import (
@@ -38,9 +41,6 @@ from torchpipe.io.files import (
     open_stream,
     path_dataset,
 )
-from torchpipe.core.context import BuildContext
-from torchpipe.core.iterator import Iterator
-from torchpipe.core.node import Node
 from torchpipe.ops.source_nodes import FileOpener
 
 _LENGTH = struct.Struct("<Q")

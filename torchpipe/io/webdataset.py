@@ -16,11 +16,15 @@ from __future__ import annotations
 import io
 import re
 import tarfile
-from collections.abc import Mapping
-from typing import Any, Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from torchpipe.constants import AUTOTUNE, UNKNOWN
+from torchpipe.core.context import BuildContext
+from torchpipe.core.iterator import Iterator
+from torchpipe.core.node import Node
 from torchpipe.dataset import Dataset, _check_bool, _check_int, _check_seed
+from torchpipe.distributed.nodes import SplitFilesNode
 from torchpipe.io import remote
 from torchpipe.io.decoders import SampleDecoder, encode_field
 from torchpipe.io.files import (
@@ -31,10 +35,6 @@ from torchpipe.io.files import (
     open_stream,
     path_dataset,
 )
-from torchpipe.core.context import BuildContext
-from torchpipe.core.iterator import Iterator
-from torchpipe.core.node import Node
-from torchpipe.distributed.nodes import SplitFilesNode
 from torchpipe.ops.source_nodes import FileOpener
 
 _KEY_AND_EXTENSION = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
@@ -91,7 +91,7 @@ class TarShardIterator(FileReaderIterator):
         self._stream = open_stream(node.url, _compression(node.url), node.buffer_size, self._offset, node.retry)
         self._base = self._offset
         try:
-            self._tar = tarfile.open(fileobj=self._stream, mode="r|")
+            self._tar = tarfile.open(fileobj=self._stream, mode="r|")  # noqa: SIM115 - closed by close()
         except tarfile.ReadError as e:
             if "empty file" not in str(e):
                 raise self._damaged(self._offset, e) from e
@@ -121,18 +121,19 @@ class TarShardIterator(FileReaderIterator):
     def _next_member(self) -> tuple[str, str, bytes, int] | None:
         """The next regular file that belongs to a sample: ``(key, ext, data, offset)``."""
         tar = self._tar
+        assert tar is not None  # opened before the first read
         while True:
             at = self._base + tar.offset
             try:
                 info = tar.next()
                 if info is None:
                     return None
-                data = tar.extractfile(info).read() if info.isreg() else None
+                data = tar.extractfile(info).read() if info.isreg() else None  # type: ignore[union-attr]  # a regular file's
             except (tarfile.TarError, EOFError) as e:
                 raise self._damaged(at, e) from e
-            tar.members = []  # a stream is read once: keep no member list
+            tar.members = []  # type: ignore[attr-defined]  # a stream is read once: keep no member list
             key, ext = split_name(info.name)
-            if data is None or key is None or _META.match(info.name):
+            if data is None or key is None or ext is None or _META.match(info.name):  # key and ext: None together
                 continue
             return key, ext.lower(), data, self._base + info.offset
 
@@ -252,7 +253,9 @@ class TarWriter:
         self.path = check_path("TarWriter", path)
         self._file = OutputFile(self.path, f"TarWriter({self.path})")
         mode = "w|gz" if _compression(self.path) else "w|"
-        self._tar = tarfile.open(fileobj=self._file, mode=mode, format=tarfile.PAX_FORMAT)
+        self._tar = tarfile.open(  # noqa: SIM115 - the writer's, closed by close()
+            fileobj=self._file, mode=mode, format=tarfile.PAX_FORMAT  # type: ignore[call-overload]
+        )
         self._mtime = mtime
 
     def write(self, sample: Mapping[str, Any]) -> None:

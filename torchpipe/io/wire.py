@@ -100,7 +100,8 @@ def scan_features(buf: bytes, start: int, end: int) -> dict[str, tuple[int, list
 
 def scan_feature(buf: bytes, start: int, end: int) -> tuple[int, list[Any]]:
     """A ``Feature`` message: its kind (0 if unset) and the spans of its list message(s)."""
-    kind, parts = 0, []
+    kind = 0
+    parts: list[Any] = []
     for number, wire, span in fields(buf, start, end):
         if wire != _LEN or number not in KIND_NAMES:
             continue

@@ -15,19 +15,19 @@ import multiprocessing
 import operator
 import warnings
 import weakref
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import torch
 import torch.utils.data._utils.collate as torch_collate
-from torch.utils.data._utils.pin_memory import pin_memory
 from torch.utils.data import dataloader as torch_dataloader
+from torch.utils.data._utils.pin_memory import pin_memory
 
 from torchpipe.autotune.report import PipelineStats
 from torchpipe.dataset import Dataset
 from torchpipe.errors import CheckpointError
+from torchpipe.loader.workers import WorkerIterator, fetch_noted
 from torchpipe.ops.device import DevicePrefetcher, check_device
 from torchpipe.runtime.cpu import usable_cpu_count
-from torchpipe.loader.workers import WorkerIterator, fetch_noted
 from torchpipe.runtime.process_pool import process_executor_supported
 
 _FORK = ("fork", None)
@@ -60,6 +60,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             ``prefetch_factor`` of 0 with workers and a ``device`` that is not a usable device.
     """
 
+    _tp: _LoaderState  # torchpipe's state, set through __dict__ (torch's __setattr__ guards attributes)
+
     def __init__(
         self,
         dataset: Any,
@@ -91,6 +93,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         workers_auto = num_workers == "auto"
         if workers_auto:
             num_workers = usable_cpu_count()
+        num_workers = cast(int, num_workers)  # _check_workers refused any other str
         newer = {"in_order": in_order} if _TORCH_HAS_IN_ORDER else {}
         super().__init__(
             dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn, pin_memory,
@@ -111,7 +114,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     def __iter__(self) -> Any:
         state = self._tp
         state.epoch_rng = _rng_state(self.generator)
-        iterator = super().__iter__()  # torch's own logic, persistent workers included
+        iterator: Any = super().__iter__()  # torch's own logic, persistent workers included
         resume, state.resume = state.resume, None
         if resume:
             _skip(iterator, resume)
@@ -279,7 +282,7 @@ def _fingerprint(loader: torch.utils.data.DataLoader) -> dict[str, Any]:
         found["replicas"] = 2 * usable_cpu_count() if auto else loader.num_workers
     else:
         try:
-            found["length"] = len(dataset)
+            found["length"] = len(dataset)  # type: ignore[arg-type]  # no __len__: the TypeError below
         except TypeError:
             pass
     return found

@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.utils.data._utils.collate as torch_collate
@@ -28,22 +28,22 @@ import torch.utils.data._utils.fetch as torch_fetch
 from torch.utils.data import dataloader as torch_dataloader
 from torch.utils.data._utils.pin_memory import pin_memory
 
+from torchpipe.autotune.autotuner import Autotuner, ConsumerClock
 from torchpipe.autotune.live import start_look
 from torchpipe.autotune.report import PipelineStats, pipeline_stats
-from torchpipe.autotune.autotuner import Autotuner, ConsumerClock
 from torchpipe.autotune.tuner import Budget
-from torchpipe.errors import add_note
-from torchpipe.loader.replicas import EndedOnReplay, ReplicaPlan, Replicas
 from torchpipe.core.stats import IteratorStats, LiveKnob
 from torchpipe.core.tunable import POOL, Tunable
+from torchpipe.errors import add_note
+from torchpipe.loader.replicas import EndedOnReplay, ReplicaPlan, Replicas
 from torchpipe.options import DEFAULT_STALL_TIMEOUT_S
 from torchpipe.randomness import (
     GLOBAL_RNGS,
+    GlobalDraws,
     call_seeded,
     global_rng_states,
     mix_seed,
     restore_global_rng_states,
-    GlobalDraws,
     seed_global_rngs,
 )
 from torchpipe.runtime.codec import StackedTensor
@@ -54,7 +54,9 @@ from torchpipe.runtime.placement import Placement, measure_calls
 from torchpipe.runtime.policy import INLINE, KINDS, PROCESS, THREAD, Policy
 from torchpipe.runtime.process_pool import ProcessPool
 
-DataLoader = torch.utils.data.DataLoader  # a torchpipe.DataLoader: torch's, with its ``_tp`` state
+if TYPE_CHECKING:  # a torchpipe.DataLoader: torch's, with its ``_tp`` state (it imports this module)
+    from torchpipe.loader.dataloader import DataLoader
+
 STAGE = "DataLoader workers"
 
 
@@ -188,7 +190,7 @@ class _LocalFetch:
         )
 
     def __call__(self, seq: int, payload: tuple[int, int, Any]) -> Any:
-        epoch, batch, index = payload
+        _epoch, batch, index = payload
         if not self.rngs:
             return fetch_noted(self.fetcher.fetch, index, batch)
         saved = global_rng_states(self.rngs)
@@ -225,7 +227,7 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
         # auto over an IterableDataset: `most` replicas, on processes decided from the first batches
         self._plan = ReplicaPlan(most, self._num_workers, state.tuned_workers) if state.workers_auto and iterable else None
         processes = self._plan.processes if self._plan is not None else self._num_workers
-        self._pool = ProcessPool(_FetchTask(loader, self._base_seed, most, self._auto), processes, STAGE)
+        self._pool = ProcessPool(_FetchTask(loader, int(self._base_seed), most, self._auto), processes, STAGE)
         self._stage = _WorkersStage(self)
         self._dispatch = Dispatcher(STAGE, self._pool, DEFAULT_STALL_TIMEOUT_S)
         self._placement: Placement | None = None
@@ -249,7 +251,8 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
         if state.policy is None:
             state.policy = Policy(KINDS, usable_cpu_count())
         drawn = state.drawn_rngs if state.drawn_rngs is not None else GLOBAL_RNGS  # all, until measured
-        self._local = {INLINE: _LocalFetch(loader, self._base_seed, drawn), THREAD: _LocalFetch(loader, self._base_seed, ())}
+        seed = int(self._base_seed)
+        self._local = {INLINE: _LocalFetch(loader, seed, drawn), THREAD: _LocalFetch(loader, seed, ())}
         self._dispatch.switch(InlineExecutor(self._local[INLINE], self._pool.timing), _park)
         self._placement = Placement(self._dispatch, self._make, state.policy, self._pool.timing,
                                     self._moved, _park)  # fmt: skip
@@ -281,7 +284,7 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
         self._stage.stats = IteratorStats()
         self._stage.stats.calls = self._pool.timing
         if self._knob is not None:
-            self._tuner = Autotuner(self._stage, self._clock, Budget.of_machine())
+            self._tuner = Autotuner(self._stage, self._clock, Budget.of_machine())  # type: ignore[arg-type]  # duck-typed stage
             if self._tuner_stop is not None:
                 self._tuner_stop.detach()
             self._tuner_stop = weakref.finalize(self, self._tuner.stop)  # a dropped iterator stops it
@@ -300,6 +303,7 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
         """Where this epoch's batches go: where the last epoch left them, or, the first time, where
         the policy puts them after a few batches made here and measured."""
         policy, state = self._tp_state.policy, self._tp_state
+        assert policy is not None and self._placement is not None  # num_workers="auto" (_start_auto)
         if policy.kind is not None:
             self._placement.move(policy.kind, state.tuned_workers or 0)
             return
@@ -314,7 +318,7 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
         self._placement.decide(costs.without_threads() if state.drawn_rngs else costs)
 
     def _run_inline(self, limit: int) -> list[Any]:
-        results = []
+        results: list[Any] = []
         while len(results) < limit and not self._sampler_done:
             payload = self._next_payload()
             if payload is None:
@@ -354,13 +358,14 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
                 host = self._host(replica)
                 if host is None:
                     return  # the first batches' cost decides where the other replicas run
-            payload = self._next_payload()
+            payload: tuple[Any, ...] | None = self._next_payload()
             if payload is None:
                 return
             self._task_slot[self._seq] = replica
             if host is None:
                 self._dispatch.submit(self._seq, payload)
             else:
+                assert replica is not None  # pinned: each batch has its replica
                 self._slot = (replica + 1) % len(self._active)
                 if self._dataset_kind == torch_dataloader._DatasetKind.Iterable:
                     payload = (*payload, replica, self._made[replica])
@@ -430,7 +435,7 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
             self._shutdown_if_done()
             raise StopIteration
         self._seq += 1
-        return self._dispatch.executor.call(self._seq - 1, payload)
+        return cast(InlineExecutor, self._dispatch.executor).call(self._seq - 1, payload)
 
     def _receive(self) -> tuple[Any, BaseException | None, float]:
         """The next batch from the dispatcher (sent ahead to an executor): value, error, seconds waited."""
@@ -445,6 +450,7 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
             waited += self._dispatch.wait_s - before
             slot = self._task_slot.pop(seq)
             if isinstance(value, _Exhausted):
+                assert slot is not None  # a replica's end
                 if value.on_replay is not None and self._active[slot]:
                     raise RuntimeError(
                         f"a worker running IterableDataset replica {slot} died; its replacement replayed the replica "
@@ -466,7 +472,7 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
         """This epoch's numbers: batches, the time per batch, the loop's waiting, where batches were
         made and by how many (and the tuner's rounds, with ``num_workers="auto"``)."""
         decisions = list(self._tuner.decisions) if self._tuner is not None else []
-        stats = pipeline_stats(self._stage, self._started, self._clock.outside_s(), decisions)
+        stats = pipeline_stats(self._stage, self._started, self._clock.outside_s(), decisions)  # type: ignore[arg-type]
         kind = self._placement.kind if self._placement is not None else PROCESS
         stats[0]["knobs"] = {"num_workers": self._stage.parallelism(), "in_flight": self._window(), "executor": kind}
         return stats
@@ -547,6 +553,7 @@ def _workers_knob(iterator: WorkerIterator, value: int, most: int) -> LiveKnob:
     def apply(n: int) -> None:
         live = ref()
         if live is not None:
+            assert live._placement is not None  # the knob exists with num_workers="auto"
             live._placement.resize(n)
             live._fill()
 

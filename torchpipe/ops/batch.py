@@ -8,19 +8,21 @@ import bisect
 import copy
 import itertools
 import numbers
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
 
 from torchpipe import nest
 from torchpipe.constants import INFINITE, UNKNOWN
-from torchpipe.errors import CheckpointError
 from torchpipe.core.context import BuildContext
+from torchpipe.core.function import UserFunction
+from torchpipe.core.held_elements import HeldStructure
 from torchpipe.core.iterator import Iterator, PassThroughIterator
 from torchpipe.core.node import Node, function_name
-from torchpipe.core.function import UserFunction
 from torchpipe.core.state import check_bool, check_int, check_state
+from torchpipe.errors import CheckpointError
 from torchpipe.ops.collate import (
     check_padded_shapes,
     check_padding_values,
@@ -29,7 +31,6 @@ from torchpipe.ops.collate import (
     collate_in_stage,
     padded_collate,
 )
-from torchpipe.core.held_elements import HeldStructure
 from torchpipe.runtime.recycle import RecycledStack
 
 _Combine = Callable[[int, list], Any]

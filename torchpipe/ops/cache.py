@@ -14,17 +14,17 @@ import dataclasses
 import os
 import re
 import threading
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
 
 from torchpipe import nest
-from torchpipe.errors import CheckpointError, add_note
 from torchpipe.core.context import BuildContext
 from torchpipe.core.iterator import Iterator
 from torchpipe.core.node import Node
 from torchpipe.core.state import check_bool, check_int, check_state
+from torchpipe.errors import CheckpointError, add_note
 from torchpipe.storage.cache_file import CacheFormatError, FileStorage, Origin, StaleCacheWarning, origin_of
 from torchpipe.storage.fingerprint import describe_ops
 
@@ -46,7 +46,7 @@ class MemoryStore:
 
     def get(self) -> tuple[list[Any], Origin] | None:
         with self._lock:
-            return None if self._elements is None else (self._elements, self._origin)
+            return None if self._elements is None else (self._elements, cast(Origin, self._origin))  # set together
 
     def offer(self, elements: list[Any], origin: Origin) -> None:
         """Store a complete pass unless another complete pass was stored first."""
@@ -73,7 +73,7 @@ class MemoryStore:
         return {}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__()
+        self.__init__()  # type: ignore[misc]  # this class's own __init__
 
 
 class _MemoryReplay:
@@ -249,10 +249,11 @@ class CacheIterator(Iterator):
     def start(self) -> None:
         state, self._pending = self._pending, None
         self._mode = self.END  # if opening fails, the error is raised once and the pass ends
-        mode = self.FRESH if state is None else state[self.MODE]
-        if mode == self.FRESH:
+        if state is None or state[self.MODE] == self.FRESH:
             self._open(self._node.storage.replay(None, None), self._origin, 0, quiet=False)
-        elif mode == self.READ:
+            return
+        mode = state[self.MODE]
+        if mode == self.READ:
             origin = origin_of(state[self.ORIGIN])
             replay = self._node.storage.replay(origin, state)
             self._open(replay, origin, int(state[self.POSITION]), quiet=True)
@@ -264,6 +265,7 @@ class CacheIterator(Iterator):
     def _open(self, replay: Any, origin: Origin, skip: int, quiet: bool) -> None:
         if replay is not None:
             self._replay, self._origin, self._mode = replay, replay.origin, self.READ
+            assert self._source is not None  # parked once, here
             self._park(self._source.state_dict())
             return
         self._rebuild_source(origin)
@@ -273,6 +275,7 @@ class CacheIterator(Iterator):
 
     def _resume_upstream(self, state: dict[str, Any]) -> None:
         self._rebuild_source(origin_of(state[self.ORIGIN]))
+        assert self._source is not None  # built with this iterator, parked only once it stops running
         self._source.load_state_dict(state[self.INPUT])
         self._skip, self._quiet = int(state[self.SKIP]), bool(state[self.QUIET])
         if state[self.MODE] == self.FILL:
@@ -284,12 +287,14 @@ class CacheIterator(Iterator):
         if origin == self._origin:
             return
         seed, epoch, iteration = origin
+        assert self._source is not None  # built with this iterator, parked only once it stops running
         self._source.close()
         self._source = dataclasses.replace(self._ctx, seed=seed, epoch=epoch, iteration=iteration).build_input(self._node)
         self._origin = origin
 
     def _park(self, input_state: dict[str, Any]) -> None:
         self._parked = copy.deepcopy(input_state)
+        assert self._source is not None  # built with this iterator, parked only once
         self._source.close()
         self._source = None
 
@@ -299,9 +304,11 @@ class CacheIterator(Iterator):
             return self._replay.next()
         if self._mode == self.END:
             raise StopIteration
+        source = self._source
+        assert source is not None  # filling or passing: the input runs
         while True:
             try:
-                element = next(self._source)
+                element = next(source)
             except StopIteration:
                 self._complete()
                 raise

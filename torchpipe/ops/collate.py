@@ -9,8 +9,8 @@ Pure functions, so worker processes can collate a batch straight into shared mem
 from __future__ import annotations
 
 import numbers
-from collections.abc import Mapping
-from typing import Any, Callable
+from collections.abc import Callable, Mapping
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -140,11 +140,12 @@ def _common_kind(values: list, path: str, stage: str) -> str:
             f"{stage}: cannot batch {path} of type {type(bad).__name__}; convert it to a tensor, array, "
             "number or str with map(), or pass batch(collate_fn=...)"
         )
-    if kinds == {"int", "float"}:
+    names = cast("set[str]", kinds)  # None is not among them
+    if names == {"int", "float"}:
         return "float"
-    if len(kinds) > 1:
-        raise ValueError(f"{stage}: {path} mixes types {sorted(kinds)} across the batch")
-    return kinds.pop()
+    if len(names) > 1:
+        raise ValueError(f"{stage}: {path} mixes types {sorted(names)} across the batch")
+    return names.pop()
 
 
 def _numbers_tensor(values: list, kind: str, path: str, stage: str) -> torch.Tensor:
@@ -235,7 +236,8 @@ def _padded_leaf(
         return torch.stack(tensors)
     out = torch.full((len(tensors), *target), value, dtype=tensors[0].dtype)
     for i, t in enumerate(tensors):
-        out[(i, *(slice(0, n) for n in t.shape))] = t
+        index: tuple[int | slice, ...] = (i, *(slice(0, n) for n in t.shape))
+        out[index] = t
     return out
 
 
@@ -343,6 +345,7 @@ def check_padding_values(op: str, values: Any) -> None:
             raise ValueError(f"{op}: padding_values expected scalars, got a tensor of shape {tuple(value.shape)}")
         if value is not None and not isinstance(value, _PAD_TYPES):
             raise TypeError(f"{op}: padding_values expected numbers (str or bytes for string components), "
-                            f"0-d tensors or arrays, or None, alone or in a structure, got {type(value).__name__}")  # fmt: skip
+                            "0-d tensors or arrays, or None, alone or in a structure, "
+                            f"got {type(value).__name__}")  # fmt: skip
 
 

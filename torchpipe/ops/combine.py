@@ -6,6 +6,7 @@ from __future__ import annotations
 import bisect
 import copy
 import itertools
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -108,7 +109,7 @@ class ZipIterator(Iterator):
         self._done = done
 
 
-def _load_all(name: str, sources: list[Iterator | None], states: list[Any]) -> None:
+def _load_all(name: str, sources: Sequence[Iterator | None], states: list[Any]) -> None:
     """Load one state per input, skipping inputs that are gone or were saved as exhausted."""
     if len(states) != len(sources):
         raise TypeError(f"{name}: state has {len(states)} inputs, the pipeline has {len(sources)}")
@@ -237,8 +238,9 @@ class _DirectedIterator(Iterator):
     def _load_inputs(self, states: list[Any]) -> None:
         _load_all(self.name, self._sources, states)
         for i, state in enumerate(states):
-            if state is None and self._sources[i] is not None:
-                self._sources[i].close()
+            source = self._sources[i]
+            if state is None and source is not None:
+                source.close()
                 self._sources[i] = None
 
 

@@ -131,12 +131,14 @@ class DevicePrefetcher:
             return batch
         if self._thread is None:
             self._start()
+        thread, items = self._thread, self._queue
+        assert thread is not None and items is not None  # started above
         while True:
             try:
-                item = self._queue.get(timeout=_WAIT_S)
+                item = items.get(timeout=_WAIT_S)
                 break
             except queue.Empty:
-                if not self._thread.is_alive():
+                if not thread.is_alive():
                     raise RuntimeError("the device prefetch thread ended unexpectedly") from None
         if item is _END:
             raise StopIteration
@@ -284,6 +286,7 @@ class DeviceIterator(Iterator):
         self._prefetcher = DevicePrefetcher(_numbered(self._log), self._device, self._buffer_size)
 
     def next(self) -> Any:
+        assert self._prefetcher is not None  # made by start()
         seq, element = next(self._prefetcher)
         self._log.delivered(seq)
         if isinstance(element, _Failed):

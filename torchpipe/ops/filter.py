@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
 
 from torchpipe.constants import UNKNOWN
 from torchpipe.core.context import BuildContext
+from torchpipe.core.function import UserFunction
 from torchpipe.core.iterator import Iterator, PassThroughIterator
 from torchpipe.core.node import Node, function_name
-from torchpipe.core.function import UserFunction
 from torchpipe.core.state import check_int, check_state
 
 
@@ -59,7 +60,7 @@ class _PredicateNode(Node):
 class _PredicateIterator(PassThroughIterator):
     """Base of the predicate ops: numbers input elements and asks the predicate about them."""
 
-    COUNTERS = ("seq",)
+    COUNTERS: tuple[str, ...] = ("seq",)
 
     def __init__(self, name: str, source: Iterator, predicate: UserFunction) -> None:
         super().__init__(name, source)
@@ -146,7 +147,7 @@ class IgnoreErrorsIterator(Iterator):
                 return next(self._source)
             except StopIteration:
                 raise
-            except Exception:
+            except Exception:  # noqa: BLE001 - ignore_errors: counted and dropped
                 self.stats.counters[self.IGNORED] += 1
 
     def get_state(self) -> dict[str, Any]:

@@ -9,17 +9,20 @@ input's sequence number, which is why a parallel chain may have filters only at 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from torchpipe.errors import CheckpointError
 from torchpipe.core.context import BuildContext
+from torchpipe.core.function import UserFunction
 from torchpipe.core.iterator import Iterator
 from torchpipe.core.node import Node
-from torchpipe.core.function import UserFunction
 from torchpipe.core.state import check_state
+from torchpipe.errors import CheckpointError
 from torchpipe.ops.filter import DROPPED, FilterNode, as_bool
 from torchpipe.ops.map import MapNode, is_pure
 from torchpipe.ops.passthrough import ElidedNode, walk_contexts
+
+if TYPE_CHECKING:
+    from torchpipe.runtime.ray_executor import RayExecutor
 
 STAGE_TYPES = (MapNode, FilterNode)
 
@@ -43,12 +46,12 @@ class FusedMapNode(MapNode):
         input: Node,
         num_parallel_calls: int | None,
         deterministic: bool | None,
-        executor: str,
+        executor: str | RayExecutor,
     ) -> None:
         self.hops = hops
         self.stages = tuple(hop for hop in reversed(hops) if isinstance(hop, STAGE_TYPES))  # innermost first
         name = "+".join(stage.name for stage in self.stages)
-        super().__init__(input, None, num_parallel_calls, deterministic, executor, name)
+        super().__init__(input, None, num_parallel_calls, deterministic, executor, name)  # type: ignore[arg-type]  # no one fn: each hop's
         self.pure = all(is_pure_stage(stage) for stage in self.stages)
 
     @staticmethod
@@ -79,7 +82,7 @@ class FusedMapNode(MapNode):
         for hop in self.hops:
             if isinstance(hop, STAGE_TYPES):
                 is_filter = isinstance(hop, FilterNode)
-                fn = hop.predicate if is_filter else hop.fn
+                fn = hop.predicate if isinstance(hop, FilterNode) else hop.fn
                 out.append((is_filter, hop.name, UserFunction(fn, hop.name, ctx, seed_globals)))
             ctx = hop.elided_context(ctx)
         out.reverse()

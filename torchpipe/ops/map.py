@@ -5,21 +5,25 @@ resizing in ``parallel_map.py``."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from torchpipe.constants import AUTOTUNE
-from torchpipe.core.node import AUTOTUNE_SYMBOL, Node, function_name
 from torchpipe.core.context import BuildContext
-from torchpipe.core.iterator import Iterator, PassThroughIterator
 from torchpipe.core.function import UserFunction
-from torchpipe.ops.batch import BatchIterator
+from torchpipe.core.iterator import Iterator, PassThroughIterator
+from torchpipe.core.node import AUTOTUNE_SYMBOL, Node, function_name
+from torchpipe.ops.batch import BatchIterator, BatchNode
 from torchpipe.ops.parallel_map import ParallelMapIterator
 from torchpipe.ops.source_nodes import DatasetFetch
 from torchpipe.runtime.codec import StackedTensor
 from torchpipe.runtime.cpu import usable_cpu_count
 from torchpipe.runtime.recycle import RecycledStack
+
+if TYPE_CHECKING:
+    from torchpipe.runtime.ray_executor import RayExecutor
 
 EXECUTORS = ("auto", "thread", "process", "ray")
 """Accepted ``executor=`` names (and a ``tp.RayExecutor``, whose kind is ``"ray"``)."""
@@ -42,7 +46,7 @@ class MapNode(Node):
         fn: Callable[..., Any],
         num_parallel_calls: int | None,
         deterministic: bool | None,
-        executor: str,
+        executor: str | RayExecutor,
         name: str | None,
         pure: bool = False,
         batched: bool = False,
@@ -97,6 +101,7 @@ class MapNode(Node):
     ) -> ParallelMapIterator:
         """A parallel stage running ``make_task(fn, in_process)`` per input; ``ctx`` is this node's."""
         parallelism = usable_cpu_count() if self.num_parallel_calls == AUTOTUNE else self.num_parallel_calls
+        assert parallelism is not None  # a parallel map's
         in_worker = make_task(self.function(ctx), True)
         tasks = {
             "inline": make_task(self.function(ctx), False),  # as a worker: global RNGs seeded per element
@@ -133,7 +138,7 @@ def pure(fn: Callable[..., Any]) -> Callable[..., Any]:
     if not callable(fn):
         raise TypeError(f"tp.pure expects a callable, got {type(fn).__name__}")
     try:
-        fn.__torchpipe_pure__ = True
+        fn.__torchpipe_pure__ = True  # type: ignore[attr-defined]  # a builtin refuses: caught below
     except (AttributeError, TypeError) as e:
         raise TypeError(f"tp.pure cannot mark {fn!r}; use map(fn, pure=True) instead") from e
     return fn
@@ -175,7 +180,7 @@ class MapBatchNode(Node):
 
     kind = "map_batch"
 
-    def __init__(self, map_node: MapNode, batch_node: Node) -> None:
+    def __init__(self, map_node: MapNode, batch_node: BatchNode) -> None:
         super().__init__(*map_node.inputs)
         self.map_node = map_node
         self.batch_node = batch_node

@@ -15,9 +15,9 @@ from typing import Any
 
 from torchpipe.core.iterator import Iterator
 from torchpipe.core.position_log import PositionLog
-from torchpipe.ops.filter import DROPPED
 from torchpipe.core.stats import LiveKnob
 from torchpipe.core.tunable import POOL, Tunable
+from torchpipe.ops.filter import DROPPED
 from torchpipe.randomness import global_rng_states, restore_global_rng_states
 from torchpipe.runtime.cpu import usable_cpu_count
 from torchpipe.runtime.dispatch import Dispatcher
@@ -85,7 +85,8 @@ class ParallelMapIterator(Iterator, Tunable):
         self._exhausted = False
         self._started = False
         self._pool: ProcessPool | None = None
-        self._ray, self._ray_pool = None, None
+        self._ray: Any = None  # a tp.RayExecutor (Ray is imported only when it makes its pool)
+        self._ray_pool: Any = None
         if getattr(executor, "kind", None) == RAY:  # a tp.RayExecutor: it builds the pool, importing Ray then
             self._ray, executor = executor, RAY
         processes = process_executor_supported()
@@ -93,7 +94,7 @@ class ParallelMapIterator(Iterator, Tunable):
             executor = THREAD
         self._fixed = executor if executor != AUTO else None
         self._parallelism = self._learned.get("parallelism", parallelism) if tunable else parallelism
-        candidates = (INLINE,) if tunable else ()
+        candidates: tuple[str, ...] = (INLINE,) if tunable else ()
         candidates += (THREAD, PROCESS) if processes else (THREAD,)
         self._policy = Policy(candidates, usable_cpu_count()) if self._fixed is None else None
         self._dispatch = Dispatcher(name, InlineExecutor(self._tasks[INLINE], self.stats.calls), stall_s)
@@ -165,7 +166,7 @@ class ParallelMapIterator(Iterator, Tunable):
         return costs.without_threads() if self._reproducible and any(drew) else costs
 
     def _run_inline(self, limit: int) -> list[Any]:
-        results = []
+        results: list[Any] = []
         while len(results) < limit and not self._exhausted:
             seq, payload = self._pull()
             if seq is None:
@@ -186,6 +187,7 @@ class ParallelMapIterator(Iterator, Tunable):
         if kind == RAY:
             return self._ray_actors(workers)
         self.prepare()
+        assert self._pool is not None  # made by prepare()
         self._pool.resize(workers)
         return self._pool
 

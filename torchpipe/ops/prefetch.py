@@ -24,12 +24,13 @@ import threading
 import time
 import weakref
 from collections import deque
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from torchpipe.constants import AUTOTUNE
-from torchpipe.core.node import AUTOTUNE_SYMBOL, Node
 from torchpipe.core.context import BuildContext
 from torchpipe.core.iterator import Iterator
+from torchpipe.core.node import AUTOTUNE_SYMBOL, Node
 from torchpipe.core.position_log import PositionLog
 from torchpipe.core.stats import IteratorStats, LiveKnob
 from torchpipe.core.tunable import BUFFER, Tunable
@@ -411,6 +412,7 @@ class PrefetchIterator(Iterator, Tunable):
         return element
 
     def _review(self) -> None:
+        assert self._choice is not None and self._returned is not None  # after an element, when choosing
         mode = self._choice.mode
         verdict = self._choice.delivered(self._returned, self._outside_s, self._pulls.per_element, self._delivered)
         if verdict == mode:

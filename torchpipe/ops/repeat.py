@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torchpipe.constants import INFINITE, UNKNOWN
 from torchpipe.core.context import BuildContext
 from torchpipe.core.iterator import Iterator
 from torchpipe.core.node import Node
 from torchpipe.core.state import check_bool, check_int, check_state
+
+if TYPE_CHECKING:
+    from torchpipe.ops.shuffle import ShuffleRepeatNode
 
 
 class RepeatNode(Node):
@@ -50,7 +53,7 @@ class RepeatIterator(Iterator):
 
     REPETITION, INPUT, FRESH = "repetition", "input", "fresh"
 
-    def __init__(self, node: Node, ctx: BuildContext) -> None:
+    def __init__(self, node: RepeatNode | ShuffleRepeatNode, ctx: BuildContext) -> None:
         super().__init__(node.kind)
         self._node = node
         self._ctx = node.input_context(ctx, 0)
@@ -77,6 +80,7 @@ class RepeatIterator(Iterator):
         raise StopIteration
 
     def _advance(self) -> None:
+        assert self._source is not None  # advanced when the source ended
         empty = self._fresh
         count = self._node.count
         if (count < 0 and empty) or (count >= 0 and self._repetition + 1 >= count):

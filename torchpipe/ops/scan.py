@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from torchpipe.core.context import BuildContext
+from torchpipe.core.function import UserFunction
 from torchpipe.core.iterator import Iterator, PassThroughIterator
 from torchpipe.core.node import Node, function_name
-from torchpipe.core.function import UserFunction
 from torchpipe.core.state import check_state
 
 

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from torchpipe.errors import CheckpointError
 from torchpipe.core.context import BuildContext
+from torchpipe.core.held_elements import HeldStructure
 from torchpipe.core.iterator import Iterator
 from torchpipe.core.node import Node
 from torchpipe.core.state import check_bool, check_state
-from torchpipe.core.held_elements import HeldStructure
-from torchpipe.ops.repeat import RepeatIterator
+from torchpipe.errors import CheckpointError
+from torchpipe.ops.repeat import RepeatIterator, RepeatNode
 
 
 class ShuffleNode(Node):
@@ -128,7 +129,7 @@ class ShuffleIterator(Iterator):
         self._buffer = []
 
 
-def copy_rng_state(state: dict[str, Any]) -> dict[str, Any]:
+def copy_rng_state(state: Mapping[str, Any]) -> dict[str, Any]:
     """A copy of a bit generator's state dict (it nests a dict, which must not be shared)."""
     return {k: dict(v) if isinstance(v, dict) else v for k, v in state.items()}
 
@@ -144,7 +145,7 @@ class ShuffleRepeatNode(Node):
     kind = "shuffle_repeat"
     reorders_only = True
 
-    def __init__(self, shuffle: ShuffleNode, repeat: Node) -> None:
+    def __init__(self, shuffle: ShuffleNode, repeat: RepeatNode) -> None:
         super().__init__(*shuffle.inputs)
         self.shuffle = shuffle
         self.repeat = repeat
@@ -165,6 +166,8 @@ class ShuffleRepeatNode(Node):
 
 class ShuffleRepeatIterator(RepeatIterator):
     """A repeat whose repetitions all run through one shuffle iterator, rebound each time."""
+
+    _node: ShuffleRepeatNode
 
     def __init__(self, node: ShuffleRepeatNode, ctx: BuildContext) -> None:
         self._shuffler: ShuffleIterator | None = None

@@ -22,14 +22,27 @@ import warnings
 import weakref
 from typing import Any, BinaryIO
 
-from torchpipe.integrations.progress import ProgressBar
-from torchpipe.storage.saved_file import FORMAT, FORMAT_VERSION, PARTIAL, SavedFormatError, SavedRecords, ShardFile, lock_directory, new_generation, read_manifest, remove_files, shard_name, write_manifest
-from torchpipe.storage.save_writers import ShardWriters
 from torchpipe.core.node import Node
+from torchpipe.integrations.progress import ProgressBar
 from torchpipe.ops.cache import CacheNode
+from torchpipe.runtime.cpu import usable_cpu_count
 from torchpipe.storage.cache_file import Origin, origin_of, read_header
 from torchpipe.storage.fingerprint import describe_ops
-from torchpipe.runtime.cpu import usable_cpu_count
+from torchpipe.storage.save_writers import ShardWriters
+from torchpipe.storage.saved_file import (
+    FORMAT,
+    FORMAT_VERSION,
+    PARTIAL,
+    SavedFormatError,
+    SavedRecords,
+    ShardFile,
+    lock_directory,
+    new_generation,
+    read_manifest,
+    remove_files,
+    shard_name,
+    write_manifest,
+)
 
 _POSITION, _TEMP, _OFFSET, _WRITTEN = "position", "temp", "offset", "written"  # CacheIterator's state keys
 
@@ -49,7 +62,9 @@ class SnapshotNode(CacheNode):
         Node.__init__(self, input)
         self.path = path
         self.compression = compression
-        self.storage = SnapshotStorage(path, describe_ops(input, code=True), compression, input.cardinality())
+        self.storage = SnapshotStorage(  # type: ignore[assignment]  # a cache's storage calls: replay, recorder, ...
+            path, describe_ops(input, code=True), compression, input.cardinality()
+        )
         self.name = f"snapshot({path})"
 
     def params(self) -> dict[str, Any]:

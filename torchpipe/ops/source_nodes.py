@@ -8,11 +8,11 @@ from typing import Any
 
 from torchpipe import nest
 from torchpipe.constants import UNKNOWN
-from torchpipe.errors import add_note
 from torchpipe.core.context import BuildContext
 from torchpipe.core.iterator import Iterator
 from torchpipe.core.node import Node, Symbol, function_name
 from torchpipe.core.state import check_int, check_state
+from torchpipe.errors import add_note
 
 
 class IndexedSourceIterator(Iterator):

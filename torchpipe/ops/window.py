@@ -103,7 +103,7 @@ class WindowIterator(Iterator):
                 self._source.skip()
             except StopIteration:
                 self._input_done = True
-            except Exception:  # noqa: BLE001, S110 - an element no window holds: its error reaches no one
+            except Exception:  # noqa: BLE001 - an element no window holds: its error reaches no one
                 pass
         self._skip = 0
 

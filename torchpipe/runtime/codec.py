@@ -225,7 +225,7 @@ def _find_unpicklable(obj: Any, path: str, seen: set[int] | None = None) -> tupl
                 return found
     try:
         RecordPickler(io.BytesIO()).dump(obj)
-    except Exception:
+    except Exception:  # noqa: BLE001 - any failure to pickle: this is the part that cannot travel
         return path, obj
     return None
 
@@ -289,7 +289,7 @@ def decode_view(base: np.ndarray) -> Any:
     Raises:
         ValueError: if ``base`` does not hold a complete record of this format version.
     """
-    view = memoryview(base)
+    view = memoryview(base)  # type: ignore[arg-type]  # numpy declares __buffer__ for Python 3.12+ only
     try:
         return _load(view, lambda start, end: base[start:end], None)
     finally:

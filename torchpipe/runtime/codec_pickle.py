@@ -86,12 +86,12 @@ def _tensor_bytes(t: torch.Tensor) -> memoryview:
         t = t.detach()
     if t.dtype not in _NUMPY_NATIVE:
         t = t.view(_SAME_SIZE_INT[t.element_size()])
-    return memoryview(t.numpy()).cast("B")
+    return memoryview(t.numpy()).cast("B")  # type: ignore[arg-type]  # numpy declares __buffer__ for Python 3.12+ only
 
 
 def _array_bytes(a: np.ndarray) -> memoryview:
     """The bytes of a C-contiguous array as a flat memoryview (no copy)."""
-    return memoryview(a.reshape(-1).view(np.uint8))
+    return memoryview(a.reshape(-1).view(np.uint8))  # type: ignore[arg-type]  # numpy declares __buffer__ for Python 3.12+ only
 
 
 def _strided_tensor_source(t: torch.Tensor) -> torch.Tensor | None:
@@ -190,7 +190,7 @@ class RecordPickler(pickle.Pickler):
         # Pickle would copy the data into the skeleton and, in the main process, out of the
         # record with the skeleton and again into the object: one raw copy each side instead.
         # The reference is a bare int: the elements of a tuple would each pass persistent_id.
-        data = memoryview(obj.encode("utf-8", "surrogatepass") if type(obj) is str else obj)
+        data = memoryview(obj.encode("utf-8", "surrogatepass") if isinstance(obj, str) else obj)
         self.buffers.append((data, len(data), _BLOB_FLAGS[type(obj)]))
         return self._remember(obj, len(self.buffers) - 1)
 

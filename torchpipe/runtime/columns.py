@@ -48,7 +48,9 @@ class Columns:
         if self.kind == "list":
             return [list(r) for r in rows]
         if self.kind == "named":
+            assert self.cls is not None  # "named" columns keep their namedtuple class
             return [self.cls(*r) for r in rows]
+        assert self.keys is not None  # "dict" columns keep their keys
         return [dict(zip(self.keys, r)) for r in rows]
 
 
@@ -68,8 +70,8 @@ def to_columns(values: list[Any]) -> Columns | None:
     if any(type(v) is not cls for v in values):
         return None
     if cls is torch.Tensor:
-        column = _tensor_column(values)
-        return None if column is None else Columns("leaf", None, None, [column])
+        stacked = _tensor_column(values)
+        return None if stacked is None else Columns("leaf", None, None, [stacked])
     if isinstance(first, Mapping):
         if cls is not dict:
             return None

@@ -137,7 +137,7 @@ class ThreadExecutor:
         finished = self._finished
         self._in_flight[seq] = ""
         future = self._pool.submit(self._timed, seq, payload)
-        future.add_done_callback(lambda f, seq=seq: finished.put((seq, f)))
+        future.add_done_callback(lambda f: finished.put((seq, f)))
 
     def collect(self, timeout: float) -> list[Result]:
         try:

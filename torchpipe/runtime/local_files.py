@@ -20,7 +20,7 @@ class ProcessLocalFiles:
         return {}  # descriptors belong to a process: a copy elsewhere opens its own
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__()
+        self.__init__()  # type: ignore[misc]  # this class's own __init__: a fresh, empty table
 
     def descriptor(self, key: int, path: str) -> int:
         fd = self._fds.get(key) if self._pid == os.getpid() else None

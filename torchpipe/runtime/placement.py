@@ -25,7 +25,7 @@ import dataclasses
 import statistics
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -202,7 +202,7 @@ def measure_calls(
         overhead = (lambda: draws.overhead_s) if draws is not None else None
         probed = _timed_calls(run, limit // 2, _PROBE_S / 2, results, overhead, probe)
     if on_draws is not None:
-        on_draws(draws)
+        on_draws(cast(GlobalDraws, draws))  # watched: not the nullcontext's None
     alone = _timed_calls(run, limit - len(results), _PROBE_S / 2, results, None) if probed else []
     cpu = time.thread_time() - cpu0
     if not probed:
@@ -252,7 +252,7 @@ def move_seconds(result: Any) -> float:
     except Exception:  # noqa: BLE001 - cannot travel: processes would fail on it
         return float("inf")
     record = np.empty(encoded.nbytes, np.uint8)
-    encoded.write_into(memoryview(record))
+    encoded.write_into(memoryview(record))  # type: ignore[arg-type]  # numpy declares __buffer__ for Python 3.12+ only
     best = float("inf")
     for _ in range(_MOVE_SAMPLES):
         t0 = time.perf_counter()
@@ -305,6 +305,7 @@ class Placement:
 
     def decide(self, costs: CallCosts) -> None:
         """The first decision, from calls measured inline."""
+        assert self.policy is not None  # only a stage with a policy decides
         kind = self.policy.decide(costs)
         self.move(kind, workers(costs, kind, self.policy.cores))
 
@@ -354,6 +355,7 @@ class Placement:
     def _review(self, seconds_per_element: float, consumer_s: float, calls: tuple[int, float, float],
                 calls0: tuple[int, float, float]) -> None:  # fmt: skip
         policy = self.policy
+        assert policy is not None and policy.costs is not None  # reviewed: a policy that decided
         per_result = getattr(self.dispatcher.executor, "message_seconds", lambda: None)()
         if self.kind == PROCESS and per_result is not None:  # what a result really costs here
             observe_message_cost(max(per_result - policy.costs.move_s, 0.0))
@@ -381,6 +383,7 @@ class Placement:
         Elsewhere the wall time is contended, but the CPU time is not: over the call's CPU share
         (as first measured) it says what a call alone costs, which corrects the first calls'
         warm-up (always) and follows a workload that changed."""
+        assert self.policy is not None and self.policy.costs is not None  # from _review
         costs = self.policy.costs
         if self.kind == INLINE:
             alone, share = wall, min(1.0, cpu / wall) if wall > 0 else 1.0

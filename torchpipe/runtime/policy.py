@@ -251,6 +251,7 @@ class Policy:
 
     def _worth_trying(self, measured: dict[str, float]) -> str | None:
         """An executor not measured lately, predicted ``EXPLORE`` times faster than the current one measured."""
+        assert self.kind is not None and self.costs is not None  # measured: a kind was chosen
         here = measured[self.kind]
         for kind in KINDS:
             if kind in self.candidates and kind not in measured and (kind != THREAD or self.costs.thread_safe):

@@ -100,6 +100,7 @@ class TaskServer:
         if token != self._token:
             return (STALE,)
         wall, cpu = time.perf_counter(), time.thread_time()
+        assert self._handler is not None  # installed with the token
         try:
             record = encode_record(self._handler(seq, payload))
         except Exception as e:  # noqa: BLE001 - delivered in the element's place, like a worker's
@@ -114,7 +115,7 @@ def encode_record(element: Any) -> np.ndarray:
     raw = np.empty(encoded.nbytes + ALIGN, np.uint8)
     start = -raw.ctypes.data % ALIGN
     record = raw[start : start + encoded.nbytes]
-    encoded.write_into(memoryview(record))
+    encoded.write_into(memoryview(record))  # type: ignore[arg-type]  # numpy declares __buffer__ for Python 3.12+ only
     return record
 
 

@@ -14,8 +14,8 @@ import dataclasses
 from typing import Any, ClassVar
 
 from torchpipe.constants import AUTOTUNE
-from torchpipe.runtime.ray_actors import require_ray
 from torchpipe.runtime.policy import RAY
+from torchpipe.runtime.ray_actors import require_ray
 
 __all__ = ["RAY", "RayExecutor", "require_ray", "resolve"]
 

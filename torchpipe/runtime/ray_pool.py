@@ -25,15 +25,15 @@ import threading
 import time
 import uuid
 import weakref
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import numpy as np
 
 from torchpipe.errors import WorkerError
-from torchpipe.runtime.ray_actors import ERROR, IDLE, OK, STALE, connect, session, start_actor
 from torchpipe.runtime import codec
 from torchpipe.runtime.codec_pickle import ALIGN
 from torchpipe.runtime.executor import Result
+from torchpipe.runtime.ray_actors import ERROR, IDLE, OK, STALE, connect, session, start_actor
 from torchpipe.runtime.routing import MAX_TASK_FAILURES, Task, TaskRouter
 from torchpipe.runtime.timing import CallTiming
 from torchpipe.runtime.worker import unpack_exception
@@ -88,11 +88,16 @@ class PoolStats:
 class ActorOptions(Protocol):
     """What a pool needs of its options (a ``tp.RayExecutor``, which makes the pool)."""
 
-    min_actors: int
-    max_actors: int | None
-    num_cpus: float
-    address: str | None
-    tasks_per_actor: int
+    @property
+    def min_actors(self) -> int: ...
+    @property
+    def max_actors(self) -> int | None: ...
+    @property
+    def num_cpus(self) -> float: ...
+    @property
+    def address(self) -> str | None: ...
+    @property
+    def tasks_per_actor(self) -> int: ...
 
     def actor_options(self, restart: bool) -> dict[str, Any]:
         """Each actor's Ray ``.options(...)``."""
@@ -503,8 +508,8 @@ def decode_result(record: np.ndarray) -> Any:
     if address % ALIGN:
         return codec.decode(record)
     memory = (ctypes.c_uint8 * record.nbytes).from_address(address)
-    memory.owner = record  # the record (and Ray's pin on the object) lives as long as a view does
-    return codec.decode_view(np.frombuffer(memory, np.uint8))
+    memory.owner = record  # type: ignore[attr-defined]  # the record (and Ray's pin on the object) lives as long as a view does
+    return codec.decode_view(np.frombuffer(memory, np.uint8))  # type: ignore[call-overload]  # a ctypes array is a buffer
 
 
 def running_pools() -> list[RayActorPool]:
@@ -523,7 +528,8 @@ def kill_an_actor(rng: random.Random, with_ray: bool = False) -> int | None:
     """
     import ray
 
-    actors = [actor for pool in running_pools() for actor in pool.actor_processes() if actor[1] is not None]
+    up = [actor for pool in running_pools() for actor in pool.actor_processes() if actor[1] is not None]
+    actors = cast("list[tuple[Any, int, str]]", up)  # their pids are known
     if not actors:
         return None
     handle, pid, node = rng.choice(sorted(actors, key=lambda actor: actor[1]))

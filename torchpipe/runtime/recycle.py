@@ -23,7 +23,8 @@ from __future__ import annotations
 import threading
 import weakref
 from collections import defaultdict
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -58,7 +59,7 @@ class RecycledStack:
         self._local = threading.local()  # the batch this thread is placing rows of
         self.reused = 0  # lends of a buffer given back earlier (memory already faulted in)
 
-    def __call__(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    def __call__(self, tensors: list[torch.Tensor] | tuple[torch.Tensor, ...]) -> torch.Tensor:
         rows: BatchRows | None = getattr(self._local, "rows", None)
         placed = rows.placed(tensors) if rows is not None else None
         if placed is not None:

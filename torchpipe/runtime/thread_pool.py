@@ -7,8 +7,9 @@ import queue
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any, Callable
+from typing import Any
 
 from torchpipe.runtime.cpu import one_intra_op_thread
 

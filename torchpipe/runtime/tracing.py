@@ -17,7 +17,8 @@ import os
 import threading
 import time
 from collections import deque
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any, cast
 
 MAX_EVENTS = 500_000
 """Events a pass keeps (about 60 MB at most); past it the oldest are dropped and the export says so."""
@@ -172,7 +173,7 @@ class CallTracer:
             where = threading.current_thread().name
         track = self._tracks.get(where)
         if track is None:
-            shown = where if pid is not None else f"thread {where.removeprefix(self._stage + '-')}"
+            shown = where if pid is not None else f"thread {cast(str, where).removeprefix(self._stage + '-')}"
             name = f"{self._stage} on {shown}"
             track = self._log.track((CALLS, self._stage, where), name, CALLS, self._order, pid, self._stage)
             self._tracks[where] = track

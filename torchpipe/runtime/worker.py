@@ -28,7 +28,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -162,7 +162,7 @@ class _TaskRunner:
                 if task is self._STOP or self._stopping:
                     return
                 if task is not self._SHRINK:
-                    seq, payload = task
+                    seq, payload = cast("tuple[int, Any]", task)
                     self._output.run(self._handler, seq, payload)
                 if self._leave_if_surplus():
                     return

@@ -86,7 +86,7 @@ class Zygote:
                 os._exit(code)
         child_end.close()
         self.pid = pid
-        self._control = control
+        self._control: Channel | None = control
 
     def spawn(self, worker_id: int, timeout: float = 30.0) -> tuple[int, Channel]:
         """A new worker's pid and the main process's end of its channel.
@@ -136,6 +136,7 @@ class Zygote:
         return not self._reaped
 
     def _next_message(self, timeout: float) -> tuple | None:
+        assert self._control is not None  # asked while the zygote runs
         if not self._control.poll(max(0.0, min(timeout, _POLL_S))):
             return None
         try:

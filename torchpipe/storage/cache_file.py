@@ -33,8 +33,8 @@ import zlib
 from typing import Any, BinaryIO
 
 from torchpipe.integrations.progress import ProgressBar
-from torchpipe.storage.pending_file import PendingFile
 from torchpipe.runtime import codec
+from torchpipe.storage.pending_file import PendingFile
 
 try:
     import fcntl

@@ -121,7 +121,7 @@ def _function_parts(fn: Any, depth: int, seen: set[int]) -> Iterator[str]:
         fn = fn.__func__
     code = getattr(fn, "__code__", None)
     if not isinstance(code, types.CodeType):
-        call = getattr(type(fn), "__call__", None)
+        call = getattr(type(fn), "__call__", None)  # noqa: B004 - its code is fingerprinted
         yield f"{type(fn).__module__}.{type(fn).__qualname__}"
         if isinstance(call, types.FunctionType):  # a callable object: its class's __call__, its attributes
             yield from _function_parts(call, depth + 1, seen)
@@ -162,7 +162,7 @@ _DATA = (*_PLAIN, list, tuple, dict, set, frozenset, torch.Tensor, np.ndarray)
 def _value_parts(value: Any, depth: int, seen: set[int]) -> Iterator[str]:
     if callable(value) and not isinstance(value, type):
         yield from _function_parts(value, depth + 1, seen)
-    elif isinstance(value, _DATA) or isinstance(value, (type, types.ModuleType)) or not hasattr(value, "__dict__"):
+    elif isinstance(value, (*_DATA, type, types.ModuleType)) or not hasattr(value, "__dict__"):
         yield describe_value(value)
     elif id(value) in seen or depth > 3:
         yield "..."

@@ -36,7 +36,7 @@ def is_full(error: BaseException) -> bool:
 
 def disk_full_error(error: OSError, stage: str, filename: str, written: int) -> DiskFullError:
     """The :class:`DiskFullError` for ``error``, a write of ``filename`` that ran out of room."""
-    reason = _FULL.get(error.errno, "out of room")
+    reason = _FULL.get(error.errno or 0, "out of room")
     return DiskFullError(f"{stage}: {reason} after writing {written:,} bytes to {filename}: [Errno {error.errno}] "
                          f"{error.strerror}", error.errno, stage, filename, written)  # fmt: skip
 
@@ -87,7 +87,7 @@ class PendingFile:
         """
         temp = temp_name(path)
         with reporting_full_disk(stage, temp, lambda: 0):
-            return cls(open(temp, "xb", buffering=buffering), temp, path, stage)  # noqa: SIM115 - owned
+            return cls(open(temp, "xb", buffering=buffering), temp, path, stage)
 
     def reporting(self) -> contextlib.AbstractContextManager[None]:
         """Errors that say the disk is full become :class:`DiskFullError` naming this file and

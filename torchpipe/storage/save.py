@@ -24,11 +24,23 @@ import torch
 
 from torchpipe.errors import CheckpointError, DiskFullError, add_note
 from torchpipe.integrations.progress import ProgressBar
-from torchpipe.storage.saved_file import FORMAT, FORMAT_VERSION, SavedFormatError, ShardFile, lock_directory, new_generation, read_manifest, remove_files, shard_name, sync_directory, write_manifest
+from torchpipe.runtime.cpu import usable_cpu_count
 from torchpipe.storage.fingerprint import describe_ops, function_digest
 from torchpipe.storage.pending_file import write_file
 from torchpipe.storage.save_writers import ShardWriters
-from torchpipe.runtime.cpu import usable_cpu_count
+from torchpipe.storage.saved_file import (
+    FORMAT,
+    FORMAT_VERSION,
+    SavedFormatError,
+    ShardFile,
+    lock_directory,
+    new_generation,
+    read_manifest,
+    remove_files,
+    shard_name,
+    sync_directory,
+    write_manifest,
+)
 
 PROGRESS = "progress.pkl"
 DEFAULT_CHECKPOINT_S = 5.0
@@ -36,7 +48,8 @@ CHECKPOINT_KEYS = ("checkpoint_interval", "checkpoint_interval_s")
 
 
 def save(dataset: Any, path: str, shard_func: Callable[..., Any] | None = None, compression: str | None = None,
-         checkpoint_interval: int | None = None, checkpoint_interval_s: float = DEFAULT_CHECKPOINT_S) -> None:  # fmt: skip
+         checkpoint_interval: int | None = None,
+         checkpoint_interval_s: float = DEFAULT_CHECKPOINT_S) -> None:  # fmt: skip
     """Write one pass over ``dataset`` to ``path`` (see ``tp.Dataset.save``, which checks the arguments).
 
     Raises:

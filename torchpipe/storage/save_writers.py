@@ -12,10 +12,10 @@ import threading
 from typing import Any
 
 from torchpipe.errors import add_note
+from torchpipe.runtime import codec
+from torchpipe.storage.cache_file import Origin
 from torchpipe.storage.element_spec import element_spec, merge_specs
 from torchpipe.storage.saved_file import ShardFile, compress, shard_name
-from torchpipe.storage.cache_file import Origin
-from torchpipe.runtime import codec
 
 _QUEUE = 64  # elements waiting per writer thread: enough to ride out a slow write
 _POLL_S = 0.5

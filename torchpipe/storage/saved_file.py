@@ -30,10 +30,22 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from torchpipe.errors import DataLossError
-from torchpipe.storage.cache_file import END_MAGIC, FOOTER, RECORD, VERSION, Origin, file_header, frame_record, origin_of, read_header, record_crc, try_lock
-from torchpipe.storage.pending_file import PendingFile, reporting_full_disk, write_file
 from torchpipe.runtime import codec
 from torchpipe.runtime.local_files import ProcessLocalFiles
+from torchpipe.storage.cache_file import (
+    END_MAGIC,
+    FOOTER,
+    RECORD,
+    VERSION,
+    Origin,
+    file_header,
+    frame_record,
+    origin_of,
+    read_header,
+    record_crc,
+    try_lock,
+)
+from torchpipe.storage.pending_file import PendingFile, reporting_full_disk, write_file
 
 FORMAT = "torchpipe-saved"
 FORMAT_VERSION = 1

@@ -1,7 +1,6 @@
 import pytest
 
 import torchpipe as tp
-
 from tests.graph.passes.toggle import assert_pass_keeps_output, only
 
 

@@ -1,9 +1,8 @@
 import threading
 
 import torchpipe as tp
-from torchpipe.ops.prefetch import PrefetchIterator
-
 from tests.graph.passes.toggle import assert_pass_keeps_output, only
+from torchpipe.ops.prefetch import PrefetchIterator
 
 
 def noisy(x):

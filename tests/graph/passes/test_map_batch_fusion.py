@@ -6,11 +6,10 @@ import pytest
 import torch
 
 import torchpipe as tp
+from tests.graph.passes.toggle import assert_pass_keeps_output, only
 from torchpipe.graph.passes import map_batch_fusion
 from torchpipe.ops.map import MapBatchNode
 from torchpipe.testing import assert_checkpoint_roundtrip, assert_same_elements
-
-from tests.graph.passes.toggle import assert_pass_keeps_output, only
 
 
 class Items(torch.utils.data.Dataset):

@@ -1,9 +1,8 @@
 import pytest
 
 import torchpipe as tp
-from torchpipe.ops.fused import FusedMapNode
-
 from tests.graph.passes.toggle import assert_pass_keeps_output, only, running_root
+from torchpipe.ops.fused import FusedMapNode
 
 
 def noisy(x):

@@ -4,9 +4,8 @@ import pytest
 import torch
 
 import torchpipe as tp
-from torchpipe.ops.fused import FusedMapNode
-
 from tests.graph.passes.toggle import assert_pass_keeps_output, only, running_root
+from torchpipe.ops.fused import FusedMapNode
 
 SEEDED = tp.Options(seed=11)
 

@@ -3,7 +3,6 @@ import threading
 import pytest
 
 import torchpipe as tp
-
 from tests.graph.passes.toggle import assert_pass_keeps_output, only, running_root
 
 

@@ -1,9 +1,8 @@
 import pytest
 
 import torchpipe as tp
-from torchpipe.ops.passthrough import ElidedNode
-
 from tests.graph.passes.toggle import assert_pass_keeps_output, only
+from torchpipe.ops.passthrough import ElidedNode
 
 
 def noisy(x):

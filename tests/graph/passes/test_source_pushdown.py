@@ -3,7 +3,6 @@ import os
 import torch
 
 import torchpipe as tp
-
 from tests.graph.passes.toggle import assert_pass_keeps_output, only
 
 

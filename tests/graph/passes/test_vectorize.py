@@ -2,7 +2,6 @@ import pytest
 import torch
 
 import torchpipe as tp
-
 from tests.graph.passes.toggle import assert_pass_keeps_output, only
 
 

@@ -10,12 +10,12 @@ from torchpipe.ops.passthrough import WithOptionsNode
 from torchpipe.options import OPTIMIZATIONS
 from torchpipe.testing import assert_checkpoint_roundtrip, assert_same_elements
 
-NONE = {name: False for name in OPTIMIZATIONS}
+NONE = dict.fromkeys(OPTIMIZATIONS, False)
 
 
 def only(ds: tp.Dataset, *names: str) -> tp.Dataset:
     """``ds`` with just the passes ``names`` switched on."""
-    return ds.with_options(tp.Options(optimizations={**NONE, **{name: True for name in names}}))
+    return ds.with_options(tp.Options(optimizations={**NONE, **dict.fromkeys(names, True)}))
 
 
 def unoptimized(ds: tp.Dataset) -> tp.Dataset:

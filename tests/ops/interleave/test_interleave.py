@@ -11,12 +11,11 @@ import pytest
 import torch
 
 import torchpipe as tp
+from tests.trees import find_stage
 from torchpipe.errors import CheckpointError
 from torchpipe.ops.interleave import interleave as interleave_op
 from torchpipe.ops.interleave.interleave import InterleaveIterator
 from torchpipe.testing import assert_checkpoint_roundtrip
-
-from tests.trees import find_stage
 
 LENS = [3, 1, 4, 0, 2, 5]
 

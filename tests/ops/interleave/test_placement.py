@@ -9,18 +9,17 @@ import psutil
 import pytest
 
 import torchpipe as tp
+from tests.trees import find_stage
+from torchpipe.core.stats import IteratorStats
 from torchpipe.ops.interleave import interleave, process_readers
 from torchpipe.ops.interleave import placement as reader_placement
 from torchpipe.ops.interleave.interleave import InterleaveIterator
 from torchpipe.ops.interleave.placement import ReaderPlacement, Window
-from torchpipe.core.stats import IteratorStats
 from torchpipe.runtime.cpu import usable_cpu_count
 from torchpipe.runtime.policy import PROCESS, THREAD
 from torchpipe.runtime.process_pool import ProcessPool
 from torchpipe.runtime.timing import CallTiming
 from torchpipe.testing import assert_checkpoint_roundtrip
-
-from tests.trees import find_stage
 
 NO_TUNER = tp.Options(autotune=tp.AutotuneOptions(enabled=False), optimizations={"inject_prefetch": False})
 

@@ -1,8 +1,8 @@
 """interleave(executor="process"): inner datasets read in worker processes, tf.data's order."""
 
 import os
-import time
 import signal
+import time
 
 import pytest
 
@@ -114,9 +114,9 @@ def test_chunks_end_early_for_slow_reads(monkeypatch):
     """A chunk ends after ``_CHUNK_S`` of reading: slow records come back a few at a time."""
     import time
 
-    from torchpipe.ops.interleave import process_readers
     from torchpipe.core.context import BuildContext
     from torchpipe.core.function import UserFunction
+    from torchpipe.ops.interleave import process_readers
     from torchpipe.ops.interleave.readers import InnerOpener
 
     monkeypatch.setattr(process_readers, "_CHUNK_S", 0.01)
@@ -150,9 +150,9 @@ def test_tensor_records_arrive_as_rows_and_checkpoint_mid_chunk():
 def test_chunks_end_at_about_chunk_bytes(monkeypatch):
     import torch
 
-    from torchpipe.ops.interleave import process_readers
     from torchpipe.core.context import BuildContext
     from torchpipe.core.function import UserFunction
+    from torchpipe.ops.interleave import process_readers
     from torchpipe.ops.interleave.readers import InnerOpener
 
     def big(x):

@@ -5,18 +5,17 @@ from __future__ import annotations
 import pytest
 
 import torchpipe as tp
+from tests.trees import find_stage
 from torchpipe.autotune import tunable
 from torchpipe.core.context import BuildContext
 from torchpipe.core.function import UserFunction
-from torchpipe.ops.interleave.interleave import InterleaveIterator
-from torchpipe.ops.interleave.readers import END, FAILED, VALUE, InlineReaders, InnerOpener, ReaderPlace
-from torchpipe.ops.interleave.process_readers import ProcessReaders
 from torchpipe.core.stats import IteratorStats
+from torchpipe.ops.interleave.interleave import InterleaveIterator
+from torchpipe.ops.interleave.process_readers import ProcessReaders
+from torchpipe.ops.interleave.readers import END, FAILED, VALUE, InlineReaders, InnerOpener, ReaderPlace
 from torchpipe.ops.interleave.thread_readers import ThreadReaders
 from torchpipe.runtime.process_pool import process_executor_supported
 from torchpipe.runtime.timing import CallTiming
-
-from tests.trees import find_stage
 
 
 def tens(x: int) -> tp.Dataset:

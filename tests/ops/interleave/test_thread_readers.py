@@ -9,8 +9,8 @@ import pytest
 import torchpipe as tp
 from torchpipe.core.context import BuildContext
 from torchpipe.core.function import UserFunction
-from torchpipe.ops.interleave.readers import InnerOpener
 from torchpipe.core.stats import IteratorStats
+from torchpipe.ops.interleave.readers import InnerOpener
 from torchpipe.ops.interleave.thread_readers import ThreadReaders
 from torchpipe.runtime.timing import CallTiming
 

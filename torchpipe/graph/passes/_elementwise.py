@@ -14,11 +14,12 @@ can only be the last stage (inline, each stage counts the elements that reach it
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from torchpipe.constants import AUTOTUNE
-from torchpipe.core.rewrite import rewrite_bottom_up
 from torchpipe.core.node import Node
+from torchpipe.core.rewrite import rewrite_bottom_up
 from torchpipe.ops.filter import FilterNode
 from torchpipe.ops.fused import FusedMapNode, is_pure_stage
 from torchpipe.ops.map import MapNode, executor_kind
@@ -53,6 +54,7 @@ def _merge(outer: Node, inner: Node, options: Options) -> tuple[Any, ...] | None
         return None, None, "auto"
     if a is None or b is None:
         parallel, inline = (a, inner) if b is None else (b, outer)
+        assert parallel is not None  # not both None (above)
         # Worker processes and Ray actors seed the global RNGs per element, as inline calls do.
         seeds_per_element = executor_kind(parallel[2]) in ("process", "ray")
         if options.seed is not None and not seeds_per_element and not is_pure_stage(inline):

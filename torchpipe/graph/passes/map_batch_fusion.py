@@ -8,8 +8,8 @@ the batch (the batch boundaries depend on what the filter keeps).
 
 from __future__ import annotations
 
-from torchpipe.core.rewrite import rewrite_bottom_up
 from torchpipe.core.node import Node
+from torchpipe.core.rewrite import rewrite_bottom_up
 from torchpipe.ops.batch import BatchNode
 from torchpipe.ops.fused import FusedMapNode
 from torchpipe.ops.map import MapBatchNode, MapNode

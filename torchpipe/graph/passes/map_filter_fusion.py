@@ -3,8 +3,8 @@ where the map ran and dropped elements never travel back."""
 
 from __future__ import annotations
 
-from torchpipe.graph.passes._elementwise import apply_fusion
 from torchpipe.core.node import Node
+from torchpipe.graph.passes._elementwise import apply_fusion
 from torchpipe.options import Options
 
 NAME = "map_filter_fusion"

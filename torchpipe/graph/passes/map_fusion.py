@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from torchpipe.graph.passes._elementwise import apply_fusion
 from torchpipe.core.node import Node
+from torchpipe.graph.passes._elementwise import apply_fusion
 from torchpipe.options import Options
 
 NAME = "map_fusion"

@@ -8,8 +8,8 @@ caller relies on. Order is kept (deterministic) unless the pipeline says otherwi
 from __future__ import annotations
 
 from torchpipe.constants import AUTOTUNE
-from torchpipe.core.rewrite import rewrite_bottom_up, with_attrs
 from torchpipe.core.node import Node
+from torchpipe.core.rewrite import rewrite_bottom_up, with_attrs
 from torchpipe.ops.map import MapNode
 from torchpipe.options import Options
 

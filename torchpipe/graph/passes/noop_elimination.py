@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from torchpipe.core.rewrite import rewrite_bottom_up
 from torchpipe.core.node import Node
-from torchpipe.ops.prefetch import PrefetchNode
+from torchpipe.core.rewrite import rewrite_bottom_up
 from torchpipe.ops.passthrough import ElidedNode
+from torchpipe.ops.prefetch import PrefetchNode
 from torchpipe.ops.repeat import RepeatNode
 from torchpipe.ops.select import ShardNode, SkipNode, TakeNode
 from torchpipe.options import Options

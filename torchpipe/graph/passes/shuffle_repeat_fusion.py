@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from torchpipe.core.rewrite import rewrite_bottom_up
 from torchpipe.core.node import Node
-from torchpipe.ops.shuffle import ShuffleNode, ShuffleRepeatNode
+from torchpipe.core.rewrite import rewrite_bottom_up
 from torchpipe.ops.repeat import RepeatNode
+from torchpipe.ops.shuffle import ShuffleNode, ShuffleRepeatNode
 from torchpipe.options import Options
 
 NAME = "shuffle_repeat_fusion"

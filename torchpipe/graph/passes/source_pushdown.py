@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from torchpipe.core.rewrite import rewrite_bottom_up, with_attrs, with_inputs
 from torchpipe.core.node import Node
+from torchpipe.core.rewrite import rewrite_bottom_up, with_attrs, with_inputs
 from torchpipe.distributed.nodes import FetchNode
 from torchpipe.ops.map import MapNode
 from torchpipe.ops.source_nodes import FromDatasetNode, IndicesNode

@@ -10,8 +10,8 @@ rewritten.
 
 from __future__ import annotations
 
-from torchpipe.core.rewrite import rewrite_bottom_up, with_inputs
 from torchpipe.core.node import Node
+from torchpipe.core.rewrite import rewrite_bottom_up, with_inputs
 from torchpipe.ops.batch import BatchNode
 from torchpipe.ops.map import MapNode
 from torchpipe.options import Options

@@ -1,8 +1,8 @@
 """``flat_map`` and ``interleave``: a Dataset per input element, their elements merged in tf.data's
 order by one iterator (:class:`InterleaveIterator`) over a pool of readers: inline
 (``interleave_readers.py``), on threads (``thread_readers.py``), in worker processes
-(``process_readers.py``) or on Ray actors (``ray_readers.py``). With ``executor="auto"`` the readers move between threads and processes
-while the pass runs (``reader_placement.py``, docs/executors.md).
+(``process_readers.py``) or on Ray actors (``ray_readers.py``). With ``executor="auto"`` the readers
+move between threads and processes while the pass runs (``reader_placement.py``, docs/executors.md).
 
 Resuming calls the user function again on the saved elements, with the same sequence numbers,
 so the inner datasets (and their seeds) are rebuilt exactly.
@@ -12,28 +12,42 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, cast
 
 from torchpipe.constants import AUTOTUNE, UNKNOWN
-from torchpipe.errors import CheckpointError
 from torchpipe.core.context import BuildContext
+from torchpipe.core.function import UserFunction
 from torchpipe.core.iterator import Iterator
 from torchpipe.core.node import Node, function_name
 from torchpipe.core.position_log import PositionLog
-from torchpipe.core.function import UserFunction
 from torchpipe.core.state import check_bool, check_int, check_state
-from torchpipe.ops.interleave.readers import ERROR, FAILED, MAX_PARALLELISM, VALUE, InlineReaders, InnerOpener, Reader, ReaderPool, read_ahead_items
-from torchpipe.ops.map import executor_kind
-from torchpipe.ops.interleave.process_readers import ProcessReaders
-from torchpipe.ops.interleave.ray_readers import RayReaders
-from torchpipe.ops.interleave.placement import ReaderPlacement
 from torchpipe.core.stats import LiveKnob
 from torchpipe.core.tunable import POOL, Tunable
+from torchpipe.errors import CheckpointError
+from torchpipe.ops.interleave.placement import ReaderPlacement
+from torchpipe.ops.interleave.process_readers import ProcessReaders
+from torchpipe.ops.interleave.ray_readers import RayReaders
+from torchpipe.ops.interleave.readers import (
+    ERROR,
+    FAILED,
+    MAX_PARALLELISM,
+    VALUE,
+    InlineReaders,
+    InnerOpener,
+    Reader,
+    ReaderPool,
+    read_ahead_items,
+)
 from torchpipe.ops.interleave.thread_readers import ThreadReaders
+from torchpipe.ops.map import executor_kind
 from torchpipe.runtime.cpu import usable_cpu_count
 from torchpipe.runtime.policy import INLINE, PROCESS, RAY, THREAD
 from torchpipe.runtime.process_pool import process_executor_supported
 from torchpipe.runtime.timing import CallTiming
+
+if TYPE_CHECKING:
+    from torchpipe.runtime.ray_executor import RayExecutor
 
 AUTOTUNE_MIN_CYCLE = 16
 _DEEP_READ_AHEAD = 4  # reads in flight a slot from which AUTOTUNE readers read far ahead
@@ -84,7 +98,7 @@ class InterleaveNode(Node):
         block_length: int,
         num_parallel_calls: int | None,
         deterministic: bool | None,
-        executor: str = "auto",
+        executor: str | RayExecutor = "auto",
     ) -> None:
         super().__init__(input)
         self.fn = fn
@@ -133,7 +147,7 @@ class InterleaveNode(Node):
         processes = process_executor_supported()
         if executor_kind(self.executor) == RAY:  # as on processes, with the global RNGs seeded per element
             opener = InnerOpener(UserFunction(self.fn, self.name, ctx), ctx)
-            return {RAY: RayReaders(self.name, opener, block, restart, stall_s, self.executor)}  # a tp.RayExecutor
+            return {RAY: RayReaders(self.name, opener, block, restart, stall_s, cast("RayExecutor", self.executor))}
         if self.executor == "process" and processes:
             opener = InnerOpener(UserFunction(self.fn, self.name, ctx), ctx)
             return {PROCESS: ProcessReaders(self.name, opener, block, restart, stall_s)}
@@ -162,7 +176,7 @@ class _DirectInput:
             element = next(self._source)
         except StopIteration:  # an Exception too, but the end, not an element's error
             raise
-        except Exception as e:  # takes its place in the order, and uses up its number
+        except Exception as e:  # noqa: BLE001 - takes its place in the order, and uses up its number
             self._seq = seq + 1
             return seq, None, e
         self._seq = seq + 1
@@ -427,6 +441,7 @@ class InterleaveIterator(Iterator, Tunable):
     def _review(self, element: Any) -> None:
         """Let the placement look at the counters; move the readers if it says so."""
         placement = self._placement
+        assert placement is not None  # reviewed under executor="auto"
         kind = placement.review(self.stats)
         if kind is not None:
             self._move(kind, element)
@@ -439,6 +454,7 @@ class InterleaveIterator(Iterator, Tunable):
         it read ahead: the input position, the cycle and each reader's place stay as they are, so
         nothing is lost, repeated, reordered or read twice. Readers whose input elements, positions
         or elements (``element`` stands for them) cannot go there stay, for good."""
+        assert self._placement is not None  # moved under executor="auto"
         old, new = self._pool, self._pools[kind]
         readers = [*(r for r in self._slots if r is not None), *self._ahead]
         if not new.accepts([old.place(reader) for reader in readers], element):

@@ -70,8 +70,10 @@ class _Look:
 
     @classmethod
     def of(cls, stats: IteratorStats) -> _Look:
-        _, work_s, cpu_s = stats.calls.totals()
-        return cls(time.perf_counter(), stats.produced, stats.calls.items, work_s, cpu_s, stats.wall_s, stats.wait_s)
+        calls = stats.calls
+        assert calls is not None  # an interleave's stats count its reads
+        _, work_s, cpu_s = calls.totals()
+        return cls(time.perf_counter(), stats.produced, calls.items, work_s, cpu_s, stats.wall_s, stats.wait_s)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,6 +162,7 @@ class ReaderPlacement:
         return self._choose()
 
     def _choose(self) -> str:
+        assert self.costs is not None  # set by verdict()
         measured = {kind: statistics.median_low(times) for kind, times in self._measured.items()
                     if len(times) >= _WINDOWS_NEEDED}  # fmt: skip
         return choose(self.costs, self._cores, (THREAD, PROCESS), measured if len(measured) > 1 else {},

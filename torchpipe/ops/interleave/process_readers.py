@@ -21,8 +21,18 @@ from collections.abc import Callable
 from typing import Any
 
 from torchpipe.core.iterator import Iterator
-from torchpipe.ops.interleave.readers import END, ERROR, FAILED, VALUE, InnerOpener, Item, Reader, ReaderPlace, ReaderPool
 from torchpipe.core.stats import element_bytes
+from torchpipe.ops.interleave.readers import (
+    END,
+    ERROR,
+    FAILED,
+    VALUE,
+    InnerOpener,
+    Item,
+    Reader,
+    ReaderPlace,
+    ReaderPool,
+)
 from torchpipe.runtime import codec
 from torchpipe.runtime.columns import Columns, to_columns
 from torchpipe.runtime.cpu import usable_cpu_count
@@ -70,7 +80,7 @@ class InnerChunkTask:
         return {"opener": self.opener}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["opener"])
+        self.__init__(state["opener"])  # type: ignore[misc]  # this class's own __init__
 
     def __call__(self, task_id: int, payload: tuple) -> list[Item] | PackedChunk:
         element, seq, state, count, reader_id, position = payload
@@ -105,7 +115,7 @@ def _read_chunk(iterator: Iterator, count: int) -> list[Item]:
     """Up to ``count`` items of ``iterator`` (at least one), until ``_CHUNK_S`` or ``_CHUNK_BYTES``."""
     items: list[Item] = []
     deadline, nbytes, size = time.perf_counter() + _CHUNK_S, 0, 0
-    while len(items) < count and (nbytes < _CHUNK_BYTES and time.perf_counter() < deadline or not items):
+    while len(items) < count and ((nbytes < _CHUNK_BYTES and time.perf_counter() < deadline) or not items):
         try:
             value = next(iterator)
         except StopIteration:
@@ -181,8 +191,9 @@ class _ChunkReader(Reader):
             self.ready.append((FAILED, error, None))
             self.done = True
             return
-        if type(items) is PackedChunk:
+        if isinstance(items, PackedChunk):
             items = items.items()
+        assert items is not None  # no error: the chunk came
         self.read += len(items)
         self.last_chunk = len(items)
         for kind, payload, state in items:
@@ -200,7 +211,7 @@ class _ChunkReader(Reader):
         return tuple(self.ready)
 
 
-class ProcessReaders(ReaderPool):
+class ProcessReaders(ReaderPool[_ChunkReader]):
     """Reads the open inner datasets ahead in worker processes, chunk by chunk.
 
     With ``threads_in_workers`` (the ``executor="auto"`` choice), ``parallelism`` counts reads in
@@ -255,6 +266,7 @@ class ProcessReaders(ReaderPool):
 
     def resize(self, parallelism: int) -> None:
         if self._reading:
+            assert self._pool is not None  # reading: prepared
             processes, threads = self._workers(parallelism)
             self._pool.set_threads(threads)
             self._pool.resize(processes)
@@ -280,6 +292,7 @@ class ProcessReaders(ReaderPool):
         # A reader asks for its next chunk when it opens, when a chunk arrives and when an item
         # is taken from it: the only times wants_chunk() can change.
         if self._reading and reader.wants_chunk(self._ahead):
+            assert self._dispatch is not None and self._pool is not None  # reading: prepared
             task = self._next_task
             self._next_task += 1
             reader.pending = task
@@ -289,6 +302,7 @@ class ProcessReaders(ReaderPool):
 
     def _receive(self, timeout: float) -> None:
         """Hand the chunks that arrived (waiting up to ``timeout`` s for one) to their readers."""
+        assert self._dispatch is not None and self.stats.calls is not None  # prepared; calls counted
         for task, items, error in self._dispatch.poll(timeout):
             if error is None:
                 self.stats.calls.add_items(len(items))
@@ -351,7 +365,7 @@ class ProcessReaders(ReaderPool):
 
     def park(self) -> None:
         self._reading = False
-        if self._pool is not None:
+        if self._pool is not None and self._dispatch is not None:  # made together
             self._dispatch.forget()  # chunks still out come back to no one
             self._waiting.clear()
             self._pool.resize(0)  # its zygote stays, ready to fork workers again

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from torchpipe.ops.interleave.readers import InnerOpener
 from torchpipe.ops.interleave.process_readers import InnerChunkTask, ProcessReaders
+from torchpipe.ops.interleave.readers import InnerOpener
 from torchpipe.runtime.policy import RAY
 
 if TYPE_CHECKING:
@@ -46,4 +46,5 @@ class RayReaders(ProcessReaders):
 
     def resize(self, parallelism: int) -> None:
         if self._reading:
+            assert self._pool is not None  # reading: prepared
             self._pool.resize(parallelism)  # an actor reads one chunk at a time: no threads to set

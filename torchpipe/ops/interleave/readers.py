@@ -20,11 +20,11 @@ from __future__ import annotations
 import abc
 from collections import deque
 from collections.abc import Callable
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar, Generic, NamedTuple, TypeVar
 
 from torchpipe.core.context import BuildContext
-from torchpipe.core.iterator import Iterator
 from torchpipe.core.function import UserFunction
+from torchpipe.core.iterator import Iterator
 from torchpipe.core.stats import IteratorStats
 from torchpipe.runtime.policy import INLINE
 
@@ -122,7 +122,11 @@ class Reader:
         self.error = error
 
 
-class ReaderPool(abc.ABC):
+ReaderT = TypeVar("ReaderT", bound=Reader)
+"""The reader a pool makes (each pool's reader class adds what that pool needs)."""
+
+
+class ReaderPool(abc.ABC, Generic[ReaderT]):
     """Where an interleave's readers read. One interleave may hold several (``executor="auto"``)
     and move its readers between them; all add to the stage's one set of counters.
 
@@ -134,7 +138,7 @@ class ReaderPool(abc.ABC):
     kind: ClassVar[str]
     """The executor it stands for in the policy: ``inline``, ``thread`` or ``process``."""
 
-    stats: IteratorStats | None = None
+    stats: IteratorStats  # set by bind(), before the pool reads
 
     def bind(self, stats: IteratorStats) -> None:
         """Count waits, buffer looks and reads' costs (``stats.calls``) in the stage's ``stats``."""
@@ -163,22 +167,22 @@ class ReaderPool(abc.ABC):
 
     @abc.abstractmethod
     def open(self, element: Any, seq: int, inner: dict[str, Any] | None = None, error: BaseException | None = None,
-             read_ahead: tuple[Item, ...] = ()) -> Reader:  # fmt: skip
+             read_ahead: tuple[Item, ...] = ()) -> ReaderT:  # fmt: skip
         """A reader of inner dataset ``seq``, made from input ``element``, at inner state ``inner``
         (None: its start), that gives ``read_ahead`` (items another pool read after ``inner``)
         first and reads on after them; or, with ``error`` (the input raised), one that only fails
         with it. It reads nothing until :meth:`read`. A released reader opens at ``open(*place)``.
         """
 
-    def read(self, reader: Reader) -> None:
+    def read(self, reader: ReaderT) -> None:
         """Have ``reader`` read ahead; it asks again by itself as it is taken from."""
 
     @abc.abstractmethod
-    def has_ready(self, reader: Reader) -> bool:
+    def has_ready(self, reader: ReaderT) -> bool:
         """Whether ``reader`` has an item to take without waiting."""
 
     @abc.abstractmethod
-    def take(self, reader: Reader) -> tuple[str, Any]:
+    def take(self, reader: ReaderT) -> tuple[str, Any]:
         """``reader``'s next ``(kind, payload)``, waiting in bounded steps for it.
 
         Raises:
@@ -193,19 +197,19 @@ class ReaderPool(abc.ABC):
         """
 
     @abc.abstractmethod
-    def inner_state(self, reader: Reader) -> dict[str, Any] | None:
+    def inner_state(self, reader: ReaderT) -> dict[str, Any] | None:
         """The inner iterator's state after the items taken (None: its start)."""
 
-    def place(self, reader: Reader) -> ReaderPlace:
+    def place(self, reader: ReaderT) -> ReaderPlace:
         """Where ``reader`` stands as far as the consumer knows (what it read ahead aside)."""
         return ReaderPlace(reader.element, reader.seq, self.inner_state(reader), reader.error)
 
     @abc.abstractmethod
-    def close(self, reader: Reader) -> None:
+    def close(self, reader: ReaderT) -> None:
         """Stop ``reader`` and release its inner iterator."""
 
     @abc.abstractmethod
-    def release(self, readers: list[Reader]) -> list[ReaderPlace]:
+    def release(self, readers: list[ReaderT]) -> list[ReaderPlace]:
         """Stop ``readers`` and close them, returning their places with what they read ahead,
         so that another pool goes on from there: nothing lost, repeated or read twice. A reader
         whose read in progress outlasts a short wait hands over nothing read ahead (its successor
@@ -215,7 +219,7 @@ class ReaderPool(abc.ABC):
         """Whether readers at ``places`` can read here, giving elements like ``element``."""
         return True
 
-    def children(self, readers: list[Reader]) -> list[Iterator]:
+    def children(self, readers: list[ReaderT]) -> list[Iterator]:
         """The inner iterators of ``readers`` that run on the consumer's thread (its stats show them)."""
         return []
 
@@ -237,7 +241,7 @@ class _InlineReader(Reader):
         self.iterator: Iterator | None = None
 
 
-class InlineReaders(ReaderPool):
+class InlineReaders(ReaderPool[_InlineReader]):
     """Reads on demand, on the consumer's thread: one element when the interleave takes one.
 
     An inner dataset is opened when its first element is taken; its state is asked of its
@@ -266,19 +270,20 @@ class InlineReaders(ReaderPool):
                 return self._carried(reader)
             try:
                 iterator = reader.iterator = self._opener(reader.element, reader.seq, reader.taken_state)
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - the reader fails with it, in its place
                 return FAILED, e
         try:
             return VALUE, next(iterator)
         except StopIteration:
             return END, None
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - this element's error, delivered in its place
             return ERROR, e
 
     def _carried(self, reader: _InlineReader) -> tuple[str, Any]:
         """The next item read ahead by another pool, or the input's error."""
         if reader.error is not None:
             return FAILED, reader.error
+        assert reader.carried is not None  # the error, or items read ahead (above)
         kind, payload, state = reader.carried.popleft()
         if kind in (VALUE, ERROR):
             reader.taken_state = state  # the inner dataset opens there once these are taken

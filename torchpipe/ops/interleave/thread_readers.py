@@ -17,7 +17,18 @@ from concurrent.futures import Future
 from typing import Any
 
 from torchpipe.core.iterator import Iterator
-from torchpipe.ops.interleave.readers import END, ERROR, FAILED, VALUE, InnerOpener, Item, Reader, ReaderPlace, ReaderPool, read_on_from
+from torchpipe.ops.interleave.readers import (
+    END,
+    ERROR,
+    FAILED,
+    VALUE,
+    InnerOpener,
+    Item,
+    Reader,
+    ReaderPlace,
+    ReaderPool,
+    read_on_from,
+)
 from torchpipe.runtime.policy import THREAD
 from torchpipe.runtime.stall import StallWatch
 from torchpipe.runtime.thread_pool import ThreadPool
@@ -127,7 +138,7 @@ class _ThreadReader(Reader):
         self._pool.watch.begin(self.seq, where)
         try:
             self._iterator = self._pool.opener(self.element, self.seq, self._read_state)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - the reader fails with it, in its place
             self._push(FAILED, e, None, done=True)
             return False
         return True
@@ -139,18 +150,20 @@ class _ThreadReader(Reader):
                 return False
         pool.watch.begin(self.seq, where)
         wall, cpu = time.perf_counter(), time.thread_time()
+        iterator, calls = self._iterator, pool.stats.calls
+        assert iterator is not None and calls is not None  # opened; the stage's calls counted
         try:
-            kind, payload = VALUE, next(self._iterator)
+            kind, payload = VALUE, next(iterator)
         except StopIteration:
             kind, payload = END, None
         except Exception as e:  # noqa: BLE001 - this element's error, delivered in its place
             kind, payload = ERROR, e
         try:
-            state = self._iterator.state_dict() if kind != END else None
-        except Exception as e:  # the machinery failed, not one element
+            state = iterator.state_dict() if kind != END else None
+        except Exception as e:  # noqa: BLE001 - the machinery failed, not one element
             kind, payload, state = FAILED, e, None
         finally:
-            pool.stats.calls.add(time.perf_counter() - wall, time.thread_time() - cpu, items=1)
+            calls.add(time.perf_counter() - wall, time.thread_time() - cpu, items=1)
         self._push(kind, payload, state, done=kind in (END, FAILED))
         return kind in (VALUE, ERROR)
 
@@ -163,7 +176,7 @@ class _ThreadReader(Reader):
             wakeup.notify_all()
 
 
-class ThreadReaders(ReaderPool):
+class ThreadReaders(ReaderPool[_ThreadReader]):
     """Reads the open inner datasets ahead on a pool of ``parallelism`` threads.
 
     Args:
