@@ -128,9 +128,11 @@ def overhead(elements: int = 100_000, rounds: int = 12) -> dict[str, float]:
             rates[label].append(elements / seconds[label])
         ratios.append(seconds["with stats"] / seconds["without"] - 1.0)
     cost = statistics.median(ratios)
-    print(f"tiny, inline: {statistics.median(rates['with stats']):.0f} elem/s with stats, "
-          f"{statistics.median(rates['without']):.0f} without: overhead {cost:.1%} "
-          f"(median of {rounds} alternating pairs)")
+    print(
+        f"tiny, inline: {statistics.median(rates['with stats']):.0f} elem/s with stats, "
+        f"{statistics.median(rates['without']):.0f} without: overhead {cost:.1%} "
+        f"(median of {rounds} alternating pairs)"
+    )
     # The same from the cost of one call (steadier than whole runs on a noisy machine).
     it = iter(ds)
     for _ in it:
@@ -138,8 +140,10 @@ def overhead(elements: int = 100_000, rounds: int = 12) -> dict[str, float]:
     calls = sum(stage["produced"] for stage in it.stats()) / elements
     delta = _call_ns(timed_next) - _call_ns(_untimed_next)
     per_element = 1e9 / statistics.median(rates["without"])
-    print(f"per call: the clocks add {delta:.0f} ns; {calls:.2f} calls per element of {per_element:.0f} ns: "
-          f"overhead {delta * calls / per_element:.2%}")
+    print(
+        f"per call: the clocks add {delta:.0f} ns; {calls:.2f} calls per element of {per_element:.0f} ns: "
+        f"overhead {delta * calls / per_element:.2%}"
+    )
     return {"overhead": cost, "overhead_from_calls": delta * calls / per_element}
 
 

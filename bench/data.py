@@ -129,4 +129,3 @@ def _write_shards(directory: Path, records_per_shard: int) -> None:
         records["label"] = rng.integers(0, 10, size=records_per_shard)
         records["x"] = rng.standard_normal((records_per_shard, 29), dtype=np.float32)
         (directory / f"shard-{k:03d}.bin").write_bytes(records.tobytes())
-

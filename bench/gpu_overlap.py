@@ -115,21 +115,27 @@ def main() -> None:
 
     resident = timed(iter(lambda: (on_gpu, None), None), step, args.steps, to_device=False)
     rows = [("(a) data already on the GPU", resident, None)]
-    for name, make, to_device in [("(b) torch DataLoader, pin_memory", torch_loader, True),
-                                  ("(c) torchpipe DataLoader, device='cuda'", torchpipe_loader, False)]:
+    for name, make, to_device in [
+        ("(b) torch DataLoader, pin_memory", torch_loader, True),
+        ("(c) torchpipe DataLoader, device='cuda'", torchpipe_loader, False),
+    ]:
         fed = timed(make(), step, args.steps, to_device)
         alone = timed(make(), idle, args.steps, to_device)
         rows.append((name, fed, alone))
-    print(f"batch {args.batch}x3x224x224 float32 ({args.batch * 3 * 224 * 224 * 4 / 1e6:.0f} MB), "
-          f"{args.workers} workers; copy of one pinned batch {copy_ms(args.batch):.2f} ms")
+    print(
+        f"batch {args.batch}x3x224x224 float32 ({args.batch * 3 * 224 * 224 * 4 / 1e6:.0f} MB), "
+        f"{args.workers} workers; copy of one pinned batch {copy_ms(args.batch):.2f} ms"
+    )
     print(f"{'feed':<40} {'ms/step':>8} {'vs on-GPU':>10} {'loader alone ms/batch':>22}")
     for name, t, alone in rows:
         alone_text = "" if alone is None else f"{alone * 1e3:>22.2f}"
         print(f"{name:<40} {t * 1e3:>8.2f} {t / resident:>9.3f}x {alone_text}")
     for name, _, alone in rows[1:]:
         if alone > 0.97 * resident:
-            print(f"note: {name[4:]} alone takes {alone / resident:.2f}x the step: the data, not the copy, "
-                  "sets its pace (raise --workers or --step-ms to judge the overlap)")
+            print(
+                f"note: {name[4:]} alone takes {alone / resident:.2f}x the step: the data, not the copy, "
+                "sets its pace (raise --workers or --step-ms to judge the overlap)"
+            )
 
 
 if __name__ == "__main__":

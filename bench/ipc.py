@@ -22,8 +22,15 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import torchpipe as tp
 
-SIZES = {"1K": 1 << 10, "16K": 16 << 10, "128K": 128 << 10, "512K": 512 << 10, "2M": 2 << 20, "8M": 8 << 20,
-         "32M": 32 << 20}
+SIZES = {
+    "1K": 1 << 10,
+    "16K": 16 << 10,
+    "128K": 128 << 10,
+    "512K": 512 << 10,
+    "2M": 2 << 20,
+    "8M": 8 << 20,
+    "32M": 32 << 20,
+}
 KINDS = ("tensor", "numpy", "bytes", "dict")
 
 
@@ -45,8 +52,11 @@ class Payloads(torch.utils.data.Dataset):
         if self.kind == "bytes":
             return bytes([value]) * self.nbytes
         half = self.nbytes // 2
-        return {"image": torch.full((half,), value, dtype=torch.uint8),
-                "mask": np.full(self.nbytes - half, value, dtype=np.uint8), "label": i}
+        return {
+            "image": torch.full((half,), value, dtype=torch.uint8),
+            "mask": np.full(self.nbytes - half, value, dtype=np.uint8),
+            "label": i,
+        }
 
 
 def _identity(x):
@@ -72,8 +82,9 @@ def bench_torchpipe(kind: str, nbytes: int, workers: int, count: int) -> float:
 
 
 def bench_dataloader(kind: str, nbytes: int, workers: int, count: int) -> float:
-    loader = torch.utils.data.DataLoader(Payloads(kind, nbytes, count), batch_size=None, num_workers=workers,
-                                         prefetch_factor=2)
+    loader = torch.utils.data.DataLoader(
+        Payloads(kind, nbytes, count), batch_size=None, num_workers=workers, prefetch_factor=2
+    )
     return _rate(loader, nbytes)
 
 
@@ -84,8 +95,9 @@ def bench_torchpipe_batches(kind: str, nbytes: int, batch: int, workers: int, co
 
 
 def bench_dataloader_batches(kind: str, nbytes: int, batch: int, workers: int, count: int) -> float:
-    loader = torch.utils.data.DataLoader(Payloads(kind, nbytes // batch, count * batch), batch_size=batch,
-                                         num_workers=workers, prefetch_factor=2)
+    loader = torch.utils.data.DataLoader(
+        Payloads(kind, nbytes // batch, count * batch), batch_size=batch, num_workers=workers, prefetch_factor=2
+    )
     return _rate(loader, nbytes)
 
 
@@ -119,10 +131,20 @@ def bench_memcpy_cold(nbytes: int, count: int) -> float:
 
 
 def _row(size: str, nbytes: int, kind: str, ours: float, theirs: float, memcpy: float, cold: float) -> dict:
-    print(f"{size:>6} {kind.split()[0]:>7} {ours:>9.2f}G {theirs:>9.2f}G {memcpy:>7.2f}G {cold:>6.2f}G  "
-          f"{ours / theirs:>5.1f}x {ours / memcpy:>8.2f}x {ours / cold:>6.2f}x", flush=True)
-    return {"size": size, "bytes": nbytes, "kind": kind, "torchpipe_gbps": ours, "dataloader_gbps": theirs,
-            "memcpy_gbps": memcpy, "memcpy_cold_gbps": cold}
+    print(
+        f"{size:>6} {kind.split()[0]:>7} {ours:>9.2f}G {theirs:>9.2f}G {memcpy:>7.2f}G {cold:>6.2f}G  "
+        f"{ours / theirs:>5.1f}x {ours / memcpy:>8.2f}x {ours / cold:>6.2f}x",
+        flush=True,
+    )
+    return {
+        "size": size,
+        "bytes": nbytes,
+        "kind": kind,
+        "torchpipe_gbps": ours,
+        "dataloader_gbps": theirs,
+        "memcpy_gbps": memcpy,
+        "memcpy_cold_gbps": cold,
+    }
 
 
 def main() -> None:
@@ -137,8 +159,10 @@ def main() -> None:
     args = parser.parse_args()
     rows = []
     print(f"workers={args.workers}, cores={os.cpu_count()}, torch {torch.__version__}")
-    print(f"{'size':>6} {'kind':>7} {'torchpipe':>10} {'DataLoader':>10} {'memcpy':>8} {'cold':>7}  {'tp/DL':>6} "
-          f"{'tp/memcpy':>9} {'tp/cold':>7}")
+    print(
+        f"{'size':>6} {'kind':>7} {'torchpipe':>10} {'DataLoader':>10} {'memcpy':>8} {'cold':>7}  {'tp/DL':>6} "
+        f"{'tp/memcpy':>9} {'tp/cold':>7}"
+    )
     for size in args.sizes.split(","):
         nbytes = SIZES[size]
         count = _count_for(nbytes, args.seconds)

@@ -22,8 +22,7 @@ from bench.targets import PEER_BESTS, TARGETS
 
 BASELINE = "dataloader_best"
 ZERO_KNOB = ("torchpipe_auto", "torchpipe_dataloader_auto")
-PEER_NAMES = {"nodes_best": "torchdata.nodes", "spdl_best": "SPDL", "grain_best": "Grain",
-              "tfdata_best": "tf.data"}
+PEER_NAMES = {"nodes_best": "torchdata.nodes", "spdl_best": "SPDL", "grain_best": "Grain", "tfdata_best": "tf.data"}
 TABLES = ("summary", "results", "targets")
 
 
@@ -67,17 +66,18 @@ def _knobs(chosen: dict[str, Any] | None) -> str:
 def summary_table(report: dict[str, Any]) -> str:
     """The README's table: one row per workload, torch's best DataLoader (its throughput and
     workers), the zero-knob configurations and the best Python peer as ratios to it."""
-    lines = ["| workload | torch DataLoader, best | `torchpipe_auto` "
-             "| `tp.DataLoader(num_workers=\"auto\")` | best Python peer |",
-             "|---|---|---|---|---|"]
+    lines = [
+        "| workload | torch DataLoader, best | `torchpipe_auto` "
+        '| `tp.DataLoader(num_workers="auto")` | best Python peer |',
+        "|---|---|---|---|---|",
+    ]
     chosen = report.get("machine", {}).get("run", {}).get("chosen", {})
     for name, entry in report["workloads"].items():
         results, unit = entry["results"], entry["unit"]
         base = results.get(BASELINE, {}).get("throughput")
         if not base:
             continue
-        ratios = [f"{results[c]['throughput'] / base:.2f}x" if c in results else "-"
-                  for c in ZERO_KNOB]
+        ratios = [f"{results[c]['throughput'] / base:.2f}x" if c in results else "-" for c in ZERO_KNOB]
         peers = [p for p in PEER_BESTS if p in results]
         best = max(peers, key=lambda p: results[p]["throughput"], default=None)
         peer = "-"
@@ -117,8 +117,12 @@ def targets_table(report: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("json", help="a bench/run.py --json output")
-    parser.add_argument("--table", choices=(*TABLES, "all"), default="all",
-                        help="summary: README.md's; results, targets: bench/RESULTS.md's")
+    parser.add_argument(
+        "--table",
+        choices=(*TABLES, "all"),
+        default="all",
+        help="summary: README.md's; results, targets: bench/RESULTS.md's",
+    )
     args = parser.parse_args(argv)
     with open(args.json) as f:
         report = json.load(f)

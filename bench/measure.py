@@ -191,8 +191,9 @@ def _drain(iterator: Any, seconds: float) -> None:
         next(iterator)
 
 
-def _timed(iterator: Any, count: Callable[[Any], tuple[int, float]], seconds: float,
-           min_batches: int) -> tuple[int, float, int]:
+def _timed(
+    iterator: Any, count: Callable[[Any], tuple[int, float]], seconds: float, min_batches: int
+) -> tuple[int, float, int]:
     items, units, batches, start = 0, 0.0, 0, time.perf_counter()
     for batch in iterator:
         n, u = count(batch)
@@ -200,4 +201,3 @@ def _timed(iterator: Any, count: Callable[[Any], tuple[int, float]], seconds: fl
         if batches >= min_batches and time.perf_counter() - start >= seconds:
             break
     return items, units, batches
-

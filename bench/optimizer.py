@@ -93,19 +93,31 @@ def _with_step(batch: Any) -> tuple[int, float]:
 
 N = 10**8
 CASES: dict[str, tuple[Callable[[], tp.Dataset], Callable[[Any], tuple[int, float]], str]] = {
-    "noop_elimination": (lambda: tp.range(N).take(-1).skip(0).repeat(1).shard(1, 0).prefetch(0).batch(256),
-                         _items, "elem/s"),
+    "noop_elimination": (
+        lambda: tp.range(N).take(-1).skip(0).repeat(1).shard(1, 0).prefetch(0).batch(256),
+        _items,
+        "elem/s",
+    ),
     "shuffle_repeat_fusion": (lambda: tp.range(16).shuffle(16).repeat(-1).batch(256), _items, "elem/s"),
-    "vectorize": (lambda: tp.from_tensor_slices(torch.randn(200_000, 16)).repeat(-1).map(affine, batched=True)
-                  .batch(256), _items, "elem/s"),
+    "vectorize": (
+        lambda: tp.from_tensor_slices(torch.randn(200_000, 16)).repeat(-1).map(affine, batched=True).batch(256),
+        _items,
+        "elem/s",
+    ),
     "map_parallelization": (lambda: tp.range(N).map(python_work, pure=True).batch(64), _items, "elem/s"),
     "map_fusion": (lambda: tp.range(N).map(inc).map(inc).map(inc).map(inc).batch(256), _items, "elem/s"),
     "filter_fusion": (lambda: tp.range(N).filter(odd).filter(not_div3).filter(odd).batch(256), _items, "elem/s"),
-    "map_filter_fusion": (lambda: tp.from_dataset(Blobs()).map(light, 2, executor="process").filter(keep_quarter),
-                          _bytes, "GB/s"),
+    "map_filter_fusion": (
+        lambda: tp.from_dataset(Blobs()).map(light, 2, executor="process").filter(keep_quarter),
+        _bytes,
+        "GB/s",
+    ),
     "source_pushdown": (lambda: tp.from_dataset(Blobs()).map(light, 2, executor="process").batch(16), _bytes, "GB/s"),
-    "map_batch_fusion": (lambda: tp.from_dataset(range(N)).map(tiny, 2, executor="process").batch(256),
-                         _items, "elem/s"),
+    "map_batch_fusion": (
+        lambda: tp.from_dataset(range(N)).map(tiny, 2, executor="process").batch(256),
+        _items,
+        "elem/s",
+    ),
     "inject_prefetch": (lambda: tp.range(N).map(busy).batch(1), _with_step, "elem/s"),
 }
 

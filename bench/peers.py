@@ -248,7 +248,9 @@ def _grain(items: Items, workers: int, kind: str) -> PeerIterator:
         per_batch = -(-items.batch_size // items.fan_out)  # shards a batch
     else:
         batches = -(-items.length // items.batch_size)
-        mapped = grain.MapDataset.range(batches).map(BatchAt(BatchOf(items.fn, collate), items.length, items.batch_size))
+        mapped = grain.MapDataset.range(batches).map(
+            BatchAt(BatchOf(items.fn, collate), items.length, items.batch_size)
+        )
         per_batch = 1
     ahead = max(GRAIN_READ_AHEAD_BATCHES * per_batch, workers)
     read = grain.ReadOptions(num_threads=workers if kind == "thread" else 0, prefetch_buffer_size=ahead)
@@ -271,7 +273,7 @@ PEERS = (
     Peer("nodes", "torchdata.nodes", "torchdata", nodes_configs),
     Peer("spdl", "spdl.pipeline", "spdl", spdl_configs),
     Peer("grain", "grain", "grain", grain_configs),
-    Peer("tfdata", "tensorflow", "tensorflow-cpu", tfdata.configs)  # TensorFlow imported when a pipeline is made,
+    Peer("tfdata", "tensorflow", "tensorflow-cpu", tfdata.configs),  # TensorFlow imported when a pipeline is made,
 )
 """Every peer, in the order they run. tf.data runs last: importing TensorFlow starts its thread
 pools and maps ~0.5 GB, which every worker process forked after it would inherit."""
@@ -282,7 +284,7 @@ def notes() -> dict[str, str]:
     out = {}
     for peer in PEERS:
         if not peer.installed():
-            out[peer.library] = f"not installed ({peer.distribution}: pip install -e \".[bench]\"): not measured"
+            out[peer.library] = f'not installed ({peer.distribution}: pip install -e ".[bench]"): not measured'
             continue
         out[peer.library] = f"{peer.distribution} {peer.version()}: measured on every workload"
     return out

@@ -78,8 +78,9 @@ def draw(table: dict[str, dict[str, float]], title: str, out: str, plt: Any) -> 
     ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}x"))
     ax.yaxis.set_minor_formatter(NullFormatter())
     ax.set_title(title)
-    ax.legend(fontsize=7, title="hatched: no knobs", title_fontsize=7, loc="upper left",
-              bbox_to_anchor=(1.01, 1.0))  # beside the bars, not over them
+    ax.legend(
+        fontsize=7, title="hatched: no knobs", title_fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0)
+    )  # beside the bars, not over them
     fig.tight_layout()
     fig.savefig(out, dpi=120)
     plt.close(fig)

@@ -90,18 +90,20 @@ def _run(ds: tp.Dataset, warmup_s: float, seconds: float) -> dict[str, Any]:
 def measure(name: str, build: Callable[[str, int], tp.Dataset], workers: int, rounds: int, seconds: float) -> dict:
     runs: dict[str, list[dict[str, Any]]] = {executor: [] for executor in EXECUTORS}
     for round_ in range(rounds):
-        for executor in EXECUTORS[round_ % 2:] + EXECUTORS[: round_ % 2]:
+        for executor in EXECUTORS[round_ % 2 :] + EXECUTORS[: round_ % 2]:
             runs[executor].append(_run(build(executor, workers), 0.5 if round_ else 2.0, seconds))
     med = {e: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for e, rs in runs.items()}
     proc, ray = med["process"], med["ray"]
     result = {"workers": workers, "process": proc, "ray": ray,
               "ray_over_process": ray["elements_per_s"] / proc["elements_per_s"],
               "extra_s_per_element": 1 / ray["elements_per_s"] - 1 / proc["elements_per_s"]}  # fmt: skip
-    print(f"{name:<17} process {proc['elements_per_s']:8.0f}/s  ray {ray['elements_per_s']:8.0f}/s  "
-          f"ray/process {result['ray_over_process']:.2f}x  extra {result['extra_s_per_element'] * 1e6:7.0f} us/elem  "
-          f"main CPU {proc['main_cpu_s'] * 1e6:5.0f} vs {ray['main_cpu_s'] * 1e6:5.0f} us/elem  "
-          f"store {ray['store_bytes_per_s'] / 1e6:6.0f} MB/s (fetch+decode {ray['fetch_decode_s'] * 1e6:.0f} us "
-          f"a result), end to end {ray['bytes_per_s'] / 1e6:5.0f} MB/s (process {proc['bytes_per_s'] / 1e6:5.0f})")
+    print(
+        f"{name:<17} process {proc['elements_per_s']:8.0f}/s  ray {ray['elements_per_s']:8.0f}/s  "
+        f"ray/process {result['ray_over_process']:.2f}x  extra {result['extra_s_per_element'] * 1e6:7.0f} us/elem  "
+        f"main CPU {proc['main_cpu_s'] * 1e6:5.0f} vs {ray['main_cpu_s'] * 1e6:5.0f} us/elem  "
+        f"store {ray['store_bytes_per_s'] / 1e6:6.0f} MB/s (fetch+decode {ray['fetch_decode_s'] * 1e6:.0f} us "
+        f"a result), end to end {ray['bytes_per_s'] / 1e6:5.0f} MB/s (process {proc['bytes_per_s'] / 1e6:5.0f})"
+    )
     return result
 
 

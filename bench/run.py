@@ -58,10 +58,24 @@ from bench.measure import measure
 from bench.targets import format_targets, targets
 from torchpipe.runtime.cpu import usable_cpu_count
 
-ORDER = ("dataloader_default", "dataloader_best", "torchpipe_dataloader", "torchpipe_dataloader_auto",
-         "torchpipe_auto", "torchpipe_best", "torchpipe_cache_epoch1", "torchpipe_cache_epoch2", "nodes_best",
-         "spdl_best", "grain_best", "tfdata_autotune", "tfdata_best", "tfdata_native", "tfdata_native_cache_epoch1",
-         "tfdata_native_cache_epoch2")
+ORDER = (
+    "dataloader_default",
+    "dataloader_best",
+    "torchpipe_dataloader",
+    "torchpipe_dataloader_auto",
+    "torchpipe_auto",
+    "torchpipe_best",
+    "torchpipe_cache_epoch1",
+    "torchpipe_cache_epoch2",
+    "nodes_best",
+    "spdl_best",
+    "grain_best",
+    "tfdata_autotune",
+    "tfdata_best",
+    "tfdata_native",
+    "tfdata_native_cache_epoch1",
+    "tfdata_native_cache_epoch2",
+)
 LAST = ("tfdata",)
 """Peers measured after every workload's other configurations (they import TensorFlow)."""
 
@@ -285,8 +299,14 @@ def table(report: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="small data and small grids: about 8 minutes on 2 cores with every peer installed")
-    parser.add_argument("--workloads", default=",".join(suite.WORKLOADS), help=f"comma-separated, from {list(suite.WORKLOADS)}")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="small data and small grids: about 8 minutes on 2 cores with every peer installed",
+    )
+    parser.add_argument(
+        "--workloads", default=",".join(suite.WORKLOADS), help=f"comma-separated, from {list(suite.WORKLOADS)}"
+    )
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.workloads.split(",") if n.strip()]

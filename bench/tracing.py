@@ -55,7 +55,9 @@ def _untraced_next(self: base.Iterator) -> object:
 
 
 PIPELINES: dict[str, Callable[[int], tp.Dataset]] = {
-    "inline": lambda n: tp.range(n).map(tiny).batch(256).with_options(tp.Options(optimizations={"inject_prefetch": False})),
+    "inline": lambda n: (
+        tp.range(n).map(tiny).batch(256).with_options(tp.Options(optimizations={"inject_prefetch": False}))
+    ),
     "auto": lambda n: tp.from_dataset(range(n)).map(tiny, tp.AUTOTUNE).batch(256),
 }
 
@@ -79,7 +81,7 @@ def measure(name: str, elements: int, rounds: int) -> dict[str, Any]:
     _run(ds, "trace off")  # warm-up: imports, the executor choice, zygotes
     seconds: dict[str, list[float]] = {arm: [] for arm in ARMS}
     for round_ in range(rounds):
-        order = ARMS[round_ % len(ARMS):] + ARMS[: round_ % len(ARMS)]
+        order = ARMS[round_ % len(ARMS) :] + ARMS[: round_ % len(ARMS)]
         for arm in order:
             seconds[arm].append(_run(ds, arm))
     base_s = seconds["untraced code"]

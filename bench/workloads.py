@@ -43,10 +43,26 @@ class Sizes:
     limit_s: float
 
 
-QUICK = Sizes(jpeg_files=1024, text_docs=1000, tiny_elements=200_000, shard_records=2048, cache_files=1024,
-              warmup_s=0.4, seconds=1.2, limit_s=0.4)
-FULL = Sizes(jpeg_files=2048, text_docs=4000, tiny_elements=1_000_000, shard_records=4096, cache_files=2048,
-             warmup_s=1.0, seconds=4.0, limit_s=1.5)
+QUICK = Sizes(
+    jpeg_files=1024,
+    text_docs=1000,
+    tiny_elements=200_000,
+    shard_records=2048,
+    cache_files=1024,
+    warmup_s=0.4,
+    seconds=1.2,
+    limit_s=0.4,
+)
+FULL = Sizes(
+    jpeg_files=2048,
+    text_docs=4000,
+    tiny_elements=1_000_000,
+    shard_records=4096,
+    cache_files=2048,
+    warmup_s=1.0,
+    seconds=4.0,
+    limit_s=1.5,
+)
 
 
 class Mapped(torch.utils.data.Dataset):
@@ -301,9 +317,16 @@ def _map_grid(inline: bool = False) -> list[tuple[Any, str]]:
     return grid + [(n, executor) for executor in ("thread", "process") for n in counts]
 
 
-def _mapped(name: str, unit: str, batch: int, fn: Callable[[int], Any], length: int,
-            grid: list[tuple[Any, str]], count: Callable[[Any], tuple[int, float]] = _count_items,
-            collate_fn: Callable[[list[Any]], Any] | None = None) -> Workload:
+def _mapped(
+    name: str,
+    unit: str,
+    batch: int,
+    fn: Callable[[int], Any],
+    length: int,
+    grid: list[tuple[Any, str]],
+    count: Callable[[Any], tuple[int, float]] = _count_items,
+    collate_fn: Callable[[list[Any]], Any] | None = None,
+) -> Workload:
     return Workload(name, unit, batch, Mapped(fn, length), _mapped_pipeline(fn, length), count, grid, collate_fn)
 
 
@@ -381,8 +404,10 @@ def latency(sizes: Sizes, quick: bool) -> Workload:
     records = itertools.chain.from_iterable(undelayed(path) for path in itertools.cycle(paths))
     cpu_limit = _inline_rate(lambda: records, 64, _count_items, sizes.limit_s) * usable_cpu_count()
     work.limit = min(io_limit, cpu_limit)
-    work.limit_note = (f"min(64 reads in flight x {RECORDS_PER_READ} records / {LATENCY_S * 1e3:g} ms = "
-                       f"{io_limit:.0f}, parse rate without delay x {usable_cpu_count()} cores = {cpu_limit:.0f})")
+    work.limit_note = (
+        f"min(64 reads in flight x {RECORDS_PER_READ} records / {LATENCY_S * 1e3:g} ms = "
+        f"{io_limit:.0f}, parse rate without delay x {usable_cpu_count()} cores = {cpu_limit:.0f})"
+    )
     return work
 
 
@@ -419,8 +444,13 @@ def _set_core_limit(work: Workload, fn: Callable[[int], Any], seconds: float) ->
     work.limit_note = f"one core's rate of the item work and collation, no loader ({rate:.0f}) x {cores} cores"
 
 
-def _inline_rate(make: Callable[[], Any], batch: int, count: Callable[[Any], tuple[int, float]],
-                 seconds: float, collate: Callable[[list[Any]], Any] | None = None) -> float:
+def _inline_rate(
+    make: Callable[[], Any],
+    batch: int,
+    count: Callable[[Any], tuple[int, float]],
+    seconds: float,
+    collate: Callable[[list[Any]], Any] | None = None,
+) -> float:
     """Units per second of building batches in a plain loop on one core (after one warm batch),
     the best of three windows: a burst of other work on a shared machine only lowers a window."""
     collate = collate or torch.utils.data.default_collate

@@ -66,8 +66,9 @@ def check(name: str, epoch: int, steps: int, seen: list[int], n: int) -> None:
     assert len(set(all_steps)) == 1, f"ranks took different numbers of steps: {all_steps}"
     assert len(union) == len(set(union)), "an element reached two ranks"
     if not dist.is_initialized() or dist.get_rank() == 0:
-        print(f"{name} epoch {epoch}: {world} ranks x {steps} steps, {len(union)} of {n} elements, none twice",
-              flush=True)
+        print(
+            f"{name} epoch {epoch}: {world} ranks x {steps} steps, {len(union)} of {n} elements, none twice", flush=True
+        )
 
 
 def main() -> None:
@@ -83,12 +84,7 @@ def main() -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
 
     # The single-process pipeline, unchanged: no seed, no rank, no sampler.
-    pipeline = (
-        tp.from_dataset(Points(args.elements))
-        .shuffle(args.elements)
-        .map(jitter, num_parallel_calls=2)
-        .batch(32)
-    )
+    pipeline = tp.from_dataset(Points(args.elements)).shuffle(args.elements).map(jitter, num_parallel_calls=2).batch(32)
     if not dist.is_initialized() or dist.get_rank() == 0:
         print(pipeline.explain().split("As it will run:")[0])
     for epoch in range(args.epochs):
@@ -103,7 +99,13 @@ def main() -> None:
         if sampler is not None:
             sampler.set_epoch(epoch)
         steps, seen = train(loader, model, optimizer)
-        check("tp.DataLoader" + (" + DistributedSampler" if sampler is not None else ""), epoch, steps, seen, args.elements)
+        check(
+            "tp.DataLoader" + (" + DistributedSampler" if sampler is not None else ""),
+            epoch,
+            steps,
+            seen,
+            args.elements,
+        )
     if dist.is_initialized():
         dist.destroy_process_group()
 

@@ -64,9 +64,16 @@ def render_chrome_trace(trace_path: str, png_path: str) -> None:
     colors: dict[str, Any] = {}
     for row, key in enumerate(rows):
         for t, d, name in spans.get(key, []):
-            color = "#d62728" if name == "waiting for data" else "#b5e0b5" if name == "training step" else \
-                colors.setdefault(name, palette(len(colors) % 10))
-            ax.broken_barh([(t, d)], (len(rows) - 1 - row - 0.38, 0.76), facecolors=color, edgecolors="white", linewidth=0.3)
+            color = (
+                "#d62728"
+                if name == "waiting for data"
+                else "#b5e0b5"
+                if name == "training step"
+                else colors.setdefault(name, palette(len(colors) % 10))
+            )
+            ax.broken_barh(
+                [(t, d)], (len(rows) - 1 - row - 0.38, 0.76), facecolors=color, edgecolors="white", linewidth=0.3
+            )
     ax.set_yticks(range(len(rows)))
     ax.set_yticklabels([f"{processes.get(k[0], k[0])} | {names[k]}"[:90] for k in reversed(rows)], fontsize=7)
     ax.set_title("Rendered from trace.json by examples/trace_demo.py, not a Perfetto screenshot:\n"

@@ -84,7 +84,9 @@ class Progress:
             except ImportError:
                 pass
             else:
-                self.bar = tqdm(desc=f"  {name}", total=total, unit="step", file=stream, leave=False, dynamic_ncols=True)
+                self.bar = tqdm(
+                    desc=f"  {name}", total=total, unit="step", file=stream, leave=False, dynamic_ncols=True
+                )
 
     def update(self, step: int, images: int, seconds: float, waited: float) -> None:
         now = time.perf_counter()
@@ -170,9 +172,11 @@ def train(loader: Any, steps: int, device: torch.device, progress: Progress) -> 
 
 def describe(name: str, result: Result) -> str:
     """One run's result line."""
-    return (f"  {name:<40} {result.images_per_s:>6.0f} img/s   waiting for data {result.wait_fraction:>4.0%}   "
-            f"first batch {result.first_batch_s:.2f} s   cores busy {result.cpu_busy:>4.0%} (others "
-            f"{result.others_busy:.0%})   CPU {result.cpu_per_image_s * 1e3:.2f} ms/img")
+    return (
+        f"  {name:<40} {result.images_per_s:>6.0f} img/s   waiting for data {result.wait_fraction:>4.0%}   "
+        f"first batch {result.first_batch_s:.2f} s   cores busy {result.cpu_busy:>4.0%} (others "
+        f"{result.others_busy:.0%})   CPU {result.cpu_per_image_s * 1e3:.2f} ms/img"
+    )
 
 
 def why_not_faster(ours: Result, theirs: Result, cores: int) -> str:
@@ -182,14 +186,20 @@ def why_not_faster(ours: Result, theirs: Result, cores: int) -> str:
                 f"{ours.wait_fraction:.0%} of its time, so a faster loader cannot make it faster")  # fmt: skip
     if min(ours.cpu_busy, theirs.cpu_busy) >= 0.85:
         more = ours.cpu_per_image_s / theirs.cpu_per_image_s - 1
-        cost = (f"torchpipe spent {more:.0%} more CPU per image ({ours.cpu_per_image_s * 1e3:.2f} ms against "
-                f"{theirs.cpu_per_image_s * 1e3:.2f} ms)" if more > SAME else "both spent the same CPU per image")
+        cost = (
+            f"torchpipe spent {more:.0%} more CPU per image ({ours.cpu_per_image_s * 1e3:.2f} ms against "
+            f"{theirs.cpu_per_image_s * 1e3:.2f} ms)"
+            if more > SAME
+            else "both spent the same CPU per image"
+        )
         return (f"both kept the {cores} cores busy ({theirs.cpu_busy:.0%} and {ours.cpu_busy:.0%}), so the "
                 f"cores set the pace, and {cost}")  # fmt: skip
     stats = ours.stats
     named = f"torchpipe's stats name {stats.bottleneck!r} as the bottleneck" if stats else "no stats"
-    return (f"data was the limit (the loop waited {ours.wait_fraction:.0%} of its time) with the cores "
-            f"{ours.cpu_busy:.0%} busy; {named} (print(loader.stats()) shows where the time goes)")
+    return (
+        f"data was the limit (the loop waited {ours.wait_fraction:.0%} of its time) with the cores "
+        f"{ours.cpu_busy:.0%} busy; {named} (print(loader.stats()) shows where the time goes)"
+    )
 
 
 def compare(ours: Result, theirs: Result, their_name: str, cores: int) -> str:

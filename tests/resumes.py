@@ -30,8 +30,9 @@ def _shard(i):
 
 
 PIPELINES = {
-    "shuffle, map on processes, batch": lambda: tp.range(48).shuffle(16).map(_plus_one, 2, executor="process")
-    .batch(4).with_options(tp.Options(seed=3)),
+    "shuffle, map on processes, batch": lambda: (
+        tp.range(48).shuffle(16).map(_plus_one, 2, executor="process").batch(4).with_options(tp.Options(seed=3))
+    ),
     "unseeded shuffle, random map on threads": lambda: tp.range(30).shuffle(8).map(_with_a_draw, 2, executor="thread"),
     "interleave, filter": lambda: tp.range(6).interleave(_shard, cycle_length=3, num_parallel_calls=2).filter(_odd),
 }

@@ -18,10 +18,21 @@ from bench import workloads as wl
 
 TINY = wl.Sizes(jpeg_files=8, text_docs=20, tiny_elements=4096, shard_records=32, cache_files=8,
                 warmup_s=0.0, seconds=0.02, limit_s=0.02)  # fmt: skip
-CONFIGS = {"dataloader_default", "dataloader_best", "torchpipe_dataloader", "torchpipe_dataloader_auto",
-           "torchpipe_auto", "torchpipe_best"}
-CACHE_CONFIGS = {"dataloader_default", "dataloader_best", "torchpipe_dataloader_auto", "torchpipe_cache_epoch1",
-                 "torchpipe_cache_epoch2"}
+CONFIGS = {
+    "dataloader_default",
+    "dataloader_best",
+    "torchpipe_dataloader",
+    "torchpipe_dataloader_auto",
+    "torchpipe_auto",
+    "torchpipe_best",
+}
+CACHE_CONFIGS = {
+    "dataloader_default",
+    "dataloader_best",
+    "torchpipe_dataloader_auto",
+    "torchpipe_cache_epoch1",
+    "torchpipe_cache_epoch2",
+}
 KEYS = {"throughput", "first_batch_s", "peak_rss_mb", "end_pss_mb", "cpu_s_per_item", "others_cpu_share"}
 
 
@@ -126,12 +137,21 @@ def _result(throughput: float, pss: float | None = 100.0) -> dict[str, float | N
 
 
 def test_targets_met_and_missed():
-    results = {"dataloader_best": _result(100.0, 200.0), "torchpipe_best": _result(120.0),
-               "torchpipe_auto": _result(114.0, 240.0), "torchpipe_dataloader_auto": _result(99.0, 241.0)}
+    results = {
+        "dataloader_best": _result(100.0, 200.0),
+        "torchpipe_best": _result(120.0),
+        "torchpipe_auto": _result(114.0, 240.0),
+        "torchpipe_dataloader_auto": _result(99.0, 241.0),
+    }
     checks = tg.targets("jpeg", results, limit=1000.0)
     auto, loader = checks["torchpipe_auto"], checks["torchpipe_dataloader_auto"]
-    assert set(auto) == {"vs_best_of_both", "vs_dataloader_best", "pss_vs_dataloader_best", "vs_best_python_peer",
-                         "vs_tfdata_native"}  # no limit target
+    assert set(auto) == {
+        "vs_best_of_both",
+        "vs_dataloader_best",
+        "pss_vs_dataloader_best",
+        "vs_best_python_peer",
+        "vs_tfdata_native",
+    }  # no limit target
     assert auto["vs_best_of_both"] == {"ratio": 0.95, "op": ">=", "target": 0.95, "met": True}
     assert auto["vs_dataloader_best"]["ratio"] == pytest.approx(1.14) and auto["vs_dataloader_best"]["met"]
     assert auto["pss_vs_dataloader_best"]["ratio"] == pytest.approx(1.2) and auto["pss_vs_dataloader_best"]["met"]
@@ -140,8 +160,11 @@ def test_targets_met_and_missed():
 
 
 def test_tiny_is_held_to_its_limit():
-    results = {"dataloader_best": _result(100.0), "torchpipe_auto": _result(170.0),
-               "torchpipe_dataloader_auto": _result(185.0)}
+    results = {
+        "dataloader_best": _result(100.0),
+        "torchpipe_auto": _result(170.0),
+        "torchpipe_dataloader_auto": _result(185.0),
+    }
     checks = tg.targets("tiny", results, limit=200.0)
     assert checks["torchpipe_auto"]["vs_limit"]["ratio"] == pytest.approx(0.85)
     assert checks["torchpipe_auto"]["vs_limit"]["met"] is False
@@ -304,8 +327,16 @@ def test_markdown_tables_from_a_report():
 
 
 def test_plot_without_matplotlib_says_so(tmp_path, monkeypatch):
-    report = {"machine": {}, "workloads": {"tiny": {"unit": "elem/s", "limit": None, "results": {
-        "dataloader_best": dict.fromkeys(KEYS, 1.0), "torchpipe_best": dict.fromkeys(KEYS, 2.0)}}}}
+    report = {
+        "machine": {},
+        "workloads": {
+            "tiny": {
+                "unit": "elem/s",
+                "limit": None,
+                "results": {"dataloader_best": dict.fromkeys(KEYS, 1.0), "torchpipe_best": dict.fromkeys(KEYS, 2.0)},
+            }
+        },
+    }
     path = tmp_path / "r.json"
     path.write_text(json.dumps(report))
     assert plot.ratios(report) == {"tiny": {"dataloader_best": 1.0, "torchpipe_best": 2.0}}
@@ -319,8 +350,12 @@ def test_plot_draws_every_configuration(tmp_path):
     if plt is None:
         pytest.skip("matplotlib is not installed")
     results = {config: dict.fromkeys(KEYS, 1.0 + k) for k, config in enumerate(run.ORDER)}
-    report = {"workloads": {"records": {"results": results},
-                            "cache": {"results": {"dataloader_best": results["dataloader_best"]}}}}
+    report = {
+        "workloads": {
+            "records": {"results": results},
+            "cache": {"results": {"dataloader_best": results["dataloader_best"]}},
+        }
+    }
     table = plot.ratios(report)
     assert table["records"]["torchpipe_dataloader_auto"] == 4.0 / 2.0 and table["cache"] == {"dataloader_best": 1.0}
     plot.draw(table, "test", str(tmp_path / "out.png"), plt)

@@ -42,19 +42,23 @@ def _shard(i):
 
 LOADERS = {
     "map-style, 2 workers": lambda: tp.DataLoader(Rows(), batch_size=8, num_workers=2),
-    "map-style, shuffled, 2 workers": lambda: tp.DataLoader(Rows(), batch_size=8, shuffle=True, num_workers=2,
-                                                            generator=torch.Generator().manual_seed(0)),
+    "map-style, shuffled, 2 workers": lambda: tp.DataLoader(
+        Rows(), batch_size=8, shuffle=True, num_workers=2, generator=torch.Generator().manual_seed(0)
+    ),
     "iterable, 2 workers": lambda: tp.DataLoader(Stream(), batch_size=8, num_workers=2),
     "iterable, auto": lambda: tp.DataLoader(Stream(), batch_size=8, num_workers="auto"),
-    "pipeline in a DataLoader": lambda: tp.DataLoader(tp.range(240).map(_slow_square, 2, executor="process"),
-                                                      batch_size=8),
+    "pipeline in a DataLoader": lambda: tp.DataLoader(
+        tp.range(240).map(_slow_square, 2, executor="process"), batch_size=8
+    ),
 }
 PIPELINES = {
     "map on processes": lambda: tp.range(240).map(_slow_square, 2, executor="process"),
-    "from_dataset, map and batch fused on processes": lambda: tp.from_dataset(Rows()).map(
-        lambda r: r["i"], 2, executor="process").batch(8),
-    "interleave on processes": lambda: tp.range(24).interleave(_shard, cycle_length=4, num_parallel_calls=4,
-                                                               executor="process"),
+    "from_dataset, map and batch fused on processes": lambda: (
+        tp.from_dataset(Rows()).map(lambda r: r["i"], 2, executor="process").batch(8)
+    ),
+    "interleave on processes": lambda: tp.range(24).interleave(
+        _shard, cycle_length=4, num_parallel_calls=4, executor="process"
+    ),
     "map on threads": lambda: tp.range(240).map(_slow_square, 4, executor="thread"),
 }
 

@@ -29,8 +29,13 @@ def test_with_options_merges_along_the_pipeline():
 
 @pytest.mark.parametrize(
     "kwargs, error",
-    [({"sead": 1}, TypeError), ({"seed": "1"}, TypeError), ({"seed": True}, TypeError),
-     ({"seed": -1}, ValueError), ({"deterministic": 1}, TypeError)],
+    [
+        ({"sead": 1}, TypeError),
+        ({"seed": "1"}, TypeError),
+        ({"seed": True}, TypeError),
+        ({"seed": -1}, ValueError),
+        ({"deterministic": 1}, TypeError),
+    ],
 )
 def test_bad_options(kwargs, error):
     with pytest.raises(error):

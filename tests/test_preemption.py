@@ -275,4 +275,3 @@ def test_a_worker_sent_sigterm_is_replaced_and_nothing_is_lost_or_repeated(name,
     killed = assert_exactly_once(WORKER_CASES[name], seed=len(name), signal=signal.SIGTERM)
     assert killed is not None  # a worker process was signalled (and ended of it: the harness waits)
     assert sigterm_handler == []  # the signal went to the worker alone
-

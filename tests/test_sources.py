@@ -65,14 +65,21 @@ def test_from_tensor_slices_keeps_structure():
     assert torch.equal(out[1]["t"], torch.tensor([2, 3]))
     assert type(out[2]["pair"]) is Pair and out[2]["pair"].b == "z" and out[2]["pair"].a == np.float32(3.5)
     assert list(tp.from_tensor_slices([[1, 2], [3, 4]])) == [[1, 2], [3, 4]]
-    assert_same_elements(tp.from_tensor_slices((torch.arange(2), torch.ones(2))),
-                         [(torch.tensor(0), torch.tensor(1.0)), (torch.tensor(1), torch.tensor(1.0))])
+    assert_same_elements(
+        tp.from_tensor_slices((torch.arange(2), torch.ones(2))),
+        [(torch.tensor(0), torch.tensor(1.0)), (torch.tensor(1), torch.tensor(1.0))],
+    )
 
 
 @pytest.mark.parametrize(
     "bad, match",
-    [((torch.arange(3), torch.arange(4)), "differ"), (torch.tensor(1), "0-d"), ((), "no components"),
-     (("abc",), "tensors, arrays or lists"), (5, "tensors, arrays or lists")],
+    [
+        ((torch.arange(3), torch.arange(4)), "differ"),
+        (torch.tensor(1), "0-d"),
+        ((), "no components"),
+        (("abc",), "tensors, arrays or lists"),
+        (5, "tensors, arrays or lists"),
+    ],
 )
 def test_from_tensor_slices_errors(bad, match):
     with pytest.raises(ValueError, match=match):
@@ -128,6 +135,8 @@ def test_zip_structures():
     assert list(tp.zip(tp.range(2))) == [0, 1]
     assert list(tp.zip((tp.range(2),))) == [(0,), (1,)]
     assert list(tp.zip({"a": tp.range(2), "b": (tp.range(3), tp.range(4))})) == [
-        {"a": 0, "b": (0, 0)}, {"a": 1, "b": (1, 1)}]
+        {"a": 0, "b": (0, 0)},
+        {"a": 1, "b": (1, 1)},
+    ]
     with pytest.raises(TypeError, match="use a tuple"):
         tp.zip([tp.range(2), tp.range(2)])

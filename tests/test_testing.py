@@ -86,7 +86,9 @@ def test_elements_equal_detects_differences(a, b):
 
 
 def test_elements_equal_accepts_equal_values_and_nans():
-    assert_elements_equal({"x": (torch.tensor([float("nan"), 1.0]), "s")}, {"x": (torch.tensor([float("nan"), 1.0]), "s")})
+    assert_elements_equal(
+        {"x": (torch.tensor([float("nan"), 1.0]), "s")}, {"x": (torch.tensor([float("nan"), 1.0]), "s")}
+    )
     assert_elements_equal(np.array([np.nan]), np.array([np.nan]))
     assert_elements_equal(float("nan"), float("nan"))
     with pytest.raises(AssertionError, match="3 elements vs 2"):
@@ -125,7 +127,10 @@ class SloppyIterator(DriftingIterator):
 
 
 def test_roundtrip_catches_a_state_whose_structure_changes():
-    with pytest.raises(AssertionError, match=r"structure changed between positions 0 and 1: .* has keys \['input'\], then \['input', 'started'\]"):
+    with pytest.raises(
+        AssertionError,
+        match=r"structure changed between positions 0 and 1: .* has keys \['input'\], then \['input', 'started'\]",
+    ):
         assert_checkpoint_roundtrip(broken(DriftingIterator))
 
 

@@ -210,9 +210,7 @@ class Dataset(torch.utils.data.IterableDataset):
         _check_executor("interleave", executor)
         num_parallel_calls = _ray_parallelism("interleave", executor, num_parallel_calls)
         executor = resolve_ray(executor) or executor
-        node = InterleaveNode(
-            self._node, fn, cycle_length, block_length, num_parallel_calls, deterministic, executor
-        )
+        node = InterleaveNode(self._node, fn, cycle_length, block_length, num_parallel_calls, deterministic, executor)
         return Dataset(node)
 
     def scan(self, initial_state: Any, fn: Callable[[Any, Any], tuple[Any, Any]]) -> Dataset:
@@ -325,8 +323,14 @@ class Dataset(torch.utils.data.IterableDataset):
         _check_bool("bucket_by_sequence_length", "drop_remainder", drop_remainder)
         return Dataset(
             BucketBySequenceLengthNode(
-                self._node, element_length_func, bounds, sizes, padded_shapes, padding_values,
-                pad_to_bucket_boundary, drop_remainder,
+                self._node,
+                element_length_func,
+                bounds,
+                sizes,
+                padded_shapes,
+                padding_values,
+                pad_to_bucket_boundary,
+                drop_remainder,
             )
         )
 

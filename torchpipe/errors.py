@@ -52,7 +52,9 @@ class StallError(RuntimeError):
         where: where it runs, e.g. ``worker process 4242``.
     """
 
-    def __init__(self, message: str, stage: str | None = None, seq: int | None = None, where: str | None = None) -> None:
+    def __init__(
+        self, message: str, stage: str | None = None, seq: int | None = None, where: str | None = None
+    ) -> None:
         super().__init__(message)
         self.stage = stage
         self.seq = seq

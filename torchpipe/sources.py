@@ -91,9 +91,7 @@ def _leading_length(leaf: Any) -> int:
             raise ValueError("from_tensor_slices: cannot slice a 0-d component")
         return int(leaf.shape[0])
     if isinstance(leaf, (str, bytes)) or not isinstance(leaf, Sequence):
-        raise ValueError(
-            f"from_tensor_slices: components must be tensors, arrays or lists, got {type(leaf).__name__}"
-        )
+        raise ValueError(f"from_tensor_slices: components must be tensors, arrays or lists, got {type(leaf).__name__}")
     return len(leaf)
 
 

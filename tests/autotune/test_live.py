@@ -15,8 +15,7 @@ def _knob(name, value, maximum=16, is_buffer=False):
 def _tree():
     """source -> map (a pool of 2 processes, AUTOTUNE) -> batch(8) -> prefetch (AUTOTUNE)."""
     source = Fake("source")
-    pool = Fake("map", source, role="pool", knob=_knob("map.parallelism", 2), parallelism=2, slots=8,
-                in_processes=True)
+    pool = Fake("map", source, role="pool", knob=_knob("map.parallelism", 2), parallelism=2, slots=8, in_processes=True)
     batch = Fake("batch", pool)
     prefetch = Fake("prefetch", batch, role="buffer", knob=_knob("prefetch.buffer_size", 2, 64, True), slots=2)
     return prefetch, batch, pool, source
@@ -85,4 +84,3 @@ def test_calls_that_read_ahead_count_the_work_of_the_elements_delivered():
     model = build_model(prefetch, before, Look(1.0, counters, 0.3, 0.1))
     calls = {stage.name: stage for stage in model.stages}["map (calls)"]
     assert calls.work_s == pytest.approx(4.0 * 80 / 400 / 10)  # 10 ms an element read, 8 a batch
-

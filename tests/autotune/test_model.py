@@ -18,7 +18,6 @@ def test_empty_probability_of_small_queues():
     assert all(empty_probability(0.9, k) > empty_probability(0.9, k + 1) for k in range(1, 10))
 
 
-
 def test_segments_split_at_buffers():
     groups = segments(pipeline())
     assert [[s.name for s in g] for g, _ in groups] == [["source", "map", "batch"], ["consumer"]]

@@ -154,8 +154,15 @@ def test_disabled_autotune_starts_no_tuner():
     assert it.decisions() == [] and it.tuned_values() == {}
 
 
-@pytest.mark.parametrize("field,value,error", [("enabled", 1, TypeError), ("cpu_budget", 0, ValueError),
-                                               ("ram_budget", "1G", TypeError), ("cpu_budget", True, TypeError)])
+@pytest.mark.parametrize(
+    "field,value,error",
+    [
+        ("enabled", 1, TypeError),
+        ("cpu_budget", 0, ValueError),
+        ("ram_budget", "1G", TypeError),
+        ("cpu_budget", True, TypeError),
+    ],
+)
 def test_autotune_options_are_checked(field, value, error):
     with pytest.raises(error, match=field):
         tp.AutotuneOptions(**{field: value})

@@ -20,7 +20,10 @@ def best_by_search(stages, budget):
     best = None
     for p, depth in itertools.product(range(1, 33), [1, 2, 4, 8, 16, 32, 64]):
         knobs = {"p": p, "depth": depth}
-        if cpu_cores(stages, knobs) > budget.cpu * (1 + CPU_TOLERANCE) + 1e-9 or memory_bytes(stages, knobs) > budget.ram:
+        if (
+            cpu_cores(stages, knobs) > budget.cpu * (1 + CPU_TOLERANCE) + 1e-9
+            or memory_bytes(stages, knobs) > budget.ram
+        ):
             continue
         t = predict_time(stages, knobs)
         best = t if best is None else min(best, t)
@@ -51,8 +54,11 @@ def test_io_bound_work_gets_more_workers_than_cores():
 
 def test_a_slower_function_gets_more_parallelism():
     before = hill_climb(pipeline(map_s=1e-3, cpu=0.05, step_s=2e-4), KNOBS, Budget(cpu=2, ram=1e9))
-    after = hill_climb(pipeline(map_s=5e-3, cpu=0.05, step_s=2e-4),
-                       [Knob("p", before["p"], 1, 64), Knob("depth", before["depth"], 1, 256)], Budget(cpu=2, ram=1e9))
+    after = hill_climb(
+        pipeline(map_s=5e-3, cpu=0.05, step_s=2e-4),
+        [Knob("p", before["p"], 1, 64), Knob("depth", before["depth"], 1, 256)],
+        Budget(cpu=2, ram=1e9),
+    )
     assert after["p"] >= 4 * before["p"] / 2 and after["p"] > before["p"]
 
 

@@ -90,8 +90,9 @@ def test_loader_resume_counts_batches_handed_over_not_copied_ahead():
     data = torch.utils.data.TensorDataset(torch.arange(64.0))
 
     def make():
-        return tp.DataLoader(data, batch_size=4, shuffle=True, num_workers=2, device="cuda",
-                             generator=torch.Generator().manual_seed(3))
+        return tp.DataLoader(
+            data, batch_size=4, shuffle=True, num_workers=2, device="cuda", generator=torch.Generator().manual_seed(3)
+        )
 
     loader = make()
     it = iter(loader)

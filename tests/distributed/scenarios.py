@@ -110,6 +110,7 @@ def _resharded(n: int, batch: int) -> tp.Dataset:
 
 def resume_uneven(k: int, n: int) -> tuple[list[int], list[int]]:
     """A pass of unknown length on each rank, and the same pass resumed after ``k`` elements."""
+
     def make() -> tp.Dataset:  # a new Dataset for each pass: all three in epoch 0
         return pipeline("filter", n).with_options(tp.Options(seed=4))
 

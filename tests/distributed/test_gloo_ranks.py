@@ -200,4 +200,6 @@ def torch_teardown_abort(stderr: str) -> bool:
     with no Python frame left. A script of plain torch (DDP, DataLoader, DistributedSampler,
     destroy_process_group; no torchpipe) did it in 1 of 31 torchrun runs on a loaded 2-core
     machine. The test's assertions on what the ranks printed still hold it to account."""
-    return "terminate called without an active exception" in stderr and re.search(r"exitcode\s*:\s*-6", stderr) is not None
+    return (
+        "terminate called without an active exception" in stderr and re.search(r"exitcode\s*:\s*-6", stderr) is not None
+    )

@@ -38,7 +38,9 @@ class Numbers(torch.utils.data.Dataset):
 
 
 def on_rank(ds, rank, world_size, seed=7, **distribute):
-    return ds.with_options(tp.Options(seed=seed, distribute=tp.DistributeOptions(rank=rank, world_size=world_size, **distribute)))
+    return ds.with_options(
+        tp.Options(seed=seed, distribute=tp.DistributeOptions(rank=rank, world_size=world_size, **distribute))
+    )
 
 
 def flat(elements):
@@ -179,7 +181,9 @@ def test_in_a_torch_worker_ranks_must_share_a_seed_given_to_them():
     ds = tp.range(10).shuffle(10).with_options(tp.Options(distribute=tp.DistributeOptions(rank=0, world_size=2)))
     with as_torch_worker(0, 2), pytest.raises(RuntimeError, match="tp.Options\\(seed=...\\)"):
         iter(ds)
-    plain = tp.range(10).map(lambda x: x).with_options(tp.Options(distribute=tp.DistributeOptions(rank=0, world_size=2)))
+    plain = (
+        tp.range(10).map(lambda x: x).with_options(tp.Options(distribute=tp.DistributeOptions(rank=0, world_size=2)))
+    )
     with as_torch_worker(1, 2):
         assert list(plain) == [2, 6]  # nothing random below the shard: no shared seed needed
 
@@ -276,8 +280,10 @@ def test_global_batch_sizes_are_split_between_ranks():
     assert all(batch.shape == (2,) for share in got for batch in share)
     for step in range(3):  # a step's batches across ranks make up the global batch
         assert sorted(x for share in got for x in share[step].tolist()) == list(range(8 * step, 8 * step + 8))
-    assert "global batch sizes: batch(batch_size=8, drop_remainder=False) -> 2 a rank" in on_rank(
-        make(), 0, 4, global_batch=True).explain()
+    assert (
+        "global batch sizes: batch(batch_size=8, drop_remainder=False) -> 2 a rank"
+        in on_rank(make(), 0, 4, global_batch=True).explain()
+    )
     with pytest.raises(ValueError, match="global batch size 8 must divide by 3"):
         iter(on_rank(make(), 0, 3, global_batch=True))
     with pytest.raises(ValueError, match="no batch, padded_batch or rebatch"):
@@ -296,8 +302,10 @@ def test_policies_choose_where_the_shard_goes(tmp_path):
     pattern = write_files(tmp_path, 3)
     files = tp.list_files(pattern).interleave(read_lines)
     assert "keeps one file in 2" in on_rank(files, 0, 2).explain()
-    assert "runs the whole pipeline (files, split by element with policy='data')" in on_rank(
-        files, 0, 2, policy="data", uneven="allow").explain()
+    assert (
+        "runs the whole pipeline (files, split by element with policy='data')"
+        in on_rank(files, 0, 2, policy="data", uneven="allow").explain()
+    )
     fallback = on_rank(files, 0, 4, uneven="allow")  # 3 files for 4 ranks: auto splits elements
     assert "runs the whole pipeline (3 files, fewer than 4 ranks x workers)" in fallback.explain()
     once_each([flat(on_rank(files, r, 4, uneven="allow")) for r in range(4)], flat(files))
@@ -322,8 +330,10 @@ def test_a_pipeline_that_shards_itself_is_not_split_again():
 
 def test_explain_says_where_the_shard_would_go_and_went():
     ds = tp.from_dataset(Numbers(10)).shuffle(10).map(lambda x: x)
-    assert ("On several ranks: each rank keeps one element in world_size of shuffle(buffer_size=10, seed=None, "
-            "reshuffle_each_iteration=True) over from_dataset(dataset='Numbers', len=10)") in ds.explain()
+    assert (
+        "On several ranks: each rank keeps one element in world_size of shuffle(buffer_size=10, seed=None, "
+        "reshuffle_each_iteration=True) over from_dataset(dataset='Numbers', len=10)"
+    ) in ds.explain()
     text = on_rank(ds, 1, 3).explain()
     assert "distribute(level='data', uneven='drop') [rank 1 of 3]" in text
     assert "Cardinality: 10 (this rank's share: 3)" in text and "On several ranks" not in text
@@ -343,9 +353,15 @@ def test_without_torch_distributed_ranks_of_unknown_length_cannot_agree():
 
 @pytest.mark.parametrize(
     "kwargs, error",
-    [({"policy": "files"}, ValueError), ({"uneven": "trim"}, ValueError), ({"rank": 1}, ValueError),
-     ({"rank": 2, "world_size": 2}, ValueError), ({"rank": 0, "world_size": 0}, ValueError),
-     ({"rank": "0", "world_size": 2}, TypeError), ({"global_batch": 1}, TypeError)],
+    [
+        ({"policy": "files"}, ValueError),
+        ({"uneven": "trim"}, ValueError),
+        ({"rank": 1}, ValueError),
+        ({"rank": 2, "world_size": 2}, ValueError),
+        ({"rank": 0, "world_size": 0}, ValueError),
+        ({"rank": "0", "world_size": 2}, TypeError),
+        ({"global_batch": 1}, TypeError),
+    ],
 )
 def test_bad_distribute_options(kwargs, error):
     with pytest.raises(error):

@@ -4,8 +4,13 @@ import torchpipe as tp
 
 
 def test_explain_shows_every_op_with_params_root_first():
-    ds = (tp.range(100).shuffle(10, seed=3).map(abs, num_parallel_calls=2).batch(8, drop_remainder=True)
-          .with_options(tp.Options(seed=1)))
+    ds = (
+        tp.range(100)
+        .shuffle(10, seed=3)
+        .map(abs, num_parallel_calls=2)
+        .batch(8, drop_remainder=True)
+        .with_options(tp.Options(seed=1))
+    )
     lines = ds.explain().splitlines()
     assert lines[0] == "Pipeline as written (root first):"
     ops = [line.strip().lstrip("└├─│ ") for line in lines[1:6]]
@@ -46,7 +51,10 @@ def test_tp_explain_describes_a_dataloader():
 
     text = tp.explain(tp.DataLoader(Squares(), batch_size=4, shuffle=True, num_workers="auto"))
     assert "dataset: Squares (a map-style dataset)" in text and "sampler: RandomSampler" in text
-    assert "(auto: usable cores to start)" in text and "worker processes forked from a zygote (resized by the autotuner" in text
+    assert (
+        "(auto: usable cores to start)" in text
+        and "worker processes forked from a zygote (resized by the autotuner" in text
+    )
     assert "torch's own iterator (num_workers=0)" in tp.explain(tp.DataLoader(Squares()))
     assert "Optimizations:" in tp.explain(tp.DataLoader(tp.range(3).map(abs), batch_size=None))
     assert tp.explain(tp.range(3)) == tp.range(3).explain()

@@ -29,8 +29,13 @@ def test_options_validate_pass_names_and_values():
 
 
 def test_switches_merge_along_the_graph():
-    ds = (tp.range(4).map(abs).map(abs).with_options(tp.Options(optimizations={"map_fusion": False}))
-          .with_options(tp.Options(optimizations={"inject_prefetch": False})))
+    ds = (
+        tp.range(4)
+        .map(abs)
+        .map(abs)
+        .with_options(tp.Options(optimizations={"map_fusion": False}))
+        .with_options(tp.Options(optimizations={"inject_prefetch": False}))
+    )
     assert ds.options().optimizations == {"map_fusion": False, "inject_prefetch": False}
     assert "Optimizations:\n  (none applied)" in ds.explain()
     hash(ds.options())
@@ -54,14 +59,31 @@ def keep(image, label):
 
 def pipelines():
     return {
-        "images": tp.from_dataset(Images()).shuffle(16).repeat(2).take(-1).map(jitter, 2, executor="process")
-        .map(jitter).filter(keep).batch(6).prefetch(0),
-        "inline": tp.range(50).skip(0).map(lambda x: x * 3).map(lambda x: x + tp.rng().integers(10))
-        .filter(lambda x: x % 2 == 0).filter(lambda x: x % 3 != 1).shuffle(7).repeat(1).batch(4),
-        "threads": tp.from_dataset(Images()).map(jitter, 3, executor="thread").map(jitter, 2, executor="thread")
+        "images": tp.from_dataset(Images())
+        .shuffle(16)
+        .repeat(2)
+        .take(-1)
+        .map(jitter, 2, executor="process")
+        .map(jitter)
+        .filter(keep)
+        .batch(6)
+        .prefetch(0),
+        "inline": tp.range(50)
+        .skip(0)
+        .map(lambda x: x * 3)
+        .map(lambda x: x + tp.rng().integers(10))
+        .filter(lambda x: x % 2 == 0)
+        .filter(lambda x: x % 3 != 1)
+        .shuffle(7)
+        .repeat(1)
+        .batch(4),
+        "threads": tp.from_dataset(Images())
+        .map(jitter, 3, executor="thread")
+        .map(jitter, 2, executor="thread")
         .batch(8, drop_remainder=True),
         "vectorized": tp.range(30).map(float).map(lambda x: x * 2.0, batched=True).batch(7),
-        "interleaved": tp.range(4).interleave(lambda i: tp.range(i * 10, i * 10 + 5).map(lambda x: -x), 2)
+        "interleaved": tp.range(4)
+        .interleave(lambda i: tp.range(i * 10, i * 10 + 5).map(lambda x: -x), 2)
         .map(lambda x: x + tp.rng().random(), pure=True),
     }
 

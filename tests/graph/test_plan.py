@@ -172,8 +172,13 @@ def test_malformed_values_are_checkpoint_errors_naming_the_stage_and_the_key(gar
 
 
 def test_garbled_counters_and_flags_of_every_kind_of_op_are_checkpoint_errors():
-    ds = tp.range(30).take(20).repeat(2).shuffle(4, seed=0).batch(2).with_options(
-        tp.Options(optimizations={"inject_prefetch": False, "shuffle_repeat_fusion": False})
+    ds = (
+        tp.range(30)
+        .take(20)
+        .repeat(2)
+        .shuffle(4, seed=0)
+        .batch(2)
+        .with_options(tp.Options(optimizations={"inject_prefetch": False, "shuffle_repeat_fusion": False}))
     )
     state = _state_after(ds, 3)
     shuffle = state["pipeline"]["input"]

@@ -25,8 +25,13 @@ class Rows(torch.utils.data.Dataset):
 
 def draw(row):
     """Every source of randomness a function may use: the global RNGs and tp.rng()."""
-    return {"i": row["i"], "x": row["x"] + torch.rand(3), "py": random.random(), "np": np.random.rand(),
-            "tp": float(tp.rng().random())}
+    return {
+        "i": row["i"],
+        "x": row["x"] + torch.rand(3),
+        "py": random.random(),
+        "np": np.random.rand(),
+        "tp": float(tp.rng().random()),
+    }
 
 
 def slow_square(x):
@@ -133,8 +138,8 @@ def test_a_fused_batch_and_an_interleave_survive_a_killed_actor(ray_cluster):
     make = lambda: tp.range(160).map(slow_square, 2, executor="ray").batch(4)  # noqa: E731
     assert assert_exactly_once(make, seed=1, kill=kill_an_actor) is not None
     make = lambda: tp.range(16).interleave(  # noqa: E731
-        lambda i: tp.range(i * 10, i * 10 + 10).map(slow_square), cycle_length=4, num_parallel_calls=2,
-        executor="ray")
+        lambda i: tp.range(i * 10, i * 10 + 10).map(slow_square), cycle_length=4, num_parallel_calls=2, executor="ray"
+    )
     assert assert_exactly_once(make, seed=2, kill=kill_an_actor) is not None
 
 
@@ -159,7 +164,7 @@ def test_checkpoints_resume_on_ray_and_across_executors(ray_cluster):
                 next(it)
             resumed = iter(make(then))
             resumed.load_state_dict(it.state_dict())
-            assert_same_elements(list(resumed), expected[len(expected) // 2:])
+            assert_same_elements(list(resumed), expected[len(expected) // 2 :])
 
 
 # -- autotune and stats --------------------------------------------------------------------------
@@ -168,7 +173,7 @@ def test_autotune_sizes_the_actor_pool_within_the_clusters_cpus(ray_cluster):
     it = iter(tp.range(400).map(slow_square, executor=executor))
     out = [next(it) for _ in range(300)]
     assert out == [x * x for x in range(300)]
-    (knob, value), = it.tuned_values().items()
+    ((knob, value),) = it.tuned_values().items()
     held = max(len(pool.actor_processes()) for pool in running_pools())
     assert 1 <= value <= 4 and held <= 4  # 2 CPUs at 0.5 an actor: never more than 4, whatever the model wants
     stats = it.stats()

@@ -53,8 +53,11 @@ def _train_worker(shard, rank):
 
 
 def test_a_train_workers_shard_is_not_split_again(ray_cluster, rows):
-    explained = tp.from_ray(rows.iterator()).with_options(
-        tp.Options(distribute=tp.DistributeOptions(rank=0, world_size=2))).explain()
+    explained = (
+        tp.from_ray(rows.iterator())
+        .with_options(tp.Options(distribute=tp.DistributeOptions(rank=0, world_size=2)))
+        .explain()
+    )
     assert "Ray Train worker's dataset shard: not split again" in explained
     shards = ray_cluster.data.range(40, override_num_blocks=4).streaming_split(2, equal=True)
     worker = ray_cluster.remote(num_cpus=0)(_train_worker)

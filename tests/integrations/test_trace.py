@@ -29,7 +29,9 @@ def check_chrome_trace(data):
         if event["ph"] == "X":
             assert isinstance(event["tid"], int) and event["dur"] >= 0, event
             # in whole nanoseconds, as Perfetto reads them
-            by_thread[event["pid"], event["tid"]].append((round(event["ts"] * 1000), round((event["ts"] + event["dur"]) * 1000)))
+            by_thread[event["pid"], event["tid"]].append(
+                (round(event["ts"] * 1000), round((event["ts"] + event["dur"]) * 1000))
+            )
         elif event["ph"] == "C":
             assert all(isinstance(v, (int, float)) for v in event["args"].values()) and event["args"], event
         else:
@@ -50,7 +52,9 @@ def _threads(data):
 
 
 def _spans_on(data, thread):
-    tids = {(e["pid"], e["tid"]) for e in data["traceEvents"] if e["name"] == "thread_name" and e["args"]["name"] == thread}
+    tids = {
+        (e["pid"], e["tid"]) for e in data["traceEvents"] if e["name"] == "thread_name" and e["args"]["name"] == thread
+    }
     return [e for e in data["traceEvents"] if e["ph"] == "X" and (e["pid"], e["tid"]) in tids]
 
 
@@ -97,7 +101,9 @@ def test_every_expensive_element_is_recorded_and_all_with_trace_all(tmp_path):
         data = json.loads((tmp_path / "b.json").read_text())
         check_chrome_trace(data)
         assert check(len(_spans_on(data, "range"))), (detail, len(_spans_on(data, "range")))
-        assert data["otherData"]["torchpipe_detail"] == ("every element" if detail == "all" else "elements the stats clock")
+        assert data["otherData"]["torchpipe_detail"] == (
+            "every element" if detail == "all" else "elements the stats clock"
+        )
 
 
 def test_thread_calls_and_autotune_knobs(tmp_path):

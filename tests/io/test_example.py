@@ -73,7 +73,9 @@ def test_parse_example_gives_tensorflows_values():
 
 def test_parse_single_example_agrees_with_the_batch():
     batch = tp.io.parse_example(records("examples.tfrecord"), SPEC)
-    offsets = {k: np.cumsum([0, *batch[k].row_lengths.tolist()]) for k, s in SPEC.items() if isinstance(s, tp.io.VarLenFeature)}
+    offsets = {
+        k: np.cumsum([0, *batch[k].row_lengths.tolist()]) for k, s in SPEC.items() if isinstance(s, tp.io.VarLenFeature)
+    }
     for i, record in enumerate(records("examples.tfrecord")):
         single = tp.io.parse_single_example(record, SPEC)
         for key, value in single.items():
@@ -110,15 +112,23 @@ def test_sequence_examples_round_trip_with_tensorflow():
 def test_unpacked_lists_repeated_fields_and_unknown_fields_follow_protobuf():
     unpacked_ints = wire.length_delimited(3, b"\x08\x05\x08" + wire.varint(-2))  # Int64List, one value a field
     floats = b"\x0d" + np.float32(1.5).tobytes() + wire.length_delimited(1, np.float32([2.5, 3.5]).tobytes())
-    first = wire.length_delimited(1, wire.length_delimited(1, b"k") + wire.length_delimited(2, wire.length_delimited(3, b"\x08\x01")))
+    first = wire.length_delimited(
+        1, wire.length_delimited(1, b"k") + wire.length_delimited(2, wire.length_delimited(3, b"\x08\x01"))
+    )
     entries = {"ints": unpacked_ints, "floats": wire.length_delimited(2, floats)}
     body = first + wire.map_message(entries) + b"\x18\x07"  # an unknown varint field 3
-    parsed = tp.io.parse_single_example(wire.length_delimited(1, body) + b"\x10\x01", {
-        "ints": tp.io.VarLenFeature(I64), "floats": tp.io.VarLenFeature(F32), "k": tp.io.VarLenFeature(I64)})
+    parsed = tp.io.parse_single_example(
+        wire.length_delimited(1, body) + b"\x10\x01",
+        {"ints": tp.io.VarLenFeature(I64), "floats": tp.io.VarLenFeature(F32), "k": tp.io.VarLenFeature(I64)},
+    )
     assert parsed["ints"].tolist() == [5, -2] and parsed["floats"].tolist() == [1.5, 2.5, 3.5]
     assert parsed["k"].tolist() == [1]
-    later = wire.length_delimited(1, wire.length_delimited(1, b"k") + wire.length_delimited(2, wire.feature_message(3, [9])))
-    assert tp.io.parse_single_example(wire.length_delimited(1, first + later), {"k": tp.io.VarLenFeature(I64)})["k"].tolist() == [9]
+    later = wire.length_delimited(
+        1, wire.length_delimited(1, b"k") + wire.length_delimited(2, wire.feature_message(3, [9]))
+    )
+    assert tp.io.parse_single_example(wire.length_delimited(1, first + later), {"k": tp.io.VarLenFeature(I64)})[
+        "k"
+    ].tolist() == [9]
 
 
 def test_long_int_lists_decode_exactly():

@@ -66,7 +66,9 @@ def test_index_of_a_corrupt_or_truncated_file_names_the_offset(tmp_path):
 
 def test_tensorflow_fixture_indexes(tmp_path):
     records = tp.io.TFRecordRecords(os.path.join(FIXTURES, "records.tfrecord"), write_index=False)
-    assert [records[i] for i in range(len(records))] == list(tp.TFRecordDataset(os.path.join(FIXTURES, "records.tfrecord")))
+    assert [records[i] for i in range(len(records))] == list(
+        tp.TFRecordDataset(os.path.join(FIXTURES, "records.tfrecord"))
+    )
 
 
 def test_records_are_random_access_across_files(shards):

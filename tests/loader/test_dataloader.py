@@ -39,8 +39,12 @@ def both(**kwargs):
         dict(batch_size=4, shuffle=True, generator=1),
         dict(batch_size=4, shuffle=True, drop_last=True, generator=2),
         dict(batch_size=None, shuffle=True, generator=3),
-        dict(batch_size=5, sampler=lambda: torch.utils.data.SubsetRandomSampler(
-            range(0, 23, 2), generator=torch.Generator().manual_seed(4))),
+        dict(
+            batch_size=5,
+            sampler=lambda: torch.utils.data.SubsetRandomSampler(
+                range(0, 23, 2), generator=torch.Generator().manual_seed(4)
+            ),
+        ),
         dict(batch_sampler=[[0, 1], [5, 3, 2], [22]]),
         dict(batch_size=3, collate_fn=lambda items: sum(float(x) for x, _ in items)),
     ],
@@ -61,7 +65,9 @@ def test_generator_is_consumed_like_torch():
 
 def test_distributed_sampler_with_set_epoch():
     samplers = [torch.utils.data.DistributedSampler(DATA, num_replicas=2, rank=1, seed=3) for _ in range(2)]
-    loaders = [cls(DATA, batch_size=3, sampler=s, num_workers=2) for cls, s in zip((TorchLoader, tp.DataLoader), samplers)]
+    loaders = [
+        cls(DATA, batch_size=3, sampler=s, num_workers=2) for cls, s in zip((TorchLoader, tp.DataLoader), samplers)
+    ]
     for epoch in range(2):
         for s in samplers:
             s.set_epoch(epoch)
@@ -82,7 +88,10 @@ class WithGetitems(torch.utils.data.Dataset):
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_getitems_is_used(num_workers):
     assert [b.tolist() for b in tp.DataLoader(WithGetitems(), batch_size=4, num_workers=num_workers)] == [
-        [0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+        [0, 1, 2, 3],
+        [4, 5, 6, 7],
+        [8, 9],
+    ]
 
 
 @pytest.mark.parametrize(
@@ -150,15 +159,28 @@ class Marked(torch.utils.data.Dataset):
 
 
 def test_worker_init_fn_runs_once_per_worker_and_persistent_workers_stay():
-    loader = tp.DataLoader(Marked(), batch_size=2, num_workers=2, worker_init_fn=init_marker,
-                           persistent_workers=True, generator=torch.Generator().manual_seed(0))
+    loader = tp.DataLoader(
+        Marked(),
+        batch_size=2,
+        num_workers=2,
+        worker_init_fn=init_marker,
+        persistent_workers=True,
+        generator=torch.Generator().manual_seed(0),
+    )
     first = list(loader)
     second = list(loader)
     pids = {int(p) for b in first for p in b[0]}
     assert len(pids) == 2 and pids == {int(p) for b in second for p in b[0]}
     assert all(marks in ((0,), (1,)) for b in first for marks in zip(*b[1]))
-    torch_first = list(TorchLoader(Marked(), batch_size=2, num_workers=2, worker_init_fn=init_marker,
-                                   generator=torch.Generator().manual_seed(0)))
+    torch_first = list(
+        TorchLoader(
+            Marked(),
+            batch_size=2,
+            num_workers=2,
+            worker_init_fn=init_marker,
+            generator=torch.Generator().manual_seed(0),
+        )
+    )
     assert [b[2].tolist() for b in first] == [b[2].tolist() for b in torch_first]  # same worker seeds
 
 
@@ -291,8 +313,9 @@ def test_without_cuda_pinning_is_skipped_and_cuda_device_is_a_clear_error():
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_resume_mid_epoch_in_a_new_loader(num_workers):
     def make():
-        return tp.DataLoader(DATA, batch_size=3, shuffle=True, num_workers=num_workers,
-                             generator=torch.Generator().manual_seed(11))
+        return tp.DataLoader(
+            DATA, batch_size=3, shuffle=True, num_workers=num_workers, generator=torch.Generator().manual_seed(11)
+        )
 
     loader = make()
     list(loader)  # a first epoch, so the state is from the second

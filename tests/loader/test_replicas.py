@@ -30,8 +30,12 @@ class Shares(IterableDataset):
         for i in range(info.id, self.n, info.num_workers):
             if self.wait_s:
                 time.sleep(self.wait_s)
-            yield {"i": i, "replica": info.id, "of": info.num_workers,
-                   "draws": torch.tensor([random.random(), float(torch.rand(()))])}
+            yield {
+                "i": i,
+                "replica": info.id,
+                "of": info.num_workers,
+                "draws": torch.tensor([random.random(), float(torch.rand(()))]),
+            }
 
 
 def loaders(dataset, processes=None, **kwargs):

@@ -174,7 +174,6 @@ def test_padded_batch_errors_while_iterating():
         list(ramps().padded_batch(2, padding_values=1.5))
 
 
-
 NO_PREFETCH = tp.Options(optimizations={"inject_prefetch": False})  # which would run on after the error
 
 
@@ -211,7 +210,9 @@ def test_padding_values_that_do_not_fit_the_elements_raise_at_the_first_element(
 
 def test_padding_values_that_fit_are_not_rejected():
     strings = tp.range(1, 4).map(lambda x: (str(x), torch.full((x,), x)))
-    assert as_lists(b for _, b in strings.padded_batch(3, padding_values=("", -1))) == [[[1, -1, -1], [2, 2, -1], [3, 3, 3]]]
+    assert as_lists(b for _, b in strings.padded_batch(3, padding_values=("", -1))) == [
+        [[1, -1, -1], [2, 2, -1], [3, 3, 3]]
+    ]
     assert [s for s, _ in strings.padded_batch(3, padding_values=0)] == [["1", "2", "3"]]  # strings are not padded
     assert as_lists(tp.range(3).padded_batch(3, padding_values=np.int8(7))) == [[0, 1, 2]]
 
@@ -361,8 +362,12 @@ def test_bucket_unpacks_tuples_and_pads_dimension_zero_to_the_boundary():
 
 def test_bucket_explicit_padded_shapes_fill_unknown_dims_to_the_boundary():
     ds = tuple_sequences().bucket_by_sequence_length(
-        lambda x, y: x.shape[0], [3, 6], [2, 2, 2],
-        padded_shapes=([None, 3], []), padding_values=(-1.0, 0), pad_to_bucket_boundary=True,
+        lambda x, y: x.shape[0],
+        [3, 6],
+        [2, 2, 2],
+        padded_shapes=([None, 3], []),
+        padding_values=(-1.0, 0),
+        pad_to_bucket_boundary=True,
     )
     out = list(ds)
     # verified against tf.data 2.21
@@ -414,7 +419,9 @@ PIPELINES = {
     "bucket": lambda: random_buckets(sequences(RANDOM_LENGTHS)),
     "bucket_drop_under_repeat": lambda: random_buckets(sequences(RANDOM_LENGTHS), drop_remainder=True).repeat(2),
     "bucket_over_repeat_shuffle": lambda: random_buckets(
-        sequences(RANDOM_LENGTHS).repeat(2).shuffle(7, seed=1), (3, 6, 12), pad_to_bucket_boundary=True,
+        sequences(RANDOM_LENGTHS).repeat(2).shuffle(7, seed=1),
+        (3, 6, 12),
+        pad_to_bucket_boundary=True,
         padding_values=-1,
     ),
 }

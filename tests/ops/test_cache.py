@@ -280,7 +280,11 @@ def test_tensors_of_every_kind_survive_a_file_cache(tmp_path):
         warnings.simplefilter("ignore")  # quantized tensors
         elements = [
             {"bf16": torch.ones(2, 3, dtype=torch.bfloat16), "t": base.t(), "strided": base[::2, 1::3]},
-            {"empty": torch.zeros(0, 4), "scalar": torch.tensor(3, dtype=torch.int8), "conj": torch.tensor([1 + 2j]).conj()},
+            {
+                "empty": torch.zeros(0, 4),
+                "scalar": torch.tensor(3, dtype=torch.int8),
+                "conj": torch.tensor([1 + 2j]).conj(),
+            },
             {"quantized": torch.quantize_per_tensor(torch.randn(4), 0.1, 2, torch.quint8), "raw": b"x" * 100_000},
         ]
     path = tmp_path / "c"
@@ -308,6 +312,7 @@ def test_nested_structures_and_python_values(tmp_path):
         "point": Point(torch.tensor(1.0, dtype=torch.bfloat16), None),
         "empty": (torch.zeros(0), np.zeros((0, 2), dtype=np.float16)),
     }
+
     def make(count):
         return tp.from_iterable([element]).map(count).cache(str(tmp_path / "c"))
 
@@ -476,7 +481,9 @@ def test_a_changed_function_above_the_cache_rebuilds_the_file(tmp_path):
     path = tmp_path / "c"
     assert list(tp.range(4).map(lambda x: x * 2).cache(path)) == [0, 2, 4, 6]
     count = Counter(lambda x: x * 3)
-    with pytest.warns(tp_cache.StaleCacheWarning, match=r"another pipeline above the cache: op 0 was map\(fn=<lambda>#"):
+    with pytest.warns(
+        tp_cache.StaleCacheWarning, match=r"another pipeline above the cache: op 0 was map\(fn=<lambda>#"
+    ):
         assert list(tp.range(4).map(count).cache(path)) == [0, 3, 6, 9]
     assert count.calls == 4 and _files(tmp_path) == ["c"]
     again = Counter(lambda x: x * 3)

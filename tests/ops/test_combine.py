@@ -51,8 +51,11 @@ def test_zip_of_tensors_and_arrays():
     out = list(tp.zip(a, b))
     assert_same_elements(
         out,
-        [(torch.tensor([0, 1]), np.float64(0.0)), (torch.tensor([2, 3]), np.float64(1.0)),
-         (torch.tensor([4, 5]), np.float64(2.0))],
+        [
+            (torch.tensor([0, 1]), np.float64(0.0)),
+            (torch.tensor([2, 3]), np.float64(1.0)),
+            (torch.tensor([4, 5]), np.float64(2.0)),
+        ],
     )
 
 

@@ -47,9 +47,10 @@ def test_non_deterministic_map_delivers_as_completed():
             release.wait(10)  # held until the consumer has received another element
         return x
 
-    for ds in (tp.range(8).map(gated, num_parallel_calls=4, deterministic=False, executor="thread"),
-               tp.range(8).map(gated, num_parallel_calls=4, executor="thread")
-               .with_options(tp.Options(deterministic=False))):
+    for ds in (
+        tp.range(8).map(gated, num_parallel_calls=4, deterministic=False, executor="thread"),
+        tp.range(8).map(gated, num_parallel_calls=4, executor="thread").with_options(tp.Options(deterministic=False)),
+    ):
         release.clear()
         it = iter(ds)
         first = next(it)
@@ -137,7 +138,8 @@ def test_identical_output_for_any_worker_count_and_executor():
     seeded = tp.Options(seed=4)
     runs = {
         (n, executor): without_pid(list(tp.range(30).map(augment, n, executor=executor).with_options(seeded)))
-        for n in (1, 2, 4) for executor in ("thread", "process")
+        for n in (1, 2, 4)
+        for executor in ("thread", "process")
     }
     inline = without_pid(list(tp.range(30).map(augment).with_options(seeded)))
     assert all(run == inline for run in runs.values())
@@ -179,7 +181,7 @@ def test_process_errors_keep_type_message_traceback_and_stage():
 
 def test_unpicklable_results_say_what_and_what_to_do():
     with pytest.raises(TypeError, match="pickl") as info:
-        list(tp.range(2).map(lambda x: (lambda: x), 1, executor="process"))
+        list(tp.range(2).map(lambda x: lambda: x, 1, executor="process"))
     assert "tensors" in str(info.value)
 
 
@@ -284,7 +286,11 @@ def test_the_next_pass_starts_with_the_executor_and_parallelism_the_last_one_set
 
 
 def test_autotune_runs_calls_cheaper_than_moving_their_results_inline():
-    it = iter(tp.range(200).map(lambda x: x + 1, tp.AUTOTUNE).with_options(tp.Options(optimizations={"inject_prefetch": False})))
+    it = iter(
+        tp.range(200)
+        .map(lambda x: x + 1, tp.AUTOTUNE)
+        .with_options(tp.Options(optimizations={"inject_prefetch": False}))
+    )
     assert list(it) == list(range(1, 201))
     stage = _parallel_stage(it)
     assert stage.executor_kind == "inline" and stage.parallelism() == 0 and stage.knobs()[0].value == 0
@@ -309,6 +315,7 @@ def test_the_autotuner_moves_calls_between_inline_and_a_pool_without_losing_any(
 
 def test_seeded_calls_that_draw_from_the_global_rngs_never_run_on_threads(monkeypatch):
     monkeypatch.setattr(parallel_map, "measure_calls", _costs(1e-3, 1.0, 1e-5))  # threads would win, if allowed
+
     def draws():
         return tp.range(40).map(lambda x: x + random.random(), tp.AUTOTUNE).with_options(tp.Options(seed=5))
 
@@ -355,7 +362,7 @@ def test_early_break_and_close_stop_every_worker():
 
 
 def test_unpicklable_inputs_say_what_and_what_to_do():
-    ds = tp.range(3).map(lambda x: (lambda: x)).map(lambda f: f(), 2, executor="process")
+    ds = tp.range(3).map(lambda x: lambda: x).map(lambda f: f(), 2, executor="process")
     ds = ds.with_options(tp.Options(optimizations={"map_fusion": False}))  # fused, nothing crosses
     with pytest.raises(TypeError, match="input element 0 could not be pickled") as info:
         list(ds)
@@ -376,8 +383,9 @@ for _ in it:
 
 
 def test_ctrl_c_leaves_no_processes():
-    child = subprocess.Popen([sys.executable, "-c", CTRL_C_CHILD], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", CTRL_C_CHILD], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     pids = [int(p) for p in child.stdout.readline().split()]
     child.send_signal(signal.SIGINT)
     _, err = child.communicate(timeout=20)

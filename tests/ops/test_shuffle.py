@@ -70,9 +70,7 @@ def test_an_element_moves_earlier_by_at_most_buffer_size_minus_one():
 
 def test_elements_keep_their_structure():
     Pair = collections.namedtuple("Pair", "x y")
-    ds = tp.from_tensor_slices({"x": torch.arange(6), "y": np.arange(6) * 10}).map(
-        lambda d: Pair(d["x"], d["y"])
-    )
+    ds = tp.from_tensor_slices({"x": torch.arange(6), "y": np.arange(6) * 10}).map(lambda d: Pair(d["x"], d["y"]))
     out = list(ds.shuffle(6, seed=0))
     assert all(isinstance(e, Pair) and int(e.x) * 10 == int(e.y) for e in out)
     assert sorted(int(e.x) for e in out) == list(range(6))
@@ -89,7 +87,7 @@ def test_reshuffle_each_iteration_draws_a_new_order_every_epoch():
 
 def test_reshuffle_each_iteration_draws_a_new_order_every_repetition():
     out = list(tp.range(20).shuffle(20, seed=5).repeat(3))
-    reps = [out[i:i + 20] for i in (0, 20, 40)]
+    reps = [out[i : i + 20] for i in (0, 20, 40)]
     assert all(sorted(r) == list(range(20)) for r in reps)
     assert reps[0] != reps[1] and reps[1] != reps[2] and reps[0] != reps[2]
 

@@ -284,7 +284,9 @@ def test_decode_uses_the_allocator_for_every_tensor():
     encoded = codec.encode((torch.ones(5), "x", torch.zeros(2, 2)))
     buf = bytearray(encoded.nbytes)
     encoded.write_into(memoryview(buf))
-    out = codec.decode(memoryview(buf), allocate=lambda shape, dtype: shapes.append(shape) or torch.empty(shape, dtype=dtype))
+    out = codec.decode(
+        memoryview(buf), allocate=lambda shape, dtype: shapes.append(shape) or torch.empty(shape, dtype=dtype)
+    )
     assert_elements_equal(out, (torch.ones(5), "x", torch.zeros(2, 2)))
     assert shapes == [(5,), (2, 2)]
 
@@ -448,8 +450,14 @@ def test_decode_view_shares_memory_and_frees_the_record_with_the_last_view():
     import gc
     import weakref
 
-    element = {"t": torch.arange(10, dtype=torch.bfloat16), "a": np.arange(6.0).reshape(2, 3), "n": 3,
-               "b": b"y" * 100_000, "e": torch.zeros(0, 3), "g": torch.ones(2, requires_grad=True)}
+    element = {
+        "t": torch.arange(10, dtype=torch.bfloat16),
+        "a": np.arange(6.0).reshape(2, 3),
+        "n": 3,
+        "b": b"y" * 100_000,
+        "e": torch.zeros(0, 3),
+        "g": torch.ones(2, requires_grad=True),
+    }
     base = np.frombuffer(bytearray(codec.encode_bytes(element)), np.uint8)
     freed = []
     out = codec.decode_view(base)
@@ -469,22 +477,29 @@ def test_decode_view_shares_memory_and_frees_the_record_with_the_last_view():
 
 def test_stacked_tensors_are_stacked_straight_into_the_record():
     parts = [torch.full((3, 4), float(i)).t() for i in range(5)]  # non-contiguous parts too
-    element = {"x": codec.StackedTensor(parts), "flags": codec.StackedTensor([torch.ones(2, dtype=torch.bool)] * 3),
-               "none": codec.StackedTensor([torch.zeros(0)] * 2)}
+    element = {
+        "x": codec.StackedTensor(parts),
+        "flags": codec.StackedTensor([torch.ones(2, dtype=torch.bool)] * 3),
+        "none": codec.StackedTensor([torch.zeros(0)] * 2),
+    }
     out = codec.decode_bytes(codec.encode_bytes(element))
-    assert_elements_equal(out, {"x": torch.stack(parts), "flags": torch.ones(3, 2, dtype=torch.bool),
-                                "none": torch.zeros(2, 0)})
+    assert_elements_equal(
+        out, {"x": torch.stack(parts), "flags": torch.ones(3, 2, dtype=torch.bool), "none": torch.zeros(2, 0)}
+    )
     with pytest.raises(ValueError, match="one shape and dtype"):
         codec.StackedTensor([torch.zeros(2), torch.zeros(3)])
 
 
-@pytest.mark.parametrize(("dtype", "row_shape", "stride"), [
-    (torch.float32, (3,), 16),  # 12-byte rows, padded to 64
-    (torch.bool, (2, 5), 64),
-    (torch.complex128, (), 4),
-    (torch.bfloat16, (33,), 64),  # 66 bytes: 128
-    (torch.int64, (8,), 8),  # 64 bytes: no padding, an ordinary contiguous tensor
-])
+@pytest.mark.parametrize(
+    ("dtype", "row_shape", "stride"),
+    [
+        (torch.float32, (3,), 16),  # 12-byte rows, padded to 64
+        (torch.bool, (2, 5), 64),
+        (torch.complex128, (), 4),
+        (torch.bfloat16, (33,), 64),  # 66 bytes: 128
+        (torch.int64, (8,), 8),  # 64 bytes: no padding, an ordinary contiguous tensor
+    ],
+)
 def test_stacks_of_aligned_rows_decode_as_views_of_aligned_rows(dtype, row_shape, stride):
     parts = [random_tensor(dtype, row_shape, seed=i) for i in range(5)]
     record = codec.encode_bytes(codec.StackedTensor(parts, aligned_rows=True))

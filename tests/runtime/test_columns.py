@@ -17,13 +17,17 @@ def roundtrip(columns):
     return codec.decode_bytes(codec.encode_bytes(columns))
 
 
-@pytest.mark.parametrize("make", [
-    lambda i: torch.full((3,), float(i)),
-    lambda i: (torch.full((2, 2), i), i, f"s{i}"),
-    lambda i: [torch.full((3,), i, dtype=torch.uint8), float(i)],
-    lambda i: Record(torch.arange(4) + i, i % 3),
-    lambda i: {"x": torch.full((3,), i), "label": i, "name": b"r"},
-], ids=["tensor", "tuple", "list", "namedtuple", "dict"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda i: torch.full((3,), float(i)),
+        lambda i: (torch.full((2, 2), i), i, f"s{i}"),
+        lambda i: [torch.full((3,), i, dtype=torch.uint8), float(i)],
+        lambda i: Record(torch.arange(4) + i, i % 3),
+        lambda i: {"x": torch.full((3,), i), "label": i, "name": b"r"},
+    ],
+    ids=["tensor", "tuple", "list", "namedtuple", "dict"],
+)
 def test_elements_come_back_equal_and_of_the_same_types(make):
     values = [make(i) for i in range(5)]
     columns = to_columns(values)
@@ -57,18 +61,22 @@ def test_rows_start_on_64_byte_boundaries(row):
         assert misaligned(rows) == []
 
 
-@pytest.mark.parametrize("values", [
-    [torch.zeros(2)],  # one element: nothing to gain
-    [torch.zeros(2), torch.zeros(3)],  # shapes differ
-    [torch.zeros(2), torch.zeros(2, dtype=torch.float64)],  # dtypes differ
-    [torch.zeros(2, requires_grad=True)] * 2,  # needs gradient
-    [(torch.zeros(2), 1), [torch.zeros(2), 1]],  # container types differ
-    [(1, 2), (1, 2, 3)],  # lengths differ
-    [(1, (2, 3)), (1, (2, 3))],  # nested
-    [{"a": 1}, {"b": 1}],  # keys differ
-    [collections.OrderedDict(a=1)] * 2,  # a dict type rows() would not rebuild
-    [1, 2, 3],  # plain leaves: sent as they are
-], ids=["one", "shapes", "dtypes", "grad", "types", "lengths", "nested", "keys", "ordereddict", "ints"])
+@pytest.mark.parametrize(
+    "values",
+    [
+        [torch.zeros(2)],  # one element: nothing to gain
+        [torch.zeros(2), torch.zeros(3)],  # shapes differ
+        [torch.zeros(2), torch.zeros(2, dtype=torch.float64)],  # dtypes differ
+        [torch.zeros(2, requires_grad=True)] * 2,  # needs gradient
+        [(torch.zeros(2), 1), [torch.zeros(2), 1]],  # container types differ
+        [(1, 2), (1, 2, 3)],  # lengths differ
+        [(1, (2, 3)), (1, (2, 3))],  # nested
+        [{"a": 1}, {"b": 1}],  # keys differ
+        [collections.OrderedDict(a=1)] * 2,  # a dict type rows() would not rebuild
+        [1, 2, 3],  # plain leaves: sent as they are
+    ],
+    ids=["one", "shapes", "dtypes", "grad", "types", "lengths", "nested", "keys", "ordereddict", "ints"],
+)
 def test_other_elements_are_left_as_they_are(values):
     assert to_columns(values) is None
 

@@ -55,7 +55,11 @@ class _Stage:
         return x * 2
 
     def make(self, kind, workers):
-        return InlineExecutor(self.call, self.timing) if kind == INLINE else ThreadExecutor(self.call, workers, kind, self.timing)
+        return (
+            InlineExecutor(self.call, self.timing)
+            if kind == INLINE
+            else ThreadExecutor(self.call, workers, kind, self.timing)
+        )
 
     def retire(self, executor):
         self.retired.append(executor)

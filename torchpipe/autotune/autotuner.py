@@ -221,6 +221,7 @@ class Autotuner:
         that is not the bottleneck can look like one. No verdict when the work per element
         changed (the function got slower or faster): the throughput then says nothing about
         the move."""
+
         def count_down(holds: dict[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
             return {name: (value, rounds - 1) for name, (value, rounds) in holds.items() if rounds > 1}
 

@@ -197,8 +197,15 @@ class _Builder:
         cpu_fraction = min(1.0, d.cpu_s / d.work_s) if d.work_s > 0 else 1.0
         if tunable.calls_on_cluster(it):  # not this machine's cores: the knob's maximum is the cluster's
             cpu_fraction = 0.0
-        calls = Stage(f"{it.name} (calls)", self.per_root(_delivered_work(d)), parallelism=parallelism, buffer=parallelism,
-                      cpu_fraction=cpu_fraction, bytes_per_element=d.bytes_per_element, slots_per_unit=slots)
+        calls = Stage(
+            f"{it.name} (calls)",
+            self.per_root(_delivered_work(d)),
+            parallelism=parallelism,
+            buffer=parallelism,
+            cpu_fraction=cpu_fraction,
+            bytes_per_element=d.bytes_per_element,
+            slots_per_unit=slots,
+        )
         if not tunable.calls_in_processes(it):
             self.main_cpu_s += d.cpu_s
         cut = _after_last_buffer(below)
@@ -223,4 +230,3 @@ def _after_last_buffer(stages: list[Stage]) -> int:
         if stages[index].buffer is not None:
             return index + 1
     return 0
-

@@ -69,7 +69,7 @@ def empty_probability(ratio: float, slots: int) -> float:
         return 1.0 / (slots + 1)
     if ratio > 1.0:  # compute with 1 / ratio to avoid overflow: p0 = r^-K (1/r - 1) / (1/r^(K+1) - 1)
         inv = 1.0 / ratio
-        return (inv ** slots) * (1.0 - inv) / (1.0 - inv ** (slots + 1))
+        return (inv**slots) * (1.0 - inv) / (1.0 - inv ** (slots + 1))
     return (1.0 - ratio) / (1.0 - ratio ** (slots + 1))
 
 

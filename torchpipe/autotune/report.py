@@ -76,8 +76,10 @@ class PipelineStats(list):
         if not self:
             return "torchpipe: the pass has not started"
         root = self[0]
-        lines = [f"torchpipe pass: {self.seconds:.1f} s, {root['produced']} elements, {root['throughput']:.4g}/s",
-                 f"{'stage':<36} {'elements':>9} {'per s':>9} {'self/elem':>10} {'wait':>5} {'buffer':>7}  knobs"]
+        lines = [
+            f"torchpipe pass: {self.seconds:.1f} s, {root['produced']} elements, {root['throughput']:.4g}/s",
+            f"{'stage':<36} {'elements':>9} {'per s':>9} {'self/elem':>10} {'wait':>5} {'buffer':>7}  knobs",
+        ]
         for stage in self:
             wait = f"{stage['wait_ratio']:.0%}" if "wait_ratio" in stage else ""
             fill = f"{stage['occupancy']:.0%}" if "occupancy" in stage else ""

@@ -8,8 +8,17 @@ from typing import Any
 from torchpipe.core.stats import LiveKnob
 from torchpipe.core.tunable import BUFFER, POOL, Tunable
 
-__all__ = ["BUFFER", "POOL", "Tunable", "buffer_slots", "calls_in_processes", "calls_on_cluster", "knobs",
-           "parallelism", "role"]
+__all__ = [
+    "BUFFER",
+    "POOL",
+    "Tunable",
+    "buffer_slots",
+    "calls_in_processes",
+    "calls_on_cluster",
+    "knobs",
+    "parallelism",
+    "role",
+]
 
 
 def role(stage: Any) -> str | None:

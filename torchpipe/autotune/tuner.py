@@ -89,8 +89,9 @@ def hill_climb(stages: list[Stage], knobs: list[Knob], budget: Budget, min_gain:
     return values
 
 
-def _shrink_to_budget(stages: list[Stage], values: dict[str, int], knobs: dict[str, Knob], buffers: set[str],
-                      budget: Budget) -> dict[str, int]:
+def _shrink_to_budget(
+    stages: list[Stage], values: dict[str, int], knobs: dict[str, Knob], buffers: set[str], budget: Budget
+) -> dict[str, int]:
     """Lower knobs (biggest memory holders first, then parallelism) until the budget holds."""
     values = dict(values)
     for _ in range(_MAX_STEPS):

@@ -13,14 +13,15 @@ DEFAULT_WAIT_S = 1800.0
 """How long a collective waits for the other ranks where ``Options.stall_timeout`` is None."""
 
 
-
 # -- talking to the other ranks -------------------------------------------------------------------
 def broadcast_seed(seed: int, wait_s: float | None) -> int:
     """Rank 0's ``seed``, on every rank (a collective on the default group)."""
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
     value = torch.tensor([seed], dtype=torch.int64, device=device)
     work = dist.broadcast(value, src=0, async_op=True)
-    _wait(work, wait_s, "rank 0's seed for the pass (every rank iterates the pipeline, or give it tp.Options(seed=...))")
+    _wait(
+        work, wait_s, "rank 0's seed for the pass (every rank iterates the pipeline, or give it tp.Options(seed=...))"
+    )
     return int(value.item())
 
 

@@ -101,7 +101,6 @@ WATCHING_GET_WORKER_INFO = _watch_get_worker_info()
 tell whether code that iterates a pipeline in a worker split its data by hand, and warns."""
 
 
-
 @dataclasses.dataclass(frozen=True)
 class Replica:
     """This process as one of several ranks.

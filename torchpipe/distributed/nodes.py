@@ -61,8 +61,10 @@ class ReplicaShard:
 
     def too_few_files(self, count: int) -> str:
         """Why ``count`` files cannot be split into :attr:`shards` shares of whole files (fewer)."""
-        return (f"{count} files for {self.world_size} ranks x {self.num_workers} workers: each needs at least "
-                "one file; give more files, or split the elements with DistributeOptions(policy='data') (or 'auto')")
+        return (
+            f"{count} files for {self.world_size} ranks x {self.num_workers} workers: each needs at least "
+            "one file; give more files, or split the elements with DistributeOptions(policy='data') (or 'auto')"
+        )
 
     def describe(self) -> str:
         text = f"rank {self.rank} of {self.world_size}"
@@ -474,7 +476,9 @@ class EqualizeIterator(Iterator):
         try:
             return next(self._source)
         except StopIteration:
-            raise RuntimeError(f"{self.name}: this rank's share is empty: it has nothing to pad its pass with") from None
+            raise RuntimeError(
+                f"{self.name}: this rank's share is empty: it has nothing to pad its pass with"
+            ) from None
 
     def _restart(self, wraps: int) -> None:
         self._source.close()

@@ -356,4 +356,3 @@ def _replace(node: Node, target: Node, replacement: Node) -> Node:
     if node is target:
         return replacement
     return with_inputs(node, tuple(_replace(child, target, replacement) for child in node.inputs))
-

@@ -151,7 +151,9 @@ def _check_same_epoch(olds: list[_OldShard]) -> None:
     first = olds[0]
     for key in ("ops", "seed", "epoch"):
         if any(old.state.get(key) != first.state.get(key) for old in olds):
-            raise CheckpointError(f"reshard_states: the states differ in {key!r}: they are not one pass of one pipeline")
+            raise CheckpointError(
+                f"reshard_states: the states differ in {key!r}: they are not one pass of one pipeline"
+            )
     worlds = {old.shard["world_size"] for old in olds}
     ranks = sorted(old.shard["rank"] for old in olds)
     if worlds != {len(olds)} or ranks != list(range(len(olds))):

@@ -142,28 +142,34 @@ def _splits_workers(shard: ShardNode, worker: WorkerShard, rank: tuple[int, int]
     return split in ((workers, w), (world * workers, r * workers + w), (world * workers, w * world + r))
 
 
-_HOW_TO_SAY = ("say which with tp.Options(distribute=tp.DistributeOptions(policy=...)): 'off' where your code splits "
-               "it (torchpipe never does), 'data' where it does not (torchpipe always does)")
+_HOW_TO_SAY = (
+    "say which with tp.Options(distribute=tp.DistributeOptions(policy=...)): 'off' where your code splits "
+    "it (torchpipe never does), 'data' where it does not (torchpipe always does)"
+)
 
 
 def _asked_warning(worker: WorkerShard) -> str:
     n = worker.num_workers
-    return (f"torchpipe: a pipeline is iterated in {worker.label()} by code that asked "
-            "torch.utils.data.get_worker_info(), so torchpipe takes it that this code splits the data between "
-            f"the workers by hand, and does not split it again. If the code does not split it, every element "
-            f"comes {n} times, once from each worker; if it does, splitting it again would lose {n - 1} of "
-            f"every {n}. Shard it with .shard(info.num_workers, info.id), which torchpipe recognizes, or "
-            f"{_HOW_TO_SAY}.")
+    return (
+        f"torchpipe: a pipeline is iterated in {worker.label()} by code that asked "
+        "torch.utils.data.get_worker_info(), so torchpipe takes it that this code splits the data between "
+        f"the workers by hand, and does not split it again. If the code does not split it, every element "
+        f"comes {n} times, once from each worker; if it does, splitting it again would lose {n - 1} of "
+        f"every {n}. Shard it with .shard(info.num_workers, info.id), which torchpipe recognizes, or "
+        f"{_HOW_TO_SAY}."
+    )
 
 
 def _unseen_warning(worker: WorkerShard) -> str:
     n = worker.num_workers
-    return (f"torchpipe: a pipeline is iterated in {worker.label()} by code of yours, and torchpipe cannot tell "
-            "whether that code split the data between the workers by hand (this torch's get_worker_info() "
-            f"cannot be watched). It splits the pipeline: each worker keeps one element in {n}. If your code "
-            f"split it already, {n - 1} of every {n} elements are lost; without a split, every element would "
-            f"come {n} times. Shard it with .shard(info.num_workers, info.id), which torchpipe recognizes, or "
-            f"{_HOW_TO_SAY}.")
+    return (
+        f"torchpipe: a pipeline is iterated in {worker.label()} by code of yours, and torchpipe cannot tell "
+        "whether that code split the data between the workers by hand (this torch's get_worker_info() "
+        f"cannot be watched). It splits the pipeline: each worker keeps one element in {n}. If your code "
+        f"split it already, {n - 1} of every {n} elements are lost; without a split, every element would "
+        f"come {n} times. Shard it with .shard(info.num_workers, info.id), which torchpipe recognizes, or "
+        f"{_HOW_TO_SAY}."
+    )
 
 
 class WorkerShardNode(ShardNode):
@@ -191,7 +197,10 @@ def split_for_worker(root: Node, n: int, i: int) -> tuple[Node, str]:
         where = source.label()
     else:
         sharded, where = WorkerShardNode(root, n, i), "the output"
-    return sharded, f"{NAME}: torch DataLoader worker {i} of {n} keeps one element in {n} of {where}, from element {i} on"
+    return (
+        sharded,
+        f"{NAME}: torch DataLoader worker {i} of {n} keeps one element in {n} of {where}, from element {i} on",
+    )
 
 
 def describe(root: Node) -> str:
@@ -201,12 +210,16 @@ def describe(root: Node) -> str:
         reads = "reads only its share" if sources[0].seekable else "is read whole, each worker keeping its share"
         return f"each keeps one element in num_workers of {sources[0].label()}, which {reads}{_BY_HAND}"
     why = f"{len(sources)} sources" if len(sources) > 1 else "a cache file the workers share"
-    return (f"each runs the whole pipeline ({why}) with a seed they share and keeps one element in num_workers of "
-            f"the output{_BY_HAND}")
+    return (
+        f"each runs the whole pipeline ({why}) with a seed they share and keeps one element in num_workers of "
+        f"the output{_BY_HAND}"
+    )
 
 
-_BY_HAND = ("; not where it is split by hand already (a shard(num_workers, id), or code of yours that iterates it "
-            "and asked get_worker_info() or took tp.distributed.shard_files)")
+_BY_HAND = (
+    "; not where it is split by hand already (a shard(num_workers, id), or code of yours that iterates it "
+    "and asked get_worker_info() or took tp.distributed.shard_files)"
+)
 
 
 def shards_at_source(root: Node, sources: list[Node]) -> bool:

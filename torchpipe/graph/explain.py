@@ -20,7 +20,9 @@ def explain_plan(plan: Plan, tuned: dict[str, int] | None = None, running: bool 
     lines.append("As it will run:")
     _render(plan.runtime_root, lines, prefix="", is_last=True, is_root=True)
     cardinality = plan.root.cardinality()
-    share = "" if plan.replica is None else f" (this rank's share: {_cardinality_text(plan.runtime_root.cardinality())})"
+    share = (
+        "" if plan.replica is None else f" (this rank's share: {_cardinality_text(plan.runtime_root.cardinality())})"
+    )
     lines.append(f"Cardinality: {_cardinality_text(cardinality)}{share}")
     lines.append(f"Options: {plan.options!r}")
     if plan.worker is None and plan.replica is None:

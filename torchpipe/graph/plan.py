@@ -347,8 +347,10 @@ class PipelineIterator:
         self.close()
 
 
-_NOT_TRACED = ("this pass is not traced: run it with ds.with_options(tp.Options(trace=True)) (or trace='all' for "
-               "every element) to record it for trace() and stats().plot()")
+_NOT_TRACED = (
+    "this pass is not traced: run it with ds.with_options(tp.Options(trace=True)) (or trace='all' for "
+    "every element) to record it for trace() and stats().plot()"
+)
 
 
 def _record_round(log: TraceLog, track: Track, decision: Decision) -> None:
@@ -397,10 +399,12 @@ def _difference(saved: Any, mine: list[str]) -> str | None:
         return f"checkpoint is from another pipeline: ops {kinds} vs {mine_kinds}"
     if written != mine_written:
         changed = "; ".join(
-            f"op {i} was {old}, here it is {new}" for i, (old, new) in enumerate(zip(written, mine_written)) if old != new
+            f"op {i} was {old}, here it is {new}"
+            for i, (old, new) in enumerate(zip(written, mine_written))
+            if old != new
         )
         return f"checkpoint is from this pipeline with other parameters: {changed}"
     return (
         "checkpoint is from this pipeline optimized differently (Options.optimizations changed?): "
-        f"it ran as {saved[split_saved + 1:]}, this runs as {mine[split_mine + 1:]}"
+        f"it ran as {saved[split_saved + 1 :]}, this runs as {mine[split_mine + 1 :]}"
     )

@@ -107,7 +107,9 @@ def _row_label(info: Any) -> str:
     return name if len(name) <= 48 else name[:45] + "..."
 
 
-def _plot_counters(ax: Any, counters: dict[str, list[tuple[float, float]]], rounds: list[float], seconds: float) -> None:
+def _plot_counters(
+    ax: Any, counters: dict[str, list[tuple[float, float]]], rounds: list[float], seconds: float
+) -> None:
     for name, points in sorted(counters.items()):
         points.sort()
         times = [t for t, _ in points] + [seconds]

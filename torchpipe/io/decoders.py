@@ -116,7 +116,9 @@ class SampleDecoder:
             try:
                 out[field] = fn(value)
             except Exception as e:
-                add_note(e, f"decoding field {field!r} of sample {sample.get('__key__')!r} from {sample.get('__url__')}")
+                add_note(
+                    e, f"decoding field {field!r} of sample {sample.get('__key__')!r} from {sample.get('__url__')}"
+                )
                 raise
         return out
 

@@ -81,7 +81,9 @@ def _default(spec: FixedLenFeature, kind: int) -> Any:
     if len(flat) == 1 and size != 1:
         flat = flat * size
     if len(flat) != size:
-        raise ValueError(f"FixedLenFeature: default_value has {len(flat)} values; shape {list(spec.shape)} needs {size}")
+        raise ValueError(
+            f"FixedLenFeature: default_value has {len(flat)} values; shape {list(spec.shape)} needs {size}"
+        )
     return flat
 
 

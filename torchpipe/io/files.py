@@ -131,7 +131,10 @@ class OutputFile:
 
 
 def open_stream(
-    path: str, compression: str | None, buffer_size: int | None, offset: int = 0,
+    path: str,
+    compression: str | None,
+    buffer_size: int | None,
+    offset: int = 0,
     retry: remote.RetryPolicy | None = None,
 ) -> BinaryIO:
     """``path`` opened for reading, decompressed, positioned at ``offset`` of the uncompressed

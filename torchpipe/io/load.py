@@ -50,4 +50,3 @@ def load(path: str | os.PathLike) -> SavedDataset:
     if not isinstance(path, (str, bytes)) and not hasattr(path, "__fspath__"):
         raise TypeError(f"load: path must be a str or os.PathLike, got {type(path).__name__}")
     return SavedDataset(SavedRecords(path))
-

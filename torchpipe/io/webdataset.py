@@ -254,7 +254,9 @@ class TarWriter:
         self._file = OutputFile(self.path, f"TarWriter({self.path})")
         mode = "w|gz" if _compression(self.path) else "w|"
         self._tar = tarfile.open(  # noqa: SIM115 - the writer's, closed by close()
-            fileobj=self._file, mode=mode, format=tarfile.PAX_FORMAT  # type: ignore[call-overload]
+            fileobj=self._file,
+            mode=mode,
+            format=tarfile.PAX_FORMAT,  # type: ignore[call-overload]
         )
         self._mtime = mtime
 
@@ -312,4 +314,3 @@ class TarWriter:
             self._abandon()
         else:
             self.close()
-

@@ -182,12 +182,16 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         if not isinstance(yielded, int) or isinstance(yielded, bool) or yielded < 0:
             raise CheckpointError(f"DataLoader state: 'yielded' must be a count of batches, got {yielded!r}")
         if not isinstance(rng, torch.Tensor) or rng.dtype != torch.uint8:
-            raise CheckpointError(f"DataLoader state: 'epoch_rng' must be a generator state (a uint8 tensor), got {type(rng).__name__}")
+            raise CheckpointError(
+                f"DataLoader state: 'epoch_rng' must be a generator state (a uint8 tensor), got {type(rng).__name__}"
+            )
         if "loader" in state:  # format 1 states carry no fingerprint: loaded on trust
             _check_fingerprint(state["loader"], _fingerprint(self))
         length = _epoch_batches(self)
         if length is not None and yielded > length:
-            raise CheckpointError(f"DataLoader state is at batch {yielded}, but this loader's epoch has {length} batches")
+            raise CheckpointError(
+                f"DataLoader state is at batch {yielded}, but this loader's epoch has {length} batches"
+            )
         _set_rng_state(self.generator, rng)
         self._tp.resume = yielded
         self._tp.epoch_rng = rng
@@ -224,9 +228,15 @@ def explain(pipeline: Dataset | torch.utils.data.DataLoader) -> str:
 def _loader_lines(loader: torch.utils.data.DataLoader) -> list[str]:
     state: _LoaderState | None = loader.__dict__.get("_tp")
     dataset = loader.dataset
-    workers = f"{loader.num_workers} (auto: usable cores to start)" if state is not None and state.workers_auto else str(loader.num_workers)
-    kind = "a tp.Dataset pipeline" if isinstance(dataset, Dataset) else (
-        "an IterableDataset" if isinstance(dataset, torch.utils.data.IterableDataset) else "a map-style dataset"
+    workers = (
+        f"{loader.num_workers} (auto: usable cores to start)"
+        if state is not None and state.workers_auto
+        else str(loader.num_workers)
+    )
+    kind = (
+        "a tp.Dataset pipeline"
+        if isinstance(dataset, Dataset)
+        else ("an IterableDataset" if isinstance(dataset, torch.utils.data.IterableDataset) else "a map-style dataset")
     )
     sampler = type(loader.sampler).__name__
     collate = getattr(loader.collate_fn, "__name__", type(loader.collate_fn).__name__)
@@ -248,7 +258,11 @@ def _loader_lines(loader: torch.utils.data.DataLoader) -> list[str]:
         auto, iterable = state is not None and state.workers_auto, isinstance(dataset, torch.utils.data.IterableDataset)
         if iterable:
             fetch = "the worker's replica's next items"
-        to_shm = " (tensors stacked straight into shared memory)" if loader.collate_fn is torch_collate.default_collate else ""
+        to_shm = (
+            " (tensors stacked straight into shared memory)"
+            if loader.collate_fn is torch_collate.default_collate
+            else ""
+        )
         if auto and iterable:
             resized = (f" running {2 * usable_cpu_count()} replicas (one a process where the first batches "
                        "show they wait, else in turn)")  # fmt: skip
@@ -352,7 +366,9 @@ def _check_workers(num_workers: Any, prefetch_factor: int | None) -> None:
         raise TypeError(f'num_workers must be a non-negative int or "auto", got {type(num_workers).__name__} '
                         f"{num_workers!r}")  # fmt: skip
     if prefetch_factor == 0 and num_workers != 0:
-        raise ValueError("prefetch_factor must be at least 1 with worker processes (batches each keeps in flight), got 0")
+        raise ValueError(
+            "prefetch_factor must be at least 1 with worker processes (batches each keeps in flight), got 0"
+        )
 
 
 def _is_index(value: Any) -> bool:
@@ -389,7 +405,9 @@ def _skip(iterator: Any, count: int) -> None:
                 iterator._next_data()
             iterator._num_yielded += 1
     except StopIteration:
-        raise CheckpointError(f"the DataLoader state is at batch {count}, but this loader's epoch ends before it") from None
+        raise CheckpointError(
+            f"the DataLoader state is at batch {count}, but this loader's epoch ends before it"
+        ) from None
 
 
 class _InlineIterator(torch_dataloader._SingleProcessDataLoaderIter):

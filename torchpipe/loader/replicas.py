@@ -64,7 +64,9 @@ class Replicas:
         make_fetcher: builds a replica's fetcher over its dataset.
     """
 
-    def __init__(self, dataset: Any, count: int, base_seed: int, worker_init_fn: Any, make_fetcher: MakeFetcher) -> None:
+    def __init__(
+        self, dataset: Any, count: int, base_seed: int, worker_init_fn: Any, make_fetcher: MakeFetcher
+    ) -> None:
         self._dataset = dataset
         self.count = count
         self._base_seed = base_seed

@@ -66,8 +66,11 @@ def _stack_later(batch: list[torch.Tensor], *, collate_fn_map: Any = None) -> An
     segment per batch)."""
     first = batch[0]
     plain = all(
-        type(t) is torch.Tensor and t.layout is torch.strided and t.device.type == "cpu"
-        and t.shape == first.shape and t.dtype == first.dtype
+        type(t) is torch.Tensor
+        and t.layout is torch.strided
+        and t.device.type == "cpu"
+        and t.shape == first.shape
+        and t.dtype == first.dtype
         for t in batch
     )
     if plain:
@@ -225,7 +228,9 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
         self._auto = state.workers_auto and not iterable
         most = max(self._num_workers, 2 * usable_cpu_count()) if state.workers_auto else self._num_workers
         # auto over an IterableDataset: `most` replicas, on processes decided from the first batches
-        self._plan = ReplicaPlan(most, self._num_workers, state.tuned_workers) if state.workers_auto and iterable else None
+        self._plan = (
+            ReplicaPlan(most, self._num_workers, state.tuned_workers) if state.workers_auto and iterable else None
+        )
         processes = self._plan.processes if self._plan is not None else self._num_workers
         self._pool = ProcessPool(_FetchTask(loader, int(self._base_seed), most, self._auto), processes, STAGE)
         self._stage = _WorkersStage(self)
@@ -307,6 +312,7 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
         if policy.kind is not None:
             self._placement.move(policy.kind, state.tuned_workers or 0)
             return
+
         def drawn(draws: GlobalDraws) -> None:  # from here on only these are seeded and put back
             state.drawn_rngs = self._local[INLINE].rngs = tuple(sorted(draws.drawn))
 

@@ -35,6 +35,7 @@ from torchpipe.runtime.recycle import RecycledStack
 
 _Combine = Callable[[int, list], Any]
 
+
 def _batched_cardinality(n: int, batch_size: int, drop_remainder: bool) -> int:
     if n in (INFINITE, UNKNOWN):
         return n
@@ -355,8 +356,14 @@ class BucketBySequenceLengthNode(Node):
     kind = "bucket_by_sequence_length"
 
     def __init__(
-        self, input: Node, element_length_func: Callable[..., int], bucket_boundaries: list[int],
-        bucket_batch_sizes: list[int], padded_shapes: Any, padding_values: Any, pad_to_bucket_boundary: bool,
+        self,
+        input: Node,
+        element_length_func: Callable[..., int],
+        bucket_boundaries: list[int],
+        bucket_batch_sizes: list[int],
+        padded_shapes: Any,
+        padding_values: Any,
+        pad_to_bucket_boundary: bool,
         drop_remainder: bool,
     ) -> None:
         super().__init__(input)

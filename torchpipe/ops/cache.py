@@ -106,8 +106,9 @@ def _owned(element: Any) -> Any:
     leaves = nest.flatten(element)
     if not any(_borrows(x) for x in leaves):
         return element
-    return nest.pack_as(element, [x.copy() if isinstance(x, np.ndarray) else x.clone() if _borrows(x) else x
-                                  for x in leaves])
+    return nest.pack_as(
+        element, [x.copy() if isinstance(x, np.ndarray) else x.clone() if _borrows(x) else x for x in leaves]
+    )
 
 
 def _borrows(x: Any) -> bool:
@@ -289,7 +290,9 @@ class CacheIterator(Iterator):
         seed, epoch, iteration = origin
         assert self._source is not None  # built with this iterator, parked only once it stops running
         self._source.close()
-        self._source = dataclasses.replace(self._ctx, seed=seed, epoch=epoch, iteration=iteration).build_input(self._node)
+        self._source = dataclasses.replace(self._ctx, seed=seed, epoch=epoch, iteration=iteration).build_input(
+            self._node
+        )
         self._origin = origin
 
     def _park(self, input_state: dict[str, Any]) -> None:

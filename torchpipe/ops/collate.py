@@ -110,8 +110,13 @@ def _spec_children(spec: Any, first: Any, path: str, stage: str, name: str, broa
 
 
 _KINDS = (
-    (str, "str"), (bytes, "bytes"), (torch.Tensor, "tensor"), ((np.ndarray, np.generic), "numpy"),
-    (bool, "bool"), (int, "int"), (float, "float"),
+    (str, "str"),
+    (bytes, "bytes"),
+    (torch.Tensor, "tensor"),
+    ((np.ndarray, np.generic), "numpy"),
+    (bool, "bool"),
+    (int, "int"),
+    (float, "float"),
 )
 
 
@@ -163,8 +168,7 @@ def _as_tensors(values: list, kind: str, path: str, stage: str) -> list[torch.Te
         bad = next((a for a in arrays if a.dtype.kind not in "biufc"), None)
         if bad is not None:
             raise TypeError(
-                f"{stage}: cannot batch {path}: numpy dtype {bad.dtype} has no tensor equivalent; "
-                "convert it with map()"
+                f"{stage}: cannot batch {path}: numpy dtype {bad.dtype} has no tensor equivalent; convert it with map()"
             )
         # A read-only array (Ray's rows, a memory map) is copied: torch warns of, and does not
         # support, tensors over memory it may not write.
@@ -252,8 +256,7 @@ def _target_dims(shape: Any, rank: int, boundary: int | None, explicit: bool, pa
         raise ValueError(f"{stage}: padded_shapes for {path} must be a list of dimensions, got {shape!r}")
     if len(shape) != rank:
         raise ValueError(
-            f"{stage}: padded_shapes for {path} is {list(shape)} (rank {len(shape)}), "
-            f"but the component has rank {rank}"
+            f"{stage}: padded_shapes for {path} is {list(shape)} (rank {len(shape)}), but the component has rank {rank}"
         )
     return [boundary if d is None or d == -1 else int(d) for d in shape]
 
@@ -347,5 +350,3 @@ def check_padding_values(op: str, values: Any) -> None:
             raise TypeError(f"{op}: padding_values expected numbers (str or bytes for string components), "
                             "0-d tensors or arrays, or None, alone or in a structure, "
                             f"got {type(value).__name__}")  # fmt: skip
-
-

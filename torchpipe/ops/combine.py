@@ -155,7 +155,7 @@ class ConcatenateIterator(Iterator):
         self._first_ended: dict[str, Any] | None = None
 
     def children(self) -> list[Iterator]:
-        return self.inputs[self._index:self._index + 1]
+        return self.inputs[self._index : self._index + 1]
 
     def shutdown(self) -> None:
         for source in self.inputs:
@@ -438,4 +438,3 @@ class SampleIterator(_DirectedIterator):
         self._rng.bit_generator.state = copy_rng_state(state[self.RNG])
         self._done = done
         self._reweigh()
-

@@ -100,8 +100,11 @@ class RepeatIterator(Iterator):
 
     def get_state(self) -> dict[str, Any]:
         if self._source is None:
-            return copy.deepcopy(self._final) if self._final is not None else {
-                self.REPETITION: self._repetition, self.INPUT: None, self.FRESH: self._fresh}
+            return (
+                copy.deepcopy(self._final)
+                if self._final is not None
+                else {self.REPETITION: self._repetition, self.INPUT: None, self.FRESH: self._fresh}
+            )
         return {self.REPETITION: self._repetition, self.INPUT: self._source.state_dict(), self.FRESH: self._fresh}
 
     def set_state(self, state: dict[str, Any]) -> None:

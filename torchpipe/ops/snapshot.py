@@ -245,4 +245,3 @@ def _abandon(writers: ShardWriters, directory: str, generation: str, lock: Binar
                 os.remove(os.path.join(directory, name))
     bar.close()
     lock.close()
-

@@ -151,8 +151,13 @@ def predict(costs: CallCosts, kind: str, cores: int) -> float:
 
 
 def choose(
-    costs: CallCosts, cores: int, candidates: tuple[str, ...], measured: dict[str, float] | None = None,
-    current: str | None = None, margin: float = MARGIN, move_margin: float | None = None,
+    costs: CallCosts,
+    cores: int,
+    candidates: tuple[str, ...],
+    measured: dict[str, float] | None = None,
+    current: str | None = None,
+    margin: float = MARGIN,
+    move_margin: float | None = None,
 ) -> str:
     """The executor for ``costs``: the fastest of ``candidates``, where a dearer one (threads over
     inline, processes over threads) must be ``margin`` times faster than the best cheaper one.

@@ -106,8 +106,20 @@ class ActorOptions(Protocol):
 class _Actor:
     """One actor slot: the actor handle, whether it is installed, and its tasks in flight."""
 
-    __slots__ = ("slot", "handle", "ready", "pid", "node", "node_id", "ping", "retry_at", "tasks", "retiring", "stats",
-                 "added_at")
+    __slots__ = (
+        "slot",
+        "handle",
+        "ready",
+        "pid",
+        "node",
+        "node_id",
+        "ping",
+        "retry_at",
+        "tasks",
+        "retiring",
+        "stats",
+        "added_at",
+    )
 
     def __init__(self, slot: int, handle: Any) -> None:
         self.slot = slot

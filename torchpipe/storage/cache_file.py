@@ -387,5 +387,3 @@ class FileStorage:
 
     def resume_recorder(self, state: dict[str, Any]) -> CacheWriter | None:
         return CacheWriter.resume(self.path, state, self.upstream, self.total)
-
-

@@ -156,8 +156,12 @@ class ShardFile:
             raise SavedFormatError(f"cannot resume shard {name}: {e}") from e
         try:
             version, start, meta = read_header(records, base)
-            usable = (version == VERSION and meta["pipeline"] == pipeline and start <= offset
-                      <= os.fstat(records.fileno()).st_size and count * ENTRY.size <= os.fstat(index.fileno()).st_size)
+            usable = (
+                version == VERSION
+                and meta["pipeline"] == pipeline
+                and start <= offset <= os.fstat(records.fileno()).st_size
+                and count * ENTRY.size <= os.fstat(index.fileno()).st_size
+            )
         except (ValueError, KeyError) as e:
             usable = False
             records.close(), index.close()
@@ -169,8 +173,15 @@ class ShardFile:
         for file, size in ((records, offset), (index, count * ENTRY.size)):
             file.truncate(size)
             file.seek(size)
-        return cls(directory, name, PendingFile(records, records.name, base + ".records", stage, offset),
-                   PendingFile(index, index.name, base + ".index", stage, count * ENTRY.size), start, offset, count)
+        return cls(
+            directory,
+            name,
+            PendingFile(records, records.name, base + ".records", stage, offset),
+            PendingFile(index, index.name, base + ".index", stage, count * ENTRY.size),
+            start,
+            offset,
+            count,
+        )
 
     def add(self, index: int, payload: bytes) -> None:
         """Append ``payload`` as the record of element ``index``."""
@@ -350,7 +361,7 @@ class SavedRecords:
         if len(framed) < length:
             raise DataLossError(f"{path}: truncated record at byte {offset} (element {i})", path, offset)
         size, index, crc = RECORD.unpack_from(framed)
-        payload = framed[RECORD.size:]
+        payload = framed[RECORD.size :]
         if size != len(payload) or record_crc(index, payload) != crc:
             raise DataLossError(f"{path}: damaged record at byte {offset} (element {i}): its checksum does not "
                                 "match", path, offset)  # fmt: skip

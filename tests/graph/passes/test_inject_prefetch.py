@@ -20,8 +20,11 @@ def test_a_synchronous_last_op_gets_a_prefetch_with_the_same_output():
 
 
 def test_nothing_is_added_after_an_asynchronous_op():
-    for ds in (tp.range(5).prefetch(2), tp.range(5).map(abs, 2), tp.range(5).map(abs).with_options(tp.Options())
-               .prefetch(1)):
+    for ds in (
+        tp.range(5).prefetch(2),
+        tp.range(5).map(abs, 2),
+        tp.range(5).map(abs).with_options(tp.Options()).prefetch(1),
+    ):
         assert "inject_prefetch:" not in only(ds, "inject_prefetch").explain()
 
 

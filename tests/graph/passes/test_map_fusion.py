@@ -31,7 +31,8 @@ def test_inline_maps_fuse_and_keep_seeds():
     assert_pass_keeps_output(ds, "map_fusion")
     text = only(ds, "map_fusion").explain()
     assert "map_fusion: map(noisy) + map(global_noise) + map(noisy) -> one stage, inline" in text.replace(
-        "map_fusion: map(noisy) + map(global_noise) -> one stage, inline\n  ", "")
+        "map_fusion: map(noisy) + map(global_noise) -> one stage, inline\n  ", ""
+    )
 
 
 @pytest.mark.parametrize("executor", ["thread", "process"])

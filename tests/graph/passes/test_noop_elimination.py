@@ -36,8 +36,16 @@ def test_repeat_one_inside_a_repeat_keeps_per_repetition_seeds():
     assert_pass_keeps_output(ds, "noop_elimination")
 
 
-@pytest.mark.parametrize("op", [lambda ds: ds.take(3), lambda ds: ds.skip(1), lambda ds: ds.repeat(2),
-                                lambda ds: ds.prefetch(1), lambda ds: ds.shard(2, 0)])
+@pytest.mark.parametrize(
+    "op",
+    [
+        lambda ds: ds.take(3),
+        lambda ds: ds.skip(1),
+        lambda ds: ds.repeat(2),
+        lambda ds: ds.prefetch(1),
+        lambda ds: ds.shard(2, 0),
+    ],
+)
 def test_ops_that_do_something_stay(op):
     assert_pass_keeps_output(op(tp.range(5)), "noop_elimination", applies=False, roundtrip=False)
 

@@ -11,7 +11,7 @@ def test_same_order_as_shuffle_then_repeat(reshuffle, seed):
     elements = assert_pass_keeps_output(ds.with_options(tp.Options(seed=3)), "shuffle_repeat_fusion")
     assert sorted(elements) == sorted(list(range(10)) * 3)
     for k in range(3):  # epoch boundaries are kept
-        assert sorted(elements[10 * k:10 * (k + 1)]) == list(range(10))
+        assert sorted(elements[10 * k : 10 * (k + 1)]) == list(range(10))
 
 
 def test_one_shuffle_iterator_serves_every_repetition():

@@ -117,9 +117,7 @@ def test_flat_map_tensor_rows() -> None:
 
 @pytest.mark.parametrize("kwargs", PARALLEL)
 def test_interleave_docs_example(kwargs: dict) -> None:
-    ds = tp.range(1, 6).interleave(
-        lambda x: tp.from_iterable([x] * 6), cycle_length=2, block_length=4, **kwargs
-    )
+    ds = tp.range(1, 6).interleave(lambda x: tp.from_iterable([x] * 6), cycle_length=2, block_length=4, **kwargs)
     # verified against tf.data 2.21 (the example of tf.data.Dataset.interleave's docs)
     want = [1, 1, 1, 1, 2, 2, 2, 2, 1, 1, 2, 2, 3, 3, 3, 3, 4, 4, 4, 4, 3, 3, 4, 4, 5, 5, 5, 5, 5, 5]
     assert list(ds) == want
@@ -363,8 +361,12 @@ def test_checkpoint_roundtrip_flat_map() -> None:
 
 @pytest.mark.parametrize("kwargs", [{}, {"num_parallel_calls": 2}])
 def test_checkpoint_roundtrip_through_errors(kwargs: dict) -> None:
-    ds = tp.range(4).map(lambda x: fail_at(x, 1)).interleave(
-        lambda x: tp.range(3).map(lambda i: fail_at(x * 10 + i, 21)), cycle_length=2, block_length=2, **kwargs
+    ds = (
+        tp.range(4)
+        .map(lambda x: fail_at(x, 1))
+        .interleave(
+            lambda x: tp.range(3).map(lambda i: fail_at(x * 10 + i, 21)), cycle_length=2, block_length=2, **kwargs
+        )
     )
     assert_checkpoint_roundtrip(ds.ignore_errors())
 
@@ -430,8 +432,15 @@ SAVED = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize("kwargs", [{}, {"num_parallel_calls": 2, "executor": "thread"},
-                                    {"num_parallel_calls": 2, "executor": "process"}, {"num_parallel_calls": 2}])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {},
+        {"num_parallel_calls": 2, "executor": "thread"},
+        {"num_parallel_calls": 2, "executor": "process"},
+        {"num_parallel_calls": 2},
+    ],
+)
 def test_checkpoints_saved_before_the_reader_pools_still_load(kwargs: dict) -> None:
     ds = tp.range(len(LENS)).shuffle(3, seed=1).interleave(uneven, cycle_length=3, block_length=2, **kwargs)
     for state, rest in SAVED:

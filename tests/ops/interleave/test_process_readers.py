@@ -21,18 +21,23 @@ def values(elements):
 @pytest.mark.parametrize("cycle, block", [(1, 1), (2, 3), (3, 2), (8, 1)])
 def test_same_order_as_inline(cycle, block):
     inline = tp.range(12).interleave(inner, cycle_length=cycle, block_length=block)
-    workers = tp.range(12).interleave(inner, cycle_length=cycle, block_length=block, num_parallel_calls=2,
-                                      executor="process")
+    workers = tp.range(12).interleave(
+        inner, cycle_length=cycle, block_length=block, num_parallel_calls=2, executor="process"
+    )
     out = list(workers)
     assert values(out) == values(inline)
     assert os.getpid() not in {pid for *_, pid in out}
 
 
 def test_long_inner_datasets_arrive_in_chunks():
-    ds = tp.range(3).interleave(lambda x: tp.range(300).map(lambda y: x * 1000 + y), cycle_length=3,
-                                block_length=7, num_parallel_calls=2, executor="process")
-    inline = tp.range(3).interleave(lambda x: tp.range(300).map(lambda y: x * 1000 + y), cycle_length=3,
-                                    block_length=7)
+    ds = tp.range(3).interleave(
+        lambda x: tp.range(300).map(lambda y: x * 1000 + y),
+        cycle_length=3,
+        block_length=7,
+        num_parallel_calls=2,
+        executor="process",
+    )
+    inline = tp.range(3).interleave(lambda x: tp.range(300).map(lambda y: x * 1000 + y), cycle_length=3, block_length=7)
     assert list(ds) == list(inline)
 
 
@@ -41,8 +46,12 @@ def test_random_inner_pipelines_match_threads_and_inline():
         return tp.range(3).map(lambda y: (x, y, float(tp.rng().random())))
 
     seeded = tp.Options(seed=9)
-    runs = [list(tp.range(6).interleave(noisy, cycle_length=2, num_parallel_calls=2, executor=executor)
-                 .with_options(seeded)) for executor in ("process", "thread")]
+    runs = [
+        list(
+            tp.range(6).interleave(noisy, cycle_length=2, num_parallel_calls=2, executor=executor).with_options(seeded)
+        )
+        for executor in ("process", "thread")
+    ]
     runs.append(list(tp.range(6).interleave(noisy, cycle_length=2).with_options(seeded)))
     assert runs[0] == runs[1] == runs[2]
 
@@ -54,9 +63,13 @@ def test_errors_arrive_in_place_with_their_type():
         return tp.range(3).map(lambda y: 10 // (y - 1) if x == 4 else y)
 
     def run(executor):
-        return list(tp.range(6).interleave(fragile, cycle_length=2, num_parallel_calls=2, executor=executor)
-                    .ignore_errors()) if executor else list(tp.range(6).interleave(fragile, cycle_length=2)
-                                                            .ignore_errors())
+        return (
+            list(
+                tp.range(6).interleave(fragile, cycle_length=2, num_parallel_calls=2, executor=executor).ignore_errors()
+            )
+            if executor
+            else list(tp.range(6).interleave(fragile, cycle_length=2).ignore_errors())
+        )
 
     assert run("process") == run(None)
     with pytest.raises(KeyError, match="cannot open 2"):
@@ -64,8 +77,9 @@ def test_errors_arrive_in_place_with_their_type():
 
 
 def test_checkpoint_roundtrip():
-    ds = tp.range(7).interleave(lambda x: tp.range(x % 4), cycle_length=3, block_length=2, num_parallel_calls=2,
-                                executor="process")
+    ds = tp.range(7).interleave(
+        lambda x: tp.range(x % 4), cycle_length=3, block_length=2, num_parallel_calls=2, executor="process"
+    )
     assert_checkpoint_roundtrip(ds)
     inline = tp.range(7).interleave(lambda x: tp.range(x % 4), cycle_length=3, block_length=2)
     state_it = iter(inline)
@@ -83,8 +97,9 @@ def test_killed_worker_loses_nothing():
     head = [next(it) for _ in range(12)]
     os.kill(head[-1][2], signal.SIGKILL)
     rest = list(it)
-    expected = list(tp.range(4).interleave(lambda x: tp.range(30).map(lambda y: (x, y)), cycle_length=2,
-                                           block_length=5))
+    expected = list(
+        tp.range(4).interleave(lambda x: tp.range(30).map(lambda y: (x, y)), cycle_length=2, block_length=5)
+    )
     assert values(head + rest) == expected
 
 

@@ -91,7 +91,9 @@ def fuse(node: Node, options: Options, allowed: Callable[[Kinds, Kinds], bool]) 
     return FusedMapNode((*outer_hops, *between, *inner_hops), below, *settings)
 
 
-def apply_fusion(root: Node, options: Options, notes: list[str], name: str, allowed: Callable[[Kinds, Kinds], bool]) -> Node:
+def apply_fusion(
+    root: Node, options: Options, notes: list[str], name: str, allowed: Callable[[Kinds, Kinds], bool]
+) -> Node:
     """``root`` with every adjacent pair of stages that ``allowed`` accepts fused."""
 
     def rule(node: Node) -> Node | None:
