@@ -2,10 +2,9 @@
 
 import pytest
 
-from torchpipe.core.context import BuildContext
 from torchpipe.core.function import UserFunction
 from torchpipe.core.iterator import Iterator
-from torchpipe.core.node import function_name
+from torchpipe.core.node import BuildContext, function_name
 from torchpipe.core.position_log import PositionLog
 from torchpipe.ops.source_nodes import IndexedSourceIterator
 from torchpipe.options import Options

@@ -52,7 +52,7 @@ TABLE: dict[str, set[str]] = {
     "RayDataNode": set(),
     "RebatchNode": set(),
     "RepeatNode": {R},
-    "ReplicaShardNode": set(),
+    "ShareNode": set(),
     "EnumerateNode": set(),
     "ScanNode": set(),
     "SampleFromDatasetsNode": set(),
@@ -68,8 +68,9 @@ TABLE: dict[str, set[str]] = {
     "TensorSlicesNode": {S},
     "TFRecordFileNode": set(),
     "UnbatchNode": set(),
+    "WindowNode": set(),  # holds the elements of the windows in progress
     "WithOptionsNode": {R, C},
-    "WorkerShardNode": {R},  # a ShardNode: a torch worker's share
+    "WorkerShareNode": {R},  # a ShardNode: a torch worker's share
     "ZipNode": set(),
 }
 

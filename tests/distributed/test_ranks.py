@@ -17,7 +17,7 @@ import torchpipe as tp
 from tests.workers import as_torch_worker
 from torchpipe.distributed.context import current_replica, current_shard
 from torchpipe.distributed.files import shard_files
-from torchpipe.distributed.nodes import ReplicaShard
+from torchpipe.distributed.nodes import Share
 from torchpipe.distributed.reshard import reshard_states
 from torchpipe.testing import assert_checkpoint_roundtrip
 
@@ -376,13 +376,13 @@ def test_rank_discovery():
     assert current_replica(tp.DistributeOptions(rank=0, world_size=1)).world_size == 1  # a split of one
     assert current_replica(tp.DistributeOptions(policy="off", rank=1, world_size=3)) is None
     with as_torch_worker(1, 2):
-        assert current_shard(tp.DistributeOptions(rank=1, world_size=3)) == ReplicaShard(3, 1, 2, 1)
+        assert current_shard(tp.DistributeOptions(rank=1, world_size=3)) == Share(3, 1, 2, 1)
 
 
 def test_shard_files_is_the_file_split_for_any_reader():
     files = [f"f{i}" for i in range(7)]
-    split = [shard_files(files, ReplicaShard(2, rank, 2, worker)) for rank in range(2) for worker in range(2)]
+    split = [shard_files(files, Share(2, rank, 2, worker)) for rank in range(2) for worker in range(2)]
     assert split == [["f0", "f4"], ["f2", "f6"], ["f1", "f5"], ["f3"]]
     assert shard_files(files) == files  # no ranks, no workers here
     with pytest.raises(ValueError, match="7 files for 4 ranks x 2 workers"):
-        shard_files(files, ReplicaShard(4, 0, 2, 0))
+        shard_files(files, Share(4, 0, 2, 0))

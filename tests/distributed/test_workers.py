@@ -99,7 +99,7 @@ def test_explain_says_where_the_shard_goes():
     assert "is read whole" in tp.from_iterable([1, 2, 3]).explain()
     with as_torch_worker(1, 3):
         text = ds.explain()
-    assert "worker_shard: torch DataLoader worker 1 of 3 keeps one element in 3 of from_dataset(" in text
+    assert "worker_split: torch DataLoader worker 1 of 3 keeps one element in 3 of from_dataset(" in text
     assert "shard(num_shards=3, index=1) [torch worker 1 of 3]" in text
     assert "In torch DataLoader workers" not in text
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from torchpipe.core.context import WORKER_MARK, BuildContext
+from torchpipe.core.node import WORKER_MARK, BuildContext
 from torchpipe.errors import add_note
 from torchpipe.randomness import call_seeded, enter_call, exit_call, mix_seed, seed_global_rngs
 

@@ -104,7 +104,7 @@ def fits(x: Any, s: Any) -> bool:
     return all(fits(c, t) for c, t in zip(children, s[2]))
 
 
-def describe(s: Any) -> str:
+def describe_structure(s: Any) -> str:
     """A structure as text, for errors."""
     if s == ANY or s is None:
         return "anything"
@@ -115,8 +115,8 @@ def describe(s: Any) -> str:
     if s[2] is None:
         return f"{s[0]}(...)"
     if s[0] == "dict":
-        return "{" + ", ".join(f"{k!r}: {describe(t)}" for k, t in zip(s[1], s[2])) + "}"
-    return f"{s[0]}({', '.join(describe(t) for t in s[2])})"
+        return "{" + ", ".join(f"{k!r}: {describe_structure(t)}" for k, t in zip(s[1], s[2])) + "}"
+    return f"{s[0]}({', '.join(describe_structure(t) for t in s[2])})"
 
 
 class HeldStructure:
@@ -163,7 +163,7 @@ class HeldStructure:
         for i, element in enumerate(elements if saved is not None else ()):
             if not fits(element, saved):
                 raise CheckpointError(
-                    f"{name}: state[{key!r}] element {i} is {describe(structure(element))}, but the op held "
-                    f"{describe(saved)}; is the state damaged or from another pipeline?"
+                    f"{name}: state[{key!r}] element {i} is {describe_structure(structure(element))}, but the op held "
+                    f"{describe_structure(saved)}; is the state damaged or from another pipeline?"
                 )
         self.structure, self._fresh, self._stale = saved, [], saved is None and bool(elements)

@@ -15,7 +15,7 @@ from typing import Any
 import torch.distributed as dist
 import torch.utils.data._utils.worker as torch_worker
 
-from torchpipe.distributed.nodes import ReplicaShard
+from torchpipe.distributed.nodes import Share
 from torchpipe.options import DistributeOptions
 
 
@@ -146,7 +146,7 @@ def _group_rank() -> tuple[int, int] | None:
     return dist.get_rank(), dist.get_world_size()
 
 
-def current_shard(options: DistributeOptions | None = None) -> ReplicaShard | None:
+def current_shard(options: DistributeOptions | None = None) -> Share | None:
     """This process's share of a split stream: its rank x its torch DataLoader worker, or None
     where there is neither."""
     replica = current_replica(options)
@@ -155,4 +155,4 @@ def current_shard(options: DistributeOptions | None = None) -> ReplicaShard | No
     if replica is None and workers <= 1:
         return None
     rank, world = (replica.rank, replica.world_size) if replica is not None else (0, 1)
-    return ReplicaShard(world, rank, workers, worker)
+    return Share(world, rank, workers, worker)

@@ -18,16 +18,15 @@ import dataclasses
 from typing import Any, Protocol
 
 from torchpipe.constants import INFINITE, UNKNOWN
-from torchpipe.core.context import BuildContext
 from torchpipe.core.iterator import Iterator
-from torchpipe.core.node import Node
+from torchpipe.core.node import BuildContext, Node
 from torchpipe.core.state import check_bool, check_int, check_state
 from torchpipe.errors import CheckpointError
 from torchpipe.ops.source_nodes import DatasetFetch
 
 
 @dataclasses.dataclass(frozen=True)
-class ReplicaShard:
+class Share:
     """One share of a stream split between ranks and, within a rank, its torch DataLoader workers.
 
     Attributes:
@@ -84,7 +83,7 @@ class ShareLimits:
     pad_from: int | None
 
     @staticmethod
-    def of(eligible: int | None, shard: ReplicaShard, uneven: str) -> ShareLimits:
+    def of(eligible: int | None, shard: Share, uneven: str) -> ShareLimits:
         if eligible is None or uneven == "allow":
             return ShareLimits(None, None)
         n = shard.world_size
@@ -95,13 +94,13 @@ class ShareLimits:
             return ShareLimits(eligible, None)
         return ShareLimits(eligible, (shard.rank + n * (eligible // n) - eligible) % eligible)
 
-    def count(self, shard: ReplicaShard, eligible: int) -> int:
+    def count(self, shard: Share, eligible: int) -> int:
         """The share's length."""
         stop = eligible if self.stop is None else self.stop
         return shard.count(stop) + (self.pad_from is not None)
 
 
-class ReplicaShardNode(Node):
+class ShareNode(Node):
     """This rank's (and torch worker's) share of its input, with equal shares where it can.
 
     Args:
@@ -117,7 +116,7 @@ class ReplicaShardNode(Node):
 
     kind = "distribute"
 
-    def __init__(self, input: Node, shard: ReplicaShard, level: str, uneven: str) -> None:
+    def __init__(self, input: Node, shard: Share, level: str, uneven: str) -> None:
         super().__init__(input)
         self.shard = shard
         self.level = level
@@ -151,7 +150,7 @@ class ReplicaShardNode(Node):
         return ReplicaShardIterator(self.kind, source, self.shard, self._total(), self._uneven_here())
 
 
-SHARD_STATE_KEYS = ("input", "position", "world_size", "rank", "num_workers", "worker", "origin", "holes",
+SHARE_STATE_KEYS = ("input", "position", "world_size", "rank", "num_workers", "worker", "origin", "holes",
                     "pad", "padded")  # fmt: skip
 """The keys of a rank shard's state (``tp.distributed.reshard_states`` finds it by them)."""
 
@@ -167,7 +166,7 @@ class ReplicaShardIterator(Iterator):
 
     INPUT, POSITION, ORIGIN, HOLES, PAD, PADDED = "input", "position", "origin", "holes", "pad", "padded"
 
-    def __init__(self, name: str, source: Iterator, shard: ReplicaShard, total: int | None, uneven: str) -> None:
+    def __init__(self, name: str, source: Iterator, shard: Share, total: int | None, uneven: str) -> None:
         super().__init__(name, source)
         self._source = source
         self._shard = shard
@@ -251,7 +250,7 @@ class ReplicaShardIterator(Iterator):
         }  # fmt: skip
 
     def set_state(self, state: dict[str, Any]) -> None:
-        check_state(self.name, state, *SHARD_STATE_KEYS)
+        check_state(self.name, state, *SHARE_STATE_KEYS)
         self._check_share(state)
         origin = check_int(self.name, state, self.ORIGIN, minimum=0)
         position = check_int(self.name, state, self.POSITION, minimum=origin)
@@ -270,7 +269,7 @@ class ReplicaShardIterator(Iterator):
 
     def _check_share(self, state: dict[str, Any]) -> None:
         keys = ("world_size", "rank", "num_workers", "worker")
-        saved = ReplicaShard(*(check_int(self.name, state, key, minimum=0) for key in keys))
+        saved = Share(*(check_int(self.name, state, key, minimum=0) for key in keys))
         if saved != self._shard:
             raise CheckpointError(
                 f"{self.name}: the state is {saved.describe()}'s and this is {self._shard.describe()}: each rank "

@@ -34,13 +34,12 @@ from __future__ import annotations
 import dataclasses
 
 from torchpipe.constants import INFINITE, UNKNOWN
-from torchpipe.core.context import RANK_MARK
-from torchpipe.core.node import Node
+from torchpipe.core.node import RANK_MARK, Node
 from torchpipe.core.rewrite import rewrite_bottom_up, with_attrs, with_inputs
 from torchpipe.distributed.collectives import PassGroup
 from torchpipe.distributed.context import Replica
-from torchpipe.distributed.nodes import EqualizeNode, FetchNode, ReplicaShard, ReplicaShardNode, SplitFilesNode
-from torchpipe.distributed.workers import WorkerShard, shards_at_source, sources_of, split_for_worker, user_shards
+from torchpipe.distributed.nodes import EqualizeNode, FetchNode, Share, ShareNode, SplitFilesNode
+from torchpipe.distributed.workers import TorchWorker, shards_at_source, sources_of, split_for_worker, user_shards
 from torchpipe.ops.batch import BatchNode, PaddedBatchNode, RebatchNode
 from torchpipe.ops.interleave.interleave import FlatMapNode, InterleaveNode
 from torchpipe.ops.shuffle import ShuffleNode
@@ -91,7 +90,7 @@ class Distribution:
 
 
 @dataclasses.dataclass(frozen=True)
-class Placement:
+class RankSplit:
     """Where the shard goes: ``level`` (``data``, ``file``, ``output``; ``manual`` where the
     pipeline shards itself, by the ``shard`` op ``top`` or a list of files split by hand, ``whole``
     where its files are marked to be read whole on every rank,
@@ -105,21 +104,21 @@ class Placement:
     why: str = ""
     shuffled: bool = False
 
-    def apply(self, root: Node, shard: ReplicaShard, uneven: str) -> Node:
+    def apply(self, root: Node, shard: Share, uneven: str) -> Node:
         """``root`` with the shard in."""
         if self.level in ("manual", "whole", "given"):
             # not split between ranks, but a rank's torch workers must still split its share
             return root if shard.num_workers == 1 else split_for_worker(root, shard.num_workers, shard.worker)[0]
         if self.level == "output":
-            return ReplicaShardNode(root, shard, "output", uneven)
+            return ShareNode(root, shard, "output", uneven)
         source, top = self.source, self.top
         assert source is not None and top is not None  # set for a "file" or "element" split
         if isinstance(source, FromDatasetNode) and top is not source:
             # indices below the shard, dataset[i] read above it: a rank reads only its share
             below = _replace(top, source, IndicesNode(source))
-            split: Node = FetchNode(ReplicaShardNode(below, shard, self.level, uneven), source.dataset)
+            split: Node = FetchNode(ShareNode(below, shard, self.level, uneven), source.dataset)
         else:
-            split = ReplicaShardNode(top, shard, self.level, uneven)
+            split = ShareNode(top, shard, self.level, uneven)
         return _replace(root, top, split)
 
     def chain(self) -> list[Node]:
@@ -140,7 +139,7 @@ class Placement:
             return False  # nothing is split between ranks: their draws need not agree
         return self.shuffled or any(isinstance(node, ShuffleNode) and node.seed is None for node in self.chain())
 
-    def note(self, shard: ReplicaShard) -> str:
+    def note(self, shard: Share) -> str:
         """A line for ``explain()``: what ``shard`` keeps."""
         return f"{NAME}: {self.sentence(shard.describe(), str(shard.shards))}"
 
@@ -162,14 +161,14 @@ class Placement:
         return f"{who} keeps one {what} in {shards} of {self.top.label()}{over}{reads}"
 
 
-def distribute(root: Node, options: DistributeOptions, replica: Replica, worker: WorkerShard | None,
+def distribute(root: Node, options: DistributeOptions, replica: Replica, worker: TorchWorker | None,
                wait_s: float | None = None, by_worker: tuple[Node, ...] = ()) -> Distribution:  # fmt: skip
     """``root`` split for ``replica`` (and the torch ``worker`` this process is, where it splits).
 
     Args:
         wait_s: how long the ranks' agreement waits for the others (``Options.stall_timeout``).
         by_worker: the pipeline's own ``shard`` ops that split it between torch workers (not
-            between ranks: ``graph/sharding.split_between_workers``).
+            between ranks: ``workers.split_between_workers``).
 
     Raises:
         ValueError: for ``policy="file"`` where the pipeline does not start from
@@ -178,7 +177,7 @@ def distribute(root: Node, options: DistributeOptions, replica: Replica, worker:
             torch DataLoader worker, where the ranks cannot agree.
     """
     workers = (worker.num_workers, worker.index) if worker is not None else (1, 0)
-    shard = ReplicaShard(replica.world_size, replica.rank, *workers)
+    shard = Share(replica.world_size, replica.rank, *workers)
     placement = place(root, options.policy, shard, by_worker)
     notes = [placement.note(shard)]
     written, run = _split(root, placement, shard, options, notes)
@@ -193,22 +192,22 @@ def distribute(root: Node, options: DistributeOptions, replica: Replica, worker:
     return Distribution(written, run, notes, shared_seed, salt, options.uneven, target, group)
 
 
-def place(root: Node, policy: str, shard: ReplicaShard, by_worker: tuple[Node, ...] = ()) -> Placement:
+def place(root: Node, policy: str, shard: Share, by_worker: tuple[Node, ...] = ()) -> RankSplit:
     """Where ``policy`` puts the shard in ``root`` (see the module docstring); ``by_worker``: the
     pipeline's own ``shard`` ops that split it between torch workers, not ranks."""
     nodes, sources = _nodes(root), sources_of(root)
     marks = [node for node in nodes if isinstance(node, SplitFilesNode)]
     by_rank = [node for node in user_shards(root) if node not in by_worker]
     if policy == "auto" and by_rank:
-        return Placement("manual", by_rank[0], why="the pipeline shards itself")
+        return RankSplit("manual", by_rank[0], why="the pipeline shards itself")
     listed = next((node.split_by_hand for node in sources if node.split_by_hand), "")
     if policy == "auto" and listed:
-        return Placement("manual", why=listed)
+        return RankSplit("manual", why=listed)
     given = next((node.given_share for node in nodes if node.given_share), "")
     if policy == "auto" and given:  # a source that is already this rank's share (tp.from_ray's)
-        return Placement("given", why=given)
+        return RankSplit("given", why=given)
     if policy == "auto" and any(not mark.split for mark in marks):
-        return Placement("whole", why="its files are read whole on every rank (from_webdataset(split_by_rank=False))")
+        return RankSplit("whole", why="its files are read whole on every rank (from_webdataset(split_by_rank=False))")
     single = shards_at_source(root, sources)
     mark = next((mark for mark in marks if mark.split), None) if single else None
     files = single and (mark is not None or _starts_from_files(root, sources[0]))
@@ -222,29 +221,29 @@ def place(root: Node, policy: str, shard: ReplicaShard, by_worker: tuple[Node, .
         top = mark.inputs[0] if mark is not None else _index_top(root, sources[0])
         count = top.cardinality()
         if count == INFINITE or count >= shard.shards:
-            return Placement("file", top, sources[0], shuffled=mark is not None and mark.shuffled)
+            return RankSplit("file", top, sources[0], shuffled=mark is not None and mark.shuffled)
         if policy == "file":
             raise ValueError(f"DistributeOptions(policy='file'): {shard.too_few_files(count)}")
-        return Placement("output", why=f"{count} files, fewer than {shard.shards} ranks x workers")
+        return RankSplit("output", why=f"{count} files, fewer than {shard.shards} ranks x workers")
     if single and not files:
-        return Placement("data", _index_top(root, sources[0]), sources[0])
+        return RankSplit("data", _index_top(root, sources[0]), sources[0])
     why = f"{len(sources)} sources" if len(sources) > 1 else (
         "files, split by element with policy='data'" if files else "a cache file the ranks share")  # fmt: skip
-    return Placement("output", why=why)
+    return RankSplit("output", why=why)
 
 
-def describe(root: Node, options: DistributeOptions) -> str:
+def describe_rank_split(root: Node, options: DistributeOptions) -> str:
     """Where the shard would go on several ranks, for ``explain()`` where there is one."""
     if options.policy == "off":
         return "not split (DistributeOptions(policy='off')): every rank gets every element"
     try:
-        placement = place(root, options.policy, ReplicaShard(2, 0))
+        placement = place(root, options.policy, Share(2, 0))
     except ValueError as e:
         return str(e)
     return f"{placement.sentence('each rank', 'world_size')} (uneven={options.uneven!r})"
 
 
-def _split(root: Node, placement: Placement, shard: ReplicaShard, options: DistributeOptions,
+def _split(root: Node, placement: RankSplit, shard: Share, options: DistributeOptions,
            notes: list[str] | None = None) -> tuple[Node, Node]:  # fmt: skip
     """The graph with ``shard`` in, as written and with global batch sizes divided."""
     written = placement.apply(root, shard, options.uneven)
@@ -278,7 +277,7 @@ def _divide_batches(root: Node, world_size: int, notes: list[str]) -> Node:
     return out
 
 
-def _equal_lengths(root: Node, placement: Placement, options: DistributeOptions, shard: ReplicaShard, run: Node,
+def _equal_lengths(root: Node, placement: RankSplit, options: DistributeOptions, shard: Share, run: Node,
                    wait_s: float | None) -> tuple[int | None, PassGroup | None]:  # fmt: skip
     """The length every rank's pass gets where each is known, or the agreement the ranks need."""
     if options.uneven == "allow" or shard.world_size == 1 or run.cardinality() == INFINITE:
@@ -288,7 +287,7 @@ def _equal_lengths(root: Node, placement: Placement, options: DistributeOptions,
     if placement.level == "given":
         return None, None  # the source evens its shards (Ray's streaming_split(equal=True), as Ray Train does)
     lengths = {UNKNOWN} if placement.level == "manual" else {
-        _split(root, placement, ReplicaShard(shard.world_size, rank), options)[1].cardinality()
+        _split(root, placement, Share(shard.world_size, rank), options)[1].cardinality()
         for rank in (0, shard.world_size - 1)  # the longest and the shortest share
     }  # fmt: skip
     if len(lengths) == 1 and UNKNOWN not in lengths:

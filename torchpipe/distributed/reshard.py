@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from torchpipe.core.node import Node, node_classes
-from torchpipe.distributed.nodes import SHARD_STATE_KEYS, EqualizeNode
+from torchpipe.distributed.nodes import SHARE_STATE_KEYS, EqualizeNode
 from torchpipe.errors import CheckpointError
 
 
@@ -131,7 +131,7 @@ def _old_shards(states: Sequence[dict[str, Any]]) -> list[_OldShard]:
 
 def _shard_paths(node: Any, path: list[Any]) -> Any:
     if isinstance(node, dict):
-        if set(SHARD_STATE_KEYS) <= set(node):
+        if set(SHARE_STATE_KEYS) <= set(node):
             yield path
             return
         for key, value in node.items():

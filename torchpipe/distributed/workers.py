@@ -34,8 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from torchpipe.core.context import BuildContext
-from torchpipe.core.node import Node
+from torchpipe.core.node import BuildContext, Node
 from torchpipe.core.rewrite import rewrite_bottom_up
 from torchpipe.distributed.context import WATCHING_GET_WORKER_INFO, split_by_hand, worker_info
 from torchpipe.ops.cache import CacheNode
@@ -43,11 +42,11 @@ from torchpipe.ops.select import ShardNode
 from torchpipe.randomness import mix_seed
 from torchpipe.storage.fingerprint import ops_of
 
-NAME = "worker_shard"
+NAME = "worker_split"
 
 
 @dataclasses.dataclass(frozen=True)
-class WorkerShard:
+class TorchWorker:
     """The torch DataLoader worker this process is: ``index`` of ``num_workers``.
 
     Attributes:
@@ -69,14 +68,14 @@ class WorkerShard:
         return f"torch DataLoader worker {self.index} of {self.num_workers}"
 
 
-def current_worker(dataset: object = None) -> WorkerShard | None:
+def current_worker(dataset: object = None) -> TorchWorker | None:
     """The worker this process is, as it iterates ``dataset``, or None outside a torch worker (or
     in the only one)."""
     info = worker_info()
     if info is None or info.num_workers <= 1:
         return None
     own = dataset is not None and info.dataset is dataset
-    return WorkerShard(info.num_workers, info.id, mix_seed(info.seed - info.id), split_by_hand(info), own)
+    return TorchWorker(info.num_workers, info.id, mix_seed(info.seed - info.id), split_by_hand(info), own)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,7 +98,7 @@ class WorkerSplit:
     warning: str | None = None
 
 
-def split_between_workers(root: Node, worker: WorkerShard, policy: str, rank: tuple[int, int] = (0, 1)) -> WorkerSplit:
+def split_between_workers(root: Node, worker: TorchWorker, policy: str, rank: tuple[int, int] = (0, 1)) -> WorkerSplit:
     """Whether torch ``worker`` splits ``root`` itself (``DistributeOptions.policy``, ``"auto"``: not
     where the pipeline or the code that iterates it split the data by hand already).
 
@@ -135,7 +134,7 @@ def user_shards(root: Node) -> list[ShardNode]:
     return [node for node in ops_of(root) if type(node) is ShardNode and node.num_shards > 1]
 
 
-def _splits_workers(shard: ShardNode, worker: WorkerShard, rank: tuple[int, int]) -> bool:
+def _splits_workers(shard: ShardNode, worker: TorchWorker, rank: tuple[int, int]) -> bool:
     """Whether ``shard`` is this worker's share: of the workers, or of ranks x workers."""
     (r, world), (w, workers) = rank, (worker.index, worker.num_workers)
     split = (shard.num_shards, shard.index)
@@ -148,7 +147,7 @@ _HOW_TO_SAY = (
 )
 
 
-def _asked_warning(worker: WorkerShard) -> str:
+def _asked_warning(worker: TorchWorker) -> str:
     n = worker.num_workers
     return (
         f"torchpipe: a pipeline is iterated in {worker.label()} by code that asked "
@@ -160,7 +159,7 @@ def _asked_warning(worker: WorkerShard) -> str:
     )
 
 
-def _unseen_warning(worker: WorkerShard) -> str:
+def _unseen_warning(worker: TorchWorker) -> str:
     n = worker.num_workers
     return (
         f"torchpipe: a pipeline is iterated in {worker.label()} by code of yours, and torchpipe cannot tell "
@@ -172,7 +171,7 @@ def _unseen_warning(worker: WorkerShard) -> str:
     )
 
 
-class WorkerShardNode(ShardNode):
+class WorkerShareNode(ShardNode):
     """A ``shard`` the plan put in for a torch worker. Its input keeps the context the node had
     where the shard went, so every seed and stage position below stays as written."""
 
@@ -183,7 +182,7 @@ class WorkerShardNode(ShardNode):
         return ctx
 
 
-def shard_for_worker(root: Node, worker: WorkerShard) -> tuple[Node, str]:
+def shard_for_worker(root: Node, worker: TorchWorker) -> tuple[Node, str]:
     """``root`` with the worker's shard put in (see the module docstring), and a line saying where."""
     return split_for_worker(root, worker.num_workers, worker.index)
 
@@ -193,17 +192,17 @@ def split_for_worker(root: Node, n: int, i: int) -> tuple[Node, str]:
     sources = sources_of(root)
     if shards_at_source(root, sources):
         source = sources[0]
-        sharded = rewrite_bottom_up(root, lambda node: WorkerShardNode(node, n, i) if node is source else None)
+        sharded = rewrite_bottom_up(root, lambda node: WorkerShareNode(node, n, i) if node is source else None)
         where = source.label()
     else:
-        sharded, where = WorkerShardNode(root, n, i), "the output"
+        sharded, where = WorkerShareNode(root, n, i), "the output"
     return (
         sharded,
         f"{NAME}: torch DataLoader worker {i} of {n} keeps one element in {n} of {where}, from element {i} on",
     )
 
 
-def describe(root: Node) -> str:
+def describe_worker_split(root: Node) -> str:
     """Where a torch worker's shard goes in this pipeline, for ``explain()``."""
     sources = sources_of(root)
     if shards_at_source(root, sources):

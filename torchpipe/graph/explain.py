@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from torchpipe.constants import INFINITE, UNKNOWN
 from torchpipe.core.node import Node
-from torchpipe.distributed.ranks import describe as describe_distribution
-from torchpipe.distributed.workers import describe as describe_sharding
+from torchpipe.distributed.ranks import describe_rank_split
+from torchpipe.distributed.workers import describe_worker_split
 from torchpipe.graph.plan import Plan
 from torchpipe.ops.passthrough import ElidedNode
 
@@ -26,9 +26,9 @@ def explain_plan(plan: Plan, tuned: dict[str, int] | None = None, running: bool 
     lines.append(f"Cardinality: {_cardinality_text(cardinality)}{share}")
     lines.append(f"Options: {plan.options!r}")
     if plan.worker is None and plan.replica is None:
-        lines.append(f"In torch DataLoader workers: {describe_sharding(plan.root)}")
+        lines.append(f"In torch DataLoader workers: {describe_worker_split(plan.root)}")
     if plan.replica is None:
-        lines.append(f"On several ranks: {describe_distribution(plan.root, plan.options.distribute)}")
+        lines.append(f"On several ranks: {describe_rank_split(plan.root, plan.options.distribute)}")
     if tuned:
         lines.append("Autotuned (latest pass, now):" if running else "Autotuned (last pass, at its end):")
         lines.extend(f"  {name} = {value}" for name, value in tuned.items())

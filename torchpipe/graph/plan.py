@@ -15,14 +15,13 @@ from torchpipe.autotune.autotuner import Autotuner, ConsumerClock, Decision, liv
 from torchpipe.autotune.live import Look, start_look
 from torchpipe.autotune.report import PipelineStats, pipeline_stats
 from torchpipe.autotune.tuner import Budget
-from torchpipe.core.context import BuildContext
 from torchpipe.core.iterator import Iterator
-from torchpipe.core.node import Node
+from torchpipe.core.node import BuildContext, Node
 from torchpipe.core.state import check_int
 from torchpipe.distributed.collectives import broadcast_seed
 from torchpipe.distributed.context import Replica, worker_info
 from torchpipe.distributed.ranks import Distribution, distribute
-from torchpipe.distributed.workers import WorkerShard, shard_for_worker, split_between_workers
+from torchpipe.distributed.workers import TorchWorker, shard_for_worker, split_between_workers
 from torchpipe.errors import CheckpointError
 from torchpipe.graph.optimizer import optimize
 from torchpipe.options import Options
@@ -60,7 +59,7 @@ class Plan:
     """
 
     def __init__(self, root: Node, options: Options, memory: dict[tuple[int, ...], dict[str, Any]] | None = None,
-                 worker: WorkerShard | None = None, replica: Replica | None = None) -> None:  # fmt: skip
+                 worker: TorchWorker | None = None, replica: Replica | None = None) -> None:  # fmt: skip
         self.root = root
         self.options = options
         self.memory = memory

@@ -22,9 +22,8 @@ from typing import Any
 import numpy as np
 
 from torchpipe.constants import UNKNOWN
-from torchpipe.core.context import BuildContext
 from torchpipe.core.iterator import Iterator
-from torchpipe.core.node import Node, Symbol
+from torchpipe.core.node import BuildContext, Node, Symbol
 from torchpipe.core.state import check_int, check_state
 
 

@@ -34,7 +34,7 @@ _WBITS = {"GZIP": 16 + zlib.MAX_WBITS, "ZLIB": zlib.MAX_WBITS}
 _SKIP_CHUNK = 1 << 20
 
 
-def check_compression(op: str, compression_type: Any) -> str | None:
+def check_compression_type(op: str, compression_type: Any) -> str | None:
     """The canonical compression name (``None``, ``"GZIP"`` or ``"ZLIB"``).
 
     Raises:

@@ -27,16 +27,15 @@ from typing import Any
 import crc32c
 
 from torchpipe.constants import AUTOTUNE, UNKNOWN
-from torchpipe.core.context import BuildContext
 from torchpipe.core.iterator import Iterator
-from torchpipe.core.node import Node
+from torchpipe.core.node import BuildContext, Node
 from torchpipe.dataset import Dataset, _check_bool, _check_int
 from torchpipe.io import remote
 from torchpipe.io.files import (
     DataLossError,
     FileReaderIterator,
     OutputFile,
-    check_compression,
+    check_compression_type,
     check_path,
     open_stream,
     path_dataset,
@@ -208,7 +207,7 @@ def TFRecordDataset(  # noqa: N802 - tf.data's name
     On several ranks (docs/distributed.md) a list of files is split by whole file between ranks
     and their torch DataLoader workers, as ``tp.DistributeOptions`` says.
     """
-    compression = check_compression("TFRecordDataset", compression_type)
+    compression = check_compression_type("TFRecordDataset", compression_type)
     if buffer_size is not None:
         _check_int("TFRecordDataset", "buffer_size", buffer_size, minimum=1)
     if num_parallel_reads is not None and num_parallel_reads != AUTOTUNE:
@@ -252,7 +251,7 @@ class TFRecordWriter:
     """
 
     def __init__(self, path: Any, compression_type: str | None = None) -> None:
-        compression = check_compression("TFRecordWriter", compression_type)
+        compression = check_compression_type("TFRecordWriter", compression_type)
         self.path = check_path("TFRecordWriter", path)
         self._deflate = None
         if compression is not None:

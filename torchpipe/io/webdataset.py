@@ -20,9 +20,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from torchpipe.constants import AUTOTUNE, UNKNOWN
-from torchpipe.core.context import BuildContext
 from torchpipe.core.iterator import Iterator
-from torchpipe.core.node import Node
+from torchpipe.core.node import BuildContext, Node
 from torchpipe.dataset import Dataset, _check_bool, _check_int, _check_seed
 from torchpipe.distributed.nodes import SplitFilesNode
 from torchpipe.io import remote

@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import torch
 import torch.utils.data._utils.collate as torch_collate
@@ -54,8 +54,9 @@ from torchpipe.runtime.placement import Placement, measure_calls
 from torchpipe.runtime.policy import INLINE, KINDS, PROCESS, THREAD, Policy
 from torchpipe.runtime.process_pool import ProcessPool
 
-if TYPE_CHECKING:  # a torchpipe.DataLoader: torch's, with its ``_tp`` state (it imports this module)
-    from torchpipe.loader.dataloader import DataLoader
+DataLoader = torch.utils.data.DataLoader
+"""What the fetch engine is given: a ``tp.DataLoader`` (a torch one, with torchpipe's state in its
+``__dict__`` as ``_tp``; loader/dataloader.py, which imports this module)."""
 
 STAGE = "DataLoader workers"
 
@@ -223,7 +224,7 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
         super().__init__(loader)
         self._in_order = loader.in_order
         self._factor = loader.prefetch_factor or 2
-        self._tp_state = state = loader._tp
+        self._tp_state = state = vars(loader)["_tp"]
         iterable = self._dataset_kind == torch_dataloader._DatasetKind.Iterable
         self._auto = state.workers_auto and not iterable
         most = max(self._num_workers, 2 * usable_cpu_count()) if state.workers_auto else self._num_workers

@@ -16,11 +16,10 @@ import torch
 
 from torchpipe import nest
 from torchpipe.constants import INFINITE, UNKNOWN
-from torchpipe.core.context import BuildContext
 from torchpipe.core.function import UserFunction
 from torchpipe.core.held_elements import HeldStructure
 from torchpipe.core.iterator import Iterator, PassThroughIterator
-from torchpipe.core.node import Node, function_name
+from torchpipe.core.node import BuildContext, Node, function_name
 from torchpipe.core.state import check_bool, check_int, check_state
 from torchpipe.errors import CheckpointError
 from torchpipe.ops.collate import (

@@ -20,9 +20,8 @@ import numpy as np
 import torch
 
 from torchpipe import nest
-from torchpipe.core.context import BuildContext
 from torchpipe.core.iterator import Iterator
-from torchpipe.core.node import Node
+from torchpipe.core.node import BuildContext, Node
 from torchpipe.core.state import check_bool, check_int, check_state
 from torchpipe.errors import CheckpointError, add_note
 from torchpipe.storage.cache_file import CacheFormatError, FileStorage, Origin, StaleCacheWarning, origin_of

@@ -14,9 +14,8 @@ import torch
 
 from torchpipe import nest
 from torchpipe.constants import INFINITE, UNKNOWN
-from torchpipe.core.context import BuildContext
 from torchpipe.core.iterator import Iterator
-from torchpipe.core.node import Node
+from torchpipe.core.node import BuildContext, Node
 from torchpipe.core.state import check_bool, check_int, check_state
 from torchpipe.ops.shuffle import copy_rng_state
 

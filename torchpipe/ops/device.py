@@ -22,9 +22,8 @@ from typing import Any
 import torch
 
 from torchpipe import nest
-from torchpipe.core.context import BuildContext
 from torchpipe.core.iterator import Iterator
-from torchpipe.core.node import Node
+from torchpipe.core.node import BuildContext, Node
 from torchpipe.core.position_log import PositionLog
 
 _WAIT_S = 0.5

@@ -9,10 +9,9 @@ import numpy as np
 import torch
 
 from torchpipe.constants import UNKNOWN
-from torchpipe.core.context import BuildContext
 from torchpipe.core.function import UserFunction
 from torchpipe.core.iterator import Iterator, PassThroughIterator
-from torchpipe.core.node import Node, function_name
+from torchpipe.core.node import BuildContext, Node, function_name
 from torchpipe.core.state import check_int, check_state
 
 

@@ -11,10 +11,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from torchpipe.constants import AUTOTUNE
-from torchpipe.core.context import BuildContext
 from torchpipe.core.function import UserFunction
 from torchpipe.core.iterator import Iterator, PassThroughIterator
-from torchpipe.core.node import AUTOTUNE_SYMBOL, Node, function_name
+from torchpipe.core.node import AUTOTUNE_SYMBOL, BuildContext, Node, function_name
 from torchpipe.ops.batch import BatchIterator, BatchNode
 from torchpipe.ops.parallel_map import ParallelMapIterator
 from torchpipe.ops.source_nodes import DatasetFetch

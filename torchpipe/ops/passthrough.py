@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from torchpipe.core.context import BuildContext
 from torchpipe.core.iterator import Iterator
-from torchpipe.core.node import Node
+from torchpipe.core.node import BuildContext, Node
 from torchpipe.options import Options
 
 

@@ -28,9 +28,8 @@ from collections.abc import Callable
 from typing import Any
 
 from torchpipe.constants import AUTOTUNE
-from torchpipe.core.context import BuildContext
 from torchpipe.core.iterator import Iterator
-from torchpipe.core.node import AUTOTUNE_SYMBOL, Node
+from torchpipe.core.node import AUTOTUNE_SYMBOL, BuildContext, Node
 from torchpipe.core.position_log import PositionLog
 from torchpipe.core.stats import IteratorStats, LiveKnob
 from torchpipe.core.tunable import BUFFER, Tunable

@@ -1,18 +1,16 @@
-"""``repeat``: the input again, ``count`` times or forever."""
+"""``repeat``: the input again, ``count`` times or forever; and ``shuffle(...).repeat(...)`` fused
+(the optimizer's shuffle_repeat_fusion), one shuffle buffer kept across the repetitions."""
 
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from torchpipe.constants import INFINITE, UNKNOWN
-from torchpipe.core.context import BuildContext
 from torchpipe.core.iterator import Iterator
-from torchpipe.core.node import Node
+from torchpipe.core.node import BuildContext, Node
 from torchpipe.core.state import check_bool, check_int, check_state
-
-if TYPE_CHECKING:
-    from torchpipe.ops.shuffle import ShuffleRepeatNode
+from torchpipe.ops.shuffle import ShuffleIterator, ShuffleNode
 
 
 class RepeatNode(Node):
@@ -121,3 +119,63 @@ class RepeatIterator(Iterator):
         else:
             self._source = self._make_source()
             self._source.load_state_dict(state[self.INPUT])
+
+
+class ShuffleRepeatNode(Node):
+    """``shuffle(...).repeat(count)`` as one op (made by the optimizer's shuffle_repeat_fusion).
+
+    The output is the unfused pair's, epoch boundaries included (tf.data's semantics): each
+    repetition draws with the seed the unfused shuffle would have had in it. One shuffle
+    iterator and its buffer are kept for all repetitions instead of being rebuilt each time.
+    """
+
+    kind = "shuffle_repeat"
+    reorders_only = True
+
+    def __init__(self, shuffle: ShuffleNode, repeat: RepeatNode) -> None:
+        super().__init__(*shuffle.inputs)
+        self.shuffle = shuffle
+        self.repeat = repeat
+        self.count = repeat.count
+
+    def label(self) -> str:
+        return f"{self.shuffle.label()} + {self.repeat.label()}"
+
+    def cardinality(self) -> int:
+        return self.repeat.cardinality()
+
+    def input_context(self, ctx: BuildContext, index: int) -> BuildContext:
+        return self.repeat.input_context(ctx, 0)  # the shuffle's; each repetition adds its count
+
+    def build(self, ctx: BuildContext) -> Iterator:
+        return ShuffleRepeatIterator(self, ctx)
+
+
+class ShuffleRepeatIterator(RepeatIterator):
+    """A repeat whose repetitions all run through one shuffle iterator, rebound each time."""
+
+    _node: ShuffleRepeatNode
+
+    def __init__(self, node: ShuffleRepeatNode, ctx: BuildContext) -> None:
+        self._shuffler: ShuffleIterator | None = None
+        super().__init__(node, ctx)
+
+    def _make_source(self) -> Iterator:
+        shuffle = self._node.shuffle
+        shuffle_ctx = self._ctx.repetition(self._repetition)
+        source_ctx = shuffle.input_context(shuffle_ctx, 0)
+        source = source_ctx.traced(self._node.inputs[0].build(source_ctx))
+        seed = shuffle_ctx.op_seed(shuffle.seed, shuffle.reshuffle_each_iteration)
+        if self._shuffler is None:
+            self._shuffler = shuffle_ctx.traced(ShuffleIterator(shuffle.kind, source, shuffle.buffer_size, seed))
+        else:
+            self._shuffler.rebind(source, seed)
+        self.inputs = [self._shuffler]
+        return self._shuffler
+
+    def _release(self, source: Iterator) -> None:
+        source.inputs[0].close()  # this repetition's input; the shuffle itself is reused
+
+    def shutdown(self) -> None:
+        if self._shuffler is not None:
+            self._shuffler.close()

@@ -5,10 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from torchpipe.core.context import BuildContext
 from torchpipe.core.function import UserFunction
 from torchpipe.core.iterator import Iterator, PassThroughIterator
-from torchpipe.core.node import Node, function_name
+from torchpipe.core.node import BuildContext, Node, function_name
 from torchpipe.core.state import check_state
 
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from torchpipe.constants import INFINITE, UNKNOWN
-from torchpipe.core.context import BuildContext
 from torchpipe.core.iterator import Iterator, PassThroughIterator
-from torchpipe.core.node import Node
+from torchpipe.core.node import BuildContext, Node
 
 
 class TakeNode(Node):

@@ -8,9 +8,8 @@ from typing import Any
 
 from torchpipe import nest
 from torchpipe.constants import UNKNOWN
-from torchpipe.core.context import BuildContext
 from torchpipe.core.iterator import Iterator
-from torchpipe.core.node import Node, Symbol, function_name
+from torchpipe.core.node import BuildContext, Node, Symbol, function_name
 from torchpipe.core.state import check_int, check_state
 from torchpipe.errors import add_note
 
@@ -129,7 +128,7 @@ class SplitFileList(list):
     is split by hand already, and the distribution rewrite does not split it again.
 
     Attributes:
-        shard: the share they are for (an ``ops.distribute.ReplicaShard``).
+        shard: the share they are for (an ``ops.distribute.Share``).
     """
 
     def __init__(self, files: Any, shard: Any) -> None:

@@ -5,10 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from torchpipe.constants import INFINITE, UNKNOWN
-from torchpipe.core.context import BuildContext
 from torchpipe.core.held_elements import HeldStructure
 from torchpipe.core.iterator import Iterator
-from torchpipe.core.node import Node
+from torchpipe.core.node import BuildContext, Node
 from torchpipe.core.state import check_bool, check_int, check_state
 from torchpipe.errors import CheckpointError
 

@@ -129,8 +129,8 @@ def test_chunks_end_early_for_slow_reads(monkeypatch):
     """A chunk ends after ``_CHUNK_S`` of reading: slow records come back a few at a time."""
     import time
 
-    from torchpipe.core.context import BuildContext
     from torchpipe.core.function import UserFunction
+    from torchpipe.core.node import BuildContext
     from torchpipe.ops.interleave import process_readers
     from torchpipe.ops.interleave.readers import InnerOpener
 
@@ -165,8 +165,8 @@ def test_tensor_records_arrive_as_rows_and_checkpoint_mid_chunk():
 def test_chunks_end_at_about_chunk_bytes(monkeypatch):
     import torch
 
-    from torchpipe.core.context import BuildContext
     from torchpipe.core.function import UserFunction
+    from torchpipe.core.node import BuildContext
     from torchpipe.ops.interleave import process_readers
     from torchpipe.ops.interleave.readers import InnerOpener
 

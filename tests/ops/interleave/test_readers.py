@@ -7,8 +7,8 @@ import pytest
 import torchpipe as tp
 from tests.trees import find_stage
 from torchpipe.autotune import tunable
-from torchpipe.core.context import BuildContext
 from torchpipe.core.function import UserFunction
+from torchpipe.core.node import BuildContext
 from torchpipe.core.stats import IteratorStats
 from torchpipe.ops.interleave.interleave import InterleaveIterator
 from torchpipe.ops.interleave.process_readers import ProcessReaders

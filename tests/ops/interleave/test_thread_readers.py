@@ -7,8 +7,8 @@ import threading
 import pytest
 
 import torchpipe as tp
-from torchpipe.core.context import BuildContext
 from torchpipe.core.function import UserFunction
+from torchpipe.core.node import BuildContext
 from torchpipe.core.stats import IteratorStats
 from torchpipe.ops.interleave.readers import InnerOpener
 from torchpipe.ops.interleave.thread_readers import ThreadReaders

@@ -8,8 +8,7 @@ or interleave, ``to_device``).
 from __future__ import annotations
 
 from torchpipe.constants import AUTOTUNE
-from torchpipe.core.context import BuildContext
-from torchpipe.core.node import Node
+from torchpipe.core.node import BuildContext, Node
 from torchpipe.ops.prefetch import PrefetchNode
 from torchpipe.options import Options
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from torchpipe.core.node import Node
 from torchpipe.core.rewrite import rewrite_bottom_up
-from torchpipe.ops.repeat import RepeatNode
-from torchpipe.ops.shuffle import ShuffleNode, ShuffleRepeatNode
+from torchpipe.ops.repeat import RepeatNode, ShuffleRepeatNode
+from torchpipe.ops.shuffle import ShuffleNode
 from torchpipe.options import Options
 
 NAME = "shuffle_repeat_fusion"

@@ -1,8 +1,8 @@
 """``flat_map`` and ``interleave``: a Dataset per input element, their elements merged in tf.data's
 order by one iterator (:class:`InterleaveIterator`) over a pool of readers: inline
-(``interleave_readers.py``), on threads (``thread_readers.py``), in worker processes
+(``readers.py``), on threads (``thread_readers.py``), in worker processes
 (``process_readers.py``) or on Ray actors (``ray_readers.py``). With ``executor="auto"`` the readers
-move between threads and processes while the pass runs (``reader_placement.py``, docs/executors.md).
+move between threads and processes while the pass runs (``placement.py``, docs/executors.md).
 
 Resuming calls the user function again on the saved elements, with the same sequence numbers,
 so the inner datasets (and their seeds) are rebuilt exactly.
@@ -16,10 +16,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 from torchpipe.constants import AUTOTUNE, UNKNOWN
-from torchpipe.core.context import BuildContext
 from torchpipe.core.function import UserFunction
 from torchpipe.core.iterator import Iterator
-from torchpipe.core.node import Node, function_name
+from torchpipe.core.node import BuildContext, Node, function_name
 from torchpipe.core.position_log import PositionLog
 from torchpipe.core.state import check_bool, check_int, check_state
 from torchpipe.core.stats import LiveKnob

@@ -1,6 +1,6 @@
 """The readers of an interleave: what its state machine asks of them, and the inline pool.
 
-An interleave (``ops/interleave.py``) decides which inner dataset the next element comes from; a
+An interleave (``interleave.py``) decides which inner dataset the next element comes from; a
 **reader pool** reads them. The interleave opens a reader for each input element (at a saved
 position, or going on from another pool's reader with what it read ahead), asks whether a reader
 has an item ready, takes items, and closes readers it is done with. An item is one of four kinds:
@@ -22,9 +22,9 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, ClassVar, Generic, NamedTuple, TypeVar
 
-from torchpipe.core.context import BuildContext
 from torchpipe.core.function import UserFunction
 from torchpipe.core.iterator import Iterator
+from torchpipe.core.node import BuildContext
 from torchpipe.core.stats import IteratorStats
 from torchpipe.runtime.policy import INLINE
 
