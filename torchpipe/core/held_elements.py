@@ -135,6 +135,18 @@ class HeldStructure:
         self._fresh: list[Any] = []
         self._stale = False  # more than FRESH arrived since the last state
 
+    def fill(self, buffer: Any, source: Any, capacity: int) -> bool:
+        """Pull elements of ``source`` into ``buffer`` (noting each) until it holds ``capacity``;
+        returns whether ``source`` ended."""
+        while len(buffer) < capacity:
+            try:
+                element = next(source)
+            except StopIteration:
+                return True
+            self.add(element)
+            buffer.append(element)
+        return False
+
     def add(self, element: Any) -> None:
         """Note an element the op now holds (a list append)."""
         if not self._stale:

@@ -79,15 +79,8 @@ class ShuffleIterator(Iterator):
         self._input_done = False
 
     def _fill(self) -> None:
-        buffer, source, held = self._buffer, self._source, self._held
-        while not self._input_done and len(buffer) < self._capacity:
-            try:
-                element = next(source)
-            except StopIteration:
-                self._input_done = True
-                break
-            held.add(element)
-            buffer.append(element)
+        if not self._input_done:
+            self._input_done = self._held.fill(self._buffer, self._source, self._capacity)
 
     def next(self) -> Any:
         self._fill()

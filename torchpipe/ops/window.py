@@ -107,15 +107,8 @@ class WindowIterator(Iterator):
         self._skip = 0
 
     def _fill(self) -> None:
-        buffer, source, held = self._buffer, self._source, self._held
-        while not self._input_done and len(buffer) < self._span:
-            try:
-                element = next(source)
-            except StopIteration:
-                self._input_done = True
-                break
-            held.add(element)
-            buffer.append(element)
+        if not self._input_done:
+            self._input_done = self._held.fill(self._buffer, self._source, self._span)
 
     def get_state(self) -> dict[str, Any]:
         return {
