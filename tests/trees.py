@@ -1,4 +1,4 @@
-"""Finding an iterator of a given kind in a running pipeline's tree (tests only)."""
+"""Finding a stage in a running pipeline: its iterator (white-box tests) or its stats (tests only)."""
 
 
 def find_stage(it, kind):
@@ -10,3 +10,11 @@ def find_stage(it, kind):
             return node
         stack.extend(node.children())
     raise AssertionError(f"no {kind.__name__} in the tree")
+
+
+def stage_stats(it, name):
+    """The ``it.stats()`` entry of the first stage (root first) whose name starts with ``name``."""
+    for stage in it.stats():
+        if stage["stage"].startswith(name):
+            return stage
+    raise AssertionError(f"no stage {name!r} in the stats")

@@ -1,7 +1,9 @@
 """``iterator.stats()``: per-stage numbers and the report that names the bottleneck."""
 
+import os
 import time
 
+import psutil
 import torch
 
 import torchpipe as tp
@@ -33,6 +35,36 @@ def test_stats_list_every_stage_with_its_numbers():
     assert 0.012 <= mapped["self_s"] < 0.2  # a call (a batch of 4) on its thread
     assert 0.0 <= mapped["wait_ratio"] <= 1.0 and 0.0 <= mapped["occupancy"] <= 1.0
     assert by_stage["prefetch"]["knobs"] == {"prefetch.buffer_size": it.tuned_values()["prefetch.buffer_size"]}
+
+
+def _pid(x):
+    return os.getpid()
+
+
+def _reader(x):
+    return tp.range(3).map(lambda y: os.getpid())
+
+
+def test_stats_say_where_each_stage_runs_and_name_the_worker_processes():
+    ds = tp.range(40).map(_pid, num_parallel_calls=2, executor="process").prefetch(2)
+    with iter(ds) as it:
+        ran_in = set(it)
+        prefetch, mapped, source = it.stats()
+        children = {p.pid for p in psutil.Process().children(recursive=True)}
+    assert prefetch["executor"] == "thread" and "workers" not in source and "executor" not in source
+    assert mapped["executor"] == "process" and mapped["workers"] == 2 and len(mapped["pids"]) == 2
+    assert ran_in == set(mapped["pids"]) and ran_in <= children  # the calls ran in the processes named
+    with iter(tp.range(40).map(_pid, num_parallel_calls=3, executor="thread")) as it:
+        assert set(it) == {os.getpid()}
+        (mapped, _) = it.stats()
+    assert (mapped["executor"], mapped["workers"]) == ("thread", 3) and "pids" not in mapped
+
+    interleaved = tp.range(6).interleave(_reader, cycle_length=2, num_parallel_calls=2, executor="process")
+    with iter(interleaved.with_options(tp.Options(optimizations={"inject_prefetch": False}))) as it:
+        ran_in = {next(it) for _ in range(6)}
+        readers = it.stats()[0]
+    assert readers["executor"] == "process" and readers["workers"] == 2 and readers["threads_per_worker"] == 1
+    assert ran_in <= set(readers["pids"]) and os.getpid() not in ran_in
 
 
 def test_the_report_names_a_slow_stage_and_says_the_pipeline_is_the_limit():

@@ -5,7 +5,7 @@ import itertools
 import pytest
 
 import torchpipe as tp
-from tests.trees import find_stage
+from tests.trees import find_stage, stage_stats
 from torchpipe.ops.interleave.interleave import InterleaveIterator
 from torchpipe.ops.interleave.readers import read_ahead_items
 from torchpipe.ops.parallel_map import ParallelMapIterator
@@ -50,15 +50,16 @@ def test_a_resized_process_pool_has_that_many_workers():
     ds = tp.range(10_000).map(_square, num_parallel_calls=tp.AUTOTUNE, executor="process").with_options(NO_TUNER)
     it = iter(ds)
     next(it)
-    stage = find_stage(it, ParallelMapIterator)
-    (knob,) = stage.knobs()
+    (knob,) = find_stage(it, ParallelMapIterator).knobs()
     knob.request(3)
     next(it)  # applied by the stage itself, between two elements
-    assert stage.parallelism() == 3 and len(stage._pool.pids) == 3
+    mapped = stage_stats(it, "map")
+    assert mapped["workers"] == 3 and len(mapped["pids"]) == 3
     knob.request(1)
     for _ in range(50):
         next(it)
-    assert stage.parallelism() == 1 and len(stage._pool.pids) == 1
+    mapped = stage_stats(it, "map")
+    assert mapped["workers"] == 1 and len(mapped["pids"]) == 1
     it.close()
 
 

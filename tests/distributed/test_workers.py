@@ -94,8 +94,8 @@ def test_inner_datasets_of_flat_map_are_not_sharded_again():
 
 def test_explain_says_where_the_shard_goes():
     ds = tp.from_dataset(OwnShareOnly()).map(lambda x: x, 2)
-    assert "In torch DataLoader workers: each keeps one element in num_workers of from_dataset(" in ds.explain()
-    assert "which reads only its share" in ds.explain()
+    plan = ds.explain()  # the facts: one element in num_workers, of the source, which reads only its share
+    assert "one element in num_workers of from_dataset(" in plan and "reads only its share" in plan
     assert "is read whole" in tp.from_iterable([1, 2, 3]).explain()
     with as_torch_worker(1, 3):
         text = ds.explain()
@@ -282,7 +282,7 @@ def test_policy_off_or_data_says_which_split_and_silences_the_warning():
         warnings.simplefilter("error")
         assert list(_asks_then_builds(off)) == list(range(12))
         assert list(_asks_then_builds(data)) == list(range(1, 12, 2))
-        assert "DistributeOptions(policy='off')): torch DataLoader worker 1 of 2 gets every element" in off.explain()
+        assert "policy='off'" in off.explain() and "worker 1 of 2 gets every element" in off.explain()
 
 
 def test_a_shard_that_matches_the_worker_is_named_in_explain():

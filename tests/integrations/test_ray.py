@@ -74,7 +74,7 @@ def test_a_ray_stage_must_say_how_many_calls_run_at_once():
         tp.range(3).map(abs, 2, executor=tp.RayExecutor(num_actors=3))
     with pytest.raises(ValueError, match="executor must be one of"):
         tp.range(3).map(abs, 2, executor="rays")
-    assert tp.range(3).map(abs, executor=tp.RayExecutor(num_actors=3))._node.num_parallel_calls == 3
+    assert "num_parallel_calls=3," in tp.range(3).map(abs, executor=tp.RayExecutor(num_actors=3)).explain()
 
 
 def test_without_ray_the_error_names_the_extra(monkeypatch):

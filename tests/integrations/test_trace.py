@@ -123,7 +123,7 @@ def test_thread_calls_and_autotune_knobs(tmp_path):
 def test_untraced_passes_record_nothing_and_say_how_to_trace(tmp_path):
     with iter(tp.range(5).map(decode, num_parallel_calls=2)) as it:
         list(it)
-        assert it._log is None and all(e.stats.trace is None for e in [it._tree])
+        assert it.stats().trace is None
         with pytest.raises(RuntimeError, match=r"not traced: run it with ds.with_options\(tp.Options\(trace=True\)\)"):
             it.trace(tmp_path / "t.json")
         with pytest.raises(RuntimeError, match="not traced"):

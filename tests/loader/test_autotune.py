@@ -39,6 +39,11 @@ def _workers(loader, it):
     return loader.stats()[0]["knobs"]["num_workers"]
 
 
+def _pids(loader):
+    """The loader's worker processes, as its stats name them."""
+    return loader.stats()[0]["pids"]
+
+
 def _executor(loader):
     """Where the loader's batches are made now, as its stats say: inline, thread or process."""
     return loader.stats()[0]["knobs"]["executor"]
@@ -56,7 +61,7 @@ def test_moving_between_this_process_threads_and_processes_mid_epoch_loses_repea
         kinds.add(loader.stats()[0]["knobs"]["executor"])
         assert _workers(loader, it) == size
         if kind == PROCESS:
-            assert len(it._pool.pids) == size
+            assert len(_pids(loader)) == size
     seen.extend(it)
     items = torch.cat(seen)
     assert items[:, 0].tolist() == list(range(400))
@@ -73,7 +78,7 @@ def test_cheap_batches_are_made_in_this_process_and_the_tuners_zero_means_that()
     while _executor(loader) != INLINE and time.monotonic() < deadline:  # it may try the others first
         first.append(next(it))
     first += [next(it) for _ in range(100)]
-    assert _executor(loader) == INLINE and _workers(loader, it) == 0 and it._pool.pids == []
+    assert _executor(loader) == INLINE and _workers(loader, it) == 0 and _pids(loader) == []
     it._knob.request(2)  # the tuner asks for a pool: the best parallel executor gets it
     rest = [next(it)]
     assert _workers(loader, it) == 2 and _executor(loader) != INLINE
@@ -89,7 +94,7 @@ def test_the_next_epoch_starts_where_the_last_one_left_the_batches():
     rest = list(it)
     assert len(rest) == 9 and _workers(loader, it) == 3
     again = iter(loader)  # a new epoch (workers are not persistent): no measuring again
-    assert _executor(loader) == PROCESS and _workers(loader, again) == 3 and len(again._pool.pids) == 3
+    assert _executor(loader) == PROCESS and _workers(loader, again) == 3 and len(_pids(loader)) == 3
     rest = list(again)
     assert torch.cat(rest)[:, 0].tolist() == list(range(40))
 

@@ -56,7 +56,8 @@ def test_batches_are_torchs_with_a_worker_a_replica_wherever_replicas_run(proces
     assert_same_elements(got, list(theirs))  # same order, same draws: each replica keeps its RNG states
     assert sorted(int(i) for b in got for i in b["i"]) == list(range(60))
     assert {int(n) for b in got for n in b["of"]} == {REPLICAS}
-    assert it._pool.size == (processes or REPLICAS)  # elements that wait: a process a replica
+    made_by = ours.stats()[0]
+    assert (made_by["executor"], made_by["workers"]) == ("process", processes or REPLICAS)  # waits: a process a replica
 
 
 def _split_by_init(worker_id):

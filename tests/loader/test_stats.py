@@ -2,6 +2,7 @@
 
 import time
 
+import psutil
 import torch
 
 import torchpipe as tp
@@ -25,6 +26,8 @@ def test_worker_loader_stats_report_batches_workers_and_waiting():
     stats = loader.stats()
     (stage,) = stats
     assert stage["produced"] == 20 and stage["knobs"]["num_workers"] == 2
+    assert (stage["executor"], stage["workers"]) == ("process", 2)
+    assert set(stage["pids"]) <= {p.pid for p in psutil.Process().children(recursive=True)} and len(stage["pids"]) == 2
     assert 0.008 <= stage["self_s"] < 0.2  # a batch of 4 items of 2 ms on a worker
     assert stats.bottleneck == "DataLoader workers (calls)" and "Limit: the pipeline" in str(stats)
     del it

@@ -5,6 +5,7 @@ import time
 import pytest
 
 import torchpipe as tp
+from tests.trees import stage_stats
 from torchpipe.ops import parallel_map
 from torchpipe.ops.parallel_map import ParallelMapIterator
 from torchpipe.randomness import watch_global_draws
@@ -225,17 +226,17 @@ def python_heavy(x):
 def test_auto_executor_picks_processes_for_gil_holders_and_threads_otherwise():
     it = iter(tp.range(20).map(python_heavy, 2, executor="auto"))
     assert list(it) == [python_heavy(x) for x in range(20)]
-    stage = it._tree  # the parallel map is the root iterator
-    assert stage.executor_kind == "process"
+    assert stage_stats(it, "map")["executor"] == "process"
     it = iter(tp.range(20).map(lambda x: time.sleep(0.002) or x, 2, executor="auto"))
-    assert list(it) == list(range(20)) and it._tree.executor_kind == "thread"
+    assert list(it) == list(range(20)) and stage_stats(it, "map")["executor"] == "thread"
 
 
 def test_auto_executor_runs_as_many_calls_at_once_as_asked():
     # calls that wait would get threads by the dozen, but the user said 3 at once
     it = iter(tp.range(30).map(lambda x: time.sleep(0.002) or x, 3, executor="auto"))
     assert next(it) == 0
-    assert it._tree.executor_kind == "thread" and it._tree.parallelism() == 3
+    mapped = stage_stats(it, "map")
+    assert (mapped["executor"], mapped["workers"]) == ("thread", 3)
     assert list(it) == list(range(1, 30))
 
 
@@ -292,11 +293,11 @@ def test_autotune_runs_calls_cheaper_than_moving_their_results_inline():
         .with_options(tp.Options(optimizations={"inject_prefetch": False}))
     )
     assert list(it) == list(range(1, 201))
-    stage = _parallel_stage(it)
-    assert stage.executor_kind == "inline" and stage.parallelism() == 0 and stage.knobs()[0].value == 0
-    assert stage._pool is None or stage._pool.pids == []  # no worker was ever started
+    mapped = stage_stats(it, "map")
+    assert (mapped["executor"], mapped["workers"], list(mapped["knobs"].values())) == ("inline", 0, [0])
+    assert mapped.get("pids", []) == []  # no worker was ever started
     explicit = iter(tp.range(50).map(lambda x: x + 1, 2))  # a count asked for: never inline
-    assert list(explicit) == list(range(1, 51)) and _parallel_stage(explicit).executor_kind in ("thread", "process")
+    assert list(explicit) == list(range(1, 51)) and stage_stats(explicit, "map")["executor"] in ("thread", "process")
 
 
 def test_the_autotuner_moves_calls_between_inline_and_a_pool_without_losing_any(monkeypatch):
@@ -430,7 +431,7 @@ def test_auto_executor_keeps_every_element_in_order_wherever_it_runs():
     # load (the policy may try both); the output may not.
     it = iter(tp.from_dataset(range(4000)).map(small_torch_ops, 2).batch(256))
     batches = list(it)
-    assert it._tree.executor_kind in ("thread", "process")
+    assert stage_stats(it, "map")["executor"] in ("thread", "process")
     assert torch.equal(torch.cat(batches), torch.stack([small_torch_ops(i) for i in range(4000)]))
 
 
@@ -482,9 +483,9 @@ def test_auto_moves_to_processes_when_threads_prove_slow(monkeypatch):
     monkeypatch.setattr(Policy, "review", review)
     it = iter(tp.range(300).map(spin, 2).with_options(tp.Options(optimizations={"inject_prefetch": False})))
     out = [next(it) for _ in range(5)]
-    assert it._tree.executor_kind == "thread"
+    assert stage_stats(it, "map")["executor"] == "thread"
     out += list(it)
-    assert out == list(range(300)) and it._tree.executor_kind == "process"
+    assert out == list(range(300)) and stage_stats(it, "map")["executor"] == "process"
 
 
 def test_a_hung_call_raises_a_stall_error_naming_the_stage_element_and_worker():

@@ -5,6 +5,7 @@ import time
 import pytest
 
 import torchpipe as tp
+from tests.trees import stage_stats
 from torchpipe.ops.prefetch import AUTOTUNE_DEPTH, PrefetchIterator
 from torchpipe.testing import assert_checkpoint_roundtrip, assert_same_elements
 
@@ -35,7 +36,7 @@ def test_zero_is_a_passthrough():
     before = set(threading.enumerate())
     it = iter(tp.range(5).prefetch(0).with_options(tp.Options(optimizations={"inject_prefetch": False})))
     assert next(it) == 0
-    assert not isinstance(it._tree, PrefetchIterator) and not _prefetch_threads(before)
+    assert [s["stage"] for s in it.stats()] == ["range"] and not _prefetch_threads(before)
     assert list(it) == [1, 2, 3, 4]
 
 
@@ -112,7 +113,7 @@ def test_ignore_errors_downstream():
 def test_cardinality_and_explain():
     assert tp.range(7).prefetch(2).cardinality() == 7
     assert tp.range(7).repeat().prefetch(2).cardinality() == tp.INFINITE
-    assert tp.range(3).prefetch(tp.AUTOTUNE)._node.params() == {"buffer_size": "AUTOTUNE"}
+    assert "prefetch(buffer_size=AUTOTUNE)" in tp.range(3).prefetch(tp.AUTOTUNE).explain()
     assert "prefetch(buffer_size=4)" in tp.range(3).prefetch(4).explain()
 
 
@@ -188,11 +189,17 @@ def _waiting(x):
     return x
 
 
+def _executor(it):
+    """Where the prefetch runs its input, as the stats say: ``thread`` or ``inline``."""
+    return stage_stats(it, "prefetch")["executor"]
+
+
 def test_autotune_runs_the_input_inline_for_a_consumer_with_nothing_to_overlap():
+    before = set(threading.enumerate())
     it = iter(tp.range(10**6).prefetch(tp.AUTOTUNE).with_options(NO_INJECT))
     got = [next(it) for _ in range(20_000)]  # a loop that only collects: a hand-off costs more than an element
-    assert got == list(range(20_000)) and it._tree.mode == "inline"
-    assert not it._tree._thread.is_alive()
+    assert got == list(range(20_000)) and _executor(it) == "inline"
+    assert not _prefetch_threads(before)
     state = it.state_dict()
     rest = [next(it) for _ in range(10)]
     again = iter(tp.range(10**6).prefetch(tp.AUTOTUNE).with_options(NO_INJECT))
@@ -204,19 +211,19 @@ def test_autotune_keeps_the_thread_where_it_overlaps_and_comes_back_to_it():
     it = iter(tp.range(10**6).map(_waiting).prefetch(tp.AUTOTUNE).with_options(NO_INJECT))
     got = [next(it)]
     deadline = time.monotonic() + 20
-    while it._tree.mode != "inline" or len(got) < 200:  # an idle consumer first: inline
+    while _executor(it) != "inline" or len(got) < 200:  # an idle consumer first: inline
         got.append(next(it))
         assert time.monotonic() < deadline
-    while it._tree.mode != "thread":  # then one that works as long as an element takes: the thread again
+    while _executor(it) != "thread":  # then one that works as long as an element takes: the thread again
         got.append(next(it))
         time.sleep(0.001)
         assert time.monotonic() < deadline
     for _ in range(300):
         got.append(next(it))
         time.sleep(0.001)
-    assert it._tree.mode == "thread" and got == list(range(len(got)))
+    assert _executor(it) == "thread" and got == list(range(len(got)))
 
 
 def test_an_explicit_buffer_keeps_its_thread():
     it = iter(tp.range(10**6).prefetch(2).with_options(NO_INJECT))
-    assert [next(it) for _ in range(20_000)] == list(range(20_000)) and it._tree.mode == "thread"
+    assert [next(it) for _ in range(20_000)] == list(range(20_000)) and _executor(it) == "thread"

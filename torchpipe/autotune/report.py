@@ -28,8 +28,12 @@ class PipelineStats(list):
     (elements/s over the pass), ``self_s`` (seconds of its own work per element, on whatever thread
     or worker ran it), and where they apply ``wait_ratio`` (share of its consumer's time in
     ``next()`` spent waiting on it), ``occupancy`` (mean fill of its buffer / its capacity),
-    ``knobs`` (AUTOTUNE values now) and the op's own counters (``errors_ignored``,
-    ``inner_datasets``).
+    ``knobs`` (AUTOTUNE values now), the op's own counters (``errors_ignored``,
+    ``inner_datasets``) and, for a stage that runs work off the consumer's thread (a parallel map
+    or interleave, a prefetch, the DataLoader's workers), where it runs: ``executor``
+    (``inline``, ``thread``, ``process`` or ``ray``), ``workers`` (threads, processes or actors;
+    ``threads_per_worker`` where processes run several reads at once) and ``pids`` (its worker
+    processes, to attach a profiler to).
 
     Attributes:
         seconds: since the pass started.
@@ -143,7 +147,7 @@ def pipeline_stats(root: Iterator, start: Look, consumer_s: float, decisions: li
         if tunable.knobs(it):
             entry["knobs"] = {knob.name: knob.value for knob in tunable.knobs(it)}
         entry.update(it.stats.counters)  # errors_ignored, inner_datasets, ...
-        entry.update(getattr(it, "executor_report", dict)())  # where its calls ran: Ray's actors
+        entry.update(getattr(it, "executor_report", dict)())  # where its calls run: executor, workers, pids
         stages.append(entry)
     if decisions:
         limit = decisions[-1].bottleneck

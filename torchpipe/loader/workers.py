@@ -480,8 +480,8 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
         made and by how many (and the tuner's rounds, with ``num_workers="auto"``)."""
         decisions = list(self._tuner.decisions) if self._tuner is not None else []
         stats = pipeline_stats(self._stage, self._started, self._clock.outside_s(), decisions)  # type: ignore[arg-type]
-        kind = self._placement.kind if self._placement is not None else PROCESS
-        stats[0]["knobs"] = {"num_workers": self._stage.parallelism(), "in_flight": self._window(), "executor": kind}
+        where = stats[0]  # executor, workers, pids: the stage's executor_report
+        where["knobs"] = {"num_workers": where["workers"], "in_flight": self._window(), "executor": where["executor"]}
         return stats
 
     def _stop_tuner(self) -> None:
@@ -550,6 +550,15 @@ class _WorkersStage(Tunable):
     def calls_in_processes(self) -> bool:
         it = self._iterator()
         return it is not None and (it._placement is None or it._placement.kind == PROCESS)
+
+    def executor_report(self) -> dict[str, Any]:
+        """Where batches are made, for ``loader.stats()``, as a parallel map reports it: the
+        ``executor`` kind, its ``workers`` and the worker processes' ``pids``."""
+        it = self._iterator()
+        if it is None:
+            return {}
+        kind = it._placement.kind if it._placement is not None else PROCESS
+        return {"executor": kind, "workers": self.parallelism(), "pids": it._pool.pids}
 
 
 def _workers_knob(iterator: WorkerIterator, value: int, most: int) -> LiveKnob:

@@ -134,8 +134,15 @@ class ParallelMapIterator(Iterator, Tunable):
         return self._placement.kind == RAY
 
     def executor_report(self) -> dict[str, Any]:
-        """Where the calls ran, for ``it.stats()``: Ray's actors and transfers (else nothing)."""
-        return {"ray": self._ray_pool.report()} if self._ray_pool is not None else {}
+        """Where the calls run, for ``it.stats()``: the ``executor`` kind, its ``workers`` (threads,
+        processes or actors; 0 inline), the worker processes' ``pids`` where it may fork them
+        (attach a profiler to one), and Ray's actors and transfers."""
+        report: dict[str, Any] = {"executor": self.executor_kind, "workers": self.parallelism()}
+        if self._pool is not None:
+            report["pids"] = self._pool.pids
+        if self._ray_pool is not None:
+            report["ray"] = self._ray_pool.report()
+        return report
 
     def prepare(self) -> None:
         super().prepare()

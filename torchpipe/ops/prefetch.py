@@ -335,6 +335,10 @@ class PrefetchIterator(Iterator, Tunable):
     def calls_in_processes(self) -> bool:
         return False
 
+    def executor_report(self) -> dict[str, Any]:
+        """Where the input runs, for ``it.stats()``: ``executor`` is ``thread`` or ``inline``."""
+        return {"executor": self.mode}
+
     def _set_depth(self, value: int) -> None:
         self.buffer.depth = value
         self._learned["depth"] = value

@@ -9,7 +9,7 @@ import psutil
 import pytest
 
 import torchpipe as tp
-from tests.trees import find_stage
+from tests.trees import find_stage, stage_stats
 from torchpipe.core.stats import IteratorStats
 from torchpipe.ops.interleave import interleave, process_readers
 from torchpipe.ops.interleave import placement as reader_placement
@@ -26,6 +26,11 @@ NO_TUNER = tp.Options(autotune=tp.AutotuneOptions(enabled=False), optimizations=
 
 def _find(it):
     return find_stage(it, InterleaveIterator)
+
+
+def _executor(it):
+    """Where the readers read now, as the stats say: ``thread`` or ``process`` (``auto`` while measuring)."""
+    return stage_stats(it, "interleave")["executor"]
 
 
 def _verdicts(monkeypatch, kinds):
@@ -76,7 +81,7 @@ def test_the_handover_keeps_the_inline_order(switch_early, cycle, block):
     assert _values(out) == _values(inline)
     pids = [pid for *_, pid in out]
     assert pids[0] == os.getpid() and pids[-1] != os.getpid()  # threads first, then processes
-    assert _find(it).executor_kind == "process"
+    assert _executor(it) == "process"
 
 
 class _LoggedReads:
@@ -99,7 +104,7 @@ def test_what_threads_read_ahead_moves_over_and_is_not_read_again(switch_early, 
     ds = tp.range(30).interleave(reads, cycle_length=3, num_parallel_calls=3)
     it = iter(ds.with_options(NO_TUNER))
     out = list(it)
-    assert _find(it).executor_kind == "process"
+    assert _executor(it) == "process"
     assert _values(out) == _values(tp.range(30).interleave(_records, cycle_length=3))
     lines = (tmp_path / "reads").read_text().splitlines()
     assert sorted(lines) == sorted(f"{x},{y}" for x, y in _values(out))  # each element read once
@@ -121,7 +126,7 @@ def test_the_workers_run_the_readers_on_their_threads_from_the_first_task(switch
     ds = tp.range(12).interleave(_slow_reads, cycle_length=2, num_parallel_calls=tp.AUTOTUNE)
     it = iter(ds.with_options(NO_TUNER))
     assert _values(list(it)) == _values(tp.range(12).interleave(_slow_reads, cycle_length=2))
-    assert _find(it).executor_kind == "process"
+    assert _executor(it) == "process"
     # Reads that wait: the knob jumps to many reads in flight, threads in each worker; the
     # handed-over readers' first chunks already run on them (not one by one).
     assert threads_at_submit and set(threads_at_submit) == {threads_at_submit[0]} and threads_at_submit[0] > 1
@@ -131,7 +136,7 @@ def test_the_non_deterministic_order_holds_on_both_sides_of_the_handover(switch_
     ds = tp.range(30).interleave(_records, cycle_length=3, num_parallel_calls=3, deterministic=False)
     it = iter(ds.with_options(NO_TUNER))
     out = list(it)
-    assert _find(it).executor_kind == "process"
+    assert _executor(it) == "process"
     assert sorted(_values(out)) == sorted(_values(tp.range(30).interleave(_records, cycle_length=3)))
     assert _find(it)._deterministic is False
 
@@ -170,7 +175,7 @@ def test_readers_that_do_python_work_move_to_processes():
     it = iter(tp.range(30).interleave(_burn, cycle_length=2, num_parallel_calls=2).with_options(NO_TUNER))
     out = list(it)
     assert _values(out) == _values(tp.range(30).interleave(_burn, cycle_length=2))
-    assert _find(it).executor_kind == "process"
+    assert _executor(it) == "process"
     assert {pid for *_, pid in out} - {os.getpid()}
 
 
@@ -192,7 +197,7 @@ def test_readers_over_unpicklable_inputs_stay_on_threads():
               .with_options(NO_TUNER))  # fmt: skip
     out = list(it)
     assert _values(out) == _values(tp.range(6).interleave(_burn, cycle_length=2))
-    assert _find(it).executor_kind == "thread"
+    assert _executor(it) == "thread"
 
 
 def _burn_into_handles(x):
@@ -203,7 +208,7 @@ def test_readers_of_unpicklable_elements_stay_on_threads():
     it = iter(tp.range(6).interleave(_burn_into_handles, cycle_length=2, num_parallel_calls=2).with_options(NO_TUNER))
     out = [pair for pair, _ in it]
     assert out == _values(tp.range(6).interleave(_burn, cycle_length=2))
-    assert _find(it).executor_kind == "thread"
+    assert _executor(it) == "thread"
 
 
 def _waits(x):
@@ -214,20 +219,18 @@ def test_readers_that_mostly_wait_stay_on_threads_and_the_workers_go():
     baseline = len(psutil.Process().children(recursive=True))
     it = iter(tp.range(100).interleave(_waits, cycle_length=2, num_parallel_calls=2).with_options(NO_TUNER))
     out = list(it)
-    stage = _find(it)
-    assert stage.executor_kind == "thread"
+    assert _executor(it) == "thread"
     assert {pid for *_, pid in out} == {os.getpid()}
-    assert list(stage._pools) == [THREAD]  # the process pool's zygote was closed when threads were chosen
     deadline = time.monotonic() + 5
     while len(psutil.Process().children(recursive=True)) > baseline and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert len(psutil.Process().children(recursive=True)) == baseline
+    assert len(psutil.Process().children(recursive=True)) == baseline  # the zygote too, closed when threads won
 
 
 def test_a_pass_shorter_than_the_measurement_ends_cleanly():
     it = iter(tp.range(2).interleave(_records, num_parallel_calls=2).with_options(NO_TUNER))
     assert _values(list(it)) == _values(tp.range(2).interleave(_records, cycle_length=2))
-    assert _find(it).executor_kind == "thread"
+    assert _executor(it) == "thread"
 
 
 def test_checkpoints_before_and_after_the_handover_resume_exactly(switch_early):
@@ -258,28 +261,33 @@ def test_the_knob_moves_with_the_handover(switch_early, monkeypatch):
     next(it)
     stage = _find(it)
     (knob,) = stage.knobs()
-    while stage.executor_kind != "process":
+    while _executor(it) != "process":
         next(it)
     assert stage.knobs() == [knob]  # the same object: the autotuner keeps turning it
     assert knob.value >= 2  # started where reads would keep the cores busy
     knob.request(5)
     next(it)
-    processes = stage._pools[PROCESS]
-    assert stage.parallelism() == 5
-    assert (processes._pool.size, processes._pool.threads) == (2, 3)  # reads in flight on threads
+    readers = stage_stats(it, "interleave")
+    assert list(readers["knobs"].values()) == [5]
+    assert (readers["workers"], readers["threads_per_worker"]) == (2, 3)  # 5 reads in flight: on threads
     knob.request(1)
     next(it)
-    assert (processes._pool.size, processes._pool.threads) == (1, 1)
+    readers = stage_stats(it, "interleave")
+    assert (readers["workers"], readers["threads_per_worker"]) == (1, 1)
     it.close()
 
 
-def test_explicit_executors_do_not_move():
-    for executor in ("thread", "process"):
-        it = iter(tp.range(4).interleave(_records, num_parallel_calls=2, executor=executor).with_options(NO_TUNER))
-        next(it)
-        stage = _find(it)
-        assert stage.executor_kind == executor and list(stage._pools) == [executor] and stage._placement is None
-        it.close()
+@pytest.mark.parametrize("executor", [THREAD, PROCESS])
+def test_explicit_executors_do_not_move(monkeypatch, executor):
+    _verdicts(monkeypatch, lambda window: THREAD if executor == PROCESS else PROCESS)  # the policy would move them
+    baseline = len(psutil.Process().children(recursive=True))
+    ds = tp.range(30).interleave(_records, num_parallel_calls=2, executor=executor).with_options(NO_TUNER)
+    with iter(ds) as it:
+        kinds = set()
+        for _ in it:
+            kinds.add(_executor(it))
+        forked = len(psutil.Process().children(recursive=True)) > baseline
+    assert kinds == {executor} and forked == (executor == PROCESS)  # threads only: not even a zygote
 
 
 @pytest.mark.parametrize("cpu_share, moves", [(0.02, False), (1.0, True)])

@@ -267,6 +267,12 @@ class InterleaveIterator(Iterator, Tunable):
             return "auto"
         return self._pool.kind
 
+    def executor_report(self) -> dict[str, Any]:
+        """Where the readers read, for ``it.stats()``: the ``executor`` kind, its ``workers``
+        (threads or processes; with threads in each process, ``threads_per_worker``) and the
+        worker processes' ``pids``."""
+        return {"executor": self.executor_kind, **self._pool.report()}
+
     # -- the autotuner's view (core.tunable.Tunable) --------------------------------------
     def knobs(self) -> list[LiveKnob]:
         return [self._knob] if self._knob is not None else []

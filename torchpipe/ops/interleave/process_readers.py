@@ -271,6 +271,11 @@ class ProcessReaders(ReaderPool[_ChunkReader]):
             self._pool.set_threads(threads)
             self._pool.resize(processes)
 
+    def report(self) -> dict[str, Any]:
+        if self._pool is None:
+            return {}
+        return {"workers": self._pool.size, "threads_per_worker": self._pool.threads, "pids": self._pool.pids}
+
     def _workers(self, parallelism: int) -> tuple[int, int]:
         """Worker processes and threads in each for ``parallelism``."""
         if not self._threads_in_workers:

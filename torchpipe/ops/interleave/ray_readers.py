@@ -44,6 +44,9 @@ class RayReaders(ProcessReaders):
     def _make_pool(self, task: InnerChunkTask) -> Any:
         return self._options.pool(task, 0, self.name, restart=self._restart, timing=self.stats.calls)
 
+    def report(self) -> dict[str, Any]:
+        return {"workers": self._pool.size} if self._pool is not None else {}  # actors: no pids, no threads
+
     def resize(self, parallelism: int) -> None:
         if self._reading:
             assert self._pool is not None  # reading: prepared

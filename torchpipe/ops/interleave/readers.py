@@ -160,6 +160,11 @@ class ReaderPool(abc.ABC, Generic[ReaderT]):
         """Items one reader may hold ready or in flight."""
         return 1
 
+    def report(self) -> dict[str, Any]:
+        """What ``it.stats()`` shows of it: its ``workers`` (threads or processes) and what else
+        it has (the processes' ``pids``); nothing for inline reads."""
+        return {}
+
     @property
     def calls_in_processes(self) -> bool:
         """Whether reads run in worker processes (their CPU is not this process's)."""

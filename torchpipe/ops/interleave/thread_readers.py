@@ -210,6 +210,9 @@ class ThreadReaders(ReaderPool[_ThreadReader]):
     def reader_capacity(self) -> int:
         return self.capacity
 
+    def report(self) -> dict[str, Any]:
+        return {"workers": self.threads.size} if self.threads is not None else {}
+
     def open(self, element: Any, seq: int, inner: dict[str, Any] | None = None, error: BaseException | None = None,
              read_ahead: tuple[Item, ...] = ()) -> _ThreadReader:  # fmt: skip
         return _ThreadReader(self, element, seq, inner, error, read_ahead)
