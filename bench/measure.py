@@ -201,3 +201,91 @@ def _timed(
         if batches >= min_batches and time.perf_counter() - start >= seconds:
             break
     return items, units, batches
+
+
+def measure_epochs(make: Callable[[], Any], count: Callable[[Any], tuple[int, float]], epochs: int) -> dict[str, Any]:
+    """Iterate one ``make()`` for ``epochs`` whole epochs and measure each.
+
+    The loader is made once, so persistent workers (and whatever a loader learned) carry over
+    from one epoch to the next, as in training. Each epoch is timed from ``iter()`` to its end.
+    ``throughput`` is the steady rate: the units of every epoch after the first over their time
+    (the first epoch's rate where there is only one); ``epoch_rates`` has every epoch's rate,
+    and ``epoch_executors`` where a torchpipe loader ran each epoch's work (``loader.stats()``:
+    ``"process x2"``; None for torch's). ``first_batch_s`` is the first epoch's; CPU per item,
+    peak RSS and the others' share cover every epoch; PSS is read after the last, before the
+    workers stop.
+
+    Raises:
+        RuntimeError: if an epoch yields no batch.
+    """
+    release_memory()
+    cpus = usable_cpus()
+    loader = make()
+    rates: list[float] = []
+    executors: list[str | None] = []
+    steady = [0.0, 0.0]  # units, seconds of the epochs after the first
+    items = 0
+    with TreeMonitor() as monitor:
+        cpu0, busy0 = monitor.cpu_seconds(), busy_cpu_seconds(cpus)
+        t_all = time.perf_counter()
+        try:
+            for epoch in range(epochs):
+                t0 = time.perf_counter()
+                iterator = iter(loader)
+                batch = next(iterator, None)
+                if batch is None:
+                    raise RuntimeError(f"epoch {epoch} yielded no batch")
+                if epoch == 0:
+                    first = time.perf_counter() - t0
+                n, units = count(batch)
+                more = _timed(iterator, count, math.inf, 0)
+                elapsed = time.perf_counter() - t0
+                items += n + more[0]
+                units += more[1]
+                rates.append(units / elapsed)
+                executors.append(_executor(loader, iterator))
+                if epoch > 0:
+                    steady = [steady[0] + units, steady[1] + elapsed]
+                if iterator is not getattr(loader, "_iterator", None):
+                    close(iterator)  # a pass of its own (the DSL's): persistent ones stay up
+            elapsed_all = time.perf_counter() - t_all
+            cpu, busy = monitor.cpu_seconds() - cpu0, busy_cpu_seconds(cpus) - busy0
+            pss = monitor.pss()
+        finally:
+            _close_loader(loader)
+    return {
+        "throughput": steady[0] / steady[1] if steady[1] else rates[0],
+        "first_batch_s": first,
+        "peak_rss_mb": monitor.peak_rss / 2**20,
+        "end_pss_mb": pss / 2**20 if pss is not None else None,
+        "cpu_s_per_item": cpu / items,
+        "others_cpu_share": min(1.0, max(0.0, busy - cpu) / (elapsed_all * len(cpus))),
+        "epoch_rates": rates,
+        "epoch_executors": executors,
+    }
+
+
+def _executor(loader: Any, iterator: Any) -> str | None:
+    """Where a torchpipe loader or pipeline ran the pass just ended (``"process x2"``), from its
+    stats: the first stage that reports workers (a pipeline's prefetch runs on a thread of its
+    own, the work on the map's), else the first that reports an executor. None for torch's."""
+    source = loader if hasattr(loader, "stats") else iterator
+    if not hasattr(source, "stats"):
+        return None
+    try:
+        stages = list(source.stats())
+    except Exception:  # noqa: BLE001 - a report only; the measurement stands without it
+        return None
+    placed = [stage for stage in stages if "executor" in stage]
+    where = next((stage for stage in placed if stage.get("workers")), placed[0] if placed else None)
+    if where is None:
+        return None
+    return f"{where['executor']} x{where['workers']}" if where.get("workers") else str(where["executor"])
+
+
+def _close_loader(loader: Any) -> None:
+    """Stop a loader's persistent workers (torch's keep them in ``loader._iterator``)."""
+    iterator = getattr(loader, "_iterator", None)
+    if iterator is not None:
+        close(iterator)
+        loader._iterator = None

@@ -22,7 +22,9 @@ Configurations:
   tfdata_native_cache_epoch1/2  (workload cache) those ops with tf.data's cache() after decode
 
 The peers (``bench/peers.py``, ``bench/tfdata.py``) run the workload's own item function and
-collation; one that is not installed is reported "not installed". tf.data runs after every
+collation; one that is not installed is reported "not installed". On ``blobs`` they are not
+measured (their adapters make one pass; none keeps workers across epochs): the report says so.
+tf.data runs after every
 other configuration of every workload (TensorFlow's threads must not be inherited by worker
 processes forked later).
 
@@ -54,7 +56,7 @@ import torchpipe as tp
 from bench import peers as pr
 from bench import suite
 from bench import workloads as wl
-from bench.measure import measure
+from bench.measure import measure, measure_epochs
 from bench.targets import format_targets, targets
 from torchpipe.runtime.cpu import usable_cpu_count
 
@@ -78,6 +80,8 @@ ORDER = (
 )
 LAST = ("tfdata",)
 """Peers measured after every workload's other configurations (they import TensorFlow)."""
+NOT_MEASURED_EPOCHS = "its adapter makes one pass over the items; persistent workers across epochs not adapted"
+"""Why the peers have no row on an epochs workload (``blobs``)."""
 
 
 def dataloader_grid(quick: bool) -> list[dict[str, int]]:
@@ -98,8 +102,13 @@ class Runner:
         self.results: dict[str, dict[str, float]] = {}
         self.chosen: dict[str, Any] = {}
         self.errors: dict[str, str] = {}
+        self.not_measured: dict[str, str] = {}
         # cache measures whole epochs; every other workload a timed window
         self.measure_one = self.epoch if work.name == "cache" else self.timed
+
+    def epochs(self, make: Callable[[], Any]) -> dict[str, Any]:
+        """``work.epochs`` whole epochs of one loader (the ``blobs`` workload's measure)."""
+        return measure_epochs(make, self.work.count, self.work.epochs)
 
     def timed(self, make: Callable[[], Any]) -> dict[str, float]:
         return measure(make, self.work.count, self.sizes.warmup_s, self.sizes.seconds)
@@ -108,20 +117,25 @@ class Runner:
         """One whole epoch, from ``iter()`` to its end (the ``cache`` workload's measure)."""
         return measure(make, self.work.count, 0.0, math.inf, whole_epoch=True)
 
-    def record(self, config: str, result: dict[str, float], note: str = "") -> None:
+    def record(self, config: str, result: dict[str, Any], note: str = "") -> None:
         self.results[config] = result
         unit = self.work.unit
         print(f"  {config:<24} {result['throughput']:>12.4g} {unit:<9} {note}", flush=True)
+        if "epoch_rates" in result:
+            print(f"    {_epochs(result)}", flush=True)
 
     def dataloaders(self, measure_one: Callable[[Callable[[], Any]], dict[str, float]]) -> dict[str, Any]:
         """``dataloader_default`` and ``dataloader_best``; returns the best arguments."""
-        dataset, kwargs = self.work.dataset, self.work.loader_kwargs()
-        default = measure_one(lambda: torch.utils.data.DataLoader(dataset, num_workers=0, **kwargs))
+        dataset, loader_kwargs = self.work.dataset, self.work.loader_kwargs
+        default = measure_one(lambda: torch.utils.data.DataLoader(dataset, num_workers=0, **loader_kwargs(0)))
         self.record("dataloader_default", default, "num_workers=0")
         best_args, best = {"num_workers": 0}, default
         for args in dataloader_grid(self.quick):
+            kwargs = loader_kwargs(args["num_workers"])
             result = measure_one(lambda: torch.utils.data.DataLoader(dataset, **args, **kwargs))
             print(f"    grid {args}: {result['throughput']:.4g}", flush=True)
+            if "epoch_rates" in result:
+                print(f"      {_epochs(result)}", flush=True)
             if result["throughput"] > best["throughput"]:
                 best_args, best = args, result
         self.record("dataloader_best", best, str(best_args))
@@ -145,14 +159,14 @@ class Runner:
 
     def torchpipe_dataloader_auto(self, measure_one: Callable[[Callable[[], Any]], dict[str, float]]) -> None:
         """``torchpipe_dataloader_auto``: the drop-in DataLoader with no knob but ``num_workers="auto"``."""
-        dataset, kwargs = self.work.dataset, self.work.loader_kwargs()
+        dataset, kwargs = self.work.dataset, self.work.loader_kwargs("auto")
         result = measure_one(lambda: tp.DataLoader(dataset, num_workers="auto", **kwargs))
         self.record("torchpipe_dataloader_auto", result, "num_workers='auto'")
 
     def run(self) -> None:
         """Every configuration of a throughput workload."""
         best_args = self.dataloaders(self.timed)
-        dataset, kwargs = self.work.dataset, self.work.loader_kwargs()
+        dataset, kwargs = self.work.dataset, self.work.loader_kwargs(best_args["num_workers"])
         self.record("torchpipe_dataloader", self.timed(lambda: tp.DataLoader(dataset, **best_args, **kwargs)),
                     str(best_args))  # fmt: skip
         self.torchpipe_dataloader_auto(self.timed)
@@ -174,10 +188,28 @@ class Runner:
         self.chosen["torchpipe_cache"] = {"num_parallel_calls": cores, "executor": "thread"}
         self.peers(last=False)
 
+    def run_epochs(self) -> None:
+        """An epochs workload (``blobs``): each configuration is one loader run for ``work.epochs``
+        whole epochs, workers persistent; torchpipe's zero-knob configurations and the DataLoader
+        with ``dataloader_best``'s arguments."""
+        best_args = self.dataloaders(self.epochs)
+        dataset, kwargs = self.work.dataset, self.work.loader_kwargs(best_args["num_workers"])
+        self.record("torchpipe_dataloader", self.epochs(lambda: tp.DataLoader(dataset, **best_args, **kwargs)),
+                    str(best_args))  # fmt: skip
+        self.torchpipe_dataloader_auto(self.epochs)
+        pipeline = self.work.batched(tp.AUTOTUNE, "auto").prefetch(tp.AUTOTUNE)  # one Dataset, iterated per epoch
+        self.record("torchpipe_auto", self.epochs(lambda: pipeline), "num_parallel_calls=AUTOTUNE, executor='auto'")
+        self.peers(last=False)
+
     def peers(self, last: bool) -> None:
         """The installed peers (those in ``LAST`` when ``last``, the others when not)."""
         for peer in pr.PEERS:
-            if peer.installed() and (peer.library in LAST) == last:
+            if not peer.installed() or (peer.library in LAST) != last:
+                continue
+            if self.work.epochs:
+                self.not_measured[peer.library] = NOT_MEASURED_EPOCHS
+                print(f"  {peer.library + '_best':<24} not measured: {NOT_MEASURED_EPOCHS}", flush=True)
+            else:
                 self.peer(peer)
 
     def peer(self, peer: pr.Peer) -> None:
@@ -250,7 +282,12 @@ def run_all(names: list[str], quick: bool, sizes: wl.Sizes | None = None) -> dic
         extra = "".join(f", {key} {value}" for key, value in work.extra.items())
         print(f"\n{name}: batch {work.batch_size}, limit {limit} ({work.limit_note}){extra}", flush=True)
         runner = Runner(work, sizes, quick)
-        runner.run_cache() if name == "cache" else runner.run()
+        if name == "cache":
+            runner.run_cache()
+        elif work.epochs:
+            runner.run_epochs()
+        else:
+            runner.run()
         runners.append(runner)
     for runner in runners:
         if any(peer.installed() and peer.library in LAST for peer in pr.PEERS):
@@ -260,10 +297,19 @@ def run_all(names: list[str], quick: bool, sizes: wl.Sizes | None = None) -> dic
         work = runner.work
         report["workloads"][work.name] = {"unit": work.unit, "limit": work.limit, "results": runner.results,
                                           "targets": targets(work.name, runner.results, work.limit),
-                                          "extra": work.extra, "peer_errors": runner.errors}  # fmt: skip
+                                          "extra": work.extra, "peer_errors": runner.errors,
+                                          "not_measured": runner.not_measured}  # fmt: skip
         run_info["chosen"][work.name] = runner.chosen
         run_info["limit_notes"][work.name] = work.limit_note
     return report
+
+
+def _epochs(result: dict[str, Any]) -> str:
+    """A result's rate in each epoch, and where torchpipe ran it: ``epochs 79k (process x2), 229k``."""
+    cells = []
+    for rate, executor in zip(result["epoch_rates"], result["epoch_executors"]):
+        cells.append(f"{rate / 1e3:.0f}k" + (f" ({executor})" if executor else ""))
+    return "epochs " + ", ".join(cells)
 
 
 def _megabytes(value: float | None) -> str:
@@ -276,7 +322,9 @@ def _share(value: float | None) -> str:
 
 def table(report: dict[str, Any]) -> str:
     """The printed summary: throughput, ratios against dataloader_best and the limit, and costs;
-    ``others`` is the share of the cores other processes took during the measurement."""
+    ``others`` is the share of the cores other processes took during the measurement. On an
+    epochs workload (``blobs``) the throughput is the steady rate, each epoch's rate follows on a
+    line of its own, and a peer that was not measured says so."""
     lines = []
     header = (f"{'workload':<10} {'config':<25} {'throughput':>11} {'unit':<9} {'vs DL best':>10} {'vs limit':>8} "
               f"{'1st batch':>9} {'peak RSS':>9} {'end PSS':>8} {'CPU/item':>10} {'others':>6}")  # fmt: skip
@@ -294,6 +342,10 @@ def table(report: dict[str, Any]) -> str:
                 f"{r['cpu_s_per_item'] * 1e3:>8.3f}ms"
                 f" {_share(r.get('others_cpu_share')):>6}"
             )
+            if "epoch_rates" in r:
+                lines.append(f"{'':<10} {'':<25} {_epochs(r)}")
+        for library, why in entry.get("not_measured", {}).items():
+            lines.append(f"{name:<10} {library + '_best':<25} {'not measured':>11} ({why})")
     return "\n".join(lines)
 
 

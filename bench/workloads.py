@@ -41,6 +41,10 @@ class Sizes:
     warmup_s: float
     seconds: float
     limit_s: float
+    blob_samples: int = 4000
+    """Samples in one epoch of ``blobs`` (issue #33: 4,000, so an epoch lasts tens of ms)."""
+    epochs: int = 4
+    """Epochs measured on ``blobs``, each from ``iter()`` to its end, on one loader."""
 
 
 QUICK = Sizes(
@@ -62,6 +66,7 @@ FULL = Sizes(
     warmup_s=1.0,
     seconds=4.0,
     limit_s=1.5,
+    epochs=8,
 )
 
 
@@ -185,6 +190,30 @@ class Records:
                 "blob": self.pool[start : start + size], "meta": {"len": size, "tags": tags}}  # fmt: skip
 
 
+BLOB_BYTES = 64 * 1024
+BLOB_FEATURES = 32
+
+
+class Blob:
+    """Sample ``i`` of the ``blobs`` workload: a dict as a new user's map-style dataset returns it.
+
+    A short string id, 32 float32 features, a 64 KB ``bytes`` payload and a small nested dict
+    (issue #33). The payload is a slice of a buffer made once, so a sample costs a 64 KB copy and
+    little else: a cheap producer of large elements, whose batches (2 MB at 32 a batch) cost far
+    more to move between processes than to make.
+    """
+
+    def __init__(self, seed: int = 0) -> None:
+        rng = np.random.default_rng(seed)
+        self.pool = rng.integers(0, 256, 1 << 20, dtype=np.uint8).tobytes()
+        self.features = rng.standard_normal((1024, BLOB_FEATURES), dtype=np.float32)
+
+    def __call__(self, i: int) -> dict[str, Any]:
+        start = ((i * 2654435761) & 0xFFFFFFFF) % (len(self.pool) - BLOB_BYTES)  # the same every run
+        return {"id": f"s{i:05d}", "features": self.features[i % len(self.features)].copy(),
+                "payload": self.pool[start : start + BLOB_BYTES], "meta": {"index": i, "split": "train"}}  # fmt: skip
+
+
 def pad_collate(sequences: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """Token ids padded with 0 to the longest sequence in the batch, and the true lengths."""
     lengths = torch.tensor([len(s) for s in sequences], dtype=torch.int64)
@@ -267,12 +296,17 @@ class Workload:
     extra: dict[str, Any] = field(default_factory=dict)
     files: list[str] = field(default_factory=list)
     """The files the item function reads (tf.data's native pipeline reads them with its own ops)."""
+    epochs: int = 0
+    """Whole epochs measured on one loader, workers persistent (0: a timed window instead)."""
 
-    def loader_kwargs(self) -> dict[str, Any]:
-        """The DataLoader arguments every DataLoader configuration shares."""
+    def loader_kwargs(self, num_workers: int | str = 0) -> dict[str, Any]:
+        """The DataLoader arguments every DataLoader configuration with ``num_workers`` shares:
+        ``persistent_workers=True`` where the workload measures epochs and there are workers."""
         kwargs: dict[str, Any] = {"batch_size": self.batch_size}
         if self.collate_fn is not None:
             kwargs["collate_fn"] = self.collate_fn
+        if self.epochs and num_workers != 0:
+            kwargs["persistent_workers"] = True
         return kwargs
 
     def batched(self, parallel: Any, executor: str) -> tp.Dataset:
@@ -292,6 +326,11 @@ def _count_items(batch: Any) -> tuple[int, float]:
 
 def _count_rows(batch: dict[str, Any]) -> tuple[int, float]:
     n = int(batch["label"].shape[0])
+    return n, float(n)
+
+
+def _count_samples(batch: dict[str, Any]) -> tuple[int, float]:
+    n = len(batch["id"])
     return n, float(n)
 
 
@@ -366,6 +405,23 @@ def records(sizes: Sizes, quick: bool) -> Workload:
     work = _mapped("records", "rows/s", 32, Records(data.SEED), 10**7, _map_grid(inline=True), _count_rows)
     _set_core_limit(work, Records(data.SEED), sizes.limit_s)
     work.extra["item_us"] = round(item_seconds(Records(data.SEED), work.batch_size, sizes.limit_s) * 1e6, 2)
+    return work
+
+
+def blobs(sizes: Sizes, quick: bool) -> Workload:
+    """Dict samples with a 64 KB ``bytes`` payload, short epochs, persistent workers; batch 32; samples/s.
+
+    Issue #33's case, tried as a new user would: ``sizes.blob_samples`` samples an epoch
+    (``Blob``), default collate, ``sizes.epochs`` epochs on one loader. Each epoch is measured
+    whole, so a loader's first decision and whether it revises it show epoch by epoch.
+    """
+    blob = Blob(data.SEED)
+    work = Workload("blobs", "samples/s", 32, Mapped(blob, sizes.blob_samples),
+                    _mapped_pipeline(blob, sizes.blob_samples), _count_samples, [], epochs=sizes.epochs)  # fmt: skip
+    _set_core_limit(work, blob, sizes.limit_s)
+    work.extra["item_us"] = round(item_seconds(blob, work.batch_size, sizes.limit_s) * 1e6, 2)
+    work.extra["epochs"] = sizes.epochs
+    work.extra["samples_per_epoch"] = sizes.blob_samples
     return work
 
 
