@@ -97,6 +97,8 @@ def _cell(check: dict[str, Any] | None) -> str:
     if check["op"] is None:
         return f"{check['ratio']:.2f}"
     against = f" ({check['against']})" if check.get("against") else ""
+    if check.get("epoch") is not None:
+        against = f" (epoch {check['epoch']})"  # the worst epoch, where every epoch is held to it
     return f"{check['ratio']:.2f} {'ok' if check['met'] else '**miss**'}{against}"
 
 

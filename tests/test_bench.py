@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from typing import Any
 
 import numpy as np
 import pytest
@@ -17,7 +18,7 @@ from bench import targets as tg
 from bench import workloads as wl
 
 TINY = wl.Sizes(jpeg_files=8, text_docs=20, tiny_elements=4096, shard_records=32, cache_files=8,
-                warmup_s=0.0, seconds=0.02, limit_s=0.02)  # fmt: skip
+                warmup_s=0.0, seconds=0.02, limit_s=0.02, blob_samples=96, epochs=2)  # fmt: skip
 CONFIGS = {
     "dataloader_default",
     "dataloader_best",
@@ -33,7 +34,9 @@ CACHE_CONFIGS = {
     "torchpipe_cache_epoch1",
     "torchpipe_cache_epoch2",
 }
+EPOCH_CONFIGS = CONFIGS - {"torchpipe_best"}
 KEYS = {"throughput", "first_batch_s", "peak_rss_mb", "end_pss_mb", "cpu_s_per_item", "others_cpu_share"}
+EPOCH_KEYS = KEYS | {"epoch_rates", "epoch_executors"}
 
 
 @pytest.fixture
@@ -52,14 +55,15 @@ def test_every_workload_and_configuration_end_to_end(small, capsys):
     report = run.run_all(list(suite.WORKLOADS), quick=True, sizes=TINY)
     assert set(report["workloads"]) == set(suite.WORKLOADS)
     for name, entry in report["workloads"].items():
-        assert set(entry["results"]) == (CACHE_CONFIGS if name == "cache" else CONFIGS), name
-        assert entry["peer_errors"] == {}
+        configs = {"cache": CACHE_CONFIGS, "blobs": EPOCH_CONFIGS}.get(name, CONFIGS)
+        assert set(entry["results"]) == configs, name
+        assert entry["peer_errors"] == {} and entry["not_measured"] == {}
         assert isinstance(entry["unit"], str) and entry["limit"] > 0
         assert set(entry["targets"]) == set(tg.ZERO_KNOB)
         measured = entry["targets"]["torchpipe_dataloader_auto"]["vs_dataloader_best"]
         assert measured["ratio"] > 0 and isinstance(measured["met"], bool)
         for result in entry["results"].values():
-            assert set(result) == KEYS
+            assert set(result) == (EPOCH_KEYS if name == "blobs" else KEYS)
             assert result["throughput"] > 0 and result["peak_rss_mb"] > 0 and result["cpu_s_per_item"] >= 0
             assert result["end_pss_mb"] > 0, result  # Linux: smaps_rollup
             assert 0 <= result["others_cpu_share"] <= 1, result
@@ -125,6 +129,44 @@ def test_records_rows_and_batches(small):
     assert torch.equal(ours["meta"]["len"], theirs["meta"]["len"])
     assert [list(tags) for tags in theirs["meta"]["tags"]] == ours["meta"]["tags"]  # torch: tuples
     assert work.count(ours) == (32, 32.0)
+
+
+def test_blobs_samples_and_one_epochs_measurement(small):
+    work = wl.blobs(TINY, quick=True)
+    assert len(work.dataset) == TINY.blob_samples and work.epochs == TINY.epochs == 2
+    sample = work.dataset[7]
+    assert set(sample) == {"id", "features", "payload", "meta"} and sample["id"] == "s00007"
+    assert sample["features"].dtype == np.float32 and sample["features"].shape == (wl.BLOB_FEATURES,)
+    assert isinstance(sample["payload"], bytes) and len(sample["payload"]) == wl.BLOB_BYTES
+    assert sample["meta"] == {"index": 7, "split": "train"} and work.dataset[7]["payload"] == sample["payload"]
+    assert work.loader_kwargs(0) == {"batch_size": 32} and work.loader_kwargs(2)["persistent_workers"] is True
+    runner = run.Runner(work, TINY, quick=True)
+    loader = torch.utils.data.DataLoader(work.dataset, num_workers=1, **work.loader_kwargs(1))
+    result = runner.epochs(lambda: loader)
+    assert len(result["epoch_rates"]) == 2 and min(result["epoch_rates"]) > 0
+    assert result["epoch_executors"] == [None, None]  # torch's loader reports no placement
+    assert result["throughput"] == result["epoch_rates"][1]  # the steady rate: the epochs after the first
+    assert result["cpu_s_per_item"] > 0 and loader._iterator is None  # the persistent worker was stopped
+    batch = next(iter(torch.utils.data.DataLoader(work.dataset, **work.loader_kwargs(0))))
+    assert len(batch["payload"]) == 32 and batch["features"].shape == (32, wl.BLOB_FEATURES)
+    assert work.count(batch) == (32, 32.0)
+
+
+def test_blobs_held_to_every_epoch():
+    def epochs(*rates: float) -> dict[str, Any]:
+        return {"throughput": rates[-1], "end_pss_mb": 100.0, "epoch_rates": list(rates)}
+
+    results = {"dataloader_best": epochs(200.0, 250.0, 250.0), "torchpipe_auto": epochs(80.0, 240.0, 245.0),
+               "torchpipe_dataloader_auto": epochs(195.0, 245.0, 240.0)}  # fmt: skip
+    checks = tg.targets("blobs", results, limit=None)
+    first = checks["torchpipe_auto"]["every_epoch_vs_dataloader_best"]
+    assert first == {"ratio": 0.4, "op": ">=", "target": 0.95, "met": False, "epoch": 0}
+    assert checks["torchpipe_dataloader_auto"]["every_epoch_vs_dataloader_best"]["met"] is True
+    assert checks["torchpipe_auto"]["vs_dataloader_best"]["ratio"] == pytest.approx(0.98)  # steady rates
+    assert "every_epoch_vs_dataloader_best" not in tg.targets("records", results, limit=None)["torchpipe_auto"]
+    report = {"workloads": {"blobs": {"results": results, "targets": checks}}}
+    assert "| 0.40 **miss** (epoch 0) |" in markdown.targets_table(report)
+    assert "blobs/torchpipe_auto every_epoch_vs_dataloader_best" in tg.format_targets(report)
 
 
 def test_records_item_cost_is_small():
