@@ -286,5 +286,5 @@ def notes() -> dict[str, str]:
         if not peer.installed():
             out[peer.library] = f'not installed ({peer.distribution}: pip install -e ".[bench]"): not measured'
             continue
-        out[peer.library] = f"{peer.distribution} {peer.version()}: measured on every workload"
+        out[peer.library] = f"{peer.distribution} {peer.version()}: measured on every workload but blobs (its epochs)"
     return out
