@@ -14,6 +14,17 @@ from typing import Any
 
 import torch
 
+from torchpipe.arguments import (
+    ray_parallelism,
+    require_bool,
+    require_callable,
+    require_executor,
+    require_int,
+    require_optional_bool,
+    require_parallelism,
+    require_path,
+    require_seed,
+)
 from torchpipe.constants import AUTOTUNE, INFINITE, UNKNOWN
 from torchpipe.core.node import Node
 from torchpipe.distributed.context import current_replica
@@ -31,7 +42,7 @@ from torchpipe.ops.combine import ConcatenateNode, ZipNode
 from torchpipe.ops.device import DeviceNode, check_device
 from torchpipe.ops.filter import FilterNode, IgnoreErrorsNode, TakeWhileNode
 from torchpipe.ops.interleave.interleave import FlatMapNode, InterleaveNode
-from torchpipe.ops.map import EXECUTORS, MapNode
+from torchpipe.ops.map import MapNode
 from torchpipe.ops.passthrough import WithOptionsNode
 from torchpipe.ops.prefetch import PrefetchNode
 from torchpipe.ops.repeat import RepeatNode
@@ -153,26 +164,26 @@ class Dataset(torch.utils.data.IterableDataset):
         Raises:
             TypeError, ValueError: for arguments of the wrong type or range.
         """
-        _check_callable("map", "fn", fn)
-        _check_parallelism("map", num_parallel_calls)
-        _check_optional_bool("map", "deterministic", deterministic)
-        _check_executor("map", executor)
-        num_parallel_calls = _ray_parallelism("map", executor, num_parallel_calls)
+        require_callable("map", "fn", fn)
+        require_parallelism("map", num_parallel_calls)
+        require_optional_bool("map", "deterministic", deterministic)
+        require_executor("map", executor)
+        num_parallel_calls = ray_parallelism("map", executor, num_parallel_calls)
         executor = resolve_ray(executor) or executor  # "ray" is RayExecutor(): the node builds its pool with it
         if name is not None and not isinstance(name, str):
             raise TypeError(f"map: name must be a str, got {type(name).__name__}")
-        _check_bool("map", "pure", pure)
-        _check_bool("map", "batched", batched)
+        require_bool("map", "pure", pure)
+        require_bool("map", "batched", batched)
         return Dataset(MapNode(self._node, fn, num_parallel_calls, deterministic, executor, name, pure, batched))
 
     def filter(self, predicate: Callable[..., Any]) -> Dataset:
         """Keep the elements for which ``predicate`` returns True (a bool or 0-d bool tensor)."""
-        _check_callable("filter", "predicate", predicate)
+        require_callable("filter", "predicate", predicate)
         return Dataset(FilterNode(self._node, predicate))
 
     def flat_map(self, fn: Callable[..., Dataset]) -> Dataset:
         """Map each element to a Dataset with ``fn`` and yield their elements in order."""
-        _check_callable("flat_map", "fn", fn)
+        require_callable("flat_map", "fn", fn)
         return Dataset(FlatMapNode(self._node, fn))
 
     def interleave(
@@ -201,26 +212,26 @@ class Dataset(torch.utils.data.IterableDataset):
                 in each) if they cost 20 us or more of CPU an element (docs/executors.md).
                 Only ``tp.rng()`` is reproducible in ``fn`` with threads or ``"auto"``.
         """
-        _check_callable("interleave", "fn", fn)
+        require_callable("interleave", "fn", fn)
         if cycle_length is not None and cycle_length != AUTOTUNE:
-            _check_int("interleave", "cycle_length", cycle_length, minimum=1)
-        _check_int("interleave", "block_length", block_length, minimum=1)
-        _check_parallelism("interleave", num_parallel_calls)
-        _check_optional_bool("interleave", "deterministic", deterministic)
-        _check_executor("interleave", executor)
-        num_parallel_calls = _ray_parallelism("interleave", executor, num_parallel_calls)
+            require_int("interleave", "cycle_length", cycle_length, minimum=1)
+        require_int("interleave", "block_length", block_length, minimum=1)
+        require_parallelism("interleave", num_parallel_calls)
+        require_optional_bool("interleave", "deterministic", deterministic)
+        require_executor("interleave", executor)
+        num_parallel_calls = ray_parallelism("interleave", executor, num_parallel_calls)
         executor = resolve_ray(executor) or executor
         node = InterleaveNode(self._node, fn, cycle_length, block_length, num_parallel_calls, deterministic, executor)
         return Dataset(node)
 
     def scan(self, initial_state: Any, fn: Callable[[Any, Any], tuple[Any, Any]]) -> Dataset:
         """Carry a state through the elements: ``fn(state, element) -> (new_state, output)``."""
-        _check_callable("scan", "fn", fn)
+        require_callable("scan", "fn", fn)
         return Dataset(ScanNode(self._node, initial_state, fn))
 
     def enumerate(self, start: int = 0) -> Dataset:
         """Pair each element with its index: ``(start + i, element)``."""
-        _check_int("enumerate", "start", start)
+        require_int("enumerate", "start", start)
         return Dataset(EnumerateNode(self._node, start))
 
     def ignore_errors(self) -> Dataset:
@@ -240,10 +251,10 @@ class Dataset(torch.utils.data.IterableDataset):
         stacks tensors and arrays into tensors, turns numbers into tensors and collects strings
         and bytes into lists. ``collate_fn(list_of_elements)`` replaces it.
         """
-        _check_int("batch", "batch_size", batch_size, minimum=1)
-        _check_bool("batch", "drop_remainder", drop_remainder)
+        require_int("batch", "batch_size", batch_size, minimum=1)
+        require_bool("batch", "drop_remainder", drop_remainder)
         if collate_fn is not None:
-            _check_callable("batch", "collate_fn", collate_fn)
+            require_callable("batch", "collate_fn", collate_fn)
         return Dataset(BatchNode(self._node, batch_size, drop_remainder, collate_fn))
 
     def padded_batch(
@@ -268,8 +279,8 @@ class Dataset(torch.utils.data.IterableDataset):
                 for ``padding_values`` of another structure than the element's, a str padding a
                 numeric component, or a number its component's dtype cannot hold.
         """
-        _check_int("padded_batch", "batch_size", batch_size, minimum=1)
-        _check_bool("padded_batch", "drop_remainder", drop_remainder)
+        require_int("padded_batch", "batch_size", batch_size, minimum=1)
+        require_bool("padded_batch", "drop_remainder", drop_remainder)
         return Dataset(PaddedBatchNode(self._node, batch_size, padded_shapes, padding_values, drop_remainder))
 
     def unbatch(self) -> Dataset:
@@ -285,8 +296,8 @@ class Dataset(torch.utils.data.IterableDataset):
         if not isinstance(sizes, Sequence) or isinstance(sizes, str) or not sizes:
             raise TypeError(f"rebatch: batch_size must be an int or a non-empty list of ints, got {batch_size!r}")
         for size in sizes:
-            _check_int("rebatch", "batch_size", size, minimum=1)
-        _check_bool("rebatch", "drop_remainder", drop_remainder)
+            require_int("rebatch", "batch_size", size, minimum=1)
+        require_bool("rebatch", "drop_remainder", drop_remainder)
         return Dataset(RebatchNode(self._node, [int(s) for s in sizes], drop_remainder))
 
     def bucket_by_sequence_length(
@@ -305,22 +316,22 @@ class Dataset(torch.utils.data.IterableDataset):
         bucket is emitted as a padded batch, and partial buckets are flushed at the end in
         bucket order.
         """
-        _check_callable("bucket_by_sequence_length", "element_length_func", element_length_func)
+        require_callable("bucket_by_sequence_length", "element_length_func", element_length_func)
         bounds = list(bucket_boundaries)
         sizes = list(bucket_batch_sizes)
         for b in bounds:
-            _check_int("bucket_by_sequence_length", "bucket_boundaries", b, minimum=1)
+            require_int("bucket_by_sequence_length", "bucket_boundaries", b, minimum=1)
         if any(a >= b for a, b in zip(bounds, bounds[1:])):
             raise ValueError(f"bucket_by_sequence_length: bucket_boundaries must increase, got {bounds}")
         for s in sizes:
-            _check_int("bucket_by_sequence_length", "bucket_batch_sizes", s, minimum=1)
+            require_int("bucket_by_sequence_length", "bucket_batch_sizes", s, minimum=1)
         if len(sizes) != len(bounds) + 1:
             raise ValueError(
                 "bucket_by_sequence_length: len(bucket_batch_sizes) must be len(bucket_boundaries) + 1, "
                 f"got {len(sizes)} and {len(bounds)}"
             )
-        _check_bool("bucket_by_sequence_length", "pad_to_bucket_boundary", pad_to_bucket_boundary)
-        _check_bool("bucket_by_sequence_length", "drop_remainder", drop_remainder)
+        require_bool("bucket_by_sequence_length", "pad_to_bucket_boundary", pad_to_bucket_boundary)
+        require_bool("bucket_by_sequence_length", "drop_remainder", drop_remainder)
         return Dataset(
             BucketBySequenceLengthNode(
                 self._node,
@@ -371,11 +382,11 @@ class Dataset(torch.utils.data.IterableDataset):
                 not a bool.
             ValueError: if ``size``, ``shift`` or ``stride`` is below 1.
         """
-        _check_int("window", "size", size, minimum=1)
+        require_int("window", "size", size, minimum=1)
         if shift is not None:
-            _check_int("window", "shift", shift, minimum=1)
-        _check_int("window", "stride", stride, minimum=1)
-        _check_bool("window", "drop_remainder", drop_remainder)
+            require_int("window", "shift", shift, minimum=1)
+        require_int("window", "stride", stride, minimum=1)
+        require_bool("window", "drop_remainder", drop_remainder)
         return Dataset(WindowNode(self._node, int(size), int(size if shift is None else shift), int(stride),
                                   drop_remainder))  # fmt: skip
 
@@ -386,36 +397,36 @@ class Dataset(torch.utils.data.IterableDataset):
         The same seed gives the same order; with ``reshuffle_each_iteration`` each epoch and each
         repetition is shuffled differently.
         """
-        _check_int("shuffle", "buffer_size", buffer_size, minimum=1)
-        _check_seed("shuffle", seed)
-        _check_bool("shuffle", "reshuffle_each_iteration", reshuffle_each_iteration)
+        require_int("shuffle", "buffer_size", buffer_size, minimum=1)
+        require_seed("shuffle", seed)
+        require_bool("shuffle", "reshuffle_each_iteration", reshuffle_each_iteration)
         return Dataset(ShuffleNode(self._node, buffer_size, seed, reshuffle_each_iteration))
 
     def repeat(self, count: int | None = None) -> Dataset:
         """Repeat the dataset ``count`` times; ``None`` or -1 repeats forever."""
         if count is not None:
-            _check_int("repeat", "count", count, minimum=-1)
+            require_int("repeat", "count", count, minimum=-1)
         return Dataset(RepeatNode(self._node, -1 if count is None else count))
 
     def take(self, count: int) -> Dataset:
         """The first ``count`` elements; -1 takes all."""
-        _check_int("take", "count", count, minimum=-1)
+        require_int("take", "count", count, minimum=-1)
         return Dataset(TakeNode(self._node, count))
 
     def skip(self, count: int) -> Dataset:
         """All but the first ``count`` elements; -1 skips all."""
-        _check_int("skip", "count", count, minimum=-1)
+        require_int("skip", "count", count, minimum=-1)
         return Dataset(SkipNode(self._node, count))
 
     def take_while(self, predicate: Callable[..., Any]) -> Dataset:
         """Elements up to (not including) the first for which ``predicate`` is False."""
-        _check_callable("take_while", "predicate", predicate)
+        require_callable("take_while", "predicate", predicate)
         return Dataset(TakeWhileNode(self._node, predicate))
 
     def shard(self, num_shards: int, index: int) -> Dataset:
         """Every ``num_shards``-th element starting at ``index``."""
-        _check_int("shard", "num_shards", num_shards, minimum=1)
-        _check_int("shard", "index", index, minimum=0)
+        require_int("shard", "num_shards", num_shards, minimum=1)
+        require_int("shard", "index", index, minimum=0)
         if index >= num_shards:
             raise ValueError(f"shard: index must be < num_shards ({num_shards}), got {index}")
         return Dataset(ShardNode(self._node, num_shards, index))
@@ -479,9 +490,9 @@ class Dataset(torch.utils.data.IterableDataset):
             TypeError, ValueError: for arguments of the wrong type or value.
             RuntimeError: if another process is saving to ``path``.
         """
-        _check_path("save", path)
+        require_path("save", path)
         if shard_func is not None:
-            _check_callable("save", "shard_func", shard_func)
+            require_callable("save", "shard_func", shard_func)
         save(self, os.fsdecode(os.fspath(path)), shard_func, check_compression(compression),
              **check_checkpoint_args(checkpoint_args))  # fmt: skip
 
@@ -500,7 +511,7 @@ class Dataset(torch.utils.data.IterableDataset):
             path: the directory that holds snapshots (created if missing).
             compression: ``None``, ``"GZIP"`` or ``"ZLIB"``.
         """
-        _check_path("snapshot", path)
+        require_path("snapshot", path)
         return Dataset(SnapshotNode(self._node, os.fsdecode(os.fspath(path)), check_compression(compression)))
 
     def prefetch(self, buffer_size: int) -> Dataset:
@@ -509,7 +520,7 @@ class Dataset(torch.utils.data.IterableDataset):
         0 does nothing; ``tp.AUTOTUNE`` lets the runtime choose.
         """
         if buffer_size != AUTOTUNE:
-            _check_int("prefetch", "buffer_size", buffer_size, minimum=0)
+            require_int("prefetch", "buffer_size", buffer_size, minimum=0)
         return Dataset(PrefetchNode(self._node, buffer_size))
 
     def to_device(self, device: str | torch.device, buffer_size: int = 2) -> Dataset:
@@ -522,12 +533,12 @@ class Dataset(torch.utils.data.IterableDataset):
         Raises:
             RuntimeError: for a CUDA device when CUDA is not available.
         """
-        _check_int("to_device", "buffer_size", buffer_size, minimum=1)
+        require_int("to_device", "buffer_size", buffer_size, minimum=1)
         return Dataset(DeviceNode(self._node, check_device(device), buffer_size))
 
     def apply(self, fn: Callable[[Dataset], Dataset]) -> Dataset:
         """``fn(self)``, which must return a Dataset; for reusable chains of ops."""
-        _check_callable("apply", "fn", fn)
+        require_callable("apply", "fn", fn)
         out = fn(self)
         if not isinstance(out, Dataset):
             raise TypeError(f"apply: fn must return a tp.Dataset, got {type(out).__name__}")
@@ -554,69 +565,6 @@ def _postorder(root: Node) -> list[Node]:
 
     visit(root)
     return out
-
-
-# -- argument checks (each names the op and says what was expected) ---------------------------
-def _check_int(op: str, name: str, value: Any, minimum: int | None = None) -> None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{op}: {name} must be an int, got {type(value).__name__}")
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{op}: {name} must be >= {minimum}, got {value}")
-
-
-def _check_bool(op: str, name: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise TypeError(f"{op}: {name} must be a bool, got {type(value).__name__}")
-
-
-def _check_optional_bool(op: str, name: str, value: Any) -> None:
-    if value is not None:
-        _check_bool(op, name, value)
-
-
-def _check_callable(op: str, name: str, value: Any) -> None:
-    if not callable(value):
-        raise TypeError(f"{op}: {name} must be callable, got {type(value).__name__}")
-
-
-def _check_parallelism(op: str, value: Any) -> None:
-    if value is not None and value != AUTOTUNE:
-        _check_int(op, "num_parallel_calls", value, minimum=1)
-
-
-def _check_executor(op: str, executor: Any) -> None:
-    if not isinstance(executor, RayExecutor) and (not isinstance(executor, str) or executor not in EXECUTORS):
-        raise ValueError(f"{op}: executor must be one of {EXECUTORS} or a tp.RayExecutor, got {executor!r}")
-
-
-def _ray_parallelism(op: str, executor: Any, num_parallel_calls: int | None) -> int | None:
-    """The stage's ``num_parallel_calls`` where it runs on Ray: a ``RayExecutor``'s
-    ``num_actors`` where set (an int ``num_parallel_calls`` must agree), else as given, which
-    must then say how many run at once."""
-    ray = resolve_ray(executor)
-    if ray is None:
-        return num_parallel_calls
-    actors = ray.num_actors
-    if actors is not None and num_parallel_calls not in (None, actors):
-        raise ValueError(f"{op}: num_parallel_calls={num_parallel_calls} and RayExecutor(num_actors={actors}) "
-                         "disagree; give one of them")  # fmt: skip
-    parallel = ray.parallelism(num_parallel_calls)
-    if parallel is None:
-        raise ValueError(f"{op}: executor={executor!r} runs calls in parallel on Ray actors: give "
-                         "num_parallel_calls (an int or tp.AUTOTUNE) or RayExecutor(num_actors=...)")  # fmt: skip
-    return parallel
-
-
-def _check_seed(op: str, seed: Any) -> None:
-    if seed is not None:
-        _check_int(op, "seed", seed, minimum=0)
-
-
-def _check_path(op: str, path: Any) -> None:
-    if not isinstance(path, (str, bytes)) and not hasattr(path, "__fspath__"):
-        raise TypeError(f"{op}: path must be a str or os.PathLike, got {type(path).__name__}")
-    if not os.fspath(path):
-        raise ValueError(f"{op}: path must not be empty")
 
 
 def _check_dataset(op: str, value: Any) -> None:

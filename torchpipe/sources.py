@@ -11,7 +11,8 @@ from typing import Any
 import torch
 
 from torchpipe import nest
-from torchpipe.dataset import Dataset, _check_bool, _check_dataset, _check_int, _check_seed
+from torchpipe.arguments import require_bool, require_int, require_seed
+from torchpipe.dataset import Dataset, _check_dataset
 from torchpipe.integrations.ray_data import ray_source
 from torchpipe.ops.combine import ChooseFromDatasetsNode, SampleFromDatasetsNode, ZipNode
 from torchpipe.ops.source_nodes import FileListNode, FromDatasetNode, FromIterableNode, RangeNode, TensorSlicesNode
@@ -100,7 +101,7 @@ def range(*args: int) -> Dataset:  # noqa: A001 - the tf.data name
     if not 1 <= len(args) <= 3:
         raise TypeError(f"range: expected 1 to 3 arguments (start, stop, step), got {len(args)}")
     for value in args:
-        _check_int("range", "argument", value)
+        require_int("range", "argument", value)
     start, stop, step = (0, args[0], 1) if len(args) == 1 else (*args, 1)[:3]
     if step == 0:
         raise ValueError("range: step must not be zero")
@@ -121,8 +122,8 @@ def list_files(pattern: str | Sequence[str], shuffle: bool = False, seed: int | 
     patterns = [pattern] if isinstance(pattern, (str, os.PathLike)) else list(pattern)
     if not patterns or not all(isinstance(p, (str, os.PathLike)) for p in patterns):
         raise TypeError(f"list_files: pattern must be a str or a list of str, got {pattern!r}")
-    _check_bool("list_files", "shuffle", shuffle)
-    _check_seed("list_files", seed)
+    require_bool("list_files", "shuffle", shuffle)
+    require_seed("list_files", seed)
     files = sorted({f for p in patterns for f in _glob(os.fspath(p))})
     if not files:
         raise ValueError(f"list_files: no files match {patterns}")
@@ -182,7 +183,7 @@ def choose_from_datasets(
     """
     nodes = _dataset_list("choose_from_datasets", datasets)
     _check_dataset("choose_from_datasets", choice_dataset)
-    _check_bool("choose_from_datasets", "stop_on_empty_dataset", stop_on_empty_dataset)
+    require_bool("choose_from_datasets", "stop_on_empty_dataset", stop_on_empty_dataset)
     return Dataset(ChooseFromDatasetsNode(nodes, choice_dataset._node, stop_on_empty_dataset))
 
 
@@ -205,8 +206,8 @@ def sample_from_datasets(
         probs = [1.0 / len(nodes)] * len(nodes)
     else:
         probs = _normalized_weights(weights, len(nodes))
-    _check_seed("sample_from_datasets", seed)
-    _check_bool("sample_from_datasets", "stop_on_empty_dataset", stop_on_empty_dataset)
+    require_seed("sample_from_datasets", seed)
+    require_bool("sample_from_datasets", "stop_on_empty_dataset", stop_on_empty_dataset)
     return Dataset(SampleFromDatasetsNode(nodes, probs, seed, stop_on_empty_dataset))
 
 

@@ -17,9 +17,10 @@ import zlib
 from collections.abc import Generator, Sequence
 from typing import Any, BinaryIO
 
+from torchpipe.arguments import require_bool
 from torchpipe.core.iterator import Iterator
 from torchpipe.core.state import check_state
-from torchpipe.dataset import Dataset, _check_bool
+from torchpipe.dataset import Dataset
 from torchpipe.distributed.nodes import SplitFilesNode
 from torchpipe.errors import CheckpointError, DataLossError
 from torchpipe.io import remote
@@ -371,7 +372,7 @@ def split_files(files: Dataset, *, shuffled: bool = False) -> Dataset:
     Raises:
         TypeError: for ``files`` that is not a ``tp.Dataset``, or a ``shuffled`` that is not a bool.
     """
-    _check_bool("split_files", "shuffled", shuffled)
+    require_bool("split_files", "shuffled", shuffled)
     if not isinstance(files, Dataset):
         raise TypeError(f"split_files: expected a tp.Dataset of file names, got {type(files).__name__}")
     return Dataset(SplitFilesNode(files._node, shuffled))

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from torchpipe.dataset import _check_bool
+from torchpipe.arguments import require_bool
 from torchpipe.io import remote
 from torchpipe.io.files import DataLossError, check_path, open_input
 from torchpipe.io.tfrecord import _CRC, _HEADER, FOOTER_BYTES, HEADER_BYTES, masked_crc
@@ -56,7 +56,7 @@ def tfrecord_index(
     """
     path = check_path("tfrecord_index", path)
     index_path = path + ".idx" if index_path is None else check_path("tfrecord_index", index_path)
-    _check_bool("tfrecord_index", "write", write)
+    require_bool("tfrecord_index", "write", write)
     size = remote.size(path) if remote.is_url(path) else os.path.getsize(remote.local_path(path))
     index = _read_sidecar(index_path)
     if index is not None and _fits(index, size):
@@ -166,7 +166,7 @@ class TFRecordRecords:
         sidecars = [None] * len(self.paths) if index_paths is None else list(index_paths)
         if len(sidecars) != len(self.paths):
             raise ValueError(f"{op}: {len(sidecars)} index_paths for {len(self.paths)} paths")
-        _check_bool(op, "verify", verify)
+        require_bool(op, "verify", verify)
         self.verify = verify
         self.retry = retry
         indexes = [tfrecord_index(p, s, write=write_index, retry=retry) for p, s in zip(self.paths, sidecars)]

@@ -26,10 +26,11 @@ from typing import Any
 
 import crc32c
 
+from torchpipe.arguments import require_bool, require_int
 from torchpipe.constants import AUTOTUNE, UNKNOWN
 from torchpipe.core.iterator import Iterator
 from torchpipe.core.node import BuildContext, Node
-from torchpipe.dataset import Dataset, _check_bool, _check_int
+from torchpipe.dataset import Dataset
 from torchpipe.io import remote
 from torchpipe.io.files import (
     DataLossError,
@@ -209,10 +210,10 @@ def TFRecordDataset(  # noqa: N802 - tf.data's name
     """
     compression = check_compression_type("TFRecordDataset", compression_type)
     if buffer_size is not None:
-        _check_int("TFRecordDataset", "buffer_size", buffer_size, minimum=1)
+        require_int("TFRecordDataset", "buffer_size", buffer_size, minimum=1)
     if num_parallel_reads is not None and num_parallel_reads != AUTOTUNE:
-        _check_int("TFRecordDataset", "num_parallel_reads", num_parallel_reads, minimum=1)
-    _check_bool("TFRecordDataset", "verify", verify)
+        require_int("TFRecordDataset", "num_parallel_reads", num_parallel_reads, minimum=1)
+    require_bool("TFRecordDataset", "verify", verify)
     if retry is not None and not isinstance(retry, remote.RetryPolicy):
         raise TypeError(f"TFRecordDataset: retry must be a tp.io.RetryPolicy, got {type(retry).__name__}")
     reader = TFRecordFileReader(compression, buffer_size, verify, retry)

@@ -19,10 +19,11 @@ import tarfile
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from torchpipe.arguments import require_bool, require_int, require_seed
 from torchpipe.constants import AUTOTUNE, UNKNOWN
 from torchpipe.core.iterator import Iterator
 from torchpipe.core.node import BuildContext, Node
-from torchpipe.dataset import Dataset, _check_bool, _check_int, _check_seed
+from torchpipe.dataset import Dataset
 from torchpipe.distributed.nodes import SplitFilesNode
 from torchpipe.io import remote
 from torchpipe.io.decoders import SampleDecoder, encode_field
@@ -211,13 +212,13 @@ def from_webdataset(
 
 def _check_arguments(op: str, urls: Any, shardshuffle: Any, seed: Any, split_by_rank: Any, num_parallel_reads: Any,
                      decode: Any, buffer_size: Any) -> None:  # fmt: skip
-    _check_bool(op, "shardshuffle", shardshuffle)
-    _check_bool(op, "split_by_rank", split_by_rank)
-    _check_seed(op, seed)
+    require_bool(op, "shardshuffle", shardshuffle)
+    require_bool(op, "split_by_rank", split_by_rank)
+    require_seed(op, seed)
     if num_parallel_reads is not None and num_parallel_reads != AUTOTUNE:
-        _check_int(op, "num_parallel_reads", num_parallel_reads, minimum=1)
+        require_int(op, "num_parallel_reads", num_parallel_reads, minimum=1)
     if buffer_size is not None:
-        _check_int(op, "buffer_size", buffer_size, minimum=1)
+        require_int(op, "buffer_size", buffer_size, minimum=1)
     if not (isinstance(decode, bool) or callable(decode)):
         raise TypeError(f"{op}: decode must be a bool or a function of the sample, got {type(decode).__name__}")
     if isinstance(urls, Dataset):
