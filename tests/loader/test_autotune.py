@@ -13,7 +13,7 @@ from torchpipe.autotune.autotuner import Autotuner, ConsumerClock
 from torchpipe.autotune.live import Counters, Look
 from torchpipe.autotune.tuner import Budget
 from torchpipe.core.stats import LiveKnob
-from torchpipe.loader.workers import WorkerIterator, _WorkersStage
+from torchpipe.loader.workers import NOT_ON_THREADS, WorkerIterator, _WorkersStage
 from torchpipe.runtime.cpu import usable_cpu_count
 from torchpipe.runtime.policy import INLINE, PROCESS, THREAD
 from torchpipe.runtime.timing import CallTiming
@@ -52,7 +52,7 @@ def _executor(loader):
 def test_moving_between_this_process_threads_and_processes_mid_epoch_loses_repeats_and_reorders_no_batch():
     loader = tp.DataLoader(Sleepy(400), batch_size=4, num_workers="auto")
     it = iter(loader)
-    assert isinstance(it, WorkerIterator) and it._knob is not None
+    assert isinstance(it, WorkerIterator) and "resized by the autotuner" in tp.explain(loader)
     seen = [next(it) for _ in range(5)]
     kinds = set()
     for kind, size in ((PROCESS, 2), (INLINE, 0), (THREAD, 3), (PROCESS, 3), (PROCESS, 1), (INLINE, 0)):
@@ -129,18 +129,22 @@ def test_calls_that_draw_from_the_global_rngs_are_never_placed_on_threads():
     loader = tp.DataLoader(Augmented(), batch_size=4, num_workers="auto")
     it = iter(loader)
     list(it)
-    assert it._placement.policy.costs.thread_safe is False
-    assert THREAD not in it._placement.policy.measured
+    entry = loader.stats()[0]
+    assert entry["not_on_threads"] == NOT_ON_THREADS and THREAD not in entry["measured"]
 
 
 def test_fixed_workers_and_iterable_datasets_are_not_tuned():
-    assert iter(tp.DataLoader(Sleepy(8), num_workers=2))._knob is None
+    fixed = tp.DataLoader(Sleepy(8), num_workers=2)
+    iter(fixed)
+    assert "autotuner" not in tp.explain(fixed)
 
     class Stream(torch.utils.data.IterableDataset):
         def __iter__(self):
             return iter(range(8))
 
-    assert iter(tp.DataLoader(Stream(), num_workers="auto"))._knob is None
+    stream = tp.DataLoader(Stream(), num_workers="auto")
+    iter(stream)
+    assert "autotuner" not in tp.explain(stream)
 
 
 class _Iterator:

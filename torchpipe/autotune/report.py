@@ -33,7 +33,9 @@ class PipelineStats(list):
     or interleave, a prefetch, the DataLoader's workers), where it runs: ``executor``
     (``inline``, ``thread``, ``process`` or ``ray``), ``workers`` (threads, processes or actors;
     ``threads_per_worker`` where processes run several reads at once) and ``pids`` (its worker
-    processes, to attach a profiler to).
+    processes, to attach a profiler to); a ``num_workers="auto"`` DataLoader adds ``measured``
+    (the executors it has measured lately) and, where its dataset draws from the global RNGs,
+    ``not_on_threads`` (why it never makes batches on threads).
 
     Attributes:
         seconds: since the pass started.

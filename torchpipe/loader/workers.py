@@ -59,6 +59,8 @@ DataLoader = torch.utils.data.DataLoader
 ``__dict__`` as ``_tp``; loader/dataloader.py, which imports this module)."""
 
 STAGE = "DataLoader workers"
+NOT_ON_THREADS = "the dataset draws from the global RNGs (random, numpy, torch), which threads share"
+"""Why ``num_workers="auto"`` makes no batch on threads, in ``loader.stats()``."""
 
 
 def _stack_later(batch: list[torch.Tensor], *, collate_fn_map: Any = None) -> Any:
@@ -558,7 +560,13 @@ class _WorkersStage(Tunable):
         if it is None:
             return {}
         kind = it._placement.kind if it._placement is not None else PROCESS
-        return {"executor": kind, "workers": self.parallelism(), "pids": it._pool.pids}
+        report: dict[str, Any] = {"executor": kind, "workers": self.parallelism(), "pids": it._pool.pids}
+        policy = it._placement.policy if it._placement is not None else None
+        if policy is not None:
+            report["measured"] = sorted(policy.measured)
+            if policy.costs is not None and not policy.costs.thread_safe:
+                report["not_on_threads"] = NOT_ON_THREADS
+        return report
 
 
 def _workers_knob(iterator: WorkerIterator, value: int, most: int) -> LiveKnob:
