@@ -99,6 +99,23 @@ def test_the_next_epoch_starts_where_the_last_one_left_the_batches():
     assert torch.cat(rest)[:, 0].tolist() == list(range(40))
 
 
+def test_epochs_shorter_than_a_window_still_revise_the_placement_within_two_epochs():
+    """Persistent workers, epochs of a few ms: each epoch's end closes a window, so a placement
+    that measures worse (cheap batches sent to processes) is revised by the second epoch's end."""
+    loader = tp.DataLoader(Sleepy(256), batch_size=4, num_workers="auto", persistent_workers=True)
+    it = iter(loader)
+    first = [next(it)]
+    it._placement.move(PROCESS, 2)  # a first decision that cheap batches cannot repay
+    epochs = [first + list(it)]
+    assert _executor(loader) == PROCESS
+    epochs += [list(loader) for _ in range(2)]
+    assert _executor(loader) == INLINE  # judged at the end of each epoch, agreed at the second's
+    epochs.append(list(loader))
+    assert loader.stats()[0]["executor"] == INLINE
+    for batches in epochs:
+        assert torch.cat(batches)[:, 0].tolist() == list(range(256))
+
+
 class Augmented(torch.utils.data.Dataset):
     """Random augmentation from the global RNGs, as torchvision transforms draw it."""
 

@@ -509,3 +509,16 @@ def test_stall_timeout_is_checked():
     with pytest.raises(TypeError):
         tp.Options(stall_timeout="10")
     assert tp.Options(stall_timeout=None).stall_timeout is None
+
+
+def test_a_pass_after_one_that_placed_cheap_calls_inline_forks_no_worker_processes():
+    """Processes predicted far slower than where the last pass ran its calls: the next pass has
+    no zygote to fork and stop (~10 ms each, an epoch's worth of cheap elements)."""
+    no_prefetch = tp.Options(optimizations={"inject_prefetch": False})
+    pipeline = tp.range(2000).map(abs, tp.AUTOTUNE, executor="auto").with_options(no_prefetch)
+    first = iter(pipeline)
+    assert list(first) == list(range(2000))
+    assert stage_stats(first, "map")["executor"] == "inline" and "pids" in stage_stats(first, "map")
+    again = iter(pipeline)
+    assert list(again) == list(range(2000))
+    assert stage_stats(again, "map")["executor"] == "inline" and "pids" not in stage_stats(again, "map")

@@ -5,8 +5,9 @@ import time
 import pytest
 
 import torchpipe as tp
-from tests.trees import stage_stats
-from torchpipe.ops.prefetch import AUTOTUNE_DEPTH, PrefetchIterator
+from tests.trees import find_stage, stage_stats
+from torchpipe.ops.prefetch import AUTOTUNE_DEPTH, OverlapChoice, PrefetchIterator
+from torchpipe.runtime.policy import INLINE, THREAD
 from torchpipe.testing import assert_checkpoint_roundtrip, assert_same_elements
 
 NO_INJECT = tp.Options(optimizations={"inject_prefetch": False})
@@ -227,3 +228,38 @@ def test_autotune_keeps_the_thread_where_it_overlaps_and_comes_back_to_it():
 def test_an_explicit_buffer_keeps_its_thread():
     it = iter(tp.range(10**6).prefetch(2).with_options(NO_INJECT))
     assert [next(it) for _ in range(20_000)] == list(range(20_000)) and _executor(it) == "thread"
+
+
+def test_passes_shorter_than_a_window_are_judged_at_their_end_and_the_next_goes_on_from_there():
+    """Epochs of a few ms: a window never lasts its 0.1 s, so each pass's end closes one; the
+    choice lives with the pipeline from one pass to the next, as its depth does."""
+    choice = OverlapChoice(THREAD)
+    now = 0.0
+    for _ in range(20):  # 1 ms an element on the thread; pulling one inline costs 0.3 ms
+        now += 1e-3
+        assert choice.delivered(now, 0.0, lambda: 0.3e-3) == THREAD
+    assert choice.delivered(now, 0.0, lambda: 0.3e-3, last=True) == INLINE
+    choice.new_pass()
+    assert choice.mode == INLINE  # the next pass starts inline
+
+    pipeline = tp.range(64).prefetch(tp.AUTOTUNE).with_options(NO_INJECT)
+    for passes in range(1, 11):
+        it = iter(pipeline)
+        assert list(it) == list(range(64))  # a pass of well under a window
+        if passes >= 2 and _executor(it) == "inline":
+            break
+    assert _executor(it) == "inline"
+
+
+def test_the_input_runs_inline_only_while_no_stage_below_runs_ahead():
+    from torchpipe.ops.parallel_map import ParallelMapIterator
+    from torchpipe.ops.prefetch import _runs_ahead
+
+    cheap = iter(tp.range(10_000).map(abs, tp.AUTOTUNE, executor="auto").prefetch(tp.AUTOTUNE))
+    next(cheap)
+    assert not _runs_ahead(find_stage(cheap, ParallelMapIterator))  # its calls placed inline
+    threads = iter(tp.range(8).map(abs, num_parallel_calls=2, executor="thread").prefetch(tp.AUTOTUNE))
+    next(threads)
+    assert _runs_ahead(find_stage(threads, ParallelMapIterator))
+    choice = OverlapChoice(INLINE)
+    assert choice.delivered(1.0, 0.0, lambda: 1e-6, may_inline=False) == THREAD  # back to the thread

@@ -1,9 +1,23 @@
 """The executor policy: predictions from call costs, the choice, and re-deciding from measurements."""
 
+import dataclasses
+
 import pytest
 
 from torchpipe.runtime import policy as policy_module
-from torchpipe.runtime.policy import INLINE, KINDS, PROCESS, THREAD, CallCosts, Policy, choose, predict, workers
+from torchpipe.runtime.policy import (
+    INLINE,
+    KINDS,
+    PROCESS,
+    THREAD,
+    CallCosts,
+    Policy,
+    choose,
+    may_pay,
+    predict,
+    transfer_seconds,
+    workers,
+)
 
 
 def costs(call_s, gil_free=0.0, cpu_s=None, move_s=20e-6, consumer_s=0.0, thread_safe=True):
@@ -147,3 +161,28 @@ def test_a_prefetch_keeps_its_thread_only_where_it_is_measured_faster_by_the_mar
     # Both measured: the thread must be MARGIN times faster.
     assert choose_overlap(INLINE, {INLINE: 1e-3, THREAD: 0.95e-3}, 1e-3, retry_thread=True) == INLINE
     assert choose_overlap(INLINE, {INLINE: 1e-3, THREAD: 0.5e-3}, 1e-3, retry_thread=True) == THREAD
+
+
+def test_the_bytes_a_result_moves_are_priced_at_the_machines_copy_rate(monkeypatch):
+    """A cheap call whose result is large (64 KB blobs, 2 MB a batch) stays in this process: each
+    side of a move copies the bytes at the memory bandwidth, which a decode measured on a hot
+    record (in the cache) understates."""
+    monkeypatch.setattr(policy_module, "byte_seconds", lambda: 1 / 20e9)  # 20 GB/s
+    hot = costs(400e-6, move_s=40e-6)  # the decode of a hot 2 MB record
+    assert choose(hot, 2, KINDS) == PROCESS  # unpriced, processes look faster
+    blobs = dataclasses.replace(hot, nbytes=2 << 20)
+    assert choose(blobs, 2, KINDS) == INLINE
+    assert transfer_seconds(blobs) == pytest.approx((2 << 20) / 20e9)
+    small = dataclasses.replace(hot, nbytes=64 << 10)  # fits a core's cache: the decode as measured
+    assert transfer_seconds(small) == 40e-6
+
+
+def test_a_pass_keeps_worker_processes_only_where_they_may_pay():
+    cheap = costs(20e-6)
+    assert may_pay(PROCESS, {})  # nothing learned yet
+    assert may_pay(PROCESS, {"executor": PROCESS, "costs": cheap})
+    assert not may_pay(PROCESS, {"executor": INLINE, "costs": cheap, "measured": {INLINE: 25e-6}}, cores=2)
+    dear = costs(20e-3)  # Python calls processes spread over the cores
+    assert may_pay(PROCESS, {"executor": INLINE, "costs": dear, "measured": {INLINE: 20e-3}}, cores=2)
+    measured = {INLINE: 20e-3, PROCESS: 30e-3}  # tried: slower
+    assert not may_pay(PROCESS, {"executor": INLINE, "costs": dear, "measured": measured}, cores=2)

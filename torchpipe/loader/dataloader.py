@@ -28,6 +28,7 @@ from torchpipe.errors import CheckpointError
 from torchpipe.loader.workers import WorkerIterator, fetch_noted
 from torchpipe.ops.device import DevicePrefetcher, check_device
 from torchpipe.runtime.cpu import usable_cpu_count
+from torchpipe.runtime.placement import prepare_measurements
 from torchpipe.runtime.process_pool import process_executor_supported
 
 _FORK = ("fork", None)
@@ -105,6 +106,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             self.in_order = in_order  # torch < 2.6 lacks it; torchpipe's workers honour it
         self.__dict__["_tp"] = _LoaderState(None if device is None else check_device(device))
         self._tp.workers_auto = workers_auto
+        if workers_auto:
+            prepare_measurements()  # the machine's side of the first decision, before the first epoch
 
     @property
     def device(self) -> torch.device | None:
@@ -208,6 +211,7 @@ class _LoaderState:
         self.workers_auto = False
         self.tuned_workers: int | None = None  # where num_workers="auto" left the worker count
         self.policy: Any = None  # and where it placed batches (a runtime.policy.Policy), for the next epoch
+        self.learned: dict[str, Any] = {}  # the placement's windows, judged on from one epoch to the next
         self.drawn_rngs: tuple[str, ...] | None = None  # the global RNGs its batches draw from, once measured
         self.last_stats: PipelineStats | None = None  # the last pass on workers, after its iterator is gone
 

@@ -263,7 +263,7 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
         self._local = {INLINE: _LocalFetch(loader, seed, drawn), THREAD: _LocalFetch(loader, seed, ())}
         self._dispatch.switch(InlineExecutor(self._local[INLINE], self._pool.timing), _park)
         self._placement = Placement(self._dispatch, self._make, state.policy, self._pool.timing,
-                                    self._moved, _park)  # fmt: skip
+                                    self._moved, _park, state.learned)  # fmt: skip
         self._knob = _workers_knob(self, 0, most)
 
     def _make(self, kind: str, workers: int) -> Executor:
@@ -310,10 +310,13 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
     def _place(self) -> None:
         """Where this epoch's batches go: where the last epoch left them, or, the first time, where
         the policy puts them after a few batches made here and measured."""
-        policy, state = self._tp_state.policy, self._tp_state
-        assert policy is not None and self._placement is not None  # num_workers="auto" (_start_auto)
+        policy, state, placement = self._tp_state.policy, self._tp_state, self._placement
+        assert policy is not None and placement is not None  # num_workers="auto" (_start_auto)
         if policy.kind is not None:
-            self._placement.move(policy.kind, state.tuned_workers or 0)
+            if placement.kind == policy.kind and placement.workers == (state.tuned_workers or 0):
+                placement.new_pass()  # persistent workers: the batches stay where they were made
+            else:
+                placement.move(policy.kind, state.tuned_workers or 0, again=True)
             return
 
         def drawn(draws: GlobalDraws) -> None:  # from here on only these are seeded and put back
@@ -324,7 +327,7 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
             costs, _ = measure_calls(self._run_inline, on_draws=drawn)
         finally:
             restore_global_rng_states(saved)
-        self._placement.decide(costs.without_threads() if state.drawn_rngs else costs)
+        placement.decide(costs.without_threads() if state.drawn_rngs else costs)
 
     def _run_inline(self, limit: int) -> list[Any]:
         results: list[Any] = []
@@ -491,6 +494,8 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
             self._tuner.stop()
 
     def _shutdown_if_done(self) -> None:
+        if self._placement is not None:
+            self._placement.finish(self._stage.stats.wall_s)
         self._tp_state.last_stats = self.stats()  # loader.stats() describes this pass until the next
         self._stop_tuner()
         if not self._persistent_workers:

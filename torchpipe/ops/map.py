@@ -19,6 +19,7 @@ from torchpipe.ops.parallel_map import ParallelMapIterator
 from torchpipe.ops.source_nodes import DatasetFetch
 from torchpipe.runtime.codec import StackedTensor
 from torchpipe.runtime.cpu import usable_cpu_count
+from torchpipe.runtime.placement import prepare_measurements
 from torchpipe.runtime.recycle import RecycledStack
 
 if TYPE_CHECKING:
@@ -59,6 +60,8 @@ class MapNode(Node):
         self.pure = pure or is_pure(fn)
         self.batched = batched
         self.dataset: Any = None  # the pushed-down source's dataset (the optimizer's source_pushdown)
+        if num_parallel_calls is not None and executor == "auto":
+            prepare_measurements()  # the machine's side of the first decision, before the clock runs
 
     def params(self) -> dict[str, Any]:
         params: dict[str, Any] = {"fn": function_name(self.fn)}

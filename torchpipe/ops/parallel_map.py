@@ -23,7 +23,7 @@ from torchpipe.runtime.cpu import usable_cpu_count
 from torchpipe.runtime.dispatch import Dispatcher
 from torchpipe.runtime.executor import Executor, InlineExecutor, ThreadExecutor
 from torchpipe.runtime.placement import Placement, measure_calls
-from torchpipe.runtime.policy import INLINE, MAX_THREADS, PROCESS, RAY, THREAD, CallCosts, Policy
+from torchpipe.runtime.policy import INLINE, MAX_THREADS, PROCESS, RAY, THREAD, CallCosts, Policy, may_pay
 from torchpipe.runtime.process_pool import ProcessPool, process_executor_supported
 from torchpipe.runtime.timing import CallTiming
 
@@ -95,11 +95,11 @@ class ParallelMapIterator(Iterator, Tunable):
         self._fixed = executor if executor != AUTO else None
         self._parallelism = self._learned.get("parallelism", parallelism) if tunable else parallelism
         candidates: tuple[str, ...] = (INLINE,) if tunable else ()
-        candidates += (THREAD, PROCESS) if processes else (THREAD,)
+        candidates += (THREAD, PROCESS) if processes and may_pay(PROCESS, self._learned) else (THREAD,)
         self._policy = Policy(candidates, usable_cpu_count()) if self._fixed is None else None
         self._dispatch = Dispatcher(name, InlineExecutor(self._tasks[INLINE], self.stats.calls), stall_s)
         self._placement = Placement(self._dispatch, self._make, self._policy, self.stats.calls, self._moved,
-                                    self._retire)  # fmt: skip
+                                    self._retire, self._learned)  # fmt: skip
         self._knob: LiveKnob | None = None
         if tunable:
             lowest = 0 if self._policy is not None and INLINE in candidates else 1  # 0: inline
@@ -253,6 +253,8 @@ class ParallelMapIterator(Iterator, Tunable):
         while True:
             self._fill()
             if not dispatch.pending:
+                self._placement.finish(self.stats.wall_s)
+                self._placement.remember(self._learned)  # what this pass's last window measured
                 self._end_of_pass()
                 raise StopIteration
             waited = dispatch.wait_s

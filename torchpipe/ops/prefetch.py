@@ -32,7 +32,7 @@ from torchpipe.core.iterator import Iterator
 from torchpipe.core.node import AUTOTUNE_SYMBOL, BuildContext, Node
 from torchpipe.core.position_log import PositionLog
 from torchpipe.core.stats import IteratorStats, LiveKnob
-from torchpipe.core.tunable import BUFFER, Tunable
+from torchpipe.core.tunable import BUFFER, POOL, Tunable
 from torchpipe.runtime.placement import OVERLAP, MoveDriver, cost_changed
 from torchpipe.runtime.policy import INLINE, STALE_S, THREAD, choose_overlap
 
@@ -68,17 +68,27 @@ class PrefetchNode(Node):
         if self.buffer_size == AUTOTUNE:
             learned = ctx.learned()  # the depth the tuner left in the last pass, if any
             return PrefetchIterator(self.kind, source, learned.get("depth", AUTOTUNE_DEPTH), tunable=True,
-                                    learned=learned, may_inline=not _runs_ahead(self.inputs[0]))  # fmt: skip
+                                    learned=learned)  # fmt: skip
         return PrefetchIterator(self.kind, source, self.buffer_size)
 
 
-def _runs_ahead(node: Node) -> bool:
-    """Whether a stage in ``node``'s input chain computes ahead of its consumer (a parallel map or
-    interleave, another prefetch). Such a stage is fed, and its results received, by whoever
-    pulls from it: a prefetch over it keeps its thread, which pulls while the consumer works,
-    and does not run inline (its consumer would then be the stage's, and the stage's own
-    executor choice would measure another consumer)."""
-    return node.is_asynchronous() or any(_runs_ahead(child) for child in node.inputs)
+def _stages_below(source: Iterator) -> list[Tunable]:
+    """The stages in ``source``'s chain that may compute ahead of their consumer (a parallel map
+    or interleave, another prefetch)."""
+    found: list[Tunable] = []
+    pending = [source]
+    while pending:
+        it = pending.pop()
+        if isinstance(it, Tunable):
+            found.append(it)
+        pending.extend(it.inputs)
+    return found
+
+
+def _runs_ahead(stage: Tunable) -> bool:
+    """Whether ``stage`` computes ahead of its consumer now: a buffer, or a pool of threads or
+    processes (a parallel map whose calls the policy placed inline does not)."""
+    return stage.tuning_role == BUFFER or (stage.tuning_role == POOL and stage.parallelism() > 0)
 
 
 class _End:
@@ -248,12 +258,28 @@ class OverlapChoice:
         self._driver = MoveDriver(OVERLAP)
         self._measured: dict[str, tuple[float, float]] = {}  # mode -> (seconds per element, when)
         self._consumer_s: float | None = None  # the consumer's own time per element when decided
+        self._count = 0  # elements delivered, in every pass
 
-    def delivered(self, now: float, outside_s: float, pull_s: Callable[[], float], count: int) -> str:
-        """After each delivered element: ``outside_s`` the consumer's time outside ``next()`` so
-        far, ``pull_s()`` the input's time per element since it was last asked, ``count`` the
-        elements delivered. Returns the mode to run in from now on."""
-        done = self._driver.window(now, count, lambda: (count, outside_s))
+    def new_pass(self) -> None:
+        """Another pass starts where the last left the input: the windows go on (one may be a
+        whole short epoch, judged at its end)."""
+        self._driver.new_pass(self._count)
+
+    def delivered(
+        self, now: float, outside_s: float, pull_s: Callable[[], float], last: bool = False, may_inline: bool = True
+    ) -> str:
+        """After each delivered element (``last``: the end of the pass, after the last one):
+        ``outside_s`` the consumer's time outside ``next()`` so far in this pass, ``pull_s()``
+        the input's time per element since it was last asked; ``may_inline``: whether the input
+        may run inline now. Returns the mode to run in from now on."""
+        if not may_inline:
+            if self.mode == INLINE:  # a stage below runs ahead now: the thread pulls from it again
+                self.mode = THREAD
+                self._driver.moved(THREAD, self._count + OVERLAP.settle_elements, now)
+            return self.mode
+        self._count += 0 if last else 1
+        count = self._count
+        done = self._driver.window(now, count, lambda: (count, outside_s), last=last)
         if done is None:
             return self.mode
         (first, outside0), _, seconds = done
@@ -269,7 +295,9 @@ class OverlapChoice:
 
     def _verdict(self, now: float, per_element: float, consumer_s: float, pull_s: float) -> str:
         base = self._consumer_s
-        if cost_changed(consumer_s, base):  # another consumer: the other mode's figure is old
+        # Another consumer: the other mode's figure is old. A change small beside an element's
+        # time is not one: a consumer sharing the GIL with the thread takes longer by as much.
+        if cost_changed(consumer_s, base) and abs(consumer_s - (base or 0.0)) > per_element / 2:
             self._measured = {self.mode: (per_element, now)}
             self._consumer_s = consumer_s
         measured = {mode: s for mode, (s, when) in self._measured.items() if now - when < STALE_S}
@@ -280,20 +308,23 @@ class OverlapChoice:
 class PrefetchIterator(Iterator, Tunable):
     """Runs the input on a daemon thread, keeping up to ``depth`` elements ready.
 
+    With ``tunable`` the input runs inline where that measures faster, while no stage below runs
+    ahead of its consumer (:func:`_runs_ahead`): such a stage is fed, and its results received,
+    by whoever pulls from it, so the prefetch keeps its thread, which pulls while the consumer
+    works (inline, the stage's own executor choice would measure another consumer).
+
     Args:
         name: the stage name.
         source: the input iterator (owned by the thread once started).
         depth: the buffer depth; see :attr:`depth`.
         tunable: the autotuner may change the depth (``prefetch(tp.AUTOTUNE)``).
         learned: where the depth the tuner sets is kept for the next pass.
-        may_inline: with ``tunable``, the input may run inline where measured faster (an input
-            with no stage that runs ahead of its consumer: see :func:`_runs_ahead`).
     """
 
     tuning_role = BUFFER
 
     def __init__(self, name: str, source: Iterator, depth: int, tunable: bool = False,
-                 learned: dict[str, Any] | None = None, may_inline: bool = False) -> None:  # fmt: skip
+                 learned: dict[str, Any] | None = None) -> None:  # fmt: skip
         super().__init__(name, source)
         self._learned = learned if learned is not None else {}
         self._log = PositionLog(source)
@@ -302,8 +333,9 @@ class PrefetchIterator(Iterator, Tunable):
         self._choice: OverlapChoice | None = None
         if tunable:
             self._knob = LiveKnob(f"{name}.buffer_size", depth, 1, MAX_DEPTH, True, self._set_depth, immediate=True)
-            if may_inline:
-                self._choice = OverlapChoice(self._learned.get("mode", THREAD))
+            self._choice = self._learned.setdefault("choice", OverlapChoice(THREAD))  # with its windows
+            self._choice.new_pass()
+            self._below = _stages_below(source)
         self._thread: threading.Thread | None = None
         self._pulls = _PullClock()
         self._delivered = 0
@@ -376,7 +408,7 @@ class PrefetchIterator(Iterator, Tunable):
             return self._pull_here(now)
         finally:
             self._returned = time.perf_counter()
-            if self._choice is not None and not self._done:
+            if self._choice is not None:
                 self._review()
 
     def _take(self) -> Any:
@@ -417,10 +449,11 @@ class PrefetchIterator(Iterator, Tunable):
     def _review(self) -> None:
         assert self._choice is not None and self._returned is not None  # after an element, when choosing
         mode = self._choice.mode
-        verdict = self._choice.delivered(self._returned, self._outside_s, self._pulls.per_element, self._delivered)
-        if verdict == mode:
+        may_inline = not any(_runs_ahead(stage) for stage in self._below)
+        verdict = self._choice.delivered(self._returned, self._outside_s, self._pulls.per_element,
+                                         self._done, may_inline)  # fmt: skip
+        if verdict == mode or self._done:  # at the end of a pass: the next one starts in the new mode
             return
-        self._learned["mode"] = verdict
         if verdict == INLINE:
             self.buffer.pause()  # what the thread has made is delivered first, then the input comes here
             return

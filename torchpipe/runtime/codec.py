@@ -114,6 +114,11 @@ class Encoded:
         self._sources = sources
         self._offsets = offsets
 
+    def bytes_in_blocks(self, least: int) -> int:
+        """Bytes of the record's tensors, arrays and blobs of ``least`` bytes or more."""
+        ends = [*self._offsets[1:], self.nbytes]
+        return sum(end - start for start, end in zip(self._offsets, ends) if end - start >= least)
+
     def write_into(self, buf: memoryview) -> None:
         """Write the record into the first ``nbytes`` bytes of ``buf`` (e.g. a slice of an mmap).
 

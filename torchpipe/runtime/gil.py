@@ -22,6 +22,8 @@ class GilProbe:
     measurement can only understate how free the GIL was.
     """
 
+    _calibrated: float | None = None  # the free rate measured first in this process
+
     def __init__(self) -> None:
         self._ticks = 0
         self._stop = threading.Event()
@@ -30,12 +32,15 @@ class GilProbe:
 
     def __enter__(self) -> GilProbe:
         self._thread.start()
+        if GilProbe._calibrated is not None:  # the rate is the machine's: measured once a process
+            self._free_rate = GilProbe._calibrated
+            return self
         rates = []
         for _ in range(_CALIBRATIONS):  # the fastest: another thread's burst only slows one down
             before = self._ticks
             time.sleep(_CALIBRATE_S)
             rates.append((self._ticks - before) / _CALIBRATE_S)
-        self._free_rate = max(max(rates), 1.0 / _CALIBRATE_S)
+        self._free_rate = GilProbe._calibrated = max(max(rates), 1.0 / _CALIBRATE_S)
         return self
 
     def __exit__(self, *exc: Any) -> None:

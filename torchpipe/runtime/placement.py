@@ -34,11 +34,13 @@ from torchpipe.runtime import codec
 from torchpipe.runtime.dispatch import Dispatcher
 from torchpipe.runtime.executor import Executor
 from torchpipe.runtime.gil import GilProbe
+from torchpipe.runtime.memory_costs import MMAP_THRESHOLD_MAX, calibrate, cold_seconds, thread_faults
 from torchpipe.runtime.policy import INLINE, PROCESS, CallCosts, Policy, observe_message_cost, workers
 from torchpipe.runtime.timing import CallTiming
 
 _PROBE_CALLS, _PROBE_S = 8, 0.02  # calls measured inline before the first decision (at most; at least one)
 _MOVE_SAMPLES = 3  # decodings timed for the cost of receiving a result (the fastest counts)
+_CALL_FLOOR = 0.1  # a call is taken to cost at least this share of its time, whatever it faulted
 
 # -- the driver's constants: one set for every stage that moves its work ---------------------------
 CHANGED = 2.0
@@ -49,12 +51,14 @@ CHANGED_FLOOR_S = 1e-7
 SETTLE_S = 0.05
 """After a move to inline or threads, seconds during which nothing is judged: threads start,
 buffers fill."""
-SETTLE_PROCESS_S = 0.25
-"""The same after a move to worker processes: they fork and fault their rings in (their first
-windows ran 2x slow)."""
+SETTLE_PROCESS_S = 0.05
+"""The same after a move to worker processes: they fork and fault their rings in. Their first
+results are not judged either (:meth:`Placement.move`): two a worker, its first call cold."""
 AGREE = 2
 """Windows in a row whose verdicts must agree before work moves: one can mislead (a cold start, a
 busy moment)."""
+LEAVE = "leave"
+"""What a window says of a stage's placement when the policy would move the work elsewhere."""
 REBASE = "rebase"
 """The verdict a window gives when the cost per element changed (:data:`CHANGED`): decide afresh."""
 
@@ -121,15 +125,18 @@ class MoveDriver:
         self._streak = 0
         self._base: float | None = None  # the cost per element of the last window like the one before
 
-    def moved(self, kind: str, settle_at: int, now: float) -> None:
+    def moved(self, kind: str, settle_at: int, now: float, again: bool = False) -> None:
         """The work runs on ``kind`` from now on: nothing is judged before ``settle_at`` elements
-        were delivered and the cadence's settling time passed; what was pending is dropped."""
+        were delivered and the cadence's settling time passed; what was pending is dropped,
+        unless the work runs where it ran before (``again``: a new pass's executor)."""
         settle_s = self.cadence.settle_process_s if kind == PROCESS else self.cadence.settle_s
         self._settle = (settle_at, now + settle_s)
-        self._start, self._pending, self._streak, self._base = None, None, 0, None
+        self._start = None
+        if not again:
+            self._pending, self._streak, self._base = None, 0, None
 
     def window(
-        self, now: float, delivered: int, look: Callable[[], Any], count: int | None = None
+        self, now: float, delivered: int, look: Callable[[], Any], count: int | None = None, last: bool = False
     ) -> tuple[Any, Any, float] | None:
         """After an element: once a window is complete, the stage's looks at its start and its end
         (``look()``) and its seconds; else None.
@@ -139,18 +146,30 @@ class MoveDriver:
             delivered: elements delivered so far.
             look: the stage's counters now (called only where a window starts or ends).
             count: what the cadence counts so far, if not elements delivered (reads).
+            last: the pass ends here: the open window is complete if it holds the cadence's
+                elements, however short it is (an epoch of 50 ms is judged once); no window
+                spans two passes.
         """
         count = delivered if count is None else count
         if self._start is None:
-            if delivered >= self._settle[0] and now >= self._settle[1]:
+            if not last and delivered >= self._settle[0] and now >= self._settle[1]:
                 self._start = (now, count, look())
             return None
         start, count0, first = self._start
-        if count - count0 < self.cadence.elements or now - start < self.cadence.seconds:
+        if count - count0 < self.cadence.elements or (now - start < self.cadence.seconds and not last):
+            if last:
+                self._start = None
             return None
-        last = look()
-        self._start = (now, count, last)
-        return first, last, now - start
+        end = look()
+        self._start = None if last else (now, count, end)
+        return first, end, now - start
+
+    def new_pass(self, delivered: int) -> None:
+        """A pass starts with ``delivered`` elements delivered before it: its first
+        ``settle_elements`` are not judged (the stage fills its buffers), nor the elements a move
+        left to settle, but the settling time has passed (workers started between the passes)."""
+        self._start = None
+        self._settle = (max(self._settle[0], delivered + self.cadence.settle_elements), 0.0)
 
     def agreed(self, verdict: str) -> bool:
         """Whether ``verdict`` is the cadence's ``agree``-th in a row; it is then acted on, so the
@@ -181,19 +200,31 @@ MakeExecutor = Callable[[str, int], Executor]
 """``make(kind, workers)``: the stage's executor of ``kind`` with ``workers`` threads or processes."""
 
 
+def prepare_measurements() -> None:
+    """Measure ahead, once a process, what the first decision needs to know of the machine (the
+    GIL probe's rate, :func:`~torchpipe.runtime.memory_costs.calibrate`; ~25 ms): a stage that
+    will place its calls calls this when it is made, so its first elements do not wait for it."""
+    calibrate()
+    with GilProbe():
+        pass
+
+
 def measure_calls(
     run: Callable[[int], list[Any]], limit: int = _PROBE_CALLS, on_draws: Callable[[GlobalDraws], None] | None = None
 ) -> tuple[CallCosts, int]:
     """Run up to ``limit`` calls inline (``run(n)`` runs at most ``n`` and returns their results);
-    what one call costs, and how many ran.
+    what one call costs at steady state, and how many ran.
 
     The first half run beside a GIL probe, which measures the share of a call the GIL is free but
     slows calls that release it often (each release lets the probe in); the rest run alone, and
-    their median is the cost of a call (the first calls pay for warm-up, any may pay for a
-    garbage collection). The cost of moving a result between processes is that of decoding the
-    first one. With ``on_draws``, the first half also finds out which global RNGs the calls draw
-    from (``watch_global_draws``; the time that takes is left out), and ``on_draws`` is told
-    before the second half runs.
+    their median is the cost of a call. The first calls are not like the later ones: they fault
+    in every page of the results they make, which are all kept until the consumer takes them,
+    where later calls reuse the pages of results the consumer dropped; what those faults cost
+    (:func:`~torchpipe.runtime.memory_costs.cold_seconds`) is left out of every call, as are
+    imports and warm-up by the median. The cost of moving a result between processes is that
+    of decoding the first one, and its size (:func:`move_costs`). With ``on_draws``, the first
+    half also finds out which global RNGs the calls draw from (``watch_global_draws``; the time
+    that takes is left out), and ``on_draws`` is told before the second half runs.
     """
     results: list[Any] = []
     cpu0 = time.thread_time()
@@ -207,14 +238,19 @@ def measure_calls(
     cpu = time.thread_time() - cpu0
     if not probed:
         return CallCosts(0.0, 0.0, 1.0, 0.0), 0
-    wall = sum(s for s, _ in probed) + sum(s for s, _ in alone)
-    probed_s = sum(s for s, _ in probed)
-    call_s = statistics.median([s for s, _ in (alone or probed)])
+    move_s, nbytes, steady_bytes = move_costs(results[0])
+    cold = [cold_seconds(faults, steady_bytes) for _, _, faults in probed + alone]
+    wall = sum(s for s, _, _ in probed + alone)
+    cold_s = min(sum(cold), wall * (1 - _CALL_FLOOR))
+    probed_s = sum(s for s, _, _ in probed)
+    steady = [max(s - c, s * _CALL_FLOOR) for (s, _, _), c in zip(probed + alone, cold)]
+    call_s = statistics.median(steady[len(probed) :] or steady)
     costs = CallCosts(
         call_s=call_s,
-        cpu_s=call_s * min(1.0, cpu / wall) if wall > 0 else call_s,
-        gil_free=sum(s * free for s, free in probed) / probed_s if probed_s > 0 else 1.0,
-        move_s=move_seconds(results[0]),
+        cpu_s=call_s * min(1.0, (cpu - cold_s) / (wall - cold_s)) if wall > cold_s else call_s,
+        gil_free=sum(s * free for s, free, _ in probed) / probed_s if probed_s > 0 else 1.0,
+        move_s=move_s,
+        nbytes=nbytes,
     )
     return costs, len(results)
 
@@ -222,13 +258,15 @@ def measure_calls(
 def _timed_calls(
     run: Callable[[int], list[Any]], limit: int, seconds: float, results: list[Any],
     overhead: Callable[[], float] | None, probe: GilProbe | None = None,
-) -> list[tuple[float, float]]:  # fmt: skip
+) -> list[tuple[float, float, int]]:  # fmt: skip
     """Up to ``limit`` calls (at least one, if any is left) for at most about ``seconds``:
-    ``(seconds, GIL-free share)`` of each, less ``overhead``; their results added to ``results``."""
-    timed: list[tuple[float, float]] = []
+    ``(seconds, GIL-free share, page faults)`` of each, less ``overhead``; their results added
+    to ``results``."""
+    timed: list[tuple[float, float, int]] = []
     deadline = time.perf_counter() + seconds
     while len(timed) < max(limit, 1):
         spent = overhead() if overhead is not None else 0.0
+        faults = thread_faults()
         if probe is not None:
             done, free, took = probe.measure(lambda: run(1))
         else:
@@ -237,20 +275,25 @@ def _timed_calls(
             took = time.perf_counter() - t0
         if not done:
             break
+        faulted = thread_faults()
         results.extend(done)
-        timed.append((max(took - ((overhead() - spent) if overhead is not None else 0.0), 1e-9), free))
+        took -= (overhead() - spent) if overhead is not None else 0.0
+        timed.append((max(took, 1e-9), free, faulted - faults if faults is not None and faulted is not None else 0))
         if time.perf_counter() > deadline:
             break
     return timed
 
 
-def move_seconds(result: Any) -> float:
-    """Seconds this process would spend decoding ``result`` had a worker sent it (the fastest of a
-    few tries; the encoding is the worker's)."""
+def move_costs(result: Any) -> tuple[float, int, int]:
+    """What moving ``result`` from a worker costs: the seconds this process would spend decoding
+    it (the fastest of a few tries; the encoding is the worker's), the bytes it moves, and the
+    bytes of its blocks so large that the allocator maps them afresh for every result
+    (:data:`~torchpipe.runtime.memory_costs.MMAP_THRESHOLD_MAX`). A result that cannot travel
+    costs infinite seconds."""
     try:
         encoded = codec.encode(codec.materialize(result))
     except Exception:  # noqa: BLE001 - cannot travel: processes would fail on it
-        return float("inf")
+        return float("inf"), 0, 0
     record = np.empty(encoded.nbytes, np.uint8)
     encoded.write_into(memoryview(record))  # type: ignore[arg-type]  # numpy declares __buffer__ for Python 3.12+ only
     best = float("inf")
@@ -258,7 +301,7 @@ def move_seconds(result: Any) -> float:
         t0 = time.perf_counter()
         codec.decode_view(record)
         best = min(best, time.perf_counter() - t0)
-    return best
+    return best, encoded.nbytes, encoded.bytes_in_blocks(MMAP_THRESHOLD_MAX)
 
 
 class Placement:
@@ -272,11 +315,14 @@ class Placement:
         on_move: called with ``(kind, workers)`` after every move (a knob follows it).
         retire: what to do with an executor the calls moved away from, once its tasks are done
             (default: close it; a process pool is parked instead, to come back to).
+        learned: where the stage keeps what its passes learned: the windows' state is kept there,
+            so the next pass (another ``Placement``) goes on judging where this one stopped.
     """
 
     def __init__(
         self, dispatcher: Dispatcher, make: MakeExecutor, policy: Policy | None, timing: CallTiming,
         on_move: Callable[[str, int], None] | None = None, retire: Callable[[Executor], None] | None = None,
+        learned: dict[str, Any] | None = None,
     ) -> None:  # fmt: skip
         self.dispatcher = dispatcher
         self.policy = policy
@@ -286,11 +332,19 @@ class Placement:
         self._timing = timing
         self._on_move = on_move
         self._retire = retire
-        self._driver = MoveDriver(CALLS)
-        self._delivered = 0
+        # The windows go on from one pass to the next (an epoch may be shorter than a window).
+        self._windows = learned if learned is not None else {}
+        self._driver: MoveDriver = self._windows.setdefault("driver", MoveDriver(CALLS))
+        self._windows.setdefault("delivered", 0)
 
-    def move(self, kind: str, count: int) -> None:
-        """Run new calls on ``kind`` with ``count`` threads or processes from now on."""
+    @property
+    def _delivered(self) -> int:
+        return cast(int, self._windows["delivered"])
+
+    def move(self, kind: str, count: int, again: bool = False) -> None:
+        """Run new calls on ``kind`` with ``count`` threads or processes from now on. What is in
+        flight, made where the calls ran before, is not judged, nor the first two results of
+        each worker process. ``again``: a new pass goes on where the last one ran its calls."""
         count = 0 if kind == INLINE else max(count, 1)
         if kind != self.kind:
             self.dispatcher.switch(self._make(kind, count), self._retire)
@@ -299,9 +353,21 @@ class Placement:
         self.kind, self.workers = kind, count
         if self.policy is not None:
             self.policy.kind = kind
-        self._driver.moved(kind, self._delivered + self._driver.cadence.settle_elements, time.perf_counter())
+        unjudged = self._driver.cadence.settle_elements + self.dispatcher.pending
+        unjudged += 2 * count if kind == PROCESS else 0
+        self._driver.moved(kind, self._delivered + unjudged, time.perf_counter(), again)
         if self._on_move is not None:
             self._on_move(self.kind, self.workers)
+
+    def new_pass(self) -> None:
+        """The stage starts another pass (an epoch) where the last one left its calls: the
+        windows go on from the last pass's verdicts."""
+        self._driver.new_pass(self._delivered)
+
+    def finish(self, inside_s: float) -> None:
+        """The pass ends (``inside_s`` as for :meth:`delivered`): its last window is judged
+        however short it is, so an epoch shorter than a window still counts."""
+        self._judge(inside_s, last=True)
 
     def decide(self, costs: CallCosts) -> None:
         """The first decision, from calls measured inline."""
@@ -316,7 +382,7 @@ class Placement:
         if self.policy is None or kind not in self.policy.candidates or costs is None:
             return False
         self.policy.restore(costs, learned.get("measured", {}), kind)
-        self.move(kind, count)
+        self.move(kind, count, again=True)
         return True
 
     def remember(self, learned: dict[str, Any]) -> None:
@@ -338,13 +404,17 @@ class Placement:
 
     def delivered(self, inside_s: float) -> None:
         """Count one element handed to the consumer; ``inside_s`` is the stage's total time inside
-        its ``next()`` so far (the rest is the consumer's). Every window the policy sees what the
-        consumer got."""
-        self._delivered += 1
+        its ``next()`` so far in this pass (the rest is the consumer's). Every window the policy
+        sees what the consumer got."""
+        self._windows["delivered"] += 1
+        self._judge(inside_s)
+
+    def _judge(self, inside_s: float, last: bool = False) -> None:
         if self.policy is None:
             return
         delivered = self._delivered
-        done = self._driver.window(time.perf_counter(), delivered, lambda: (delivered, inside_s, self._timing.totals()))
+        look = lambda: (delivered, inside_s, self._timing.totals())  # noqa: E731 - read only where a window starts or ends
+        done = self._driver.window(time.perf_counter(), delivered, look, last=last)
         if done is None:
             return
         (first, inside0, calls0), (_, _, calls), seconds = done
@@ -374,7 +444,9 @@ class Placement:
             verdict = policy.rebase(policy.costs)
         else:
             verdict = policy.review(seconds_per_element)
-            if not self._driver.agreed(verdict) or verdict == self.kind:
+            # Windows in a row must say to leave; where to may differ between two about as fast
+            # (inline, then threads): the latest verdict is taken.
+            if not self._driver.agreed(LEAVE if verdict != self.kind else verdict) or verdict == self.kind:
                 return
         self.move(verdict, workers(policy.costs, verdict, policy.cores))
 

@@ -19,6 +19,10 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from typing import Any
+
+from torchpipe.runtime.cpu import usable_cpu_count
+from torchpipe.runtime.memory_costs import CACHED_BYTES, byte_seconds
 
 INLINE, THREAD, PROCESS = "inline", "thread", "process"
 KINDS = (INLINE, THREAD, PROCESS)
@@ -69,6 +73,8 @@ class CallCosts:
             releases it (decoding, numpy, torch, I/O) against Python.
         move_s: seconds this process spends receiving one result from a worker process
             (decoding it, besides :data:`MESSAGE_S`); a worker spends about as much encoding it.
+            Measured on a record in this process's cache, so at least what copying ``nbytes``
+            costs at the machine's memory bandwidth is counted on each side.
         consumer_s: the consumer's own seconds per element, between two of its requests.
         thread_safe: whether calls may run on threads at all (reproducibility: a call that
             draws from the global RNGs, in a stage that must reproduce them, may not).
@@ -79,6 +85,7 @@ class CallCosts:
         threads_in_workers: worker processes run several calls at once on threads of their own
             (an interleave's readers), so calls that wait overlap there as on threads.
         most: the calls the stage runs at once, where the user fixed it (None: as many as pay).
+        nbytes: the bytes one result moves between processes (its record's size).
     """
 
     call_s: float
@@ -91,6 +98,7 @@ class CallCosts:
     message_s: float | None = None
     threads_in_workers: bool = False
     most: int | None = None
+    nbytes: int = 0
 
     def without_threads(self) -> CallCosts:
         """These costs, for calls that must not run on threads."""
@@ -129,7 +137,8 @@ def predict(costs: CallCosts, kind: str, cores: int) -> float:
 
     Inline, a call and the consumer take turns. On threads, calls overlap but their GIL-held part
     (and the hand-off) does not, nor the consumer's Python; all CPU shares ``cores``. On
-    processes, this process receives every result, and the workers encode them.
+    processes, this process receives every result, and the workers encode them: each side
+    copies the result's bytes at least at the machine's memory bandwidth (:func:`transfer_seconds`).
     """
     c = costs
     if kind == INLINE:
@@ -145,9 +154,19 @@ def predict(costs: CallCosts, kind: str, cores: int) -> float:
         serial = held + c.handoff_s + c.consumer_s
         cpu = c.cpu_s + c.handoff_s + c.consumer_s
         return max(c.call_s / n, serial, cpu / cores)
-    receive = (c.message_s if c.message_s is not None else message_cost()) + c.move_s
-    cpu = c.cpu_s + c.move_s + receive + c.consumer_s  # the worker encodes what this process decodes
-    return max(c.call_s / n, receive + c.consumer_s, cpu / cores)
+    move = transfer_seconds(c)
+    receive = (c.message_s if c.message_s is not None else message_cost()) + move
+    cpu = c.cpu_s + move + receive + c.consumer_s  # the worker encodes what this process decodes
+    return max((c.call_s + move) / n, receive + c.consumer_s, cpu / cores)
+
+
+def transfer_seconds(costs: CallCosts) -> float:
+    """Seconds each side spends moving one result between processes: decoding it as measured,
+    and, for a result larger than a core's cache, at least a copy of its bytes at the machine's
+    memory bandwidth (another core wrote them)."""
+    if costs.nbytes < CACHED_BYTES:
+        return costs.move_s
+    return max(costs.move_s, costs.nbytes * byte_seconds())
 
 
 def choose(
@@ -186,6 +205,20 @@ def choose(
         if seconds[best] * needed >= seconds[current]:
             return current
     return best
+
+
+def may_pay(kind: str, learned: dict[str, Any], cores: int | None = None) -> bool:
+    """Whether a stage's next pass should keep ``kind`` among its executors, from what its
+    earlier passes learned (``executor``, ``costs``, ``measured``): yes before any decision, where
+    it ran, or where predicted (or measured) within ``EXPLORE`` of where it ran. A pass without
+    worker processes forks no zygote (~10 ms to start and stop); it reconsiders at the next pass."""
+    current, costs = learned.get("executor"), learned.get("costs")
+    if current is None or costs is None or current == kind:
+        return True
+    cores = cores if cores is not None else usable_cpu_count()
+    measured = learned.get("measured", {})
+    here = measured.get(current, predict(costs, current, cores))
+    return measured.get(kind, predict(costs, kind, cores)) * EXPLORE < here
 
 
 class Policy:

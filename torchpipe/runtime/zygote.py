@@ -157,14 +157,16 @@ class Zygote:
             pass
         self._control.close()
         self._control = None
-        deadline = time.monotonic() + timeout
+        deadline, pause = time.monotonic() + timeout, 0.0002  # SIGKILL takes well under a millisecond
         while not self._reaped and time.monotonic() < deadline:
             try:
                 done, _ = os.waitpid(self.pid, os.WNOHANG)
             except ChildProcessError:
                 done = self.pid
             self._reaped = done != 0
-            time.sleep(0 if self._reaped else 0.01)
+            if not self._reaped:
+                time.sleep(pause)
+                pause = min(2 * pause, 0.01)
 
 
 def _zygote_main(control: Channel, worker_main: Callable[[Channel, int], None], parent: int) -> None:
