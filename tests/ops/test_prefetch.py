@@ -263,3 +263,22 @@ def test_the_input_runs_inline_only_while_no_stage_below_runs_ahead():
     assert _runs_ahead(find_stage(threads, ParallelMapIterator))
     choice = OverlapChoice(INLINE)
     assert choice.delivered(1.0, 0.0, lambda: 1e-6, may_inline=False) == THREAD  # back to the thread
+
+
+def test_a_pass_that_starts_inline_starts_the_thread_when_a_stage_below_begins_to_run_ahead(monkeypatch):
+    """The last pass left the input inline; in this one the map below moves to a pool: the
+    prefetch's thread must start (there was none to resume) and nothing is lost."""
+    from torchpipe.ops import prefetch
+
+    pipeline = tp.range(400).map(abs, tp.AUTOTUNE, executor="auto").prefetch(tp.AUTOTUNE)
+    assert list(pipeline) == list(range(400))
+    earlier = iter(pipeline)
+    next(earlier)
+    find_stage(earlier, PrefetchIterator)._choice.mode = INLINE  # as an earlier pass may leave it
+    del earlier
+    it = iter(pipeline)
+    got = [next(it) for _ in range(10)]
+    assert _executor(it) == "inline"
+    monkeypatch.setattr(prefetch, "_runs_ahead", lambda stage: True)  # the map below now runs on a pool
+    got += list(it)
+    assert got == list(range(400)) and _executor(it) == "thread"

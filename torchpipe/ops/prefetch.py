@@ -460,7 +460,7 @@ class PrefetchIterator(Iterator, Tunable):
         if self._direct:
             self._direct = False
             self._log.rebase()  # the input moved on outside the log
-        if not self.buffer.resume():
+        if not self.buffer.resume() or self._thread is None:  # a pass that started inline has none yet
             self._start_thread()
 
     def get_state(self) -> dict[str, Any]:
