@@ -155,6 +155,13 @@ def enter_call(stage_seed: int, seq: int) -> _Saved:
     return prev
 
 
+def next_call(seq: int) -> None:
+    """Make element ``seq`` of the stage entered last (:func:`enter_call`) current for this
+    thread's ``tp.rng()``: the next of a batch's elements."""
+    state = _call_state
+    state.seq, state.generator = seq, None
+
+
 def exit_call(prev: _Saved) -> None:
     """Undo :func:`enter_call`."""
     _call_state.stage_seed, _call_state.seq, _call_state.generator = prev

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from torchpipe.core.node import WORKER_MARK, BuildContext
 from torchpipe.errors import add_note
-from torchpipe.randomness import call_seeded, enter_call, exit_call, mix_seed, seed_global_rngs
+from torchpipe.randomness import call_seeded, enter_call, exit_call, mix_seed, next_call, seed_global_rngs
 
 
 class UserFunction:
@@ -59,6 +60,30 @@ class UserFunction:
         (forked workers would otherwise all repeat the parent's streams)."""
         if not self._seed_globals:
             seed_global_rngs(mix_seed(self._seed, WORKER_MARK, slot))
+
+    def on_elements(self, first: int, elements: list, then: Callable[[int, Any], Any] | None = None) -> list:
+        """:meth:`on_element` for elements numbered from ``first`` on (a batch's): the element's
+        seed is made current for each, once entered for all (a call's bookkeeping is most of
+        what a cheap function costs). ``then(j, result)``, where given, takes each result while
+        it is in the cache (a batch's rows are copied into place)."""
+        if self._seed_globals:
+            mapped = [self.on_element(first + j, element) for j, element in enumerate(elements)]
+            return mapped if then is None else [then(j, result) for j, result in enumerate(mapped)]
+        fn, results, seq = self.fn, [], first
+        prev = enter_call(self._seed, first)
+        try:
+            for seq, element in enumerate(elements, first):
+                next_call(seq)
+                result = fn(*element) if type(element) is tuple else fn(element)
+                results.append(result if then is None else then(seq - first, result))
+        except StopIteration as e:
+            raise RuntimeError(f"{self.stage} raised StopIteration at element {seq}") from e
+        except Exception as e:
+            add_note(e, f"raised in torchpipe stage {self.stage} at element {seq}")
+            raise
+        finally:
+            exit_call(prev)
+        return results
 
     def on_element(self, seq: int, element: Any) -> Any:
         """Call with ``element``, unpacking a plain tuple into positional arguments (tf.data)."""

@@ -96,6 +96,24 @@ class Iterator(abc.ABC):
             stats.trace.span(t0, t1)
         return element
 
+    def take(self, count: int) -> list[Any]:
+        """Up to ``count`` elements, fewer at the end of the input: what ``count`` calls of
+        ``next()`` give (a source may give them at once); raises StopIteration with none left."""
+        elements: list[Any] = []
+        for _ in range(count):
+            try:
+                elements.append(next(self))
+            except StopIteration:
+                break
+        if not elements:
+            raise StopIteration
+        return elements
+
+    @property
+    def running(self) -> bool:
+        """Whether the first element was asked for (the iterator started) and it is not closed."""
+        return self._status == _RUNNING
+
     def _begin(self) -> None:
         if self._status == _CLOSED:
             raise RuntimeError(f"{self.name}: iterator is closed")

@@ -165,6 +165,16 @@ class BatchIterator(PassThroughIterator):
 
     def _next_batch(self, place: Callable[[int, Any], Any]) -> Any:
         elements: list[Any] = []
+        if place is _keep and self._check_first is None:  # nothing to do per element: the input's at once
+            try:
+                elements = self._source.take(self._batch_size)
+            except StopIteration:
+                raise StopIteration from None
+            if self._drop_remainder and len(elements) < self._batch_size:
+                raise StopIteration
+            seq = self._seq
+            self._seq = seq + 1
+            return self._combine(seq, elements)
         while len(elements) < self._batch_size:
             try:
                 element = next(self._source)

@@ -9,6 +9,7 @@ input's sequence number, which is why a parallel chain may have filters only at 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from torchpipe.core.function import UserFunction
@@ -120,6 +121,12 @@ class ChainFunction:
 
     def seed_worker(self, slot: int) -> None:
         self.stages[0][2].seed_worker(slot)
+
+    def on_elements(self, first: int, elements: list, then: Callable[[int, Any], Any] | None = None) -> list:
+        """:meth:`on_element` for elements numbered from ``first`` on; ``then(j, result)`` takes
+        each result (as :meth:`UserFunction.on_elements`)."""
+        mapped = [self.on_element(first + j, element) for j, element in enumerate(elements)]
+        return mapped if then is None else [then(j, result) for j, result in enumerate(mapped)]
 
     def on_element(self, seq: int, element: Any) -> Any:
         for is_filter, name, fn in self.stages:

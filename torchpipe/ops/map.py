@@ -243,12 +243,11 @@ class MapBatchTask:
 
     def __call__(self, seq: int, payloads: list) -> Any:
         elements = payloads if self.fetch is None else self.fetch.many(payloads)
-        first, on_element = seq * self.batch_size, self.fn.on_element
+        first = seq * self.batch_size
         if self.memory is None:
-            return self.combine(seq, [on_element(first + j, element) for j, element in enumerate(elements)])
+            return self.combine(seq, self.fn.on_elements(first, elements))
         with self.memory.rows(len(elements)) as rows:
-            mapped = [rows.place(j, on_element(first + j, element)) for j, element in enumerate(elements)]
-            return self.combine(seq, mapped)
+            return self.combine(seq, self.fn.on_elements(first, elements, rows.place))
 
 
 def _as_list(seq: int, elements: list) -> list:

@@ -37,6 +37,16 @@ class IndexedSourceIterator(Iterator):
             raise StopIteration
         self._index += 1
 
+    def take(self, count: int) -> list[Any]:
+        if self._get is not int or not self.running:  # a fetch may fail at any element: one at a time
+            return super().take(count)
+        start = self._index
+        if start >= self._length:
+            raise StopIteration
+        self._index = end = min(start + count, self._length)
+        self.stats.produced += end - start
+        return list(range(start, end))  # the indices of a pushed-down source, a batch at once
+
     def get_state(self) -> dict[str, Any]:
         return {self.INDEX: self._index}
 
