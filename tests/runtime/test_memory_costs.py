@@ -1,5 +1,6 @@
 """What memory costs on this machine: a first-touch page fault and a byte copied, measured once."""
 
+import mmap
 import sys
 
 import numpy as np
@@ -18,11 +19,11 @@ def test_the_rates_are_measured_once_and_plausible():
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="page faults are counted per thread on Linux")
 def test_a_thread_counts_the_pages_it_faults_in_and_only_reused_ones_are_a_cold_start():
-    before = memory_costs.thread_faults()
-    fresh = np.ones(8 << 20, np.uint8)  # 8 MiB the process never had
-    faulted = memory_costs.thread_faults() - before
-    assert faulted >= 1  # a fault a page, or one per huge page where numpy asks for those
-    del fresh
+    with mmap.mmap(-1, 8 << 20) as fresh:  # 8 MiB the process never had
+        before = memory_costs.thread_faults()
+        np.frombuffer(fresh, np.uint8)[:: memory_costs.PAGE] = 1
+        faulted = memory_costs.thread_faults() - before
+    assert faulted >= 8  # a fault a page, or one per huge page where the kernel gives those
     assert memory_costs.cold_seconds(1000) == pytest.approx(1000 * memory_costs.fault_seconds())
     # blocks above the largest mmap threshold are mapped afresh for every result: those faults stay
     big = memory_costs.MMAP_THRESHOLD_MAX * 2
