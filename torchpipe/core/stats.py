@@ -128,15 +128,24 @@ class IteratorStats:
         return out
 
 
+_TEXT = (bytes, bytearray, str)
+
+
 def element_bytes(element: Any) -> int:
-    """Bytes of the tensors and arrays in an element (other leaves count as nothing)."""
-    total = 0
-    for leaf in nest.flatten(element):
-        if isinstance(leaf, torch.Tensor):
-            total += leaf.numel() * leaf.element_size()
-        elif isinstance(leaf, np.ndarray):
-            total += leaf.nbytes
-    return total
+    """Bytes of the tensors, arrays, ``bytes`` and strings in an element (other leaves count as
+    nothing); a list of ``bytes`` or strings (a batch's column) is summed at once."""
+    if isinstance(element, torch.Tensor):
+        return element.numel() * element.element_size()
+    if isinstance(element, np.ndarray):
+        return element.nbytes
+    if isinstance(element, _TEXT):
+        return len(element)
+    if not nest.is_container(element):
+        return 0
+    items = nest.children(element)
+    if items and type(items[0]) in _TEXT and all(type(item) is type(items[0]) for item in items):
+        return sum(map(len, items))
+    return sum(element_bytes(item) for item in items)
 
 
 class LiveKnob:
