@@ -191,6 +191,28 @@ def test_rings_are_added_for_large_or_held_results_and_nothing_blocks():
         pool.close()
 
 
+def test_a_passing_peak_of_held_results_adds_no_ring_but_a_steady_one_does(monkeypatch):
+    """Rings stay faulted in once written, so one is added only where results steadily find no
+    room; a consumer that held a few more for a moment gets one-off segments, freed after."""
+    monkeypatch.setattr(worker, "_MIN_RING_BYTES", 1 << 20)
+    monkeypatch.setattr(worker, "_RESULTS_PER_RING", 2)  # rings of two 2.4 MB results
+    pool = ProcessPool(square, 1, "m", ring_bytes=1 << 20)
+    pool.start()
+    try:
+        first = run_all(pool, ["big"])  # no ring holds it: a ring for two is added
+        (worker_,) = pool._workers.values()
+        rings = len(worker_.rings)
+        held = [value for value, _ in first.values()]
+        held += [value for value, _ in run_all(pool, ["big"] * 2).values()]  # the ring's second slot, then a segment
+        assert len(worker_.rings) == rings  # a passing peak: no new ring
+        for _ in range(5):  # held on and on: the rings steadily lack room
+            held += [value for value, _ in run_all(pool, ["big"]).values()]
+        assert len(worker_.rings) > rings
+        assert all(torch.equal(v, held[0]) for v in held)
+    finally:
+        pool.close()
+
+
 def test_results_view_shared_memory_until_freed():
     pool = ProcessPool(square, 1, "m")
     pool.start()

@@ -20,6 +20,7 @@ served by ``n`` threads, so the handler is called concurrently and must be threa
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import os
 import pickle
@@ -39,12 +40,12 @@ from torchpipe.runtime.shm_ring import OneOffSegment, Reservation, ShmRing
 
 _POLL_S = 0.5
 _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc mallopt parameters
-_RING_WAIT_S = 0.02
 MAX_RING_BYTES = 512 << 20
 """A worker's rings together hold at most this; results beyond go to one-off segments."""
-_MIN_RING_BYTES = 32 << 20
-_RESULTS_PER_RING = 4
+_MIN_RING_BYTES = 16 << 20
+_RESULTS_PER_RING = 2
 _RING_GRACE_S = 0.002  # a ring freed this soon is worth waiting for rather than adding one
+_GROW_AFTER, _MISS_WINDOW = 4, 16  # of the last 16 records, 4 that found no room in a ring add one
 _JOIN_S = 2.0  # how long a stopping worker waits for its task threads
 
 Handler = Callable[[int, Any], Any]
@@ -185,9 +186,12 @@ class _Output:
     segment.
 
     The main process holds ring records while its tensors view them (a prefetch buffer, the
-    batch in use), so a ring can be full for a while. Rather than wait, the worker adds a ring
-    (up to ``MAX_RING_BYTES`` in all), so the steady state reuses mapped, already-faulted memory;
-    past that cap, a result that finds no room within 20 ms takes a one-off segment.
+    batch in use), so a ring can be full for a while. A record that finds no room within 2 ms
+    takes a one-off segment (freed when the main process is done with it), unless no ring could
+    ever hold it or records steadily find no room (a quarter of the last 16): then the worker adds
+    a ring for two such records (up to ``MAX_RING_BYTES`` in all), so the steady state reuses
+    mapped, already-faulted memory while a passing peak (a consumer that held more batches for a
+    while) leaves no memory behind. A ring's pages stay faulted in (resident) once written.
 
     Safe to call from several threads: one lock is held from reserving room to sending the
     message (the main process returns ring records in the order they were sent), and around
@@ -199,6 +203,7 @@ class _Output:
         self.rings: list[ShmRing] = []
         self._lock = threading.Lock()
         self._closed = False
+        self._misses: collections.deque[bool] = collections.deque(maxlen=_MISS_WINDOW)
         with self._lock:
             self._add_ring(capacity)
 
@@ -258,16 +263,24 @@ class _Output:
         self.channel.send(message, fds)
 
     def _reserve(self, nbytes: int) -> tuple[int, Reservation] | None:
-        for wait in (_RING_GRACE_S, None, _RING_WAIT_S):
-            if wait is None:  # every ring is full or too small: add one, if the cap allows
-                capacity = max(_MIN_RING_BYTES, _RESULTS_PER_RING * nbytes)
-                if sum(r.capacity for r in self.rings) + capacity > MAX_RING_BYTES:
-                    continue
+        """Room for a record of ``nbytes`` in a ring, waiting a moment for one to free; None: a
+        one-off segment takes it. A ring is added for a record no ring can hold, and where records
+        steadily find no room (a quarter of the last ones), not for a passing peak."""
+        placed = self._in_a_ring(nbytes, _RING_GRACE_S)
+        if placed is None and (not any(ring.fits(nbytes) for ring in self.rings) or sum(self._misses) >= _GROW_AFTER):
+            capacity = max(_MIN_RING_BYTES, _RESULTS_PER_RING * nbytes)
+            if sum(r.capacity for r in self.rings) + capacity <= MAX_RING_BYTES:
                 self._add_ring(capacity)
-            for index, ring in enumerate(self.rings):
-                reservation = ring.reserve(nbytes, timeout=wait or 0) if ring.fits(nbytes) else None
-                if reservation is not None:
-                    return index, reservation
+                self._misses.clear()
+                placed = self._in_a_ring(nbytes, 0.0)
+        self._misses.append(placed is None)
+        return placed
+
+    def _in_a_ring(self, nbytes: int, wait: float) -> tuple[int, Reservation] | None:
+        for index, ring in enumerate(self.rings):
+            reservation = ring.reserve(nbytes, timeout=wait) if ring.fits(nbytes) else None
+            if reservation is not None:
+                return index, reservation
         return None
 
 
