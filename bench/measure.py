@@ -141,6 +141,8 @@ def measure(
     second and the process tree's CPU seconds per item are measured, and its peak RSS; its PSS
     is read once, at the end of the window. ``others_cpu_share`` is the share of the usable
     cores' time that other processes were busy in the window (0: the tree had them to itself).
+    ``where`` is where a torchpipe loader or pipeline ran its work at the end (``"process x2"``;
+    None for torch's).
 
     ``whole_epoch=True`` instead measures everything from ``iter()`` to the end of the data,
     first batch included (batches prefetched while the first one was awaited would otherwise
@@ -154,7 +156,8 @@ def measure(
     with TreeMonitor() as monitor:
         cpu0, busy0 = monitor.cpu_seconds(), busy_cpu_seconds(cpus)  # read before the clock starts
         t0 = time.perf_counter()
-        iterator = iter(make())
+        loader = make()
+        iterator = iter(loader)
         try:
             batch = next(iterator)
             first = time.perf_counter() - t0
@@ -169,9 +172,10 @@ def measure(
             elapsed = time.perf_counter() - start
             cpu, busy = monitor.cpu_seconds() - cpu0, busy_cpu_seconds(cpus) - busy0
             pss = monitor.pss()
+            where = _executor(loader, iterator)
         finally:
             close(iterator)
-            del iterator
+            del iterator, loader
     if items == 0:
         raise RuntimeError("the data ran out before anything was measured (make the data set larger)")
     return {
@@ -180,6 +184,7 @@ def measure(
         "peak_rss_mb": monitor.peak_rss / 2**20,
         "end_pss_mb": pss / 2**20 if pss is not None else None,
         "cpu_s_per_item": cpu / items,
+        "where": where,
         # /proc/stat counts in ticks (10 ms): short windows can round past either end.
         "others_cpu_share": min(1.0, max(0.0, busy - cpu) / (elapsed * len(cpus))),
     }

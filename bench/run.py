@@ -103,6 +103,7 @@ class Runner:
         self.chosen: dict[str, Any] = {}
         self.errors: dict[str, str] = {}
         self.not_measured: dict[str, str] = {}
+        self.dataloader_pss: dict[int, float | None] = {}  # torch's end PSS by num_workers, prefetch_factor=2
         # cache measures whole epochs; every other workload a timed window
         self.measure_one = self.epoch if work.name == "cache" else self.timed
 
@@ -129,11 +130,14 @@ class Runner:
         dataset, loader_kwargs = self.work.dataset, self.work.loader_kwargs
         default = measure_one(lambda: torch.utils.data.DataLoader(dataset, num_workers=0, **loader_kwargs(0)))
         self.record("dataloader_default", default, "num_workers=0")
+        self.dataloader_pss[0] = default.get("end_pss_mb")
         best_args, best = {"num_workers": 0}, default
         for args in dataloader_grid(self.quick):
             kwargs = loader_kwargs(args["num_workers"])
             result = measure_one(lambda: torch.utils.data.DataLoader(dataset, **args, **kwargs))
             print(f"    grid {args}: {result['throughput']:.4g}", flush=True)
+            if args.get("prefetch_factor") == 2:  # the memory target's reference at each worker count
+                self.dataloader_pss[args["num_workers"]] = result.get("end_pss_mb")
             if "epoch_rates" in result:
                 print(f"      {_epochs(result)}", flush=True)
             if result["throughput"] > best["throughput"]:
@@ -296,7 +300,8 @@ def run_all(names: list[str], quick: bool, sizes: wl.Sizes | None = None) -> dic
     for runner in runners:
         work = runner.work
         report["workloads"][work.name] = {"unit": work.unit, "limit": work.limit, "results": runner.results,
-                                          "targets": targets(work.name, runner.results, work.limit),
+                                          "targets": targets(work.name, runner.results, runner.dataloader_pss),
+                                          "dataloader_pss": {str(k): v for k, v in runner.dataloader_pss.items()},
                                           "extra": work.extra, "peer_errors": runner.errors,
                                           "not_measured": runner.not_measured}  # fmt: skip
         run_info["chosen"][work.name] = runner.chosen
