@@ -35,7 +35,7 @@ from torchpipe.runtime.dispatch import Dispatcher
 from torchpipe.runtime.executor import Executor
 from torchpipe.runtime.gil import GilProbe
 from torchpipe.runtime.memory_costs import MMAP_THRESHOLD_MAX, calibrate, cold_seconds, thread_faults
-from torchpipe.runtime.policy import INLINE, PROCESS, CallCosts, Policy, observe_message_cost, workers
+from torchpipe.runtime.policy import INLINE, PROCESS, CallCosts, Policy, observe_message_cost, transfer_seconds, workers
 from torchpipe.runtime.timing import CallTiming
 
 _PROBE_CALLS, _PROBE_S = 8, 0.02  # calls measured inline before the first decision (at most; at least one)
@@ -428,7 +428,7 @@ class Placement:
         assert policy is not None and policy.costs is not None  # reviewed: a policy that decided
         per_result = getattr(self.dispatcher.executor, "message_seconds", lambda: None)()
         if self.kind == PROCESS and per_result is not None:  # what a result really costs here
-            observe_message_cost(max(per_result - policy.costs.move_s, 0.0))
+            observe_message_cost(max(per_result - transfer_seconds(policy.costs), 0.0))
         policy.costs = dataclasses.replace(policy.costs, consumer_s=consumer_s)
         ran = calls[0] - calls0[0]
         changed = False
