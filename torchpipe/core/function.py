@@ -43,9 +43,9 @@ class UserFunction:
                 return call_seeded(mix_seed(self._seed, seq), self.fn, *args)
             return self.fn(*args)
         except StopIteration as e:
-            raise RuntimeError(f"{self.stage} raised StopIteration at element {seq}") from e
+            raise self._stopped(seq) from e
         except Exception as e:
-            add_note(e, f"raised in torchpipe stage {self.stage} at element {seq}")
+            add_note(e, self._where(seq))
             raise
         finally:
             exit_call(prev)
@@ -77,13 +77,22 @@ class UserFunction:
                 result = fn(*element) if type(element) is tuple else fn(element)
                 results.append(result if then is None else then(seq - first, result))
         except StopIteration as e:
-            raise RuntimeError(f"{self.stage} raised StopIteration at element {seq}") from e
+            raise self._stopped(seq) from e
         except Exception as e:
-            add_note(e, f"raised in torchpipe stage {self.stage} at element {seq}")
+            add_note(e, self._where(seq))
             raise
         finally:
             exit_call(prev)
         return results
+
+    def _stopped(self, seq: int) -> RuntimeError:
+        """What a StopIteration escaping the function at element ``seq`` becomes (it would
+        silently end the pipeline)."""
+        return RuntimeError(f"{self.stage} raised StopIteration at element {seq}")
+
+    def _where(self, seq: int) -> str:
+        """The note an error raised at element ``seq`` gets."""
+        return f"raised in torchpipe stage {self.stage} at element {seq}"
 
     def on_element(self, seq: int, element: Any) -> Any:
         """Call with ``element``, unpacking a plain tuple into positional arguments (tf.data)."""
