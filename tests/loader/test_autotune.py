@@ -5,6 +5,7 @@ import random
 import time
 
 import numpy as np
+import psutil
 import pytest
 import torch
 
@@ -114,6 +115,23 @@ def test_epochs_shorter_than_a_window_still_revise_the_placement_within_two_epoc
     assert loader.stats()[0]["executor"] == INLINE
     for batches in epochs:
         assert torch.cat(batches)[:, 0].tolist() == list(range(256))
+
+
+def test_an_epoch_after_one_that_made_cheap_batches_here_forks_no_process():
+    """Without persistent workers each epoch gets a new pool; where the last epoch made its
+    batches in this process and processes are predicted no better, it forks no zygote (~10 ms
+    and its memory an epoch), and its batches stay here or on threads."""
+    loader = tp.DataLoader(Sleepy(2000), batch_size=4, num_workers="auto")
+    first = list(loader)
+    assert _executor(loader) == INLINE
+    before = {p.pid for p in psutil.Process().children()}  # other tests' processes may linger
+    it = iter(loader)
+    rest = [next(it)]
+    forked = {p.pid for p in psutil.Process().children()} - before  # mid-epoch: a zygote would be alive
+    rest += list(it)
+    assert _executor(loader) in (INLINE, THREAD) and forked == set()
+    for batches in (first, rest):
+        assert torch.cat(batches)[:, 0].tolist() == list(range(2000))
 
 
 class Augmented(torch.utils.data.Dataset):

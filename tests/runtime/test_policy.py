@@ -179,10 +179,9 @@ def test_the_bytes_a_result_moves_are_priced_at_the_machines_copy_rate(monkeypat
 
 def test_a_pass_keeps_worker_processes_only_where_they_may_pay():
     cheap = costs(20e-6)
-    assert may_pay(PROCESS, {})  # nothing learned yet
-    assert may_pay(PROCESS, {"executor": PROCESS, "costs": cheap})
-    assert not may_pay(PROCESS, {"executor": INLINE, "costs": cheap, "measured": {INLINE: 25e-6}}, cores=2)
+    assert may_pay(PROCESS, None, None, {}, 2)  # nothing learned yet
+    assert may_pay(PROCESS, PROCESS, cheap, {}, 2)
+    assert not may_pay(PROCESS, INLINE, cheap, {INLINE: 25e-6}, 2)
     dear = costs(20e-3)  # Python calls processes spread over the cores
-    assert may_pay(PROCESS, {"executor": INLINE, "costs": dear, "measured": {INLINE: 20e-3}}, cores=2)
-    measured = {INLINE: 20e-3, PROCESS: 30e-3}  # tried: slower
-    assert not may_pay(PROCESS, {"executor": INLINE, "costs": dear, "measured": measured}, cores=2)
+    assert may_pay(PROCESS, INLINE, dear, {INLINE: 20e-3}, 2)
+    assert not may_pay(PROCESS, INLINE, dear, {INLINE: 20e-3, PROCESS: 30e-3}, 2)  # tried: slower

@@ -265,3 +265,16 @@ def test_every_tensor_and_array_from_a_worker_is_64_byte_aligned(monkeypatch, al
             assert len(data_addresses(value)) >= 15 and misaligned(value) == []
     finally:
         pool.close()
+
+
+def test_a_pool_made_not_to_fork_now_forks_its_zygote_with_its_first_worker():
+    before = {p.pid for p in psutil.Process().children()}
+    pool = ProcessPool(square, 2, "m", fork_now=False)
+    try:
+        assert {p.pid for p in psutil.Process().children()} == before
+        pool.close()  # closing a pool that never forked is fine
+        pool = ProcessPool(square, 2, "m", fork_now=False)
+        pool.start()
+        assert sorted(v["x"].item() for v, _ in run_all(pool, [1, 2, 3]).values()) == [1, 4, 9]
+    finally:
+        pool.close()

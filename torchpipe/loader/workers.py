@@ -51,7 +51,7 @@ from torchpipe.runtime.cpu import usable_cpu_count
 from torchpipe.runtime.dispatch import Dispatcher
 from torchpipe.runtime.executor import Executor, InlineExecutor, ThreadExecutor
 from torchpipe.runtime.placement import Placement, measure_calls
-from torchpipe.runtime.policy import INLINE, KINDS, PROCESS, THREAD, Policy
+from torchpipe.runtime.policy import INLINE, KINDS, PROCESS, THREAD, Policy, may_pay
 from torchpipe.runtime.process_pool import ProcessPool
 
 DataLoader = torch.utils.data.DataLoader
@@ -235,7 +235,11 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
             ReplicaPlan(most, self._num_workers, state.tuned_workers) if state.workers_auto and iterable else None
         )
         processes = self._plan.processes if self._plan is not None else self._num_workers
-        self._pool = ProcessPool(_FetchTask(loader, int(self._base_seed), most, self._auto), processes, STAGE)
+        # "auto" after an epoch that made its batches here or on threads, with processes predicted
+        # no better: no zygote this epoch (its fork and stop took ~10 ms, its memory the epoch)
+        fork = not self._auto or self._processes_may_pay()
+        self._pool = ProcessPool(_FetchTask(loader, int(self._base_seed), most, self._auto), processes, STAGE,
+                                 fork_now=fork)  # fmt: skip
         self._stage = _WorkersStage(self)
         self._dispatch = Dispatcher(STAGE, self._pool, DEFAULT_STALL_TIMEOUT_S)
         self._placement: Placement | None = None
@@ -258,6 +262,7 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
         state = self._tp_state
         if state.policy is None:
             state.policy = Policy(KINDS, usable_cpu_count())
+        state.policy.candidates = KINDS if self._processes_may_pay() else (INLINE, THREAD)
         drawn = state.drawn_rngs if state.drawn_rngs is not None else GLOBAL_RNGS  # all, until measured
         seed = int(self._base_seed)
         self._local = {INLINE: _LocalFetch(loader, seed, drawn), THREAD: _LocalFetch(loader, seed, ())}
@@ -265,6 +270,14 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
         self._placement = Placement(self._dispatch, self._make, state.policy, self._pool.timing,
                                     self._moved, _park, state.learned)  # fmt: skip
         self._knob = _workers_knob(self, 0, most)
+
+    def _processes_may_pay(self) -> bool:
+        """Whether this epoch may make batches on worker processes (``"auto"``): yes before the
+        first decision, and where the last epochs made them there or predicted them no slower."""
+        policy = self._tp_state.policy
+        if policy is None:
+            return True
+        return may_pay(PROCESS, policy.kind, policy.costs, policy.measured, policy.cores)
 
     def _make(self, kind: str, workers: int) -> Executor:
         if kind == INLINE:

@@ -95,8 +95,10 @@ class ParallelMapIterator(Iterator, Tunable):
         self._fixed = executor if executor != AUTO else None
         self._parallelism = self._learned.get("parallelism", parallelism) if tunable else parallelism
         candidates: tuple[str, ...] = (INLINE,) if tunable else ()
-        candidates += (THREAD, PROCESS) if processes and may_pay(PROCESS, self._learned) else (THREAD,)
-        self._policy = Policy(candidates, usable_cpu_count()) if self._fixed is None else None
+        learned, cores = self._learned, usable_cpu_count()
+        pays = may_pay(PROCESS, learned.get("executor"), learned.get("costs"), learned.get("measured", {}), cores)
+        candidates += (THREAD, PROCESS) if processes and pays else (THREAD,)
+        self._policy = Policy(candidates, cores) if self._fixed is None else None
         self._dispatch = Dispatcher(name, InlineExecutor(self._tasks[INLINE], self.stats.calls), stall_s)
         self._placement = Placement(self._dispatch, self._make, self._policy, self.stats.calls, self._moved,
                                     self._retire, self._learned)  # fmt: skip

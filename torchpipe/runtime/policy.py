@@ -19,9 +19,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from typing import Any
 
-from torchpipe.runtime.cpu import usable_cpu_count
 from torchpipe.runtime.memory_costs import CACHED_BYTES, byte_seconds
 
 INLINE, THREAD, PROCESS = "inline", "thread", "process"
@@ -207,16 +205,14 @@ def choose(
     return best
 
 
-def may_pay(kind: str, learned: dict[str, Any], cores: int | None = None) -> bool:
+def may_pay(kind: str, current: str | None, costs: CallCosts | None, measured: dict[str, float], cores: int) -> bool:
     """Whether a stage's next pass should keep ``kind`` among its executors, from what its
-    earlier passes learned (``executor``, ``costs``, ``measured``): yes before any decision, where
-    it ran, or where predicted (or measured) within ``EXPLORE`` of where it ran. A pass without
-    worker processes forks no zygote (~10 ms to start and stop); it reconsiders at the next pass."""
-    current, costs = learned.get("executor"), learned.get("costs")
+    earlier passes learned (where its calls ran, their costs, the times measured): yes before
+    any decision, where they ran, or where predicted (or measured) within ``EXPLORE`` of where
+    they ran. A pass without worker processes forks no zygote (~10 ms to start and stop, and its
+    memory); it asks again at the next pass."""
     if current is None or costs is None or current == kind:
         return True
-    cores = cores if cores is not None else usable_cpu_count()
-    measured = learned.get("measured", {})
     here = measured.get(current, predict(costs, current, cores))
     return measured.get(kind, predict(costs, kind, cores)) * EXPLORE < here
 

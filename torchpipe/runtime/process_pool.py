@@ -106,7 +106,9 @@ class ProcessPool:
     """A resizable pool of worker processes forked from a zygote.
 
     Create it before the pipeline starts threads: the constructor forks the zygote; ``start``
-    (or ``resize``) forks the workers from it.
+    (or ``resize``) forks the workers from it. With ``fork_now=False`` the zygote is forked by
+    the first ``resize`` to workers instead (for a stage that will likely not use its pool; one
+    that forks it late forks a process that may run threads, as torch's DataLoader always does).
 
     Args:
         handler: ``handler(seq, payload) -> value``, run in the workers; it is inherited
@@ -124,6 +126,8 @@ class ProcessPool:
             threads of a worker, so it must be thread-safe; with 1 tasks run in order on the
             worker's main thread.
 
+        fork_now: fork the zygote now (else at the first worker).
+
     Raises:
         ValueError: if ``threads`` is not an int >= 1.
     """
@@ -139,6 +143,7 @@ class ProcessPool:
         allocate: Callable[..., Any] | None = None,
         timing: CallTiming | None = None,
         threads: int = 1,
+        fork_now: bool = True,
     ) -> None:
         self.name = name
         self._threads = self._check_threads(threads)
@@ -146,7 +151,7 @@ class ProcessPool:
         self._restart = restart
         self._allocate = allocate
         self._worker_main = functools.partial(run_worker, handler=handler, ring_capacity=ring_bytes)
-        self._zygote = Zygote(self._worker_main, name)
+        self._zygote: Zygote | None = Zygote(self._worker_main, name) if fork_now else None
         self._workers: dict[int, _Worker] = {}
         self._router = TaskRouter()
         self._unsent: list[Result] = []
@@ -264,7 +269,8 @@ class ProcessPool:
 
     def close(self) -> None:
         """Kill the zygote and every worker; idempotent."""
-        self._zygote.close()
+        if self._zygote is not None:
+            self._zygote.close()
         for worker in self._workers.values():
             worker.close()
         self._workers.clear()
@@ -289,23 +295,29 @@ class ProcessPool:
     def _spawn(self, slot: int) -> None:
         worker_id = self._next_id
         self._next_id += 1
-        if not self._zygote.alive():
+        if self._zygote is None or not self._zygote.alive():
             self._replace_zygote()
         try:
-            pid, channel = self._zygote.spawn(slot)
+            pid, channel = self._live_zygote().spawn(slot)
         except ZygoteGone:  # killed, but not yet reaped when alive() looked
             self._replace_zygote()
-            pid, channel = self._zygote.spawn(slot)
+            pid, channel = self._live_zygote().spawn(slot)
         worker = _Worker(worker_id, slot, pid, channel)
         self._workers[worker_id] = worker
         if self._threads > 1:  # before any task; with 1 the worker runs tasks inline already
             self._send_threads(worker)
 
     def _replace_zygote(self) -> None:
-        """Someone killed the zygote (its workers died with it): reap it and fork a new one. The
-        main process may run threads by now; forking it is what torch's DataLoader always does."""
-        self._zygote.close()
+        """Fork a zygote where there is none yet (``fork_now=False``) or someone killed it (its
+        workers died with it: it is reaped first). The main process may run threads by now;
+        forking it is what torch's DataLoader always does."""
+        if self._zygote is not None:
+            self._zygote.close()
         self._zygote = Zygote(self._worker_main, self.name)
+
+    def _live_zygote(self) -> Zygote:
+        assert self._zygote is not None  # _spawn forked one
+        return self._zygote
 
     def _dispatch(self) -> None:
         """Hand queued tasks to workers (:class:`TaskRouter`'s rule), several per message."""
@@ -381,7 +393,7 @@ class ProcessPool:
 
     def _on_exit(self, worker: _Worker) -> None:
         """A worker's channel closed: it died. Re-dispatch its tasks, or raise."""
-        status = self._zygote.exit_status(worker.pid, timeout=1.0)
+        status = self._live_zygote().exit_status(worker.pid, timeout=1.0)
         how = describe_exit(status) if status is not None else "exited"
         worker.close()
         del self._workers[worker.id]
