@@ -86,7 +86,8 @@ def test_the_policy_tries_a_close_alternative_once_and_settles_on_what_was_measu
     assert _acted(policy, 2.6e-3) == PROCESS
     assert _acted(policy, 2.9e-3) == THREAD  # measured worse: back
     assert _acted(policy, 2.6e-3) == THREAD  # nothing left worth trying (inline: 8 ms, over 1.3x)
-    assert _acted(policy, 5e-3) == PROCESS  # threads got slow: processes measured faster
+    assert _acted(policy, 5e-3) == THREAD  # one slow window: a busy moment
+    assert [_acted(policy, 5e-3) for _ in range(2)][-1] == PROCESS  # slow for good: processes measured faster
 
 
 def test_inline_is_tried_even_when_predicted_somewhat_slower():
@@ -185,3 +186,16 @@ def test_a_pass_keeps_worker_processes_only_where_they_may_pay():
     dear = costs(20e-3)  # Python calls processes spread over the cores
     assert may_pay(PROCESS, INLINE, dear, {INLINE: 20e-3}, 2)
     assert not may_pay(PROCESS, INLINE, dear, {INLINE: 20e-3, PROCESS: 30e-3}, 2)  # tried: slower
+
+
+def test_one_busy_window_does_not_move_the_calls():
+    """Other work only slows a window down: an executor's time is the fastest of its last windows."""
+    policy = Policy(KINDS, 2)
+    calls = costs(180e-6, move_s=60e-6)
+    assert policy.decide(calls) == INLINE
+    assert policy.review(200e-6) == INLINE
+    assert policy.review(290e-6) == INLINE  # a busy moment: processes are predicted ~0.2 ms
+    assert policy.measured[INLINE] == 200e-6
+    for _ in range(3):  # slower for good: the older, faster windows age out
+        verdict = policy.review(400e-6)
+    assert policy.measured[INLINE] == 400e-6 and verdict != INLINE

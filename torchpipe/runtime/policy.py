@@ -16,6 +16,7 @@ that gets dearer mid-epoch) is predicted afresh. docs/executors.md states the ru
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 import time
@@ -55,6 +56,9 @@ THREAD_FREE_SHARE = 0.5
 """The GIL-free share of a call from which threads start to overlap it (fully at 1)."""
 WAITS_FOR_MORE = 1.5
 """Calls whose wall time is this many times their CPU time get more threads or processes than cores."""
+WINDOWS_KEPT = 3
+"""An executor's time per element is the fastest of its last this many windows: other work on
+the machine only ever slows a window down, so one busy window must not move the calls."""
 STALE_S = 10.0
 """A time measured on an executor longer ago than this no longer stands in for its prediction (a
 busy moment must not rule an executor out for good)."""
@@ -221,10 +225,11 @@ class Policy:
     """The executor decisions of one stage: the first from measured call costs, then again after
     every window of measurements on the executor it runs on.
 
-    A time measured on an executor replaces that executor's prediction. An executor that is
-    predicted ``EXPLORE`` times faster than the measured one, but not ``MARGIN`` times, is tried
-    once (for a window), so a close call is settled by measurement rather than by the model. Call costs that change
-    (:meth:`rebase`) make every measurement stale.
+    A time measured on an executor (the fastest of its last :data:`WINDOWS_KEPT` windows)
+    replaces that executor's prediction. An executor that is predicted ``EXPLORE`` times faster
+    than the measured one, but not ``MARGIN`` times, is tried once (for a window), so a close call
+    is settled by measurement rather than by the model. Call costs that change (:meth:`rebase`)
+    make every measurement stale.
 
     Args:
         candidates: the executors this stage can run on (in :data:`KINDS`).
@@ -240,6 +245,7 @@ class Policy:
         self.costs: CallCosts | None = None
         self.kind: str | None = None
         self._measured: dict[str, tuple[float, float]] = {}  # executor -> (seconds per element, when)
+        self._recent: dict[str, collections.deque[float]] = {}  # executor -> its last windows' seconds
 
     @property
     def measured(self) -> dict[str, float]:
@@ -256,6 +262,7 @@ class Policy:
     def rebase(self, costs: CallCosts) -> str:
         """The calls now cost ``costs`` (another workload): forget what was measured, decide anew."""
         self._measured.clear()
+        self._recent.clear()
         return self.decide(costs)
 
     def review(self, seconds_per_element: float) -> str:
@@ -264,7 +271,9 @@ class Policy:
         compared by). The caller moves the calls, and sets ``kind``, when it acts on the verdict."""
         if self.kind is None or self.costs is None:
             raise RuntimeError("Policy.review() before decide()")
-        self._measured[self.kind] = (seconds_per_element, time.monotonic())
+        recent = self._recent.setdefault(self.kind, collections.deque(maxlen=WINDOWS_KEPT))
+        recent.append(seconds_per_element)
+        self._measured[self.kind] = (min(recent), time.monotonic())
         measured = self.measured
         choice = choose(self.costs, self.cores, self.candidates, measured, self.kind)
         if choice == self.kind:
@@ -282,6 +291,7 @@ class Policy:
         now = time.monotonic()
         self.costs, self.kind = costs, kind
         self._measured = {k: (seconds, now) for k, seconds in measured.items()}
+        self._recent = {}
 
     def _worth_trying(self, measured: dict[str, float]) -> str | None:
         """An executor not measured lately, predicted ``EXPLORE`` times faster than the current one measured."""
