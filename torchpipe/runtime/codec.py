@@ -102,13 +102,18 @@ class Encoded:
     """One element ready to be written as a record of ``nbytes`` bytes; made by :func:`encode`.
 
     It references the element's tensors, arrays and large bytearrays until ``write_into`` copies
-    them, so write it before they are modified.
+    them, so write it before they are modified. ``copied_bytes`` are the bytes :func:`decode_view`
+    copies out of the record: the skeleton, blobs and pickle buffers (tensor and array data is
+    viewed where it lies).
     """
 
-    __slots__ = ("nbytes", "_head", "_skeleton", "_sources", "_offsets")
+    __slots__ = ("nbytes", "copied_bytes", "_head", "_skeleton", "_sources", "_offsets")
 
-    def __init__(self, head: bytes, skeleton: bytes, sources: list[Any], offsets: list[int], nbytes: int) -> None:
+    def __init__(
+        self, head: bytes, skeleton: bytes, sources: list[Any], offsets: list[int], nbytes: int, copied_bytes: int = 0
+    ) -> None:
         self.nbytes = nbytes
+        self.copied_bytes = copied_bytes
         self._head = head
         self._skeleton = skeleton
         self._sources = sources
@@ -197,15 +202,17 @@ def encode(element: Any) -> Encoded:
     sources: list[Any] = []
     offsets: list[int] = []
     end = _HEADER.size + _ENTRY_SIZE * len(buffers) + len(skeleton)
+    copied = len(skeleton)
     for source, length, flags in buffers:
         table += (length, flags)
         sources.append(source)
         offsets.append(_align(end))
         end = offsets[-1] + length
+        copied += length if flags & (BLOB_MASK | OUT_OF_BAND) else 0
     head = _HEADER.pack(_MAGIC, _VERSION, 0, len(buffers), 0, len(skeleton), end)
     if table:
         head += struct.pack(f"<{len(table)}Q", *table)
-    return Encoded(head, skeleton, sources, offsets, end)
+    return Encoded(head, skeleton, sources, offsets, end, copied)
 
 
 def _unpicklable_message(element: Any, error: BaseException) -> str:

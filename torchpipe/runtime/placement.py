@@ -286,8 +286,10 @@ def _timed_calls(
 
 def move_costs(result: Any) -> tuple[float, int, int]:
     """What moving ``result`` from a worker costs: the seconds this process would spend decoding
-    it (the fastest of a few tries; the encoding is the worker's), the bytes it moves, and the
-    bytes of its blocks so large that the allocator maps them afresh for every result
+    it (the fastest of a few tries; the encoding is the worker's), the bytes a move copies on
+    each side (its blobs and pickled data; tensors and arrays are written once, in place of the
+    stacking this process would do, and viewed where they land), and the bytes of its blocks so
+    large that the allocator maps them afresh for every result
     (:data:`~torchpipe.runtime.memory_costs.MMAP_THRESHOLD_MAX`). A result that cannot travel
     costs infinite seconds."""
     try:
@@ -301,7 +303,7 @@ def move_costs(result: Any) -> tuple[float, int, int]:
         t0 = time.perf_counter()
         codec.decode_view(record)
         best = min(best, time.perf_counter() - t0)
-    return best, encoded.nbytes, encoded.bytes_in_blocks(MMAP_THRESHOLD_MAX)
+    return best, encoded.copied_bytes, encoded.bytes_in_blocks(MMAP_THRESHOLD_MAX)
 
 
 class Placement:

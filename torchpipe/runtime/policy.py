@@ -87,7 +87,8 @@ class CallCosts:
         threads_in_workers: worker processes run several calls at once on threads of their own
             (an interleave's readers), so calls that wait overlap there as on threads.
         most: the calls the stage runs at once, where the user fixed it (None: as many as pay).
-        nbytes: the bytes one result moves between processes (its record's size).
+        nbytes: the bytes of one result a move between processes copies on each side (its
+            blobs and pickled data; tensor and array data is written once and viewed).
     """
 
     call_s: float
