@@ -117,14 +117,16 @@ def test_epochs_shorter_than_a_window_still_revise_the_placement_within_two_epoc
         assert torch.cat(batches)[:, 0].tolist() == list(range(256))
 
 
-def test_an_epoch_after_one_that_made_cheap_batches_here_forks_no_process():
-    """Without persistent workers each epoch gets a new pool; where the last epoch made its
-    batches in this process and processes are predicted no better, it forks no zygote (~10 ms
-    and its memory an epoch), and its batches stay here or on threads."""
+def test_epochs_that_make_cheap_batches_here_fork_no_process():
+    """The zygote is forked when batches first go to processes: not in an epoch whose first
+    decision keeps them here, nor (each epoch gets a new pool without persistent workers) in one
+    after it while processes are predicted no better (~10 ms and its memory an epoch)."""
     loader = tp.DataLoader(Sleepy(2000), batch_size=4, num_workers="auto")
-    first = list(loader)
-    assert _executor(loader) == INLINE
     before = {p.pid for p in psutil.Process().children()}  # other tests' processes may linger
+    it = iter(loader)
+    first = [next(it)]
+    assert _executor(loader) == INLINE and {p.pid for p in psutil.Process().children()} == before
+    first += list(it)
     it = iter(loader)
     rest = [next(it)]
     forked = {p.pid for p in psutil.Process().children()} - before  # mid-epoch: a zygote would be alive

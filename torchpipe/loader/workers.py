@@ -235,11 +235,11 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
             ReplicaPlan(most, self._num_workers, state.tuned_workers) if state.workers_auto and iterable else None
         )
         processes = self._plan.processes if self._plan is not None else self._num_workers
-        # "auto" after an epoch that made its batches here or on threads, with processes predicted
-        # no better: no zygote this epoch (its fork and stop took ~10 ms, its memory the epoch)
-        fork = not self._auto or self._processes_may_pay()
+        # "auto": the zygote is forked when batches first go to processes (the first decision is
+        # made before the tuner's thread starts), not for an epoch that makes them here (its fork
+        # and stop took ~10 ms, its memory the epoch)
         self._pool = ProcessPool(_FetchTask(loader, int(self._base_seed), most, self._auto), processes, STAGE,
-                                 fork_now=fork)  # fmt: skip
+                                 fork_now=not self._auto)  # fmt: skip
         self._stage = _WorkersStage(self)
         self._dispatch = Dispatcher(STAGE, self._pool, DEFAULT_STALL_TIMEOUT_S)
         self._placement: Placement | None = None
