@@ -26,3 +26,14 @@ def test_numpy_work_mostly_releases_the_gil():
         _, free, _ = probe.measure(lambda: [a @ a for _ in range(20)])
         _, held, _ = probe.measure(python_loop)
     assert free > held
+
+
+def test_the_free_rate_is_measured_once_a_process(monkeypatch):
+    monkeypatch.setattr(GilProbe, "_calibrated", None)
+    GilProbe.calibrate()
+    rate = GilProbe._calibrated
+    assert rate is not None and rate > 0
+    started = []
+    monkeypatch.setattr(GilProbe, "__enter__", lambda self: started.append(self) or self)
+    GilProbe.calibrate()  # measured already: no probe started
+    assert started == [] and GilProbe._calibrated == rate

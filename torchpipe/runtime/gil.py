@@ -43,6 +43,13 @@ class GilProbe:
         self._free_rate = GilProbe._calibrated = max(max(rates), 1.0 / _CALIBRATE_S)
         return self
 
+    @classmethod
+    def calibrate(cls) -> None:
+        """Measure the free rate now, once a process (a probe started later skips it)."""
+        if cls._calibrated is None:
+            with cls():
+                pass
+
     def __exit__(self, *exc: Any) -> None:
         self._stop.set()
         self._thread.join(timeout=1.0)

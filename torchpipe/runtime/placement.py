@@ -205,8 +205,7 @@ def prepare_measurements() -> None:
     GIL probe's rate, :func:`~torchpipe.runtime.memory_costs.calibrate`; ~25 ms): a stage that
     will place its calls calls this when it is made, so its first elements do not wait for it."""
     calibrate()
-    with GilProbe():
-        pass
+    GilProbe.calibrate()
 
 
 def measure_calls(
