@@ -25,7 +25,8 @@ from torch.utils.data._utils.pin_memory import pin_memory
 from torchpipe.autotune.report import PipelineStats
 from torchpipe.dataset import Dataset
 from torchpipe.errors import CheckpointError
-from torchpipe.loader.workers import WorkerIterator, fetch_noted
+from torchpipe.loader.fetch import fetch_noted
+from torchpipe.loader.workers import WorkerIterator
 from torchpipe.ops.device import DevicePrefetcher, check_device
 from torchpipe.runtime.cpu import usable_cpu_count
 from torchpipe.runtime.placement import prepare_measurements

@@ -19,12 +19,8 @@ from __future__ import annotations
 
 import time
 import weakref
-from collections.abc import Callable
 from typing import Any, cast
 
-import torch
-import torch.utils.data._utils.collate as torch_collate
-import torch.utils.data._utils.fetch as torch_fetch
 from torch.utils.data import dataloader as torch_dataloader
 from torch.utils.data._utils.pin_memory import pin_memory
 
@@ -34,19 +30,15 @@ from torchpipe.autotune.report import PipelineStats, pipeline_stats
 from torchpipe.autotune.tuner import Budget
 from torchpipe.core.stats import IteratorStats, LiveKnob
 from torchpipe.core.tunable import POOL, Tunable
-from torchpipe.errors import add_note
-from torchpipe.loader.replicas import EndedOnReplay, ReplicaPlan, Replicas
+from torchpipe.loader.fetch import DataLoader, Exhausted, FetchTask, LocalFetch
+from torchpipe.loader.replicas import ReplicaPlan
 from torchpipe.options import DEFAULT_STALL_TIMEOUT_S
 from torchpipe.randomness import (
     GLOBAL_RNGS,
     GlobalDraws,
-    call_seeded,
     global_rng_states,
-    mix_seed,
     restore_global_rng_states,
-    seed_global_rngs,
 )
-from torchpipe.runtime.codec import StackedTensor
 from torchpipe.runtime.cpu import usable_cpu_count
 from torchpipe.runtime.dispatch import Dispatcher
 from torchpipe.runtime.executor import Executor, InlineExecutor, ThreadExecutor
@@ -54,162 +46,9 @@ from torchpipe.runtime.placement import Placement, measure_calls
 from torchpipe.runtime.policy import INLINE, KINDS, PROCESS, THREAD, Policy, may_pay
 from torchpipe.runtime.process_pool import ProcessPool
 
-DataLoader = torch.utils.data.DataLoader
-"""What the fetch engine is given: a ``tp.DataLoader`` (a torch one, with torchpipe's state in its
-``__dict__`` as ``_tp``; loader/dataloader.py, which imports this module)."""
-
 STAGE = "DataLoader workers"
 NOT_ON_THREADS = "the dataset draws from the global RNGs (random, numpy, torch), which threads share"
 """Why ``num_workers="auto"`` makes no batch on threads, in ``loader.stats()``."""
-
-
-def _stack_later(batch: list[torch.Tensor], *, collate_fn_map: Any = None) -> Any:
-    """torch's tensor collation, except that same-shape plain tensors are stacked straight into
-    the shared-memory record the batch is sent in (torch's own would allocate a new shared
-    segment per batch)."""
-    first = batch[0]
-    plain = all(
-        type(t) is torch.Tensor
-        and t.layout is torch.strided
-        and t.device.type == "cpu"
-        and t.shape == first.shape
-        and t.dtype == first.dtype
-        for t in batch
-    )
-    if plain:
-        return StackedTensor(batch)
-    return torch_collate.collate_tensor_fn(batch, collate_fn_map=collate_fn_map)
-
-
-_WORKER_COLLATE_MAP = {**torch_collate.default_collate_fn_map, torch.Tensor: _stack_later}
-
-
-def _collate_into_shared_memory(batch: list[Any]) -> Any:
-    """``default_collate`` with exactly its semantics, stacking tensors into shared memory."""
-    return torch_collate.collate(batch, collate_fn_map=_WORKER_COLLATE_MAP)
-
-
-def batch_seed(base_seed: int, epoch: int, batch: int) -> int:
-    """The global RNGs' seed for batch ``batch`` of an epoch with ``num_workers="auto"``."""
-    return mix_seed(base_seed, epoch, batch)
-
-
-def fetch_noted(fetch: Callable[[Any], Any], index: Any, batch: int, replica: int | None = None) -> Any:
-    """``fetch(index)``: an error it raises gets a note naming the DataLoader's batch and the
-    dataset index that failed (or the batch's indices, or the IterableDataset replica)."""
-    try:
-        return fetch(index)
-    except StopIteration:
-        raise
-    except Exception as e:
-        where = f"IterableDataset replica {replica}" if replica is not None else _failed_index(e, index)
-        add_note(e, f"raised in torchpipe stage DataLoader at batch {batch}, {where}")
-        raise
-
-
-def _failed_index(error: BaseException, index: Any) -> str:
-    """Which index of the batch ``error`` came from: the one torch's fetcher was at when it was
-    raised (read from the traceback, so no call pays for it), else the batch's indices."""
-    if index is None or (isinstance(index, list) and all(i is None for i in index)):
-        return "in the IterableDataset"  # its sampler yields no indices
-    if not isinstance(index, list):
-        return f"dataset index {index!r}"
-    tb = error.__traceback__
-    while tb is not None:
-        frame = tb.tb_frame
-        if frame.f_code.co_filename == torch_fetch.__file__ and "idx" in frame.f_locals:
-            return f"dataset index {frame.f_locals['idx']!r}"
-        tb = tb.tb_next
-    shown = ", ".join(map(repr, index[:8])) + (f", ... ({len(index)} in all)" if len(index) > 8 else "")
-    return f"dataset indices [{shown}]"
-
-
-class _Exhausted:
-    """What a worker returns once its IterableDataset replica has ended (``on_replay``: it ended
-    while a replacement worker replayed it, after ``on_replay`` batches)."""
-
-    def __init__(self, on_replay: int | None = None) -> None:
-        self.on_replay = on_replay
-
-
-class _FetchTask:
-    """Runs in each worker: torch's worker set-up, then torch's fetcher for every batch.
-
-    Seeds ``random``, torch and numpy exactly as torch's workers do (``base_seed + worker_id``),
-    sets ``get_worker_info()``, calls ``worker_init_fn``, and makes the fetcher (for an
-    IterableDataset, the worker's own replica): :class:`~torchpipe.loader.replicas.Replicas`
-    does it, and runs the further replicas a batch may name (``num_workers="auto"`` over an
-    IterableDataset). An error in that set-up is raised for every task, as torch does. With
-    ``per_batch_seeds`` (``num_workers="auto"`` over a map-style dataset) the global RNGs are
-    seeded again before each batch, from its index (:func:`batch_seed`).
-    """
-
-    def __init__(self, loader: DataLoader, base_seed: int, num_workers: int, per_batch_seeds: bool) -> None:
-        collate_fn = loader.collate_fn
-        if collate_fn is torch_collate.default_collate:
-            collate_fn = _collate_into_shared_memory
-        kind, auto_collation, drop_last = loader._dataset_kind, loader._auto_collation, loader.drop_last
-
-        def make_fetcher(dataset: Any) -> Any:
-            return torch_dataloader._DatasetKind.create_fetcher(kind, dataset, auto_collation, collate_fn, drop_last)
-
-        # num_workers: what get_worker_info() says, the most workers (or replicas) there may be
-        self.replicas = Replicas(loader.dataset, num_workers, base_seed, loader.worker_init_fn, make_fetcher)
-        self.base_seed = base_seed
-        self.per_batch_seeds = per_batch_seeds
-        self.worker_id = 0
-
-    def start_worker(self, worker_id: int) -> None:
-        self.worker_id = worker_id
-        self.replicas.start(worker_id)
-
-    def __call__(self, seq: int, payload: tuple[Any, ...]) -> Any:
-        # an IterableDataset's batch names its replica and its place in the replica's batches
-        epoch, batch, index, *place = payload
-        if self.per_batch_seeds:
-            seed_global_rngs(batch_seed(self.base_seed, epoch, batch))
-        replica, position = place if place else (self.worker_id, None)
-        try:
-            return fetch_noted(lambda i: self.replicas.fetch(replica, epoch, i, position), index, batch,
-                               replica if place else None)  # fmt: skip
-        except StopIteration:
-            return _Exhausted()
-        except EndedOnReplay as e:
-            return _Exhausted(on_replay=e.args[0])
-
-
-class _LocalFetch:
-    """Fetches batches in this process, inline or on threads, as torch does with ``num_workers=0``.
-
-    Inline, the global RNGs in ``rngs`` are seeded per batch as a worker seeds them, and the
-    consumer's own states of them are put back afterwards (its dropout must not be reseeded).
-    ``rngs`` are those the batches draw from, as measured: saving numpy's state costs ~90 us, so
-    RNGs the dataset does not use are left alone. On threads nothing is seeded: the policy puts a
-    fetch there only if it draws from none of them.
-    """
-
-    def __init__(self, loader: DataLoader, base_seed: int, rngs: tuple[str, ...]) -> None:
-        self.base_seed = base_seed
-        self.rngs = rngs
-        self.fetcher = torch_dataloader._DatasetKind.create_fetcher(
-            loader._dataset_kind, loader.dataset, loader._auto_collation, loader.collate_fn, loader.drop_last
-        )
-
-    def __call__(self, seq: int, payload: tuple[int, int, Any]) -> Any:
-        _epoch, batch, index = payload
-        if not self.rngs:
-            return fetch_noted(self.fetcher.fetch, index, batch)
-        saved = global_rng_states(self.rngs)
-        try:
-            return self.seeded(payload)
-        finally:
-            restore_global_rng_states(saved)
-
-    def seeded(self, payload: tuple[int, int, Any]) -> Any:
-        """Fetch with the RNGs seeded for the batch, and nothing put back."""
-        epoch, batch, index = payload
-        return call_seeded(batch_seed(self.base_seed, epoch, batch), fetch_noted, self.fetcher.fetch, index, batch,
-                           rngs=self.rngs)  # fmt: skip
 
 
 class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
@@ -238,7 +77,7 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
         # "auto": the zygote is forked when batches first go to processes (the first decision is
         # made before the tuner's thread starts), not for an epoch that makes them here (its fork
         # and stop took ~10 ms, its memory the epoch)
-        self._pool = ProcessPool(_FetchTask(loader, int(self._base_seed), most, self._auto), processes, STAGE,
+        self._pool = ProcessPool(FetchTask(loader, int(self._base_seed), most, self._auto), processes, STAGE,
                                  fork_now=not self._auto)  # fmt: skip
         self._stage = _WorkersStage(self)
         self._dispatch = Dispatcher(STAGE, self._pool, DEFAULT_STALL_TIMEOUT_S)
@@ -265,7 +104,7 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
         state.policy.candidates = KINDS if self._processes_may_pay() else (INLINE, THREAD)
         drawn = state.drawn_rngs if state.drawn_rngs is not None else GLOBAL_RNGS  # all, until measured
         seed = int(self._base_seed)
-        self._local = {INLINE: _LocalFetch(loader, seed, drawn), THREAD: _LocalFetch(loader, seed, ())}
+        self._local = {INLINE: LocalFetch(loader, seed, drawn), THREAD: LocalFetch(loader, seed, ())}
         self._dispatch.switch(InlineExecutor(self._local[INLINE], self._pool.timing), _park)
         self._placement = Placement(self._dispatch, self._make, state.policy, self._pool.timing,
                                     self._moved, _park, state.learned)  # fmt: skip
@@ -474,7 +313,7 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
             seq, value, error = self._take()
             waited += self._dispatch.wait_s - before
             slot = self._task_slot.pop(seq)
-            if isinstance(value, _Exhausted):
+            if isinstance(value, Exhausted):
                 assert slot is not None  # a replica's end
                 if value.on_replay is not None and self._active[slot]:
                     raise RuntimeError(
