@@ -262,7 +262,7 @@ def test_the_input_runs_inline_only_while_no_stage_below_runs_ahead():
     next(threads)
     assert _runs_ahead(find_stage(threads, ParallelMapIterator))
     choice = OverlapChoice(INLINE)
-    assert choice.delivered(1.0, 0.0, lambda: 1e-6, may_inline=False) == THREAD  # back to the thread
+    assert choice.delivered(1.0, 0.0, lambda: 1e-6, may_inline=lambda: False) == THREAD  # back to the thread
 
 
 def test_a_pass_that_starts_inline_starts_the_thread_when_a_stage_below_begins_to_run_ahead(monkeypatch):

@@ -266,16 +266,17 @@ class OverlapChoice:
         self._driver.new_pass(self._count)
 
     def delivered(
-        self, now: float, outside_s: float, pull_s: Callable[[], float], last: bool = False, may_inline: bool = True
-    ) -> str:
+        self, now: float, outside_s: float, pull_s: Callable[[], float], last: bool = False,
+        may_inline: Callable[[], bool] | None = None,
+    ) -> str:  # fmt: skip
         """After each delivered element (``last``: the end of the pass, after the last one):
         ``outside_s`` the consumer's time outside ``next()`` so far in this pass, ``pull_s()``
-        the input's time per element since it was last asked; ``may_inline``: whether the input
-        may run inline now. Returns the mode to run in from now on."""
-        if not may_inline:
-            if self.mode == INLINE:  # a stage below runs ahead now: the thread pulls from it again
-                self.mode = THREAD
-                self._driver.moved(THREAD, self._count + OVERLAP.settle_elements, now)
+        the input's time per element since it was last asked; ``may_inline()``: whether the
+        input may run inline now (asked while it does, and before a move to it). Returns the mode
+        to run in from now on."""
+        if self.mode == INLINE and may_inline is not None and not may_inline():
+            self.mode = THREAD  # a stage below runs ahead now: the thread pulls from it again
+            self._driver.moved(THREAD, self._count + OVERLAP.settle_elements, now)
             return self.mode
         self._count += 0 if last else 1
         count = self._count
@@ -287,6 +288,8 @@ class OverlapChoice:
         per_element, consumer_s = seconds / elements, (outside_s - outside0) / elements
         self._measured[self.mode] = (per_element, now)
         verdict = self._verdict(now, per_element, consumer_s, pull_s())
+        if verdict == INLINE and may_inline is not None and not may_inline():
+            verdict = THREAD
         if verdict != self.mode and self._driver.agreed(verdict):
             self.mode = verdict
             self._driver.moved(verdict, count + OVERLAP.settle_elements, now)
@@ -446,12 +449,15 @@ class PrefetchIterator(Iterator, Tunable):
         self.stats.sample_bytes(element)
         return element
 
+    def _nothing_ahead(self) -> bool:
+        """Whether no stage below runs ahead of its consumer now (the input may then run inline)."""
+        return not any(_runs_ahead(stage) for stage in self._below)
+
     def _review(self) -> None:
         assert self._choice is not None and self._returned is not None  # after an element, when choosing
         mode = self._choice.mode
-        may_inline = not any(_runs_ahead(stage) for stage in self._below)
         verdict = self._choice.delivered(self._returned, self._outside_s, self._pulls.per_element,
-                                         self._done, may_inline)  # fmt: skip
+                                         self._done, self._nothing_ahead)  # fmt: skip
         if verdict == mode or self._done:  # at the end of a pass: the next one starts in the new mode
             return
         if verdict == INLINE:
