@@ -10,6 +10,7 @@ import sys
 from typing import Any
 
 import numpy as np
+import psutil
 import pytest
 import torch
 
@@ -147,11 +148,13 @@ def test_blobs_samples_and_one_epochs_measurement(small):
     assert work.loader_kwargs(0) == {"batch_size": 32} and work.loader_kwargs(2)["persistent_workers"] is True
     runner = run.Runner(work, TINY, quick=True)
     loader = torch.utils.data.DataLoader(work.dataset, num_workers=1, **work.loader_kwargs(1))
+    before = {p.pid for p in psutil.Process().children()}
     result = runner.epochs(lambda: loader)
+    left = {p.pid for p in psutil.Process().children()} - before
     assert len(result["epoch_rates"]) == 2 and min(result["epoch_rates"]) > 0
     assert result["epoch_executors"] == [None, None]  # torch's loader reports no placement
     assert result["throughput"] == result["epoch_rates"][1]  # the steady rate: the epochs after the first
-    assert result["cpu_s_per_item"] > 0 and loader._iterator is None  # the persistent worker was stopped
+    assert result["cpu_s_per_item"] > 0 and left == set()  # the persistent worker was stopped
     batch = next(iter(torch.utils.data.DataLoader(work.dataset, **work.loader_kwargs(0))))
     assert len(batch["payload"]) == 32 and batch["features"].shape == (32, wl.BLOB_FEATURES)
     assert work.count(batch) == (32, 32.0)

@@ -29,11 +29,21 @@ def test_numpy_work_mostly_releases_the_gil():
 
 
 def test_the_free_rate_is_measured_once_a_process(monkeypatch):
-    monkeypatch.setattr(GilProbe, "_calibrated", None)
+    from torchpipe.runtime import gil
+
+    monkeypatch.setattr(GilProbe, "_calibrated", None)  # as in a fresh process
+    sleep, calibrations = time.sleep, []
+
+    def counting_sleep(seconds):
+        if seconds == gil._CALIBRATE_S:
+            calibrations.append(seconds)
+        sleep(seconds)
+
+    monkeypatch.setattr(gil.time, "sleep", counting_sleep)
     GilProbe.calibrate()
-    rate = GilProbe._calibrated
-    assert rate is not None and rate > 0
-    started = []
-    monkeypatch.setattr(GilProbe, "__enter__", lambda self: started.append(self) or self)
-    GilProbe.calibrate()  # measured already: no probe started
-    assert started == [] and GilProbe._calibrated == rate
+    measured = len(calibrations)
+    assert measured > 0
+    GilProbe.calibrate()  # measured already
+    with GilProbe() as probe:  # a probe started later takes the rate measured
+        _, free, _ = probe.measure(lambda: time.sleep(0.002))
+    assert len(calibrations) == measured and free > 0.5
