@@ -38,13 +38,13 @@ class Shares(IterableDataset):
             }
 
 
-def loaders(dataset, processes=None, **kwargs):
-    """torch's DataLoader with one worker a replica, and torchpipe's with ``"auto"`` (its replicas
-    on ``processes`` processes where given, as a loader that measured before would place them)."""
-    theirs = torch.utils.data.DataLoader(dataset, num_workers=REPLICAS, generator=torch.Generator().manual_seed(5),
+def loaders(dataset, processes=None, replicas=REPLICAS, **kwargs):
+    """torch's DataLoader with one worker a replica, and torchpipe's with ``"auto"`` (``replicas``
+    of them, on ``processes`` processes where given, as a loader that measured before would place them)."""
+    theirs = torch.utils.data.DataLoader(dataset, num_workers=replicas, generator=torch.Generator().manual_seed(5),
                                          **kwargs)  # fmt: skip
     ours = tp.DataLoader(dataset, num_workers="auto", generator=torch.Generator().manual_seed(5), **kwargs)
-    ours._tp.tuned_workers = processes
+    ours._tp.tuned_workers, ours._tp.replicas = processes, replicas
     return theirs, ours
 
 
@@ -58,6 +58,48 @@ def test_batches_are_torchs_with_a_worker_a_replica_wherever_replicas_run(proces
     assert {int(n) for b in got for n in b["of"]} == {REPLICAS}
     made_by = ours.stats()[0]
     assert (made_by["executor"], made_by["workers"]) == ("process", processes or REPLICAS)  # waits: a process a replica
+
+
+def _of(batches):
+    return {int(n) for b in batches for n in b["of"]}
+
+
+def test_replicas_that_wait_start_the_first_epoch_over_with_more_and_keep_them():
+    ours = tp.DataLoader(Shares(200, wait_s=0.002), num_workers="auto", batch_size=4, persistent_workers=True,
+                         generator=torch.Generator().manual_seed(5))  # fmt: skip
+    first = list(ours)
+    count = ours._tp.replicas
+    assert REPLICAS < count <= 64 and _of(first) == {count}  # every delivered batch from the final count
+    assert sorted(int(i) for b in first for i in b["i"]) == list(range(200))  # nothing lost or repeated
+    assert ours.stats()[0]["workers"] == count  # a process a replica
+    theirs = torch.utils.data.DataLoader(Shares(200, wait_s=0.002), num_workers=count, batch_size=4,
+                                         generator=torch.Generator().manual_seed(5))  # fmt: skip
+    assert_same_elements(first, list(theirs))  # torch's batches with that many workers
+    assert _of(ours) == {count}  # the next epoch starts with it
+
+
+def test_a_state_taken_after_the_start_over_resumes_with_its_replicas():
+    def make():
+        return tp.DataLoader(Shares(120, wait_s=0.002), num_workers="auto", batch_size=4,
+                             generator=torch.Generator().manual_seed(5))  # fmt: skip
+
+    loader, delivered = make(), []
+    for batch in loader:
+        delivered.append(batch)
+        if len(delivered) == 7:
+            state = loader.state_dict()
+            break
+    resumed = make()
+    resumed.load_state_dict(state)
+    rest = list(resumed)
+    assert _of(rest) == {loader._tp.replicas} == {state["loader"]["replicas"]}
+    assert sorted(int(i) for b in delivered + rest for i in b["i"]) == list(range(120))
+
+
+def test_busy_replicas_keep_the_count_and_share_a_process_a_core():
+    ours = tp.DataLoader(Shares(200), num_workers="auto", batch_size=4)
+    assert _of(ours) == {REPLICAS}
+    assert ours.stats()[0]["workers"] == usable_cpu_count()
 
 
 def _split_by_init(worker_id):
@@ -90,12 +132,19 @@ def test_persistent_workers_give_torchs_epochs():
 def test_the_plan_waits_for_a_measurement_then_spreads_waiting_replicas_and_shares_busy_ones():
     plan = ReplicaPlan(replicas=4, processes=2)
     assert [plan.host(r) for r in range(4)] == [0, 1, None, None]
-    assert plan.decide(calls=2, wall_s=0.020, cpu_s=0.019, cores=2) == 2  # busy: a process a core
+    assert plan.decide(calls=2, wall_s=0.020, cpu_s=0.019, cores=2) is None  # busy: a process a core
     assert [plan.host(r) for r in range(4)] == [0, 1, 0, 1]
-    waiting = ReplicaPlan(replicas=4, processes=2)
-    assert waiting.decide(calls=2, wall_s=0.020, cpu_s=0.002, cores=2) == 4  # mostly waiting
+    waiting = ReplicaPlan(replicas=4, processes=2, fixed=True)  # a count an earlier epoch chose
+    assert waiting.decide(calls=2, wall_s=0.020, cpu_s=0.002, cores=2) is None  # mostly waiting
     assert [waiting.host(r) for r in range(4)] == [0, 1, 2, 3]
     assert ReplicaPlan(replicas=4, processes=2, decided=3).host(3) == 0  # an earlier epoch decided
+
+
+def test_the_first_plan_asks_for_more_replicas_where_batches_wait_within_the_room():
+    assert ReplicaPlan(4, 2).decide(calls=2, wall_s=0.020, cpu_s=0.002, cores=2) == 20  # cores x wall/CPU
+    assert ReplicaPlan(8, 4).decide(calls=4, wall_s=4.0, cpu_s=0.004, cores=4) == 64  # at most 64
+    assert ReplicaPlan(4, 2).decide(calls=2, wall_s=0.020, cpu_s=0.002, cores=2, room=9) == 9  # the RAM budget's
+    assert ReplicaPlan(4, 2).decide(calls=2, wall_s=0.020, cpu_s=0.002, cores=2, room=3) is None  # fewer: keep
 
 
 class Tagged(IterableDataset):

@@ -26,6 +26,7 @@ from torchpipe.autotune.report import PipelineStats
 from torchpipe.dataset import Dataset
 from torchpipe.errors import CheckpointError
 from torchpipe.loader.fetch import fetch_noted
+from torchpipe.loader.replicas import MAX_REPLICAS
 from torchpipe.loader.workers import WorkerIterator
 from torchpipe.ops.device import DevicePrefetcher, check_device
 from torchpipe.runtime.cpu import usable_cpu_count
@@ -47,7 +48,9 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             to a free worker; they still arrive in sampler order;
             ``get_worker_info().num_workers`` is that most). Over an IterableDataset, twice the
             cores in replicas, on as many processes as the first batches say pay (torch's batches
-            with that many workers).
+            with that many workers); where those batches mostly wait (slow storage), the first
+            epoch starts over, before delivering anything, with up to 64 replicas, a process each,
+            and later epochs keep that count.
         device: ``None`` (batches stay on the CPU), or a device such as ``"cuda"``: batches
             arrive there, copied ahead through pinned memory on a side stream.
         dataset: also a ``tp.Dataset`` pipeline, which runs in this process with its own
@@ -190,6 +193,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
                 f"DataLoader state: 'epoch_rng' must be a generator state (a uint8 tensor), got {type(rng).__name__}"
             )
         if "loader" in state:  # format 1 states carry no fingerprint: loaded on trust
+            _adopt_replicas(self, state["loader"])
             _check_fingerprint(state["loader"], _fingerprint(self))
         length = _epoch_batches(self)
         if length is not None and yielded > length:
@@ -211,6 +215,7 @@ class _LoaderState:
         self.resume: int | None = None
         self.workers_auto = False
         self.tuned_workers: int | None = None  # where num_workers="auto" left the worker count
+        self.replicas: int | None = None  # and, over an IterableDataset, the replica count
         self.policy: Any = None  # and where it placed batches (a runtime.policy.Policy), for the next epoch
         self.learned: dict[str, Any] = {}  # the placement's windows, judged on from one epoch to the next
         self.drawn_rngs: tuple[str, ...] | None = None  # the global RNGs its batches draw from, once measured
@@ -268,9 +273,9 @@ def _loader_lines(loader: torch.utils.data.DataLoader) -> list[str]:
             if loader.collate_fn is torch_collate.default_collate
             else ""
         )
-        if auto and iterable:
-            resized = (f" running {2 * usable_cpu_count()} replicas (one a process where the first batches "
-                       "show they wait, else in turn)")  # fmt: skip
+        if state is not None and auto and iterable:
+            count = str(state.replicas or f"{2 * usable_cpu_count()} to start, up to {MAX_REPLICAS},")
+            resized = f" running {count} replicas (one a process where the first batches show they wait, else in turn)"
         else:
             resized = f" (resized by the autotuner: 1 to {2 * usable_cpu_count()})" if auto else ""
         lines.append(
@@ -296,15 +301,26 @@ def _fingerprint(loader: torch.utils.data.DataLoader) -> dict[str, Any]:
     }  # fmt: skip
     if isinstance(dataset, torch.utils.data.IterableDataset):
         # its replicas split it, so their number decides what each batch holds
-        state = loader.__dict__.get("_tp")
-        auto = state is not None and state.workers_auto and not isinstance(dataset, Dataset)
-        found["replicas"] = 2 * usable_cpu_count() if auto else loader.num_workers
+        state: _LoaderState | None = loader.__dict__.get("_tp")
+        if state is not None and state.workers_auto and not isinstance(dataset, Dataset):
+            found["replicas"] = state.replicas or 2 * usable_cpu_count()
+        else:
+            found["replicas"] = loader.num_workers
     else:
         try:
             found["length"] = len(dataset)  # type: ignore[arg-type]  # no __len__: the TypeError below
         except TypeError:
             pass
     return found
+
+
+def _adopt_replicas(loader: DataLoader, saved: Any) -> None:
+    """``"auto"`` over an IterableDataset resumes with the replica count the state's epoch ran
+    (its first epoch may have chosen more than it starts with)."""
+    state, count = loader._tp, saved.get("replicas") if isinstance(saved, dict) else None
+    iterable = isinstance(loader.dataset, torch.utils.data.IterableDataset) and not isinstance(loader.dataset, Dataset)
+    if state.workers_auto and iterable and isinstance(count, int) and 1 <= count <= MAX_REPLICAS:
+        state.replicas = count
 
 
 def _check_fingerprint(saved: Any, here: dict[str, Any]) -> None:

@@ -8,6 +8,7 @@ in this process, with the global RNGs seeded as torch seeds them (or per batch, 
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from typing import Any
 
@@ -121,6 +122,12 @@ class FetchTask:
         self.base_seed = base_seed
         self.per_batch_seeds = per_batch_seeds
         self.worker_id = 0
+
+    def with_replicas(self, count: int) -> FetchTask:
+        """The same task with ``count`` replicas (an IterableDataset's epoch started over with more)."""
+        task = copy.copy(self)
+        task.replicas = self.replicas.recount(count)
+        return task
 
     def start_worker(self, worker_id: int) -> None:
         self.worker_id = worker_id

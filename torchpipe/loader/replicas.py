@@ -3,11 +3,16 @@
 An IterableDataset is split by its replicas: each runs ``iter(dataset)`` with ``get_worker_info()``
 naming its id and how many replicas there are, and yields its share. So their number cannot change
 while an epoch runs, and a replica cannot move once it has started (its position lives in the
-process that runs it). With ``"auto"`` an epoch runs twice the usable cores in replicas (what
-``get_worker_info().num_workers`` says, as for a map-style dataset) and, once the first batches
-are measured, decides how many processes they run on, by the runtime's policy
-(:func:`~torchpipe.runtime.policy.workers`): one a replica where batches mostly wait (slow storage:
-as many reads in flight as replicas), else one a core, each running its replicas in turn.
+process that runs it). With ``"auto"`` an epoch starts with twice the usable cores in replicas
+(what ``get_worker_info().num_workers`` says, as for a map-style dataset), the first ones on a
+process each, and holds their first batches until they say where the rest run, by the runtime's
+policy (:func:`~torchpipe.runtime.policy.workers`): where batches mostly wait (slow storage), a
+process a replica, as many reads in flight as replicas; else a process a core, each running its
+replicas in turn. On a loader's first epoch, batches that wait may also ask for more replicas
+(up to :data:`MAX_REPLICAS`, as many worker processes as the RAM budget holds): nothing has been
+delivered yet, so the epoch starts over with that many (the held batches are dropped and made
+again by the new replicas' shares), and the loader keeps the count for its later epochs and in
+its ``state_dict()``.
 
 Every replica is set up as torch sets up a worker (its seeds, ``worker_init_fn``, its own
 ``WorkerInfo``) and keeps its own global RNG states, swapped in whenever its process turns to it.
@@ -28,7 +33,7 @@ import torch
 import torch.utils.data._utils.worker as torch_worker
 
 from torchpipe.randomness import global_rng_states, restore_global_rng_states
-from torchpipe.runtime.policy import PROCESS, CallCosts, workers
+from torchpipe.runtime.policy import THREAD, CallCosts, workers
 
 MakeFetcher = Callable[[Any], Any]
 """``make_fetcher(dataset)``: torch's fetcher over ``dataset`` (for an IterableDataset, a fresh replica iterator)."""
@@ -75,6 +80,10 @@ class Replicas:
         self._pristine = dataset  # a copy of the dataset as given: the copies of later replicas
         self._open: dict[int, _Replica] = {}
         self._current: _Replica | None = None
+
+    def recount(self, count: int) -> Replicas:
+        """Replicas of the same dataset, ``count`` of them (none started)."""
+        return Replicas(self._dataset, count, self._base_seed, self._worker_init_fn, self._make_fetcher)
 
     def start(self, replica: int) -> None:
         """Set up ``replica`` now (a worker's own one, at the worker's start, as torch does)."""
@@ -155,20 +164,28 @@ class Replicas:
         self._current = entry
 
 
+MAX_REPLICAS = 64
+"""The most replicas ``"auto"`` runs (each waiting replica on a process of its own)."""
+
+
 class ReplicaPlan:
-    """Which worker process runs each replica: replica ``r`` on process ``r`` for the first ones,
-    and, once :meth:`decide` has seen what the first batches cost, on process ``r % processes``.
+    """How many replicas an epoch runs and which worker process runs each: replica ``r`` on
+    process ``r`` for the first ones, and, once :meth:`decide` has seen what their first batches
+    cost, on process ``r % processes``.
 
     Args:
-        replicas: the epoch's replicas.
+        replicas: the replicas the epoch starts with.
         processes: the processes the epoch starts with (the first replicas', one each).
-        decided: a count an earlier epoch decided (no need to wait for measurements).
+        decided: a process count an earlier epoch decided (no need to wait for measurements).
+        fixed: whether ``replicas`` is final (an earlier epoch, or a resumed state, decided it);
+            if not, the first decision may ask for more replicas where batches mostly wait.
     """
 
-    def __init__(self, replicas: int, processes: int, decided: int | None = None) -> None:
+    def __init__(self, replicas: int, processes: int, decided: int | None = None, fixed: bool = False) -> None:
         self.replicas = replicas
         self.processes = min(decided or processes, replicas)
         self.decided = decided is not None
+        self.fixed = fixed or self.decided
 
     def host(self, replica: int) -> int | None:
         """The process slot that runs ``replica``; None until that is decided."""
@@ -176,9 +193,19 @@ class ReplicaPlan:
             return replica
         return replica % self.processes if self.decided else None
 
-    def decide(self, calls: int, wall_s: float, cpu_s: float, cores: int) -> int:
-        """How many processes the replicas run on, from what ``calls`` batches cost their workers."""
-        costs = CallCosts(wall_s / calls, cpu_s / calls, 1.0, 0.0, most=self.replicas)
-        self.processes = max(self.processes, workers(costs, PROCESS, cores))
-        self.decided = True
-        return self.processes
+    def decide(self, calls: int, wall_s: float, cpu_s: float, cores: int, room: int = MAX_REPLICAS) -> int | None:
+        """How many processes the replicas run on, from what ``calls`` batches cost their workers;
+        or, where the count is not fixed and batches mostly wait, how many replicas the epoch
+        should start over with (one a process: as many reads in flight as replicas), at most
+        :data:`MAX_REPLICAS` and ``room`` (the worker processes the RAM budget holds).
+
+        Returns:
+            None where the plan stands (``processes`` is decided), else the replica count to start over with.
+        """
+        costs = CallCosts(wall_s / calls, cpu_s / calls, 1.0, 0.0, most=MAX_REPLICAS)
+        wanted = min(workers(costs, THREAD, cores), room)  # a core each, or a replica each where they wait
+        if not self.fixed and wanted > self.replicas:
+            return wanted
+        self.processes = max(self.processes, min(wanted, self.replicas))
+        self.decided = self.fixed = True
+        return None

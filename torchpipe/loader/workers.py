@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import time
 import weakref
+from collections import deque
 from typing import Any, cast
 
+import psutil
 from torch.utils.data import dataloader as torch_dataloader
 from torch.utils.data._utils.pin_memory import pin_memory
 
@@ -31,7 +33,7 @@ from torchpipe.autotune.tuner import Budget
 from torchpipe.core.stats import IteratorStats, LiveKnob
 from torchpipe.core.tunable import POOL, Tunable
 from torchpipe.loader.fetch import DataLoader, Exhausted, FetchTask, LocalFetch
-from torchpipe.loader.replicas import ReplicaPlan
+from torchpipe.loader.replicas import MAX_REPLICAS, ReplicaPlan
 from torchpipe.options import DEFAULT_STALL_TIMEOUT_S
 from torchpipe.randomness import (
     GLOBAL_RNGS,
@@ -69,16 +71,19 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
         iterable = self._dataset_kind == torch_dataloader._DatasetKind.Iterable
         self._auto = state.workers_auto and not iterable
         most = max(self._num_workers, 2 * usable_cpu_count()) if state.workers_auto else self._num_workers
-        # auto over an IterableDataset: `most` replicas, on processes decided from the first batches
-        self._plan = (
-            ReplicaPlan(most, self._num_workers, state.tuned_workers) if state.workers_auto and iterable else None
-        )
+        # auto over an IterableDataset: `most` replicas (or what an earlier epoch decided), on
+        # processes decided from the first batches
+        self._plan: ReplicaPlan | None = None
+        if state.workers_auto and iterable:
+            most = state.replicas or most
+            self._plan = ReplicaPlan(most, self._num_workers, state.tuned_workers, fixed=state.replicas is not None)
+        self._held: deque[tuple[int, Any, BaseException | None]] = deque()  # the plan's first batches
         processes = self._plan.processes if self._plan is not None else self._num_workers
         # "auto": the zygote is forked when batches first go to processes (the first decision is
         # made before the tuner's thread starts), not for an epoch that makes them here (its fork
         # and stop took ~10 ms, its memory the epoch)
-        self._pool = ProcessPool(FetchTask(loader, int(self._base_seed), most, self._auto), processes, STAGE,
-                                 fork_now=not self._auto)  # fmt: skip
+        self._task = FetchTask(loader, int(self._base_seed), most, self._auto)
+        self._pool = ProcessPool(self._task, processes, STAGE, fork_now=not self._auto)
         self._stage = _WorkersStage(self)
         self._dispatch = Dispatcher(STAGE, self._pool, DEFAULT_STALL_TIMEOUT_S)
         self._placement: Placement | None = None
@@ -244,17 +249,42 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
 
     def _host(self, replica: int) -> int | None:
         """The worker slot that makes ``replica``'s batches; None while that waits for a measurement."""
-        if self._plan is None:
-            return replica
-        host = self._plan.host(replica)
-        if host is None:
-            calls, wall_s, cpu_s = self._pool.timing.totals()
-            if calls < self._plan.processes:  # a batch from each: one alone may be a slow start
-                return None
-            self._tp_state.tuned_workers = self._plan.decide(calls, wall_s, cpu_s, usable_cpu_count())
-            self._pool.resize(self._plan.processes)
-            host = self._plan.host(replica)
-        return host
+        return replica if self._plan is None else self._plan.host(replica)
+
+    def _decide_replicas(self, plan: ReplicaPlan) -> None:
+        """Take the first batch of each replica started (one alone may be a slow start) and decide
+        from their cost where the others run, or start the epoch over with more replicas. The
+        batches are held until then: none is delivered before the count is final."""
+        while self._dispatch.pending:
+            self._held.append(self._take())
+        calls, wall_s, cpu_s = self._pool.timing.totals()
+        whole = all(error is None and not isinstance(value, Exhausted) for _, value, error in self._held)
+        room = self._room() if whole and not plan.fixed else MAX_REPLICAS
+        restart = plan.decide(calls, wall_s, cpu_s, usable_cpu_count(), room) if calls else None
+        if restart is None or not whole:  # an ended or failing replica: more replicas will not pay
+            plan.decided = plan.fixed = True
+            self._tp_state.replicas, self._tp_state.tuned_workers = plan.replicas, plan.processes
+            self._pool.resize(plan.processes)
+            return
+        self._held.clear()  # made again, and split otherwise, by the new replicas
+        self._tp_state.replicas = self._tp_state.tuned_workers = restart
+        self._plan = ReplicaPlan(restart, restart, decided=restart)
+        self._task = self._task.with_replicas(restart)
+        pool = ProcessPool(self._task, restart, STAGE)
+        pool.start()
+        self._dispatch.switch(pool)  # the first replicas' pool, idle now, is closed
+        self._pool = pool
+        self._stage.stats.calls = pool.timing
+        self._batch = self._slot = 0
+        self._active, self._made = [True] * restart, [0] * restart
+
+    def _room(self) -> int:
+        """How many worker processes the RAM budget holds, from what the first one holds alone."""
+        try:
+            each = psutil.Process(self._pool.pids[0]).memory_full_info().uss
+        except (IndexError, psutil.Error):
+            return MAX_REPLICAS
+        return max(1, int(Budget.of_machine().ram // max(each, 1)))
 
     def skip(self, count: int) -> None:
         """Resume support: drop ``count`` batches (map-style: drawn from the sampler, not fetched)."""
@@ -306,11 +336,15 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
         waited = 0.0
         while True:
             self._fill()
-            if not self._dispatch.pending:
+            if not self._dispatch.pending and not self._held:
                 self._shutdown_if_done()
                 raise StopIteration
             before = self._dispatch.wait_s
-            seq, value, error = self._take()
+            if self._plan is not None and not self._plan.decided:
+                self._decide_replicas(self._plan)
+                waited += self._dispatch.wait_s - before
+                continue
+            seq, value, error = self._held.popleft() if self._held else self._take()
             waited += self._dispatch.wait_s - before
             slot = self._task_slot.pop(seq)
             if isinstance(value, Exhausted):
