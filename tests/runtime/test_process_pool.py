@@ -247,8 +247,7 @@ def test_a_killed_zygote_is_replaced_and_nothing_is_lost(monkeypatch, noticed):
 
 @pytest.mark.parametrize("allocate", [None, fresh_tensor], ids=["views", "allocate"])
 def test_every_tensor_and_array_from_a_worker_is_64_byte_aligned(monkeypatch, allocate):
-    monkeypatch.setattr(worker, "MAX_RING_BYTES", 1 << 20)  # no ring for the big results: segments
-    pool = ProcessPool(misaligning, 1, "m", ring_bytes=1 << 20, allocate=allocate)
+    pool = ProcessPool(misaligning, 1, "m", ring_bytes=1 << 20, ring_limit=1 << 20, allocate=allocate)  # segments
     pool.start()
     try:
         kinds = ["small", "big", "columns"] * 3

@@ -29,6 +29,7 @@ from torchpipe.loader.fetch import fetch_noted
 from torchpipe.loader.replicas import MAX_REPLICAS
 from torchpipe.loader.workers import WorkerIterator
 from torchpipe.ops.device import DevicePrefetcher, check_device
+from torchpipe.options import AutotuneOptions
 from torchpipe.runtime.cpu import usable_cpu_count
 from torchpipe.runtime.placement import prepare_measurements
 from torchpipe.runtime.process_pool import process_executor_supported
@@ -53,6 +54,12 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             and later epochs keep that count.
         device: ``None`` (batches stay on the CPU), or a device such as ``"cuda"``: batches
             arrive there, copied ahead through pinned memory on a side stream.
+        autotune: with ``num_workers="auto"``, what the tuner may use (``tp.AutotuneOptions``):
+            ``ram_budget`` bounds the memory the loader adds (its worker processes' PSS, its
+            share of the shared memory batches travel in, the batches in flight), read a few
+            times a second; over it, a worker is given up (the last: batches made here) and
+            its rings stop growing past a quarter of the budget. ``cpu_budget`` and ``enabled``
+            are the pipeline's.
         dataset: also a ``tp.Dataset`` pipeline, which runs in this process with its own
             parallel stages (``num_workers`` does not replicate it).
         (every other argument is torch's)
@@ -88,9 +95,12 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         pin_memory_device: str = "",
         in_order: bool = True,
         device: str | torch.device | None = None,
+        autotune: AutotuneOptions | None = None,
     ) -> None:
         _check_dataset(dataset)
         _check_workers(num_workers, prefetch_factor)
+        if autotune is not None and not isinstance(autotune, AutotuneOptions):
+            raise TypeError(f"autotune must be a tp.AutotuneOptions or None, got {type(autotune).__name__}")
         if isinstance(dataset, Dataset) and isinstance(num_workers, int) and num_workers > 0:
             warnings.warn(f"num_workers={num_workers} is not used: a tp.Dataset runs its own parallel stages in "
                           "this process (num_parallel_calls=..., or tp.AUTOTUNE); replicas in workers would "
@@ -110,6 +120,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             self.in_order = in_order  # torch < 2.6 lacks it; torchpipe's workers honour it
         self.__dict__["_tp"] = _LoaderState(None if device is None else check_device(device))
         self._tp.workers_auto = workers_auto
+        self._tp.autotune = autotune or AutotuneOptions()
         if workers_auto:
             prepare_measurements()  # the machine's side of the first decision, before the first epoch
 
@@ -218,6 +229,7 @@ class _LoaderState:
         self.replicas: int | None = None  # and, over an IterableDataset, the replica count
         self.policy: Any = None  # and where it placed batches (a runtime.policy.Policy), for the next epoch
         self.learned: dict[str, Any] = {}  # the placement's windows, judged on from one epoch to the next
+        self.autotune = AutotuneOptions()
         self.drawn_rngs: tuple[str, ...] | None = None  # the global RNGs its batches draw from, once measured
         self.last_stats: PipelineStats | None = None  # the last pass on workers, after its iterator is gone
 

@@ -33,6 +33,7 @@ from torchpipe.autotune.tuner import Budget
 from torchpipe.core.stats import IteratorStats, LiveKnob
 from torchpipe.core.tunable import POOL, Tunable
 from torchpipe.loader.fetch import DataLoader, Exhausted, FetchTask, LocalFetch
+from torchpipe.loader.memory import LoaderMemory, ring_limit
 from torchpipe.loader.replicas import MAX_REPLICAS, ReplicaPlan
 from torchpipe.options import DEFAULT_STALL_TIMEOUT_S
 from torchpipe.randomness import (
@@ -47,6 +48,7 @@ from torchpipe.runtime.executor import Executor, InlineExecutor, ThreadExecutor
 from torchpipe.runtime.placement import Placement, measure_calls
 from torchpipe.runtime.policy import INLINE, KINDS, PROCESS, THREAD, Policy, may_pay
 from torchpipe.runtime.process_pool import ProcessPool
+from torchpipe.runtime.worker import MAX_RING_BYTES
 
 STAGE = "DataLoader workers"
 NOT_ON_THREADS = "the dataset draws from the global RNGs (random, numpy, torch), which threads share"
@@ -83,7 +85,10 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
         # made before the tuner's thread starts), not for an epoch that makes them here (its fork
         # and stop took ~10 ms, its memory the epoch)
         self._task = FetchTask(loader, int(self._base_seed), most, self._auto)
-        self._pool = ProcessPool(self._task, processes, STAGE, fork_now=not self._auto)
+        self._options, budget = state.autotune, state.autotune.ram_budget
+        self._memory = LoaderMemory(budget) if budget is not None and state.workers_auto else None
+        self._ring_limit = ring_limit(budget, most) if self._memory is not None else MAX_RING_BYTES
+        self._pool = self._new_pool(self._task, processes, fork_now=not self._auto)
         self._stage = _WorkersStage(self)
         self._dispatch = Dispatcher(STAGE, self._pool, DEFAULT_STALL_TIMEOUT_S)
         self._placement: Placement | None = None
@@ -100,6 +105,13 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
         self._epoch = -1
         self._seq = 0  # sequence numbers run on across epochs: late results of a broken-off
         self._start_epoch()  # epoch can never be taken for this one's
+
+    def _new_pool(self, task: FetchTask, processes: int, fork_now: bool = True) -> ProcessPool:
+        """Worker processes for ``task``; under a RAM budget their rings stay small and they
+        give freed memory back (large results then cost page faults again)."""
+        lean = self._memory is not None
+        return ProcessPool(task, processes, STAGE, fork_now=fork_now, ring_limit=self._ring_limit,
+                           keep_freed=not lean)  # fmt: skip
 
     def _start_auto(self, loader: DataLoader, most: int) -> None:
         """``num_workers="auto"``: the policy (kept by the loader across epochs) places batches."""
@@ -148,8 +160,9 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
         self._clock, self._started = ConsumerClock(), start_look()
         self._stage.stats = IteratorStats()
         self._stage.stats.calls = self._pool.timing
-        if self._knob is not None:
-            self._tuner = Autotuner(self._stage, self._clock, Budget.of_machine())  # type: ignore[arg-type]  # duck-typed stage
+        if self._knob is not None and self._options.enabled:
+            budget = Budget.of_machine(self._options.cpu_budget, self._options.ram_budget)
+            self._tuner = Autotuner(self._stage, self._clock, budget)  # type: ignore[arg-type]  # duck-typed stage
             if self._tuner_stop is not None:
                 self._tuner_stop.detach()
             self._tuner_stop = weakref.finalize(self, self._tuner.stop)  # a dropped iterator stops it
@@ -270,7 +283,7 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
         self._tp_state.replicas = self._tp_state.tuned_workers = restart
         self._plan = ReplicaPlan(restart, restart, decided=restart)
         self._task = self._task.with_replicas(restart)
-        pool = ProcessPool(self._task, restart, STAGE)
+        pool = self._new_pool(self._task, restart)
         pool.start()
         self._dispatch.switch(pool)  # the first replicas' pool, idle now, is closed
         self._pool = pool
@@ -284,7 +297,7 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
             each = psutil.Process(self._pool.pids[0]).memory_full_info().uss
         except (IndexError, psutil.Error):
             return MAX_REPLICAS
-        return max(1, int(Budget.of_machine().ram // max(each, 1)))
+        return max(1, int(Budget.of_machine(ram=self._options.ram_budget).ram // max(each, 1)))
 
     def skip(self, count: int) -> None:
         """Resume support: drop ``count`` batches (map-style: drawn from the sampler, not fetched)."""
@@ -315,12 +328,23 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
         stats.sample_bytes(value)
         if self._placement is not None:
             self._placement.delivered(stats.wall_s)
+            if self._memory is not None:
+                self._keep_to_budget(self._memory, self._placement)
         if error is not None:
             raise error
         if self._tuner is not None and not self._tuner.started:
             self._tuner.start()  # with the first batch, as a pipeline's tuner
         self._clock.leave()
         return pin_memory(value, self._pin_memory_device) if self._pin_memory else value
+
+    def _keep_to_budget(self, memory: LoaderMemory, placement: Placement) -> None:
+        """Give up a worker (the last: batches made here) while the loader holds more than its
+        RAM budget; the cap holds for later epochs."""
+        if placement.workers and memory.over(self._pool.process_ids, self._pool.ring_bytes):
+            fewer = placement.workers - 1
+            if self._knob is not None:
+                self._knob.maximum = fewer
+            placement.cap(fewer)
 
     def _fetch_here(self) -> Any:
         """The next batch, made on this thread (inline, nothing in flight): no dispatch needed."""

@@ -342,10 +342,26 @@ class Placement:
     def _delivered(self) -> int:
         return cast(int, self._windows["delivered"])
 
+    @property
+    def most(self) -> int | None:
+        """The most threads or processes any move may start (None: no cap; 0: calls run inline),
+        kept from one pass to the next: a RAM budget's verdict."""
+        return cast("int | None", self._windows.get("most"))
+
+    def cap(self, most: int) -> None:
+        """From now on run calls on at most ``most`` threads or processes (0: inline)."""
+        self._windows["most"] = most
+        if self.workers > most:
+            self.move(self.kind, most)
+
     def move(self, kind: str, count: int, again: bool = False) -> None:
-        """Run new calls on ``kind`` with ``count`` threads or processes from now on. What is in
-        flight, made where the calls ran before, is not judged, nor the first two results of
-        each worker process. ``again``: a new pass goes on where the last one ran its calls."""
+        """Run new calls on ``kind`` with ``count`` threads or processes from now on (at most
+        :attr:`most`). What is in flight, made where the calls ran before, is not judged, nor the
+        first two results of each worker process. ``again``: a new pass goes on where the last
+        one ran its calls."""
+        if self.most is not None:
+            count = min(count, self.most)
+            kind = INLINE if count < 1 else kind
         count = 0 if kind == INLINE else max(count, 1)
         if kind != self.kind:
             self.dispatcher.switch(self._make(kind, count), self._retire)

@@ -33,7 +33,7 @@ from torchpipe.runtime.executor import Result
 from torchpipe.runtime.routing import MAX_TASK_FAILURES, Task, TaskRouter
 from torchpipe.runtime.shm_ring import OneOffSegment, ShmRing, memfd_supported
 from torchpipe.runtime.timing import CallTiming
-from torchpipe.runtime.worker import run_worker, unpack_exception
+from torchpipe.runtime.worker import MAX_RING_BYTES, run_worker, unpack_exception
 from torchpipe.runtime.zygote import Zygote, ZygoteGone, describe_exit
 
 PER_WORKER = 4
@@ -118,7 +118,11 @@ class ProcessPool:
         restart: replace a worker that dies and re-dispatch its tasks; if False, raise
             :class:`WorkerError` instead.
         ring_bytes: the size of each worker's first ring; a worker adds rings when results are
-            larger or held longer (``worker.MAX_RING_BYTES`` in all), then takes one-off segments.
+            larger or held longer (``ring_limit`` in all), then takes one-off segments.
+        ring_limit: the most a worker's rings hold in all (``worker.MAX_RING_BYTES``; less
+            under a RAM budget: results beyond travel in one-off segments, freed once used).
+        keep_freed: workers keep the memory they free for reuse (no page faults for the next
+            large result; their memory stays at its peak); False under a RAM budget.
         allocate: where decoded tensors land (``allocate(shape, dtype)``), e.g. pinned memory.
         timing: where the workers' task costs are added up (each result message carries them).
         threads: how many tasks each worker runs at once, on threads of its own (for tasks
@@ -140,6 +144,8 @@ class ProcessPool:
         *,
         restart: bool = True,
         ring_bytes: int = DEFAULT_RING_BYTES,
+        ring_limit: int = MAX_RING_BYTES,
+        keep_freed: bool = True,
         allocate: Callable[..., Any] | None = None,
         timing: CallTiming | None = None,
         threads: int = 1,
@@ -150,7 +156,8 @@ class ProcessPool:
         self.timing = timing if timing is not None else CallTiming()
         self._restart = restart
         self._allocate = allocate
-        self._worker_main = functools.partial(run_worker, handler=handler, ring_capacity=ring_bytes)
+        self._worker_main = functools.partial(run_worker, handler=handler, ring_capacity=ring_bytes,
+                                              ring_limit=ring_limit, keep_freed=keep_freed)  # fmt: skip
         self._zygote: Zygote | None = Zygote(self._worker_main, name) if fork_now else None
         self._workers: dict[int, _Worker] = {}
         self._router = TaskRouter()
@@ -197,6 +204,17 @@ class ProcessPool:
     @property
     def pids(self) -> list[int]:
         return [w.pid for w in self._workers.values() if not w.retiring]
+
+    @property
+    def process_ids(self) -> list[int]:
+        """The workers' pids and the zygote's: the processes the pool holds memory in."""
+        zygote = [self._zygote.pid] if self._zygote is not None else []
+        return [w.pid for w in self._workers.values()] + zygote
+
+    @property
+    def ring_bytes(self) -> int:
+        """The bytes of the workers' rings, as mapped here."""
+        return sum(loans.ring.capacity for w in self._workers.values() for loans in w.rings)
 
     def submit(self, seq: int, payload: Any, slot: int | None = None, prefer: int | None = None) -> None:
         """Queue a task for the least busy worker, or for the worker in ``slot`` (in order).

@@ -51,22 +51,32 @@ _JOIN_S = 2.0  # how long a stopping worker waits for its task threads
 Handler = Callable[[int, Any], Any]
 
 
-def run_worker(channel: Channel, worker_id: int, handler: Handler, ring_capacity: int) -> None:
+def run_worker(
+    channel: Channel,
+    worker_id: int,
+    handler: Handler,
+    ring_capacity: int,
+    ring_limit: int = MAX_RING_BYTES,
+    keep_freed: bool = True,
+) -> None:
     """Serve tasks until told to stop, the channel closes, or the parent process is gone.
 
     Args:
         worker_id: the worker's slot, 0..size-1 (a replacement gets its predecessor's).
+        ring_capacity: the first ring's bytes; ring_limit: the most the worker's rings hold in all.
+        keep_freed: keep freed memory for reuse (:func:`keep_freed_memory`) rather than return it.
         handler: ``handler(seq, payload)`` per task; if it has ``start_worker(worker_id)``,
             that runs first. After a ``("threads", n)`` message with ``n > 1`` it is called
             from up to ``n`` threads at once, so it must then be thread-safe.
     """
     torch.set_num_threads(1)  # one worker, one core; the pool provides the parallelism
-    keep_freed_memory()
+    if keep_freed:
+        keep_freed_memory()
     start = getattr(handler, "start_worker", None)
     if start is not None:
         start(worker_id)  # per-worker setup (torch's worker seeding, worker_init_fn, ...)
     parent = os.getppid()
-    output = _Output(channel, ring_capacity)
+    output = _Output(channel, min(ring_capacity, ring_limit), ring_limit)
     tasks = _TaskRunner(handler, output)
     try:
         while os.getppid() == parent:
@@ -189,7 +199,8 @@ class _Output:
     batch in use), so a ring can be full for a while. A record that finds no room within 2 ms
     takes a one-off segment (freed when the main process is done with it), unless no ring could
     ever hold it or records steadily find no room (a quarter of the last 16): then the worker adds
-    a ring for two such records (up to ``MAX_RING_BYTES`` in all), so the steady state reuses
+    a ring for two such records (up to its limit in all, ``MAX_RING_BYTES`` unless a RAM budget
+    says less), so the steady state reuses
     mapped, already-faulted memory while a passing peak (a consumer that held more batches for a
     while) leaves no memory behind. A ring's pages stay faulted in (resident) once written.
 
@@ -198,8 +209,9 @@ class _Output:
     every send. The handler and ``codec.encode`` run outside it.
     """
 
-    def __init__(self, channel: Channel, capacity: int) -> None:
+    def __init__(self, channel: Channel, capacity: int, limit: int = MAX_RING_BYTES) -> None:
         self.channel = channel
+        self._limit = limit
         self.rings: list[ShmRing] = []
         self._lock = threading.Lock()
         self._closed = False
@@ -269,7 +281,7 @@ class _Output:
         placed = self._in_a_ring(nbytes, _RING_GRACE_S)
         if placed is None and (not any(ring.fits(nbytes) for ring in self.rings) or sum(self._misses) >= _GROW_AFTER):
             capacity = max(_MIN_RING_BYTES, _RESULTS_PER_RING * nbytes)
-            if sum(r.capacity for r in self.rings) + capacity <= MAX_RING_BYTES:
+            if sum(r.capacity for r in self.rings) + capacity <= self._limit:
                 self._add_ring(capacity)
                 self._misses.clear()
                 placed = self._in_a_ring(nbytes, 0.0)
