@@ -22,7 +22,6 @@ import weakref
 from collections import deque
 from typing import Any, cast
 
-import psutil
 from torch.utils.data import dataloader as torch_dataloader
 from torch.utils.data._utils.pin_memory import pin_memory
 
@@ -33,7 +32,7 @@ from torchpipe.autotune.tuner import Budget
 from torchpipe.core.stats import IteratorStats, LiveKnob
 from torchpipe.core.tunable import POOL, Tunable
 from torchpipe.loader.fetch import DataLoader, Exhausted, FetchTask, LocalFetch
-from torchpipe.loader.memory import LoaderMemory, ring_limit
+from torchpipe.loader.memory import LoaderMemory, private_bytes, ring_limit
 from torchpipe.loader.replicas import MAX_REPLICAS, ReplicaPlan
 from torchpipe.options import DEFAULT_STALL_TIMEOUT_S
 from torchpipe.randomness import (
@@ -280,6 +279,7 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
             self._pool.resize(plan.processes)
             return
         self._held.clear()  # made again, and split otherwise, by the new replicas
+        self._task_slot.clear()
         self._tp_state.replicas = self._tp_state.tuned_workers = restart
         self._plan = ReplicaPlan(restart, restart, decided=restart)
         self._task = self._task.with_replicas(restart)
@@ -293,11 +293,10 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
 
     def _room(self) -> int:
         """How many worker processes the RAM budget holds, from what the first one holds alone."""
-        try:
-            each = psutil.Process(self._pool.pids[0]).memory_full_info().uss
-        except (IndexError, psutil.Error):
+        each = private_bytes(self._pool.pids[0]) if self._pool.pids else 0
+        if not each:
             return MAX_REPLICAS
-        return max(1, int(Budget.of_machine(ram=self._options.ram_budget).ram // max(each, 1)))
+        return max(1, int(Budget.of_machine(ram=self._options.ram_budget).ram // each))
 
     def skip(self, count: int) -> None:
         """Resume support: drop ``count`` batches (map-style: drawn from the sampler, not fetched)."""
