@@ -203,7 +203,9 @@ class ReplicaPlan:
             None where the plan stands (``processes`` is decided), else the replica count to start over with.
         """
         costs = CallCosts(wall_s / calls, cpu_s / calls, 1.0, 0.0, most=MAX_REPLICAS)
-        wanted = min(workers(costs, THREAD, cores), room)  # a core each, or a replica each where they wait
+        # the rule for calls on threads (each call's waits overlap the others'): a core each, or
+        # cores x wall/CPU where they wait, not capped at twice the cores as a process pool is
+        wanted = min(workers(costs, THREAD, cores), room)
         if not self.fixed and wanted > self.replicas:
             return wanted
         self.processes = max(self.processes, min(wanted, self.replicas))
