@@ -197,7 +197,8 @@ class ReplicaPlan:
         """How many processes the replicas run on, from what ``calls`` batches cost their workers;
         or, where the count is not fixed and batches mostly wait, how many replicas the epoch
         should start over with (one a process: as many reads in flight as replicas), at most
-        :data:`MAX_REPLICAS` and ``room`` (the worker processes the RAM budget holds).
+        :data:`MAX_REPLICAS` and ``room`` (the worker processes the RAM budget holds; the
+        replicas there are where the waits may be another process's use of the cores).
 
         Returns:
             None where the plan stands (``processes`` is decided), else the replica count to start over with.
@@ -205,9 +206,9 @@ class ReplicaPlan:
         costs = CallCosts(wall_s / calls, cpu_s / calls, 1.0, 0.0, most=MAX_REPLICAS)
         # the rule for calls on threads (each call's waits overlap the others'): a core each, or
         # cores x wall/CPU where they wait, not capped at twice the cores as a process pool is
-        wanted = min(workers(costs, THREAD, cores), room)
-        if not self.fixed and wanted > self.replicas:
-            return wanted
+        wanted = workers(costs, THREAD, cores)
+        if not self.fixed and min(wanted, room) > self.replicas:
+            return min(wanted, room)
         self.processes = max(self.processes, min(wanted, self.replicas))
         self.decided = self.fixed = True
         return None

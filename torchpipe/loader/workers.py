@@ -41,7 +41,7 @@ from torchpipe.randomness import (
     global_rng_states,
     restore_global_rng_states,
 )
-from torchpipe.runtime.cpu import usable_cpu_count
+from torchpipe.runtime.cpu import usable_cpu_count, voluntary_switches
 from torchpipe.runtime.dispatch import Dispatcher
 from torchpipe.runtime.executor import Executor, InlineExecutor, ThreadExecutor
 from torchpipe.runtime.placement import Placement, measure_calls
@@ -271,7 +271,7 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
             self._held.append(self._take())
         calls, wall_s, cpu_s = self._pool.timing.totals()
         whole = all(error is None and not isinstance(value, Exhausted) for _, value, error in self._held)
-        room = self._room() if whole and not plan.fixed else MAX_REPLICAS
+        room = self._room() if whole and not plan.fixed and self._waits_on_io(calls, wall_s, cpu_s) else plan.replicas
         restart = plan.decide(calls, wall_s, cpu_s, usable_cpu_count(), room) if calls else None
         if restart is None or not whole:  # an ended or failing replica: more replicas will not pay
             plan.decided = plan.fixed = True
@@ -290,6 +290,15 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
         self._stage.stats.calls = pool.timing
         self._batch = self._slot = 0
         self._active, self._made = [True] * restart, [0] * restart
+
+    def _waits_on_io(self, calls: int, wall_s: float, cpu_s: float) -> bool:
+        """Whether the first batches waited on I/O, enough to start the epoch over with more
+        replicas: most of their time (3x their CPU time), 2 ms or more a batch, and with their
+        workers going to sleep on their own (more than 3 times a batch: besides waiting for their
+        task). A busy machine's cores make a batch wait too, but not asleep: more replicas
+        would not help it, and the count decides what each batch holds."""
+        asleep = sum(voluntary_switches(pid) for pid in self._pool.pids)
+        return calls > 0 and wall_s >= 3 * cpu_s and (wall_s - cpu_s) / calls >= 0.002 and asleep > 3 * calls
 
     def _room(self) -> int:
         """How many worker processes the RAM budget holds, from what the first one holds alone."""

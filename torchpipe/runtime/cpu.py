@@ -1,4 +1,5 @@
-"""How many CPU cores this process may really use (affinity and cgroup quota)."""
+"""How many CPU cores this process may really use (affinity and cgroup quota), and how often a
+process has gone to sleep on its own (waiting on I/O, a sleep, a lock)."""
 
 from __future__ import annotations
 
@@ -61,3 +62,14 @@ def one_intra_op_thread() -> None:
         restore = threading.Thread(target=torch.set_num_threads, args=(default,), name="torchpipe-intra-op")
         restore.start()
         restore.join()
+
+
+def voluntary_switches(pid: int) -> int:
+    """How many times process ``pid``'s main thread gave up its core to wait (I/O, a sleep, a
+    lock; being preempted by another process is not counted), from ``/proc/<pid>/status``; 0
+    where unreadable."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            return next((int(line.split()[1]) for line in f if line.startswith(b"voluntary_ctxt_switches:")), 0)
+    except (OSError, ValueError):
+        return 0
