@@ -57,7 +57,7 @@ from bench import peers as pr
 from bench import suite
 from bench import workloads as wl
 from bench.measure import measure, measure_epochs
-from bench.targets import format_targets, targets
+from bench.targets import BUDGET_CONFIG, format_targets, targets
 from torchpipe.runtime.cpu import usable_cpu_count
 
 ORDER = (
@@ -79,6 +79,10 @@ ORDER = (
     "tfdata_native_cache_epoch2",
 )
 LAST = ("tfdata",)
+BUDGETED = ("jpeg", "bigtensor", "tfrecord")
+"""Workloads with large batches, where ``tp.DataLoader("auto")`` is also measured under a RAM budget."""
+BUDGET_WORKERS = 2
+"""The budget: what torch's DataLoader with this many workers holds (``torchpipe_dataloader_budget``)."""
 """Peers measured after every workload's other configurations (they import TensorFlow)."""
 NOT_MEASURED_EPOCHS = "its adapter makes one pass over the items; persistent workers across epochs not adapted"
 """Why the peers have no row on an epochs workload (``blobs``)."""
@@ -104,6 +108,8 @@ class Runner:
         self.errors: dict[str, str] = {}
         self.not_measured: dict[str, str] = {}
         self.dataloader_pss: dict[int, float | None] = {}  # torch's end PSS by num_workers, prefetch_factor=2
+        self.grid: list[tuple[dict[str, int], dict[str, Any]]] = []  # every DataLoader configuration measured
+        self.budget: dict[str, Any] | None = None  # the RAM budget's check (BUDGETED workloads)
         # cache measures whole epochs; every other workload a timed window
         self.measure_one = self.epoch if work.name == "cache" else self.timed
 
@@ -132,10 +138,12 @@ class Runner:
         self.record("dataloader_default", default, "num_workers=0")
         self.dataloader_pss[0] = default.get("end_pss_mb")
         best_args, best = {"num_workers": 0}, default
+        self.grid.append((best_args, default))
         for args in dataloader_grid(self.quick):
             kwargs = loader_kwargs(args["num_workers"])
             result = measure_one(lambda: torch.utils.data.DataLoader(dataset, **args, **kwargs))
             print(f"    grid {args}: {result['throughput']:.4g}", flush=True)
+            self.grid.append((args, result))
             if args.get("prefetch_factor") == 2:  # the memory target's reference at each worker count
                 self.dataloader_pss[args["num_workers"]] = result.get("end_pss_mb")
             if "epoch_rates" in result:
@@ -174,8 +182,30 @@ class Runner:
         self.record("torchpipe_dataloader", self.timed(lambda: tp.DataLoader(dataset, **best_args, **kwargs)),
                     str(best_args))  # fmt: skip
         self.torchpipe_dataloader_auto(self.timed)
+        if self.work.name in BUDGETED:
+            self.torchpipe_dataloader_budget()
         self.torchpipe_dsl()
         self.peers(last=False)
+
+    def torchpipe_dataloader_budget(self) -> None:
+        """``tp.DataLoader("auto")`` under a RAM budget that binds: what torch's DataLoader with
+        :data:`BUDGET_WORKERS` workers holds (its end PSS, less the PSS without workers, as
+        ``ram_budget``); held to the fastest DataLoader configuration that ends within it."""
+        base, total = self.dataloader_pss.get(0), self.dataloader_pss.get(BUDGET_WORKERS)
+        fitting = [
+            (a, r) for a, r in self.grid if r.get("end_pss_mb") is not None and total and r["end_pss_mb"] <= total
+        ]
+        if base is None or total is None or not fitting:
+            return
+        best_args, best = max(fitting, key=lambda pair: pair[1]["throughput"])
+        budget_mb = max(total - base, 1.0)
+        options = tp.AutotuneOptions(ram_budget=budget_mb * 2**20)
+        dataset, kwargs = self.work.dataset, self.work.loader_kwargs("auto")
+        result = self.timed(lambda: tp.DataLoader(dataset, num_workers="auto", autotune=options, **kwargs))
+        self.record(BUDGET_CONFIG, result, f"ram_budget={budget_mb:.0f} MB: torch's {BUDGET_WORKERS} workers "
+                                           f"end at {total:.0f} MB, {base:.0f} MB without")  # fmt: skip
+        self.budget = {"pss_mb": total, "ram_budget_mb": budget_mb, "best_args": best_args,
+                       "best_throughput": best["throughput"]}  # fmt: skip
 
     def run_cache(self) -> None:
         """The ``cache`` workload: DataLoader baselines and torchpipe's epochs 1 and 2, each a full epoch.
@@ -300,7 +330,9 @@ def run_all(names: list[str], quick: bool, sizes: wl.Sizes | None = None) -> dic
     for runner in runners:
         work = runner.work
         report["workloads"][work.name] = {"unit": work.unit, "limit": work.limit, "results": runner.results,
-                                          "targets": targets(work.name, runner.results, runner.dataloader_pss),
+                                          "targets": targets(work.name, runner.results, runner.dataloader_pss,
+                                                             runner.budget),
+                                          "budget": runner.budget,
                                           "dataloader_pss": {str(k): v for k, v in runner.dataloader_pss.items()},
                                           "extra": work.extra, "peer_errors": runner.errors,
                                           "not_measured": runner.not_measured}  # fmt: skip

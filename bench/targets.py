@@ -13,6 +13,9 @@ limit column (one core's rate of the item work x the cores) is reported, not a t
 zero-knob rule above is the target everywhere. On ``blobs``, measured epoch by epoch
 on one loader with persistent workers, each must reach 0.95 of ``dataloader_best`` in every
 epoch from the first on (issue #33): epoch k against torch's epoch k, the worst epoch counts.
+Under a RAM budget (``torchpipe_dataloader_budget``, on the workloads with large batches),
+``tp.DataLoader("auto")`` must end within the budget (as the tree's PSS) at 0.95 of the fastest
+DataLoader configuration that ends within it.
 
 Against the peers (``bench/peers.py``), each must reach the best Python peer's best: the fastest
 of ``nodes_best``, ``spdl_best``, ``grain_best`` and ``tfdata_best``, which all run the same
@@ -63,7 +66,14 @@ TARGETS = (
     Target("every_epoch_vs_dataloader_best", "every epoch vs DL best", ">=", 0.95),
     Target("vs_best_python_peer", "vs best Python peer", ">=", 1.0),
     Target("vs_tfdata_native", "vs tf.data native", None, None),
+    Target("pss_vs_budget", "PSS vs budget", "<=", 1.0),
+    Target("vs_best_dl_in_budget", "vs best DL in budget", ">=", 0.95),
 )
+BUDGET_CONFIG = "torchpipe_dataloader_budget"
+"""``tp.DataLoader("auto")`` under a RAM budget (``bench/run.py``'s ``BUDGETED`` workloads), held to
+the last two targets: end PSS within the budget, and the throughput of the fastest DataLoader
+configuration whose end PSS fits it."""
+BUDGET_KEYS = ("pss_vs_budget", "vs_best_dl_in_budget")
 NOISY = 0.15
 """Other processes' share of the cores above which a measurement is flagged as taken beside them."""
 EPOCH_WORKLOADS = ("blobs",)
@@ -93,7 +103,10 @@ def workers_of(result: dict[str, Any]) -> int | None:
 
 
 def targets(
-    name: str, results: dict[str, dict[str, Any]], dataloader_pss: dict[int, float | None] | None = None
+    name: str,
+    results: dict[str, dict[str, Any]],
+    dataloader_pss: dict[int, float | None] | None = None,
+    budget: dict[str, Any] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Each zero-knob configuration's ratios against its targets, as ``{config: {key: check}}``.
 
@@ -104,6 +117,8 @@ def targets(
     ``torchpipe_best`` was measured, ``vs_best_of_both`` compares with it. ``vs_best_python_peer``
     names the peer it compares with (``against``); ``every_epoch_vs_dataloader_best`` the epoch its
     ratio was lowest in (``epoch``); ``pss_vs_same_workers`` the worker count (``workers``).
+    ``budget`` (``pss_mb``: the budget as the tree's end PSS; ``best_throughput``: the fastest
+    DataLoader configuration within it) checks :data:`BUDGET_CONFIG` where it was measured.
     """
     base = results.get(BASELINE, {})
     bests = [results[c]["throughput"] for c in (BASELINE, TORCHPIPE_BEST) if c in results]
@@ -111,7 +126,7 @@ def targets(
     native = results.get(TFDATA_NATIVE, {}).get("throughput")
     only = {"every_epoch_vs_dataloader_best": EPOCH_WORKLOADS}
     pss_at = dataloader_pss or {}
-    wanted = [t for t in TARGETS if name in only.get(t.key, (name,))]
+    wanted = [t for t in TARGETS if name in only.get(t.key, (name,)) and t.key not in BUDGET_KEYS]
     out = {}
     for config in ZERO_KNOB:
         mine = results.get(config, {})
@@ -131,6 +146,14 @@ def targets(
         out[config]["pss_vs_same_workers"]["workers"] = workers
         if "every_epoch_vs_dataloader_best" in out[config]:
             out[config]["every_epoch_vs_dataloader_best"]["epoch"] = epoch
+    if budget is not None and BUDGET_CONFIG in results:
+        mine, by_key = results[BUDGET_CONFIG], {t.key: t for t in TARGETS}
+        out[BUDGET_CONFIG] = {
+            "pss_vs_budget": by_key["pss_vs_budget"].check(_ratio(mine.get("end_pss_mb"), budget["pss_mb"])),
+            "vs_best_dl_in_budget": by_key["vs_best_dl_in_budget"].check(
+                _ratio(mine["throughput"], budget["best_throughput"])
+            ),
+        }
     return out
 
 

@@ -177,6 +177,20 @@ def test_blobs_held_to_every_epoch():
     assert "blobs/torchpipe_auto every_epoch_vs_dataloader_best" in tg.format_targets(report)
 
 
+def test_the_budgeted_loader_is_held_to_its_budget_and_the_best_dataloader_within_it():
+    results = {"dataloader_best": _result(100.0, 300.0), "torchpipe_dataloader_budget": _result(90.0, 210.0)}
+    checks = tg.targets("jpeg", results, {0: 150.0, 2: 200.0}, {"pss_mb": 200.0, "best_throughput": 92.0})
+    budgeted = checks["torchpipe_dataloader_budget"]
+    assert budgeted["pss_vs_budget"] == {"ratio": 1.05, "op": "<=", "target": 1.0, "met": False}
+    assert (
+        budgeted["vs_best_dl_in_budget"]["ratio"] == pytest.approx(90 / 92) and budgeted["vs_best_dl_in_budget"]["met"]
+    )
+    assert "pss_vs_budget" not in checks["torchpipe_auto"]  # the zero-knob rows are not budgeted
+    assert "torchpipe_dataloader_budget" not in tg.targets("jpeg", results, {0: 150.0})  # no budget measured
+    report = {"workloads": {"jpeg": {"results": results, "targets": checks}}}
+    assert "jpeg/torchpipe_dataloader_budget pss_vs_budget" in tg.format_targets(report)
+
+
 def test_records_item_cost_is_small():
     # The workload is the cheap-records case: the issue sets an item cost under 20 us.
     assert wl.item_seconds(wl.Records(), 32, 0.15) < 20e-6
