@@ -141,8 +141,9 @@ def test_the_plan_waits_for_a_measurement_then_spreads_waiting_replicas_and_shar
 
 
 def test_the_first_plan_asks_for_more_replicas_where_batches_wait_within_the_room():
-    assert ReplicaPlan(4, 2).decide(calls=2, wall_s=0.020, cpu_s=0.002, cores=2) == 20  # cores x wall/CPU
-    assert ReplicaPlan(8, 4).decide(calls=4, wall_s=4.0, cpu_s=0.004, cores=4) == 64  # at most 64
+    assert ReplicaPlan(4, 2).decide(calls=2, wall_s=0.020, cpu_s=0.002, cores=2) == 16  # 8 a core
+    assert ReplicaPlan(4, 2).decide(calls=2, wall_s=0.200, cpu_s=0.002, cores=2) == 16  # whatever the waits
+    assert ReplicaPlan(32, 16).decide(calls=16, wall_s=0.16, cpu_s=0.016, cores=16) == 64  # at most 64
     assert ReplicaPlan(4, 2).decide(calls=2, wall_s=0.020, cpu_s=0.002, cores=2, room=9) == 9  # the RAM budget's
     assert ReplicaPlan(4, 2).decide(calls=2, wall_s=0.020, cpu_s=0.002, cores=2, room=3) is None  # fewer: keep
 

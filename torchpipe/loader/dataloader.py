@@ -49,9 +49,9 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             to a free worker; they still arrive in sampler order;
             ``get_worker_info().num_workers`` is that most). Over an IterableDataset, twice the
             cores in replicas, on as many processes as the first batches say pay (torch's batches
-            with that many workers); where those batches mostly wait (slow storage), the first
-            epoch starts over, before delivering anything, with up to 64 replicas, a process each,
-            and later epochs keep that count.
+            with that many workers); where those batches wait on I/O (slow storage), the first
+            epoch starts over, before delivering anything, with 8 replicas a core (at most 64), a
+            process each, and later epochs keep that count.
         device: ``None`` (batches stay on the CPU), or a device such as ``"cuda"``: batches
             arrive there, copied ahead through pinned memory on a side stream.
         autotune: with ``num_workers="auto"``, what the tuner may use (``tp.AutotuneOptions``):

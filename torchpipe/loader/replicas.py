@@ -8,8 +8,8 @@ process that runs it). With ``"auto"`` an epoch starts with twice the usable cor
 process each, and holds their first batches until they say where the rest run, by the runtime's
 policy (:func:`~torchpipe.runtime.policy.workers`): where batches mostly wait (slow storage), a
 process a replica, as many reads in flight as replicas; else a process a core, each running its
-replicas in turn. On a loader's first epoch, batches that wait may also ask for more replicas
-(up to :data:`MAX_REPLICAS`, as many worker processes as the RAM budget holds): nothing has been
+replicas in turn. On a loader's first epoch, batches that wait on I/O also ask for more replicas
+(:func:`io_replicas`, as many worker processes as the RAM budget holds): nothing has been
 delivered yet, so the epoch starts over with that many (the held batches are dropped and made
 again by the new replicas' shares), and the loader keeps the count for its later epochs and in
 its ``state_dict()``.
@@ -168,6 +168,17 @@ MAX_REPLICAS = 64
 """The most replicas ``"auto"`` runs (each waiting replica on a process of its own)."""
 
 
+def io_replicas(cores: int) -> int:
+    """The replicas an epoch whose batches wait on I/O runs: 8 a core, at most :data:`MAX_REPLICAS`.
+
+    One count, not one measured: the count decides what each batch holds, and a measured one
+    (cores x wall/CPU) changed from run to run with the machine's load, so two runs of one
+    script gave other batches. A replica waiting 10-20x its CPU time wants more; 8 a core keeps
+    the cores busy from 8x on (``latency``, 2 cores: 16 replicas 47k records/s, 32 46k).
+    """
+    return min(MAX_REPLICAS, 8 * cores)
+
+
 class ReplicaPlan:
     """How many replicas an epoch runs and which worker process runs each: replica ``r`` on
     process ``r`` for the first ones, and, once :meth:`decide` has seen what their first batches
@@ -196,9 +207,9 @@ class ReplicaPlan:
     def decide(self, calls: int, wall_s: float, cpu_s: float, cores: int, room: int = MAX_REPLICAS) -> int | None:
         """How many processes the replicas run on, from what ``calls`` batches cost their workers;
         or, where the count is not fixed and batches mostly wait, how many replicas the epoch
-        should start over with (one a process: as many reads in flight as replicas), at most
-        :data:`MAX_REPLICAS` and ``room`` (the worker processes the RAM budget holds; the
-        replicas there are where the waits may be another process's use of the cores).
+        should start over with: :func:`io_replicas`, one a process (as many reads in flight as
+        replicas), at most ``room`` (the worker processes the RAM budget holds; the replicas
+        there are where the waits may be another process's use of the cores).
 
         Returns:
             None where the plan stands (``processes`` is decided), else the replica count to start over with.
@@ -207,8 +218,9 @@ class ReplicaPlan:
         # the rule for calls on threads (each call's waits overlap the others'): a core each, or
         # cores x wall/CPU where they wait, not capped at twice the cores as a process pool is
         wanted = workers(costs, THREAD, cores)
-        if not self.fixed and min(wanted, room) > self.replicas:
-            return min(wanted, room)
+        more = min(io_replicas(cores), room)
+        if not self.fixed and wanted > self.replicas and more > self.replicas:
+            return more
         self.processes = max(self.processes, min(wanted, self.replicas))
         self.decided = self.fixed = True
         return None
