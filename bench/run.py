@@ -81,8 +81,6 @@ ORDER = (
 LAST = ("tfdata",)
 BUDGETED = ("jpeg", "bigtensor", "tfrecord")
 """Workloads with large batches, where ``tp.DataLoader("auto")`` is also measured under a RAM budget."""
-BUDGET_WORKERS = 2
-"""The budget: what torch's DataLoader with this many workers holds (``torchpipe_dataloader_budget``)."""
 """Peers measured after every workload's other configurations (they import TensorFlow)."""
 NOT_MEASURED_EPOCHS = "its adapter makes one pass over the items; persistent workers across epochs not adapted"
 """Why the peers have no row on an epochs workload (``blobs``)."""
@@ -188,23 +186,23 @@ class Runner:
         self.peers(last=False)
 
     def torchpipe_dataloader_budget(self) -> None:
-        """``tp.DataLoader("auto")`` under a RAM budget that binds: what torch's DataLoader with
-        :data:`BUDGET_WORKERS` workers holds (its end PSS, less the PSS without workers, as
-        ``ram_budget``); held to the fastest DataLoader configuration that ends within it."""
-        base, total = self.dataloader_pss.get(0), self.dataloader_pss.get(BUDGET_WORKERS)
-        fitting = [
-            (a, r) for a, r in self.grid if r.get("end_pss_mb") is not None and total and r["end_pss_mb"] <= total
-        ]
-        if base is None or total is None or not fitting:
+        """``tp.DataLoader("auto")`` under a RAM budget that binds: halfway between the tree's end
+        PSS without workers (``dataloader_default``) and ``torchpipe_dataloader_auto``'s, so its
+        unconstrained choice does not fit and some parallelism may; held to the fastest
+        DataLoader configuration that ends within it."""
+        base = self.dataloader_pss.get(0)
+        unconstrained = self.results.get("torchpipe_dataloader_auto", {}).get("end_pss_mb")
+        if base is None or unconstrained is None or unconstrained <= base:
             return
-        best_args, best = max(fitting, key=lambda pair: pair[1]["throughput"])
-        budget_mb = max(total - base, 1.0)
-        options = tp.AutotuneOptions(ram_budget=budget_mb * 2**20)
+        total = (base + unconstrained) / 2
+        fitting = [(a, r) for a, r in self.grid if r.get("end_pss_mb") is not None and r["end_pss_mb"] <= total]
+        best_args, best = max(fitting, key=lambda pair: pair[1]["throughput"], default=({}, {"throughput": None}))
+        options = tp.AutotuneOptions(ram_budget=(total - base) * 2**20)
         dataset, kwargs = self.work.dataset, self.work.loader_kwargs("auto")
         result = self.timed(lambda: tp.DataLoader(dataset, num_workers="auto", autotune=options, **kwargs))
-        self.record(BUDGET_CONFIG, result, f"ram_budget={budget_mb:.0f} MB: torch's {BUDGET_WORKERS} workers "
-                                           f"end at {total:.0f} MB, {base:.0f} MB without")  # fmt: skip
-        self.budget = {"pss_mb": total, "ram_budget_mb": budget_mb, "best_args": best_args,
+        self.record(BUDGET_CONFIG, result, f"ram_budget={total - base:.0f} MB: the tree at {total:.0f} MB, "
+                                           f"halfway from {base:.0f} MB without workers")  # fmt: skip
+        self.budget = {"pss_mb": total, "ram_budget_mb": total - base, "best_args": best_args,
                        "best_throughput": best["throughput"]}  # fmt: skip
 
     def run_cache(self) -> None:

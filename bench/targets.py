@@ -13,8 +13,9 @@ limit column (one core's rate of the item work x the cores) is reported, not a t
 zero-knob rule above is the target everywhere. On ``blobs``, measured epoch by epoch
 on one loader with persistent workers, each must reach 0.95 of ``dataloader_best`` in every
 epoch from the first on (issue #33): epoch k against torch's epoch k, the worst epoch counts.
-Under a RAM budget (``torchpipe_dataloader_budget``, on the workloads with large batches),
-``tp.DataLoader("auto")`` must end within the budget (as the tree's PSS) at 0.95 of the fastest
+Under a RAM budget that binds (``torchpipe_dataloader_budget``, on the workloads with large
+batches: halfway from the tree's PSS without workers to what ``tp.DataLoader("auto")`` holds
+unconstrained), it must end within the budget (as the tree's PSS) at 0.95 of the fastest
 DataLoader configuration that ends within it.
 
 Against the peers (``bench/peers.py``), each must reach the best Python peer's best: the fastest

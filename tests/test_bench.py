@@ -57,12 +57,15 @@ def small(monkeypatch, tmp_path):
 def test_every_workload_and_configuration_end_to_end(small, capsys):
     report = run.run_all(list(suite.WORKLOADS), quick=True, sizes=TINY)
     assert set(report["workloads"]) == set(suite.WORKLOADS)
+    budgeted = {name for name, entry in report["workloads"].items() if entry["budget"] is not None}
+    assert budgeted and budgeted <= set(run.BUDGETED)  # where the unconstrained loader holds more than none
     for name, entry in report["workloads"].items():
         configs = {"cache": CACHE_CONFIGS, "blobs": EPOCH_CONFIGS}.get(name, CONFIGS)
-        assert set(entry["results"]) == configs, name
+        budget = {tg.BUDGET_CONFIG} if name in budgeted else set()
+        assert set(entry["results"]) == configs | budget, name
         assert entry["peer_errors"] == {} and entry["not_measured"] == {}
         assert isinstance(entry["unit"], str) and entry["limit"] > 0
-        assert set(entry["targets"]) == set(tg.ZERO_KNOB)
+        assert set(entry["targets"]) == set(tg.ZERO_KNOB) | budget
         measured = entry["targets"]["torchpipe_dataloader_auto"]["vs_dataloader_best"]
         assert measured["ratio"] > 0 and isinstance(measured["met"], bool)
         assert set(entry["dataloader_pss"]) >= {"0", "1"} and entry["dataloader_pss"]["0"] > 0

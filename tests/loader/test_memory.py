@@ -5,6 +5,7 @@ import os
 import random
 import time
 
+import psutil
 import pytest
 import torch
 
@@ -61,11 +62,14 @@ def test_over_its_budget_a_loader_gives_up_its_workers_and_loses_no_batch():
         return tp.DataLoader(Busy(), batch_size=4, generator=torch.Generator().manual_seed(3), **kwargs)
 
     ref = make(num_workers="auto", persistent_workers=True)  # per-batch seeds: the same draws anywhere
+    want = [[b.tolist() for b in ref] for _ in range(2)]
+    before = {p.pid for p in psutil.Process().children(recursive=True)}  # ref's persistent workers among them
     lean = make(num_workers="auto", autotune=tp.AutotuneOptions(ram_budget=1), persistent_workers=True)
-    for _ in range(2):  # the next epoch keeps to the budget
-        got = [b.tolist() for b in lean]
-        assert got == [b.tolist() for b in ref]  # each batch once, in order, with its draws
+    for epoch in range(2):  # the next epoch keeps to the budget
+        assert [b.tolist() for b in lean] == want[epoch]  # each batch once, in order, with its draws
         assert lean.stats()[0]["executor"] == "inline"  # no worker process fits in one byte
+    left = {p.pid for p in psutil.Process().children(recursive=True)} - before
+    assert not left  # nor the workers' zygote, once they are gone
 
 
 def test_the_autotune_argument_is_checked():

@@ -347,12 +347,16 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
 
     def _keep_to_budget(self, memory: LoaderMemory, placement: Placement) -> None:
         """Give up a worker (the last: batches made here) while the loader holds more than its
-        RAM budget; the cap holds for later epochs."""
-        if placement.workers and memory.over(self._pool.process_ids, self._pool.ring_bytes):
-            fewer = placement.workers - 1
-            if self._knob is not None:
-                self._knob.maximum = fewer
-            placement.cap(fewer)
+        RAM budget, and then the workers' zygote; the cap holds for later epochs."""
+        if not memory.over(self._pool.process_ids, self._pool.ring_bytes):
+            return
+        if not placement.workers:
+            self._pool.release_zygote()
+            return
+        fewer = placement.workers - 1
+        if self._knob is not None:
+            self._knob.maximum = fewer
+        placement.cap(fewer)
 
     def _fetch_here(self) -> Any:
         """The next batch, made on this thread (inline, nothing in flight): no dispatch needed."""

@@ -285,6 +285,16 @@ class ProcessPool:
             self._retire_if_idle(worker)
         self._dispatch()
 
+    def release_zygote(self) -> bool:
+        """Stop the zygote of a pool with no workers left (its copies of the pages this process
+        rewrote since the fork are memory held for nothing); the next worker forks a new one.
+        Whether it was stopped."""
+        if self._workers or self._zygote is None:
+            return False
+        self._zygote.close()
+        self._zygote = None
+        return True
+
     def close(self) -> None:
         """Kill the zygote and every worker; idempotent."""
         if self._zygote is not None:
