@@ -286,6 +286,27 @@ def test_the_next_pass_starts_with_the_executor_and_parallelism_the_last_one_set
         next(iter(tp.range(20).map(abs, tp.AUTOTUNE, executor="auto")))
 
 
+def test_an_inline_auto_map_delivers_errors_fused_filters_and_the_end_in_order():
+    def decode(x):
+        if x == 30:
+            raise ValueError(f"bad {x}")
+        return x
+
+    kept = [x for x in range(40) if x % 3]
+    it = iter(
+        tp.range(40)
+        .map(decode, tp.AUTOTUNE)
+        .filter(lambda x: x % 3 != 0)
+        .with_options(tp.Options(optimizations={"inject_prefetch": False}))
+    )
+    assert [next(it) for _ in range(20)] == kept[:20]  # up to 29
+    with pytest.raises(ValueError, match="bad 30") as info:
+        next(it)
+    assert any("element 30" in n for n in info.value.__notes__)
+    assert list(it) == kept[20:]
+    assert stage_stats(it, "map")["executor"] == "inline"
+
+
 def test_autotune_runs_calls_cheaper_than_moving_their_results_inline():
     it = iter(
         tp.range(200)

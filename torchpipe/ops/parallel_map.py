@@ -30,6 +30,10 @@ from torchpipe.runtime.timing import CallTiming
 AUTO = "auto"
 
 
+_DISPATCHED = object()
+"""What :meth:`ParallelMapIterator._next_here` returns where the dispatcher's path must go on."""
+
+
 class ParallelMapIterator(Iterator, Tunable):
     """Keeps calls in flight on the executor its placement chose, delivering results in order.
 
@@ -252,6 +256,10 @@ class ParallelMapIterator(Iterator, Tunable):
         if self._knob is not None:
             self._knob.take_request()
         dispatch = self._dispatch
+        if not dispatch.pending and type(dispatch.executor) is InlineExecutor:
+            value = self._next_here(dispatch.executor)
+            if value is not _DISPATCHED:
+                return value
         while True:
             self._fill()
             if not dispatch.pending:
@@ -267,6 +275,23 @@ class ParallelMapIterator(Iterator, Tunable):
             self._placement.delivered(self.stats.wall_s)
             if error is not None:
                 raise error
+            if value is not DROPPED:  # a fused filter said no
+                self.stats.sample_bytes(value)
+                return value
+
+    def _next_here(self, executor: InlineExecutor) -> Any:
+        """The next result, made on this thread (inline, nothing in flight: no dispatch needed);
+        :data:`_DISPATCHED` where the input ended or failed (the dispatcher's path delivers that)."""
+        while True:
+            seq, payload = self._pull()
+            if seq is None:
+                return _DISPATCHED
+            try:
+                value = executor.call(seq, payload)
+            finally:
+                self.stats.look(0, 1)
+                self._log.delivered(seq)
+                self._placement.delivered(self.stats.wall_s)
             if value is not DROPPED:  # a fused filter said no
                 self.stats.sample_bytes(value)
                 return value
