@@ -7,7 +7,7 @@ import torch
 
 import torchpipe as tp
 from torchpipe.ops.collate import collate_in_stage
-from torchpipe.runtime.recycle import RecycledStack
+from torchpipe.runtime.recycle import RECHECK_EVERY, RecycledStack
 
 Pair = namedtuple("Pair", "image label")
 
@@ -147,3 +147,21 @@ def test_small_elements_are_left_alone_after_the_first(min_bytes, place_bytes):
     with memory.rows(64) as batch_rows:
         elements = [(torch.zeros(4), i) for i in range(3)]
         assert all(batch_rows.place(j, e) is e for j, e in enumerate(elements))
+
+
+def test_batches_with_nothing_to_place_skip_the_check_but_for_every_16th():
+    memory = RecycledStack(min_bytes=1, place_bytes=1 << 20)
+
+    def batch(large):
+        with memory.rows(2) as batch_rows:
+            batch_rows.place(0, (torch.zeros((1 << 20) if large else 4), 0))
+
+    batch(large=False)  # small rows: nothing to place
+    asked = []
+    for _ in range(2 * RECHECK_EVERY):
+        asked.append(memory.placing())
+        if asked[-1]:
+            batch(large=False)
+    assert asked.count(True) == 2 and asked[RECHECK_EVERY - 1] is True  # every 16th batch checks again
+    batch(large=True)  # ... and finding a large row there, every batch places again
+    assert all(memory.placing() for _ in range(3))

@@ -244,7 +244,7 @@ class MapBatchTask:
     def __call__(self, seq: int, payloads: list) -> Any:
         elements = payloads if self.fetch is None else self.fetch.many(payloads)
         first = seq * self.batch_size
-        if self.memory is None:
+        if self.memory is None or not self.memory.placing():
             return self.combine(seq, self.fn.on_elements(first, elements))
         with self.memory.rows(len(elements)) as rows:
             return self.combine(seq, self.fn.on_elements(first, elements, rows.place))
