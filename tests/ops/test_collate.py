@@ -34,6 +34,10 @@ def test_collate_rejects_unsupported_components_naming_their_path():
         collate(elements)
     with pytest.raises(TypeError, match=r"element\.y of type NoneType"):
         collate([Point(1, None), Point(2, None)])
+    with pytest.raises(TypeError, match=r"element\['meta'\]\['tags'\] of type NoneType"):
+        collate([{"meta": {"tags": None}}, {"meta": {"tags": None}}])  # dict rows: paths made on error only
+    with pytest.raises(ValueError, match=r"differ in keys at element\['meta'\]: \['a'\] vs \['b'\]"):
+        collate([{"meta": {"a": 1}}, {"meta": {"b": 1}}])
     with pytest.raises(TypeError, match="numpy dtype <U1"):
         collate([np.array(["a"]), np.array(["b"])])
     with pytest.raises(ValueError, match="non-empty list"):

@@ -48,8 +48,9 @@ def collate_in_stage(elements: list, stage: str, stack: Callable[[list], Any] = 
     return _walk(elements, "element", stage, lambda values, path, shape, pad: _collate_leaf(values, path, stage, stack))
 
 
-def _walk(values: list, path: str, stage: str, leaf: Callable, shape: Any = None, pad: Any = None) -> Any:
-    """Rebuild the elements' common structure with ``leaf(values, path, shape, pad)`` per component.
+def _walk(values: list, path: str | _Child, stage: str, leaf: Callable, shape: Any = None, pad: Any = None) -> Any:
+    """Rebuild the elements' common structure with ``leaf(values, path, shape, pad)`` per component
+    (``path`` names it in errors: a str, or a dict value's :class:`_Child`, formatted as one).
 
     ``shape`` and ``pad`` are the parts of ``padded_shapes`` and ``padding_values`` that apply
     to this subtree (``None``: not given; a non-container pad value applies to every leaf).
@@ -58,6 +59,8 @@ def _walk(values: list, path: str, stage: str, leaf: Callable, shape: Any = None
     if not nest.is_container(first):
         return leaf(values, path, shape, pad)
     _check_same_container(values, path, stage)
+    if type(first) is dict and shape is None and pad is None:  # dict rows, the common case: no specs
+        return {key: _walk([v[key] for v in values], _Child(path, key), stage, leaf) for key in first}
     columns = zip(*values) if isinstance(first, (tuple, list)) else zip(*(nest.children(v) for v in values))
     shapes = _spec_children(shape, first, path, stage, "padded_shapes", broadcast=False)
     pads = _spec_children(pad, first, path, stage, "padding_values", broadcast=True)
@@ -65,7 +68,22 @@ def _walk(values: list, path: str, stage: str, leaf: Callable, shape: Any = None
     return nest.rebuild(first, [_walk(list(c), p, stage, leaf, s, q) for c, p, s, q in parts])
 
 
-def child_paths(container: Any, path: str) -> list[str]:
+class _Child:
+    """The path of a dict's value, formatted only when an error names it."""
+
+    __slots__ = ("parent", "key")
+
+    def __init__(self, parent: Any, key: Any) -> None:
+        self.parent, self.key = parent, key
+
+    def __str__(self) -> str:
+        return f"{self.parent}[{self.key!r}]"
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
+
+
+def child_paths(container: Any, path: str | _Child) -> list[str]:
     if isinstance(container, Mapping):
         return [f"{path}[{key!r}]" for key in container]
     if nest.is_namedtuple(container):
@@ -73,7 +91,7 @@ def child_paths(container: Any, path: str) -> list[str]:
     return [f"{path}[{i}]" for i in range(len(container))]
 
 
-def _check_same_container(values: list, path: str, stage: str) -> None:
+def _check_same_container(values: list, path: str | _Child, stage: str) -> None:
     first = values[0]
     kind, size = type(first), len(first)
     if kind is dict:
@@ -97,7 +115,7 @@ def _describe(x: Any) -> str:
     return f"{type(x).__name__} of length {len(x)}" if nest.is_container(x) else f"a {type(x).__name__}"
 
 
-def _spec_children(spec: Any, first: Any, path: str, stage: str, name: str, broadcast: bool) -> list[Any]:
+def _spec_children(spec: Any, first: Any, path: str | _Child, stage: str, name: str, broadcast: bool) -> list[Any]:
     """The parts of ``spec`` (padded_shapes or padding_values) for each child of ``first``."""
     if spec is None or (broadcast and not nest.is_container(spec)):
         return [spec] * len(first)
