@@ -62,6 +62,13 @@ def test_collate_rejects_different_shapes_and_dtypes():
         collate([{"x": torch.zeros(2)}, {"x": torch.zeros(3)}])
     with pytest.raises(ValueError, match="different dtypes"):
         collate([torch.zeros(2), torch.zeros(2, dtype=torch.float64)])
+    # small numpy arrays are stacked by numpy at once; what differs is still named, not upcast
+    with pytest.raises(ValueError, match=r"element\['x'\] has different dtypes.*float32.*float64"):
+        collate([{"x": np.zeros(2, np.float32)}, {"x": np.zeros(2, np.float64)}])
+    with pytest.raises(ValueError, match=r"\(2,\) and \(3,\)"):
+        collate([np.zeros(2), np.zeros(3)])
+    small = collate([np.full(3, i, np.float32) for i in range(4)])
+    assert small.dtype == torch.float32 and small.tolist() == [[float(i)] * 3 for i in range(4)]
 
 
 def test_collate_gives_the_same_answers_once_leaf_types_are_known():
