@@ -15,8 +15,10 @@ import time
 from collections.abc import Iterable
 
 CHECK_EVERY_S = 0.25
-"""How often the loader's memory is read (a worker's PSS costs ~0.1 ms to read)."""
+"""How often the loader's memory is read (a process's pages cost ~0.1 ms to read)."""
 MIN_RING_BYTES = 1 << 20
+"""The least a worker's rings may hold under a budget (results beyond take one-off segments)."""
+_PRIVATE = (b"Private_Clean:", b"Private_Dirty:", b"Private_Hugetlb:")
 
 
 def private_bytes(pid: int) -> int:
@@ -28,9 +30,6 @@ def private_bytes(pid: int) -> int:
             return sum(int(line.split()[1]) * 1024 for line in f if line.startswith(_PRIVATE))
     except OSError:
         return 0
-
-
-_PRIVATE = (b"Private_Clean:", b"Private_Dirty:", b"Private_Hugetlb:")
 
 
 def ring_limit(ram_budget: float, workers: int) -> int:
