@@ -153,9 +153,12 @@ class ParallelMapIterator(Iterator, Tunable):
     def prepare(self) -> None:
         super().prepare()
         wants_processes = self._fixed == PROCESS or (self._policy is not None and PROCESS in self._policy.candidates)
-        if wants_processes and self._pool is None:  # forks the zygote now, before any thread runs
+        if wants_processes and self._pool is None:
+            # executor="process" forks the zygote now, before any thread runs; "auto" when calls
+            # first go to processes, as tp.DataLoader("auto") does (a pass that runs them here
+            # or on threads forked it for nothing: ~6 ms, and as much again to stop it)
             self._pool = ProcessPool(self._tasks[PROCESS], self._parallelism, self.name, restart=self._restart,
-                                     timing=self.stats.calls)  # fmt: skip
+                                     timing=self.stats.calls, fork_now=self._fixed == PROCESS)  # fmt: skip
 
     def start(self) -> None:
         self._started = True
