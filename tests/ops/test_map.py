@@ -2,6 +2,7 @@ import contextlib
 import threading
 import time
 
+import psutil
 import pytest
 
 import torchpipe as tp
@@ -416,8 +417,6 @@ def test_ctrl_c_leaves_no_processes():
 
 
 def test_killing_every_child_process_mid_epoch_loses_nothing():
-    import psutil
-
     def slow(x):
         time.sleep(0.005)
         return x
@@ -532,13 +531,16 @@ def test_stall_timeout_is_checked():
     assert tp.Options(stall_timeout=None).stall_timeout is None
 
 
-def test_a_pass_after_one_that_placed_cheap_calls_inline_forks_no_worker_processes():
-    """Processes predicted far slower than where the last pass ran its calls: the next pass has
-    no zygote to fork and stop (~10 ms each, an epoch's worth of cheap elements)."""
+def test_cheap_calls_placed_inline_fork_no_worker_processes_in_any_pass():
+    """The zygote is forked when calls first go to processes: a pass that runs them inline has
+    no zygote to fork and stop (~10 ms each, an epoch's worth of cheap elements), nor does the
+    next one, where processes are predicted far slower than where the last pass ran them."""
     no_prefetch = tp.Options(optimizations={"inject_prefetch": False})
     pipeline = tp.range(2000).map(abs, tp.AUTOTUNE, executor="auto").with_options(no_prefetch)
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
     first = iter(pipeline)
     assert list(first) == list(range(2000))
+    assert {p.pid for p in psutil.Process().children(recursive=True)} <= before
     assert stage_stats(first, "map")["executor"] == "inline" and "pids" in stage_stats(first, "map")
     again = iter(pipeline)
     assert list(again) == list(range(2000))
