@@ -271,8 +271,10 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
             self._held.append(self._take())
         calls, wall_s, cpu_s = self._pool.timing.totals()
         whole = all(error is None and not isinstance(value, Exhausted) for _, value, error in self._held)
-        room = self._room() if whole and not plan.fixed and self._waits_on_io(calls, wall_s, cpu_s) else plan.replicas
-        restart = plan.decide(calls, wall_s, cpu_s, usable_cpu_count(), room) if calls else None
+        io = self._waits_on_io(calls, wall_s, cpu_s)
+        room = self._room() if whole and not plan.fixed and io else plan.replicas
+        # batches that did not wait on I/O waited for a core: a process a core, like busy ones
+        restart = plan.decide(calls, wall_s, cpu_s if io else wall_s, usable_cpu_count(), room) if calls else None
         if restart is None or not whole:  # an ended or failing replica: more replicas will not pay
             plan.decided = plan.fixed = True
             self._tp_state.replicas, self._tp_state.tuned_workers = plan.replicas, plan.processes
@@ -292,11 +294,12 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
         self._active, self._made = [True] * restart, [0] * restart
 
     def _waits_on_io(self, calls: int, wall_s: float, cpu_s: float) -> bool:
-        """Whether the first batches waited on I/O, enough to start the epoch over with more
-        replicas: most of their time (3x their CPU time), 2 ms or more a batch, and with their
-        workers going to sleep on their own (more than 3 times a batch: besides waiting for their
-        task). A busy machine's cores make a batch wait too, but not asleep: more replicas
-        would not help it, and the count decides what each batch holds."""
+        """Whether the first batches waited on I/O, enough to spread the replicas over more
+        processes than cores, or to start the epoch over with more: most of their time (3x
+        their CPU time), 2 ms or more a batch, with their workers going to sleep on their own
+        (more than 3 times a batch: besides waiting for their task). A busy machine's cores make
+        a batch wait too, but not asleep: more processes or replicas would not help it, and the
+        replica count decides what each batch holds."""
         asleep = sum(voluntary_switches(pid) for pid in self._pool.pids)
         return calls > 0 and wall_s >= 3 * cpu_s and (wall_s - cpu_s) / calls >= 0.002 and asleep > 3 * calls
 
