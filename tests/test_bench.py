@@ -464,3 +464,19 @@ def test_tfdata_adapter_with_tensorflow(tmp_path):
            "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}  # fmt: skip
     done = subprocess.run([sys.executable, "-c", TFDATA_SCRIPT], env=env, capture_output=True, text=True, timeout=50)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+
+
+def test_jpeg_decoders_are_measured_side_by_side_and_a_missing_one_says_why(monkeypatch, tmp_path):
+    from bench import jpeg_decoders as jd
+
+    def missing():
+        raise ImportError("No module named 'nosuchcodec'")
+
+    monkeypatch.setenv(data.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setattr(jd, "CANDIDATES", {"pillow": jd._pillow, "nosuchcodec": missing})
+    results = jd.measure(files=4, seconds=0.05)
+    pillow = results["pillow"]
+    assert pillow["max_diff_vs_pillow"] == 0 and pillow["cpu_ms"] > 0 and 0 <= pillow["gil_held"] <= 1
+    assert pillow["img_s_1_thread"] > 0 and pillow["img_s_2_threads"] > 0
+    assert results["nosuchcodec"] == {"not_measured": "ImportError: No module named 'nosuchcodec'"}
+    assert "| nosuchcodec | not measured: ImportError" in jd.table(results)
