@@ -76,6 +76,7 @@ def test_replicas_that_wait_start_the_first_epoch_over_with_more_and_keep_them()
                                          generator=torch.Generator().manual_seed(5))  # fmt: skip
     assert_same_elements(first, list(theirs))  # torch's batches with that many workers
     assert _of(ours) == {count}  # the next epoch starts with it
+    assert f"running {count} replicas, one a process where they wait" in tp.explain(ours)
 
 
 def test_a_state_taken_after_the_start_over_resumes_with_its_replicas():
@@ -98,6 +99,9 @@ def test_a_state_taken_after_the_start_over_resumes_with_its_replicas():
 
 def test_busy_replicas_keep_the_count_and_share_a_process_a_core():
     ours = tp.DataLoader(Shares(200), num_workers="auto", batch_size=4)
+    assert f"running {REPLICAS} replicas ({min(64, 8 * usable_cpu_count())} where the first batches wait on I/O)" in (
+        tp.explain(ours)
+    )
     assert _of(ours) == {REPLICAS}
     assert ours.stats()[0]["workers"] == usable_cpu_count()
 

@@ -26,7 +26,7 @@ from torchpipe.autotune.report import PipelineStats
 from torchpipe.dataset import Dataset
 from torchpipe.errors import CheckpointError
 from torchpipe.loader.fetch import fetch_noted
-from torchpipe.loader.replicas import MAX_REPLICAS
+from torchpipe.loader.replicas import MAX_REPLICAS, io_replicas
 from torchpipe.loader.workers import WorkerIterator
 from torchpipe.ops.device import DevicePrefetcher, check_device
 from torchpipe.options import AutotuneOptions
@@ -55,11 +55,11 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         device: ``None`` (batches stay on the CPU), or a device such as ``"cuda"``: batches
             arrive there, copied ahead through pinned memory on a side stream.
         autotune: with ``num_workers="auto"``, what the tuner may use (``tp.AutotuneOptions``):
-            ``ram_budget`` bounds the memory the loader adds (its worker processes' PSS, its
-            share of the shared memory batches travel in, the batches in flight), read a few
-            times a second; over it, a worker is given up (the last: batches made here) and
-            its rings stop growing past a quarter of the budget. ``cpu_budget`` and ``enabled``
-            are the pipeline's.
+            ``ram_budget`` bounds what the loader holds of its own (the pages its worker
+            processes and their zygote hold alone, and the rings batches travel in), read a few
+            times a second; over it, a worker is given up (the last: batches made here), then the
+            zygote, and rings hold at most a quarter of it. ``cpu_budget`` and ``enabled`` are
+            the pipeline's.
         dataset: also a ``tp.Dataset`` pipeline, which runs in this process with its own
             parallel stages (``num_workers`` does not replicate it).
         (every other argument is torch's)
@@ -286,8 +286,10 @@ def _loader_lines(loader: torch.utils.data.DataLoader) -> list[str]:
             else ""
         )
         if state is not None and auto and iterable:
-            count = str(state.replicas or f"{2 * usable_cpu_count()} to start, up to {MAX_REPLICAS},")
-            resized = f" running {count} replicas (one a process where the first batches show they wait, else in turn)"
+            cores = usable_cpu_count()
+            more = "" if state.replicas else f" ({io_replicas(cores)} where the first batches wait on I/O)"
+            count = state.replicas or 2 * cores
+            resized = f" running {count} replicas{more}, one a process where they wait, else in turn"
         else:
             resized = f" (resized by the autotuner: 1 to {2 * usable_cpu_count()})" if auto else ""
         lines.append(
