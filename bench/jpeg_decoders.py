@@ -8,7 +8,10 @@ RGB HWC arrays. Per candidate, on this machine:
   counting loop on the main thread slows while a second thread decodes (0: it never waits for the
   decoder; 1: it stops while decoding);
 - **img/s, 1 and 2 threads**: decodes of the same bytes, on a thread pool of that size;
-- **max diff**: the largest difference in a pixel value from Pillow's decode of the same file.
+- **max diff**: the largest difference in a pixel value from Pillow's decode of the same file;
+
+and, on JPEG kinds real data sets hold (grayscale, CMYK, progressive, EXIF-rotated, truncated),
+what each gives against Pillow's RGB decode, or the error it raises.
 
 A candidate that is not installed (or lacks its system library) is reported with the reason.
 Run: ``python bench/jpeg_decoders.py [--files N] [--seconds S] [--json PATH]``.
@@ -170,6 +173,55 @@ def measure(files: int, seconds: float) -> dict[str, dict[str, object]]:
     return results
 
 
+def messy_files() -> dict[str, bytes]:
+    """The JPEG kinds real data sets hold besides baseline RGB, made with Pillow from one image:
+    grayscale, CMYK, progressive, EXIF-rotated (orientation 6) and truncated (half the bytes)."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    coarse = Image.fromarray(rng.integers(0, 256, (6, 6, 3), dtype=np.uint8)).resize((96, 64), Image.BICUBIC)
+    image = Image.fromarray(np.asarray(coarse))
+
+    def save(picture: Image.Image, **options: object) -> bytes:
+        out = io.BytesIO()
+        picture.save(out, "JPEG", quality=90, **options)
+        return out.getvalue()
+
+    exif = Image.Exif()
+    exif[0x0112] = 6  # orientation: rotate 90 degrees to display
+    rgb = save(image)
+    return {"rgb": rgb, "grayscale": save(image.convert("L")), "cmyk": save(image.convert("CMYK")),
+            "progressive": save(image, progressive=True), "exif-rotated": save(image, exif=exif.tobytes()),
+            "truncated": rgb[: len(rgb) // 2]}  # fmt: skip
+
+
+def robustness() -> dict[str, dict[str, str]]:
+    """Each installed candidate on each of :func:`messy_files`: the shape it gives and its largest
+    difference from Pillow's RGB, or the error it raises; by file kind, then decoder."""
+    reference = _pillow()
+    out: dict[str, dict[str, str]] = {}
+    for kind, raw in messy_files().items():
+        try:
+            want: np.ndarray | None = reference(raw)
+        except Exception:  # noqa: BLE001 - a file Pillow rejects: shapes only
+            want = None
+        row = {}
+        for name, make in CANDIDATES.items():
+            try:
+                got = make()(raw)
+            except Exception as e:  # noqa: BLE001 - reported: the candidate's error (or its absence)
+                row[name] = f"error: {type(e).__name__}"
+                continue
+            if want is None or got.shape != want.shape:
+                row[name] = f"{got.shape[1]}x{got.shape[0]}" + (
+                    "" if want is None else f" (Pillow {want.shape[1]}x{want.shape[0]})"
+                )
+            else:
+                row[name] = f"max diff {int(np.abs(got.astype(np.int16) - want.astype(np.int16)).max())}"
+        out[kind] = row
+    return out
+
+
 def table(results: dict[str, dict[str, object]]) -> str:
     """The results as a markdown table."""
     lines = ["| decoder | CPU ms/image | GIL held | img/s, 1 thread | img/s, 2 threads | max diff vs Pillow |",
@@ -191,8 +243,13 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     results = measure(args.files, args.seconds)
     print(table(results))
+    messy = robustness()
+    names = list(CANDIDATES)
+    print("\n| file | " + " | ".join(names) + " |\n|---" * 1 + "|---" * len(names) + "|")
+    for kind, row in messy.items():
+        print(f"| {kind} | " + " | ".join(row[n] for n in names) + " |")
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1))
+        Path(args.json).write_text(json.dumps({"speed": results, "files": messy}, indent=1))
 
 
 if __name__ == "__main__":

@@ -480,3 +480,6 @@ def test_jpeg_decoders_are_measured_side_by_side_and_a_missing_one_says_why(monk
     assert pillow["img_s_1_thread"] > 0 and pillow["img_s_2_threads"] > 0
     assert results["nosuchcodec"] == {"not_measured": "ImportError: No module named 'nosuchcodec'"}
     assert "| nosuchcodec | not measured: ImportError" in jd.table(results)
+    messy = jd.robustness()  # Pillow on the kinds real data sets hold; the missing one says so
+    assert messy["grayscale"]["pillow"] == messy["cmyk"]["pillow"] == "max diff 0"
+    assert messy["truncated"]["pillow"] == "error: OSError" and messy["rgb"]["nosuchcodec"] == "error: ImportError"
