@@ -12,7 +12,7 @@ from torchpipe.runtime import placement as placement_module
 from torchpipe.runtime.dispatch import Dispatcher
 from torchpipe.runtime.executor import InlineExecutor, ThreadExecutor
 from torchpipe.runtime.placement import Placement, measure_calls, move_costs
-from torchpipe.runtime.policy import INLINE, KINDS, PROCESS, THREAD, CallCosts, Policy
+from torchpipe.runtime.policy import INLINE, KINDS, PROCESS, THREAD, CallCosts, Policy, workers
 from torchpipe.runtime.timing import CallTiming
 
 
@@ -72,6 +72,22 @@ def test_the_first_calls_page_faults_are_left_out_of_what_a_call_costs():
     faults = (2 << 20) // memory_costs.PAGE
     cold = statistics.median(warm) + faults * memory_costs.fault_seconds()
     assert ran == 8 and costs.call_s < max(3 * statistics.median(warm), cold / 2)
+
+
+def test_page_faults_priced_above_the_cpu_the_calls_took_do_not_make_busy_calls_look_waiting(monkeypatch):
+    """A fault's price is an estimate: priced at more than the calls' CPU, the cold start it
+    explains is at most that CPU (faults are CPU time), so busy calls never look as if they wait
+    (they asked for 40 threads when it was subtracted whole: a negative CPU time)."""
+    if memory_costs.thread_faults() is None:
+        pytest.skip("this OS does not count page faults per thread")
+    monkeypatch.setattr(placement_module, "cold_seconds", lambda faults, steady: 1.0)  # a second a call: too much
+
+    def run(n):
+        return [[bytearray(b"\x01") * (64 << 10) for _ in range(32)] for _ in range(n)]
+
+    costs, _ = measure_calls(run)
+    assert costs.cpu_s > 0.5 * costs.call_s > 0  # busy: not waiting
+    assert workers(costs, THREAD, 2) == 2  # a thread a core, not one a wait
 
 
 class _Stage:

@@ -240,9 +240,13 @@ def measure_calls(
     move_s, nbytes, steady_bytes = move_costs(results[0])
     cold = [cold_seconds(faults, steady_bytes) for _, _, faults in probed + alone]
     wall = sum(s for s, _, _ in probed + alone)
-    cold_s = min(sum(cold), wall * (1 - _CALL_FLOOR))
+    # A fault is CPU time of this thread: the faults' priced time cannot exceed the CPU the calls
+    # took (a fault in the allocator can cost less than the calibration's; the price is an
+    # estimate), else the calls would seem to wait, and ask for dozens of threads.
+    cold_s = min(sum(cold), wall * (1 - _CALL_FLOOR), cpu * (1 - _CALL_FLOOR))
+    share = cold_s / sum(cold) if sum(cold) > 0 else 0.0
     probed_s = sum(s for s, _, _ in probed)
-    steady = [max(s - c, s * _CALL_FLOOR) for (s, _, _), c in zip(probed + alone, cold)]
+    steady = [max(s - c * share, s * _CALL_FLOOR) for (s, _, _), c in zip(probed + alone, cold)]
     call_s = statistics.median(steady[len(probed) :] or steady)
     costs = CallCosts(
         call_s=call_s,
