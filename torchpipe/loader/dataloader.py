@@ -316,7 +316,7 @@ def _fingerprint(loader: torch.utils.data.DataLoader) -> dict[str, Any]:
     if isinstance(dataset, torch.utils.data.IterableDataset):
         # its replicas split it, so their number decides what each batch holds
         state: _LoaderState | None = loader.__dict__.get("_tp")
-        if state is not None and state.workers_auto and not isinstance(dataset, Dataset):
+        if state is not None and _auto_replicas(loader):
             found["replicas"] = state.replicas or 2 * usable_cpu_count()
         else:
             found["replicas"] = loader.num_workers
@@ -331,10 +331,18 @@ def _fingerprint(loader: torch.utils.data.DataLoader) -> dict[str, Any]:
 def _adopt_replicas(loader: DataLoader, saved: Any) -> None:
     """``"auto"`` over an IterableDataset resumes with the replica count the state's epoch ran
     (its first epoch may have chosen more than it starts with)."""
-    state, count = loader._tp, saved.get("replicas") if isinstance(saved, dict) else None
-    iterable = isinstance(loader.dataset, torch.utils.data.IterableDataset) and not isinstance(loader.dataset, Dataset)
-    if state.workers_auto and iterable and isinstance(count, int) and 1 <= count <= MAX_REPLICAS:
-        state.replicas = count
+    count = saved.get("replicas") if isinstance(saved, dict) else None
+    if _auto_replicas(loader) and isinstance(count, int) and 1 <= count <= MAX_REPLICAS:
+        loader._tp.replicas = count
+
+
+def _auto_replicas(loader: torch.utils.data.DataLoader) -> bool:
+    """Whether ``loader`` runs ``num_workers="auto"`` replicas of an IterableDataset (a torchpipe
+    pipeline is not replicated)."""
+    state: _LoaderState | None = loader.__dict__.get("_tp")
+    dataset = loader.dataset
+    iterable = isinstance(dataset, torch.utils.data.IterableDataset) and not isinstance(dataset, Dataset)
+    return state is not None and state.workers_auto and iterable
 
 
 def _check_fingerprint(saved: Any, here: dict[str, Any]) -> None:
