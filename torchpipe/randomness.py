@@ -42,6 +42,22 @@ def fresh_seed() -> int:
     return int.from_bytes(os.urandom(8), "little") >> 1
 
 
+def seeds_were_set(generator: torch.Generator | None) -> bool:
+    """Whether a DataLoader's random draws are meant to repeat from run to run: it was given a
+    ``generator``, or torch's default generator (which its epochs' base seeds are drawn from
+    without one) was seeded by the user.
+
+    torch seeds its default generator at start-up with a random 64-bit number, so its batches'
+    draws differ on every run unless someone seeded it; the seeds people set
+    (``torch.manual_seed(42)``, Lightning's ``seed_everything``, Hugging Face's ``set_seed``) are
+    below 2**32, and a start-up seed is, once in 2**32 runs.
+
+    Args:
+        generator: the loader's ``generator`` argument.
+    """
+    return generator is not None or torch.initial_seed() < 2**32
+
+
 GLOBAL_RNGS = ("random", "numpy", "torch")
 """The global RNGs user code draws from: ``random``, numpy's legacy global RandomState, torch's
 default CPU generator."""

@@ -1,7 +1,9 @@
 """``DataLoader(num_workers="auto")``: the policy places a map-style dataset's batches (this process,
 threads or worker processes) and the autotuner sizes the pool."""
 
+import os
 import random
+import threading
 import time
 
 import numpy as np
@@ -15,6 +17,7 @@ from torchpipe.autotune.live import Counters, Look
 from torchpipe.autotune.tuner import Budget
 from torchpipe.core.stats import LiveKnob
 from torchpipe.loader.workers import NOT_ON_THREADS, WorkerIterator, _WorkersStage
+from torchpipe.randomness import seeds_were_set
 from torchpipe.runtime.cpu import usable_cpu_count
 from torchpipe.runtime.policy import INLINE, PROCESS, THREAD
 from torchpipe.runtime.timing import CallTiming
@@ -139,13 +142,20 @@ def test_epochs_that_make_cheap_batches_here_fork_no_process():
 
 
 class Augmented(torch.utils.data.Dataset):
-    """Random augmentation from the global RNGs, as torchvision transforms draw it."""
+    """Random augmentation from the global RNGs, as torchvision transforms draw it; the last column
+    says whether the item was made on one of this process's threads."""
 
     def __len__(self):
         return 64
 
     def __getitem__(self, i):
-        return torch.tensor([i, random.random(), float(np.random.rand()), float(torch.rand(()))])
+        on_thread = os.getpid() == MAIN_PID and threading.current_thread() is not threading.main_thread()
+        return torch.tensor([i, random.random(), float(np.random.rand()), float(torch.rand(())), on_thread])
+
+
+MAIN_PID = os.getpid()
+STARTUP_SEED = 2**63 + 12345
+"""A seed as torch gives its default generator at start-up (random, 64 bits): no one set seeds."""
 
 
 @pytest.mark.parametrize("kind, workers", [(INLINE, 0), (PROCESS, 1), (PROCESS, 3)])
@@ -159,17 +169,47 @@ def test_auto_augmentation_is_the_same_wherever_a_batch_is_made(kind, workers):
             it._placement.move(*move_to)
         return torch.cat(out + list(it))
 
-    reference = epoch(None)
-    assert torch.equal(epoch((kind, workers)), reference)
+    with torch.random.fork_rng():
+        reference = epoch(None)
+        assert torch.equal(epoch((kind, workers)), reference)
     assert not torch.equal(reference[:, 1], reference[:, 1].sort().values)  # shuffled, and random
 
 
-def test_calls_that_draw_from_the_global_rngs_are_never_placed_on_threads():
-    loader = tp.DataLoader(Augmented(), batch_size=4, num_workers="auto")
-    it = iter(loader)
-    list(it)
-    entry = loader.stats()[0]
+def test_seeds_count_as_set_with_a_generator_or_a_default_seed_below_2_to_the_32():
+    with torch.random.fork_rng():
+        torch.manual_seed(STARTUP_SEED)
+        assert not seeds_were_set(None) and seeds_were_set(torch.Generator())
+        for seed in (0, 42, 2**32 - 1):
+            torch.manual_seed(seed)
+            assert seeds_were_set(None)
+
+
+@pytest.mark.parametrize("seeded_by", ["generator", "torch.manual_seed"])
+def test_with_seeds_set_a_dataset_that_draws_never_runs_on_threads_and_repeats_exactly(seeded_by):
+    def epoch():
+        with torch.random.fork_rng():
+            torch.manual_seed(0 if seeded_by == "torch.manual_seed" else STARTUP_SEED)
+            generator = torch.Generator().manual_seed(0) if seeded_by == "generator" else None
+            loader = tp.DataLoader(Augmented(), batch_size=4, num_workers="auto", shuffle=True, generator=generator)
+            return torch.cat(list(loader)), loader.stats()[0]
+
+    first, entry = epoch()
+    again, _ = epoch()
+    assert torch.equal(first, again) and not first[:, 4].any()
     assert entry["not_on_threads"] == NOT_ON_THREADS and THREAD not in entry["measured"]
+
+
+def test_without_seeds_a_dataset_that_draws_may_run_on_threads_and_loses_or_repeats_no_index():
+    with torch.random.fork_rng():
+        torch.manual_seed(STARTUP_SEED)
+        loader = tp.DataLoader(Augmented(), batch_size=4, num_workers="auto")
+        it = iter(loader)
+        batches = [next(it)]
+        assert "not_on_threads" not in loader.stats()[0]  # the policy may choose threads
+        it._placement.move(THREAD, 3)  # as it would for items that release the GIL
+        batches += list(it)
+    assert [b[:, 0].tolist() for b in batches] == [list(range(k, k + 4)) for k in range(0, 64, 4)]
+    assert torch.cat(batches)[:, 4].any() and "not_on_threads" not in loader.stats()[0]
 
 
 def test_fixed_workers_and_iterable_datasets_are_not_tuned():

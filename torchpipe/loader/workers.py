@@ -12,7 +12,9 @@ runtime's dispatcher (bounded waits, the stall check, in order or as completed).
   this process (inline), on threads or on worker processes, from what the first batches cost, and
   moves them while the epoch runs when measurements say another place is faster; the autotuner
   sizes the pool. Every batch's global RNGs are seeded from the epoch's base seed and the batch's
-  index, so augmentation is the same on every run wherever a batch was made (docs/determinism.md).
+  index, so with seeds set (a ``generator``, ``torch.manual_seed``) augmentation is the same on
+  every run wherever a batch was made; a dataset that draws from them then never runs on threads,
+  which share them (without seeds it may: docs/determinism.md).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from torchpipe.randomness import (
     GlobalDraws,
     global_rng_states,
     restore_global_rng_states,
+    seeds_were_set,
 )
 from torchpipe.runtime.cpu import usable_cpu_count, voluntary_switches
 from torchpipe.runtime.dispatch import Dispatcher
@@ -50,7 +53,10 @@ from torchpipe.runtime.process_pool import ProcessPool
 from torchpipe.runtime.worker import MAX_RING_BYTES
 
 STAGE = "DataLoader workers"
-NOT_ON_THREADS = "the dataset draws from the global RNGs (random, numpy, torch), which threads share"
+NOT_ON_THREADS = (
+    "the dataset draws from the global RNGs (random, numpy, torch), which threads share, and seeds were set "
+    "(a generator given, or torch.manual_seed) so its draws must repeat on every run"
+)
 """Why ``num_workers="auto"`` makes no batch on threads, in ``loader.stats()``."""
 
 
@@ -121,6 +127,7 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
         drawn = state.drawn_rngs if state.drawn_rngs is not None else GLOBAL_RNGS  # all, until measured
         seed = int(self._base_seed)
         self._local = {INLINE: LocalFetch(loader, seed, drawn), THREAD: LocalFetch(loader, seed, ())}
+        self._generator = loader.generator  # with the default generator's seed, whether draws must repeat
         self._dispatch.switch(InlineExecutor(self._local[INLINE], self._pool.timing), _park)
         self._placement = Placement(self._dispatch, self._make, state.policy, self._pool.timing,
                                     self._moved, _park, state.learned)  # fmt: skip
@@ -178,7 +185,9 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
 
     def _place(self) -> None:
         """Where this epoch's batches go: where the last epoch left them, or, the first time, where
-        the policy puts them after a few batches made here and measured."""
+        the policy puts them after a few batches made here and measured. A dataset that draws from
+        the global RNGs stays off threads (which share them) only where seeds were set: without,
+        its draws differ on every run anyway (:func:`seeds_were_set`)."""
         policy, state, placement = self._tp_state.policy, self._tp_state, self._placement
         assert policy is not None and placement is not None  # num_workers="auto" (_start_auto)
         if policy.kind is not None:
@@ -196,7 +205,8 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
             costs, _ = measure_calls(self._run_inline, on_draws=drawn)
         finally:
             restore_global_rng_states(saved)
-        placement.decide(costs.without_threads() if state.drawn_rngs else costs)
+        must_repeat = bool(state.drawn_rngs) and seeds_were_set(self._generator)
+        placement.decide(costs.without_threads() if must_repeat else costs)
 
     def _run_inline(self, limit: int) -> list[Any]:
         results: list[Any] = []
