@@ -1,6 +1,6 @@
 """torchpipe: tf.data-style input pipelines and a drop-in DataLoader for PyTorch."""
 
-from torchpipe import distributed, io
+from torchpipe import distributed, image, io
 from torchpipe.constants import AUTOTUNE, INFINITE, UNKNOWN
 from torchpipe.dataset import Dataset
 from torchpipe.errors import CheckpointError, DiskFullError, StallError, WorkerError
@@ -48,6 +48,7 @@ __all__ = [
     "from_ray",
     "from_tensor_slices",
     "from_webdataset",
+    "image",
     "io",
     "list_files",
     "load",

@@ -82,6 +82,21 @@ class DataLossError(ValueError):
         return type(self), (self.args[0], self.path, self.offset)
 
 
+class DecodeError(ValueError):
+    """An image could not be decoded: malformed, truncated, or not the format asked for.
+
+    Attributes:
+        path: the file, where the image was read from one (``None`` for bytes).
+    """
+
+    def __init__(self, message: str, path: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.args[0], self.path)
+
+
 class DiskFullError(OSError):
     """A write ran out of room: a full disk or quota (``ENOSPC``, ``EDQUOT``), or a file past the
     process's file-size limit (``EFBIG`` under ``RLIMIT_FSIZE``).

@@ -24,6 +24,7 @@ from torchpipe.autotune import tunable
 from torchpipe.autotune.model import Knob, Stage
 from torchpipe.autotune.tunable import BUFFER, POOL
 from torchpipe.core.iterator import Iterator
+from torchpipe.runtime.shared_counts import COUNTS
 
 CONSUMER = "consumer"
 """The name of the training loop's stage in the model and the report."""
@@ -64,12 +65,15 @@ class Look:
         iterators: counters by ``id(iterator)``.
         consumer_s: seconds the training loop spent outside ``next()`` so far.
         main_cpu_s: CPU seconds of this process (all its threads) so far.
+        shared: the counts user functions keep in every forked process
+            (:mod:`~torchpipe.runtime.shared_counts`: ``tp.image``'s decodes).
     """
 
     time: float
     iterators: dict[int, Counters]
     consumer_s: float
     main_cpu_s: float
+    shared: dict[str, int] = dataclasses.field(default_factory=COUNTS.snapshot)
 
     def produced(self, root: Iterator) -> int:
         return self.iterators.get(id(root), Counters()).produced
@@ -77,7 +81,7 @@ class Look:
 
 def start_look() -> Look:
     """The look before a tree's first element: every counter at zero."""
-    return Look(time.perf_counter(), {}, 0.0, time.process_time())
+    return Look(time.perf_counter(), {}, 0.0, time.process_time(), COUNTS.snapshot())
 
 
 def walk(root: Iterator) -> list[tuple[Iterator, int]]:

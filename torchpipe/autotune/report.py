@@ -42,11 +42,16 @@ class PipelineStats(list):
         bottleneck: the stage that limits the pipeline, or ``"consumer"``.
         waiting: the share of the training loop's time spent waiting for data.
         decisions: the autotuner's recent rounds (empty without one).
+        images: ``tp.image``'s counts since the pass started, in this process and the processes
+            forked from it: ``decoded`` (images decoded) and ``fallback`` (those Pillow decoded
+            because the fast decoder refused them).
     """
 
     def __init__(self, stages: list[dict[str, Any]], seconds: float, bottleneck: str, waiting: float,
-                 decisions: list[Decision], trace: TraceSnapshot | None = None) -> None:  # fmt: skip
+                 decisions: list[Decision], trace: TraceSnapshot | None = None,
+                 images: dict[str, int] | None = None) -> None:  # fmt: skip
         super().__init__(stages)
+        self.images = images if images is not None else {"decoded": 0, "fallback": 0}
         self.seconds = seconds
         self.bottleneck = bottleneck
         self.waiting = waiting
@@ -94,6 +99,9 @@ class PipelineStats(list):
             lines.append(f"{name[:36]:<36} {stage['produced']:>9} {stage['throughput']:>9.4g} "
                          f"{_duration(stage['self_s']):>10} {wait:>5} {fill:>7}  {knobs}")  # fmt: skip
         lines.extend(line for stage in self if "ray" in stage for line in _ray_lines(stage["stage"], stage["ray"]))
+        if self.images["decoded"]:
+            lines.append(f"Images: {self.images['decoded']} decoded by tp.image, {self.images['fallback']} of them by "
+                         "Pillow (the fast decoder refused them)")  # fmt: skip
         lines.append(f"Bottleneck: {self.bottleneck}")
         if self.consumer_is_limit:
             lines.append(f"Limit: the consumer (training step); it waited for data {self.waiting:.0%} of its time.")
@@ -158,4 +166,6 @@ def pipeline_stats(root: Iterator, start: Look, consumer_s: float, decisions: li
         limit = bottleneck(model.stages, {knob.name: knob.value for knob in model.knobs})
     inside = now.iterators[id(root)].wall_s
     waiting = inside / (inside + consumer_s) if inside + consumer_s > 0 else 0.0
-    return PipelineStats(stages, seconds, limit, waiting, list(decisions), trace)
+    images = {"decoded": now.shared["images_decoded"] - start.shared.get("images_decoded", 0),
+              "fallback": now.shared["images_fallback"] - start.shared.get("images_fallback", 0)}  # fmt: skip
+    return PipelineStats(stages, seconds, limit, waiting, list(decisions), trace, images)

@@ -25,11 +25,12 @@ from torch.utils.data._utils.pin_memory import pin_memory
 from torchpipe.autotune.report import PipelineStats
 from torchpipe.dataset import Dataset
 from torchpipe.errors import CheckpointError
-from torchpipe.loader.fetch import fetch_noted
+from torchpipe.loader.fetch import fetch_seeded
 from torchpipe.loader.replicas import MAX_REPLICAS, io_replicas
 from torchpipe.loader.workers import WorkerIterator
 from torchpipe.ops.device import DevicePrefetcher, check_device
 from torchpipe.options import AutotuneOptions
+from torchpipe.randomness import mix_seed
 from torchpipe.runtime.cpu import usable_cpu_count
 from torchpipe.runtime.placement import prepare_measurements
 from torchpipe.runtime.process_pool import process_executor_supported
@@ -457,7 +458,8 @@ class _InlineIterator(torch_dataloader._SingleProcessDataLoaderIter):
     """torch's iterator for ``num_workers=0``, whose errors name the batch and the index that failed."""
 
     def _next_data(self) -> Any:
-        data = fetch_noted(self._dataset_fetcher.fetch, self._next_index(), self._num_yielded)
+        seed = mix_seed(int(self._base_seed), self._num_yielded)  # tp.rng() for the batch
+        data = fetch_seeded(seed, self._dataset_fetcher.fetch, self._next_index(), self._num_yielded)
         return pin_memory(data, self._pin_memory_device) if self._pin_memory else data
 
 

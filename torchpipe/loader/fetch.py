@@ -19,7 +19,15 @@ from torch.utils.data import dataloader as torch_dataloader
 
 from torchpipe.errors import add_note
 from torchpipe.loader.replicas import EndedOnReplay, Replicas
-from torchpipe.randomness import call_seeded, global_rng_states, mix_seed, restore_global_rng_states, seed_global_rngs
+from torchpipe.randomness import (
+    call_seeded,
+    enter_call,
+    exit_call,
+    global_rng_states,
+    mix_seed,
+    restore_global_rng_states,
+    seed_global_rngs,
+)
 from torchpipe.runtime.codec import StackedTensor
 
 DataLoader = torch.utils.data.DataLoader
@@ -56,6 +64,17 @@ def _collate_into_shared_memory(batch: list[Any]) -> Any:
 def batch_seed(base_seed: int, epoch: int, batch: int) -> int:
     """The global RNGs' seed for batch ``batch`` of an epoch with ``num_workers="auto"``."""
     return mix_seed(base_seed, epoch, batch)
+
+
+def fetch_seeded(seed: int, fetch: Callable[[Any], Any], index: Any, batch: int, replica: int | None = None) -> Any:
+    """:func:`fetch_noted` with ``tp.rng()`` seeded for the batch: the dataset's calls draw, in
+    index order, from one generator seeded by ``seed`` (so ``tp.image``'s random ops give the same
+    batch wherever it is made)."""
+    prev = enter_call(seed, 0)
+    try:
+        return fetch_noted(fetch, index, batch, replica)
+    finally:
+        exit_call(prev)
 
 
 def fetch_noted(fetch: Callable[[Any], Any], index: Any, batch: int, replica: int | None = None) -> Any:
@@ -140,8 +159,9 @@ class FetchTask:
             seed_global_rngs(batch_seed(self.base_seed, epoch, batch))
         replica, position = place if place else (self.worker_id, None)
         try:
-            return fetch_noted(lambda i: self.replicas.fetch(replica, epoch, i, position), index, batch,
-                               replica if place else None)  # fmt: skip
+            return fetch_seeded(batch_seed(self.base_seed, epoch, batch),
+                                lambda i: self.replicas.fetch(replica, epoch, i, position), index, batch,
+                                replica if place else None)  # fmt: skip
         except StopIteration:
             return Exhausted()
         except EndedOnReplay as e:
@@ -166,9 +186,9 @@ class LocalFetch:
         )
 
     def __call__(self, seq: int, payload: tuple[int, int, Any]) -> Any:
-        _epoch, batch, index = payload
+        epoch, batch, index = payload
         if not self.rngs:
-            return fetch_noted(self.fetcher.fetch, index, batch)
+            return fetch_seeded(batch_seed(self.base_seed, epoch, batch), self.fetcher.fetch, index, batch)
         saved = global_rng_states(self.rngs)
         try:
             return self.seeded(payload)
@@ -178,5 +198,5 @@ class LocalFetch:
     def seeded(self, payload: tuple[int, int, Any]) -> Any:
         """Fetch with the RNGs seeded for the batch, and nothing put back."""
         epoch, batch, index = payload
-        return call_seeded(batch_seed(self.base_seed, epoch, batch), fetch_noted, self.fetcher.fetch, index, batch,
-                           rngs=self.rngs)  # fmt: skip
+        seed = batch_seed(self.base_seed, epoch, batch)
+        return call_seeded(seed, fetch_seeded, seed, self.fetcher.fetch, index, batch, rngs=self.rngs)
