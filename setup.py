@@ -27,7 +27,8 @@ setup(
     include_package_data=True,
     python_requires=">=3.10",
     # crc32c: hardware CRC32C for TFRecord integrity checks (docs/formats.md says why this one).
-    install_requires=["torch>=2.1", "numpy", "pillow", "psutil", "crc32c>=2.3"],
+    # simplejpeg: tp.image's JPEG decoder, a 0.4 MB wheel that bundles libjpeg-turbo (docs/image.md).
+    install_requires=["torch>=2.1", "numpy", "pillow", "psutil", "crc32c>=2.3", "simplejpeg>=1.7"],
     extras_require={
         "test": [*CHECKERS, "pytest", "pytest-timeout", "hypothesis", "fsspec", "s3fs", "moto[server]>=5", "webdataset",
                  "tqdm", "matplotlib", "ray[data]>=2.10", *PEERS],

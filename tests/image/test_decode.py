@@ -1,0 +1,163 @@
+"""``tp.image`` decoders: Pillow's pixels on every kind of file, the fallback, errors, EXIF, DCT scaling."""
+
+import io
+import multiprocessing
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image, ImageOps
+
+import torchpipe as tp
+from tests.image.conftest import encode, photo, refused_by_libjpeg_turbo_strict, with_orientation
+from torchpipe.image import decode
+from torchpipe.runtime.shared_counts import COUNTS
+
+
+def pillow(data: bytes, mode: str = "RGB") -> np.ndarray:
+    pixels = np.asarray(Image.open(io.BytesIO(data)).convert(mode))
+    return pixels[:, :, None] if pixels.ndim == 2 else pixels
+
+
+@pytest.mark.parametrize("kind", ["rgb", "grayscale", "progressive", "cmyk"])
+@pytest.mark.parametrize("channels", [3, 1])
+def test_jpeg_pixels_are_pillows(kinds, kind, channels):
+    out = tp.image.decode_jpeg(kinds[kind], channels=channels)
+    assert out.dtype == torch.uint8 and out.shape == (48, 64, channels)
+    diff = np.abs(out.numpy().astype(int) - pillow(kinds[kind], "RGB" if channels == 3 else "L")).max()
+    # CMYK's conversion, and grayscale from a color file (libjpeg-turbo's luma against Pillow's
+    # RGB-to-L formula), differ by rounding
+    assert diff <= (1 if kind == "cmyk" or (channels == 1 and kind != "grayscale") else 0)
+
+
+def test_every_input_kind_decodes_alike(kinds, tmp_path):
+    path = tmp_path / "a.jpg"
+    path.write_bytes(kinds["rgb"])
+    expected = tp.image.decode_jpeg(kinds["rgb"])
+    array = np.frombuffer(kinds["rgb"], dtype=np.uint8).copy()
+    for data in (str(path), path, bytearray(kinds["rgb"]), memoryview(kinds["rgb"]), array, torch.from_numpy(array)):
+        assert torch.equal(tp.image.decode_jpeg(data), expected)
+    with pytest.raises(TypeError, match="1-D uint8"):
+        tp.image.decode_jpeg(np.zeros((2, 2), np.uint8))
+    with pytest.raises(TypeError, match="bytes, a 1-D uint8 array or tensor, or a path"):
+        tp.image.decode_jpeg(12)
+    with pytest.raises(ValueError, match="channels"):
+        tp.image.decode_jpeg(kinds["rgb"], channels=4)
+
+
+def test_png_and_other_formats(kinds):
+    assert np.array_equal(tp.image.decode_png(kinds["png"]).numpy(), pillow(kinds["png"]))
+    rgba = Image.fromarray(photo()).convert("RGBA")
+    assert np.array_equal(tp.image.decode_png(encode(rgba, "PNG")).numpy(), pillow(encode(rgba, "PNG")))
+    for fmt in ("PNG", "BMP", "GIF", "WEBP"):
+        data = encode(Image.fromarray(photo()), fmt)
+        assert np.array_equal(tp.image.decode_image(data).numpy(), pillow(data))
+    assert np.array_equal(tp.image.decode_image(kinds["rgb"]).numpy(), pillow(kinds["rgb"]))
+    assert tp.image.decode_image(kinds["png"], channels=1).shape == (48, 64, 1)
+
+
+def test_the_wrong_format_names_the_right_decoder(kinds):
+    with pytest.raises(tp.image.DecodeError, match="not a JPEG.*decode_image"):
+        tp.image.decode_jpeg(kinds["png"])
+    with pytest.raises(tp.image.DecodeError, match="not a PNG"):
+        tp.image.decode_png(kinds["rgb"])
+    with pytest.raises(tp.image.DecodeError, match="cannot decode"):
+        tp.image.decode_image(b"not an image at all")
+
+
+def test_a_truncated_file_is_an_error_naming_it(kinds, tmp_path):
+    path = tmp_path / "cut.jpg"
+    path.write_bytes(kinds["truncated"])
+    with pytest.raises(tp.image.DecodeError, match="cut.jpg") as info:
+        tp.image.decode_jpeg(str(path))
+    assert info.value.path == str(path) and isinstance(info.value, ValueError)
+    with pytest.raises(tp.image.DecodeError):
+        tp.image.decode_and_random_resized_crop(kinds["truncated"], 16)
+
+
+def test_in_a_pipeline_the_error_names_the_element_and_ignore_errors_skips_exactly_it(kinds, tmp_path):
+    paths = []
+    for i in range(6):
+        path = tmp_path / f"{i}.jpg"
+        path.write_bytes(kinds["truncated"] if i in (2, 4) else encode(Image.fromarray(photo(seed=i)), quality=90))
+        paths.append(str(path))
+    ds = tp.from_iterable(paths).map(lambda p: (p, tp.image.decode_jpeg(p)), num_parallel_calls=2)
+    with pytest.raises(tp.image.DecodeError, match="2.jpg") as info:
+        list(ds)
+    assert "element 2" in info.value.__notes__[0]
+    assert [p for p, _ in ds.ignore_errors()] == [paths[i] for i in (0, 1, 3, 5)]
+
+
+def test_what_the_fast_decoder_refuses_pillow_decodes_and_stats_count(kinds):
+    damaged = refused_by_libjpeg_turbo_strict(kinds["rgb"])
+    if decode.simplejpeg is not None:
+        with pytest.raises(ValueError):
+            decode.simplejpeg.decode_jpeg(damaged)
+    it = iter(tp.from_iterable([kinds["rgb"], damaged, kinds["rgb"]]).map(tp.image.decode_jpeg))
+    out = list(it)
+    assert all(np.array_equal(x.numpy(), pillow(kinds["rgb"])) for x in out)
+    images = it.stats().images
+    assert images == {"decoded": 3, "fallback": 1 if decode.simplejpeg is not None else 0}
+    assert "3 decoded by tp.image, 1 of them by Pillow" in str(it.stats()) or decode.simplejpeg is None
+
+
+def test_without_simplejpeg_pillow_decodes_everything(kinds, monkeypatch):
+    monkeypatch.setattr(decode, "simplejpeg", None)
+    for kind in ("rgb", "grayscale", "progressive"):
+        assert np.array_equal(tp.image.decode_jpeg(kinds[kind]).numpy(), pillow(kinds[kind]))
+    assert tp.image.decode_and_random_resized_crop(kinds["rgb"], 8, rng=np.random.default_rng(0)).shape == (8, 8, 3)
+
+
+def _decode_in_child(data: bytes) -> None:
+    tp.image.decode_jpeg(data)
+
+
+def test_counts_from_forked_processes_reach_the_main_process(kinds):
+    before = COUNTS.snapshot()
+    child = multiprocessing.get_context("fork").Process(target=_decode_in_child, args=(kinds["rgb"],))
+    child.start()
+    child.join(30)
+    assert child.exitcode == 0
+    assert COUNTS.snapshot()["images_decoded"] == before["images_decoded"] + 1
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_exif_orientation_is_applied_when_asked_as_pillow_applies_it(orientation):
+    image = Image.fromarray(photo(40, 56))
+    data = with_orientation(image, orientation)
+    upright = np.asarray(ImageOps.exif_transpose(Image.open(io.BytesIO(data))).convert("RGB"))
+    assert decode.exif_orientation(data) == orientation
+    assert np.array_equal(tp.image.decode_jpeg(data, apply_exif_orientation=True).numpy(), upright)
+    assert tp.image.decode_jpeg(data).shape == (40, 56, 3)  # not applied by default
+    assert tp.image.decode_image(data, apply_exif_orientation=True).shape == upright.shape
+
+
+def test_a_file_without_exif_or_with_a_damaged_block_has_orientation_one(kinds):
+    assert decode.exif_orientation(kinds["rgb"]) == 1
+    data = with_orientation(Image.fromarray(photo()), 6)
+    start = data.index(b"Exif\x00\x00") + 6
+    damaged = data[: start + 4] + b"\xff\xff\xff\x7f" + data[start + 8 :]  # IFD offset past the end
+    assert decode.exif_orientation(damaged) == 1
+
+
+@pytest.mark.parametrize("scale", [2, 4, 8])
+def test_dct_scaled_decodes_agree_with_pillows_draft(kinds, scale):
+    image = decode.Encoded(kinds["rgb"])
+    fast = decode.decode_jpeg_array(image, 3, scale)
+    slow = decode.pillow_array(image, 3, scale)
+    assert fast.shape == slow.shape == (-(-48 // scale), -(-64 // scale), 3)
+    assert np.abs(fast.astype(int) - slow).max() <= 1
+
+
+def test_decode_and_crop_is_decode_then_crop(kinds):
+    full = tp.image.decode_jpeg(kinds["rgb"])
+    out = tp.image.decode_and_crop_jpeg(kinds["rgb"], (5, 7, 20, 30))
+    assert torch.equal(out, full[5:25, 7:37]) and out.is_contiguous()
+    with pytest.raises(ValueError, match="not inside the 48x64 image"):
+        tp.image.decode_and_crop_jpeg(kinds["rgb"], (40, 0, 20, 10))
+    with pytest.raises(ValueError, match="not inside"):
+        tp.image.decode_and_crop_jpeg(kinds["rgb"], (0, 0, 0, 10))
+    rotated = with_orientation(Image.fromarray(photo()), 6)  # stored 48x64, seen 64x48
+    upright = tp.image.decode_jpeg(rotated, apply_exif_orientation=True)
+    assert torch.equal(tp.image.decode_and_crop_jpeg(rotated, (50, 0, 14, 48), apply_exif_orientation=True),
+                       upright[50:64])  # fmt: skip
