@@ -12,6 +12,7 @@ Configurations:
   torchpipe_dataloader_auto  torchpipe.DataLoader(num_workers="auto"), no other knob
   torchpipe_auto             the DSL with tp.AUTOTUNE everywhere (no knobs)
   torchpipe_best             the DSL, the best of a small grid of num_parallel_calls and executor
+  torchpipe_tpimage          (jpeg, tfrecord) the same work in tp.image's ops, tp.AUTOTUNE everywhere
   torchpipe_cache_epoch1/2   (workload cache) the jpeg pipeline with cache() after decode
   nodes_best                 torchdata.nodes: the best of ParallelMapper on threads or processes
   spdl_best                  SPDL: the best of PipelineBuilder's pipe on threads or processes
@@ -54,7 +55,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import torchpipe as tp
 from bench import peers as pr
-from bench import suite
+from bench import suite, tpimage
 from bench import workloads as wl
 from bench.measure import measure, measure_epochs
 from bench.targets import BUDGET_CONFIG, format_targets, targets
@@ -183,7 +184,16 @@ class Runner:
         if self.work.name in BUDGETED:
             self.torchpipe_dataloader_budget()
         self.torchpipe_dsl()
+        self.torchpipe_tpimage()
         self.peers(last=False)
+
+    def torchpipe_tpimage(self) -> None:
+        """``torchpipe_tpimage``: the workload's work in ``tp.image``'s ops, zero knobs, where it has
+        such a pipeline (``bench/tpimage.py``)."""
+        if tpimage.batched(self.work) is None:
+            return
+        result = self.timed(lambda: tpimage.batched(self.work))
+        self.record(tpimage.CONFIG, result, "tp.image ops, num_parallel_calls=AUTOTUNE, prefetch(AUTOTUNE)")
 
     def torchpipe_dataloader_budget(self) -> None:
         """``tp.DataLoader("auto")`` under a RAM budget that binds: halfway between the tree's end

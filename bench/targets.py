@@ -18,6 +18,11 @@ batches: halfway from the tree's PSS without workers to what ``tp.DataLoader("au
 unconstrained), it must end within the budget (as the tree's PSS) at 0.95 of the fastest
 DataLoader configuration that ends within it.
 
+With ``tp.image``'s ops (``torchpipe_tpimage`` on ``jpeg`` and ``tfrecord``: the same work, zero
+knobs; issue #34) torchpipe must beat TensorFlow at its own game: 1.1x ``tfdata_native``'s
+throughput at no more CPU time per image, within the memory of torch's ``dataloader_best``, and,
+on ``jpeg``, at least FFCV's best (``ffcv_best``, where FFCV is installed).
+
 Against the peers (``bench/peers.py``), each must reach the best Python peer's best: the fastest
 of ``nodes_best``, ``spdl_best``, ``grain_best`` and ``tfdata_best``, which all run the same
 Python item function. Its ratio to ``tfdata_native`` (TensorFlow's own ops, where they exist) is
@@ -69,12 +74,21 @@ TARGETS = (
     Target("vs_tfdata_native", "vs tf.data native", None, None),
     Target("pss_vs_budget", "PSS vs budget", "<=", 1.0),
     Target("vs_best_dl_in_budget", "vs best DL in budget", ">=", 0.95),
+    Target("image_vs_tfdata_native", "tp.image vs tf.data native", ">=", 1.1),
+    Target("image_cpu_vs_tfdata_native", "tp.image CPU/item vs tf.data native", "<=", 1.0),
+    Target("image_pss_vs_dataloader_best", "tp.image PSS vs DL best", "<=", 1.0),
+    Target("image_vs_ffcv_best", "tp.image vs FFCV best", ">=", 1.0),
 )
 BUDGET_CONFIG = "torchpipe_dataloader_budget"
 """``tp.DataLoader("auto")`` under a RAM budget (``bench/run.py``'s ``BUDGETED`` workloads), held to
 the last two targets: end PSS within the budget, and the throughput of the fastest DataLoader
 configuration whose end PSS fits it."""
 BUDGET_KEYS = ("pss_vs_budget", "vs_best_dl_in_budget")
+IMAGE_CONFIG = "torchpipe_tpimage"
+"""The ``tp.image`` pipeline (``bench/tpimage.py``), held to the ``IMAGE_KEYS`` targets."""
+IMAGE_KEYS = ("image_vs_tfdata_native", "image_cpu_vs_tfdata_native", "image_pss_vs_dataloader_best",
+              "image_vs_ffcv_best")  # fmt: skip
+FFCV_BEST = "ffcv_best"
 NOISY = 0.15
 """Other processes' share of the cores above which a measurement is flagged as taken beside them."""
 EPOCH_WORKLOADS = ("blobs",)
@@ -127,7 +141,7 @@ def targets(
     native = results.get(TFDATA_NATIVE, {}).get("throughput")
     only = {"every_epoch_vs_dataloader_best": EPOCH_WORKLOADS}
     pss_at = dataloader_pss or {}
-    wanted = [t for t in TARGETS if name in only.get(t.key, (name,)) and t.key not in BUDGET_KEYS]
+    wanted = [t for t in TARGETS if name in only.get(t.key, (name,)) and t.key not in BUDGET_KEYS + IMAGE_KEYS]
     out = {}
     for config in ZERO_KNOB:
         mine = results.get(config, {})
@@ -155,7 +169,24 @@ def targets(
                 _ratio(mine["throughput"], budget["best_throughput"])
             ),
         }
+    if IMAGE_CONFIG in results:
+        out[IMAGE_CONFIG] = _image_checks(name, results)
     return out
+
+
+def _image_checks(name: str, results: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """``torchpipe_tpimage``'s checks: against tf.data's native pipeline (throughput, CPU per
+    item), torch's best DataLoader (end PSS) and, on ``jpeg``, FFCV's best."""
+    mine, native = results[IMAGE_CONFIG], results.get(TFDATA_NATIVE, {})
+    by_key = {t.key: t for t in TARGETS}
+    ratios = {
+        "image_vs_tfdata_native": _ratio(mine["throughput"], native.get("throughput")),
+        "image_cpu_vs_tfdata_native": _ratio(mine.get("cpu_s_per_item"), native.get("cpu_s_per_item")),
+        "image_pss_vs_dataloader_best": _ratio(mine.get("end_pss_mb"), results.get(BASELINE, {}).get("end_pss_mb")),
+        "image_vs_ffcv_best": _ratio(mine["throughput"], results.get(FFCV_BEST, {}).get("throughput")),
+    }
+    keys = [k for k in IMAGE_KEYS if k != "image_vs_ffcv_best" or name == "jpeg"]
+    return {key: by_key[key].check(ratios[key]) for key in keys}
 
 
 def _cell(check: dict[str, Any] | None) -> str:

@@ -91,12 +91,12 @@ def test_the_window_is_drawn_as_torchvision_draws_it():
     shares, ratios = [], []
     for _ in range(2000):
         top, left, h, w = tp.image.random_resized_crop_window(400, 400, rng=gen)
-        assert 0 <= top and top + h <= 400 and 0 <= left and left + w <= 400
+        assert top >= 0 and top + h <= 400 and left >= 0 and left + w <= 400
         shares.append(h * w / (400 * 400))
         ratios.append(w / h)
     # uniform in [0.08, 1] before rejection (a mean of 0.54); wide windows that do not fit are drawn again
     assert 0.08 <= min(shares) < 0.1 and 0.9 < max(shares) <= 1.0 and 0.42 < np.mean(shares) < 0.52
-    assert 3 / 4 - 0.05 < min(ratios) and max(ratios) < 4 / 3 + 0.05
+    assert min(ratios) > 3 / 4 - 0.05 and max(ratios) < 4 / 3 + 0.05
     assert abs(np.mean(np.log(ratios))) < 0.02  # log-uniform, symmetric around 1
     # no window fits ten times: the central crop at the nearest allowed ratio
     assert tp.image.random_resized_crop_window(100, 400, scale=(0.99, 1.0), rng=gen) == (0, 133, 100, 133)
