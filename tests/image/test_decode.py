@@ -161,3 +161,11 @@ def test_decode_and_crop_is_decode_then_crop(kinds):
     upright = tp.image.decode_jpeg(rotated, apply_exif_orientation=True)
     assert torch.equal(tp.image.decode_and_crop_jpeg(rotated, (50, 0, 14, 48), apply_exif_orientation=True),
                        upright[50:64])  # fmt: skip
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU path is tested in tests/cuda")
+def test_decoding_on_a_gpu_without_cuda_says_so(kinds):
+    with pytest.raises(RuntimeError, match="CUDA is not available"):
+        tp.image.decode_jpeg(kinds["rgb"], device="cuda")
+    with pytest.raises(ValueError, match="CPU or a CUDA device"):
+        tp.image.decode_jpeg(kinds["rgb"], device="meta")
