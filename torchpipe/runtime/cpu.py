@@ -3,9 +3,11 @@ process has gone to sleep on its own (waiting on I/O, a sleep, a lock)."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import threading
+from collections.abc import Iterator
 
 
 def usable_cpu_count() -> int:
@@ -62,6 +64,31 @@ def one_intra_op_thread() -> None:
         restore = threading.Thread(target=torch.set_num_threads, args=(default,), name="torchpipe-intra-op")
         restore.start()
         restore.join()
+
+
+@contextlib.contextmanager
+def as_a_pool_thread_runs() -> Iterator[None]:
+    """Within the block, torch ops called from this thread use one intra-op thread, as they do on
+    pool threads (:func:`one_intra_op_thread`) and in worker processes; the setting is put back after.
+
+    For measuring calls inline before they are placed: on this thread torch would split each op
+    over every core, and when another core is busy (the probe measuring the GIL, another process)
+    the op waits for it, so a call looks slower and as if it waited on I/O, which it would not on a
+    pool thread. Threads that first run a torch op during the block start with one intra-op
+    thread, as pool threads do anyway.
+    """
+    import torch
+
+    with _INTRA_OP_LOCK:
+        default = torch.get_num_threads()
+        if default > 1:
+            torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        if default > 1:
+            with _INTRA_OP_LOCK:
+                torch.set_num_threads(default)
 
 
 def voluntary_switches(pid: int) -> int:

@@ -31,6 +31,7 @@ import numpy as np
 
 from torchpipe.randomness import GlobalDraws, watch_global_draws
 from torchpipe.runtime import codec
+from torchpipe.runtime.cpu import as_a_pool_thread_runs
 from torchpipe.runtime.dispatch import Dispatcher
 from torchpipe.runtime.executor import Executor
 from torchpipe.runtime.gil import GilProbe
@@ -216,7 +217,9 @@ def measure_calls(
 
     The first half run beside a GIL probe, which measures the share of a call the GIL is free but
     slows calls that release it often (each release lets the probe in); the rest run alone, and
-    their median is the cost of a call. The first calls are not like the later ones: they fault
+    their median is the cost of a call. They run with one intra-op thread for torch's ops, as on a
+    pool thread or in a worker process (:func:`~torchpipe.runtime.cpu.as_a_pool_thread_runs`).
+    The first calls are not like the later ones: they fault
     in every page of the results they make, which are all kept until the consumer takes them,
     where later calls reuse the pages of results the consumer dropped; what those faults cost
     (:func:`~torchpipe.runtime.memory_costs.cold_seconds`) is left out of every call, as are
@@ -228,12 +231,13 @@ def measure_calls(
     results: list[Any] = []
     cpu0 = time.thread_time()
     watching = watch_global_draws() if on_draws is not None else contextlib.nullcontext()
-    with GilProbe() as probe, watching as draws:
-        overhead = (lambda: draws.overhead_s) if draws is not None else None
-        probed = _timed_calls(run, limit // 2, _PROBE_S / 2, results, overhead, probe)
-    if on_draws is not None:
-        on_draws(cast(GlobalDraws, draws))  # watched: not the nullcontext's None
-    alone = _timed_calls(run, limit - len(results), _PROBE_S / 2, results, None) if probed else []
+    with as_a_pool_thread_runs():
+        with GilProbe() as probe, watching as draws:
+            overhead = (lambda: draws.overhead_s) if draws is not None else None
+            probed = _timed_calls(run, limit // 2, _PROBE_S / 2, results, overhead, probe)
+        if on_draws is not None:
+            on_draws(cast(GlobalDraws, draws))  # watched: not the nullcontext's None
+        alone = _timed_calls(run, limit - len(results), _PROBE_S / 2, results, None) if probed else []
     cpu = time.thread_time() - cpu0
     if not probed:
         return CallCosts(0.0, 0.0, 1.0, 0.0), 0
