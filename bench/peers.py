@@ -1,4 +1,4 @@
-"""The peers: the same per-item work through torchdata.nodes, SPDL, Grain and tf.data.
+"""The peers: the same per-item work through torchdata.nodes, SPDL, Grain and tf.data (FFCV: its own).
 
 Each library has an adapter that builds its pipeline over the workload's own Python item
 function and collation (``Items``), so every loader in a run does the same work per item, with
@@ -10,8 +10,11 @@ zero-knob setting on its own where it has one (``tfdata_autotune``). The grid is
 its processes, so every library is tried at the parallelism ``torchpipe_best`` is.
 
 tf.data's adapter lives in ``bench/tfdata.py``: it also has native pipelines (TensorFlow's own
-ops) where TensorFlow has the ops. A library is imported only when its first pipeline is made;
-one that is not installed has no configuration and is reported "not installed".
+ops) where TensorFlow has the ops. FFCV's, in ``bench/ffcv_peer.py``, runs no Python item: its
+own ops over its own file format, on ``jpeg`` only (``ffcv_best``), so it is not one of the
+Python peers the targets compare with. A library is imported only when its first pipeline is
+made (FFCV when its configurations are: it writes its file then); one that is not installed has
+no configuration and is reported "not installed".
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench import tfdata
+from bench import ffcv_peer, tfdata
 from bench import workloads as wl
 from bench.peer_items import ITEM_TIMEOUT_S, STOP_TIMEOUT_S, BatchOf, Items, PeerConfig, PeerIterator, grid_of, items_of
 
@@ -53,6 +56,10 @@ class Peer:
     distribution: str
     configs: Callable[[wl.Workload, bool], list[PeerConfig]] = field(compare=False)
     """``configs(work, quick)``: the library's grid on ``work`` (smaller when ``quick``)."""
+    install: str = 'pip install -e ".[bench]"'
+    """How to install it (the "not installed" note says)."""
+    measured: str = "every workload but blobs (its epochs)"
+    """Where it is measured (the note says)."""
 
     def installed(self) -> bool:
         """Whether the library can be imported here."""
@@ -269,10 +276,14 @@ def _grain(items: Items, workers: int, kind: str) -> PeerIterator:
     return PeerIterator(iterator, getattr(iterator, "close", lambda: None), convert)
 
 
+FFCV_INSTALL = "apt-get install libturbojpeg0-dev libopencv-dev pkg-config; pip install numba ffcv"
+"""FFCV builds from source against these (not in the extras: CI does not build it)."""
+
 PEERS = (
     Peer("nodes", "torchdata.nodes", "torchdata", nodes_configs),
     Peer("spdl", "spdl.pipeline", "spdl", spdl_configs),
     Peer("grain", "grain", "grain", grain_configs),
+    Peer("ffcv", "ffcv", "ffcv", ffcv_peer.configs, install=FFCV_INSTALL, measured="jpeg only (its own ops)"),
     Peer("tfdata", "tensorflow", "tensorflow-cpu", tfdata.configs),  # TensorFlow imported when a pipeline is made,
 )
 """Every peer, in the order they run. tf.data runs last: importing TensorFlow starts its thread
@@ -284,7 +295,7 @@ def notes() -> dict[str, str]:
     out = {}
     for peer in PEERS:
         if not peer.installed():
-            out[peer.library] = f'not installed ({peer.distribution}: pip install -e ".[bench]"): not measured'
+            out[peer.library] = f"not installed ({peer.distribution}: {peer.install}): not measured"
             continue
-        out[peer.library] = f"{peer.distribution} {peer.version()}: measured on every workload but blobs (its epochs)"
+        out[peer.library] = f"{peer.distribution} {peer.version()}: measured on {peer.measured}"
     return out

@@ -83,7 +83,7 @@ def test_every_workload_and_configuration_end_to_end(small, capsys):
     tfrecord = report["workloads"]["tfrecord"]["extra"]
     assert tfrecord["raw_reader_gbps"] > 0 and tfrecord["raw_batched_gbps"] > 0 and tfrecord["cat_gbps"] > 0
     notes = report["machine"]["run"]["peers"]
-    assert set(notes) == {"nodes", "spdl", "grain", "tfdata"}
+    assert set(notes) == {"nodes", "spdl", "grain", "ffcv", "tfdata"}
     assert all(note.startswith("not installed") for note in notes.values()), notes  # reported, not skipped
     assert "grain: not installed" in capsys.readouterr().out
 
@@ -279,7 +279,9 @@ def test_targets_against_the_peers():
 
 def test_peer_names_are_known_to_the_report():
     for peer in pr.PEERS:
-        assert f"{peer.library}_best" in run.ORDER and f"{peer.library}_best" in tg.PEER_BESTS
+        if peer.library != "ffcv":  # FFCV runs its own ops: not a Python peer
+            assert f"{peer.library}_best" in run.ORDER and f"{peer.library}_best" in tg.PEER_BESTS
+    assert "ffcv_best" not in tg.PEER_BESTS
     assert tg.TFDATA_NATIVE in run.ORDER and "tfdata_autotune" in run.ORDER
 
 
@@ -463,6 +465,60 @@ def test_tfdata_adapter_with_tensorflow(tmp_path):
     env = {**os.environ, data.CACHE_ENV: str(tmp_path / "cache"), "TF_CPP_MIN_LOG_LEVEL": "3",
            "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}  # fmt: skip
     done = subprocess.run([sys.executable, "-c", TFDATA_SCRIPT], env=env, capture_output=True, text=True, timeout=50)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+
+
+FFCV_SCRIPT = """
+import os, torch
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+from bench import ffcv_peer, peers as pr, workloads as wl
+sizes = wl.Sizes(jpeg_files=8, text_docs=20, tiny_elements=4096, shard_records=32, cache_files=8,
+                 warmup_s=0.0, seconds=0.02, limit_s=0.02)
+assert ffcv_peer.configs(wl.tiny_elements(sizes, quick=True), quick=True) == []  # jpeg only
+work = wl.jpeg(sizes, quick=True)
+work.tp_grid = [(1, "thread")]  # one thread: numba compiles no parallel loops, seconds sooner
+threads = torch.get_num_threads()
+(config,) = next(p for p in pr.PEERS if p.library == "ffcv").configs(work, quick=True)
+assert config.knobs == {"num_workers": 1, "os_cache": True, "order": "RANDOM"} and config.in_best, config
+path = ffcv_peer.beton(work.files)
+written = os.stat(path).st_mtime_ns
+iterator = config.make()
+try:
+    batches = [next(iterator) for _ in range(3)]
+    images, labels = batches[0]
+    images, labels = images.clone(), labels.clone()  # FFCV reuses its batches' memory
+finally:
+    iterator.close()
+for batch in batches:
+    assert batch[0].shape == (64, 3, wl.CROP, wl.CROP) and batch[0].dtype == torch.uint8, batch[0].shape
+    assert batch[0].is_contiguous() and batch[1].shape == (64,) and batch[1].dtype == torch.int64
+assert sum(work.count(batch)[0] for batch in batches) == 3 * 64 and set(labels.tolist()) <= set(range(8))
+decode = wl.DecodeJpeg(work.files)
+for image, label in zip(images[:2], labels[:2]):  # a 224 window of its file, flipped or not, not resized
+    pixels = decode(int(label))[0].astype(np.int16)
+    windows = sliding_window_view(pixels, (wl.CROP, wl.CROP, 3))[:, :, 0]
+    crop = image.permute(1, 2, 0).numpy().astype(np.int16)
+    diffs = [np.abs(windows[:, :, 0] - seen[0]).mean(axis=(2, 3)) for seen in (crop, crop[:, ::-1])]  # first rows
+    flip = int(diffs[1].min() < diffs[0].min())
+    y, x = np.unravel_index(diffs[flip].argmin(), diffs[flip].shape)
+    found = np.abs(windows[y, x] - (crop[:, ::-1] if flip else crop)).mean()
+    assert found < 2.5, found  # re-encoded at the same quality and decoded with a fast IDCT: ~1
+assert torch.get_num_threads() == threads  # FFCV's setting undone
+assert ffcv_peer.beton(work.files) == path and os.stat(path).st_mtime_ns == written  # written once
+print("ok")
+"""
+
+
+def test_ffcv_adapter_with_ffcv(tmp_path):
+    """FFCV's loader on a few tiny JPEGs, in a process of its own: importing FFCV sets torch's
+    thread count and starts numba's threads, which the suite's later forked workers must not
+    inherit."""
+    if importlib.util.find_spec("ffcv") is None:  # not importorskip: that imports FFCV here
+        pytest.skip(f"ffcv is not installed ({pr.FFCV_INSTALL})")
+    env = {**os.environ, data.CACHE_ENV: str(tmp_path / "cache"),
+           "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", FFCV_SCRIPT], env=env, capture_output=True, text=True, timeout=50)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
 
 
