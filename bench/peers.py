@@ -60,6 +60,8 @@ class Peer:
     """How to install it (the "not installed" note says)."""
     measured: str = "every workload but blobs (its epochs)"
     """Where it is measured (the note says)."""
+    workloads: tuple[str, ...] | None = None
+    """The workloads it has configurations on; None: every one."""
 
     def installed(self) -> bool:
         """Whether the library can be imported here."""
@@ -283,7 +285,15 @@ PEERS = (
     Peer("nodes", "torchdata.nodes", "torchdata", nodes_configs),
     Peer("spdl", "spdl.pipeline", "spdl", spdl_configs),
     Peer("grain", "grain", "grain", grain_configs),
-    Peer("ffcv", "ffcv", "ffcv", ffcv_peer.configs, install=FFCV_INSTALL, measured="jpeg only (its own ops)"),
+    Peer(
+        "ffcv",
+        "ffcv",
+        "ffcv",
+        ffcv_peer.configs,
+        install=FFCV_INSTALL,
+        measured="jpeg only (its own ops)",
+        workloads=("jpeg",),
+    ),
     Peer("tfdata", "tensorflow", "tensorflow-cpu", tfdata.configs),  # TensorFlow imported when a pipeline is made,
 )
 """Every peer, in the order they run. tf.data runs last: importing TensorFlow starts its thread

@@ -17,6 +17,7 @@ Configurations:
   nodes_best                 torchdata.nodes: the best of ParallelMapper on threads or processes
   spdl_best                  SPDL: the best of PipelineBuilder's pipe on threads or processes
   grain_best                 Grain: the best of to_iter_dataset's threads or mp_prefetch's processes
+  ffcv_best                  (jpeg) FFCV's own loader and ops over a .beton: the best of its thread counts
   tfdata_autotune            tf.data over the same Python item (tf.py_function), AUTOTUNE
   tfdata_best                the same, the best of AUTOTUNE and a grid of num_parallel_calls
   tfdata_native              (jpeg, bigtensor, tiny, tfrecord) tf.data with TensorFlow's own ops
@@ -68,11 +69,13 @@ ORDER = (
     "torchpipe_dataloader_auto",
     "torchpipe_auto",
     "torchpipe_best",
+    "torchpipe_tpimage",
     "torchpipe_cache_epoch1",
     "torchpipe_cache_epoch2",
     "nodes_best",
     "spdl_best",
     "grain_best",
+    "ffcv_best",
     "tfdata_autotune",
     "tfdata_best",
     "tfdata_native",
@@ -247,6 +250,8 @@ class Runner:
         """The installed peers (those in ``LAST`` when ``last``, the others when not)."""
         for peer in pr.PEERS:
             if not peer.installed() or (peer.library in LAST) != last:
+                continue
+            if peer.workloads is not None and self.work.name not in peer.workloads:
                 continue
             if self.work.epochs:
                 self.not_measured[peer.library] = NOT_MEASURED_EPOCHS

@@ -14,7 +14,7 @@ import psutil
 import pytest
 import torch
 
-from bench import data, markdown, plot, run, suite
+from bench import data, markdown, plot, run, suite, tpimage
 from bench import peers as pr
 from bench import targets as tg
 from bench import workloads as wl
@@ -62,10 +62,11 @@ def test_every_workload_and_configuration_end_to_end(small, capsys):
     for name, entry in report["workloads"].items():
         configs = {"cache": CACHE_CONFIGS, "blobs": EPOCH_CONFIGS}.get(name, CONFIGS)
         budget = {tg.BUDGET_CONFIG} if name in budgeted else set()
-        assert set(entry["results"]) == configs | budget, name
+        image = {tg.IMAGE_CONFIG} if name in tpimage.PIPELINES else set()
+        assert set(entry["results"]) == configs | budget | image, name
         assert entry["peer_errors"] == {} and entry["not_measured"] == {}
         assert isinstance(entry["unit"], str) and entry["limit"] > 0
-        assert set(entry["targets"]) == set(tg.ZERO_KNOB) | budget
+        assert set(entry["targets"]) == set(tg.ZERO_KNOB) | budget | image
         measured = entry["targets"]["torchpipe_dataloader_auto"]["vs_dataloader_best"]
         assert measured["ratio"] > 0 and isinstance(measured["met"], bool)
         assert set(entry["dataloader_pss"]) >= {"0", "1"} and entry["dataloader_pss"]["0"] > 0
@@ -194,6 +195,39 @@ def test_the_budgeted_loader_is_held_to_its_budget_and_the_best_dataloader_withi
     assert "jpeg/torchpipe_dataloader_budget pss_vs_budget" in tg.format_targets(report)
 
 
+@pytest.mark.parametrize("name", ["jpeg", "tfrecord"])
+def test_the_tp_image_pipeline_does_the_workloads_work(small, name):
+    work = suite.WORKLOADS[name](TINY, True)
+    ours = next(iter(tpimage.batched(work)))
+    theirs = next(iter(torch.utils.data.DataLoader(work.dataset, batch_size=work.batch_size)))
+    assert ours[0].shape == theirs[0].shape == (64, 3, 224, 224) and ours[0].dtype == theirs[0].dtype == torch.uint8
+    if name == "jpeg":  # the same items in the same order; the records come interleaved from the shards
+        assert ours[1].tolist() == theirs[1].tolist()
+    assert set(ours[1].tolist()) == set(theirs[1].tolist())
+
+
+def test_workloads_without_images_have_no_tp_image_row(small):
+    assert tpimage.batched(wl.tiny_elements(TINY, quick=True)) is None
+
+
+def test_the_tp_image_row_is_held_to_tf_datas_native_pipeline_and_ffcv():
+    results = {"dataloader_best": _result(100.0, 300.0), "ffcv_best": _result(210.0, 700.0),
+               "tfdata_native": {**_result(200.0, 900.0), "cpu_s_per_item": 4e-4},
+               "torchpipe_tpimage": {**_result(230.0, 250.0), "cpu_s_per_item": 3.8e-4}}  # fmt: skip
+    checks = tg.targets("jpeg", results)["torchpipe_tpimage"]
+    assert checks["image_vs_tfdata_native"] == {"ratio": 1.15, "op": ">=", "target": 1.1, "met": True}
+    assert (
+        checks["image_cpu_vs_tfdata_native"]["ratio"] == pytest.approx(0.95)
+        and checks["image_cpu_vs_tfdata_native"]["met"]
+    )
+    assert checks["image_pss_vs_dataloader_best"]["ratio"] == pytest.approx(250 / 300)
+    assert checks["image_vs_ffcv_best"]["ratio"] == pytest.approx(230 / 210)
+    assert "image_vs_ffcv_best" not in tg.targets("tfrecord", results)["torchpipe_tpimage"]  # FFCV: jpeg only
+    del results["tfdata_native"]
+    assert tg.targets("jpeg", results)["torchpipe_tpimage"]["image_vs_tfdata_native"]["met"] is None
+    assert "image_vs_tfdata_native" not in tg.targets("jpeg", results)["torchpipe_auto"]
+
+
 def test_records_item_cost_is_small():
     # The workload is the cheap-records case: the issue sets an item cost under 20 us.
     assert wl.item_seconds(wl.Records(), 32, 0.15) < 20e-6
@@ -279,9 +313,10 @@ def test_targets_against_the_peers():
 
 def test_peer_names_are_known_to_the_report():
     for peer in pr.PEERS:
+        assert f"{peer.library}_best" in run.ORDER
         if peer.library != "ffcv":  # FFCV runs its own ops: not a Python peer
-            assert f"{peer.library}_best" in run.ORDER and f"{peer.library}_best" in tg.PEER_BESTS
-    assert "ffcv_best" not in tg.PEER_BESTS
+            assert f"{peer.library}_best" in tg.PEER_BESTS
+    assert "ffcv_best" not in tg.PEER_BESTS and tg.IMAGE_CONFIG in run.ORDER
     assert tg.TFDATA_NATIVE in run.ORDER and "tfdata_autotune" in run.ORDER
 
 
