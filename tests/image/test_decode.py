@@ -169,3 +169,11 @@ def test_decoding_on_a_gpu_without_cuda_says_so(kinds):
         tp.image.decode_jpeg(kinds["rgb"], device="cuda")
     with pytest.raises(ValueError, match="CPU or a CUDA device"):
         tp.image.decode_jpeg(kinds["rgb"], device="meta")
+
+
+def test_the_fast_idct_is_close_and_on_request(kinds):
+    accurate = tp.image.decode_jpeg(kinds["rgb"])
+    fast = tp.image.decode_jpeg(kinds["rgb"], fast_dct=True)
+    assert fast.shape == accurate.shape and 0 < (fast.int() - accurate.int()).abs().max() <= 8
+    assert torch.equal(tp.image.decode_image(kinds["rgb"], fast_dct=True), fast)
+    assert torch.equal(tp.image.decode_and_crop_jpeg(kinds["rgb"], (0, 0, 8, 8), fast_dct=True), fast[:8, :8])

@@ -80,6 +80,7 @@ def decode_and_random_resized_crop(
     rng: np.random.Generator | None = None,
     channels: int = 3,
     apply_exif_orientation: bool = False,
+    fast_dct: bool = False,
 ) -> torch.Tensor:
     """Decode a JPEG (or, through Pillow, any image), crop a random window and resize it to
     ``size``: torchvision's ``RandomResizedCrop`` on the decoded image, at a fraction of the
@@ -92,6 +93,7 @@ def decode_and_random_resized_crop(
         rng: the numpy Generator to draw from; by default ``tp.rng()`` inside a pipeline.
         channels: 3 (RGB) or 1 (grayscale).
         apply_exif_orientation: turn the image upright first (the window is drawn on it upright).
+        fast_dct: libjpeg-turbo's fast IDCT, as :func:`~torchpipe.image.decode.decode_jpeg`.
 
     Returns:
         A uint8 tensor of shape (height, width, channels).
@@ -112,7 +114,8 @@ def decode_and_random_resized_crop(
         full_h, full_w = full_w, full_h
     top, left, h, w = random_resized_crop_window(full_h, full_w, scale, ratio, rng)
     k = dct_scale((h, w), (out_h, out_w))
-    pixels = decode.orient(decode.as_tensor(decode.decode_jpeg_array(image, channels, k)), orientation)
+    decoded = decode.decode_jpeg_array(image, channels, k, fast_dct=fast_dct)
+    pixels = decode.orient(decode.as_tensor(decoded), orientation)
     if k > 1:  # the window in the scaled image's pixels (its sides are the full ones / k, rounded up)
         sy, sx = pixels.shape[0] / full_h, pixels.shape[1] / full_w
         top, left = int(top * sy), int(left * sx)
