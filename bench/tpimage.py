@@ -2,11 +2,14 @@
 ``tp.image``'s ops, zero knobs (issue #34).
 
 The item is the workloads' own (decode to RGB, a random 224 crop, a random flip, CHW uint8, the
-label), done with ``tp.image.decode_jpeg``, ``random_crop`` and ``random_flip_left_right``
-(libjpeg-turbo and torch kernels, without the GIL) instead of Pillow and numpy, with
-``num_parallel_calls=tp.AUTOTUNE`` and ``prefetch(tp.AUTOTUNE)`` everywhere: the pipeline a user
-writes with ``tp.image``. It is held to tf.data's native pipeline (TensorFlow's own ``decode_jpeg``
-and ``random_crop``), which does the same work in C++ (``bench/targets.py``).
+label), done with ``tp.image.decode_jpeg``, ``random_crop``, ``random_flip_left_right`` and
+``to_tensor`` (libjpeg-turbo, torch and numpy kernels, without the GIL) instead of Pillow and
+numpy, with ``num_parallel_calls=tp.AUTOTUNE`` and ``prefetch(tp.AUTOTUNE)`` everywhere: the
+pipeline a user writes with ``tp.image``. It is held to tf.data's native pipeline (TensorFlow's own
+``decode_jpeg`` and ``random_crop``, ``bench/targets.py``), and decodes as it does: with
+libjpeg-turbo's fast integer IDCT (``fast_dct=True``; ``tf.io.decode_jpeg``'s default), so the
+two make the same pixels, bit for bit. ``tp.image``'s default, the accurate IDCT (Pillow's pixels),
+costs ~5% more CPU per image (bench/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -35,13 +38,13 @@ class JpegItem:
         self.paths = paths
 
     def __call__(self, i: int) -> tuple[torch.Tensor, int]:
-        return crop_and_flip(tp.image.decode_jpeg(self.paths[i % len(self.paths)])), i % 1000
+        return crop_and_flip(tp.image.decode_jpeg(self.paths[i % len(self.paths)], fast_dct=True)), i % 1000
 
 
 def parse_decode_crop(record: bytes) -> tuple[torch.Tensor, int]:
     """A ``tf.train.Example`` record to (CHW uint8 crop, label) with ``tp.image``."""
     parsed = tp.io.parse_single_example(record, tfrecord.SPEC)
-    return crop_and_flip(tp.image.decode_jpeg(parsed["image"])), int(parsed["label"])
+    return crop_and_flip(tp.image.decode_jpeg(parsed["image"], fast_dct=True)), int(parsed["label"])
 
 
 def jpeg_pipeline(paths: list[str]) -> tp.Dataset:
