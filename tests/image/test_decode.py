@@ -1,7 +1,8 @@
 """``tp.image`` decoders: Pillow's pixels on every kind of file, the fallback, errors, EXIF, DCT scaling."""
 
 import io
-import multiprocessing
+import os
+import signal
 
 import numpy as np
 import pytest
@@ -11,7 +12,6 @@ from PIL import Image, ImageOps
 import torchpipe as tp
 from tests.image.conftest import encode, photo, refused_by_libjpeg_turbo_strict, with_orientation
 from torchpipe.image import decode
-from torchpipe.runtime.shared_counts import COUNTS
 
 
 def pillow(data: bytes, mode: str = "RGB") -> np.ndarray:
@@ -108,17 +108,24 @@ def test_without_simplejpeg_pillow_decodes_everything(kinds, monkeypatch):
     assert tp.image.decode_and_random_resized_crop(kinds["rgb"], 8, rng=np.random.default_rng(0)).shape == (8, 8, 3)
 
 
-def _decode_in_child(data: bytes) -> None:
-    tp.image.decode_jpeg(data)
+def _decode_or_die(data: bytes, marker: str) -> torch.Tensor:
+    image = tp.image.decode_jpeg(data)
+    if not os.path.exists(marker):  # the first call to get here kills its worker (once)
+        open(marker, "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)
+    return image
 
 
-def test_counts_from_forked_processes_reach_the_main_process(kinds):
-    before = COUNTS.snapshot()
-    child = multiprocessing.get_context("fork").Process(target=_decode_in_child, args=(kinds["rgb"],))
-    child.start()
-    child.join(30)
-    assert child.exitcode == 0
-    assert COUNTS.snapshot()["images_decoded"] == before["images_decoded"] + 1
+def test_counts_from_worker_processes_reach_the_pass_and_a_killed_one_loses_only_its_task(kinds, tmp_path):
+    ds = tp.from_iterable([kinds["rgb"]] * 12).map(tp.image.decode_jpeg, num_parallel_calls=2, executor="process")
+    it = iter(ds)
+    assert len(list(it)) == 12 and it.stats().images == {"decoded": 12, "fallback": 0}
+    marker = str(tmp_path / "killed")
+    ds = tp.from_iterable([kinds["rgb"]] * 12).map(lambda d: _decode_or_die(d, marker), num_parallel_calls=2,
+                                                   executor="process")  # fmt: skip
+    it = iter(ds)
+    assert len(list(it)) == 12  # the killed worker's task ran again on its replacement
+    assert it.stats().images["decoded"] == 12  # the decode of the killed task was lost with it
 
 
 @pytest.mark.parametrize("orientation", range(1, 9))

@@ -24,7 +24,7 @@ from torchpipe.autotune import tunable
 from torchpipe.autotune.model import Knob, Stage
 from torchpipe.autotune.tunable import BUFFER, POOL
 from torchpipe.core.iterator import Iterator
-from torchpipe.runtime.shared_counts import COUNTS
+from torchpipe.runtime.counts import COUNTS
 
 CONSUMER = "consumer"
 """The name of the training loop's stage in the model and the report."""
@@ -66,7 +66,7 @@ class Look:
         consumer_s: seconds the training loop spent outside ``next()`` so far.
         main_cpu_s: CPU seconds of this process (all its threads) so far.
         shared: the counts user functions keep in every forked process
-            (:mod:`~torchpipe.runtime.shared_counts`: ``tp.image``'s decodes).
+            (:mod:`~torchpipe.runtime.counts`: ``tp.image``'s decodes).
     """
 
     time: float

@@ -23,7 +23,7 @@ import torch
 from PIL import Image
 
 from torchpipe.errors import DecodeError
-from torchpipe.runtime.shared_counts import COUNTS
+from torchpipe.runtime.counts import COUNTS
 
 try:
     import simplejpeg

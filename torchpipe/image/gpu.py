@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from torchpipe.image import decode
-from torchpipe.runtime.shared_counts import COUNTS
+from torchpipe.runtime.counts import COUNTS
 
 
 def _torchvision_decode() -> Any:

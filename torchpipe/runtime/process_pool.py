@@ -29,6 +29,7 @@ import numpy as np
 from torchpipe.errors import WorkerError
 from torchpipe.runtime import codec
 from torchpipe.runtime.channel import Channel, ChannelClosed
+from torchpipe.runtime.counts import COUNTS
 from torchpipe.runtime.executor import Result
 from torchpipe.runtime.routing import MAX_TASK_FAILURES, Task, TaskRouter
 from torchpipe.runtime.shm_ring import OneOffSegment, ShmRing, memfd_supported
@@ -380,8 +381,9 @@ class ProcessPool:
             worker.rings.append(_Loans(ShmRing.attach(fds[0])))
             return
         seq = message[1]
-        self.timing.add(message[-2], message[-1], start=message[-3], where=f"worker {worker.slot} (pid {worker.pid})",
-                        pid=worker.pid)  # fmt: skip
+        start, wall_s, cpu_s, counts = message[-4:]
+        self.timing.add(wall_s, cpu_s, start=start, where=f"worker {worker.slot} (pid {worker.pid})", pid=worker.pid)
+        COUNTS.add_tally(counts)
         worker.tasks.pop(seq, None)
         self._router.done(seq)
         if kind == "ring":

@@ -6,12 +6,13 @@ Protocol on the worker's channel (see ``docs/process_pool.md``)::
     main -> worker  ("tasks", [(seq, payload), ...])     run in order (or on the worker's threads)
                     ("threads", n)                       run up to n tasks at once, on threads
                     ("stop",)                            stop the threads and exit (no task in flight)
-    worker -> main  ("ring", seq, index, offset, nbytes, wall_s, cpu_s)   result encoded in ring ``index``
-                    ("segment", seq, nbytes, wall_s, cpu_s)              + fd: a result too large for the rings
-                    ("error", seq, packed_exception, wall_s, cpu_s)
+    worker -> main  ("ring", seq, index, offset, nbytes, *cost)   result encoded in ring ``index``
+                    ("segment", seq, nbytes, *cost)              + fd: a result too large for the rings
+                    ("error", seq, packed_exception, *cost)
 
-``wall_s`` and ``cpu_s`` are what the task cost the worker (the call and writing its result; CPU
-time of the thread that ran it): the autotuner's measure of the stage.
+``cost`` is ``(start, wall_s, cpu_s, counts)``: when the task started, what it cost the worker (the
+call and writing its result; CPU time of the thread that ran it: the autotuner's measure of the
+stage), and what it counted (:mod:`~torchpipe.runtime.counts`; None when nothing).
 
 Until a worker is sent ``("threads", n)`` with ``n > 1`` it runs tasks on its main thread, in
 order. From then on its main thread only receives messages and its tasks go to a local queue
@@ -36,6 +37,7 @@ import torch
 from torchpipe.errors import add_note
 from torchpipe.runtime import codec
 from torchpipe.runtime.channel import Channel, ChannelClosed
+from torchpipe.runtime.counts import COUNTS, Tally
 from torchpipe.runtime.shm_ring import OneOffSegment, Reservation, ShmRing
 
 _POLL_S = 0.5
@@ -241,17 +243,18 @@ class _Output:
     def run(self, handler: Handler, seq: int, payload: Any) -> None:
         """Run one task and send its result or error (``ChannelClosed`` if the main process is gone)."""
         wall, cpu = time.perf_counter(), time.thread_time()
-        try:
-            encoded = codec.encode(handler(seq, payload))
-        except Exception as e:  # noqa: BLE001 - sent to the main process, raised there
-            packed = pack_exception(e)
-            with self._lock:
-                self._send(("error", seq, packed, *_cost(wall, cpu)))
-            return
+        with COUNTS.tally() as counts:
+            try:
+                encoded = codec.encode(handler(seq, payload))
+            except Exception as e:  # noqa: BLE001 - sent to the main process, raised there
+                packed = pack_exception(e)
+                with self._lock:
+                    self._send(("error", seq, packed, *_cost(wall, cpu, counts)))
+                return
         with self._lock:
-            self._write(seq, encoded, wall, cpu)
+            self._write(seq, encoded, _cost(wall, cpu, counts))
 
-    def _write(self, seq: int, encoded: codec.Encoded, wall: float, cpu: float) -> None:
+    def _write(self, seq: int, encoded: codec.Encoded, cost: tuple[float, float, float, Tally | None]) -> None:
         if self._closed:  # the worker is stopping: its rings are gone
             raise ChannelClosed("the worker is stopping")
         nbytes = encoded.nbytes
@@ -260,14 +263,14 @@ class _Output:
             segment = OneOffSegment.create(nbytes)
             try:
                 encoded.write_into(segment.buffer)
-                self._send(("segment", seq, nbytes, *_cost(wall, cpu)), [segment.fd])
+                self._send(("segment", seq, nbytes, *cost), [segment.fd])
             finally:
                 segment.close()
             return
         index, reservation = placed
         encoded.write_into(reservation.buffer)
         offset, nbytes = self.rings[index].commit(reservation)
-        self._send(("ring", seq, index, offset, nbytes, *_cost(wall, cpu)))
+        self._send(("ring", seq, index, offset, nbytes, *cost))
 
     def _send(self, message: tuple, fds: list[int] | tuple[int, ...] = ()) -> None:
         if self._closed:  # the worker is stopping: nobody reads the result
@@ -296,10 +299,11 @@ class _Output:
         return None
 
 
-def _cost(wall_start: float, cpu_start: float) -> tuple[float, float, float]:
-    """``(start, wall seconds, CPU seconds)`` of a task: the last two are always a message's last
-    two fields; the start (``perf_counter``, one clock for all processes) places it in a trace."""
-    return wall_start, time.perf_counter() - wall_start, time.thread_time() - cpu_start
+def _cost(wall_start: float, cpu_start: float, counts: Tally) -> tuple[float, float, float, Tally | None]:
+    """``(start, wall seconds, CPU seconds, counts)`` of a task, always a message's last four
+    fields: the start (``perf_counter``, one clock for all processes) places it in a trace; the
+    counts are what the task counted (None: nothing, the usual case)."""
+    return wall_start, time.perf_counter() - wall_start, time.thread_time() - cpu_start, counts or None
 
 
 def pack_exception(exc: BaseException) -> tuple[bytes | None, str, str, str]:
