@@ -156,7 +156,9 @@ class IdleActors:
 
     def __init__(self, idle_s: float = IDLE_S) -> None:
         self._idle_s = idle_s
-        self._lock = threading.Lock()
+        # Reentrant: a pipeline dropped without close() gives its actors back from a finalizer,
+        # which the garbage collector may run on a thread that holds the lock (CI saw one hang).
+        self._lock = threading.RLock()
         self._kept: dict[Any, list[tuple[Any, float]]] = {}
         self._reaper: threading.Thread | None = None
         self._wake = threading.Event()
@@ -192,7 +194,8 @@ class IdleActors:
             self._wake.wait(self._idle_s / 2)
             now = time.monotonic()
             with self._lock:
-                old = [actor for kept in self._kept.values() for actor, since in kept if now - since >= self._idle_s]
+                kept_now = list(self._kept.values())  # a finalizer may give more meanwhile (reentrant)
+                old = [actor for kept in kept_now for actor, since in kept if now - since >= self._idle_s]
                 for key in list(self._kept):
                     self._kept[key] = [(a, since) for a, since in self._kept[key] if now - since < self._idle_s]
                     if not self._kept[key]:
