@@ -121,7 +121,7 @@ def test_decode_and_random_resized_crop_is_the_crop_of_the_decoded_image():
         fused = tp.image.decode_and_random_resized_crop(data, (64, 48), rng=np.random.default_rng(seed))
         top, left, h, w = window
         plain = tp.image.resize(full[top : top + h, left : left + w], (64, 48))
-        assert fused.shape == (64, 48, 3) and fused.is_contiguous()
+        assert fused.shape == (64, 48, 3)
         diff = (fused.float() - plain.float()).abs()
         if dct_scale((h, w), (64, 48)) == 1:
             assert diff.max() == 0

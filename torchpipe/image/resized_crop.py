@@ -96,7 +96,8 @@ def decode_and_random_resized_crop(
         fast_dct: libjpeg-turbo's fast IDCT, as :func:`~torchpipe.image.decode.decode_jpeg`.
 
     Returns:
-        A uint8 tensor of shape (height, width, channels).
+        A uint8 tensor of shape (height, width, channels), viewing resize's channels-first
+        memory (``to_tensor`` then copies it straight, without a transpose).
 
     Raises:
         DecodeError: the image is malformed or truncated.
@@ -121,4 +122,4 @@ def decode_and_random_resized_crop(
         top, left = int(top * sy), int(left * sx)
         h = max(1, min(round(h * sy), pixels.shape[0] - top))
         w = max(1, min(round(w * sx), pixels.shape[1] - left))
-    return resize(pixels[top : top + h, left : left + w], (out_h, out_w)).contiguous()
+    return resize(pixels[top : top + h, left : left + w], (out_h, out_w))

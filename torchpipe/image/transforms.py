@@ -110,7 +110,8 @@ def resize(image: torch.Tensor, size: Size, antialias: bool = True) -> torch.Ten
     side to it, keeping the aspect ratio, as torchvision's ``Resize``.
 
     With ``antialias`` (the default, as torchvision and Pillow) a shrink averages over the source
-    pixels; uint8 results are within 1 of Pillow's ``BILINEAR``.
+    pixels; uint8 results are within 1 of Pillow's ``BILINEAR``. The result views channels-first
+    memory (torch's kernel writes it so): ``to_tensor`` copies it without a transpose.
     """
     check_image(image, "resize")
     full_h, full_w = image.shape[:2]
