@@ -46,6 +46,17 @@ def test_random_crop_places_are_uniform_and_repeat_with_the_generator():
     assert torch.equal(a, tp.image.random_crop(img, 5, rng=np.random.default_rng(7)))
 
 
+def test_outside_torchpipe_random_ops_follow_torchs_global_seed():
+    img = torch.arange(20 * 20).reshape(20, 20, 1)
+    with torch.random.fork_rng():
+        torch.manual_seed(3)
+        first = [tp.image.random_crop(img, 5) for _ in range(4)]
+        torch.manual_seed(3)
+        again = [tp.image.random_crop(img, 5) for _ in range(4)]
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    assert len({int(a[0, 0, 0]) for a in first}) > 1  # each call draws anew
+
+
 def test_flips():
     img = image()
     assert torch.equal(tp.image.flip_left_right(img), img.flip(1))

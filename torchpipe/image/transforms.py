@@ -1,7 +1,7 @@
 """Geometry and conversion on decoded images: crop, flip, resize, to a normalized float tensor.
 
 Images are uint8 tensors of shape (height, width, channels), as the decoders give them. Every op
-here is one or two torch kernels, which run without the GIL; the random ones draw from
+here is one or two torch or numpy kernels, which run without the GIL; the random ones draw from
 :func:`generator`, so a pipeline's output is the same for any executor and worker count.
 """
 
