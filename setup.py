@@ -31,11 +31,12 @@ setup(
     install_requires=["torch>=2.1", "numpy", "pillow", "psutil", "crc32c>=2.3", "simplejpeg>=1.7"],
     extras_require={
         "test": [*CHECKERS, "pytest", "pytest-timeout", "hypothesis", "fsspec", "s3fs", "moto[server]>=5", "webdataset",
-                 "tqdm", "matplotlib", "ray[data]>=2.10", *PEERS],
+                 "tqdm", "matplotlib", "ray[data]>=2.10", "accelerate>=1.0", "transformers>=4.40", *PEERS],
         "remote": ["fsspec", "s3fs"],
         "progress": ["tqdm"],  # progress bars on save, snapshot and cache(path) fills
         "plot": ["matplotlib"],  # it.stats().plot(path): the timeline PNG
         "ray": ["ray[data]>=2.10"],  # executor="ray", tp.from_ray (Ray Data needs pyarrow and pandas)
+        "accelerate": ["accelerate>=1.0"],  # torchpipe.integrations.accelerate (Trainer: transformers too)
         "bench": ["matplotlib", *PEERS],
     },
     license="BSD-3-Clause",

@@ -13,6 +13,7 @@ from __future__ import annotations
 import inspect
 import multiprocessing
 import operator
+import sys
 import warnings
 import weakref
 from typing import Any, TypeVar, cast
@@ -26,6 +27,7 @@ from torchpipe.autotune.report import PipelineStats
 from torchpipe.dataset import Dataset
 from torchpipe.errors import CheckpointError
 from torchpipe.loader.fetch import fetch_seeded
+from torchpipe.loader.rebuild import notice_read
 from torchpipe.loader.replicas import MAX_REPLICAS, io_replicas
 from torchpipe.loader.workers import WorkerIterator
 from torchpipe.ops.device import DevicePrefetcher, check_device
@@ -38,6 +40,7 @@ from torchpipe.runtime.process_pool import process_executor_supported
 _FORK = ("fork", None)
 _TORCH_HAS_IN_ORDER = "in_order" in inspect.signature(torch.utils.data.DataLoader.__init__).parameters
 _T_co = TypeVar("_T_co", covariant=True)
+_TORCH_CONTEXT: Any = torch.utils.data.DataLoader.multiprocessing_context  # torch's property
 
 
 class DataLoader(torch.utils.data.DataLoader[_T_co]):
@@ -129,6 +132,16 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     def device(self) -> torch.device | None:
         """Where batches arrive (``None``: the CPU, as torch's DataLoader)."""
         return self._tp.device
+
+    @property
+    def multiprocessing_context(self) -> Any:
+        """torch's; a read from a library that rebuilds loaders (Accelerate) warns once (loader/rebuild.py)."""
+        notice_read(sys._getframe(1))
+        return _TORCH_CONTEXT.fget(self)
+
+    @multiprocessing_context.setter
+    def multiprocessing_context(self, context: Any) -> None:
+        _TORCH_CONTEXT.fset(self, context)
 
     def __iter__(self) -> Any:
         state = self._tp
