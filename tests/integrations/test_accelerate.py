@@ -21,7 +21,7 @@ from tests.cluster import free_port
 from torchpipe.loader import rebuild
 
 accelerate = pytest.importorskip("accelerate")
-from accelerate import Accelerator  # noqa: E402 - after the skip
+from accelerate import Accelerator, DataLoaderConfiguration  # noqa: E402 - after the skip
 from accelerate.utils import set_seed  # noqa: E402
 
 from torchpipe.integrations.accelerate import AcceleratedDataLoader, TrainerMixin, use_torchpipe  # noqa: E402
@@ -41,6 +41,32 @@ class Points(torch.utils.data.Dataset):
     def __getitem__(self, i: int):
         x = torch.tensor([i % 7, i % 5, i % 3, 1.0]) / 4
         return i, x, x.sum() * 0.5 - 0.25
+
+
+class Stream(torch.utils.data.IterableDataset):
+    """``Points(n)``'s elements, in order, as an IterableDataset."""
+
+    def __init__(self, n: int) -> None:
+        self.points = Points(n)
+
+    def __iter__(self):
+        return (self.points[i] for i in range(len(self.points)))
+
+
+def stream_batches(torchpipe, n, load=False, save_at=None):
+    """The indices of each batch of ``Stream(n)`` (3 a batch) through a prepared loader: torchpipe's,
+    or Accelerate's own without dispatching; ``save_state`` after batch ``save_at`` or ``load_state``."""
+    accelerator = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(dispatch_batches=False))
+    loader_class = tp.DataLoader if torchpipe else torch.utils.data.DataLoader
+    loader = accelerator.prepare((use_torchpipe(accelerator) and loader_class)(Stream(n), batch_size=3))
+    if load:
+        accelerator.load_state(os.environ["TP_TEST_STATE"])
+    seen = []
+    for i, _, _ in loader:
+        seen.append(i.tolist())
+        if len(seen) == save_at:
+            accelerator.save_state(os.environ["TP_TEST_STATE"])
+    return seen, loader
 
 
 class Tokens(torch.utils.data.Dataset):
@@ -164,6 +190,13 @@ def test_a_pipeline_is_kept_and_resumed():
     assert run(load=True)[0] == full[3:]
 
 
+def test_an_iterable_dataset_is_kept_and_resumed():
+    full, loader = stream_batches(True, 11, save_at=2)
+    assert isinstance(loader, AcceleratedDataLoader)
+    assert full == stream_batches(False, 11)[0] == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9, 10]]
+    assert stream_batches(True, 11, load=True)[0] == full[2:]
+
+
 def test_a_plain_prepare_warns_once_naming_the_supported_path():
     loader = tp.DataLoader(Points(8), batch_size=2)
     accelerator = Accelerator(cpu=True)
@@ -270,6 +303,9 @@ def rank_main(folder: str) -> None:
     results["tp"], loader = train(tp.DataLoader, n=26, epochs=3, save_at=5)
     results["type"] = type(loader).__name__
     results["resumed"], _ = train(tp.DataLoader, n=26, epochs=3, load_from=os.environ["TP_TEST_STATE"])
+    results["stream"], _ = stream_batches(True, 14, save_at=1)
+    results["stream_torch"], _ = stream_batches(False, 14)
+    results["stream_resumed"], _ = stream_batches(True, 14, load=True)
     if os.environ.get("TP_TEST_TRAINER"):
         trainer = os.path.join(folder, "trainer")
         results["trainer"], results["trainer_type"] = trainer_losses(trainer, max_steps=6)
@@ -316,6 +352,10 @@ def test_two_gloo_ranks_get_accelerate_s_shards_and_resume(tmp_path):
             assert issubclass(result["trainer_type"], AcceleratedDataLoader)
             assert result["trainer"] == result["trainer_torch"] and len(result["trainer"]) == 6
             assert [step for step in result["trainer_resumed"] if step[0] > 4] == result["trainer"][4:]
+    streams = [result["stream"] for result in results]
+    assert streams == [result["stream_torch"] for result in results]  # IterableDatasetShard's split
+    assert [result["stream_resumed"] for result in results] == [stream[1:] for stream in streams]
+    assert sorted({x for stream in streams for batch in stream for x in batch}) == list(range(14))
     for epoch in range(3):  # 26 elements, 4 a batch, 2 ranks: 4 steps, the last batches padded from the start
         seen = [x for r in results for e, batch, _ in r["tp"] if e == epoch for x in batch]
         assert len(seen) == 32 and set(seen) == set(range(26))

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 try:
-    from accelerate.data_loader import DataLoaderShard, DataLoaderStateMixin
+    from accelerate.data_loader import DataLoaderShard, DataLoaderStateMixin, IterableDatasetShard
     from accelerate.state import GradientState
     from accelerate.utils import synchronize_rng_states
 except ImportError as e:  # pragma: no cover - the message is the point
@@ -82,6 +82,18 @@ class AcceleratedDataLoader(DataLoader, DataLoaderStateMixin):
     def total_batch_size(self) -> int:
         """The batch size over all ranks (Accelerate's meaning)."""
         return self._total_batch_size if self._total_batch_size is not None else (self.batch_size or 1)
+
+    def get_sampler(self) -> Any:
+        """The sampler under the batch sampler (Accelerate's checkpointing asks for it)."""
+        holder = self.sampler if isinstance(self.sampler, torch.utils.data.BatchSampler) else self.batch_sampler
+        return getattr(holder, "sampler", None)
+
+    def set_sampler(self, sampler: Any) -> None:
+        """Put ``sampler`` under the batch sampler (and the one it shards), as Accelerate's loader does."""
+        holder: Any = self.sampler if isinstance(self.sampler, torch.utils.data.BatchSampler) else self.batch_sampler
+        holder.sampler = sampler
+        if hasattr(holder, "batch_sampler"):
+            holder.batch_sampler.sampler = sampler
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch the next pass is: given to the sampler (or dataset) that takes one."""
@@ -218,14 +230,14 @@ def _prepare_data_loader(accelerator: Any, data_loader: Any, device_placement: b
                          *args: Any, **kwargs: Any) -> Any:  # fmt: skip
     """``Accelerator.prepare_data_loader``, keeping (or making) a ``tp.DataLoader``."""
     prepare, options = accelerator._torchpipe_prepare, accelerator._torchpipe_options
-    if not isinstance(data_loader, DataLoader) and not (options and type(data_loader) is torch.utils.data.DataLoader):
+    ours = isinstance(data_loader, DataLoader) or (options and type(data_loader) is torch.utils.data.DataLoader)
+    if not ours or getattr(data_loader, "_is_accelerate_prepared", False):
         return prepare(data_loader, device_placement, *args, **kwargs)
     place = accelerator.device_placement if device_placement is None else device_placement
-    if isinstance(data_loader.dataset, Dataset):  # splits itself: Accelerate would send rank 0's to all
-        world_size = dist.get_world_size() if _distributed() else 1
-        pieces: dict[str, Any] = {"dataset": data_loader.dataset, "batch_size": data_loader.batch_size,
-                                  "drop_last": data_loader.drop_last,
-                                  "total_batch_size": (data_loader.batch_size or 1) * world_size}  # fmt: skip
+    dataset = data_loader.dataset
+    iterable = isinstance(dataset, torch.utils.data.IterableDataset)
+    if isinstance(dataset, Dataset) or (iterable and getattr(accelerator, "dispatch_batches", None) is None):
+        pieces = _iterable_pieces(accelerator, data_loader)  # Accelerate would read it on rank 0 only
         device = accelerator.device if place else None
     else:
         with rebuild.expected():
@@ -246,6 +258,23 @@ def _prepare_data_loader(accelerator: Any, data_loader: Any, device_placement: b
         accelerator._dataloaders.append(loader)
     accelerator.register_for_checkpointing(_RankStates(loader))
     return loader
+
+
+def _iterable_pieces(accelerator: Any, loader: torch.utils.data.DataLoader) -> dict[str, Any]:
+    """An IterableDataset read on every rank: a ``tp.Dataset`` splits itself; another is split as
+    Accelerate splits it without dispatching (``IterableDatasetShard``: each rank its slice of
+    every ``world_size`` batches)."""
+    world_size, batch_size = accelerator.num_processes, loader.batch_size
+    split = bool(getattr(accelerator, "split_batches", False)) and not isinstance(loader.dataset, Dataset)
+    dataset = loader.dataset
+    if world_size > 1 and not isinstance(dataset, Dataset):
+        dataset = IterableDatasetShard(dataset, batch_size=batch_size or 1, drop_last=loader.drop_last,
+                                       num_processes=world_size, process_index=accelerator.process_index,
+                                       split_batches=split)  # fmt: skip
+    total = batch_size if split or batch_size is None else batch_size * world_size
+    if split and batch_size is not None:
+        batch_size //= world_size
+    return {"dataset": dataset, "batch_size": batch_size, "drop_last": loader.drop_last, "total_batch_size": total}
 
 
 def _shard_pieces(original: torch.utils.data.DataLoader, prepared: Any) -> dict[str, Any]:
