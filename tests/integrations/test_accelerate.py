@@ -66,6 +66,7 @@ def stream_batches(torchpipe, n, load=False, save_at=None):
         seen.append(i.tolist())
         if len(seen) == save_at:
             accelerator.save_state(os.environ["TP_TEST_STATE"])
+            accelerator.wait_for_everyone()  # rank 0 has written it (the test loads it next)
     return seen, loader
 
 
@@ -109,6 +110,7 @@ def train(loader_class, num_workers=0, *, patched=True, epochs=2, save_at=None, 
             steps.append((epoch, i.tolist(), loss.item()))
             if len(steps) == save_at:
                 accelerator.save_state(os.environ["TP_TEST_STATE"])
+            accelerator.wait_for_everyone()  # rank 0 has written it (the test loads it next)
     return steps, loader
 
 
@@ -182,6 +184,7 @@ def test_a_pipeline_is_kept_and_resumed():
             seen.append(batch.squeeze(1).tolist())
             if len(seen) == save_at:
                 accelerator.save_state(os.environ["TP_TEST_STATE"])
+            accelerator.wait_for_everyone()  # rank 0 has written it (the test loads it next)
         return seen, loader
 
     full, loader = run(save_at=3)
@@ -303,6 +306,7 @@ def rank_main(folder: str) -> None:
     results["tp"], loader = train(tp.DataLoader, n=26, epochs=3, save_at=5)
     results["type"] = type(loader).__name__
     results["resumed"], _ = train(tp.DataLoader, n=26, epochs=3, load_from=os.environ["TP_TEST_STATE"])
+    os.environ["TP_TEST_STATE"] = os.path.join(folder, "stream_state")  # not the state above
     results["stream"], _ = stream_batches(True, 14, save_at=1)
     results["stream_torch"], _ = stream_batches(False, 14)
     results["stream_resumed"], _ = stream_batches(True, 14, load=True)
