@@ -204,8 +204,9 @@ def test_a_plain_prepare_warns_once_naming_the_supported_path():
     loader = tp.DataLoader(Points(8), batch_size=2)
     accelerator = Accelerator(cpu=True)
     rebuilt = r"accelerate\.data_loader is rebuilding a torchpipe\.DataLoader.*use_torchpipe"
-    with pytest.warns(UserWarning, match=rebuilt):
+    with pytest.warns(UserWarning, match=rebuilt) as caught:
         prepared = accelerator.prepare(loader)
+    assert caught[0].filename == __file__  # the user's line, not Accelerate's
     assert type(prepared.base_dataloader) is torch.utils.data.DataLoader
     with no_rebuild_warning():
         accelerator.prepare(tp.DataLoader(Points(8), batch_size=2))  # once a process

@@ -47,8 +47,19 @@ def notice_read(frame: FrameType | None) -> None:
         f"{reader} is rebuilding a torchpipe.DataLoader as another loader: its batches will come from torch's "
         f"DataLoader, without torchpipe's workers, exact resume or device prefetch. {hint}",
         UserWarning,
-        stacklevel=3,
+        stacklevel=_user_level(frame),
     )
+
+
+def _user_level(frame: FrameType) -> int:
+    """The ``stacklevel`` that points at the user's line (the first frame outside the libraries)."""
+    level = 3  # notice_read, the property, the reader
+    while frame.f_back is not None and frame.f_globals.get("__name__", "").partition(".")[0] in _LIBRARIES:
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+_LIBRARIES = {*REBUILDERS, "transformers", "torch", "torchpipe"}
 
 
 @contextlib.contextmanager
