@@ -163,7 +163,7 @@ def test_prepare_keeps_torchpipe_with_torch_s_batches_and_losses(num_workers):
     assert sorted(x for _, batch, _ in steps[:6] for x in batch) == list(range(22))
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("num_workers", [0, 2, "auto"])
 def test_save_state_mid_epoch_resumes_exactly(num_workers):
     full, _ = train(tp.DataLoader, num_workers, epochs=3, save_at=8)  # 6 batches an epoch: epoch 1, batch 2
     resumed, _ = train(tp.DataLoader, num_workers, epochs=3, load_from=os.environ["TP_TEST_STATE"])

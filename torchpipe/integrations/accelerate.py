@@ -341,6 +341,7 @@ class TrainerMixin:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._torchpipe_resume: str | None = None
+        use_torchpipe(self.accelerator)  # a tp.DataLoader the Trainer is given to prepare is kept
         self.add_callback(_checkpoint_callback()(self))  # type: ignore[attr-defined]
 
     def get_train_dataloader(self) -> Any:
