@@ -163,11 +163,32 @@ def test_prepare_keeps_torchpipe_with_torch_s_batches_and_losses(num_workers):
     assert sorted(x for _, batch, _ in steps[:6] for x in batch) == list(range(22))
 
 
-@pytest.mark.parametrize("num_workers", [0, 2, "auto"])
-def test_save_state_mid_epoch_resumes_exactly(num_workers):
-    full, _ = train(tp.DataLoader, num_workers, epochs=3, save_at=8)  # 6 batches an epoch: epoch 1, batch 2
+@pytest.mark.parametrize("num_workers, save_at", [(0, 8), (2, 8), ("auto", 8), (0, 6)])
+def test_save_state_mid_epoch_resumes_exactly(num_workers, save_at):
+    # 6 batches an epoch: step 8 is epoch 1's batch 2; step 6 ends epoch 0 (the state starts epoch 1)
+    full, _ = train(tp.DataLoader, num_workers, epochs=3, save_at=save_at)
     resumed, _ = train(tp.DataLoader, num_workers, epochs=3, load_from=os.environ["TP_TEST_STATE"])
-    assert resumed == full[8:]
+    assert resumed == full[save_at:]
+
+
+def test_accelerate_s_resume_recipe_with_skip_first_batches():
+    def steps(load=False, skip=0):
+        set_seed(0)
+        accelerator = use_torchpipe(Accelerator(cpu=True))
+        loader = accelerator.prepare(tp.DataLoader(Points(22), batch_size=4, shuffle=True))
+        if load:
+            accelerator.load_state(os.environ["TP_TEST_STATE"])
+        return [b[0].tolist() for b in accelerator.skip_first_batches(loader, skip)], loader
+
+    full, _ = train(tp.DataLoader, epochs=1, save_at=2)
+    assert steps(load=True, skip=2)[0] == [batch for _, batch, _ in full[2:]]  # load_state put it there already
+    with pytest.raises(ValueError, match="resumes this epoch at batch 2"):
+        steps(load=True, skip=3)
+    skipped, loader = steps(skip=2)  # without a state: as Accelerate skips, on torchpipe's loader
+    set_seed(0)
+    torch_loader = Accelerator(cpu=True).prepare(torch.utils.data.DataLoader(Points(22), batch_size=4, shuffle=True))
+    assert skipped == [b[0].tolist() for b in accelerate.skip_first_batches(torch_loader, 2)]
+    assert len(list(loader)) == 6  # the next pass is whole
 
 
 def test_a_pipeline_is_kept_and_resumed():

@@ -150,6 +150,20 @@ class AcceleratedDataLoader(DataLoader, DataLoaderStateMixin):
         finally:
             _set_rng_state(self.generator, keep)
 
+    def skip_next(self, count: int) -> None:
+        """Start the next pass at batch ``count`` (Accelerate's ``skip_first_batches``): a loaded
+        state's epoch is already there (the usual resume recipe calls both); otherwise the skipped
+        batches' indices are drawn, not their data.
+
+        Raises:
+            ValueError: ``count`` is not where a loaded state resumes.
+        """
+        resume = self._tp.resume or 0
+        if self._pending is not None and count not in (0, resume):
+            raise ValueError(f"skip_first_batches({count}), but the loaded state resumes this epoch at batch {resume}")
+        if self._pending is None and count:
+            self._tp.resume = count
+
     def state_dict(self) -> dict[str, Any]:
         """``tp.DataLoader.state_dict()``, counting the batches handed over, with the epoch and the
         synchronized sampler generator's state at its start."""
@@ -175,6 +189,11 @@ class AcceleratedDataLoader(DataLoader, DataLoaderStateMixin):
         keep = _rng_state(self.generator)
         super().load_state_dict(state)
         _set_rng_state(self.generator, keep)  # set again when the epoch starts (_start)
+        if state["yielded"] == _length(self):  # taken after the epoch's last batch: the next one starts
+            self._tp.resume = None
+            self.iteration = self._epoch = epoch + 1
+            self._pending = None
+            return
         self.iteration = self._epoch = epoch
         self._pending = (epoch, state["epoch_rng"], sampler_rng)
 
@@ -221,9 +240,21 @@ def use_torchpipe(accelerator: Any, **loader_options: Any) -> Any:
     """
     if not hasattr(accelerator, "_torchpipe_prepare"):
         accelerator._torchpipe_prepare = accelerator.prepare_data_loader  # Accelerate's, bound
+        accelerator._torchpipe_skip = accelerator.skip_first_batches
     accelerator._torchpipe_options = loader_options
     accelerator.prepare_data_loader = types.MethodType(_prepare_data_loader, accelerator)
+    accelerator.skip_first_batches = types.MethodType(_skip_first_batches, accelerator)
     return accelerator
+
+
+def _skip_first_batches(accelerator: Any, dataloader: Any, num_batches: int = 0) -> Any:
+    """``Accelerator.skip_first_batches``: a prepared ``tp.DataLoader`` is returned itself, its next
+    pass starting at batch ``num_batches`` (where ``load_state`` put it already, or drawn afresh
+    as Accelerate's skipping does); another loader is Accelerate's matter."""
+    if not isinstance(dataloader, AcceleratedDataLoader):
+        return accelerator._torchpipe_skip(dataloader, num_batches)
+    dataloader.skip_next(num_batches)
+    return dataloader
 
 
 def _prepare_data_loader(accelerator: Any, data_loader: Any, device_placement: bool | None = None,
@@ -402,6 +433,13 @@ def _checkpoint_callback() -> type:
 
     _CALLBACK = LoaderCheckpoints
     return _CALLBACK
+
+
+def _length(loader: torch.utils.data.DataLoader) -> int | None:
+    try:
+        return len(loader)
+    except TypeError:
+        return None
 
 
 def _distributed() -> bool:
