@@ -53,10 +53,12 @@ class Stream(torch.utils.data.IterableDataset):
         return (self.points[i] for i in range(len(self.points)))
 
 
-def stream_batches(torchpipe, n, load=False, save_at=None):
+def stream_batches(torchpipe, n, load=False, save_at=None, dispatch=None):
     """The indices of each batch of ``Stream(n)`` (3 a batch) through a prepared loader: torchpipe's,
-    or Accelerate's own without dispatching; ``save_state`` after batch ``save_at`` or ``load_state``."""
-    accelerator = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(dispatch_batches=False))
+    or Accelerate's own without dispatching; ``save_state`` after batch ``save_at`` or ``load_state``.
+    ``dispatch``: Accelerate's setting (torchpipe's loader: None, its default, or False)."""
+    dispatch = dispatch if torchpipe else False
+    accelerator = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(dispatch_batches=dispatch))
     loader_class = tp.DataLoader if torchpipe else torch.utils.data.DataLoader
     loader = accelerator.prepare((use_torchpipe(accelerator) and loader_class)(Stream(n), batch_size=3))
     if load:
@@ -214,11 +216,12 @@ def test_a_pipeline_is_kept_and_resumed():
     assert run(load=True)[0] == full[3:]
 
 
-def test_an_iterable_dataset_is_kept_and_resumed():
-    full, loader = stream_batches(True, 11, save_at=2)
+@pytest.mark.parametrize("dispatch", [None, False])
+def test_an_iterable_dataset_is_kept_and_resumed(dispatch):
+    full, loader = stream_batches(True, 11, save_at=2, dispatch=dispatch)
     assert isinstance(loader, AcceleratedDataLoader)
     assert full == stream_batches(False, 11)[0] == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9, 10]]
-    assert stream_batches(True, 11, load=True)[0] == full[2:]
+    assert stream_batches(True, 11, load=True, dispatch=dispatch)[0] == full[2:]
 
 
 def test_a_plain_prepare_warns_once_naming_the_supported_path():

@@ -10,8 +10,10 @@ from its attributes (inside a ``DataLoaderShard``), so a ``tp.DataLoader`` would
 How: Accelerate's own ``prepare_data_loader`` still runs (its sharding is the one used: the
 ``BatchSamplerShard`` it wraps around the loader's batch sampler, its seedable sampler, its
 synchronized sampler generator), and the loader that comes back is a ``tp.DataLoader`` built with
-the original's arguments and that batch sampler: :class:`AcceleratedDataLoader`. A ``tp.Dataset``
-pipeline is not handed to Accelerate: it splits itself between ranks (docs/distributed.md).
+the original's arguments and that batch sampler: :class:`AcceleratedDataLoader`. An
+IterableDataset is read on every rank rather than dispatched from rank 0: a ``tp.Dataset``
+pipeline splits itself (docs/distributed.md), another goes through Accelerate's
+``IterableDatasetShard``.
 ``accelerator.save_state``/``load_state`` keep every rank's loader state and resume the epoch
 exactly where it was. A Trainer takes :class:`TrainerMixin`. docs/integrations.md has the story.
 """
@@ -70,6 +72,7 @@ class AcceleratedDataLoader(DataLoader, DataLoaderStateMixin):
         self.rng_types = rng_types
         self.synchronized_generator = synchronized_generator
         self.gradient_state = GradientState()
+        self.end_of_dataloader, self.remainder = False, -1  # DataLoaderStateMixin's
         self._drop_last = self.drop_last
         self._total_batch_size = total_batch_size
         self.iteration = 0  # the epoch (DataLoaderShard's name)
