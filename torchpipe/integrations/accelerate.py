@@ -363,8 +363,8 @@ class TrainerMixin:
     default ``num_workers="auto"``), and a ``tp.DataLoader`` that an overridden
     ``get_train_dataloader`` prepares is kept as it is. Each checkpoint holds every rank's loader
     state (``torchpipe_loader_<rank>.pt``), and ``train(resume_from_checkpoint=...)`` resumes the
-    epoch from it exactly, instead of skipping batches by re-reading them (``ignore_data_skip`` is
-    set for that call).
+    epoch from it exactly, instead of the Trainer's skipping (Accelerate's ``skip_first_batches``,
+    which runs the resumed epoch on a torch loader): ``ignore_data_skip`` is set for that call.
     """
 
     torchpipe_loader_options: dict[str, Any] = {"num_workers": "auto"}  # noqa: RUF012 - read only
