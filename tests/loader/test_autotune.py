@@ -272,3 +272,15 @@ def test_batches_that_wait_on_io_get_many_workers_and_keep_their_order():
     seen = [next(it) for _ in range(60)]
     assert _executor(loader) in (THREAD, PROCESS) and _workers(loader, it) > usable_cpu_count()
     assert torch.cat(seen)[:, 0].tolist() == list(range(4 * len(seen)))
+
+
+def test_auto_shuffles_every_epoch_as_torch_does():
+    # The sampler draws each epoch's seed from torch's global RNG; the first decision's measured
+    # batches must not put that draw back, or later epochs' orders part from torch's.
+    def epochs(loader_class, **kwargs):
+        with torch.random.fork_rng():
+            torch.manual_seed(0)
+            loader = loader_class(list(range(22)), batch_size=4, shuffle=True, **kwargs)
+            return [[batch.tolist() for batch in loader] for _ in range(3)]
+
+    assert epochs(tp.DataLoader, num_workers="auto") == epochs(torch.utils.data.DataLoader)

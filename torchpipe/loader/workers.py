@@ -179,6 +179,7 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
         self._slot = 0
         self._task_slot: dict[int, int | None] = {}
         self._sampler_done = False
+        self._primed: tuple[int, int, Any] | None = None  # a batch drawn from the sampler, not yet made
         if self._placement is not None:
             self._place()
         self._fill()
@@ -200,6 +201,9 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
         def drawn(draws: GlobalDraws) -> None:  # from here on only these are seeded and put back
             state.drawn_rngs = self._local[INLINE].rngs = tuple(sorted(draws.drawn))
 
+        # The sampler draws its epoch's seed from the global RNGs when its first batch is drawn (as
+        # torch's does): that draw must stay, the measured batches' own draws must not.
+        self._primed = self._next_payload()
         saved = global_rng_states()  # once: putting them back after every measured batch would be measured
         try:
             costs, _ = measure_calls(self._run_inline, on_draws=drawn)
@@ -225,6 +229,9 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
         return results
 
     def _next_payload(self) -> tuple[int, int, Any] | None:
+        if self._primed is not None:
+            payload, self._primed = self._primed, None
+            return payload
         try:
             index = self._next_index()
         except StopIteration:
