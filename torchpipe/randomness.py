@@ -201,3 +201,16 @@ def rng() -> np.random.Generator:
         seed = mix_seed(state.stage_seed, state.seq)
         gen = state.generator = np.random.Generator(np.random.PCG64(seed))
     return gen
+
+
+def sampling_rng_state(generator: torch.Generator | None) -> torch.Tensor:
+    """The state of what a DataLoader samples with: its ``generator``, else torch's global one."""
+    return generator.get_state() if generator is not None else torch.get_rng_state()
+
+
+def set_sampling_rng_state(generator: torch.Generator | None, state: torch.Tensor) -> None:
+    """Put back a :func:`sampling_rng_state`."""
+    if generator is not None:
+        generator.set_state(state)
+    else:
+        torch.set_rng_state(state)

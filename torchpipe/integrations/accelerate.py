@@ -39,6 +39,7 @@ from torchpipe.dataset import Dataset
 from torchpipe.errors import CheckpointError
 from torchpipe.loader import rebuild
 from torchpipe.loader.dataloader import DataLoader, _LoaderState
+from torchpipe.randomness import sampling_rng_state, set_sampling_rng_state
 
 __all__ = ["AcceleratedDataLoader", "TrainerMixin", "use_torchpipe"]
 
@@ -146,12 +147,12 @@ class AcceleratedDataLoader(DataLoader, DataLoaderStateMixin):
         self._sampler_rng = generator.get_state() if generator is not None else None
         if pending is None:
             return super().__iter__()
-        keep = _rng_state(self.generator)
-        _set_rng_state(self.generator, pending[1])
+        keep = sampling_rng_state(self.generator)
+        set_sampling_rng_state(self.generator, pending[1])
         try:
             return super().__iter__()
         finally:
-            _set_rng_state(self.generator, keep)
+            set_sampling_rng_state(self.generator, keep)
 
     def skip_next(self, count: int) -> None:
         """Start the next pass at batch ``count`` (Accelerate's ``skip_first_batches``): a loaded
@@ -189,9 +190,9 @@ class AcceleratedDataLoader(DataLoader, DataLoaderStateMixin):
             raise CheckpointError(f"DataLoader state: 'epoch' must be a non-negative int, got {epoch!r}")
         if sampler_rng is not None and not (isinstance(sampler_rng, torch.Tensor) and sampler_rng.dtype == torch.uint8):
             raise CheckpointError("DataLoader state: 'sampler_rng' must be a generator state (a uint8 tensor)")
-        keep = _rng_state(self.generator)
+        keep = sampling_rng_state(self.generator)
         super().load_state_dict(state)
-        _set_rng_state(self.generator, keep)  # set again when the epoch starts (_start)
+        set_sampling_rng_state(self.generator, keep)  # set again when the epoch starts (_start)
         if state["yielded"] == _length(self):  # taken after the epoch's last batch: the next one starts
             self._tp.resume = None
             self.iteration = self._epoch = epoch + 1
@@ -447,14 +448,3 @@ def _length(loader: torch.utils.data.DataLoader) -> int | None:
 
 def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-
-
-def _rng_state(generator: torch.Generator | None) -> torch.Tensor:
-    return generator.get_state() if generator is not None else torch.get_rng_state()
-
-
-def _set_rng_state(generator: torch.Generator | None, state: torch.Tensor) -> None:
-    if generator is not None:
-        generator.set_state(state)
-    else:
-        torch.set_rng_state(state)

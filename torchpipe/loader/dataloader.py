@@ -32,7 +32,7 @@ from torchpipe.loader.replicas import MAX_REPLICAS, io_replicas
 from torchpipe.loader.workers import WorkerIterator
 from torchpipe.ops.device import DevicePrefetcher, check_device
 from torchpipe.options import AutotuneOptions
-from torchpipe.randomness import mix_seed
+from torchpipe.randomness import mix_seed, sampling_rng_state, set_sampling_rng_state
 from torchpipe.runtime.cpu import usable_cpu_count
 from torchpipe.runtime.placement import prepare_measurements
 from torchpipe.runtime.process_pool import process_executor_supported
@@ -145,7 +145,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
 
     def __iter__(self) -> Any:
         state = self._tp
-        state.epoch_rng = _rng_state(self.generator)
+        state.epoch_rng = sampling_rng_state(self.generator)
         iterator: Any = super().__iter__()  # torch's own logic, persistent workers included
         resume, state.resume = state.resume, None
         if resume:
@@ -225,7 +225,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             raise CheckpointError(
                 f"DataLoader state is at batch {yielded}, but this loader's epoch has {length} batches"
             )
-        _set_rng_state(self.generator, rng)
+        set_sampling_rng_state(self.generator, rng)
         self._tp.resume = yielded
         self._tp.epoch_rng = rng
 
@@ -374,17 +374,6 @@ def _epoch_batches(loader: torch.utils.data.DataLoader) -> int | None:
         return len(loader)
     except TypeError:
         return None
-
-
-def _rng_state(generator: torch.Generator | None) -> torch.Tensor:
-    return generator.get_state() if generator is not None else torch.get_rng_state()
-
-
-def _set_rng_state(generator: torch.Generator | None, state: torch.Tensor) -> None:
-    if generator is not None:
-        generator.set_state(state)
-    else:
-        torch.set_rng_state(state)
 
 
 def _check_dataset(dataset: Any) -> None:
