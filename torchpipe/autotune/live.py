@@ -65,15 +65,15 @@ class Look:
         iterators: counters by ``id(iterator)``.
         consumer_s: seconds the training loop spent outside ``next()`` so far.
         main_cpu_s: CPU seconds of this process (all its threads) so far.
-        shared: the counts user functions keep in every forked process
-            (:mod:`~torchpipe.runtime.counts`: ``tp.image``'s decodes).
+        shared: the counts user functions keep (:mod:`~torchpipe.runtime.counts`: ``tp.image``'s
+            decodes), read for the pass's start only (the tuner's looks do not need them).
     """
 
     time: float
     iterators: dict[int, Counters]
     consumer_s: float
     main_cpu_s: float
-    shared: dict[str, int] = dataclasses.field(default_factory=COUNTS.snapshot)
+    shared: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def produced(self, root: Iterator) -> int:
         return self.iterators.get(id(root), Counters()).produced

@@ -15,6 +15,7 @@ from torchpipe.autotune.live import CONSUMER, Look, build_model, caller_seconds,
 from torchpipe.autotune.model import bottleneck
 from torchpipe.autotune.tunable import POOL
 from torchpipe.core.iterator import Iterator
+from torchpipe.runtime.counts import COUNTS
 from torchpipe.runtime.tracing import TraceSnapshot
 
 WAITING_LIMIT = 0.2
@@ -166,6 +167,7 @@ def pipeline_stats(root: Iterator, start: Look, consumer_s: float, decisions: li
         limit = bottleneck(model.stages, {knob.name: knob.value for knob in model.knobs})
     inside = now.iterators[id(root)].wall_s
     waiting = inside / (inside + consumer_s) if inside + consumer_s > 0 else 0.0
-    images = {"decoded": now.shared["images_decoded"] - start.shared.get("images_decoded", 0),
-              "fallback": now.shared["images_fallback"] - start.shared.get("images_fallback", 0)}  # fmt: skip
+    counts = COUNTS.snapshot()
+    images = {"decoded": counts["images_decoded"] - start.shared.get("images_decoded", 0),
+              "fallback": counts["images_fallback"] - start.shared.get("images_fallback", 0)}  # fmt: skip
     return PipelineStats(stages, seconds, limit, waiting, list(decisions), trace, images)

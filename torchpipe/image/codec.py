@@ -198,6 +198,13 @@ def pillow_array(image: Encoded, channels: int, scale: int = 1, fast_error: Base
     return pixels[:, :, None] if pixels.ndim == 2 else pixels
 
 
+def decode_other(image: Encoded, channels: int) -> torch.Tensor:
+    """An image in a format other than JPEG, decoded by Pillow (and counted), HWC uint8."""
+    pixels = as_tensor(pillow_array(image, channels))
+    COUNTS.add("images_decoded")
+    return pixels
+
+
 def _as_mode(im: Image.Image, mode: str) -> Image.Image:
     """``im`` in ``mode``; alpha is dropped (as ``tf.image.decode_png`` with ``channels=3``)."""
     if im.mode == mode:

@@ -12,17 +12,16 @@ from typing import Any
 import torch
 
 from torchpipe.image.codec import (
-    COUNTS,
     Encoded,
     ImageData,
     as_tensor,
     check_channels,
     decode_jpeg_array,
+    decode_other,
     exif_orientation,
     image_format,
     jpeg_size,
     orient,
-    pillow_array,
 )
 
 
@@ -69,9 +68,7 @@ def decode_png(data: ImageData, channels: int = 3) -> torch.Tensor:
     image = Encoded(data)
     if image_format(image) != "png":
         raise image.fail(f"not a PNG: it starts with {image.head(8)!r} (tp.image.decode_image reads any format)")
-    pixels = as_tensor(pillow_array(image, channels))
-    COUNTS.add("images_decoded")
-    return pixels
+    return decode_other(image, channels)
 
 
 def decode_image(data: ImageData, channels: int = 3, apply_exif_orientation: bool = False,
@@ -88,9 +85,7 @@ def decode_image(data: ImageData, channels: int = 3, apply_exif_orientation: boo
     if image_format(image) == "jpeg":
         pixels = as_tensor(decode_jpeg_array(image, channels, fast_dct=fast_dct))
         return orient(pixels, exif_orientation(image.data)) if apply_exif_orientation else pixels
-    pixels = as_tensor(pillow_array(image, channels))
-    COUNTS.add("images_decoded")
-    return pixels
+    return decode_other(image, channels)
 
 
 def decode_and_crop_jpeg(data: ImageData, crop_window: tuple[int, int, int, int], channels: int = 3,

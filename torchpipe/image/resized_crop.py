@@ -106,9 +106,7 @@ def decode_and_random_resized_crop(
     out_h, out_w = pair(size)
     image = codec.Encoded(data)
     if codec.image_format(image) != "jpeg":
-        pixels = codec.as_tensor(codec.pillow_array(image, channels))
-        codec.COUNTS.add("images_decoded")
-        return random_resized_crop(pixels, (out_h, out_w), scale, ratio, rng)
+        return random_resized_crop(codec.decode_other(image, channels), (out_h, out_w), scale, ratio, rng)
     full_h, full_w = codec.jpeg_size(image)
     orientation = codec.exif_orientation(image.data) if apply_exif_orientation else 1
     if orientation >= 5:
