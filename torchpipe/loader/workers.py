@@ -85,6 +85,7 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
             most = state.replicas or most
             self._plan = ReplicaPlan(most, self._num_workers, state.tuned_workers, fixed=state.replicas is not None)
         self._held: deque[tuple[int, Any, BaseException | None]] = deque()  # the plan's first batches
+        self._before_start_over: int | None = None  # the replicas an epoch had before it started over with more
         processes = self._plan.processes if self._plan is not None else self._num_workers
         # "auto": the zygote is forked when batches first go to processes (the first decision is
         # made before the tuner's thread starts), not for an epoch that makes them here (its fork
@@ -292,23 +293,36 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
         room = self._room() if whole and not plan.fixed and io else plan.replicas
         # batches that did not wait on I/O waited for a core: a process a core, like busy ones
         restart = plan.decide(calls, wall_s, cpu_s if io else wall_s, usable_cpu_count(), room) if calls else None
+        if not whole and self._before_start_over is not None:
+            # The dataset fails or ends early with as many replicas as the start-over asked for (it
+            # splits files by num_workers, say) where fewer made their first batches: back to those.
+            self._start_over(self._before_start_over, None)
+            return
         if restart is None or not whole:  # an ended or failing replica: more replicas will not pay
+            self._before_start_over = None
             plan.decided = plan.fixed = True
             self._tp_state.replicas, self._tp_state.tuned_workers = plan.replicas, plan.processes
             self._pool.resize(plan.processes)
             return
+        self._start_over(restart, plan.replicas)
+
+    def _start_over(self, replicas: int, before: int | None) -> None:
+        """Start the epoch over with ``replicas``, a process each, their first batches held to be
+        judged again where ``before`` (the count they replace) is given, else final."""
+        self._before_start_over = before
         self._held.clear()  # made again, and split otherwise, by the new replicas
         self._task_slot.clear()
-        self._tp_state.replicas = self._tp_state.tuned_workers = restart
-        self._plan = ReplicaPlan(restart, restart, decided=restart)
-        self._task = self._task.with_replicas(restart)
-        pool = self._new_pool(self._task, restart)
+        self._tp_state.replicas = self._tp_state.tuned_workers = replicas
+        # judged again: the count fixed, the first batches held; final: every replica placed now
+        self._plan = ReplicaPlan(replicas, replicas, decided=None if before else replicas, fixed=True)
+        self._task = self._task.with_replicas(replicas)
+        pool = self._new_pool(self._task, replicas)
         pool.start()
         self._dispatch.switch(pool)  # the first replicas' pool, idle now, is closed
         self._pool = pool
         self._stage.stats.calls = pool.timing
         self._batch = self._slot = 0
-        self._active, self._made = [True] * restart, [0] * restart
+        self._active, self._made = [True] * replicas, [0] * replicas
 
     def _waits_on_io(self, calls: int, wall_s: float, cpu_s: float) -> bool:
         """Whether the first batches waited on I/O, enough to spread the replicas over more
