@@ -10,7 +10,7 @@ from torchpipe.loader import DataLoader, explain
 from torchpipe.ops.map import pure
 from torchpipe.options import AutotuneOptions, DistributeOptions, Options
 from torchpipe.randomness import rng
-from torchpipe.runtime.ray_executor import RayExecutor
+from torchpipe.runtime.ray.executor import RayExecutor
 from torchpipe.sources import (
     choose_from_datasets,
     from_dataset,

@@ -9,8 +9,8 @@ from typing import Any
 
 from torchpipe.constants import AUTOTUNE
 from torchpipe.ops.map import EXECUTORS
-from torchpipe.runtime.ray_executor import RayExecutor
-from torchpipe.runtime.ray_executor import resolve as resolve_ray
+from torchpipe.runtime.ray.executor import RayExecutor
+from torchpipe.runtime.ray.executor import resolve as resolve_ray
 
 
 def require_int(op: str, name: str, value: Any, minimum: int | None = None) -> None:

@@ -52,8 +52,8 @@ from torchpipe.ops.shuffle import ShuffleNode
 from torchpipe.ops.snapshot import SnapshotNode
 from torchpipe.ops.window import WindowNode
 from torchpipe.options import Options
-from torchpipe.runtime.ray_executor import RayExecutor
-from torchpipe.runtime.ray_executor import resolve as resolve_ray
+from torchpipe.runtime.ray.executor import RayExecutor
+from torchpipe.runtime.ray.executor import resolve as resolve_ray
 from torchpipe.storage.save import check_checkpoint_args, save
 from torchpipe.storage.saved_file import check_compression
 

@@ -16,7 +16,7 @@ from torchpipe.dataset import Dataset, _check_dataset
 from torchpipe.integrations.ray_data import ray_source
 from torchpipe.ops.combine import ChooseFromDatasetsNode, SampleFromDatasetsNode, ZipNode
 from torchpipe.ops.source_nodes import FileListNode, FromDatasetNode, FromIterableNode, RangeNode, TensorSlicesNode
-from torchpipe.runtime.ray_actors import require_ray
+from torchpipe.runtime.ray.actors import require_ray
 
 
 def from_ray(dataset: Any) -> Dataset:

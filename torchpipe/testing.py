@@ -260,7 +260,7 @@ def assert_exactly_once(make: Callable[[], Iterable[Any]], seed: int = 0, ordere
         ordered: compare in order; False compares multisets.
         kill: kills something else instead, given a ``random.Random`` seeded from ``seed``, and
             returns what it killed (None: nothing): for a stage on Ray actors,
-            ``torchpipe.runtime.ray_pool.kill_an_actor``.
+            ``torchpipe.runtime.ray.pool.kill_an_actor``.
         signal: the signal sent to the worker (``signal.SIGTERM``: an operator's ``kill``, a
             cgroup shrink). The worker must end of it: one still running after
             ``SIGNAL_WAIT_S`` fails the assertion, since it was not treated as a dead worker.

@@ -19,7 +19,7 @@ from torchpipe.core.stats import LiveKnob
 from torchpipe.loader.workers import NOT_ON_THREADS, WorkerIterator, _WorkersStage
 from torchpipe.randomness import seeds_were_set
 from torchpipe.runtime.cpu import usable_cpu_count
-from torchpipe.runtime.policy import INLINE, PROCESS, THREAD
+from torchpipe.runtime.placement.policy import INLINE, PROCESS, THREAD
 from torchpipe.runtime.timing import CallTiming
 
 

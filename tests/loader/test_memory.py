@@ -11,7 +11,7 @@ import torch
 
 import torchpipe as tp
 from torchpipe.loader.memory import CHECK_EVERY_S, MIN_RING_BYTES, LoaderMemory, private_bytes, ring_limit
-from torchpipe.runtime.process_pool import ProcessPool
+from torchpipe.runtime.processes.pool import ProcessPool
 
 
 class Busy(torch.utils.data.Dataset):

@@ -10,7 +10,7 @@ from tests.trees import stage_stats
 from torchpipe.ops import parallel_map
 from torchpipe.ops.parallel_map import ParallelMapIterator
 from torchpipe.randomness import watch_global_draws
-from torchpipe.runtime.policy import PROCESS, THREAD, CallCosts, Policy
+from torchpipe.runtime.placement.policy import PROCESS, THREAD, CallCosts, Policy
 from torchpipe.testing import assert_checkpoint_roundtrip
 
 
@@ -489,7 +489,7 @@ def spin(x):
 def test_auto_moves_to_processes_when_threads_prove_slow(monkeypatch):
     import dataclasses
 
-    from torchpipe.runtime import placement
+    from torchpipe.runtime.placement import stage as placement
 
     monkeypatch.setattr(placement, "CALLS", dataclasses.replace(placement.CALLS, seconds=0.0, settle_s=0.0))
     # As if calls released the GIL and cost 100 us: threads are predicted fastest. They hold it.

@@ -7,7 +7,7 @@ import pytest
 import torchpipe as tp
 from tests.trees import find_stage, stage_stats
 from torchpipe.ops.prefetch import AUTOTUNE_DEPTH, OverlapChoice, PrefetchIterator
-from torchpipe.runtime.policy import INLINE, THREAD
+from torchpipe.runtime.placement.policy import INLINE, THREAD
 from torchpipe.testing import assert_checkpoint_roundtrip, assert_same_elements
 
 NO_INJECT = tp.Options(optimizations={"inject_prefetch": False})

@@ -15,8 +15,8 @@ from torchpipe.autotune.live import CONSUMER, Look, build_model, caller_seconds,
 from torchpipe.autotune.model import bottleneck
 from torchpipe.autotune.tunable import POOL
 from torchpipe.core.iterator import Iterator
+from torchpipe.observe.tracing import TraceSnapshot
 from torchpipe.runtime.counts import COUNTS
-from torchpipe.runtime.tracing import TraceSnapshot
 
 WAITING_LIMIT = 0.2
 """A training loop that waits for data more than this share of its time is fed too slowly."""
@@ -68,7 +68,7 @@ class PipelineStats(list):
             RuntimeError: if the pass was not traced (``tp.Options(trace=True)``).
             ImportError: if matplotlib is missing, naming the extra that installs it.
         """
-        from torchpipe.integrations.timeline import plot_timeline
+        from torchpipe.observe.timeline import plot_timeline
 
         if self.trace is None:
             raise RuntimeError("this pass is not traced: run it with ds.with_options(tp.Options(trace=True)) to plot "

@@ -19,8 +19,8 @@ import numpy as np
 import torch
 
 from torchpipe import nest
+from torchpipe.observe.tracing import Track
 from torchpipe.runtime.timing import CallTiming
-from torchpipe.runtime.tracing import Track
 
 _BYTES_EVERY = 16  # elements between two samples of an element's size
 CLOCK_ALL_S = 20e-6  # elements that take this long are all clocked (two clock reads cost < 1%);

@@ -24,9 +24,9 @@ from torchpipe.distributed.ranks import Distribution, distribute
 from torchpipe.distributed.workers import TorchWorker, shard_for_worker, split_between_workers
 from torchpipe.errors import CheckpointError
 from torchpipe.graph.optimizer import optimize
+from torchpipe.observe.tracing import TUNER, TraceLog, Track
 from torchpipe.options import Options
 from torchpipe.randomness import fresh_seed
-from torchpipe.runtime.tracing import TUNER, TraceLog, Track
 from torchpipe.storage.fingerprint import describe_ops, ops_of
 
 _FORMAT = 3
@@ -325,7 +325,7 @@ class PipelineIterator:
             RuntimeError: if the pass is not traced: build it with
                 ``ds.with_options(tp.Options(trace=True))``.
         """
-        from torchpipe.integrations.trace import write_chrome_trace
+        from torchpipe.observe.chrome_trace import write_chrome_trace
 
         if self._log is None:
             raise RuntimeError(_NOT_TRACED)

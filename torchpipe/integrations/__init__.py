@@ -1,4 +1,4 @@
-"""Optional tools around a pipeline: progress bars (tqdm), trace export (Chrome / Perfetto JSON) and
-timeline plots (matplotlib). Each imports its library only when used and names the extra that
-installs it when it is missing.
+"""Frameworks around torchpipe: Accelerate and transformers' Trainer, Ray Data. The top floor:
+these modules may import anything in torchpipe, and nothing in torchpipe imports them. Each
+imports its framework only when used and names the extra that installs it when it is missing.
 """

@@ -34,8 +34,8 @@ from torchpipe.ops.device import DevicePrefetcher, check_device
 from torchpipe.options import AutotuneOptions
 from torchpipe.randomness import mix_seed, sampling_rng_state, set_sampling_rng_state
 from torchpipe.runtime.cpu import usable_cpu_count
-from torchpipe.runtime.placement import prepare_measurements
-from torchpipe.runtime.process_pool import process_executor_supported
+from torchpipe.runtime.placement.stage import prepare_measurements
+from torchpipe.runtime.processes.pool import process_executor_supported
 
 _FORK = ("fork", None)
 _TORCH_HAS_IN_ORDER = "in_order" in inspect.signature(torch.utils.data.DataLoader.__init__).parameters

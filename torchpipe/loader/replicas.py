@@ -6,7 +6,7 @@ while an epoch runs, and a replica cannot move once it has started (its position
 process that runs it). With ``"auto"`` an epoch starts with twice the usable cores in replicas
 (what ``get_worker_info().num_workers`` says, as for a map-style dataset), the first ones on a
 process each, and holds their first batches until they say where the rest run, by the runtime's
-policy (:func:`~torchpipe.runtime.policy.workers`): where batches mostly wait (slow storage), a
+policy (:func:`~torchpipe.runtime.placement.policy.workers`): where batches mostly wait (slow storage), a
 process a replica, as many reads in flight as replicas; else a process a core, each running its
 replicas in turn. On a loader's first epoch, batches that wait on I/O also ask for more replicas
 (:func:`io_replicas`, as many worker processes as the RAM budget holds): nothing has been
@@ -33,7 +33,7 @@ import torch
 import torch.utils.data._utils.worker as torch_worker
 
 from torchpipe.randomness import global_rng_states, restore_global_rng_states
-from torchpipe.runtime.policy import THREAD, CallCosts, workers
+from torchpipe.runtime.placement.policy import THREAD, CallCosts, workers
 
 MakeFetcher = Callable[[Any], Any]
 """``make_fetcher(dataset)``: torch's fetcher over ``dataset`` (for an IterableDataset, a fresh replica iterator)."""

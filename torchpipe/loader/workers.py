@@ -47,10 +47,10 @@ from torchpipe.randomness import (
 from torchpipe.runtime.cpu import usable_cpu_count, voluntary_switches
 from torchpipe.runtime.dispatch import Dispatcher
 from torchpipe.runtime.executor import Executor, InlineExecutor, ThreadExecutor
-from torchpipe.runtime.placement import Placement, measure_calls
-from torchpipe.runtime.policy import INLINE, KINDS, PROCESS, THREAD, Policy, may_pay
-from torchpipe.runtime.process_pool import ProcessPool
-from torchpipe.runtime.worker import MAX_RING_BYTES
+from torchpipe.runtime.placement.policy import INLINE, KINDS, PROCESS, THREAD, Policy, may_pay
+from torchpipe.runtime.placement.stage import Placement, measure_calls
+from torchpipe.runtime.processes.pool import ProcessPool
+from torchpipe.runtime.processes.worker import MAX_RING_BYTES
 
 STAGE = "DataLoader workers"
 NOT_ON_THREADS = (

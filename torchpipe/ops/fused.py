@@ -22,7 +22,7 @@ from torchpipe.ops.map import MapNode, is_pure
 from torchpipe.ops.passthrough import ElidedNode, walk_contexts
 
 if TYPE_CHECKING:
-    from torchpipe.runtime.ray_executor import RayExecutor
+    from torchpipe.runtime.ray.executor import RayExecutor
 
 STAGE_TYPES = (MapNode, FilterNode)
 

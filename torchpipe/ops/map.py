@@ -19,11 +19,11 @@ from torchpipe.ops.parallel_map import ParallelMapIterator
 from torchpipe.ops.source_nodes import DatasetFetch
 from torchpipe.runtime.codec import StackedTensor
 from torchpipe.runtime.cpu import usable_cpu_count
-from torchpipe.runtime.placement import prepare_measurements
+from torchpipe.runtime.placement.stage import prepare_measurements
 from torchpipe.runtime.recycle import RecycledStack
 
 if TYPE_CHECKING:
-    from torchpipe.runtime.ray_executor import RayExecutor
+    from torchpipe.runtime.ray.executor import RayExecutor
 
 EXECUTORS = ("auto", "thread", "process", "ray")
 """Accepted ``executor=`` names (and a ``tp.RayExecutor``, whose kind is ``"ray"``)."""

@@ -2,7 +2,7 @@
 
 Ordering, bounded waits and the stall check are the runtime's
 (:class:`~torchpipe.runtime.dispatch.Dispatcher`); where calls run, with ``executor="auto"``, is
-the runtime's policy (:class:`~torchpipe.runtime.placement.Placement`, docs/executors.md). What
+the runtime's policy (:class:`~torchpipe.runtime.placement.stage.Placement`, docs/executors.md). What
 is left here is the op: pulling and numbering input elements, the checkpoint, and the knob the
 autotuner turns (``num_parallel_calls=AUTOTUNE``).
 """
@@ -22,9 +22,9 @@ from torchpipe.randomness import global_rng_states, restore_global_rng_states
 from torchpipe.runtime.cpu import usable_cpu_count
 from torchpipe.runtime.dispatch import Dispatcher
 from torchpipe.runtime.executor import Executor, InlineExecutor, ThreadExecutor
-from torchpipe.runtime.placement import Placement, measure_calls
-from torchpipe.runtime.policy import INLINE, MAX_THREADS, PROCESS, RAY, THREAD, CallCosts, Policy, may_pay
-from torchpipe.runtime.process_pool import ProcessPool, process_executor_supported
+from torchpipe.runtime.placement.policy import INLINE, MAX_THREADS, PROCESS, RAY, THREAD, CallCosts, Policy, may_pay
+from torchpipe.runtime.placement.stage import Placement, measure_calls
+from torchpipe.runtime.processes.pool import ProcessPool, process_executor_supported
 from torchpipe.runtime.timing import CallTiming
 
 AUTO = "auto"
@@ -50,7 +50,7 @@ class ParallelMapIterator(Iterator, Tunable):
         parallelism: threads or processes to start with (an explicit ``num_parallel_calls``).
         deterministic: deliver in input order.
         executor: ``"thread"``, ``"process"``, a ``tp.RayExecutor`` (Ray actors: it makes the
-            pool, ``runtime/ray_pool.py``), or ``"auto"`` (the policy chooses, and moves the calls
+            pool, ``runtime/ray/pool.py``), or ``"auto"`` (the policy chooses, and moves the calls
             while they run; with ``tunable`` inline is a candidate too).
         restart: replace dead worker processes.
         tunable: ``num_parallel_calls=AUTOTUNE``: the autotuner resizes the pool while it runs.

@@ -23,7 +23,7 @@ import weakref
 from typing import Any, BinaryIO
 
 from torchpipe.core.node import Node
-from torchpipe.integrations.progress import ProgressBar
+from torchpipe.observe.progress import ProgressBar
 from torchpipe.ops.cache import CacheNode
 from torchpipe.runtime.cpu import usable_cpu_count
 from torchpipe.storage.cache_file import Origin, origin_of, read_header

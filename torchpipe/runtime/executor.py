@@ -4,8 +4,8 @@ Parallel ops talk to every executor the same way, through a
 :class:`~torchpipe.runtime.dispatch.Dispatcher`: ``submit`` tasks up to ``capacity``, then
 ``collect`` the finished ones as ``(seq, value, error)``. There are four: :class:`InlineExecutor`
 (the consumer's own thread), :class:`ThreadExecutor`, the process pool
-(:class:`~torchpipe.runtime.process_pool.ProcessPool`) and the Ray actor pool
-(:class:`~torchpipe.runtime.ray_pool.RayActorPool`); the two pools route tasks to their workers
+(:class:`~torchpipe.runtime.processes.pool.ProcessPool`) and the Ray actor pool
+(:class:`~torchpipe.runtime.ray.pool.RayActorPool`); the two pools route tasks to their workers
 through one :class:`~torchpipe.runtime.routing.TaskRouter`.
 """
 

@@ -6,7 +6,7 @@ import threading
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from torchpipe.runtime.tracing import CallTracer
+    from torchpipe.observe.tracing import CallTracer
 
 
 class CallTiming:

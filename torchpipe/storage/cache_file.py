@@ -9,7 +9,7 @@ File format, version 3 (the full description is in ``docs/cache.md``); integers 
 The meta holds the origin of the pass that filled the file and the fingerprint of the pipeline
 above the cache (``storage/fingerprint.py``, functions by their code). Each record carries its index,
 covered by its checksum, so records in the wrong place are an error, not a silent reorder. A
-payload is one element in the format of :mod:`torchpipe.runtime.codec`.
+payload is one element in the format of :mod:`torchpipe.runtime.codec.records`.
 
 A filling pass writes ``<path>.tmp-<pid>-<random>`` next to ``path`` under an exclusive ``flock``
 and publishes it at ``path`` only after the footer is on disk, so a file at ``path`` is always
@@ -32,7 +32,7 @@ import weakref
 import zlib
 from typing import Any, BinaryIO
 
-from torchpipe.integrations.progress import ProgressBar
+from torchpipe.observe.progress import ProgressBar
 from torchpipe.runtime import codec
 from torchpipe.storage.pending_file import PendingFile
 

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from torchpipe.errors import CheckpointError, DiskFullError, add_note
-from torchpipe.integrations.progress import ProgressBar
+from torchpipe.observe.progress import ProgressBar
 from torchpipe.runtime.cpu import usable_cpu_count
 from torchpipe.storage.fingerprint import describe_ops, function_digest
 from torchpipe.storage.pending_file import write_file

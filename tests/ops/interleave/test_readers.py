@@ -14,7 +14,7 @@ from torchpipe.ops.interleave.interleave import InterleaveIterator
 from torchpipe.ops.interleave.process_readers import ProcessReaders
 from torchpipe.ops.interleave.readers import END, FAILED, VALUE, InlineReaders, InnerOpener, ReaderPlace
 from torchpipe.ops.interleave.thread_readers import ThreadReaders
-from torchpipe.runtime.process_pool import process_executor_supported
+from torchpipe.runtime.processes.pool import process_executor_supported
 from torchpipe.runtime.timing import CallTiming
 
 

@@ -41,12 +41,12 @@ from torchpipe.ops.interleave.readers import (
 from torchpipe.ops.interleave.thread_readers import ThreadReaders
 from torchpipe.ops.map import executor_kind
 from torchpipe.runtime.cpu import usable_cpu_count
-from torchpipe.runtime.policy import INLINE, PROCESS, RAY, THREAD
-from torchpipe.runtime.process_pool import process_executor_supported
+from torchpipe.runtime.placement.policy import INLINE, PROCESS, RAY, THREAD
+from torchpipe.runtime.processes.pool import process_executor_supported
 from torchpipe.runtime.timing import CallTiming
 
 if TYPE_CHECKING:
-    from torchpipe.runtime.ray_executor import RayExecutor
+    from torchpipe.runtime.ray.executor import RayExecutor
 
 AUTOTUNE_MIN_CYCLE = 16
 _DEEP_READ_AHEAD = 4  # reads in flight a slot from which AUTOTUNE readers read far ahead

@@ -5,12 +5,12 @@ files, on remote storage) or hand over ready-made tensors. Readers that also par
 Python hold the GIL for it, and on threads that work shares one core with the training loop. So
 a pass starts on threads and :class:`ReaderPlacement` measures, window after window, what each
 element costs its reader (wall and CPU time) and this thread; the runtime's executor policy
-(:func:`~torchpipe.runtime.policy.choose`, the rule map and the DataLoader use too) says where the
+(:func:`~torchpipe.runtime.placement.policy.choose`, the rule map and the DataLoader use too) says where the
 readers deliver faster, and the interleave moves its readers there (``InterleaveIterator._move``).
 
 Its windows, settling, agreement and change detection are the runtime's one measure-and-move
-driver (:class:`~torchpipe.runtime.placement.MoveDriver`, with the cadence
-:data:`~torchpipe.runtime.placement.READS`: windows of reads), as for map's calls; what differs is
+driver (:class:`~torchpipe.runtime.placement.stage.MoveDriver`, with the cadence
+:data:`~torchpipe.runtime.placement.stage.READS`: windows of reads), as for map's calls; what differs is
 what it measures and how the readers move, because readers are not calls:
 
 - a Placement moves calls by swapping its dispatcher's executor, and calls in flight finish where
@@ -45,8 +45,8 @@ import time
 from collections import deque
 
 from torchpipe.core.stats import IteratorStats
-from torchpipe.runtime.placement import READS, REBASE, MoveDriver
-from torchpipe.runtime.policy import PROCESS, READERS_MARGIN, THREAD, CallCosts, choose
+from torchpipe.runtime.placement.policy import PROCESS, READERS_MARGIN, THREAD, CallCosts, choose
+from torchpipe.runtime.placement.stage import READS, REBASE, MoveDriver
 
 _WINDOWS_KEPT = 5  # a pool's measure is the lower median of its last windows,
 _WINDOWS_NEEDED = 2  # of at least this many (its first window, cold, not counted)

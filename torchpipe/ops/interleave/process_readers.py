@@ -34,11 +34,11 @@ from torchpipe.ops.interleave.readers import (
     ReaderPool,
 )
 from torchpipe.runtime import codec
-from torchpipe.runtime.columns import Columns, to_columns
+from torchpipe.runtime.codec.columns import Columns, to_columns
 from torchpipe.runtime.cpu import usable_cpu_count
 from torchpipe.runtime.dispatch import Dispatcher
-from torchpipe.runtime.policy import PROCESS
-from torchpipe.runtime.process_pool import ProcessPool
+from torchpipe.runtime.placement.policy import PROCESS
+from torchpipe.runtime.processes.pool import ProcessPool
 
 _WAIT_S = 0.5
 _STOP_S = 0.1  # how long release() waits for chunks in flight

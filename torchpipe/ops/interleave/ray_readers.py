@@ -4,7 +4,7 @@ The process readers' protocol as it is (``ops/interleave/process_readers.py``): 
 read chunk by chunk through the dispatcher, a chunk task naming the reader and its position, so an
 actor that still has the inner iterator open reads on from it, and any other (after a resize, or
 an actor Ray restarted) opens it at the saved position. Only the pool differs: the chunk task is
-pickled once to a :class:`~torchpipe.runtime.ray_pool.RayActorPool` (which the stage's
+pickled once to a :class:`~torchpipe.runtime.ray.pool.RayActorPool` (which the stage's
 ``tp.RayExecutor`` makes: nothing here imports Ray), each actor reads one chunk at a time, and
 chunks come back through Ray's object store.
 """
@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 from torchpipe.ops.interleave.process_readers import InnerChunkTask, ProcessReaders
 from torchpipe.ops.interleave.readers import InnerOpener
-from torchpipe.runtime.policy import RAY
+from torchpipe.runtime.placement.policy import RAY
 
 if TYPE_CHECKING:
-    from torchpipe.runtime.ray_executor import RayExecutor
+    from torchpipe.runtime.ray.executor import RayExecutor
 
 
 class RayReaders(ProcessReaders):

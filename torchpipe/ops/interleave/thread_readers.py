@@ -29,7 +29,7 @@ from torchpipe.ops.interleave.readers import (
     ReaderPool,
     read_on_from,
 )
-from torchpipe.runtime.policy import THREAD
+from torchpipe.runtime.placement.policy import THREAD
 from torchpipe.runtime.stall import StallWatch
 from torchpipe.runtime.thread_pool import ThreadPool
 

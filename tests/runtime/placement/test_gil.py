@@ -1,0 +1,49 @@
+import time
+
+import numpy as np
+
+from torchpipe.runtime.placement.gil import GilProbe
+
+
+def python_loop():
+    total = 0
+    for i in range(300_000):
+        total += i
+    return total
+
+
+def test_python_code_holds_the_gil_and_sleeping_releases_it():
+    with GilProbe() as probe:
+        result, held_free, seconds = probe.measure(python_loop)
+        _, sleep_free, _ = probe.measure(lambda: time.sleep(0.03))
+    assert result == sum(range(300_000)) and seconds > 0
+    assert held_free < 0.5 < sleep_free
+
+
+def test_numpy_work_mostly_releases_the_gil():
+    a = np.random.default_rng(0).random((300, 300))
+    with GilProbe() as probe:
+        _, free, _ = probe.measure(lambda: [a @ a for _ in range(20)])
+        _, held, _ = probe.measure(python_loop)
+    assert free > held
+
+
+def test_the_free_rate_is_measured_once_a_process(monkeypatch):
+    from torchpipe.runtime.placement import gil
+
+    monkeypatch.setattr(GilProbe, "_calibrated", None)  # as in a fresh process
+    sleep, calibrations = time.sleep, []
+
+    def counting_sleep(seconds):
+        if seconds == gil._CALIBRATE_S:
+            calibrations.append(seconds)
+        sleep(seconds)
+
+    monkeypatch.setattr(gil.time, "sleep", counting_sleep)
+    GilProbe.calibrate()
+    measured = len(calibrations)
+    assert measured > 0
+    GilProbe.calibrate()  # measured already
+    with GilProbe() as probe:  # a probe started later takes the rate measured
+        _, free, _ = probe.measure(lambda: time.sleep(0.002))
+    assert len(calibrations) == measured and free > 0.5

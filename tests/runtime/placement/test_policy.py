@@ -1,0 +1,201 @@
+"""The executor policy: predictions from call costs, the choice, and re-deciding from measurements."""
+
+import dataclasses
+
+import pytest
+
+from torchpipe.runtime.placement import policy as policy_module
+from torchpipe.runtime.placement.policy import (
+    INLINE,
+    KINDS,
+    PROCESS,
+    THREAD,
+    CallCosts,
+    Policy,
+    choose,
+    may_pay,
+    predict,
+    transfer_seconds,
+    workers,
+)
+
+
+def costs(call_s, gil_free=0.0, cpu_s=None, move_s=20e-6, consumer_s=0.0, thread_safe=True):
+    cpu_s = call_s if cpu_s is None else cpu_s
+    return CallCosts(call_s, cpu_s, gil_free, move_s, consumer_s, thread_safe, message_s=policy_module.MESSAGE_S)
+
+
+@pytest.mark.parametrize(
+    "calls, kind",
+    [
+        (costs(2e-6), INLINE),  # cheaper than any hand-off
+        (costs(500e-6, move_s=400e-6), INLINE),  # moving the result costs about what making it does
+        (costs(2e-3), PROCESS),  # Python that holds the GIL, results cheap to move
+        (costs(2e-3, gil_free=0.3), PROCESS),  # short GIL releases do not let threads overlap
+        (costs(10e-3, gil_free=0.98, move_s=2e-3), THREAD),  # C code that releases the GIL, large results
+        (costs(10e-3, gil_free=0.1, cpu_s=0.2e-3), THREAD),  # waits on I/O: many threads overlap the waits
+    ],
+)
+def test_the_choice_follows_the_costs(calls, kind):
+    assert choose(calls, 2, KINDS) == kind
+
+
+def test_a_dearer_executor_must_win_by_the_margin():
+    calls = costs(1e-3, gil_free=0.5)
+    near = costs(1e-3, move_s=0.4e-3)  # processes predicted just under inline, not by the margin
+    assert predict(near, PROCESS, 2) < predict(near, INLINE, 2)
+    assert predict(near, PROCESS, 2) * policy_module.MARGIN >= predict(near, INLINE, 2)
+    assert choose(near, 2, KINDS) == INLINE
+    assert choose(calls, 2, (PROCESS,)) == PROCESS  # the only candidate
+
+
+def test_measured_times_stand_in_for_predictions_and_the_current_executor_is_kept_unless_beaten():
+    calls = costs(2e-3)  # processes predicted fastest
+    assert choose(calls, 2, KINDS) == PROCESS
+    assert choose(calls, 2, KINDS, measured={PROCESS: 3e-3}) == INLINE  # they turned out slower
+    # On processes measured a little slower than inline's prediction: a cheaper one no slower wins.
+    assert choose(calls, 2, KINDS, measured={PROCESS: 1.9e-3}, current=PROCESS) == PROCESS
+    assert choose(calls, 2, KINDS, measured={PROCESS: 2.1e-3}, current=PROCESS) == INLINE
+
+
+def test_threads_are_no_candidate_for_calls_that_must_not_share_the_global_rngs():
+    calls = costs(10e-3, gil_free=0.98, move_s=2e-3, thread_safe=False)
+    assert choose(calls, 2, KINDS) != THREAD
+    with pytest.raises(ValueError):
+        choose(calls, 2, (THREAD,))
+
+
+def test_workers_start_at_the_cores_and_more_for_calls_that_wait():
+    assert workers(costs(1e-3), PROCESS, 4) == 4
+    assert workers(costs(1e-3), INLINE, 4) == 0
+    assert workers(costs(10e-3, cpu_s=1e-3), THREAD, 2) == 20
+    assert workers(costs(10e-3, cpu_s=1e-3), PROCESS, 2) == 4  # processes beyond twice the cores only cost memory
+
+
+def _acted(policy, seconds):
+    """Review a window and act on the verdict, as a placement does."""
+    policy.kind = policy.review(seconds)
+    return policy.kind
+
+
+def test_the_policy_tries_a_close_alternative_once_and_settles_on_what_was_measured():
+    policy = Policy(KINDS, 4)
+    assert policy.decide(costs(8e-3, gil_free=0.9, move_s=0.5e-3)) == THREAD
+    # Threads measured slower than predicted (2 ms); processes are predicted faster than that
+    # measure (2.3 ms), though not by the margin: they are tried, once.
+    assert _acted(policy, 2.6e-3) == PROCESS
+    assert _acted(policy, 2.9e-3) == THREAD  # measured worse: back
+    assert _acted(policy, 2.6e-3) == THREAD  # nothing left worth trying (inline: 8 ms, over 1.3x)
+    assert _acted(policy, 5e-3) == THREAD  # one slow window: a busy moment
+    assert [_acted(policy, 5e-3) for _ in range(2)][-1] == PROCESS  # slow for good: processes measured faster
+
+
+def test_inline_is_tried_even_when_predicted_somewhat_slower():
+    policy = Policy(KINDS, 2)
+    assert policy.decide(costs(2e-3)) == PROCESS  # predicted 1.2 ms: the first calls looked dear
+    assert _acted(policy, 1.7e-3) == INLINE  # inline's 2 ms is within 1.3x: worth a window
+    assert _acted(policy, 1.0e-3) == INLINE  # it measured faster: it stays
+    other = Policy(KINDS, 2)
+    other.decide(costs(2e-3))
+    assert _acted(other, 1.2e-3) == PROCESS  # 2 ms is 1.7x: a clear loss, not worth a window
+
+
+def test_measurements_go_stale_and_costs_that_change_clear_them(monkeypatch):
+    clock = [0.0]
+    monkeypatch.setattr(policy_module.time, "monotonic", lambda: clock[0])
+    policy = Policy(KINDS, 2)
+    policy.decide(costs(2e-3))
+    assert _acted(policy, 5e-3) == INLINE  # a busy moment made processes look slow
+    assert policy.measured == {PROCESS: 5e-3}
+    clock[0] = policy_module.STALE_S + 1
+    assert policy.measured == {}  # the next window's measurement decides, not that moment
+    _acted(policy, 2e-3)
+    assert policy.rebase(costs(2e-6)) == INLINE and policy.measured == {}
+
+
+def test_a_policy_needs_known_candidates():
+    with pytest.raises(ValueError):
+        Policy(("gpu",), 2)
+    with pytest.raises(ValueError):
+        Policy((), 2)
+    with pytest.raises(RuntimeError):
+        Policy(KINDS, 2).review(1.0)
+
+
+def test_the_message_cost_is_what_pools_measured(monkeypatch):
+    monkeypatch.setattr(policy_module, "_observed_message_s", None)
+    calls = CallCosts(300e-6, 300e-6, 0.0, 10e-6)
+    before = predict(calls, PROCESS, 2)
+    policy_module.observe_message_cost(1e-3)  # results turned out dear here
+    assert policy_module.message_cost() == 1e-3 and predict(calls, PROCESS, 2) > before
+    assert choose(calls, 2, KINDS) == INLINE
+
+
+def test_reads_that_wait_overlap_on_the_threads_of_worker_processes_too():
+    reads = CallCosts(340e-6, 30e-6, 0.91, 0.0, handoff_s=10e-6, message_s=5e-6)  # 5 ms every 16 records
+    assert workers(reads, PROCESS, 2) == 4  # one process a read in flight: the most is twice the cores
+    pooled = CallCosts(340e-6, 30e-6, 0.91, 0.0, handoff_s=10e-6, message_s=5e-6, threads_in_workers=True)
+    assert workers(pooled, PROCESS, 2) == workers(pooled, THREAD, 2) > 4
+    assert choose(reads, 2, (THREAD, PROCESS)) == THREAD
+    assert choose(pooled, 2, (THREAD, PROCESS), margin=policy_module.READERS_MARGIN) == PROCESS
+
+
+def test_a_move_that_costs_the_same_either_way_needs_the_margin_either_way():
+    reads = CallCosts(200e-6, 200e-6, 0.0, 0.0, handoff_s=2e-6, message_s=5e-6, threads_in_workers=True)
+    measured = {THREAD: 30e-6, PROCESS: 40e-6}  # threads measured faster, but not 1.5x
+    assert choose(reads, 2, (THREAD, PROCESS), measured, current=PROCESS) == THREAD  # the usual rule
+    margin = policy_module.READERS_MARGIN
+    assert choose(reads, 2, (THREAD, PROCESS), measured, PROCESS, margin, move_margin=margin) == PROCESS
+    faster = {THREAD: 20e-6, PROCESS: 40e-6}
+    assert choose(reads, 2, (THREAD, PROCESS), faster, PROCESS, margin, move_margin=margin) == THREAD
+
+
+def test_a_prefetch_keeps_its_thread_only_where_it_is_measured_faster_by_the_margin():
+    from torchpipe.runtime.placement.policy import MARGIN, choose_overlap
+
+    # Inline not measured: tried where its guess comes within the margin of the thread's measure.
+    assert choose_overlap(THREAD, {THREAD: 1e-5}, 1e-6, retry_thread=False) == INLINE
+    assert choose_overlap(THREAD, {THREAD: 1e-3}, 1e-3 * MARGIN * 1.01, retry_thread=False) == THREAD
+    # The thread not measured: tried again only where the consumer changed.
+    assert choose_overlap(INLINE, {INLINE: 1e-3}, 1e-3, retry_thread=False) == INLINE
+    assert choose_overlap(INLINE, {INLINE: 1e-3}, 1e-3, retry_thread=True) == THREAD
+    # Both measured: the thread must be MARGIN times faster.
+    assert choose_overlap(INLINE, {INLINE: 1e-3, THREAD: 0.95e-3}, 1e-3, retry_thread=True) == INLINE
+    assert choose_overlap(INLINE, {INLINE: 1e-3, THREAD: 0.5e-3}, 1e-3, retry_thread=True) == THREAD
+
+
+def test_the_bytes_a_result_moves_are_priced_at_the_machines_copy_rate(monkeypatch):
+    """A cheap call whose result is large (64 KB blobs, 2 MB a batch) stays in this process: each
+    side of a move copies the bytes at the memory bandwidth, which a decode measured on a hot
+    record (in the cache) understates."""
+    monkeypatch.setattr(policy_module, "byte_seconds", lambda: 1 / 20e9)  # 20 GB/s
+    hot = costs(400e-6, move_s=40e-6)  # the decode of a hot 2 MB record
+    assert choose(hot, 2, KINDS) == PROCESS  # unpriced, processes look faster
+    blobs = dataclasses.replace(hot, nbytes=2 << 20)
+    assert choose(blobs, 2, KINDS) == INLINE
+    assert transfer_seconds(blobs) == pytest.approx((2 << 20) / 20e9)
+    small = dataclasses.replace(hot, nbytes=64 << 10)  # fits a core's cache: the decode as measured
+    assert transfer_seconds(small) == 40e-6
+
+
+def test_a_pass_keeps_worker_processes_only_where_they_may_pay():
+    cheap = costs(20e-6)
+    assert may_pay(PROCESS, None, None, {}, 2)  # nothing learned yet
+    assert may_pay(PROCESS, PROCESS, cheap, {}, 2)
+    assert not may_pay(PROCESS, INLINE, cheap, {INLINE: 25e-6}, 2)
+    dear = costs(20e-3)  # Python calls processes spread over the cores
+    assert may_pay(PROCESS, INLINE, dear, {INLINE: 20e-3}, 2)
+    assert not may_pay(PROCESS, INLINE, dear, {INLINE: 20e-3, PROCESS: 30e-3}, 2)  # tried: slower
+
+
+def test_one_busy_window_does_not_move_the_calls():
+    """Other work only slows a window down: an executor's time is the fastest of its last windows."""
+    policy = Policy(KINDS, 2)
+    calls = costs(180e-6, move_s=60e-6)
+    assert policy.decide(calls) == INLINE
+    assert policy.review(200e-6) == INLINE
+    assert policy.review(290e-6) == INLINE  # a busy moment: processes are predicted ~0.2 ms
+    assert policy.measured[INLINE] == 200e-6
+    for _ in range(3):  # slower for good: the older, faster windows age out
+        verdict = policy.review(400e-6)
+    assert policy.measured[INLINE] == 400e-6 and verdict != INLINE

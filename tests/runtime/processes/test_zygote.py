@@ -1,0 +1,83 @@
+import os
+import signal
+import time
+
+import pytest
+
+from tests.processes import wait_dead
+from torchpipe.runtime.processes.channel import Channel
+from torchpipe.runtime.processes.zygote import Zygote, describe_exit
+
+CAPTURED = {"value": 0}
+
+
+def echo_worker(channel: Channel, worker_id: int) -> None:
+    channel.send(("hello", worker_id, os.getpid(), os.getppid(), CAPTURED["value"]))
+    message, _ = channel.recv()
+    if message == "crash":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_workers_are_forked_from_the_zygote_with_its_memory():
+    CAPTURED["value"] = 42  # set before the zygote forks: workers see it without pickling
+    zygote = Zygote(echo_worker, "test")
+    try:
+        pid, channel = zygote.spawn(7)
+        assert channel.poll(10)
+        message, _ = channel.recv()
+        assert message == ("hello", 7, pid, zygote.pid, 42)
+        channel.send("crash")
+        status = zygote.exit_status(pid, timeout=5)
+        assert status is not None and describe_exit(status) == "killed by SIGKILL"
+        channel.close()
+    finally:
+        zygote.close()
+    assert wait_dead([zygote.pid]) == []
+
+
+def test_closing_the_zygote_kills_its_workers():
+    zygote = Zygote(echo_worker, "test")
+    pid, channel = zygote.spawn(0)
+    assert channel.poll(10)
+    zygote.close()
+    assert wait_dead([pid]) == []
+    channel.close()
+    with pytest.raises(RuntimeError, match="gone"):
+        zygote.spawn(1)
+
+
+def test_describe_exit():
+    assert describe_exit(3 << 8) == "exited with code 3"
+    assert describe_exit(signal.SIGSEGV) == "killed by SIGSEGV"
+
+
+def _wait_status(pid: int, timeout: float) -> int:
+    """The ``waitpid`` status of child ``pid``; raises TimeoutError if it still runs after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        time.sleep(0.01)
+    raise TimeoutError(f"process {pid} still runs after {timeout} s")
+
+
+def test_workers_and_the_zygote_end_of_sigterm_where_the_parent_has_a_handler():
+    # A training script catches SIGTERM to save a checkpoint; the zygote forked after that must
+    # not inherit the handler, or a worker sent SIGTERM on its own would live on, ignoring it.
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    try:
+        zygote = Zygote(echo_worker, "test")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    try:
+        pid, channel = zygote.spawn(0)
+        assert channel.poll(10)
+        os.kill(pid, signal.SIGTERM)
+        status = zygote.exit_status(pid, timeout=10)
+        assert status is not None and describe_exit(status) == "killed by SIGTERM"
+        channel.close()
+        os.kill(zygote.pid, signal.SIGTERM)
+        assert describe_exit(_wait_status(zygote.pid, timeout=10)) == "killed by SIGTERM"
+    finally:
+        zygote.close()

@@ -1,0 +1,329 @@
+"""Where a stage's calls run: the one rule that map, interleave and the DataLoader share.
+
+A call can run **inline** (on the consumer's thread, when the consumer asks for its element), on
+**threads** of this process, or in worker **processes**. Which is fastest follows from a few
+measured costs (:class:`CallCosts`): what one call costs (wall and CPU time), the share of it
+during which the GIL is free, what it costs this process to receive a result from a worker, and
+the consumer's own time per element. :func:`predict` turns them into seconds per element for each
+executor; :func:`choose` takes the fastest, where a dearer executor (threads over inline, processes
+over threads: start-up, memory) must win by ``MARGIN``.
+
+The prediction is only as good as the costs it is given. So a running stage measures what the
+executor it chose really delivers, and :class:`Policy` re-decides from the measurements: a time
+measured on an executor replaces its prediction, and a stage whose call costs change (a workload
+that gets dearer mid-epoch) is predicted afresh. docs/executors.md states the rule in prose.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+import time
+
+from torchpipe.runtime.placement.memory_costs import CACHED_BYTES, byte_seconds
+
+INLINE, THREAD, PROCESS = "inline", "thread", "process"
+KINDS = (INLINE, THREAD, PROCESS)
+RAY = "ray"
+"""Ray actors (``runtime/ray/pool.py``): only where a stage asks for them, never the policy's pick."""
+
+MARGIN = 1.15
+"""How much faster a dearer executor must be predicted (or measured) to be chosen."""
+READERS_MARGIN = 1.5
+"""The same for moving an interleave's readers to the other pool, either way: every open reader
+re-opens its inner dataset there, which for a stream that resumes by reading from its start costs
+what it read."""
+HANDOFF_S = 10e-6
+"""This process's cost of one call on a thread: queueing it and taking its result (measured
+8-12 us with the GIL contended)."""
+MESSAGE_S = 100e-6
+"""This process's cost of one result from a worker besides decoding it (the socket messages, the
+wake-ups, the bookkeeping) until a pool has measured it (:func:`observe_message_cost`): measured
+100-150 us of CPU on the 2-core CI machine, where the syscalls of a wake-up dominate."""
+_observed_message_s: float | None = None
+MAX_THREADS = 64
+"""The most threads a stage runs (calls that wait on I/O want many)."""
+EXPLORE = 1.1
+"""An executor not measured yet is tried when predicted this much faster than the current one measured."""
+EXPLORE_INLINE = 1 / 1.3
+"""Inline is tried even when predicted up to 1.3x slower: trying it costs nothing to start, and its
+prediction comes from the first calls, which pay for warm-up (fresh memory for every result they
+keep: the dict rows of the ``records`` benchmark took 1.8 ms a batch then, 0.95 ms later). Not
+further: a window of calls that are clearly faster elsewhere (JPEG batches: 1.6x on processes)
+costs a second of throughput."""
+THREAD_FREE_SHARE = 0.5
+"""The GIL-free share of a call from which threads start to overlap it (fully at 1)."""
+WAITS_FOR_MORE = 1.5
+"""Calls whose wall time is this many times their CPU time get more threads or processes than cores."""
+WINDOWS_KEPT = 3
+"""An executor's time per element is the fastest of its last this many windows: other work on
+the machine only ever slows a window down, so one busy window must not move the calls."""
+STALE_S = 10.0
+"""A time measured on an executor longer ago than this no longer stands in for its prediction (a
+busy moment must not rule an executor out for good)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CallCosts:
+    """What one call costs, measured.
+
+    Attributes:
+        call_s: wall seconds of one call, run alone on this process's thread.
+        cpu_s: CPU seconds of it (``call_s`` less its waits on I/O).
+        gil_free: the share of the call during which the GIL was free (0 to 1): C code that
+            releases it (decoding, numpy, torch, I/O) against Python.
+        move_s: seconds this process spends receiving one result from a worker process
+            (decoding it, besides :data:`MESSAGE_S`); a worker spends about as much encoding it.
+            Measured on a record in this process's cache, so at least what copying ``nbytes``
+            costs at the machine's memory bandwidth is counted on each side.
+        consumer_s: the consumer's own seconds per element, between two of its requests.
+        thread_safe: whether calls may run on threads at all (reproducibility: a call that
+            draws from the global RNGs, in a stage that must reproduce them, may not).
+        handoff_s: this process's cost of one call on a thread (:data:`HANDOFF_S` unless measured).
+        message_s: this process's cost of one result from a worker besides decoding it; None: what
+            pools in this process measured (:func:`message_cost`). Less where results travel many
+            to a message.
+        threads_in_workers: worker processes run several calls at once on threads of their own
+            (an interleave's readers), so calls that wait overlap there as on threads.
+        most: the calls the stage runs at once, where the user fixed it (None: as many as pay).
+        nbytes: the bytes of one result a move between processes copies on each side (its
+            blobs and pickled data; tensor and array data is written once and viewed).
+    """
+
+    call_s: float
+    cpu_s: float
+    gil_free: float
+    move_s: float
+    consumer_s: float = 0.0
+    thread_safe: bool = True
+    handoff_s: float = HANDOFF_S
+    message_s: float | None = None
+    threads_in_workers: bool = False
+    most: int | None = None
+    nbytes: int = 0
+
+    def without_threads(self) -> CallCosts:
+        """These costs, for calls that must not run on threads."""
+        return dataclasses.replace(self, thread_safe=False)
+
+
+def observe_message_cost(seconds: float) -> None:
+    """What a process pool measured one result to cost this process (its CPU per result)."""
+    global _observed_message_s
+    previous = _observed_message_s
+    _observed_message_s = seconds if previous is None else 0.5 * (previous + seconds)
+
+
+def message_cost() -> float:
+    """This process's cost of one result from a worker: as pools here measured it, else :data:`MESSAGE_S`."""
+    return _observed_message_s if _observed_message_s is not None else MESSAGE_S
+
+
+def workers(costs: CallCosts, kind: str, cores: int) -> int:
+    """How many threads or processes to start with: one a core, more for calls that mostly wait
+    (wall time 1.5x their CPU time or more: a little waiting is page faults and contention, and
+    a process too many holds its share of results in memory for nothing)."""
+    if kind == INLINE:
+        return 0
+    waits = costs.call_s / max(costs.cpu_s, costs.call_s * 0.05, 1e-9)  # wall per CPU second
+    wanted = math.ceil(cores * waits) if waits >= WAITS_FOR_MORE else cores
+    if costs.most is not None:
+        wanted = min(wanted, costs.most)
+    if kind == THREAD or costs.threads_in_workers:
+        return max(1, min(MAX_THREADS, wanted))
+    return max(1, min(2 * cores, wanted))
+
+
+def predict(costs: CallCosts, kind: str, cores: int) -> float:
+    """Seconds per element the consumer gets from ``kind`` at steady state.
+
+    Inline, a call and the consumer take turns. On threads, calls overlap but their GIL-held part
+    (and the hand-off) does not, nor the consumer's Python; all CPU shares ``cores``. On
+    processes, this process receives every result, and the workers encode them: each side
+    copies the result's bytes at least at the machine's memory bandwidth (:func:`transfer_seconds`).
+    """
+    c = costs
+    if kind == INLINE:
+        return c.call_s + c.consumer_s
+    n = workers(c, kind, cores)
+    if kind == THREAD:
+        # Short GIL releases (a call made of many small C operations) do not let another thread
+        # run: it waits its turn for a switch interval. Only the free share above half a call
+        # counts, ramping to all of it at 1 (JPEG batches, 0.67 free: threads 15-25% slower than
+        # processes; calls waiting on I/O, ~1.0: threads overlap them fully).
+        free = max(0.0, (c.gil_free - THREAD_FREE_SHARE) / (1.0 - THREAD_FREE_SHARE))
+        held = min((1.0 - free) * c.call_s, c.cpu_s)  # a call waiting on I/O does not hold it
+        serial = held + c.handoff_s + c.consumer_s
+        cpu = c.cpu_s + c.handoff_s + c.consumer_s
+        return max(c.call_s / n, serial, cpu / cores)
+    move = transfer_seconds(c)
+    receive = (c.message_s if c.message_s is not None else message_cost()) + move
+    cpu = c.cpu_s + move + receive + c.consumer_s  # the worker encodes what this process decodes
+    return max((c.call_s + move) / n, receive + c.consumer_s, cpu / cores)
+
+
+def transfer_seconds(costs: CallCosts) -> float:
+    """Seconds each side spends moving one result between processes: decoding it as measured,
+    and, for a result larger than a core's cache, at least a copy of its bytes at the machine's
+    memory bandwidth (another core wrote them)."""
+    if costs.nbytes < CACHED_BYTES:
+        return costs.move_s
+    return max(costs.move_s, costs.nbytes * byte_seconds())
+
+
+def choose(
+    costs: CallCosts,
+    cores: int,
+    candidates: tuple[str, ...],
+    measured: dict[str, float] | None = None,
+    current: str | None = None,
+    margin: float = MARGIN,
+    move_margin: float | None = None,
+) -> str:
+    """The executor for ``costs``: the fastest of ``candidates``, where a dearer one (threads over
+    inline, processes over threads) must be ``margin`` times faster than the best cheaper one.
+
+    Args:
+        measured: seconds per element measured on executors already tried; they stand in for
+            the predictions.
+        current: the executor the stage runs on now: it is left only for a dearer one that is
+            ``margin`` times faster than it, or a cheaper one that is no slower.
+        margin: :data:`MARGIN`; more for a dear move (an interleave's readers: :data:`READERS_MARGIN`).
+        move_margin: how much faster any other executor must be to leave ``current`` for it,
+            cheaper or dearer, where leaving costs the same either way (None: the rule above).
+    """
+    measured = measured or {}
+    options = [k for k in KINDS if k in candidates and (k != THREAD or costs.thread_safe)]
+    if not options:
+        raise ValueError(f"no executor to choose from in {candidates!r}")
+    seconds = {kind: measured.get(kind, predict(costs, kind, cores)) for kind in options}
+    best = options[0]
+    for kind in options[1:]:
+        if seconds[kind] * margin < seconds[best]:
+            best = kind
+    if current in seconds and best != current:
+        dearer = KINDS.index(best) > KINDS.index(current)
+        needed = move_margin if move_margin is not None else margin if dearer else 1.0
+        if seconds[best] * needed >= seconds[current]:
+            return current
+    return best
+
+
+def may_pay(kind: str, current: str | None, costs: CallCosts | None, measured: dict[str, float], cores: int) -> bool:
+    """Whether a stage's next pass should keep ``kind`` among its executors, from what its
+    earlier passes learned (where its calls ran, their costs, the times measured): yes before
+    any decision, where they ran, or where predicted (or measured) within ``EXPLORE`` of where
+    they ran. A pass without worker processes forks no zygote (~10 ms to start and stop, and its
+    memory); it asks again at the next pass."""
+    if current is None or costs is None or current == kind:
+        return True
+    here = measured.get(current, predict(costs, current, cores))
+    return measured.get(kind, predict(costs, kind, cores)) * EXPLORE < here
+
+
+class Policy:
+    """The executor decisions of one stage: the first from measured call costs, then again after
+    every window of measurements on the executor it runs on.
+
+    A time measured on an executor (the fastest of its last :data:`WINDOWS_KEPT` windows)
+    replaces that executor's prediction. An executor that is predicted ``EXPLORE`` times faster
+    than the measured one, but not ``MARGIN`` times, is tried once (for a window), so a close call
+    is settled by measurement rather than by the model. Call costs that change (:meth:`rebase`)
+    make every measurement stale.
+
+    Args:
+        candidates: the executors this stage can run on (in :data:`KINDS`).
+        cores: the usable cores.
+    """
+
+    def __init__(self, candidates: tuple[str, ...], cores: int) -> None:
+        unknown = set(candidates) - set(KINDS)
+        if unknown or not candidates:
+            raise ValueError(f"executor candidates must be from {KINDS}, got {candidates!r}")
+        self.candidates = candidates
+        self.cores = cores
+        self.costs: CallCosts | None = None
+        self.kind: str | None = None
+        self._measured: dict[str, tuple[float, float]] = {}  # executor -> (seconds per element, when)
+        self._recent: dict[str, collections.deque[float]] = {}  # executor -> its last windows' seconds
+
+    @property
+    def measured(self) -> dict[str, float]:
+        """Seconds per element measured on each executor tried, within the last ``STALE_S``."""
+        now = time.monotonic()
+        return {kind: seconds for kind, (seconds, when) in self._measured.items() if now - when < STALE_S}
+
+    def decide(self, costs: CallCosts) -> str:
+        """The executor for a stage whose calls cost ``costs``; remembers both."""
+        self.costs = costs
+        self.kind = choose(costs, self.cores, self.candidates, self.measured, self.kind)
+        return self.kind
+
+    def rebase(self, costs: CallCosts) -> str:
+        """The calls now cost ``costs`` (another workload): forget what was measured, decide anew."""
+        self._measured.clear()
+        self._recent.clear()
+        return self.decide(costs)
+
+    def review(self, seconds_per_element: float) -> str:
+        """The executor after a window on the current one (``kind``), in which the consumer got an
+        element every ``seconds_per_element`` (its own work included: that is what executors are
+        compared by). The caller moves the calls, and sets ``kind``, when it acts on the verdict."""
+        if self.kind is None or self.costs is None:
+            raise RuntimeError("Policy.review() before decide()")
+        recent = self._recent.setdefault(self.kind, collections.deque(maxlen=WINDOWS_KEPT))
+        recent.append(seconds_per_element)
+        self._measured[self.kind] = (min(recent), time.monotonic())
+        measured = self.measured
+        choice = choose(self.costs, self.cores, self.candidates, measured, self.kind)
+        if choice == self.kind:
+            choice = self._worth_trying(measured) or choice
+        return choice
+
+    def alternative(self) -> str:
+        """The best executor other than inline, for a stage asked to run calls in parallel."""
+        parallel = tuple(k for k in self.candidates if k != INLINE) or (THREAD,)
+        costs = self.costs or CallCosts(1e-3, 1e-3, 0.0, 0.0)
+        return choose(costs, self.cores, parallel, self.measured)
+
+    def restore(self, costs: CallCosts, measured: dict[str, float], kind: str) -> None:
+        """Go on from what an earlier pass knew (:meth:`snapshot`)."""
+        now = time.monotonic()
+        self.costs, self.kind = costs, kind
+        self._measured = {k: (seconds, now) for k, seconds in measured.items()}
+        self._recent = {}
+
+    def _worth_trying(self, measured: dict[str, float]) -> str | None:
+        """An executor not measured lately, predicted ``EXPLORE`` times faster than the current one measured."""
+        assert self.kind is not None and self.costs is not None  # measured: a kind was chosen
+        here = measured[self.kind]
+        for kind in KINDS:
+            if kind in self.candidates and kind not in measured and (kind != THREAD or self.costs.thread_safe):
+                factor = EXPLORE_INLINE if kind == INLINE else EXPLORE
+                if predict(self.costs, kind, self.cores) * factor < here:
+                    return kind
+        return None
+
+
+def choose_overlap(current: str, measured: dict[str, float], inline_guess: float, retry_thread: bool) -> str:
+    """Where a prefetch runs its input, :data:`THREAD` (overlapped with the consumer) or
+    :data:`INLINE` (on the consumer's thread), after a window on ``current``.
+
+    Measured on both, the thread, dearer in CPU and memory, stays only where it was ``MARGIN``
+    times faster. Inline not measured (lately) is tried where its guess (the input's time per
+    element plus the consumer's own) comes within ``MARGIN`` of the thread's measure; the thread
+    not measured (lately) is tried again where ``retry_thread`` (the consumer changed since).
+
+    Args:
+        current: the mode the window ran in (in ``measured``).
+        measured: seconds per element the consumer got in each mode, within ``STALE_S``.
+        inline_guess: seconds per element predicted inline.
+        retry_thread: whether an inline prefetch should measure its thread again.
+    """
+    other = INLINE if current == THREAD else THREAD
+    if other not in measured:
+        if other == INLINE:
+            return INLINE if inline_guess < MARGIN * measured[current] else current
+        return THREAD if retry_thread else current
+    return THREAD if measured[THREAD] * MARGIN < measured[INLINE] else INLINE

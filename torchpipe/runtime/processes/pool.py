@@ -1,0 +1,459 @@
+"""Worker processes fed by central dispatch, returning results through shared-memory rings.
+
+The main process numbers tasks and hands each to the live worker with the fewest in flight (at most
+``PER_WORKER``, or the tasks a worker runs at once on its threads if more), so the pool can grow
+and shrink while it runs and a dead worker's tasks can go to its replacement. Each worker writes
+results into its own ring (:mod:`torchpipe.runtime.processes.shm_ring`); only ``(seq, offset, nbytes)``
+crosses the socket. The main process decodes each result as soon as its message arrives; its
+tensors and arrays view the ring record (no copy) and the record is reused once the last of them is
+freed, or, given an ``allocate`` hook (pinned memory), they are copied there and the record is
+reused at once.
+See ``docs/process_pool.md``.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import pickle
+import select
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from torchpipe.errors import WorkerError
+from torchpipe.runtime import codec
+from torchpipe.runtime.counts import COUNTS
+from torchpipe.runtime.executor import Result
+from torchpipe.runtime.processes.channel import Channel, ChannelClosed
+from torchpipe.runtime.processes.shm_ring import OneOffSegment, ShmRing, memfd_supported
+from torchpipe.runtime.processes.worker import MAX_RING_BYTES, run_worker, unpack_exception
+from torchpipe.runtime.processes.zygote import Zygote, ZygoteGone, describe_exit
+from torchpipe.runtime.routing import MAX_TASK_FAILURES, Task, TaskRouter
+from torchpipe.runtime.timing import CallTiming
+
+PER_WORKER = 4
+"""Tasks in flight per worker (more when each worker runs more tasks at once on threads)."""
+DEFAULT_RING_BYTES = 4 << 20
+
+
+class _Loans:
+    """Records of one ring lent out as the memory of decoded tensors and arrays.
+
+    A record is returned when the last tensor or array viewing it is freed (in whatever thread
+    that happens); the ring wants its records back in order, so a record returned early waits
+    for the older ones.
+    """
+
+    def __init__(self, ring: ShmRing) -> None:
+        self._ring = ring
+        self._lock = threading.Lock()
+        self._out: deque[tuple[int, int]] = deque()
+        self._returned: set[int] = set()
+
+    def lend(self, offset: int, nbytes: int) -> np.ndarray:
+        """A writable uint8 array over the record; the record is returned when it is freed."""
+        with self._lock:
+            view = self._ring.view(offset, nbytes, writable=True)
+            self._out.append((offset, nbytes))
+        base = np.frombuffer(view, np.uint8)
+        weakref.finalize(base, self._give_back, offset)
+        return base
+
+    @property
+    def ring(self) -> ShmRing:
+        return self._ring
+
+    def close(self) -> None:
+        """Close the ring (under the lock: a finalizer may be releasing on another thread)."""
+        with self._lock:
+            self._ring.close()
+
+    def _give_back(self, offset: int) -> None:
+        with self._lock:
+            self._returned.add(offset)
+            while self._out and self._out[0][0] in self._returned:
+                oldest, nbytes = self._out.popleft()
+                self._returned.discard(oldest)
+                if not self._ring.closed:
+                    self._ring.release(oldest, nbytes)
+
+
+class _Worker:
+    __slots__ = ("id", "slot", "pid", "channel", "rings", "tasks", "retiring")
+    ready = True  # takes tasks as soon as it is forked (the router asks)
+
+    def __init__(self, worker_id: int, slot: int, pid: int, channel: Channel) -> None:
+        self.id = worker_id
+        self.slot = slot  # 0..size-1: what the worker's code sees as its id; replacements inherit it
+        self.pid = pid
+        self.channel = channel
+        self.rings: list[_Loans] = []  # the worker's rings, by index
+        self.tasks: dict[int, Task] = {}  # in flight, by seq
+        self.retiring = False
+
+    def close(self) -> None:
+        self.channel.close()
+        for loans in self.rings:
+            loans.close()  # tensors still viewing a ring keep its mapping alive
+
+
+class ProcessPool:
+    """A resizable pool of worker processes forked from a zygote.
+
+    Create it before the pipeline starts threads: the constructor forks the zygote; ``start``
+    (or ``resize``) forks the workers from it. With ``fork_now=False`` the zygote is forked by
+    the first ``resize`` to workers instead (for a stage that will likely not use its pool; one
+    that forks it late forks a process that may run threads, as torch's DataLoader always does).
+
+    Args:
+        handler: ``handler(seq, payload) -> value``, run in the workers; it is inherited
+            through fork, never pickled.
+        size: number of workers.
+        name: the stage name, used in errors.
+        restart: replace a worker that dies and re-dispatch its tasks; if False, raise
+            :class:`WorkerError` instead.
+        ring_bytes: the size of each worker's first ring; a worker adds rings when results are
+            larger or held longer (``ring_limit`` in all), then takes one-off segments.
+        ring_limit: the most a worker's rings hold in all (``worker.MAX_RING_BYTES``; less
+            under a RAM budget: results beyond travel in one-off segments, freed once used).
+        keep_freed: workers keep the memory they free for reuse (no page faults for the next
+            large result; their memory stays at its peak); False under a RAM budget.
+        allocate: where decoded tensors land (``allocate(shape, dtype)``), e.g. pinned memory.
+        timing: where the workers' task costs are added up (each result message carries them).
+        threads: how many tasks each worker runs at once, on threads of its own (for tasks
+            that wait on I/O). With more than 1 the handler is called concurrently from several
+            threads of a worker, so it must be thread-safe; with 1 tasks run in order on the
+            worker's main thread.
+
+        fork_now: fork the zygote now (else at the first worker).
+
+    Raises:
+        ValueError: if ``threads`` is not an int >= 1.
+    """
+
+    def __init__(
+        self,
+        handler: Callable[[int, Any], Any],
+        size: int,
+        name: str,
+        *,
+        restart: bool = True,
+        ring_bytes: int = DEFAULT_RING_BYTES,
+        ring_limit: int = MAX_RING_BYTES,
+        keep_freed: bool = True,
+        allocate: Callable[..., Any] | None = None,
+        timing: CallTiming | None = None,
+        threads: int = 1,
+        fork_now: bool = True,
+    ) -> None:
+        self.name = name
+        self._threads = self._check_threads(threads)
+        self.timing = timing if timing is not None else CallTiming()
+        self._restart = restart
+        self._allocate = allocate
+        self._worker_main = functools.partial(run_worker, handler=handler, ring_capacity=ring_bytes,
+                                              ring_limit=ring_limit, keep_freed=keep_freed)  # fmt: skip
+        self._zygote: Zygote | None = Zygote(self._worker_main, name) if fork_now else None
+        self._workers: dict[int, _Worker] = {}
+        self._router = TaskRouter()
+        self._unsent: list[Result] = []
+        self._next_id = 0
+        self._size = size
+        self._main_cpu_s = 0.0  # this process's CPU in submit() and collect(), for message_seconds()
+        self._received = 0
+
+    def start(self) -> None:
+        """Spawn the workers (the zygote is already running)."""
+        self.resize(self._size)
+
+    @property
+    def capacity(self) -> int:
+        return self._size * self._per_worker
+
+    @property
+    def threads(self) -> int:
+        """How many tasks each worker runs at once."""
+        return self._threads
+
+    def set_threads(self, n: int) -> None:
+        """Let each worker run ``n`` tasks at once, on threads of its own, from now on.
+
+        Live workers are told at once; workers spawned later get ``n`` before any task. With
+        ``n > 1`` the handler is called concurrently from several threads of a worker.
+
+        Raises:
+            ValueError: if ``n`` is not an int >= 1.
+        """
+        if self._check_threads(n) == self._threads:
+            return  # live workers have it; new ones get it when spawned
+        self._threads = n
+        for worker in list(self._workers.values()):
+            self._send_threads(worker)
+        self._dispatch()
+
+    @property
+    def size(self) -> int:
+        """The number of workers asked for (retiring ones finish their tasks first)."""
+        return self._size
+
+    @property
+    def pids(self) -> list[int]:
+        return [w.pid for w in self._workers.values() if not w.retiring]
+
+    @property
+    def process_ids(self) -> list[int]:
+        """The workers' pids and the zygote's: the processes the pool holds memory in."""
+        zygote = [self._zygote.pid] if self._zygote is not None else []
+        return [w.pid for w in self._workers.values()] + zygote
+
+    @property
+    def ring_bytes(self) -> int:
+        """The bytes of the workers' rings, as mapped here."""
+        return sum(loans.ring.capacity for w in self._workers.values() for loans in w.rings)
+
+    def submit(self, seq: int, payload: Any, slot: int | None = None, prefer: int | None = None) -> None:
+        """Queue a task for the least busy worker, or for the worker in ``slot`` (in order).
+
+        ``prefer`` names a slot whose worker should run the task when it has one (it may hold
+        state from earlier tasks, e.g. an open file); the task waits for that worker while it is
+        busy and goes to the least busy one only when the slot has no worker (after a shrink).
+        """
+        cpu = time.thread_time()
+        self._router.add(Task(seq, payload, slot, prefer))
+        self._dispatch()
+        self._main_cpu_s += time.thread_time() - cpu
+
+    def message_seconds(self) -> float | None:
+        """This process's CPU time per result so far: sending the task, waking up, receiving and
+        decoding the result (what a task costs here besides the work); None before 32 results."""
+        return self._main_cpu_s / self._received if self._received >= 32 else None
+
+    def collect(self, timeout: float) -> list[Result]:
+        """Results that arrived, copied out of shared memory; waits up to ``timeout`` s."""
+        cpu = time.thread_time()
+        try:
+            return self._collect(timeout)
+        finally:
+            self._main_cpu_s += time.thread_time() - cpu
+
+    def _collect(self, timeout: float) -> list[Result]:
+        results, self._unsent = self._unsent, []
+        channels = {w.channel.fileno(): w for w in self._workers.values()}
+        ready, _, _ = select.select(list(channels), [], [], 0 if results else timeout)
+        for fd in ready:
+            worker = channels[fd]
+            try:
+                while worker.id in self._workers and worker.channel.poll(0):
+                    message, fds = worker.channel.recv()
+                    self._handle(worker, message, fds, results)
+            except ChannelClosed:
+                self._on_exit(worker)
+        self._dispatch()
+        self._received += len(results)
+        return results
+
+    def holds(self, seq: int) -> bool:
+        """Whether task ``seq`` is queued here or running in a worker."""
+        return (
+            any(seq in w.tasks for w in self._workers.values())
+            or self._router.holds(seq)
+            or any(r[0] == seq for r in self._unsent)
+        )
+
+    def where(self, seq: int) -> str:
+        """The worker running task ``seq``, for errors."""
+        worker = next((w for w in self._workers.values() if seq in w.tasks), None)
+        return f"worker process {worker.pid}" if worker is not None else "the process pool's queue"
+
+    def resize(self, size: int) -> None:
+        """Grow by spawning workers; shrink by retiring some once their tasks are done. At 0 the
+        pool is parked: no workers, its zygote ready to fork them again."""
+        if size < 0:
+            raise ValueError(f"{self.name}: pool size must be >= 0, got {size}")
+        self._size = size
+        live = [w for w in self._workers.values() if not w.retiring]
+        taken = {w.slot for w in live}
+        for slot in [s for s in range(size + len(live)) if s not in taken][: max(0, size - len(live))]:
+            self._spawn(slot)
+        for worker in sorted(live, key=lambda w: -w.slot)[: max(0, len(live) - size)]:
+            worker.retiring = True
+            self._retire_if_idle(worker)
+        self._dispatch()
+
+    def release_zygote(self) -> bool:
+        """Stop the zygote of a pool with no workers left (its copies of the pages this process
+        rewrote since the fork are memory held for nothing); the next worker forks a new one.
+        Whether it was stopped."""
+        if self._workers or self._zygote is None:
+            return False
+        self._zygote.close()
+        self._zygote = None
+        return True
+
+    def close(self) -> None:
+        """Kill the zygote and every worker; idempotent."""
+        if self._zygote is not None:
+            self._zygote.close()
+        for worker in self._workers.values():
+            worker.close()
+        self._workers.clear()
+        self._router.clear()
+
+    # -- internals --------------------------------------------------------------------------
+    @property
+    def _per_worker(self) -> int:
+        return max(PER_WORKER, self._threads)
+
+    def _check_threads(self, n: int) -> int:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"{self.name}: threads per worker must be an int >= 1, got {n!r}")
+        return n
+
+    def _send_threads(self, worker: _Worker) -> None:
+        try:
+            worker.channel.send(("threads", self._threads))
+        except ChannelClosed:
+            pass  # it died: collect() sees its channel close and replaces it
+
+    def _spawn(self, slot: int) -> None:
+        worker_id = self._next_id
+        self._next_id += 1
+        if self._zygote is None or not self._zygote.alive():
+            self._replace_zygote()
+        try:
+            pid, channel = self._live_zygote().spawn(slot)
+        except ZygoteGone:  # killed, but not yet reaped when alive() looked
+            self._replace_zygote()
+            pid, channel = self._live_zygote().spawn(slot)
+        worker = _Worker(worker_id, slot, pid, channel)
+        self._workers[worker_id] = worker
+        if self._threads > 1:  # before any task; with 1 the worker runs tasks inline already
+            self._send_threads(worker)
+
+    def _replace_zygote(self) -> None:
+        """Fork a zygote where there is none yet (``fork_now=False``) or someone killed it (its
+        workers died with it: it is reaped first). The main process may run threads by now;
+        forking it is what torch's DataLoader always does."""
+        if self._zygote is not None:
+            self._zygote.close()
+        self._zygote = Zygote(self._worker_main, self.name)
+
+    def _live_zygote(self) -> Zygote:
+        assert self._zygote is not None  # _spawn forked one
+        return self._zygote
+
+    def _dispatch(self) -> None:
+        """Hand queued tasks to workers (:class:`TaskRouter`'s rule), several per message."""
+        plan: dict[int, list[Task]] = {}
+        for worker, task in self._router.route(self._workers.values(), self._per_worker):
+            plan.setdefault(worker.id, []).append(task)
+        for worker_id, batch in plan.items():
+            if worker_id in self._workers:
+                self._send_tasks(self._workers[worker_id], batch)
+
+    def _send_tasks(self, worker: _Worker, batch: list[Task]) -> None:
+        worker.tasks.update((task.seq, task) for task in batch)
+        try:
+            worker.channel.send(("tasks", [(task.seq, task.payload) for task in batch]))
+        except ChannelClosed:
+            self._on_exit(worker)
+        except (pickle.PicklingError, TypeError, AttributeError):
+            again = []
+            for task in batch:  # find the culprits; queue the others again
+                del worker.tasks[task.seq]
+                try:
+                    pickle.dumps(task.payload, protocol=pickle.HIGHEST_PROTOCOL)
+                except Exception as e:  # noqa: BLE001 - reported as this element's error
+                    self._unsent.append((task.seq, None, _unpicklable_input(self.name, task.seq, e)))
+                else:
+                    again.append(task)
+            self._router.requeue(again)
+
+    def _handle(self, worker: _Worker, message: tuple, fds: list[int], results: list[Result]) -> None:
+        kind = message[0]
+        if kind == "ring_added":
+            worker.rings.append(_Loans(ShmRing.attach(fds[0])))
+            return
+        seq = message[1]
+        start, wall_s, cpu_s, counts = message[-4:]
+        self.timing.add(wall_s, cpu_s, start=start, where=f"worker {worker.slot} (pid {worker.pid})", pid=worker.pid)
+        COUNTS.add_tally(counts)
+        worker.tasks.pop(seq, None)
+        self._router.done(seq)
+        if kind == "ring":
+            results.append((seq, self._decode_record(worker.rings[message[2]], message[3], message[4]), None))
+        elif kind == "segment":
+            results.append((seq, self._decode_segment(fds[0], message[2]), None))
+        else:
+            results.append((seq, None, unpack_exception(message[2], worker.pid)))
+        self._retire_if_idle(worker)
+
+    def _decode_record(self, ring: _Loans, offset: int, nbytes: int) -> Any:
+        """The result in a ring record: tensors view the record, or are copied to ``allocate``."""
+        base = ring.lend(offset, nbytes)
+        if self._allocate is None:
+            return codec.decode_view(base)
+        return codec.decode(base, allocate=self._allocate)  # a copy: the record goes back at once
+
+    def _decode_segment(self, fd: int, nbytes: int) -> Any:
+        segment = OneOffSegment.attach(fd, nbytes)
+        if self._allocate is not None:
+            try:
+                return codec.decode(segment.buffer, allocate=self._allocate)
+            finally:
+                segment.close()
+        base = np.frombuffer(segment.buffer, np.uint8)
+        weakref.finalize(base, segment.close)
+        return codec.decode_view(base)
+
+    def _retire_if_idle(self, worker: _Worker) -> None:
+        if worker.retiring and not worker.tasks:
+            try:
+                worker.channel.send(("stop",))
+            except ChannelClosed:
+                pass
+            worker.close()
+            del self._workers[worker.id]
+
+    def _on_exit(self, worker: _Worker) -> None:
+        """A worker's channel closed: it died. Re-dispatch its tasks, or raise."""
+        status = self._live_zygote().exit_status(worker.pid, timeout=1.0)
+        how = describe_exit(status) if status is not None else "exited"
+        worker.close()
+        del self._workers[worker.id]
+        lost = sorted(worker.tasks.values(), key=lambda task: task.seq)
+        if not self._restart:
+            raise WorkerError(f"{self.name}: worker process {worker.pid} {how}", worker.pid, how)
+        for task in lost:
+            if self._router.failed(task.seq):
+                raise WorkerError(
+                    f"{self.name}: element {task.seq} killed {MAX_TASK_FAILURES} worker processes "
+                    f"(the last, pid {worker.pid}, {how})",
+                    worker.pid,
+                    how,
+                )
+        self._router.requeue(lost)
+        if not worker.retiring:
+            self._spawn(worker.slot)
+
+
+def _unpicklable_input(stage: str, seq: int, error: Exception) -> TypeError:
+    exc = TypeError(
+        f"{stage}: input element {seq} could not be pickled to send it to a worker process ({error}). "
+        "Make the elements that reach this stage picklable (tensors, arrays, plain data), read them "
+        "inside the stage (tp.from_dataset(...).map(...) runs dataset[i] in the worker), or use "
+        "executor='thread'."
+    )
+    exc.__cause__ = error
+    return exc
+
+
+def process_executor_supported() -> bool:
+    """Whether this platform can run the process executor (fork and memfd: Linux)."""
+    return hasattr(os, "fork") and memfd_supported()
