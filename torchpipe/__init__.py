@@ -11,6 +11,7 @@ from torchpipe.ops.map import pure
 from torchpipe.options import AutotuneOptions, DistributeOptions, Options
 from torchpipe.randomness import rng
 from torchpipe.runtime.ray.executor import RayExecutor
+from torchpipe.shared_sequence import SharedSequence
 from torchpipe.sources import (
     choose_from_datasets,
     from_dataset,
@@ -36,6 +37,7 @@ __all__ = [
     "INFINITE",
     "Options",
     "RayExecutor",
+    "SharedSequence",
     "StallError",
     "TFRecordDataset",
     "UNKNOWN",
