@@ -65,8 +65,8 @@ class SharedSequence(Sequence):
 
     def _views(self) -> None:
         # memoryviews index and slice several times faster than numpy arrays do
-        self._bytes = memoryview(self._buffer)
-        self._bounds = memoryview(self._offsets)
+        self._bytes = self._buffer.data
+        self._bounds = self._offsets.data
 
     def __getstate__(self) -> dict[str, Any]:
         return {"kind": self._kind, "offsets": self._offsets, "buffer": self._buffer}
