@@ -16,10 +16,11 @@ settings.register_profile("dev", max_examples=500, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def ray_cluster():
     """A local Ray cluster on 127.0.0.1: 2 CPUs, no dashboard, a small object store; shut down
-    at the end of the session. Actors kept warm between tests are killed first."""
+    after the tests of the package that asked for it (a cluster left running past them takes the
+    test process down with it when a later test kills a process group). Actors kept warm between tests are killed first."""
     ray = pytest.importorskip("ray")
     ray.init(
         num_cpus=2,
