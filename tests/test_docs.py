@@ -297,6 +297,19 @@ def test_blocks_are_found_and_their_markers_known() -> None:
         assert after is None or 0 < int(after or block.number - 1) < block.number, f"{block} continues nothing"
 
 
+def test_a_pipeline_a_block_leaves_is_iterated() -> None:
+    # docs/image.md's first block once built a pipeline whose map function took one argument:
+    # building it passed, its first element raised, so the test iterates what a block leaves.
+    block = Block("example.md", 1, 2, "ds = tp.from_tensor_slices(([1, 2], [3, 4])).map(lambda pair: pair)")
+    with pytest.raises(TypeError, match="positional argument"):
+        run(block, {"tp": tp})
+
+
+def test_the_readme_stays_under_300_lines() -> None:
+    lines = len((ROOT / "README.md").read_text().splitlines())
+    assert lines <= 300, f"README.md has {lines} lines: move the details to a page of docs/ and link it"
+
+
 def test_few_blocks_are_not_run() -> None:
     not_run = [f"{b}: {b.marker('not run')}" for b in BLOCKS if b.marker("not run") is not None]
     assert len(not_run) <= len(BLOCKS) // 4, "\n".join(not_run)
