@@ -297,6 +297,12 @@ def test_blocks_are_found_and_their_markers_known() -> None:
         assert after is None or 0 < int(after or block.number - 1) < block.number, f"{block} continues nothing"
 
 
+def test_every_block_compiles() -> None:
+    # Blocks that are not run here (or skipped for a missing module) are still Python.
+    for block in BLOCKS:
+        compile(block.code, str(block), "exec")
+
+
 def test_a_pipeline_a_block_leaves_is_iterated() -> None:
     # docs/image.md's first block once built a pipeline whose map function took one argument:
     # building it passed, its first element raised, so the test iterates what a block leaves.
