@@ -1,7 +1,7 @@
 """A preemptible training loop that tests/test_preemption.py runs in a subprocess and stops with SIGTERM.
 
 Run as ``python -m tests.preemption_child CASE STATE_PATH [--no-handler]``. With a handler (the
-recipe in README.md, "Preemption (SIGTERM)"), SIGTERM sets a flag; after the current batch the
+recipe in docs/dataloader.md, "Preemption (SIGTERM)"), SIGTERM sets a flag; after the current batch the
 loop saves the loader's (or the pipeline iterator's) state to ``STATE_PATH`` and exits 0. Where
 ``STATE_PATH`` exists the loop first loads it, so a second run finishes the epoch. Without a
 handler SIGTERM ends the process at once.
@@ -100,7 +100,7 @@ def _save(state: dict[str, Any], path: str) -> None:
 def run(case: str, state_path: str, handler: bool) -> int:
     """The training loop: one epoch, or up to SIGTERM where ``handler``; returns the exit code.
 
-    The "model" is the count of batches trained, saved with the loader's state as README.md's
+    The "model" is the count of batches trained, saved with the loader's state as docs/dataloader.md's
     recipe saves a model's, so a resume shows that the two were saved at the same batch.
     """
     stop = threading.Event()
