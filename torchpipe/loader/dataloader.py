@@ -34,7 +34,7 @@ from torchpipe.ops.device import DevicePrefetcher, check_device
 from torchpipe.options import AutotuneOptions
 from torchpipe.randomness import mix_seed, sampling_rng_state, set_sampling_rng_state
 from torchpipe.runtime.cpu import usable_cpu_count
-from torchpipe.runtime.placement.stage import prepare_measurements
+from torchpipe.runtime.placement.measure import prepare_measurements
 from torchpipe.runtime.processes.pool import process_executor_supported
 
 _FORK = ("fork", None)

@@ -47,8 +47,9 @@ from torchpipe.randomness import (
 from torchpipe.runtime.cpu import usable_cpu_count, voluntary_switches
 from torchpipe.runtime.dispatch import Dispatcher
 from torchpipe.runtime.executor import Executor, InlineExecutor, ThreadExecutor
+from torchpipe.runtime.placement.measure import measure_calls
 from torchpipe.runtime.placement.policy import INLINE, KINDS, PROCESS, THREAD, Policy, may_pay
-from torchpipe.runtime.placement.stage import Placement, measure_calls
+from torchpipe.runtime.placement.stage import Placement
 from torchpipe.runtime.processes.pool import ProcessPool
 from torchpipe.runtime.processes.worker import MAX_RING_BYTES
 
