@@ -11,10 +11,12 @@ runtime's dispatcher (bounded waits, the stall check, in order or as completed).
 - ``num_workers="auto"`` over a map-style dataset: the runtime's policy places the batches in
   this process (inline), on threads or on worker processes, from what the first batches cost, and
   moves them while the epoch runs when measurements say another place is faster; the autotuner
-  sizes the pool. Every batch's global RNGs are seeded from the epoch's base seed and the batch's
-  index, so with seeds set (a ``generator``, ``torch.manual_seed``) augmentation is the same on
-  every run wherever a batch was made; a dataset that draws from them then never runs on threads,
-  which share them (without seeds it may: docs/determinism.md).
+  sizes the pool. The executors, their moves and the knob are the runtime's auto stage
+  (:class:`~torchpipe.runtime.placement.auto_stage.AutoStage`), as for a parallel map. Every
+  batch's global RNGs are seeded from the epoch's base seed and the batch's index, so with seeds
+  set (a ``generator``, ``torch.manual_seed``) augmentation is the same on every run wherever a
+  batch was made; a dataset that draws from them then never runs on threads, which share them
+  (without seeds it may: docs/determinism.md).
 """
 
 from __future__ import annotations
