@@ -16,10 +16,9 @@ import operator
 import sys
 import warnings
 import weakref
-from typing import Any, TypeVar, cast
+from typing import Any, Protocol, TypeVar, cast, runtime_checkable
 
 import torch
-import torch.utils.data._utils.collate as torch_collate
 from torch.utils.data import dataloader as torch_dataloader
 from torch.utils.data._utils.pin_memory import pin_memory
 
@@ -28,13 +27,13 @@ from torchpipe.dataset import Dataset
 from torchpipe.errors import CheckpointError
 from torchpipe.loader.fetch import fetch_seeded
 from torchpipe.loader.rebuild import notice_read
-from torchpipe.loader.replicas import MAX_REPLICAS, io_replicas
+from torchpipe.loader.replicas import MAX_REPLICAS
 from torchpipe.loader.workers import WorkerIterator
 from torchpipe.ops.device import DevicePrefetcher, check_device
 from torchpipe.options import AutotuneOptions
 from torchpipe.randomness import mix_seed, sampling_rng_state, set_sampling_rng_state
 from torchpipe.runtime.cpu import usable_cpu_count
-from torchpipe.runtime.placement.stage import prepare_measurements
+from torchpipe.runtime.placement.measure import prepare_measurements
 from torchpipe.runtime.processes.pool import process_executor_supported
 
 _FORK = ("fork", None)
@@ -156,15 +155,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         return iterator
 
     def _get_iterator(self) -> Any:
-        if isinstance(self.dataset, Dataset):
-            # A torchpipe pipeline runs its own parallel stages; replicating it into workers
-            # would repeat its elements.
-            return _PipelineIterator(self)
-        if self.num_workers > 0 and _engine_can_run(self):
-            return WorkerIterator(self)
-        if self.num_workers == 0:
-            return _InlineIterator(self)
-        return super()._get_iterator()
+        route = _route(self)
+        return route(self) if route is not None else super()._get_iterator()
 
     def state_dict(self) -> dict[str, Any]:
         """Where the current epoch is: load it into a loader built the same way to get the rest.
@@ -194,9 +186,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         current = self._tp.current() if self._tp.current is not None else None
         if isinstance(current, DevicePrefetcher):
             current = current._source
-        if isinstance(current, _PipelineIterator):
-            return current.pipeline_stats()
-        if isinstance(current, WorkerIterator):
+        if isinstance(current, _Reports):  # the iterator the epoch runs on says what it does
             return current.stats()
         return self._tp.last_stats or PipelineStats([], 0.0, "", 0.0, [])  # the last pass, once it is gone
 
@@ -284,39 +274,35 @@ def _loader_lines(loader: torch.utils.data.DataLoader) -> list[str]:
         f"persistent_workers={loader.persistent_workers}, pin_memory={loader.pin_memory}",
         "As it will run:",
     ]
-    if isinstance(dataset, Dataset) and isinstance(loader, DataLoader):
-        lines.append("  the pipeline runs in this process with its own parallel stages (num_workers unused):")
-        lines.extend("    " + line for line in dataset.explain().splitlines())
-    elif not isinstance(loader, DataLoader):
+    if not isinstance(loader, DataLoader):
         lines.append("  torch's own iterator (torch.utils.data.DataLoader)")
-    elif loader.num_workers > 0 and _engine_can_run(loader):
-        fetch = "__getitems__" if hasattr(dataset, "__getitems__") else "dataset[i] per index"
-        auto, iterable = state is not None and state.workers_auto, isinstance(dataset, torch.utils.data.IterableDataset)
-        if iterable:
-            fetch = "the worker's replica's next items"
-        to_shm = (
-            " (tensors stacked straight into shared memory)"
-            if loader.collate_fn is torch_collate.default_collate
-            else ""
+    else:  # the iterator an epoch runs on says how it runs
+        route = _route(loader)
+        lines.extend(
+            route.describe(loader) if route is not None else ["  torch's own iterator (a spawn/forkserver context)"]
         )
-        if state is not None and auto and iterable:
-            cores = usable_cpu_count()
-            more = "" if state.replicas else f" ({io_replicas(cores)} where the first batches wait on I/O)"
-            count = state.replicas or 2 * cores
-            resized = f" running {count} replicas{more}, one a process where they wait, else in turn"
-        else:
-            resized = f" (resized by the autotuner: 1 to {2 * usable_cpu_count()})" if auto else ""
-        lines.append(
-            f"  {loader.num_workers} worker processes forked from a zygote{resized}; a task per batch: {fetch}, "
-            f"then {collate}{to_shm}; {loader.prefetch_factor or 2} batches in flight per worker, "
-            f"delivered {'in sampler order' if loader.in_order else 'as they finish'}; a dead worker is replaced"
-        )
-    else:
-        why = "num_workers=0" if loader.num_workers == 0 else "a spawn/forkserver context"
-        lines.append(f"  torch's own iterator ({why})")
     if state is not None and state.device is not None and state.device.type != "cpu":
         lines.append(f"  then copied to {state.device} ahead of use: pinned buffers, a side CUDA stream")
     return lines
+
+
+def _route(loader: DataLoader) -> type[_PipelineIterator | WorkerIterator | _InlineIterator] | None:
+    """The iterator class an epoch of ``loader`` runs on; None: torch's own (worker processes
+    started by a spawn/forkserver context, which torchpipe's workers cannot fork)."""
+    if isinstance(loader.dataset, Dataset):
+        # A torchpipe pipeline runs its own parallel stages; replicating it into workers
+        # would repeat its elements.
+        return _PipelineIterator
+    if loader.num_workers > 0 and _engine_can_run(loader):
+        return WorkerIterator
+    return _InlineIterator if loader.num_workers == 0 else None
+
+
+@runtime_checkable
+class _Reports(Protocol):
+    """An iterator that reports its epoch's stats (``loader.stats()`` asks it)."""
+
+    def stats(self) -> PipelineStats: ...
 
 
 def _fingerprint(loader: torch.utils.data.DataLoader) -> dict[str, Any]:
@@ -459,6 +445,11 @@ def _skip(iterator: Any, count: int) -> None:
 class _InlineIterator(torch_dataloader._SingleProcessDataLoaderIter):
     """torch's iterator for ``num_workers=0``, whose errors name the batch and the index that failed."""
 
+    @classmethod
+    def describe(cls, loader: DataLoader) -> list[str]:
+        """How an epoch of ``loader`` runs, for ``tp.explain(loader)``."""
+        return ["  torch's own iterator (num_workers=0)"]
+
     def _next_data(self) -> Any:
         seed = mix_seed(int(self._base_seed), self._num_yielded)  # tp.rng() for the batch
         data = fetch_seeded(seed, self._dataset_fetcher.fetch, self._next_index(), self._num_yielded)
@@ -471,6 +462,12 @@ class _PipelineIterator(torch_dataloader._BaseDataLoaderIter):
     def __init__(self, loader: DataLoader) -> None:
         super().__init__(loader)
         self._fetcher = self._make_fetcher()
+
+    @classmethod
+    def describe(cls, loader: DataLoader) -> list[str]:
+        """How an epoch of ``loader`` runs, for ``tp.explain(loader)``: its pipeline's own plan."""
+        lines = ["  the pipeline runs in this process with its own parallel stages (num_workers unused):"]
+        return lines + ["    " + line for line in cast(Dataset, loader.dataset).explain().splitlines()]
 
     def _make_fetcher(self) -> Any:
         return torch_dataloader._DatasetKind.create_fetcher(
@@ -485,6 +482,7 @@ class _PipelineIterator(torch_dataloader._BaseDataLoaderIter):
         data = self._fetcher.fetch(self._next_index())
         return pin_memory(data, self._pin_memory_device) if self._pin_memory else data
 
-    def pipeline_stats(self) -> PipelineStats:
+    def stats(self) -> PipelineStats:
+        """The pipeline's stats (every stage), this epoch."""
         pipeline = getattr(self._fetcher, "dataset_iter", None)
         return pipeline.stats() if pipeline is not None else PipelineStats([], 0.0, "", 0.0, [])

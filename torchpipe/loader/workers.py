@@ -11,10 +11,12 @@ runtime's dispatcher (bounded waits, the stall check, in order or as completed).
 - ``num_workers="auto"`` over a map-style dataset: the runtime's policy places the batches in
   this process (inline), on threads or on worker processes, from what the first batches cost, and
   moves them while the epoch runs when measurements say another place is faster; the autotuner
-  sizes the pool. Every batch's global RNGs are seeded from the epoch's base seed and the batch's
-  index, so with seeds set (a ``generator``, ``torch.manual_seed``) augmentation is the same on
-  every run wherever a batch was made; a dataset that draws from them then never runs on threads,
-  which share them (without seeds it may: docs/determinism.md).
+  sizes the pool. The executors, their moves and the knob are the runtime's auto stage
+  (:class:`~torchpipe.runtime.placement.auto_stage.AutoStage`), as for a parallel map. Every
+  batch's global RNGs are seeded from the epoch's base seed and the batch's index, so with seeds
+  set (a ``generator``, ``torch.manual_seed``) augmentation is the same on every run wherever a
+  batch was made; a dataset that draws from them then never runs on threads, which share them
+  (without seeds it may: docs/determinism.md).
 """
 
 from __future__ import annotations
@@ -22,8 +24,11 @@ from __future__ import annotations
 import time
 import weakref
 from collections import deque
-from typing import Any, cast
+from collections.abc import Callable
+from typing import Any
 
+import torch.utils.data._utils.collate as torch_collate
+from torch.utils.data import IterableDataset
 from torch.utils.data import dataloader as torch_dataloader
 from torch.utils.data._utils.pin_memory import pin_memory
 
@@ -35,7 +40,7 @@ from torchpipe.core.stats import IteratorStats, LiveKnob
 from torchpipe.core.tunable import POOL, Tunable
 from torchpipe.loader.fetch import DataLoader, Exhausted, FetchTask, LocalFetch
 from torchpipe.loader.memory import LoaderMemory, private_bytes, ring_limit
-from torchpipe.loader.replicas import MAX_REPLICAS, ReplicaPlan
+from torchpipe.loader.replicas import MAX_REPLICAS, ReplicaPlan, io_replicas
 from torchpipe.options import DEFAULT_STALL_TIMEOUT_S
 from torchpipe.randomness import (
     GLOBAL_RNGS,
@@ -46,9 +51,10 @@ from torchpipe.randomness import (
 )
 from torchpipe.runtime.cpu import usable_cpu_count, voluntary_switches
 from torchpipe.runtime.dispatch import Dispatcher
-from torchpipe.runtime.executor import Executor, InlineExecutor, ThreadExecutor
-from torchpipe.runtime.placement.policy import INLINE, KINDS, PROCESS, THREAD, Policy, may_pay
-from torchpipe.runtime.placement.stage import Placement, measure_calls
+from torchpipe.runtime.placement.auto_stage import AutoStage, StageCalls, pass_candidates
+from torchpipe.runtime.placement.measure import measure_calls
+from torchpipe.runtime.placement.policy import INLINE, KINDS, PROCESS, THREAD, Policy
+from torchpipe.runtime.placement.stage import Placement
 from torchpipe.runtime.processes.pool import ProcessPool
 from torchpipe.runtime.processes.worker import MAX_RING_BYTES
 
@@ -94,9 +100,9 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
         self._options, budget = state.autotune, state.autotune.ram_budget
         self._memory = LoaderMemory(budget) if budget is not None and state.workers_auto else None
         self._ring_limit = ring_limit(budget, most) if self._memory is not None else MAX_RING_BYTES
-        self._pool = self._new_pool(self._task, processes, fork_now=not self._auto)
+        self._pool = self._new_pool(self._task, 0 if self._auto else processes, fork_now=not self._auto)
         self._stage = _WorkersStage(self)
-        self._dispatch = Dispatcher(STAGE, self._pool, DEFAULT_STALL_TIMEOUT_S)
+        self._executors: AutoStage | None = None  # "auto": where batches are made, and the moves
         self._placement: Placement | None = None
         self._knob: LiveKnob | None = None
         # Batch k goes to worker (or replica) k % n: a replica's batches must, and fixed workers
@@ -105,12 +111,29 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
         if self._auto:
             self._start_auto(loader, most)
         else:
+            self._dispatch = Dispatcher(STAGE, self._pool, DEFAULT_STALL_TIMEOUT_S)
             self._pool.start()
         self._tuner: Autotuner | None = None
         self._tuner_stop: weakref.finalize | None = None
         self._epoch = -1
         self._seq = 0  # sequence numbers run on across epochs: late results of a broken-off
         self._start_epoch()  # epoch can never be taken for this one's
+
+    @classmethod
+    def describe(cls, loader: DataLoader) -> list[str]:
+        """How an epoch of ``loader`` runs on worker processes, for ``tp.explain(loader)``."""
+        state, dataset, collate_fn = vars(loader)["_tp"], loader.dataset, loader.collate_fn
+        iterable = isinstance(dataset, IterableDataset)
+        fetch = "__getitems__" if hasattr(dataset, "__getitems__") else "dataset[i] per index"
+        if iterable:
+            fetch = "the worker's replica's next items"
+        collate = getattr(collate_fn, "__name__", type(collate_fn).__name__)
+        to_shm = " (tensors stacked straight into shared memory)" if collate_fn is torch_collate.default_collate else ""
+        return [
+            f"  {loader.num_workers} worker processes forked from a zygote{_sizing(state, iterable)}; a task per "
+            f"batch: {fetch}, then {collate}{to_shm}; {loader.prefetch_factor or 2} batches in flight per worker, "
+            f"delivered {'in sampler order' if loader.in_order else 'as they finish'}; a dead worker is replaced"
+        ]
 
     def _new_pool(self, task: FetchTask, processes: int, fork_now: bool = True) -> ProcessPool:
         """Worker processes for ``task``; under a RAM budget their rings stay small and they
@@ -120,41 +143,32 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
                            keep_freed=not lean)  # fmt: skip
 
     def _start_auto(self, loader: DataLoader, most: int) -> None:
-        """``num_workers="auto"``: the policy (kept by the loader across epochs) places batches."""
+        """``num_workers="auto"``: the policy (kept by the loader across epochs) places batches, in
+        this process, on threads or on the worker processes, through the runtime's auto stage."""
         state = self._tp_state
         if state.policy is None:
             state.policy = Policy(KINDS, usable_cpu_count())
-        state.policy.candidates = KINDS if self._processes_may_pay() else (INLINE, THREAD)
+        policy = state.policy
+        policy.candidates = pass_candidates(inline=True, processes=True, last=policy.kind, costs=policy.costs,
+                                            measured=policy.measured, cores=policy.cores)  # fmt: skip
         drawn = state.drawn_rngs if state.drawn_rngs is not None else GLOBAL_RNGS  # all, until measured
         seed = int(self._base_seed)
         self._local = {INLINE: LocalFetch(loader, seed, drawn), THREAD: LocalFetch(loader, seed, ())}
         self._generator = loader.generator  # with the default generator's seed, whether draws must repeat
-        self._dispatch.switch(InlineExecutor(self._local[INLINE], self._pool.timing), _park)
-        self._placement = Placement(self._dispatch, self._make, state.policy, self._pool.timing,
-                                    self._moved, _park, state.learned)  # fmt: skip
-        self._knob = _workers_knob(self, 0, most)
+        calls = StageCalls(self._local[INLINE], self._local[THREAD], processes=self._processes)
+        self._executors = AutoStage(STAGE, calls, self._pool.timing, policy, learned=state.learned,
+                                    stall_s=DEFAULT_STALL_TIMEOUT_S, on_move=self._moved)  # fmt: skip
+        self._dispatch, self._placement = self._executors.dispatcher, self._executors.placement
+        self._knob = self._executors.add_knob(0, 0, most, apply=_resize_weakly(self))
 
-    def _processes_may_pay(self) -> bool:
-        """Whether this epoch may make batches on worker processes (``"auto"``): yes before the
-        first decision, and where the last epochs made them there or predicted them no slower."""
-        policy = self._tp_state.policy
-        if policy is None:
-            return True
-        return may_pay(PROCESS, policy.kind, policy.costs, policy.measured, policy.cores)
-
-    def _make(self, kind: str, workers: int) -> Executor:
-        if kind == INLINE:
-            return InlineExecutor(self._local[INLINE], self._pool.timing)
-        if kind == THREAD:
-            return ThreadExecutor(self._local[THREAD], workers, STAGE, self._pool.timing)
+    def _processes(self, workers: int) -> ProcessPool:
+        """The worker processes, ``workers`` of them (the zygote forked the first time)."""
         self._pool.resize(workers)
         return self._pool
 
     def _moved(self, kind: str, workers: int) -> None:
         self._tp_state.tuned_workers = workers
         self._num_workers = workers
-        if self._knob is not None:
-            self._knob.value = workers
 
     def _reset(self, loader: DataLoader, first_iter: bool = False) -> None:
         """The next epoch with the same (persistent) workers, as torch's iterator does."""
@@ -356,8 +370,8 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
         if self._knob is not None:
             self._knob.take_request()
         stats, started = self._stage.stats, time.perf_counter()
-        if self._placement is not None and self._placement.kind == INLINE and not self._dispatch.pending:
-            value, error, waited = self._fetch_here(), None, 0.0
+        if self._executors is not None and self._executors.runs_here():
+            value, error, waited = self._fetch_here(self._executors), None, 0.0
         else:
             value, error, waited = self._receive()
         stats.produced += 1
@@ -392,14 +406,14 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
             self._knob.maximum = fewer
         placement.cap(fewer)
 
-    def _fetch_here(self) -> Any:
+    def _fetch_here(self, executors: AutoStage) -> Any:
         """The next batch, made on this thread (inline, nothing in flight): no dispatch needed."""
         payload = self._next_payload()
         if payload is None:
             self._shutdown_if_done()
             raise StopIteration
         self._seq += 1
-        return cast(InlineExecutor, self._dispatch.executor).call(self._seq - 1, payload)
+        return executors.call_here(self._seq - 1, payload)
 
     def _receive(self) -> tuple[Any, BaseException | None, float]:
         """The next batch from the dispatcher (sent ahead to an executor): value, error, seconds waited."""
@@ -471,12 +485,15 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
                 closing.close()
 
 
-def _park(executor: Executor) -> None:
-    """Retire an executor the batches moved away from: a process pool keeps its zygote."""
-    if isinstance(executor, ProcessPool):
-        executor.resize(0)
-    else:
-        executor.close()
+def _sizing(state: Any, iterable: bool) -> str:
+    """How ``num_workers="auto"`` sizes a loader's workers (nothing for a fixed count), for explain()."""
+    if not state.workers_auto:
+        return ""
+    cores = usable_cpu_count()
+    if not iterable:
+        return f" (resized by the autotuner: 1 to {2 * cores})"
+    more = "" if state.replicas else f" ({io_replicas(cores)} where the first batches wait on I/O)"
+    return f" running {state.replicas or 2 * cores} replicas{more}, one a process where they wait, else in turn"
 
 
 class _WorkersStage(Tunable):
@@ -530,9 +547,10 @@ class _WorkersStage(Tunable):
         return report
 
 
-def _workers_knob(iterator: WorkerIterator, value: int, most: int) -> LiveKnob:
-    """The tuner's knob for the worker count (0: batches made in this process); it holds the
-    iterator weakly (the tuner's thread must not keep a dropped iterator, and its workers, alive)."""
+def _resize_weakly(iterator: WorkerIterator) -> Callable[[int], None]:
+    """What the tuner's request for a worker count (0: batches made in this process) does; it
+    holds the iterator weakly (the tuner's thread must not keep a dropped iterator, and its
+    workers, alive)."""
     ref = weakref.ref(iterator)
 
     def apply(n: int) -> None:
@@ -542,4 +560,4 @@ def _workers_knob(iterator: WorkerIterator, value: int, most: int) -> LiveKnob:
             live._placement.resize(n)
             live._fill()
 
-    return LiveKnob(f"{STAGE}.parallelism", value, 0, most, False, apply)
+    return apply

@@ -19,7 +19,7 @@ from torchpipe.ops.parallel_map import ParallelMapIterator
 from torchpipe.ops.source_nodes import DatasetFetch
 from torchpipe.runtime.codec import StackedTensor
 from torchpipe.runtime.cpu import usable_cpu_count
-from torchpipe.runtime.placement.stage import prepare_measurements
+from torchpipe.runtime.placement.measure import prepare_measurements
 from torchpipe.runtime.recycle import RecycledStack
 
 if TYPE_CHECKING:

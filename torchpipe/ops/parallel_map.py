@@ -2,9 +2,10 @@
 
 Ordering, bounded waits and the stall check are the runtime's
 (:class:`~torchpipe.runtime.dispatch.Dispatcher`); where calls run, with ``executor="auto"``, is
-the runtime's policy (:class:`~torchpipe.runtime.placement.stage.Placement`, docs/executors.md). What
-is left here is the op: pulling and numbering input elements, the checkpoint, and the knob the
-autotuner turns (``num_parallel_calls=AUTOTUNE``).
+the runtime's policy, and the executors, their moves and the autotuner's knob are built by the
+runtime's one builder of such a stage (:class:`~torchpipe.runtime.placement.auto_stage.AutoStage`,
+docs/executors.md). What is left here is the op: pulling and numbering input elements, the
+checkpoint, and the pools its calls may need (worker processes, Ray actors).
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ from torchpipe.core.tunable import POOL, Tunable
 from torchpipe.ops.filter import DROPPED
 from torchpipe.randomness import global_rng_states, restore_global_rng_states
 from torchpipe.runtime.cpu import usable_cpu_count
-from torchpipe.runtime.dispatch import Dispatcher
-from torchpipe.runtime.executor import Executor, InlineExecutor, ThreadExecutor
-from torchpipe.runtime.placement.policy import INLINE, MAX_THREADS, PROCESS, RAY, THREAD, CallCosts, Policy, may_pay
-from torchpipe.runtime.placement.stage import Placement, measure_calls
+from torchpipe.runtime.executor import Executor
+from torchpipe.runtime.placement.auto_stage import AutoStage, StageCalls, pass_candidates
+from torchpipe.runtime.placement.measure import measure_calls
+from torchpipe.runtime.placement.policy import INLINE, MAX_THREADS, PROCESS, RAY, THREAD, CallCosts, Policy
 from torchpipe.runtime.processes.pool import ProcessPool, process_executor_supported
 from torchpipe.runtime.timing import CallTiming
 
@@ -98,23 +99,31 @@ class ParallelMapIterator(Iterator, Tunable):
             executor = THREAD
         self._fixed = executor if executor != AUTO else None
         self._parallelism = self._learned.get("parallelism", parallelism) if tunable else parallelism
-        candidates: tuple[str, ...] = (INLINE,) if tunable else ()
+        self._policy = self._new_policy(tunable, processes) if self._fixed is None else None
+        ray = self._ray_actors if self._ray is not None else None
+        calls = StageCalls(tasks[INLINE], tasks[THREAD], processes=self._processes, ray=ray)
+        self._executors = AutoStage(name, calls, self.stats.calls, self._policy, learned=self._learned,
+                                    stall_s=stall_s, on_move=self._moved)  # fmt: skip
+        self._dispatch, self._placement = self._executors.dispatcher, self._executors.placement
+        self._knob = self._add_knob() if tunable else None
+
+    def _add_knob(self) -> LiveKnob:
+        """``num_parallel_calls=AUTOTUNE``: the autotuner's knob, from 0 (inline) where the policy
+        may run calls inline, as many actors as the Ray executor allows, else 1."""
+        lowest = 0 if self._policy is not None and INLINE in self._policy.candidates else 1
+        if self._ray is not None:
+            lowest = self._ray.min_actors
+            self._parallelism = max(lowest, min(self._parallelism, self._ray.max_actors or self._parallelism))
+        return self._executors.add_knob(self._parallelism, lowest, self._most(RAY if self._ray is not None else THREAD))
+
+    def _new_policy(self, tunable: bool, processes: bool) -> Policy:
+        """``executor="auto"``: the policy, choosing from what the earlier passes left worth trying
+        (inline too where the autotuner may ask for it)."""
         learned, cores = self._learned, usable_cpu_count()
-        pays = may_pay(PROCESS, learned.get("executor"), learned.get("costs"), learned.get("measured", {}), cores)
-        candidates += (THREAD, PROCESS) if processes and pays else (THREAD,)
-        self._policy = Policy(candidates, cores) if self._fixed is None else None
-        self._dispatch = Dispatcher(name, InlineExecutor(self._tasks[INLINE], self.stats.calls), stall_s)
-        self._placement = Placement(self._dispatch, self._make, self._policy, self.stats.calls, self._moved,
-                                    self._retire, self._learned)  # fmt: skip
-        self._knob: LiveKnob | None = None
-        if tunable:
-            lowest = 0 if self._policy is not None and INLINE in candidates else 1  # 0: inline
-            if self._ray is not None:
-                lowest = self._ray.min_actors
-                self._parallelism = max(lowest, min(self._parallelism, self._ray.max_actors or self._parallelism))
-            most = self._most(RAY if self._ray is not None else THREAD)
-            self._knob = LiveKnob(f"{name}.parallelism", self._parallelism, lowest, most, False,
-                                  self._placement.resize)  # fmt: skip
+        candidates = pass_candidates(inline=tunable, processes=processes, last=learned.get("executor"),
+                                     costs=learned.get("costs"), measured=learned.get("measured", {}),
+                                     cores=cores)  # fmt: skip
+        return Policy(candidates, cores)
 
     @property
     def executor_kind(self) -> str:
@@ -195,13 +204,8 @@ class ParallelMapIterator(Iterator, Tunable):
             results.append(value)
         return results
 
-    def _make(self, kind: str, workers: int) -> Executor:
-        if kind == INLINE:
-            return InlineExecutor(self._tasks[INLINE], self.stats.calls)
-        if kind == THREAD:
-            return ThreadExecutor(self._tasks[THREAD], workers, self.name, self.stats.calls)
-        if kind == RAY:
-            return self._ray_actors(workers)
+    def _processes(self, workers: int) -> Executor:
+        """The worker processes with ``workers`` of them (forking the zygote the first time)."""
         self.prepare()
         assert self._pool is not None  # made by prepare()
         self._pool.resize(workers)
@@ -222,19 +226,12 @@ class ParallelMapIterator(Iterator, Tunable):
             return self._ray_pool.most_actors() if self._ray_pool is not None else self._parallelism
         return MAX_THREADS if kind != PROCESS else 2 * usable_cpu_count()
 
-    def _retire(self, executor: Executor) -> None:
-        if executor is self._pool:
-            executor.resize(0)  # parked: its zygote stays, to come back to
-        else:
-            executor.close()
-
     def _moved(self, kind: str, workers: int) -> None:
         self._placement.remember(self._learned)
         if workers:
             self._parallelism = workers
             self._learned["parallelism"] = workers
-        if self._knob is not None:
-            self._knob.value = workers
+        if self._knob is not None:  # its value follows the move (AutoStage)
             self._knob.maximum = max(self._most(kind), workers)
 
     def _pull(self) -> tuple[int | None, Any]:
@@ -259,8 +256,8 @@ class ParallelMapIterator(Iterator, Tunable):
         if self._knob is not None:
             self._knob.take_request()
         dispatch = self._dispatch
-        if not dispatch.pending and type(dispatch.executor) is InlineExecutor:
-            value = self._next_here(dispatch.executor)
+        if self._executors.runs_here():
+            value = self._next_here()
             if value is not _DISPATCHED:
                 return value
         while True:
@@ -282,7 +279,7 @@ class ParallelMapIterator(Iterator, Tunable):
                 self.stats.sample_bytes(value)
                 return value
 
-    def _next_here(self, executor: InlineExecutor) -> Any:
+    def _next_here(self) -> Any:
         """The next result, made on this thread (inline, nothing in flight: no dispatch needed);
         :data:`_DISPATCHED` where the input ended or failed (the dispatcher's path delivers that)."""
         while True:
@@ -290,7 +287,7 @@ class ParallelMapIterator(Iterator, Tunable):
             if seq is None:
                 return _DISPATCHED
             try:
-                value = executor.call(seq, payload)
+                value = self._executors.call_here(seq, payload)
             finally:
                 self.stats.look(0, 1)
                 self._log.delivered(seq)

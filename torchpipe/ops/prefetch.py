@@ -33,8 +33,8 @@ from torchpipe.core.node import AUTOTUNE_SYMBOL, BuildContext, Node
 from torchpipe.core.position_log import PositionLog
 from torchpipe.core.stats import IteratorStats, LiveKnob
 from torchpipe.core.tunable import BUFFER, POOL, Tunable
+from torchpipe.runtime.placement.driver import OVERLAP, MoveDriver, cost_changed
 from torchpipe.runtime.placement.policy import INLINE, STALE_S, THREAD, choose_overlap
-from torchpipe.runtime.placement.stage import OVERLAP, MoveDriver, cost_changed
 
 AUTOTUNE_DEPTH = 2
 """Buffer depth used for ``prefetch(tp.AUTOTUNE)`` until the autotuner resizes it."""
@@ -245,8 +245,8 @@ def _pull(log: PositionLog) -> Any:
 class OverlapChoice:
     """Whether a ``prefetch(tp.AUTOTUNE)`` runs its input on its thread or inline, by measurement.
 
-    The runtime's measure-and-move driver (:class:`~torchpipe.runtime.placement.stage.MoveDriver`, with
-    the cadence :data:`~torchpipe.runtime.placement.stage.OVERLAP`) cuts the delivered elements into
+    The runtime's measure-and-move driver (:class:`~torchpipe.runtime.placement.driver.MoveDriver`, with
+    the cadence :data:`~torchpipe.runtime.placement.driver.OVERLAP`) cuts the delivered elements into
     windows; each says what the consumer got per element, its own time between requests
     included: what the two modes are compared by (:func:`~torchpipe.runtime.placement.policy.choose_overlap`).
     A consumer whose own time per element changes by ``CHANGED`` is measured afresh, and a

@@ -9,10 +9,12 @@ import torch
 
 from torchpipe.runtime.dispatch import Dispatcher
 from torchpipe.runtime.executor import InlineExecutor, ThreadExecutor
+from torchpipe.runtime.placement import measure as measure_module
 from torchpipe.runtime.placement import memory_costs
 from torchpipe.runtime.placement import stage as placement_module
+from torchpipe.runtime.placement.measure import measure_calls, move_costs
 from torchpipe.runtime.placement.policy import INLINE, KINDS, PROCESS, THREAD, CallCosts, Policy, workers
-from torchpipe.runtime.placement.stage import Placement, measure_calls, move_costs
+from torchpipe.runtime.placement.stage import Placement
 from torchpipe.runtime.timing import CallTiming
 
 
@@ -80,7 +82,7 @@ def test_page_faults_priced_above_the_cpu_the_calls_took_do_not_make_busy_calls_
     (they asked for 40 threads when it was subtracted whole: a negative CPU time)."""
     if memory_costs.thread_faults() is None:
         pytest.skip("this OS does not count page faults per thread")
-    monkeypatch.setattr(placement_module, "cold_seconds", lambda faults, steady: 1.0)  # a second a call: too much
+    monkeypatch.setattr(measure_module, "cold_seconds", lambda faults, steady: 1.0)  # a second a call: too much
 
     def run(n):
         return [[bytearray(b"\x01") * (64 << 10) for _ in range(32)] for _ in range(n)]
@@ -195,7 +197,7 @@ def test_a_later_pass_resumes_what_was_learned():
 
 
 def test_the_driver_judges_settled_windows_that_follow_each_other():
-    from torchpipe.runtime.placement.stage import Cadence, MoveDriver
+    from torchpipe.runtime.placement.driver import Cadence, MoveDriver
 
     driver = MoveDriver(Cadence(elements=3, seconds=1.0, settle_elements=2, settle_process_s=0.5))
     looks = [driver.window(float(n), n, lambda n=n: n) for n in range(1, 9)]
@@ -208,7 +210,7 @@ def test_the_driver_judges_settled_windows_that_follow_each_other():
 
 
 def test_a_pass_shorter_than_a_window_is_judged_at_its_end_and_the_next_goes_on_from_its_verdicts():
-    from torchpipe.runtime.placement.stage import Cadence, MoveDriver
+    from torchpipe.runtime.placement.driver import Cadence, MoveDriver
 
     driver = MoveDriver(Cadence(elements=3, seconds=1.0, settle_elements=2, agree=2))
     looks = [driver.window(n * 0.01, n, lambda n=n: n) for n in range(1, 7)]
@@ -225,7 +227,7 @@ def test_a_pass_shorter_than_a_window_is_judged_at_its_end_and_the_next_goes_on_
 
 
 def test_the_driver_acts_on_agreeing_verdicts_and_tells_a_changed_cost():
-    from torchpipe.runtime.placement.stage import CALLS, CHANGED, OVERLAP, REBASE, MoveDriver
+    from torchpipe.runtime.placement.driver import CALLS, CHANGED, OVERLAP, REBASE, MoveDriver
 
     driver = MoveDriver(CALLS)
     assert [driver.agreed(v) for v in (THREAD, PROCESS, PROCESS, PROCESS, PROCESS)] == [False, False, True, False, True]

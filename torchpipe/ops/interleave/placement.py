@@ -9,8 +9,8 @@ element costs its reader (wall and CPU time) and this thread; the runtime's exec
 readers deliver faster, and the interleave moves its readers there (``InterleaveIterator._move``).
 
 Its windows, settling, agreement and change detection are the runtime's one measure-and-move
-driver (:class:`~torchpipe.runtime.placement.stage.MoveDriver`, with the cadence
-:data:`~torchpipe.runtime.placement.stage.READS`: windows of reads), as for map's calls; what differs is
+driver (:class:`~torchpipe.runtime.placement.driver.MoveDriver`, with the cadence
+:data:`~torchpipe.runtime.placement.driver.READS`: windows of reads), as for map's calls; what differs is
 what it measures and how the readers move, because readers are not calls:
 
 - a Placement moves calls by swapping its dispatcher's executor, and calls in flight finish where
@@ -45,8 +45,8 @@ import time
 from collections import deque
 
 from torchpipe.core.stats import IteratorStats
+from torchpipe.runtime.placement.driver import READS, REBASE, MoveDriver
 from torchpipe.runtime.placement.policy import PROCESS, READERS_MARGIN, THREAD, CallCosts, choose
-from torchpipe.runtime.placement.stage import READS, REBASE, MoveDriver
 
 _WINDOWS_KEPT = 5  # a pool's measure is the lower median of its last windows,
 _WINDOWS_NEEDED = 2  # of at least this many (its first window, cold, not counted)

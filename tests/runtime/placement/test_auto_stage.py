@@ -1,0 +1,116 @@
+"""The one builder of an auto stage: its executors of each kind, their moves, retiring and the knob."""
+
+import pytest
+
+from torchpipe.runtime.executor import ThreadExecutor
+from torchpipe.runtime.placement.auto_stage import AutoStage, StageCalls, pass_candidates
+from torchpipe.runtime.placement.policy import INLINE, KINDS, PROCESS, THREAD, CallCosts, Policy
+from torchpipe.runtime.timing import CallTiming
+
+
+class _Pool(ThreadExecutor):
+    """Stands in for a process pool: threads that tag their results, and remember their sizes."""
+
+    def __init__(self):
+        super().__init__(lambda seq, x: (PROCESS, x), 1, "pool")
+        self.sizes = []
+        self.closed = False
+
+    def resize(self, size):
+        self.sizes.append(size)
+        super().resize(max(size, 1))
+
+    def close(self):
+        self.closed = True
+        super().close()
+
+
+def _stage(policy=None, moves=None):
+    pool = _Pool()
+
+    def processes(workers):
+        pool.resize(workers)
+        return pool
+
+    calls = StageCalls(lambda seq, x: (INLINE, x), lambda seq, x: (THREAD, x), processes=processes)
+    on_move = (lambda kind, n: moves.append((kind, n))) if moves is not None else None
+    stage = AutoStage("map(f)", calls, CallTiming(), policy, stall_s=10.0, on_move=on_move)
+    return stage, pool
+
+
+def _run(stage, first, count):
+    """Submit ``count`` tasks from ``first`` on, and take them all, in order."""
+    for seq in range(first, first + count):
+        stage.dispatcher.submit(seq, seq)
+    return [stage.dispatcher.take() for _ in range(count)]
+
+
+def test_each_kind_runs_the_stages_call_for_it_and_moves_keep_every_element_in_order():
+    stage, pool = _stage()
+    out, seq = [], 0
+    for kind, workers in ((INLINE, 0), (THREAD, 2), (PROCESS, 3), (INLINE, 0), (PROCESS, 1)):
+        stage.placement.move(kind, workers)
+        assert (stage.kind, stage.workers) == (kind, workers)
+        out += _run(stage, seq, 5)
+        assert {value[0] for _, value, _ in out[-5:]} == {kind}
+        seq += 5
+    assert [(s, value[1]) for s, value, _ in out] == [(s, s) for s in range(25)]
+    assert pool.sizes == [3, 0, 1] and not pool.closed  # parked when the calls left it, not closed
+    stage.dispatcher.close()
+
+
+def test_a_thread_pool_the_calls_leave_is_closed_and_the_process_pool_parked(monkeypatch):
+    closed = []
+    close = ThreadExecutor.close
+    monkeypatch.setattr(ThreadExecutor, "close", lambda self: closed.append(self) or close(self))
+    stage, pool = _stage()
+    threads = stage.make(THREAD, 2)
+    stage.retire(threads)
+    assert closed == [threads]
+    stage.retire(stage.make(PROCESS, 2))
+    assert pool.sizes == [2, 0] and closed == [threads]
+    stage.dispatcher.close()
+
+
+def test_the_knob_follows_every_move_and_its_zero_means_inline():
+    moves = []
+    stage, _ = _stage(Policy((INLINE, THREAD), 2), moves)
+    knob = stage.add_knob(0, 0, 8)
+    assert knob.name == "map(f).parallelism" and (knob.minimum, knob.maximum) == (0, 8)
+    stage.placement.move(THREAD, 3)
+    assert knob.value == 3
+    knob.request(0)
+    knob.take_request()  # what the stage does before its next element
+    assert stage.kind == INLINE and knob.value == 0
+    assert moves == [(THREAD, 3), (INLINE, 0)]
+    stage.dispatcher.close()
+
+
+def test_only_inline_with_nothing_in_flight_runs_here():
+    stage, _ = _stage()
+    assert stage.runs_here() and stage.call_here(0, 7) == (INLINE, 7)
+    stage.placement.move(THREAD, 1)
+    assert not stage.runs_here()
+    stage.dispatcher.submit(1, 1)
+    stage.placement.move(INLINE, 0)
+    assert not stage.runs_here()  # a task is still out on a thread
+    stage.dispatcher.take()
+    assert stage.runs_here()
+    stage.dispatcher.close()
+
+
+def test_a_kind_the_stage_has_no_executor_of_is_an_error_naming_the_stage():
+    stage = AutoStage("map(f)", StageCalls(abs, abs), CallTiming(), None)
+    with pytest.raises(ValueError, match=r"map\(f\): no 'process' executor"):
+        stage.make(PROCESS, 2)
+
+
+def test_a_pass_drops_processes_only_where_they_cannot_fork_or_were_seen_not_to_pay():
+    cheap = CallCosts(call_s=1e-6, cpu_s=1e-6, gil_free=0.0, move_s=1e-3)  # moving a result costs 1000 calls
+    first = {"last": None, "costs": None, "measured": {}, "cores": 4}
+    assert pass_candidates(inline=True, processes=True, **first) == KINDS
+    assert pass_candidates(inline=False, processes=True, **first) == (THREAD, PROCESS)
+    assert pass_candidates(inline=True, processes=False, **first) == (INLINE, THREAD)
+    seen = {"last": INLINE, "costs": cheap, "measured": {}, "cores": 4}
+    assert pass_candidates(inline=True, processes=True, **seen) == (INLINE, THREAD)
+    assert pass_candidates(inline=True, processes=True, **{**seen, "last": PROCESS}) == KINDS

@@ -1,0 +1,161 @@
+"""The one builder of a stage whose calls the policy places: map's calls and the DataLoader's batches.
+
+A stage says what its call is on each kind of executor (:class:`StageCalls`); :class:`AutoStage`
+builds the rest of what ``executor="auto"`` (and ``num_workers="auto"``) needs: the
+:class:`~torchpipe.runtime.dispatch.Dispatcher` its tasks go through, the
+:class:`~torchpipe.runtime.placement.stage.Placement` that moves them, the autotuner's knob for
+how many run at once, and the making and retiring of executors as the calls move.
+:func:`pass_candidates` says which executors a pass may choose from. A fixed executor is a
+placement whose policy is None: it is moved to once and stays.
+
+An interleave's readers are not built here: they are not calls under a dispatcher but open inner
+iterators, which move with what they read between two reader pools
+(:class:`~torchpipe.ops.interleave.placement.ReaderPlacement`, on the same driver and policy).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, cast
+
+from torchpipe.core.stats import LiveKnob
+from torchpipe.runtime.dispatch import Dispatcher
+from torchpipe.runtime.executor import Executor, InlineExecutor, ThreadExecutor
+from torchpipe.runtime.placement.policy import INLINE, PROCESS, RAY, THREAD, CallCosts, Policy, may_pay
+from torchpipe.runtime.placement.stage import Placement
+from torchpipe.runtime.timing import CallTiming
+
+Handler = Callable[[int, Any], Any]
+"""``handler(seq, payload) -> value``: one call of a stage."""
+PoolOf = Callable[[int], Executor]
+"""``pool(workers)``: a stage's pool of ``workers`` processes (or actors), made when first asked for."""
+
+
+@dataclasses.dataclass(frozen=True)
+class StageCalls:
+    """One stage's call on each kind of executor.
+
+    Attributes:
+        inline: the call as it runs on the consumer's thread.
+        thread: the call as it runs on a pool thread (threads share the global RNGs: it may seed
+            fewer of them).
+        processes: the stage's process pool with the given number of worker processes; None
+            where the stage has none.
+        ray: the stage's Ray actor pool with the given number of actors; None where it has none.
+    """
+
+    inline: Handler
+    thread: Handler
+    processes: PoolOf | None = None
+    ray: PoolOf | None = None
+
+
+def pass_candidates(
+    *, inline: bool, processes: bool, last: str | None, costs: CallCosts | None, measured: dict[str, float],
+    cores: int,
+) -> tuple[str, ...]:  # fmt: skip
+    """The executors a stage's pass may place its calls on.
+
+    Inline where the stage may run them on the consumer's thread, threads always, and worker
+    processes where they can fork and may pay (:func:`~torchpipe.runtime.placement.policy.may_pay`,
+    from what the earlier passes learned: the executor they ``last`` ran on, the calls' ``costs``
+    and the times ``measured``): a pass without them forks no zygote.
+    """
+    pays = processes and may_pay(PROCESS, last, costs, measured, cores)
+    return ((INLINE,) if inline else ()) + ((THREAD, PROCESS) if pays else (THREAD,))
+
+
+class AutoStage:
+    """The executors one stage's calls run on, as its policy places them.
+
+    It holds the stage's :attr:`dispatcher` (its first executor: inline), its :attr:`placement`
+    (moved by the policy's verdicts, the autotuner's knob, or once to a fixed executor) and,
+    once :meth:`add_knob` made it, the autotuner's :attr:`knob`, which follows every move.
+
+    Args:
+        name: the stage name (errors, threads' names, the knob's name).
+        calls: the stage's call on each kind of executor.
+        timing: the stage's call timing (every executor adds to it).
+        policy: decides where calls run; None for a fixed executor.
+        learned: what the stage's passes learned (the placement's windows go on from it).
+        stall_s: the dispatcher's stall limit (``Options.stall_timeout``).
+        on_move: called with ``(kind, workers)`` after every move, once the knob follows it.
+    """
+
+    def __init__(
+        self, name: str, calls: StageCalls, timing: CallTiming, policy: Policy | None, *,
+        learned: dict[str, Any] | None = None, stall_s: float | None = None,
+        on_move: Callable[[str, int], None] | None = None,
+    ) -> None:  # fmt: skip
+        self.name = name
+        self.policy = policy
+        self.knob: LiveKnob | None = None
+        self._calls = calls
+        self._timing = timing
+        self._on_move = on_move
+        self._processes: Executor | None = None  # the process pool made: parked, not closed, when the calls leave
+        self.dispatcher = Dispatcher(name, self.make(INLINE, 0), stall_s)
+        self.placement = Placement(self.dispatcher, self.make, policy, timing, self._moved, self.retire, learned)
+
+    def add_knob(self, value: int, lowest: int, most: int, apply: Callable[[int], None] | None = None) -> LiveKnob:
+        """The autotuner's knob for how many calls run at once (0: inline), from ``lowest`` to
+        ``most``, named ``<stage>.parallelism``; its value follows every move.
+
+        Args:
+            apply: what the tuner's request does (default: the placement's ``resize``); a stage
+                whose tuner must not keep it alive passes one that holds it weakly.
+        """
+        self.knob = LiveKnob(f"{self.name}.parallelism", value, lowest, most, False, apply or self.placement.resize)
+        return self.knob
+
+    @property
+    def kind(self) -> str:
+        """Where calls run now: ``inline``, ``thread``, ``process`` or ``ray``."""
+        return self.placement.kind
+
+    @property
+    def workers(self) -> int:
+        """The threads, processes or actors calls run on now (0 inline)."""
+        return self.placement.workers
+
+    def runs_here(self) -> bool:
+        """Whether the next call may run on this thread with no dispatch: inline, nothing in flight."""
+        return self.placement.kind == INLINE and not self.dispatcher.pending
+
+    def call_here(self, seq: int, payload: Any) -> Any:
+        """Run call ``seq`` now on this thread (where :meth:`runs_here`), timed like every call;
+        its exception propagates."""
+        return cast(InlineExecutor, self.dispatcher.executor).call(seq, payload)
+
+    def make(self, kind: str, workers: int) -> Executor:
+        """The stage's executor of ``kind`` with ``workers`` threads, processes or actors.
+
+        Raises:
+            ValueError: for a kind the stage has no executor of.
+        """
+        if kind == INLINE:
+            return InlineExecutor(self._calls.inline, self._timing)
+        if kind == THREAD:
+            return ThreadExecutor(self._calls.thread, workers, self.name, self._timing)
+        pool = {PROCESS: self._calls.processes, RAY: self._calls.ray}.get(kind)
+        if pool is None:
+            raise ValueError(f"{self.name}: no {kind!r} executor for this stage's calls")
+        executor = pool(workers)
+        if kind == PROCESS:
+            self._processes = executor
+        return executor
+
+    def retire(self, executor: Executor) -> None:
+        """What becomes of an executor the calls left, once its tasks are done: the process pool
+        is parked (no workers, its zygote kept to come back to), any other closed."""
+        if executor is self._processes:
+            executor.resize(0)
+        else:
+            executor.close()
+
+    def _moved(self, kind: str, workers: int) -> None:
+        if self.knob is not None:
+            self.knob.value = workers
+        if self._on_move is not None:
+            self._on_move(kind, workers)

@@ -1,0 +1,140 @@
+"""What a stage's first calls cost, measured inline: the evidence of a stage's first placement.
+
+:func:`measure_calls` runs a stage's first calls on the consumer's thread beside a GIL probe and
+prices what they would cost elsewhere (page faults of fresh memory left out, the cost of moving a
+result between processes measured by decoding one: :func:`move_costs`); the
+:class:`~torchpipe.runtime.placement.policy.Policy` decides from what it returns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any, cast
+
+import numpy as np
+
+from torchpipe.randomness import GlobalDraws, watch_global_draws
+from torchpipe.runtime import codec
+from torchpipe.runtime.cpu import as_a_pool_thread_runs
+from torchpipe.runtime.placement.gil import GilProbe
+from torchpipe.runtime.placement.memory_costs import MMAP_THRESHOLD_MAX, calibrate, cold_seconds, thread_faults
+from torchpipe.runtime.placement.policy import CallCosts
+
+_PROBE_CALLS, _PROBE_S = 8, 0.02  # calls measured inline before the first decision (at most; at least one)
+_MOVE_SAMPLES = 3  # decodings timed for the cost of receiving a result (the fastest counts)
+_CALL_FLOOR = 0.1  # a call is taken to cost at least this share of its time, whatever it faulted
+
+
+def prepare_measurements() -> None:
+    """Measure ahead, once a process, what the first decision needs to know of the machine (the
+    GIL probe's rate, :func:`~torchpipe.runtime.placement.memory_costs.calibrate`; ~25 ms): a stage that
+    will place its calls calls this when it is made, so its first elements do not wait for it."""
+    calibrate()
+    GilProbe.calibrate()
+
+
+def measure_calls(
+    run: Callable[[int], list[Any]], limit: int = _PROBE_CALLS, on_draws: Callable[[GlobalDraws], None] | None = None
+) -> tuple[CallCosts, int]:
+    """Run up to ``limit`` calls inline (``run(n)`` runs at most ``n`` and returns their results);
+    what one call costs at steady state, and how many ran.
+
+    The first half run beside a GIL probe, which measures the share of a call the GIL is free but
+    slows calls that release it often (each release lets the probe in); the rest run alone, and
+    their median is the cost of a call. They run with one intra-op thread for torch's ops, as on a
+    pool thread or in a worker process (:func:`~torchpipe.runtime.cpu.as_a_pool_thread_runs`).
+    The first calls are not like the later ones: they fault
+    in every page of the results they make, which are all kept until the consumer takes them,
+    where later calls reuse the pages of results the consumer dropped; what those faults cost
+    (:func:`~torchpipe.runtime.placement.memory_costs.cold_seconds`) is left out of every call, as are
+    imports and warm-up by the median. The cost of moving a result between processes is that
+    of decoding the first one, and its size (:func:`move_costs`). With ``on_draws``, the first
+    half also finds out which global RNGs the calls draw from (``watch_global_draws``; the time
+    that takes is left out), and ``on_draws`` is told before the second half runs.
+    """
+    results: list[Any] = []
+    cpu0 = time.thread_time()
+    watching = watch_global_draws() if on_draws is not None else contextlib.nullcontext()
+    with as_a_pool_thread_runs():
+        with GilProbe() as probe, watching as draws:
+            overhead = (lambda: draws.overhead_s) if draws is not None else None
+            probed = _timed_calls(run, limit // 2, _PROBE_S / 2, results, overhead, probe)
+        if on_draws is not None:
+            on_draws(cast(GlobalDraws, draws))  # watched: not the nullcontext's None
+        alone = _timed_calls(run, limit - len(results), _PROBE_S / 2, results, None) if probed else []
+    cpu = time.thread_time() - cpu0
+    if not probed:
+        return CallCosts(0.0, 0.0, 1.0, 0.0), 0
+    move_s, nbytes, steady_bytes = move_costs(results[0])
+    cold = [cold_seconds(faults, steady_bytes) for _, _, faults in probed + alone]
+    wall = sum(s for s, _, _ in probed + alone)
+    # A fault is CPU time of this thread: the faults' priced time cannot exceed the CPU the calls
+    # took (a fault in the allocator can cost less than the calibration's; the price is an
+    # estimate), else the calls would seem to wait, and ask for dozens of threads.
+    cold_s = min(sum(cold), wall * (1 - _CALL_FLOOR), cpu * (1 - _CALL_FLOOR))
+    share = cold_s / sum(cold) if sum(cold) > 0 else 0.0
+    probed_s = sum(s for s, _, _ in probed)
+    steady = [max(s - c * share, s * _CALL_FLOOR) for (s, _, _), c in zip(probed + alone, cold)]
+    call_s = statistics.median(steady[len(probed) :] or steady)
+    costs = CallCosts(
+        call_s=call_s,
+        cpu_s=call_s * min(1.0, (cpu - cold_s) / (wall - cold_s)) if wall > cold_s else call_s,
+        gil_free=sum(s * free for s, free, _ in probed) / probed_s if probed_s > 0 else 1.0,
+        move_s=move_s,
+        nbytes=nbytes,
+    )
+    return costs, len(results)
+
+
+def _timed_calls(
+    run: Callable[[int], list[Any]], limit: int, seconds: float, results: list[Any],
+    overhead: Callable[[], float] | None, probe: GilProbe | None = None,
+) -> list[tuple[float, float, int]]:  # fmt: skip
+    """Up to ``limit`` calls (at least one, if any is left) for at most about ``seconds``:
+    ``(seconds, GIL-free share, page faults)`` of each, less ``overhead``; their results added
+    to ``results``."""
+    timed: list[tuple[float, float, int]] = []
+    deadline = time.perf_counter() + seconds
+    while len(timed) < max(limit, 1):
+        spent = overhead() if overhead is not None else 0.0
+        faults = thread_faults()
+        if probe is not None:
+            done, free, took = probe.measure(lambda: run(1))
+        else:
+            t0 = time.perf_counter()
+            done, free = run(1), 0.0
+            took = time.perf_counter() - t0
+        if not done:
+            break
+        faulted = thread_faults()
+        results.extend(done)
+        took -= (overhead() - spent) if overhead is not None else 0.0
+        timed.append((max(took, 1e-9), free, faulted - faults if faults is not None and faulted is not None else 0))
+        if time.perf_counter() > deadline:
+            break
+    return timed
+
+
+def move_costs(result: Any) -> tuple[float, int, int]:
+    """What moving ``result`` from a worker costs: the seconds this process would spend decoding
+    it (the fastest of a few tries; the encoding is the worker's), the bytes a move copies on
+    each side (its blobs and pickled data; tensors and arrays are written once, in place of the
+    stacking this process would do, and viewed where they land), and the bytes of its blocks so
+    large that the allocator maps them afresh for every result
+    (:data:`~torchpipe.runtime.placement.memory_costs.MMAP_THRESHOLD_MAX`). A result that cannot travel
+    costs infinite seconds."""
+    try:
+        encoded = codec.encode(codec.materialize(result))
+    except Exception:  # noqa: BLE001 - cannot travel: processes would fail on it
+        return float("inf"), 0, 0
+    record = np.empty(encoded.nbytes, np.uint8)
+    encoded.write_into(memoryview(record))  # type: ignore[arg-type]  # numpy declares __buffer__ for Python 3.12+ only
+    best = float("inf")
+    for _ in range(_MOVE_SAMPLES):
+        t0 = time.perf_counter()
+        codec.decode_view(record)
+        best = min(best, time.perf_counter() - t0)
+    return best, encoded.copied_bytes, encoded.bytes_in_blocks(MMAP_THRESHOLD_MAX)
