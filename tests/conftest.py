@@ -20,7 +20,8 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 def ray_cluster():
     """A local Ray cluster on 127.0.0.1: 2 CPUs, no dashboard, a small object store; shut down
     after the tests of the package that asked for it (left running through the rest of the suite, the
-    cluster ended the test process twice, at exit 1 with no output, tests after its own). Actors kept warm between tests are killed first."""
+    cluster ended the test process twice, at exit 1 with no output, tests after its own).
+    Actors kept warm between tests are killed first."""
     ray = pytest.importorskip("ray")
     ray.init(
         num_cpus=2,

@@ -5,7 +5,7 @@ import pytest
 from tests.autotune.simulated import Fake
 from torchpipe.autotune.live import CONSUMER, Counters, Look, build_model
 from torchpipe.autotune.model import bottleneck, predict_time
-from torchpipe.core.stats import LiveKnob
+from torchpipe.runtime.knob import LiveKnob
 
 
 def _knob(name, value, maximum=16, is_buffer=False):

@@ -11,7 +11,7 @@ from torchpipe.autotune.autotuner import Autotuner, ConsumerClock
 from torchpipe.autotune.live import Model
 from torchpipe.autotune.model import Knob, Stage
 from torchpipe.autotune.tuner import Budget
-from torchpipe.core.stats import LiveKnob
+from torchpipe.runtime.knob import LiveKnob
 
 
 def _window(map_s, throughput, step_s=1e-4, cpu=0.05, parallelism=1):

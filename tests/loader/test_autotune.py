@@ -15,10 +15,10 @@ import torchpipe as tp
 from torchpipe.autotune.autotuner import Autotuner, ConsumerClock
 from torchpipe.autotune.live import Counters, Look
 from torchpipe.autotune.tuner import Budget
-from torchpipe.core.stats import LiveKnob
 from torchpipe.loader.workers import NOT_ON_THREADS, WorkerIterator, _WorkersStage
 from torchpipe.randomness import seeds_were_set
 from torchpipe.runtime.cpu import usable_cpu_count
+from torchpipe.runtime.knob import LiveKnob
 from torchpipe.runtime.placement.policy import INLINE, PROCESS, THREAD
 from torchpipe.runtime.timing import CallTiming
 

@@ -29,7 +29,7 @@ from torchpipe.autotune.live import Look, Model, build_model, look, walk
 from torchpipe.autotune.model import Knob, bottleneck, predict_time
 from torchpipe.autotune.tuner import Budget, backoff_intervals, hill_climb
 from torchpipe.core.iterator import Iterator
-from torchpipe.core.stats import LiveKnob
+from torchpipe.runtime.knob import LiveKnob
 
 _MIN_ELEMENTS, _MIN_WINDOW_S = 8, 0.25  # what a window needs before it is modelled
 _MIN_GAIN = 0.03

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from torchpipe.core.stats import LiveKnob
 from torchpipe.core.tunable import BUFFER, POOL, Tunable
+from torchpipe.runtime.knob import LiveKnob
 
 __all__ = [
     "BUFFER",

@@ -8,11 +8,11 @@ import dataclasses
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from torchpipe.constants import UNKNOWN
-from torchpipe.core.stats import LiveKnob
 from torchpipe.core.tunable import Tunable
 from torchpipe.observe.tracing import STAGE, TraceLog
 from torchpipe.options import Options
 from torchpipe.randomness import mix_seed
+from torchpipe.runtime.knob import LiveKnob
 
 if TYPE_CHECKING:  # an iterator is built by a node with a context
     from torchpipe.core.iterator import Iterator

@@ -13,7 +13,8 @@ from __future__ import annotations
 import abc
 from typing import Any
 
-from torchpipe.core.stats import IteratorStats, LiveKnob
+from torchpipe.core.stats import IteratorStats
+from torchpipe.runtime.knob import LiveKnob
 
 POOL, BUFFER = "pool", "buffer"
 

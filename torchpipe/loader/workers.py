@@ -36,7 +36,7 @@ from torchpipe.autotune.autotuner import Autotuner, ConsumerClock
 from torchpipe.autotune.live import start_look
 from torchpipe.autotune.report import PipelineStats, pipeline_stats
 from torchpipe.autotune.tuner import Budget
-from torchpipe.core.stats import IteratorStats, LiveKnob
+from torchpipe.core.stats import IteratorStats
 from torchpipe.core.tunable import POOL, Tunable
 from torchpipe.loader.fetch import DataLoader, Exhausted, FetchTask, LocalFetch
 from torchpipe.loader.memory import LoaderMemory, private_bytes, ring_limit
@@ -51,6 +51,7 @@ from torchpipe.randomness import (
 )
 from torchpipe.runtime.cpu import usable_cpu_count, voluntary_switches
 from torchpipe.runtime.dispatch import Dispatcher
+from torchpipe.runtime.knob import LiveKnob
 from torchpipe.runtime.placement.auto_stage import AutoStage, StageCalls, pass_candidates
 from torchpipe.runtime.placement.measure import measure_calls
 from torchpipe.runtime.placement.policy import INLINE, KINDS, PROCESS, THREAD, Policy

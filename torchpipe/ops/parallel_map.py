@@ -16,12 +16,12 @@ from typing import Any
 
 from torchpipe.core.iterator import Iterator
 from torchpipe.core.position_log import PositionLog
-from torchpipe.core.stats import LiveKnob
 from torchpipe.core.tunable import POOL, Tunable
 from torchpipe.ops.filter import DROPPED
 from torchpipe.randomness import global_rng_states, restore_global_rng_states
 from torchpipe.runtime.cpu import usable_cpu_count
 from torchpipe.runtime.executor import Executor
+from torchpipe.runtime.knob import LiveKnob
 from torchpipe.runtime.placement.auto_stage import AutoStage, StageCalls, pass_candidates
 from torchpipe.runtime.placement.measure import measure_calls
 from torchpipe.runtime.placement.policy import INLINE, MAX_THREADS, PROCESS, RAY, THREAD, CallCosts, Policy

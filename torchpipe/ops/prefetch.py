@@ -31,8 +31,9 @@ from torchpipe.constants import AUTOTUNE
 from torchpipe.core.iterator import Iterator
 from torchpipe.core.node import AUTOTUNE_SYMBOL, BuildContext, Node
 from torchpipe.core.position_log import PositionLog
-from torchpipe.core.stats import IteratorStats, LiveKnob
+from torchpipe.core.stats import IteratorStats
 from torchpipe.core.tunable import BUFFER, POOL, Tunable
+from torchpipe.runtime.knob import LiveKnob
 from torchpipe.runtime.placement.driver import OVERLAP, MoveDriver, cost_changed
 from torchpipe.runtime.placement.policy import INLINE, STALE_S, THREAD, choose_overlap
 

@@ -21,7 +21,6 @@ from torchpipe.core.iterator import Iterator
 from torchpipe.core.node import BuildContext, Node, function_name
 from torchpipe.core.position_log import PositionLog
 from torchpipe.core.state import check_bool, check_int, check_state
-from torchpipe.core.stats import LiveKnob
 from torchpipe.core.tunable import POOL, Tunable
 from torchpipe.errors import CheckpointError
 from torchpipe.ops.interleave.placement import ReaderPlacement
@@ -41,6 +40,7 @@ from torchpipe.ops.interleave.readers import (
 from torchpipe.ops.interleave.thread_readers import ThreadReaders
 from torchpipe.ops.map import executor_kind
 from torchpipe.runtime.cpu import usable_cpu_count
+from torchpipe.runtime.knob import LiveKnob
 from torchpipe.runtime.placement.policy import INLINE, PROCESS, RAY, THREAD
 from torchpipe.runtime.processes.pool import process_executor_supported
 from torchpipe.runtime.timing import CallTiming

@@ -19,9 +19,9 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any, cast
 
-from torchpipe.core.stats import LiveKnob
 from torchpipe.runtime.dispatch import Dispatcher
 from torchpipe.runtime.executor import Executor, InlineExecutor, ThreadExecutor
+from torchpipe.runtime.knob import LiveKnob
 from torchpipe.runtime.placement.policy import INLINE, PROCESS, RAY, THREAD, CallCosts, Policy, may_pay
 from torchpipe.runtime.placement.stage import Placement
 from torchpipe.runtime.timing import CallTiming
