@@ -26,7 +26,7 @@ from torchpipe.arguments import (
     require_seed,
 )
 from torchpipe.constants import AUTOTUNE, INFINITE, UNKNOWN
-from torchpipe.core.node import Node
+from torchpipe.core.node import Node, walk
 from torchpipe.distributed.context import current_replica
 from torchpipe.distributed.workers import current_worker
 from torchpipe.graph import PassHistory, PipelineIterator, Plan, explain_plan
@@ -93,7 +93,7 @@ class Dataset(torch.utils.data.IterableDataset):
     def options(self) -> Options:
         """The pipeline's options: every ``with_options`` below this node, later ones winning."""
         merged = Options()
-        for node in _postorder(self._node):
+        for node in walk(self._node, inputs_first=True):
             if isinstance(node, WithOptionsNode):
                 merged = merged.merge(node.options)
         return merged
@@ -549,22 +549,6 @@ class Dataset(torch.utils.data.IterableDataset):
         if not isinstance(options, Options):
             raise TypeError(f"with_options: expected tp.Options, got {type(options).__name__}")
         return Dataset(WithOptionsNode(self._node, options))
-
-
-def _postorder(root: Node) -> list[Node]:
-    out: list[Node] = []
-    seen: set[int] = set()
-
-    def visit(node: Node) -> None:
-        if id(node) in seen:
-            return
-        seen.add(id(node))
-        for child in node.inputs:
-            visit(child)
-        out.append(node)
-
-    visit(root)
-    return out
 
 
 def _check_dataset(op: str, value: Any) -> None:

@@ -96,6 +96,36 @@ class Node(abc.ABC):
         self.inputs: tuple[Node, ...] = inputs
 
 
+def walk(root: Node, inputs_first: bool = False) -> list[Node]:
+    """Every node of ``root``'s graph, depth first, inputs in order: the one graph walker.
+
+    Args:
+        root: where the walk starts.
+        inputs_first: False: each node before its inputs, as often as it is reached (a node
+            two paths reach comes twice, as a checkpoint lists its ops); True: each node after
+            its inputs, once (so that what a node nearer the root sets comes later and wins).
+    """
+    if not inputs_first:
+        nodes, stack = [], [root]
+        while stack:
+            node = stack.pop()
+            nodes.append(node)
+            stack.extend(reversed(node.inputs))
+        return nodes
+    done: list[Node] = []
+    seen: set[int] = set()
+    pending: list[tuple[Node, bool]] = [(root, False)]
+    while pending:
+        node, expanded = pending.pop()
+        if expanded:
+            done.append(node)
+        elif id(node) not in seen:
+            seen.add(id(node))
+            pending.append((node, True))
+            pending.extend((child, False) for child in reversed(node.inputs))
+    return done
+
+
 def node_classes() -> list[type[Node]]:
     """Every op class defined so far (the modules that define them imported), parents first."""
     found: list[type[Node]] = []

@@ -34,7 +34,7 @@ from __future__ import annotations
 import dataclasses
 
 from torchpipe.constants import INFINITE, UNKNOWN
-from torchpipe.core.node import RANK_MARK, Node
+from torchpipe.core.node import RANK_MARK, Node, walk
 from torchpipe.core.rewrite import rewrite_bottom_up, with_attrs, with_inputs
 from torchpipe.distributed.collectives import PassGroup
 from torchpipe.distributed.context import Replica
@@ -134,7 +134,7 @@ class RankSplit:
         if self.level == "output":
             return True  # every op is below the shard; any of them may draw
         if self.level == "manual":  # the ranks' shards are disjoint where what reaches them is one order
-            return self.top is not None and any(getattr(node, "seed", 0) is None for node in _nodes(self.top))
+            return self.top is not None and any(getattr(node, "seed", 0) is None for node in walk(self.top))
         if self.level in ("whole", "given"):
             return False  # nothing is split between ranks: their draws need not agree
         return self.shuffled or any(isinstance(node, ShuffleNode) and node.seed is None for node in self.chain())
@@ -195,7 +195,7 @@ def distribute(root: Node, options: DistributeOptions, replica: Replica, worker:
 def place(root: Node, policy: str, shard: Share, by_worker: tuple[Node, ...] = ()) -> RankSplit:
     """Where ``policy`` puts the shard in ``root`` (see the module docstring); ``by_worker``: the
     pipeline's own ``shard`` ops that split it between torch workers, not ranks."""
-    nodes, sources = _nodes(root), sources_of(root)
+    nodes, sources = walk(root), sources_of(root)
     marks = [node for node in nodes if isinstance(node, SplitFilesNode)]
     by_rank = [node for node in user_shards(root) if node not in by_worker]
     if policy == "auto" and by_rank:
@@ -317,17 +317,6 @@ def _starts_from_files(root: Node, source: Node) -> bool:
     path = _path(root, top)
     above = path[-2] if len(path) > 1 else None
     return isinstance(above, (FlatMapNode, InterleaveNode)) and isinstance(above.fn, FileOpener)
-
-
-def _nodes(root: Node) -> list[Node]:
-    """Every node of ``root``'s graph, depth first, marks included (``ops_of`` leaves out the
-    nodes without a state of their own, ``split_files`` among them)."""
-    nodes, stack = [], [root]
-    while stack:
-        node = stack.pop()
-        nodes.append(node)
-        stack.extend(reversed(node.inputs))
-    return nodes
 
 
 def _index_top(root: Node, source: Node) -> Node:

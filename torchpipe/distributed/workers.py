@@ -34,13 +34,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from torchpipe.core.node import BuildContext, Node
+from torchpipe.core.node import BuildContext, Node, walk
 from torchpipe.core.rewrite import rewrite_bottom_up
 from torchpipe.distributed.context import WATCHING_GET_WORKER_INFO, split_by_hand, worker_info
 from torchpipe.ops.cache import CacheNode
 from torchpipe.ops.select import ShardNode
 from torchpipe.randomness import mix_seed
-from torchpipe.storage.fingerprint import ops_of
 
 NAME = "worker_split"
 
@@ -131,7 +130,7 @@ def split_between_workers(root: Node, worker: TorchWorker, policy: str, rank: tu
 
 def user_shards(root: Node) -> list[ShardNode]:
     """The ``shard`` ops the user wrote in ``root`` (a ``shard(1, 0)`` splits nothing)."""
-    return [node for node in ops_of(root) if type(node) is ShardNode and node.num_shards > 1]
+    return [node for node in walk(root) if type(node) is ShardNode and node.num_shards > 1]
 
 
 def _splits_workers(shard: ShardNode, worker: TorchWorker, rank: tuple[int, int]) -> bool:
@@ -223,9 +222,9 @@ _BY_HAND = (
 
 def shards_at_source(root: Node, sources: list[Node]) -> bool:
     """Whether a shard can go at the pipeline's source: it has one, and no cache file all shards share."""
-    return len(sources) == 1 and not any(isinstance(node, CacheNode) and node.path for node in ops_of(root))
+    return len(sources) == 1 and not any(isinstance(node, CacheNode) and node.path for node in walk(root))
 
 
 def sources_of(root: Node) -> list[Node]:
     """The pipeline's sources, depth first (a source reached along two paths comes twice)."""
-    return [node for node in ops_of(root) if not node.inputs]
+    return [node for node in walk(root) if not node.inputs]
