@@ -81,11 +81,11 @@ class Node(abc.ABC):
     holds_no_elements: ClassVar[bool] = False
     """No element waits in it between two of its outputs and it counts nothing a rank's state
     would carry: what it consumed is what it passed on, so ``reshard_states`` accepts it above the
-    rank shard. False where that is not known."""
+    share node. False where that is not known."""
 
     split_by_hand: str = ""
     """Why this source's elements are one share already (a list from
-    ``tp.distributed.shard_files``), or "": the rank rewrite does not split it again."""
+    ``tp.distributed.share_of_files``), or "": the rank rewrite does not split it again."""
 
     given_share: str = ""
     """Why this source is the rank's share already (a Ray Train worker's dataset shard), or "":
