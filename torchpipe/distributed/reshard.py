@@ -163,7 +163,7 @@ def _check_same_epoch(olds: list[_OldShare]) -> None:
         raise CheckpointError("reshard_states: states taken in torch DataLoader workers cannot be resharded")
     for key in ("origin", "holes"):
         if any(old.share[key] != first.share[key] for old in olds):
-            raise CheckpointError(f"reshard_states: the states' shards differ in {key!r}: not one pass")
+            raise CheckpointError(f"reshard_states: the states' share nodes differ in {key!r}: not one pass")
     if any(not isinstance(old.share["position"], int) for old in olds):
         raise CheckpointError("reshard_states: a shard's 'position' is not an int")
 
