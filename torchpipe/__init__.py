@@ -4,6 +4,7 @@ from torchpipe import distributed, image, io
 from torchpipe.constants import AUTOTUNE, INFINITE, UNKNOWN
 from torchpipe.dataset import Dataset
 from torchpipe.errors import CheckpointError, DiskFullError, StallError, WorkerError
+from torchpipe.integrations.ray_data import from_ray
 from torchpipe.io import TFRecordDataset, from_webdataset
 from torchpipe.loader import DataLoader, explain
 from torchpipe.ops.map import pure
@@ -15,7 +16,6 @@ from torchpipe.sources import (
     choose_from_datasets,
     from_dataset,
     from_iterable,
-    from_ray,
     from_tensor_slices,
     list_files,
     range,
