@@ -66,6 +66,7 @@ class Share:
         )
 
     def describe(self) -> str:
+        """Which share this is, in words: ``rank 1 of 4`` (``x torch worker 0 of 2``)."""
         text = f"rank {self.rank} of {self.world_size}"
         return text if self.num_workers == 1 else f"{text} x torch worker {self.worker} of {self.num_workers}"
 
