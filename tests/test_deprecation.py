@@ -28,8 +28,8 @@ def test_a_name_neither_old_nor_defined_is_an_attribute_error():
 @pytest.mark.parametrize(
     "old, new",
     [
-        ("Replica", "Rank"),
-        ("current_replica", "current_rank"),
+        ("Replica", "RankInfo"),
+        ("current_replica", "current_rank_info"),
         ("current_shard", "current_share"),
         ("shard_files", "share_of_files"),
     ],

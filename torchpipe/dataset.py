@@ -27,7 +27,7 @@ from torchpipe.arguments import (
 )
 from torchpipe.constants import AUTOTUNE, INFINITE, UNKNOWN
 from torchpipe.core.node import Node, walk
-from torchpipe.distributed.context import current_rank
+from torchpipe.distributed.context import current_rank_info
 from torchpipe.distributed.workers import current_worker
 from torchpipe.graph import PassHistory, PipelineIterator, Plan, explain_plan
 from torchpipe.ops.batch import (
@@ -88,7 +88,7 @@ class Dataset(torch.utils.data.IterableDataset):
 
     def _plan(self) -> Plan:
         options = self.options()
-        return Plan(self._node, options, self._memory, current_worker(self), current_rank(options.distribute))
+        return Plan(self._node, options, self._memory, current_worker(self), current_rank_info(options.distribute))
 
     def options(self) -> Options:
         """The pipeline's options: every ``with_options`` below this node, later ones winning."""
@@ -103,7 +103,7 @@ class Dataset(torch.utils.data.IterableDataset):
 
         On one of several ranks (docs/distributed.md), the number this rank's pass yields.
         """
-        if current_rank(self.options().distribute) is not None:
+        if current_rank_info(self.options().distribute) is not None:
             return self._plan().runtime_root.cardinality()
         return self._node.cardinality()
 

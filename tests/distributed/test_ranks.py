@@ -15,7 +15,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 import torchpipe as tp
 from tests.workers import as_torch_worker
-from torchpipe.distributed.context import current_rank, current_share
+from torchpipe.distributed.context import current_rank_info, current_share
 from torchpipe.distributed.files import share_of_files
 from torchpipe.distributed.nodes import Share
 from torchpipe.distributed.reshard import reshard_states
@@ -371,10 +371,10 @@ def test_bad_distribute_options(kwargs, error):
 
 
 def test_rank_discovery():
-    assert current_rank() is None and current_share() is None  # torch.distributed is not initialized here
-    assert current_rank(tp.DistributeOptions(rank=1, world_size=3)).rank == 1
-    assert current_rank(tp.DistributeOptions(rank=0, world_size=1)).world_size == 1  # a split of one
-    assert current_rank(tp.DistributeOptions(policy="off", rank=1, world_size=3)) is None
+    assert current_rank_info() is None and current_share() is None  # torch.distributed is not initialized here
+    assert current_rank_info(tp.DistributeOptions(rank=1, world_size=3)).rank == 1
+    assert current_rank_info(tp.DistributeOptions(rank=0, world_size=1)).world_size == 1  # a split of one
+    assert current_rank_info(tp.DistributeOptions(policy="off", rank=1, world_size=3)) is None
     with as_torch_worker(1, 2):
         assert current_share(tp.DistributeOptions(rank=1, world_size=3)) == Share(3, 1, 2, 1)
 

@@ -1,7 +1,7 @@
 """distributed.rewrite.distribute: the one place that splits a plan for this process's rank and worker."""
 
 from torchpipe.core.node import walk
-from torchpipe.distributed.context import Rank
+from torchpipe.distributed.context import RankInfo
 from torchpipe.distributed.nodes import ShareNode
 from torchpipe.distributed.rewrite import distribute
 from torchpipe.distributed.workers import TorchWorker, WorkerShareNode
@@ -30,7 +30,7 @@ def test_a_torch_worker_keeps_its_share_at_the_source():
 
 def test_a_rank_in_a_torch_worker_is_split_once_for_both():
     options = Options(distribute=DistributeOptions(rank=1, world_size=2))
-    distribution = distribute(RangeNode(0, 8, 1), options, TorchWorker(2, 0, seed=0), Rank(1, 2, False))
+    distribution = distribute(RangeNode(0, 8, 1), options, TorchWorker(2, 0, seed=0), RankInfo(1, 2, False))
     assert _types(distribution.root) == ["ShareNode", "RangeNode"]  # no worker share on top of the rank's
     (share,) = [node for node in walk(distribution.root) if isinstance(node, ShareNode)]
     assert share.share.describe() == "rank 1 of 2 x torch worker 0 of 2"

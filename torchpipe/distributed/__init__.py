@@ -9,8 +9,8 @@ one for each idea:
   the share node that keeps it, :func:`current_share`, :func:`share_of_files`);
 - a **split** is what the runtime does to make the shares: the rewrites by rank, by worker and by
   file (``tp.io.split_files`` marks where files are split);
-- a **rank** is one of the processes ``torch.distributed`` numbers (:class:`Rank`,
-  :func:`current_rank`);
+- a **rank** is one of the processes ``torch.distributed`` numbers (:class:`RankInfo`,
+  :func:`current_rank_info`);
 - a **shard** is only the user's op, ``ds.shard(n, i)``; files on disk are files; resharding
   (:func:`reshard_states`) converts N ranks' checkpoints for M.
 
@@ -28,18 +28,18 @@ docs/distributed.md tells the whole story. The modules:
 """
 
 from torchpipe.deprecation import renamed_names
-from torchpipe.distributed.context import Rank, current_rank, current_share
+from torchpipe.distributed.context import RankInfo, current_rank_info, current_share
 from torchpipe.distributed.files import share_of_files
 from torchpipe.distributed.nodes import Share
 from torchpipe.distributed.reshard import reshard_states
 
-__all__ = ["Rank", "Share", "current_rank", "current_share", "reshard_states", "share_of_files"]
+__all__ = ["RankInfo", "Share", "current_rank_info", "current_share", "reshard_states", "share_of_files"]
 
 __getattr__ = renamed_names(
     __name__,
     {
-        "Replica": "Rank",
-        "current_replica": "current_rank",
+        "Replica": "RankInfo",
+        "current_replica": "current_rank_info",
         "current_shard": "current_share",
         "shard_files": "share_of_files",
     },

@@ -102,8 +102,8 @@ tell whether code that iterates a pipeline in a worker split its data by hand, a
 
 
 @dataclasses.dataclass(frozen=True)
-class Rank:
-    """This process as one of several ranks.
+class RankInfo:
+    """This process as one of several ranks (what torch's ``WorkerInfo`` is for a worker).
 
     Attributes:
         rank: its rank.
@@ -117,7 +117,7 @@ class Rank:
     connected: bool
 
 
-def current_rank(options: DistributeOptions | None = None) -> Rank | None:
+def current_rank_info(options: DistributeOptions | None = None) -> RankInfo | None:
     """The rank this process is, or None where a pipeline is not split between ranks.
 
     ``options.rank`` and ``options.world_size`` win over ``torch.distributed``'s; ``policy="off"``
@@ -137,7 +137,7 @@ def current_rank(options: DistributeOptions | None = None) -> Rank | None:
     if world <= 1 and options.rank is None:
         return None
     connected = group is not None and group[1] > 1 and worker_info() is None
-    return Rank(rank, world, connected)
+    return RankInfo(rank, world, connected)
 
 
 def _group_rank() -> tuple[int, int] | None:
@@ -149,7 +149,7 @@ def _group_rank() -> tuple[int, int] | None:
 def current_share(options: DistributeOptions | None = None) -> Share | None:
     """This process's share of a split stream: its rank x its torch DataLoader worker, or None
     where there is neither."""
-    rank = current_rank(options)
+    rank = current_rank_info(options)
     info = worker_info()
     workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
     if rank is None and workers <= 1:

@@ -37,7 +37,7 @@ from torchpipe.constants import INFINITE, UNKNOWN
 from torchpipe.core.node import RANK_MARK, Node, walk
 from torchpipe.core.rewrite import rewrite_bottom_up, with_attrs, with_inputs
 from torchpipe.distributed.collectives import PassGroup
-from torchpipe.distributed.context import Rank
+from torchpipe.distributed.context import RankInfo
 from torchpipe.distributed.nodes import EqualizeNode, FetchNode, Share, ShareNode, SplitFilesNode
 from torchpipe.distributed.workers import TorchWorker, sources_of, split_at_source, split_for_worker, user_shards
 from torchpipe.ops.batch import BatchNode, PaddedBatchNode, RebatchNode
@@ -164,7 +164,7 @@ class RankSplit:
         return f"{who} keeps one {what} in {shares} of {self.top.label()}{over}{reads}"
 
 
-def split_for_rank(root: Node, options: DistributeOptions, rank: Rank, worker: TorchWorker | None,
+def split_for_rank(root: Node, options: DistributeOptions, rank: RankInfo, worker: TorchWorker | None,
                    wait_s: float | None = None, by_worker: tuple[Node, ...] = ()) -> Distribution:  # fmt: skip
     """``root`` split for ``rank`` (and the torch ``worker`` this process is, where it splits).
 

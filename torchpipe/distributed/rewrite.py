@@ -14,13 +14,13 @@ Three cases, one function (:func:`distribute`):
 from __future__ import annotations
 
 from torchpipe.core.node import Node
-from torchpipe.distributed.context import Rank
+from torchpipe.distributed.context import RankInfo
 from torchpipe.distributed.ranks import Distribution, split_for_rank
 from torchpipe.distributed.workers import TorchWorker, split_between_workers, split_for_worker
 from torchpipe.options import Options
 
 
-def distribute(root: Node, options: Options, worker: TorchWorker | None, rank: Rank | None) -> Distribution:
+def distribute(root: Node, options: Options, worker: TorchWorker | None, rank: RankInfo | None) -> Distribution:
     """``root`` split for this process: its ``rank`` (None: not split between ranks) and its torch
     ``worker`` (None: not in one).
 

@@ -19,7 +19,7 @@ from torchpipe.core.iterator import Iterator
 from torchpipe.core.node import BuildContext, Node
 from torchpipe.core.state import check_int
 from torchpipe.distributed.collectives import broadcast_seed
-from torchpipe.distributed.context import Rank, worker_info
+from torchpipe.distributed.context import RankInfo, worker_info
 from torchpipe.distributed.rewrite import distribute
 from torchpipe.distributed.workers import TorchWorker
 from torchpipe.errors import CheckpointError
@@ -60,7 +60,7 @@ class Plan:
     """
 
     def __init__(self, root: Node, options: Options, memory: dict[tuple[int, ...], dict[str, Any]] | None = None,
-                 worker: TorchWorker | None = None, rank: Rank | None = None) -> None:  # fmt: skip
+                 worker: TorchWorker | None = None, rank: RankInfo | None = None) -> None:  # fmt: skip
         self.root = root
         self.options = options
         self.memory = memory
