@@ -4,19 +4,19 @@ from torchpipe import distributed, image, io
 from torchpipe.constants import AUTOTUNE, INFINITE, UNKNOWN
 from torchpipe.dataset import Dataset
 from torchpipe.errors import CheckpointError, DiskFullError, StallError, WorkerError
+from torchpipe.integrations.ray_data import from_ray
 from torchpipe.io import TFRecordDataset, from_webdataset
-from torchpipe.io.load import load
 from torchpipe.loader import DataLoader, explain
 from torchpipe.ops.map import pure
 from torchpipe.options import AutotuneOptions, DistributeOptions, Options
 from torchpipe.randomness import rng
 from torchpipe.runtime.ray.executor import RayExecutor
+from torchpipe.saved import load
 from torchpipe.shared_sequence import SharedSequence
 from torchpipe.sources import (
     choose_from_datasets,
     from_dataset,
     from_iterable,
-    from_ray,
     from_tensor_slices,
     list_files,
     range,

@@ -26,8 +26,8 @@ from torchpipe.arguments import (
     require_seed,
 )
 from torchpipe.constants import AUTOTUNE, INFINITE, UNKNOWN
-from torchpipe.core.node import Node
-from torchpipe.distributed.context import current_replica
+from torchpipe.core.node import Node, walk
+from torchpipe.distributed.context import current_rank_info
 from torchpipe.distributed.workers import current_worker
 from torchpipe.graph import PassHistory, PipelineIterator, Plan, explain_plan
 from torchpipe.ops.batch import (
@@ -88,12 +88,12 @@ class Dataset(torch.utils.data.IterableDataset):
 
     def _plan(self) -> Plan:
         options = self.options()
-        return Plan(self._node, options, self._memory, current_worker(self), current_replica(options.distribute))
+        return Plan(self._node, options, self._memory, current_worker(self), current_rank_info(options.distribute))
 
     def options(self) -> Options:
         """The pipeline's options: every ``with_options`` below this node, later ones winning."""
         merged = Options()
-        for node in _postorder(self._node):
+        for node in walk(self._node, inputs_first=True):
             if isinstance(node, WithOptionsNode):
                 merged = merged.merge(node.options)
         return merged
@@ -103,7 +103,7 @@ class Dataset(torch.utils.data.IterableDataset):
 
         On one of several ranks (docs/distributed.md), the number this rank's pass yields.
         """
-        if current_replica(self.options().distribute) is not None:
+        if current_rank_info(self.options().distribute) is not None:
             return self._plan().runtime_root.cardinality()
         return self._node.cardinality()
 
@@ -549,22 +549,6 @@ class Dataset(torch.utils.data.IterableDataset):
         if not isinstance(options, Options):
             raise TypeError(f"with_options: expected tp.Options, got {type(options).__name__}")
         return Dataset(WithOptionsNode(self._node, options))
-
-
-def _postorder(root: Node) -> list[Node]:
-    out: list[Node] = []
-    seen: set[int] = set()
-
-    def visit(node: Node) -> None:
-        if id(node) in seen:
-            return
-        seen.add(id(node))
-        for child in node.inputs:
-            visit(child)
-        out.append(node)
-
-    visit(root)
-    return out
 
 
 def _check_dataset(op: str, value: Any) -> None:

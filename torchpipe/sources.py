@@ -13,29 +13,8 @@ import torch
 from torchpipe import nest
 from torchpipe.arguments import require_bool, require_int, require_seed
 from torchpipe.dataset import Dataset, _check_dataset
-from torchpipe.integrations.ray_data import ray_source
 from torchpipe.ops.combine import ChooseFromDatasetsNode, SampleFromDatasetsNode, ZipNode
 from torchpipe.ops.source_nodes import FileListNode, FromDatasetNode, FromIterableNode, RangeNode, TensorSlicesNode
-from torchpipe.runtime.ray.actors import require_ray
-
-
-def from_ray(dataset: Any) -> Dataset:
-    """A pipeline over the rows of a Ray Dataset, or of a Ray Train worker's dataset shard.
-
-    Each pass (epoch) executes the dataset again, streaming, and yields its rows as
-    ``iter_rows()`` does; the checkpoint is the number of rows delivered (a resume skips whole
-    blocks up to it, or splits a materialized dataset there: docs/scale_out.md says what Ray
-    allows). A shard (a ``ray.data.DataIterator``) is one rank's already: it is not split again.
-
-    Args:
-        dataset: a ``ray.data.Dataset`` or a ``ray.data.DataIterator``.
-
-    Raises:
-        ImportError: if Ray is not installed (naming the extra).
-        TypeError: if ``dataset`` is neither.
-    """
-    require_ray()
-    return Dataset(ray_source(dataset))
 
 
 def from_dataset(dataset: Any) -> Dataset:

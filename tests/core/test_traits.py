@@ -190,5 +190,5 @@ def test_reshard_refuses_a_source_that_cannot_seek_below_the_rank_shard():
     for it in its:
         next(it)
         states.append(it.state_dict())
-    with pytest.raises(tp.CheckpointError, match="from_iterable.*below the rank shard"):
+    with pytest.raises(tp.CheckpointError, match="from_iterable.*below the share node"):
         tp.distributed.reshard_states(states, 3)

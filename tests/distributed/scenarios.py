@@ -198,7 +198,7 @@ def _tenfold(x: int) -> int:
 class SplitByHand(torch.utils.data.IterableDataset):
     """A pipeline the user's ``__iter__`` splits by hand, as torch's docs show: by rank
     (``shard(world_size, rank)``), by torch DataLoader worker (``shard(num_workers, id)``), or
-    both (``tp.distributed.shard_files``)."""
+    both (``tp.distributed.share_of_files``)."""
 
     def __init__(self, n: int, by: str) -> None:
         self.n, self.by = n, by
@@ -209,8 +209,8 @@ class SplitByHand(torch.utils.data.IterableDataset):
         allow = tp.Options(distribute=tp.DistributeOptions(uneven="allow"))  # the others' lengths are not known
         if self.by == "rank":
             ds = ds.shard(self.world_size, self.rank).with_options(allow)
-        elif self.by == "files":  # ranks x workers, by tp.distributed.shard_files
-            ds = tp.from_tensor_slices(tp.distributed.shard_files(list(range(self.n)))).map(_tenfold)
+        elif self.by == "files":  # ranks x workers, by tp.distributed.share_of_files
+            ds = tp.from_tensor_slices(tp.distributed.share_of_files(list(range(self.n)))).map(_tenfold)
             ds = ds.with_options(allow)
         else:
             info = torch.utils.data.get_worker_info()

@@ -176,7 +176,7 @@ def test_a_pipeline_in_torch_dataloader_workers_splits_ranks_times_workers():
 def test_a_pipeline_split_by_hand_is_not_split_again(by, num_workers):
     # by rank: shard(world_size, rank), every worker splitting the rank's share automatically;
     # by worker: shard(num_workers, id) in each worker, split between the ranks automatically;
-    # files: tp.distributed.shard_files, split by both
+    # files: tp.distributed.share_of_files, split by both
     once_each(ranks(2).run(scenarios.split_by_hand, 48, by, num_workers), [10 * x for x in range(48)])
 
 

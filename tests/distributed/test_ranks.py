@@ -15,8 +15,8 @@ from torch.utils.data.distributed import DistributedSampler
 
 import torchpipe as tp
 from tests.workers import as_torch_worker
-from torchpipe.distributed.context import current_replica, current_shard
-from torchpipe.distributed.files import shard_files
+from torchpipe.distributed.context import current_rank_info, current_share
+from torchpipe.distributed.files import share_of_files
 from torchpipe.distributed.nodes import Share
 from torchpipe.distributed.reshard import reshard_states
 from torchpipe.testing import assert_checkpoint_roundtrip
@@ -255,7 +255,7 @@ def test_reshard_states_refuses_what_it_cannot_reshard(tmp_path):
         return [it.state_dict() for it in its]
 
     cases = [
-        (lambda: tp.from_dataset(Numbers(20)).map(lambda x: x).shuffle(5), "shuffle.*above the rank shard"),
+        (lambda: tp.from_dataset(Numbers(20)).map(lambda x: x).shuffle(5), "shuffle.*above the share node"),
         (lambda: tp.list_files(write_files(tmp_path, 4)), "level='file'"),
         (lambda: tp.zip(tp.range(8), tp.range(8)), "level='output'"),
     ]
@@ -371,18 +371,18 @@ def test_bad_distribute_options(kwargs, error):
 
 
 def test_rank_discovery():
-    assert current_replica() is None and current_shard() is None  # torch.distributed is not initialized here
-    assert current_replica(tp.DistributeOptions(rank=1, world_size=3)).rank == 1
-    assert current_replica(tp.DistributeOptions(rank=0, world_size=1)).world_size == 1  # a split of one
-    assert current_replica(tp.DistributeOptions(policy="off", rank=1, world_size=3)) is None
+    assert current_rank_info() is None and current_share() is None  # torch.distributed is not initialized here
+    assert current_rank_info(tp.DistributeOptions(rank=1, world_size=3)).rank == 1
+    assert current_rank_info(tp.DistributeOptions(rank=0, world_size=1)).world_size == 1  # a split of one
+    assert current_rank_info(tp.DistributeOptions(policy="off", rank=1, world_size=3)) is None
     with as_torch_worker(1, 2):
-        assert current_shard(tp.DistributeOptions(rank=1, world_size=3)) == Share(3, 1, 2, 1)
+        assert current_share(tp.DistributeOptions(rank=1, world_size=3)) == Share(3, 1, 2, 1)
 
 
-def test_shard_files_is_the_file_split_for_any_reader():
+def test_share_of_files_is_the_file_split_for_any_reader():
     files = [f"f{i}" for i in range(7)]
-    split = [shard_files(files, Share(2, rank, 2, worker)) for rank in range(2) for worker in range(2)]
+    split = [share_of_files(files, Share(2, rank, 2, worker)) for rank in range(2) for worker in range(2)]
     assert split == [["f0", "f4"], ["f2", "f6"], ["f1", "f5"], ["f3"]]
-    assert shard_files(files) == files  # no ranks, no workers here
+    assert share_of_files(files) == files  # no ranks, no workers here
     with pytest.raises(ValueError, match="7 files for 4 ranks x 2 workers"):
-        shard_files(files, Share(4, 0, 2, 0))
+        share_of_files(files, Share(4, 0, 2, 0))

@@ -195,7 +195,7 @@ _FILES = [f"part-{i:02d}" for i in range(12)]
 HAND_SPLITS = {
     "shard in __iter__": lambda n, k: tp.range(40).shard(n, k).map(_tenfold).batch(4).unbatch(),
     "range in __iter__": lambda n, k: tp.range(k, 40, n).map(_tenfold),
-    "shard_files in __iter__": lambda n, k: tp.from_tensor_slices(tp.distributed.shard_files(_FILES)),
+    "share_of_files in __iter__": lambda n, k: tp.from_tensor_slices(tp.distributed.share_of_files(_FILES)),
 }
 
 

@@ -11,7 +11,7 @@ from PIL import Image, ImageOps
 
 import torchpipe as tp
 from tests.image.conftest import encode, photo, refused_by_libjpeg_turbo_strict, with_orientation
-from torchpipe.image import codec
+from torchpipe.image import formats
 
 
 def pillow(data: bytes, mode: str = "RGB") -> np.ndarray:
@@ -90,19 +90,19 @@ def test_in_a_pipeline_the_error_names_the_element_and_ignore_errors_skips_exact
 
 def test_what_the_fast_decoder_refuses_pillow_decodes_and_stats_count(kinds):
     damaged = refused_by_libjpeg_turbo_strict(kinds["rgb"])
-    if codec.simplejpeg is not None:
+    if formats.simplejpeg is not None:
         with pytest.raises(ValueError):
-            codec.simplejpeg.decode_jpeg(damaged)
+            formats.simplejpeg.decode_jpeg(damaged)
     it = iter(tp.from_iterable([kinds["rgb"], damaged, kinds["rgb"]]).map(tp.image.decode_jpeg))
     out = list(it)
     assert all(np.array_equal(x.numpy(), pillow(kinds["rgb"])) for x in out)
     images = it.stats().images
-    assert images == {"decoded": 3, "fallback": 1 if codec.simplejpeg is not None else 0}
-    assert "3 decoded by tp.image, 1 of them by Pillow" in str(it.stats()) or codec.simplejpeg is None
+    assert images == {"decoded": 3, "fallback": 1 if formats.simplejpeg is not None else 0}
+    assert "3 decoded by tp.image, 1 of them by Pillow" in str(it.stats()) or formats.simplejpeg is None
 
 
 def test_without_simplejpeg_pillow_decodes_everything(kinds, monkeypatch):
-    monkeypatch.setattr(codec, "simplejpeg", None)
+    monkeypatch.setattr(formats, "simplejpeg", None)
     for kind in ("rgb", "grayscale", "progressive"):
         assert np.array_equal(tp.image.decode_jpeg(kinds[kind]).numpy(), pillow(kinds[kind]))
     assert tp.image.decode_and_random_resized_crop(kinds["rgb"], 8, rng=np.random.default_rng(0)).shape == (8, 8, 3)
@@ -133,25 +133,25 @@ def test_exif_orientation_is_applied_when_asked_as_pillow_applies_it(orientation
     image = Image.fromarray(photo(40, 56))
     data = with_orientation(image, orientation)
     upright = np.asarray(ImageOps.exif_transpose(Image.open(io.BytesIO(data))).convert("RGB"))
-    assert codec.exif_orientation(data) == orientation
+    assert formats.exif_orientation(data) == orientation
     assert np.array_equal(tp.image.decode_jpeg(data, apply_exif_orientation=True).numpy(), upright)
     assert tp.image.decode_jpeg(data).shape == (40, 56, 3)  # not applied by default
     assert tp.image.decode_image(data, apply_exif_orientation=True).shape == upright.shape
 
 
 def test_a_file_without_exif_or_with_a_damaged_block_has_orientation_one(kinds):
-    assert codec.exif_orientation(kinds["rgb"]) == 1
+    assert formats.exif_orientation(kinds["rgb"]) == 1
     data = with_orientation(Image.fromarray(photo()), 6)
     start = data.index(b"Exif\x00\x00") + 6
     damaged = data[: start + 4] + b"\xff\xff\xff\x7f" + data[start + 8 :]  # IFD offset past the end
-    assert codec.exif_orientation(damaged) == 1
+    assert formats.exif_orientation(damaged) == 1
 
 
 @pytest.mark.parametrize("scale", [2, 4, 8])
 def test_dct_scaled_decodes_agree_with_pillows_draft(kinds, scale):
-    image = codec.Encoded(kinds["rgb"])
-    fast = codec.decode_jpeg_array(image, 3, scale)
-    slow = codec.pillow_array(image, 3, scale)
+    image = formats.EncodedImage(kinds["rgb"])
+    fast = formats.decode_jpeg_array(image, 3, scale)
+    slow = formats.pillow_array(image, 3, scale)
     assert fast.shape == slow.shape == (-(-48 // scale), -(-64 // scale), 3)
     assert np.abs(fast.astype(int) - slow).max() <= 1
 

@@ -212,7 +212,7 @@ def test_a_replicas_error_names_the_batch_and_the_replica(workers):
 
 class FewFiles(IterableDataset):
     """Splits 6 "files" between workers as code that reads files by worker does: with more
-    workers than files it fails, as ``tp.distributed.shard_files`` does. Each read waits 2 ms."""
+    workers than files it fails, as ``tp.distributed.share_of_files`` does. Each read waits 2 ms."""
 
     def __iter__(self):
         info = get_worker_info()

@@ -232,7 +232,7 @@ def test_states_with_a_window_above_the_rank_split_do_not_reshard():
     iterators = [iter(_on_rank(tp.range(20).window(4), rank)) for rank in (0, 1)]
     for it in iterators:
         next(it)
-    with pytest.raises(CheckpointError, match=r"window\(size=4.* above the rank shard holds or makes elements"):
+    with pytest.raises(CheckpointError, match=r"window\(size=4.* above the share node holds or makes elements"):
         tp.distributed.reshard_states([it.state_dict() for it in iterators], 4)
 
 

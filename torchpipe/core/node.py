@@ -81,11 +81,11 @@ class Node(abc.ABC):
     holds_no_elements: ClassVar[bool] = False
     """No element waits in it between two of its outputs and it counts nothing a rank's state
     would carry: what it consumed is what it passed on, so ``reshard_states`` accepts it above the
-    rank shard. False where that is not known."""
+    share node. False where that is not known."""
 
     split_by_hand: str = ""
     """Why this source's elements are one share already (a list from
-    ``tp.distributed.shard_files``), or "": the rank rewrite does not split it again."""
+    ``tp.distributed.share_of_files``), or "": the rank rewrite does not split it again."""
 
     given_share: str = ""
     """Why this source is the rank's share already (a Ray Train worker's dataset shard), or "":
@@ -94,6 +94,36 @@ class Node(abc.ABC):
     # -- what the base class does ---------------------------------------------------------------
     def __init__(self, *inputs: Node) -> None:
         self.inputs: tuple[Node, ...] = inputs
+
+
+def walk(root: Node, inputs_first: bool = False) -> list[Node]:
+    """Every node of ``root``'s graph, depth first, inputs in order: the one graph walker.
+
+    Args:
+        root: where the walk starts.
+        inputs_first: False: each node before its inputs, as often as it is reached (a node
+            two paths reach comes twice, as a checkpoint lists its ops); True: each node after
+            its inputs, once (so that what a node nearer the root sets comes later and wins).
+    """
+    if not inputs_first:
+        nodes, stack = [], [root]
+        while stack:
+            node = stack.pop()
+            nodes.append(node)
+            stack.extend(reversed(node.inputs))
+        return nodes
+    done: list[Node] = []
+    seen: set[int] = set()
+    pending: list[tuple[Node, bool]] = [(root, False)]
+    while pending:
+        node, expanded = pending.pop()
+        if expanded:
+            done.append(node)
+        elif id(node) not in seen:
+            seen.add(id(node))
+            pending.append((node, True))
+            pending.extend((child, False) for child in reversed(node.inputs))
+    return done
 
 
 def node_classes() -> list[type[Node]]:

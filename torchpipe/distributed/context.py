@@ -42,7 +42,7 @@ _ASKED_LOCK = threading.Lock()
 def note_split_by_hand(info: Any, how: str = "asked") -> None:
     """Note that the user's code in worker ``info`` learned which worker it is (``how="asked"``:
     ``torch.utils.data.get_worker_info()``) or took its share of files (``"split"``:
-    :func:`shard_files`), so it may have split, or has split, its data by hand. Once a pass in
+    ``tp.distributed.share_of_files``), so it may have split, or has split, its data by hand. Once a pass in
     the worker has read what was noted (:func:`split_by_hand`), it no longer changes."""
     with _ASKED_LOCK:
         entry = _ASKED.get(id(info))
@@ -102,8 +102,8 @@ tell whether code that iterates a pipeline in a worker split its data by hand, a
 
 
 @dataclasses.dataclass(frozen=True)
-class Replica:
-    """This process as one of several ranks.
+class RankInfo:
+    """This process as one of several ranks (what torch's ``WorkerInfo`` is for a worker).
 
     Attributes:
         rank: its rank.
@@ -117,7 +117,7 @@ class Replica:
     connected: bool
 
 
-def current_replica(options: DistributeOptions | None = None) -> Replica | None:
+def current_rank_info(options: DistributeOptions | None = None) -> RankInfo | None:
     """The rank this process is, or None where a pipeline is not split between ranks.
 
     ``options.rank`` and ``options.world_size`` win over ``torch.distributed``'s; ``policy="off"``
@@ -137,7 +137,7 @@ def current_replica(options: DistributeOptions | None = None) -> Replica | None:
     if world <= 1 and options.rank is None:
         return None
     connected = group is not None and group[1] > 1 and worker_info() is None
-    return Replica(rank, world, connected)
+    return RankInfo(rank, world, connected)
 
 
 def _group_rank() -> tuple[int, int] | None:
@@ -146,13 +146,13 @@ def _group_rank() -> tuple[int, int] | None:
     return dist.get_rank(), dist.get_world_size()
 
 
-def current_shard(options: DistributeOptions | None = None) -> Share | None:
+def current_share(options: DistributeOptions | None = None) -> Share | None:
     """This process's share of a split stream: its rank x its torch DataLoader worker, or None
     where there is neither."""
-    replica = current_replica(options)
+    rank = current_rank_info(options)
     info = worker_info()
     workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
-    if replica is None and workers <= 1:
+    if rank is None and workers <= 1:
         return None
-    rank, world = (replica.rank, replica.world_size) if replica is not None else (0, 1)
-    return Share(world, rank, workers, worker)
+    index, world = (rank.rank, rank.world_size) if rank is not None else (0, 1)
+    return Share(world, index, workers, worker)

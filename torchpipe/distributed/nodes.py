@@ -1,10 +1,10 @@
-"""Ops that split a pipeline between ranks: the rank shard, the read moved above it, the equalizer.
+"""Ops that split a pipeline between ranks: the share node, the read moved above it, the equalizer.
 
 The graph rewrite that places them is ``distributed/ranks.py``; what they need from
 ``torch.distributed`` (a rank's agreement with the others) is passed in, from
 ``torchpipe/distributed/``.
 
-The rank shard numbers the elements of its input that are split ("eligible": all of them, except,
+The share node numbers the elements of its input that are split ("eligible": all of them, except,
 after an elastic resume, those some rank already had) and gives eligible element ``e`` to rank
 ``e % world_size``; a rank's ``j``-th element goes to its torch DataLoader worker ``j %
 num_workers``. Where the input's length is known it also makes the ranks' shares equal, as
@@ -42,7 +42,7 @@ class Share:
     worker: int = 0
 
     @property
-    def shards(self) -> int:
+    def shares(self) -> int:
         """How many shares the stream is split into: ranks x workers."""
         return self.world_size * self.num_workers
 
@@ -59,13 +59,14 @@ class Share:
         return max(0, -(-(in_rank - self.worker) // self.num_workers))
 
     def too_few_files(self, count: int) -> str:
-        """Why ``count`` files cannot be split into :attr:`shards` shares of whole files (fewer)."""
+        """Why ``count`` files cannot be split into :attr:`shares` shares of whole files (fewer)."""
         return (
             f"{count} files for {self.world_size} ranks x {self.num_workers} workers: each needs at least "
             "one file; give more files, or split the elements with DistributeOptions(policy='data') (or 'auto')"
         )
 
     def describe(self) -> str:
+        """Which share this is, in words: ``rank 1 of 4`` (``x torch worker 0 of 2``)."""
         text = f"rank {self.rank} of {self.world_size}"
         return text if self.num_workers == 1 else f"{text} x torch worker {self.worker} of {self.num_workers}"
 
@@ -83,21 +84,21 @@ class ShareLimits:
     pad_from: int | None
 
     @staticmethod
-    def of(eligible: int | None, shard: Share, uneven: str) -> ShareLimits:
+    def of(eligible: int | None, share: Share, uneven: str) -> ShareLimits:
         if eligible is None or uneven == "allow":
             return ShareLimits(None, None)
-        n = shard.world_size
+        n = share.world_size
         if uneven == "drop":
             return ShareLimits(n * (eligible // n), None)
         short = eligible % n  # ranks from this one on are one short
-        if not short or shard.rank < short or (eligible // n) % shard.num_workers != shard.worker:
+        if not short or share.rank < short or (eligible // n) % share.num_workers != share.worker:
             return ShareLimits(eligible, None)
-        return ShareLimits(eligible, (shard.rank + n * (eligible // n) - eligible) % eligible)
+        return ShareLimits(eligible, (share.rank + n * (eligible // n) - eligible) % eligible)
 
-    def count(self, shard: Share, eligible: int) -> int:
+    def count(self, share: Share, eligible: int) -> int:
         """The share's length."""
         stop = eligible if self.stop is None else self.stop
-        return shard.count(stop) + (self.pad_from is not None)
+        return share.count(stop) + (self.pad_from is not None)
 
 
 class ShareNode(Node):
@@ -105,7 +106,7 @@ class ShareNode(Node):
 
     Args:
         input: the node whose elements are split.
-        shard: which share.
+        share: which share.
         level: where it was placed, for ``explain()`` and checkpoints: ``"data"`` (the
             elements of one source, after the ops that only reorder or select them), ``"file"``
             (the file names of ``tp.list_files``) or ``"output"``.
@@ -116,9 +117,9 @@ class ShareNode(Node):
 
     kind = "distribute"
 
-    def __init__(self, input: Node, shard: Share, level: str, uneven: str) -> None:
+    def __init__(self, input: Node, share: Share, level: str, uneven: str) -> None:
         super().__init__(input)
-        self.shard = shard
+        self.share = share
         self.level = level
         self.uneven = uneven
 
@@ -126,7 +127,7 @@ class ShareNode(Node):
         return {"level": self.level, "uneven": self.uneven}
 
     def label(self) -> str:
-        return f"{super().label()} [{self.shard.describe()}]"
+        return f"{super().label()} [{self.share.describe()}]"
 
     def _total(self) -> int | None:
         n = self.inputs[0].cardinality()
@@ -136,26 +137,26 @@ class ShareNode(Node):
         total = self._total()
         if total is None:
             return self.inputs[0].cardinality()
-        return ShareLimits.of(total, self.shard, self._uneven_here()).count(self.shard, total)
+        return ShareLimits.of(total, self.share, self._uneven_here()).count(self.share, total)
 
     def _uneven_here(self) -> str:
         return "allow" if self.level == "file" else self.uneven
 
     def input_context(self, ctx: BuildContext, index: int) -> BuildContext:
-        # Below the shard every rank must draw alike (the same order to split): no rank salt.
+        # Below the split every rank must draw alike (the same order to split): no rank salt.
         return dataclasses.replace(ctx, salt=())
 
     def build(self, ctx: BuildContext) -> Iterator:
         source = ctx.build_input(self)
-        return ReplicaShardIterator(self.kind, source, self.shard, self._total(), self._uneven_here())
+        return ShareIterator(self.kind, source, self.share, self._total(), self._uneven_here())
 
 
 SHARE_STATE_KEYS = ("input", "position", "world_size", "rank", "num_workers", "worker", "origin", "holes",
                     "pad", "padded")  # fmt: skip
-"""The keys of a rank shard's state (``tp.distributed.reshard_states`` finds it by them)."""
+"""The keys of a share node's state (``tp.distributed.reshard_states`` finds it by them)."""
 
 
-class ReplicaShardIterator(Iterator):
+class ShareIterator(Iterator):
     """Yields its share of the input, skipping (without reading, where the input can seek) the rest.
 
     State: ``position`` (input elements passed), the share it is (``world_size``, ``rank``,
@@ -166,10 +167,10 @@ class ReplicaShardIterator(Iterator):
 
     INPUT, POSITION, ORIGIN, HOLES, PAD, PADDED = "input", "position", "origin", "holes", "pad", "padded"
 
-    def __init__(self, name: str, source: Iterator, shard: Share, total: int | None, uneven: str) -> None:
+    def __init__(self, name: str, source: Iterator, share: Share, total: int | None, uneven: str) -> None:
         super().__init__(name, source)
         self._source = source
-        self._shard = shard
+        self._share = share
         self._total = total
         self._uneven = uneven
         self._position = 0
@@ -185,10 +186,10 @@ class ReplicaShardIterator(Iterator):
         if self._total is None:
             return ShareLimits(None, None)
         eligible = self._total - self._origin - sum(1 for hole in self._holes if hole < self._total)
-        return ShareLimits.of(max(0, eligible), self._shard, self._uneven)
+        return ShareLimits.of(max(0, eligible), self._share, self._uneven)
 
     def next(self) -> Any:
-        shard, limits, source = self._shard, self._limits, self._source
+        share, limits, source = self._share, self._limits, self._source
         while limits.stop is None or self._eligible < limits.stop:
             position, e = self._position, self._eligible
             if position in self._hole_set:
@@ -196,7 +197,7 @@ class ReplicaShardIterator(Iterator):
                     break
                 self._position = position + 1
                 continue
-            mine, keep = shard.owns(e), e == limits.pad_from and not self._pad
+            mine, keep = share.owns(e), e == limits.pad_from and not self._pad
             if not (mine or keep):
                 if not self._pass(source):
                     break
@@ -234,18 +235,18 @@ class ReplicaShardIterator(Iterator):
             raise StopIteration
         if not self._pad:
             raise RuntimeError(
-                f"{self.name}: {self._shard.describe()} pads its share with eligible element "
+                f"{self.name}: {self._share.describe()} pads its share with eligible element "
                 f"{self._limits.pad_from}, which raised an error when read"
             )
         self._padded = True
         return self._pad[0]
 
     def get_state(self) -> dict[str, Any]:
-        shard = self._shard
+        share = self._share
         return {
             self.INPUT: self._source.state_dict(), self.POSITION: self._position,
-            "world_size": shard.world_size, "rank": shard.rank, "num_workers": shard.num_workers,
-            "worker": shard.worker, self.ORIGIN: self._origin, self.HOLES: list(self._holes),
+            "world_size": share.world_size, "rank": share.rank, "num_workers": share.num_workers,
+            "worker": share.worker, self.ORIGIN: self._origin, self.HOLES: list(self._holes),
             self.PAD: list(self._pad), self.PADDED: self._padded,
         }  # fmt: skip
 
@@ -270,9 +271,9 @@ class ReplicaShardIterator(Iterator):
     def _check_share(self, state: dict[str, Any]) -> None:
         keys = ("world_size", "rank", "num_workers", "worker")
         saved = Share(*(check_int(self.name, state, key, minimum=0) for key in keys))
-        if saved != self._shard:
+        if saved != self._share:
             raise CheckpointError(
-                f"{self.name}: the state is {saved.describe()}'s and this is {self._shard.describe()}: each rank "
+                f"{self.name}: the state is {saved.describe()}'s and this is {self._share.describe()}: each rank "
                 "loads its own state; to resume on another number of ranks, convert the states with "
                 "tp.distributed.reshard_states(states, world_size)"
             )
@@ -281,7 +282,7 @@ class ReplicaShardIterator(Iterator):
 class SplitFilesNode(Node):
     """Where a list of files is split between ranks (``tp.io.split_files``, ``tp.from_webdataset``).
 
-    The split itself is the rank shard that the distribution rewrite puts right below this node
+    The split itself is the share node that the distribution rewrite puts right below this node
     (``distributed/ranks.py``), so it follows ``DistributeOptions`` (the policy, an explicit rank
     and world size) and splits ranks x torch DataLoader workers once. The node has no iterator of
     its own: where the pipeline is not split between ranks (one process, ``policy="off"``, a split
@@ -319,7 +320,7 @@ class SplitFilesNode(Node):
 
 class FetchNode(Node):
     """``dataset[i]`` for every index of its input: a ``from_dataset`` source's reads, moved above
-    the rank shard so that each rank reads only its share. It checkpoints as its input."""
+    the share node so that each rank reads only its share. It checkpoints as its input."""
 
     kind = "fetch"
     checkpoints_as_input = True
@@ -374,7 +375,7 @@ class EqualizeNode(Node):
     """Its input, made as long on this rank as on every other.
 
     Args:
-        input: the pipeline (with its rank shard).
+        input: the pipeline (with its share node).
         uneven: ``"drop"``: end with the shortest rank; ``"pad"``: run as long as the longest,
             repeating this rank's elements from the start of its pass.
         target: the length every rank's pass gets, where each rank's is known; None: the ranks

@@ -1,8 +1,8 @@
-"""Splitting a pipeline between ranks: where the rank shard goes, equal lengths, global batches.
+"""Splitting a pipeline between ranks: where the share node goes, equal lengths, global batches.
 
-On rank ``r`` of ``N`` (``torchpipe/distributed/`` says which) the plan puts one shard node in
+On rank ``r`` of ``N`` (``torchpipe/distributed/`` says which) the plan puts one share node in
 before the static passes, splitting between ranks x torch DataLoader workers where it runs in
-one (so it takes the place of ``distributed/workers.py``'s worker shard). Where it goes, by
+one (so it takes the place of ``distributed/workers.py``'s worker split). Where it goes, by
 ``DistributeOptions.policy``:
 
 - **file** (``"auto"`` where the pipeline starts from a list of files with at least ranks x
@@ -12,19 +12,19 @@ one (so it takes the place of ``distributed/workers.py``'s worker shard). Where 
 - **data** (``"auto"`` otherwise, where the pipeline has one source): above the source and the
   ops that only reorder or select its elements (shuffle, take, skip, repeat), so every rank runs
   those alike and splits one order, as ``DistributedSampler`` shuffles and then splits. A
-  ``from_dataset`` source then yields indices and ``dataset[i]`` is read above the shard: a
+  ``from_dataset`` source then yields indices and ``dataset[i]`` is read above the split: a
   rank reads only its share.
 - **output** (several sources, a cache file the ranks share, or ``policy="data"`` over files):
   every rank runs the whole pipeline and keeps one element in N.
 
-Below the shard every rank draws the same random numbers (the pass seed all ranks share); above
+Below the split every rank draws the same random numbers (the pass seed all ranks share); above
 it each rank's seeds carry its rank, so ranks do not shuffle or augment their shares alike. A
 pipeline that shards itself (``shard(...)``) is not split again by ``"auto"``; its seeds are
 shared, and its torch workers split it as ``distributed/workers.py`` does. Nor is one whose files are
 marked to be read whole on every rank (``from_webdataset(split_by_rank=False)``); its torch
 workers split it too. Nor is one whose source is the rank's share already (``tp.from_ray`` over a
 Ray Train worker's dataset shard): its seeds carry the rank, and Ray evens the shards' lengths.
-Ranks' lengths are made equal (``DistributeOptions.uneven``) by the shard where its input's length
+Ranks' lengths are made equal (``DistributeOptions.uneven``) by the share node where its input's length
 is known, else by an ``equalize`` op at the output: to a length known ahead, or with the ranks
 agreeing at every element.
 """
@@ -34,12 +34,12 @@ from __future__ import annotations
 import dataclasses
 
 from torchpipe.constants import INFINITE, UNKNOWN
-from torchpipe.core.node import RANK_MARK, Node
+from torchpipe.core.node import RANK_MARK, Node, walk
 from torchpipe.core.rewrite import rewrite_bottom_up, with_attrs, with_inputs
 from torchpipe.distributed.collectives import PassGroup
-from torchpipe.distributed.context import Replica
+from torchpipe.distributed.context import RankInfo
 from torchpipe.distributed.nodes import EqualizeNode, FetchNode, Share, ShareNode, SplitFilesNode
-from torchpipe.distributed.workers import TorchWorker, shards_at_source, sources_of, split_for_worker, user_shards
+from torchpipe.distributed.workers import TorchWorker, sources_of, split_at_source, split_for_worker, user_shards
 from torchpipe.ops.batch import BatchNode, PaddedBatchNode, RebatchNode
 from torchpipe.ops.interleave.interleave import FlatMapNode, InterleaveNode
 from torchpipe.ops.shuffle import ShuffleNode
@@ -51,21 +51,23 @@ NAME = "distribute"
 
 @dataclasses.dataclass
 class Distribution:
-    """A pipeline split for one rank.
+    """A pipeline split for this process: its rank's share, or its torch worker's, or the whole.
 
     Attributes:
-        written: the graph as written with the shard (and equalizer) in, as checkpoints name it:
+        written: the graph as written with the share node (and equalizer) in, as checkpoints name it:
             with the batch sizes as written, so that a state names no world size.
         root: the graph the static passes take (``written`` with global batch sizes divided,
             without the equalizer: :meth:`equalized` puts it above what the passes made).
         notes: lines for ``explain()``.
-        shared_seed: whether something below the shard draws random numbers, so that every
+        shared_seed: whether something below the split draws random numbers, so that every
             rank's pass needs the same seed.
-        salt: mixed into the seeds above the shard (empty where nothing of the user's is above).
+        salt: mixed into the seeds above the split (empty where nothing of the user's is above).
         uneven: ``DistributeOptions.uneven``.
         target: the length every rank's pass is cut or padded to, where the ranks' lengths are
             known and differ.
         group: the ranks' agreement a pass needs (opened for each pass) where they are not known.
+        warning: what a pass warns of at its first element (None: nothing), where torchpipe
+            cannot tell whether the user's code split the data between torch workers by hand.
     """
 
     written: Node
@@ -76,6 +78,7 @@ class Distribution:
     uneven: str
     target: int | None = None
     group: PassGroup | None = None
+    warning: str | None = None
 
     def equalized(self, optimized: Node) -> Node:
         """``optimized`` (``root`` after the static passes) made as long as the other ranks'.
@@ -91,7 +94,7 @@ class Distribution:
 
 @dataclasses.dataclass(frozen=True)
 class RankSplit:
-    """Where the shard goes: ``level`` (``data``, ``file``, ``output``; ``manual`` where the
+    """Where the split goes: ``level`` (``data``, ``file``, ``output``; ``manual`` where the
     pipeline shards itself, by the ``shard`` op ``top`` or a list of files split by hand, ``whole``
     where its files are marked to be read whole on every rank,
     ``given`` where its source is the rank's share already: a Ray Train worker's),
@@ -104,25 +107,25 @@ class RankSplit:
     why: str = ""
     shuffled: bool = False
 
-    def apply(self, root: Node, shard: Share, uneven: str) -> Node:
-        """``root`` with the shard in."""
+    def apply(self, root: Node, share: Share, uneven: str) -> Node:
+        """``root`` with the share node in."""
         if self.level in ("manual", "whole", "given"):
             # not split between ranks, but a rank's torch workers must still split its share
-            return root if shard.num_workers == 1 else split_for_worker(root, shard.num_workers, shard.worker)[0]
+            return root if share.num_workers == 1 else split_for_worker(root, share.num_workers, share.worker)[0]
         if self.level == "output":
-            return ShareNode(root, shard, "output", uneven)
+            return ShareNode(root, share, "output", uneven)
         source, top = self.source, self.top
         assert source is not None and top is not None  # set for a "file" or "element" split
         if isinstance(source, FromDatasetNode) and top is not source:
-            # indices below the shard, dataset[i] read above it: a rank reads only its share
+            # indices below the split, dataset[i] read above it: a rank reads only its share
             below = _replace(top, source, IndicesNode(source))
-            split: Node = FetchNode(ShareNode(below, shard, self.level, uneven), source.dataset)
+            split: Node = FetchNode(ShareNode(below, share, self.level, uneven), source.dataset)
         else:
-            split = ShareNode(top, shard, self.level, uneven)
+            split = ShareNode(top, share, self.level, uneven)
         return _replace(root, top, split)
 
     def chain(self) -> list[Node]:
-        """The nodes from ``top`` down to the source (below the shard)."""
+        """The nodes from ``top`` down to the source (below the split)."""
         nodes, node = [], self.top
         while node is not None:
             nodes.append(node)
@@ -132,38 +135,38 @@ class RankSplit:
     def random_below(self) -> bool:
         """Whether ranks must share the pass seed for their shares to be disjoint."""
         if self.level == "output":
-            return True  # every op is below the shard; any of them may draw
-        if self.level == "manual":  # the ranks' shards are disjoint where what reaches them is one order
-            return self.top is not None and any(getattr(node, "seed", 0) is None for node in _nodes(self.top))
+            return True  # every op is below the split; any of them may draw
+        if self.level == "manual":  # the ranks' shares are disjoint where what reaches them is one order
+            return self.top is not None and any(getattr(node, "seed", 0) is None for node in walk(self.top))
         if self.level in ("whole", "given"):
             return False  # nothing is split between ranks: their draws need not agree
         return self.shuffled or any(isinstance(node, ShuffleNode) and node.seed is None for node in self.chain())
 
-    def note(self, shard: Share) -> str:
-        """A line for ``explain()``: what ``shard`` keeps."""
-        return f"{NAME}: {self.sentence(shard.describe(), str(shard.shards))}"
+    def note(self, share: Share) -> str:
+        """A line for ``explain()``: what ``share`` keeps."""
+        return f"{NAME}: {self.sentence(share.describe(), str(share.shares))}"
 
-    def sentence(self, who: str, shards: str) -> str:
+    def sentence(self, who: str, shares: str) -> str:
         if self.level == "manual":
             return f"{self.why}: not split again ({who}); the ranks share its seeds"
         if self.level == "whole":
             return f"{self.why}: not split ({who} gets every element)"
         if self.level == "given":
-            return f"{self.why}: not split again ({who} gets its own shard)"
+            return f"{self.why}: not split again ({who} gets its own share)"
         if self.level == "output":
             return (f"{who} runs the whole pipeline ({self.why}) with a seed the ranks share and keeps one element "
-                    f"in {shards} of the output")  # fmt: skip
+                    f"in {shares} of the output")  # fmt: skip
         what = "file" if self.level == "file" else "element"
         assert self.source is not None and self.top is not None  # set for a "file" or "element" split
         over = "" if self.top is self.source else f" over {self.source.label()}"
-        reads = " (indices: dataset[i] is read above the shard, for its share only)" if (
+        reads = " (indices: dataset[i] is read above the split, for its share only)" if (
             isinstance(self.source, FromDatasetNode) and self.top is not self.source) else ""  # fmt: skip
-        return f"{who} keeps one {what} in {shards} of {self.top.label()}{over}{reads}"
+        return f"{who} keeps one {what} in {shares} of {self.top.label()}{over}{reads}"
 
 
-def distribute(root: Node, options: DistributeOptions, replica: Replica, worker: TorchWorker | None,
-               wait_s: float | None = None, by_worker: tuple[Node, ...] = ()) -> Distribution:  # fmt: skip
-    """``root`` split for ``replica`` (and the torch ``worker`` this process is, where it splits).
+def split_for_rank(root: Node, options: DistributeOptions, rank: RankInfo, worker: TorchWorker | None,
+                   wait_s: float | None = None, by_worker: tuple[Node, ...] = ()) -> Distribution:  # fmt: skip
+    """``root`` split for ``rank`` (and the torch ``worker`` this process is, where it splits).
 
     Args:
         wait_s: how long the ranks' agreement waits for the others (``Options.stall_timeout``).
@@ -177,25 +180,25 @@ def distribute(root: Node, options: DistributeOptions, replica: Replica, worker:
             torch DataLoader worker, where the ranks cannot agree.
     """
     workers = (worker.num_workers, worker.index) if worker is not None else (1, 0)
-    shard = Share(replica.world_size, replica.rank, *workers)
-    placement = place(root, options.policy, shard, by_worker)
-    notes = [placement.note(shard)]
-    written, run = _split(root, placement, shard, options, notes)
-    target, group = _equal_lengths(root, placement, options, shard, run, wait_s)
+    share = Share(rank.world_size, rank.rank, *workers)
+    placement = place(root, options.policy, share, by_worker)
+    notes = [placement.note(share)]
+    written, run = _split(root, placement, share, options, notes)
+    target, group = _equal_lengths(root, placement, options, share, run, wait_s)
     if target is not None or group is not None:
         written = EqualizeNode(written, options.uneven, target, group)
         how = "ends where the shortest rank's does" if options.uneven == "drop" else (
             "runs as long as the longest rank's, padded")  # fmt: skip
         notes.append(f"{NAME}: {written.label()}: this rank's pass {how}")
-    salt = (RANK_MARK, replica.rank) if placement.level in ("data", "file", "given") else ()
-    shared_seed = placement.random_below() and replica.world_size > 1
+    salt = (RANK_MARK, rank.rank) if placement.level in ("data", "file", "given") else ()
+    shared_seed = placement.random_below() and rank.world_size > 1
     return Distribution(written, run, notes, shared_seed, salt, options.uneven, target, group)
 
 
-def place(root: Node, policy: str, shard: Share, by_worker: tuple[Node, ...] = ()) -> RankSplit:
-    """Where ``policy`` puts the shard in ``root`` (see the module docstring); ``by_worker``: the
+def place(root: Node, policy: str, share: Share, by_worker: tuple[Node, ...] = ()) -> RankSplit:
+    """Where ``policy`` puts the split in ``root`` (see the module docstring); ``by_worker``: the
     pipeline's own ``shard`` ops that split it between torch workers, not ranks."""
-    nodes, sources = _nodes(root), sources_of(root)
+    nodes, sources = walk(root), sources_of(root)
     marks = [node for node in nodes if isinstance(node, SplitFilesNode)]
     by_rank = [node for node in user_shards(root) if node not in by_worker]
     if policy == "auto" and by_rank:
@@ -208,7 +211,7 @@ def place(root: Node, policy: str, shard: Share, by_worker: tuple[Node, ...] = (
         return RankSplit("given", why=given)
     if policy == "auto" and any(not mark.split for mark in marks):
         return RankSplit("whole", why="its files are read whole on every rank (from_webdataset(split_by_rank=False))")
-    single = shards_at_source(root, sources)
+    single = split_at_source(root, sources)
     mark = next((mark for mark in marks if mark.split), None) if single else None
     files = single and (mark is not None or _starts_from_files(root, sources[0]))
     if policy == "file" and not files:
@@ -220,11 +223,11 @@ def place(root: Node, policy: str, shard: Share, by_worker: tuple[Node, ...] = (
         # where tp.io.split_files marks, else above the file list and its shuffle
         top = mark.inputs[0] if mark is not None else _index_top(root, sources[0])
         count = top.cardinality()
-        if count == INFINITE or count >= shard.shards:
+        if count == INFINITE or count >= share.shares:
             return RankSplit("file", top, sources[0], shuffled=mark is not None and mark.shuffled)
         if policy == "file":
-            raise ValueError(f"DistributeOptions(policy='file'): {shard.too_few_files(count)}")
-        return RankSplit("output", why=f"{count} files, fewer than {shard.shards} ranks x workers")
+            raise ValueError(f"DistributeOptions(policy='file'): {share.too_few_files(count)}")
+        return RankSplit("output", why=f"{count} files, fewer than {share.shares} ranks x workers")
     if single and not files:
         return RankSplit("data", _index_top(root, sources[0]), sources[0])
     why = f"{len(sources)} sources" if len(sources) > 1 else (
@@ -233,7 +236,7 @@ def place(root: Node, policy: str, shard: Share, by_worker: tuple[Node, ...] = (
 
 
 def describe_rank_split(root: Node, options: DistributeOptions) -> str:
-    """Where the shard would go on several ranks, for ``explain()`` where there is one."""
+    """Where the split would go on several ranks, for ``explain()`` where there is one."""
     if options.policy == "off":
         return "not split (DistributeOptions(policy='off')): every rank gets every element"
     try:
@@ -243,13 +246,13 @@ def describe_rank_split(root: Node, options: DistributeOptions) -> str:
     return f"{placement.sentence('each rank', 'world_size')} (uneven={options.uneven!r})"
 
 
-def _split(root: Node, placement: RankSplit, shard: Share, options: DistributeOptions,
+def _split(root: Node, placement: RankSplit, share: Share, options: DistributeOptions,
            notes: list[str] | None = None) -> tuple[Node, Node]:  # fmt: skip
-    """The graph with ``shard`` in, as written and with global batch sizes divided."""
-    written = placement.apply(root, shard, options.uneven)
+    """The graph with ``share``'s node in, as written and with global batch sizes divided."""
+    written = placement.apply(root, share, options.uneven)
     if not options.global_batch:
         return written, written
-    return written, _divide_batches(written, shard.world_size, notes if notes is not None else [])
+    return written, _divide_batches(written, share.world_size, notes if notes is not None else [])
 
 
 def _divide_batches(root: Node, world_size: int, notes: list[str]) -> Node:
@@ -277,22 +280,22 @@ def _divide_batches(root: Node, world_size: int, notes: list[str]) -> Node:
     return out
 
 
-def _equal_lengths(root: Node, placement: RankSplit, options: DistributeOptions, shard: Share, run: Node,
+def _equal_lengths(root: Node, placement: RankSplit, options: DistributeOptions, share: Share, run: Node,
                    wait_s: float | None) -> tuple[int | None, PassGroup | None]:  # fmt: skip
     """The length every rank's pass gets where each is known, or the agreement the ranks need."""
-    if options.uneven == "allow" or shard.world_size == 1 or run.cardinality() == INFINITE:
+    if options.uneven == "allow" or share.world_size == 1 or run.cardinality() == INFINITE:
         return None, None
     if placement.level == "whole":
         return None, None  # every rank reads the same files whole
     if placement.level == "given":
         return None, None  # the source evens its shards (Ray's streaming_split(equal=True), as Ray Train does)
     lengths = {UNKNOWN} if placement.level == "manual" else {
-        _split(root, placement, Share(shard.world_size, rank), options)[1].cardinality()
-        for rank in (0, shard.world_size - 1)  # the longest and the shortest share
+        _split(root, placement, Share(share.world_size, index), options)[1].cardinality()
+        for index in (0, share.world_size - 1)  # the longest and the shortest share
     }  # fmt: skip
     if len(lengths) == 1 and UNKNOWN not in lengths:
         return None, None
-    if shard.num_workers > 1:
+    if share.num_workers > 1:
         raise ValueError(
             f"{NAME}: this pipeline's length differs between ranks ({_lengths_text(lengths)}), and in torch "
             "DataLoader workers the ranks cannot agree where it ends: iterate it with tp.DataLoader(pipeline), "
@@ -317,17 +320,6 @@ def _starts_from_files(root: Node, source: Node) -> bool:
     path = _path(root, top)
     above = path[-2] if len(path) > 1 else None
     return isinstance(above, (FlatMapNode, InterleaveNode)) and isinstance(above.fn, FileOpener)
-
-
-def _nodes(root: Node) -> list[Node]:
-    """Every node of ``root``'s graph, depth first, marks included (``ops_of`` leaves out the
-    nodes without a state of their own, ``split_files`` among them)."""
-    nodes, stack = [], [root]
-    while stack:
-        node = stack.pop()
-        nodes.append(node)
-        stack.extend(reversed(node.inputs))
-    return nodes
 
 
 def _index_top(root: Node, source: Node) -> Node:

@@ -14,9 +14,9 @@ from torchpipe.errors import CheckpointError
 
 # -- elastic resume -----------------------------------------------------------------------------------
 def allowed_above() -> set[str]:
-    """The op kinds that may sit above the rank shard of a pipeline whose states reshard: none
+    """The op kinds that may sit above the share node of a pipeline whose states reshard: none
     holds elements between two of its outputs (``Node.holds_no_elements``), so what a rank
-    consumed is what its shard passed; and the equalizer, whose counts a new rank starts afresh."""
+    consumed is what its share node passed; and the equalizer, whose counts a new rank starts afresh."""
     return _kinds(lambda cls: cls.holds_no_elements) | {EqualizeNode.kind}
 
 
@@ -64,28 +64,28 @@ def reshard_states(states: Sequence[dict[str, Any]], world_size: int) -> list[di
     """
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"reshard_states: world_size must be an int >= 1, got {world_size!r}")
-    olds = _old_shards(states)
-    origin, holes = olds[0].shard["origin"], set(olds[0].shard["holes"])
-    resume = min(old.shard["position"] for old in olds)
+    olds = _old_shares(states)
+    origin, holes = olds[0].share["origin"], set(olds[0].share["holes"])
+    resume = min(old.share["position"] for old in olds)
     world = len(olds)
     had = {q for q in holes if q >= resume}
     for old in olds:
         had.update(old.own_positions(resume, origin, holes, world))
-    base = next(old for old in olds if old.shard["position"] == resume)
+    base = next(old for old in olds if old.share["position"] == resume)
     return [base.for_rank(rank, world_size, resume, sorted(had)) for rank in range(world_size)]
 
 
 @dataclasses.dataclass
-class _OldShard:
-    """One old rank's state, with the path to its shard's."""
+class _OldShare:
+    """One old rank's state, with the path to its share node's."""
 
     state: dict[str, Any]
     path: list[Any]
-    shard: dict[str, Any]
+    share: dict[str, Any]
 
     def own_positions(self, start: int, origin: int, holes: set[int], world: int) -> list[int]:
         """The input positions at or past ``start`` whose elements this rank had."""
-        rank, end = self.shard["rank"], self.shard["position"]
+        rank, end = self.share["rank"], self.share["position"]
         eligible = start - origin - sum(1 for q in holes if q < start)
         own = []
         for q in range(start, end):
@@ -103,42 +103,42 @@ class _OldShard:
             if isinstance(node, dict) and set(node) >= _EQUALIZE_KEYS:
                 node["yielded"], node["wraps"] = 0, 0  # the new ranks' passes are as long as each other's
             parent, node = node, node[key]
-        shard = dict(input=node["input"], position=resume, world_size=world_size, rank=rank, num_workers=1,
+        share = dict(input=node["input"], position=resume, world_size=world_size, rank=rank, num_workers=1,
                      worker=0, origin=resume, holes=holes, pad=[], padded=False)  # fmt: skip
-        parent[self.path[-1] if self.path else "pipeline"] = shard
+        parent[self.path[-1] if self.path else "pipeline"] = share
         return state
 
 
-def _old_shards(states: Sequence[dict[str, Any]]) -> list[_OldShard]:
+def _old_shares(states: Sequence[dict[str, Any]]) -> list[_OldShare]:
     if isinstance(states, dict) or not isinstance(states, Sequence) or not states:
         raise CheckpointError("reshard_states: expected a list of the old ranks' states")
     olds = []
     for i, state in enumerate(states):
         if not isinstance(state, dict) or state.get("format") != 3 or "pipeline" not in state:
             raise CheckpointError(f"reshard_states: states[{i}] is not a torchpipe pipeline state (format 3)")
-        paths = list(_shard_paths(state["pipeline"], []))
+        paths = list(_share_paths(state["pipeline"], []))
         if len(paths) != 1:
-            raise CheckpointError(f"reshard_states: states[{i}] has {len(paths)} rank shards; it must have one "
+            raise CheckpointError(f"reshard_states: states[{i}] has {len(paths)} share nodes; it must have one "
                                   "(a pipeline split between ranks, from a rank's own process)")  # fmt: skip
-        shard = _follow(state["pipeline"], paths[0])
-        olds.append(_OldShard(state, paths[0], shard))
+        share = _follow(state["pipeline"], paths[0])
+        olds.append(_OldShare(state, paths[0], share))
     _check_same_epoch(olds)
     _check_ops(olds[0].state["ops"])
     for old in olds:
         _check_nothing_held(old)
-    return sorted(olds, key=lambda old: old.shard["rank"])
+    return sorted(olds, key=lambda old: old.share["rank"])
 
 
-def _shard_paths(node: Any, path: list[Any]) -> Any:
+def _share_paths(node: Any, path: list[Any]) -> Any:
     if isinstance(node, dict):
         if set(SHARE_STATE_KEYS) <= set(node):
             yield path
             return
         for key, value in node.items():
-            yield from _shard_paths(value, path + [key])
+            yield from _share_paths(value, path + [key])
     elif isinstance(node, list):
         for i, value in enumerate(node):
-            yield from _shard_paths(value, path + [i])
+            yield from _share_paths(value, path + [i])
 
 
 def _follow(node: Any, path: list[Any]) -> Any:
@@ -147,24 +147,24 @@ def _follow(node: Any, path: list[Any]) -> Any:
     return node
 
 
-def _check_same_epoch(olds: list[_OldShard]) -> None:
+def _check_same_epoch(olds: list[_OldShare]) -> None:
     first = olds[0]
     for key in ("ops", "seed", "epoch"):
         if any(old.state.get(key) != first.state.get(key) for old in olds):
             raise CheckpointError(
                 f"reshard_states: the states differ in {key!r}: they are not one pass of one pipeline"
             )
-    worlds = {old.shard["world_size"] for old in olds}
-    ranks = sorted(old.shard["rank"] for old in olds)
+    worlds = {old.share["world_size"] for old in olds}
+    ranks = sorted(old.share["rank"] for old in olds)
     if worlds != {len(olds)} or ranks != list(range(len(olds))):
         raise CheckpointError(f"reshard_states: expected one state from each of the old ranks; got ranks {ranks} "
                               f"of world sizes {sorted(worlds)}")  # fmt: skip
-    if any(old.shard["num_workers"] != 1 for old in olds):
+    if any(old.share["num_workers"] != 1 for old in olds):
         raise CheckpointError("reshard_states: states taken in torch DataLoader workers cannot be resharded")
     for key in ("origin", "holes"):
-        if any(old.shard[key] != first.shard[key] for old in olds):
-            raise CheckpointError(f"reshard_states: the states' shards differ in {key!r}: not one pass")
-    if any(not isinstance(old.shard["position"], int) for old in olds):
+        if any(old.share[key] != first.share[key] for old in olds):
+            raise CheckpointError(f"reshard_states: the states' share nodes differ in {key!r}: not one pass")
+    if any(not isinstance(old.share["position"], int) for old in olds):
         raise CheckpointError("reshard_states: a shard's 'position' is not an int")
 
 
@@ -172,7 +172,7 @@ def _check_ops(ops: Any) -> None:
     written = ops[: ops.index("->")] if isinstance(ops, list) and "->" in ops else None
     lines = [line for line in written or [] if line.startswith("distribute(")]
     if written is None or len(lines) != 1:
-        raise CheckpointError("reshard_states: the states' 'ops' do not name one rank shard")
+        raise CheckpointError("reshard_states: the states' 'ops' do not name one share node")
     at = written.index(lines[0])
     if "level='data'" not in lines[0]:
         raise CheckpointError(f"reshard_states: the pipeline is split as {lines[0]}; only level='data' (the "
@@ -181,22 +181,22 @@ def _check_ops(ops: Any) -> None:
     for line, allowed, where in sides:
         for op in line:
             if op.split("(", 1)[0] not in allowed:
-                raise CheckpointError(f"reshard_states: {op} {where} the rank shard holds or makes elements a "
+                raise CheckpointError(f"reshard_states: {op} {where} the share node holds or makes elements a "
                                       f"resharded rank could not take over; allowed {where} it: "
                                       f"{sorted(allowed)}")  # fmt: skip
 
 
-def _check_nothing_held(old: _OldShard) -> None:
+def _check_nothing_held(old: _OldShare) -> None:
     node: Any = old.state["pipeline"]
     for key in old.path:
         if isinstance(node, dict) and set(node) >= _LOG_KEYS and node["skip"]:
             raise CheckpointError(
-                f"reshard_states: rank {old.shard['rank']}'s parallel map delivered elements out of order "
+                f"reshard_states: rank {old.share['rank']}'s parallel map delivered elements out of order "
                 "(deterministic=False); reshard states taken with deterministic=True"
             )
         if isinstance(node, dict) and set(node) >= _EQUALIZE_KEYS and node["wraps"]:
             raise CheckpointError(
-                f"reshard_states: rank {old.shard['rank']} was already padding the end of its epoch with repeated "
+                f"reshard_states: rank {old.share['rank']} was already padding the end of its epoch with repeated "
                 "elements: nothing is left to reshard; start the next epoch on the new ranks instead"
             )
         node = node[key]

@@ -1,9 +1,9 @@
-"""Sharding by torch DataLoader worker: a pipeline iterated in one yields only that worker's share.
+"""Splitting by torch DataLoader worker: a pipeline iterated in one yields only that worker's share.
 
 ``torch.utils.data.DataLoader(ds, num_workers=n)`` iterates a copy of an IterableDataset in each
-of its ``n`` workers; without sharding every element would come ``n`` times. So a ``tp.Dataset``
+of its ``n`` workers; without a split every element would come ``n`` times. So a ``tp.Dataset``
 iterated where ``torch.utils.data.get_worker_info()`` names a worker (torch's workers, and the
-replicas of ``tp.DataLoader`` over an IterableDataset that iterates a pipeline) shards itself,
+replicas of ``tp.DataLoader`` over an IterableDataset that iterates a pipeline) splits itself,
 as tf.data auto-shards, by a rewrite the plan applies before the static passes:
 
 - **At the source**, when the pipeline has one source and no ``cache(path)``: worker ``i`` of
@@ -18,7 +18,7 @@ as tf.data auto-shards, by a rewrite the plan applies before the static passes:
 Not where the data is split by hand already (``split_between_workers``, with
 ``DistributeOptions.policy="auto"``): a pipeline with a ``shard(num_workers, id)`` of the worker's
 own, or one that code of the user's iterates in the worker after it took its files from
-``tp.distributed.shard_files`` or asked ``torch.utils.data.get_worker_info()`` (torch's documented
+``tp.distributed.share_of_files`` or asked ``torch.utils.data.get_worker_info()`` (torch's documented
 ways to split an IterableDataset by hand, in ``__iter__`` or ``worker_init_fn``). The last cannot
 be told apart from code that asked for a seed, so that pass warns at its first element, naming the
 options that say which: ``policy="off"`` (the user splits), ``"data"`` (torchpipe does).
@@ -26,7 +26,7 @@ options that say which: ``policy="off"`` (the user splits), ``"data"`` (torchpip
 Without ``Options.seed``, each worker's pass takes its seed from the seed the DataLoader drew for
 the epoch (``WorkerInfo.seed - WorkerInfo.id``, the same in all its workers), so workers that
 run the whole pipeline shuffle alike and ``torch.manual_seed`` makes a run reproducible.
-Datasets that a ``flat_map`` or ``interleave`` function makes are not sharded: their outer
+Datasets that a ``flat_map`` or ``interleave`` function makes are not split: their outer
 element already was.
 """
 
@@ -34,13 +34,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from torchpipe.core.node import BuildContext, Node
+from torchpipe.core.node import BuildContext, Node, walk
 from torchpipe.core.rewrite import rewrite_bottom_up
 from torchpipe.distributed.context import WATCHING_GET_WORKER_INFO, split_by_hand, worker_info
 from torchpipe.ops.cache import CacheNode
 from torchpipe.ops.select import ShardNode
 from torchpipe.randomness import mix_seed
-from torchpipe.storage.fingerprint import ops_of
 
 NAME = "worker_split"
 
@@ -52,7 +51,7 @@ class TorchWorker:
     Attributes:
         seed: a seed all the DataLoader's workers share this epoch.
         by_hand: what the user's code in this worker did that splits its data by hand:
-            ``"split"`` (took its files from ``tp.distributed.shard_files``), ``"asked"`` (asked
+            ``"split"`` (took its files from ``tp.distributed.share_of_files``), ``"asked"`` (asked
             ``torch.utils.data.get_worker_info()``), or "".
         own: whether the pipeline is the dataset the worker iterates (no code of the user's
             stands between them, so none can have split it).
@@ -83,11 +82,11 @@ class WorkerSplit:
     """How a pass in a torch worker is split between the workers.
 
     Attributes:
-        automatic: whether the plan splits it (puts a worker shard in).
+        automatic: whether the plan splits it (puts a worker's share node in).
         shards: the pipeline's own ``shard`` ops that split it by worker (the rank rewrite must
             not take them for a split between ranks).
         note: a line for ``explain()`` where the plan does not split it ("" where it does: the
-            shard's own line says where it goes).
+            split's own line says where it goes).
         warning: what to warn of at the first element, where torchpipe cannot tell whether the
             user's code split the data by hand.
     """
@@ -118,7 +117,7 @@ def split_between_workers(root: Node, worker: TorchWorker, policy: str, rank: tu
     if worker.own:
         return WorkerSplit(True)  # the pipeline is the worker's dataset: no code of the user's split it
     if worker.by_hand == "split":
-        return WorkerSplit(False, note=f"{NAME}: the code in {who} took its files from tp.distributed.shard_files: "
+        return WorkerSplit(False, note=f"{NAME}: the code in {who} took its files from tp.distributed.share_of_files: "
                                        "not split again")  # fmt: skip
     if worker.by_hand == "asked":
         return WorkerSplit(False, note=f"{NAME}: the code in {who} asked torch.utils.data.get_worker_info(), so it "
@@ -131,11 +130,11 @@ def split_between_workers(root: Node, worker: TorchWorker, policy: str, rank: tu
 
 def user_shards(root: Node) -> list[ShardNode]:
     """The ``shard`` ops the user wrote in ``root`` (a ``shard(1, 0)`` splits nothing)."""
-    return [node for node in ops_of(root) if type(node) is ShardNode and node.num_shards > 1]
+    return [node for node in walk(root) if type(node) is ShardNode and node.num_shards > 1]
 
 
 def _splits_workers(shard: ShardNode, worker: TorchWorker, rank: tuple[int, int]) -> bool:
-    """Whether ``shard`` is this worker's share: of the workers, or of ranks x workers."""
+    """Whether the user's ``shard`` op is this worker's share: of the workers, or of ranks x workers."""
     (r, world), (w, workers) = rank, (worker.index, worker.num_workers)
     split = (shard.num_shards, shard.index)
     return split in ((workers, w), (world * workers, r * workers + w), (world * workers, w * world + r))
@@ -173,7 +172,7 @@ def _unseen_warning(worker: TorchWorker) -> str:
 
 class WorkerShareNode(ShardNode):
     """A ``shard`` the plan put in for a torch worker. Its input keeps the context the node had
-    where the shard went, so every seed and stage position below stays as written."""
+    where it went, so every seed and stage position below stays as written."""
 
     def label(self) -> str:
         return f"{super().label()} [torch worker {self.index} of {self.num_shards}]"
@@ -182,30 +181,26 @@ class WorkerShareNode(ShardNode):
         return ctx
 
 
-def shard_for_worker(root: Node, worker: TorchWorker) -> tuple[Node, str]:
-    """``root`` with the worker's shard put in (see the module docstring), and a line saying where."""
-    return split_for_worker(root, worker.num_workers, worker.index)
-
-
 def split_for_worker(root: Node, n: int, i: int) -> tuple[Node, str]:
-    """``root`` with worker ``i`` of ``n``'s shard put in, and a line saying where."""
+    """``root`` with worker ``i`` of ``n``'s share node put in (see the module docstring), and a
+    line saying where."""
     sources = sources_of(root)
-    if shards_at_source(root, sources):
+    if split_at_source(root, sources):
         source = sources[0]
-        sharded = rewrite_bottom_up(root, lambda node: WorkerShareNode(node, n, i) if node is source else None)
+        split = rewrite_bottom_up(root, lambda node: WorkerShareNode(node, n, i) if node is source else None)
         where = source.label()
     else:
-        sharded, where = WorkerShareNode(root, n, i), "the output"
+        split, where = WorkerShareNode(root, n, i), "the output"
     return (
-        sharded,
+        split,
         f"{NAME}: torch DataLoader worker {i} of {n} keeps one element in {n} of {where}, from element {i} on",
     )
 
 
 def describe_worker_split(root: Node) -> str:
-    """Where a torch worker's shard goes in this pipeline, for ``explain()``."""
+    """Where a torch worker's split goes in this pipeline, for ``explain()``."""
     sources = sources_of(root)
-    if shards_at_source(root, sources):
+    if split_at_source(root, sources):
         reads = "reads only its share" if sources[0].seekable else "is read whole, each worker keeping its share"
         return f"each keeps one element in num_workers of {sources[0].label()}, which {reads}{_BY_HAND}"
     why = f"{len(sources)} sources" if len(sources) > 1 else "a cache file the workers share"
@@ -217,15 +212,15 @@ def describe_worker_split(root: Node) -> str:
 
 _BY_HAND = (
     "; not where it is split by hand already (a shard(num_workers, id), or code of yours that iterates it "
-    "and asked get_worker_info() or took tp.distributed.shard_files)"
+    "and asked get_worker_info() or took tp.distributed.share_of_files)"
 )
 
 
-def shards_at_source(root: Node, sources: list[Node]) -> bool:
-    """Whether a shard can go at the pipeline's source: it has one, and no cache file all shards share."""
-    return len(sources) == 1 and not any(isinstance(node, CacheNode) and node.path for node in ops_of(root))
+def split_at_source(root: Node, sources: list[Node]) -> bool:
+    """Whether a split can go at the pipeline's source: it has one, and no cache file all shares read."""
+    return len(sources) == 1 and not any(isinstance(node, CacheNode) and node.path for node in walk(root))
 
 
 def sources_of(root: Node) -> list[Node]:
     """The pipeline's sources, depth first (a source reached along two paths comes twice)."""
-    return [node for node in ops_of(root) if not node.inputs]
+    return [node for node in walk(root) if not node.inputs]

@@ -20,14 +20,12 @@ def explain_plan(plan: Plan, tuned: dict[str, int] | None = None, running: bool 
     lines.append("As it will run:")
     _render(plan.runtime_root, lines, prefix="", is_last=True, is_root=True)
     cardinality = plan.root.cardinality()
-    share = (
-        "" if plan.replica is None else f" (this rank's share: {_cardinality_text(plan.runtime_root.cardinality())})"
-    )
+    share = "" if plan.rank is None else f" (this rank's share: {_cardinality_text(plan.runtime_root.cardinality())})"
     lines.append(f"Cardinality: {_cardinality_text(cardinality)}{share}")
     lines.append(f"Options: {plan.options!r}")
-    if plan.worker is None and plan.replica is None:
+    if plan.worker is None and plan.rank is None:
         lines.append(f"In torch DataLoader workers: {describe_worker_split(plan.root)}")
-    if plan.replica is None:
+    if plan.rank is None:
         lines.append(f"On several ranks: {describe_rank_split(plan.root, plan.options.distribute)}")
     if tuned:
         lines.append("Autotuned (latest pass, now):" if running else "Autotuned (last pass, at its end):")

@@ -19,9 +19,9 @@ from torchpipe.core.iterator import Iterator
 from torchpipe.core.node import BuildContext, Node
 from torchpipe.core.state import check_int
 from torchpipe.distributed.collectives import broadcast_seed
-from torchpipe.distributed.context import Replica, worker_info
-from torchpipe.distributed.ranks import Distribution, distribute
-from torchpipe.distributed.workers import TorchWorker, shard_for_worker, split_between_workers
+from torchpipe.distributed.context import RankInfo, worker_info
+from torchpipe.distributed.rewrite import distribute
+from torchpipe.distributed.workers import TorchWorker
 from torchpipe.errors import CheckpointError
 from torchpipe.graph.optimizer import optimize
 from torchpipe.observe.tracing import TUNER, TraceLog, Track
@@ -43,51 +43,38 @@ class Plan:
         worker: the torch DataLoader worker this process is, if any: the plan then yields its
             share alone, unless the pipeline or the code iterating it split the data by hand
             (``distributed/workers.py``).
-        replica: the rank this process is, where the pipeline is split between ranks: the plan
+        rank: the rank this process is, where the pipeline is split between ranks: the plan
             then yields the rank's share (with ``worker``, the worker's share of it;
             ``distributed/ranks.py``).
 
     Attributes:
-        runtime_root: the root after the rank's or worker's shard and ``graph.optimizer.optimize``.
-        rewrites: a line per rewrite (the shard, the passes), for ``explain()``.
-        distribution: how the pipeline is split between ranks (None where it is not).
+        runtime_root: the root after the distribution rewrite (``distributed/rewrite.py``: the
+            rank's or worker's share node) and ``graph.optimizer.optimize``.
+        rewrites: a line per rewrite (the split, the passes), for ``explain()``.
+        distribution: how the pipeline is split for this process (the whole where it is not).
         warning: what the pass warns of at its first element (None: nothing), where torchpipe
             cannot tell whether the user's code split the data between torch workers by hand.
 
     Raises:
-        ValueError: for distribution options this pipeline cannot run with (``distributed/ranks.py``).
+        ValueError: for distribution options this pipeline cannot run with (``distributed/rewrite.py``).
     """
 
     def __init__(self, root: Node, options: Options, memory: dict[tuple[int, ...], dict[str, Any]] | None = None,
-                 worker: TorchWorker | None = None, replica: Replica | None = None) -> None:  # fmt: skip
+                 worker: TorchWorker | None = None, rank: RankInfo | None = None) -> None:  # fmt: skip
         self.root = root
         self.options = options
         self.memory = memory
         self.worker = worker
-        self.replica = replica
-        self.distribution: Distribution | None = None
-        rank = (replica.rank, replica.world_size) if replica is not None else (0, 1)
-        split = split_between_workers(root, worker, options.distribute.policy, rank) if worker is not None else None
-        splitting = worker if split is not None and split.automatic else None
-        self.warning = split.warning if split is not None and worker is not None and worker.index == 0 else None
-        written, notes = root, [split.note] if split is not None and split.note else []
-        if replica is not None:
-            by_hand = split.shards if split is not None else ()
-            self.distribution = distribute(root, options.distribute, replica, splitting, options.stall_timeout, by_hand)
-            written, runnable = self.distribution.written, self.distribution.root
-            notes = list(self.distribution.notes) + notes
-        elif splitting is not None:
-            written, note = shard_for_worker(root, splitting)
-            runnable, notes = written, [note]
-        else:
-            runnable = root
-        self.runtime_root, rewrites = optimize(runnable, options)
-        if self.distribution is not None:
-            self.runtime_root = self.distribution.equalized(self.runtime_root)
-        self.rewrites = notes + rewrites
-        # The shard is part of what a checkpoint names: worker 0's state does not load in worker 1
-        # (a rank's shard names its rank in its state instead, so that states can be resharded).
-        self._fingerprint = describe_ops(written) + ["->"] + [node.kind for node in ops_of(self.runtime_root)]
+        self.rank = rank
+        self.distribution = distribute(root, options, worker, rank)
+        self.warning = self.distribution.warning
+        optimized, rewrites = optimize(self.distribution.root, options)
+        self.runtime_root = self.distribution.equalized(optimized)
+        self.rewrites = self.distribution.notes + rewrites
+        # The split is part of what a checkpoint names: worker 0's state does not load in worker 1
+        # (a rank's share node names its rank in its state instead, so that states can be resharded).
+        written, run = describe_ops(self.distribution.written), [node.kind for node in ops_of(self.runtime_root)]
+        self._fingerprint = written + ["->"] + run
 
     def fingerprint(self) -> list[str]:
         """Each op as written with its parameters, then the op kinds as run, depth first (a
@@ -104,8 +91,8 @@ class Plan:
 
     @property
     def salt(self) -> tuple[int, ...]:
-        """What the seeds above a rank's shard mix in (``BuildContext.salt``)."""
-        return self.distribution.salt if self.distribution is not None else ()
+        """What the seeds above a rank's split mix in (``BuildContext.salt``)."""
+        return self.distribution.salt
 
     def pass_seed(self) -> int:
         """The seed of a new pass: ``Options.seed``; where ranks must draw alike, rank 0's fresh
@@ -118,8 +105,8 @@ class Plan:
         """
         if self.options.seed is not None:
             return self.options.seed
-        if self.distribution is not None and self.distribution.shared_seed:
-            if self.replica is None or not self.replica.connected:  # a distribution is a replica's
+        if self.distribution.shared_seed:
+            if self.rank is None or not self.rank.connected:  # only a rank's split shares a seed
                 raise RuntimeError(
                     "this pipeline is split between ranks below a random op (a shuffle), so every rank must draw "
                     f"the same seed, and {_cannot_talk()} to share one: give the pipeline "
@@ -135,10 +122,10 @@ class Plan:
         Raises:
             RuntimeError: where that agreement is needed but the ranks cannot talk.
         """
-        group = self.distribution.group if self.distribution is not None else None
+        group = self.distribution.group
         if group is None:
             return None
-        if self.replica is None or not self.replica.connected:  # a distribution is a replica's
+        if self.rank is None or not self.rank.connected:  # only a rank's split needs an agreement
             raise RuntimeError(
                 "this pipeline's length on each rank is not known ahead, so the ranks must agree where it ends "
                 f"(DistributeOptions(uneven={self.options.distribute.uneven!r})), and {_cannot_talk()}: "

@@ -2,7 +2,7 @@
 
 Images come out as uint8 tensors of shape (height, width, channels), RGB or grayscale, as tf.data's
 ``decode_jpeg`` gives them. EXIF orientation is not applied unless asked (``apply_exif_orientation``),
-as in torchvision and Pillow. The codec underneath is :mod:`~torchpipe.image.codec`.
+as in torchvision and Pillow. The decoding underneath is in :mod:`~torchpipe.image.formats`.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-from torchpipe.image.codec import (
-    Encoded,
+from torchpipe.image.formats import (
+    EncodedImage,
     ImageData,
     as_tensor,
     check_channels,
@@ -52,7 +52,7 @@ def decode_jpeg(data: ImageData, channels: int = 3, apply_exif_orientation: bool
         from torchpipe.image.gpu import decode_jpeg_on
 
         return decode_jpeg_on(torch.device(device), data, channels, apply_exif_orientation)
-    image = Encoded(data)
+    image = EncodedImage(data)
     pixels = as_tensor(decode_jpeg_array(image, channels, fast_dct=fast_dct))
     return orient(pixels, exif_orientation(image.data)) if apply_exif_orientation else pixels
 
@@ -65,7 +65,7 @@ def decode_png(data: ImageData, channels: int = 3) -> torch.Tensor:
         DecodeError: the data is not a PNG, or is malformed or truncated.
     """
     check_channels(channels)
-    image = Encoded(data)
+    image = EncodedImage(data)
     if image_format(image) != "png":
         raise image.fail(f"not a PNG: it starts with {image.head(8)!r} (tp.image.decode_image reads any format)")
     return decode_other(image, channels)
@@ -81,7 +81,7 @@ def decode_image(data: ImageData, channels: int = 3, apply_exif_orientation: boo
         DecodeError: the data is no image Pillow knows, or is malformed or truncated.
     """
     check_channels(channels)
-    image = Encoded(data)
+    image = EncodedImage(data)
     if image_format(image) == "jpeg":
         pixels = as_tensor(decode_jpeg_array(image, channels, fast_dct=fast_dct))
         return orient(pixels, exif_orientation(image.data)) if apply_exif_orientation else pixels
@@ -101,7 +101,7 @@ def decode_and_crop_jpeg(data: ImageData, crop_window: tuple[int, int, int, int]
         DecodeError: as :func:`decode_jpeg`.
     """
     check_channels(channels)
-    image = Encoded(data)
+    image = EncodedImage(data)
     top, left, height, width = (int(v) for v in crop_window)
     full_h, full_w = jpeg_size(image)
     orientation = exif_orientation(image.data) if apply_exif_orientation else 1

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from torchpipe.image import codec
+from torchpipe.image import formats
 from torchpipe.runtime.counts import COUNTS
 
 
@@ -31,9 +31,9 @@ def decode_jpeg_on(device: torch.device, data: Any, channels: int, apply_exif_or
     if not torch.cuda.is_available():
         raise RuntimeError(f"decode_jpeg(device={str(device)!r}): CUDA is not available here")
     many = isinstance(data, (list, tuple))
-    images = [codec.Encoded(item) for item in (data if many else [data])]
+    images = [formats.EncodedImage(item) for item in (data if many else [data])]
     for image in images:
-        if codec.image_format(image) != "jpeg":
+        if formats.image_format(image) != "jpeg":
             raise image.fail(f"not a JPEG: it starts with {image.head(8)!r}")
     decode_jpeg, mode = _torchvision_decode()
     encoded = [torch.frombuffer(bytearray(image.data), dtype=torch.uint8) for image in images]
@@ -45,14 +45,14 @@ def decode_jpeg_on(device: torch.device, data: Any, channels: int, apply_exif_or
         out = [_one(decode_jpeg, image, tensor, read_mode, channels, device) for image, tensor in zip(images, encoded)]
     COUNTS.add("images_decoded", len(out))
     if apply_exif_orientation:
-        out = [codec.orient(img, codec.exif_orientation(image.data)) for img, image in zip(out, images)]
+        out = [formats.orient(img, formats.exif_orientation(image.data)) for img, image in zip(out, images)]
     return out if many else out[0]
 
 
-def _one(decode_jpeg: Any, image: codec.Encoded, tensor: torch.Tensor, read_mode: Any, channels: int,
+def _one(decode_jpeg: Any, image: formats.EncodedImage, tensor: torch.Tensor, read_mode: Any, channels: int,
          device: torch.device) -> torch.Tensor:  # fmt: skip
     try:
         return decode_jpeg(tensor, mode=read_mode, device=device).permute(1, 2, 0)
     except RuntimeError:
         COUNTS.add("images_fallback")
-        return codec.as_tensor(codec.decode_jpeg_array(image, channels, count=False)).to(device)
+        return formats.as_tensor(formats.decode_jpeg_array(image, channels, count=False)).to(device)

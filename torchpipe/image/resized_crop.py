@@ -14,7 +14,7 @@ import math
 import numpy as np
 import torch
 
-from torchpipe.image import codec
+from torchpipe.image import formats
 from torchpipe.image.transforms import Size, check_image, generator, pair, resize
 
 _TRIES = 10  # torchvision's
@@ -67,13 +67,13 @@ def random_resized_crop(image: torch.Tensor, size: Size, scale: tuple[float, flo
 
 
 def dct_scale(window: tuple[int, int], size: tuple[int, int]) -> int:
-    """The largest of :data:`~torchpipe.image.codec.SCALES` by which ``window`` can shrink and
+    """The largest of :data:`~torchpipe.image.formats.SCALES` by which ``window`` can shrink and
     stay at least ``size``: a JPEG is decoded at 1/that."""
-    return max((k for k in codec.SCALES if window[0] >= size[0] * k and window[1] >= size[1] * k), default=1)
+    return max((k for k in formats.SCALES if window[0] >= size[0] * k and window[1] >= size[1] * k), default=1)
 
 
 def decode_and_random_resized_crop(
-    data: codec.ImageData,
+    data: formats.ImageData,
     size: Size,
     scale: tuple[float, float] = (0.08, 1.0),
     ratio: tuple[float, float] = (3 / 4, 4 / 3),
@@ -102,19 +102,19 @@ def decode_and_random_resized_crop(
     Raises:
         DecodeError: the image is malformed or truncated.
     """
-    codec.check_channels(channels)
+    formats.check_channels(channels)
     out_h, out_w = pair(size)
-    image = codec.Encoded(data)
-    if codec.image_format(image) != "jpeg":
-        return random_resized_crop(codec.decode_other(image, channels), (out_h, out_w), scale, ratio, rng)
-    full_h, full_w = codec.jpeg_size(image)
-    orientation = codec.exif_orientation(image.data) if apply_exif_orientation else 1
+    image = formats.EncodedImage(data)
+    if formats.image_format(image) != "jpeg":
+        return random_resized_crop(formats.decode_other(image, channels), (out_h, out_w), scale, ratio, rng)
+    full_h, full_w = formats.jpeg_size(image)
+    orientation = formats.exif_orientation(image.data) if apply_exif_orientation else 1
     if orientation >= 5:
         full_h, full_w = full_w, full_h
     top, left, h, w = random_resized_crop_window(full_h, full_w, scale, ratio, rng)
     k = dct_scale((h, w), (out_h, out_w))
-    decoded = codec.decode_jpeg_array(image, channels, k, fast_dct=fast_dct)
-    pixels = codec.orient(codec.as_tensor(decoded), orientation)
+    decoded = formats.decode_jpeg_array(image, channels, k, fast_dct=fast_dct)
+    pixels = formats.orient(formats.as_tensor(decoded), orientation)
     if k > 1:  # the window in the scaled image's pixels (its sides are the full ones / k, rounded up)
         sy, sx = pixels.shape[0] / full_h, pixels.shape[1] / full_w
         top, left = int(top * sy), int(left * sx)

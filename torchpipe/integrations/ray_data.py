@@ -25,11 +25,32 @@ from torchpipe.constants import UNKNOWN
 from torchpipe.core.iterator import Iterator
 from torchpipe.core.node import BuildContext, Node, Symbol
 from torchpipe.core.state import check_int, check_state
+from torchpipe.dataset import Dataset
+from torchpipe.runtime.ray.actors import require_ray
+
+
+def from_ray(dataset: Any) -> Dataset:
+    """A pipeline over the rows of a Ray Dataset, or of a Ray Train worker's dataset shard.
+
+    Each pass (epoch) executes the dataset again, streaming, and yields its rows as
+    ``iter_rows()`` does; the checkpoint is the number of rows delivered (a resume skips whole
+    blocks up to it, or splits a materialized dataset there: docs/scale_out.md says what Ray
+    allows). A shard (a ``ray.data.DataIterator``) is one rank's already: it is not split again.
+
+    Args:
+        dataset: a ``ray.data.Dataset`` or a ``ray.data.DataIterator``.
+
+    Raises:
+        ImportError: if Ray is not installed (naming the extra).
+        TypeError: if ``dataset`` is neither.
+    """
+    require_ray()
+    return Dataset(ray_source(dataset))
 
 
 def ray_source(dataset: Any) -> RayDataNode:
-    """The source node of ``tp.from_ray(dataset)`` (``torchpipe/sources.py``, which has made
-    sure Ray is installed).
+    """The source node of ``tp.from_ray(dataset)`` (:func:`from_ray`, which has made sure Ray is
+    installed).
 
     Raises:
         TypeError: if ``dataset`` is neither a ``ray.data.Dataset`` nor a ``DataIterator``.

@@ -33,8 +33,10 @@ IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "ppm", "pgm", "pbm", "bmp", "gif", "ti
 _PIL_FORMATS = {"jpg": "JPEG", "jpeg": "JPEG", "tif": "TIFF", "tiff": "TIFF"}
 
 
-def decode_image(data: bytes) -> torch.Tensor:
-    """An image file's pixels as a ``uint8`` tensor ``[3, H, W]`` (RGB), decoded by Pillow."""
+def decode_image_chw(data: bytes) -> torch.Tensor:
+    """An image file's pixels as a ``uint8`` tensor ``[3, H, W]`` (RGB, channels first, as
+    WebDataset's ``torchrgb8``), decoded by Pillow. ``tp.image.decode_image`` is the other layout:
+    ``[H, W, C]``, as tf.data's."""
     with Image.open(io.BytesIO(data)) as image:
         pixels = np.array(image.convert("RGB"))
     return torch.from_numpy(pixels).permute(2, 0, 1).contiguous()
@@ -73,7 +75,7 @@ def decode_torch(data: bytes) -> Any:
 
 
 DEFAULT_DECODERS: Mapping[str, Callable[[bytes], Any]] = types.MappingProxyType({
-    **dict.fromkeys(IMAGE_EXTENSIONS, decode_image),
+    **dict.fromkeys(IMAGE_EXTENSIONS, decode_image_chw),
     **dict.fromkeys(("cls", "cls2", "index", "inx", "id"), decode_int),
     **dict.fromkeys(("txt", "text", "transcript"), decode_text),
     **dict.fromkeys(("json", "jsn"), decode_json),

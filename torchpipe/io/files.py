@@ -347,8 +347,8 @@ def path_dataset(op: str, filenames: Any, braces: bool = False) -> Dataset:
         paths = [name for path in paths for name in expand_braces(path)]
     if not paths:
         raise ValueError(f"{op}: no filenames given")
-    if isinstance(filenames, SplitFileList):  # tp.distributed.shard_files' share: not split again
-        paths = SplitFileList(paths, filenames.shard)
+    if isinstance(filenames, SplitFileList):  # tp.distributed.share_of_files' share: not split again
+        paths = SplitFileList(paths, filenames.share)
     return Dataset(FileListNode(paths))
 
 
@@ -361,7 +361,7 @@ def split_files(files: Dataset, *, shuffled: bool = False) -> Dataset:
     ``tp.from_webdataset``) is split by file on several ranks without it; ``split_files`` puts the
     split at this point (above ops of your own on the names, say). With ``policy="data"`` the
     elements are split instead and ``split_files`` passes every file. For a plain list of names,
-    ``tp.distributed.shard_files`` is the same split.
+    ``tp.distributed.share_of_files`` is the same split.
 
     Args:
         files: the file names, the same list on every rank.

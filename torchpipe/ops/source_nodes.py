@@ -134,16 +134,16 @@ class IndicesNode(Node):
 
 
 class SplitFileList(list):
-    """The files ``tp.distributed.shard_files`` gave one share: a pipeline that starts from them
+    """The files ``tp.distributed.share_of_files`` gave one share: a pipeline that starts from them
     is split by hand already, and the distribution rewrite does not split it again.
 
     Attributes:
-        shard: the share they are for (an ``ops.distribute.Share``).
+        share: the share they are for (a ``distributed.nodes.Share``).
     """
 
-    def __init__(self, files: Any, shard: Any) -> None:
+    def __init__(self, files: Any, share: Any) -> None:
         super().__init__(files)
-        self.shard = shard
+        self.share = share
 
 
 class TensorSlicesNode(Node):
@@ -151,7 +151,7 @@ class TensorSlicesNode(Node):
 
     Attributes:
         split_by_hand: why its elements are one share already (a list from
-            ``tp.distributed.shard_files``), or "".
+            ``tp.distributed.share_of_files``), or "".
     """
 
     kind = "from_tensor_slices"
@@ -163,7 +163,7 @@ class TensorSlicesNode(Node):
         self.length = length
         self._leaves = nest.flatten(structure, lists=False)
         split = any(isinstance(leaf, SplitFileList) for leaf in self._leaves)
-        self.split_by_hand = "its files come from tp.distributed.shard_files" if split else ""
+        self.split_by_hand = "its files come from tp.distributed.share_of_files" if split else ""
 
     def params(self) -> dict[str, Any]:
         return {"len": self.length}

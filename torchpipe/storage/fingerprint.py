@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from torchpipe.constants import INFINITE, UNKNOWN
-from torchpipe.core.node import Node, Symbol, function_name
+from torchpipe.core.node import Node, Symbol, function_name, walk
 
 MAX_VALUE_TEXT = 60
 MAX_HASHED_BYTES = 1 << 24  # a larger array is described by its shape and dtype alone
@@ -38,14 +38,7 @@ _PLAIN = (type(None), bool, int, float, complex, str, bytes)
 def ops_of(root: Node) -> list[Node]:
     """The nodes a checkpoint has a state for, depth first, inputs in order (ops that
     checkpoint as their input, like ``prefetch``, are left out)."""
-    nodes: list[Node] = []
-    stack = [root]
-    while stack:
-        node = stack.pop()
-        if not node.checkpoints_as_input:
-            nodes.append(node)
-        stack.extend(reversed(node.inputs))
-    return nodes
+    return [node for node in walk(root) if not node.checkpoints_as_input]
 
 
 def describe_ops(root: Node, code: bool = False) -> list[str]:

@@ -1,4 +1,4 @@
-"""``ds.save(path)``: a pipeline's output written once, for ``tp.load(path)`` (``io/load.py``) to read.
+"""``ds.save(path)``: a pipeline's output written once, for ``tp.load(path)`` (``saved.py``) to read.
 
 ``save`` runs one pass over the dataset and writes its elements to shards on writer threads
 (:mod:`torchpipe.storage.save_writers`; format in :mod:`torchpipe.storage.saved_file`, ``docs/save.md``).

@@ -4,7 +4,7 @@ pickle-5 with out-of-band buffers), and many small elements as columns. The reco
 
 from torchpipe.runtime.codec.pickling import StackedTensor
 from torchpipe.runtime.codec.records import (
-    Encoded,
+    EncodedRecord,
     decode,
     decode_bytes,
     decode_view,
@@ -13,4 +13,13 @@ from torchpipe.runtime.codec.records import (
     materialize,
 )
 
-__all__ = ["Encoded", "StackedTensor", "decode", "decode_bytes", "decode_view", "encode", "encode_bytes", "materialize"]
+__all__ = [
+    "EncodedRecord",
+    "StackedTensor",
+    "decode",
+    "decode_bytes",
+    "decode_view",
+    "encode",
+    "encode_bytes",
+    "materialize",
+]

@@ -14,7 +14,7 @@ Record layout (integers little-endian, offsets relative to the start of the reco
     8         4        n: number of raw buffers
     12        4        reserved, 0
     16        8        s: skeleton length in bytes
-    24        8        total record length in bytes (``Encoded.nbytes``)
+    24        8        total record length in bytes (``EncodedRecord.nbytes``)
     32        16 * n   buffer table: per buffer, u64 length and u64 flags
     32 + 16n  s        skeleton: the element pickled with protocol 5
     ...                each raw buffer, starting at the next multiple of 64
@@ -98,7 +98,7 @@ def _as_bytes_view(buf: Any) -> memoryview:
     return view
 
 
-class Encoded:
+class EncodedRecord:
     """One element ready to be written as a record of ``nbytes`` bytes; made by :func:`encode`.
 
     It references the element's tensors, arrays and large bytearrays until ``write_into`` copies
@@ -184,7 +184,7 @@ def materialize(element: Any) -> Any:
     return nest.pack_as(element, [torch.stack(x.parts) if type(x) is StackedTensor else x for x in leaves])
 
 
-def encode(element: Any) -> Encoded:
+def encode(element: Any) -> EncodedRecord:
     """Encode ``element`` as a record; tensor and array data is copied later, by ``write_into``.
 
     Raises:
@@ -212,7 +212,7 @@ def encode(element: Any) -> Encoded:
     head = _HEADER.pack(_MAGIC, _VERSION, 0, len(buffers), 0, len(skeleton), end)
     if table:
         head += struct.pack(f"<{len(table)}Q", *table)
-    return Encoded(head, skeleton, sources, offsets, end, copied)
+    return EncodedRecord(head, skeleton, sources, offsets, end, copied)
 
 
 def _unpicklable_message(element: Any, error: BaseException) -> str:

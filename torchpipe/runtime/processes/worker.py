@@ -254,7 +254,7 @@ class _Output:
         with self._lock:
             self._write(seq, encoded, _cost(wall, cpu, counts))
 
-    def _write(self, seq: int, encoded: codec.Encoded, cost: tuple[float, float, float, Tally | None]) -> None:
+    def _write(self, seq: int, encoded: codec.EncodedRecord, cost: tuple[float, float, float, Tally | None]) -> None:
         if self._closed:  # the worker is stopping: its rings are gone
             raise ChannelClosed("the worker is stopping")
         nbytes = encoded.nbytes

@@ -1,4 +1,4 @@
-"""The codec under ``tp.image``'s decoders: JPEG through libjpeg-turbo (simplejpeg), other formats
+"""The image formats under ``tp.image``'s decoders: JPEG through libjpeg-turbo (simplejpeg), other formats
 and what it refuses through Pillow, headers, EXIF orientation.
 
 Both release the GIL while they decode. The fast path is simplejpeg, a small wheel that bundles
@@ -36,7 +36,7 @@ SCALES = (1, 2, 4, 8)
 _ORIENTATION_TAG = 0x0112
 
 
-class Encoded:
+class EncodedImage:
     """An image's bytes and the file they came from (for errors), read once."""
 
     __slots__ = ("data", "path")
@@ -74,7 +74,7 @@ def check_channels(channels: int) -> None:
         raise ValueError(f"channels must be 1 (grayscale) or 3 (RGB), got {channels!r}")
 
 
-def image_format(image: Encoded) -> str:
+def image_format(image: EncodedImage) -> str:
     """``"jpeg"``, ``"png"`` or ``"other"`` (what Pillow may still read), from the first bytes."""
     head = image.head(8)
     if head.startswith(JPEG_MAGIC):
@@ -84,7 +84,7 @@ def image_format(image: Encoded) -> str:
     return "other"
 
 
-def jpeg_size(image: Encoded) -> tuple[int, int]:
+def jpeg_size(image: EncodedImage) -> tuple[int, int]:
     """(height, width) from the JPEG header, without decoding."""
     try:
         if simplejpeg is not None:
@@ -149,7 +149,7 @@ def orient(image: torch.Tensor, orientation: int) -> torch.Tensor:
     return image
 
 
-def decode_jpeg_array(image: Encoded, channels: int, scale: int = 1, count: bool = True,
+def decode_jpeg_array(image: EncodedImage, channels: int, scale: int = 1, count: bool = True,
                       fast_dct: bool = False) -> np.ndarray:  # fmt: skip
     """The JPEG decoded at 1/``scale`` of its size (one of :data:`SCALES`), HWC uint8; the fast
     path first, Pillow for what it refuses (counted, as every decode is unless ``count`` is off).
@@ -173,7 +173,7 @@ def decode_jpeg_array(image: Encoded, channels: int, scale: int = 1, count: bool
     return pixels
 
 
-def _simplejpeg(image: Encoded, channels: int, scale: int, fast_dct: bool) -> np.ndarray:
+def _simplejpeg(image: EncodedImage, channels: int, scale: int, fast_dct: bool) -> np.ndarray:
     colorspace = "RGB" if channels == 3 else "GRAY"
     if scale == 1:
         return simplejpeg.decode_jpeg(image.data, colorspace=colorspace, fastdct=fast_dct)
@@ -183,7 +183,9 @@ def _simplejpeg(image: Encoded, channels: int, scale: int, fast_dct: bool) -> np
                                   min_height=max(1, height // scale), min_width=max(1, width // scale))  # fmt: skip
 
 
-def pillow_array(image: Encoded, channels: int, scale: int = 1, fast_error: BaseException | None = None) -> np.ndarray:
+def pillow_array(
+    image: EncodedImage, channels: int, scale: int = 1, fast_error: BaseException | None = None
+) -> np.ndarray:
     """Decode with Pillow (any format it reads; JPEG at 1/``scale`` through ``draft``), HWC uint8."""
     try:
         with Image.open(io.BytesIO(image.data)) as im:
@@ -198,7 +200,7 @@ def pillow_array(image: Encoded, channels: int, scale: int = 1, fast_error: Base
     return pixels[:, :, None] if pixels.ndim == 2 else pixels
 
 
-def decode_other(image: Encoded, channels: int) -> torch.Tensor:
+def decode_other(image: EncodedImage, channels: int) -> torch.Tensor:
     """An image in a format other than JPEG, decoded by Pillow (and counted), HWC uint8."""
     pixels = as_tensor(pillow_array(image, channels))
     COUNTS.add("images_decoded")

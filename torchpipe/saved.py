@@ -1,4 +1,11 @@
-"""``tp.load(path)``: the dataset ``ds.save(path)`` wrote, as a ``tp.Dataset`` read by index."""
+"""``tp.load(path)``: the dataset ``ds.save(path)`` wrote, as a source read by index.
+
+Saved datasets are one idea in two layers: the format, written and read, is ``storage/``'s
+(``storage/save.py`` writes it for ``ds.save``, ``storage/saved_file.SavedRecords`` reads it);
+this module is the ``tp.Dataset`` face of the reading half. It cannot sit in ``storage/``, which
+lies below ``dataset.py``, nor in ``sources.py``, which imports ``io/`` (so ``tp.io``, which
+re-exports :class:`SavedDataset`, would import it back).
+"""
 
 from __future__ import annotations
 
@@ -40,6 +47,9 @@ class SavedDataset(Dataset):
 
 def load(path: str | os.PathLike) -> SavedDataset:
     """The dataset ``ds.save(path)`` wrote, in its order (tf.data's ``Dataset.load``).
+
+    The reading half of ``storage/``'s saved-dataset format, as ``ds.save`` is its writing half:
+    the records are read by ``storage.saved_file.SavedRecords``.
 
     Raises:
         TypeError: if ``path`` is not a path.
