@@ -40,7 +40,7 @@ def segments_open():
 def test_a_slot_holds_a_record_of_its_first_result_with_headroom_in_whole_pages():
     assert slot_bytes(0) == PAGE
     for n in (1, PAGE - 8, PAGE, 100_000, 38 << 20):
-        need = n + n // output.SLOT_HEADROOM + 8
+        need = n + min(n // output.SLOT_HEADROOM, output.MAX_HEADROOM_BYTES) + 8
         assert slot_bytes(n) % PAGE == 0 and need <= slot_bytes(n) < need + PAGE + 64
 
 
@@ -54,10 +54,13 @@ def test_the_ring_policy_comes_from_the_environment(monkeypatch):
         ProcessPool(filled, 1, "m")
 
 
-@pytest.mark.parametrize(("per_worker", "allocate", "slots"), [(2, None, 3), (3, None, 4), (2, fresh_tensor, 2)])
-def test_a_workers_ring_has_a_slot_for_each_result_the_consumer_may_hold(per_worker, allocate, slots):
+@pytest.mark.parametrize(
+    ("per_worker", "allocate", "held", "slots"),
+    [(2, None, None, 3), (3, None, None, 4), (2, fresh_tensor, None, 2), (2, None, 0, 2), (1, None, 2, 3)],
+)
+def test_a_workers_ring_has_a_slot_for_each_result_the_consumer_may_hold(per_worker, allocate, held, slots):
     """Its tasks in flight, and the result the consumer holds unless each is copied out at once."""
-    pool = ProcessPool(filled, 1, "m", per_worker=per_worker, allocate=allocate)
+    pool = ProcessPool(filled, 1, "m", per_worker=per_worker, allocate=allocate, held=held)
     pool.start()
     try:
         assert pool.capacity == per_worker and pool.ring_bytes == 0  # no ring before the first result
@@ -123,6 +126,8 @@ def test_a_new_tasks_in_flight_count_takes_effect_with_a_ring_of_as_many_slots()
         assert torch.equal(held, filled(0, 3000)) and all(torch.equal(values[s][0], filled(s, 3000)) for s in values)
         with pytest.raises(ValueError, match="tasks in flight per worker must be an int >= 1"):
             pool.set_per_worker(0)
+        with pytest.raises(ValueError, match="results held must be an int >= 0"):
+            ProcessPool(filled, 1, "m", held=-1, fork_now=False)
     finally:
         pool.close()
 

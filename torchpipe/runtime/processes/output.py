@@ -34,8 +34,12 @@ RING_POLICY_ENV = "TORCHPIPE_RING_POLICY"
 """The environment variable that picks the ring policy: ``slots`` (default) or ``legacy``."""
 SLOTS, LEGACY = "slots", "legacy"
 SLOT_HEADROOM = 16
-"""A slot holds its first result plus 1/16th (rounded up to the page): a later result of the same
-kind that is a little larger (a longer caption, a larger pickle) still fits."""
+"""A slot holds its first result plus 1/16th (at most :data:`MAX_HEADROOM_BYTES`; rounded up to
+the page): a later result of the same kind that is a little larger (a longer caption, a larger
+pickle) still fits."""
+MAX_HEADROOM_BYTES = 1 << 20
+"""A large result's headroom: batches of tens of MB are mostly tensors of one shape, whose size
+does not vary; a slot of each is held in two processes' memory."""
 MAX_RING_BYTES = 512 << 20
 """A worker's rings together hold at most this; results beyond go to one-off segments."""
 RING_GRACE_S = 0.002
@@ -60,8 +64,8 @@ def ring_policy() -> str:
 
 def slot_bytes(nbytes: int) -> int:
     """The slot a ring sized at a first result of ``nbytes`` gives every record: the record with
-    :data:`SLOT_HEADROOM`, rounded up to the page."""
-    size = record_bytes(nbytes + nbytes // SLOT_HEADROOM)
+    its headroom (:data:`SLOT_HEADROOM`), rounded up to the page."""
+    size = record_bytes(nbytes + min(nbytes // SLOT_HEADROOM, MAX_HEADROOM_BYTES))
     return -(-size // mmap.PAGESIZE) * mmap.PAGESIZE
 
 

@@ -124,6 +124,8 @@ class ProcessPool:
         per_worker: tasks in flight per worker (more if ``threads`` is larger); a worker's ring
             has a slot for each, and one for the result the consumer holds (none with
             ``allocate``: a result is copied out as it arrives). :meth:`set_per_worker` changes it.
+        held: results of a worker the consumer holds besides those in flight, each a slot of
+            its ring (default: 1, or 0 with ``allocate``).
         ring_bytes: each worker's first ring under the legacy ring policy (where rings are
             added as results need); by default a worker's first result sizes its ring.
         ring_limit: the most a worker's rings hold in all (``MAX_RING_BYTES``; less under a RAM
@@ -140,7 +142,7 @@ class ProcessPool:
         fork_now: fork the zygote now (else at the first worker).
 
     Raises:
-        ValueError: if ``threads`` or ``per_worker`` is not an int >= 1, or
+        ValueError: if ``threads`` or ``per_worker`` is not an int >= 1, ``held`` not an int >= 0, or
             ``TORCHPIPE_RING_POLICY`` names no policy.
     """
 
@@ -159,6 +161,7 @@ class ProcessPool:
         threads: int = 1,
         fork_now: bool = True,
         per_worker: int = PER_WORKER,
+        held: int | None = None,
     ) -> None:
         self.name = name
         self._threads = self._check_threads(threads)
@@ -166,6 +169,7 @@ class ProcessPool:
         self.timing = timing if timing is not None else CallTiming()
         self._restart = restart
         self._allocate = allocate
+        self._held = (0 if allocate is not None else 1) if held is None else self._check_held(held)
         self._worker_main = functools.partial(run_worker, handler=handler, ring_capacity=ring_bytes,
                                               ring_limit=ring_limit, keep_freed=keep_freed,
                                               ring_policy=ring_policy())  # fmt: skip
@@ -344,8 +348,8 @@ class ProcessPool:
     @property
     def _slots(self) -> int:
         """Results the main process may hold from a worker at once: its tasks in flight, and the
-        one the consumer holds unless ``allocate`` copies each out as it arrives."""
-        return self._per_worker + (1 if self._allocate is None else 0)
+        ones the consumer holds (``held``)."""
+        return self._per_worker + self._held
 
     def _slots_changed(self, before: int) -> None:
         if self._slots != before:
@@ -355,6 +359,11 @@ class ProcessPool:
     def _check_threads(self, n: int) -> int:
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"{self.name}: threads per worker must be an int >= 1, got {n!r}")
+        return n
+
+    def _check_held(self, n: int) -> int:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"{self.name}: results held must be an int >= 0, got {n!r}")
         return n
 
     def _check_per_worker(self, n: int) -> int:
