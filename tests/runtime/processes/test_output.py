@@ -81,7 +81,8 @@ def test_the_ring_never_grows_and_results_of_any_size_arrive_once_and_intact():
         assert rings == 2 * 3 * slot_bytes(encoded_bytes(20_000))
         held = []
         for _ in range(4):
-            sizes = [rng.choice([0, 7, 19_000, 20_000, 21_000, 60_000]) for _ in range(12)]
+            # every 6th too large for a slot: too few to size the ring again (half the last 16 would)
+            sizes = [60_000 if i % 6 == 5 else rng.choice([0, 7, 19_000, 20_000, 21_000]) for i in range(12)]
             results = run_all(pool, sizes)
             for seq, n in enumerate(sizes):
                 value, error = results[seq]
@@ -107,6 +108,22 @@ def test_a_result_too_large_for_a_slot_takes_a_segment_freed_when_released():
         del value
         gc.collect()
         assert segments_open() == before and pool.ring_bytes == rings
+    finally:
+        pool.close()
+
+
+def test_a_ring_sized_at_an_atypical_first_result_is_sized_again_once_most_results_outgrow_it():
+    pool = ProcessPool(filled, 1, "m", per_worker=2)
+    pool.start()
+    try:
+        run_all(pool, [10])  # a small first result
+        small = pool.ring_bytes
+        assert small == 3 * slot_bytes(encoded_bytes(10))
+        run_all(pool, [50_000] * 7)  # outgrowing it, but not yet for most of the last 16
+        assert pool.ring_bytes == small
+        values = run_all(pool, [50_000] * 3)
+        assert pool.ring_bytes == 3 * slot_bytes(encoded_bytes(50_000))  # replaced, as many slots
+        assert all(torch.equal(values[s][0], filled(s, 50_000)) for s in values)
     finally:
         pool.close()
 

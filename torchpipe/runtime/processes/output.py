@@ -44,6 +44,7 @@ MAX_RING_BYTES = 512 << 20
 """A worker's rings together hold at most this; results beyond go to one-off segments."""
 RING_GRACE_S = 0.002
 """A slot freed this soon is worth waiting for rather than making a one-off segment."""
+_RESIZE_AFTER, _SIZE_WINDOW = 8, 16  # of the last 16 results, 8 too large for a slot re-size the ring
 _MIN_RING_BYTES = 16 << 20  # legacy: an added ring holds at least this
 _RESULTS_PER_RING = 2  # legacy: an added ring holds two results of the size that found no room
 _GROW_AFTER, _MISS_WINDOW = 4, 16  # legacy: of the last 16 records, 4 that found no room add a ring
@@ -170,6 +171,8 @@ class SlotRing(Output):
     result that does not fit a slot, or finds none free within :data:`RING_GRACE_S`, takes a
     one-off segment. A new slot count takes effect with a new ring at the next result (the old
     one is let go once its records are back): the autotuner changed how many results are held.
+    So does a first result that was not typical: where half the last 16 results were too large
+    for a slot, the next one sizes a new ring (of as many slots; it replaces the old one).
 
     Args:
         slots: the results the main process may hold at once; limit: the most the ring may hold
@@ -181,6 +184,7 @@ class SlotRing(Output):
         self._slots = max(1, slots)
         self._ring: ShmRing | None = None  # the ring in use: None until the next result sizes it
         self._sized = False  # whether that result came (a ring of no slots is none at all)
+        self._outgrown: collections.deque[bool] = collections.deque(maxlen=_SIZE_WINDOW)  # too large, of the last
 
     def set_slots(self, slots: int) -> None:
         with self._lock:
@@ -188,17 +192,26 @@ class SlotRing(Output):
                 self._slots, self._ring, self._sized = max(1, slots), None, False
 
     def _reserve(self, nbytes: int) -> tuple[int, Reservation] | None:
+        if self._ring is not None:
+            self._outgrown.append(not self._ring.fits(nbytes))
+            if sum(self._outgrown) >= _RESIZE_AFTER:
+                self._sized = False
         if not self._sized:
-            self._sized = True
-            slot = slot_bytes(nbytes)
-            slots = min(self._slots, self._limit // slot)
-            if slots:
-                self._ring = self._add_ring(slots * slot, slot, replaces=bool(self.rings))
+            self._size_ring(nbytes)
         ring = self._ring
         if ring is None or not ring.fits(nbytes):
             return None
         reservation = ring.reserve(nbytes, timeout=RING_GRACE_S)
         return (len(self.rings) - 1, reservation) if reservation is not None else None
+
+    def _size_ring(self, nbytes: int) -> None:
+        """Make the ring for results like one of ``nbytes`` (none where a slot exceeds the limit)."""
+        self._sized, self._ring = True, None
+        self._outgrown.clear()
+        slot = slot_bytes(nbytes)
+        slots = min(self._slots, self._limit // slot)
+        if slots:
+            self._ring = self._add_ring(slots * slot, slot, replaces=bool(self.rings))
 
 
 class GrowingRings(Output):
