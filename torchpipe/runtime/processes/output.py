@@ -5,7 +5,8 @@ it may have in flight and undelivered, plus the one the consumer holds (none whe
 copied out as it arrives). The pool tells the worker that count (``("slots", n)``). The worker's
 first result sizes the ring: ``n`` slots of :func:`slot_bytes` each. It never grows: a result
 larger than a slot, or one that finds every slot still held, goes to a one-off segment, freed when
-the main process is done with it, as torch's DataLoader frees each batch. The slots keep their
+the main process is done with it, as torch's DataLoader frees each batch (where most results
+outgrow the slots, the first result was not typical: a ring of as many, larger slots replaces it). The slots keep their
 pages (written once, reused by every result after), so large results pay no page faults.
 
 ``TORCHPIPE_RING_POLICY=legacy`` brings back the policy before (a 4 MB ring at start, rings of
