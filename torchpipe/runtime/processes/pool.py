@@ -5,10 +5,10 @@ The main process numbers tasks and hands each to the live worker with the fewest
 and shrink while it runs and a dead worker's tasks can go to its replacement. Each worker writes
 results into its own ring (:mod:`torchpipe.runtime.processes.shm_ring`), of as many slots as
 results the main process may hold from it (:mod:`torchpipe.runtime.processes.output`); only
-``(seq, offset, nbytes)`` crosses the socket. The main process decodes each result as soon as its message arrives; its
-tensors and arrays view the ring record (no copy) and the record is reused once the last of them is
-freed, or, given an ``allocate`` hook (pinned memory), they are copied there and the record is
-reused at once.
+``(seq, offset, nbytes)`` crosses the socket. The main process decodes each result as soon as its
+message arrives; its tensors and arrays view the ring record (no copy) and the record is reused
+once the last of them is freed, or, given an ``allocate`` hook (pinned memory), they are copied
+there and the record is reused at once.
 See ``docs/process_pool.md``.
 """
 
