@@ -52,7 +52,7 @@ def test_a_worker_within_a_ring_limit_sends_larger_results_in_segments():
         while len(got) < 4:
             got.update({seq: value for seq, value, _ in pool.collect(0.2)})
         assert [float(got[k].sum()) for k in range(4)] == [10, 1 << 20, 10, 1 << 20]
-        assert pool.ring_bytes == 1 << 20  # no ring was added for the 4 MB results
+        assert 0 < pool.ring_bytes <= 1 << 20  # no ring was added for the 4 MB results
     finally:
         pool.close()
 

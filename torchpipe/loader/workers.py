@@ -137,11 +137,12 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
         ]
 
     def _new_pool(self, task: FetchTask, processes: int, fork_now: bool = True) -> ProcessPool:
-        """Worker processes for ``task``; under a RAM budget their rings stay small and they
-        give freed memory back (large results then cost page faults again)."""
+        """Worker processes for ``task``, ``prefetch_factor`` batches in flight each (their rings
+        hold those and the one the consumer holds); under a RAM budget their rings stay small and
+        they give freed memory back (large results then cost page faults again)."""
         lean = self._memory is not None
         return ProcessPool(task, processes, STAGE, fork_now=fork_now, ring_limit=self._ring_limit,
-                           keep_freed=not lean)  # fmt: skip
+                           keep_freed=not lean, per_worker=self._factor)  # fmt: skip
 
     def _start_auto(self, loader: DataLoader, most: int) -> None:
         """``num_workers="auto"``: the policy (kept by the loader across epochs) places batches, in

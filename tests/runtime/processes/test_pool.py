@@ -12,7 +12,7 @@ from tests.runtime.codec.alignment import data_addresses, misaligned
 from torchpipe.errors import WorkerError
 from torchpipe.runtime.codec.columns import to_columns
 from torchpipe.runtime.codec.pickling import RAW_MIN
-from torchpipe.runtime.processes import worker
+from torchpipe.runtime.processes import output
 from torchpipe.runtime.processes.pool import PER_WORKER, ProcessPool
 from torchpipe.runtime.processes.zygote import Zygote
 from torchpipe.testing import assert_elements_equal
@@ -174,7 +174,8 @@ def test_close_leaves_no_processes():
     assert wait_dead(pids) == []
 
 
-def test_rings_are_added_for_large_or_held_results_and_nothing_blocks():
+def test_legacy_rings_are_added_for_large_or_held_results_and_nothing_blocks(monkeypatch):
+    monkeypatch.setenv(output.RING_POLICY_ENV, output.LEGACY)
     pool = ProcessPool(square, 1, "m", ring_bytes=1 << 20)
     pool.start()
     try:
@@ -191,11 +192,12 @@ def test_rings_are_added_for_large_or_held_results_and_nothing_blocks():
         pool.close()
 
 
-def test_a_passing_peak_of_held_results_adds_no_ring_but_a_steady_one_does(monkeypatch):
-    """Rings stay faulted in once written, so one is added only where results steadily find no
-    room; a consumer that held a few more for a moment gets one-off segments, freed after."""
-    monkeypatch.setattr(worker, "_MIN_RING_BYTES", 1 << 20)
-    monkeypatch.setattr(worker, "_RESULTS_PER_RING", 2)  # rings of two 2.4 MB results
+def test_legacy_a_passing_peak_of_held_results_adds_no_ring_but_a_steady_one_does(monkeypatch):
+    """Legacy policy: rings stay faulted in once written, so one is added only where results
+    steadily find no room; a consumer that held a few more for a moment gets one-off segments."""
+    monkeypatch.setenv(output.RING_POLICY_ENV, output.LEGACY)
+    monkeypatch.setattr(output, "_MIN_RING_BYTES", 1 << 20)
+    monkeypatch.setattr(output, "_RESULTS_PER_RING", 2)  # rings of two 2.4 MB results
     pool = ProcessPool(square, 1, "m", ring_bytes=1 << 20)
     pool.start()
     try:

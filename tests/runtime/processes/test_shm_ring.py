@@ -199,6 +199,37 @@ def test_fits_and_too_large_records():
             ring.reserve(-1, timeout=0)
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_a_ring_of_slots_holds_exactly_its_slots_whatever_the_record_sizes(seed):
+    rng = np.random.default_rng(seed)
+    with ShmRing.create(3 * PAGE, slot_bytes=PAGE) as ring, ShmRing.attach(os.dup(ring.fd)) as other:
+        assert (ring.capacity, ring.slot_bytes, ring.slots) == (3 * PAGE, PAGE, 3)
+        assert (other.slot_bytes, other.slots) == (PAGE, 3)  # read from the header
+        assert ring.fits(PAGE - 8) and not ring.fits(PAGE - 7)  # a record larger than a slot never fits
+        held = collections.deque()
+        for _ in range(60):  # sizes that would leave a byte ring unable to place a slot-sized record
+            while len(held) < 3:
+                data = payload(rng, int(rng.integers(0, PAGE - 7)))
+                offset, nbytes = put(ring, data)
+                assert offset % PAGE == 0
+                held.append((offset, nbytes, data))
+            assert ring.reserve(0, timeout=0) is None  # every slot is held
+            for _ in range(int(rng.integers(1, 4))):
+                offset, nbytes, data = held.popleft()
+                assert take(other, offset, nbytes) == data
+        assert ring.bytes_in_use() == len(held) * PAGE
+
+
+def test_slots_must_be_pages():
+    for bad in (100, -PAGE, True):
+        with pytest.raises(ValueError, match="slot_bytes"):
+            ShmRing.create(PAGE, slot_bytes=bad)
+    with ShmRing.create(PAGE + 1, slot_bytes=2 * PAGE) as ring:
+        assert ring.capacity == 2 * PAGE and ring.slots == 1  # rounded up to whole slots
+    with ShmRing.create(PAGE) as ring:
+        assert ring.slot_bytes == 0 and ring.slots is None
+
+
 def test_commit_only_the_outstanding_reservation():
     with ShmRing.create(PAGE) as ring:
         stale = ring.reserve(10, timeout=0)
@@ -225,6 +256,7 @@ def test_attach_validates_the_header():
         struct.pack("=8sQQQ", b"TPSHMRNG", VERSION + 1, PAGE, 248) + bytes(PAGE + 216): "version",
         struct.pack("=8sQQQ", b"TPSHMRNG", VERSION, 2 * PAGE, 248) + bytes(PAGE + 216): "corrupt",
         struct.pack("=8sQQQ", b"TPSHMRNG", VERSION, PAGE, 192) + bytes(PAGE + 216): "corrupt",
+        struct.pack("=8sQQQQ", b"TPSHMRNG", VERSION, 2 * PAGE, 248, 3 * PAGE) + bytes(2 * PAGE + 208): "slots of",
     }
     for content, message in cases.items():
         fd = os.memfd_create("not-a-ring")

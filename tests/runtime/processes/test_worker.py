@@ -7,6 +7,8 @@ import pytest
 import torch
 
 from tests.runtime.processes.test_pool import run_all
+from torchpipe.runtime import codec
+from torchpipe.runtime.processes.output import slot_bytes
 from torchpipe.runtime.processes.pool import PER_WORKER, ProcessPool
 
 
@@ -168,11 +170,11 @@ def test_large_results_from_several_threads_at_once():
     pool = ProcessPool(big, 1, "map(big)", ring_bytes=1 << 20, threads=4)
     pool.start()
     try:
-        results = run_all(pool, [None] * 16)  # all held: rings fill, the worker adds more
+        results = run_all(pool, [None] * 16)  # all held: the ring fills, the rest take segments
         for seq, (value, error) in results.items():
             assert error is None and torch.equal(value["x"], torch.full((400_000,), float(seq), dtype=torch.float64))
         assert len({value["thread"] for value, _ in results.values()}) >= 2
-        (worker,) = pool._workers.values()
-        assert len(worker.rings) >= 2
+        slot = slot_bytes(codec.encode(results[0][0]).nbytes)
+        assert pool.ring_bytes == (PER_WORKER + 1) * slot  # one ring: 4 in flight and 1 held
     finally:
         pool.close()

@@ -1,13 +1,14 @@
 """Worker processes fed by central dispatch, returning results through shared-memory rings.
 
 The main process numbers tasks and hands each to the live worker with the fewest in flight (at most
-``PER_WORKER``, or the tasks a worker runs at once on its threads if more), so the pool can grow
+``per_worker``, or the tasks a worker runs at once on its threads if more), so the pool can grow
 and shrink while it runs and a dead worker's tasks can go to its replacement. Each worker writes
-results into its own ring (:mod:`torchpipe.runtime.processes.shm_ring`); only ``(seq, offset, nbytes)``
-crosses the socket. The main process decodes each result as soon as its message arrives; its
-tensors and arrays view the ring record (no copy) and the record is reused once the last of them is
-freed, or, given an ``allocate`` hook (pinned memory), they are copied there and the record is
-reused at once.
+results into its own ring (:mod:`torchpipe.runtime.processes.shm_ring`), of as many slots as
+results the main process may hold from it (:mod:`torchpipe.runtime.processes.output`); only
+``(seq, offset, nbytes)`` crosses the socket. The main process decodes each result as soon as its
+message arrives; its tensors and arrays view the ring record (no copy) and the record is reused
+once the last of them is freed, or, given an ``allocate`` hook (pinned memory), they are copied
+there and the record is reused at once.
 See ``docs/process_pool.md``.
 """
 
@@ -31,15 +32,17 @@ from torchpipe.runtime import codec
 from torchpipe.runtime.counts import COUNTS
 from torchpipe.runtime.executor import Result
 from torchpipe.runtime.processes.channel import Channel, ChannelClosed
+from torchpipe.runtime.processes.output import MAX_RING_BYTES, ring_policy
 from torchpipe.runtime.processes.shm_ring import OneOffSegment, ShmRing, memfd_supported
-from torchpipe.runtime.processes.worker import MAX_RING_BYTES, run_worker, unpack_exception
+from torchpipe.runtime.processes.worker import run_worker, unpack_exception
 from torchpipe.runtime.processes.zygote import Zygote, ZygoteGone, describe_exit
 from torchpipe.runtime.routing import MAX_TASK_FAILURES, Task, TaskRouter
 from torchpipe.runtime.timing import CallTiming
 
 PER_WORKER = 4
-"""Tasks in flight per worker (more when each worker runs more tasks at once on threads)."""
+"""Tasks in flight per worker by default (more when each worker runs more tasks at once on threads)."""
 DEFAULT_RING_BYTES = 4 << 20
+"""A worker's first ring under the legacy ring policy (``TORCHPIPE_RING_POLICY=legacy``)."""
 
 
 class _Loans:
@@ -118,10 +121,15 @@ class ProcessPool:
         name: the stage name, used in errors.
         restart: replace a worker that dies and re-dispatch its tasks; if False, raise
             :class:`WorkerError` instead.
-        ring_bytes: the size of each worker's first ring; a worker adds rings when results are
-            larger or held longer (``ring_limit`` in all), then takes one-off segments.
-        ring_limit: the most a worker's rings hold in all (``worker.MAX_RING_BYTES``; less
-            under a RAM budget: results beyond travel in one-off segments, freed once used).
+        per_worker: tasks in flight per worker (more if ``threads`` is larger); a worker's ring
+            has a slot for each, and one for the result the consumer holds (none with
+            ``allocate``: a result is copied out as it arrives). :meth:`set_per_worker` changes it.
+        held: results of a worker the consumer holds besides those in flight, each a slot of
+            its ring (default: 1, or 0 with ``allocate``).
+        ring_bytes: each worker's first ring under the legacy ring policy (where rings are
+            added as results need); by default a worker's first result sizes its ring.
+        ring_limit: the most a worker's rings hold in all (``MAX_RING_BYTES``; less under a RAM
+            budget: results beyond travel in one-off segments, freed once used).
         keep_freed: workers keep the memory they free for reuse (no page faults for the next
             large result; their memory stays at its peak); False under a RAM budget.
         allocate: where decoded tensors land (``allocate(shape, dtype)``), e.g. pinned memory.
@@ -134,7 +142,8 @@ class ProcessPool:
         fork_now: fork the zygote now (else at the first worker).
 
     Raises:
-        ValueError: if ``threads`` is not an int >= 1.
+        ValueError: if ``threads`` or ``per_worker`` is not an int >= 1, ``held`` not an int >= 0, or
+            ``TORCHPIPE_RING_POLICY`` names no policy.
     """
 
     def __init__(
@@ -151,14 +160,19 @@ class ProcessPool:
         timing: CallTiming | None = None,
         threads: int = 1,
         fork_now: bool = True,
+        per_worker: int = PER_WORKER,
+        held: int | None = None,
     ) -> None:
         self.name = name
         self._threads = self._check_threads(threads)
+        self._tasks_per_worker = self._check_per_worker(per_worker)
         self.timing = timing if timing is not None else CallTiming()
         self._restart = restart
         self._allocate = allocate
+        self._held = (0 if allocate is not None else 1) if held is None else self._check_held(held)
         self._worker_main = functools.partial(run_worker, handler=handler, ring_capacity=ring_bytes,
-                                              ring_limit=ring_limit, keep_freed=keep_freed)  # fmt: skip
+                                              ring_limit=ring_limit, keep_freed=keep_freed,
+                                              ring_policy=ring_policy())  # fmt: skip
         self._zygote: Zygote | None = Zygote(self._worker_main, name) if fork_now else None
         self._workers: dict[int, _Worker] = {}
         self._router = TaskRouter()
@@ -192,9 +206,30 @@ class ProcessPool:
         """
         if self._check_threads(n) == self._threads:
             return  # live workers have it; new ones get it when spawned
+        slots = self._slots
         self._threads = n
         for worker in list(self._workers.values()):
-            self._send_threads(worker)
+            self._send(worker, ("threads", n))
+        self._slots_changed(slots)
+        self._dispatch()
+
+    @property
+    def per_worker(self) -> int:
+        """Tasks in flight per worker asked for (the pool keeps ``max(per_worker, threads)``)."""
+        return self._tasks_per_worker
+
+    def set_per_worker(self, n: int) -> None:
+        """Keep up to ``n`` tasks in flight per worker from now on (a stage's buffer knob).
+
+        Each worker's ring follows: at its next result it takes a ring of the new slot count
+        (its old ring goes once the main process has given back its records).
+
+        Raises:
+            ValueError: if ``n`` is not an int >= 1.
+        """
+        slots = self._slots
+        self._tasks_per_worker = self._check_per_worker(n)
+        self._slots_changed(slots)
         self._dispatch()
 
     @property
@@ -214,8 +249,8 @@ class ProcessPool:
 
     @property
     def ring_bytes(self) -> int:
-        """The bytes of the workers' rings, as mapped here."""
-        return sum(loans.ring.capacity for w in self._workers.values() for loans in w.rings)
+        """The bytes of the workers' rings in use, as mapped here."""
+        return sum(loans.ring.capacity for w in self._workers.values() for loans in w.rings if not loans.ring.closed)
 
     def submit(self, seq: int, payload: Any, slot: int | None = None, prefer: int | None = None) -> None:
         """Queue a task for the least busy worker, or for the worker in ``slot`` (in order).
@@ -308,16 +343,37 @@ class ProcessPool:
     # -- internals --------------------------------------------------------------------------
     @property
     def _per_worker(self) -> int:
-        return max(PER_WORKER, self._threads)
+        return max(self._tasks_per_worker, self._threads)
+
+    @property
+    def _slots(self) -> int:
+        """Results the main process may hold from a worker at once: its tasks in flight, and the
+        ones the consumer holds (``held``)."""
+        return self._per_worker + self._held
+
+    def _slots_changed(self, before: int) -> None:
+        if self._slots != before:
+            for worker in list(self._workers.values()):
+                self._send(worker, ("slots", self._slots))
 
     def _check_threads(self, n: int) -> int:
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"{self.name}: threads per worker must be an int >= 1, got {n!r}")
         return n
 
-    def _send_threads(self, worker: _Worker) -> None:
+    def _check_held(self, n: int) -> int:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"{self.name}: results held must be an int >= 0, got {n!r}")
+        return n
+
+    def _check_per_worker(self, n: int) -> int:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"{self.name}: tasks in flight per worker must be an int >= 1, got {n!r}")
+        return n
+
+    def _send(self, worker: _Worker, message: tuple) -> None:
         try:
-            worker.channel.send(("threads", self._threads))
+            worker.channel.send(message)
         except ChannelClosed:
             pass  # it died: collect() sees its channel close and replaces it
 
@@ -333,8 +389,9 @@ class ProcessPool:
             pid, channel = self._live_zygote().spawn(slot)
         worker = _Worker(worker_id, slot, pid, channel)
         self._workers[worker_id] = worker
+        self._send(worker, ("slots", self._slots))  # before any task: its first result sizes its ring
         if self._threads > 1:  # before any task; with 1 the worker runs tasks inline already
-            self._send_threads(worker)
+            self._send(worker, ("threads", self._threads))
 
     def _replace_zygote(self) -> None:
         """Fork a zygote where there is none yet (``fork_now=False``) or someone killed it (its
@@ -378,6 +435,9 @@ class ProcessPool:
     def _handle(self, worker: _Worker, message: tuple, fds: list[int], results: list[Result]) -> None:
         kind = message[0]
         if kind == "ring_added":
+            if message[2]:  # it replaces the worker's rings: each goes once its records are back
+                for loans in worker.rings:
+                    loans.close()
             worker.rings.append(_Loans(ShmRing.attach(fds[0])))
             return
         seq = message[1]

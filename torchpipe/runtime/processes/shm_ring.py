@@ -5,6 +5,10 @@ A worker process (the producer) writes each encoded result into its ring and sen
 record in place, copies it out and releases it. A result larger than the ring goes into a
 :class:`OneOffSegment` instead.
 
+A ring made with ``slot_bytes`` is a ring of fixed slots: every record takes one whole slot
+(a record larger than a slot does not fit), so a ring of ``k`` slots always holds ``k`` records,
+whatever their sizes; without it a record takes its own size and wraps as below.
+
 Segments are anonymous files from ``os.memfd_create``, shared by passing the file descriptor
 (``socket.send_fds`` or fork inheritance). Nothing is ever created in ``/dev/shm``: the memory
 is freed when the last descriptor and mapping are gone, also after a crash or SIGKILL.
@@ -12,7 +16,7 @@ is freed when the last descriptor and mapping are gone, also after a crash or SI
 Layout of a ring segment (all integers native-endian uint64; ``C`` = capacity)::
 
     byte 0     +--------------------------------------------------+
-               | magic "TPSHMRNG" | version | capacity C | 248    |  header (line 0)
+               | magic "TPSHMRNG" | version | capacity C | 248 | S |  header (line 0)
     byte 64    +--------------------------------------------------+
                | head: bytes ever committed by the producer       |  written by producer only
     byte 128   +--------------------------------------------------+
@@ -25,7 +29,9 @@ Layout of a ring segment (all integers native-endian uint64; ``C`` = capacity)::
                |   wrap marker: [uint64 0xFFFF_FFFF_FFFF_FFFF]    |
     248 + C    +--------------------------------------------------+
 
-``head`` and ``tail`` only grow; a byte counter ``n`` lives at data offset ``n % C``. Records
+``S`` is the slot size (0: records take their own size; else a multiple of the page that
+divides ``C``, and every record takes ``S`` bytes). ``head`` and ``tail`` only grow; a byte
+counter ``n`` lives at data offset ``n % C``. Records
 start at data offsets that are multiples of 64, and the data area starts 8 bytes before a 64-byte
 boundary: each length word ends a cache line and its payload starts on the next, so payloads (and
 the tensors the codec lays out in them) are 64-byte aligned. When a record does not fit before
@@ -46,9 +52,9 @@ import struct
 import time
 import weakref
 
-VERSION = 2
+VERSION = 3
 _MAGIC = b"TPSHMRNG"
-_HEADER = struct.Struct("=8sQQQ")  # magic, version, capacity, data offset
+_HEADER = struct.Struct("=8sQQQQ")  # magic, version, capacity, data offset, slot size
 _LINE = 64
 _LENGTH_BYTES = 8
 # Three header lines, then the data area, shifted so that payloads (after their length word) are
@@ -76,7 +82,7 @@ def memfd_supported() -> bool:
     return True
 
 
-def _record_size(nbytes: int) -> int:
+def record_bytes(nbytes: int) -> int:
     """Bytes a record of ``nbytes`` payload takes in the data area: length word, payload, padding."""
     return -(-(_LENGTH_BYTES + nbytes) // _LINE) * _LINE
 
@@ -148,16 +154,23 @@ def _unmap(fd: int, mapping: mmap.mmap, views: tuple[memoryview, ...]) -> None:
     os.close(fd)
 
 
-def _read_header(fd: int, mapping: mmap.mmap, size: int) -> int:
-    """The capacity recorded in a ring's header, after checking the header describes this segment."""
-    magic, version, capacity, start = _HEADER.unpack_from(mapping, 0)
+def _read_header(fd: int, mapping: mmap.mmap, size: int) -> tuple[int, int]:
+    """The capacity and slot size recorded in a ring's header, after checking the header
+    describes this segment."""
+    magic, version, capacity, start, slot = _HEADER.unpack_from(mapping, 0)
     if magic != _MAGIC:
         raise ValueError(f"fd {fd} is not a torchpipe shm ring: bad magic {magic!r}")
     if version != VERSION:
         raise ValueError(f"fd {fd}: shm ring version {version}, this torchpipe reads version {VERSION}")
     if start != _DATA_START or capacity <= 0 or capacity % _LINE or start + capacity != size:
         raise ValueError(f"fd {fd}: corrupt shm ring header (capacity {capacity}, segment of {size} bytes)")
-    return capacity
+    if slot and (slot % _LINE or capacity % slot):
+        raise ValueError(f"fd {fd}: corrupt shm ring header (slots of {slot} bytes in a capacity of {capacity})")
+    return capacity, slot
+
+
+def _page_multiple(nbytes: int) -> int:
+    return -(-nbytes // mmap.PAGESIZE) * mmap.PAGESIZE
 
 
 class Reservation:
@@ -191,10 +204,11 @@ class ShmRing:
     :meth:`release`, in commit order. Each side must be used by one thread at a time.
     """
 
-    def __init__(self, fd: int, mapping: mmap.mmap, capacity: int) -> None:
+    def __init__(self, fd: int, mapping: mmap.mmap, capacity: int, slot_bytes: int = 0) -> None:
         """Wrap a mapped, initialized segment; use :meth:`create` or :meth:`attach` instead."""
         self._fd = fd
         self._capacity = capacity
+        self._slot = slot_bytes
         buf = memoryview(mapping)
         self._words = buf.cast("Q")
         self._data = buf[_DATA_START:]
@@ -203,24 +217,37 @@ class ShmRing:
         self._finalizer = weakref.finalize(self, _unmap, fd, mapping, (self._words, self._data, buf))
 
     @classmethod
-    def create(cls, capacity: int) -> ShmRing:
-        """A new, empty ring with at least ``capacity`` bytes of data area (rounded up to pages).
+    def create(cls, capacity: int, slot_bytes: int = 0) -> ShmRing:
+        """A new, empty ring with at least ``capacity`` bytes of data area.
+
+        Args:
+            capacity: rounded up to a multiple of the page (and of ``slot_bytes``).
+            slot_bytes: 0 for records of their own size; else the size of the slot every record
+                takes, a multiple of the page: a ring of ``capacity // slot_bytes`` slots.
 
         Raises:
-            ValueError: ``capacity`` is not a positive int.
+            ValueError: ``capacity`` is not a positive int, or ``slot_bytes`` not a multiple of
+                the page.
             OSError: memfd is unsupported, or the memory cannot be allocated.
         """
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity <= 0:
             raise ValueError(f"ring capacity must be a positive int, got {capacity!r}")
-        capacity = -(-capacity // mmap.PAGESIZE) * mmap.PAGESIZE
+        if (
+            isinstance(slot_bytes, bool)
+            or not isinstance(slot_bytes, int)
+            or slot_bytes < 0
+            or slot_bytes % mmap.PAGESIZE
+        ):
+            raise ValueError(f"slot_bytes must be 0 or a multiple of the page ({mmap.PAGESIZE}), got {slot_bytes!r}")
+        capacity = -(-capacity // slot_bytes) * slot_bytes if slot_bytes > 0 else _page_multiple(capacity)
         fd = _new_memfd("torchpipe-ring", _DATA_START + capacity)
         try:
             mapping = _map(fd, _DATA_START + capacity)
         except BaseException:
             os.close(fd)
             raise
-        _HEADER.pack_into(mapping, 0, _MAGIC, VERSION, capacity, _DATA_START)
-        return cls(fd, mapping, capacity)
+        _HEADER.pack_into(mapping, 0, _MAGIC, VERSION, capacity, _DATA_START, slot_bytes)
+        return cls(fd, mapping, capacity, slot_bytes)
 
     @classmethod
     def attach(cls, fd: int) -> ShmRing:
@@ -235,11 +262,11 @@ class ShmRing:
             raise ValueError(f"fd {fd} is not a torchpipe shm ring: {size} bytes is less than a header")
         mapping = _map(fd, size)
         try:
-            capacity = _read_header(fd, mapping, size)
+            capacity, slot_bytes = _read_header(fd, mapping, size)
         except BaseException:
             mapping.close()
             raise
-        return cls(fd, mapping, capacity)
+        return cls(fd, mapping, capacity, slot_bytes)
 
     @property
     def fd(self) -> int:
@@ -248,8 +275,18 @@ class ShmRing:
 
     @property
     def capacity(self) -> int:
-        """Bytes in the data area; each record takes its payload plus 8, rounded up to 64."""
+        """Bytes in the data area; each record takes its payload plus 8, rounded up to 64 (or a slot)."""
         return self._capacity
+
+    @property
+    def slot_bytes(self) -> int:
+        """The bytes every record takes in a ring of slots; 0 where records take their own size."""
+        return self._slot
+
+    @property
+    def slots(self) -> int | None:
+        """How many records a ring of slots holds at once; None where records take their own size."""
+        return self._capacity // self._slot if self._slot else None
 
     @property
     def closed(self) -> bool:
@@ -262,7 +299,7 @@ class ShmRing:
 
     def fits(self, nbytes: int) -> bool:
         """Whether a record of ``nbytes`` payload can ever be placed in this ring."""
-        return nbytes >= 0 and _record_size(nbytes) <= self._capacity
+        return nbytes >= 0 and record_bytes(nbytes) <= (self._slot or self._capacity)
 
     def reserve(self, nbytes: int, timeout: float) -> Reservation | None:
         """Contiguous space for a record of ``nbytes``, waiting up to ``timeout`` s for the consumer.
@@ -278,12 +315,13 @@ class ShmRing:
         """
         self._check_open()
         _check_nbytes(nbytes)
-        size = _record_size(nbytes)
-        if size > self._capacity:
+        if not self.fits(nbytes):
             raise ValueError(
-                f"a record of {nbytes} bytes needs {size} bytes, more than the ring's capacity of "
-                f"{self._capacity}: check fits() and use a OneOffSegment"
+                f"a record of {nbytes} bytes needs {record_bytes(nbytes)} bytes, more than the ring's "
+                f"{'slots of' if self._slot else 'capacity of'} {self._slot or self._capacity}: check fits() "
+                "and use a OneOffSegment"
             )
+        size = self._span(nbytes)
         self._pending = None
         start = self._wait_for_space(size, timeout)
         if start is None:
@@ -309,7 +347,7 @@ class ShmRing:
         start, nbytes = reservation._start, reservation.nbytes
         self._words[_DATA_WORD + reservation.offset // 8] = nbytes
         # The payload, length word and any wrap marker are all stored before head moves.
-        self._words[_HEAD_WORD] = start + _record_size(nbytes)
+        self._words[_HEAD_WORD] = start + self._span(nbytes)
         try:
             reservation.buffer.release()  # so a late write fails instead of corrupting the ring
         except BufferError:
@@ -345,7 +383,7 @@ class ShmRing:
         start = self._oldest_start(tail, head, offset, nbytes)
         self._check_length(offset, nbytes)
         # The caller has finished reading the payload before this store lets the producer in.
-        self._words[_TAIL_WORD] = start + _record_size(nbytes)
+        self._words[_TAIL_WORD] = start + self._span(nbytes)
 
     def close(self) -> None:
         """Unmap and close the descriptor; idempotent. The other process's mapping stays valid."""
@@ -361,7 +399,12 @@ class ShmRing:
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"fd={self._fd}"
-        return f"ShmRing(capacity={self._capacity}, {state})"
+        slots = f", slots of {self._slot}" if self._slot else ""
+        return f"ShmRing(capacity={self._capacity}{slots}, {state})"
+
+    def _span(self, nbytes: int) -> int:
+        """Bytes a record of ``nbytes`` payload takes in this ring: its own size, or one slot."""
+        return self._slot or record_bytes(nbytes)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -394,7 +437,7 @@ class ShmRing:
     def _check_bounds(self, offset: int, nbytes: int) -> None:
         _check_nbytes(nbytes)
         aligned = isinstance(offset, int) and offset >= 0 and offset % _LINE == 0
-        if not aligned or offset + _record_size(nbytes) > self._capacity:
+        if not aligned or offset + self._span(nbytes) > self._capacity:
             raise ValueError(f"no record of {nbytes} bytes can start at offset {offset!r} of this ring")
 
     def _check_length(self, offset: int, nbytes: int) -> None:
@@ -412,7 +455,7 @@ class ShmRing:
         marker = self._words[_DATA_WORD + position // 8] == _WRAP
         if offset == position and not marker:
             start = tail
-        elif offset == 0 and position and (marker or _record_size(nbytes) > position):
+        elif offset == 0 and position and (marker or self._span(nbytes) > position):
             # A wrapped record larger than ``position`` was placed in an empty ring and overwrote
             # the marker; a record behind a real one at ``position`` is never that large.
             start = tail - position + self._capacity
@@ -422,7 +465,7 @@ class ShmRing:
                 f"release(offset={offset}, nbytes={nbytes}): records must be released in the order they "
                 f"were committed; the oldest unreleased record is at offset {oldest}"
             )
-        if start + _record_size(nbytes) > head:
+        if start + self._span(nbytes) > head:
             raise ValueError(f"release(offset={offset}, nbytes={nbytes}): that record is not committed")
         return start
 

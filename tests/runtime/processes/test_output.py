@@ -1,0 +1,160 @@
+import gc
+import mmap
+import os
+import random
+
+import pytest
+import torch
+
+from tests.runtime.processes.test_pool import fresh_tensor, run_all
+from torchpipe.runtime import codec
+from torchpipe.runtime.processes import output
+from torchpipe.runtime.processes.output import slot_bytes
+from torchpipe.runtime.processes.pool import DEFAULT_RING_BYTES, ProcessPool, process_executor_supported
+
+pytestmark = pytest.mark.skipif(not process_executor_supported(), reason="needs fork and memfd")
+
+PAGE = mmap.PAGESIZE
+
+
+def filled(seq, n):
+    """``n`` float64s, each ``seq``: 8n bytes, and which element it was."""
+    return torch.full((n,), float(seq), dtype=torch.float64)
+
+
+def encoded_bytes(n):
+    return codec.encode(filled(0, n)).nbytes
+
+
+def segments_open():
+    """Descriptors of one-off segments open in this process (open while it maps one)."""
+    links = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            links.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            pass  # the listing's own descriptor, gone by now
+    return sum(link.startswith("/memfd:torchpipe-segment") for link in links)
+
+
+def test_a_slot_holds_a_record_of_its_first_result_with_headroom_in_whole_pages():
+    assert slot_bytes(0) == PAGE
+    for n in (1, PAGE - 8, PAGE, 100_000, 38 << 20):
+        need = n + min(n // output.SLOT_HEADROOM, output.MAX_HEADROOM_BYTES) + 8
+        assert slot_bytes(n) % PAGE == 0 and need <= slot_bytes(n) < need + PAGE + 64
+
+
+def test_the_ring_policy_comes_from_the_environment(monkeypatch):
+    monkeypatch.delenv(output.RING_POLICY_ENV, raising=False)
+    assert output.ring_policy() == output.SLOTS
+    monkeypatch.setenv(output.RING_POLICY_ENV, "legacy")
+    assert output.ring_policy() == output.LEGACY
+    monkeypatch.setenv(output.RING_POLICY_ENV, "bytes")
+    with pytest.raises(ValueError, match="TORCHPIPE_RING_POLICY must be 'slots' or 'legacy', got 'bytes'"):
+        ProcessPool(filled, 1, "m")
+
+
+@pytest.mark.parametrize(
+    ("per_worker", "allocate", "held", "slots"),
+    [(2, None, None, 3), (3, None, None, 4), (2, fresh_tensor, None, 2), (2, None, 0, 2), (1, None, 2, 3)],
+)
+def test_a_workers_ring_has_a_slot_for_each_result_the_consumer_may_hold(per_worker, allocate, held, slots):
+    """Its tasks in flight, and the result the consumer holds unless each is copied out at once."""
+    pool = ProcessPool(filled, 1, "m", per_worker=per_worker, allocate=allocate, held=held)
+    pool.start()
+    try:
+        assert pool.capacity == per_worker and pool.ring_bytes == 0  # no ring before the first result
+        run_all(pool, [5000])
+        assert pool.ring_bytes == slots * slot_bytes(encoded_bytes(5000))
+    finally:
+        pool.close()
+
+
+def test_the_ring_never_grows_and_results_of_any_size_arrive_once_and_intact():
+    rng = random.Random(0)
+    pool = ProcessPool(filled, 2, "m", per_worker=2)
+    pool.start()
+    try:
+        run_all(pool, [20_000])  # the first result sizes the ring (a worker's; the other's is sized below)
+        run_all(pool, [20_000] * 4)
+        rings = pool.ring_bytes
+        assert rings == 2 * 3 * slot_bytes(encoded_bytes(20_000))
+        held = []
+        for _ in range(4):
+            # every 6th too large for a slot: too few to size the ring again (half the last 16 would)
+            sizes = [60_000 if i % 6 == 5 else rng.choice([0, 7, 19_000, 20_000, 21_000]) for i in range(12)]
+            results = run_all(pool, sizes)
+            for seq, n in enumerate(sizes):
+                value, error = results[seq]
+                assert error is None and torch.equal(value, filled(seq, n))
+            held += [value for value, _ in results.values() if rng.random() < 0.5]  # hold some, free the rest
+            del results
+            rng.shuffle(held)
+            del held[: len(held) // 2]
+            assert pool.ring_bytes == rings  # larger and held results took segments: no ring grew
+    finally:
+        pool.close()
+
+
+def test_a_result_too_large_for_a_slot_takes_a_segment_freed_when_released():
+    pool = ProcessPool(filled, 1, "m", per_worker=2)
+    pool.start()
+    try:
+        run_all(pool, [1000])
+        rings = pool.ring_bytes
+        before = segments_open()
+        value = run_all(pool, [100_000])[0][0]
+        assert torch.equal(value, filled(0, 100_000)) and segments_open() > before
+        del value
+        gc.collect()
+        assert segments_open() == before and pool.ring_bytes == rings
+    finally:
+        pool.close()
+
+
+def test_a_ring_sized_at_an_atypical_first_result_is_sized_again_once_most_results_outgrow_it():
+    pool = ProcessPool(filled, 1, "m", per_worker=2)
+    pool.start()
+    try:
+        run_all(pool, [10])  # a small first result
+        small = pool.ring_bytes
+        assert small == 3 * slot_bytes(encoded_bytes(10))
+        run_all(pool, [50_000] * 7)  # outgrowing it, but not yet for most of the last 16
+        assert pool.ring_bytes == small
+        values = run_all(pool, [50_000] * 3)
+        assert pool.ring_bytes == 3 * slot_bytes(encoded_bytes(50_000))  # replaced, as many slots
+        assert all(torch.equal(values[s][0], filled(s, 50_000)) for s in values)
+    finally:
+        pool.close()
+
+
+def test_a_new_tasks_in_flight_count_takes_effect_with_a_ring_of_as_many_slots():
+    pool = ProcessPool(filled, 1, "m", per_worker=2)
+    pool.start()
+    try:
+        run_all(pool, [3000])
+        slot = slot_bytes(encoded_bytes(3000))
+        assert pool.ring_bytes == 3 * slot
+        held = run_all(pool, [3000])[0][0]  # a record of the old ring, still held
+        pool.set_per_worker(5)
+        assert pool.per_worker == 5 and pool.capacity == 5
+        values = run_all(pool, [3000] * 7)
+        assert pool.ring_bytes == 6 * slot  # the old ring is let go, though `held` still views it
+        assert torch.equal(held, filled(0, 3000)) and all(torch.equal(values[s][0], filled(s, 3000)) for s in values)
+        with pytest.raises(ValueError, match="tasks in flight per worker must be an int >= 1"):
+            pool.set_per_worker(0)
+        with pytest.raises(ValueError, match="results held must be an int >= 0"):
+            ProcessPool(filled, 1, "m", held=-1, fork_now=False)
+    finally:
+        pool.close()
+
+
+def test_the_legacy_policy_starts_each_worker_with_a_4_mb_ring(monkeypatch):
+    monkeypatch.setenv(output.RING_POLICY_ENV, output.LEGACY)
+    pool = ProcessPool(filled, 1, "m", per_worker=2)
+    pool.start()
+    try:
+        assert torch.equal(run_all(pool, [10])[0][0], filled(0, 10))
+        assert pool.ring_bytes == DEFAULT_RING_BYTES
+    finally:
+        pool.close()

@@ -1,0 +1,268 @@
+"""Where a worker's results go: its ring of slots, or a one-off segment.
+
+A worker's ring holds exactly the results the main process may hold from it at once: the tasks
+it may have in flight and undelivered, plus the one the consumer holds (none where each result is
+copied out as it arrives). The pool tells the worker that count (``("slots", n)``). The worker's
+first result sizes the ring: ``n`` slots of :func:`slot_bytes` each. It never grows: a result
+larger than a slot, or one that finds every slot still held, goes to a one-off segment, freed when
+the main process is done with it, as torch's DataLoader frees each batch (where most results
+outgrow the slots, the first result was not typical: a ring of as many, larger slots replaces it). The slots keep their
+pages (written once, reused by every result after), so large results pay no page faults.
+
+``TORCHPIPE_RING_POLICY=legacy`` brings back the policy before (a 4 MB ring at start, rings of
+two results added where results steadily find no room), kept for the A/B against torch until
+it is recorded in ``bench/RESULTS.md``.
+"""
+
+from __future__ import annotations
+
+import abc
+import collections
+import mmap
+import os
+import pickle
+import threading
+import time
+import traceback
+from typing import Any
+
+from torchpipe.runtime import codec
+from torchpipe.runtime.counts import COUNTS, Tally
+from torchpipe.runtime.processes.channel import Channel, ChannelClosed
+from torchpipe.runtime.processes.shm_ring import OneOffSegment, Reservation, ShmRing, record_bytes
+
+RING_POLICY_ENV = "TORCHPIPE_RING_POLICY"
+"""The environment variable that picks the ring policy: ``slots`` (default) or ``legacy``."""
+SLOTS, LEGACY = "slots", "legacy"
+SLOT_HEADROOM = 16
+"""A slot holds its first result plus 1/16th (at most :data:`MAX_HEADROOM_BYTES`; rounded up to
+the page): a later result of the same kind that is a little larger (a longer caption, a larger
+pickle) still fits."""
+MAX_HEADROOM_BYTES = 1 << 20
+"""A large result's headroom: batches of tens of MB are mostly tensors of one shape, whose size
+does not vary; a slot of each is held in two processes' memory."""
+MAX_RING_BYTES = 512 << 20
+"""A worker's rings together hold at most this; results beyond go to one-off segments."""
+RING_GRACE_S = 0.002
+"""A slot freed this soon is worth waiting for rather than making a one-off segment."""
+_RESIZE_AFTER, _SIZE_WINDOW = 8, 16  # of the last 16 results, 8 too large for a slot re-size the ring
+_MIN_RING_BYTES = 16 << 20  # legacy: an added ring holds at least this
+_RESULTS_PER_RING = 2  # legacy: an added ring holds two results of the size that found no room
+_GROW_AFTER, _MISS_WINDOW = 4, 16  # legacy: of the last 16 records, 4 that found no room add a ring
+_CLOSE_S = 2.0
+
+
+def ring_policy() -> str:
+    """The ring policy this process's environment asks for (:data:`RING_POLICY_ENV`).
+
+    Raises:
+        ValueError: the variable names no policy.
+    """
+    policy = os.environ.get(RING_POLICY_ENV, SLOTS) or SLOTS
+    if policy not in (SLOTS, LEGACY):
+        raise ValueError(f"{RING_POLICY_ENV} must be {SLOTS!r} or {LEGACY!r}, got {policy!r}")
+    return policy
+
+
+def slot_bytes(nbytes: int) -> int:
+    """The slot a ring sized at a first result of ``nbytes`` gives every record: the record with
+    its headroom (:data:`SLOT_HEADROOM`), rounded up to the page."""
+    size = record_bytes(nbytes + min(nbytes // SLOT_HEADROOM, MAX_HEADROOM_BYTES))
+    return -(-size // mmap.PAGESIZE) * mmap.PAGESIZE
+
+
+def make_output(channel: Channel, policy: str, slots: int, ring_bytes: int, limit: int) -> Output:
+    """A worker's output under ``policy``: :class:`SlotRing` (``slots`` a ring, sized at the first
+    result) or :class:`GrowingRings` (legacy: a first ring of ``ring_bytes``); ``limit``: the most
+    its rings may hold in all."""
+    if policy == LEGACY:
+        return GrowingRings(channel, min(ring_bytes, limit), limit)
+    return SlotRing(channel, slots, limit)
+
+
+class Output(abc.ABC):
+    """Runs a worker's tasks' results out: into a ring the policy (a subclass) finds, or a one-off
+    segment.
+
+    Safe to call from several threads: one lock is held from reserving room to sending the
+    message (the main process returns ring records in the order they were sent), and around
+    every send. The handler and ``codec.encode`` run outside it.
+    """
+
+    def __init__(self, channel: Channel, limit: int) -> None:
+        self.channel = channel
+        self.rings: list[ShmRing] = []  # by index, as the main process knows them
+        self._limit = limit
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @abc.abstractmethod
+    def set_slots(self, slots: int) -> None:
+        """The results the main process may hold from this worker at once, from now on."""
+
+    def close(self, timeout: float = _CLOSE_S) -> None:
+        """Close the rings; a task thread still running later finds the output closed.
+
+        If a thread holds the lock past ``timeout`` s, the rings are left to the process's exit.
+        """
+        if not self._lock.acquire(timeout=timeout):
+            return
+        try:
+            self._closed = True
+            for ring in self.rings:
+                ring.close()
+        finally:
+            self._lock.release()
+
+    def run(self, handler: Any, seq: int, payload: Any) -> None:
+        """Run one task and send its result or error (``ChannelClosed`` if the main process is gone)."""
+        wall, cpu = time.perf_counter(), time.thread_time()
+        with COUNTS.tally() as counts:
+            try:
+                encoded = codec.encode(handler(seq, payload))
+            except Exception as e:  # noqa: BLE001 - sent to the main process, raised there
+                packed = pack_exception(e)
+                with self._lock:
+                    self._send(("error", seq, packed, *_cost(wall, cpu, counts)))
+                return
+        with self._lock:
+            self._write(seq, encoded, _cost(wall, cpu, counts))
+
+    @abc.abstractmethod
+    def _reserve(self, nbytes: int) -> tuple[int, Reservation] | None:
+        """Room for a record of ``nbytes`` in a ring (the lock is held); None: a one-off segment."""
+
+    def _add_ring(self, capacity: int, slot: int = 0, replaces: bool = False) -> ShmRing:
+        """A new ring, announced to the main process; ``replaces``: the older rings take no more
+        records (the main process lets go of each once its records are back)."""
+        ring = ShmRing.create(capacity, slot)
+        if replaces:
+            for old in self.rings:
+                old.close()  # the main process's mapping stays while it holds records there
+        self.rings.append(ring)
+        self.channel.send(("ring_added", len(self.rings) - 1, replaces), [ring.fd])
+        return ring
+
+    def _write(self, seq: int, encoded: codec.EncodedRecord, cost: tuple[float, float, float, Tally | None]) -> None:
+        if self._closed:  # the worker is stopping: its rings are gone
+            raise ChannelClosed("the worker is stopping")
+        nbytes = encoded.nbytes
+        placed = self._reserve(nbytes)
+        if placed is None:
+            segment = OneOffSegment.create(nbytes)
+            try:
+                encoded.write_into(segment.buffer)
+                self._send(("segment", seq, nbytes, *cost), [segment.fd])
+            finally:
+                segment.close()
+            return
+        index, reservation = placed
+        encoded.write_into(reservation.buffer)
+        offset, nbytes = self.rings[index].commit(reservation)
+        self._send(("ring", seq, index, offset, nbytes, *cost))
+
+    def _send(self, message: tuple, fds: list[int] | tuple[int, ...] = ()) -> None:
+        if self._closed:  # the worker is stopping: nobody reads the result
+            raise ChannelClosed("the worker is stopping")
+        self.channel.send(message, fds)
+
+
+class SlotRing(Output):
+    """One ring of ``slots`` slots, sized at the first result after the slot count was set; a
+    result that does not fit a slot, or finds none free within :data:`RING_GRACE_S`, takes a
+    one-off segment. A new slot count takes effect with a new ring at the next result (the old
+    one is let go once its records are back): the autotuner changed how many results are held.
+    So does a first result that was not typical: where half the last 16 results were too large
+    for a slot, the next one sizes a new ring (of as many slots; it replaces the old one).
+
+    Args:
+        slots: the results the main process may hold at once; limit: the most the ring may hold
+            (fewer slots where they would not fit; none: every result in a segment).
+    """
+
+    def __init__(self, channel: Channel, slots: int, limit: int) -> None:
+        super().__init__(channel, limit)
+        self._slots = max(1, slots)
+        self._ring: ShmRing | None = None  # the ring in use: None until the next result sizes it
+        self._sized = False  # whether that result came (a ring of no slots is none at all)
+        self._outgrown: collections.deque[bool] = collections.deque(maxlen=_SIZE_WINDOW)  # too large, of the last
+
+    def set_slots(self, slots: int) -> None:
+        with self._lock:
+            if max(1, slots) != self._slots:
+                self._slots, self._ring, self._sized = max(1, slots), None, False
+
+    def _reserve(self, nbytes: int) -> tuple[int, Reservation] | None:
+        if self._ring is not None:
+            self._outgrown.append(not self._ring.fits(nbytes))
+            if sum(self._outgrown) >= _RESIZE_AFTER:
+                self._sized = False
+        if not self._sized:
+            self._size_ring(nbytes)
+        ring = self._ring
+        if ring is None or not ring.fits(nbytes):
+            return None
+        reservation = ring.reserve(nbytes, timeout=RING_GRACE_S)
+        return (len(self.rings) - 1, reservation) if reservation is not None else None
+
+    def _size_ring(self, nbytes: int) -> None:
+        """Make the ring for results like one of ``nbytes`` (none where a slot exceeds the limit)."""
+        self._sized, self._ring = True, None
+        self._outgrown.clear()
+        slot = slot_bytes(nbytes)
+        slots = min(self._slots, self._limit // slot)
+        if slots:
+            self._ring = self._add_ring(slots * slot, slot, replaces=bool(self.rings))
+
+
+class GrowingRings(Output):
+    """The legacy policy: a first ring of ``capacity`` bytes, and rings added where results need.
+
+    A record that finds no room within :data:`RING_GRACE_S` takes a one-off segment, unless no
+    ring could ever hold it or records steadily find no room (a quarter of the last 16): then the
+    worker adds a ring for two such records (up to ``limit`` in all), kept until it exits.
+    """
+
+    def __init__(self, channel: Channel, capacity: int, limit: int) -> None:
+        super().__init__(channel, limit)
+        self._misses: collections.deque[bool] = collections.deque(maxlen=_MISS_WINDOW)
+        with self._lock:
+            self._add_ring(capacity)
+
+    def set_slots(self, slots: int) -> None:
+        """Ignored: the legacy rings follow the results' sizes and waits, not a slot count."""
+
+    def _reserve(self, nbytes: int) -> tuple[int, Reservation] | None:
+        placed = self._in_a_ring(nbytes, RING_GRACE_S)
+        if placed is None and (not any(ring.fits(nbytes) for ring in self.rings) or sum(self._misses) >= _GROW_AFTER):
+            capacity = max(_MIN_RING_BYTES, _RESULTS_PER_RING * nbytes)
+            if sum(r.capacity for r in self.rings) + capacity <= self._limit:
+                self._add_ring(capacity)
+                self._misses.clear()
+                placed = self._in_a_ring(nbytes, 0.0)
+        self._misses.append(placed is None)
+        return placed
+
+    def _in_a_ring(self, nbytes: int, wait: float) -> tuple[int, Reservation] | None:
+        for index, ring in enumerate(self.rings):
+            reservation = ring.reserve(nbytes, timeout=wait) if ring.fits(nbytes) else None
+            if reservation is not None:
+                return index, reservation
+        return None
+
+
+def _cost(wall_start: float, cpu_start: float, counts: Tally) -> tuple[float, float, float, Tally | None]:
+    """``(start, wall seconds, CPU seconds, counts)`` of a task, always a message's last four
+    fields: the start (``perf_counter``, one clock for all processes) places it in a trace; the
+    counts are what the task counted (None: nothing, the usual case)."""
+    return wall_start, time.perf_counter() - wall_start, time.thread_time() - cpu_start, counts or None
+
+
+def pack_exception(exc: BaseException) -> tuple[bytes | None, str, str, str]:
+    """An exception as (pickle or None, type name, message, traceback text), for another process."""
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    try:
+        data = pickle.dumps(exc, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:  # noqa: BLE001 - unpicklable exceptions travel as text
+        data = None
+    return data, f"{type(exc).__module__}.{type(exc).__qualname__}", str(exc), text
