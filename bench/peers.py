@@ -33,7 +33,18 @@ import torch
 
 from bench import ffcv_peer, tfdata
 from bench import workloads as wl
-from bench.peer_items import ITEM_TIMEOUT_S, STOP_TIMEOUT_S, BatchOf, Items, PeerConfig, PeerIterator, grid_of, items_of
+from bench.peer_items import (
+    ITEM_TIMEOUT_S,
+    STOP_TIMEOUT_S,
+    BatchOf,
+    Items,
+    PeerConfig,
+    PeerEpochs,
+    PeerIterator,
+    grid_of,
+    items_of,
+    one_pass,
+)
 
 NODES_PREFETCH = 2
 """torchdata.nodes' Prefetcher depth: DataLoader's default prefetch_factor."""
@@ -58,7 +69,7 @@ class Peer:
     """``configs(work, quick)``: the library's grid on ``work`` (smaller when ``quick``)."""
     install: str = 'pip install -e ".[bench]"'
     """How to install it (the "not installed" note says)."""
-    measured: str = "every workload but blobs (its epochs)"
+    measured: str = "every workload"
     """Where it is measured (the note says)."""
     workloads: tuple[str, ...] | None = None
     """The workloads it has configurations on; None: every one."""
@@ -86,11 +97,19 @@ def nodes_configs(work: wl.Workload, quick: bool) -> list[PeerConfig]:
     workers: a task per item costs a queue hop each, which held ``tiny`` to 12k items/s on
     threads) + ``Prefetcher``. ``latency``'s shards are read one a task, flattened, batched."""
     items = items_of(work)
-    return [PeerConfig({"num_workers": n, "method": method}, partial(_nodes, items, n, method))
+    return [_config({"num_workers": n, "method": method}, partial(_nodes, items, n, method))
             for n, method in grid_of(work, quick)]  # fmt: skip
 
 
-def _nodes(items: Items, workers: int, method: str) -> PeerIterator:
+def _config(knobs: dict[str, Any], build: Callable[[], PeerEpochs]) -> PeerConfig:
+    """A grid point whose pipeline ``build()`` makes: one pass of it on a timed workload, its
+    epochs on an epochs workload."""
+    return PeerConfig(knobs, partial(one_pass, build), epochs=build)
+
+
+def _nodes(items: Items, workers: int, method: str) -> PeerEpochs:
+    """One ``Loader``, iterated each epoch: torchdata.nodes restarts a ``ParallelMapper``'s
+    workers on every ``reset()`` (it cannot keep them), so each epoch starts its own."""
     import torchdata.nodes as tn
 
     source = tn.IterableWrapper(range(items.length))
@@ -103,7 +122,8 @@ def _nodes(items: Items, workers: int, method: str) -> PeerIterator:
             node = tn.Unbatcher(node)
         node = tn.Mapper(tn.Batcher(node, items.batch_size, drop_last=False), items.collate)
     root = tn.Prefetcher(node, prefetch_factor=NODES_PREFETCH)
-    return PeerIterator(iter(tn.Loader(root)), lambda: _stop_nodes(root))
+    loader = tn.Loader(root)
+    return PeerEpochs(lambda: PeerIterator(iter(loader), lambda: _stop_nodes(root)), lambda: _stop_nodes(root))
 
 
 def _stop_nodes(root: Any) -> None:
@@ -135,7 +155,7 @@ def spdl_configs(work: wl.Workload, quick: bool) -> list[PeerConfig]:
     each item that passes between stages costs an event-loop hop, ~0.1 ms, so work is batched
     before it is dispatched). ``latency``'s shards are read one a task and flattened."""
     items = items_of(work)
-    return [PeerConfig({"concurrency": n, "executor": executor}, partial(_spdl, items, n, executor))
+    return [_config({"concurrency": n, "executor": executor}, partial(_spdl, items, n, executor))
             for n, executor in grid_of(work, quick)]  # fmt: skip
 
 
@@ -157,32 +177,40 @@ def _index_batches(length: int, batch_size: int) -> Iterator[list[int]]:
     return (list(range(k, min(k + batch_size, length))) for k in range(0, length, batch_size))
 
 
-def _spdl(items: Items, concurrency: int, executor: str) -> PeerIterator:
+def _spdl(items: Items, concurrency: int, executor: str) -> PeerEpochs:
+    """A pipeline built each epoch (SPDL's pipelines make one pass), on one process pool kept
+    across epochs where processes run the work (a user can hand every epoch's pipeline the same
+    executor); its threads are the pipeline's own, started each epoch."""
+    pool = None
+    task: Callable[[list[int]], Any] = BatchOf(items.fn, items.collate)
+    if executor == "process":
+        pool = ProcessPoolExecutor(concurrency) if items.fan_out else \
+            ProcessPoolExecutor(concurrency, initializer=_install_task, initargs=(task,))  # fmt: skip
+        task = task if items.fan_out else _run_installed_task
+
+    def stop() -> None:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    return PeerEpochs(partial(_spdl_epoch, items, concurrency, pool, task), stop)
+
+
+def _spdl_epoch(items: Items, concurrency: int, pool: ProcessPoolExecutor | None,
+                task: Callable[[list[int]], Any]) -> PeerIterator:  # fmt: skip
+    """One epoch of SPDL's pipeline, on ``pool`` where there is one."""
     from spdl.pipeline import PipelineBuilder
 
-    pool = None
     if items.fan_out:
-        if executor == "process":
-            pool = ProcessPoolExecutor(concurrency)
         builder = (PipelineBuilder().add_source(range(items.length))
                    .pipe(items.fn, concurrency=concurrency, executor=pool)
                    .disaggregate().aggregate(items.batch_size).pipe(items.collate))  # fmt: skip
     else:
-        task: Callable[[list[int]], Any] = BatchOf(items.fn, items.collate)
-        if executor == "process":
-            pool = ProcessPoolExecutor(concurrency, initializer=_install_task, initargs=(task,))
-            task = _run_installed_task
         builder = (PipelineBuilder().add_source(_index_batches(items.length, items.batch_size))
                    .pipe(task, concurrency=concurrency, executor=pool))  # fmt: skip
     pipeline = builder.add_sink().build(num_threads=concurrency)
     pipeline.start()
-
-    def stop() -> None:
-        pipeline.stop(timeout=STOP_TIMEOUT_S)
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
-
-    return PeerIterator(iter(pipeline.get_iterator(timeout=ITEM_TIMEOUT_S)), stop)
+    batches = iter(pipeline.get_iterator(timeout=ITEM_TIMEOUT_S))
+    return PeerIterator(batches, lambda: pipeline.stop(timeout=STOP_TIMEOUT_S))
 
 
 # -- Grain ----------------------------------------------------------------------------------------
@@ -193,7 +221,7 @@ def grain_configs(work: wl.Workload, quick: bool) -> list[PeerConfig]:
     (``GRAIN_READ_AHEAD_BATCHES``). ``latency``'s shards are read one an element, flattened and
     batched."""
     items = items_of(work)
-    return [PeerConfig({"workers": n, "kind": kind}, partial(_grain, items, n, kind))
+    return [_config({"workers": n, "kind": kind}, partial(_grain, items, n, kind))
             for n, kind in grid_of(work, quick)]  # fmt: skip
 
 
@@ -245,7 +273,9 @@ class BatchAt:
         return self.task(list(range(start, min(start + self.batch_size, self.length))))
 
 
-def _grain(items: Items, workers: int, kind: str) -> PeerIterator:
+def _grain(items: Items, workers: int, kind: str) -> PeerEpochs:
+    """One dataset, iterated each epoch: each ``iter()`` starts its own threads or worker
+    processes (Grain keeps none from one iterator to the next)."""
     import grain
 
     # Threads read ahead in the main process; with worker processes each reads its slice in
@@ -274,8 +304,12 @@ def _grain(items: Items, workers: int, kind: str) -> PeerIterator:
         process_prefetch._PROCESS_KILL_TIMEOUT_S = GRAIN_WORKER_JOIN_S  # see its docstring
         ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers))
         convert = _numpy_to_torch
-    iterator = iter(ds)
-    return PeerIterator(iterator, getattr(iterator, "close", lambda: None), convert)
+
+    def epoch() -> PeerIterator:
+        iterator = iter(ds)
+        return PeerIterator(iterator, getattr(iterator, "close", lambda: None), convert)
+
+    return PeerEpochs(epoch)
 
 
 FFCV_INSTALL = "apt-get install libturbojpeg0-dev libopencv-dev pkg-config; pip install numba ffcv"
