@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import itertools
 import multiprocessing.process
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
@@ -274,8 +275,9 @@ class BatchAt:
 
 
 def _grain(items: Items, workers: int, kind: str) -> PeerEpochs:
-    """One dataset, iterated each epoch: each ``iter()`` starts its own threads or worker
-    processes (Grain keeps none from one iterator to the next)."""
+    """Epochs as a Grain user keeps workers across them: the batches repeated (``repeat()``)
+    and iterated by one iterator, whose threads or worker processes serve every epoch, an epoch
+    being the next ``batches`` of them (``_grain_epochs``). ``latency``'s stream is one pass."""
     import grain
 
     # Threads read ahead in the main process; with worker processes each reads its slice in
@@ -290,7 +292,7 @@ def _grain(items: Items, workers: int, kind: str) -> PeerEpochs:
         mapped = grain.MapDataset.range(batches).map(
             BatchAt(BatchOf(items.fn, collate), items.length, items.batch_size)
         )
-        per_batch = 1
+        mapped, per_batch = mapped.repeat(), 1
     ahead = max(GRAIN_READ_AHEAD_BATCHES * per_batch, workers)
     read = grain.ReadOptions(num_threads=workers if kind == "thread" else 0, prefetch_buffer_size=ahead)
     ds = mapped.to_iter_dataset(read)
@@ -304,12 +306,25 @@ def _grain(items: Items, workers: int, kind: str) -> PeerEpochs:
         process_prefetch._PROCESS_KILL_TIMEOUT_S = GRAIN_WORKER_JOIN_S  # see its docstring
         ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers))
         convert = _numpy_to_torch
+    return _grain_epochs(ds, None if items.fan_out else batches, convert)
+
+
+def _grain_epochs(ds: Any, per_epoch: int | None, convert: Callable[[Any], Any] | None) -> PeerEpochs:
+    """Epochs of ``per_epoch`` elements cut from one iterator of ``ds``, made at the first epoch
+    and closed with the loader (``per_epoch`` None: the first epoch is all there is)."""
+    held: dict[str, Any] = {}
 
     def epoch() -> PeerIterator:
-        iterator = iter(ds)
-        return PeerIterator(iterator, getattr(iterator, "close", lambda: None), convert)
+        if "iterator" not in held:
+            held["iterator"] = iter(ds)
+        return PeerIterator(itertools.islice(held["iterator"], per_epoch), convert=convert)
 
-    return PeerEpochs(epoch)
+    def stop() -> None:
+        iterator = held.pop("iterator", None)
+        if iterator is not None and hasattr(iterator, "close"):
+            iterator.close()
+
+    return PeerEpochs(epoch, stop)
 
 
 FFCV_INSTALL = "apt-get install libturbojpeg0-dev libopencv-dev pkg-config; pip install numba ffcv"
