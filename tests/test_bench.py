@@ -1,4 +1,5 @@
-"""Smoke test of the benchmark suite: every workload and configuration, tiny sizes, end to end."""
+"""Tests of the benchmark suite: every workload and configuration end to end at tiny sizes (what
+the report must hold, never how fast), the rounds of ``--repeat``, the targets and the tables."""
 
 from __future__ import annotations
 
@@ -7,14 +8,15 @@ import json
 import os
 import subprocess
 import sys
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import psutil
 import pytest
 import torch
 
-from bench import data, markdown, plot, run, suite, tpimage
+import torchpipe as tp
+from bench import data, markdown, plot, rounds, run, suite, tpimage
 from bench import peers as pr
 from bench import targets as tg
 from bench import workloads as wl
@@ -37,9 +39,11 @@ CACHE_CONFIGS = {
     "torchpipe_cache_epoch2",
 }
 EPOCH_CONFIGS = CONFIGS - {"torchpipe_best"}
-EPOCH_KEYS = {"throughput", "first_batch_s", "peak_rss_mb", "end_pss_mb", "cpu_s_per_item", "others_cpu_share",
-              "epoch_rates", "epoch_executors"}  # fmt: skip
-KEYS = EPOCH_KEYS - {"epoch_rates", "epoch_executors"} | {"where"}
+EPOCH_KEYS = {"throughput", "steady_throughput", "first_batch_s", "peak_rss_mb", "end_pss_mb", "cpu_s_per_item",
+              "others_cpu_share", "epoch_rates", "epoch_executors", "placement", "spread", "runs"}  # fmt: skip
+KEYS = EPOCH_KEYS - {"epoch_rates", "epoch_executors", "steady_throughput"} | {"where"}
+NUMBERS = KEYS - {"where", "placement", "spread", "runs"}
+"""What one measurement reports as numbers (the fake results of the table tests)."""
 
 
 @pytest.fixture
@@ -55,10 +59,15 @@ def small(monkeypatch, tmp_path):
 
 
 def test_every_workload_and_configuration_end_to_end(small, capsys):
+    """The report's structure and what must hold in it, never a speed: this runs beside the rest
+    of the suite on a loaded machine (issue #40), where any timing can come out either way."""
     report = run.run_all(list(suite.WORKLOADS), quick=True, sizes=TINY)
-    assert set(report["workloads"]) == set(suite.WORKLOADS)
+    assert set(report["workloads"]) == set(suite.WORKLOADS) and report["machine"]["run"]["repeat"] == 1
     budgeted = {name for name, entry in report["workloads"].items() if entry["budget"] is not None}
-    assert budgeted and budgeted <= set(run.BUDGETED)  # where the unconstrained loader holds more than none
+    assert budgeted <= set(run.BUDGETED)
+    for name in set(run.BUDGETED) - budgeted:  # budgeted exactly where the unconstrained loader held more
+        pss = report["workloads"][name]["results"]["torchpipe_dataloader_auto"]["end_pss_mb"]
+        assert pss <= report["workloads"][name]["dataloader_pss"]["0"], name
     for name, entry in report["workloads"].items():
         configs = {"cache": CACHE_CONFIGS, "blobs": EPOCH_CONFIGS}.get(name, CONFIGS)
         budget = {tg.BUDGET_CONFIG} if name in budgeted else set()
@@ -67,8 +76,14 @@ def test_every_workload_and_configuration_end_to_end(small, capsys):
         assert entry["peer_errors"] == {} and entry["not_measured"] == {}
         assert isinstance(entry["unit"], str) and entry["limit"] > 0
         assert set(entry["targets"]) == set(tg.ZERO_KNOB) | budget | image
-        measured = entry["targets"]["torchpipe_dataloader_auto"]["vs_dataloader_best"]
+        key = "run_vs_dataloader_best" if name == "blobs" else "vs_dataloader_best"
+        measured = entry["targets"]["torchpipe_dataloader_auto"][key]
         assert measured["ratio"] > 0 and isinstance(measured["met"], bool)
+        best = entry["targets"]["torchpipe_dataloader_auto"]["vs_best_of_any"]
+        assert best["against"] in tg.SAME_WORK and best["ratio"] > 0
+        assert set(entry["placement"]) == set(tg.ZERO_KNOB) - ({"torchpipe_auto"} if name == "cache" else set())
+        for found in entry["placement"].values():
+            assert found["runs"][0] and found["policy"]["where"] == found["runs"][0], (name, found)
         assert set(entry["dataloader_pss"]) >= {"0", "1"} and entry["dataloader_pss"]["0"] > 0
         assert entry["targets"]["torchpipe_dataloader_auto"]["pss_vs_same_workers"]["workers"] is not None, name
         for config, result in entry["results"].items():
@@ -77,6 +92,7 @@ def test_every_workload_and_configuration_end_to_end(small, capsys):
             assert result["throughput"] > 0 and result["peak_rss_mb"] > 0 and result["cpu_s_per_item"] >= 0
             assert result["end_pss_mb"] > 0, result  # Linux: smaps_rollup
             assert 0 <= result["others_cpu_share"] <= 1, result
+            assert len(result["runs"]) == 1 and result["runs"][0]["throughput"] == result["throughput"]
     json.dumps(report)  # the document is plain JSON
     text = run.table(report)
     assert "torchpipe_best" in text and "vs DL best" in text and "torchpipe_dataloader_auto" in text
@@ -86,7 +102,8 @@ def test_every_workload_and_configuration_end_to_end(small, capsys):
     notes = report["machine"]["run"]["peers"]
     assert set(notes) == {"nodes", "spdl", "grain", "ffcv", "tfdata"}
     assert all(note.startswith("not installed") for note in notes.values()), notes  # reported, not skipped
-    assert "grain: not installed" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "grain: not installed" in out and "where the zero-knob rows ran" in tg.format_targets(report)
 
 
 def test_cli_writes_json(small, tmp_path, monkeypatch):
@@ -156,29 +173,38 @@ def test_blobs_samples_and_one_epochs_measurement(small):
     result = runner.epochs(lambda: loader)
     left = {p.pid for p in psutil.Process().children()} - before
     assert len(result["epoch_rates"]) == 2 and min(result["epoch_rates"]) > 0
-    assert result["epoch_executors"] == [None, None]  # torch's loader reports no placement
-    assert result["throughput"] == result["epoch_rates"][1]  # the steady rate: the epochs after the first
+    assert result["epoch_executors"] == [None, None] and result["placement"] is None  # torch's: none reported
+    assert result["steady_throughput"] == result["epoch_rates"][1]  # the epochs after the first
+    assert min(result["epoch_rates"]) <= result["throughput"] <= max(result["epoch_rates"])  # the whole run
     assert result["cpu_s_per_item"] > 0 and left == set()  # the persistent worker was stopped
     batch = next(iter(torch.utils.data.DataLoader(work.dataset, **work.loader_kwargs(0))))
     assert len(batch["payload"]) == 32 and batch["features"].shape == (32, wl.BLOB_FEATURES)
     assert work.count(batch) == (32, 32.0)
 
 
-def test_blobs_held_to_every_epoch():
-    def epochs(*rates: float) -> dict[str, Any]:
-        return {"throughput": rates[-1], "end_pss_mb": 100.0, "epoch_rates": list(rates)}
+def test_blobs_held_to_the_whole_run_and_every_epoch_after_the_first():
+    def epochs(run: float, *rates: float) -> dict[str, Any]:
+        return {"throughput": run, "end_pss_mb": 100.0, "epoch_rates": list(rates)}
 
-    results = {"dataloader_best": epochs(200.0, 250.0, 250.0), "torchpipe_auto": epochs(80.0, 240.0, 245.0),
-               "torchpipe_dataloader_auto": epochs(195.0, 245.0, 240.0)}  # fmt: skip
+    results = {"dataloader_best": epochs(230.0, 200.0, 250.0, 250.0),
+               "torchpipe_auto": epochs(220.0, 80.0, 240.0, 230.0),
+               "torchpipe_dataloader_auto": epochs(200.0, 195.0, 245.0, 240.0),
+               "spdl_best": epochs(300.0, 290.0, 300.0, 310.0)}  # fmt: skip
     checks = tg.targets("blobs", results)
-    first = checks["torchpipe_auto"]["every_epoch_vs_dataloader_best"]
-    assert first == {"ratio": 0.4, "op": ">=", "target": 0.95, "met": False, "epoch": 0}
-    assert checks["torchpipe_dataloader_auto"]["every_epoch_vs_dataloader_best"]["met"] is True
-    assert checks["torchpipe_auto"]["vs_dataloader_best"]["ratio"] == pytest.approx(0.98)  # steady rates
-    assert "every_epoch_vs_dataloader_best" not in tg.targets("records", results)["torchpipe_auto"]
+    auto, loader = checks["torchpipe_auto"], checks["torchpipe_dataloader_auto"]
+    # the first epoch (0.40 of torch's) is no target any more (issue #42); the later ones are
+    assert auto["later_epochs_vs_dataloader_best"] == {"ratio": 0.92, "op": ">=", "target": 0.95, "met": False,
+                                                       "epoch": 2}  # fmt: skip
+    later = loader["later_epochs_vs_dataloader_best"]
+    assert later["met"] is True and later["epoch"] == 2 and later["ratio"] == pytest.approx(0.96)
+    assert auto["run_vs_dataloader_best"]["ratio"] == pytest.approx(220 / 230) and auto["run_vs_dataloader_best"]["met"]
+    assert loader["run_vs_dataloader_best"]["met"] is False  # 200 / 230
+    assert auto["vs_best_of_any"]["against"] == "spdl_best" and auto["vs_best_of_any"]["met"] is False  # peers held
+    assert "vs_dataloader_best" not in auto  # the whole run at 0.95 stands for it on blobs
+    assert "later_epochs_vs_dataloader_best" not in tg.targets("records", results)["torchpipe_auto"]
     report = {"workloads": {"blobs": {"results": results, "targets": checks}}}
-    assert "| 0.40 **miss** (epoch 0) |" in markdown.targets_table(report)
-    assert "blobs/torchpipe_auto every_epoch_vs_dataloader_best" in tg.format_targets(report)
+    assert "| 0.92 **miss** (epoch 2) |" in markdown.targets_table(report)
+    assert "blobs/torchpipe_auto later_epochs_vs_dataloader_best" in tg.format_targets(report)
 
 
 def test_the_budgeted_loader_is_held_to_its_budget_and_the_best_dataloader_within_it():
@@ -247,18 +273,24 @@ def test_targets_met_and_missed():
     checks = tg.targets("jpeg", results, {0: 150.0, 2: 200.0, 4: 260.0})
     auto, loader = checks["torchpipe_auto"], checks["torchpipe_dataloader_auto"]
     assert set(auto) == {
-        "vs_best_of_both",
+        "vs_best_of_any",
         "vs_dataloader_best",
         "pss_vs_same_workers",
         "vs_best_python_peer",
         "vs_tfdata_native",
     }  # the limit is reported, not a target
-    assert auto["vs_best_of_both"] == {"ratio": 0.95, "op": ">=", "target": 0.95, "met": True}
+    assert auto["vs_best_of_any"] == {
+        "ratio": 0.95,
+        "op": ">=",
+        "target": 0.95,
+        "met": True,
+        "against": "torchpipe_best",
+    }
     assert auto["vs_dataloader_best"]["ratio"] == pytest.approx(1.14) and auto["vs_dataloader_best"]["met"]
     # memory against torch's DataLoader at the parallelism torchpipe chose: 2 workers; inline: 0
     assert auto["pss_vs_same_workers"]["ratio"] == pytest.approx(1.2) and auto["pss_vs_same_workers"]["met"]
     assert auto["pss_vs_same_workers"]["workers"] == 2
-    assert loader["vs_best_of_both"]["met"] is False and loader["vs_dataloader_best"]["met"] is False
+    assert loader["vs_best_of_any"]["met"] is False and loader["vs_dataloader_best"]["met"] is False
     assert (
         loader["pss_vs_same_workers"]["ratio"] == pytest.approx(241 / 150) and not loader["pss_vs_same_workers"]["met"]
     )
@@ -307,7 +339,7 @@ def test_targets_against_the_peers():
     assert checks["torchpipe_dataloader_auto"]["vs_best_python_peer"]["met"] is False
     text = tg.format_targets({"workloads": {"jpeg": {"results": results, "targets": checks}}})
     row = next(line for line in text.splitlines() if line.startswith("jpeg") and " torchpipe_auto " in line)
-    assert row.split()[2:] == ["1.50", "ok", "1.50", "ok", "1.00", "ok", "1.25", "ok", "0.50"]
+    assert row.split()[2:] == ["1.25", "ok", "1.50", "ok", "1.00", "ok", "1.25", "ok", "0.50"]  # nodes: best of any
     assert "5 targets met, 3 missed" in text and "jpeg/torchpipe_dataloader_auto vs_best_python_peer" in text
 
 
@@ -412,14 +444,14 @@ def test_peer_adapter_with_the_library(small, library):
 
 
 def test_markdown_tables_from_a_report():
-    results = {"dataloader_best": {**dict.fromkeys(KEYS, 1.0), "where": None, "throughput": 100.0},
-               "nodes_best": {**dict.fromkeys(KEYS, 1.0), "where": None, "throughput": 50.0, "end_pss_mb": None},
-               "torchpipe_auto": {**dict.fromkeys(KEYS, 1.0), "where": None, "throughput": 120.0}}  # fmt: skip
+    results = {"dataloader_best": {**dict.fromkeys(NUMBERS, 1.0), "where": None, "throughput": 100.0},
+               "nodes_best": {**dict.fromkeys(NUMBERS, 1.0), "where": None, "throughput": 50.0, "end_pss_mb": None},
+               "torchpipe_auto": {**dict.fromkeys(NUMBERS, 1.0), "where": None, "throughput": 120.0}}  # fmt: skip
     report = {"workloads": {"jpeg": {"unit": "img/s", "limit": 200.0, "results": results,
                                      "targets": tg.targets("jpeg", results)}}}  # fmt: skip
     rows = markdown.results_table(report).splitlines()
     assert [row.split(" | ")[1] for row in rows[2:]] == ["dataloader_best", "torchpipe_auto", "nodes_best"]
-    assert rows[4] == "| jpeg | nodes_best | 50 img/s | 0.50x | 0.25 | 1.00 s | 1 MB | - | 1000.000 ms | 100% |"
+    assert rows[4] == "| jpeg | nodes_best | 50 img/s | - | 0.50x | 0.25 | 1.00 s | 1 MB | - | 1000.000 ms | 100% |"
     targets = markdown.targets_table(report).splitlines()
     assert len(targets) == 3  # torchpipe_dataloader_auto was not measured: no row
     assert "| 2.40 ok (nodes_best) | - |" in targets[2] and "vs best Python peer >=1" in targets[0]
@@ -435,7 +467,10 @@ def test_plot_without_matplotlib_says_so(tmp_path, monkeypatch):
             "tiny": {
                 "unit": "elem/s",
                 "limit": None,
-                "results": {"dataloader_best": dict.fromkeys(KEYS, 1.0), "torchpipe_best": dict.fromkeys(KEYS, 2.0)},
+                "results": {
+                    "dataloader_best": dict.fromkeys(NUMBERS, 1.0),
+                    "torchpipe_best": dict.fromkeys(NUMBERS, 2.0),
+                },
             }
         },
     }
@@ -451,7 +486,7 @@ def test_plot_draws_every_configuration(tmp_path):
     plt = plot._pyplot()
     if plt is None:
         pytest.skip("matplotlib is not installed")
-    results = {config: dict.fromkeys(KEYS, 1.0 + k) for k, config in enumerate(run.ORDER)}
+    results = {config: dict.fromkeys(NUMBERS, 1.0 + k) for k, config in enumerate(run.ORDER)}
     report = {
         "workloads": {
             "records": {"results": results},
@@ -574,3 +609,173 @@ def test_jpeg_decoders_are_measured_side_by_side_and_a_missing_one_says_why(monk
     messy = jd.robustness()  # Pillow on the kinds real data sets hold; the missing one says so
     assert messy["grayscale"]["pillow"] == messy["cmyk"]["pillow"] == "max diff 0"
     assert messy["truncated"]["pillow"] == "error: OSError" and messy["rgb"]["nosuchcodec"] == "error: ImportError"
+
+
+# -- --repeat: rounds, medians, spread ------------------------------------------------------------
+def _run(throughput: float, **more: Any) -> dict[str, Any]:
+    return {"throughput": throughput, "first_batch_s": 0.1, "peak_rss_mb": 10.0, "end_pss_mb": 5.0,
+            "cpu_s_per_item": 1e-3, "others_cpu_share": 0.0, "where": None, "placement": None, **more}  # fmt: skip
+
+
+def test_rounds_alternate_the_configurations_and_plan_each_round_afresh():
+    order, plans = [], []
+
+    def plan() -> list[rounds.Trial]:
+        plans.append(len(plans))
+        return [rounds.Trial(key, lambda key=key: order.append(key) or _run(1.0), name=key) for key in "ABC"]
+
+    done = rounds.run_rounds(plan, 3)
+    assert order == list("ABCABCABC") and plans == [0, 1, 2]
+    assert {key: len(runs) for key, runs in done.runs.items()} == {"A": 3, "B": 3, "C": 3}
+    with pytest.raises(ValueError, match="at least 1"):
+        rounds.run_rounds(plan, 0)
+    with pytest.raises(ValueError, match="duplicate"):
+        rounds.run_rounds(lambda: [rounds.Trial("A", lambda: _run(1.0))] * 2, 1)
+
+
+def test_a_summary_is_the_median_of_its_runs_with_their_spread_and_every_run_kept():
+    runs = [_run(100.0, end_pss_mb=None, where="thread x2", epoch_rates=[10.0, 40.0]),
+            _run(130.0, end_pss_mb=200.0, where="process x2", epoch_rates=[30.0, 20.0]),
+            _run(90.0, end_pss_mb=180.0, where="inline", cpu_s_per_item=3e-3, epoch_rates=[20.0, 30.0])]  # fmt: skip
+    summary = rounds.summarize(runs)
+    assert summary["throughput"] == 100.0 and summary["spread"] == pytest.approx(0.4)  # (130 - 90) / 100
+    assert summary["end_pss_mb"] == 190.0  # the runs that could read it
+    assert summary["cpu_s_per_item"] == 1e-3 and summary["epoch_rates"] == [20.0, 30.0]  # each epoch on its own
+    assert summary["where"] == "thread x2"  # the median run's
+    assert [r["throughput"] for r in summary["runs"]] == [100.0, 130.0, 90.0]
+    assert summary["runs"][1]["where"] == "process x2"
+    assert rounds.summarize([_run(7.0)])["spread"] == 0.0
+    with pytest.raises(ValueError, match="no runs"):
+        rounds.summarize([])
+
+
+def test_a_grids_best_is_the_point_with_the_best_median_and_a_failing_group_is_dropped():
+    values = {"steady": iter([100.0, 101.0, 99.0]), "lucky": iter([300.0, 90.0, 95.0])}
+
+    def plan() -> list[rounds.Trial]:
+        def broken() -> dict[str, Any]:
+            raise RuntimeError("no such device")
+
+        return [rounds.Trial(f"grid {knob}", lambda knob=knob: _run(next(values[knob])), best_of="x_best",
+                             knobs={"knob": knob}) for knob in values] + [
+                rounds.Trial("peer a", lambda: _run(1e9), name="peer_zero", group="peer"),
+                rounds.Trial("peer b", broken, group="peer")]  # fmt: skip
+
+    failed = []
+    done = rounds.run_rounds(plan, 3, on_error=lambda trial, e: failed.append((trial.key, str(e))))
+    results, chosen = rounds.report(done)
+    assert chosen == {"x_best": {"knob": "steady"}}  # median 100 beats median 95 despite one run of 300
+    assert results["x_best"]["throughput"] == 100.0 and set(results) == {"x_best"}  # the failed peer: no rows
+    assert done.errors == {"peer": "RuntimeError: no such device"} and failed == [("peer b", "no such device")]
+
+
+class _FakeMeasure:
+    """``bench/run.py``'s measure, replaced: it logs which configuration each call was given (read
+    from the ``partial`` that makes its loader, so nothing is built) and returns the next of that
+    configuration's scripted throughputs."""
+
+    RATES: ClassVar[dict[str, list[int]]] = {
+        "torch0": [50, 60, 40],
+        "torch1": [100, 140, 90],
+        "tp_auto": [120, 80, 110],
+        "dsl_auto": [90, 300, 85],
+        "dsl_grid": [95, 90, 300],
+        "tp_dl": [100, 100, 100],
+    }
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def __call__(self, make: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        if make.func is run._torch_loader:
+            kind = f"torch{make.args[1]['num_workers']}"
+        elif make.func is run._dsl:
+            kind = "dsl_auto" if make.args[1] is tp.AUTOTUNE else "dsl_grid"
+        else:
+            kind = "tp_auto" if make.keywords["num_workers"] == "auto" else "tp_dl"
+        rate = self.RATES[kind][self.calls.count(kind)]
+        self.calls.append(kind)
+        return _run(float(rate), where=None if kind.startswith("torch") else "thread x2")
+
+
+def test_repeat_alternates_a_workloads_configurations_and_takes_every_ratio_from_medians(small, monkeypatch):
+    fake = _FakeMeasure()
+    monkeypatch.setattr(run, "measure", fake)
+    report = run.run_all(["tiny"], quick=True, sizes=TINY, repeat=3)
+    # every independent configuration once a round (the DSL twice: auto and the grid's one point),
+    # then torchpipe_dataloader with dataloader_best's arguments, in rounds of its own
+    assert fake.calls == ["torch0", "torch1", "tp_auto", "dsl_auto", "dsl_grid"] * 3 + ["tp_dl"] * 3
+    entry = report["workloads"]["tiny"]
+    results = entry["results"]
+    assert results["dataloader_best"]["throughput"] == 100.0  # torch1's median, not its best run (140)
+    assert report["machine"]["run"]["chosen"]["tiny"]["dataloader_best"] == {"num_workers": 1, "prefetch_factor": 2}
+    assert [r["throughput"] for r in results["torchpipe_dataloader_auto"]["runs"]] == [120.0, 80.0, 110.0]
+    assert results["torchpipe_dataloader_auto"]["spread"] == pytest.approx(40 / 110)
+    checks = entry["targets"]["torchpipe_dataloader_auto"]
+    assert checks["vs_dataloader_best"]["ratio"] == pytest.approx(110 / 100)  # median over median
+    assert checks["vs_best_of_any"]["against"] == "dataloader_best"  # torchpipe_best's median is 95
+    assert entry["placement"]["torchpipe_dataloader_auto"]["runs"] == ["thread x2"] * 3
+    assert report["machine"]["run"]["repeat"] == 3
+    row = next(line for line in run.table(report).splitlines() if "torchpipe_dataloader_auto" in line)
+    assert row.split()[2:6] == ["110", "elem/s", "36%", "1.10x"]  # the median, its spread, median over median
+    summary = markdown.summary_table(report).splitlines()[2]
+    assert summary == "| tiny | 100 elem/s (1 worker) (spread 50%) | 0.90x (spread 239%) | 1.10x (spread 36%) | - |"
+
+
+def test_the_cli_rejects_a_repeat_below_one(capsys):
+    with pytest.raises(SystemExit):
+        run.main(["--workloads", "tiny", "--repeat", "0"])
+    assert "--repeat must be at least 1" in capsys.readouterr().err
+
+
+def test_where_a_zero_knob_row_ran_is_told_in_words():
+    policy = {"where": "process x2", "stage": "map(f)+batch", "self_s": 6.2e-4, "measured": ["inline", "process"],
+              "knobs": {"map(f)+batch.parallelism": 2},
+              "autotune": {"rounds": 3, "values": {}, "throughput": 413.0, "predicted": 450.0},
+              "bottleneck": "map(f)+batch", "waiting": 0.37}  # fmt: skip
+    results = {"torchpipe_auto": {**_run(1.0), "runs": [_run(1.0, where="process x2"), _run(2.0, where="inline")],
+                                  "placement": policy}}  # fmt: skip
+    found = tg.placements(results)
+    assert set(found) == {"torchpipe_auto"} and found["torchpipe_auto"]["runs"] == ["process x2", "inline"]
+    text = tg.describe(found["torchpipe_auto"])
+    assert text.startswith("ran on process x2 (runs in order: process x2, inline)")
+    assert "map(f)+batch: 0.62 ms of its own an element" in text and "executors measured: inline, process" in text
+    assert "autotune 3 rounds, measured 413/s, model 450/s" in text and "loop waited 37%" in text
+
+
+def test_peer_epochs_run_each_epoch_and_stop_what_they_share_once():
+    log = []
+
+    def epoch() -> pr.PeerIterator:
+        log.append("start")
+        return pr.PeerIterator(iter(range(3)), lambda: log.append("end"))
+
+    loader = pr.PeerEpochs(epoch, lambda: log.append("stop"))
+    assert [list(iter(loader)) for _ in range(2)] == [[0, 1, 2]] * 2
+    loader.close()
+    loader.close()
+    assert log == ["start", "start", "stop"]
+    first = pr.one_pass(lambda: pr.PeerEpochs(epoch, lambda: log.append("stop")))
+    assert next(first) == 0
+    first.close()
+    assert log[-3:] == ["start", "end", "stop"]  # one pass: its epoch ends, then the loader stops
+
+
+@pytest.mark.parametrize("library", ["nodes", "spdl", "grain"])
+def test_peer_epochs_with_the_library_yield_every_sample_each_epoch(small, library):
+    """A peer's epochs on ``blobs`` (threads: processes start in seconds), where the library is installed."""
+    peer = next(p for p in pr.PEERS if p.library == library)
+    pytest.importorskip(peer.module)
+    work = wl.blobs(TINY, quick=True)
+    work.tp_grid = [(2, "thread")]
+    (config,) = peer.configs(work, quick=True)
+    assert config.epochs is not None
+    loader = config.epochs()
+    try:
+        for _ in range(2):
+            iterator = iter(loader)
+            ids = [i for batch in iterator for i in batch["id"]]
+            iterator.close()
+            assert sorted(ids) == [f"s{i:05d}" for i in range(TINY.blob_samples)]
+    finally:
+        loader.close()
