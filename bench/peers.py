@@ -9,6 +9,12 @@ zero-knob setting on its own where it has one (``tfdata_autotune``). The grid is
 ``tp_grid`` read in each library's terms: a thread count for its threads, a worker count for
 its processes, so every library is tried at the parallelism ``torchpipe_best`` is.
 
+On ``blobs`` (epochs on one loader) each adapter runs its library's epochs as a user would
+(``PeerEpochs``): Grain keeps its threads or worker processes across epochs (one iterator over
+the batches repeated), SPDL its process pool (a pipeline each epoch, as its pipelines make one
+pass); torchdata.nodes restarts its workers on each epoch's ``reset()`` and tf.data its threads
+on each epoch's iterator, as they do for any user.
+
 tf.data's adapter lives in ``bench/tfdata.py``: it also has native pipelines (TensorFlow's own
 ops) where TensorFlow has the ops. FFCV's, in ``bench/ffcv_peer.py``, runs no Python item: its
 own ops over its own file format, on ``jpeg`` only (``ffcv_best``), so it is not one of the
