@@ -283,7 +283,8 @@ def placement(loader: Any, iterator: Any) -> dict[str, Any] | None:
     from its public ``stats()``; None for torch's and the peers'.
 
     The stage is the first that reports workers (a pipeline's prefetch runs on a thread of its
-    own, the work on the map's), else the first that reports an executor. ``where`` is
+    own, the work on the map's), else the last that reports an executor (the work, below the
+    prefetch, run in this process). ``where`` is
     ``"process x2"`` (``"inline"`` without workers); ``self_s`` the stage's own seconds per element
     (a batch where map and batch are fused); ``measured`` the executors a ``num_workers="auto"``
     DataLoader measured lately; ``knobs`` every stage's AUTOTUNE values at the end; ``autotune``
@@ -298,7 +299,7 @@ def placement(loader: Any, iterator: Any) -> dict[str, Any] | None:
     except Exception:  # noqa: BLE001 - a report only; the measurement stands without it
         return None
     placed = [stage for stage in stages if "executor" in stage]
-    stage = next((s for s in placed if s.get("workers")), placed[0] if placed else None)
+    stage = next((s for s in placed if s.get("workers")), placed[-1] if placed else None)
     if stage is None:
         return None
     where = f"{stage['executor']} x{stage['workers']}" if stage.get("workers") else str(stage["executor"])
