@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from typing import Any, ClassVar
 
 import numpy as np
@@ -259,8 +260,9 @@ def test_the_tp_image_row_is_held_to_tf_datas_native_pipeline_and_ffcv():
 
 
 def test_records_item_cost_is_small():
-    # The workload is the cheap-records case: the issue sets an item cost under 20 us.
-    assert wl.item_seconds(wl.Records(), 32, 0.15) < 20e-6
+    # The workload is the cheap-records case: the issue sets an item cost under 20 us. Its CPU
+    # time: the suite runs on a loaded machine, where the wall clock counts others' work too.
+    assert wl.item_seconds(wl.Records(), 32, 0.15, clock=time.thread_time) < 20e-6
 
 
 def _result(throughput: float, pss: float | None = 100.0, where: str | None = None) -> dict[str, Any]:
