@@ -443,7 +443,8 @@ def main(argv: list[str] | None = None) -> None:
         "--repeat",
         type=int,
         default=1,
-        help="measure each configuration this many times, alternating (A B C A B C); report medians",
+        help="measure each configuration this many times, alternating (A B C A B C), and report medians: "
+        "the run takes about as many times as long",
     )
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
