@@ -3,6 +3,7 @@ the report must hold, never how fast), the rounds of ``--repeat``, the targets a
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.util
 import json
@@ -428,6 +429,26 @@ def test_peers_measured_last_and_failures_reported(small, monkeypatch, capsys):
         assert entry["peer_errors"] == {"broken": "RuntimeError: no such device"}
     assert report["workloads"]["cache"]["results"]["early_best"]["first_batch_s"] > 0
     assert "broken failed on tiny: RuntimeError: no such device" in capsys.readouterr().out
+
+
+def test_peers_run_their_epochs_on_blobs_and_a_configuration_without_says_so(small, monkeypatch):
+    calls, closed = [], []
+    peer = _fake_peer("early", calls, closed)
+
+    def configs(work: wl.Workload, quick: bool) -> list[pr.PeerConfig]:
+        out = peer.configs(work, quick)
+        out[1].epochs = lambda: pr.PeerEpochs(out[1].make, lambda: closed.append("loader"))
+        return out
+
+    monkeypatch.setattr(pr, "PEERS", (dataclasses.replace(peer, configs=configs),))
+    monkeypatch.setattr(pr.Peer, "installed", lambda self: True)
+    entry = run.run_all(["blobs"], quick=True, sizes=TINY)["workloads"]["blobs"]
+    best = entry["results"]["early_best"]
+    assert len(best["epoch_rates"]) == TINY.epochs and min(best["epoch_rates"]) > 0 and best["throughput"] > 0
+    assert calls == [("early", "blobs")] * TINY.epochs  # one pipeline an epoch, on one loader
+    assert closed == ["early"] * TINY.epochs + ["loader"]  # each epoch ended, then the loader stopped once
+    assert set(entry["not_measured"]) == {"early_zero", "early_native"}  # no epochs adapter: said, not hidden
+    assert entry["targets"]["torchpipe_auto"]["vs_best_of_any"]["against"] in tg.SAME_WORK
 
 
 @pytest.mark.parametrize("library", ["nodes", "spdl", "grain"])
