@@ -2,7 +2,9 @@
 
 The summary (README.md) is one row per workload: torch's best DataLoader, the two zero-knob
 configurations and the best Python peer, as ratios to torch's. The full table and the targets
-table go with the run's section in bench/RESULTS.md.
+table go with the run's section in bench/RESULTS.md. From a ``bench/run.py --repeat N`` run every
+number is a median of N runs and ratios are ratios of medians; each is followed by its spread,
+``(max - min) / median`` of its runs' throughputs.
 
 Run: python bench/markdown.py docs/img/bench_quick.json [--table summary|results|targets|all]
 """
@@ -18,7 +20,7 @@ from typing import Any
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from bench.run import ORDER
-from bench.targets import PEER_BESTS, TARGETS
+from bench.targets import PEER_BESTS, TARGETS, describe
 
 BASELINE = "dataloader_best"
 ZERO_KNOB = ("torchpipe_auto", "torchpipe_dataloader_auto")
@@ -32,20 +34,33 @@ def _megabytes(value: float | None) -> str:
 
 def results_table(report: dict[str, Any]) -> str:
     """One row per workload and configuration, in ``bench/run.py``'s order."""
-    lines = ["| workload | configuration | throughput | vs dataloader_best | vs limit | first batch | peak RSS "
-             "| end PSS | CPU per item | others |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = ["| workload | configuration | throughput | spread | vs dataloader_best | vs limit | first batch "
+             "| peak RSS | end PSS | CPU per item | others |", "|---" * 11 + "|"]  # fmt: skip
     for name, entry in report["workloads"].items():
         results, limit, unit = entry["results"], entry["limit"], entry["unit"]
         base = results.get(BASELINE, {}).get("throughput")
         for config in sorted(results, key=lambda c: ORDER.index(c) if c in ORDER else len(ORDER)):
             r = results[config]
             share = r.get("others_cpu_share")
-            cells = [name, config, f"{r['throughput']:.4g} {unit}", f"{r['throughput'] / base:.2f}x" if base else "-",
+            cells = [name, config, f"{r['throughput']:.4g} {unit}", _spread(r) or "-",
+                     f"{r['throughput'] / base:.2f}x" if base else "-",
                      f"{r['throughput'] / limit:.2f}" if limit else "-", f"{r['first_batch_s']:.2f} s",
                      _megabytes(r["peak_rss_mb"]), _megabytes(r.get("end_pss_mb")),
                      f"{r['cpu_s_per_item'] * 1e3:.3f} ms", "-" if share is None else f"{share:.0%}"]  # fmt: skip
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _spread(result: dict[str, Any]) -> str:
+    """A result's spread, ``(max - min) / median`` of its runs' throughputs; "" for one run."""
+    if len(result.get("runs", ())) < 2 or result.get("spread") is None:
+        return ""
+    return f"{result['spread']:.0%}"
+
+
+def _with_spread(text: str, result: dict[str, Any]) -> str:
+    spread = _spread(result)
+    return f"{text} (spread {spread})" if spread else text
 
 
 def _rate(value: float) -> str:
@@ -77,14 +92,16 @@ def summary_table(report: dict[str, Any]) -> str:
         base = results.get(BASELINE, {}).get("throughput")
         if not base:
             continue
-        ratios = [f"{results[c]['throughput'] / base:.2f}x" if c in results else "-" for c in ZERO_KNOB]
+        ratios = [_with_spread(f"{results[c]['throughput'] / base:.2f}x", results[c]) if c in results else "-"
+                  for c in ZERO_KNOB]  # fmt: skip
         peers = [p for p in PEER_BESTS if p in results]
         best = max(peers, key=lambda p: results[p]["throughput"], default=None)
         peer = "-"
         if best is not None:
-            peer = f"{results[best]['throughput'] / base:.2f}x ({PEER_NAMES.get(best, best)})"
+            ratio = f"{results[best]['throughput'] / base:.2f}x ({PEER_NAMES.get(best, best)})"
+            peer = _with_spread(ratio, results[best])
         knobs = _knobs(chosen.get(name, {}).get(BASELINE))
-        cells = [name, f"{_rate(base)} {unit}{knobs}", *ratios, peer]
+        cells = [name, _with_spread(f"{_rate(base)} {unit}{knobs}", results[BASELINE]), *ratios, peer]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -104,14 +121,18 @@ def _cell(check: dict[str, Any] | None) -> str:
 
 def targets_table(report: dict[str, Any]) -> str:
     """One row per workload and zero-knob configuration: each target's ratio, whether it is met,
-    and which peer the best Python peer was."""
+    which configuration the best of any loader and the best Python peer were, and where the
+    zero-knob row ran and what its policy measured."""
     headings = [t.heading().replace(",", ", ") for t in TARGETS]
-    lines = ["| workload | configuration | " + " | ".join(headings) + " |", "|---" * (2 + len(TARGETS)) + "|"]
+    lines = ["| workload | configuration | " + " | ".join(headings) + " | where it ran |",
+             "|---" * (3 + len(TARGETS)) + "|"]  # fmt: skip
     for name, entry in report["workloads"].items():
         for config, checks in entry.get("targets", {}).items():
             if all(check["ratio"] is None for check in checks.values()):
                 continue  # not measured on this workload (cache has no torchpipe_auto)
             cells = [_cell(checks.get(t.key)) for t in TARGETS]
+            found = entry.get("placement", {}).get(config)
+            cells.append(describe(found).replace("|", "/") if found else "")
             lines.append(f"| {name} | {config} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

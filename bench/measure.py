@@ -142,7 +142,7 @@ def measure(
     is read once, at the end of the window. ``others_cpu_share`` is the share of the usable
     cores' time that other processes were busy in the window (0: the tree had them to itself).
     ``where`` is where a torchpipe loader or pipeline ran its work at the end (``"process x2"``;
-    None for torch's).
+    None for torch's) and ``placement`` what its policy measured (:func:`placement`).
 
     ``whole_epoch=True`` instead measures everything from ``iter()`` to the end of the data,
     first batch included (batches prefetched while the first one was awaited would otherwise
@@ -172,7 +172,7 @@ def measure(
             elapsed = time.perf_counter() - start
             cpu, busy = monitor.cpu_seconds() - cpu0, busy_cpu_seconds(cpus) - busy0
             pss = monitor.pss()
-            where = _executor(loader, iterator)
+            placed = placement(loader, iterator)
         finally:
             close(iterator)
             del iterator, loader
@@ -184,7 +184,8 @@ def measure(
         "peak_rss_mb": monitor.peak_rss / 2**20,
         "end_pss_mb": pss / 2**20 if pss is not None else None,
         "cpu_s_per_item": cpu / items,
-        "where": where,
+        "where": _where(placed),
+        "placement": placed,
         # /proc/stat counts in ticks (10 ms): short windows can round past either end.
         "others_cpu_share": min(1.0, max(0.0, busy - cpu) / (elapsed * len(cpus))),
     }
@@ -213,10 +214,11 @@ def measure_epochs(make: Callable[[], Any], count: Callable[[Any], tuple[int, fl
 
     The loader is made once, so persistent workers (and whatever a loader learned) carry over
     from one epoch to the next, as in training. Each epoch is timed from ``iter()`` to its end.
-    ``throughput`` is the steady rate: the units of every epoch after the first over their time
-    (the first epoch's rate where there is only one); ``epoch_rates`` has every epoch's rate,
-    and ``epoch_executors`` where a torchpipe loader ran each epoch's work (``loader.stats()``:
-    ``"process x2"``; None for torch's). ``first_batch_s`` is the first epoch's; CPU per item,
+    ``throughput`` is the run's rate, what a user sees: the units of every epoch over their time
+    (issue #42); ``steady_throughput`` the epochs' after the first (the first's where there is only
+    one); ``epoch_rates`` has every epoch's rate, ``epoch_executors`` where a torchpipe loader ran
+    each epoch's work (``loader.stats()``: ``"process x2"``; None for torch's) and ``placement``
+    the last epoch's :func:`placement`. ``first_batch_s`` is the first epoch's; CPU per item,
     peak RSS and the others' share cover every epoch; PSS is read after the last, before the
     workers stop.
 
@@ -228,7 +230,9 @@ def measure_epochs(make: Callable[[], Any], count: Callable[[Any], tuple[int, fl
     loader = make()
     rates: list[float] = []
     executors: list[str | None] = []
+    placed: dict[str, Any] | None = None
     steady = [0.0, 0.0]  # units, seconds of the epochs after the first
+    total = [0.0, 0.0]  # units, seconds of every epoch
     items = 0
     with TreeMonitor() as monitor:
         cpu0, busy0 = monitor.cpu_seconds(), busy_cpu_seconds(cpus)
@@ -248,7 +252,9 @@ def measure_epochs(make: Callable[[], Any], count: Callable[[Any], tuple[int, fl
                 items += n + more[0]
                 units += more[1]
                 rates.append(units / elapsed)
-                executors.append(_executor(loader, iterator))
+                placed = placement(loader, iterator)
+                executors.append(_where(placed))
+                total = [total[0] + units, total[1] + elapsed]
                 if epoch > 0:
                     steady = [steady[0] + units, steady[1] + elapsed]
                 if iterator is not getattr(loader, "_iterator", None):
@@ -259,7 +265,8 @@ def measure_epochs(make: Callable[[], Any], count: Callable[[Any], tuple[int, fl
         finally:
             _close_loader(loader)
     return {
-        "throughput": steady[0] / steady[1] if steady[1] else rates[0],
+        "throughput": total[0] / total[1],
+        "steady_throughput": steady[0] / steady[1] if steady[1] else rates[0],
         "first_batch_s": first,
         "peak_rss_mb": monitor.peak_rss / 2**20,
         "end_pss_mb": pss / 2**20 if pss is not None else None,
@@ -267,30 +274,61 @@ def measure_epochs(make: Callable[[], Any], count: Callable[[Any], tuple[int, fl
         "others_cpu_share": min(1.0, max(0.0, busy - cpu) / (elapsed_all * len(cpus))),
         "epoch_rates": rates,
         "epoch_executors": executors,
+        "placement": placed,
     }
 
 
-def _executor(loader: Any, iterator: Any) -> str | None:
-    """Where a torchpipe loader or pipeline ran the pass just ended (``"process x2"``), from its
-    stats: the first stage that reports workers (a pipeline's prefetch runs on a thread of its
-    own, the work on the map's), else the first that reports an executor. None for torch's."""
+def placement(loader: Any, iterator: Any) -> dict[str, Any] | None:
+    """Where a torchpipe loader or pipeline ran the pass just ended and what its policy measured,
+    from its public ``stats()``; None for torch's and the peers'.
+
+    The stage is the first that reports workers (a pipeline's prefetch runs on a thread of its
+    own, the work on the map's), else the last that reports an executor (the work, below the
+    prefetch, run in this process). ``where`` is
+    ``"process x2"`` (``"inline"`` without workers); ``self_s`` the stage's own seconds per element
+    (a batch where map and batch are fused); ``measured`` the executors a ``num_workers="auto"``
+    DataLoader measured lately; ``knobs`` every stage's AUTOTUNE values at the end; ``autotune``
+    the tuner's last round (its values, the throughput it measured and the model's prediction).
+    """
     source = loader if hasattr(loader, "stats") else iterator
     if not hasattr(source, "stats"):
         return None
     try:
-        stages = list(source.stats())
+        stats = source.stats()
+        stages = list(stats)
     except Exception:  # noqa: BLE001 - a report only; the measurement stands without it
         return None
     placed = [stage for stage in stages if "executor" in stage]
-    where = next((stage for stage in placed if stage.get("workers")), placed[0] if placed else None)
-    if where is None:
+    stage = next((s for s in placed if s.get("workers")), placed[-1] if placed else None)
+    if stage is None:
         return None
-    return f"{where['executor']} x{where['workers']}" if where.get("workers") else str(where["executor"])
+    where = f"{stage['executor']} x{stage['workers']}" if stage.get("workers") else str(stage["executor"])
+    knobs = {k: v for s in stages for k, v in s.get("knobs", {}).items()}
+    out: dict[str, Any] = {"where": where, "stage": stage.get("stage"), "self_s": stage.get("self_s"), "knobs": knobs,
+                           "bottleneck": getattr(stats, "bottleneck", None),
+                           "waiting": getattr(stats, "waiting", None)}  # fmt: skip
+    for key in ("measured", "not_on_threads"):
+        if key in stage:
+            out[key] = stage[key]
+    decisions = getattr(stats, "decisions", None) or []
+    if decisions:
+        last = decisions[-1]
+        out["autotune"] = {"rounds": len(decisions), "values": dict(last.values), "throughput": last.throughput,
+                           "predicted": last.predicted}  # fmt: skip
+    return out
+
+
+def _where(found: dict[str, Any] | None) -> str | None:
+    return None if found is None else found["where"]
 
 
 def _close_loader(loader: Any) -> None:
-    """Stop a loader's persistent workers (torch's keep them in ``loader._iterator``)."""
+    """Stop a loader's persistent workers (torch's keep them in ``loader._iterator``; a peer's
+    epochs, ``bench/peer_items.PeerEpochs``, stop what they share on ``close()``)."""
     iterator = getattr(loader, "_iterator", None)
     if iterator is not None:
         close(iterator)
         loader._iterator = None
+    stop = getattr(loader, "close", None)
+    if callable(stop):
+        stop()

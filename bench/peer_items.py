@@ -1,7 +1,7 @@
 """What every peer's pipeline computes and how it hands its batches over (``bench/peers.py``,
 ``bench/tfdata.py``): the workload's item function as ``Items``, a library's grid point as
-``PeerConfig``, its iterator with a ``close()`` as ``PeerIterator``, and a batch of indices as one
-task (``BatchOf``).
+``PeerConfig``, its iterator with a ``close()`` as ``PeerIterator``, its epochs on one loader as
+``PeerEpochs``, and a batch of indices as one task (``BatchOf``).
 """
 
 from __future__ import annotations
@@ -50,12 +50,15 @@ class PeerConfig:
         name: set for a point reported on its own (a zero-knob setting, a native pipeline).
         in_best: whether the point competes for ``<library>_best`` (a native pipeline does
             other work, so it does not).
+        epochs: builds the pipeline as a loader run epoch after epoch (an epochs workload's
+            ``measure_epochs()``'s ``make``); None where the adapter has none.
     """
 
     knobs: dict[str, Any]
     make: Callable[[], Iterator[Any]]
     name: str | None = None
     in_best: bool = True
+    epochs: Callable[[], PeerEpochs] | None = None
 
 
 class PeerIterator:
@@ -82,6 +85,50 @@ class PeerIterator:
         """Stop the pipeline now (idempotent)."""
         stop, self._stop = self._stop, lambda: None
         stop()
+
+
+class PeerEpochs:
+    """A peer's pipeline as a loader run epoch after epoch: each ``iter()`` is one epoch.
+
+    What the epochs share (a library's dataset, a process pool the library lets a user keep)
+    is made once, before the first; ``epoch()`` starts one pass over it; ``close()`` stops what
+    they share. Where a library cannot keep its workers from one epoch to the next, ``epoch()``
+    starts them again, as a user's loop over its epochs would.
+
+    Args:
+        epoch: starts one epoch and returns its iterator (its ``close()`` ends the epoch).
+        stop: stops what the epochs share.
+    """
+
+    def __init__(self, epoch: Callable[[], PeerIterator], stop: Callable[[], None] = lambda: None) -> None:
+        self._epoch, self._stop = epoch, stop
+
+    def __iter__(self) -> PeerIterator:
+        return self._epoch()
+
+    def close(self) -> None:
+        """Stop what the epochs share (idempotent)."""
+        stop, self._stop = self._stop, lambda: None
+        stop()
+
+
+def one_pass(build: Callable[[], PeerEpochs]) -> PeerIterator:
+    """The first epoch of ``build()``'s loader, whose ``close()`` also closes the loader: a timed
+    workload's pipeline (its epoch long enough never to end)."""
+    loader = build()
+    try:
+        iterator = iter(loader)
+    except BaseException:
+        loader.close()
+        raise
+
+    def stop() -> None:
+        try:
+            iterator.close()
+        finally:
+            loader.close()
+
+    return PeerIterator(iterator, stop)
 
 
 class BatchOf:

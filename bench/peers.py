@@ -9,6 +9,12 @@ zero-knob setting on its own where it has one (``tfdata_autotune``). The grid is
 ``tp_grid`` read in each library's terms: a thread count for its threads, a worker count for
 its processes, so every library is tried at the parallelism ``torchpipe_best`` is.
 
+On ``blobs`` (epochs on one loader) each adapter runs its library's epochs as a user would
+(``PeerEpochs``): Grain keeps its threads or worker processes across epochs (one iterator over
+the batches repeated), SPDL its process pool (a pipeline each epoch, as its pipelines make one
+pass); torchdata.nodes restarts its workers on each epoch's ``reset()`` and tf.data its threads
+on each epoch's iterator, as they do for any user.
+
 tf.data's adapter lives in ``bench/tfdata.py``: it also has native pipelines (TensorFlow's own
 ops) where TensorFlow has the ops. FFCV's, in ``bench/ffcv_peer.py``, runs no Python item: its
 own ops over its own file format, on ``jpeg`` only (``ffcv_best``), so it is not one of the
@@ -21,6 +27,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import itertools
 import multiprocessing.process
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
@@ -33,7 +40,18 @@ import torch
 
 from bench import ffcv_peer, tfdata
 from bench import workloads as wl
-from bench.peer_items import ITEM_TIMEOUT_S, STOP_TIMEOUT_S, BatchOf, Items, PeerConfig, PeerIterator, grid_of, items_of
+from bench.peer_items import (
+    ITEM_TIMEOUT_S,
+    STOP_TIMEOUT_S,
+    BatchOf,
+    Items,
+    PeerConfig,
+    PeerEpochs,
+    PeerIterator,
+    grid_of,
+    items_of,
+    one_pass,
+)
 
 NODES_PREFETCH = 2
 """torchdata.nodes' Prefetcher depth: DataLoader's default prefetch_factor."""
@@ -58,7 +76,7 @@ class Peer:
     """``configs(work, quick)``: the library's grid on ``work`` (smaller when ``quick``)."""
     install: str = 'pip install -e ".[bench]"'
     """How to install it (the "not installed" note says)."""
-    measured: str = "every workload but blobs (its epochs)"
+    measured: str = "every workload"
     """Where it is measured (the note says)."""
     workloads: tuple[str, ...] | None = None
     """The workloads it has configurations on; None: every one."""
@@ -86,11 +104,19 @@ def nodes_configs(work: wl.Workload, quick: bool) -> list[PeerConfig]:
     workers: a task per item costs a queue hop each, which held ``tiny`` to 12k items/s on
     threads) + ``Prefetcher``. ``latency``'s shards are read one a task, flattened, batched."""
     items = items_of(work)
-    return [PeerConfig({"num_workers": n, "method": method}, partial(_nodes, items, n, method))
+    return [_config({"num_workers": n, "method": method}, partial(_nodes, items, n, method))
             for n, method in grid_of(work, quick)]  # fmt: skip
 
 
-def _nodes(items: Items, workers: int, method: str) -> PeerIterator:
+def _config(knobs: dict[str, Any], build: Callable[[], PeerEpochs]) -> PeerConfig:
+    """A grid point whose pipeline ``build()`` makes: one pass of it on a timed workload, its
+    epochs on an epochs workload."""
+    return PeerConfig(knobs, partial(one_pass, build), epochs=build)
+
+
+def _nodes(items: Items, workers: int, method: str) -> PeerEpochs:
+    """One ``Loader``, iterated each epoch: torchdata.nodes restarts a ``ParallelMapper``'s
+    workers on every ``reset()`` (it cannot keep them), so each epoch starts its own."""
     import torchdata.nodes as tn
 
     source = tn.IterableWrapper(range(items.length))
@@ -103,7 +129,8 @@ def _nodes(items: Items, workers: int, method: str) -> PeerIterator:
             node = tn.Unbatcher(node)
         node = tn.Mapper(tn.Batcher(node, items.batch_size, drop_last=False), items.collate)
     root = tn.Prefetcher(node, prefetch_factor=NODES_PREFETCH)
-    return PeerIterator(iter(tn.Loader(root)), lambda: _stop_nodes(root))
+    loader = tn.Loader(root)
+    return PeerEpochs(lambda: PeerIterator(iter(loader), lambda: _stop_nodes(root)), lambda: _stop_nodes(root))
 
 
 def _stop_nodes(root: Any) -> None:
@@ -135,7 +162,7 @@ def spdl_configs(work: wl.Workload, quick: bool) -> list[PeerConfig]:
     each item that passes between stages costs an event-loop hop, ~0.1 ms, so work is batched
     before it is dispatched). ``latency``'s shards are read one a task and flattened."""
     items = items_of(work)
-    return [PeerConfig({"concurrency": n, "executor": executor}, partial(_spdl, items, n, executor))
+    return [_config({"concurrency": n, "executor": executor}, partial(_spdl, items, n, executor))
             for n, executor in grid_of(work, quick)]  # fmt: skip
 
 
@@ -157,32 +184,40 @@ def _index_batches(length: int, batch_size: int) -> Iterator[list[int]]:
     return (list(range(k, min(k + batch_size, length))) for k in range(0, length, batch_size))
 
 
-def _spdl(items: Items, concurrency: int, executor: str) -> PeerIterator:
+def _spdl(items: Items, concurrency: int, executor: str) -> PeerEpochs:
+    """A pipeline built each epoch (SPDL's pipelines make one pass), on one process pool kept
+    across epochs where processes run the work (a user can hand every epoch's pipeline the same
+    executor); its threads are the pipeline's own, started each epoch."""
+    pool = None
+    task: Callable[[list[int]], Any] = BatchOf(items.fn, items.collate)
+    if executor == "process":
+        pool = ProcessPoolExecutor(concurrency) if items.fan_out else \
+            ProcessPoolExecutor(concurrency, initializer=_install_task, initargs=(task,))  # fmt: skip
+        task = task if items.fan_out else _run_installed_task
+
+    def stop() -> None:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    return PeerEpochs(partial(_spdl_epoch, items, concurrency, pool, task), stop)
+
+
+def _spdl_epoch(items: Items, concurrency: int, pool: ProcessPoolExecutor | None,
+                task: Callable[[list[int]], Any]) -> PeerIterator:  # fmt: skip
+    """One epoch of SPDL's pipeline, on ``pool`` where there is one."""
     from spdl.pipeline import PipelineBuilder
 
-    pool = None
     if items.fan_out:
-        if executor == "process":
-            pool = ProcessPoolExecutor(concurrency)
         builder = (PipelineBuilder().add_source(range(items.length))
                    .pipe(items.fn, concurrency=concurrency, executor=pool)
                    .disaggregate().aggregate(items.batch_size).pipe(items.collate))  # fmt: skip
     else:
-        task: Callable[[list[int]], Any] = BatchOf(items.fn, items.collate)
-        if executor == "process":
-            pool = ProcessPoolExecutor(concurrency, initializer=_install_task, initargs=(task,))
-            task = _run_installed_task
         builder = (PipelineBuilder().add_source(_index_batches(items.length, items.batch_size))
                    .pipe(task, concurrency=concurrency, executor=pool))  # fmt: skip
     pipeline = builder.add_sink().build(num_threads=concurrency)
     pipeline.start()
-
-    def stop() -> None:
-        pipeline.stop(timeout=STOP_TIMEOUT_S)
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
-
-    return PeerIterator(iter(pipeline.get_iterator(timeout=ITEM_TIMEOUT_S)), stop)
+    batches = iter(pipeline.get_iterator(timeout=ITEM_TIMEOUT_S))
+    return PeerIterator(batches, lambda: pipeline.stop(timeout=STOP_TIMEOUT_S))
 
 
 # -- Grain ----------------------------------------------------------------------------------------
@@ -193,7 +228,7 @@ def grain_configs(work: wl.Workload, quick: bool) -> list[PeerConfig]:
     (``GRAIN_READ_AHEAD_BATCHES``). ``latency``'s shards are read one an element, flattened and
     batched."""
     items = items_of(work)
-    return [PeerConfig({"workers": n, "kind": kind}, partial(_grain, items, n, kind))
+    return [_config({"workers": n, "kind": kind}, partial(_grain, items, n, kind))
             for n, kind in grid_of(work, quick)]  # fmt: skip
 
 
@@ -245,7 +280,10 @@ class BatchAt:
         return self.task(list(range(start, min(start + self.batch_size, self.length))))
 
 
-def _grain(items: Items, workers: int, kind: str) -> PeerIterator:
+def _grain(items: Items, workers: int, kind: str) -> PeerEpochs:
+    """Epochs as a Grain user keeps workers across them: the batches repeated (``repeat()``)
+    and iterated by one iterator, whose threads or worker processes serve every epoch, an epoch
+    being the next ``batches`` of them (``_grain_epochs``). ``latency``'s stream is one pass."""
     import grain
 
     # Threads read ahead in the main process; with worker processes each reads its slice in
@@ -260,7 +298,7 @@ def _grain(items: Items, workers: int, kind: str) -> PeerIterator:
         mapped = grain.MapDataset.range(batches).map(
             BatchAt(BatchOf(items.fn, collate), items.length, items.batch_size)
         )
-        per_batch = 1
+        mapped, per_batch = mapped.repeat(), 1
     ahead = max(GRAIN_READ_AHEAD_BATCHES * per_batch, workers)
     read = grain.ReadOptions(num_threads=workers if kind == "thread" else 0, prefetch_buffer_size=ahead)
     ds = mapped.to_iter_dataset(read)
@@ -274,8 +312,25 @@ def _grain(items: Items, workers: int, kind: str) -> PeerIterator:
         process_prefetch._PROCESS_KILL_TIMEOUT_S = GRAIN_WORKER_JOIN_S  # see its docstring
         ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers))
         convert = _numpy_to_torch
-    iterator = iter(ds)
-    return PeerIterator(iterator, getattr(iterator, "close", lambda: None), convert)
+    return _grain_epochs(ds, None if items.fan_out else batches, convert)
+
+
+def _grain_epochs(ds: Any, per_epoch: int | None, convert: Callable[[Any], Any] | None) -> PeerEpochs:
+    """Epochs of ``per_epoch`` elements cut from one iterator of ``ds``, made at the first epoch
+    and closed with the loader (``per_epoch`` None: the first epoch is all there is)."""
+    held: dict[str, Any] = {}
+
+    def epoch() -> PeerIterator:
+        if "iterator" not in held:
+            held["iterator"] = iter(ds)
+        return PeerIterator(itertools.islice(held["iterator"], per_epoch), convert=convert)
+
+    def stop() -> None:
+        iterator = held.pop("iterator", None)
+        if iterator is not None and hasattr(iterator, "close"):
+            iterator.close()
+
+    return PeerEpochs(epoch, stop)
 
 
 FFCV_INSTALL = "apt-get install libturbojpeg0-dev libopencv-dev pkg-config; pip install numba ffcv"

@@ -24,17 +24,22 @@ Configurations:
   tfdata_native_cache_epoch1/2  (workload cache) those ops with tf.data's cache() after decode
 
 The peers (``bench/peers.py``, ``bench/tfdata.py``) run the workload's own item function and
-collation; one that is not installed is reported "not installed". On ``blobs`` they are not
-measured (their adapters make one pass; none keeps workers across epochs): the report says so.
-tf.data runs after every
-other configuration of every workload (TensorFlow's threads must not be inherited by worker
-processes forked later).
+collation; one that is not installed is reported "not installed". On ``blobs`` they run their
+epochs on one loader as a user would, keeping workers across epochs where the library can
+(``bench/peer_items.PeerEpochs``). tf.data runs after every other configuration of every
+workload (TensorFlow's threads must not be inherited by worker processes forked later).
+
+``--repeat N`` measures every configuration N times, alternating configurations within the
+run (A B C A B C ...: ``bench/rounds.py``); each row is then the median of its runs with their
+spread, the JSON keeps every run's values (``results.<config>.runs``), and every ratio and
+target verdict is computed from the medians (issue #42).
 
 After the table, the two zero-knob configurations (torchpipe_dataloader_auto, torchpipe_auto)
-are checked against their targets (``bench/targets.py``), the best Python peer's best among
-them; the JSON has the same checks under ``workloads.<name>.targets``.
+are checked against their targets (``bench/targets.py``), and where each ran and what its
+placement policy measured is printed beside them; the JSON has the same under
+``workloads.<name>.targets`` and ``workloads.<name>.placement``.
 
-Run: python bench/run.py [--quick] [--workloads jpeg,bigtensor,...] [--json out.json]
+Run: python bench/run.py [--quick] [--repeat 3] [--workloads jpeg,bigtensor,...] [--json out.json]
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ import platform
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -59,7 +65,9 @@ from bench import peers as pr
 from bench import suite, tpimage
 from bench import workloads as wl
 from bench.measure import measure, measure_epochs
-from bench.targets import BUDGET_CONFIG, format_targets, targets
+from bench.rounds import Trial, run_rounds, summarize
+from bench.rounds import report as rounds_report
+from bench.targets import BASELINE, BUDGET_CONFIG, format_targets, placements, targets
 from torchpipe.runtime.cpu import usable_cpu_count
 
 ORDER = (
@@ -83,11 +91,11 @@ ORDER = (
     "tfdata_native_cache_epoch2",
 )
 LAST = ("tfdata",)
+"""Peers measured after every workload's other configurations (they import TensorFlow)."""
 BUDGETED = ("jpeg", "bigtensor", "tfrecord")
 """Workloads with large batches, where ``tp.DataLoader("auto")`` is also measured under a RAM budget."""
-"""Peers measured after every workload's other configurations (they import TensorFlow)."""
-NOT_MEASURED_EPOCHS = "its adapter makes one pass over the items; persistent workers across epochs not adapted"
-"""Why the peers have no row on an epochs workload (``blobs``)."""
+NOT_MEASURED_EPOCHS = "its adapter runs no epochs (it makes one pass over other work)"
+"""Why a peer's configuration has no row on an epochs workload (``blobs``)."""
 
 
 def dataloader_grid(quick: bool) -> list[dict[str, int]]:
@@ -101,104 +109,108 @@ def dataloader_grid(quick: bool) -> list[dict[str, int]]:
 
 
 class Runner:
-    """Measures the configurations of one workload and remembers what was chosen."""
+    """Measures the configurations of one workload in rounds and remembers what was chosen.
 
-    def __init__(self, work: wl.Workload, sizes: wl.Sizes, quick: bool) -> None:
-        self.work, self.sizes, self.quick = work, sizes, quick
-        self.results: dict[str, dict[str, float]] = {}
+    A round (``bench/rounds.py``) measures every configuration that needs nothing from another
+    once; ``repeat`` rounds alternate them (A B C A B C). Then the configurations that depend on
+    those medians (``torchpipe_dataloader`` with ``dataloader_best``'s arguments, the budgeted
+    loader) are measured in rounds of their own, and the peers in ``LAST`` after every workload.
+    """
+
+    def __init__(self, work: wl.Workload, sizes: wl.Sizes, quick: bool, repeat: int = 1) -> None:
+        self.work, self.sizes, self.quick, self.repeat = work, sizes, quick, repeat
+        self.results: dict[str, dict[str, Any]] = {}
         self.chosen: dict[str, Any] = {}
         self.errors: dict[str, str] = {}
         self.not_measured: dict[str, str] = {}
         self.dataloader_pss: dict[int, float | None] = {}  # torch's end PSS by num_workers, prefetch_factor=2
         self.grid: list[tuple[dict[str, int], dict[str, Any]]] = []  # every DataLoader configuration measured
         self.budget: dict[str, Any] | None = None  # the RAM budget's check (BUDGETED workloads)
-        # cache measures whole epochs; every other workload a timed window
-        self.measure_one = self.epoch if work.name == "cache" else self.timed
+        # cache measures whole epochs, blobs several on one loader, every other workload a timed window
+        self.measure_one = self.epoch if work.name == "cache" else self.epochs if work.epochs else self.timed
 
     def epochs(self, make: Callable[[], Any]) -> dict[str, Any]:
         """``work.epochs`` whole epochs of one loader (the ``blobs`` workload's measure)."""
         return measure_epochs(make, self.work.count, self.work.epochs)
 
-    def timed(self, make: Callable[[], Any]) -> dict[str, float]:
+    def timed(self, make: Callable[[], Any]) -> dict[str, Any]:
         return measure(make, self.work.count, self.sizes.warmup_s, self.sizes.seconds)
 
-    def epoch(self, make: Callable[[], Any]) -> dict[str, float]:
+    def epoch(self, make: Callable[[], Any]) -> dict[str, Any]:
         """One whole epoch, from ``iter()`` to its end (the ``cache`` workload's measure)."""
         return measure(make, self.work.count, 0.0, math.inf, whole_epoch=True)
 
-    def record(self, config: str, result: dict[str, Any], note: str = "") -> None:
-        self.results[config] = result
-        unit = self.work.unit
-        print(f"  {config:<24} {result['throughput']:>12.4g} {unit:<9} {note}", flush=True)
-        if "epoch_rates" in result:
-            print(f"    {_epochs(result)}", flush=True)
-
-    def dataloaders(self, measure_one: Callable[[Callable[[], Any]], dict[str, float]]) -> dict[str, Any]:
-        """``dataloader_default`` and ``dataloader_best``; returns the best arguments."""
-        dataset, loader_kwargs = self.work.dataset, self.work.loader_kwargs
-        default = measure_one(lambda: torch.utils.data.DataLoader(dataset, num_workers=0, **loader_kwargs(0)))
-        self.record("dataloader_default", default, "num_workers=0")
-        self.dataloader_pss[0] = default.get("end_pss_mb")
-        best_args, best = {"num_workers": 0}, default
-        self.grid.append((best_args, default))
-        for args in dataloader_grid(self.quick):
-            kwargs = loader_kwargs(args["num_workers"])
-            result = measure_one(lambda: torch.utils.data.DataLoader(dataset, **args, **kwargs))
-            print(f"    grid {args}: {result['throughput']:.4g}", flush=True)
-            self.grid.append((args, result))
-            if args.get("prefetch_factor") == 2:  # the memory target's reference at each worker count
-                self.dataloader_pss[args["num_workers"]] = result.get("end_pss_mb")
-            if "epoch_rates" in result:
-                print(f"      {_epochs(result)}", flush=True)
-            if result["throughput"] > best["throughput"]:
-                best_args, best = args, result
-        self.record("dataloader_best", best, str(best_args))
-        self.chosen["dataloader_best"] = best_args
-        return best_args
-
-    def torchpipe_dsl(self) -> None:
-        """``torchpipe_auto`` (no knobs) and ``torchpipe_best`` (a grid of explicit knobs)."""
-        work = self.work
-        auto = self.timed(lambda: work.batched(tp.AUTOTUNE, "auto").prefetch(tp.AUTOTUNE))
-        self.record("torchpipe_auto", auto, "num_parallel_calls=AUTOTUNE, executor='auto', prefetch(AUTOTUNE)")
-        best_knobs, best = None, None
-        for parallel, executor in work.tp_grid:
-            result = self.timed(lambda: work.batched(parallel, executor).prefetch(tp.AUTOTUNE))
-            knobs = {"num_parallel_calls": parallel, "executor": executor}
-            print(f"    grid {knobs}: {result['throughput']:.4g}", flush=True)
-            if best is None or result["throughput"] > best["throughput"]:
-                best_knobs, best = knobs, result
-        self.record("torchpipe_best", best, str(best_knobs))
-        self.chosen["torchpipe_best"] = best_knobs
-
-    def torchpipe_dataloader_auto(self, measure_one: Callable[[Callable[[], Any]], dict[str, float]]) -> None:
-        """``torchpipe_dataloader_auto``: the drop-in DataLoader with no knob but ``num_workers="auto"``."""
-        dataset, kwargs = self.work.dataset, self.work.loader_kwargs("auto")
-        result = measure_one(lambda: tp.DataLoader(dataset, num_workers="auto", **kwargs))
-        self.record("torchpipe_dataloader_auto", result, "num_workers='auto'")
+    def trial(self, name: str, make: Callable[[], Any], knobs: Any, **kwargs: Any) -> Trial:
+        """A configuration measured by this workload's measure (``kwargs``: :class:`Trial`'s)."""
+        return Trial(name, partial(self.measure_one, make), name=name, knobs=knobs, **kwargs)
 
     def run(self) -> None:
-        """Every configuration of a throughput workload."""
-        best_args = self.dataloaders(self.timed)
-        dataset, kwargs = self.work.dataset, self.work.loader_kwargs(best_args["num_workers"])
-        self.record("torchpipe_dataloader", self.timed(lambda: tp.DataLoader(dataset, **best_args, **kwargs)),
-                    str(best_args))  # fmt: skip
-        self.torchpipe_dataloader_auto(self.timed)
-        if self.work.name in BUDGETED:
-            self.torchpipe_dataloader_budget()
-        self.torchpipe_dsl()
-        self.torchpipe_tpimage()
-        self.peers(last=False)
+        """Every configuration of the workload, but those measured last (``LAST``)."""
+        self.measure_rounds(self.plan)
+        self.grid_pss()
+        self.measure_rounds(self.dependent)
 
-    def torchpipe_tpimage(self) -> None:
-        """``torchpipe_tpimage``: the workload's work in ``tp.image``'s ops, zero knobs, where it has
-        such a pipeline (``bench/tpimage.py``)."""
-        if self.work.name not in tpimage.PIPELINES:
-            return
-        result = self.timed(lambda: tpimage.batched(self.work))
-        self.record(tpimage.CONFIG, result, "tp.image ops, num_parallel_calls=AUTOTUNE, prefetch(AUTOTUNE)")
+    def plan(self) -> list[Trial]:
+        """One round's configurations that need nothing from another's results, in order."""
+        work, trials = self.work, self.dataloader_trials()
+        dataset, kwargs = work.dataset, work.loader_kwargs("auto")
+        auto_loader = partial(tp.DataLoader, dataset, num_workers="auto", **kwargs)
+        trials.append(self.trial("torchpipe_dataloader_auto", auto_loader, "num_workers='auto'"))
+        if work.name == "cache":
+            trials += self.cache_trials()
+        else:
+            auto = "num_parallel_calls=AUTOTUNE, executor='auto', prefetch(AUTOTUNE)"
+            trials.append(self.trial("torchpipe_auto", partial(_dsl, work, tp.AUTOTUNE, "auto"), auto))
+        if not work.epochs and work.name != "cache":
+            for parallel, executor in work.tp_grid:
+                knobs = {"num_parallel_calls": parallel, "executor": executor}
+                trials.append(Trial(f"torchpipe {knobs}", partial(self.timed, partial(_dsl, work, parallel, executor)),
+                                    best_of="torchpipe_best", knobs=knobs))  # fmt: skip
+            if work.name in tpimage.PIPELINES:
+                knobs = "tp.image ops, num_parallel_calls=AUTOTUNE, prefetch(AUTOTUNE)"
+                trials.append(self.trial(tpimage.CONFIG, partial(tpimage.batched, work), knobs))
+        return trials + self.peer_trials(last=False)
 
-    def torchpipe_dataloader_budget(self) -> None:
+    def dataloader_trials(self) -> list[Trial]:
+        """``dataloader_default`` and the grid ``dataloader_best`` is the best of (default included)."""
+        dataset, kwargs = self.work.dataset, self.work.loader_kwargs
+        default = self.trial("dataloader_default", partial(_torch_loader, dataset, {"num_workers": 0}, kwargs(0)),
+                             {"num_workers": 0}, best_of=BASELINE)  # fmt: skip
+        grid = []
+        for args in dataloader_grid(self.quick):
+            make = partial(_torch_loader, dataset, args, kwargs(args["num_workers"]))
+            grid.append(Trial(f"dataloader {args}", partial(self.measure_one, make), best_of=BASELINE, knobs=args))
+        return [default, *grid]
+
+    def cache_trials(self) -> list[Trial]:
+        """torchpipe's epochs 1 and 2 of one cached pipeline (made afresh each round)."""
+        cores = usable_cpu_count()
+        pipeline = self.work.batched(cores, "thread").prefetch(tp.AUTOTUNE)  # one Dataset: its cache persists
+        knobs = {"num_parallel_calls": cores, "executor": "thread"}
+        self.chosen["torchpipe_cache"] = knobs
+        return [self.trial("torchpipe_cache_epoch1", lambda: pipeline, knobs),
+                self.trial("torchpipe_cache_epoch2", lambda: pipeline, "replays the decoded images")]  # fmt: skip
+
+    def dependent(self) -> list[Trial]:
+        """The configurations made from the first rounds' medians: ``torchpipe_dataloader`` with
+        ``dataloader_best``'s arguments, and the budgeted loader (``BUDGETED`` workloads)."""
+        trials = []
+        best = self.chosen.get(BASELINE)
+        if best is not None and self.work.name != "cache":
+            dataset, kwargs = self.work.dataset, self.work.loader_kwargs(best["num_workers"])
+            trials.append(self.trial("torchpipe_dataloader", partial(tp.DataLoader, dataset, **best, **kwargs), best))
+        if self.work.name in BUDGETED and not self.work.epochs:
+            trials += self.budget_trial()
+        return trials
+
+    def grid_pss(self) -> None:
+        """torch's end PSS by worker count (``prefetch_factor=2``; the memory target's reference)
+        and every DataLoader grid point's summary (the budget's reference), from the medians."""
+        for args, result in self.grid:
+            if args["num_workers"] == 0 or args.get("prefetch_factor") == 2:
+                self.dataloader_pss[args["num_workers"]] = result.get("end_pss_mb")
+
+    def budget_trial(self) -> list[Trial]:
         """``tp.DataLoader("auto")`` under a RAM budget that binds: halfway between the tree's end
         PSS without workers (``dataloader_default``) and ``torchpipe_dataloader_auto``'s, so its
         unconstrained choice does not fit and some parallelism may; held to the fastest
@@ -206,82 +218,88 @@ class Runner:
         base = self.dataloader_pss.get(0)
         unconstrained = self.results.get("torchpipe_dataloader_auto", {}).get("end_pss_mb")
         if base is None or unconstrained is None or unconstrained <= base:
-            return
+            return []
         total = (base + unconstrained) / 2
         fitting = [(a, r) for a, r in self.grid if r.get("end_pss_mb") is not None and r["end_pss_mb"] <= total]
         best_args, best = max(fitting, key=lambda pair: pair[1]["throughput"], default=({}, {"throughput": None}))
         options = tp.AutotuneOptions(ram_budget=(total - base) * 2**20)
         dataset, kwargs = self.work.dataset, self.work.loader_kwargs("auto")
-        result = self.timed(lambda: tp.DataLoader(dataset, num_workers="auto", autotune=options, **kwargs))
-        self.record(BUDGET_CONFIG, result, f"ram_budget={total - base:.0f} MB: the tree at {total:.0f} MB, "
-                                           f"halfway from {base:.0f} MB without workers")  # fmt: skip
         self.budget = {"pss_mb": total, "ram_budget_mb": total - base, "best_args": best_args,
                        "best_throughput": best["throughput"]}  # fmt: skip
+        knobs = (f"ram_budget={total - base:.0f} MB: the tree at {total:.0f} MB, "
+                 f"halfway from {base:.0f} MB without workers")  # fmt: skip
+        make = partial(tp.DataLoader, dataset, num_workers="auto", autotune=options, **kwargs)
+        return [self.trial(BUDGET_CONFIG, make, knobs)]
 
-    def run_cache(self) -> None:
-        """The ``cache`` workload: DataLoader baselines and torchpipe's epochs 1 and 2, each a full epoch.
-
-        ``torchpipe_dataloader_auto`` runs the same uncached epoch as the DataLoader baselines.
-        """
-        self.dataloaders(self.epoch)
-        self.torchpipe_dataloader_auto(self.epoch)
-        cores = usable_cpu_count()
-        pipeline = self.work.batched(cores, "thread").prefetch(tp.AUTOTUNE)  # one Dataset: its cache persists
-        knobs = f"decode num_parallel_calls={cores}, executor='thread'"
-        self.record("torchpipe_cache_epoch1", self.epoch(lambda: pipeline), knobs)
-        self.record("torchpipe_cache_epoch2", self.epoch(lambda: pipeline), "replays the decoded images")
-        self.chosen["torchpipe_cache"] = {"num_parallel_calls": cores, "executor": "thread"}
-        self.peers(last=False)
-
-    def run_epochs(self) -> None:
-        """An epochs workload (``blobs``): each configuration is one loader run for ``work.epochs``
-        whole epochs, workers persistent; torchpipe's zero-knob configurations and the DataLoader
-        with ``dataloader_best``'s arguments."""
-        best_args = self.dataloaders(self.epochs)
-        dataset, kwargs = self.work.dataset, self.work.loader_kwargs(best_args["num_workers"])
-        self.record("torchpipe_dataloader", self.epochs(lambda: tp.DataLoader(dataset, **best_args, **kwargs)),
-                    str(best_args))  # fmt: skip
-        self.torchpipe_dataloader_auto(self.epochs)
-        pipeline = self.work.batched(tp.AUTOTUNE, "auto").prefetch(tp.AUTOTUNE)  # one Dataset, iterated per epoch
-        self.record("torchpipe_auto", self.epochs(lambda: pipeline), "num_parallel_calls=AUTOTUNE, executor='auto'")
-        self.peers(last=False)
-
-    def peers(self, last: bool) -> None:
-        """The installed peers (those in ``LAST`` when ``last``, the others when not)."""
+    def peer_trials(self, last: bool) -> list[Trial]:
+        """The installed peers' configurations (those in ``LAST`` when ``last``, the others when
+        not); on an epochs workload, each through its adapter's epochs (workers kept across
+        epochs where the library can keep them). A library whose configurations cannot be made
+        is reported (in the JSON under ``workloads.<name>.peer_errors``) and left out."""
+        trials = []
         for peer in pr.PEERS:
             if not peer.installed() or (peer.library in LAST) != last:
                 continue
             if peer.workloads is not None and self.work.name not in peer.workloads:
                 continue
-            if self.work.epochs:
-                self.not_measured[peer.library] = NOT_MEASURED_EPOCHS
-                print(f"  {peer.library + '_best':<24} not measured: {NOT_MEASURED_EPOCHS}", flush=True)
-            else:
-                self.peer(peer)
+            try:
+                configs = peer.configs(self.work, self.quick)
+            except Exception as e:  # noqa: BLE001 - one peer's failure must not hide the others' numbers
+                self.peer_failed(peer.library, e)
+                continue
+            for config in configs:
+                make = config.epochs if self.work.epochs else config.make
+                if make is None:
+                    self.not_measured[config.name or peer.library] = NOT_MEASURED_EPOCHS
+                    continue
+                key = f"{peer.library} {config.name or ''} {config.knobs}"
+                best = f"{peer.library}_best" if config.in_best else None
+                trials.append(Trial(key, partial(self.measure_one, make), name=config.name, best_of=best,
+                                    knobs=config.knobs, group=peer.library))  # fmt: skip
+        return trials
 
-    def peer(self, peer: pr.Peer) -> None:
-        """One library: its named configurations, and the best of its grid as ``<library>_best``.
+    def peer_failed(self, library: str, error: BaseException) -> None:
+        self.errors[library] = f"{type(error).__name__}: {error}"
+        print(f"  {library} failed on {self.work.name}: {self.errors[library]}", flush=True)
 
-        A library that fails on this workload is reported (printed, and in the JSON under
-        ``workloads.<name>.peer_errors``) and the run goes on with the next one.
-        """
-        best_knobs, best = None, None
-        try:
-            for config in peer.configs(self.work, self.quick):
-                result = self.measure_one(config.make)
-                if config.name is not None:
-                    self.record(config.name, result, str(config.knobs))
-                else:
-                    print(f"    {peer.library} grid {config.knobs}: {result['throughput']:.4g}", flush=True)
-                if config.in_best and (best is None or result["throughput"] > best["throughput"]):
-                    best_knobs, best = config.knobs, result
-        except Exception as e:  # noqa: BLE001 - one peer's failure must not hide the others' numbers
-            self.errors[peer.library] = f"{type(e).__name__}: {e}"
-            print(f"  {peer.library} failed on {self.work.name}: {self.errors[peer.library]}", flush=True)
-            return
-        if best is not None:
-            self.record(f"{peer.library}_best", best, str(best_knobs))
-            self.chosen[f"{peer.library}_best"] = best_knobs
+    def measure_rounds(self, plan: Callable[[], list[Trial]]) -> None:
+        """``repeat`` rounds of ``plan()``'s configurations; their medians join the results."""
+        done = run_rounds(plan, self.repeat, self.printed, lambda trial, e: self.peer_failed(str(trial.group), e))
+        results, chosen = rounds_report(done)
+        for key, trial in done.trials.items():
+            if trial.best_of == BASELINE:
+                self.grid.append((trial.knobs, summarize(done.runs[key])))
+        self.results.update(results)
+        self.chosen.update(chosen)
+        names = {trial.name: trial.knobs for trial in done.trials.values() if trial.name} | chosen
+        for config in sorted(results, key=_rank):
+            self.record(config, results[config], str(names.get(config, "")))
+
+    def printed(self, k: int, trial: Trial, result: dict[str, Any]) -> None:
+        """One measurement as it is made."""
+        label = trial.name or f"grid {trial.knobs}"
+        lap = f"[{k + 1}/{self.repeat}] " if self.repeat > 1 else ""
+        print(f"    {lap}{label}: {result['throughput']:.4g}", flush=True)
+
+    def record(self, config: str, result: dict[str, Any], note: str = "") -> None:
+        """One configuration's median (and spread) as the log shows it."""
+        spread = f" spread {_share(result.get('spread'))}" if self.repeat > 1 else ""
+        print(f"  {config:<26} {result['throughput']:>12.4g} {self.work.unit:<9}{spread} {note}", flush=True)
+        if "epoch_rates" in result:
+            print(f"    {_epochs(result)}", flush=True)
+
+
+def _rank(config: str) -> int:
+    return ORDER.index(config) if config in ORDER else len(ORDER)
+
+
+def _dsl(work: wl.Workload, parallel: Any, executor: str) -> tp.Dataset:
+    """The workload's pipeline in the DSL, batched, with ``prefetch(tp.AUTOTUNE)``."""
+    return work.batched(parallel, executor).prefetch(tp.AUTOTUNE)
+
+
+def _torch_loader(dataset: Any, args: dict[str, Any], kwargs: dict[str, Any]) -> torch.utils.data.DataLoader:
+    return torch.utils.data.DataLoader(dataset, **args, **kwargs)
 
 
 def machine(quick: bool) -> dict[str, Any]:
@@ -314,12 +332,19 @@ def _cpuinfo() -> list[str]:
         return []
 
 
-def run_all(names: list[str], quick: bool, sizes: wl.Sizes | None = None) -> dict[str, Any]:
-    """Measure ``names`` and return the report (the JSON document)."""
+def run_all(names: list[str], quick: bool, sizes: wl.Sizes | None = None, repeat: int = 1) -> dict[str, Any]:
+    """Measure ``names``, each configuration ``repeat`` times in alternating rounds, and return
+    the report (the JSON document).
+
+    Raises:
+        ValueError: if ``repeat`` is below 1.
+    """
+    if repeat < 1:
+        raise ValueError(f"repeat must be at least 1, got {repeat}")
     sizes = sizes or (wl.QUICK if quick else wl.FULL)
     report: dict[str, Any] = {"machine": machine(quick), "workloads": {}}
     run_info = report["machine"]["run"]
-    run_info.update(chosen={}, limit_notes={}, peers=pr.notes())
+    run_info.update(repeat=repeat, chosen={}, limit_notes={}, peers=pr.notes())
     for library, note in run_info["peers"].items():
         print(f"{library}: {note}", flush=True)
     runners = []
@@ -328,23 +353,19 @@ def run_all(names: list[str], quick: bool, sizes: wl.Sizes | None = None) -> dic
         limit = "null" if work.limit is None else f"{work.limit:.4g} {work.unit}"
         extra = "".join(f", {key} {value}" for key, value in work.extra.items())
         print(f"\n{name}: batch {work.batch_size}, limit {limit} ({work.limit_note}){extra}", flush=True)
-        runner = Runner(work, sizes, quick)
-        if name == "cache":
-            runner.run_cache()
-        elif work.epochs:
-            runner.run_epochs()
-        else:
-            runner.run()
+        runner = Runner(work, sizes, quick, repeat)
+        runner.run()
         runners.append(runner)
     for runner in runners:
         if any(peer.installed() and peer.library in LAST for peer in pr.PEERS):
             print(f"\n{runner.work.name}, measured last: {', '.join(LAST)}", flush=True)
-            runner.peers(last=True)
+            runner.measure_rounds(partial(runner.peer_trials, last=True))
     for runner in runners:
         work = runner.work
         report["workloads"][work.name] = {"unit": work.unit, "limit": work.limit, "results": runner.results,
                                           "targets": targets(work.name, runner.results, runner.dataloader_pss,
                                                              runner.budget),
+                                          "placement": placements(runner.results),
                                           "budget": runner.budget,
                                           "dataloader_pss": {str(k): v for k, v in runner.dataloader_pss.items()},
                                           "extra": work.extra, "peer_errors": runner.errors,
@@ -370,14 +391,22 @@ def _share(value: float | None) -> str:
     return "-" if value is None else f"{value:.0%}"
 
 
+def _spread(result: dict[str, Any]) -> str:
+    """``(max - min) / median`` of a result's throughputs, where it has more than one run."""
+    return _share(result.get("spread")) if len(result.get("runs", ())) > 1 else "-"
+
+
 def table(report: dict[str, Any]) -> str:
     """The printed summary: throughput, ratios against dataloader_best and the limit, and costs;
-    ``others`` is the share of the cores other processes took during the measurement. On an
-    epochs workload (``blobs``) the throughput is the steady rate, each epoch's rate follows on a
-    line of its own, and a peer that was not measured says so."""
+    every number is the median of the configuration's runs, and ``spread`` is ``(max - min) /
+    median`` of their throughputs (``-`` for one run). ``others`` is the share of the cores other
+    processes took during the measurement. On an epochs workload (``blobs``) the throughput is the
+    whole run's rate, each epoch's rate follows on a line of its own, and a peer configuration that
+    was not measured says so."""
     lines = []
-    header = (f"{'workload':<10} {'config':<25} {'throughput':>11} {'unit':<9} {'vs DL best':>10} {'vs limit':>8} "
-              f"{'1st batch':>9} {'peak RSS':>9} {'end PSS':>8} {'CPU/item':>10} {'others':>6}")  # fmt: skip
+    header = (f"{'workload':<10} {'config':<25} {'throughput':>11} {'unit':<9} {'spread':>6} {'vs DL best':>10} "
+              f"{'vs limit':>8} {'1st batch':>9} {'peak RSS':>9} {'end PSS':>8} {'CPU/item':>10} "
+              f"{'others':>6}")  # fmt: skip
     lines += [header, "-" * len(header)]
     for name, entry in report["workloads"].items():
         results, limit = entry["results"], entry["limit"]
@@ -387,7 +416,8 @@ def table(report: dict[str, Any]) -> str:
             vs_best = f"{r['throughput'] / base:.2f}x" if base else "-"
             vs_limit = f"{r['throughput'] / limit:.2f}" if limit else "-"
             lines.append(
-                f"{name:<10} {config:<25} {r['throughput']:>11.4g} {entry['unit']:<9} {vs_best:>10} {vs_limit:>8} "
+                f"{name:<10} {config:<25} {r['throughput']:>11.4g} {entry['unit']:<9} {_spread(r):>6} {vs_best:>10} "
+                f"{vs_limit:>8} "
                 f"{r['first_batch_s']:>8.2f}s {r['peak_rss_mb']:>7.0f}MB {_megabytes(r.get('end_pss_mb')):>8} "
                 f"{r['cpu_s_per_item'] * 1e3:>8.3f}ms"
                 f" {_share(r.get('others_cpu_share')):>6}"
@@ -395,7 +425,7 @@ def table(report: dict[str, Any]) -> str:
             if "epoch_rates" in r:
                 lines.append(f"{'':<10} {'':<25} {_epochs(r)}")
         for library, why in entry.get("not_measured", {}).items():
-            lines.append(f"{name:<10} {library + '_best':<25} {'not measured':>11} ({why})")
+            lines.append(f"{name:<10} {library:<25} {'not measured':>11} ({why})")
     return "\n".join(lines)
 
 
@@ -409,14 +439,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--workloads", default=",".join(suite.WORKLOADS), help=f"comma-separated, from {list(suite.WORKLOADS)}"
     )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="measure each configuration this many times, alternating (A B C A B C), and report medians: "
+        "the run takes about as many times as long",
+    )
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
+    if args.repeat < 1:
+        parser.error(f"--repeat must be at least 1, got {args.repeat}")
     names = [n.strip() for n in args.workloads.split(",") if n.strip()]
     unknown = [n for n in names if n not in suite.WORKLOADS]
     if unknown:
         parser.error(f"unknown workloads {unknown}; choose from {list(suite.WORKLOADS)}")
     start = time.perf_counter()
-    report = run_all(names, args.quick)
+    report = run_all(names, args.quick, repeat=args.repeat)
     report["machine"]["run"]["seconds"] = round(time.perf_counter() - start, 1)
     print()
     if args.quick:

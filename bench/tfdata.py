@@ -63,8 +63,9 @@ def configs(work: wl.Workload, quick: bool) -> list[peer_items.PeerConfig]:
         for calls in [None, *counts]:
             knobs = {"function": function, "num_parallel_calls": "AUTOTUNE" if calls is None else calls}
             zero_knob = function == "py_function" and calls is None
-            out.append(peer_items.PeerConfig(knobs, partial(_python, items, function, calls),
-                                        name="tfdata_autotune" if zero_knob else None))  # fmt: skip
+            build = partial(_python, items, function, calls)
+            out.append(peer_items.PeerConfig(knobs, partial(peer_items.one_pass, build), epochs=build,
+                                             name="tfdata_autotune" if zero_knob else None))  # fmt: skip
     if work.name == "cache":
         once = _Once(lambda: _native_jpeg(work.files, work.batch_size, len(work.files), cache=True))
         out += [peer_items.PeerConfig({"num_parallel_calls": "AUTOTUNE", "cache": "after decode"}, once, name=name,
@@ -123,7 +124,8 @@ def _leaf_to_torch(tensor: Any) -> Any:
 
 
 # -- the Python item through tf.py_function -----------------------------------------------------
-def _python(items: peer_items.Items, function: str, parallel: int | None) -> peer_items.PeerIterator:
+def _python(items: peer_items.Items, function: str, parallel: int | None) -> peer_items.PeerEpochs:
+    """One dataset over the Python item, iterated each epoch (a user's ``for batch in ds``)."""
     tf = _tf()
     wrap = getattr(tf, function)  # tf.py_function or tf.numpy_function: (func, inp, Tout)
     calls = tf.data.AUTOTUNE if parallel is None else parallel
@@ -159,7 +161,7 @@ def _python(items: peer_items.Items, function: str, parallel: int | None) -> pee
         options = tf.data.Options()
         options.threading.private_threadpool_size = parallel  # the default, a thread a core, caps calls
         ds = ds.with_options(options)
-    return _iterate(ds)
+    return peer_items.PeerEpochs(partial(_iterate, ds))
 
 
 def _spec(tf: Any, leaf: Any) -> tuple[Any, int]:

@@ -1,12 +1,16 @@
-"""Smoke test of the benchmark suite: every workload and configuration, tiny sizes, end to end."""
+"""Tests of the benchmark suite: every workload and configuration end to end at tiny sizes (what
+the report must hold, never how fast), the rounds of ``--repeat``, the targets and the tables."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import importlib.util
 import json
 import os
 import subprocess
 import sys
+import time
 from typing import Any
 
 import numpy as np
@@ -37,56 +41,74 @@ CACHE_CONFIGS = {
     "torchpipe_cache_epoch2",
 }
 EPOCH_CONFIGS = CONFIGS - {"torchpipe_best"}
-EPOCH_KEYS = {"throughput", "first_batch_s", "peak_rss_mb", "end_pss_mb", "cpu_s_per_item", "others_cpu_share",
-              "epoch_rates", "epoch_executors"}  # fmt: skip
-KEYS = EPOCH_KEYS - {"epoch_rates", "epoch_executors"} | {"where"}
+EPOCH_KEYS = {"throughput", "steady_throughput", "first_batch_s", "peak_rss_mb", "end_pss_mb", "cpu_s_per_item",
+              "others_cpu_share", "epoch_rates", "epoch_executors", "placement", "spread", "runs"}  # fmt: skip
+KEYS = EPOCH_KEYS - {"epoch_rates", "epoch_executors", "steady_throughput"} | {"where"}
+NUMBERS = KEYS - {"where", "placement", "spread", "runs"}
+"""What one measurement reports as numbers (the fake results of the table tests)."""
 
 
 @pytest.fixture
 def small(monkeypatch, tmp_path):
-    """Data in a temporary cache directory; one-point grids so the whole suite runs in seconds;
-    no peer library, whatever is installed (their adapters are tested on their own below)."""
+    """Data in a temporary cache directory; one-point grids and one-batch windows so the whole
+    suite runs in seconds; no peer library, whatever is installed (their adapters are tested on
+    their own below)."""
     monkeypatch.setenv(data.CACHE_ENV, str(tmp_path / "cache"))
     monkeypatch.setattr(pr.Peer, "installed", lambda self: False)
     monkeypatch.setattr(run, "dataloader_grid", lambda quick: [{"num_workers": 1, "prefetch_factor": 2}])
     monkeypatch.setattr(wl, "_map_grid", lambda inline=False: [(2, "thread")])
     monkeypatch.setattr(wl, "latency_grid", lambda quick: [(4, "thread")])
+    monkeypatch.setattr(run, "measure", functools.partial(run.measure, min_batches=1))
     return tmp_path
 
 
-def test_every_workload_and_configuration_end_to_end(small, capsys):
-    report = run.run_all(list(suite.WORKLOADS), quick=True, sizes=TINY)
-    assert set(report["workloads"]) == set(suite.WORKLOADS)
-    budgeted = {name for name, entry in report["workloads"].items() if entry["budget"] is not None}
-    assert budgeted and budgeted <= set(run.BUDGETED)  # where the unconstrained loader holds more than none
-    for name, entry in report["workloads"].items():
-        configs = {"cache": CACHE_CONFIGS, "blobs": EPOCH_CONFIGS}.get(name, CONFIGS)
-        budget = {tg.BUDGET_CONFIG} if name in budgeted else set()
-        image = {tg.IMAGE_CONFIG} if name in tpimage.PIPELINES else set()
-        assert set(entry["results"]) == configs | budget | image, name
-        assert entry["peer_errors"] == {} and entry["not_measured"] == {}
-        assert isinstance(entry["unit"], str) and entry["limit"] > 0
-        assert set(entry["targets"]) == set(tg.ZERO_KNOB) | budget | image
-        measured = entry["targets"]["torchpipe_dataloader_auto"]["vs_dataloader_best"]
-        assert measured["ratio"] > 0 and isinstance(measured["met"], bool)
-        assert set(entry["dataloader_pss"]) >= {"0", "1"} and entry["dataloader_pss"]["0"] > 0
-        assert entry["targets"]["torchpipe_dataloader_auto"]["pss_vs_same_workers"]["workers"] is not None, name
-        for config, result in entry["results"].items():
-            assert set(result) == (EPOCH_KEYS if name == "blobs" else KEYS)
-            assert config not in tg.ZERO_KNOB or result.get("where") or result.get("epoch_executors"), config
-            assert result["throughput"] > 0 and result["peak_rss_mb"] > 0 and result["cpu_s_per_item"] >= 0
-            assert result["end_pss_mb"] > 0, result  # Linux: smaps_rollup
-            assert 0 <= result["others_cpu_share"] <= 1, result
+@pytest.mark.parametrize("name", list(suite.WORKLOADS))
+def test_every_workload_and_configuration_end_to_end(small, capsys, name):
+    """The report's structure and what must hold in it, never a speed: this runs beside the rest
+    of the suite on a loaded machine (issue #40), where any timing can come out either way. One
+    workload a test, each measurement one batch long, so each stays well inside its timeout."""
+    report = run.run_all([name], quick=True, sizes=TINY)
+    assert set(report["workloads"]) == {name} and report["machine"]["run"]["repeat"] == 1
+    entry = report["workloads"][name]
+    # budgeted exactly where the unconstrained loader held more than the loader without workers
+    held_more = entry["results"]["torchpipe_dataloader_auto"]["end_pss_mb"] > entry["dataloader_pss"]["0"]
+    budget = {tg.BUDGET_CONFIG} if entry["budget"] is not None else set()
+    assert bool(budget) == (name in run.BUDGETED and held_more), entry["budget"]
+    configs = {"cache": CACHE_CONFIGS, "blobs": EPOCH_CONFIGS}.get(name, CONFIGS)
+    image = {tg.IMAGE_CONFIG} if name in tpimage.PIPELINES else set()
+    assert set(entry["results"]) == configs | budget | image
+    assert entry["peer_errors"] == {} and entry["not_measured"] == {}
+    assert isinstance(entry["unit"], str) and entry["limit"] > 0
+    assert set(entry["targets"]) == set(tg.ZERO_KNOB) | budget | image
+    checks = entry["targets"]["torchpipe_dataloader_auto"]
+    measured = checks["run_vs_dataloader_best" if name == "blobs" else "vs_dataloader_best"]
+    assert measured["ratio"] > 0 and isinstance(measured["met"], bool)
+    assert checks["vs_best_of_any"]["against"] in tg.SAME_WORK and checks["vs_best_of_any"]["ratio"] > 0
+    assert checks["pss_vs_same_workers"]["workers"] is not None
+    assert set(entry["placement"]) == set(tg.ZERO_KNOB) - ({"torchpipe_auto"} if name == "cache" else set())
+    for found in entry["placement"].values():
+        assert found["runs"][0] and found["policy"]["where"] == found["runs"][0], found
+    assert set(entry["dataloader_pss"]) >= {"0", "1"} and entry["dataloader_pss"]["0"] > 0
+    for config, result in entry["results"].items():
+        assert set(result) == (EPOCH_KEYS if name == "blobs" else KEYS)
+        assert config not in tg.ZERO_KNOB or result.get("where") or result.get("epoch_executors"), config
+        assert result["throughput"] > 0 and result["peak_rss_mb"] > 0 and result["cpu_s_per_item"] >= 0
+        assert result["end_pss_mb"] > 0, result  # Linux: smaps_rollup
+        assert 0 <= result["others_cpu_share"] <= 1, result
+        assert len(result["runs"]) == 1 and result["runs"][0]["throughput"] == result["throughput"]
     json.dumps(report)  # the document is plain JSON
     text = run.table(report)
-    assert "torchpipe_best" in text and "vs DL best" in text and "torchpipe_dataloader_auto" in text
-    assert report["workloads"]["records"]["extra"]["item_us"] > 0
-    tfrecord = report["workloads"]["tfrecord"]["extra"]
-    assert tfrecord["raw_reader_gbps"] > 0 and tfrecord["raw_batched_gbps"] > 0 and tfrecord["cat_gbps"] > 0
+    assert "vs DL best" in text and "torchpipe_dataloader_auto" in text
+    if name == "records":
+        assert entry["extra"]["item_us"] > 0
+    if name == "tfrecord":
+        extra = entry["extra"]
+        assert extra["raw_reader_gbps"] > 0 and extra["raw_batched_gbps"] > 0 and extra["cat_gbps"] > 0
     notes = report["machine"]["run"]["peers"]
     assert set(notes) == {"nodes", "spdl", "grain", "ffcv", "tfdata"}
     assert all(note.startswith("not installed") for note in notes.values()), notes  # reported, not skipped
     assert "grain: not installed" in capsys.readouterr().out
+    assert "where the zero-knob rows ran" in tg.format_targets(report)
 
 
 def test_cli_writes_json(small, tmp_path, monkeypatch):
@@ -156,29 +178,38 @@ def test_blobs_samples_and_one_epochs_measurement(small):
     result = runner.epochs(lambda: loader)
     left = {p.pid for p in psutil.Process().children()} - before
     assert len(result["epoch_rates"]) == 2 and min(result["epoch_rates"]) > 0
-    assert result["epoch_executors"] == [None, None]  # torch's loader reports no placement
-    assert result["throughput"] == result["epoch_rates"][1]  # the steady rate: the epochs after the first
+    assert result["epoch_executors"] == [None, None] and result["placement"] is None  # torch's: none reported
+    assert result["steady_throughput"] == result["epoch_rates"][1]  # the epochs after the first
+    assert min(result["epoch_rates"]) <= result["throughput"] <= max(result["epoch_rates"])  # the whole run
     assert result["cpu_s_per_item"] > 0 and left == set()  # the persistent worker was stopped
     batch = next(iter(torch.utils.data.DataLoader(work.dataset, **work.loader_kwargs(0))))
     assert len(batch["payload"]) == 32 and batch["features"].shape == (32, wl.BLOB_FEATURES)
     assert work.count(batch) == (32, 32.0)
 
 
-def test_blobs_held_to_every_epoch():
-    def epochs(*rates: float) -> dict[str, Any]:
-        return {"throughput": rates[-1], "end_pss_mb": 100.0, "epoch_rates": list(rates)}
+def test_blobs_held_to_the_whole_run_and_every_epoch_after_the_first():
+    def epochs(run: float, *rates: float) -> dict[str, Any]:
+        return {"throughput": run, "end_pss_mb": 100.0, "epoch_rates": list(rates)}
 
-    results = {"dataloader_best": epochs(200.0, 250.0, 250.0), "torchpipe_auto": epochs(80.0, 240.0, 245.0),
-               "torchpipe_dataloader_auto": epochs(195.0, 245.0, 240.0)}  # fmt: skip
+    results = {"dataloader_best": epochs(230.0, 200.0, 250.0, 250.0),
+               "torchpipe_auto": epochs(220.0, 80.0, 240.0, 230.0),
+               "torchpipe_dataloader_auto": epochs(200.0, 195.0, 245.0, 240.0),
+               "spdl_best": epochs(300.0, 290.0, 300.0, 310.0)}  # fmt: skip
     checks = tg.targets("blobs", results)
-    first = checks["torchpipe_auto"]["every_epoch_vs_dataloader_best"]
-    assert first == {"ratio": 0.4, "op": ">=", "target": 0.95, "met": False, "epoch": 0}
-    assert checks["torchpipe_dataloader_auto"]["every_epoch_vs_dataloader_best"]["met"] is True
-    assert checks["torchpipe_auto"]["vs_dataloader_best"]["ratio"] == pytest.approx(0.98)  # steady rates
-    assert "every_epoch_vs_dataloader_best" not in tg.targets("records", results)["torchpipe_auto"]
+    auto, loader = checks["torchpipe_auto"], checks["torchpipe_dataloader_auto"]
+    # the first epoch (0.40 of torch's) is no target any more (issue #42); the later ones are
+    assert auto["later_epochs_vs_dataloader_best"] == {"ratio": 0.92, "op": ">=", "target": 0.95, "met": False,
+                                                       "epoch": 2}  # fmt: skip
+    later = loader["later_epochs_vs_dataloader_best"]
+    assert later["met"] is True and later["epoch"] == 2 and later["ratio"] == pytest.approx(0.96)
+    assert auto["run_vs_dataloader_best"]["ratio"] == pytest.approx(220 / 230) and auto["run_vs_dataloader_best"]["met"]
+    assert loader["run_vs_dataloader_best"]["met"] is False  # 200 / 230
+    assert auto["vs_best_of_any"]["against"] == "spdl_best" and auto["vs_best_of_any"]["met"] is False  # peers held
+    assert "vs_dataloader_best" not in auto  # the whole run at 0.95 stands for it on blobs
+    assert "later_epochs_vs_dataloader_best" not in tg.targets("records", results)["torchpipe_auto"]
     report = {"workloads": {"blobs": {"results": results, "targets": checks}}}
-    assert "| 0.40 **miss** (epoch 0) |" in markdown.targets_table(report)
-    assert "blobs/torchpipe_auto every_epoch_vs_dataloader_best" in tg.format_targets(report)
+    assert "| 0.92 **miss** (epoch 2) |" in markdown.targets_table(report)
+    assert "blobs/torchpipe_auto later_epochs_vs_dataloader_best" in tg.format_targets(report)
 
 
 def test_the_budgeted_loader_is_held_to_its_budget_and_the_best_dataloader_within_it():
@@ -229,8 +260,9 @@ def test_the_tp_image_row_is_held_to_tf_datas_native_pipeline_and_ffcv():
 
 
 def test_records_item_cost_is_small():
-    # The workload is the cheap-records case: the issue sets an item cost under 20 us.
-    assert wl.item_seconds(wl.Records(), 32, 0.15) < 20e-6
+    # The workload is the cheap-records case: the issue sets an item cost under 20 us. Its CPU
+    # time: the suite runs on a loaded machine, where the wall clock counts others' work too.
+    assert wl.item_seconds(wl.Records(), 32, 0.15, clock=time.thread_time) < 20e-6
 
 
 def _result(throughput: float, pss: float | None = 100.0, where: str | None = None) -> dict[str, Any]:
@@ -247,18 +279,24 @@ def test_targets_met_and_missed():
     checks = tg.targets("jpeg", results, {0: 150.0, 2: 200.0, 4: 260.0})
     auto, loader = checks["torchpipe_auto"], checks["torchpipe_dataloader_auto"]
     assert set(auto) == {
-        "vs_best_of_both",
+        "vs_best_of_any",
         "vs_dataloader_best",
         "pss_vs_same_workers",
         "vs_best_python_peer",
         "vs_tfdata_native",
     }  # the limit is reported, not a target
-    assert auto["vs_best_of_both"] == {"ratio": 0.95, "op": ">=", "target": 0.95, "met": True}
+    assert auto["vs_best_of_any"] == {
+        "ratio": 0.95,
+        "op": ">=",
+        "target": 0.95,
+        "met": True,
+        "against": "torchpipe_best",
+    }
     assert auto["vs_dataloader_best"]["ratio"] == pytest.approx(1.14) and auto["vs_dataloader_best"]["met"]
     # memory against torch's DataLoader at the parallelism torchpipe chose: 2 workers; inline: 0
     assert auto["pss_vs_same_workers"]["ratio"] == pytest.approx(1.2) and auto["pss_vs_same_workers"]["met"]
     assert auto["pss_vs_same_workers"]["workers"] == 2
-    assert loader["vs_best_of_both"]["met"] is False and loader["vs_dataloader_best"]["met"] is False
+    assert loader["vs_best_of_any"]["met"] is False and loader["vs_dataloader_best"]["met"] is False
     assert (
         loader["pss_vs_same_workers"]["ratio"] == pytest.approx(241 / 150) and not loader["pss_vs_same_workers"]["met"]
     )
@@ -307,7 +345,7 @@ def test_targets_against_the_peers():
     assert checks["torchpipe_dataloader_auto"]["vs_best_python_peer"]["met"] is False
     text = tg.format_targets({"workloads": {"jpeg": {"results": results, "targets": checks}}})
     row = next(line for line in text.splitlines() if line.startswith("jpeg") and " torchpipe_auto " in line)
-    assert row.split()[2:] == ["1.50", "ok", "1.50", "ok", "1.00", "ok", "1.25", "ok", "0.50"]
+    assert row.split()[2:] == ["1.25", "ok", "1.50", "ok", "1.00", "ok", "1.25", "ok", "0.50"]  # nodes: best of any
     assert "5 targets met, 3 missed" in text and "jpeg/torchpipe_dataloader_auto vs_best_python_peer" in text
 
 
@@ -393,6 +431,26 @@ def test_peers_measured_last_and_failures_reported(small, monkeypatch, capsys):
     assert "broken failed on tiny: RuntimeError: no such device" in capsys.readouterr().out
 
 
+def test_peers_run_their_epochs_on_blobs_and_a_configuration_without_says_so(small, monkeypatch):
+    calls, closed = [], []
+    peer = _fake_peer("early", calls, closed)
+
+    def configs(work: wl.Workload, quick: bool) -> list[pr.PeerConfig]:
+        out = peer.configs(work, quick)
+        out[1].epochs = lambda: pr.PeerEpochs(out[1].make, lambda: closed.append("loader"))
+        return out
+
+    monkeypatch.setattr(pr, "PEERS", (dataclasses.replace(peer, configs=configs),))
+    monkeypatch.setattr(pr.Peer, "installed", lambda self: True)
+    entry = run.run_all(["blobs"], quick=True, sizes=TINY)["workloads"]["blobs"]
+    best = entry["results"]["early_best"]
+    assert len(best["epoch_rates"]) == TINY.epochs and min(best["epoch_rates"]) > 0 and best["throughput"] > 0
+    assert calls == [("early", "blobs")] * TINY.epochs  # one pipeline an epoch, on one loader
+    assert closed == ["early"] * TINY.epochs + ["loader"]  # each epoch ended, then the loader stopped once
+    assert set(entry["not_measured"]) == {"early_zero", "early_native"}  # no epochs adapter: said, not hidden
+    assert entry["targets"]["torchpipe_auto"]["vs_best_of_any"]["against"] in tg.SAME_WORK
+
+
 @pytest.mark.parametrize("library", ["nodes", "spdl", "grain"])
 def test_peer_adapter_with_the_library(small, library):
     """Each adapter against its library, where the test environment has it (CI's has none)."""
@@ -412,14 +470,14 @@ def test_peer_adapter_with_the_library(small, library):
 
 
 def test_markdown_tables_from_a_report():
-    results = {"dataloader_best": {**dict.fromkeys(KEYS, 1.0), "where": None, "throughput": 100.0},
-               "nodes_best": {**dict.fromkeys(KEYS, 1.0), "where": None, "throughput": 50.0, "end_pss_mb": None},
-               "torchpipe_auto": {**dict.fromkeys(KEYS, 1.0), "where": None, "throughput": 120.0}}  # fmt: skip
+    results = {"dataloader_best": {**dict.fromkeys(NUMBERS, 1.0), "where": None, "throughput": 100.0},
+               "nodes_best": {**dict.fromkeys(NUMBERS, 1.0), "where": None, "throughput": 50.0, "end_pss_mb": None},
+               "torchpipe_auto": {**dict.fromkeys(NUMBERS, 1.0), "where": None, "throughput": 120.0}}  # fmt: skip
     report = {"workloads": {"jpeg": {"unit": "img/s", "limit": 200.0, "results": results,
                                      "targets": tg.targets("jpeg", results)}}}  # fmt: skip
     rows = markdown.results_table(report).splitlines()
     assert [row.split(" | ")[1] for row in rows[2:]] == ["dataloader_best", "torchpipe_auto", "nodes_best"]
-    assert rows[4] == "| jpeg | nodes_best | 50 img/s | 0.50x | 0.25 | 1.00 s | 1 MB | - | 1000.000 ms | 100% |"
+    assert rows[4] == "| jpeg | nodes_best | 50 img/s | - | 0.50x | 0.25 | 1.00 s | 1 MB | - | 1000.000 ms | 100% |"
     targets = markdown.targets_table(report).splitlines()
     assert len(targets) == 3  # torchpipe_dataloader_auto was not measured: no row
     assert "| 2.40 ok (nodes_best) | - |" in targets[2] and "vs best Python peer >=1" in targets[0]
@@ -435,7 +493,10 @@ def test_plot_without_matplotlib_says_so(tmp_path, monkeypatch):
             "tiny": {
                 "unit": "elem/s",
                 "limit": None,
-                "results": {"dataloader_best": dict.fromkeys(KEYS, 1.0), "torchpipe_best": dict.fromkeys(KEYS, 2.0)},
+                "results": {
+                    "dataloader_best": dict.fromkeys(NUMBERS, 1.0),
+                    "torchpipe_best": dict.fromkeys(NUMBERS, 2.0),
+                },
             }
         },
     }
@@ -451,7 +512,7 @@ def test_plot_draws_every_configuration(tmp_path):
     plt = plot._pyplot()
     if plt is None:
         pytest.skip("matplotlib is not installed")
-    results = {config: dict.fromkeys(KEYS, 1.0 + k) for k, config in enumerate(run.ORDER)}
+    results = {config: dict.fromkeys(NUMBERS, 1.0 + k) for k, config in enumerate(run.ORDER)}
     report = {
         "workloads": {
             "records": {"results": results},
@@ -574,3 +635,56 @@ def test_jpeg_decoders_are_measured_side_by_side_and_a_missing_one_says_why(monk
     messy = jd.robustness()  # Pillow on the kinds real data sets hold; the missing one says so
     assert messy["grayscale"]["pillow"] == messy["cmyk"]["pillow"] == "max diff 0"
     assert messy["truncated"]["pillow"] == "error: OSError" and messy["rgb"]["nosuchcodec"] == "error: ImportError"
+
+
+def test_where_a_zero_knob_row_ran_is_told_in_words():
+    policy = {"where": "process x2", "stage": "map(f)+batch", "self_s": 6.2e-4, "measured": ["inline", "process"],
+              "knobs": {"map(f)+batch.parallelism": 2},
+              "autotune": {"rounds": 3, "values": {}, "throughput": 413.0, "predicted": 450.0},
+              "bottleneck": "map(f)+batch", "waiting": 0.37}  # fmt: skip
+    runs = [_result(1.0, where="process x2"), _result(2.0, where="inline")]
+    results = {"torchpipe_auto": {**_result(1.0), "runs": runs, "placement": policy}}
+    found = tg.placements(results)
+    assert set(found) == {"torchpipe_auto"} and found["torchpipe_auto"]["runs"] == ["process x2", "inline"]
+    text = tg.describe(found["torchpipe_auto"])
+    assert text.startswith("ran on process x2 (runs in order: process x2, inline)")
+    assert "map(f)+batch: 0.62 ms of its own an element" in text and "executors measured: inline, process" in text
+    assert "autotune 3 rounds, measured 413/s, model 450/s" in text and "loop waited 37%" in text
+
+
+def test_peer_epochs_run_each_epoch_and_stop_what_they_share_once():
+    log = []
+
+    def epoch() -> pr.PeerIterator:
+        log.append("start")
+        return pr.PeerIterator(iter(range(3)), lambda: log.append("end"))
+
+    loader = pr.PeerEpochs(epoch, lambda: log.append("stop"))
+    assert [list(iter(loader)) for _ in range(2)] == [[0, 1, 2]] * 2
+    loader.close()
+    loader.close()
+    assert log == ["start", "start", "stop"]
+    first = pr.one_pass(lambda: pr.PeerEpochs(epoch, lambda: log.append("stop")))
+    assert next(first) == 0
+    first.close()
+    assert log[-3:] == ["start", "end", "stop"]  # one pass: its epoch ends, then the loader stops
+
+
+@pytest.mark.parametrize("library", ["nodes", "spdl", "grain"])
+def test_peer_epochs_with_the_library_yield_every_sample_each_epoch(small, library):
+    """A peer's epochs on ``blobs`` (threads: processes start in seconds), where the library is installed."""
+    peer = next(p for p in pr.PEERS if p.library == library)
+    pytest.importorskip(peer.module)
+    work = wl.blobs(TINY, quick=True)
+    work.tp_grid = [(2, "thread")]
+    (config,) = peer.configs(work, quick=True)
+    assert config.epochs is not None
+    loader = config.epochs()
+    try:
+        for _ in range(2):
+            iterator = iter(loader)
+            ids = [i for batch in iterator for i in batch["id"]]
+            iterator.close()
+            assert sorted(ids) == [f"s{i:05d}" for i in range(TINY.blob_samples)]
+    finally:
+        loader.close()
