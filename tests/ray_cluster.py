@@ -2,9 +2,9 @@
 
 Each package that has Ray tests (tests/integrations, tests/runtime/ray) makes the fixture in its
 own conftest.py, so the cluster is shut down when that package's tests end: a cluster left
-running through the rest of the suite ended the test process tests after its own on a busy machine (exit 1,
-no output, not even pytest's own teardown). A package-scoped
-fixture in the root conftest.py would live as long as the session.
+running through the rest of the suite ended the test process tests after its own on a busy
+machine (exit 1, no output, not even pytest's own teardown). A package-scoped fixture in the
+root conftest.py would live as long as the session.
 """
 
 from collections.abc import Iterator
