@@ -9,7 +9,7 @@ ratio of medians (issue #42).
 On every workload each must reach 0.95 of the best configuration of any loader doing the same
 work (``SAME_WORK``: torch's DataLoader grid, torchpipe hand-tuned, torchdata.nodes, SPDL, Grain
 and tf.data over the Python item; issue #42), never fall below ``dataloader_best``, and hold at
-most 1.2 x the memory torch's DataLoader holds at the same parallelism (issue #33): with as many
+most 1.1 x the memory torch's DataLoader holds at the same parallelism (issue #41): with as many
 workers as torchpipe ran its work on (``process xN``; 0 where it ran in this process, inline or
 on threads) and ``prefetch_factor=2``, compared as the process tree's PSS at the end of the timed
 window (each shared page counted once: summed RSS counts pages shared with forked workers once
@@ -29,8 +29,9 @@ unconstrained), it must end within the budget (as the tree's PSS) at 0.95 of the
 DataLoader configuration that ends within it.
 
 With ``tp.image``'s ops (``torchpipe_tpimage`` on ``jpeg`` and ``tfrecord``: the same work, zero
-knobs; issue #34) torchpipe must beat TensorFlow at its own game: 1.1x ``tfdata_native``'s
-throughput at no more CPU time per image, within the memory of torch's ``dataloader_best``, and,
+knobs; issues #34, #41, #43) torchpipe must beat TensorFlow at its own game: 1.15x
+``tfdata_native``'s throughput at no more CPU time per image, within 1.1x the memory of torch's
+``dataloader_best``, and,
 on ``jpeg``, at least FFCV's best (``ffcv_best``, where FFCV is installed).
 
 Against the peers (``bench/peers.py``), each must reach the best Python peer's best: the fastest
@@ -85,16 +86,16 @@ class Target:
 TARGETS = (
     Target("vs_best_of_any", "vs best of any loader", ">=", 0.95),
     Target("vs_dataloader_best", "vs DL best", ">=", 1.0),
-    Target("pss_vs_same_workers", "PSS vs DL same workers", "<=", 1.2),
+    Target("pss_vs_same_workers", "PSS vs DL same workers", "<=", 1.1),
     Target("run_vs_dataloader_best", "run vs DL best run", ">=", 0.95),
     Target("later_epochs_vs_dataloader_best", "epochs after 1st vs DL best", ">=", 0.95),
     Target("vs_best_python_peer", "vs best Python peer", ">=", 1.0),
     Target("vs_tfdata_native", "vs tf.data native", None, None),
     Target("pss_vs_budget", "PSS vs budget", "<=", 1.0),
     Target("vs_best_dl_in_budget", "vs best DL in budget", ">=", 0.95),
-    Target("image_vs_tfdata_native", "tp.image vs tf.data native", ">=", 1.1),
+    Target("image_vs_tfdata_native", "tp.image vs tf.data native", ">=", 1.15),
     Target("image_cpu_vs_tfdata_native", "tp.image CPU/item vs tf.data native", "<=", 1.0),
-    Target("image_pss_vs_dataloader_best", "tp.image PSS vs DL best", "<=", 1.0),
+    Target("image_pss_vs_dataloader_best", "tp.image PSS vs DL best", "<=", 1.1),
     Target("image_vs_ffcv_best", "tp.image vs FFCV best", ">=", 1.0),
 )
 BUDGET_CONFIG = "torchpipe_dataloader_budget"
