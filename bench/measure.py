@@ -307,7 +307,7 @@ def placement(loader: Any, iterator: Any) -> dict[str, Any] | None:
     out: dict[str, Any] = {"where": where, "stage": stage.get("stage"), "self_s": stage.get("self_s"), "knobs": knobs,
                            "bottleneck": getattr(stats, "bottleneck", None),
                            "waiting": getattr(stats, "waiting", None)}  # fmt: skip
-    for key in ("measured", "not_on_threads"):
+    for key in ("measured", "not_on_threads", "policy"):
         if key in stage:
             out[key] = stage[key]
     decisions = getattr(stats, "decisions", None) or []

@@ -290,6 +290,13 @@ def describe(found: dict[str, Any]) -> str:
         parts.append(f"{policy.get('stage')}: {policy['self_s'] * 1e3:.3g} ms of its own an element")
     if "measured" in policy:
         parts.append(f"executors measured: {', '.join(policy['measured']) or 'none yet'}")
+    measured = policy.get("policy") or {}
+    if measured.get("costs"):
+        c = measured["costs"]
+        parts.append(f"a call {c['call_s'] * 1e3:.3g} ms ({c['cpu_s'] * 1e3:.3g} CPU, {c['gil_free']:.0%} GIL-free), "
+                     f"{c['nbytes'] / 1e3:.4g} kB to move at {c['move_s'] * 1e3:.3g} ms")  # fmt: skip
+    if measured.get("measured_s"):
+        parts.append("per element " + ", ".join(f"{k} {v * 1e3:.3g} ms" for k, v in measured["measured_s"].items()))
     if policy.get("not_on_threads"):
         parts.append(f"not on threads: {policy['not_on_threads']}")
     if policy.get("knobs"):

@@ -67,6 +67,23 @@ def test_stats_say_where_each_stage_runs_and_name_the_worker_processes():
     assert ran_in <= set(readers["pids"]) and os.getpid() not in ran_in
 
 
+def _square(x):
+    return x * x
+
+
+def test_an_auto_map_reports_what_its_policy_measured():
+    opts = tp.Options(optimizations={"inject_prefetch": False})
+    with iter(tp.range(200).map(_square, num_parallel_calls=tp.AUTOTUNE).with_options(opts)) as it:
+        assert list(it) == [x * x for x in range(200)]
+        mapped = next(stage for stage in it.stats() if "executor" in stage)
+    costs = mapped["policy"]["costs"]
+    assert costs["call_s"] > 0 and 0 <= costs["gil_free"] <= 1 and costs["cpu_s"] >= 0
+    assert set(mapped["policy"]["measured_s"]) <= {"inline", "thread", "process"}
+    with iter(tp.range(4).map(_square, num_parallel_calls=2, executor="thread")) as it:
+        list(it)
+        assert "policy" not in next(stage for stage in it.stats() if "executor" in stage)  # nothing measured
+
+
 def test_the_report_names_a_slow_stage_and_says_the_pipeline_is_the_limit():
     ds = tp.range(1000).map(_slow).batch(4)  # inline: 12 ms a batch on the consumer's side
     it = iter(ds.with_options(tp.Options(optimizations={"inject_prefetch": False})))

@@ -197,6 +197,9 @@ def test_with_seeds_set_a_dataset_that_draws_never_runs_on_threads_and_repeats_e
     again, _ = epoch()
     assert torch.equal(first, again) and not first[:, 4].any()
     assert entry["not_on_threads"] == NOT_ON_THREADS and THREAD not in entry["measured"]
+    # what the policy measured: the first calls' costs, and each executor it ran on
+    assert entry["policy"]["costs"]["call_s"] > 0 and entry["policy"]["costs"]["nbytes"] >= 0
+    assert set(entry["policy"]["measured_s"]) == set(entry["measured"])
 
 
 def test_without_seeds_a_dataset_that_draws_may_run_on_threads_and_loses_or_repeats_no_index():

@@ -535,7 +535,8 @@ class _WorkersStage(Tunable):
 
     def executor_report(self) -> dict[str, Any]:
         """Where batches are made, for ``loader.stats()``, as a parallel map reports it: the
-        ``executor`` kind, its ``workers`` and the worker processes' ``pids``."""
+        ``executor`` kind, its ``workers``, the worker processes' ``pids`` and, with
+        ``num_workers="auto"``, what its policy measured (``policy``: :meth:`Policy.report`)."""
         it = self._iterator()
         if it is None:
             return {}
@@ -544,6 +545,7 @@ class _WorkersStage(Tunable):
         policy = it._placement.policy if it._placement is not None else None
         if policy is not None:
             report["measured"] = sorted(policy.measured)
+            report["policy"] = policy.report()
             if policy.costs is not None and not policy.costs.thread_safe:
                 report["not_on_threads"] = NOT_ON_THREADS
         return report

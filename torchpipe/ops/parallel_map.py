@@ -151,12 +151,15 @@ class ParallelMapIterator(Iterator, Tunable):
     def executor_report(self) -> dict[str, Any]:
         """Where the calls run, for ``it.stats()``: the ``executor`` kind, its ``workers`` (threads,
         processes or actors; 0 inline), the worker processes' ``pids`` where it may fork them
-        (attach a profiler to one), and Ray's actors and transfers."""
+        (attach a profiler to one), Ray's actors and transfers, and, with ``executor="auto"``, what
+        its policy measured (``policy``: :meth:`~torchpipe.runtime.placement.policy.Policy.report`)."""
         report: dict[str, Any] = {"executor": self.executor_kind, "workers": self.parallelism()}
         if self._pool is not None:
             report["pids"] = self._pool.pids
         if self._ray_pool is not None:
             report["ray"] = self._ray_pool.report()
+        if self._policy is not None:
+            report["policy"] = self._policy.report()
         return report
 
     def prepare(self) -> None:

@@ -199,3 +199,15 @@ def test_one_busy_window_does_not_move_the_calls():
     for _ in range(3):  # slower for good: the older, faster windows age out
         verdict = policy.review(400e-6)
     assert policy.measured[INLINE] == 400e-6 and verdict != INLINE
+
+
+def test_the_report_says_what_was_measured():
+    policy = Policy((INLINE, THREAD), cores=2)
+    assert policy.report() == {"measured_s": {}}
+    costs = CallCosts(call_s=1e-3, cpu_s=8e-4, gil_free=0.25, move_s=1e-5, nbytes=100)
+    kind = policy.decide(costs)
+    policy.review(2e-3)
+    report = policy.report()
+    assert report["costs"] == {"call_s": 1e-3, "cpu_s": 8e-4, "gil_free": 0.25, "move_s": 1e-5, "nbytes": 100,
+                               "consumer_s": 0.0}  # fmt: skip
+    assert report["measured_s"] == {kind: 2e-3}

@@ -20,6 +20,7 @@ import collections
 import dataclasses
 import math
 import time
+from typing import Any
 
 from torchpipe.runtime.placement.memory_costs import CACHED_BYTES, byte_seconds
 
@@ -253,6 +254,17 @@ class Policy:
         """Seconds per element measured on each executor tried, within the last ``STALE_S``."""
         now = time.monotonic()
         return {kind: seconds for kind, (seconds, when) in self._measured.items() if now - when < STALE_S}
+
+    def report(self) -> dict[str, Any]:
+        """What the policy knows, for ``stats()``: ``measured_s``, each executor's seconds per element
+        measured lately, and ``costs``, one call's measured costs (``call_s``, ``cpu_s``,
+        ``gil_free``, ``move_s``, ``nbytes``, ``consumer_s``) once the first calls were measured."""
+        out: dict[str, Any] = {"measured_s": dict(sorted(self.measured.items()))}
+        if self.costs is not None:
+            c = self.costs
+            out["costs"] = {"call_s": c.call_s, "cpu_s": c.cpu_s, "gil_free": c.gil_free, "move_s": c.move_s,
+                            "nbytes": c.nbytes, "consumer_s": c.consumer_s}  # fmt: skip
+        return out
 
     def decide(self, costs: CallCosts) -> str:
         """The executor for a stage whose calls cost ``costs``; remembers both."""
