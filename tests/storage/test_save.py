@@ -15,7 +15,7 @@ import torch
 
 import torchpipe as tp
 from tests.disk_limits import no_room, payload  # noqa: F401 - no_room is a fixture
-from tests.io import saving_jobs
+from tests.storage import saving_jobs
 from torchpipe.runtime.cpu import usable_cpu_count
 from torchpipe.storage.saved_file import ENTRY, MANIFEST, SavedFormatError, lock_directory
 from torchpipe.testing import assert_checkpoint_roundtrip, assert_elements_equal, assert_same_elements
@@ -261,7 +261,7 @@ def test_a_changed_pipeline_does_not_resume_another_ones_save(tmp_path):
 
 
 def _child(kind, path, n, slow):
-    return subprocess.Popen([sys.executable, "-m", "tests.io.saving_jobs", kind, str(path), str(n), str(slow)],
+    return subprocess.Popen([sys.executable, "-m", saving_jobs.__name__, kind, str(path), str(n), str(slow)],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
 
 

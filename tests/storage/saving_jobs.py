@@ -1,4 +1,4 @@
-"""Pipelines that tests save, snapshot and kill in a child process (``python -m tests.io.saving_jobs``).
+"""Pipelines that tests save, snapshot and kill in a child process (``python -m tests.storage.saving_jobs``).
 
 The functions live here so that the child and the test build the same pipeline: same ops, same
 functions' code, so the same fingerprint.

@@ -12,8 +12,8 @@ import torch
 
 import torchpipe as tp
 from tests.disk_limits import no_room, payload  # noqa: F401 - no_room is a fixture
-from tests.io import saving_jobs
-from tests.io.test_save import ROOT, every_structure
+from tests.storage import saving_jobs
+from tests.storage.test_save import ROOT, every_structure
 from torchpipe.storage.saved_file import MANIFEST
 from torchpipe.testing import assert_checkpoint_roundtrip, assert_same_elements
 
@@ -170,7 +170,7 @@ def test_two_passes_filling_at_once_one_writes_the_other_computes(tmp_path):
 
 def test_jobs_in_other_processes_compute_while_one_writes_then_read(tmp_path):
     n = 200
-    child = subprocess.Popen([sys.executable, "-m", "tests.io.saving_jobs", "snapshot", str(tmp_path), str(n), "0.01"],
+    child = subprocess.Popen([sys.executable, "-m", saving_jobs.__name__, "snapshot", str(tmp_path), str(n), "0.01"],
                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
     deadline = time.monotonic() + 30
     while not any(n.endswith(".partial") for s in _snapshots(tmp_path) for n in os.listdir(tmp_path / s)):
@@ -188,7 +188,7 @@ def test_jobs_in_other_processes_compute_while_one_writes_then_read(tmp_path):
 def test_a_killed_writer_leaves_nothing_a_reader_sees_and_its_checkpoint_resumes_the_fill(tmp_path):
     n, stop, state_file = 60, 25, tmp_path / "state.pkl"
     root = tmp_path / "snap"
-    child = subprocess.run([sys.executable, "-m", "tests.io.saving_jobs", "kill", str(root), str(n), "0", str(stop),
+    child = subprocess.run([sys.executable, "-m", saving_jobs.__name__, "kill", str(root), str(n), "0", str(stop),
                             str(state_file)], cwd=ROOT, capture_output=True, timeout=60)  # fmt: skip
     assert child.returncode == -signal.SIGKILL, child.stderr.decode()
     assert _snapshots(root) and not _published(root)
@@ -205,7 +205,7 @@ def test_a_killed_writer_leaves_nothing_a_reader_sees_and_its_checkpoint_resumes
 
 def test_a_fresh_pass_replaces_a_killed_writers_partial_files(tmp_path):
     root, state_file = tmp_path / "snap", tmp_path / "state.pkl"
-    subprocess.run([sys.executable, "-m", "tests.io.saving_jobs", "kill", str(root), "30", "0", "10", str(state_file)],
+    subprocess.run([sys.executable, "-m", saving_jobs.__name__, "kill", str(root), "30", "0", "10", str(state_file)],
                    cwd=ROOT, capture_output=True, timeout=60)  # fmt: skip
     assert_same_elements(saving_jobs.pipeline(30).snapshot(root), [saving_jobs.make(i) for i in range(30)])
     (snapshot,) = _published(root)
