@@ -16,6 +16,8 @@ import torch
 
 import torchpipe as tp
 from tests.workers import as_torch_worker
+from torchpipe.distributed.files import share_of_files
+from torchpipe.distributed.nodes import Share
 from torchpipe.testing import assert_checkpoint_roundtrip
 
 
@@ -224,3 +226,12 @@ def test_a_rank_resumes_its_own_files_and_refuses_another_ranks(tmp_path):
     next(it)
     with pytest.raises(tp.CheckpointError, match="rank 1 of 2's and this is rank 0 of 2"):
         iter(ds[0]).load_state_dict(it.state_dict())
+
+
+def test_share_of_files_is_the_file_split_for_any_reader():
+    files = [f"f{i}" for i in range(7)]
+    split = [share_of_files(files, Share(2, rank, 2, worker)) for rank in range(2) for worker in range(2)]
+    assert split == [["f0", "f4"], ["f2", "f6"], ["f1", "f5"], ["f3"]]
+    assert share_of_files(files) == files  # no ranks, no workers here
+    with pytest.raises(ValueError, match="7 files for 4 ranks x 2 workers"):
+        share_of_files(files, Share(4, 0, 2, 0))
