@@ -18,6 +18,7 @@ from torchpipe.testing import (
     assert_elements_equal,
     assert_exactly_once,
     assert_same_elements,
+    node,
 )
 
 
@@ -35,7 +36,7 @@ class BrokenNode(Node):
 
 
 def broken(iterator):
-    return tp.Dataset(BrokenNode(tp.range(5)._node, iterator))
+    return tp.Dataset(BrokenNode(node(tp.range(5)), iterator))
 
 
 class ForgetfulIterator(Iterator):

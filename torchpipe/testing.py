@@ -32,6 +32,7 @@ from torchpipe.graph.plan import PipelineIterator
 from torchpipe.loader import workers as loader_workers
 from torchpipe.loader.workers import WorkerIterator
 from torchpipe.ops import parallel_map
+from torchpipe.ops.interleave.interleave import InterleaveIterator
 from torchpipe.randomness import GlobalDraws, watch_global_draws
 from torchpipe.runtime.placement.policy import CallCosts
 from torchpipe.runtime.processes.pool import ProcessPool
@@ -465,3 +466,33 @@ def _process_pools(iterator: Any) -> list[Any]:
     owners = [iterator] if isinstance(iterator, WorkerIterator) else stages(iterator)
     pools = [getattr(owner, "_pool", None) for owner in owners]
     return [pool for pool in pools if isinstance(pool, ProcessPool)]
+
+
+def node(dataset: Any) -> Any:
+    """The logical node (``torchpipe.core.node.Node``) at the root of ``dataset``, as written."""
+    return dataset._node
+
+
+def running_node(dataset: Any) -> Any:
+    """The root node of ``dataset`` as it will run: after the shard rewrites and the optimizer's
+    passes (what ``explain()`` prints under "As it will run")."""
+    return dataset._plan().runtime_root
+
+
+def open_readers(iterator: Any) -> list[Any]:
+    """The open readers of the first interleave stage of a running pass: those in the cycle's
+    slots, then those opened ahead of them, in input order."""
+    stage = find_stage(iterator, InterleaveIterator)
+    return [*(reader for reader in stage._slots if reader is not None), *stage._ahead]
+
+
+def release_readers(iterator: Any, readers: list[Any]) -> list[Any]:
+    """Release ``readers`` (see :func:`open_readers`) from their pool, as a move to another
+    executor does first; their places (``ReaderPlace``), with what each had read ahead."""
+    return list(find_stage(iterator, InterleaveIterator)._pool.release(readers))
+
+
+def reader_capacity(iterator: Any) -> int:
+    """The items one reader of the first interleave stage of a running pass may hold ready or
+    in flight now (its read-ahead)."""
+    return int(find_stage(iterator, InterleaveIterator)._pool.reader_capacity())

@@ -8,7 +8,7 @@ import torchpipe as tp
 from torchpipe.core.node import Node
 from torchpipe.ops.passthrough import WithOptionsNode
 from torchpipe.options import OPTIMIZATIONS
-from torchpipe.testing import assert_checkpoint_roundtrip, assert_same_elements
+from torchpipe.testing import assert_checkpoint_roundtrip, assert_same_elements, running_node
 
 NONE = dict.fromkeys(OPTIMIZATIONS, False)
 
@@ -36,7 +36,7 @@ def assert_pass_keeps_output(ds: tp.Dataset, name: str, applies: bool = True, ro
 
 def running_root(ds: tp.Dataset) -> Node:
     """The root node that will run, below any ``with_options``."""
-    root = ds._plan().runtime_root
+    root = running_node(ds)
     while isinstance(root, WithOptionsNode):
         root = root.inputs[0]
     return root
