@@ -8,6 +8,7 @@ import torch
 
 from tests.runtime.processes.test_pool import run_all
 from torchpipe.runtime.processes.pool import PER_WORKER, ProcessPool
+from torchpipe.testing import worker_rings
 
 
 def nap(seq, x):
@@ -172,7 +173,7 @@ def test_large_results_from_several_threads_at_once():
         for seq, (value, error) in results.items():
             assert error is None and torch.equal(value["x"], torch.full((400_000,), float(seq), dtype=torch.float64))
         assert len({value["thread"] for value, _ in results.values()}) >= 2
-        (worker,) = pool._workers.values()
-        assert len(worker.rings) >= 2
+        (rings,) = worker_rings(pool)
+        assert len(rings) >= 2
     finally:
         pool.close()
