@@ -496,3 +496,17 @@ def reader_capacity(iterator: Any) -> int:
     """The items one reader of the first interleave stage of a running pass may hold ready or
     in flight now (its read-ahead)."""
     return int(find_stage(iterator, InterleaveIterator)._pool.reader_capacity())
+
+
+def start_as_measured(loader: Any, processes: int | None, replicas: int | None = None) -> None:
+    """Have a ``DataLoader(num_workers="auto")`` start its next epoch where an earlier epoch's
+    measurements left it: on ``processes`` worker processes (None: measure afresh) and, over an
+    IterableDataset, with ``replicas`` replicas (None: as many as it would start with).
+
+    Raises:
+        AssertionError: if ``loader`` is not a ``tp.DataLoader`` with ``num_workers="auto"``.
+    """
+    state = loader.__dict__.get("_tp")
+    if state is None or not state.workers_auto:
+        raise AssertionError("start_as_measured() takes a tp.DataLoader with num_workers='auto'")
+    state.tuned_workers, state.replicas = processes, replicas
