@@ -43,7 +43,7 @@ def test_sidecar_is_read_and_a_stale_one_rebuilt(tmp_path, monkeypatch):
     def no_scan(*args):
         raise AssertionError("scanned although the sidecar fits")
 
-    monkeypatch.setattr(index_module, "_scan", no_scan)
+    monkeypatch.setattr(index_module, "scan_records", no_scan)
     assert tp.io.tfrecord_index(path).tolist() == [[0, 17], [17, 18]]
     monkeypatch.undo()
     write(path, [b"a", b"bb", b"ccc"])  # the file grew: the sidecar no longer fits
