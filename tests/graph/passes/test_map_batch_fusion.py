@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import torchpipe as tp
-from tests.graph.passes.toggle import assert_pass_keeps_output, only
+from tests.graph.passes.toggle import assert_pass_keeps_output, only, rewrites
 from torchpipe.graph.passes import map_batch_fusion
 from torchpipe.ops.map import MapBatchNode
 from torchpipe.testing import assert_checkpoint_roundtrip, assert_same_elements, node
@@ -53,7 +53,7 @@ def test_on_and_off_agree(executor):
 def test_a_chain_with_a_filter_is_not_fused_with_the_batch():
     ds = tp.range(20).map(abs, 2).filter(lambda x: x % 3 > 0).batch(4)
     on = only(ds, "map_filter_fusion", "map_batch_fusion")
-    assert "map_batch_fusion:" not in on.explain()
+    assert "map_batch_fusion" not in rewrites(on)
     assert [b.tolist() for b in on] == [b.tolist() for b in only(ds)]
 
 
