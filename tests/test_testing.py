@@ -22,6 +22,7 @@ from torchpipe.testing import (
     find_stage,
     forced_call_costs,
     knobs,
+    leave_prefetch_in,
     move_calls,
     node,
     open_readers,
@@ -407,3 +408,19 @@ def test_start_as_measured_takes_only_an_auto_loader():
     loader = tp.DataLoader(Stream(), num_workers="auto")
     start_as_measured(loader, 1, replicas=3)
     assert "running 3 replicas" in tp.explain(loader)
+
+
+def test_leave_prefetch_in_is_where_the_next_pass_starts():
+    ds = tp.range(50).prefetch(tp.AUTOTUNE)
+    earlier = iter(ds)
+    next(earlier)
+    leave_prefetch_in(earlier, "inline")
+    del earlier
+    it = iter(ds)
+    assert next(it) == 0
+    assert next(s for s in it.stats() if s["stage"].startswith("prefetch"))["executor"] == "inline"
+    assert list(it) == list(range(1, 50))
+    fixed = iter(tp.range(5).prefetch(2))
+    next(fixed)
+    with pytest.raises(AssertionError, match="not prefetch"):
+        leave_prefetch_in(fixed, "inline")

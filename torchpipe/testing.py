@@ -33,6 +33,7 @@ from torchpipe.loader import workers as loader_workers
 from torchpipe.loader.workers import WorkerIterator
 from torchpipe.ops import parallel_map
 from torchpipe.ops.interleave.interleave import InterleaveIterator
+from torchpipe.ops.prefetch import PrefetchIterator
 from torchpipe.randomness import GlobalDraws, watch_global_draws
 from torchpipe.runtime.placement.policy import CallCosts
 from torchpipe.runtime.processes.pool import ProcessPool
@@ -510,3 +511,17 @@ def start_as_measured(loader: Any, processes: int | None, replicas: int | None =
     if state is None or not state.workers_auto:
         raise AssertionError("start_as_measured() takes a tp.DataLoader with num_workers='auto'")
     state.tuned_workers, state.replicas = processes, replicas
+
+
+def leave_prefetch_in(iterator: Any, mode: str) -> None:
+    """Have the first ``prefetch(tp.AUTOTUNE)`` of a running pass take ``mode`` (``"inline"``:
+    its input runs on the consumer's thread; ``"thread"``: on its own) as where this pass leaves
+    it, for the next pass over the same Dataset to start from, as its measurements may decide.
+
+    Raises:
+        AssertionError: if that prefetch's depth is not AUTOTUNE (it has no choice to make).
+    """
+    stage = find_stage(iterator, PrefetchIterator)
+    if stage._choice is None:
+        raise AssertionError("the prefetch is not prefetch(tp.AUTOTUNE): it always runs its input on its thread")
+    stage._choice.mode = mode

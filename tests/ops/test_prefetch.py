@@ -8,7 +8,14 @@ import torchpipe as tp
 from tests.trees import find_stage, stage_stats
 from torchpipe.ops.prefetch import AUTOTUNE_DEPTH, OverlapChoice, PrefetchIterator
 from torchpipe.runtime.placement.policy import INLINE, THREAD
-from torchpipe.testing import assert_checkpoint_roundtrip, assert_same_elements, forced_call_costs, knobs, stages
+from torchpipe.testing import (
+    assert_checkpoint_roundtrip,
+    assert_same_elements,
+    forced_call_costs,
+    knobs,
+    leave_prefetch_in,
+    stages,
+)
 
 NO_INJECT = tp.Options(optimizations={"inject_prefetch": False})
 
@@ -275,7 +282,7 @@ def test_a_pass_that_starts_inline_starts_the_thread_when_a_stage_below_begins_t
     assert list(pipeline) == list(range(400))
     earlier = iter(pipeline)
     next(earlier)
-    find_stage(earlier, PrefetchIterator)._choice.mode = INLINE  # as an earlier pass may leave it
+    leave_prefetch_in(earlier, INLINE)  # as an earlier pass may leave it
     del earlier
     it = iter(pipeline)
     got = [next(it) for _ in range(10)]
