@@ -212,8 +212,13 @@ def test_without_restarts_a_killed_worker_raises_worker_error():
 
 
 def test_process_checkpoint_roundtrip():
-    assert_checkpoint_roundtrip(tp.range(15).map(augment, 2, executor="process").map(lambda d: d["rng"]))
-    assert_checkpoint_roundtrip(tp.range(12).map(abs, 3, executor="process", deterministic=False), ordered=False)
+    # Each resume forks a pool: a few positions (start, in flight, the middle, the end) check what all would.
+    assert_checkpoint_roundtrip(
+        tp.range(15).map(augment, 2, executor="process").map(lambda d: d["rng"]), positions=[0, 1, 3, 8, 14, 15]
+    )
+    assert_checkpoint_roundtrip(
+        tp.range(12).map(abs, 3, executor="process", deterministic=False), positions=[0, 2, 6, 11, 12], ordered=False
+    )
 
 
 def python_heavy(x):
@@ -473,7 +478,8 @@ def test_pushdown_through_shuffle_take_skip_shard_repeat(executor):
     assert [i for i, _, _ in out] == [i for i, _, _ in inline.with_options(seeded)]  # same order, same seeds
     if executor == "process":
         assert all(fetch == worker != os.getpid() for _, fetch, worker in out)  # dataset[i] ran in the worker
-    assert_checkpoint_roundtrip(pushed.with_options(seeded).map(lambda i, a, b: i))
+    positions = None if executor == "thread" else [0, 1, 5, 11, 12, 20, 23]  # a pool forked per resume
+    assert_checkpoint_roundtrip(pushed.with_options(seeded).map(lambda i, a, b: i), positions=positions)
 
 
 def spin(x):
