@@ -1,5 +1,7 @@
 """Public test helpers: element equality, checkpoint round-trips, identical output, exactly once
-under a killed worker.
+under a killed worker; and hooks into a running pass (its stages, knobs, placement, measured
+costs, worker processes), so that tests steer what the policy and the autotuner would without
+reaching into private state.
 
 Every op's tests use these, so a new op gets its checkpoint and determinism guarantees checked
 by adding one line::
