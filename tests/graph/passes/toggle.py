@@ -39,6 +39,16 @@ def rewrites(ds: tp.Dataset) -> dict[str, list[str]]:
     return ds.explain(as_dict=True)["rewrites"]
 
 
+def run_labels(ds: tp.Dataset) -> list[str]:
+    """Every op of ``ds`` as it will run, as ``explain()`` labels it, root first."""
+    labels, stack = [], [ds.explain(as_dict=True)["as_run"]]
+    while stack:
+        op = stack.pop()
+        labels.append(op["label"])
+        stack.extend(reversed(op["inputs"]))
+    return labels
+
+
 def running_root(ds: tp.Dataset) -> Node:
     """The root node that will run, below any ``with_options``."""
     root = running_node(ds)
