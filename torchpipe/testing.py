@@ -415,7 +415,8 @@ def forced_call_costs(
     the machine's load: the first placement is then the policy's answer to these costs.
 
     The calls still run (inline, delivered in their places); only what they are measured to cost
-    is replaced.
+    is replaced. A stage measures when it starts: a map at its first element, a DataLoader's
+    iterator when it is made (``iter(loader)``); both belong in the block.
 
     Args:
         call_s: the wall time of one call, in seconds.
