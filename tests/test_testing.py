@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import numpy as np
+import psutil
 import pytest
 import torch
 
@@ -18,6 +19,21 @@ from torchpipe.testing import (
     assert_elements_equal,
     assert_exactly_once,
     assert_same_elements,
+    find_stage,
+    forced_call_costs,
+    knobs,
+    leave_prefetch_in,
+    move_calls,
+    node,
+    open_readers,
+    reader_capacity,
+    release_readers,
+    running_node,
+    stages,
+    start_as_measured,
+    worker_pids,
+    worker_rings,
+    zygote_pids,
 )
 
 
@@ -35,7 +51,7 @@ class BrokenNode(Node):
 
 
 def broken(iterator):
-    return tp.Dataset(BrokenNode(tp.range(5)._node, iterator))
+    return tp.Dataset(BrokenNode(node(tp.range(5)), iterator))
 
 
 class ForgetfulIterator(Iterator):
@@ -269,3 +285,142 @@ def test_exactly_once_against_an_expectation_catches_a_loss_in_every_run():
     assert_exactly_once(always, seed=1)  # the undisturbed run loses it too: nothing to see
     with pytest.raises(AssertionError, match=r"19 elements, expected 20; lost: \[3\]"):
         assert_exactly_once(OneWorkerRun("always lose"), seed=1, expected=range(20))
+
+
+# -- hooks into a running pass ------------------------------------------------------------------
+def _python_heavy(x):
+    return sum(i * i for i in range(2_000)) * 0 + x
+
+
+def test_stages_are_the_running_op_iterators_root_first_and_find_stage_names_what_is_missing():
+    from torchpipe.ops.parallel_map import ParallelMapIterator
+    from torchpipe.ops.prefetch import PrefetchIterator
+
+    it = iter(tp.range(10).map(abs, 2, executor="thread").prefetch(2))
+    with pytest.raises(AssertionError, match="not started"):
+        stages(it)
+    assert next(it) == 0
+    kinds = [type(stage) for stage in stages(it)]
+    assert kinds[:2] == [PrefetchIterator, ParallelMapIterator] and len(kinds) == 3  # then the range
+    assert find_stage(it, ParallelMapIterator) is stages(it)[1]
+    with pytest.raises(AssertionError, match="no Node among the stages"):
+        find_stage(it, Node)
+    it.close()
+
+
+def test_knobs_are_what_the_autotuner_turns():
+    ds = tp.range(50).prefetch(tp.AUTOTUNE).with_options(tp.Options(autotune=tp.AutotuneOptions(enabled=False)))
+    it = iter(ds)
+    next(it)
+    (knob,) = knobs(it)
+    knob.request(7)
+    assert it.stats()[0]["knobs"]["prefetch.buffer_size"] == 7 and list(it) == list(range(1, 50))
+    assert knobs(iter(tp.DataLoader(range(8), num_workers=2))) == []  # fixed workers: nothing to tune
+
+
+def test_move_calls_moves_an_auto_stage_and_loses_nothing():
+    it = iter(tp.range(200).map(abs, tp.AUTOTUNE, executor="auto"))
+    out = [next(it) for _ in range(10)]
+    for kind, workers in (("thread", 3), ("process", 2), ("inline", 0)):
+        move_calls(it, kind, workers)
+        out += [next(it) for _ in range(20)]
+        mapped = next(s for s in it.stats() if s["stage"].startswith("map"))
+        assert (mapped["executor"], mapped["workers"]) == (kind, workers)
+    assert out + list(it) == list(range(200))
+    fixed = iter(tp.range(5).map(abs, 2, executor="thread"))
+    next(fixed)
+    with pytest.raises(AssertionError, match="placed by a policy"):
+        move_calls(fixed, "process", 2)
+
+
+@pytest.mark.parametrize("gil_free, kind", [(0.0, "process"), (1.0, "thread")])
+def test_forced_call_costs_decide_the_first_placement_and_are_undone_after(gil_free, kind):
+    from torchpipe.ops import parallel_map
+
+    measure = parallel_map.measure_calls
+    with forced_call_costs(1e-3, gil_free=gil_free, cpu_s=1e-3 * (1 - gil_free) + 1e-6):
+        assert parallel_map.measure_calls is not measure
+        it = iter(tp.range(20).map(_python_heavy, 2, executor="auto"))
+        assert list(it) == list(range(20))
+    assert parallel_map.measure_calls is measure
+    assert next(s for s in it.stats() if s["stage"].startswith("map"))["executor"] == kind
+
+
+def test_zygote_pids_are_the_parents_of_the_worker_processes():
+    it = iter(tp.range(100).map(lambda x: os.getpid(), 2, executor="process"))
+    pids = {next(it) for _ in range(10)}
+    (zygote,) = zygote_pids(it)
+    assert {psutil.Process(pid).ppid() for pid in pids} == {zygote}
+    it.close()
+    threads = iter(tp.range(5).map(abs, 2, executor="thread"))
+    next(threads)
+    assert zygote_pids(threads) == []
+
+
+def test_worker_pids_and_rings_are_the_pools():
+    from torchpipe.runtime.processes.pool import ProcessPool
+    from torchpipe.runtime.processes.shm_ring import ShmRing
+
+    pool = ProcessPool(lambda seq, x: torch.full((1000,), float(x)), 2, "m")
+    pool.start()
+    try:
+        for seq in range(4):
+            pool.submit(seq, seq)
+        results = []
+        while len(results) < 4:
+            results += pool.collect(1.0)
+        assert sorted(worker_pids(pool)) == sorted(pool.pids)
+        rings = worker_rings(pool)
+        assert len(rings) == 2 and all(isinstance(ring, ShmRing) for each in rings for ring in each)
+    finally:
+        pool.close()
+
+
+def test_node_is_as_written_and_running_node_as_it_will_run():
+    ds = tp.range(4).map(abs).map(abs)
+    assert node(ds).kind == "map" and node(ds).inputs[0].kind == "map"
+    running = running_node(ds)
+    assert [running.kind, running.inputs[0].kind, running.inputs[0].inputs[0].kind] == [
+        "prefetch",
+        "fused_map",
+        "range",
+    ]
+
+
+def test_open_readers_release_and_capacity_are_the_interleaves():
+    ds = tp.range(4).interleave(lambda x: tp.range(3), cycle_length=2, num_parallel_calls=2, executor="thread")
+    with iter(ds) as it:
+        next(it)
+        readers = open_readers(it)
+        assert len(readers) >= 2 and reader_capacity(it) >= 1
+        places = release_readers(it, readers)
+        assert [place.seq for place in places] == [reader.seq for reader in readers]
+
+
+def test_start_as_measured_takes_only_an_auto_loader():
+    with pytest.raises(AssertionError, match="num_workers='auto'"):
+        start_as_measured(tp.DataLoader(range(4), num_workers=2), 1)
+
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return iter(range(8))
+
+    loader = tp.DataLoader(Stream(), num_workers="auto")
+    start_as_measured(loader, 1, replicas=3)
+    assert "running 3 replicas" in tp.explain(loader)
+
+
+def test_leave_prefetch_in_is_where_the_next_pass_starts():
+    ds = tp.range(50).prefetch(tp.AUTOTUNE)
+    earlier = iter(ds)
+    next(earlier)
+    leave_prefetch_in(earlier, "inline")
+    del earlier
+    it = iter(ds)
+    assert next(it) == 0
+    assert next(s for s in it.stats() if s["stage"].startswith("prefetch"))["executor"] == "inline"
+    assert list(it) == list(range(1, 50))
+    fixed = iter(tp.range(5).prefetch(2))
+    next(fixed)
+    with pytest.raises(AssertionError, match="not prefetch"):
+        leave_prefetch_in(fixed, "inline")

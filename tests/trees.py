@@ -1,15 +1,8 @@
 """Finding a stage in a running pipeline: its iterator (white-box tests) or its stats (tests only)."""
 
+from torchpipe.testing import find_stage
 
-def find_stage(it, kind):
-    """The first iterator of type ``kind`` in the tree of ``it`` (a started pipeline iterator)."""
-    stack = [it._tree]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, kind):
-            return node
-        stack.extend(node.children())
-    raise AssertionError(f"no {kind.__name__} in the tree")
+__all__ = ["find_stage", "stage_stats"]
 
 
 def stage_stats(it, name):

@@ -10,7 +10,7 @@ import numbers
 import os
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal, overload
 
 import torch
 
@@ -29,7 +29,7 @@ from torchpipe.constants import AUTOTUNE, INFINITE, UNKNOWN
 from torchpipe.core.node import Node, walk
 from torchpipe.distributed.context import current_rank_info
 from torchpipe.distributed.workers import current_worker
-from torchpipe.graph import PassHistory, PipelineIterator, Plan, explain_plan
+from torchpipe.graph import PassHistory, PipelineIterator, Plan, explain_plan, plan_facts
 from torchpipe.ops.batch import (
     BatchNode,
     BucketBySequenceLengthNode,
@@ -115,15 +115,24 @@ class Dataset(torch.utils.data.IterableDataset):
             raise TypeError("the dataset's length is unknown (e.g. after filter); it has no len()")
         return n
 
-    def explain(self) -> str:
+    @overload
+    def explain(self, as_dict: Literal[False] = False) -> str: ...
+    @overload
+    def explain(self, as_dict: Literal[True]) -> dict[str, Any]: ...
+    def explain(self, as_dict: bool = False) -> str | dict[str, Any]:
         """The pipeline as written and as it will run, one op a line with its parameters,
         a line for each rewrite the static optimizer did, and the values the autotuner chose
         for the latest pass over this Dataset: now while it is alive, as it left them once it
-        ended (until a new pass starts)."""
+        ended (until a new pass starts).
+
+        Args:
+            as_dict: return the same facts as data (which rewrites applied, each op, the tuned
+                values): see :func:`torchpipe.graph.explain.plan_facts` for its keys.
+        """
         latest = self._latest() if self._latest is not None else None
-        if latest is not None:
-            return explain_plan(self._plan(), latest.tuned_values())
-        return explain_plan(self._plan(), self._history.last_tuned(), running=False)
+        tuned = latest.tuned_values() if latest is not None else self._history.last_tuned()
+        describe = plan_facts if as_dict else explain_plan
+        return describe(self._plan(), tuned, running=latest is not None)
 
     def __repr__(self) -> str:
         return f"<tp.Dataset {self._node.label()}>"

@@ -1,5 +1,7 @@
 """Public test helpers: element equality, checkpoint round-trips, identical output, exactly once
-under a killed worker.
+under a killed worker; and hooks into a running pass (its stages, knobs, placement, measured
+costs, worker processes), so that tests steer what the policy and the autotuner would without
+reaching into private state.
 
 Every op's tests use these, so a new op gets its checkpoint and determinism guarantees checked
 by adding one line::
@@ -11,13 +13,14 @@ by adding one line::
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
 import os
 import pickle
 import random
 import signal as signals  # not `signal`: assert_exactly_once has a parameter of that name
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -25,6 +28,17 @@ import psutil
 import torch
 
 from torchpipe import nest
+from torchpipe.autotune import tunable
+from torchpipe.autotune.live import walk
+from torchpipe.graph.plan import PipelineIterator
+from torchpipe.loader import workers as loader_workers
+from torchpipe.loader.workers import WorkerIterator
+from torchpipe.ops import parallel_map
+from torchpipe.ops.interleave.interleave import InterleaveIterator
+from torchpipe.ops.prefetch import PrefetchIterator
+from torchpipe.randomness import GlobalDraws, watch_global_draws
+from torchpipe.runtime.placement.policy import CallCosts
+from torchpipe.runtime.processes.pool import ProcessPool
 
 
 def assert_elements_equal(a: Any, b: Any, where: str = "element") -> None:
@@ -330,3 +344,187 @@ def _ends(pid: int, timeout: float) -> bool:
         if time.monotonic() > deadline:
             return False
         time.sleep(0.01)
+
+
+# -- hooks into a running pass ------------------------------------------------------------------
+# White-box tests steer a pass as the policy or the autotuner would; these are the one place that
+# knows where a pass keeps its stages, placements, knobs and pools.
+
+
+def stages(iterator: Any) -> list[Any]:
+    """The stages of a running pass, root first, depth first: the op iterators of ``iter(ds)``
+    once it yielded an element (or loaded a state), or the workers' stage of a DataLoader's
+    iterator.
+
+    Raises:
+        AssertionError: if the pass has not started (nothing built yet).
+    """
+
+    if isinstance(iterator, WorkerIterator):
+        return [iterator._stage]
+    root = iterator._tree if isinstance(iterator, PipelineIterator) else iterator
+    if root is None:
+        raise AssertionError("the pass has not started: take an element first")
+    return [stage for stage, _ in walk(root)]
+
+
+def find_stage(iterator: Any, kind: type) -> Any:
+    """The first stage (root first) of a running pass that is a ``kind``; see :func:`stages`.
+
+    Raises:
+        AssertionError: if there is none.
+    """
+    for stage in stages(iterator):
+        if isinstance(stage, kind):
+            return stage
+    raise AssertionError(f"no {kind.__name__} among the stages {[type(s).__name__ for s in stages(iterator)]}")
+
+
+def knobs(iterator: Any) -> list[Any]:
+    """Every AUTOTUNE knob (``LiveKnob``) of a running pass or DataLoader iterator, root first:
+    ``knob.request(n)`` is what the autotuner does (applied before the next element)."""
+
+    return [knob for stage in stages(iterator) for knob in tunable.knobs(stage)]
+
+
+def move_calls(iterator: Any, kind: str, workers: int) -> None:
+    """Force a placement: from now on run the calls of the first stage of ``iterator`` placed by
+    the policy (``executor="auto"``, ``num_workers="auto"``) on ``kind`` (``"inline"``,
+    ``"thread"`` or ``"process"``) with ``workers`` threads or processes, as the policy's and the
+    tuner's decisions do. Later decisions may move them again.
+
+    Raises:
+        AssertionError: if no stage of ``iterator`` is placed by a policy.
+    """
+
+    owners = [iterator] if isinstance(iterator, WorkerIterator) else stages(iterator)
+    for owner in owners:
+        placement = getattr(owner, "_placement", None)
+        if placement is not None and placement.policy is not None:
+            placement.move(kind, workers)
+            return
+    raise AssertionError("no stage of this pass is placed by a policy (executor='auto', num_workers='auto')")
+
+
+@contextlib.contextmanager
+def forced_call_costs(
+    call_s: float, gil_free: float, cpu_s: float | None = None, move_s: float = 1e-6
+) -> Iterator[None]:
+    """Within the block, the first calls that every auto-placed stage measures (a map's or
+    interleave's ``executor="auto"``, ``DataLoader(num_workers="auto")``) cost this much, whatever
+    the machine's load: the first placement is then the policy's answer to these costs.
+
+    The calls still run (inline, delivered in their places); only what they are measured to cost
+    is replaced. A stage measures when it starts: a map at its first element, a DataLoader's
+    iterator when it is made (``iter(loader)``); both belong in the block.
+
+    Args:
+        call_s: the wall time of one call, in seconds.
+        gil_free: the share of a call during which the GIL is free (0: pure Python; 1: waits
+            or GIL-releasing native code).
+        cpu_s: the CPU time of one call (default: ``call_s``).
+        move_s: the time to move one result between processes.
+    """
+
+    costs = CallCosts(call_s, call_s if cpu_s is None else cpu_s, gil_free, move_s)
+
+    def measure(
+        run: Callable[[int], list[Any]], limit: int = 8, on_draws: Callable[[GlobalDraws], None] | None = None
+    ) -> tuple[CallCosts, int]:
+        with watch_global_draws() as draws:
+            done = run(limit)
+        if on_draws is not None:
+            on_draws(draws)
+        return costs, len(done)
+
+    modules = [parallel_map, loader_workers]
+    saved = [getattr(module, "measure_calls") for module in modules]  # noqa: B009 - see setattr below
+    for module in modules:
+        setattr(module, "measure_calls", measure)  # noqa: B010 - the name these modules call
+    try:
+        yield
+    finally:
+        for module, original in zip(modules, saved):
+            setattr(module, "measure_calls", original)  # noqa: B010
+
+
+def zygote_pids(iterator: Any) -> list[int]:
+    """The pids of the zygotes (the processes worker processes are forked from) that the process
+    pools of a running pass or DataLoader iterator hold now."""
+    return [pid for pool in _process_pools(iterator) for pid in sorted(set(pool.process_ids) - set(worker_pids(pool)))]
+
+
+def worker_pids(pool: Any) -> list[int]:
+    """The pids of every worker process a ``ProcessPool`` holds, retiring ones too."""
+    return [worker.pid for worker in pool._workers.values()]
+
+
+def worker_rings(pool: Any) -> list[list[Any]]:
+    """The shared-memory rings (``ShmRing``) of each worker of a ``ProcessPool``, as mapped in
+    this process, in the order the worker added them."""
+    return [[loans.ring for loans in worker.rings] for worker in pool._workers.values()]
+
+
+def _process_pools(iterator: Any) -> list[Any]:
+
+    owners = [iterator] if isinstance(iterator, WorkerIterator) else stages(iterator)
+    pools = [getattr(owner, "_pool", None) for owner in owners]
+    return [pool for pool in pools if isinstance(pool, ProcessPool)]
+
+
+def node(dataset: Any) -> Any:
+    """The logical node (``torchpipe.core.node.Node``) at the root of ``dataset``, as written."""
+    return dataset._node
+
+
+def running_node(dataset: Any) -> Any:
+    """The root node of ``dataset`` as it will run: after the shard rewrites and the optimizer's
+    passes (what ``explain()`` prints under "As it will run")."""
+    return dataset._plan().runtime_root
+
+
+def open_readers(iterator: Any) -> list[Any]:
+    """The open readers of the first interleave stage of a running pass: those in the cycle's
+    slots, then those opened ahead of them, in input order."""
+    stage = find_stage(iterator, InterleaveIterator)
+    return [*(reader for reader in stage._slots if reader is not None), *stage._ahead]
+
+
+def release_readers(iterator: Any, readers: list[Any]) -> list[Any]:
+    """Release ``readers`` (see :func:`open_readers`) from their pool, as a move to another
+    executor does first; their places (``ReaderPlace``), with what each had read ahead."""
+    return list(find_stage(iterator, InterleaveIterator)._pool.release(readers))
+
+
+def reader_capacity(iterator: Any) -> int:
+    """The items one reader of the first interleave stage of a running pass may hold ready or
+    in flight now (its read-ahead)."""
+    return int(find_stage(iterator, InterleaveIterator)._pool.reader_capacity())
+
+
+def start_as_measured(loader: Any, processes: int | None, replicas: int | None = None) -> None:
+    """Have a ``DataLoader(num_workers="auto")`` start its next epoch where an earlier epoch's
+    measurements left it: on ``processes`` worker processes (None: measure afresh) and, over an
+    IterableDataset, with ``replicas`` replicas (None: as many as it would start with).
+
+    Raises:
+        AssertionError: if ``loader`` is not a ``tp.DataLoader`` with ``num_workers="auto"``.
+    """
+    state = loader.__dict__.get("_tp")
+    if state is None or not state.workers_auto:
+        raise AssertionError("start_as_measured() takes a tp.DataLoader with num_workers='auto'")
+    state.tuned_workers, state.replicas = processes, replicas
+
+
+def leave_prefetch_in(iterator: Any, mode: str) -> None:
+    """Have the first ``prefetch(tp.AUTOTUNE)`` of a running pass take ``mode`` (``"inline"``:
+    its input runs on the consumer's thread; ``"thread"``: on its own) as where this pass leaves
+    it, for the next pass over the same Dataset to start from, as its measurements may decide.
+
+    Raises:
+        AssertionError: if that prefetch's depth is not AUTOTUNE (it has no choice to make).
+    """
+    stage = find_stage(iterator, PrefetchIterator)
+    if stage._choice is None:
+        raise AssertionError("the prefetch is not prefetch(tp.AUTOTUNE): it always runs its input on its thread")
+    stage._choice.mode = mode

@@ -3,13 +3,13 @@
 import inspect
 
 import torchpipe as tp
-import torchpipe.loader.workers
 from torchpipe.autotune.live import build_model, look, start_look
 from torchpipe.autotune.tunable import BUFFER, POOL, Tunable
 from torchpipe.core.iterator import Iterator
 from torchpipe.ops.interleave.interleave import InterleaveIterator
 from torchpipe.ops.parallel_map import ParallelMapIterator
 from torchpipe.ops.prefetch import PrefetchIterator
+from torchpipe.testing import stages
 
 
 def _subclasses(cls):
@@ -21,7 +21,8 @@ def _subclasses(cls):
 def test_every_pool_and_buffer_op_implements_the_interface():
     tunable = [cls for cls in _subclasses(Tunable) if cls.__module__.startswith("torchpipe.")]
     assert {cls.tuning_role for cls in tunable} == {POOL, BUFFER}
-    expected = {ParallelMapIterator, InterleaveIterator, PrefetchIterator, torchpipe.loader.workers._WorkersStage}
+    (loader_stage,) = stages(iter(tp.DataLoader(range(4), num_workers="auto")))  # a DataLoader's batches
+    expected = {ParallelMapIterator, InterleaveIterator, PrefetchIterator, type(loader_stage)}
     assert set(tunable) == expected
     for cls in tunable:
         assert not inspect.isabstract(cls), f"{cls.__name__} lacks {sorted(cls.__abstractmethods__)}"
@@ -36,6 +37,7 @@ def test_the_model_of_running_interleaves_maps_and_prefetches_builds():
         it = iter(ds.with_options(tp.Options(autotune=tp.AutotuneOptions(enabled=False))))
         start = start_look()
         out = [next(it) for _ in range(30)]
-        model = build_model(it._tree, start, look(it._tree, 0.0))
+        root = stages(it)[0]
+        model = build_model(root, start, look(root, 0.0))
         assert model.stages and out
         it.close()

@@ -49,7 +49,7 @@ def test_costs_that_repeat_are_estimated_without_bias(period, monkeypatch):
     # One element in `period` is slow (a read every few records): sampling must not fall in step.
     # The gaps are random: seeded here, so the estimate's spread (about 6% of runs miss by more
     # than 10%) cannot make the test flaky, whatever ran before.
-    monkeypatch.setattr(stats_module, "_GAPS", random.Random(7))
+    monkeypatch.setattr(stats_module, "CLOCK_GAPS", random.Random(7))
     stats = IteratorStats()
     times = [100e-6 if i % period == 0 else 2e-6 for i in range(40_000)]
     feed(stats, times)

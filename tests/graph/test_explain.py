@@ -89,3 +89,30 @@ def test_explain_after_the_loop_shows_what_the_last_pass_chose():
     text = ds.explain()
     assert "Autotuned (last pass, at its end):" in text and len(values) == 2
     assert all(f"{name} = {value}" in text for name, value in values.items())
+
+
+def test_explain_as_dict_holds_the_texts_facts():
+    ds = tp.range(4).map(abs).map(abs).take(-1)
+    facts = ds.explain(as_dict=True)
+    assert list(facts["rewrites"]) == ["noop_elimination", "map_fusion", "inject_prefetch"]  # in order applied
+    text = ds.explain()
+    assert all(f"{name}: {what}" in text for name, notes in facts["rewrites"].items() for what in notes)
+    written, run = facts["as_written"], facts["as_run"]
+    assert (written["op"], written["label"], written["inputs"][0]["label"]) == ("take", "take(count=-1)", "map(fn=abs)")
+    assert [run["op"], run["inputs"][0]["op"], run["inputs"][0]["inputs"][0]["op"]] == [
+        "prefetch",
+        "fused_map",
+        "range",
+    ]
+    assert (facts["cardinality"], facts["options"], facts["tuned"], facts["tuned_now"]) == (4, tp.Options(), {}, False)
+
+
+def test_explain_as_dict_gives_the_values_the_autotuner_chose():
+    ds = tp.range(10_000).map(lambda x: x, num_parallel_calls=tp.AUTOTUNE, executor="thread").prefetch(tp.AUTOTUNE)
+    it = iter(ds)
+    next(it)
+    facts = ds.explain(as_dict=True)
+    assert facts["tuned"] == it.tuned_values() and len(facts["tuned"]) == 2 and facts["tuned_now"]
+    it.close()
+    del it
+    assert ds.explain(as_dict=True)["tuned_now"] is False  # where the last pass left them

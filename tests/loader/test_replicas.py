@@ -12,7 +12,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 import torchpipe as tp
 from torchpipe.loader.replicas import ReplicaPlan
 from torchpipe.runtime.cpu import usable_cpu_count
-from torchpipe.testing import assert_same_elements
+from torchpipe.testing import assert_same_elements, start_as_measured
 
 REPLICAS = 2 * usable_cpu_count()
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create")  # torch's, for its many workers
@@ -44,7 +44,7 @@ def loaders(dataset, processes=None, replicas=REPLICAS, **kwargs):
     theirs = torch.utils.data.DataLoader(dataset, num_workers=replicas, generator=torch.Generator().manual_seed(5),
                                          **kwargs)  # fmt: skip
     ours = tp.DataLoader(dataset, num_workers="auto", generator=torch.Generator().manual_seed(5), **kwargs)
-    ours._tp.tuned_workers, ours._tp.replicas = processes, replicas
+    start_as_measured(ours, processes, replicas)
     return theirs, ours
 
 

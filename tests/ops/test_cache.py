@@ -436,16 +436,16 @@ def test_malformed_state_is_a_checkpoint_error():
 
 
 def test_cached_elements_own_their_memory():
-    from torchpipe.ops.cache import _owned
+    from torchpipe.ops.cache import owned
 
     base = np.arange(10.0)
     element = {"view": torch.from_numpy(base), "array": base[2:], "own": torch.ones(2), "n": 3}
-    owned = _owned(element)
-    assert owned["view"].untyped_storage().resizable() and owned["array"].flags.owndata
-    assert owned["own"] is element["own"] and owned["n"] == 3
-    assert_elements_equal(owned, element)
+    copy = owned(element)
+    assert copy["view"].untyped_storage().resizable() and copy["array"].flags.owndata
+    assert copy["own"] is element["own"] and copy["n"] == 3
+    assert_elements_equal(copy, element)
     plain = (torch.ones(1), "s")
-    assert _owned(plain) is plain
+    assert owned(plain) is plain
     # a cache after worker processes keeps copies, not views pinning the workers' shared memory
     ds = tp.range(6).map(lambda x: torch.full((1000,), float(x)), 2, executor="process").cache()
     first = list(ds)

@@ -10,7 +10,7 @@ import torch
 import torchpipe as tp
 from torchpipe.errors import CheckpointError
 from torchpipe.ops.combine import SampleFromDatasetsNode, ZipNode
-from torchpipe.testing import assert_checkpoint_roundtrip, assert_same_elements
+from torchpipe.testing import assert_checkpoint_roundtrip, assert_same_elements, node
 
 P = collections.namedtuple("P", "x y")
 
@@ -61,13 +61,13 @@ def test_zip_of_tensors_and_arrays():
 
 def test_zip_node_accepts_a_lone_dataset_as_the_structure():
     # tf.data.Dataset.zip(a) yields a's elements unwrapped (verified against tf.data 2.21).
-    node = ZipNode([tp.range(3)._node], tp.range(3))
-    assert list(tp.Dataset(node)) == [0, 1, 2]
+    zipped = ZipNode([node(tp.range(3))], tp.range(3))
+    assert list(tp.Dataset(zipped)) == [0, 1, 2]
 
 
 def test_zip_node_rejects_a_structure_of_another_size():
     with pytest.raises(ValueError, match="zip: the structure has 2 datasets, got 1"):
-        ZipNode([tp.range(3)._node], (tp.range(1), tp.range(2)))
+        ZipNode([node(tp.range(3))], (tp.range(1), tp.range(2)))
 
 
 def test_zip_cardinality():
@@ -333,7 +333,7 @@ def test_sample_explain():
 
 
 def test_sample_node_checks_its_weights():
-    nodes = [tp.range(2)._node, tp.range(3)._node]
+    nodes = [node(tp.range(2)), node(tp.range(3))]
     with pytest.raises(ValueError, match="expected 2 weights"):
         SampleFromDatasetsNode(nodes, [1.0], None, False)
     with pytest.raises(ValueError, match="non-negative"):

@@ -5,7 +5,7 @@ import torch
 
 import torchpipe as tp
 from torchpipe.core.position_log import PositionLog
-from torchpipe.ops.device import DevicePrefetcher, _numbered, check_device
+from torchpipe.ops.device import DevicePrefetcher, check_device, numbered
 from torchpipe.testing import assert_checkpoint_roundtrip
 
 
@@ -31,4 +31,4 @@ def test_the_copy_threads_input_ends_cleanly():
     # the copy thread pulls numbered elements from a generator: the input's end must end it,
     # not escape it as "generator raised StopIteration" (PEP 479)
     log = PositionLog(iter(tp.range(3)))
-    assert list(_numbered(log)) == [(0, 0), (1, 1), (2, 2)]
+    assert list(numbered(log)) == [(0, 0), (1, 1), (2, 2)]

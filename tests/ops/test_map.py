@@ -9,9 +9,8 @@ import torchpipe as tp
 from tests.trees import stage_stats
 from torchpipe.ops import parallel_map
 from torchpipe.ops.parallel_map import ParallelMapIterator
-from torchpipe.randomness import watch_global_draws
-from torchpipe.runtime.placement.policy import PROCESS, THREAD, CallCosts, Policy
-from torchpipe.testing import assert_checkpoint_roundtrip
+from torchpipe.runtime.placement.policy import PROCESS, THREAD, Policy
+from torchpipe.testing import assert_checkpoint_roundtrip, find_stage, forced_call_costs, zygote_pids
 
 
 def test_sequential_map_and_tuple_unpacking():
@@ -213,8 +212,13 @@ def test_without_restarts_a_killed_worker_raises_worker_error():
 
 
 def test_process_checkpoint_roundtrip():
-    assert_checkpoint_roundtrip(tp.range(15).map(augment, 2, executor="process").map(lambda d: d["rng"]))
-    assert_checkpoint_roundtrip(tp.range(12).map(abs, 3, executor="process", deterministic=False), ordered=False)
+    # Each resume forks a pool: a few positions (start, in flight, the middle, the end) check what all would.
+    assert_checkpoint_roundtrip(
+        tp.range(15).map(augment, 2, executor="process").map(lambda d: d["rng"]), positions=[0, 1, 3, 8, 14, 15]
+    )
+    assert_checkpoint_roundtrip(
+        tp.range(12).map(abs, 3, executor="process", deterministic=False), positions=[0, 2, 6, 11, 12], ordered=False
+    )
 
 
 def python_heavy(x):
@@ -225,49 +229,45 @@ def python_heavy(x):
 
 
 def test_auto_executor_picks_processes_for_gil_holders_and_threads_otherwise():
-    it = iter(tp.range(20).map(python_heavy, 2, executor="auto"))
-    assert list(it) == [python_heavy(x) for x in range(20)]
+    # The first calls' costs are forced: what they measure swings with the machine's load.
+    with forced_call_costs(1e-3, gil_free=0.0):  # pure Python, 1 ms a call
+        it = iter(tp.range(20).map(python_heavy, 2, executor="auto"))
+        assert list(it) == [python_heavy(x) for x in range(20)]
     assert stage_stats(it, "map")["executor"] == "process"
-    it = iter(tp.range(20).map(lambda x: time.sleep(0.002) or x, 2, executor="auto"))
-    assert list(it) == list(range(20)) and stage_stats(it, "map")["executor"] == "thread"
+    with forced_call_costs(2e-3, gil_free=1.0, cpu_s=1e-5):  # waits 2 ms a call, the GIL free
+        it = iter(tp.range(20).map(lambda x: time.sleep(0.002) or x, 2, executor="auto"))
+        assert list(it) == list(range(20))
+    assert stage_stats(it, "map")["executor"] == "thread"
 
 
 def test_auto_executor_runs_as_many_calls_at_once_as_asked():
     # calls that wait would get threads by the dozen, but the user said 3 at once
-    it = iter(tp.range(30).map(lambda x: time.sleep(0.002) or x, 3, executor="auto"))
-    assert next(it) == 0
+    with forced_call_costs(2e-3, gil_free=1.0, cpu_s=1e-5):
+        it = iter(tp.range(30).map(lambda x: time.sleep(0.002) or x, 3, executor="auto"))
+        assert next(it) == 0
     mapped = stage_stats(it, "map")
     assert (mapped["executor"], mapped["workers"]) == ("thread", 3)
     assert list(it) == list(range(1, 30))
 
 
 def _parallel_stage(it):
-    stage = it._tree
-    while not isinstance(stage, ParallelMapIterator):
-        (stage,) = stage.children()
-    return stage
+    return find_stage(it, ParallelMapIterator)
 
 
-def _costs(call_s, gil_free, cpu_s=None, move_s=1e-6):
-    """A fake of ``measure_calls``: the first calls run inline as usual, their costs are these."""
-
-    def measure(run, limit=8, on_draws=None):
-        with watch_global_draws() as draws:
-            done = run(limit)
-        if on_draws is not None:
-            on_draws(draws)
-        return CallCosts(call_s, call_s if cpu_s is None else cpu_s, gil_free, move_s), len(done)
-
-    return measure
+@pytest.fixture
+def force_costs():
+    """Force the first calls' measured costs (:func:`forced_call_costs`) until the test ends."""
+    with contextlib.ExitStack() as stack:
+        yield lambda *costs: stack.enter_context(forced_call_costs(*costs))
 
 
 @pytest.mark.parametrize("costs, kind", [((1e-3, 0.0), "process"), ((1e-3, 1.0, 1e-5), "thread")])
 def test_the_next_pass_starts_with_the_executor_and_parallelism_the_last_one_settled_on(monkeypatch, costs, kind):
-    monkeypatch.setattr(parallel_map, "measure_calls", _costs(*costs))
     untuned = tp.Options(autotune=tp.AutotuneOptions(enabled=False))  # the test plays the tuner
     ds = tp.range(20).map(abs, tp.AUTOTUNE, executor="auto").with_options(untuned)
     first = iter(ds)
-    out = [next(first)]
+    with forced_call_costs(*costs):
+        out = [next(first)]
     stage = _parallel_stage(first)
     assert stage.executor_kind == kind
     stage.knobs()[0].request(3)  # what the autotuner's request does, applied before the next element
@@ -322,8 +322,8 @@ def test_autotune_runs_calls_cheaper_than_moving_their_results_inline():
     assert list(explicit) == list(range(1, 51)) and stage_stats(explicit, "map")["executor"] in ("thread", "process")
 
 
-def test_the_autotuner_moves_calls_between_inline_and_a_pool_without_losing_any(monkeypatch):
-    monkeypatch.setattr(parallel_map, "measure_calls", _costs(1e-6, 0.0))  # inline, to begin with
+def test_the_autotuner_moves_calls_between_inline_and_a_pool_without_losing_any(force_costs):
+    force_costs(1e-6, 0.0)  # inline, to begin with
     untuned = tp.Options(autotune=tp.AutotuneOptions(enabled=False), optimizations={"inject_prefetch": False})
     it = iter(tp.range(300).map(lambda x: x * 3, tp.AUTOTUNE).with_options(untuned))
     out = [next(it) for _ in range(10)]
@@ -336,8 +336,8 @@ def test_the_autotuner_moves_calls_between_inline_and_a_pool_without_losing_any(
     assert out + list(it) == [x * 3 for x in range(300)]
 
 
-def test_seeded_calls_that_draw_from_the_global_rngs_never_run_on_threads(monkeypatch):
-    monkeypatch.setattr(parallel_map, "measure_calls", _costs(1e-3, 1.0, 1e-5))  # threads would win, if allowed
+def test_seeded_calls_that_draw_from_the_global_rngs_never_run_on_threads(force_costs):
+    force_costs(1e-3, 1.0, 1e-5)  # threads would win, if allowed
 
     def draws():
         return tp.range(40).map(lambda x: x + random.random(), tp.AUTOTUNE).with_options(tp.Options(seed=5))
@@ -379,7 +379,8 @@ def test_sigkilled_parent_leaves_no_processes_and_no_shm():
 def test_early_break_and_close_stop_every_worker():
     it = iter(tp.range(1000).map(lambda x: os.getpid(), 3, executor="process"))
     pids = {next(it) for _ in range(10)}
-    zygote = it._tree._pool._zygote.pid
+    (zygote,) = zygote_pids(it)
+    assert {p.pid for p in psutil.Process(zygote).children()} >= pids  # the workers are the zygote's
     it.close()
     assert wait_dead(pids | {zygote}) == []
 
@@ -394,11 +395,12 @@ def test_unpicklable_inputs_say_what_and_what_to_do():
 
 CTRL_C_CHILD = """
 import os, time, torchpipe as tp
+from torchpipe.testing import zygote_pids
 def slow(x):
     time.sleep(0.005)
     return os.getpid()
 it = iter(tp.range(10_000).map(slow, 2, executor="process"))
-pids = {next(it) for _ in range(20)} | {it._tree._pool._zygote.pid}
+pids = {next(it) for _ in range(20)} | set(zygote_pids(it))
 print(" ".join(map(str, pids)), flush=True)
 for _ in it:
     pass
@@ -476,7 +478,8 @@ def test_pushdown_through_shuffle_take_skip_shard_repeat(executor):
     assert [i for i, _, _ in out] == [i for i, _, _ in inline.with_options(seeded)]  # same order, same seeds
     if executor == "process":
         assert all(fetch == worker != os.getpid() for _, fetch, worker in out)  # dataset[i] ran in the worker
-    assert_checkpoint_roundtrip(pushed.with_options(seeded).map(lambda i, a, b: i))
+    positions = None if executor == "thread" else [0, 1, 5, 11, 12, 20, 23]  # a pool forked per resume
+    assert_checkpoint_roundtrip(pushed.with_options(seeded).map(lambda i, a, b: i), positions=positions)
 
 
 def spin(x):
@@ -486,21 +489,21 @@ def spin(x):
     return x + total % 1
 
 
-def test_auto_moves_to_processes_when_threads_prove_slow(monkeypatch):
+def test_auto_moves_to_processes_when_threads_prove_slow(monkeypatch, force_costs):
     import dataclasses
 
     from torchpipe.runtime.placement import stage as placement
 
     monkeypatch.setattr(placement, "CALLS", dataclasses.replace(placement.CALLS, seconds=0.0, settle_s=0.0))
     # As if calls released the GIL and cost 100 us: threads are predicted fastest. They hold it.
-    monkeypatch.setattr(parallel_map, "measure_calls", _costs(1e-4, 1.0))
+    measured_review = Policy.review
 
     def review(self, seconds):  # what measuring the threads says
-        self._measured[self.kind] = (seconds, time.monotonic())
-        self.kind = PROCESS if self.kind == THREAD else self.kind
-        return self.kind
+        verdict = measured_review(self, seconds)  # the window is recorded as measured
+        return PROCESS if self.kind == THREAD else verdict
 
     monkeypatch.setattr(Policy, "review", review)
+    force_costs(1e-4, 1.0)
     it = iter(tp.range(300).map(spin, 2).with_options(tp.Options(optimizations={"inject_prefetch": False})))
     out = [next(it) for _ in range(5)]
     assert stage_stats(it, "map")["executor"] == "thread"

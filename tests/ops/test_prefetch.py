@@ -8,7 +8,14 @@ import torchpipe as tp
 from tests.trees import find_stage, stage_stats
 from torchpipe.ops.prefetch import AUTOTUNE_DEPTH, OverlapChoice, PrefetchIterator
 from torchpipe.runtime.placement.policy import INLINE, THREAD
-from torchpipe.testing import assert_checkpoint_roundtrip, assert_same_elements
+from torchpipe.testing import (
+    assert_checkpoint_roundtrip,
+    assert_same_elements,
+    forced_call_costs,
+    knobs,
+    leave_prefetch_in,
+    stages,
+)
 
 NO_INJECT = tp.Options(optimizations={"inject_prefetch": False})
 
@@ -44,7 +51,7 @@ def test_zero_is_a_passthrough():
 def test_autotune_uses_a_resizable_default_depth():
     it = iter(tp.range(50).prefetch(tp.AUTOTUNE))
     assert next(it) == 0
-    tree = it._tree
+    tree = stages(it)[0]
     assert isinstance(tree, PrefetchIterator) and tree.depth == AUTOTUNE_DEPTH
     tree.depth = 5  # what the autotuner does while the pipeline runs
     assert tree.buffer.depth == 5
@@ -60,7 +67,7 @@ def test_the_next_pass_starts_at_the_depth_the_tuner_left():
     ds = tp.range(50).prefetch(tp.AUTOTUNE).with_options(tp.Options(autotune=tp.AutotuneOptions(enabled=False)))
     first = iter(ds)
     next(first)
-    first._tree.knobs()[0].request(8)  # what the autotuner's request does (applied at once)
+    knobs(first)[0].request(8)  # what the autotuner's request does (applied at once)
     assert _depth(first) == 8 and list(first) == list(range(1, 50))
     second = iter(ds)
     assert next(second) == 0 and _depth(second) == 8
@@ -253,14 +260,15 @@ def test_passes_shorter_than_a_window_are_judged_at_their_end_and_the_next_goes_
 
 def test_the_input_runs_inline_only_while_no_stage_below_runs_ahead():
     from torchpipe.ops.parallel_map import ParallelMapIterator
-    from torchpipe.ops.prefetch import _runs_ahead
+    from torchpipe.ops.prefetch import runs_ahead
 
     cheap = iter(tp.range(10_000).map(abs, tp.AUTOTUNE, executor="auto").prefetch(tp.AUTOTUNE))
-    next(cheap)
-    assert not _runs_ahead(find_stage(cheap, ParallelMapIterator))  # its calls placed inline
+    with forced_call_costs(1e-7, gil_free=0.0, move_s=1e-5):  # cheaper than moving its result
+        next(cheap)
+    assert not runs_ahead(find_stage(cheap, ParallelMapIterator))  # its calls placed inline
     threads = iter(tp.range(8).map(abs, num_parallel_calls=2, executor="thread").prefetch(tp.AUTOTUNE))
     next(threads)
-    assert _runs_ahead(find_stage(threads, ParallelMapIterator))
+    assert runs_ahead(find_stage(threads, ParallelMapIterator))
     choice = OverlapChoice(INLINE)
     assert choice.delivered(1.0, 0.0, lambda: 1e-6, may_inline=lambda: False) == THREAD  # back to the thread
 
@@ -274,11 +282,11 @@ def test_a_pass_that_starts_inline_starts_the_thread_when_a_stage_below_begins_t
     assert list(pipeline) == list(range(400))
     earlier = iter(pipeline)
     next(earlier)
-    find_stage(earlier, PrefetchIterator)._choice.mode = INLINE  # as an earlier pass may leave it
+    leave_prefetch_in(earlier, INLINE)  # as an earlier pass may leave it
     del earlier
     it = iter(pipeline)
     got = [next(it) for _ in range(10)]
     assert _executor(it) == "inline"
-    monkeypatch.setattr(prefetch, "_runs_ahead", lambda stage: True)  # the map below now runs on a pool
+    monkeypatch.setattr(prefetch, "runs_ahead", lambda stage: True)  # the map below now runs on a pool
     got += list(it)
     assert got == list(range(400)) and _executor(it) == "thread"

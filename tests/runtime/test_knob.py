@@ -10,6 +10,7 @@ from torchpipe.ops.interleave.interleave import InterleaveIterator
 from torchpipe.ops.interleave.readers import read_ahead_items
 from torchpipe.ops.parallel_map import ParallelMapIterator
 from torchpipe.ops.prefetch import PrefetchIterator
+from torchpipe.testing import reader_capacity
 
 NO_TUNER = tp.Options(autotune=tp.AutotuneOptions(enabled=False), optimizations={"inject_prefetch": False})
 
@@ -105,7 +106,7 @@ def test_readers_read_far_ahead_only_with_four_reads_in_flight_a_slot(executor):
     (knob,) = stage.knobs()
 
     def read_ahead():
-        return stage._pool.capacity if executor == "thread" else stage._pool._ahead
+        return reader_capacity(it)
 
     knob.request(3)  # AUTOTUNE starts at the cores: deep already on a machine of 8 or more
     next(it)

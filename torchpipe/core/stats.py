@@ -24,7 +24,8 @@ _BYTES_EVERY = 16  # elements between two samples of an element's size
 CLOCK_ALL_S = 20e-6  # elements that take this long are all clocked (two clock reads cost < 1%);
 CLOCK_EVERY = 16  # cheaper ones with a chance of one in this many
 _LOG_SKIP = math.log(1.0 - 1.0 / CLOCK_EVERY)
-_GAPS = random.Random(0x5EED)  # private: the user's global RNG streams are not touched
+CLOCK_GAPS = random.Random(0x5EED)
+"""Draws the gaps between clocked cheap elements (its own generator: the user's global RNGs are not touched)."""
 
 
 class IteratorStats:
@@ -89,7 +90,7 @@ class IteratorStats:
             self._weight = 1
         else:
             self._weight = CLOCK_EVERY
-            self.unclocked = int(math.log(1.0 - _GAPS.random()) / _LOG_SKIP)
+            self.unclocked = int(math.log(1.0 - CLOCK_GAPS.random()) / _LOG_SKIP)
 
     def look(self, occupancy: int, capacity: int) -> None:
         """Record how full the buffer is as the consumer takes an element."""

@@ -1,6 +1,9 @@
-"""Readable text of a plan: one op a line with its parameters, inputs indented below."""
+"""Readable text of a plan (one op a line with its parameters, inputs indented below), and the
+same facts as data."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from torchpipe.constants import INFINITE, UNKNOWN
 from torchpipe.core.node import Node
@@ -31,6 +34,39 @@ def explain_plan(plan: Plan, tuned: dict[str, int] | None = None, running: bool 
         lines.append("Autotuned (latest pass, now):" if running else "Autotuned (last pass, at its end):")
         lines.extend(f"  {name} = {value}" for name, value in tuned.items())
     return "\n".join(lines)
+
+
+def plan_facts(plan: Plan, tuned: dict[str, int] | None = None, running: bool = True) -> dict[str, Any]:
+    """What :func:`explain_plan` says, as data (``Dataset.explain(as_dict=True)``).
+
+    Returns:
+        A dict with ``"as_written"`` and ``"as_run"``: the pipeline before and after the
+        rewrites, each op ``{"op": kind, "label": what explain() prints, "inputs": [...]}``
+        from the root (removed ops skipped); ``"rewrites"``: for each rewrite that applied
+        (a pass of ``Options.optimizations``, the shard), in order, what it did:
+        ``{name: [note, ...]}``; ``"cardinality"``; ``"options"`` (``tp.Options``);
+        ``"tuned"``: the AUTOTUNE knobs' values, ``{}`` before a pass ran; and ``"tuned_now"``:
+        whether they are those of a live pass (else where the last one left them).
+    """
+    rewrites: dict[str, list[str]] = {}
+    for note in plan.rewrites:
+        name, _, what = note.partition(": ")
+        rewrites.setdefault(name, []).append(what)
+    return {
+        "as_written": _facts(plan.root),
+        "rewrites": rewrites,
+        "as_run": _facts(plan.runtime_root),
+        "cardinality": plan.root.cardinality(),
+        "options": plan.options,
+        "tuned": dict(tuned or {}),
+        "tuned_now": running and bool(tuned),
+    }
+
+
+def _facts(node: Node) -> dict[str, Any]:
+    while isinstance(node, ElidedNode):  # removed ops: no iterator, nothing to show
+        node = node.inputs[0]
+    return {"op": node.kind, "label": node.label(), "inputs": [_facts(child) for child in node.inputs]}
 
 
 def _render(node: Node, lines: list[str], prefix: str, is_last: bool, is_root: bool = False) -> None:

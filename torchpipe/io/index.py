@@ -61,7 +61,7 @@ def tfrecord_index(
     index = _read_sidecar(index_path)
     if index is not None and _fits(index, size):
         return index
-    index = _scan(path, size, retry)
+    index = scan_records(path, size, retry)
     if write:
         _write_sidecar(index_path, index)
     return index
@@ -89,7 +89,13 @@ def _fits(index: np.ndarray, size: int) -> bool:
     return bool(index[0, 0] == 0 and ends[-1] == size and np.array_equal(index[1:, 0], ends[:-1]))
 
 
-def _scan(path: str, size: int, retry: remote.RetryPolicy | None) -> np.ndarray:
+def scan_records(path: str, size: int, retry: remote.RetryPolicy | None) -> np.ndarray:
+    """The (offset, length) of every record of the TFRecord file at ``path`` (``size`` bytes),
+    read from its start to its end (with ``retry`` for remote paths).
+
+    Raises:
+        DataLossError: at a truncated or corrupt record, naming the file and its offset.
+    """
     offsets: list[int] = []
     lengths: list[int] = []
     offset = 0

@@ -98,7 +98,7 @@ class _MemoryReplay:
         self._elements = []
 
 
-def _owned(element: Any) -> Any:
+def owned(element: Any) -> Any:
     """``element`` with tensors that borrow memory (views of a worker's shared-memory ring, or
     of numpy arrays) copied: kept for the whole run, they would pin that memory (a full ring
     slows its worker down to one-off segments)."""
@@ -127,7 +127,7 @@ class _MemoryRecorder:
         self._elements: list[Any] = []
 
     def add(self, element: Any) -> None:
-        self._elements.append(_owned(element))
+        self._elements.append(owned(element))
 
     def state(self) -> dict[str, Any]:
         return {self.WRITTEN: len(self._elements)}

@@ -261,7 +261,7 @@ class _Failed:
         self.error = error
 
 
-def _numbered(log: PositionLog) -> Any:
+def numbered(log: PositionLog) -> Any:
     """``(seq, element)`` pairs of the input, pulled (on the copy thread) through ``log``."""
     while True:
         try:
@@ -282,7 +282,7 @@ class DeviceIterator(Iterator):
         self._prefetcher: DevicePrefetcher | None = None
 
     def start(self) -> None:
-        self._prefetcher = DevicePrefetcher(_numbered(self._log), self._device, self._buffer_size)
+        self._prefetcher = DevicePrefetcher(numbered(self._log), self._device, self._buffer_size)
 
     def next(self) -> Any:
         assert self._prefetcher is not None  # made by start()

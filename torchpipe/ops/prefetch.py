@@ -86,7 +86,7 @@ def _stages_below(source: Iterator) -> list[Tunable]:
     return found
 
 
-def _runs_ahead(stage: Tunable) -> bool:
+def runs_ahead(stage: Tunable) -> bool:
     """Whether ``stage`` computes ahead of its consumer now: a buffer, or a pool of threads or
     processes (a parallel map whose calls the policy placed inline does not)."""
     return stage.tuning_role == BUFFER or (stage.tuning_role == POOL and stage.parallelism() > 0)
@@ -313,7 +313,7 @@ class PrefetchIterator(Iterator, Tunable):
     """Runs the input on a daemon thread, keeping up to ``depth`` elements ready.
 
     With ``tunable`` the input runs inline where that measures faster, while no stage below runs
-    ahead of its consumer (:func:`_runs_ahead`): such a stage is fed, and its results received,
+    ahead of its consumer (:func:`runs_ahead`): such a stage is fed, and its results received,
     by whoever pulls from it, so the prefetch keeps its thread, which pulls while the consumer
     works (inline, the stage's own executor choice would measure another consumer).
 
@@ -452,7 +452,7 @@ class PrefetchIterator(Iterator, Tunable):
 
     def _nothing_ahead(self) -> bool:
         """Whether no stage below runs ahead of its consumer now (the input may then run inline)."""
-        return not any(_runs_ahead(stage) for stage in self._below)
+        return not any(runs_ahead(stage) for stage in self._below)
 
     def _review(self) -> None:
         assert self._choice is not None and self._returned is not None  # after an element, when choosing

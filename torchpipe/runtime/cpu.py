@@ -16,13 +16,13 @@ def usable_cpu_count() -> int:
         count = len(os.sched_getaffinity(0))
     except AttributeError:
         count = os.cpu_count() or 1
-    quota = _cgroup_quota()
+    quota = cgroup_quota()
     if quota is not None:
         count = min(count, max(1, math.ceil(quota)))
     return max(1, count)
 
 
-def _cgroup_quota() -> float | None:
+def cgroup_quota() -> float | None:
     """CPUs allowed by the cgroup (v2 ``cpu.max`` or v1 ``cfs_quota_us``), None if unlimited."""
     try:
         with open("/sys/fs/cgroup/cpu.max") as f:

@@ -1,7 +1,7 @@
 import threading
 
 import torchpipe as tp
-from tests.graph.passes.toggle import assert_pass_keeps_output, only
+from tests.graph.passes.toggle import assert_pass_keeps_output, only, rewrites
 
 
 def noisy(x):
@@ -24,7 +24,7 @@ def test_nothing_is_added_after_an_asynchronous_op():
         tp.range(5).map(abs, 2),
         tp.range(5).map(abs).with_options(tp.Options()).prefetch(1),
     ):
-        assert "inject_prefetch:" not in only(ds, "inject_prefetch").explain()
+        assert "inject_prefetch" not in rewrites(only(ds, "inject_prefetch"))
 
 
 def test_a_checkpoint_loads_with_or_without_the_injected_prefetch():

@@ -108,7 +108,7 @@ def test_a_stream_is_opened_once_per_reader(tmp_path, monkeypatch):
     re-opened per chunk: each reader's chunks go to the worker that keeps it open."""
     from torchpipe.ops.interleave import process_readers
 
-    monkeypatch.setattr(process_readers, "_CHUNK_ITEMS", 16)  # many chunks per inner dataset
+    monkeypatch.setattr(process_readers, "CHUNK_ITEMS", 16)  # many chunks per inner dataset
     log = tmp_path / "opens"
 
     def stream(x):
@@ -126,7 +126,7 @@ def test_a_stream_is_opened_once_per_reader(tmp_path, monkeypatch):
 
 
 def test_chunks_end_early_for_slow_reads(monkeypatch):
-    """A chunk ends after ``_CHUNK_S`` of reading: slow records come back a few at a time."""
+    """A chunk ends after ``CHUNK_S`` of reading: slow records come back a few at a time."""
     import time
 
     from torchpipe.core.function import UserFunction
@@ -134,7 +134,7 @@ def test_chunks_end_early_for_slow_reads(monkeypatch):
     from torchpipe.ops.interleave import process_readers
     from torchpipe.ops.interleave.readers import InnerOpener
 
-    monkeypatch.setattr(process_readers, "_CHUNK_S", 0.01)
+    monkeypatch.setattr(process_readers, "CHUNK_S", 0.01)
 
     def slow(x):
         return tp.range(50).map(lambda y: time.sleep(0.004) or y)
@@ -173,13 +173,13 @@ def test_chunks_end_at_about_chunk_bytes(monkeypatch):
     def big(x):
         return tp.range(100).map(lambda y: torch.full((128, 1024), float(y)))  # 512 KiB each
 
-    monkeypatch.setattr(process_readers, "_CHUNK_S", 60.0)  # only the bytes end this chunk, however slow
+    monkeypatch.setattr(process_readers, "CHUNK_S", 60.0)  # only the bytes end this chunk, however slow
     ctx = BuildContext(seed=0, seeded=False, epoch=0, options=tp.Options())
     task = process_readers.InnerChunkTask(InnerOpener(UserFunction(big, "interleave(big)", ctx), ctx))
     chunk = task(0, (0, 0, None, 256, 0, 0))
     assert isinstance(chunk, process_readers.PackedChunk)
     items = chunk.items()
-    assert len(items) == process_readers._CHUNK_BYTES // (512 << 10)
+    assert len(items) == process_readers.CHUNK_BYTES // (512 << 10)
     assert [float(value[0, 0]) for _, value, _ in items] == list(range(len(items)))
 
 

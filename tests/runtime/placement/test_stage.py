@@ -95,11 +95,11 @@ def test_page_faults_priced_above_the_cpu_the_calls_took_do_not_make_busy_calls_
 class _Stage:
     """A stage driving a placement: numbered tasks through a dispatcher, as map and the DataLoader do."""
 
-    def __init__(self, policy, kind=INLINE):
+    def __init__(self, policy, kind=INLINE, on_move=None):
         self.timing = CallTiming()
         self.retired = []
         self.dispatch = Dispatcher("stage", InlineExecutor(self.call, self.timing))
-        self.placement = Placement(self.dispatch, self.make, policy, self.timing, retire=self.retire)
+        self.placement = Placement(self.dispatch, self.make, policy, self.timing, on_move, retire=self.retire)
         self.seq = 0
         self.cost_s = 0.0
 
@@ -172,10 +172,10 @@ def test_calls_whose_cost_changes_are_decided_afresh(monkeypatch):
 
 
 def test_the_tuners_zero_means_inline_and_more_means_the_best_pool():
-    stage = _Stage(Policy((INLINE, THREAD), 2))
-    stage.placement.decide(CallCosts(1e-6, 1e-6, 0.0, 0.0))
     moves = []
-    stage.placement._on_move = lambda kind, n: moves.append((kind, n))
+    stage = _Stage(Policy((INLINE, THREAD), 2), on_move=lambda kind, n: moves.append((kind, n)))
+    stage.placement.decide(CallCosts(1e-6, 1e-6, 0.0, 0.0))
+    del moves[:]  # the first decision's move
     stage.placement.resize(3)
     stage.placement.resize(2)
     stage.placement.resize(0)

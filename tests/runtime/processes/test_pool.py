@@ -15,7 +15,7 @@ from torchpipe.runtime.codec.pickling import RAW_MIN
 from torchpipe.runtime.processes import output
 from torchpipe.runtime.processes.pool import PER_WORKER, ProcessPool
 from torchpipe.runtime.processes.zygote import Zygote
-from torchpipe.testing import assert_elements_equal
+from torchpipe.testing import assert_elements_equal, worker_rings
 
 
 def square(seq, x):
@@ -180,14 +180,14 @@ def test_legacy_rings_are_added_for_large_or_held_results_and_nothing_blocks(mon
     pool.start()
     try:
         results = run_all(pool, ["big", "big"])
-        (worker,) = pool._workers.values()
-        assert max(loans.ring.capacity for loans in worker.rings) >= 4 * 300_000 * 8  # room for several
+        (rings,) = worker_rings(pool)
+        assert max(ring.capacity for ring in rings) >= 4 * 300_000 * 8  # room for several
         held = [value for value, _ in results.values()]  # tensors viewing a ring, kept alive
         more = run_all(pool, ["big"] * 12)  # held results fill the rings: more rings, then segments
         assert all(torch.equal(v, held[0]) for v, _ in more.values())
-        rings = len(worker.rings)
+        count = len(worker_rings(pool)[0])
         del held, results, more
-        assert len(run_all(pool, ["big"] * 12)) == 12 and len(worker.rings) == rings  # reused
+        assert len(run_all(pool, ["big"] * 12)) == 12 and len(worker_rings(pool)[0]) == count  # reused
     finally:
         pool.close()
 
@@ -202,14 +202,13 @@ def test_legacy_a_passing_peak_of_held_results_adds_no_ring_but_a_steady_one_doe
     pool.start()
     try:
         first = run_all(pool, ["big"])  # no ring holds it: a ring for two is added
-        (worker_,) = pool._workers.values()
-        rings = len(worker_.rings)
+        rings = len(worker_rings(pool)[0])
         held = [value for value, _ in first.values()]
         held += [value for value, _ in run_all(pool, ["big"] * 2).values()]  # the ring's second slot, then a segment
-        assert len(worker_.rings) == rings  # a passing peak: no new ring
+        assert len(worker_rings(pool)[0]) == rings  # a passing peak: no new ring
         for _ in range(5):  # held on and on: the rings steadily lack room
             held += [value for value, _ in run_all(pool, ["big"]).values()]
-        assert len(worker_.rings) > rings
+        assert len(worker_rings(pool)[0]) > rings
         assert all(torch.equal(v, held[0]) for v in held)
     finally:
         pool.close()
@@ -220,11 +219,11 @@ def test_results_view_shared_memory_until_freed():
     pool.start()
     try:
         value = run_all(pool, [3])[0][0]
-        (worker,) = pool._workers.values()
-        assert worker.rings[0].ring.bytes_in_use() > 0  # lent to the tensor
+        ((ring, *_),) = worker_rings(pool)
+        assert ring.bytes_in_use() > 0  # lent to the tensor
         value["x"].add_(1)  # writable
         del value
-        assert worker.rings[0].ring.bytes_in_use() == 0
+        assert ring.bytes_in_use() == 0
     finally:
         pool.close()
 
@@ -254,8 +253,8 @@ def test_every_tensor_and_array_from_a_worker_is_64_byte_aligned(monkeypatch, al
     try:
         kinds = ["small", "big", "columns"] * 3
         results = run_all(pool, kinds)
-        (only,) = pool._workers.values()
-        assert len(only.rings) == 1
+        (rings,) = worker_rings(pool)
+        assert len(rings) == 1
         for seq, kind in enumerate(kinds):
             value, error = results[seq]
             assert error is None

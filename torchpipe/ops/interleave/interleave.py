@@ -273,6 +273,11 @@ class InterleaveIterator(Iterator, Tunable):
         worker processes' ``pids``."""
         return {"executor": self.executor_kind, **self._pool.report()}
 
+    @property
+    def deterministic(self) -> bool:
+        """Whether elements come in tf.data's order (False: as the readers' reads complete)."""
+        return self._deterministic
+
     # -- the autotuner's view (core.tunable.Tunable) --------------------------------------
     def knobs(self) -> list[LiveKnob]:
         return [self._knob] if self._knob is not None else []

@@ -43,9 +43,9 @@ from torchpipe.runtime.processes.pool import ProcessPool
 _WAIT_S = 0.5
 _STOP_S = 0.1  # how long release() waits for chunks in flight
 _KEPT_OPEN = 64  # inner iterators a worker keeps open between chunks (least recently used go)
-_CHUNK_ITEMS = 256  # a chunk ends at this many items,
-_CHUNK_S = 0.02  # or once reading it took this long (slow reads: a few per round trip),
-_CHUNK_BYTES = 4 << 20  # or at about this many bytes of tensors and arrays
+CHUNK_ITEMS = 256  # a chunk ends at this many items,
+CHUNK_S = 0.02  # or once reading it took this long (slow reads: a few per round trip),
+CHUNK_BYTES = 4 << 20  # or at about this many bytes of tensors and arrays
 _SIZE_EVERY = 8  # the chunk's size counts every item as the last one measured, measuring every 8th
 _COLLECT_EVERY = 16  # items taken between looks for chunks that arrived for other readers
 _READER_IDS = itertools.count()  # unique in the main process, whose forks the workers are
@@ -54,8 +54,8 @@ _READER_IDS = itertools.count()  # unique in the main process, whose forks the w
 class InnerChunkTask:
     """Runs in a worker: read the next chunk of inner dataset ``seq``.
 
-    A chunk ends at ``count`` items (at least ``block_length``), after ``_CHUNK_S`` seconds of
-    reading or at ``_CHUNK_BYTES``, whichever comes first: one round trip carries many cheap items
+    A chunk ends at ``count`` items (at least ``block_length``), after ``CHUNK_S`` seconds of
+    reading or at ``CHUNK_BYTES``, whichever comes first: one round trip carries many cheap items
     or several slow reads, and little memory.
 
     The payload names the reader (``reader_id``) and how many items it has read so far; a
@@ -112,10 +112,10 @@ class InnerChunkTask:
 
 
 def _read_chunk(iterator: Iterator, count: int) -> list[Item]:
-    """Up to ``count`` items of ``iterator`` (at least one), until ``_CHUNK_S`` or ``_CHUNK_BYTES``."""
+    """Up to ``count`` items of ``iterator`` (at least one), until ``CHUNK_S`` or ``CHUNK_BYTES``."""
     items: list[Item] = []
-    deadline, nbytes, size = time.perf_counter() + _CHUNK_S, 0, 0
-    while len(items) < count and ((nbytes < _CHUNK_BYTES and time.perf_counter() < deadline) or not items):
+    deadline, nbytes, size = time.perf_counter() + CHUNK_S, 0, 0
+    while len(items) < count and ((nbytes < CHUNK_BYTES and time.perf_counter() < deadline) or not items):
         try:
             value = next(iterator)
         except StopIteration:
@@ -237,7 +237,7 @@ class ProcessReaders(ReaderPool[_ChunkReader]):
         self._restart = restart
         self._stall_s = stall_s
         self._threads_in_workers = threads_in_workers
-        self._chunk = max(_CHUNK_ITEMS, block_length)
+        self._chunk = max(CHUNK_ITEMS, block_length)
         self._ahead = 0  # items a reader may hold beyond two chunks' worth
         self._waiting: dict[int, _ChunkReader] = {}  # chunk task -> the reader it is for
         self._pool: ProcessPool | None = None
