@@ -10,7 +10,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "torchpipe"
 # From the top floor down; the units of one floor do not import each other.
 FLOORS = [
     ["__init__"],
-    ["integrations", "sources"],
+    ["integrations", "sources", "testing"],
     ["io"],
     ["saved", "loader"],
     ["dataset"],
@@ -20,7 +20,7 @@ FLOORS = [
     ["autotune", "storage"],
     ["core", "image"],
     ["runtime"],
-    ["observe", "testing"],
+    ["observe"],
     ["options", "constants", "errors", "nest", "randomness", "deprecation", "shared_sequence"],
 ]
 

@@ -424,3 +424,18 @@ def test_leave_prefetch_in_is_where_the_next_pass_starts():
     next(fixed)
     with pytest.raises(AssertionError, match="not prefetch"):
         leave_prefetch_in(fixed, "inline")
+
+
+def test_as_in_a_fresh_process_forgets_the_process_memos_and_puts_them_back():
+    from torchpipe.runtime.placement import policy
+    from torchpipe.runtime.placement.gil import GilProbe
+
+    GilProbe.calibrate()
+    policy.observe_message_cost(5e-3)
+    cost = policy.message_cost()
+    with torchpipe.testing.as_in_a_fresh_process():
+        assert policy.message_cost() == policy.MESSAGE_S  # none observed yet
+        policy.observe_message_cost(7e-3)
+        with GilProbe() as probe:  # calibrates afresh: a probe measures either way
+            assert 0.0 <= probe.measure(lambda: None)[1] <= 1.0
+    assert policy.message_cost() == cost

@@ -528,3 +528,19 @@ def leave_prefetch_in(iterator: Any, mode: str) -> None:
     if stage._choice is None:
         raise AssertionError("the prefetch is not prefetch(tp.AUTOTUNE): it always runs its input on its thread")
     stage._choice.mode = mode
+
+
+@contextlib.contextmanager
+def as_in_a_fresh_process() -> Iterator[None]:
+    """Within the block, what a process measures or says once is not known yet, as in a new
+    process: the GIL probe's calibration, the message cost its pools observed, the warning that
+    tqdm is missing. Each is put back after the block, so later tests see this process's own."""
+    from torchpipe.observe import progress
+    from torchpipe.runtime.placement import gil, policy
+
+    saved = (gil.GilProbe._calibrated, policy._observed_message_s, progress._warned)
+    gil.GilProbe._calibrated, policy._observed_message_s, progress._warned = None, None, False
+    try:
+        yield
+    finally:
+        gil.GilProbe._calibrated, policy._observed_message_s, progress._warned = saved

@@ -5,8 +5,8 @@ import warnings
 import pytest
 
 import torchpipe as tp
-from torchpipe.observe import progress
 from torchpipe.observe.progress import ProgressBar
+from torchpipe.testing import as_in_a_fresh_process
 
 
 class Terminal(io.StringIO):
@@ -51,11 +51,11 @@ def test_silent_when_not_a_terminal(tmp_path, monkeypatch):
 
 def test_without_tqdm_one_warning_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "tqdm", None)
-    monkeypatch.setattr(progress, "_warned", False)
     stream = Terminal()
-    with pytest.warns(UserWarning, match=r"pip install 'torchpipe\[progress\]'"):
-        ProgressBar("work", 10, stream=stream).update()
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert not ProgressBar("work", 10, stream=stream).active
+    with as_in_a_fresh_process():
+        with pytest.warns(UserWarning, match=r"pip install 'torchpipe\[progress\]'"):
+            ProgressBar("work", 10, stream=stream).update()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert not ProgressBar("work", 10, stream=stream).active
     assert stream.getvalue() == ""

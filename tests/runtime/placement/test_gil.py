@@ -3,6 +3,7 @@ import time
 import numpy as np
 
 from torchpipe.runtime.placement.gil import GilProbe
+from torchpipe.testing import as_in_a_fresh_process
 
 
 def python_loop():
@@ -31,19 +32,19 @@ def test_numpy_work_mostly_releases_the_gil():
 def test_the_free_rate_is_measured_once_a_process(monkeypatch):
     from torchpipe.runtime.placement import gil
 
-    monkeypatch.setattr(GilProbe, "_calibrated", None)  # as in a fresh process
     sleep, calibrations = time.sleep, []
 
     def counting_sleep(seconds):
-        if seconds == gil._CALIBRATE_S:
+        if seconds == gil.CALIBRATE_S:
             calibrations.append(seconds)
         sleep(seconds)
 
     monkeypatch.setattr(gil.time, "sleep", counting_sleep)
-    GilProbe.calibrate()
-    measured = len(calibrations)
-    assert measured > 0
-    GilProbe.calibrate()  # measured already
-    with GilProbe() as probe:  # a probe started later takes the rate measured
-        _, free, _ = probe.measure(lambda: time.sleep(0.02))  # long enough for the probe on a busy machine
+    with as_in_a_fresh_process():
+        GilProbe.calibrate()
+        measured = len(calibrations)
+        assert measured > 0
+        GilProbe.calibrate()  # measured already
+        with GilProbe() as probe:  # a probe started later takes the rate measured
+            _, free, _ = probe.measure(lambda: time.sleep(0.02))  # long enough for a probe on a busy machine
     assert len(calibrations) == measured and free > 0.3  # a sleep: the GIL free (a busy machine delays the probe)

@@ -18,6 +18,7 @@ from torchpipe.runtime.placement.policy import (
     transfer_seconds,
     workers,
 )
+from torchpipe.testing import as_in_a_fresh_process
 
 
 def costs(call_s, gil_free=0.0, cpu_s=None, move_s=20e-6, consumer_s=0.0, thread_safe=True):
@@ -122,13 +123,13 @@ def test_a_policy_needs_known_candidates():
         Policy(KINDS, 2).review(1.0)
 
 
-def test_the_message_cost_is_what_pools_measured(monkeypatch):
-    monkeypatch.setattr(policy_module, "_observed_message_s", None)
+def test_the_message_cost_is_what_pools_measured():
     calls = CallCosts(300e-6, 300e-6, 0.0, 10e-6)
-    before = predict(calls, PROCESS, 2)
-    policy_module.observe_message_cost(1e-3)  # results turned out dear here
-    assert policy_module.message_cost() == 1e-3 and predict(calls, PROCESS, 2) > before
-    assert choose(calls, 2, KINDS) == INLINE
+    with as_in_a_fresh_process():
+        before = predict(calls, PROCESS, 2)
+        policy_module.observe_message_cost(1e-3)  # results turned out dear here
+        assert policy_module.message_cost() == 1e-3 and predict(calls, PROCESS, 2) > before
+        assert choose(calls, 2, KINDS) == INLINE
 
 
 def test_reads_that_wait_overlap_on_the_threads_of_worker_processes_too():

@@ -196,8 +196,8 @@ def test_legacy_a_passing_peak_of_held_results_adds_no_ring_but_a_steady_one_doe
     """Legacy policy: rings stay faulted in once written, so one is added only where results
     steadily find no room; a consumer that held a few more for a moment gets one-off segments."""
     monkeypatch.setenv(output.RING_POLICY_ENV, output.LEGACY)
-    monkeypatch.setattr(output, "_MIN_RING_BYTES", 1 << 20)
-    monkeypatch.setattr(output, "_RESULTS_PER_RING", 2)  # rings of two 2.4 MB results
+    monkeypatch.setattr(output, "LEGACY_MIN_RING_BYTES", 1 << 20)
+    monkeypatch.setattr(output, "LEGACY_RESULTS_PER_RING", 2)  # rings of two 2.4 MB results
     pool = ProcessPool(square, 1, "m", ring_bytes=1 << 20)
     pool.start()
     try:

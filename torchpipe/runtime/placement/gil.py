@@ -10,7 +10,8 @@ from typing import Any
 from torchpipe.runtime.cpu import run_delay
 
 _PROBE_SLEEP_S = 0.0002
-_CALIBRATE_S = 0.005
+CALIBRATE_S = 0.005
+"""Seconds of each of the calibration's windows (the probe's free rate: the fastest of them)."""
 _CALIBRATIONS = 2
 
 
@@ -45,10 +46,10 @@ class GilProbe:
         rates = []
         for _ in range(_CALIBRATIONS):  # the fastest: another thread's burst only slows one down
             before, delay = self._ticks, self._delay()
-            time.sleep(_CALIBRATE_S)
-            could_tick = max(_CALIBRATE_S - (self._delay() - delay), _CALIBRATE_S / 10)
+            time.sleep(CALIBRATE_S)
+            could_tick = max(CALIBRATE_S - (self._delay() - delay), CALIBRATE_S / 10)
             rates.append((self._ticks - before) / could_tick)
-        self._free_rate = GilProbe._calibrated = max(max(rates), 1.0 / _CALIBRATE_S)
+        self._free_rate = GilProbe._calibrated = max(max(rates), 1.0 / CALIBRATE_S)
         return self
 
     @classmethod

@@ -46,8 +46,8 @@ MAX_RING_BYTES = 512 << 20
 RING_GRACE_S = 0.002
 """A slot freed this soon is worth waiting for rather than making a one-off segment."""
 _RESIZE_AFTER, _SIZE_WINDOW = 8, 16  # of the last 16 results, 8 too large for a slot re-size the ring
-_MIN_RING_BYTES = 16 << 20  # legacy: an added ring holds at least this
-_RESULTS_PER_RING = 2  # legacy: an added ring holds two results of the size that found no room
+LEGACY_MIN_RING_BYTES = 16 << 20  # legacy: an added ring holds at least this
+LEGACY_RESULTS_PER_RING = 2  # legacy: an added ring holds two results of the size that found no room
 _GROW_AFTER, _MISS_WINDOW = 4, 16  # legacy: of the last 16 records, 4 that found no room add a ring
 _CLOSE_S = 2.0
 
@@ -235,7 +235,7 @@ class GrowingRings(Output):
     def _reserve(self, nbytes: int) -> tuple[int, Reservation] | None:
         placed = self._in_a_ring(nbytes, RING_GRACE_S)
         if placed is None and (not any(ring.fits(nbytes) for ring in self.rings) or sum(self._misses) >= _GROW_AFTER):
-            capacity = max(_MIN_RING_BYTES, _RESULTS_PER_RING * nbytes)
+            capacity = max(LEGACY_MIN_RING_BYTES, LEGACY_RESULTS_PER_RING * nbytes)
             if sum(r.capacity for r in self.rings) + capacity <= self._limit:
                 self._add_ring(capacity)
                 self._misses.clear()
