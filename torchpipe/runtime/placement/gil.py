@@ -24,7 +24,9 @@ class GilProbe:
     that take the GIL meanwhile (a training loop's logger, a monitor) also slow it down, so one
     measurement can only understate how free the GIL was. On a busy machine the probe also waits
     for a core: the time it waited runnable (:func:`~torchpipe.runtime.cpu.run_delay`) is left
-    out of the time it could have ticked in, in the calibration and in every measurement.
+    out of the time it could have ticked in, in the calibration and in every measurement, up to
+    half of it (the probe also waits for a core while the GIL is held, where leaving all of it
+    out would make Python code look GIL-free).
     """
 
     _calibrated: float | None = None  # the free rate measured first in this process
@@ -47,7 +49,7 @@ class GilProbe:
         for _ in range(_CALIBRATIONS):  # the fastest: another thread's burst only slows one down
             before, delay = self._ticks, self._delay()
             time.sleep(CALIBRATE_S)
-            could_tick = max(CALIBRATE_S - (self._delay() - delay), CALIBRATE_S / 10)
+            could_tick = max(CALIBRATE_S - (self._delay() - delay), CALIBRATE_S / 2)
             rates.append((self._ticks - before) / could_tick)
         self._free_rate = GilProbe._calibrated = max(max(rates), 1.0 / CALIBRATE_S)
         return self
@@ -82,5 +84,5 @@ class GilProbe:
         result = call()
         seconds = time.perf_counter() - t0
         observed = self._ticks - before
-        could_tick = max(seconds - (self._delay() - delay), seconds / 10)  # less the probe's wait for a core
+        could_tick = max(seconds - (self._delay() - delay), seconds / 2)  # less the probe's wait for a core
         return result, min(1.0, observed / max(self._free_rate * could_tick, 1e-9)), seconds
