@@ -2,9 +2,10 @@
 
 Each package that has Ray tests (tests/integrations, tests/runtime/ray) makes the fixture in its
 own conftest.py, so the cluster is shut down when that package's tests end: a cluster left
-running through the rest of the suite ended the test process tests after its own on a busy
-machine (exit 1, no output, not even pytest's own teardown). A package-scoped fixture in the
-root conftest.py would live as long as the session.
+running through the rest of the suite ended the test process tests after its own: a test that
+kills worker processes can kill Ray's GCS server (a child of this process too), and 60 s later
+Ray's driver ends the process (exit 1; its message goes to pytest's captured stderr, so nothing
+shows). A package-scoped fixture in the root conftest.py would live as long as the session.
 """
 
 from collections.abc import Iterator
@@ -29,8 +30,12 @@ def local_ray_cluster() -> Iterator[Any]:
     import ray.data
 
     ray.data.DataContext.get_current().enable_progress_bars = False
-    yield ray
-    from torchpipe.runtime.ray.actors import IDLE
+    try:
+        yield ray
+    finally:
+        from torchpipe.runtime.ray.actors import IDLE
 
-    IDLE.clear()
-    ray.shutdown()
+        try:
+            IDLE.clear()
+        finally:
+            ray.shutdown()  # always: a driver whose cluster dies later ends this process 60 s after
