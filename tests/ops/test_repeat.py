@@ -3,6 +3,7 @@
 import pytest
 
 import torchpipe as tp
+from tests.ops.tf_cases import tf_data_case_tests
 from torchpipe.testing import assert_checkpoint_roundtrip
 
 # (pipeline, expected elements, expected cardinality); verified against tf.data 2.21
@@ -15,16 +16,7 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_elements_and_cardinality_match_tf_data(name):
-    make, elements, cardinality = CASES[name]
-    assert list(make()) == elements
-    assert make().cardinality() == cardinality
-
-
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_checkpoint_roundtrip(name):
-    assert_checkpoint_roundtrip(CASES[name][0]())
+test_elements_and_cardinality_match_tf_data, test_checkpoint_roundtrip = tf_data_case_tests(CASES)
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,7 @@
 import pytest
 
 import torchpipe as tp
-from torchpipe.testing import assert_checkpoint_roundtrip
+from tests.ops.tf_cases import tf_data_case_tests
 
 # (pipeline, expected elements, expected cardinality); verified against tf.data 2.21
 CASES = {
@@ -12,16 +12,7 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_elements_and_cardinality_match_tf_data(name):
-    make, elements, cardinality = CASES[name]
-    assert list(make()) == elements
-    assert make().cardinality() == cardinality
-
-
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_checkpoint_roundtrip(name):
-    assert_checkpoint_roundtrip(CASES[name][0]())
+test_elements_and_cardinality_match_tf_data, test_checkpoint_roundtrip = tf_data_case_tests(CASES)
 
 
 def test_scan_carries_any_state_and_checks_the_return():
