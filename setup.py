@@ -30,8 +30,9 @@ setup(
     # simplejpeg: tp.image's JPEG decoder, a 0.4 MB wheel that bundles libjpeg-turbo (docs/image.md).
     install_requires=["torch>=2.1", "numpy", "pillow", "psutil", "crc32c>=2.3", "simplejpeg>=1.7"],
     extras_require={
-        "test": [*CHECKERS, "pytest", "pytest-timeout", "hypothesis", "fsspec", "s3fs", "moto[server]>=5", "webdataset",
-                 "tqdm", "matplotlib", "ray[data]>=2.10", "accelerate>=1.0", "transformers>=4.40", *PEERS],
+        "test": [*CHECKERS, "pytest", "pytest-timeout", "pytest-xdist", "hypothesis", "fsspec", "s3fs",
+                 "moto[server]>=5", "webdataset", "tqdm", "matplotlib", "ray[data]>=2.10", "accelerate>=1.0",
+                 "transformers>=4.40", *PEERS],
         "remote": ["fsspec", "s3fs"],
         "progress": ["tqdm"],  # progress bars on save, snapshot and cache(path) fills
         "plot": ["matplotlib"],  # it.stats().plot(path): the timeline PNG

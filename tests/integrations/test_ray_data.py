@@ -7,6 +7,8 @@ import pytest
 import torchpipe as tp
 from torchpipe.testing import assert_checkpoint_roundtrip, assert_same_elements
 
+pytestmark = pytest.mark.xdist_group("ray")  # one suite worker runs every Ray test: one cluster at a time
+
 
 def _columns(row):
     return {"id": row["id"], "x": np.full(3, row["id"], np.float32), "s": f"row {row['id']}"}

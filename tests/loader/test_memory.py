@@ -1,17 +1,22 @@
-"""A DataLoader's RAM budget (``autotune=tp.AutotuneOptions(ram_budget=...)``): what the loader
-holds is read from its processes, and a worker is given up while it holds more."""
+"""A DataLoader's RAM budget (``autotune=tp.AutotuneOptions(ram_budget=...)``, else a share of the
+memory available): what the loader holds is read from its processes by a watcher thread; past it,
+``num_workers="auto"`` gives up workers, then ring slots, and a count the user chose warns once."""
 
 import os
 import random
+import threading
 import time
+import warnings
 
 import psutil
 import pytest
 import torch
 
 import torchpipe as tp
-from torchpipe.loader.memory import CHECK_EVERY_S, MIN_RING_BYTES, LoaderMemory, private_bytes, ring_limit
+from torchpipe.loader import memory as loader_memory
+from torchpipe.loader.memory import DEFAULT_SHARE, MIN_RING_BYTES, LoaderMemory, private_bytes, ring_limit
 from torchpipe.runtime.processes.pool import ProcessPool
+from torchpipe.testing import move_calls
 
 
 class Busy(torch.utils.data.Dataset):
@@ -27,14 +32,43 @@ class Busy(torch.utils.data.Dataset):
         return torch.tensor([i, random.randrange(1000)])
 
 
-def test_a_process_holds_its_own_pages_and_a_reading_is_taken_a_few_times_a_second():
+def test_a_process_holds_its_own_pages_and_a_reading_judges_them_against_the_budget():
     assert private_bytes(os.getpid()) > 1 << 20
     assert private_bytes(2**22 + 12345) == 0  # no such process
-    memory = LoaderMemory(budget=1.0)
-    assert memory.over([os.getpid()], rings_bytes=0)
-    assert not memory.over([os.getpid()], rings_bytes=0)  # read again only after CHECK_EVERY_S
-    time.sleep(CHECK_EVERY_S)
-    assert not LoaderMemory(budget=2**50).over([os.getpid()], rings_bytes=2**20)
+    memory = LoaderMemory(budget=1.0, given=True)
+    assert memory.read([os.getpid()], rings_bytes=0) > 1 << 20 and memory.over
+    memory.shed("worker 2 of 2")
+    assert not memory.over
+    memory.read([os.getpid()], rings_bytes=0)
+    assert not memory.over  # a reading right after a shed waits for the shed to take effect
+    roomy = LoaderMemory(budget=2**50, given=False)
+    roomy.read([os.getpid()], rings_bytes=2**20)
+    assert not roomy.over
+    report = memory.report()
+    assert report["default"] is False and report["shed"] == ["worker 2 of 2"] and report["peak"] >= report["held"] > 0
+
+
+def test_the_watcher_reads_on_its_own_thread_until_stopped_or_what_it_watches_is_gone():
+    memory = LoaderMemory(budget=2**50, given=False)
+    calls = []
+
+    def holdings():
+        calls.append(threading.current_thread().name)
+        return [os.getpid()], 0.0
+
+    stop = memory.watch(holdings, key=1)
+    assert memory.watch(holdings, key=1) is stop  # watching the same thing again keeps the thread
+    deadline = time.monotonic() + 10
+    while not memory.held and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert memory.held > 0 and calls[0] == "torchpipe-loader-memory"
+    other = memory.watch(holdings, key=2)  # another pool: the first watcher stops
+    assert stop.is_set() and not other.is_set()
+    other.set()
+    gone = LoaderMemory(budget=1.0, given=True)
+    gone.watch(lambda: None, key=3)  # what it watched is gone: the thread ends, no reading
+    time.sleep(0.1)
+    assert gone.held == 0 and not gone.over
 
 
 def test_rings_get_a_quarter_of_the_budget_shared_by_the_workers():
@@ -57,19 +91,54 @@ def test_a_worker_within_a_ring_limit_sends_larger_results_in_segments():
         pool.close()
 
 
-def test_over_its_budget_a_loader_gives_up_its_workers_and_loses_no_batch():
+def test_over_its_budget_a_loader_gives_up_workers_then_slots_and_loses_no_batch(monkeypatch):
+    monkeypatch.setattr(loader_memory, "SETTLE_S", 0.0)  # shed a step at each reading
+    monkeypatch.setattr(loader_memory, "CHECK_EVERY_S", 0.01)
+
     def make(**kwargs):
         return tp.DataLoader(Busy(), batch_size=4, generator=torch.Generator().manual_seed(3), **kwargs)
 
     ref = make(num_workers="auto", persistent_workers=True)  # per-batch seeds: the same draws anywhere
-    want = [[b.tolist() for b in ref] for _ in range(2)]
+    want = [[b.tolist() for b in ref] for _ in range(3)]
     before = {p.pid for p in psutil.Process().children(recursive=True)}  # ref's persistent workers among them
     lean = make(num_workers="auto", autotune=tp.AutotuneOptions(ram_budget=1), persistent_workers=True)
-    for epoch in range(2):  # the next epoch keeps to the budget
-        assert [b.tolist() for b in lean] == want[epoch]  # each batch once, in order, with its draws
-        assert lean.stats()[0]["executor"] == "inline"  # no worker process fits in one byte
+    for epoch in range(3):  # each batch once, in order, with its draws, while workers go
+        it = iter(lean)
+        if epoch == 0:
+            move_calls(it, "process", 3)
+        assert [b.tolist() for b in it] == want[epoch]
+    memory = lean.stats()[0]["memory"]
+    assert memory["default"] is False and memory["budget"] == 1
+    shed = memory["shed"]
+    assert shed and shed[-1] == "the workers' zygote"  # no worker process fits in one byte
+    steps = [s.split(":")[0] for s in shed]
+    slots, last = steps.index("a ring slot"), steps.index("the last worker")
+    assert all(s.startswith("worker ") for s in steps[:slots]) and slots < last  # workers, then slots, then all
+    assert lean.stats()[0]["executor"] == "inline"
     left = {p.pid for p in psutil.Process().children(recursive=True)} - before
     assert not left  # nor the workers' zygote, once they are gone
+
+
+def test_a_worker_count_the_user_chose_is_kept_past_the_budget_with_one_warning():
+    loader = tp.DataLoader(Busy(), batch_size=4, num_workers=2, autotune=tp.AutotuneOptions(ram_budget=1))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = [b for _ in range(2) for b in loader]
+    assert len(got) == 2 * 60  # nothing lost
+    said = [str(w.message) for w in caught if "worker processes and their rings hold" in str(w.message)]
+    assert len(said) == 1 and "num_workers is yours and is kept" in said[0] and "its ram_budget" in said[0]
+    assert loader.stats()[0]["workers"] == 2
+
+
+def test_without_a_ram_budget_the_loader_keeps_to_a_share_of_the_memory_available():
+    available = psutil.virtual_memory().available
+    loader = tp.DataLoader(Busy(), batch_size=4, num_workers="auto")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # far under it: no warning, nothing shed
+        assert len(list(loader)) == 60
+    memory = loader.stats()[0]["memory"]
+    assert memory["default"] is True and memory["shed"] == []
+    assert 0.5 * DEFAULT_SHARE * available < memory["budget"] <= 1.5 * DEFAULT_SHARE * available
 
 
 def test_the_autotune_argument_is_checked():

@@ -57,12 +57,14 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             process each, and later epochs keep that count.
         device: ``None`` (batches stay on the CPU), or a device such as ``"cuda"``: batches
             arrive there, copied ahead through pinned memory on a side stream.
-        autotune: with ``num_workers="auto"``, what the tuner may use (``tp.AutotuneOptions``):
-            ``ram_budget`` bounds what the loader holds of its own (the pages its worker
-            processes and their zygote hold alone, and the rings batches travel in), read a few
-            times a second; over it, a worker is given up (the last: batches made here), then the
-            zygote, and rings hold at most a quarter of it. ``cpu_budget`` and ``enabled`` are
-            the pipeline's.
+        autotune: what the tuner may use (``tp.AutotuneOptions``): ``ram_budget`` bounds what
+            the loader holds of its own (the pages its worker processes and their zygote hold
+            alone, and the rings batches travel in; default: half the memory available when the
+            first epoch starts), read a few times a second. Past it, ``num_workers="auto"`` gives
+            up workers down to one, then batches in flight, then the last worker (batches made
+            here), then the zygote; an explicit ``num_workers`` is kept and warns once. With a
+            ``ram_budget`` given rings hold at most a quarter of it. ``cpu_budget`` and
+            ``enabled`` are the pipeline's.
         dataset: also a ``tp.Dataset`` pipeline, which runs in this process with its own
             parallel stages (``num_workers`` does not replicate it).
         (every other argument is torch's)
@@ -234,6 +236,7 @@ class _LoaderState:
         self.policy: Any = None  # and where it placed batches (a runtime.policy.Policy), for the next epoch
         self.learned: dict[str, Any] = {}  # the placement's windows, judged on from one epoch to the next
         self.autotune = AutotuneOptions()
+        self.memory: Any = None  # what its workers hold against its budget (a loader.memory.LoaderMemory)
         self.drawn_rngs: tuple[str, ...] | None = None  # the global RNGs its batches draw from, once measured
         self.last_stats: PipelineStats | None = None  # the last pass on workers, after its iterator is gone
 

@@ -1,23 +1,41 @@
-"""A DataLoader's RAM budget: what its workers hold, measured, against the budget.
+"""What a DataLoader holds of its own, read on a thread of its own, against a budget.
 
-``tp.DataLoader(..., autotune=tp.AutotuneOptions(ram_budget=...))`` bounds the memory the loader
-adds to the process tree: the pages its worker processes (and their zygote) hold alone, and the
-rings batches travel in (a batch this process has received is its own, as with torch's
+What counts (docs/autotune.md, "What a loader's memory budget counts"): the pages its worker
+processes and their zygote hold alone (a worker's heap, a batch it has made and not handed over)
+and the rings batches travel in (a batch this process has received is its own, as with torch's
 workers). A model of it would miss what matters (a worker's heap after its first batches, what
 the zygote keeps of pages this process rewrote since), so it is read from
-``/proc/<pid>/smaps_rollup`` a few times a second; where it exceeds the budget the loader gives
-up a worker (the last one: its batches are made in this process, which holds nothing more).
+``/proc/<pid>/smaps_rollup``: a reading of a process with torch loaded costs a few milliseconds,
+so a watcher thread takes it (the file's reads let go of the GIL) and the consumer only looks at
+its verdict.
+
+The budget is ``autotune=tp.AutotuneOptions(ram_budget=...)`` where given, else
+:data:`DEFAULT_SHARE` of the memory available when the loader's first epoch starts. With
+``num_workers="auto"`` the loader sheds workers, then ring slots, past it; an explicit
+``num_workers`` is the user's and is never lowered: past the default budget it warns once.
 """
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Iterable
+import weakref
+from collections.abc import Callable
+from typing import Any
 
+import psutil
+
+DEFAULT_SHARE = 0.5
+"""The share of the memory available when a loader first starts that it keeps what it holds
+under, unless ``ram_budget`` is given (tf.data's autotuner takes the same share for its buffers)."""
 CHECK_EVERY_S = 0.25
-"""How often the loader's memory is read (a process's pages cost ~0.1 ms to read)."""
+"""How often the loader's memory is read while it holds more than half its budget."""
+RELAXED_CHECK_EVERY_S = 2.0
+"""How often it is read while it holds less than half (a reading costs a few ms of a thread)."""
+SETTLE_S = 1.0
+"""How long after shedding a worker or a slot readings wait (a retiring worker takes time to go)."""
 MIN_RING_BYTES = 1 << 20
-"""The least a worker's rings may hold under a budget (results beyond take one-off segments)."""
+"""The least a worker's rings may hold under a given budget (results beyond take one-off segments)."""
 _PRIVATE = (b"Private_Clean:", b"Private_Dirty:", b"Private_Hugetlb:")
 
 
@@ -32,32 +50,99 @@ def private_bytes(pid: int) -> int:
         return 0
 
 
+def default_budget() -> float:
+    """:data:`DEFAULT_SHARE` of the memory available now, in bytes."""
+    return psutil.virtual_memory().available * DEFAULT_SHARE
+
+
 def ring_limit(ram_budget: float, workers: int) -> int:
     """The most a worker's rings may hold under ``ram_budget``: a quarter of the budget shared by
     the ``workers`` there may be (results beyond travel in one-off segments, freed once used)."""
     return max(MIN_RING_BYTES, int(ram_budget / (4 * max(workers, 1))))
 
 
+Holdings = Callable[[], "tuple[list[int], float] | None"]
+"""What a loader holds now: its processes' pids and its rings' bytes; None once it is gone."""
+
+
 class LoaderMemory:
-    """Reads what a loader holds, at most every :data:`CHECK_EVERY_S`, against ``budget`` bytes.
+    """What a loader holds, read by a watcher thread, against ``budget`` bytes.
 
     Args:
-        budget: the loader's RAM budget in bytes.
+        budget: the budget in bytes.
+        given: whether the user gave it (``ram_budget``) or it is the default.
+
+    Attributes:
+        held: bytes held at the last reading; peak: the most read; over: whether the last
+            reading (taken :data:`SETTLE_S` or more after the last :meth:`shed`) was past the budget.
     """
 
-    def __init__(self, budget: float) -> None:
-        self.budget = budget
-        self.held = 0.0  # the last reading
-        self._due = 0.0
+    def __init__(self, budget: float, given: bool) -> None:
+        self.budget, self.given = budget, given
+        self.held = self.peak = 0.0
+        self.over = False
+        self.shed_steps: list[str] = []  # what was given up, in order, for stats()
+        self.warned = False
+        self._settled_at = 0.0
+        self._stop = threading.Event()
+        self._key = 0
+        self._thread: threading.Thread | None = None
 
-    def over(self, pids: Iterable[int], rings_bytes: float) -> bool:
-        """Whether the loader holds more than its budget: the pages its processes ``pids`` hold
-        alone (a batch a worker has made and not handed over among them) and the workers' rings
-        (``rings_bytes`` in all, shared with this process). Reads at most every
-        :data:`CHECK_EVERY_S`; False in between."""
-        now = time.monotonic()
-        if now < self._due:
-            return False
-        self._due = now + CHECK_EVERY_S
-        self.held = sum(private_bytes(pid) for pid in pids) + rings_bytes
-        return self.held > self.budget
+    def read(self, pids: list[int], rings_bytes: float) -> float:
+        """Take a reading: the pages processes ``pids`` hold alone and the rings' bytes."""
+        taken = time.monotonic()
+        held = float(sum(private_bytes(pid) for pid in pids) + rings_bytes)
+        self.held, self.peak = held, max(self.peak, held)
+        self.over = held > self.budget and taken >= self._settled_at
+        return held
+
+    def watch(self, holdings: Holdings, key: int) -> threading.Event:
+        """Read ``holdings()`` on a daemon thread until the returned event is set or it returns
+        None. ``key`` names what is watched (a pool): watching it again keeps the thread; watching
+        another stops the last one's."""
+        if self._key == key and self._thread is not None and self._thread.is_alive() and not self._stop.is_set():
+            return self._stop
+        self._stop.set()
+        self._stop, self._key = threading.Event(), key
+        self._thread = threading.Thread(
+            target=self._run, args=(holdings, self._stop), name="torchpipe-loader-memory", daemon=True
+        )
+        self._thread.start()
+        return self._stop
+
+    def shed(self, step: str) -> None:
+        """Note that ``step`` was given up; readings wait :data:`SETTLE_S` before judging again."""
+        self.shed_steps.append(step)
+        self.over = False
+        self._settled_at = time.monotonic() + SETTLE_S
+
+    def report(self) -> dict[str, Any]:
+        """For ``loader.stats()``: the ``budget`` and whether it is the ``default``, the bytes
+        ``held`` at the last reading and at the ``peak``, and what was ``shed`` to keep to it."""
+        return {"budget": int(self.budget), "default": not self.given, "held": int(self.held),
+                "peak": int(self.peak), "shed": list(self.shed_steps)}  # fmt: skip
+
+    def _run(self, holdings: Holdings, stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                now = holdings()
+            except RuntimeError:  # the pool's workers changed while they were listed: next time
+                now = ([], 0.0)
+            if now is None:
+                return
+            if now[0]:
+                self.read(*now)
+            stop.wait(RELAXED_CHECK_EVERY_S if 0 < self.held < self.budget / 2 else CHECK_EVERY_S)
+
+
+def pool_holdings(pool: Any) -> Holdings:
+    """:data:`Holdings` of a process pool, held weakly (the watcher must not keep it alive)."""
+    ref = weakref.ref(pool)
+
+    def holdings() -> tuple[list[int], float] | None:
+        live = ref()
+        if live is None:
+            return None
+        return list(live.process_ids), float(live.ring_bytes)
+
+    return holdings

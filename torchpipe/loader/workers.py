@@ -22,6 +22,7 @@ runtime's dispatcher (bounded waits, the stall check, in order or as completed).
 from __future__ import annotations
 
 import time
+import warnings
 import weakref
 from collections import deque
 from collections.abc import Callable
@@ -39,7 +40,14 @@ from torchpipe.autotune.tuner import Budget
 from torchpipe.core.stats import IteratorStats
 from torchpipe.core.tunable import POOL, Tunable
 from torchpipe.loader.fetch import DataLoader, Exhausted, FetchTask, LocalFetch
-from torchpipe.loader.memory import LoaderMemory, private_bytes, ring_limit
+from torchpipe.loader.memory import (
+    DEFAULT_SHARE,
+    LoaderMemory,
+    default_budget,
+    pool_holdings,
+    private_bytes,
+    ring_limit,
+)
 from torchpipe.loader.replicas import MAX_REPLICAS, ReplicaPlan, io_replicas
 from torchpipe.options import DEFAULT_STALL_TIMEOUT_S
 from torchpipe.randomness import (
@@ -98,9 +106,12 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
         # made before the tuner's thread starts), not for an epoch that makes them here (its fork
         # and stop took ~10 ms, its memory the epoch)
         self._task = FetchTask(loader, int(self._base_seed), most, self._auto)
-        self._options, budget = state.autotune, state.autotune.ram_budget
-        self._memory = LoaderMemory(budget) if budget is not None and state.workers_auto else None
-        self._ring_limit = ring_limit(budget, most) if self._memory is not None else MAX_RING_BYTES
+        self._options, given = state.autotune, state.autotune.ram_budget
+        if state.memory is None:  # the default budget: a share of what was available at the first epoch
+            state.memory = LoaderMemory(default_budget() if given is None else given, given is not None)
+        self._memory: LoaderMemory = state.memory
+        lean = given is not None and state.workers_auto  # a budget the user gave: rings stay small
+        self._ring_limit = ring_limit(given, most) if lean else MAX_RING_BYTES
         self._pool = self._new_pool(self._task, 0 if self._auto else processes, fork_now=not self._auto)
         self._stage = _WorkersStage(self)
         self._executors: AutoStage | None = None  # "auto": where batches are made, and the moves
@@ -140,7 +151,7 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
         """Worker processes for ``task``, ``prefetch_factor`` batches in flight each (their rings
         hold those and the one the consumer holds); under a RAM budget their rings stay small and
         they give freed memory back (large results then cost page faults again)."""
-        lean = self._memory is not None
+        lean = self._ring_limit < MAX_RING_BYTES
         return ProcessPool(task, processes, STAGE, fork_now=fork_now, ring_limit=self._ring_limit,
                            keep_freed=not lean, per_worker=self._factor)  # fmt: skip
 
@@ -179,6 +190,7 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
 
     def _start_epoch(self) -> None:
         self._stop_tuner()
+        self._watching = self._memory.watch(pool_holdings(self._pool), id(self._pool))
         self._dispatch.forget()
         self._clock, self._started = ConsumerClock(), start_look()
         self._stage.stats = IteratorStats()
@@ -355,7 +367,7 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
         each = private_bytes(self._pool.pids[0]) if self._pool.pids else 0
         if not each:
             return MAX_REPLICAS
-        return max(1, int(Budget.of_machine(ram=self._options.ram_budget).ram // each))
+        return max(1, int(self._memory.budget // each))
 
     def skip(self, count: int) -> None:
         """Resume support: drop ``count`` batches (map-style: drawn from the sampler, not fetched)."""
@@ -386,8 +398,8 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
         stats.sample_bytes(value)
         if self._placement is not None:
             self._placement.delivered(stats.wall_s)
-            if self._memory is not None:
-                self._keep_to_budget(self._memory, self._placement)
+        if self._memory.over:
+            self._keep_to_budget(self._memory)
         if error is not None:
             raise error
         if self._tuner is not None and not self._tuner.started:
@@ -395,18 +407,40 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
         self._clock.leave()
         return pin_memory(value, self._pin_memory_device) if self._pin_memory else value
 
-    def _keep_to_budget(self, memory: LoaderMemory, placement: Placement) -> None:
-        """Give up a worker (the last: batches made here) while the loader holds more than its
-        RAM budget, and then the workers' zygote; the cap holds for later epochs."""
-        if not memory.over(self._pool.process_ids, self._pool.ring_bytes):
+    def _keep_to_budget(self, memory: LoaderMemory) -> None:
+        """Past the memory budget: with ``num_workers="auto"`` give up a worker (down to one),
+        then its ring slots (batches in flight, down to one), then the last worker (batches made
+        here), then the zygote; the caps hold for later epochs. A count the user chose (or the
+        replicas of an IterableDataset, which decide what each batch holds) is kept: a warning
+        says once what the loader holds."""
+        placement = self._placement
+        if placement is None:
+            if not memory.warned:
+                memory.warned = True
+                warnings.warn(_over_budget(memory, self._pool.size), stacklevel=3)
+            memory.over = False
             return
-        if not placement.workers:
+        if placement.workers > 1:
+            step = f"worker {placement.workers} of {placement.workers}"
+            self._cap(placement, placement.workers - 1)
+        elif placement.workers == 1 and self._factor > 1:
+            self._factor -= 1
+            self._pool.set_per_worker(self._factor)
+            step = f"a ring slot: {self._factor} batches in flight a worker"
+        elif placement.workers == 1:
+            step = "the last worker: batches made in this process"
+            self._cap(placement, 0)
+        elif self._pool.process_ids:
+            step = "the workers' zygote"
             self._pool.release_zygote()
-            return
-        fewer = placement.workers - 1
+        else:
+            return  # nothing is left to give up: what is held is not the loader's
+        memory.shed(step)
+
+    def _cap(self, placement: Placement, most: int) -> None:
         if self._knob is not None:
-            self._knob.maximum = fewer
-        placement.cap(fewer)
+            self._knob.maximum = most
+        placement.cap(most)
 
     def _fetch_here(self, executors: AutoStage) -> Any:
         """The next batch, made on this thread (inline, nothing in flight): no dispatch needed."""
@@ -459,6 +493,7 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
         stats = pipeline_stats(self._stage, self._started, self._clock.outside_s(), decisions)  # type: ignore[arg-type]
         where = stats[0]  # executor, workers, pids: the stage's executor_report
         where["knobs"] = {"num_workers": where["workers"], "in_flight": self._window(), "executor": where["executor"]}
+        where["memory"] = self._memory.report()
         return stats
 
     def _stop_tuner(self) -> None:
@@ -471,6 +506,7 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
         self._tp_state.last_stats = self.stats()  # loader.stats() describes this pass until the next
         self._stop_tuner()
         if not self._persistent_workers:
+            self._watching.set()
             self._dispatch.close()
             self._pool.close()
 
@@ -481,10 +517,24 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
                 state.last_stats = self.stats()  # a pass left mid-epoch, as far as it went
             except Exception:  # noqa: BLE001 - a report is not worth failing a collection over
                 pass
+        watching = getattr(self, "_watching", None)
+        if watching is not None:
+            watching.set()
         for part in ("_dispatch", "_pool"):
             closing = getattr(self, part, None)
             if closing is not None:
                 closing.close()
+
+
+def _over_budget(memory: LoaderMemory, workers: int) -> str:
+    """The warning for a loader whose chosen ``num_workers`` hold more than its budget."""
+    budget = "its ram_budget" if memory.given else f"the default budget ({DEFAULT_SHARE:.0%} of the memory available)"
+    return (
+        f"this DataLoader's {workers} worker processes and their rings hold {memory.held / 2**20:.0f} MiB of "
+        f"their own, past {budget}: {memory.budget / 2**20:.0f} MiB. num_workers is yours and is kept; fewer "
+        "workers or a smaller prefetch_factor hold less, and num_workers='auto' keeps to the budget by itself "
+        "(docs/autotune.md)"
+    )
 
 
 def _sizing(state: Any, iterable: bool) -> str:

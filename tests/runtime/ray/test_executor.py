@@ -14,6 +14,8 @@ import torchpipe as tp
 from torchpipe.runtime.ray.pool import kill_an_actor, running_pools
 from torchpipe.testing import assert_checkpoint_roundtrip, assert_exactly_once, assert_same_elements
 
+pytestmark = pytest.mark.xdist_group("ray")  # one suite worker runs every Ray test: one cluster at a time
+
 
 class Rows(torch.utils.data.Dataset):
     def __len__(self):

@@ -1,0 +1,44 @@
+"""Tests of ``bench/cow.py``: a dataset whose Python index forked workers copy, measured as the
+process tree's PSS growth, with and without ``tp.SharedSequence``."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench import cow
+
+
+def test_the_index_and_its_shared_copy_give_the_same_samples():
+    index, shared = cow.Index(50), cow.SharedIndex(50)
+    assert len(index) == len(shared) == 50
+    for i in (0, 7, 49):
+        (a, label_a), (b, label_b) = index[i], shared[i]
+        assert label_a == label_b == i and a.equal(b)
+
+
+def test_rows_report_growth_speed_and_verdicts_against_torch(tmp_path, capsys):
+    out = tmp_path / "cow.json"
+    cow.main(["--items", "20000", "--epochs", "1", "--json", str(out)])
+    report = json.loads(out.read_text())
+    assert set(report["results"]) == set(cow.configurations())
+    for row in report["results"].values():
+        assert row["samples_per_s"] > 0 and row["growth_mb"] is not None
+    assert set(report["targets"]) <= set(cow.TARGETS)  # torch's growth may be ~0 on so small an index
+    printed = capsys.readouterr().out
+    assert "| torchpipe_dataloader_shared |" in printed and "samples/s" in printed
+    with pytest.raises(SystemExit):
+        cow.main(["--repeat", "0"])
+
+
+def test_a_verdict_holds_growth_to_its_share_and_the_shared_index_to_torch_s_speed():
+    results = {
+        "dataloader": {"growth_mb": 1000.0, "samples_per_s": 100.0, "workers": 4},
+        "torchpipe_dataloader": {"growth_mb": 990.0, "samples_per_s": 50.0, "workers": 4},
+        "torchpipe_dataloader_shared": {"growth_mb": 150.0, "samples_per_s": 90.0, "workers": 4},
+    }
+    verdicts = cow.verdicts(results)
+    assert verdicts["torchpipe_dataloader"]["met"]  # no speed target on the list-holding row
+    assert not verdicts["torchpipe_dataloader_shared"]["met"]  # 0.15x the growth, but 0.9x the speed
+    assert verdicts["torchpipe_dataloader_shared"]["growth_vs_torch"] == 0.15
