@@ -264,7 +264,7 @@ def map_leaves(value: Any, fn: Callable[[Any], Any]) -> Any:
     return fn(value)
 
 
-def _numpy_to_torch(batch: Any) -> Any:
+def numpy_to_torch(batch: Any) -> Any:
     return map_leaves(batch, lambda leaf: torch.from_numpy(leaf) if isinstance(leaf, np.ndarray) else leaf)
 
 
@@ -311,7 +311,7 @@ def _grain(items: Items, workers: int, kind: str) -> PeerEpochs:
 
         process_prefetch._PROCESS_KILL_TIMEOUT_S = GRAIN_WORKER_JOIN_S  # see its docstring
         ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers))
-        convert = _numpy_to_torch
+        convert = numpy_to_torch
     return _grain_epochs(ds, None if items.fan_out else batches, convert)
 
 

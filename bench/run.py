@@ -160,12 +160,13 @@ class Runner:
             trials += self.cache_trials()
         else:
             auto = "num_parallel_calls=AUTOTUNE, executor='auto', prefetch(AUTOTUNE)"
-            trials.append(self.trial("torchpipe_auto", partial(_dsl, work, tp.AUTOTUNE, "auto"), auto))
+            trials.append(self.trial("torchpipe_auto", partial(dsl_pipeline, work, tp.AUTOTUNE, "auto"), auto))
         if not work.epochs and work.name != "cache":
             for parallel, executor in work.tp_grid:
                 knobs = {"num_parallel_calls": parallel, "executor": executor}
-                trials.append(Trial(f"torchpipe {knobs}", partial(self.timed, partial(_dsl, work, parallel, executor)),
-                                    best_of="torchpipe_best", knobs=knobs))  # fmt: skip
+                make = partial(dsl_pipeline, work, parallel, executor)
+                trials.append(Trial(f"torchpipe {knobs}", partial(self.timed, make), best_of="torchpipe_best",
+                                    knobs=knobs))  # fmt: skip
             if work.name in tpimage.PIPELINES:
                 knobs = "tp.image ops, num_parallel_calls=AUTOTUNE, prefetch(AUTOTUNE)"
                 trials.append(self.trial(tpimage.CONFIG, partial(tpimage.batched, work), knobs))
@@ -174,11 +175,11 @@ class Runner:
     def dataloader_trials(self) -> list[Trial]:
         """``dataloader_default`` and the grid ``dataloader_best`` is the best of (default included)."""
         dataset, kwargs = self.work.dataset, self.work.loader_kwargs
-        default = self.trial("dataloader_default", partial(_torch_loader, dataset, {"num_workers": 0}, kwargs(0)),
+        default = self.trial("dataloader_default", partial(torch_loader, dataset, {"num_workers": 0}, kwargs(0)),
                              {"num_workers": 0}, best_of=BASELINE)  # fmt: skip
         grid = []
         for args in dataloader_grid(self.quick):
-            make = partial(_torch_loader, dataset, args, kwargs(args["num_workers"]))
+            make = partial(torch_loader, dataset, args, kwargs(args["num_workers"]))
             grid.append(Trial(f"dataloader {args}", partial(self.measure_one, make), best_of=BASELINE, knobs=args))
         return [default, *grid]
 
@@ -293,12 +294,12 @@ def _rank(config: str) -> int:
     return ORDER.index(config) if config in ORDER else len(ORDER)
 
 
-def _dsl(work: wl.Workload, parallel: Any, executor: str) -> tp.Dataset:
+def dsl_pipeline(work: wl.Workload, parallel: Any, executor: str) -> tp.Dataset:
     """The workload's pipeline in the DSL, batched, with ``prefetch(tp.AUTOTUNE)``."""
     return work.batched(parallel, executor).prefetch(tp.AUTOTUNE)
 
 
-def _torch_loader(dataset: Any, args: dict[str, Any], kwargs: dict[str, Any]) -> torch.utils.data.DataLoader:
+def torch_loader(dataset: Any, args: dict[str, Any], kwargs: dict[str, Any]) -> torch.utils.data.DataLoader:
     return torch.utils.data.DataLoader(dataset, **args, **kwargs)
 
 

@@ -382,7 +382,7 @@ def test_peer_batches_match_dataloader(small):
     assert torch.equal(batch["features"], theirs["features"]) and batch["blob"] == theirs["blob"]
     numpy = pr.NumpyBatch(torch.utils.data.default_collate)([work.dataset[i] for i in range(32)])
     assert isinstance(numpy["features"], np.ndarray) and isinstance(numpy["meta"]["len"], np.ndarray)
-    back = pr._numpy_to_torch(numpy)
+    back = pr.numpy_to_torch(numpy)
     assert torch.equal(back["features"], theirs["features"]) and torch.equal(back["meta"]["len"], theirs["meta"]["len"])
     assert back["id"] == theirs["id"] and work.count(back) == (32, 32.0)
 

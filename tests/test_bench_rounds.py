@@ -87,9 +87,9 @@ class _FakeMeasure:
         self.calls: list[str] = []
 
     def __call__(self, make: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        if make.func is run._torch_loader:
+        if make.func is run.torch_loader:
             kind = f"torch{make.args[1]['num_workers']}"
-        elif make.func is run._dsl:
+        elif make.func is run.dsl_pipeline:
             kind = "dsl_auto" if make.args[1] is tp.AUTOTUNE else "dsl_grid"
         else:
             kind = "tp_auto" if make.keywords["num_workers"] == "auto" else "tp_dl"

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import psutil
 import torch
+import torch.utils.data._utils.worker as torch_worker
 
 from torchpipe import nest
 from torchpipe.autotune import tunable
@@ -544,3 +545,21 @@ def as_in_a_fresh_process() -> Iterator[None]:
         yield
     finally:
         gil.GilProbe._calibrated, policy._observed_message_s, progress._warned = saved
+
+
+@contextlib.contextmanager
+def as_torch_worker(index: int, num_workers: int, seed: int = 1000) -> Iterator[None]:
+    """Within the block, this process is torch's DataLoader worker ``index`` of ``num_workers``
+    as ``torch.utils.data.get_worker_info()`` (and torchpipe's sharding) sees it, with seed
+    ``seed + index``: a pipeline's split between workers is checked without forking any."""
+    before = torch_worker._worker_info
+    torch_worker._worker_info = torch_worker.WorkerInfo(
+        id=index,
+        num_workers=num_workers,
+        seed=seed + index,
+        dataset=None,  # type: ignore[arg-type]  # none here
+    )
+    try:
+        yield
+    finally:
+        torch_worker._worker_info = before

@@ -1,9 +1,9 @@
 """Who this process is: its rank (from DistributeOptions or torch.distributed) and its share."""
 
 import torchpipe as tp
-from tests.workers import as_torch_worker
 from torchpipe.distributed.context import current_rank_info, current_share
 from torchpipe.distributed.nodes import Share
+from torchpipe.testing import as_torch_worker
 
 
 def test_rank_discovery():

@@ -15,10 +15,9 @@ import pytest
 import torch
 
 import torchpipe as tp
-from tests.workers import as_torch_worker
 from torchpipe.distributed.files import share_of_files
 from torchpipe.distributed.nodes import Share
-from torchpipe.testing import assert_checkpoint_roundtrip
+from torchpipe.testing import as_torch_worker, assert_checkpoint_roundtrip
 
 
 def write_tfrecords(tmp_path, count, per_file=3):

@@ -13,8 +13,7 @@ import torch
 from torch.utils.data.distributed import DistributedSampler
 
 import torchpipe as tp
-from tests.workers import as_torch_worker
-from torchpipe.testing import assert_checkpoint_roundtrip
+from torchpipe.testing import as_torch_worker, assert_checkpoint_roundtrip
 
 
 class Numbers(torch.utils.data.Dataset):

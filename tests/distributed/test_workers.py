@@ -12,8 +12,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 import torchpipe as tp
-from tests.workers import as_torch_worker
-from torchpipe.testing import assert_checkpoint_roundtrip
+from torchpipe.testing import as_torch_worker, assert_checkpoint_roundtrip
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

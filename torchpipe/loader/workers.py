@@ -430,6 +430,9 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
         elif placement.workers == 1:
             step = "the last worker: batches made in this process"
             self._cap(placement, 0)
+        elif self._pool.size:
+            step = "the parked workers"
+            self._pool.resize(0)
         elif self._pool.process_ids:
             step = "the workers' zygote"
             self._pool.release_zygote()

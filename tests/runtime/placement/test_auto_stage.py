@@ -55,7 +55,7 @@ def test_each_kind_runs_the_stages_call_for_it_and_moves_keep_every_element_in_o
         assert {value[0] for _, value, _ in out[-5:]} == {kind}
         seq += 5
     assert [(s, value[1]) for s, value, _ in out] == [(s, s) for s in range(25)]
-    assert pool.sizes == [3, 0, 1] and not pool.closed  # parked when the calls left it, not closed
+    assert pool.sizes == [3, 1] and not pool.closed  # parked with its workers up when the calls left it
     stage.dispatcher.close()
 
 
@@ -68,7 +68,25 @@ def test_a_thread_pool_the_calls_leave_is_closed_and_the_process_pool_parked(mon
     stage.retire(threads)
     assert closed == [threads]
     stage.retire(stage.make(PROCESS, 2))
-    assert pool.sizes == [2, 0] and closed == [threads]
+    assert pool.sizes == [2] and closed == [threads]  # parked: its workers wait for a window's verdict
+    stage.settled()  # a window away from it kept the calls there: its workers go, its zygote stays
+    assert pool.sizes == [2, 0] and not pool.closed
+    stage.settled()
+    assert pool.sizes == [2, 0]  # once
+    stage.dispatcher.close()
+
+
+def test_calls_that_come_back_to_the_parked_pool_after_a_window_elsewhere_find_its_workers_up():
+    stage, pool = _stage()
+    stage.placement.move(PROCESS, 2)
+    _run(stage, 0, 4)
+    stage.placement.move(THREAD, 2)  # the policy tries threads for a window
+    _run(stage, 4, 4)
+    stage.placement.move(PROCESS, 2)  # measured slower: back, to the workers kept up
+    assert [value[0] for _, value, _ in _run(stage, 8, 4)] == [PROCESS] * 4
+    assert pool.sizes == [2, 2] and not pool.closed  # never resized to 0: nothing forked again
+    stage.settled()  # a window on processes: nothing parked, nothing to let go
+    assert pool.sizes == [2, 2]
     stage.dispatcher.close()
 
 

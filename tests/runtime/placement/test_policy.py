@@ -98,7 +98,25 @@ def test_inline_is_tried_even_when_predicted_somewhat_slower():
     assert _acted(policy, 1.0e-3) == INLINE  # it measured faster: it stays
     other = Policy(KINDS, 2)
     other.decide(costs(2e-3))
-    assert _acted(other, 1.2e-3) == PROCESS  # 2 ms is 1.7x: a clear loss, not worth a window
+    assert _acted(other, 1.2e-3) == THREAD  # threads are measured once while on processes
+    assert _acted(other, 3e-3) == PROCESS  # threads measured slower: back
+    assert _acted(other, 1.2e-3) == PROCESS  # 2 ms inline is 1.7x: a clear loss, not worth a window
+
+
+def test_threads_are_measured_once_while_calls_run_on_processes_whatever_the_gil_probe_said():
+    policy = Policy(KINDS, 2)
+    held = costs(5e-3, gil_free=0.1)  # the probe saw the GIL held: threads predicted no overlap
+    assert policy.decide(held) == PROCESS
+    assert _acted(policy, 2.8e-3) == THREAD  # not measured: worth a window
+    assert _acted(policy, 4.0e-3) == PROCESS  # measured slower: back
+    assert _acted(policy, 2.8e-3) == PROCESS  # and measured lately: not tried again
+    faster = Policy(KINDS, 2)
+    faster.decide(held)
+    assert _acted(faster, 2.8e-3) == THREAD
+    assert _acted(faster, 2.1e-3) == THREAD  # measured faster: processes must now beat that
+    unsafe = Policy(KINDS, 2)
+    unsafe.decide(held.without_threads())
+    assert unsafe.review(2.8e-3) == PROCESS  # calls that must not share the global RNGs
 
 
 def test_measurements_go_stale_and_costs_that_change_clear_them(monkeypatch):

@@ -95,8 +95,10 @@ class AutoStage:
         self._timing = timing
         self._on_move = on_move
         self._processes: Executor | None = None  # the process pool made: parked, not closed, when the calls leave
+        self._warm = False  # the parked pool keeps its workers until a window away from it is judged
         self.dispatcher = Dispatcher(name, self.make(INLINE, 0), stall_s)
-        self.placement = Placement(self.dispatcher, self.make, policy, timing, self._moved, self.retire, learned)
+        self.placement = Placement(self.dispatcher, self.make, policy, timing, self._moved, self.retire, learned,
+                                   on_stay=self.settled)  # fmt: skip
 
     def add_knob(self, value: int, lowest: int, most: int, apply: Callable[[int], None] | None = None) -> LiveKnob:
         """The autotuner's knob for how many calls run at once (0: inline), from ``lowest`` to
@@ -143,16 +145,24 @@ class AutoStage:
             raise ValueError(f"{self.name}: no {kind!r} executor for this stage's calls")
         executor = pool(workers)
         if kind == PROCESS:
-            self._processes = executor
+            self._processes, self._warm = executor, False
         return executor
 
     def retire(self, executor: Executor) -> None:
         """What becomes of an executor the calls left, once its tasks are done: the process pool
-        is parked (no workers, its zygote kept to come back to), any other closed."""
+        is parked with its workers up, so that calls coming back after a window elsewhere (the
+        policy trying threads) fork nothing; any other is closed."""
         if executor is self._processes:
-            executor.resize(0)
+            self._warm = True
         else:
             executor.close()
+
+    def settled(self) -> None:
+        """A window away from the parked pool kept the calls where they are: its workers go (its
+        zygote is kept to come back to)."""
+        if self._warm and self._processes is not None and self.placement.kind != PROCESS:
+            self._warm = False
+            self._processes.resize(0)
 
     def _moved(self, kind: str, workers: int) -> None:
         if self.knob is not None:

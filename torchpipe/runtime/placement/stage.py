@@ -48,12 +48,13 @@ class Placement:
             (default: close it; a process pool is parked instead, to come back to).
         learned: where the stage keeps what its passes learned: the windows' state is kept there,
             so the next pass (another ``Placement``) goes on judging where this one stopped.
+        on_stay: called after a window whose verdict keeps the calls where they run.
     """
 
     def __init__(
         self, dispatcher: Dispatcher, make: MakeExecutor, policy: Policy | None, timing: CallTiming,
         on_move: Callable[[str, int], None] | None = None, retire: Callable[[Executor], None] | None = None,
-        learned: dict[str, Any] | None = None,
+        learned: dict[str, Any] | None = None, on_stay: Callable[[], None] | None = None,
     ) -> None:  # fmt: skip
         self.dispatcher = dispatcher
         self.policy = policy
@@ -62,6 +63,7 @@ class Placement:
         self._make = make
         self._timing = timing
         self._on_move = on_move
+        self._on_stay = on_stay
         self._retire = retire
         # The windows go on from one pass to the next (an epoch may be shorter than a window).
         self._windows = learned if learned is not None else {}
@@ -191,6 +193,8 @@ class Placement:
             verdict = policy.rebase(policy.costs)
         else:
             verdict = policy.review(seconds_per_element)
+            if verdict == self.kind and self._on_stay is not None:
+                self._on_stay()
             # Windows in a row must say to leave; where to may differ between two about as fast
             # (inline, then threads): the latest verdict is taken.
             if not self._driver.agreed(LEAVE if verdict != self.kind else verdict) or verdict == self.kind:

@@ -1,5 +1,6 @@
-"""Tests of ``bench/cow.py``: a dataset whose Python index forked workers copy, measured as the
-process tree's PSS growth, with and without ``tp.SharedSequence``."""
+"""Tests of the memory benchmarks: ``bench/cow.py`` (a dataset whose Python index forked workers
+copy, as the process tree's PSS growth, with and without ``tp.SharedSequence``) and
+``bench/soak.py`` (PSS epoch after epoch on persistent workers)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import json
 
 import pytest
 
-from bench import cow
+from bench import cow, data, soak
 
 
 def test_the_index_and_its_shared_copy_give_the_same_samples():
@@ -42,3 +43,16 @@ def test_a_verdict_holds_growth_to_its_share_and_the_shared_index_to_torch_s_spe
     assert verdicts["torchpipe_dataloader"]["met"]  # no speed target on the list-holding row
     assert not verdicts["torchpipe_dataloader_shared"]["met"]  # 0.15x the growth, but 0.9x the speed
     assert verdicts["torchpipe_dataloader_shared"]["growth_vs_torch"] == 0.15
+
+
+def test_the_soak_reads_pss_after_every_epoch_of_each_loader(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv(data.CACHE_ENV, str(tmp_path / "cache"))
+    out = tmp_path / "soak.json"
+    soak.main(["--epochs", "3", "--workers", "1", "--files", "16", "--json", str(out)])
+    report = json.loads(out.read_text())
+    assert set(report["loaders"]) == {"dataloader", "torchpipe_dataloader", "torchpipe_dataloader_auto"}
+    for entry in report["loaders"].values():
+        assert len(entry["pss_mb"]) == 3 and min(entry["pss_mb"]) > 0 and isinstance(entry["met"], bool)
+    assert "epoch 3" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        soak.main(["--epochs", "1"])
