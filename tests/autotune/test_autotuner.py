@@ -147,6 +147,22 @@ def test_the_tuner_thread_raises_the_parallelism_of_a_waiting_map_and_keeps_ever
     assert it.decisions() and it.decisions()[-1].values
 
 
+def test_the_tuner_thread_starts_when_its_first_round_is_due_so_a_short_pass_starts_none():
+    tuner = Autotuner(Fake("root"), ConsumerClock(), lambda: Budget(cpu=2, ram=1e9), intervals=[0.05, 60.0])
+    tuner.tick()  # the first element: the first window starts, no thread yet
+    tuner.tick()
+    assert not tuner.started
+    time.sleep(0.06)
+    tuner.tick()  # the first round is due: the thread starts (and runs it at once)
+    assert tuner.started and tuner.budget == Budget(cpu=2, ram=1e9)  # made when first asked for
+    tuner.stop()
+    ended = Autotuner(Fake("root"), ConsumerClock(), Budget(cpu=2, ram=1e9), intervals=[0.0])
+    ended.tick()
+    ended.stop()  # the pass ended before its first round: no thread ever
+    ended.tick()
+    assert not ended.started
+
+
 def test_disabled_autotune_starts_no_tuner():
     ds = tp.range(50).map(_slow, num_parallel_calls=tp.AUTOTUNE, executor="thread")
     it = iter(ds.with_options(tp.Options(autotune=tp.AutotuneOptions(enabled=False))))

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -108,13 +109,14 @@ class Autotuner:
         intervals: seconds between rounds (default: 0.1 s at first, backing off to 2 s).
     """
 
-    def __init__(self, root: Iterator, clock: ConsumerClock, budget: Budget,
+    def __init__(self, root: Iterator, clock: ConsumerClock, budget: Budget | Callable[[], Budget],
                  intervals: Iterable[float] | None = None) -> None:  # fmt: skip
         self.root = root
         self.clock = clock
-        self.budget = budget
+        self._budget = budget  # or what makes it, asked at the first round (reading the machine costs ~0.3 ms)
         self.decisions: collections.deque[Decision] = collections.deque(maxlen=_HISTORY)
-        self._intervals = intervals if intervals is not None else backoff_intervals(_FIRST_S, _LAST_S)
+        self._intervals = iter(intervals if intervals is not None else backoff_intervals(_FIRST_S, _LAST_S))
+        self._first: tuple[Look, float] | None = None  # the first window's look and when its round is due
         self._live = {knob.name: knob for knob in live_knobs(root)}
         self._held: dict[str, tuple[int, int]] = {}  # knob -> (held value, rounds left): a ceiling
         self._floors: dict[str, tuple[int, int]] = {}  # knob -> (floor value, rounds left)
@@ -130,20 +132,39 @@ class Autotuner:
         return dict(self._live)
 
     @property
+    def budget(self) -> Budget:
+        """What the pipeline may use."""
+        if not isinstance(self._budget, Budget):
+            self._budget = self._budget()
+        return self._budget
+
+    @property
     def started(self) -> bool:
         return self._thread is not None
 
     def start(self) -> None:
+        """Start tuning now, on a thread of its own: the first window starts here."""
         self._thread = threading.Thread(target=self._run, name="torchpipe-autotune", daemon=True)
         self._thread.start()
+
+    def tick(self) -> None:
+        """Called with each element until the tuner runs: the first call starts the first window
+        here, and the thread starts when that window's round is due. A pass that ends sooner (a
+        small pipeline, an interleave's inner one) starts no thread."""
+        now = time.perf_counter()
+        if self._first is None:
+            self._first = (look(self.root, self.clock.outside_s()), now + next(self._intervals))
+        elif now >= self._first[1] and self._thread is None and not self._stop.is_set():
+            self.start()
 
     def stop(self) -> None:
         self._stop.set()
 
     def _run(self) -> None:
-        before = look(self.root, self.clock.outside_s())
+        due = self._first is not None  # the first window started at tick(); its round is due now
+        before = self._first[0] if self._first is not None else look(self.root, self.clock.outside_s())
         settling = True  # the first window holds the start-up
-        for interval in self._intervals:
+        for interval in itertools.chain([0.0] if due else [], self._intervals):
             if self._stop.wait(interval):
                 return
             after = look(self.root, self.clock.outside_s())

@@ -209,7 +209,7 @@ class PipelineIterator:
         tree = ctx.traced(self._plan.runtime_root.build(ctx))
         tuning, clock, tuner = self._plan.options.autotune, ConsumerClock(), None
         if tuning.enabled and live_knobs(tree):
-            tuner = Autotuner(tree, clock, Budget.of_machine(tuning.cpu_budget, tuning.ram_budget))
+            tuner = Autotuner(tree, clock, functools.partial(Budget.of_machine, tuning.cpu_budget, tuning.ram_budget))
             if log is not None:
                 tuner.trace = functools.partial(_record_round, log, log.track((TUNER,), "autotune", TUNER, ()))
         self._log, self._waits = log, log.consumer if log is not None else None
@@ -234,7 +234,7 @@ class PipelineIterator:
                 tuner.stop()
             raise
         if tuner is not None and not tuner.started:
-            tuner.start()  # with the first element: the tuner's first window starts there
+            tuner.tick()  # the first element starts the tuner's first window; its thread, the first round
         if self._warning is not None:
             _warn_once(self._warning)
             self._warning = None

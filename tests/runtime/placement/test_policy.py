@@ -95,7 +95,9 @@ def test_inline_is_tried_even_when_predicted_somewhat_slower():
     policy = Policy(KINDS, 2)
     assert policy.decide(costs(2e-3)) == PROCESS  # predicted 1.2 ms: the first calls looked dear
     assert _acted(policy, 1.7e-3) == INLINE  # inline's 2 ms is within 1.3x: worth a window
-    assert _acted(policy, 1.0e-3) == INLINE  # it measured faster: it stays
+    assert _acted(policy, 1.0e-3) == THREAD  # it measured faster; 2 ms calls: threads get a window too
+    assert _acted(policy, 1.5e-3) == INLINE  # measured slower: back
+    assert _acted(policy, 1.0e-3) == INLINE  # every candidate measured: it stays
     other = Policy(KINDS, 2)
     other.decide(costs(2e-3))
     assert _acted(other, 1.2e-3) == THREAD  # threads are measured once while on processes
@@ -103,7 +105,7 @@ def test_inline_is_tried_even_when_predicted_somewhat_slower():
     assert _acted(other, 1.2e-3) == PROCESS  # 2 ms inline is 1.7x: a clear loss, not worth a window
 
 
-def test_threads_are_measured_once_while_calls_run_on_processes_whatever_the_gil_probe_said():
+def test_threads_are_measured_once_while_calls_run_elsewhere_whatever_the_gil_probe_said():
     policy = Policy(KINDS, 2)
     held = costs(5e-3, gil_free=0.1)  # the probe saw the GIL held: threads predicted no overlap
     assert policy.decide(held) == PROCESS
@@ -117,6 +119,12 @@ def test_threads_are_measured_once_while_calls_run_on_processes_whatever_the_gil
     unsafe = Policy(KINDS, 2)
     unsafe.decide(held.without_threads())
     assert unsafe.review(2.8e-3) == PROCESS  # calls that must not share the global RNGs
+    inline = Policy(KINDS, 2)
+    assert inline.decide(costs(1.5e-3, move_s=2e-3)) == INLINE  # dear to move: inline
+    assert _acted(inline, 1.5e-3) == THREAD  # 1.5 ms calls: threads are measured once
+    cheap = Policy(KINDS, 2)
+    assert cheap.decide(costs(0.3e-3, move_s=0.3e-3)) == INLINE
+    assert cheap.review(0.3e-3) == INLINE  # a hand-off would cost more than a missed release could win
 
 
 def test_measurements_go_stale_and_costs_that_change_clear_them(monkeypatch):

@@ -60,6 +60,9 @@ WAITS_FOR_MORE = 1.5
 WINDOWS_KEPT = 3
 """An executor's time per element is the fastest of its last this many windows: other work on
 the machine only ever slows a window down, so one busy window must not move the calls."""
+THREAD_TRIAL_S = 1e-3
+"""Inline calls at least this long get a window on threads whatever the GIL probe predicted
+(shorter ones would lose more to the hand-off than a missed GIL release could win)."""
 STALE_S = 10.0
 """A time measured on an executor longer ago than this no longer stands in for its prediction (a
 busy moment must not rule an executor out for good)."""
@@ -308,15 +311,17 @@ class Policy:
 
     def _worth_trying(self, measured: dict[str, float]) -> str | None:
         """An executor not measured lately, predicted ``EXPLORE`` times faster than the current one
-        measured; or threads, not measured lately, while the calls run on processes, whatever
-        their prediction: the GIL probe misses releases shorter than its tick (torch ops on fresh
-        tensors ran 1.35x faster on threads where it predicted no overlap), and a window on
-        threads costs little (the workers stay up for it: a stage comes back without a fork)."""
+        measured; or threads, not measured lately, whatever their prediction, while the calls run
+        on processes, or inline where a call takes :data:`THREAD_TRIAL_S` or more: the GIL probe
+        misses releases shorter than its tick (torch ops on fresh tensors ran 1.35x faster on
+        threads where it predicted no overlap, and 3.6x faster than inline), and a window on
+        threads costs little (a process pool's workers stay up for it: calls come back without a
+        fork)."""
         assert self.kind is not None and self.costs is not None  # measured: a kind was chosen
         here = measured[self.kind]
         for kind in KINDS:
             if kind in self.candidates and kind not in measured and (kind != THREAD or self.costs.thread_safe):
-                if kind == THREAD and self.kind == PROCESS:
+                if kind == THREAD and (self.kind == PROCESS or self.costs.call_s >= THREAD_TRIAL_S):
                     return kind
                 factor = EXPLORE_INLINE if kind == INLINE else EXPLORE
                 if predict(self.costs, kind, self.cores) * factor < here:

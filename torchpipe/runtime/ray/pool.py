@@ -177,7 +177,7 @@ class RayActorPool:
         self._payloads: dict[int, Task] = {}  # every task held: queued or running
         self._unsent: list[Result] = []
         self._size = 0
-        self._free: tuple[float, float] = (-1e9, 0.0)  # (when read, free CPUs)
+        self._free: tuple[float, int] = (-1e9, 0)  # (when read, the actors that fitted then: held + free CPUs')
         self.stats = PoolStats()
         self._main_cpu_s = 0.0
         self._lock = threading.RLock()  # another pool's thread may take this one's lapsed actors
@@ -283,14 +283,18 @@ class RayActorPool:
 
     def most_actors(self) -> int:
         """The most actors the stage may have: ``max_actors``, and no more than the cluster's free
-        CPUs allow besides those it holds (read at most every ``_FREE_CPUS_S``)."""
+        CPUs allow besides those it held when they were read (read at most every
+        ``_FREE_CPUS_S``: actors started since are not counted twice), nor more than all its CPUs."""
         now = time.monotonic()
-        if now - self._free[0] > _FREE_CPUS_S:
-            free = float(self._ray.available_resources().get("CPU", 0.0))
-            self._free = (now, free)
-        held = len(self._actors)
         per_actor = self._options.num_cpus
-        fits = held + int(self._free[1] // per_actor) if per_actor > 0 else 1 << 16
+        if per_actor <= 0:
+            fits = 1 << 16
+        else:
+            if now - self._free[0] > _FREE_CPUS_S:
+                free = float(self._ray.available_resources().get("CPU", 0.0))
+                total = float(self._ray.cluster_resources().get("CPU", 0.0))
+                self._free = (now, min(len(self._actors) + int(free // per_actor), int(total // per_actor)))
+            fits = self._free[1]
         most = fits if self._options.max_actors is None else min(fits, self._options.max_actors)
         return max(most, self._options.min_actors)
 
