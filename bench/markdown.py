@@ -80,11 +80,12 @@ def _knobs(chosen: dict[str, Any] | None) -> str:
 
 def summary_table(report: dict[str, Any]) -> str:
     """The README's table: one row per workload, torch's best DataLoader (its throughput and
-    workers), the zero-knob configurations and the best Python peer as ratios to it."""
+    workers), the zero-knob configurations and the best Python peer as ratios to it, and the two
+    zero-knob configurations' end PSS as ratios to torch's DataLoader's with as many workers."""
     lines = [
         "| workload | torch DataLoader, best | `torchpipe_auto` "
-        '| `tp.DataLoader(num_workers="auto")` | best Python peer |',
-        "|---|---|---|---|---|",
+        '| `tp.DataLoader(num_workers="auto")` | best Python peer | end PSS vs DataLoader, same workers |',
+        "|---|---|---|---|---|---|",
     ]
     chosen = report.get("machine", {}).get("run", {}).get("chosen", {})
     for name, entry in report["workloads"].items():
@@ -101,7 +102,9 @@ def summary_table(report: dict[str, Any]) -> str:
             ratio = f"{results[best]['throughput'] / base:.2f}x ({PEER_NAMES.get(best, best)})"
             peer = _with_spread(ratio, results[best])
         knobs = _knobs(chosen.get(name, {}).get(BASELINE))
-        cells = [name, _with_spread(f"{_rate(base)} {unit}{knobs}", results[BASELINE]), *ratios, peer]
+        memory = [entry.get("targets", {}).get(c, {}).get("pss_vs_same_workers") for c in ZERO_KNOB]
+        pss = " / ".join(f"{m['ratio']:.2f}x" if m and m.get("ratio") else "-" for m in memory)
+        cells = [name, _with_spread(f"{_rate(base)} {unit}{knobs}", results[BASELINE]), *ratios, peer, pss]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -483,7 +483,9 @@ def test_markdown_tables_from_a_report():
     assert "| 2.40 ok (nodes_best) | - |" in targets[2] and "vs best Python peer >=1" in targets[0]
     report["machine"] = {"run": {"chosen": {"jpeg": {"dataloader_best": {"num_workers": 2}}}}}
     summary = markdown.summary_table(report).splitlines()
-    assert summary[2] == "| jpeg | 100 img/s (2 workers) | 1.20x | - | 0.50x (torchdata.nodes) |"
+    assert summary[2] == "| jpeg | 100 img/s (2 workers) | 1.20x | - | 0.50x (torchdata.nodes) | - / - |"
+    report["workloads"]["jpeg"]["targets"] = {"torchpipe_auto": {"pss_vs_same_workers": {"ratio": 1.25}}}
+    assert markdown.summary_table(report).splitlines()[2].endswith("| 1.25x / - |")  # the memory column
 
 
 def test_plot_without_matplotlib_says_so(tmp_path, monkeypatch):
