@@ -7,7 +7,9 @@ import pytest
 import torchpipe as tp
 from torchpipe.testing import assert_checkpoint_roundtrip, assert_same_elements
 
-pytestmark = pytest.mark.xdist_group("ray")  # one suite worker runs every Ray test: one cluster at a time
+# One suite worker runs every Ray test (one cluster at a time); a Ray worker imports torch for
+# each task, so on two loaded cores a test may take well over a minute: the cap is a hang guard.
+pytestmark = [pytest.mark.xdist_group("ray"), pytest.mark.timeout(150)]
 
 
 def _columns(row):
@@ -63,5 +65,5 @@ def test_a_train_workers_shard_is_not_split_again(ray_cluster, rows):
     assert "Ray Train worker's dataset shard: not split again" in explained
     shards = ray_cluster.data.range(40, override_num_blocks=4).streaming_split(2, equal=True)
     worker = ray_cluster.remote(num_cpus=0)(_train_worker)
-    first, second = ray_cluster.get([worker.remote(shard, rank) for rank, shard in enumerate(shards)], timeout=45)
+    first, second = ray_cluster.get([worker.remote(shard, rank) for rank, shard in enumerate(shards)], timeout=120)
     assert len(first) == len(second) == 20 and sorted(first + second) == list(range(0, 80, 2))

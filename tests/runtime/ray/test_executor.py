@@ -14,7 +14,9 @@ import torchpipe as tp
 from torchpipe.runtime.ray.pool import kill_an_actor, running_pools
 from torchpipe.testing import assert_checkpoint_roundtrip, assert_exactly_once, assert_same_elements
 
-pytestmark = pytest.mark.xdist_group("ray")  # one suite worker runs every Ray test: one cluster at a time
+# One suite worker runs every Ray test (one cluster at a time); a Ray worker imports torch for
+# each task, so on two loaded cores a test may take well over a minute: the cap is a hang guard.
+pytestmark = [pytest.mark.xdist_group("ray"), pytest.mark.timeout(150)]
 
 
 class Rows(torch.utils.data.Dataset):
