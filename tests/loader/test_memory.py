@@ -114,7 +114,7 @@ def test_over_its_budget_a_loader_gives_up_workers_then_slots_and_loses_no_batch
     steps = [s.split(":")[0] for s in shed]
     slots, last = steps.index("a ring slot"), steps.index("the last worker")
     assert all(s.startswith("worker ") for s in steps[:slots]) and slots < last  # workers, then slots, then all
-    assert lean.stats()[0]["executor"] == "inline"
+    assert lean.stats()[0]["executor"] == "inline"  # capped at 0 by the budget, whatever measured
     left = {p.pid for p in psutil.Process().children(recursive=True)} - before
     assert not left  # nor the workers' zygote, once they are gone
 

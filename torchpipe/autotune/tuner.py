@@ -19,7 +19,8 @@ import psutil
 from torchpipe.autotune.model import Knob, Stage, cpu_cores, memory_bytes, predict_time
 from torchpipe.runtime.cpu import usable_cpu_count
 
-_RAM_SHARE = 0.5  # of the memory available when the pipeline starts
+RAM_SHARE = 0.5
+"""The share of the memory available when a pipeline starts that its RAM budget is by default."""
 CPU_TOLERANCE = 0.1
 """Share of the CPU budget a setting may exceed: measured CPU shares (0.98 a worker, plus the main
 thread's bits) must not keep one CPU-bound worker per core out of reach."""
@@ -42,7 +43,7 @@ class Budget:
     def of_machine(cls, cpu: float | None = None, ram: float | None = None) -> Budget:
         """The defaults, with ``cpu`` / ``ram`` overriding them where given."""
         cores = float(usable_cpu_count()) if cpu is None else float(cpu)
-        memory = psutil.virtual_memory().available * _RAM_SHARE if ram is None else float(ram)
+        memory = psutil.virtual_memory().available * RAM_SHARE if ram is None else float(ram)
         return cls(max(cores, 1.0), max(memory, 0.0))
 
 

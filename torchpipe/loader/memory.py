@@ -23,11 +23,11 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-import psutil
+from torchpipe.autotune.tuner import RAM_SHARE, Budget
 
-DEFAULT_SHARE = 0.5
+DEFAULT_SHARE = RAM_SHARE
 """The share of the memory available when a loader first starts that it keeps what it holds
-under, unless ``ram_budget`` is given (tf.data's autotuner takes the same share for its buffers)."""
+under, unless ``ram_budget`` is given: a pipeline's default (tf.data's autotuner takes the same)."""
 CHECK_EVERY_S = 0.25
 """How often the loader's memory is read while it holds more than half its budget."""
 RELAXED_CHECK_EVERY_S = 2.0
@@ -51,8 +51,8 @@ def private_bytes(pid: int) -> int:
 
 
 def default_budget() -> float:
-    """:data:`DEFAULT_SHARE` of the memory available now, in bytes."""
-    return psutil.virtual_memory().available * DEFAULT_SHARE
+    """:data:`DEFAULT_SHARE` of the memory available now, in bytes (a pipeline's default RAM budget)."""
+    return Budget.of_machine().ram
 
 
 def ring_limit(ram_budget: float, workers: int) -> int:
@@ -146,3 +146,14 @@ def pool_holdings(pool: Any) -> Holdings:
         return list(live.process_ids), float(live.ring_bytes)
 
     return holdings
+
+
+def over_budget(memory: LoaderMemory, workers: int) -> str:
+    """The warning for a loader whose chosen ``num_workers`` hold more than its budget."""
+    budget = "its ram_budget" if memory.given else f"the default budget ({DEFAULT_SHARE:.0%} of the memory available)"
+    return (
+        f"this DataLoader's {workers} worker processes and their rings hold {memory.held / 2**20:.0f} MiB of "
+        f"their own, past {budget}: {memory.budget / 2**20:.0f} MiB. num_workers is yours and is kept; fewer "
+        "workers or a smaller prefetch_factor hold less, and num_workers='auto' keeps to the budget by itself "
+        "(docs/autotune.md)"
+    )

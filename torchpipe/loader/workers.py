@@ -25,7 +25,6 @@ import time
 import warnings
 import weakref
 from collections import deque
-from collections.abc import Callable
 from typing import Any
 
 import torch.utils.data._utils.collate as torch_collate
@@ -38,17 +37,17 @@ from torchpipe.autotune.live import start_look
 from torchpipe.autotune.report import PipelineStats, pipeline_stats
 from torchpipe.autotune.tuner import Budget
 from torchpipe.core.stats import IteratorStats
-from torchpipe.core.tunable import POOL, Tunable
 from torchpipe.loader.fetch import DataLoader, Exhausted, FetchTask, LocalFetch
 from torchpipe.loader.memory import (
-    DEFAULT_SHARE,
     LoaderMemory,
     default_budget,
+    over_budget,
     pool_holdings,
     private_bytes,
     ring_limit,
 )
 from torchpipe.loader.replicas import MAX_REPLICAS, ReplicaPlan, io_replicas
+from torchpipe.loader.stage import STAGE, WorkersStage, resize_weakly
 from torchpipe.options import DEFAULT_STALL_TIMEOUT_S
 from torchpipe.randomness import (
     GLOBAL_RNGS,
@@ -62,17 +61,10 @@ from torchpipe.runtime.dispatch import Dispatcher
 from torchpipe.runtime.knob import LiveKnob
 from torchpipe.runtime.placement.auto_stage import AutoStage, StageCalls, pass_candidates
 from torchpipe.runtime.placement.measure import measure_calls
-from torchpipe.runtime.placement.policy import INLINE, KINDS, PROCESS, THREAD, Policy
+from torchpipe.runtime.placement.policy import INLINE, KINDS, THREAD, Policy
 from torchpipe.runtime.placement.stage import Placement
 from torchpipe.runtime.processes.pool import ProcessPool
 from torchpipe.runtime.processes.worker import MAX_RING_BYTES
-
-STAGE = "DataLoader workers"
-NOT_ON_THREADS = (
-    "the dataset draws from the global RNGs (random, numpy, torch), which threads share, and seeds were set "
-    "(a generator given, or torch.manual_seed) so its draws must repeat on every run"
-)
-"""Why ``num_workers="auto"`` makes no batch on threads, in ``loader.stats()``."""
 
 
 class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
@@ -113,7 +105,7 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
         lean = given is not None and state.workers_auto  # a budget the user gave: rings stay small
         self._ring_limit = ring_limit(given, most) if lean else MAX_RING_BYTES
         self._pool = self._new_pool(self._task, 0 if self._auto else processes, fork_now=not self._auto)
-        self._stage = _WorkersStage(self)
+        self._stage = WorkersStage(self)
         self._executors: AutoStage | None = None  # "auto": where batches are made, and the moves
         self._placement: Placement | None = None
         self._knob: LiveKnob | None = None
@@ -172,7 +164,7 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
         self._executors = AutoStage(STAGE, calls, self._pool.timing, policy, learned=state.learned,
                                     stall_s=DEFAULT_STALL_TIMEOUT_S, on_move=self._moved)  # fmt: skip
         self._dispatch, self._placement = self._executors.dispatcher, self._executors.placement
-        self._knob = self._executors.add_knob(0, 0, most, apply=_resize_weakly(self))
+        self._knob = self._executors.add_knob(0, 0, most, apply=resize_weakly(self))
 
     def _processes(self, workers: int) -> ProcessPool:
         """The worker processes, ``workers`` of them (the zygote forked the first time)."""
@@ -417,7 +409,7 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
         if placement is None:
             if not memory.warned:
                 memory.warned = True
-                warnings.warn(_over_budget(memory, self._pool.size), stacklevel=3)
+                warnings.warn(over_budget(memory, self._pool.size), stacklevel=3)
             memory.over = False
             return
         if placement.workers > 1:
@@ -529,17 +521,6 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
                 closing.close()
 
 
-def _over_budget(memory: LoaderMemory, workers: int) -> str:
-    """The warning for a loader whose chosen ``num_workers`` hold more than its budget."""
-    budget = "its ram_budget" if memory.given else f"the default budget ({DEFAULT_SHARE:.0%} of the memory available)"
-    return (
-        f"this DataLoader's {workers} worker processes and their rings hold {memory.held / 2**20:.0f} MiB of "
-        f"their own, past {budget}: {memory.budget / 2**20:.0f} MiB. num_workers is yours and is kept; fewer "
-        "workers or a smaller prefetch_factor hold less, and num_workers='auto' keeps to the budget by itself "
-        "(docs/autotune.md)"
-    )
-
-
 def _sizing(state: Any, iterable: bool) -> str:
     """How ``num_workers="auto"`` sizes a loader's workers (nothing for a fixed count), for explain()."""
     if not state.workers_auto:
@@ -549,72 +530,3 @@ def _sizing(state: Any, iterable: bool) -> str:
         return f" (resized by the autotuner: 1 to {2 * cores})"
     more = "" if state.replicas else f" ({io_replicas(cores)} where the first batches wait on I/O)"
     return f" running {state.replicas or 2 * cores} replicas{more}, one a process where they wait, else in turn"
-
-
-class _WorkersStage(Tunable):
-    """A DataLoader's batches as the autotuner and the report see them: one pool stage, no input.
-
-    It counts the batches delivered (and the loop's waits) in the iterator stats every op keeps;
-    the time per batch comes from the executors' call timing.
-    """
-
-    name = STAGE
-    tuning_role = POOL
-
-    def __init__(self, iterator: WorkerIterator) -> None:
-        self.stats = IteratorStats()
-        self._iterator = weakref.ref(iterator)
-
-    def children(self) -> list[Any]:
-        return []
-
-    def knobs(self) -> list[LiveKnob]:
-        it = self._iterator()
-        return [it._knob] if it is not None and it._knob is not None else []
-
-    def parallelism(self) -> int:
-        it = self._iterator()
-        if it is None:
-            return 0
-        return it._placement.workers if it._placement is not None else it._pool.size
-
-    def buffer_slots(self) -> int:
-        it = self._iterator()
-        return it._window() if it is not None else 0
-
-    def calls_in_processes(self) -> bool:
-        it = self._iterator()
-        return it is not None and (it._placement is None or it._placement.kind == PROCESS)
-
-    def executor_report(self) -> dict[str, Any]:
-        """Where batches are made, for ``loader.stats()``, as a parallel map reports it: the
-        ``executor`` kind, its ``workers``, the worker processes' ``pids`` and, with
-        ``num_workers="auto"``, what its policy measured (``policy``: :meth:`Policy.report`)."""
-        it = self._iterator()
-        if it is None:
-            return {}
-        kind = it._placement.kind if it._placement is not None else PROCESS
-        report: dict[str, Any] = {"executor": kind, "workers": self.parallelism(), "pids": it._pool.pids}
-        policy = it._placement.policy if it._placement is not None else None
-        if policy is not None:
-            report["measured"] = sorted(policy.measured)
-            report["policy"] = policy.report()
-            if policy.costs is not None and not policy.costs.thread_safe:
-                report["not_on_threads"] = NOT_ON_THREADS
-        return report
-
-
-def _resize_weakly(iterator: WorkerIterator) -> Callable[[int], None]:
-    """What the tuner's request for a worker count (0: batches made in this process) does; it
-    holds the iterator weakly (the tuner's thread must not keep a dropped iterator, and its
-    workers, alive)."""
-    ref = weakref.ref(iterator)
-
-    def apply(n: int) -> None:
-        live = ref()
-        if live is not None:
-            assert live._placement is not None  # the knob exists with num_workers="auto"
-            live._placement.resize(n)
-            live._fill()
-
-    return apply
