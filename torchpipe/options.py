@@ -14,6 +14,7 @@ OPTIMIZATIONS = (
     "filter_fusion",
     "map_filter_fusion",
     "source_pushdown",
+    "record_pushdown",
     "map_batch_fusion",
     "inject_prefetch",
 )

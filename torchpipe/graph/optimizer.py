@@ -10,8 +10,10 @@ Order (each pass sees what the ones before it made):
 6. ``filter_fusion``: adjacent filters -> one stage.
 7. ``map_filter_fusion``: map then filter -> one stage.
 8. ``source_pushdown``: from_dataset fetched inside a parallel map's workers.
-9. ``map_batch_fusion``: parallel map then batch -> one task per batch.
-10. ``inject_prefetch``: prefetch(AUTOTUNE) at the end when the last op is synchronous.
+9. ``record_pushdown``: an interleave of indexable record files read by address inside a
+   parallel map's workers.
+10. ``map_batch_fusion``: parallel map then batch -> one task per batch.
+11. ``inject_prefetch``: prefetch(AUTOTUNE) at the end when the last op is synchronous.
 
 Every pass is on by default and can be switched off with
 ``tp.Options(optimizations={"map_fusion": False})``; none changes the elements a pipeline
@@ -29,6 +31,7 @@ from torchpipe.graph.passes import (
     map_fusion,
     map_parallelization,
     noop_elimination,
+    record_pushdown,
     shuffle_repeat_fusion,
     source_pushdown,
     vectorize,
@@ -44,6 +47,7 @@ PASSES = (
     filter_fusion,
     map_filter_fusion,
     source_pushdown,
+    record_pushdown,
     map_batch_fusion,
     inject_prefetch,
 )

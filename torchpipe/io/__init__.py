@@ -18,7 +18,8 @@ from torchpipe.io.example import (
 from torchpipe.io.files import DataLossError, expand_braces, split_files
 from torchpipe.io.index import TFRecordRecords, tfrecord_index
 from torchpipe.io.remote import RemoteReadError, RetryPolicy
-from torchpipe.io.tfrecord import TFRecordDataset, TFRecordWriter, masked_crc
+from torchpipe.io.tfrecord import TFRecordDataset, TFRecordWriter
+from torchpipe.io.tfrecord_framing import masked_crc
 from torchpipe.io.webdataset import TarWriter, from_webdataset
 from torchpipe.saved import SavedDataset
 from torchpipe.storage.saved_file import SavedFormatError, SavedRecords

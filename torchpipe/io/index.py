@@ -24,7 +24,7 @@ import numpy as np
 from torchpipe.arguments import require_bool
 from torchpipe.io import remote
 from torchpipe.io.files import DataLossError, check_path, open_input
-from torchpipe.io.tfrecord import _CRC, _HEADER, FOOTER_BYTES, HEADER_BYTES, masked_crc
+from torchpipe.io.tfrecord_framing import _CRC, _HEADER, FOOTER_BYTES, HEADER_BYTES, masked_crc
 from torchpipe.runtime.local_files import ProcessLocalFiles
 
 FRAMING = HEADER_BYTES + FOOTER_BYTES
@@ -67,6 +67,21 @@ def tfrecord_index(
     return index
 
 
+def index_until_error(path: str) -> tuple[np.ndarray, DataLossError | None]:
+    """:func:`tfrecord_index` of a local file, except that a corrupt or truncated record ends the
+    index there: the records before it and its error (None for a sound file, whose sidecar is
+    read, or written when it was missing or stale)."""
+    size = os.path.getsize(remote.local_path(path))
+    index_path = path + ".idx"
+    index = _read_sidecar(index_path)
+    if index is not None and _fits(index, size):
+        return index, None
+    index, error = scan_until_error(path, size, None)
+    if error is None:
+        _write_sidecar(index_path, index)
+    return index, error
+
+
 def _read_sidecar(index_path: str) -> np.ndarray | None:
     try:
         if remote.is_url(index_path):
@@ -96,27 +111,40 @@ def scan_records(path: str, size: int, retry: remote.RetryPolicy | None) -> np.n
     Raises:
         DataLossError: at a truncated or corrupt record, naming the file and its offset.
     """
+    index, error = scan_until_error(path, size, retry)
+    if error is not None:
+        raise error
+    return index
+
+
+def scan_until_error(path: str, size: int, retry: remote.RetryPolicy | None) -> tuple[np.ndarray, DataLossError | None]:
+    """:func:`scan_records`, except that a truncated or corrupt record ends the scan: the records
+    before it, and its error (None where the whole file was read)."""
     offsets: list[int] = []
     lengths: list[int] = []
     offset = 0
+    error = None
     with open_input(path, _SCAN_BUFFER, retry) as f:
         while offset < size:
             header = f.read(HEADER_BYTES)
             if len(header) < HEADER_BYTES:
-                raise DataLossError(f"{path}: truncated record at byte {offset}: {len(header)} of its "
-                                    f"{HEADER_BYTES} header bytes", path, offset)  # fmt: skip
+                error = DataLossError(f"{path}: truncated record at byte {offset}: {len(header)} of its "
+                                      f"{HEADER_BYTES} header bytes", path, offset)  # fmt: skip
+                break
             length, length_crc = _HEADER.unpack(header)
             if masked_crc(header[:8]) != length_crc:
-                raise DataLossError(f"{path}: corrupt record at byte {offset}: the length's CRC does not match",
-                                    path, offset)  # fmt: skip
+                error = DataLossError(f"{path}: corrupt record at byte {offset}: the length's CRC does not match",
+                                      path, offset)  # fmt: skip
+                break
             if offset + FRAMING + length > size:
-                raise DataLossError(f"{path}: truncated record at byte {offset}: {length} bytes long, past the "
-                                    f"end of the file ({size} bytes)", path, offset)  # fmt: skip
+                error = DataLossError(f"{path}: truncated record at byte {offset}: {length} bytes long, past the "
+                                      f"end of the file ({size} bytes)", path, offset)  # fmt: skip
+                break
             offsets.append(offset)
             lengths.append(FRAMING + length)
             offset += FRAMING + length
             f.seek(length + FOOTER_BYTES, io.SEEK_CUR)
-    return np.array([offsets, lengths], dtype=np.int64).T.reshape(-1, 2)
+    return np.array([offsets, lengths], dtype=np.int64).T.reshape(-1, 2), error
 
 
 def _write_sidecar(index_path: str, index: np.ndarray) -> None:
@@ -202,14 +230,19 @@ class TFRecordRecords:
         if len(framed) < length:
             raise DataLossError(f"{path}: truncated record at byte {offset}: {len(framed)} of its {length} bytes; "
                                 "has the file changed since it was indexed?", path, offset)  # fmt: skip
-        return _unframe(framed, path, offset, self.verify)
+        return unframe(framed, path, offset, self.verify)
 
     def __repr__(self) -> str:
         return f"TFRecordRecords({len(self.paths)} files, {len(self)} records)"
 
 
-def _unframe(framed: bytes, path: str, offset: int, verify: bool) -> bytes:
-    """The data of one framed record read whole; its framing is checked against the index."""
+def unframe(framed: Any, path: str, offset: int, verify: bool) -> bytes:
+    """The data of one framed record read whole (``bytes`` or a ``memoryview`` of them); its
+    framing is checked against the index.
+
+    Raises:
+        DataLossError: where the framing or a CRC does not match, naming the file and offset.
+    """
     length, length_crc = _HEADER.unpack_from(framed)
     if length != len(framed) - FRAMING or (verify and masked_crc(framed[:8]) != length_crc):
         raise DataLossError(f"{path}: corrupt record at byte {offset}: its header does not match the index "
@@ -218,4 +251,4 @@ def _unframe(framed: bytes, path: str, offset: int, verify: bool) -> bytes:
     if verify and masked_crc(data) != _CRC.unpack_from(framed, HEADER_BYTES + length)[0]:
         raise DataLossError(f"{path}: corrupt record at byte {offset}: the data's CRC does not match "
                             f"({length} bytes)", path, offset)  # fmt: skip
-    return data
+    return data if type(data) is bytes else bytes(data)

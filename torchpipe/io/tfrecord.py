@@ -1,16 +1,9 @@
 """TFRecord files without TensorFlow: ``tp.TFRecordDataset`` and ``tp.io.TFRecordWriter``.
 
-A TFRecord file is a sequence of records, each framed as::
-
-    uint64 length (little-endian)
-    uint32 masked CRC32C of the 8 length bytes
-    byte   data[length]
-    uint32 masked CRC32C of data
-
-where ``masked(crc) = ((crc >> 15) | (crc << 17)) + 0xa282ead8`` (mod 2**32). A file may be
-GZIP or ZLIB compressed as a whole. The CRC32C comes from the ``crc32c`` package: hardware
-CRC32C (SSE4.2 / ARMv8) at 15-19 GB/s on 100 KB records, about 3x ``google-crc32c``, and it
-takes any buffer and releases the GIL on large ones (docs/formats.md).
+A TFRecord file is a sequence of framed records (``io/tfrecord_framing.py``); a file may be GZIP
+or ZLIB compressed as a whole. The CRC32C comes from the ``crc32c`` package: hardware CRC32C
+(SSE4.2 / ARMv8) at 15-19 GB/s on 100 KB records, about 3x ``google-crc32c``, and it takes any
+buffer and releases the GIL on large ones (docs/formats.md).
 
 A file's reader is a source whose checkpoint is ``{file, offset}``: the byte where the next
 record starts (in the uncompressed stream for compressed files), so a resume seeks instead of
@@ -20,11 +13,8 @@ reading the records before it again.
 from __future__ import annotations
 
 import os
-import struct
 import zlib
 from typing import Any
-
-import crc32c
 
 from torchpipe.arguments import require_bool, require_int
 from torchpipe.constants import AUTOTUNE, UNKNOWN
@@ -33,7 +23,6 @@ from torchpipe.core.node import BuildContext, Node
 from torchpipe.dataset import Dataset
 from torchpipe.io import remote
 from torchpipe.io.files import (
-    DataLossError,
     FileReaderIterator,
     OutputFile,
     check_compression_type,
@@ -41,64 +30,9 @@ from torchpipe.io.files import (
     open_stream,
     path_dataset,
 )
-from torchpipe.ops.source_nodes import FileOpener
-
-_LENGTH = struct.Struct("<Q")
-_CRC = struct.Struct("<I")
-_HEADER = struct.Struct("<QI")
-HEADER_BYTES = 12
-FOOTER_BYTES = 4
-_MASK_DELTA = 0xA282EAD8
-
-
-def masked_crc(data: Any) -> int:
-    """The masked CRC32C that TFRecord stores for ``data`` (any bytes-like object)."""
-    crc = crc32c.crc32c(data)
-    return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
-
-
-def frame_header(length: int) -> bytes:
-    """The 12 bytes before a record of ``length`` bytes: its length and the length's CRC."""
-    encoded = _LENGTH.pack(length)
-    return encoded + _CRC.pack(masked_crc(encoded))
-
-
-def read_record(read: Any, path: str, offset: int, verify: bool, limit: int | None = None) -> bytes | None:
-    """The record starting at byte ``offset``, read with ``read(n)``; None at a clean end of file.
-
-    Args:
-        read: reads up to ``n`` bytes (fewer only at the end of the file).
-        path: the file, for errors.
-        offset: where the record starts, for errors.
-        verify: check both CRCs.
-        limit: the bytes left in the file from ``offset``, where known: a length past it is
-            truncation (and is not allocated).
-
-    Raises:
-        DataLossError: for a truncated record or a CRC mismatch, naming the file and offset.
-    """
-    header = read(HEADER_BYTES)
-    if len(header) < HEADER_BYTES:
-        if not header:
-            return None
-        raise DataLossError(f"{path}: truncated record at byte {offset}: {len(header)} of its "
-                            f"{HEADER_BYTES} header bytes", path, offset)  # fmt: skip
-    length, length_crc = _HEADER.unpack(header)
-    if verify and masked_crc(header[:8]) != length_crc:
-        raise DataLossError(f"{path}: corrupt record at byte {offset}: the length's CRC does not match", path, offset)
-    if limit is not None and HEADER_BYTES + length + FOOTER_BYTES > limit:
-        raise DataLossError(f"{path}: truncated record at byte {offset}: it is {length} bytes long, but the file "
-                            f"has {limit - HEADER_BYTES} bytes after its header", path, offset)  # fmt: skip
-    data = read(length)
-    footer = read(FOOTER_BYTES)
-    if len(data) < length or len(footer) < FOOTER_BYTES:
-        got = len(data) + len(footer)
-        raise DataLossError(f"{path}: truncated record at byte {offset}: {got} of its {length + FOOTER_BYTES} "
-                            f"data and CRC bytes", path, offset)  # fmt: skip
-    if verify and masked_crc(data) != _CRC.unpack(footer)[0]:
-        raise DataLossError(f"{path}: corrupt record at byte {offset}: the data's CRC does not match "
-                            f"({length} bytes)", path, offset)  # fmt: skip
-    return data
+from torchpipe.io.tfrecord_addresses import TFRecordAddresses, TFRecordFetch
+from torchpipe.io.tfrecord_framing import _CRC, FOOTER_BYTES, HEADER_BYTES, frame_header, masked_crc, read_record
+from torchpipe.ops.source_nodes import FileOpener, IndexedFiles
 
 
 class TFRecordFileNode(Node):
@@ -176,6 +110,12 @@ class TFRecordFileReader(FileOpener):
         path = check_path("TFRecordDataset", path)
         return Dataset(TFRecordFileNode(path, self.compression, self.buffer_size, self.verify, self.retry))
 
+    def indexed(self, paths: list[str]) -> IndexedFiles | None:
+        """Uncompressed local files are read by record address (``io/tfrecord_addresses.py``)."""
+        if self.compression is not None or any(remote.is_url(path) for path in paths):
+            return None  # a URL's index would read the whole file first
+        return IndexedFiles(TFRecordAddresses(), TFRecordFetch(self.verify))
+
 
 def TFRecordDataset(  # noqa: N802 - tf.data's name
     filenames: Any,
@@ -224,6 +164,10 @@ def TFRecordDataset(  # noqa: N802 - tf.data's name
         return files.flat_map(reader)
     return files.interleave(reader, cycle_length=num_parallel_reads, block_length=1,
                             num_parallel_calls=num_parallel_reads)  # fmt: skip
+
+
+TFRecordDataset.__torchpipe_file_opener__ = TFRecordFileReader(None, None, True, None)  # type: ignore[attr-defined]
+"""What ``TFRecordDataset(path)`` is for one file, when an interleave maps file names to it."""
 
 
 class TFRecordWriter:

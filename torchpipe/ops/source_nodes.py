@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import builtins
 from collections.abc import Callable, Sized
-from typing import Any
+from typing import Any, NamedTuple
 
 from torchpipe import nest
 from torchpipe.constants import UNKNOWN
@@ -67,7 +67,7 @@ class DatasetFetch:
 
     def __init__(self, dataset: Any) -> None:
         self.dataset = dataset
-        self.stage = f"from_dataset({type(dataset).__name__})"
+        self.stage = getattr(dataset, "torchpipe_stage", None) or f"from_dataset({type(dataset).__name__})"
 
     def __call__(self, index: int) -> Any:
         try:
@@ -188,10 +188,38 @@ class FileListNode(TensorSlicesNode):
         self.files = files
 
 
+class IndexedFiles(NamedTuple):
+    """How an opener's files are read by record address (the optimizer's record_pushdown).
+
+    Attributes:
+        addresses: maps a file name to the dataset of its records' addresses, in file order,
+            with the state the opener's own inner dataset has (so checkpoints are the same).
+        fetch: reads records by address, as a map-style dataset does by index
+            (``fetch[address]``, and ``fetch.__getitems__(addresses)`` for a batch's).
+    """
+
+    addresses: Callable[[Any], Any]
+    fetch: Any
+
+
 class FileOpener:
     """Base of the functions that map a file name to the dataset of its records (``torchpipe.io``'s
     TFRecord and tar readers): a ``flat_map`` or ``interleave`` of one reads files, so the
     distribution rewrite splits its input by file, whatever dataset of names it is given."""
+
+    def indexed(self, paths: list[str]) -> IndexedFiles | None:
+        """How files ``paths`` are read by record address, or None where they are not (the
+        default): compressed files, or files without ranged reads."""
+        return None
+
+
+def file_opener(fn: Any) -> FileOpener | None:
+    """The :class:`FileOpener` that ``fn`` is, or that it opens one file as (a reader function
+    such as ``tp.TFRecordDataset`` names it ``__torchpipe_file_opener__``); else None."""
+    if isinstance(fn, FileOpener):
+        return fn
+    opener = getattr(fn, "__torchpipe_file_opener__", None)
+    return opener if isinstance(opener, FileOpener) else None
 
 
 class RangeNode(Node):

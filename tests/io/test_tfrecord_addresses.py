@@ -1,0 +1,114 @@
+"""TFRecord files read by record address (the optimizer's record_pushdown): a batch's records in a
+few reads, damaged records failing alone with their file and offset, checkpoints that hold a
+reader's position, and the files' indexes kept between epochs."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import torchpipe as tp
+from torchpipe.io import tfrecord_addresses
+from torchpipe.io.tfrecord_addresses import RecordAddress, TFRecordFetch
+
+
+def write(path, records) -> str:
+    with tp.io.TFRecordWriter(path) as writer:
+        for record in records:
+            writer.write(record)
+    return str(path)
+
+
+@pytest.fixture
+def files(tmp_path):
+    records = [[b"%d:%d|" % (k, i) + b"x" * (i * 11) for i in range(6)] for k in range(3)]
+    return [write(tmp_path / f"f{k}.tfrecord", records[k]) for k in range(3)]
+
+
+def label(record):
+    return record.split(b"|")[0].decode()
+
+
+def pipeline(paths, *, after_map=None, **options):
+    ds = tp.from_iterable(paths).interleave(tp.TFRecordDataset, cycle_length=3, num_parallel_calls=2)
+    ds = ds.map(label, num_parallel_calls=2, executor="thread")
+    ds = after_map(ds) if after_map is not None else ds
+    return ds.with_options(tp.Options(**options)) if options else ds
+
+
+def off(ds):
+    return ds.with_options(tp.Options(optimizations={"record_pushdown": False}))
+
+
+def addresses(path):
+    index = tp.io.tfrecord_index(path)
+    return [RecordAddress(path, int(offset), int(length)) for offset, length in index.tolist()]
+
+
+def test_a_batch_of_adjacent_records_is_one_read_a_file(files, monkeypatch):
+    reads = []
+    real = os.pread
+    monkeypatch.setattr(tfrecord_addresses.os, "pread", lambda fd, n, at: reads.append(n) or real(fd, n, at))
+    fetch = TFRecordFetch(verify=True)
+    wanted = [addresses(files[0])[1], addresses(files[1])[0], addresses(files[0])[2], addresses(files[1])[1]]
+    assert [label(r) for r in fetch.__getitems__(wanted)] == ["0:1", "1:0", "0:2", "1:1"]
+    assert len(reads) == 2  # one run in each file, whatever the order asked
+    assert label(fetch[addresses(files[2])[5]]) == "2:5"
+
+
+def test_a_damaged_record_fails_alone_naming_its_file_and_offset(files):
+    target = addresses(files[1])[2]
+    with open(files[1], "r+b") as f:  # a byte of its data: its CRC no longer matches
+        f.seek(target.offset + 14)
+        f.write(b"#")
+    with pytest.raises(tp.io.DataLossError, match=f"{files[1]}: corrupt record at byte {target.offset}") as caught:
+        list(pipeline(files))
+    assert caught.value.path == files[1] and caught.value.offset == target.offset
+    kept = list(pipeline(files, after_map=lambda ds: ds.ignore_errors()))
+    expected = sorted(f"{k}:{i}" for k in range(3) for i in range(6) if (k, i) != (1, 2))
+    assert sorted(kept) == expected  # the records after it in its file too: only the damaged one is lost
+
+
+def test_a_damaged_header_ends_its_file_there_as_a_reader_does(files):
+    target = addresses(files[0])[3]
+    with open(files[0], "r+b") as f:  # its length: the records after it cannot be framed
+        f.seek(target.offset)
+        f.write(b"\xff")
+    os.remove(files[0] + ".idx")  # written by addresses() above: the file is indexed again, and stops there
+    tfrecord_addresses.INDEXES._cache.clear()
+    on = list(pipeline(files, after_map=lambda ds: ds.ignore_errors()))
+    assert on == list(off(pipeline(files, after_map=lambda ds: ds.ignore_errors())))
+    assert sorted(x for x in on if x.startswith("0:")) == ["0:0", "0:1", "0:2"]
+    with pytest.raises(tp.io.DataLossError, match=f"corrupt record at byte {target.offset}"):
+        list(pipeline(files))
+    assert not os.path.exists(files[0] + ".idx")  # no sidecar for a damaged file
+
+
+def test_a_file_changed_since_the_checkpoint_is_named(files):
+    it = iter(pipeline(files))
+    [next(it) for _ in range(4)]
+    state = it.state_dict()
+    it.close()
+    write(files[0], [b"other|" + b"y" * 3] * 6)  # new lengths: the saved offsets fall inside records
+    resumed = iter(pipeline(files))
+    resumed.load_state_dict(state)
+    with pytest.raises(tp.CheckpointError, match="no record of .*f0.tfrecord starts at byte"):
+        list(resumed)
+
+
+def test_indexes_are_kept_between_epochs(files, monkeypatch):
+    tfrecord_addresses.INDEXES._cache.clear()
+    built = []
+    real = tfrecord_addresses.index_until_error
+    monkeypatch.setattr(tfrecord_addresses, "index_until_error", lambda path: built.append(path) or real(path))
+    ds = pipeline(files)
+    first, second = list(ds), list(ds)
+    assert first == second and sorted(built) == sorted(files)
+
+
+def test_file_urls_are_local_files(files):
+    urls = [f"file://{path}" for path in files]
+    ds = pipeline(urls)
+    assert "record_pushdown" in ds.explain(as_dict=True)["rewrites"]
+    assert list(ds) == list(off(pipeline(files)))

@@ -1,0 +1,79 @@
+"""TFRecord framing: a record's length, its CRCs, and reading one framed record.
+
+Each record of a TFRecord file is framed as::
+
+    uint64 length (little-endian)
+    uint32 masked CRC32C of the 8 length bytes
+    byte   data[length]
+    uint32 masked CRC32C of data
+
+where ``masked(crc) = ((crc >> 15) | (crc << 17)) + 0xa282ead8`` (mod 2**32). The reader
+(``io/tfrecord.py``), the writer, the indexes (``io/index.py``) and the reads by address
+(``io/tfrecord_addresses.py``) frame records here.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import crc32c
+
+from torchpipe.errors import DataLossError
+
+_LENGTH = struct.Struct("<Q")
+_CRC = struct.Struct("<I")
+_HEADER = struct.Struct("<QI")
+HEADER_BYTES = 12
+FOOTER_BYTES = 4
+_MASK_DELTA = 0xA282EAD8
+
+
+def masked_crc(data: Any) -> int:
+    """The masked CRC32C that TFRecord stores for ``data`` (any bytes-like object)."""
+    crc = crc32c.crc32c(data)
+    return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
+
+
+def frame_header(length: int) -> bytes:
+    """The 12 bytes before a record of ``length`` bytes: its length and the length's CRC."""
+    encoded = _LENGTH.pack(length)
+    return encoded + _CRC.pack(masked_crc(encoded))
+
+
+def read_record(read: Any, path: str, offset: int, verify: bool, limit: int | None = None) -> bytes | None:
+    """The record starting at byte ``offset``, read with ``read(n)``; None at a clean end of file.
+
+    Args:
+        read: reads up to ``n`` bytes (fewer only at the end of the file).
+        path: the file, for errors.
+        offset: where the record starts, for errors.
+        verify: check both CRCs.
+        limit: the bytes left in the file from ``offset``, where known: a length past it is
+            truncation (and is not allocated).
+
+    Raises:
+        DataLossError: for a truncated record or a CRC mismatch, naming the file and offset.
+    """
+    header = read(HEADER_BYTES)
+    if len(header) < HEADER_BYTES:
+        if not header:
+            return None
+        raise DataLossError(f"{path}: truncated record at byte {offset}: {len(header)} of its "
+                            f"{HEADER_BYTES} header bytes", path, offset)  # fmt: skip
+    length, length_crc = _HEADER.unpack(header)
+    if verify and masked_crc(header[:8]) != length_crc:
+        raise DataLossError(f"{path}: corrupt record at byte {offset}: the length's CRC does not match", path, offset)
+    if limit is not None and HEADER_BYTES + length + FOOTER_BYTES > limit:
+        raise DataLossError(f"{path}: truncated record at byte {offset}: it is {length} bytes long, but the file "
+                            f"has {limit - HEADER_BYTES} bytes after its header", path, offset)  # fmt: skip
+    data = read(length)
+    footer = read(FOOTER_BYTES)
+    if len(data) < length or len(footer) < FOOTER_BYTES:
+        got = len(data) + len(footer)
+        raise DataLossError(f"{path}: truncated record at byte {offset}: {got} of its {length + FOOTER_BYTES} "
+                            f"data and CRC bytes", path, offset)  # fmt: skip
+    if verify and masked_crc(data) != _CRC.unpack(footer)[0]:
+        raise DataLossError(f"{path}: corrupt record at byte {offset}: the data's CRC does not match "
+                            f"({length} bytes)", path, offset)  # fmt: skip
+    return data
