@@ -412,8 +412,9 @@ def forced_call_costs(
     call_s: float, gil_free: float, cpu_s: float | None = None, move_s: float = 1e-6
 ) -> Iterator[None]:
     """Within the block, the first calls that every auto-placed stage measures (a map's or
-    interleave's ``executor="auto"``, ``DataLoader(num_workers="auto")``) cost this much, whatever
-    the machine's load: the first placement is then the policy's answer to these costs.
+    interleave's ``executor="auto"``, ``DataLoader(num_workers="auto")``, and the first batches of
+    an IterableDataset's replicas there) cost this much, whatever the machine's load: the first
+    placement (and replica count) is then the policy's answer to these costs.
 
     The calls still run (inline, delivered in their places); only what they are measured to cost
     is replaced. A stage measures when it starts: a map at its first element, a DataLoader's
@@ -438,15 +439,21 @@ def forced_call_costs(
             on_draws(draws)
         return costs, len(done)
 
-    modules = [parallel_map, loader_workers]
-    saved = [getattr(module, "measure_calls") for module in modules]  # noqa: B009 - see setattr below
-    for module in modules:
-        setattr(module, "measure_calls", measure)  # noqa: B010 - the name these modules call
+    def replica_costs(pool: Any) -> tuple[int, float, float, int]:
+        calls = pool.timing.totals()[0]
+        waiting = 1.0 - costs.cpu_s / costs.call_s if costs.call_s > 0 else 0.0
+        return calls, costs.call_s * calls, costs.cpu_s * calls, round(4 * calls * waiting)  # asleep as it waits
+
+    patches = [(parallel_map, "measure_calls", measure), (loader_workers, "measure_calls", measure),
+               (loader_workers, "replica_costs", replica_costs)]  # fmt: skip
+    saved = [getattr(module, name) for module, name, _ in patches]
+    for module, name, value in patches:
+        setattr(module, name, value)  # the names these modules call
     try:
         yield
     finally:
-        for module, original in zip(modules, saved):
-            setattr(module, "measure_calls", original)  # noqa: B010
+        for (module, name, _), original in zip(patches, saved):
+            setattr(module, name, original)
 
 
 def zygote_pids(iterator: Any) -> list[int]:

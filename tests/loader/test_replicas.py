@@ -12,7 +12,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 import torchpipe as tp
 from torchpipe.loader.replicas import ReplicaPlan
 from torchpipe.runtime.cpu import usable_cpu_count
-from torchpipe.testing import assert_same_elements, start_as_measured
+from torchpipe.testing import assert_same_elements, forced_call_costs, start_as_measured
 
 REPLICAS = 2 * usable_cpu_count()
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create")  # torch's, for its many workers
@@ -102,7 +102,8 @@ def test_busy_replicas_keep_the_count_and_share_a_process_a_core():
     assert f"running {REPLICAS} replicas ({min(64, 8 * usable_cpu_count())} where the first batches wait on I/O)" in (
         tp.explain(ours)
     )
-    assert _of(ours) == {REPLICAS}
+    with forced_call_costs(call_s=0.01, gil_free=0.0):  # busy batches, whatever else runs on this machine
+        assert _of(ours) == {REPLICAS}
     assert ours.stats()[0]["workers"] == usable_cpu_count()
 
 

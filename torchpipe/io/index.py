@@ -23,6 +23,7 @@ import numpy as np
 
 from torchpipe.arguments import require_bool
 from torchpipe.io import remote
+from torchpipe.io.addresses import AddressFormat
 from torchpipe.io.files import DataLossError, check_path, open_input
 from torchpipe.io.tfrecord_framing import _CRC, _HEADER, FOOTER_BYTES, HEADER_BYTES, masked_crc
 from torchpipe.runtime.local_files import ProcessLocalFiles
@@ -252,3 +253,19 @@ def unframe(framed: Any, path: str, offset: int, verify: bool) -> bytes:
         raise DataLossError(f"{path}: corrupt record at byte {offset}: the data's CRC does not match "
                             f"({length} bytes)", path, offset)  # fmt: skip
     return data if type(data) is bytes else bytes(data)
+
+
+class TFRecordAddressFormat(AddressFormat):
+    """TFRecord files read by record address (``io/addresses.py``): indexed by
+    :func:`index_until_error`, each record checked by :func:`unframe`."""
+
+    kind = "tfrecord_file"
+
+    def __init__(self, verify: bool) -> None:
+        self.verify = verify
+
+    def index(self, path: str) -> tuple[np.ndarray, DataLossError | None]:
+        return index_until_error(path)
+
+    def record(self, data: memoryview, path: str, offset: int) -> bytes:
+        return unframe(data, path, offset, self.verify)

@@ -22,6 +22,7 @@ from torchpipe.core.iterator import Iterator
 from torchpipe.core.node import BuildContext, Node
 from torchpipe.dataset import Dataset
 from torchpipe.io import remote
+from torchpipe.io.addresses import FileAddresses, RecordFetch
 from torchpipe.io.files import (
     FileReaderIterator,
     OutputFile,
@@ -30,7 +31,7 @@ from torchpipe.io.files import (
     open_stream,
     path_dataset,
 )
-from torchpipe.io.tfrecord_addresses import TFRecordAddresses, TFRecordFetch
+from torchpipe.io.index import TFRecordAddressFormat
 from torchpipe.io.tfrecord_framing import _CRC, FOOTER_BYTES, HEADER_BYTES, frame_header, masked_crc, read_record
 from torchpipe.ops.source_nodes import FileOpener, IndexedFiles
 
@@ -111,10 +112,11 @@ class TFRecordFileReader(FileOpener):
         return Dataset(TFRecordFileNode(path, self.compression, self.buffer_size, self.verify, self.retry))
 
     def indexed(self, paths: list[str]) -> IndexedFiles | None:
-        """Uncompressed local files are read by record address (``io/tfrecord_addresses.py``)."""
+        """Uncompressed local files are read by record address (``io/addresses.py``)."""
         if self.compression is not None or any(remote.is_url(path) for path in paths):
             return None  # a URL's index would read the whole file first
-        return IndexedFiles(TFRecordAddresses(), TFRecordFetch(self.verify))
+        fmt = TFRecordAddressFormat(self.verify)
+        return IndexedFiles(FileAddresses(fmt), RecordFetch(fmt))
 
 
 def TFRecordDataset(  # noqa: N802 - tf.data's name

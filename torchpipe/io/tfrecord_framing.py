@@ -9,7 +9,7 @@ Each record of a TFRecord file is framed as::
 
 where ``masked(crc) = ((crc >> 15) | (crc << 17)) + 0xa282ead8`` (mod 2**32). The reader
 (``io/tfrecord.py``), the writer, the indexes (``io/index.py``) and the reads by address
-(``io/tfrecord_addresses.py``) frame records here.
+(``io/addresses.py``) frame records here.
 """
 
 from __future__ import annotations

@@ -307,9 +307,9 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
         batches are held until then: none is delivered before the count is final."""
         while self._dispatch.pending:
             self._held.append(self._take())
-        calls, wall_s, cpu_s = self._pool.timing.totals()
+        calls, wall_s, cpu_s, asleep = replica_costs(self._pool)
         whole = all(error is None and not isinstance(value, Exhausted) for _, value, error in self._held)
-        io = self._waits_on_io(calls, wall_s, cpu_s)
+        io = _waits_on_io(calls, wall_s, cpu_s, asleep)
         room = self._room() if whole and not plan.fixed and io else plan.replicas
         # batches that did not wait on I/O waited for a core: a process a core, like busy ones
         restart = plan.decide(calls, wall_s, cpu_s if io else wall_s, usable_cpu_count(), room) if calls else None
@@ -343,16 +343,6 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
         self._stage.stats.calls = pool.timing
         self._batch = self._slot = 0
         self._active, self._made = [True] * replicas, [0] * replicas
-
-    def _waits_on_io(self, calls: int, wall_s: float, cpu_s: float) -> bool:
-        """Whether the first batches waited on I/O, enough to spread the replicas over more
-        processes than cores, or to start the epoch over with more: most of their time (3x
-        their CPU time), 2 ms or more a batch, with their workers going to sleep on their own
-        (more than 3 times a batch: besides waiting for their task). A busy machine's cores make
-        a batch wait too, but not asleep: more processes or replicas would not help it, and the
-        replica count decides what each batch holds."""
-        asleep = sum(voluntary_switches(pid) for pid in self._pool.pids)
-        return calls > 0 and wall_s >= 3 * cpu_s and (wall_s - cpu_s) / calls >= 0.002 and asleep > 3 * calls
 
     def _room(self) -> int:
         """How many worker processes the RAM budget holds, from what the first one holds alone."""
@@ -530,3 +520,20 @@ def _sizing(state: Any, iterable: bool) -> str:
         return f" (resized by the autotuner: 1 to {2 * cores})"
     more = "" if state.replicas else f" ({io_replicas(cores)} where the first batches wait on I/O)"
     return f" running {state.replicas or 2 * cores} replicas{more}, one a process where they wait, else in turn"
+
+
+def replica_costs(pool: Any) -> tuple[int, float, float, int]:
+    """What the first batches of an IterableDataset's replicas cost in ``pool``'s workers: the
+    calls, their wall and CPU seconds, and how often the workers went to sleep of their own accord."""
+    calls, wall_s, cpu_s = pool.timing.totals()
+    return calls, wall_s, cpu_s, sum(voluntary_switches(pid) for pid in pool.pids)
+
+
+def _waits_on_io(calls: int, wall_s: float, cpu_s: float, asleep: int) -> bool:
+    """Whether the first batches waited on I/O, enough to spread the replicas over more
+    processes than cores, or to start the epoch over with more: most of their time (3x
+    their CPU time), 2 ms or more a batch, with their workers going to sleep on their own
+    (``asleep`` more than 3 times a batch: besides waiting for their task). A busy machine's
+    cores make a batch wait too, but not asleep: more processes or replicas would not help it,
+    and the replica count decides what each batch holds."""
+    return calls > 0 and wall_s >= 3 * cpu_s and (wall_s - cpu_s) / calls >= 0.002 and asleep > 3 * calls

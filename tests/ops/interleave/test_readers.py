@@ -77,7 +77,34 @@ def test_a_reader_opens_at_a_saved_place_and_gives_what_was_read_ahead_first(kin
         got = _drain(pool, pool.open(*place))
     finally:
         pool.shutdown()
-    assert got == items[1:]  # the same elements and the same inner states after each
+    assert [(k, p) for k, p, _ in got] == [(k, p) for k, p, _ in items[1:]]
+    # Each element's position (a state a chunk, and the items read after it) reads on as the inline one does.
+    assert [_rest_from(state) for _, _, state in got[:-1]] == [_rest_from(state) for _, _, state in items[1:-1]]
+
+
+def _rest_from(state) -> list:
+    """The elements of inner dataset ``tens(1)`` from position ``state`` on."""
+    pool = _pool("inline")
+    return [payload for _, payload, _ in _drain(pool, pool.open(1, 0, state))]
+
+
+@pytest.mark.parametrize("kind", ["thread", "process"])
+def test_a_reader_takes_the_inner_state_once_a_chunk(kind, monkeypatch):
+    from torchpipe.ops.source_nodes import IndexedSourceIterator
+
+    taken = []
+    real = IndexedSourceIterator.get_state
+    monkeypatch.setattr(IndexedSourceIterator, "get_state", lambda self: taken.append(1) or real(self))
+    pool = _pool(kind)
+    try:
+        items = _drain(pool, pool.open(1, 0))
+    finally:
+        pool.shutdown()
+    assert [p for _, p, _ in items] == [10, 11, 12, 13, 14, None]
+    if kind == "thread":  # a worker process's reads are counted there
+        assert len(taken) <= 2
+    assert [_rest_from(state) for _, _, state in items[:-1]] == [[11, 12, 13, 14, None], [12, 13, 14, None],
+                                                               [13, 14, None], [14, None], [None]]  # fmt: skip
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -32,6 +32,7 @@ from torchpipe.ops.interleave.readers import (
     Reader,
     ReaderPlace,
     ReaderPool,
+    items_after,
 )
 from torchpipe.runtime import codec
 from torchpipe.runtime.codec.columns import Columns, to_columns
@@ -61,7 +62,8 @@ class InnerChunkTask:
     The payload names the reader (``reader_id``) and how many items it has read so far; a
     worker that still has that reader's inner iterator open at that position reads on from it,
     any other opens the inner dataset at ``state``. Returns a list of ``(kind, payload,
-    inner_state_after)``; it ends with an ``END`` item if the inner dataset ended. A chunk of
+    inner_state_after)``, the state taken once, after the chunk's last element (the others carry
+    None); it ends with an ``END`` item if the inner dataset ended. A chunk of
     values of one flat structure comes as a :class:`PackedChunk` (its values as columns) instead.
     Worker processes inherit the task through fork (Ray actors get it pickled). Threads of a worker may run tasks of
     different readers at once (a reader has one chunk in flight at a time).
@@ -112,7 +114,11 @@ class InnerChunkTask:
 
 
 def _read_chunk(iterator: Iterator, count: int) -> list[Item]:
-    """Up to ``count`` items of ``iterator`` (at least one), until ``CHUNK_S`` or ``CHUNK_BYTES``."""
+    """Up to ``count`` items of ``iterator`` (at least one), until ``CHUNK_S`` or ``CHUNK_BYTES``.
+
+    Only the chunk's last element or error carries the inner state after it (one
+    ``state_dict()`` a chunk); the others carry None, and the reader places them
+    (:meth:`_ChunkReader.receive`)."""
     items: list[Item] = []
     deadline, nbytes, size = time.perf_counter() + CHUNK_S, 0, 0
     while len(items) < count and ((nbytes < CHUNK_BYTES and time.perf_counter() < deadline) or not items):
@@ -122,30 +128,37 @@ def _read_chunk(iterator: Iterator, count: int) -> list[Item]:
             items.append((END, None, None))
             break
         except Exception as e:  # noqa: BLE001 - delivered in its place
-            items.append((ERROR, e, iterator.state_dict()))
+            items.append((ERROR, e, None))
             continue
         if len(items) % _SIZE_EVERY == 0:  # sizes of a stream's items change slowly
             size = element_bytes(value)
-        items.append((VALUE, value, iterator.state_dict()))
+        items.append((VALUE, value, None))
         nbytes += size
+    last = len(items) - 1 - (bool(items) and items[-1][0] == END)
+    if last >= 0:
+        kind, payload, _ = items[last]
+        items[last] = (kind, payload, iterator.state_dict())
     return items
 
 
 class PackedChunk:
-    """A chunk of values only (perhaps then the end), with the values sent as columns."""
+    """A chunk of values only (perhaps then the end), with the values sent as columns and the
+    inner state after the last one."""
 
-    __slots__ = ("values", "states", "ended")
+    __slots__ = ("values", "count", "state", "ended")
 
-    def __init__(self, values: Columns, states: list[Any], ended: bool) -> None:
-        self.values, self.states, self.ended = values, states, ended
+    def __init__(self, values: Columns, count: int, state: Any, ended: bool) -> None:
+        self.values, self.count, self.state, self.ended = values, count, state, ended
 
     def __len__(self) -> int:
         """Items in the chunk, as :meth:`items` lists them."""
-        return len(self.states) + self.ended
+        return self.count + self.ended
 
     def items(self) -> list[Item]:
         """The chunk as :class:`InnerChunkTask` read it."""
-        items = [(VALUE, value, state) for value, state in zip(self.values.rows(), self.states)]
+        items: list[Item] = [(VALUE, value, None) for value in self.values.rows()]
+        if items:
+            items[-1] = (VALUE, items[-1][1], self.state)
         return items + [(END, None, None)] if self.ended else items
 
 
@@ -156,7 +169,7 @@ def _packed(items: list[Item]) -> list[Item] | PackedChunk:
     if any(kind != VALUE for kind, _, _ in values):
         return items
     columns = to_columns([value for _, value, _ in values])
-    return items if columns is None else PackedChunk(columns, [state for _, _, state in values], ended)
+    return items if columns is None else PackedChunk(columns, len(values), values[-1][2] if values else None, ended)
 
 
 class _ChunkReader(Reader):
@@ -196,12 +209,14 @@ class _ChunkReader(Reader):
         assert items is not None  # no error: the chunk came
         self.read += len(items)
         self.last_chunk = len(items)
-        for kind, payload, state in items:
-            self.ready.append((kind, payload, state))
+        start = self.read_state  # where the chunk was read from: its items stand after it
+        for k, (kind, payload, state) in enumerate(items, 1):
             if kind == END:
+                self.ready.append((kind, payload, state))
                 self.done = True
-            else:
-                self.read_state = state
+                continue
+            self.read_state = items_after(start, k) if state is None else state
+            self.ready.append((kind, payload, self.read_state))
 
     def read_ahead(self) -> tuple[Item, ...]:
         """What was read and not taken; nothing while a chunk is out or if opening failed: the

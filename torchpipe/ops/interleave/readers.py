@@ -42,6 +42,27 @@ Item = tuple[str, Any, Any]
 after ``END`` and ``FAILED``)."""
 
 
+CHUNK_START, ITEMS_AFTER = "chunk_start", "items_after"
+"""The keys of a position within a chunk: an inner state and the items read after it."""
+
+
+def items_after(state: dict[str, Any] | None, count: int) -> dict[str, Any]:
+    """The inner position ``count`` items after ``state`` (itself a state or such a position).
+
+    Readers take the inner iterator's ``state_dict()`` once a chunk of items, not once an item;
+    an item within a chunk stands at its chunk's state and the items read since. Opening there
+    (:class:`InnerOpener`) loads the state and reads past the items again: at most a chunk."""
+    if is_items_after(state):
+        assert state is not None  # a position is a dict
+        return {CHUNK_START: state[CHUNK_START], ITEMS_AFTER: state[ITEMS_AFTER] + count}
+    return {CHUNK_START: state, ITEMS_AFTER: count}
+
+
+def is_items_after(state: Any) -> bool:
+    """Whether ``state`` is a position :func:`items_after` made, not an inner iterator's state."""
+    return isinstance(state, dict) and len(state) == 2 and CHUNK_START in state and ITEMS_AFTER in state
+
+
 def read_ahead_items(bytes_per_element: float) -> int:
     """Elements one reader may hold read ahead when reading far ahead: 4 MB of them, at most 4096."""
     return min(_READER_BYTES // max(int(bytes_per_element), 1), _MAX_READ_AHEAD)
@@ -69,7 +90,8 @@ class InnerOpener:
         self._fn.seed_worker(slot)
 
     def __call__(self, element: Any, seq: int, state: dict[str, Any] | None) -> Iterator:
-        """The inner iterator of input element ``seq``, resumed at ``state`` if given.
+        """The inner iterator of input element ``seq``, resumed at ``state`` if given (an inner
+        iterator's state, or a position :func:`items_after` one).
 
         Raises:
             TypeError: if the function did not return a ``tp.Dataset``.
@@ -81,8 +103,19 @@ class InnerOpener:
                 f"(input element {seq})"
             )
         iterator = dataset._node.build(self._ctx.inner(seq))
+        skip = 0
+        if is_items_after(state):
+            assert state is not None  # a position is a dict
+            state, skip = state[CHUNK_START], state[ITEMS_AFTER]
         if state is not None:
             iterator.load_state_dict(state)
+        for _ in range(skip):  # the items of its chunk taken before the checkpoint, read again
+            try:
+                next(iterator)
+            except StopIteration:
+                break
+            except Exception:  # noqa: BLE001 - an element's error, delivered in its place before
+                continue
         return iterator
 
 

@@ -2,9 +2,11 @@
 
 A reader's task reads up to ``_READS_PER_TASK`` items, then goes to the back of the pool's queue,
 so readers take turns on the threads. Each item waits in the reader until the consumer takes it,
-with the inner iterator's state after it. Every read is marked on the runtime's stall watch
-(:class:`~torchpipe.runtime.stall.StallWatch`), so a read that never returns raises
-``StallError`` naming the stage, the inner dataset and the thread, as the dispatcher's tasks do.
+with its position: the inner iterator's state at the start of the task and the items read since
+(``readers.items_after``; one ``state_dict()`` a task, not one an item). Every read is marked
+on the runtime's stall watch (:class:`~torchpipe.runtime.stall.StallWatch`), so a read that never
+returns raises ``StallError`` naming the stage, the inner dataset and the thread, as the
+dispatcher's tasks do.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from torchpipe.ops.interleave.readers import (
     Reader,
     ReaderPlace,
     ReaderPool,
+    items_after,
     read_on_from,
 )
 from torchpipe.runtime.placement.policy import THREAD
@@ -93,13 +96,27 @@ class _ThreadReader(Reader):
             while self._running and time.perf_counter() < deadline:
                 wakeup.wait(timeout=max(0.0, deadline - time.perf_counter()))
 
-    def read_ahead(self) -> tuple[Item, ...]:
-        """What was read and not taken; nothing if opening failed, or if a read still runs
-        (:meth:`stop` did not wait long enough): the successor reads again from the items taken."""
+    def place(self) -> ReaderPlace:
+        """Where the stopped reader stands, with what it read and was not taken, as exactly as a
+        state: the inner iterator's own after the last item read (not a position in its task), so
+        a successor reads nothing again. Nothing read ahead if opening failed, or if a read still
+        runs (:meth:`stop` did not wait long enough): the successor reads again from the items taken."""
         with self._pool.wakeup:
             if self._running or any(kind == FAILED for kind, _, _ in self.ready):
-                return ()
-            return tuple(self.ready)
+                return ReaderPlace(self.element, self.seq, self.taken_state, self.error)
+            items = list(self.ready)
+        taken = self.taken_state
+        if self._iterator is not None and not (items and items[-1][0] == END):
+            try:
+                state = self._iterator.state_dict()
+            except Exception:  # noqa: BLE001 - the positions it has stand
+                state = None
+            if state is not None and items:
+                kind, payload, _ = items[-1]
+                items[-1] = (kind, payload, state)
+            elif state is not None:
+                taken = state
+        return ReaderPlace(self.element, self.seq, taken, self.error, tuple(items))
 
     def close(self) -> None:
         """Stop reading; the inner iterator is closed now, or by the running task as it ends."""
@@ -120,9 +137,11 @@ class _ThreadReader(Reader):
             if self._iterator is None and not self._open(where):
                 return
             reads = 0
-            while reads < _READS_PER_TASK and self._read_one(where):
+            while reads < _READS_PER_TASK and self._read_one(where, reads + 1):
                 reads += 1
             more = reads == _READS_PER_TASK
+            if reads:  # one state a task: the next task's items stand after it
+                self._take_state()
         finally:
             pool.watch.end(self.seq)
             with pool.wakeup:
@@ -134,6 +153,13 @@ class _ThreadReader(Reader):
         if more and not close_now:
             self.refill()  # behind the other readers' tasks
 
+    def _take_state(self) -> None:
+        assert self._iterator is not None  # it read
+        try:
+            self._read_state = self._iterator.state_dict()
+        except Exception as e:  # noqa: BLE001 - the machinery failed, not one element
+            self._push(FAILED, e, None, done=True)
+
     def _open(self, where: str) -> bool:
         self._pool.watch.begin(self.seq, where)
         try:
@@ -143,7 +169,8 @@ class _ThreadReader(Reader):
             return False
         return True
 
-    def _read_one(self, where: str) -> bool:
+    def _read_one(self, where: str, k: int) -> bool:
+        """Read the task's ``k``-th item; whether reading may go on."""
         pool = self._pool
         with pool.wakeup:
             if self._stopped or len(self.ready) >= pool.capacity:
@@ -158,13 +185,9 @@ class _ThreadReader(Reader):
             kind, payload = END, None
         except Exception as e:  # noqa: BLE001 - this element's error, delivered in its place
             kind, payload = ERROR, e
-        try:
-            state = iterator.state_dict() if kind != END else None
-        except Exception as e:  # noqa: BLE001 - the machinery failed, not one element
-            kind, payload, state = FAILED, e, None
-        finally:
-            calls.add(time.perf_counter() - wall, time.thread_time() - cpu, items=1)
-        self._push(kind, payload, state, done=kind in (END, FAILED))
+        calls.add(time.perf_counter() - wall, time.thread_time() - cpu, items=1)
+        state = items_after(self._read_state, k) if kind != END else None
+        self._push(kind, payload, state, done=kind == END)
         return kind in (VALUE, ERROR)
 
     def _push(self, kind: str, payload: Any, state: Any, done: bool = False) -> None:
@@ -259,7 +282,7 @@ class ThreadReaders(ReaderPool[_ThreadReader]):
         deadline = time.perf_counter() + _STOP_S
         for reader in readers:
             reader.stop(deadline)
-        places = [ReaderPlace(r.element, r.seq, r.taken_state, r.error, r.read_ahead()) for r in readers]
+        places = [reader.place() for reader in readers]
         for reader in readers:
             reader.close()
         if self.threads is not None:  # no reader is left here: a read still running must not hold the move up

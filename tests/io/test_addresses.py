@@ -9,8 +9,10 @@ import os
 import pytest
 
 import torchpipe as tp
-from torchpipe.io import tfrecord_addresses
-from torchpipe.io.tfrecord_addresses import RecordAddress, TFRecordFetch
+from torchpipe.io import addresses as by_address
+from torchpipe.io import index as tfrecord_index
+from torchpipe.io.addresses import RecordAddress, RecordFetch
+from torchpipe.io.index import TFRecordAddressFormat
 
 
 def write(path, records) -> str:
@@ -49,8 +51,8 @@ def addresses(path):
 def test_a_batch_of_adjacent_records_is_one_read_a_file(files, monkeypatch):
     reads = []
     real = os.pread
-    monkeypatch.setattr(tfrecord_addresses.os, "pread", lambda fd, n, at: reads.append(n) or real(fd, n, at))
-    fetch = TFRecordFetch(verify=True)
+    monkeypatch.setattr(by_address.os, "pread", lambda fd, n, at: reads.append(n) or real(fd, n, at))
+    fetch = RecordFetch(TFRecordAddressFormat(verify=True))
     wanted = [addresses(files[0])[1], addresses(files[1])[0], addresses(files[0])[2], addresses(files[1])[1]]
     assert [label(r) for r in fetch.__getitems__(wanted)] == ["0:1", "1:0", "0:2", "1:1"]
     assert len(reads) == 2  # one run in each file, whatever the order asked
@@ -76,7 +78,7 @@ def test_a_damaged_header_ends_its_file_there_as_a_reader_does(files):
         f.seek(target.offset)
         f.write(b"\xff")
     os.remove(files[0] + ".idx")  # written by addresses() above: the file is indexed again, and stops there
-    tfrecord_addresses.INDEXES._cache.clear()
+    by_address.INDEXES.clear()
     on = list(pipeline(files, after_map=lambda ds: ds.ignore_errors()))
     assert on == list(off(pipeline(files, after_map=lambda ds: ds.ignore_errors())))
     assert sorted(x for x in on if x.startswith("0:")) == ["0:0", "0:1", "0:2"]
@@ -98,10 +100,10 @@ def test_a_file_changed_since_the_checkpoint_is_named(files):
 
 
 def test_indexes_are_kept_between_epochs(files, monkeypatch):
-    tfrecord_addresses.INDEXES._cache.clear()
+    by_address.INDEXES.clear()
     built = []
-    real = tfrecord_addresses.index_until_error
-    monkeypatch.setattr(tfrecord_addresses, "index_until_error", lambda path: built.append(path) or real(path))
+    real = tfrecord_index.index_until_error
+    monkeypatch.setattr(tfrecord_index, "index_until_error", lambda path: built.append(path) or real(path))
     ds = pipeline(files)
     first, second = list(ds), list(ds)
     assert first == second and sorted(built) == sorted(files)
