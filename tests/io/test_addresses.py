@@ -4,7 +4,9 @@ reader's position, and the files' indexes kept between epochs."""
 
 from __future__ import annotations
 
+import io
 import os
+import tarfile
 
 import pytest
 
@@ -13,6 +15,8 @@ from torchpipe.io import addresses as by_address
 from torchpipe.io import index as tfrecord_index
 from torchpipe.io.addresses import RecordAddress, RecordFetch
 from torchpipe.io.index import TFRecordAddressFormat
+from torchpipe.io.webdataset import TarAddressFormat
+from torchpipe.testing import as_torch_worker, assert_checkpoint_roundtrip
 
 
 def write(path, records) -> str:
@@ -114,3 +118,82 @@ def test_file_urls_are_local_files(files):
     ds = pipeline(urls)
     assert "record_pushdown" in ds.explain(as_dict=True)["rewrites"]
     assert list(ds) == list(off(pipeline(files)))
+
+
+# -- WebDataset tar shards ---------------------------------------------------------------------------
+def write_shard(path, samples, extra=()):
+    """A tar shard of ``samples`` (key -> {ext: bytes}), with ``extra`` members (name, bytes or None
+    for a directory) written first: what a reader skips."""
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data in extra:
+            info = tarfile.TarInfo(name)
+            if data is None:
+                info.type = tarfile.DIRTYPE
+                tar.addfile(info)
+            else:
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+        for key, fields in samples:
+            for ext, data in fields.items():
+                info = tarfile.TarInfo(f"{key}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return str(path)
+
+
+@pytest.fixture
+def shards(tmp_path):
+    paths = []
+    for f in range(3):
+        samples = [(f"dir/s{f}-{i}", {"cls": b"%d" % (f * 100 + i), "Txt": b"y" * (i * 700)}) for i in range(4 + f)]
+        extra = [("dir", None), ("__meta__/info.json", b"{}"), ("README", b"no dot")] if f == 1 else ()
+        paths.append(write_shard(tmp_path / f"shard-{f}.tar", samples, extra))
+    return paths
+
+
+def sample_summary(sample):
+    return sample["__key__"], int(sample["cls"]), len(sample["txt"]), os.path.basename(sample["__url__"])
+
+
+def shard_pipeline(paths, *, after_map=None, **webdataset):
+    ds = tp.from_webdataset(paths, num_parallel_reads=2, **webdataset).map(sample_summary, 2, executor="thread")
+    return after_map(ds) if after_map is not None else ds
+
+
+def test_tar_samples_come_as_their_reader_gives_them_and_resume(shards):
+    ds = shard_pipeline(shards, shardshuffle=True, seed=3)
+    assert "record_pushdown" in ds.explain(as_dict=True)["rewrites"]
+    got = list(ds)
+    assert got == list(off(ds)) and len(got) == 4 + 5 + 6
+    assert_checkpoint_roundtrip(ds, positions=[0, 3, 7, 14])
+
+
+def test_a_damaged_shard_ends_where_its_reader_ends(shards):
+    with open(shards[1], "r+b") as f:  # cut inside the fourth sample: its reader fails there
+        f.truncate(by_address.INDEXES.get(TarAddressFormat(), shards[1]).offsets[3] + 1700)  # in its txt data
+    by_address.INDEXES.clear()
+    kept = shard_pipeline(shards, after_map=lambda ds: ds.ignore_errors())
+    assert list(kept) == list(off(kept))
+    assert sorted(key for key, *_ in kept if key.startswith("dir/s1")) == ["dir/s1-0", "dir/s1-1", "dir/s1-2"]
+    with pytest.raises(tp.io.DataLossError, match=f"{shards[1]}: damaged tar shard at byte"):
+        list(shard_pipeline(shards))
+
+
+def test_compressed_shards_keep_their_readers(tmp_path):
+    path = tmp_path / "shard-0.tar.gz"
+    with tp.io.TarWriter(str(path)) as writer:
+        writer.write({"__key__": "a", "cls": 1})
+    ds = tp.from_webdataset(str(path), num_parallel_reads=2).map(sample_summary, 2)
+    assert "record_pushdown" not in ds.explain(as_dict=True)["rewrites"]
+
+
+def test_every_sample_once_across_ranks_and_torch_workers(shards):
+    got = []
+    for rank in range(2):
+        for worker in range(2):
+            options = tp.DistributeOptions(rank=rank, world_size=2, uneven="allow")
+            ds = shard_pipeline(shards).with_options(tp.Options(seed=5, distribute=options))
+            with as_torch_worker(worker, 2):
+                assert "record_pushdown" in ds.explain(as_dict=True)["rewrites"]
+                got.extend(key for key, *_ in ds)
+    assert sorted(got) == sorted(f"dir/s{f}-{i}" for f in range(3) for i in range(4 + f))

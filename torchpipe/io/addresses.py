@@ -152,7 +152,7 @@ class AddressIterator(FileReaderIterator):
         index = self._index = INDEXES.get(self._format, self.path)
         k = bisect.bisect_left(index.offsets, self._offset)
         at_record = k < len(index.offsets) and index.offsets[k] == self._offset
-        if not at_record and self._offset != index.end:
+        if not at_record and self._offset not in (0, index.end):  # 0: the file's start, what precedes its first
             raise CheckpointError(f"{self.name}: no record of {self.path} starts at byte {self._offset}, where the "
                                   "checkpoint reads on: has the file changed since?")  # fmt: skip
         self._next = k

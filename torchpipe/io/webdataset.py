@@ -19,6 +19,8 @@ import tarfile
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import numpy as np
+
 from torchpipe.arguments import require_bool, require_int, require_seed
 from torchpipe.constants import AUTOTUNE, UNKNOWN
 from torchpipe.core.iterator import Iterator
@@ -26,6 +28,7 @@ from torchpipe.core.node import BuildContext, Node
 from torchpipe.dataset import Dataset
 from torchpipe.distributed.nodes import SplitFilesNode
 from torchpipe.io import remote
+from torchpipe.io.addresses import AddressFormat, FileAddresses, RecordFetch
 from torchpipe.io.decoders import SampleDecoder, encode_field
 from torchpipe.io.files import (
     DataLossError,
@@ -35,7 +38,7 @@ from torchpipe.io.files import (
     open_stream,
     path_dataset,
 )
-from torchpipe.ops.source_nodes import FileOpener
+from torchpipe.ops.source_nodes import FileOpener, IndexedFiles
 
 _KEY_AND_EXTENSION = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
 _META = re.compile(r"__[^/]*__($|/)")
@@ -156,6 +159,74 @@ class TarShardReader(FileOpener):
 
     def __call__(self, url: Any) -> Dataset:
         return Dataset(TarShardNode(check_path("from_webdataset", url), self.buffer_size, self.retry))
+
+    def indexed(self, paths: list[str]) -> IndexedFiles | None:
+        """Local uncompressed shards are read by sample address (``io/addresses.py``)."""
+        if any(remote.is_url(path) or _compression(path) for path in paths):
+            return None
+        fmt = TarAddressFormat()
+        return IndexedFiles(FileAddresses(fmt), RecordFetch(fmt))
+
+
+class TarAddressFormat(AddressFormat):
+    """Tar shards read by sample address: a sample's bytes run from its first member's header to
+    the next sample's (to its last member's end for the last), as its reader's offsets do."""
+
+    kind = "tar_shard"
+    last_is_done = True
+
+    def index(self, path: str) -> tuple[np.ndarray, DataLossError | None]:
+        """The samples' ``(offset, length)``, as far as the shard's reader reads: where it fails,
+        the sample it was reading is left out, and its error returned."""
+        starts: list[int] = []
+        end, key, error = 0, None, None
+        exts: set[str] = set()
+        try:
+            with tarfile.open(remote.local_path(path), mode="r:") as tar:  # seeks over the members' data
+                while True:
+                    at = tar.offset
+                    try:
+                        info = tar.next()
+                    except (tarfile.TarError, EOFError) as e:
+                        error = DataLossError(f"{path}: damaged tar shard at byte {at}: {e}", path, at)
+                        break
+                    if info is None:
+                        break
+                    tar.members = []  # type: ignore[attr-defined]  # keep no member list
+                    name_key, ext = split_name(info.name)
+                    if not info.isreg() or name_key is None or ext is None or _META.match(info.name):
+                        continue
+                    if name_key != key:
+                        starts.append(info.offset)
+                        key, exts = name_key, set()
+                    elif ext.lower() in exts:
+                        error = DataLossError(f"{path}: sample {key!r} has two {ext.lower()!r} files (the second "
+                                              f"at byte {info.offset})", path, info.offset)  # fmt: skip
+                        break
+                    exts.add(ext.lower())
+                    end = info.offset_data + -(-info.size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
+        except tarfile.ReadError as e:  # not a tar at all (an empty file is a shard of no samples)
+            if "empty file" not in str(e):
+                error = DataLossError(f"{path}: damaged tar shard at byte 0: {e}", path, 0)
+        if error is not None and starts:
+            end = starts.pop()  # the sample its reader was reading when it failed
+        ends = [*starts[1:], end]
+        return np.array([starts, [e - s for s, e in zip(starts, ends)]], dtype=np.int64).T.reshape(-1, 2), error
+
+    def record(self, data: memoryview, path: str, offset: int) -> dict[str, Any]:
+        sample: dict[str, Any] = {}
+        try:
+            with tarfile.open(fileobj=io.BytesIO(data), mode="r|") as tar:
+                for info in tar:
+                    key, ext = split_name(info.name)
+                    if not info.isreg() or key is None or ext is None or _META.match(info.name):
+                        continue
+                    sample.setdefault("__key__", key)
+                    sample.setdefault("__url__", path)
+                    sample[ext.lower()] = tar.extractfile(info).read()  # type: ignore[union-attr]  # a regular file's
+        except (tarfile.TarError, EOFError) as e:
+            raise DataLossError(f"{path}: damaged tar shard at byte {offset}: {e}", path, offset) from e
+        return sample
 
 
 def from_webdataset(

@@ -1,10 +1,11 @@
 """record_pushdown: a parallel map over an interleave of record files reads the records in its workers.
 
-``files.interleave(tp.TFRecordDataset, ...).map(fn, num_parallel_calls=...)`` (or ``flat_map``)
-over files that can be read by record address (``FileOpener.indexed``: local, uncompressed
-TFRecord files) becomes an interleave of the files' record addresses, inline (it only walks
-their indexes), with the same cycle and block order, and a map that fetches each record by its
-address next to ``fn``, as source_pushdown fetches a map-style dataset's elements. Fused with
+``files.interleave(tp.TFRecordDataset, ...).map(fn, num_parallel_calls=...)`` (or ``flat_map``,
+or ``from_webdataset``'s shards) over files that can be read by record address
+(``FileOpener.indexed``: local, uncompressed TFRecord files and tar shards) becomes an
+interleave of the files' record addresses, inline (it only walks their indexes), with the same
+cycle and block order, and a map that fetches each record by its address next to ``fn``, as
+source_pushdown fetches a map-style dataset's elements. Fused with
 its batch (map_batch_fusion, next), one task a batch reads its records in a few contiguous reads,
 then parses, decodes and stacks them. Ops between the interleave and the map that only reorder or
 select elements (``Node.reorders_only``: a shuffle, take, skip, repeat) run on the addresses.
