@@ -48,16 +48,16 @@ def off(ds):
 
 
 def addresses(path):
-    index = tp.io.tfrecord_index(path)
+    index = tp.io.tfrecord_index(path, write=False)
     return [RecordAddress(path, int(offset), int(length)) for offset, length in index.tolist()]
 
 
 def test_a_batch_of_adjacent_records_is_one_read_a_file(files, monkeypatch):
+    fetch = RecordFetch(TFRecordAddressFormat(verify=True))
+    wanted = [addresses(files[0])[1], addresses(files[1])[0], addresses(files[0])[2], addresses(files[1])[1]]
     reads = []
     real = os.pread
     monkeypatch.setattr(by_address.os, "pread", lambda fd, n, at: reads.append(n) or real(fd, n, at))
-    fetch = RecordFetch(TFRecordAddressFormat(verify=True))
-    wanted = [addresses(files[0])[1], addresses(files[1])[0], addresses(files[0])[2], addresses(files[1])[1]]
     assert [label(r) for r in fetch.__getitems__(wanted)] == ["0:1", "1:0", "0:2", "1:1"]
     assert len(reads) == 2  # one run in each file, whatever the order asked
     assert label(fetch[addresses(files[2])[5]]) == "2:5"
@@ -81,14 +81,12 @@ def test_a_damaged_header_ends_its_file_there_as_a_reader_does(files):
     with open(files[0], "r+b") as f:  # its length: the records after it cannot be framed
         f.seek(target.offset)
         f.write(b"\xff")
-    os.remove(files[0] + ".idx")  # written by addresses() above: the file is indexed again, and stops there
     by_address.INDEXES.clear()
     on = list(pipeline(files, after_map=lambda ds: ds.ignore_errors()))
     assert on == list(off(pipeline(files, after_map=lambda ds: ds.ignore_errors())))
     assert sorted(x for x in on if x.startswith("0:")) == ["0:0", "0:1", "0:2"]
     with pytest.raises(tp.io.DataLossError, match=f"corrupt record at byte {target.offset}"):
         list(pipeline(files))
-    assert not os.path.exists(files[0] + ".idx")  # no sidecar for a damaged file
 
 
 def test_a_file_changed_since_the_checkpoint_is_named(files):
@@ -101,6 +99,21 @@ def test_a_file_changed_since_the_checkpoint_is_named(files):
     resumed.load_state_dict(state)
     with pytest.raises(tp.CheckpointError, match="no record of .*f0.tfrecord starts at byte"):
         list(resumed)
+
+
+def test_a_sidecar_is_read_where_there_is_one_and_none_is_written(files, monkeypatch):
+    by_address.INDEXES.clear()
+    assert list(pipeline(files)) == list(off(pipeline(files)))
+    assert not any(os.path.exists(path + ".idx") for path in files)  # the data's directory is left alone
+    tp.io.tfrecord_index(files[0])  # the user's own
+    by_address.INDEXES.clear()
+    monkeypatch.setattr(tfrecord_index, "scan_until_error", lambda *a: pytest.fail("scanned a file with a sidecar"))
+    assert [label(r) for r in RecordFetch(TFRecordAddressFormat(True)).__getitems__(addresses(files[0]))] == [
+        f"0:{i}" for i in range(6)
+    ]
+    assert by_address.INDEXES.get(TFRecordAddressFormat(True), files[0]).offsets == [
+        a.offset for a in addresses(files[0])
+    ]
 
 
 def test_indexes_are_kept_between_epochs(files, monkeypatch):

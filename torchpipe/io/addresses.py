@@ -12,9 +12,10 @@ A file format says how (:class:`AddressFormat`): how a file is indexed (a TFReco
 offsets, a tar shard's sample ranges) and how one record is made from its bytes. An address
 iterator keeps the state a reader of the same file keeps (``{file, offset, done}``, ``offset``
 being where the next record starts), so a checkpoint taken either way loads either way. Indexes
-are kept in memory for the files read last. A damaged file is indexed up to the damage, as far as
-its reader would read, then gives the reader's :class:`DataLossError`; a record whose own bytes
-are damaged fails where it is read, alone: the records after it are read as usual.
+are read once in each process (no file is written) and kept in memory for the files read last.
+A damaged file is indexed up to the damage, as far as its reader would read, then gives the
+reader's :class:`DataLossError`; a record whose own bytes are damaged fails where it is read,
+alone: the records after it are read as usual.
 """
 
 from __future__ import annotations

@@ -69,18 +69,15 @@ def tfrecord_index(
 
 
 def index_until_error(path: str) -> tuple[np.ndarray, DataLossError | None]:
-    """:func:`tfrecord_index` of a local file, except that a corrupt or truncated record ends the
-    index there: the records before it and its error (None for a sound file, whose sidecar is
-    read, or written when it was missing or stale)."""
+    """The records of a local file as :func:`tfrecord_index` finds them, except that a corrupt or
+    truncated record ends the index there: the records before it and its error (None for a sound
+    file). A sidecar that fits is read; none is written (the file's directory is the user's: a
+    pattern such as ``train-*`` would match a new ``.idx`` file)."""
     size = os.path.getsize(remote.local_path(path))
-    index_path = path + ".idx"
-    index = _read_sidecar(index_path)
+    index = _read_sidecar(path + ".idx")
     if index is not None and _fits(index, size):
         return index, None
-    index, error = scan_until_error(path, size, None)
-    if error is None:
-        _write_sidecar(index_path, index)
-    return index, error
+    return scan_until_error(path, size, None)
 
 
 def _read_sidecar(index_path: str) -> np.ndarray | None:
@@ -125,9 +122,11 @@ def scan_until_error(path: str, size: int, retry: remote.RetryPolicy | None) -> 
     lengths: list[int] = []
     offset = 0
     error = None
-    with open_input(path, _SCAN_BUFFER, retry) as f:
+    local = not remote.is_url(path)
+    # A local file's headers are read where they are (a buffered read would take most of the file).
+    with open(remote.local_path(path), "rb", buffering=0) if local else open_input(path, _SCAN_BUFFER, retry) as f:
         while offset < size:
-            header = f.read(HEADER_BYTES)
+            header = os.pread(f.fileno(), HEADER_BYTES, offset) if local else f.read(HEADER_BYTES)
             if len(header) < HEADER_BYTES:
                 error = DataLossError(f"{path}: truncated record at byte {offset}: {len(header)} of its "
                                       f"{HEADER_BYTES} header bytes", path, offset)  # fmt: skip
@@ -144,7 +143,8 @@ def scan_until_error(path: str, size: int, retry: remote.RetryPolicy | None) -> 
             offsets.append(offset)
             lengths.append(FRAMING + length)
             offset += FRAMING + length
-            f.seek(length + FOOTER_BYTES, io.SEEK_CUR)
+            if not local:
+                f.seek(length + FOOTER_BYTES, io.SEEK_CUR)
     return np.array([offsets, lengths], dtype=np.int64).T.reshape(-1, 2), error
 
 
