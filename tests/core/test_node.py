@@ -26,6 +26,7 @@ R, S, H, C = "reorders_only", "seekable", "holds_no_elements", "checkpoints_as_i
 # Each op class and the traits it has (the others are False). An op the optimizer or a rewrite
 # makes (elided, fused_map, map_batch, shuffle_repeat, prefetch injected, the shard nodes) is here too.
 TABLE: dict[str, set[str]] = {
+    "AddressNode": set(),  # a file's record addresses, read as its reader reads (record_pushdown)
     "BatchNode": {H},
     "BucketBySequenceLengthNode": set(),
     "CacheNode": set(),

@@ -11,19 +11,13 @@ import tarfile
 import pytest
 
 import torchpipe as tp
+from tests.io.test_index import write
 from torchpipe.io import addresses as by_address
 from torchpipe.io import index as tfrecord_index
 from torchpipe.io.addresses import RecordAddress, RecordFetch
 from torchpipe.io.index import TFRecordAddressFormat
 from torchpipe.io.webdataset import TarAddressFormat
 from torchpipe.testing import as_torch_worker, assert_checkpoint_roundtrip
-
-
-def write(path, records) -> str:
-    with tp.io.TFRecordWriter(path) as writer:
-        for record in records:
-            writer.write(record)
-    return str(path)
 
 
 @pytest.fixture

@@ -27,6 +27,7 @@ from torchpipe.graph.optimizer import optimize
 from torchpipe.observe.tracing import TUNER, TraceLog, Track
 from torchpipe.options import Options
 from torchpipe.randomness import fresh_seed
+from torchpipe.runtime import interrupts
 from torchpipe.storage.fingerprint import describe_ops, ops_of
 
 _FORMAT = 3
@@ -185,6 +186,7 @@ class PipelineIterator:
     """
 
     def __init__(self, plan: Plan, history: PassHistory) -> None:
+        interrupts.watch()
         self._plan = plan
         self._seeded = plan.options.seed is not None
         self._seed = plan.pass_seed()
@@ -222,6 +224,7 @@ class PipelineIterator:
         return self
 
     def __next__(self) -> Any:
+        interrupts.raise_dropped()  # a Ctrl-C that a finalizer of the last element swallowed
         tree = self._tree if self._tree is not None else self._build()
         clock, tuner, waits = self._clock, self._tuner, self._waits
         clock.enter()  # the time between two calls is the training step's (stats and the tuner)

@@ -56,6 +56,7 @@ from torchpipe.randomness import (
     restore_global_rng_states,
     seeds_were_set,
 )
+from torchpipe.runtime import interrupts
 from torchpipe.runtime.cpu import usable_cpu_count, voluntary_switches
 from torchpipe.runtime.dispatch import Dispatcher
 from torchpipe.runtime.knob import LiveKnob
@@ -78,6 +79,7 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
     """
 
     def __init__(self, loader: DataLoader) -> None:
+        interrupts.watch()
         super().__init__(loader)
         self._in_order = loader.in_order
         self._factor = loader.prefetch_factor or 2
@@ -362,6 +364,7 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
             self._num_yielded += 1
 
     def _next_data(self) -> Any:
+        interrupts.raise_dropped()  # a Ctrl-C that a finalizer of the last batch swallowed
         self._clock.enter()
         if self._knob is not None:
             self._knob.take_request()
