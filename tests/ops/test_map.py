@@ -409,11 +409,16 @@ for _ in it:
 
 def test_ctrl_c_leaves_no_processes():
     child = subprocess.Popen(
-        [sys.executable, "-c", CTRL_C_CHILD], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+        [sys.executable, "-X", "faulthandler", "-c", CTRL_C_CHILD], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
     pids = [int(p) for p in child.stdout.readline().split()]
     child.send_signal(signal.SIGINT)
-    _, err = child.communicate(timeout=20)
+    try:
+        _, err = child.communicate(timeout=60)  # 0.5 s here; a loaded machine's cores are shared
+    except subprocess.TimeoutExpired:
+        child.send_signal(signal.SIGABRT)  # faulthandler prints where every thread of it stands
+        pytest.fail(f"the child still ran 60 s after Ctrl-C:\n{child.communicate(timeout=30)[1][-8000:]}")
     assert "KeyboardInterrupt" in err
     assert pids and wait_dead(pids) == []
 
