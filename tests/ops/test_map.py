@@ -394,7 +394,13 @@ def test_unpicklable_inputs_say_what_and_what_to_do():
 
 
 CTRL_C_CHILD = """
-import os, time, torchpipe as tp
+import os, signal, sys, time, torchpipe as tp
+# A terminal's process starts with Ctrl-C on; one a test runner's worker starts may inherit it
+# ignored or blocked (seen in the full suite: the child ran to its end): say so, and turn it on.
+print("SIGINT at start:", signal.getsignal(signal.SIGINT), signal.pthread_sigmask(signal.SIG_BLOCK, []),
+      file=sys.stderr, flush=True)
+signal.signal(signal.SIGINT, signal.default_int_handler)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
 from torchpipe.testing import zygote_pids
 def slow(x):
     time.sleep(0.005)
