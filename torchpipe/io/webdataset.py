@@ -54,6 +54,23 @@ def _compression(url: str) -> str | None:
     return "GZIP" if url.endswith((".tar.gz", ".tgz")) else None
 
 
+def sample_member(info: tarfile.TarInfo) -> tuple[str, str] | None:
+    """``(key, extension)`` (lower-cased) of a member that belongs to a sample; None for one a
+    reader skips (not a regular file, no dot, a ``__meta__`` file)."""
+    key, ext = split_name(info.name)
+    if not info.isreg() or key is None or ext is None or _META.match(info.name):
+        return None
+    return key, ext.lower()
+
+
+def damaged(url: str, offset: int, error: BaseException) -> DataLossError:
+    return DataLossError(f"{url}: damaged tar shard at byte {offset}: {error}", url, offset)
+
+
+def two_files(url: str, key: str, ext: str, offset: int) -> DataLossError:
+    return DataLossError(f"{url}: sample {key!r} has two {ext!r} files (the second at byte {offset})", url, offset)
+
+
 class TarShardNode(Node):
     """The samples of one tar shard, grouped by key."""
 
@@ -97,7 +114,7 @@ class TarShardIterator(FileReaderIterator):
             self._tar = tarfile.open(fileobj=self._stream, mode="r|")  # noqa: SIM115 - closed by close()
         except tarfile.ReadError as e:
             if "empty file" not in str(e):
-                raise self._damaged(self._offset, e) from e
+                raise damaged(self._node.url, self._offset, e) from e
             self._done = True
 
     def read_next(self) -> dict[str, Any]:
@@ -117,8 +134,7 @@ class TarShardIterator(FileReaderIterator):
                 self._pending, self._offset = item, offset
                 return sample
             if ext in sample:
-                raise DataLossError(f"{self._node.url}: sample {key!r} has two {ext!r} files (the second at byte "
-                                    f"{offset})", self._node.url, offset)  # fmt: skip
+                raise two_files(self._node.url, key, ext, offset)
             sample[ext] = data
 
     def _next_member(self) -> tuple[str, str, bytes, int] | None:
@@ -133,16 +149,12 @@ class TarShardIterator(FileReaderIterator):
                     return None
                 data = tar.extractfile(info).read() if info.isreg() else None  # type: ignore[union-attr]  # a regular file's
             except (tarfile.TarError, EOFError) as e:
-                raise self._damaged(at, e) from e
+                raise damaged(self._node.url, at, e) from e
             tar.members = []  # type: ignore[attr-defined]  # a stream is read once: keep no member list
-            key, ext = split_name(info.name)
-            if data is None or key is None or ext is None or _META.match(info.name):  # key and ext: None together
+            member = sample_member(info)
+            if member is None or data is None:  # None together: a regular file's data
                 continue
-            return key, ext.lower(), data, self._base + info.offset
-
-    def _damaged(self, offset: int, error: BaseException) -> DataLossError:
-        url = self._node.url
-        return DataLossError(f"{url}: damaged tar shard at byte {offset}: {error}", url, offset)
+            return member[0], member[1], data, self._base + info.offset
 
     def shutdown(self) -> None:
         self._tar = None
@@ -188,26 +200,25 @@ class TarAddressFormat(AddressFormat):
                     try:
                         info = tar.next()
                     except (tarfile.TarError, EOFError) as e:
-                        error = DataLossError(f"{path}: damaged tar shard at byte {at}: {e}", path, at)
+                        error = damaged(path, at, e)
                         break
                     if info is None:
                         break
                     tar.members = []  # type: ignore[attr-defined]  # keep no member list
-                    name_key, ext = split_name(info.name)
-                    if not info.isreg() or name_key is None or ext is None or _META.match(info.name):
+                    member = sample_member(info)
+                    if member is None:
                         continue
-                    if name_key != key:
+                    if member[0] != key:
                         starts.append(info.offset)
-                        key, exts = name_key, set()
-                    elif ext.lower() in exts:
-                        error = DataLossError(f"{path}: sample {key!r} has two {ext.lower()!r} files (the second "
-                                              f"at byte {info.offset})", path, info.offset)  # fmt: skip
+                        key, exts = member[0], set()
+                    elif member[1] in exts:
+                        error = two_files(path, member[0], member[1], info.offset)
                         break
-                    exts.add(ext.lower())
+                    exts.add(member[1])
                     end = info.offset_data + -(-info.size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
         except tarfile.ReadError as e:  # not a tar at all (an empty file is a shard of no samples)
             if "empty file" not in str(e):
-                error = DataLossError(f"{path}: damaged tar shard at byte 0: {e}", path, 0)
+                error = damaged(path, 0, e)
         if error is not None and starts:
             end = starts.pop()  # the sample its reader was reading when it failed
         ends = [*starts[1:], end]
@@ -218,14 +229,14 @@ class TarAddressFormat(AddressFormat):
         try:
             with tarfile.open(fileobj=io.BytesIO(data), mode="r|") as tar:
                 for info in tar:
-                    key, ext = split_name(info.name)
-                    if not info.isreg() or key is None or ext is None or _META.match(info.name):
+                    member = sample_member(info)
+                    if member is None:
                         continue
-                    sample.setdefault("__key__", key)
+                    sample.setdefault("__key__", member[0])
                     sample.setdefault("__url__", path)
-                    sample[ext.lower()] = tar.extractfile(info).read()  # type: ignore[union-attr]  # a regular file's
+                    sample[member[1]] = tar.extractfile(info).read()  # type: ignore[union-attr]  # a regular file's
         except (tarfile.TarError, EOFError) as e:
-            raise DataLossError(f"{path}: damaged tar shard at byte {offset}: {e}", path, offset) from e
+            raise damaged(path, offset, e) from e
         return sample
 
 
