@@ -142,7 +142,7 @@ def test_chunks_end_early_for_slow_reads(monkeypatch):
     ctx = BuildContext(seed=0, seeded=False, epoch=0, options=tp.Options())
     task = process_readers.InnerChunkTask(InnerOpener(UserFunction(slow, "interleave(slow)", ctx), ctx))
     first = task(0, (0, 0, None, 256, 0, 0))
-    assert 1 < len(first) < 10
+    assert 1 <= len(first) < 10  # a loaded machine may take 10 ms for one 4 ms read: ends early all the same
     second = task(1, (0, 0, first[-1][2], 256, 0, len(first)))  # the open iterator reads on
     assert [payload for _, payload, _ in first + second] == list(range(len(first) + len(second)))
     reopened = task(2, (0, 0, first[-1][2], 256, 0, len(first)))  # a stale position re-opens at the state
