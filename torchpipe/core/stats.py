@@ -92,6 +92,14 @@ class IteratorStats:
             self._weight = CLOCK_EVERY
             self.unclocked = int(math.log(1.0 - CLOCK_GAPS.random()) / _LOG_SKIP)
 
+    def clocked_together(self, t0: float, t1: float, waited: float = 0.0) -> None:
+        """Add the time of elements clocked as one, from ``t0`` to ``t1`` (``perf_counter``
+        times; ``waited`` of it in ``wait_s`` already): an op that hands over several at once
+        measures all of them, so nothing is scaled up."""
+        self._busy_s += t1 - t0 - waited
+        if self.trace is not None:
+            self.trace.span(t0, t1)
+
     def look(self, occupancy: int, capacity: int) -> None:
         """Record how full the buffer is as the consumer takes an element."""
         self.occupancy_sum += occupancy

@@ -340,6 +340,33 @@ def test_checkpoint_roundtrip_interleave(kwargs: dict) -> None:
     assert_checkpoint_roundtrip(ds)
 
 
+@pytest.mark.parametrize("kwargs", [{}, {"num_parallel_calls": 2, "executor": "thread"},
+                                    {"num_parallel_calls": 2, "executor": "process"}])  # fmt: skip
+def test_take_gives_in_chunks_what_next_gives_one_by_one(kwargs: dict) -> None:
+    lens, cycle, block = [3, 1, 4, 0, 2, 5, 7, 1], 3, 2
+    expected = reference_interleave(lens, cycle, block)
+    bare = tp.Options(optimizations={"inject_prefetch": False})  # the interleave is the pass's root
+    with iter(from_lens(lens, cycle, block, **kwargs).with_options(bare)) as it:
+        chunks = [[next(it)]]
+        stage = find_stage(it, InterleaveIterator)
+        chunks.append(stage.take(4))
+        state = it.state_dict()  # a checkpoint after a chunk stands where 5 calls of next() stand
+        while True:
+            try:
+                chunks.append(stage.take(4))
+            except StopIteration:
+                break
+        assert stage.stats.produced == len(expected)
+    assert [len(chunk) for chunk in chunks] == [1] + [4] * ((len(expected) - 1) // 4) + [(len(expected) - 1) % 4]
+    assert [x for chunk in chunks for x in chunk] == expected
+    with iter(from_lens(lens, cycle, block, **kwargs)) as resumed:
+        resumed.load_state_dict(state)
+        assert list(resumed) == expected[5:]
+    # a fused map and batch takes its chunks from the interleave: the batches are the elements'
+    batches = from_lens(lens, cycle, block, **kwargs).map(lambda x: x + 1, num_parallel_calls=2).batch(4)
+    assert [x for b in batches for x in b.tolist()] == [x + 1 for x in expected]
+
+
 @pytest.mark.parametrize("kwargs", [{}, {"num_parallel_calls": 2}])
 def test_checkpoint_roundtrip_with_repeat_and_shuffle(kwargs: dict) -> None:
     ds = tp.range(len(LENS)).interleave(uneven, cycle_length=3, block_length=2, **kwargs)

@@ -334,6 +334,31 @@ class InterleaveIterator(Iterator, Tunable):
         # at what it delivers; inline reads need none of it.
         if self._reads_ahead:
             self._before()
+        return self._step()
+
+    def take(self, count: int) -> list[Any]:
+        """Up to ``count`` elements, as ``count`` calls of ``next()`` give them (a fused batch's
+        chunk), at the cost of one: the knob's request and the readers opened ahead are looked
+        at once, and the chunk is clocked as a whole (``IteratorStats.clocked_together``)."""
+        if not self.running:  # the first element starts the pool (or a closed iterator says so)
+            return super().take(count)
+        stats = self.stats
+        t0, waited = time.perf_counter(), stats.wait_s
+        if self._reads_ahead:
+            self._before()
+        elements: list[Any] = []
+        try:
+            while len(elements) < count:
+                elements.append(self._step())
+                stats.produced += 1
+        except StopIteration:
+            if not elements:
+                raise
+        finally:
+            stats.clocked_together(t0, time.perf_counter(), stats.wait_s - waited)
+        return elements
+
+    def _step(self) -> Any:
         while not self._end_of_input or self._num_open > 0:
             self._choose_slot()
             reader = self._slots[self._cycle_index]
