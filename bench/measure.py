@@ -21,11 +21,13 @@ class TreeMonitor:
     """Samples RSS and CPU time of this process and all its descendants on a background thread.
 
     RSS is summed over the processes, so pages shared between a parent and its forked workers
-    count once per process (an upper bound, as ``ps`` would show); :meth:`pss` counts them once.
+    count once per process (an upper bound, as ``ps`` would show); :meth:`pss` counts them once,
+    and :meth:`held` counts shared memory once whether a process maps it or not.
     CPU time is remembered per process, so a worker that exits before the end still counts.
     """
 
     def __init__(self) -> None:
+        self._shmem_at_start = system_shmem()
         self._root = psutil.Process()
         self._cpu: dict[tuple[int, float], float] = {}
         self._lock = threading.Lock()
@@ -68,7 +70,28 @@ class TreeMonitor:
         """Proportional set size of the tree now, in bytes: each shared page counts once in all,
         split between the processes that map it (the memory the tree really holds). None where
         ``/proc/<pid>/smaps_rollup`` cannot be read. Costs tens of ms: not sampled while timing."""
-        total = 0
+        fields = self._rollup(b"Pss:")
+        return fields[b"Pss:"] if fields is not None else None
+
+    def held(self) -> float | None:
+        """What the tree holds now, in bytes, with shared memory counted once whether a process
+        maps it or not: its PSS without the shared-memory pages it maps, plus the growth of the
+        machine's shared memory (``Shmem`` in ``/proc/meminfo``) since the monitor started.
+
+        PSS counts no page that no process maps, and a batch torch's DataLoader has sent and not
+        yet delivered lies in a shared-memory file that no process maps while it waits; the pages
+        are held all the same (and count against a container's memory limit). None where ``/proc``
+        cannot be read. Other processes' shared memory made meanwhile counts too: read it beside
+        :meth:`pss`, on a machine that is otherwise quiet."""
+        fields = self._rollup(b"Pss:", b"Pss_Shmem:")
+        shmem = system_shmem()
+        if fields is None or shmem is None or self._shmem_at_start is None:
+            return None
+        return fields[b"Pss:"] - fields[b"Pss_Shmem:"] + max(0, shmem - self._shmem_at_start)
+
+    def _rollup(self, *keys: bytes) -> dict[bytes, int] | None:
+        """The sums over the tree of these ``smaps_rollup`` fields, in bytes (None where unreadable)."""
+        totals = dict.fromkeys(keys, 0)
         try:
             processes = [self._root] + self._root.children(recursive=True)
         except psutil.Error:
@@ -76,18 +99,32 @@ class TreeMonitor:
         for process in processes:
             try:
                 with open(f"/proc/{process.pid}/smaps_rollup", "rb") as f:
-                    total += next(int(line.split()[1]) * 1024 for line in f if line.startswith(b"Pss:"))
+                    found = {line.split()[0]: int(line.split()[1]) * 1024 for line in f if line.split()[0] in totals}
             except (FileNotFoundError, ProcessLookupError):
                 continue  # exited between the listing and the read
-            except (OSError, StopIteration, ValueError):
+            except (OSError, ValueError, IndexError):
                 return None
-        return total
+            if len(found) < len(keys):
+                return None
+            for key, value in found.items():
+                totals[key] += value
+        return totals
 
     def cpu_seconds(self) -> float:
         """CPU seconds used so far by every process seen in the tree (sampled now)."""
         self.sample()
         with self._lock:
             return sum(self._cpu.values())
+
+
+def system_shmem() -> int | None:
+    """The machine's shared memory now (``Shmem`` in ``/proc/meminfo``: tmpfs and shared anonymous
+    pages, mapped or not), in bytes; None where it cannot be read."""
+    try:
+        with open("/proc/meminfo", "rb") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith(b"Shmem:"))
+    except (OSError, StopIteration, ValueError):
+        return None
 
 
 def usable_cpus() -> list[int]:
@@ -171,7 +208,7 @@ def measure(
                 items, units, _ = _timed(iterator, count, seconds, min_batches)
             elapsed = time.perf_counter() - start
             cpu, busy = monitor.cpu_seconds() - cpu0, busy_cpu_seconds(cpus) - busy0
-            pss = monitor.pss()
+            pss, held = monitor.pss(), monitor.held()
             placed = placement(loader, iterator)
         finally:
             close(iterator)
@@ -183,6 +220,7 @@ def measure(
         "first_batch_s": first,
         "peak_rss_mb": monitor.peak_rss / 2**20,
         "end_pss_mb": pss / 2**20 if pss is not None else None,
+        "end_held_mb": held / 2**20 if held is not None else None,
         "cpu_s_per_item": cpu / items,
         "where": _where(placed),
         "placement": placed,
@@ -261,7 +299,7 @@ def measure_epochs(make: Callable[[], Any], count: Callable[[Any], tuple[int, fl
                     close(iterator)  # a pass of its own (the DSL's): persistent ones stay up
             elapsed_all = time.perf_counter() - t_all
             cpu, busy = monitor.cpu_seconds() - cpu0, busy_cpu_seconds(cpus) - busy0
-            pss = monitor.pss()
+            pss, held = monitor.pss(), monitor.held()
         finally:
             _close_loader(loader)
     return {
@@ -270,6 +308,7 @@ def measure_epochs(make: Callable[[], Any], count: Callable[[Any], tuple[int, fl
         "first_batch_s": first,
         "peak_rss_mb": monitor.peak_rss / 2**20,
         "end_pss_mb": pss / 2**20 if pss is not None else None,
+        "end_held_mb": held / 2**20 if held is not None else None,
         "cpu_s_per_item": cpu / items,
         "others_cpu_share": min(1.0, max(0.0, busy - cpu) / (elapsed_all * len(cpus))),
         "epoch_rates": rates,

@@ -18,8 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-MEDIAN_KEYS = ("throughput", "steady_throughput", "first_batch_s", "peak_rss_mb", "end_pss_mb", "cpu_s_per_item",
-               "others_cpu_share")  # fmt: skip
+MEDIAN_KEYS = ("throughput", "steady_throughput", "first_batch_s", "peak_rss_mb", "end_pss_mb", "end_held_mb",
+               "cpu_s_per_item", "others_cpu_share")  # fmt: skip
 """The numbers of a result that are reported as their median over the runs."""
 
 

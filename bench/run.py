@@ -124,6 +124,7 @@ class Runner:
         self.errors: dict[str, str] = {}
         self.not_measured: dict[str, str] = {}
         self.dataloader_pss: dict[int, float | None] = {}  # torch's end PSS by num_workers, prefetch_factor=2
+        self.dataloader_held: dict[int, float | None] = {}  # and what it held, shared memory counted once
         self.grid: list[tuple[dict[str, int], dict[str, Any]]] = []  # every DataLoader configuration measured
         self.budget: dict[str, Any] | None = None  # the RAM budget's check (BUDGETED workloads)
         # cache measures whole epochs, blobs several on one loader, every other workload a timed window
@@ -210,6 +211,7 @@ class Runner:
         for args, result in self.grid:
             if args["num_workers"] == 0 or args.get("prefetch_factor") == 2:
                 self.dataloader_pss[args["num_workers"]] = result.get("end_pss_mb")
+                self.dataloader_held[args["num_workers"]] = result.get("end_held_mb")
 
     def budget_trial(self) -> list[Trial]:
         """``tp.DataLoader("auto")`` under a RAM budget that binds: halfway between the tree's end
@@ -365,10 +367,11 @@ def run_all(names: list[str], quick: bool, sizes: wl.Sizes | None = None, repeat
         work = runner.work
         report["workloads"][work.name] = {"unit": work.unit, "limit": work.limit, "results": runner.results,
                                           "targets": targets(work.name, runner.results, runner.dataloader_pss,
-                                                             runner.budget),
+                                                             runner.budget, runner.dataloader_held),
                                           "placement": placements(runner.results),
                                           "budget": runner.budget,
                                           "dataloader_pss": {str(k): v for k, v in runner.dataloader_pss.items()},
+                                          "dataloader_held": {str(k): v for k, v in runner.dataloader_held.items()},
                                           "extra": work.extra, "peer_errors": runner.errors,
                                           "not_measured": runner.not_measured}  # fmt: skip
         run_info["chosen"][work.name] = runner.chosen

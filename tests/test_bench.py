@@ -41,8 +41,9 @@ CACHE_CONFIGS = {
     "torchpipe_cache_epoch2",
 }
 EPOCH_CONFIGS = CONFIGS - {"torchpipe_best"}
-EPOCH_KEYS = {"throughput", "steady_throughput", "first_batch_s", "peak_rss_mb", "end_pss_mb", "cpu_s_per_item",
-              "others_cpu_share", "epoch_rates", "epoch_executors", "placement", "spread", "runs"}  # fmt: skip
+EPOCH_KEYS = {"throughput", "steady_throughput", "first_batch_s", "peak_rss_mb", "end_pss_mb", "end_held_mb",
+              "cpu_s_per_item", "others_cpu_share", "epoch_rates", "epoch_executors", "placement", "spread",
+              "runs"}  # fmt: skip
 KEYS = EPOCH_KEYS - {"epoch_rates", "epoch_executors", "steady_throughput"} | {"where"}
 NUMBERS = KEYS - {"where", "placement", "spread", "runs"}
 """What one measurement reports as numbers (the fake results of the table tests)."""
@@ -266,7 +267,8 @@ def test_records_item_cost_is_small():
 
 
 def _result(throughput: float, pss: float | None = 100.0, where: str | None = None) -> dict[str, Any]:
-    return {"throughput": throughput, "end_pss_mb": pss, "where": where}
+    held = None if pss is None else pss + 30.0  # as if 30 MB of shared memory were mapped by nobody
+    return {"throughput": throughput, "end_pss_mb": pss, "end_held_mb": held, "where": where}
 
 
 def test_targets_met_and_missed():
@@ -276,12 +278,13 @@ def test_targets_met_and_missed():
         "torchpipe_auto": _result(114.0, 218.0, "process x2"),
         "torchpipe_dataloader_auto": _result(99.0, 241.0, "inline"),
     }
-    checks = tg.targets("jpeg", results, {0: 150.0, 2: 200.0, 4: 260.0})
+    checks = tg.targets("jpeg", results, {0: 150.0, 2: 200.0, 4: 260.0}, None, {0: 150.0, 2: 320.0, 4: 400.0})
     auto, loader = checks["torchpipe_auto"], checks["torchpipe_dataloader_auto"]
     assert set(auto) == {
         "vs_best_of_any",
         "vs_dataloader_best",
         "pss_vs_same_workers",
+        "held_vs_same_workers",
         "vs_best_python_peer",
         "vs_tfdata_native",
     }  # the limit is reported, not a target
@@ -296,6 +299,9 @@ def test_targets_met_and_missed():
     # memory against torch's DataLoader at the parallelism torchpipe chose: 2 workers; inline: 0
     assert auto["pss_vs_same_workers"]["ratio"] == pytest.approx(1.09) and auto["pss_vs_same_workers"]["met"]
     assert auto["pss_vs_same_workers"]["workers"] == 2
+    # what the tree holds with shared memory counted once, reported beside it: no verdict
+    assert auto["held_vs_same_workers"] == {"ratio": pytest.approx(248 / 320), "op": None, "target": None,
+                                            "met": None, "workers": 2}  # fmt: skip
     assert loader["vs_best_of_any"]["met"] is False and loader["vs_dataloader_best"]["met"] is False
     assert (
         loader["pss_vs_same_workers"]["ratio"] == pytest.approx(241 / 150) and not loader["pss_vs_same_workers"]["met"]
@@ -326,9 +332,9 @@ def test_targets_printed():
     report = {"workloads": {"tiny": {"results": results, "targets": tg.targets("tiny", results, {0: 200.0})}}}
     text = tg.format_targets(report)
     row = next(line for line in text.splitlines() if line.startswith("tiny") and "torchpipe_auto" in line)
-    assert row.split()[2:] == ["0.80", "MISS", "0.80", "MISS", "1.00", "ok", "-", "-"]  # no peers
+    assert row.split()[2:] == ["0.80", "MISS", "0.80", "MISS", "1.00", "ok", "-", "-", "-"]  # no peers, no held
     loader_row = next(line for line in text.splitlines() if "torchpipe_dataloader_auto" in line)
-    assert loader_row.split()[2:] == ["-"] * 5  # not measured
+    assert loader_row.split()[2:] == ["-"] * 6  # not measured
     assert "1 targets met, 2 missed" in text and "tiny/torchpipe_auto vs_dataloader_best" in text
     assert text.splitlines()[-1].endswith("cores: tiny/dataloader_best (40%)")
 
@@ -345,7 +351,7 @@ def test_targets_against_the_peers():
     assert checks["torchpipe_dataloader_auto"]["vs_best_python_peer"]["met"] is False
     text = tg.format_targets({"workloads": {"jpeg": {"results": results, "targets": checks}}})
     row = next(line for line in text.splitlines() if line.startswith("jpeg") and " torchpipe_auto " in line)
-    assert row.split()[2:] == ["1.25", "ok", "1.50", "ok", "1.00", "ok", "1.25", "ok", "0.50"]  # nodes: best of any
+    assert row.split()[2:] == ["1.25", "ok", "1.50", "ok", "1.00", "ok", "-", "1.25", "ok", "0.50"]  # nodes: best
     assert "5 targets met, 3 missed" in text and "jpeg/torchpipe_dataloader_auto vs_best_python_peer" in text
 
 
