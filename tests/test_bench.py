@@ -90,11 +90,12 @@ def test_every_workload_and_configuration_end_to_end(small, capsys, name):
     for found in entry["placement"].values():
         assert found["runs"][0] and found["policy"]["where"] == found["runs"][0], found
     assert set(entry["dataloader_pss"]) >= {"0", "1"} and entry["dataloader_pss"]["0"] > 0
+    assert set(entry["dataloader_held"]) == set(entry["dataloader_pss"]) and entry["dataloader_held"]["0"] > 0
     for config, result in entry["results"].items():
         assert set(result) == (EPOCH_KEYS if name == "blobs" else KEYS)
         assert config not in tg.ZERO_KNOB or result.get("where") or result.get("epoch_executors"), config
         assert result["throughput"] > 0 and result["peak_rss_mb"] > 0 and result["cpu_s_per_item"] >= 0
-        assert result["end_pss_mb"] > 0, result  # Linux: smaps_rollup
+        assert result["end_pss_mb"] > 0 and result["end_held_mb"] > 0, result  # Linux: smaps_rollup, meminfo
         assert 0 <= result["others_cpu_share"] <= 1, result
         assert len(result["runs"]) == 1 and result["runs"][0]["throughput"] == result["throughput"]
     json.dumps(report)  # the document is plain JSON

@@ -71,6 +71,17 @@ def elements(kind: str, n: int, files: str = "", epochs: int = 1, **distribute: 
     return [[int(x) for x in ds] for _ in range(epochs)]
 
 
+def elements_and_seeds(kind: str, n: int, files: str = "", epochs: int = 1) -> tuple[list[list[int]], list[int]]:
+    """Each epoch's elements on this rank, and the seed each pass drew (its checkpoint's)."""
+    ds = pipeline(kind, n, files)
+    shares, seeds = [], []
+    for _ in range(epochs):
+        with iter(ds) as it:
+            seeds.append(it.state_dict()["seed"])
+            shares.append([int(x) for x in it])
+    return shares, seeds
+
+
 def steps(kind: str, n: int, batch: int, **distribute: Any) -> list[list[int]]:
     """The batches this rank's pass yields (as lists), through tp.DataLoader."""
     ds = pipeline(kind, n, **distribute).batch(batch)

@@ -84,13 +84,17 @@ def record_files(tmp_path_factory):
 @pytest.mark.parametrize("kind", ["tfrecord", "webdataset"])
 def test_io_readers_give_every_record_of_an_epoch_to_exactly_one_rank(kind, world_size, record_files):
     records = [f * 100 + i for f in range(6) for i in range(3)]
-    per_rank = ranks(world_size).run(scenarios.elements, kind, 0, record_files, epochs=3)
-    epochs = [tuple(tuple(share[epoch]) for share in per_rank) for epoch in range(3)]
+    per_rank = ranks(world_size).run(scenarios.elements_and_seeds, kind, 0, record_files, epochs=3)
+    epochs = [tuple(tuple(shares[epoch]) for shares, _ in per_rank) for epoch in range(3)]
     for shares in epochs:
         once_each(shares, records)
+    seeds = [seeds for _, seeds in per_rank]
+    assert all(len(set(s)) == 3 for s in seeds), seeds  # a new seed each pass
+    if kind == "webdataset":  # the shard shuffle below the split: rank 0's seed on every rank
+        assert all(s == seeds[0] for s in seeds), seeds
     # reshuffled each epoch: 6 shards in an order drawn anew, so two epochs alike by chance is 1 in 720;
     # three alike is 1 in 720 ** 2
-    assert len(set(epochs)) > 1
+    assert len(set(epochs)) > 1, seeds
     for share in ranks(world_size).run(scenarios.elements, kind, 0, record_files, policy="off"):
         assert sorted(share[0]) == records  # every rank reads every file
 
