@@ -29,6 +29,11 @@ epochs on one loader as a user would, keeping workers across epochs where the li
 (``bench/peer_items.PeerEpochs``). tf.data runs after every other configuration of every
 workload (TensorFlow's threads must not be inherited by worker processes forked later).
 
+``--ring-ab`` measures every torchpipe row also under the ring policy before slot rings
+(``TORCHPIPE_RING_POLICY=legacy``, a twin row ``<config>@legacy_rings`` beside it in each round)
+and reports each row's throughput and end PSS as ratios to its twin (``workloads.<name>.ring_ab``;
+issue #41's "speed held"). ``--no-peers`` leaves the peers out (a run about torchpipe alone).
+
 ``--repeat N`` measures every configuration N times, alternating configurations within the
 run (A B C A B C ...: ``bench/rounds.py``); each row is then the median of its runs with their
 spread, the JSON keeps every run's values (``results.<config>.runs``), and every ratio and
@@ -39,7 +44,8 @@ are checked against their targets (``bench/targets.py``), and where each ran and
 placement policy measured is printed beside them; the JSON has the same under
 ``workloads.<name>.targets`` and ``workloads.<name>.placement``.
 
-Run: python bench/run.py [--quick] [--repeat 3] [--workloads jpeg,bigtensor,...] [--json out.json]
+Run: python bench/run.py [--quick] [--repeat 3] [--workloads jpeg,bigtensor,...] [--ring-ab] [--no-peers]
+                        [--json out.json]
 """
 
 from __future__ import annotations
@@ -69,6 +75,7 @@ from bench.rounds import Trial, run_rounds, summarize
 from bench.rounds import report as rounds_report
 from bench.targets import BASELINE, BUDGET_CONFIG, format_targets, placements, targets
 from torchpipe.runtime.cpu import usable_cpu_count
+from torchpipe.runtime.processes.output import LEGACY, RING_POLICY_ENV
 
 ORDER = (
     "dataloader_default",
@@ -94,6 +101,8 @@ LAST = ("tfdata",)
 """Peers measured after every workload's other configurations (they import TensorFlow)."""
 BUDGETED = ("jpeg", "bigtensor", "tfrecord")
 """Workloads with large batches, where ``tp.DataLoader("auto")`` is also measured under a RAM budget."""
+LEGACY_RINGS = "@legacy_rings"
+"""The suffix of a ``--ring-ab`` twin: the row measured under the ring policy before slot rings."""
 NOT_MEASURED_EPOCHS = "its adapter runs no epochs (it makes one pass over other work)"
 """Why a peer's configuration has no row on an epochs workload (``blobs``)."""
 
@@ -117,8 +126,10 @@ class Runner:
     loader) are measured in rounds of their own, and the peers in ``LAST`` after every workload.
     """
 
-    def __init__(self, work: wl.Workload, sizes: wl.Sizes, quick: bool, repeat: int = 1) -> None:
+    def __init__(self, work: wl.Workload, sizes: wl.Sizes, quick: bool, repeat: int = 1, ring_ab: bool = False,
+                 peers: bool = True) -> None:  # fmt: skip
         self.work, self.sizes, self.quick, self.repeat = work, sizes, quick, repeat
+        self.ring_ab, self.peers = ring_ab, peers
         self.results: dict[str, dict[str, Any]] = {}
         self.chosen: dict[str, Any] = {}
         self.errors: dict[str, str] = {}
@@ -171,7 +182,21 @@ class Runner:
             if work.name in tpimage.PIPELINES:
                 knobs = "tp.image ops, num_parallel_calls=AUTOTUNE, prefetch(AUTOTUNE)"
                 trials.append(self.trial(tpimage.CONFIG, partial(tpimage.batched, work), knobs))
-        return trials + self.peer_trials(last=False)
+        return self.with_twins(trials) + self.peer_trials(last=False)
+
+    def with_twins(self, trials: list[Trial]) -> list[Trial]:
+        """``trials``, each torchpipe row followed by its ``--ring-ab`` twin (under the legacy ring
+        policy) where this run measures them."""
+        if not self.ring_ab:
+            return trials
+        out = []
+        for trial in trials:
+            out.append(trial)
+            if trial.key.startswith("torchpipe"):
+                name, best = trial.name and trial.name + LEGACY_RINGS, trial.best_of and trial.best_of + LEGACY_RINGS
+                legacy = partial(_under_legacy_rings, trial.measure)
+                out.append(Trial(trial.key + LEGACY_RINGS, legacy, name=name, best_of=best, knobs=trial.knobs))
+        return out
 
     def dataloader_trials(self) -> list[Trial]:
         """``dataloader_default`` and the grid ``dataloader_best`` is the best of (default included)."""
@@ -203,7 +228,7 @@ class Runner:
             trials.append(self.trial("torchpipe_dataloader", partial(tp.DataLoader, dataset, **best, **kwargs), best))
         if self.work.name in BUDGETED and not self.work.epochs:
             trials += self.budget_trial()
-        return trials
+        return self.with_twins(trials)
 
     def grid_pss(self) -> None:
         """torch's end PSS by worker count (``prefetch_factor=2``; the memory target's reference)
@@ -239,8 +264,8 @@ class Runner:
         not); on an epochs workload, each through its adapter's epochs (workers kept across
         epochs where the library can keep them). A library whose configurations cannot be made
         is reported (in the JSON under ``workloads.<name>.peer_errors``) and left out."""
-        trials = []
-        for peer in pr.PEERS:
+        trials: list[Trial] = []
+        for peer in pr.PEERS if self.peers else ():
             if not peer.installed() or (peer.library in LAST) != last:
                 continue
             if peer.workloads is not None and self.work.name not in peer.workloads:
@@ -296,6 +321,42 @@ def _rank(config: str) -> int:
     return ORDER.index(config) if config in ORDER else len(ORDER)
 
 
+def _under_legacy_rings(measure_once: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """``measure_once()`` with the ring policy before slot rings (read as a pool starts)."""
+    before = os.environ.get(RING_POLICY_ENV)
+    os.environ[RING_POLICY_ENV] = LEGACY
+    try:
+        return measure_once()
+    finally:
+        if before is None:
+            del os.environ[RING_POLICY_ENV]
+        else:
+            os.environ[RING_POLICY_ENV] = before
+
+
+def ring_ab_ratios(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, float | None]]:
+    """Each row that has a ``--ring-ab`` twin: its throughput and end PSS as ratios to the twin's
+    (``speed``: >= 0.95 holds issue #41's "speed held"; ``pss``: below 1 holds less)."""
+    out = {}
+    for config, mine in results.items():
+        twin = results.get(config + LEGACY_RINGS)
+        if twin is None:
+            continue
+        pss, theirs = mine.get("end_pss_mb"), twin.get("end_pss_mb")
+        out[config] = {"speed": mine["throughput"] / twin["throughput"] if twin["throughput"] else None,
+                       "pss": pss / theirs if pss is not None and theirs else None}  # fmt: skip
+    return out
+
+
+def format_ring_ab(report: dict[str, Any]) -> str:
+    """The ``--ring-ab`` ratios, a line a row (empty where the run measured none)."""
+    lines = [f"  {name}/{config}: speed {r['speed']:.2f}x, end PSS {r['pss']:.2f}x" if r["pss"] is not None
+             else f"  {name}/{config}: speed {r['speed']:.2f}x"
+             for name, entry in report["workloads"].items() for config, r in entry.get("ring_ab", {}).items()
+             if r["speed"] is not None]  # fmt: skip
+    return "\n".join(["slot rings against the legacy ring policy (speed held: >= 0.95x):", *lines]) if lines else ""
+
+
 def dsl_pipeline(work: wl.Workload, parallel: Any, executor: str) -> tp.Dataset:
     """The workload's pipeline in the DSL, batched, with ``prefetch(tp.AUTOTUNE)``."""
     return work.batched(parallel, executor).prefetch(tp.AUTOTUNE)
@@ -335,9 +396,11 @@ def _cpuinfo() -> list[str]:
         return []
 
 
-def run_all(names: list[str], quick: bool, sizes: wl.Sizes | None = None, repeat: int = 1) -> dict[str, Any]:
+def run_all(names: list[str], quick: bool, sizes: wl.Sizes | None = None, repeat: int = 1, ring_ab: bool = False,
+            peers: bool = True) -> dict[str, Any]:  # fmt: skip
     """Measure ``names``, each configuration ``repeat`` times in alternating rounds, and return
-    the report (the JSON document).
+    the report (the JSON document). ``ring_ab``: every torchpipe row also under the legacy ring
+    policy; ``peers``: False leaves the peers out.
 
     Raises:
         ValueError: if ``repeat`` is below 1.
@@ -356,11 +419,11 @@ def run_all(names: list[str], quick: bool, sizes: wl.Sizes | None = None, repeat
         limit = "null" if work.limit is None else f"{work.limit:.4g} {work.unit}"
         extra = "".join(f", {key} {value}" for key, value in work.extra.items())
         print(f"\n{name}: batch {work.batch_size}, limit {limit} ({work.limit_note}){extra}", flush=True)
-        runner = Runner(work, sizes, quick, repeat)
+        runner = Runner(work, sizes, quick, repeat, ring_ab, peers)
         runner.run()
         runners.append(runner)
     for runner in runners:
-        if any(peer.installed() and peer.library in LAST for peer in pr.PEERS):
+        if peers and any(peer.installed() and peer.library in LAST for peer in pr.PEERS):
             print(f"\n{runner.work.name}, measured last: {', '.join(LAST)}", flush=True)
             runner.measure_rounds(partial(runner.peer_trials, last=True))
     for runner in runners:
@@ -372,6 +435,7 @@ def run_all(names: list[str], quick: bool, sizes: wl.Sizes | None = None, repeat
                                           "budget": runner.budget,
                                           "dataloader_pss": {str(k): v for k, v in runner.dataloader_pss.items()},
                                           "dataloader_held": {str(k): v for k, v in runner.dataloader_held.items()},
+                                          "ring_ab": ring_ab_ratios(runner.results),
                                           "extra": work.extra, "peer_errors": runner.errors,
                                           "not_measured": runner.not_measured}  # fmt: skip
         run_info["chosen"][work.name] = runner.chosen
@@ -450,6 +514,10 @@ def main(argv: list[str] | None = None) -> None:
         help="measure each configuration this many times, alternating (A B C A B C), and report medians: "
         "the run takes about as many times as long",
     )
+    parser.add_argument(
+        "--ring-ab", action="store_true", help="every torchpipe row also under the ring policy before slot rings"
+    )
+    parser.add_argument("--no-peers", action="store_true", help="leave the peers out")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
     if args.repeat < 1:
@@ -459,7 +527,7 @@ def main(argv: list[str] | None = None) -> None:
     if unknown:
         parser.error(f"unknown workloads {unknown}; choose from {list(suite.WORKLOADS)}")
     start = time.perf_counter()
-    report = run_all(names, args.quick, repeat=args.repeat)
+    report = run_all(names, args.quick, repeat=args.repeat, ring_ab=args.ring_ab, peers=not args.no_peers)
     report["machine"]["run"]["seconds"] = round(time.perf_counter() - start, 1)
     print()
     if args.quick:
@@ -470,6 +538,8 @@ def main(argv: list[str] | None = None) -> None:
     print(table(report))
     print()
     print(format_targets(report))
+    if args.ring_ab:
+        print(format_ring_ab(report))
     print(f"\n{report['machine']['run']['seconds']:.0f} s in all; usable cores: {usable_cpu_count()}")
     if args.json:
         with open(args.json, "w") as f:

@@ -63,6 +63,22 @@ def small(monkeypatch, tmp_path):
     return tmp_path
 
 
+def test_ring_ab_measures_each_torchpipe_row_beside_its_twin_under_the_legacy_ring_policy(small, monkeypatch):
+    from torchpipe.runtime.processes import output
+
+    monkeypatch.delenv(output.RING_POLICY_ENV, raising=False)
+    measure, seen = run.measure, []  # the policy each measurement's pools read as they start
+    monkeypatch.setattr(run, "measure", lambda *a, **k: (seen.append(output.ring_policy()), measure(*a, **k))[1])
+    report = run.run_all(["bigtensor"], quick=True, sizes=TINY, ring_ab=True, peers=False)
+    entry = report["workloads"]["bigtensor"]
+    torchpipe = [c for c in entry["results"] if c.startswith("torchpipe") and not c.endswith(run.LEGACY_RINGS)]
+    assert torchpipe and all(c + run.LEGACY_RINGS in entry["results"] for c in torchpipe)
+    assert set(entry["ring_ab"]) == set(torchpipe)
+    assert all(r["speed"] > 0 and r["pss"] > 0 for r in entry["ring_ab"].values())
+    assert seen.count(output.LEGACY) == len(torchpipe) and output.ring_policy() == output.SLOTS  # restored
+    assert "slot rings against the legacy ring policy" in run.format_ring_ab(report)
+
+
 @pytest.mark.parametrize("name", list(suite.WORKLOADS))
 def test_every_workload_and_configuration_end_to_end(small, capsys, name):
     """The report's structure and what must hold in it, never a speed: this runs beside the rest
