@@ -69,8 +69,8 @@ def test_ring_ab_measures_each_torchpipe_row_beside_its_twin_under_the_legacy_ri
     monkeypatch.delenv(output.RING_POLICY_ENV, raising=False)
     measure, seen = run.measure, []  # the policy each measurement's pools read as they start
     monkeypatch.setattr(run, "measure", lambda *a, **k: (seen.append(output.ring_policy()), measure(*a, **k))[1])
-    report = run.run_all(["bigtensor"], quick=True, sizes=TINY, ring_ab=True, peers=False)
-    entry = report["workloads"]["bigtensor"]
+    report = run.run_all(["tiny"], quick=True, sizes=TINY, ring_ab=True, peers=False)
+    entry = report["workloads"]["tiny"]
     torchpipe = [c for c in entry["results"] if c.startswith("torchpipe") and not c.endswith(run.LEGACY_RINGS)]
     assert torchpipe and all(c + run.LEGACY_RINGS in entry["results"] for c in torchpipe)
     assert set(entry["ring_ab"]) == set(torchpipe)
