@@ -15,20 +15,25 @@ from bench.measure import TreeMonitor
 
 def test_what_the_tree_holds_counts_shared_memory_that_no_process_maps():
     # a queued batch of torch's DataLoader: a shared-memory file written and mapped by nobody. The
-    # machine's shared memory is read, so the margin leaves room for other tests' rings meanwhile.
-    size = 256 * 2**20
-    with TreeMonitor() as monitor:
-        pss, held = monitor.pss(), monitor.held()
-        assert pss is not None and held is not None
-        with open(f"/dev/shm/torchpipe-test-held-{os.getpid()}", "wb") as f:
-            try:
-                f.write(b"\1" * size)
-                f.flush()
-                grown, pss_now = monitor.held(), monitor.pss()
-            finally:
-                os.unlink(f.name)
-    assert grown is not None and grown - held > 0.5 * size  # held: the pages are there
-    assert pss_now is not None and pss_now - pss < 0.25 * size  # PSS: nobody maps them
+    # machine's shared memory is read, which other tests' rings move meanwhile: the file is large,
+    # and one of three tries must see it whole.
+    size, seen = 256 * 2**20, []
+    for _ in range(3):
+        with TreeMonitor() as monitor:
+            pss, held = monitor.pss(), monitor.held()
+            assert pss is not None and held is not None
+            with open(f"/dev/shm/torchpipe-test-held-{os.getpid()}", "wb") as f:
+                try:
+                    f.write(b"\1" * size)
+                    f.flush()
+                    grown, pss_now = monitor.held(), monitor.pss()
+                finally:
+                    os.unlink(f.name)
+        assert grown is not None and pss_now is not None
+        seen.append((grown - held, pss_now - pss))
+        if grown - held > 0.9 * size and pss_now - pss < 0.1 * size:  # held: the pages; PSS: nobody maps them
+            return
+    pytest.fail(f"(held, PSS) growth in bytes for a {size}-byte file no process maps: {seen}")
 
 
 def test_the_index_and_its_shared_copy_give_the_same_samples():
