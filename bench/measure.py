@@ -83,11 +83,17 @@ class TreeMonitor:
         are held all the same (and count against a container's memory limit). None where ``/proc``
         cannot be read. Other processes' shared memory made meanwhile counts too: read it beside
         :meth:`pss`, on a machine that is otherwise quiet."""
+        return self.pss_and_held()[1]
+
+    def pss_and_held(self) -> tuple[float | None, float | None]:
+        """:meth:`pss` and :meth:`held` from one reading of the tree's ``smaps_rollup`` files."""
         fields = self._rollup(b"Pss:", b"Pss_Shmem:")
+        if fields is None:
+            return None, None
         shmem = system_shmem()
-        if fields is None or shmem is None or self._shmem_at_start is None:
-            return None
-        return fields[b"Pss:"] - fields[b"Pss_Shmem:"] + max(0, shmem - self._shmem_at_start)
+        if shmem is None or self._shmem_at_start is None:
+            return fields[b"Pss:"], None
+        return fields[b"Pss:"], fields[b"Pss:"] - fields[b"Pss_Shmem:"] + max(0, shmem - self._shmem_at_start)
 
     def _rollup(self, *keys: bytes) -> dict[bytes, int] | None:
         """The sums over the tree of these ``smaps_rollup`` fields, in bytes (None where unreadable)."""
@@ -97,12 +103,16 @@ class TreeMonitor:
         except psutil.Error:
             return None
         for process in processes:
+            found: dict[bytes, int] = {}
             try:
                 with open(f"/proc/{process.pid}/smaps_rollup", "rb") as f:
-                    found = {line.split()[0]: int(line.split()[1]) * 1024 for line in f if line.split()[0] in totals}
+                    for line in f:
+                        key, value, *_ = line.split()
+                        if key in totals:
+                            found[key] = int(value) * 1024
             except (FileNotFoundError, ProcessLookupError):
                 continue  # exited between the listing and the read
-            except (OSError, ValueError, IndexError):
+            except (OSError, ValueError):
                 return None
             if len(found) < len(keys):
                 return None
@@ -208,7 +218,7 @@ def measure(
                 items, units, _ = _timed(iterator, count, seconds, min_batches)
             elapsed = time.perf_counter() - start
             cpu, busy = monitor.cpu_seconds() - cpu0, busy_cpu_seconds(cpus) - busy0
-            pss, held = monitor.pss(), monitor.held()
+            pss, held = monitor.pss_and_held()
             placed = placement(loader, iterator)
         finally:
             close(iterator)
@@ -299,7 +309,7 @@ def measure_epochs(make: Callable[[], Any], count: Callable[[Any], tuple[int, fl
                     close(iterator)  # a pass of its own (the DSL's): persistent ones stay up
             elapsed_all = time.perf_counter() - t_all
             cpu, busy = monitor.cpu_seconds() - cpu0, busy_cpu_seconds(cpus) - busy0
-            pss, held = monitor.pss(), monitor.held()
+            pss, held = monitor.pss_and_held()
         finally:
             _close_loader(loader)
     return {

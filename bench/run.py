@@ -350,10 +350,12 @@ def ring_ab_ratios(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, fl
 
 def format_ring_ab(report: dict[str, Any]) -> str:
     """The ``--ring-ab`` ratios, a line a row (empty where the run measured none)."""
-    lines = [f"  {name}/{config}: speed {r['speed']:.2f}x, end PSS {r['pss']:.2f}x" if r["pss"] is not None
-             else f"  {name}/{config}: speed {r['speed']:.2f}x"
-             for name, entry in report["workloads"].items() for config, r in entry.get("ring_ab", {}).items()
-             if r["speed"] is not None]  # fmt: skip
+    lines = []
+    for name, entry in report["workloads"].items():
+        for config, r in entry.get("ring_ab", {}).items():
+            if r["speed"] is not None:
+                pss = f", end PSS {r['pss']:.2f}x" if r["pss"] is not None else ""
+                lines.append(f"  {name}/{config}: speed {r['speed']:.2f}x{pss}")
     return "\n".join(["slot rings against the legacy ring policy (speed held: >= 0.95x):", *lines]) if lines else ""
 
 

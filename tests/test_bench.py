@@ -67,8 +67,13 @@ def test_ring_ab_measures_each_torchpipe_row_beside_its_twin_under_the_legacy_ri
     from torchpipe.runtime.processes import output
 
     monkeypatch.delenv(output.RING_POLICY_ENV, raising=False)
-    measure, seen = run.measure, []  # the policy each measurement's pools read as they start
-    monkeypatch.setattr(run, "measure", lambda *a, **k: (seen.append(output.ring_policy()), measure(*a, **k))[1])
+    measure, seen = run.measure, []
+
+    def noting_the_policy(*args, **kwargs):  # the policy each measurement's pools read as they start
+        seen.append(output.ring_policy())
+        return measure(*args, **kwargs)
+
+    monkeypatch.setattr(run, "measure", noting_the_policy)
     report = run.run_all(["tiny"], quick=True, sizes=TINY, ring_ab=True, peers=False)
     entry = report["workloads"]["tiny"]
     torchpipe = [c for c in entry["results"] if c.startswith("torchpipe") and not c.endswith(run.LEGACY_RINGS)]

@@ -56,6 +56,8 @@ def test_batches_are_torchs_with_a_worker_a_replica_wherever_replicas_run(proces
     assert_same_elements(got, list(theirs))  # same order, same draws: each replica keeps its RNG states
     assert sorted(int(i) for b in got for i in b["i"]) == list(range(60))
     assert {int(n) for b in got for n in b["of"]} == {REPLICAS}
+    # Where it ran is decided, not measured: start_as_measured's processes, else the forced costs (calls
+    # that wait: a process a replica); threads are out for replicas that draw from seeded global RNGs.
     made_by = ours.stats()[0]
     assert (made_by["executor"], made_by["workers"]) == ("process", processes or REPLICAS)  # waits: a process a replica
 

@@ -154,7 +154,8 @@ class TarShardIterator(FileReaderIterator):
             member = sample_member(info)
             if member is None or data is None:  # None together: a regular file's data
                 continue
-            return member[0], member[1], data, self._base + info.offset
+            key, ext = member
+            return key, ext, data, self._base + info.offset
 
     def shutdown(self) -> None:
         self._tar = None
@@ -208,13 +209,14 @@ class TarAddressFormat(AddressFormat):
                     member = sample_member(info)
                     if member is None:
                         continue
-                    if member[0] != key:
+                    name_key, ext = member
+                    if name_key != key:
                         starts.append(info.offset)
-                        key, exts = member[0], set()
-                    elif member[1] in exts:
-                        error = two_files(path, member[0], member[1], info.offset)
+                        key, exts = name_key, set()
+                    elif ext in exts:
+                        error = two_files(path, key, ext, info.offset)
                         break
-                    exts.add(member[1])
+                    exts.add(ext)
                     end = info.offset_data + -(-info.size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
         except tarfile.ReadError as e:  # not a tar at all (an empty file is a shard of no samples)
             if "empty file" not in str(e):
@@ -232,9 +234,10 @@ class TarAddressFormat(AddressFormat):
                     member = sample_member(info)
                     if member is None:
                         continue
-                    sample.setdefault("__key__", member[0])
+                    key, ext = member
+                    sample.setdefault("__key__", key)
                     sample.setdefault("__url__", path)
-                    sample[member[1]] = tar.extractfile(info).read()  # type: ignore[union-attr]  # a regular file's
+                    sample[ext] = tar.extractfile(info).read()  # type: ignore[union-attr]  # a regular file's
         except (tarfile.TarError, EOFError) as e:
             raise damaged(path, offset, e) from e
         return sample
