@@ -519,7 +519,11 @@ def test_auto_moves_to_processes_when_threads_prove_slow(monkeypatch, force_cost
     out = [next(it) for _ in range(5)]
     assert stage_stats(it, "map")["executor"] == "thread"
     out += list(it)
-    assert out == list(range(300)) and stage_stats(it, "map")["executor"] == "process"
+    # On processes the real review judges them against the forced thread prediction: a loaded
+    # machine may send the work back before the pass ends. What must hold is that it went.
+    stats = stage_stats(it, "map")
+    assert out == list(range(300))
+    assert stats["executor"] == "process" or "process" in stats["policy"]["measured_s"], stats
 
 
 def test_a_hung_call_raises_a_stall_error_naming_the_stage_element_and_worker():
