@@ -473,6 +473,12 @@ def worker_rings(pool: Any) -> list[list[Any]]:
     return [[loans.ring for loans in worker.rings] for worker in pool._workers.values()]
 
 
+def ring_slots(iterator: Any) -> list[int]:
+    """The slots of each worker's newest ring in the process pools a running pass or DataLoader
+    iterator holds: the results the worker may have in flight and held at once."""
+    return [rings[-1].slots for pool in _process_pools(iterator) for rings in worker_rings(pool) if rings]
+
+
 def _process_pools(iterator: Any) -> list[Any]:
 
     owners = [iterator] if isinstance(iterator, WorkerIterator) else stages(iterator)

@@ -18,10 +18,10 @@ def pipeline(map_s=1e-3, step_s=0.0, cpu=1.0, element=0.0):
 class Fake(Iterator, Tunable):
     """An iterator that only has a shape: role, inputs, knobs, pool size and buffer slots."""
 
-    def __init__(self, name, *inputs, role=None, knob=None, parallelism=1, slots=0, in_processes=False):
+    def __init__(self, name, *inputs, role=None, knob=None, knobs=(), parallelism=1, slots=0, in_processes=False):
         super().__init__(name, *inputs)
         self.tuning_role = role
-        self._knob = knob
+        self._knobs = [knob] if knob is not None else list(knobs)
         self._parallelism, self._slots, self._in_processes = parallelism, slots, in_processes
 
     def next(self):
@@ -34,7 +34,7 @@ class Fake(Iterator, Tunable):
         pass
 
     def knobs(self):
-        return [self._knob] if self._knob is not None else []
+        return list(self._knobs)
 
     def parallelism(self):
         return self._parallelism

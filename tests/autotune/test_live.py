@@ -49,6 +49,19 @@ def test_a_pool_stage_is_its_calls_per_root_element_divided_by_its_parallelism()
     assert model.throughput == pytest.approx(10.0)
 
 
+def test_a_process_maps_tasks_in_flight_knob_gives_its_slots_per_worker():
+    source = Fake("source")
+    tuned = [_knob("map.parallelism", 2), _knob("map.in_flight", 2, 4, True)]
+    pool = Fake("map", source, role="pool", knobs=tuned, parallelism=2, slots=4, in_processes=True)
+    prefetch = Fake(
+        "prefetch", Fake("batch", pool), role="buffer", knob=_knob("prefetch.buffer_size", 2, 64, True), slots=2
+    )
+    tree = (prefetch, prefetch.children()[0], pool, source)
+    model = build_model(prefetch, *_looks(*tree, consumer_s=0.3))
+    calls = {stage.name: stage for stage in model.stages}["map (calls)"]
+    assert calls.per_unit == "map.in_flight" and "map.in_flight" in model.tunable
+
+
 def test_the_map_calls_come_before_the_threads_that_feed_and_drain_them():
     tree = _tree()
     names = [stage.name for stage in build_model(tree[0], *_looks(*tree, consumer_s=0.3)).stages]

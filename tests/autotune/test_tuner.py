@@ -85,3 +85,21 @@ def test_budget_defaults_come_from_the_machine():
 def test_reoptimization_backs_off():
     intervals = list(itertools.islice(backoff_intervals(0.05, 2.0), 20))
     assert intervals[0] == 0.05 and intervals == sorted(intervals) and intervals[-1] == 2.0
+
+
+def test_a_pools_tasks_in_flight_per_worker_rise_in_powers_of_two_where_the_budget_holds_them():
+    """A process pool whose consumer waits on it (a worker's results come in bursts): more tasks in
+    flight a worker hide the bursts, each a result's bytes held; the RAM budget caps them."""
+    from torchpipe.autotune.model import Stage
+
+    def stages(element):
+        calls = Stage("map (calls)", 2e-3, parallelism="p", buffer="p", per_unit="in_flight",
+                      bytes_per_element=element)  # fmt: skip
+        return [calls, Stage("consumer", 1e-3)]
+
+    knobs = [Knob("p", 2, 2, 2), Knob("in_flight", 1, 1, 4)]
+    chosen = hill_climb(stages(1e6), knobs, Budget(cpu=4, ram=1e9))
+    assert chosen["in_flight"] == 4  # 1 -> 2 -> 4: it doubles
+    assert predict_time(stages(1e6), chosen) < predict_time(stages(1e6), {"p": 2, "in_flight": 1})
+    tight = hill_climb(stages(100e6), knobs, Budget(cpu=4, ram=(2 * 2 + 2) * 100e6))
+    assert tight["in_flight"] == 2  # 2 workers x 2 tasks in flight + the 2 calls running fit; x4 does not

@@ -10,19 +10,20 @@ from torchpipe.ops.interleave.interleave import InterleaveIterator
 from torchpipe.ops.interleave.readers import read_ahead_items
 from torchpipe.ops.parallel_map import ParallelMapIterator
 from torchpipe.ops.prefetch import PrefetchIterator
-from torchpipe.testing import reader_capacity
+from torchpipe.testing import reader_capacity, ring_slots
 
 NO_TUNER = tp.Options(autotune=tp.AutotuneOptions(enabled=False), optimizations={"inject_prefetch": False})
 
 
-def _turn(it, kind, values, every=7):
-    """Consume ``it`` to the end, requesting the next of ``values`` every ``every`` elements.
+def _turn(it, kind, values, every=7, knob_name=""):
+    """Consume ``it`` to the end, requesting the next of ``values`` every ``every`` elements from
+    the stage's knob whose name ends with ``knob_name`` (its only one by default).
 
     Returns:
         The elements, the stage's knob and the last value requested.
     """
     out = [next(it)]
-    (knob,) = find_stage(it, kind).knobs()
+    (knob,) = [k for k in find_stage(it, kind).knobs() if k.name.endswith(knob_name)]
     sizes = itertools.cycle(values)
     last = None
     for k, element in enumerate(it):
@@ -41,17 +42,56 @@ def _square(x):
 def test_a_parallel_map_resized_while_running_keeps_every_element_in_order(executor):
     ds = tp.range(300).map(_square, num_parallel_calls=tp.AUTOTUNE, executor=executor).with_options(NO_TUNER)
     it = iter(ds)
-    out, knob, last = _turn(it, ParallelMapIterator, [1, 4, 2, 3])
+    out, knob, last = _turn(it, ParallelMapIterator, [1, 4, 2, 3], knob_name=".parallelism")
     assert out == [x * x for x in range(300)]
     assert last == 2  # 43 requests: 1, 4, 2, 3, ..., 2
     assert knob.value == last and find_stage(it, ParallelMapIterator).parallelism() == last
+
+
+def test_a_process_maps_tasks_in_flight_turned_while_running_keep_every_element_in_order():
+    """Each worker process keeps ``in_flight`` tasks (2 to start, as torch's prefetch_factor), each
+    a slot of its ring: the autotuner's knob changes both while the map runs."""
+    ds = tp.range(300).map(_square, num_parallel_calls=2, executor="process")
+    tuned = tp.range(300).map(_square, num_parallel_calls=tp.AUTOTUNE, executor="process")
+    fixed = iter(ds.with_options(NO_TUNER))
+    next(fixed)
+    stage = find_stage(fixed, ParallelMapIterator)
+    assert stage.knobs() == [] and stage.buffer_slots() == 2 * 2  # two workers, two tasks each
+    fixed.close()
+    it = iter(tuned.with_options(NO_TUNER))
+    out, knob, last = _turn(it, ParallelMapIterator, [4, 1, 2], knob_name=".in_flight")
+    assert out == [x * x for x in range(300)]
+    stage = find_stage(it, ParallelMapIterator)
+    assert knob.value == last == 4  # 43 requests: 4, 1, 2, ..., 4
+    assert stage.buffer_slots() == stage.parallelism() * last
+    assert [k.name.rsplit(".", 1)[1] for k in stage.knobs()] == ["parallelism", "in_flight"]
+    it.close()
+    it = iter(tp.range(10_000).map(_square, num_parallel_calls=tp.AUTOTUNE, executor="process").with_options(NO_TUNER))
+    next(it)
+    (knob,) = [k for k in find_stage(it, ParallelMapIterator).knobs() if k.name.endswith(".in_flight")]
+    for tasks in (2, 4, 1):
+        knob.request(tasks)
+        for _ in range(100):
+            next(it)
+        assert set(ring_slots(it)) == {tasks + 1}  # and one the consumer holds
+    it.close()
+
+
+def test_a_map_off_processes_has_no_tasks_in_flight_knob():
+    it = iter(tp.range(50).map(_square, num_parallel_calls=tp.AUTOTUNE, executor="thread").with_options(NO_TUNER))
+    next(it)
+    assert [k.name for k in find_stage(it, ParallelMapIterator).knobs()] == [
+        f"{find_stage(it, ParallelMapIterator).name}.parallelism"
+    ]
+    it.close()
 
 
 def test_a_resized_process_pool_has_that_many_workers():
     ds = tp.range(10_000).map(_square, num_parallel_calls=tp.AUTOTUNE, executor="process").with_options(NO_TUNER)
     it = iter(ds)
     next(it)
-    (knob,) = find_stage(it, ParallelMapIterator).knobs()
+    knob = find_stage(it, ParallelMapIterator).knobs()[0]
+    assert knob.name.endswith(".parallelism")
     knob.request(3)
     next(it)  # applied by the stage itself, between two elements
     mapped = stage_stats(it, "map")

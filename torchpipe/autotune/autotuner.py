@@ -180,6 +180,8 @@ class Autotuner:
     def step(self, before: Look, after: Look) -> Decision:
         """One round over the window between two looks: model, climb, apply, record."""
         model = build_model(self.root, before, after)
+        # A stage's knobs may follow where its calls run (a process map's tasks in flight)
+        self._live = {knob.name: knob for knob in live_knobs(self.root)}
         return self.decide(model)
 
     def decide(self, model: Model) -> Decision:

@@ -198,6 +198,10 @@ class _Builder:
         """A pool stage: its calls in a segment of their own; its input and dispatch on the caller's."""
         parallelism = self.knob(it, ".parallelism", max(tunable.parallelism(it), 1))
         slots = max(1, tunable.buffer_slots(it) // max(tunable.parallelism(it), 1))
+        # Worker processes keep ``slots`` tasks each in flight: a knob where the stage has one
+        # (a process map's ``in_flight``), held at ``slots`` where it has none.
+        local_processes = tunable.calls_in_processes(it) and not tunable.calls_on_cluster(it)
+        per_unit = self.knob(it, ".in_flight", slots) if local_processes else None
         cpu_fraction = min(1.0, d.cpu_s / d.work_s) if d.work_s > 0 else 1.0
         if tunable.calls_on_cluster(it):  # not this machine's cores: the knob's maximum is the cluster's
             cpu_fraction = 0.0
@@ -209,6 +213,7 @@ class _Builder:
             cpu_fraction=cpu_fraction,
             bytes_per_element=d.bytes_per_element,
             slots_per_unit=slots,
+            per_unit=per_unit,
         )
         if not tunable.calls_in_processes(it):
             self.main_cpu_s += d.cpu_s

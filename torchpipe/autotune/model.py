@@ -47,7 +47,9 @@ class Stage:
         buffer: the name of the knob giving the depth of the buffer after this segment (None:
             no buffer, it runs on its consumer's thread: its work adds to the next segment's).
         slots_per_unit: buffer slots per unit of the ``buffer`` knob (a pool of processes that
-            keeps 4 tasks per worker in flight has 4 slots per unit of its parallelism).
+            keeps 2 tasks per worker in flight has 2 slots per unit of its parallelism).
+        per_unit: the name of the knob giving the slots per unit instead (a process map's tasks
+            in flight per worker, which the tuner may raise); None: ``slots_per_unit``.
         cpu_fraction: CPU seconds per second of work (1 for compute, near 0 for waiting on I/O).
         bytes_per_element: bytes one element in its buffer or in flight holds.
     """
@@ -59,6 +61,14 @@ class Stage:
     cpu_fraction: float = 1.0
     bytes_per_element: float = 0.0
     slots_per_unit: int = 1
+    per_unit: str | None = None
+
+
+def buffer_slots(stage: Stage, knobs: dict[str, int]) -> int:
+    """The slots of the buffer after ``stage`` at these knob values (0: no buffer)."""
+    if stage.buffer is None:
+        return 0
+    return knobs[stage.buffer] * (knobs[stage.per_unit] if stage.per_unit is not None else stage.slots_per_unit)
 
 
 def empty_probability(ratio: float, slots: int) -> float:
@@ -90,10 +100,9 @@ def segments(stages: list[Stage]) -> list[tuple[list[Stage], str | None]]:
 def service_times(stages: list[Stage], knobs: dict[str, int]) -> list[tuple[float, int]]:
     """Per segment: seconds per root element, and the slots of the buffer that follows it (0: none)."""
     result = []
-    for group, buffer in segments(stages):
+    for group, _ in segments(stages):
         total = sum(_time(stage, knobs) for stage in group)
-        slots = knobs[buffer] * group[-1].slots_per_unit if buffer is not None else 0
-        result.append((total, slots))
+        result.append((total, buffer_slots(group[-1], knobs)))
     return result
 
 
@@ -140,9 +149,7 @@ def memory_bytes(stages: list[Stage], knobs: dict[str, int]) -> float:
     """Bytes held by buffers and in-flight elements (what the RAM budget limits)."""
     total = 0.0
     for stage in stages:
-        held = 0
-        if stage.buffer is not None:
-            held += knobs[stage.buffer] * stage.slots_per_unit
+        held = buffer_slots(stage, knobs)
         if stage.parallelism is not None:
             held += knobs[stage.parallelism]
         total += held * stage.bytes_per_element

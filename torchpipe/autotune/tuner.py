@@ -66,8 +66,10 @@ def hill_climb(stages: list[Stage], knobs: list[Knob], budget: Budget, min_gain:
         min_gain: the least relative cut in predicted time a move must bring.
     """
     by_name = {k.name: k for k in knobs}
-    # Buffer depths move in powers of two; a pool's window is its parallelism, which moves by one.
+    # Buffer depths (and a pool's tasks in flight per worker) move in powers of two; a pool's
+    # window is its parallelism, which moves by one.
     buffers = {s.buffer for s in stages if s.buffer is not None} - {s.parallelism for s in stages}
+    buffers |= {s.per_unit for s in stages if s.per_unit is not None}
     values = {k.name: max(k.minimum, min(k.maximum, k.value)) for k in knobs}
     values = _shrink_to_budget(stages, values, by_name, buffers, budget)
     current = predict_time(stages, values)

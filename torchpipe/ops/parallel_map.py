@@ -29,6 +29,13 @@ from torchpipe.runtime.processes.pool import ProcessPool, process_executor_suppo
 from torchpipe.runtime.timing import CallTiming
 
 AUTO = "auto"
+IN_FLIGHT = 2
+"""Tasks each worker process keeps in flight to start with (torch's ``prefetch_factor`` default:
+one running, one waiting, so a worker never waits on the main process between two). Each is a
+slot of the worker's ring, so this is also the memory a worker holds."""
+MOST_IN_FLIGHT = 4
+"""The most the autotuner may raise it to (``num_parallel_calls=AUTOTUNE``), where its model says
+the consumer waits for lack of them and the RAM budget holds them."""
 
 
 _DISPATCHED = object()
@@ -106,6 +113,12 @@ class ParallelMapIterator(Iterator, Tunable):
                                     stall_s=stall_s, on_move=self._moved)  # fmt: skip
         self._dispatch, self._placement = self._executors.dispatcher, self._executors.placement
         self._knob = self._add_knob() if tunable else None
+        self._in_flight = self._learned.get("in_flight", IN_FLIGHT) if tunable else IN_FLIGHT
+        self._in_flight_knob = (
+            LiveKnob(f"{name}.in_flight", self._in_flight, 1, MOST_IN_FLIGHT, True, self._set_in_flight)
+            if tunable
+            else None
+        )
 
     def _add_knob(self) -> LiveKnob:
         """``num_parallel_calls=AUTOTUNE``: the autotuner's knob, from 0 (inline) where the policy
@@ -133,7 +146,17 @@ class ParallelMapIterator(Iterator, Tunable):
     def knobs(self) -> list[LiveKnob]:
         if self._knob is not None and self._ray_pool is not None:  # the cluster's free CPUs move
             self._knob.maximum = max(self._ray_pool.most_actors(), self._knob.minimum)
-        return [self._knob] if self._knob is not None else []
+        knobs = [self._knob] if self._knob is not None else []
+        if self._in_flight_knob is not None and self._started and self._placement.kind == PROCESS:
+            knobs.append(self._in_flight_knob)  # only worker processes keep tasks in flight each
+        return knobs
+
+    def _set_in_flight(self, tasks: int) -> None:
+        """The autotuner's tasks in flight per worker process (their ring follows), kept for the
+        next pass."""
+        self._in_flight = self._learned["in_flight"] = tasks
+        if self._pool is not None:
+            self._pool.set_per_worker(tasks)
 
     def parallelism(self) -> int:
         return self._placement.workers if self._started else self._parallelism
@@ -170,7 +193,8 @@ class ParallelMapIterator(Iterator, Tunable):
             # first go to processes, as tp.DataLoader("auto") does (a pass that runs them here
             # or on threads forked it for nothing: ~6 ms, and as much again to stop it)
             self._pool = ProcessPool(self._tasks[PROCESS], self._parallelism, self.name, restart=self._restart,
-                                     timing=self.stats.calls, fork_now=self._fixed == PROCESS)  # fmt: skip
+                                     timing=self.stats.calls, fork_now=self._fixed == PROCESS,
+                                     per_worker=self._in_flight)  # fmt: skip
 
     def start(self) -> None:
         self._started = True
@@ -258,6 +282,8 @@ class ParallelMapIterator(Iterator, Tunable):
     def next(self) -> Any:
         if self._knob is not None:
             self._knob.take_request()
+        if self._in_flight_knob is not None:
+            self._in_flight_knob.take_request()
         dispatch = self._dispatch
         if self._executors.runs_here():
             value = self._next_here()
