@@ -25,7 +25,8 @@ from torchpipe.runtime.knob import LiveKnob
 from torchpipe.runtime.placement.auto_stage import AutoStage, StageCalls, pass_candidates
 from torchpipe.runtime.placement.measure import measure_calls
 from torchpipe.runtime.placement.policy import INLINE, MAX_THREADS, PROCESS, RAY, THREAD, CallCosts, Policy
-from torchpipe.runtime.processes.pool import ProcessPool, process_executor_supported
+from torchpipe.runtime.processes.output import LEGACY, ring_policy
+from torchpipe.runtime.processes.pool import PER_WORKER, ProcessPool, process_executor_supported
 from torchpipe.runtime.timing import CallTiming
 
 AUTO = "auto"
@@ -113,12 +114,7 @@ class ParallelMapIterator(Iterator, Tunable):
                                     stall_s=stall_s, on_move=self._moved)  # fmt: skip
         self._dispatch, self._placement = self._executors.dispatcher, self._executors.placement
         self._knob = self._add_knob() if tunable else None
-        self._in_flight = self._learned.get("in_flight", IN_FLIGHT) if tunable else IN_FLIGHT
-        self._in_flight_knob = (
-            LiveKnob(f"{name}.in_flight", self._in_flight, 1, MOST_IN_FLIGHT, True, self._set_in_flight)
-            if tunable
-            else None
-        )
+        self._in_flight, self._in_flight_knob = self._tasks_in_flight(tunable)
 
     def _add_knob(self) -> LiveKnob:
         """``num_parallel_calls=AUTOTUNE``: the autotuner's knob, from 0 (inline) where the policy
@@ -128,6 +124,17 @@ class ParallelMapIterator(Iterator, Tunable):
             lowest = self._ray.min_actors
             self._parallelism = max(lowest, min(self._parallelism, self._ray.max_actors or self._parallelism))
         return self._executors.add_knob(self._parallelism, lowest, self._most(RAY if self._ray is not None else THREAD))
+
+    def _tasks_in_flight(self, tunable: bool) -> tuple[int, LiveKnob | None]:
+        """Tasks a worker process keeps in flight, and the autotuner's knob for them where it has
+        one; the legacy ring policy (``TORCHPIPE_RING_POLICY=legacy``, kept for the bench's A/B)
+        keeps the constant of before."""
+        if ring_policy() == LEGACY:
+            return PER_WORKER, None
+        if not tunable:
+            return IN_FLIGHT, None
+        tasks = self._learned.get("in_flight", IN_FLIGHT)
+        return tasks, LiveKnob(f"{self.name}.in_flight", tasks, 1, MOST_IN_FLIGHT, True, self._set_in_flight)
 
     def _new_policy(self, tunable: bool, processes: bool) -> Policy:
         """``executor="auto"``: the policy, choosing from what the earlier passes left worth trying
