@@ -59,7 +59,7 @@ def test_a_process_maps_tasks_in_flight_turned_while_running_keep_every_element_
     assert stage.knobs() == [] and stage.buffer_slots() == 2 * 2  # two workers, two tasks each
     fixed.close()
     it = iter(tuned.with_options(NO_TUNER))
-    out, knob, last = _turn(it, ParallelMapIterator, [4, 1, 2], knob_name=".in_flight")
+    out, knob, last = _turn(it, ParallelMapIterator, [4, 1, 2], knob_name=".in_flight")  # 1: raised to 2
     assert out == [x * x for x in range(300)]
     stage = find_stage(it, ParallelMapIterator)
     assert knob.value == last == 4  # 43 requests: 4, 1, 2, ..., 4
@@ -69,8 +69,8 @@ def test_a_process_maps_tasks_in_flight_turned_while_running_keep_every_element_
     it = iter(tp.range(10_000).map(_square, num_parallel_calls=tp.AUTOTUNE, executor="process").with_options(NO_TUNER))
     next(it)
     (knob,) = [k for k in find_stage(it, ParallelMapIterator).knobs() if k.name.endswith(".in_flight")]
-    for tasks in (2, 4, 1):
-        knob.request(tasks)
+    for asked, tasks in ((4, 4), (1, 2), (2, 2)):  # never fewer than 2: a worker would wait between tasks
+        knob.request(asked)
         for _ in range(100):
             next(it)
         assert set(ring_slots(it)) == {tasks + 1}  # and one the consumer holds

@@ -31,9 +31,10 @@ from torchpipe.runtime.timing import CallTiming
 
 AUTO = "auto"
 IN_FLIGHT = 2
-"""Tasks each worker process keeps in flight to start with (torch's ``prefetch_factor`` default:
-one running, one waiting, so a worker never waits on the main process between two). Each is a
-slot of the worker's ring, so this is also the memory a worker holds."""
+"""Tasks each worker process keeps in flight to start with, and at least (torch's
+``prefetch_factor`` default: one running, one waiting, so a worker never waits for the main
+process, which may be busy with the training step, between two). Each is a slot of the worker's
+ring, so this is also the memory a worker holds."""
 MOST_IN_FLIGHT = 4
 """The most the autotuner may raise it to (``num_parallel_calls=AUTOTUNE``), where its model says
 the consumer waits for lack of them and the RAM budget holds them."""
@@ -134,7 +135,7 @@ class ParallelMapIterator(Iterator, Tunable):
         if not tunable:
             return IN_FLIGHT, None
         tasks = self._learned.get("in_flight", IN_FLIGHT)
-        return tasks, LiveKnob(f"{self.name}.in_flight", tasks, 1, MOST_IN_FLIGHT, True, self._set_in_flight)
+        return tasks, LiveKnob(f"{self.name}.in_flight", tasks, IN_FLIGHT, MOST_IN_FLIGHT, True, self._set_in_flight)
 
     def _new_policy(self, tunable: bool, processes: bool) -> Policy:
         """``executor="auto"``: the policy, choosing from what the earlier passes left worth trying
