@@ -70,7 +70,7 @@ def test_a_workers_ring_has_a_slot_for_each_result_the_consumer_may_hold(per_wor
         pool.close()
 
 
-def test_the_ring_never_grows_and_results_of_any_size_arrive_once_and_intact():
+def test_results_of_any_size_arrive_once_and_intact_and_the_ring_grows_only_by_its_held_slots():
     rng = random.Random(0)
     pool = ProcessPool(filled, 2, "m", per_worker=2)
     pool.start()
@@ -91,7 +91,8 @@ def test_the_ring_never_grows_and_results_of_any_size_arrive_once_and_intact():
             del results
             rng.shuffle(held)
             del held[: len(held) // 2]
-            assert pool.ring_bytes == rings  # larger and held results took segments: no ring grew
+            # larger results took segments; held ones too, or slots the ring added (HELD_MORE a worker)
+            assert rings <= pool.ring_bytes <= 2 * (3 + output.HELD_MORE) * slot_bytes(encoded_bytes(20_000))
     finally:
         pool.close()
 
@@ -145,6 +146,28 @@ def test_a_new_tasks_in_flight_count_takes_effect_with_a_ring_of_as_many_slots()
             pool.set_per_worker(0)
         with pytest.raises(ValueError, match="results held must be an int >= 0"):
             ProcessPool(filled, 1, "m", held=-1, fork_now=False)
+    finally:
+        pool.close()
+
+
+def test_a_consumer_that_steadily_holds_more_results_than_it_said_gets_a_slot_for_each_up_to_a_limit():
+    """As a prefetch buffer above a map does, or a loop that keeps its first batch: with every slot
+    held, results take one-off segments (a copy and page faults more each); where that is steady
+    the ring adds a slot, one at a time, up to HELD_MORE, and results land in slots again."""
+    pool = ProcessPool(filled, 1, "m", per_worker=2)  # 2 in flight + 1 held: 3 slots
+    pool.start()
+    try:
+        slot = slot_bytes(encoded_bytes(3000))
+        kept = [(s, v) for s, (v, _) in run_all(pool, [3000, 3000]).items()]  # kept: 2 slots stay held
+        for _ in range(30):
+            run_all(pool, [3000, 3000])  # 2 in flight beside them: 4 needed
+        assert pool.ring_bytes == 4 * slot  # one more, no more
+        before = segments_open()
+        values = run_all(pool, [3000, 3000])
+        assert segments_open() == before  # in the ring again
+        kept += [(s, v) for _ in range(40) for s, (v, _) in run_all(pool, [3000]).items()]  # keeps everything
+        assert pool.ring_bytes == (3 + output.HELD_MORE) * slot  # the limit: the rest in segments
+        assert all(torch.equal(v, filled(s, 3000)) for s, v in kept) and len(values) == 2
     finally:
         pool.close()
 

@@ -3,11 +3,13 @@
 A worker's ring holds exactly the results the main process may hold from it at once: the tasks
 it may have in flight and undelivered, plus the one the consumer holds (none where each result is
 copied out as it arrives). The pool tells the worker that count (``("slots", n)``). The worker's
-first result sizes the ring: ``n`` slots of :func:`slot_bytes` each. It never grows: a result
-larger than a slot, or one that finds every slot still held, goes to a one-off segment, freed when
-the main process is done with it, as torch's DataLoader frees each batch (where most results
-outgrow the slots, the first result was not typical: a ring of as many, larger slots replaces it). The slots keep their
-pages (written once, reused by every result after), so large results pay no page faults.
+first result sizes the ring: ``n`` slots of :func:`slot_bytes` each. A result larger than a slot,
+or one that finds every slot still held, goes to a one-off segment, freed when the main process is
+done with it, as torch's DataLoader frees each batch (where most results outgrow the slots, the
+first result was not typical: a ring of as many, larger slots replaces it; where a consumer
+steadily holds more results than it said, a prefetch buffer above a map say, a ring with a slot
+more replaces it, up to :data:`HELD_MORE` more). The slots keep their pages (written once, reused
+by every result after), so large results pay no page faults.
 
 ``TORCHPIPE_RING_POLICY=legacy`` brings back the policy before (a 4 MB ring at start, rings of
 two results added where results steadily find no room), kept for the A/B against torch until
@@ -46,6 +48,13 @@ MAX_RING_BYTES = 512 << 20
 RING_GRACE_S = 0.002
 """A slot freed this soon is worth waiting for rather than making a one-off segment."""
 _RESIZE_AFTER, _SIZE_WINDOW = 8, 16  # of the last 16 results, 8 too large for a slot re-size the ring
+HELD_MORE = 4
+"""The most slots a worker's ring adds, one at a time, for results its consumer holds beyond what
+it said: a prefetch buffer above a map, a batch kept for a log. A one-off segment costs a result
+its pages' faults and a copy more (38 MB batches: 2 GB/s against 8 through slots), so where
+:data:`_HELD_AFTER` of the last 16 results found every slot held, the next one sizes a ring with
+a slot more. Beyond these, results the consumer keeps go to one-off segments, freed as it lets go."""
+_HELD_AFTER = 4
 LEGACY_MIN_RING_BYTES = 16 << 20  # legacy: an added ring holds at least this
 LEGACY_RESULTS_PER_RING = 2  # legacy: an added ring holds two results of the size that found no room
 _GROW_AFTER, _MISS_WINDOW = 4, 16  # legacy: of the last 16 records, 4 that found no room add a ring
@@ -173,7 +182,9 @@ class SlotRing(Output):
     one-off segment. A new slot count takes effect with a new ring at the next result (the old
     one is let go once its records are back): the autotuner changed how many results are held.
     So does a first result that was not typical: where half the last 16 results were too large
-    for a slot, the next one sizes a new ring (of as many slots; it replaces the old one).
+    for a slot, the next one sizes a new ring (of as many slots; it replaces the old one). And a
+    consumer that steadily holds more results than it said gets a slot more, up to
+    :data:`HELD_MORE`.
 
     Args:
         slots: the results the main process may hold at once; limit: the most the ring may hold
@@ -182,15 +193,22 @@ class SlotRing(Output):
 
     def __init__(self, channel: Channel, slots: int, limit: int) -> None:
         super().__init__(channel, limit)
-        self._slots = max(1, slots)
+        self._asked = max(1, slots)
+        self._more = 0  # slots added for results held beyond those asked for (HELD_MORE at most)
         self._ring: ShmRing | None = None  # the ring in use: None until the next result sizes it
         self._sized = False  # whether that result came (a ring of no slots is none at all)
         self._outgrown: collections.deque[bool] = collections.deque(maxlen=_SIZE_WINDOW)  # too large, of the last
+        self._all_held: collections.deque[bool] = collections.deque(maxlen=_SIZE_WINDOW)  # no slot free, of the last
+        self._keep_slot = 0  # the slot size the next ring keeps (0: sized at its first result)
+
+    @property
+    def _slots(self) -> int:
+        return self._asked + self._more
 
     def set_slots(self, slots: int) -> None:
         with self._lock:
-            if max(1, slots) != self._slots:
-                self._slots, self._ring, self._sized = max(1, slots), None, False
+            if max(1, slots) != self._asked:
+                self._asked, self._ring, self._sized = max(1, slots), None, False
 
     def _reserve(self, nbytes: int) -> tuple[int, Reservation] | None:
         if self._ring is not None:
@@ -203,13 +221,18 @@ class SlotRing(Output):
         if ring is None or not ring.fits(nbytes):
             return None
         reservation = ring.reserve(nbytes, timeout=RING_GRACE_S)
+        self._all_held.append(reservation is None)
+        if sum(self._all_held) >= _HELD_AFTER and self._more < HELD_MORE:
+            self._more, self._sized = self._more + 1, False  # the next result makes a ring with one more
+            self._keep_slot = ring.slot_bytes  # of these slots (that result may be an odd one)
         return (len(self.rings) - 1, reservation) if reservation is not None else None
 
     def _size_ring(self, nbytes: int) -> None:
         """Make the ring for results like one of ``nbytes`` (none where a slot exceeds the limit)."""
         self._sized, self._ring = True, None
         self._outgrown.clear()
-        slot = slot_bytes(nbytes)
+        self._all_held.clear()
+        slot, self._keep_slot = self._keep_slot or slot_bytes(nbytes), 0
         slots = min(self._slots, self._limit // slot)
         if slots:
             self._ring = self._add_ring(slots * slot, slot, replaces=bool(self.rings))
