@@ -238,3 +238,31 @@ def test_the_report_says_what_was_measured():
     assert report["costs"] == {"call_s": 1e-3, "cpu_s": 8e-4, "gil_free": 0.25, "move_s": 1e-5, "nbytes": 100,
                                "consumer_s": 0.0}  # fmt: skip
     assert report["measured_s"] == {kind: 2e-3}
+
+
+def test_an_executor_left_after_measuring_it_is_tried_again_later_each_time(monkeypatch):
+    """A trial that loses costs a window: its measurement stands 10 s, then 20, 40, ... before
+    the executor is tried again; calls whose cost changed start over."""
+    now = [0.0]
+    monkeypatch.setattr(policy_module.time, "monotonic", lambda: now[0])
+    policy = Policy((THREAD, PROCESS), 2)
+    policy.decide(costs(8e-3, gil_free=0.9, move_s=0.5e-3))
+    kind = policy.kind
+    other = PROCESS if kind == THREAD else THREAD
+    stands = []
+    for _ in range(3):
+        policy.review(3e-3)  # measured where it runs
+        policy.moved(other)
+        policy.review(1e-3)  # and where it went
+        policy.moved(kind)  # back
+        start = now[0]
+        while other in policy.measured and now[0] - start < 1000:
+            now[0] += 1.0
+        stands.append(now[0] - start)
+    assert stands == [20.0, 40.0, 80.0]  # each departure from it doubled its time
+    policy.rebase(costs(1e-3))
+    policy.review(1e-3)
+    start = now[0]
+    while policy.kind in policy.measured:
+        now[0] += 1.0
+    assert now[0] - start == policy_module.STALE_S

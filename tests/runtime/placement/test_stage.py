@@ -165,6 +165,32 @@ def test_moves_on_the_policys_word_keep_every_element_in_order(monkeypatch):
     assert any(isinstance(e, ThreadExecutor) for e in stage.retired)
 
 
+def test_a_verdict_for_a_predicted_executor_waits_for_two_windows_one_back_to_a_measured_one_does_not(monkeypatch):
+    """Going where the policy only predicts a gain takes two windows that agree (one can mislead);
+    going back where it measured a better rate than the window just measured (a trial that
+    lost) takes one: a measurement against a measurement."""
+    _windows(monkeypatch, 2)
+    monkeypatch.setattr(driver_module, "cost_changed", lambda now, before: False)
+    log = []
+    verdicts = iter([THREAD, THREAD, INLINE])
+
+    class Scripted(Policy):
+        @property
+        def measured(self):
+            return {kind: 1e-3 for kind in log if kind in KINDS}  # where the calls ran
+
+        def review(self, seconds_per_element):
+            log.append("window")
+            return next(verdicts, self.kind)
+
+    stage = _Stage(Scripted((INLINE, THREAD), 2), on_move=lambda kind, n: log.append(kind))
+    stage.placement.decide(CallCosts(1e-6, 1e-6, 0.0, 0.0))
+    for _ in range(10):
+        stage.run(4)
+    stage.dispatch.close()
+    assert log[: log.index(INLINE, 1) + 1] == [INLINE, "window", "window", THREAD, "window", INLINE]
+
+
 def test_calls_whose_cost_changes_are_decided_afresh(monkeypatch):
     _windows(monkeypatch, 4)
     policy = Policy((INLINE, THREAD), 2)

@@ -66,6 +66,10 @@ THREAD_TRIAL_S = 1e-3
 STALE_S = 10.0
 """A time measured on an executor longer ago than this no longer stands in for its prediction (a
 busy moment must not rule an executor out for good)."""
+STALE_MAX_S = 160.0
+"""Each time the calls leave an executor they were measured on, its measurement stands twice as
+long before it goes stale (10 s, 20, 40, ... up to this): a trial that loses again costs a
+window each time, so an executor that keeps losing is tried less and less often."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -234,7 +238,7 @@ class Policy:
     replaces that executor's prediction. An executor that is predicted ``EXPLORE`` times faster
     than the measured one, but not ``MARGIN`` times, is tried once (for a window), so a close call
     is settled by measurement rather than by the model. Call costs that change (:meth:`rebase`)
-    make every measurement stale.
+    scale every measurement (or, where the calls now wait where they computed, forget them).
 
     Args:
         candidates: the executors this stage can run on (in :data:`KINDS`).
@@ -251,12 +255,17 @@ class Policy:
         self.kind: str | None = None
         self._measured: dict[str, tuple[float, float]] = {}  # executor -> (seconds per element, when)
         self._recent: dict[str, collections.deque[float]] = {}  # executor -> its last windows' seconds
+        self._stale_s: dict[str, float] = {}  # executor -> how long its measurement stands (STALE_S at first)
 
     @property
     def measured(self) -> dict[str, float]:
         """Seconds per element measured on each executor tried, within the last ``STALE_S``."""
         now = time.monotonic()
-        return {kind: seconds for kind, (seconds, when) in self._measured.items() if now - when < STALE_S}
+        return {
+            kind: seconds
+            for kind, (seconds, when) in self._measured.items()
+            if now - when < self._stale_s.get(kind, STALE_S)
+        }
 
     def report(self) -> dict[str, Any]:
         """What the policy knows, for ``stats()``: ``measured_s``, each executor's seconds per element
@@ -275,11 +284,27 @@ class Policy:
         self.kind = choose(costs, self.cores, self.candidates, self.measured, self.kind)
         return self.kind
 
-    def rebase(self, costs: CallCosts) -> str:
-        """The calls now cost ``costs`` (another workload): forget what was measured, decide anew."""
-        self._measured.clear()
+    def rebase(self, costs: CallCosts, scale: float | None = None) -> str:
+        """The calls now cost ``costs`` and decide anew. Where the work is of the same kind, only
+        ``scale`` times dearer or cheaper (a machine that got busier, larger images), each
+        executor's measured time is scaled alike: the ranking measured stands until new windows
+        say otherwise (forgotten, the model's prediction had sent ``bigtensor``'s fills back to
+        processes, measured slower than inline, every few seconds). ``scale=None`` (the calls
+        now wait where they computed, or the reverse): what was measured is forgotten."""
+        if scale is None:
+            self._measured.clear()
+        else:
+            self._measured = {kind: (seconds * scale, when) for kind, (seconds, when) in self._measured.items()}
         self._recent.clear()
+        self._stale_s.clear()
         return self.decide(costs)
+
+    def moved(self, kind: str) -> None:
+        """The calls run on ``kind`` from now on (the caller acted on a verdict). An executor they
+        leave after it was measured keeps its measurement twice as long (:data:`STALE_MAX_S`)."""
+        if self.kind is not None and kind != self.kind and self.kind in self._measured:
+            self._stale_s[self.kind] = min(2 * self._stale_s.get(self.kind, STALE_S), STALE_MAX_S)
+        self.kind = kind
 
     def review(self, seconds_per_element: float) -> str:
         """The executor after a window on the current one (``kind``), in which the consumer got an

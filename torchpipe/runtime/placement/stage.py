@@ -19,7 +19,7 @@ from typing import Any, cast
 
 from torchpipe.runtime.dispatch import Dispatcher
 from torchpipe.runtime.executor import Executor
-from torchpipe.runtime.placement.driver import CALLS, LEAVE, REBASE, MoveDriver
+from torchpipe.runtime.placement.driver import CALLS, LEAVE, REBASE, MoveDriver, cost_changed
 from torchpipe.runtime.placement.policy import (
     INLINE,
     PROCESS,
@@ -101,7 +101,7 @@ class Placement:
             self.dispatcher.executor.resize(count)
         self.kind, self.workers = kind, count
         if self.policy is not None:
-            self.policy.kind = kind
+            self.policy.moved(kind)
         unjudged = self._driver.cadence.settle_elements + self.dispatcher.pending
         unjudged += 2 * count if kind == PROCESS else 0
         self._driver.moved(kind, self._delivered + unjudged, time.perf_counter(), again)
@@ -179,6 +179,7 @@ class Placement:
         if self.kind == PROCESS and per_result is not None:  # what a result really costs here
             observe_message_cost(max(per_result - transfer_seconds(policy.costs), 0.0))
         policy.costs = dataclasses.replace(policy.costs, consumer_s=consumer_s)
+        before = policy.costs
         ran = calls[0] - calls0[0]
         changed = False
         if ran > 0:
@@ -190,14 +191,18 @@ class Placement:
         if changed:
             if not self._driver.agreed(REBASE):
                 return
-            verdict = policy.rebase(policy.costs)
+            verdict = policy.rebase(policy.costs, _scale(before, policy.costs))
         else:
             verdict = policy.review(seconds_per_element)
             if verdict == self.kind and self._on_stay is not None:
                 self._on_stay()
-            # Windows in a row must say to leave; where to may differ between two about as fast
-            # (inline, then threads): the latest verdict is taken.
-            if not self._driver.agreed(LEAVE if verdict != self.kind else verdict) or verdict == self.kind:
+            # Windows in a row must say to leave for an executor only predicted; where to may
+            # differ between two about as fast (inline, then threads): the latest verdict is
+            # taken. Back to one measured lately, a measurement against a measurement, the calls
+            # go at once: a trial that lost costs one window, not two.
+            agreed = self._driver.agreed(LEAVE if verdict != self.kind else verdict)
+            back = verdict in policy.measured and self.kind in policy.measured
+            if verdict == self.kind or not (agreed or back):
                 return
         self.move(verdict, workers(policy.costs, verdict, policy.cores))
 
@@ -216,3 +221,15 @@ class Placement:
             if not changed and alone >= costs.call_s:
                 return
         self.policy.costs = dataclasses.replace(costs, call_s=alone, cpu_s=alone * share)
+
+
+def _scale(before: CallCosts, now: CallCosts) -> float | None:
+    """How much dearer the calls got, where their work is of the same kind (the share of a call
+    spent on the CPU moved by less than :data:`~torchpipe.runtime.placement.driver.CHANGED`);
+    None where it is not."""
+    if before.call_s <= 0 or now.call_s <= 0:
+        return None
+    share = (before.cpu_s / before.call_s, now.cpu_s / now.call_s)
+    if cost_changed(max(share[1], 1e-3), max(share[0], 1e-3)):
+        return None
+    return now.call_s / before.call_s
