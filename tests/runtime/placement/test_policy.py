@@ -13,6 +13,7 @@ from torchpipe.runtime.placement.policy import (
     CallCosts,
     Policy,
     choose,
+    cost_scale,
     may_pay,
     predict,
     transfer_seconds,
@@ -266,3 +267,21 @@ def test_an_executor_left_after_measuring_it_is_tried_again_later_each_time(monk
     while policy.kind in policy.measured:
         now[0] += 1.0
     assert now[0] - start == policy_module.STALE_S
+
+
+def test_a_call_cost_that_changes_scales_what_was_measured_unless_the_work_changed_kind():
+    """Calls twice as dear (a busier machine) keep the ranking measured, even against the model;
+    calls that now wait where they computed start over from the model."""
+    policy = Policy((INLINE, PROCESS), 2)
+    calls = costs(4e-3, gil_free=0.3, move_s=5e-5)
+    assert policy.decide(calls) == PROCESS  # the model: two processes halve the time
+    policy.review(4.5e-3)  # measured: no better than
+    policy.kind = INLINE
+    policy.review(3.5e-3)  # inline
+    assert policy.measured == {PROCESS: 4.5e-3, INLINE: 3.5e-3}
+    dearer = dataclasses.replace(calls, call_s=8e-3, cpu_s=8e-3)
+    assert policy.rebase(dearer, scale=2.0) == INLINE
+    assert policy.measured == pytest.approx({PROCESS: 9e-3, INLINE: 7e-3})
+    assert policy.rebase(dearer, scale=None) == PROCESS and policy.measured == {}
+    assert cost_scale(calls, dearer) == 2.0  # all CPU before and after
+    assert cost_scale(calls, dataclasses.replace(calls, call_s=40e-3)) is None  # now it waits 90% of a call

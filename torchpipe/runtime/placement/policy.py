@@ -218,6 +218,16 @@ def choose(
     return best
 
 
+def cost_scale(before: CallCosts, now: CallCosts) -> float | None:
+    """How many times dearer the calls got, where their work is of the same kind: the share of a
+    call spent on the CPU moved by less than 2x (a machine that got busier, larger inputs); None
+    where it did not (calls that now wait on I/O where they computed, or the reverse)."""
+    if before.call_s <= 0 or now.call_s <= 0:
+        return None
+    shares = sorted((max(before.cpu_s / before.call_s, 1e-3), max(now.cpu_s / now.call_s, 1e-3)))
+    return now.call_s / before.call_s if shares[1] <= 2.0 * shares[0] else None
+
+
 def may_pay(kind: str, current: str | None, costs: CallCosts | None, measured: dict[str, float], cores: int) -> bool:
     """Whether a stage's next pass should keep ``kind`` among its executors, from what its
     earlier passes learned (where its calls ran, their costs, the times measured): yes before

@@ -19,12 +19,13 @@ from typing import Any, cast
 
 from torchpipe.runtime.dispatch import Dispatcher
 from torchpipe.runtime.executor import Executor
-from torchpipe.runtime.placement.driver import CALLS, LEAVE, REBASE, MoveDriver, cost_changed
+from torchpipe.runtime.placement.driver import CALLS, LEAVE, REBASE, MoveDriver
 from torchpipe.runtime.placement.policy import (
     INLINE,
     PROCESS,
     CallCosts,
     Policy,
+    cost_scale,
     observe_message_cost,
     transfer_seconds,
     workers,
@@ -191,7 +192,7 @@ class Placement:
         if changed:
             if not self._driver.agreed(REBASE):
                 return
-            verdict = policy.rebase(policy.costs, _scale(before, policy.costs))
+            verdict = policy.rebase(policy.costs, cost_scale(before, policy.costs))
         else:
             verdict = policy.review(seconds_per_element)
             if verdict == self.kind and self._on_stay is not None:
@@ -221,15 +222,3 @@ class Placement:
             if not changed and alone >= costs.call_s:
                 return
         self.policy.costs = dataclasses.replace(costs, call_s=alone, cpu_s=alone * share)
-
-
-def _scale(before: CallCosts, now: CallCosts) -> float | None:
-    """How much dearer the calls got, where their work is of the same kind (the share of a call
-    spent on the CPU moved by less than :data:`~torchpipe.runtime.placement.driver.CHANGED`);
-    None where it is not."""
-    if before.call_s <= 0 or now.call_s <= 0:
-        return None
-    share = (before.cpu_s / before.call_s, now.cpu_s / now.call_s)
-    if cost_changed(max(share[1], 1e-3), max(share[0], 1e-3)):
-        return None
-    return now.call_s / before.call_s
