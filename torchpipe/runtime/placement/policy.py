@@ -269,7 +269,8 @@ class Policy:
 
     @property
     def measured(self) -> dict[str, float]:
-        """Seconds per element measured on each executor tried, within the last ``STALE_S``."""
+        """Seconds per element measured on each executor tried, lately: within ``STALE_S``, or
+        longer for an executor the calls left after measuring it (:meth:`moved`)."""
         now = time.monotonic()
         return {
             kind: seconds
