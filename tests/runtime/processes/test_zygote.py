@@ -1,5 +1,6 @@
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -29,6 +30,32 @@ def test_workers_are_forked_from_the_zygote_with_its_memory():
         channel.send("crash")
         status = zygote.exit_status(pid, timeout=5)
         assert status is not None and describe_exit(status) == "killed by SIGKILL"
+        channel.close()
+    finally:
+        zygote.close()
+    assert wait_dead([zygote.pid]) == []
+
+
+def test_a_zygote_forked_by_a_thread_outlives_the_thread():
+    """A pipeline's zygote is forked by whichever thread first needs processes (a prefetch's
+    thread, which ends when the prefetch goes inline): the zygote and its workers must not die
+    with that thread, as a parent-death signal would make them."""
+    made = []
+
+    def fork_then_end():
+        made.append(Zygote(echo_worker, "test"))
+        time.sleep(0.3)  # the zygote is up (and would have asked for the signal) before the thread ends
+
+    thread = threading.Thread(target=fork_then_end)
+    thread.start()
+    thread.join()
+    (zygote,) = made
+    try:
+        time.sleep(0.2)  # a signal sent at the thread's end would have landed by now
+        assert zygote.alive()
+        pid, channel = zygote.spawn(3)
+        assert channel.poll(10) and channel.recv()[0][:3] == ("hello", 3, pid)
+        channel.send("bye")
         channel.close()
     finally:
         zygote.close()

@@ -6,9 +6,13 @@ functions and datasets, torch already imported), so a worker costs one ``fork`` 
 single-threaded process: no re-import, no pickling of the dataset, and safe while the main
 process runs threads.
 
-Lifetime: the zygote and every worker ask the kernel for SIGKILL when their parent dies
-(``PR_SET_PDEATHSIG``) and also poll their parent's pid, so nothing outlives the main process,
-even when it is SIGKILLed. The zygote reaps its workers and reports how each one ended. SIGINT is
+Lifetime: every worker asks the kernel for SIGKILL when the zygote dies (``PR_SET_PDEATHSIG``),
+and the zygote ends when its channel to the main process closes (as the kernel closes it when the
+main process dies, even by SIGKILL) or its parent's pid changes, so nothing outlives the main
+process. The zygote itself does not ask for the parent-death signal: Linux sends it when the
+*thread* that forked it ends, not the process, and the zygote is forked by whichever thread first
+needs processes (a prefetch's thread, which ends when the prefetch goes inline, killed the zygote
+and every worker with it). The zygote reaps its workers and reports how each one ended. SIGINT is
 the main process's to handle (ignored here); SIGTERM ends the zygote or a worker whatever handler
 the main process installed, so a worker sent it is a dead worker, replaced as any other.
 """
@@ -31,7 +35,7 @@ _PR_SET_PDEATHSIG = 1
 
 
 def die_with_parent(parent_pid: int) -> None:
-    """Arrange SIGKILL when the parent dies; exit now if it already has."""
+    """Arrange SIGKILL when the parent (a single-threaded zygote) dies; exit now if it already has."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
@@ -170,7 +174,8 @@ class Zygote:
 
 
 def _zygote_main(control: Channel, worker_main: Callable[[Channel, int], None], parent: int) -> None:
-    die_with_parent(parent)
+    if os.getppid() != parent:  # no parent-death signal here (module docstring): the channel ends us
+        os._exit(0)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
     # SIGTERM's default action for the zygote and its workers: a handler the main process set
     # (to save a checkpoint) would be inherited and make them ignore SIGTERM; a worker sent it
