@@ -88,14 +88,15 @@ class _Loans:
 
 
 class _Worker:
-    __slots__ = ("id", "slot", "pid", "channel", "rings", "tasks", "retiring")
+    __slots__ = ("id", "slot", "pid", "channel", "zygote", "rings", "tasks", "retiring")
     ready = True  # takes tasks as soon as it is forked (the router asks)
 
-    def __init__(self, worker_id: int, slot: int, pid: int, channel: Channel) -> None:
+    def __init__(self, worker_id: int, slot: int, pid: int, channel: Channel, zygote: Zygote) -> None:
         self.id = worker_id
         self.slot = slot  # 0..size-1: what the worker's code sees as its id; replacements inherit it
         self.pid = pid
         self.channel = channel
+        self.zygote = zygote  # the one that forked it, which reaps it
         self.rings: list[_Loans] = []  # the worker's rings, by index
         self.tasks: dict[int, Task] = {}  # in flight, by seq
         self.retiring = False
@@ -387,7 +388,7 @@ class ProcessPool:
         except ZygoteGone:  # killed, but not yet reaped when alive() looked
             self._replace_zygote()
             pid, channel = self._live_zygote().spawn(slot)
-        worker = _Worker(worker_id, slot, pid, channel)
+        worker = _Worker(worker_id, slot, pid, channel, self._live_zygote())
         self._workers[worker_id] = worker
         self._send(worker, ("slots", self._slots))  # before any task: its first result sizes its ring
         if self._threads > 1:  # before any task; with 1 the worker runs tasks inline already
@@ -483,7 +484,9 @@ class ProcessPool:
 
     def _on_exit(self, worker: _Worker) -> None:
         """A worker's channel closed: it died. Re-dispatch its tasks, or raise."""
-        status = self._live_zygote().exit_status(worker.pid, timeout=1.0)
+        # Asked of the zygote that forked it: where that one died too (and took the worker with
+        # it), the answer is at once, not a second's wait on a replacement that never knew it.
+        status = worker.zygote.exit_status(worker.pid, timeout=1.0)
         how = describe_exit(status) if status is not None else "exited"
         worker.close()
         del self._workers[worker.id]

@@ -121,7 +121,7 @@ class Zygote:
         """The ``waitpid`` status of worker ``pid`` once the zygote has reaped it, or None
         (also when the zygote itself is gone, and took its workers with it)."""
         deadline = time.monotonic() + timeout
-        while pid not in self._exits and time.monotonic() < deadline and self.alive():
+        while pid not in self._exits and time.monotonic() < deadline and self._control is not None and self.alive():
             try:
                 self._next_message(deadline - time.monotonic())
             except ZygoteGone:
