@@ -439,3 +439,25 @@ def test_as_in_a_fresh_process_forgets_the_process_memos_and_puts_them_back():
         with GilProbe() as probe:  # calibrates afresh: a probe measures either way
             assert 0.0 <= probe.measure(lambda: None)[1] <= 1.0
     assert policy.message_cost() == cost
+
+
+def _nap(x):
+    import time
+
+    time.sleep(0.001)
+    return x
+
+
+@pytest.mark.parametrize("moves", [True, False])
+def test_forced_call_costs_can_keep_the_calls_where_the_costs_placed_them(monkeypatch, moves):
+    """Whatever the windows measure (here: every window says threads), ``moves=False`` keeps a
+    stage made in the block where the forced costs placed it; with ``moves=True`` they move it."""
+    from torchpipe.runtime.placement.policy import THREAD, Policy
+
+    monkeypatch.setattr(Policy, "review", lambda self, seconds: THREAD)
+    no_prefetch = tp.Options(optimizations={"inject_prefetch": False})
+    with torchpipe.testing.forced_call_costs(1e-3, gil_free=0.0, moves=moves):  # pure Python: processes
+        it = iter(tp.range(1000).map(_nap, 2, executor="auto").with_options(no_prefetch))
+        assert list(it) == list(range(1000))
+    where = next(s for s in it.stats() if s["stage"].startswith("map"))["executor"]
+    assert where == ("thread" if moves else "process")

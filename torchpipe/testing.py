@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import itertools
 import os
 import pickle
 import random
 import signal as signals  # not `signal`: assert_exactly_once has a parameter of that name
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
@@ -38,6 +40,7 @@ from torchpipe.ops import parallel_map
 from torchpipe.ops.interleave.interleave import InterleaveIterator
 from torchpipe.ops.prefetch import PrefetchIterator
 from torchpipe.randomness import GlobalDraws, watch_global_draws
+from torchpipe.runtime.placement import stage as placement_stage
 from torchpipe.runtime.placement.policy import CallCosts
 from torchpipe.runtime.processes.pool import ProcessPool
 
@@ -409,7 +412,7 @@ def move_calls(iterator: Any, kind: str, workers: int) -> None:
 
 @contextlib.contextmanager
 def forced_call_costs(
-    call_s: float, gil_free: float, cpu_s: float | None = None, move_s: float = 1e-6
+    call_s: float, gil_free: float, cpu_s: float | None = None, move_s: float = 1e-6, moves: bool = True
 ) -> Iterator[None]:
     """Within the block, the first calls that every auto-placed stage measures (a map's or
     interleave's ``executor="auto"``, ``DataLoader(num_workers="auto")``, and the first batches of
@@ -426,6 +429,9 @@ def forced_call_costs(
             or GIL-releasing native code).
         cpu_s: the CPU time of one call (default: ``call_s``).
         move_s: the time to move one result between processes.
+        moves: whether the windows judged within the block may move the calls on (the measured
+            windows are the machine's, loaded or not); False: stages made in the block stay
+            where these costs placed them, so a test can assert where that is.
     """
 
     costs = CallCosts(call_s, call_s if cpu_s is None else cpu_s, gil_free, move_s)
@@ -444,8 +450,13 @@ def forced_call_costs(
         waiting = 1.0 - costs.cpu_s / costs.call_s if costs.call_s > 0 else 0.0
         return calls, costs.call_s * calls, costs.cpu_s * calls, round(4 * calls * waiting)  # asleep as it waits
 
-    patches = [(parallel_map, "measure_calls", measure), (loader_workers, "measure_calls", measure),
-               (loader_workers, "replica_costs", replica_costs)]  # fmt: skip
+    patches: list[tuple[Any, str, Any]] = [
+        (parallel_map, "measure_calls", measure),
+        (loader_workers, "measure_calls", measure),
+        (loader_workers, "replica_costs", replica_costs),
+    ]
+    if not moves:  # no verdict is ever agreed on: nothing moves on a prediction, so nothing is tried
+        patches.append((placement_stage, "CALLS", dataclasses.replace(placement_stage.CALLS, agree=sys.maxsize)))
     saved = [getattr(module, name) for module, name, _ in patches]
     for module, name, value in patches:
         setattr(module, name, value)  # the names these modules call
