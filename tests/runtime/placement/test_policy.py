@@ -10,6 +10,7 @@ from torchpipe.runtime.placement.policy import (
     KINDS,
     PROCESS,
     THREAD,
+    WINDOWS_KEPT,
     CallCosts,
     Policy,
     choose,
@@ -80,13 +81,18 @@ def _acted(policy, seconds):
     return policy.kind
 
 
+def _windows_acted(policy, seconds, n=WINDOWS_KEPT):
+    """Review ``n`` windows of ``seconds`` each, acting on each verdict: where the calls ran after each."""
+    return [_acted(policy, seconds) for _ in range(n)]
+
+
 def test_the_policy_tries_a_close_alternative_once_and_settles_on_what_was_measured():
     policy = Policy(KINDS, 4)
     assert policy.decide(costs(8e-3, gil_free=0.9, move_s=0.5e-3)) == THREAD
     # Threads measured slower than predicted (2 ms); processes are predicted faster than that
-    # measure (2.3 ms), though not by the margin: they are tried, once.
-    assert _acted(policy, 2.6e-3) == PROCESS
-    assert _acted(policy, 2.9e-3) == THREAD  # measured worse: back
+    # measure (2.3 ms), though not by the margin: after three windows on threads they are tried, once.
+    assert _windows_acted(policy, 2.6e-3) == [THREAD, THREAD, PROCESS]
+    assert _windows_acted(policy, 2.9e-3) == [PROCESS, PROCESS, THREAD]  # as many windows, measured worse: back
     assert _acted(policy, 2.6e-3) == THREAD  # nothing left worth trying (inline: 8 ms, over 1.3x)
     assert _acted(policy, 5e-3) == THREAD  # one slow window: a busy moment
     assert [_acted(policy, 5e-3) for _ in range(2)][-1] == PROCESS  # slow for good: processes measured faster
@@ -95,37 +101,54 @@ def test_the_policy_tries_a_close_alternative_once_and_settles_on_what_was_measu
 def test_inline_is_tried_even_when_predicted_somewhat_slower():
     policy = Policy(KINDS, 2)
     assert policy.decide(costs(2e-3)) == PROCESS  # predicted 1.2 ms: the first calls looked dear
-    assert _acted(policy, 1.7e-3) == INLINE  # inline's 2 ms is within 1.3x: worth a window
-    assert _acted(policy, 1.0e-3) == THREAD  # it measured faster; 2 ms calls: threads get a window too
-    assert _acted(policy, 1.5e-3) == INLINE  # measured slower: back
+    assert _windows_acted(policy, 1.7e-3)[-1] == INLINE  # inline's 2 ms is within 1.3x: worth a trial
+    assert _windows_acted(policy, 1.0e-3)[-1] == THREAD  # it measured faster; 2 ms calls: threads get a trial too
+    assert _windows_acted(policy, 1.3e-3) == [THREAD, THREAD, INLINE]  # measured slower: back
     assert _acted(policy, 1.0e-3) == INLINE  # every candidate measured: it stays
     other = Policy(KINDS, 2)
     other.decide(costs(2e-3))
-    assert _acted(other, 1.2e-3) == THREAD  # threads are measured once while on processes
-    assert _acted(other, 3e-3) == PROCESS  # threads measured slower: back
-    assert _acted(other, 1.2e-3) == PROCESS  # 2 ms inline is 1.7x: a clear loss, not worth a window
+    assert _windows_acted(other, 1.2e-3) == [PROCESS, PROCESS, THREAD]  # threads are measured once on processes
+    assert _acted(other, 3e-3) == PROCESS  # threads measured 2.5x slower: a big loss goes back at once
+    assert _acted(other, 1.2e-3) == PROCESS  # 2 ms inline is 1.7x: a clear loss, not worth a trial
 
 
 def test_threads_are_measured_once_while_calls_run_elsewhere_whatever_the_gil_probe_said():
     policy = Policy(KINDS, 2)
     held = costs(5e-3, gil_free=0.1)  # the probe saw the GIL held: threads predicted no overlap
     assert policy.decide(held) == PROCESS
-    assert _acted(policy, 2.8e-3) == THREAD  # not measured: worth a window
-    assert _acted(policy, 4.0e-3) == PROCESS  # measured slower: back
+    assert _windows_acted(policy, 2.8e-3) == [PROCESS, PROCESS, THREAD]  # not measured: worth a trial
+    assert _windows_acted(policy, 4.0e-3) == [THREAD, THREAD, PROCESS]  # measured slower: back
     assert _acted(policy, 2.8e-3) == PROCESS  # and measured lately: not tried again
     faster = Policy(KINDS, 2)
     faster.decide(held)
-    assert _acted(faster, 2.8e-3) == THREAD
-    assert _acted(faster, 2.1e-3) == THREAD  # measured faster: processes must now beat that
+    assert _windows_acted(faster, 2.8e-3)[-1] == THREAD
+    assert _windows_acted(faster, 2.1e-3) == [THREAD] * 3  # measured faster: processes must now beat that
     unsafe = Policy(KINDS, 2)
     unsafe.decide(held.without_threads())
-    assert unsafe.review(2.8e-3) == PROCESS  # calls that must not share the global RNGs
+    assert _windows_acted(unsafe, 2.8e-3) == [PROCESS] * 3  # calls that must not share the global RNGs
     inline = Policy(KINDS, 2)
     assert inline.decide(costs(1.5e-3, move_s=2e-3)) == INLINE  # dear to move: inline
-    assert _acted(inline, 1.5e-3) == THREAD  # 1.5 ms calls: threads are measured once
+    assert _windows_acted(inline, 1.5e-3) == [INLINE, INLINE, THREAD]  # 1.5 ms calls: threads are measured once
     cheap = Policy(KINDS, 2)
     assert cheap.decide(costs(0.3e-3, move_s=0.3e-3)) == INLINE
-    assert cheap.review(0.3e-3) == INLINE  # a hand-off would cost more than a missed release could win
+    assert _windows_acted(cheap, 0.3e-3) == [INLINE] * 3  # a hand-off would cost more than a missed release could win
+
+
+def test_executors_are_compared_on_as_many_windows_each():
+    """The fastest of three windows is lower than one window by chance alone: a trial is judged
+    on as many windows as the executor it would go back to, so one slow first window (a fresh
+    pool warming up) does not send the calls back; a big loss does, at once."""
+    close = costs(8e-3, gil_free=0.9, move_s=0.5e-3)  # threads predicted 2 ms, processes 2.3 ms
+    policy = Policy(KINDS, 4)
+    assert policy.decide(close) == THREAD
+    assert _windows_acted(policy, 2.6e-3) == [THREAD, THREAD, PROCESS]
+    assert _windows_acted(policy, 2.9e-3, 2) == [PROCESS, PROCESS]  # slower, on fewer windows: the trial goes on
+    assert policy.windows(PROCESS) == 2 and policy.windows(THREAD) == 3
+    assert _acted(policy, 1.9e-3) == PROCESS  # its third window: processes measured 1.37x faster, they stay
+    big = Policy(KINDS, 4)
+    big.decide(close)
+    assert _windows_acted(big, 2.6e-3)[-1] == PROCESS
+    assert _acted(big, 4.0e-3) == THREAD  # 1.54x slower on its first window: back at once
 
 
 def test_measurements_go_stale_and_costs_that_change_clear_them(monkeypatch):

@@ -59,7 +59,12 @@ WAITS_FOR_MORE = 1.5
 """Calls whose wall time is this many times their CPU time get more threads or processes than cores."""
 WINDOWS_KEPT = 3
 """An executor's time per element is the fastest of its last this many windows: other work on
-the machine only ever slows a window down, so one busy window must not move the calls."""
+the machine only ever slows a window down, so one busy window must not move the calls. The fastest
+of more windows is the lower, so executors are compared on as many windows each: the calls run
+this many windows where they are before another executor is tried, and a trial runs until it has
+as many windows as the executor it would go back to (unless it loses big: :data:`LOSES_BIG`)."""
+LOSES_BIG = 1.5
+"""A trial measured this many times slower than an executor measured before goes back at once."""
 THREAD_TRIAL_S = 1e-3
 """Inline calls at least this long get a window on threads whatever the GIL probe predicted
 (shorter ones would lose more to the hand-off than a missed GIL release could win)."""
@@ -330,7 +335,21 @@ class Policy:
         choice = choose(self.costs, self.cores, self.candidates, measured, self.kind)
         if choice == self.kind:
             choice = self._worth_trying(measured) or choice
+        elif choice in measured and self._outnumbered(choice, measured):
+            choice = self.kind  # measured on fewer windows than `choice`: the trial goes on
         return choice
+
+    def windows(self, kind: str) -> int:
+        """How many windows ``kind``'s measurement rests on (at most :data:`WINDOWS_KEPT`)."""
+        return len(self._recent.get(kind, ()))
+
+    def _outnumbered(self, other: str, measured: dict[str, float]) -> bool:
+        """Whether the executor the calls run on was measured on fewer windows than ``other``
+        (whose fastest window is then likely the lower by chance alone) and is not
+        :data:`LOSES_BIG` times slower than it."""
+        assert self.kind is not None  # reviewed: a kind was chosen
+        fewer = self.windows(self.kind) < self.windows(other)
+        return fewer and measured[self.kind] < LOSES_BIG * measured[other]
 
     def alternative(self) -> str:
         """The best executor other than inline, for a stage asked to run calls in parallel."""
@@ -354,6 +373,8 @@ class Policy:
         threads costs little (a process pool's workers stay up for it: calls come back without a
         fork)."""
         assert self.kind is not None and self.costs is not None  # measured: a kind was chosen
+        if self.windows(self.kind) < WINDOWS_KEPT:
+            return None  # measured on too few windows yet to stand against a trial's
         here = measured[self.kind]
         for kind in KINDS:
             if kind in self.candidates and kind not in measured and (kind != THREAD or self.costs.thread_safe):
