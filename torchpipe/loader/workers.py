@@ -66,6 +66,7 @@ from torchpipe.runtime.placement.policy import INLINE, KINDS, THREAD, Policy
 from torchpipe.runtime.placement.stage import Placement
 from torchpipe.runtime.processes.pool import ProcessPool
 from torchpipe.runtime.processes.worker import MAX_RING_BYTES
+from torchpipe.runtime.recycle import RecycledStack
 
 
 class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
@@ -105,7 +106,7 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
             state.memory = LoaderMemory(default_budget() if given is None else given, given is not None)
         self._memory: LoaderMemory = state.memory
         lean = given is not None and state.workers_auto  # a budget the user gave: rings stay small
-        self._ring_limit = ring_limit(given, most) if lean else MAX_RING_BYTES
+        self._ring_limit = ring_limit(given, min(most, usable_cpu_count())) if lean else MAX_RING_BYTES
         self._pool = self._new_pool(self._task, 0 if self._auto else processes, fork_now=not self._auto)
         self._stage = WorkersStage(self)
         self._executors: AutoStage | None = None  # "auto": where batches are made, and the moves
@@ -160,7 +161,8 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
                                             measured=policy.measured, cores=policy.cores)  # fmt: skip
         drawn = state.drawn_rngs if state.drawn_rngs is not None else GLOBAL_RNGS  # all, until measured
         seed = int(self._base_seed)
-        self._local = {INLINE: LocalFetch(loader, seed, drawn), THREAD: LocalFetch(loader, seed, ())}
+        memory = RecycledStack()  # batches made here reuse the memory of those freed
+        self._local = {INLINE: LocalFetch(loader, seed, drawn, memory), THREAD: LocalFetch(loader, seed, (), memory)}
         self._generator = loader.generator  # with the default generator's seed, whether draws must repeat
         calls = StageCalls(self._local[INLINE], self._local[THREAD], processes=self._processes)
         self._executors = AutoStage(STAGE, calls, self._pool.timing, policy, learned=state.learned,
