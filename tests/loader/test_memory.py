@@ -71,8 +71,8 @@ def test_the_watcher_reads_on_its_own_thread_until_stopped_or_what_it_watches_is
     assert gone.held == 0 and not gone.over
 
 
-def test_rings_get_a_quarter_of_the_budget_shared_by_the_workers():
-    assert ring_limit(256 << 20, 4) == 16 << 20
+def test_rings_get_half_the_budget_shared_by_the_workers():
+    assert ring_limit(256 << 20, 4) == 32 << 20
     assert ring_limit(1, 4) == MIN_RING_BYTES
 
 

@@ -56,9 +56,12 @@ def default_budget() -> float:
 
 
 def ring_limit(ram_budget: float, workers: int) -> int:
-    """The most a worker's rings may hold under ``ram_budget``: a quarter of the budget shared by
-    the ``workers`` there may be (results beyond travel in one-off segments, freed once used)."""
-    return max(MIN_RING_BYTES, int(ram_budget / (4 * max(workers, 1))))
+    """The most a worker's rings may hold under ``ram_budget``: half the budget shared by the
+    ``workers`` a loader starts with (results beyond travel in one-off segments, freed once used).
+    More workers than that, or rings and heaps past the budget, are shed by its readings.
+    A quarter shared by the most workers there may be (2 a core) left jpeg's 9.6 MB batches no
+    slot under a 154 MB budget: every batch paid its pages' faults, and processes lost to threads."""
+    return max(MIN_RING_BYTES, int(ram_budget / (2 * max(workers, 1))))
 
 
 Holdings = Callable[[], "tuple[list[int], float] | None"]
