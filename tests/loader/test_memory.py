@@ -16,7 +16,7 @@ import torchpipe as tp
 from torchpipe.loader import memory as loader_memory
 from torchpipe.loader.memory import DEFAULT_SHARE, MIN_RING_BYTES, LoaderMemory, private_bytes, ring_limit
 from torchpipe.runtime.processes.pool import ProcessPool
-from torchpipe.testing import move_calls
+from torchpipe.testing import forced_call_costs, move_calls
 
 
 class Busy(torch.utils.data.Dataset):
@@ -36,13 +36,13 @@ def test_a_process_holds_its_own_pages_and_a_reading_judges_them_against_the_bud
     assert private_bytes(os.getpid()) > 1 << 20
     assert private_bytes(2**22 + 12345) == 0  # no such process
     memory = LoaderMemory(budget=1.0, given=True)
-    assert memory.read([os.getpid()], rings_bytes=0) > 1 << 20 and memory.over
+    assert memory.read([os.getpid()], shared_bytes=0) > 1 << 20 and memory.over
     memory.shed("worker 2 of 2")
     assert not memory.over
-    memory.read([os.getpid()], rings_bytes=0)
+    memory.read([os.getpid()], shared_bytes=0)
     assert not memory.over  # a reading right after a shed waits for the shed to take effect
     roomy = LoaderMemory(budget=2**50, given=False)
-    roomy.read([os.getpid()], rings_bytes=2**20)
+    roomy.read([os.getpid()], shared_bytes=2**20)
     assert not roomy.over
     report = memory.report()
     assert report["default"] is False and report["shed"] == ["worker 2 of 2"] and report["peak"] >= report["held"] > 0
@@ -117,6 +117,42 @@ def test_over_its_budget_a_loader_gives_up_workers_then_slots_and_loses_no_batch
     assert lean.stats()[0]["executor"] == "inline"  # capped at 0 by the budget, whatever measured
     left = {p.pid for p in psutil.Process().children(recursive=True)} - before
     assert not left  # nor the workers' zygote, once they are gone
+
+
+class Waits(torch.utils.data.Dataset):
+    """1 MB items that wait (GIL-free) and draw from no RNG: threads suit them."""
+
+    def __len__(self):
+        return 48
+
+    def __getitem__(self, i):
+        time.sleep(0.003)
+        return torch.full((256, 1024), float(i))
+
+
+def test_batches_made_on_threads_and_not_handed_out_count_against_the_budget(monkeypatch):
+    """A batch a thread made waits in this process until the loop takes it: the loader's, as a
+    batch in a worker's ring is. With no worker process at all, the readings see them and the
+    loader gives up threads down to inline."""
+    monkeypatch.setattr(loader_memory, "SETTLE_S", 0.0)
+    monkeypatch.setattr(loader_memory, "CHECK_EVERY_S", 0.01)
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    loader = tp.DataLoader(Waits(), batch_size=4, num_workers="auto", persistent_workers=True,
+                           autotune=tp.AutotuneOptions(ram_budget=1 << 20))  # fmt: skip
+    with forced_call_costs(0.012, gil_free=1.0, moves=False):  # 4 MB batches, GIL-free: a thread a core
+        it = iter(loader)
+    assert loader.stats()[0]["executor"] == "thread"
+    want = [[float(i) for i in range(j, j + 4)] for j in range(0, 48, 4)]
+    for epoch in range(40):  # until the threads are all given up (a step a reading)
+        assert [b[:, 0, 0].tolist() for b in (it if epoch == 0 else loader)] == want  # each batch once, in order
+        if loader.stats()[0]["executor"] == "inline":
+            break
+    memory = loader.stats()[0]["memory"]
+    forked = {p.pid for p in psutil.Process().children(recursive=True)} - before
+    assert memory["peak"] > 1 << 20 and not forked  # read with no worker process
+    steps = [step.split(":")[0] for step in memory["shed"]]
+    assert steps[0].startswith("worker ") and "the last worker" in steps
+    assert loader.stats()[0]["executor"] == "inline"
 
 
 def test_a_worker_count_the_user_chose_is_kept_past_the_budget_with_one_warning():

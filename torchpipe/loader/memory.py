@@ -1,9 +1,10 @@
 """What a DataLoader holds of its own, read on a thread of its own, against a budget.
 
 What counts (docs/autotune.md, "What a loader's memory budget counts"): the pages its worker
-processes and their zygote hold alone (a worker's heap, a batch it has made and not handed over)
-and the rings batches travel in (a batch this process has received is its own, as with torch's
-workers). A model of it would miss what matters (a worker's heap after its first batches, what
+processes and their zygote hold alone (a worker's heap, a batch it has made and not handed over),
+the rings batches travel in, and the batches made on this process's threads and not handed out,
+with the memory kept for the next (a batch handed out is the loop's, as with torch's workers).
+A model of it would miss what matters (a worker's heap after its first batches, what
 the zygote keeps of pages this process rewrote since), so it is read from
 ``/proc/<pid>/smaps_rollup``: a reading of a process with torch loaded costs a few milliseconds,
 so a watcher thread takes it (the file's reads let go of the GIL) and the consumer only looks at
@@ -65,7 +66,8 @@ def ring_limit(ram_budget: float, workers: int) -> int:
 
 
 Holdings = Callable[[], "tuple[list[int], float] | None"]
-"""What a loader holds now: its processes' pids and its rings' bytes; None once it is gone."""
+"""What a loader holds now: its processes' pids, and the bytes of its rings and of what it holds in
+this process; None once it is gone."""
 
 
 class LoaderMemory:
@@ -91,10 +93,11 @@ class LoaderMemory:
         self._key = 0
         self._thread: threading.Thread | None = None
 
-    def read(self, pids: list[int], rings_bytes: float) -> float:
-        """Take a reading: the pages processes ``pids`` hold alone and the rings' bytes."""
+    def read(self, pids: list[int], shared_bytes: float) -> float:
+        """Take a reading: the pages processes ``pids`` hold alone, and ``shared_bytes`` (the
+        rings, and what the loader holds in this process)."""
         taken = time.monotonic()
-        held = float(sum(private_bytes(pid) for pid in pids) + rings_bytes)
+        held = float(sum(private_bytes(pid) for pid in pids) + shared_bytes)
         self.held, self.peak = held, max(self.peak, held)
         self.over = held > self.budget and taken >= self._settled_at
         return held
@@ -133,20 +136,22 @@ class LoaderMemory:
                 now = ([], 0.0)
             if now is None:
                 return
-            if now[0]:
+            if now[0] or now[1]:
                 self.read(*now)
             stop.wait(RELAXED_CHECK_EVERY_S if 0 < self.held < self.budget / 2 else CHECK_EVERY_S)
 
 
-def pool_holdings(pool: Any) -> Holdings:
-    """:data:`Holdings` of a process pool, held weakly (the watcher must not keep it alive)."""
+def pool_holdings(pool: Any, here: Callable[[], float] | None = None) -> Holdings:
+    """:data:`Holdings` of a process pool, held weakly (the watcher must not keep it alive), and
+    the bytes ``here()`` says the loader holds in this process (batches made here and not handed
+    out, memory kept for the next ones)."""
     ref = weakref.ref(pool)
 
     def holdings() -> tuple[list[int], float] | None:
         live = ref()
         if live is None:
             return None
-        return list(live.process_ids), float(live.ring_bytes)
+        return list(live.process_ids), float(live.ring_bytes) + (here() if here is not None else 0.0)
 
     return holdings
 

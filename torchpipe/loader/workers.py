@@ -110,6 +110,7 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
         self._pool = self._new_pool(self._task, 0 if self._auto else processes, fork_now=not self._auto)
         self._stage = WorkersStage(self)
         self._executors: AutoStage | None = None  # "auto": where batches are made, and the moves
+        self._recycled: RecycledStack | None = None  # "auto": the memory of batches made here
         self._placement: Placement | None = None
         self._knob: LiveKnob | None = None
         # Batch k goes to worker (or replica) k % n: a replica's batches must, and fixed workers
@@ -161,7 +162,7 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
                                             measured=policy.measured, cores=policy.cores)  # fmt: skip
         drawn = state.drawn_rngs if state.drawn_rngs is not None else GLOBAL_RNGS  # all, until measured
         seed = int(self._base_seed)
-        memory = RecycledStack()  # batches made here reuse the memory of those freed
+        self._recycled = memory = RecycledStack()  # batches made here reuse the memory of those freed
         self._local = {INLINE: LocalFetch(loader, seed, drawn, memory), THREAD: LocalFetch(loader, seed, (), memory)}
         self._generator = loader.generator  # with the default generator's seed, whether draws must repeat
         calls = StageCalls(self._local[INLINE], self._local[THREAD], processes=self._processes)
@@ -186,7 +187,8 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
 
     def _start_epoch(self) -> None:
         self._stop_tuner()
-        self._watching = self._memory.watch(pool_holdings(self._pool), id(self._pool))
+        here = weakref.ref(self)  # the watcher must not keep the iterator alive
+        self._watching = self._memory.watch(pool_holdings(self._pool, lambda: _held_here(here)), id(self._pool))
         self._dispatch.forget()
         self._clock, self._started = ConsumerClock(), start_look()
         self._stage.stats = IteratorStats()
@@ -542,3 +544,16 @@ def _waits_on_io(calls: int, wall_s: float, cpu_s: float, asleep: int) -> bool:
     cores make a batch wait too, but not asleep: more processes or replicas would not help it,
     and the replica count decides what each batch holds."""
     return calls > 0 and wall_s >= 3 * cpu_s and (wall_s - cpu_s) / calls >= 0.002 and asleep > 3 * calls
+
+
+def _held_here(ref: weakref.ref[WorkerIterator]) -> float:
+    """The bytes a DataLoader's iterator holds in this process (0 once it is gone): batches made
+    here on threads and not handed out (each task in flight holds one, or will), and the memory
+    kept for the next ones. A batch handed out is the training loop's, as with torch's workers."""
+    iterator = ref()
+    if iterator is None or iterator._recycled is None:
+        return 0.0
+    executors = iterator._executors
+    made_here = executors is not None and executors.kind == THREAD
+    pending = iterator._dispatch.pending if made_here else 0
+    return iterator._recycled.free_bytes + pending * iterator._stage.stats.bytes_per_element

@@ -115,6 +115,12 @@ class RecycledStack:
             if len(free) < self._keep:
                 free.append(owner)
 
+    @property
+    def free_bytes(self) -> int:
+        """The bytes of the buffers kept for reuse (not lent): what this pool holds of its own."""
+        with self._lock:
+            return sum(size * len(free) for size, free in self._free.items())
+
 
 class BatchRows:
     """One batch being built on one thread: large tensors go to their rows as elements arrive.
