@@ -46,13 +46,21 @@ _observed_message_s: float | None = None
 MAX_THREADS = 64
 """The most threads a stage runs (calls that wait on I/O want many)."""
 EXPLORE = 1.1
-"""An executor not measured yet is tried when predicted this much faster than the current one measured."""
-EXPLORE_INLINE = 1 / 1.3
+"""Processes not measured yet are tried where predicted no more than this many times slower than
+the current executor measured (or faster): the model is this uncertain between executors
+predicted alike (threads for JPEG decodes and TFRecord parses, 70-85% GIL-free, are predicted as
+fast as processes and measure 1.1-1.3x slower; tried only where predicted 1.1x faster, processes
+were never measured from threads). Threads must be predicted this much faster."""
+EXPLORE_INLINE = 1.3
 """Inline is tried even when predicted up to 1.3x slower: trying it costs nothing to start, and its
 prediction comes from the first calls, which pay for warm-up (fresh memory for every result they
 keep: the dict rows of the ``records`` benchmark took 1.8 ms a batch then, 0.95 ms later). Not
 further: a window of calls that are clearly faster elsewhere (JPEG batches: 1.6x on processes)
 costs a second of throughput."""
+_TRIED_WITHIN = {INLINE: EXPLORE_INLINE, THREAD: 1 / EXPLORE, PROCESS: EXPLORE}
+"""An executor not measured is tried where predicted below this many times the current one's
+measure. Threads must be predicted faster: their prediction is the GIL's, and they are tried
+whatever it says where it may miss (:data:`THREAD_TRIAL_S`)."""
 THREAD_FREE_SHARE = 0.5
 """The GIL-free share of a call from which threads start to overlap it (fully at 1)."""
 WAITS_FOR_MORE = 1.5
@@ -236,13 +244,15 @@ def cost_scale(before: CallCosts, now: CallCosts) -> float | None:
 def may_pay(kind: str, current: str | None, costs: CallCosts | None, measured: dict[str, float], cores: int) -> bool:
     """Whether a stage's next pass should keep ``kind`` among its executors, from what its
     earlier passes learned (where its calls ran, their costs, the times measured): yes before
-    any decision, where they ran, or where predicted (or measured) within ``EXPLORE`` of where
-    they ran. A pass without worker processes forks no zygote (~10 ms to start and stop, and its
-    memory); it asks again at the next pass."""
+    any decision, where they ran, where measured faster, or where not measured and worth a trial
+    (predicted as :meth:`Policy._worth_trying` asks). A pass without worker processes forks
+    no zygote (~10 ms to start and stop, and its memory); it asks again at the next pass."""
     if current is None or costs is None or current == kind:
         return True
     here = measured.get(current, predict(costs, current, cores))
-    return measured.get(kind, predict(costs, kind, cores)) * EXPLORE < here
+    if kind in measured:
+        return measured[kind] < here
+    return predict(costs, kind, cores) < _TRIED_WITHIN[kind] * here
 
 
 class Policy:
@@ -250,9 +260,9 @@ class Policy:
     every window of measurements on the executor it runs on.
 
     A time measured on an executor (the fastest of its last :data:`WINDOWS_KEPT` windows)
-    replaces that executor's prediction. An executor that is predicted ``EXPLORE`` times faster
-    than the measured one, but not ``MARGIN`` times, is tried once (for a window), so a close call
-    is settled by measurement rather than by the model. Call costs that change (:meth:`rebase`)
+    replaces that executor's prediction. An executor predicted within ``EXPLORE`` of the measured
+    one (or faster), but not ``MARGIN`` times faster, is tried once, so a close call is settled by
+    measurement rather than by the model. Call costs that change (:meth:`rebase`)
     scale every measurement (or, where the calls now wait where they computed, forget them).
 
     Args:
@@ -365,8 +375,9 @@ class Policy:
         self._recent = {}
 
     def _worth_trying(self, measured: dict[str, float]) -> str | None:
-        """An executor not measured lately, predicted ``EXPLORE`` times faster than the current one
-        measured; or threads, not measured lately, whatever their prediction, while the calls run
+        """An executor not measured lately, predicted within ``EXPLORE`` of the current one measured
+        (processes; inline within :data:`EXPLORE_INLINE`), or ``EXPLORE`` times faster (threads);
+        or threads, not measured lately, whatever their prediction, while the calls run
         on processes, or inline where a call takes :data:`THREAD_TRIAL_S` or more: the GIL probe
         misses releases shorter than its tick (torch ops on fresh tensors ran 1.35x faster on
         threads where it predicted no overlap, and 3.6x faster than inline), and a window on
@@ -380,8 +391,7 @@ class Policy:
             if kind in self.candidates and kind not in measured and (kind != THREAD or self.costs.thread_safe):
                 if kind == THREAD and (self.kind == PROCESS or self.costs.call_s >= THREAD_TRIAL_S):
                     return kind
-                factor = EXPLORE_INLINE if kind == INLINE else EXPLORE
-                if predict(self.costs, kind, self.cores) * factor < here:
+                if predict(self.costs, kind, self.cores) < _TRIED_WITHIN[kind] * here:
                     return kind
         return None
 
