@@ -14,7 +14,16 @@ import torch
 
 import torchpipe as tp
 from torchpipe.loader import memory as loader_memory
-from torchpipe.loader.memory import DEFAULT_SHARE, MIN_RING_BYTES, LoaderMemory, private_bytes, ring_limit
+from torchpipe.loader.memory import (
+    CHECK_EVERY_S,
+    DEFAULT_SHARE,
+    MIN_RING_BYTES,
+    RELAXED_CHECK_EVERY_S,
+    LoaderMemory,
+    private_bytes,
+    ring_limit,
+    workers_within,
+)
 from torchpipe.runtime.processes.pool import ProcessPool
 from torchpipe.testing import forced_call_costs, move_calls
 
@@ -69,6 +78,20 @@ def test_the_watcher_reads_on_its_own_thread_until_stopped_or_what_it_watches_is
     gone.watch(lambda: None, key=3)  # what it watched is gone: the thread ends, no reading
     time.sleep(0.1)
     assert gone.held == 0 and not gone.over
+
+
+def test_a_loader_still_growing_is_read_often_and_one_steady_far_below_its_budget_seldom():
+    memory = LoaderMemory(budget=1000.0, given=True)
+    for held, wait in [(100, CHECK_EVERY_S), (300, CHECK_EVERY_S), (310, RELAXED_CHECK_EVERY_S), (600, CHECK_EVERY_S),
+                       (610, CHECK_EVERY_S)]:  # fmt: skip
+        memory.read([], shared_bytes=held)
+        assert memory.next_reading_in() == wait  # growing; growing; steady; growing; past half the budget
+
+
+def test_past_the_budget_as_many_workers_go_at_once_as_the_reading_says():
+    assert workers_within(held=400, budget=390, workers=4) == 3  # a little past: one goes
+    assert workers_within(held=400, budget=150, workers=4) == 1  # 2.5 workers' shares past: three go
+    assert workers_within(held=400, budget=1, workers=4) == 1  # one is kept (its slots go next, then it)
 
 
 def test_rings_get_half_the_budget_shared_by_the_workers():

@@ -18,6 +18,7 @@ The budget is ``autotune=tp.AutotuneOptions(ram_budget=...)`` where given, else
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 import weakref
@@ -32,7 +33,11 @@ under, unless ``ram_budget`` is given: a pipeline's default (tf.data's autotuner
 CHECK_EVERY_S = 0.25
 """How often the loader's memory is read while it holds more than half its budget."""
 RELAXED_CHECK_EVERY_S = 2.0
-"""How often it is read while it holds less than half (a reading costs a few ms of a thread)."""
+"""How often it is read while it holds less than half and has stopped growing (a reading costs a
+few ms of a thread): a loader starting its workers and filling its rings is read every
+:data:`CHECK_EVERY_S`, or a budget it passes in its first seconds would be seen seconds late."""
+GROWING = 1.125
+"""A reading this many times the last one or more: the loader is still growing."""
 SETTLE_S = 1.0
 """How long after shedding a worker or a slot readings wait (a retiring worker takes time to go)."""
 MIN_RING_BYTES = 1 << 20
@@ -65,6 +70,15 @@ def ring_limit(ram_budget: float, workers: int) -> int:
     return max(MIN_RING_BYTES, int(ram_budget / (2 * max(workers, 1))))
 
 
+def workers_within(held: float, budget: float, workers: int) -> int:
+    """How many of ``workers`` to keep (at least one) for a loader that holds ``held`` bytes to
+    come within ``budget``, each worker taken to hold an equal share: a loader started past a small
+    budget gives up all it must at the first reading, not a worker a second."""
+    each = held / max(workers, 1)
+    past = math.ceil((held - budget) / each) if each > 0 and held > budget else 0
+    return max(1, workers - max(past, 1))
+
+
 Holdings = Callable[[], "tuple[list[int], float] | None"]
 """What a loader holds now: its processes' pids, and the bytes of its rings and of what it holds in
 this process; None once it is gone."""
@@ -85,6 +99,7 @@ class LoaderMemory:
     def __init__(self, budget: float, given: bool) -> None:
         self.budget, self.given = budget, given
         self.held = self.peak = 0.0
+        self._last = 0.0  # the reading before the last
         self.over = False
         self.shed_steps: list[str] = []  # what was given up, in order, for stats()
         self.warned = False
@@ -98,7 +113,7 @@ class LoaderMemory:
         rings, and what the loader holds in this process)."""
         taken = time.monotonic()
         held = float(sum(private_bytes(pid) for pid in pids) + shared_bytes)
-        self.held, self.peak = held, max(self.peak, held)
+        self._last, self.held, self.peak = self.held, held, max(self.peak, held)
         self.over = held > self.budget and taken >= self._settled_at
         return held
 
@@ -138,7 +153,12 @@ class LoaderMemory:
                 return
             if now[0] or now[1]:
                 self.read(*now)
-            stop.wait(RELAXED_CHECK_EVERY_S if 0 < self.held < self.budget / 2 else CHECK_EVERY_S)
+            stop.wait(self.next_reading_in())
+
+    def next_reading_in(self) -> float:
+        """How long until the next reading: long only while far from the budget and not growing."""
+        steady = 0 < self.held < GROWING * self._last
+        return RELAXED_CHECK_EVERY_S if steady and self.held < self.budget / 2 else CHECK_EVERY_S
 
 
 def pool_holdings(pool: Any, here: Callable[[], float] | None = None) -> Holdings:

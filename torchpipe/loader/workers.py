@@ -45,6 +45,7 @@ from torchpipe.loader.memory import (
     pool_holdings,
     private_bytes,
     ring_limit,
+    workers_within,
 )
 from torchpipe.loader.replicas import MAX_REPLICAS, ReplicaPlan, io_replicas
 from torchpipe.loader.stage import STAGE, WorkersStage, resize_weakly
@@ -397,7 +398,8 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
         return pin_memory(value, self._pin_memory_device) if self._pin_memory else value
 
     def _keep_to_budget(self, memory: LoaderMemory) -> None:
-        """Past the memory budget: with ``num_workers="auto"`` give up a worker (down to one),
+        """Past the memory budget: with ``num_workers="auto"`` give up workers (down to one; as
+        many at once as the reading says are past it, at an equal share each),
         then its ring slots (batches in flight, down to one), then the last worker (batches made
         here), then the zygote; the caps hold for later epochs. A count the user chose (or the
         replicas of an IterableDataset, which decide what each batch holds) is kept: a warning
@@ -410,8 +412,10 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
             memory.over = False
             return
         if placement.workers > 1:
-            step = f"worker {placement.workers} of {placement.workers}"
-            self._cap(placement, placement.workers - 1)
+            most = placement.workers
+            keep = workers_within(memory.held, memory.budget, most)
+            step = f"worker {most} of {most}" if keep == most - 1 else f"worker {keep + 1} to {most} of {most}"
+            self._cap(placement, keep)
         elif placement.workers == 1 and self._factor > 1:
             self._factor -= 1
             self._pool.set_per_worker(self._factor)
