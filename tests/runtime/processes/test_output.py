@@ -2,6 +2,7 @@ import gc
 import mmap
 import os
 import random
+import time
 
 import pytest
 import torch
@@ -9,8 +10,10 @@ import torch
 from tests.runtime.processes.test_pool import fresh_tensor, run_all
 from torchpipe.runtime import codec
 from torchpipe.runtime.processes import output
+from torchpipe.runtime.processes import worker as worker_module
 from torchpipe.runtime.processes.output import slot_bytes
 from torchpipe.runtime.processes.pool import DEFAULT_RING_BYTES, ProcessPool, process_executor_supported
+from torchpipe.testing import worker_rings
 
 pytestmark = pytest.mark.skipif(not process_executor_supported(), reason="needs fork and memfd")
 
@@ -109,6 +112,35 @@ def test_a_result_too_large_for_a_slot_takes_a_segment_freed_when_released():
         del value
         gc.collect()
         assert segments_open() == before and pool.ring_bytes == rings
+    finally:
+        pool.close()
+
+
+def test_an_idle_worker_gives_back_its_free_slots_pages_and_faults_them_in_again_when_written(monkeypatch):
+    """Between epochs (or while the loop evaluates) the rings hold no batch the loop needs: their
+    free slots give their pages back, as torch's DataLoader holds no batch then. A slot the
+    consumer still holds keeps its result intact."""
+    monkeypatch.setattr(worker_module, "IDLE_S", 0.2)  # the zygote, forked at start, reads it
+    pool = ProcessPool(filled, 1, "m", per_worker=2)
+    pool.start()
+    try:
+        n = 1 << 20  # 8 MB results: a ring of 3 slots
+        results = run_all(pool, [n] * 6)
+        kept = results[5][0]
+        del results
+        gc.collect()
+        (ring,) = worker_rings(pool)[0][-1:]
+        assert ring.slots == 3 and ring.resident_bytes() >= 3 * ring.slot_bytes
+        deadline = time.monotonic() + 20
+        while ring.resident_bytes() > ring.slot_bytes + 4 * PAGE and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ring.resident_bytes() <= ring.slot_bytes + 4 * PAGE  # the held slot's pages stay
+        assert torch.equal(kept, filled(5, n))
+        del kept
+        gc.collect()
+        again = run_all(pool, [n] * 3)
+        assert all(torch.equal(again[seq][0], filled(seq, n)) for seq in range(3))
+        assert ring.resident_bytes() >= 2 * ring.slot_bytes  # written again: faulted in
     finally:
         pool.close()
 

@@ -472,3 +472,26 @@ def test_boundary_sizes():
             pending.append((ring.commit(reservation)[0], data))
         for offset, data in pending:
             assert take(ring, offset, len(data)) == data
+
+
+def test_free_slots_give_their_pages_back_and_the_held_ones_keep_their_records():
+    slot = 64 * PAGE
+    with ShmRing.create(3 * slot, slot) as ring:
+        other = ShmRing.attach(os.dup(ring.fd))  # the consumer's mapping
+        placed = []
+        for value in (1, 2):
+            reservation = ring.reserve(slot - 64, timeout=0)
+            reservation.buffer[:] = bytes([value]) * (slot - 64)
+            placed.append(ring.commit(reservation))
+        other.release(*placed[0])  # the first slot is free again, the second still held
+        assert ring.resident_bytes() >= 3 * slot
+        given = ring.give_back_free_slots()
+        assert given >= 2 * slot - 4 * PAGE  # two slots, less the partial pages they share
+        assert ring.resident_bytes() <= slot + 4 * PAGE
+        assert bytes(other.view(*placed[1])) == bytes([2]) * (slot - 64)  # the held record is intact
+        reservation = ring.reserve(slot - 64, timeout=0)  # a free slot is written again: faulted in
+        reservation.buffer[:] = bytes([3]) * (slot - 64)
+        assert bytes(other.view(*ring.commit(reservation))) == bytes([3]) * (slot - 64)
+        other.close()
+    with ShmRing.create(4 * PAGE) as plain:
+        assert plain.give_back_free_slots() == 0  # records of their own sizes: no slots to give back

@@ -9,7 +9,9 @@ done with it, as torch's DataLoader frees each batch (where most results outgrow
 first result was not typical: a ring of as many, larger slots replaces it; where a consumer
 steadily holds more results than it said, a prefetch buffer above a map say, a ring with a slot
 more replaces it, up to :data:`HELD_MORE` more). The slots keep their pages (written once, reused
-by every result after), so large results pay no page faults.
+by every result after), so large results pay no page faults, until the worker has been idle for
+:data:`IDLE_S` (an epoch ended, an evaluation runs): then the slots that hold no result give their
+pages back, as torch's DataLoader holds no batch between epochs.
 
 ``TORCHPIPE_RING_POLICY=legacy`` brings back the policy before (a 4 MB ring at start, rings of
 two results added where results steadily find no room), kept for the A/B against torch until
@@ -45,6 +47,9 @@ MAX_HEADROOM_BYTES = 1 << 20
 does not vary; a slot of each is held in two processes' memory."""
 MAX_RING_BYTES = 512 << 20
 """A worker's rings together hold at most this; results beyond go to one-off segments."""
+IDLE_S = 1.0
+"""A worker that has received no task and written no result for this long gives back the pages of
+its free slots (:meth:`Output.give_back_idle`); its next results fault them in again (38 MB: ~10 ms)."""
 RING_GRACE_S = 0.002
 """A slot freed this soon is worth waiting for rather than making a one-off segment."""
 _RESIZE_AFTER, _SIZE_WINDOW = 8, 16  # of the last 16 results, 8 too large for a slot re-size the ring
@@ -104,10 +109,16 @@ class Output(abc.ABC):
         self._limit = limit
         self._lock = threading.Lock()
         self._closed = False
+        self.written = 0  # results and errors sent: a worker that writes none for a while is idle
 
     @abc.abstractmethod
     def set_slots(self, slots: int) -> None:
         """The results the main process may hold from this worker at once, from now on."""
+
+    def give_back_idle(self) -> int:
+        """The worker has been idle a while: give back the pages of slots that hold no result
+        (the next result written to one faults its pages in again). Returns the bytes given back."""
+        return 0
 
     def close(self, timeout: float = _CLOSE_S) -> None:
         """Close the rings; a task thread still running later finds the output closed.
@@ -133,9 +144,11 @@ class Output(abc.ABC):
                 packed = pack_exception(e)
                 with self._lock:
                     self._send(("error", seq, packed, *_cost(wall, cpu, counts)))
+                    self.written += 1
                 return
         with self._lock:
             self._write(seq, encoded, _cost(wall, cpu, counts))
+            self.written += 1
 
     @abc.abstractmethod
     def _reserve(self, nbytes: int) -> tuple[int, Reservation] | None:
@@ -209,6 +222,12 @@ class SlotRing(Output):
         with self._lock:
             if max(1, slots) != self._asked:
                 self._asked, self._ring, self._sized = max(1, slots), None, False
+
+    def give_back_idle(self) -> int:
+        with self._lock:
+            if self._closed or self._ring is None:
+                return 0
+            return self._ring.give_back_free_slots()
 
     def _reserve(self, nbytes: int) -> tuple[int, Reservation] | None:
         if self._ring is not None:

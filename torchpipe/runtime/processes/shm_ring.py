@@ -214,6 +214,7 @@ class ShmRing:
         self._data = buf[_DATA_START:]
         self._pending: Reservation | None = None
         self._closed = False
+        self._mapping = mapping
         self._finalizer = weakref.finalize(self, _unmap, fd, mapping, (self._words, self._data, buf))
 
     @classmethod
@@ -296,6 +297,31 @@ class ShmRing:
         """Bytes committed and not yet released (records, padding and skipped ends)."""
         self._check_open()
         return self._words[_HEAD_WORD] - self._words[_TAIL_WORD]
+
+    def resident_bytes(self) -> int:
+        """Bytes of the segment held in memory: its pages written and not given back."""
+        self._check_open()
+        return os.fstat(self._fd).st_blocks * 512
+
+    def give_back_free_slots(self) -> int:
+        """Give the pages of every slot that holds no record back to the system, as a ring idle
+        for a while does (a ring of slots only; the producer calls it, with no reservation
+        outstanding). They read as zeros and are faulted in again when next written. A slot's
+        first and last partial pages, shared with the header or a neighbour, stay. Returns the
+        bytes given back."""
+        self._check_open()
+        if not self._slot or self._pending is not None or not hasattr(mmap, "MADV_REMOVE"):
+            return 0
+        tail, head = self._words[_TAIL_WORD], self._words[_HEAD_WORD]
+        held = {counter % self._capacity for counter in range(tail, head, self._slot)}
+        given = 0
+        for offset in range(0, self._capacity, self._slot):
+            start = _page_multiple(_DATA_START + offset)
+            end = (_DATA_START + offset + self._slot) // mmap.PAGESIZE * mmap.PAGESIZE
+            if offset not in held and end > start:
+                self._mapping.madvise(mmap.MADV_REMOVE, start, end - start)
+                given += end - start
+        return given
 
     def fits(self, nbytes: int) -> bool:
         """Whether a record of ``nbytes`` payload can ever be placed in this ring."""

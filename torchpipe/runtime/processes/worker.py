@@ -40,7 +40,7 @@ import torch
 
 from torchpipe.errors import add_note
 from torchpipe.runtime.processes.channel import Channel, ChannelClosed
-from torchpipe.runtime.processes.output import MAX_RING_BYTES, SLOTS, Output, make_output, pack_exception
+from torchpipe.runtime.processes.output import IDLE_S, MAX_RING_BYTES, SLOTS, Output, make_output, pack_exception
 
 __all__ = ["DEFAULT_SLOTS", "MAX_RING_BYTES", "keep_freed_memory", "pack_exception", "run_worker", "unpack_exception"]
 
@@ -84,10 +84,13 @@ def run_worker(
     parent = os.getppid()
     output = make_output(channel, ring_policy, DEFAULT_SLOTS, ring_capacity, ring_limit)
     tasks = _TaskRunner(handler, output)
+    idle = _Idle(output)
     try:
         while os.getppid() == parent:
             if not channel.poll(_POLL_S):
+                idle.check()
                 continue
+            idle.busy()
             message, _ = channel.recv()
             if message[0] == "threads":
                 tasks.set_threads(message[1])
@@ -102,6 +105,28 @@ def run_worker(
     finally:
         tasks.stop(_JOIN_S)
         output.close()
+
+
+class _Idle:
+    """When a worker has received no task and written no result for :data:`IDLE_S`, its free
+    ring slots give their pages back, once each idle spell."""
+
+    def __init__(self, output: Output) -> None:
+        self._output = output
+        self._since = time.monotonic()
+        self._written = output.written
+        self._given = False
+
+    def busy(self) -> None:
+        self._since, self._given = time.monotonic(), False
+
+    def check(self) -> None:
+        if self._output.written != self._written:  # a task thread wrote a result since
+            self._written = self._output.written
+            self.busy()
+        elif not self._given and time.monotonic() - self._since >= IDLE_S:
+            self._given = True
+            self._output.give_back_idle()
 
 
 def keep_freed_memory() -> None:
