@@ -29,7 +29,7 @@ from torchpipe.randomness import (
     seed_global_rngs,
 )
 from torchpipe.runtime.codec import StackedTensor
-from torchpipe.runtime.recycle import RecycledStack
+from torchpipe.runtime.recycle import MIN_BYTES, RecycledStack
 
 DataLoader = torch.utils.data.DataLoader
 """What a fetch is made from: a ``tp.DataLoader`` (a torch one, with torchpipe's state in its
@@ -73,7 +73,9 @@ def recycling_collate(memory: RecycledStack) -> Callable[[list[Any]], Any]:
     memory pays 9,400 page faults, ~5x the copy; runtime/recycle.py)."""
 
     def stack(batch: list[torch.Tensor], *, collate_fn_map: Any = None) -> Any:
-        if _plain(batch):
+        first = batch[0]
+        large = first.numel() * first.element_size() * len(batch) >= MIN_BYTES  # else checking costs more
+        if large and _plain(batch):
             return memory(batch)
         return torch_collate.collate_tensor_fn(batch, collate_fn_map=collate_fn_map)
 
