@@ -511,8 +511,8 @@ def test_auto_moves_to_processes_when_threads_prove_slow(monkeypatch, force_cost
     # As if calls released the GIL and cost 100 us: threads are predicted fastest. They hold it.
     measured_review = Policy.review
 
-    def review(self, seconds):  # what measuring the threads says
-        verdict = measured_review(self, seconds)  # the window is recorded as measured
+    def review(self, seconds, full=True):  # what measuring the threads says
+        verdict = measured_review(self, seconds, full)  # the window is recorded as measured
         return PROCESS if self.kind == THREAD else verdict
 
     monkeypatch.setattr(Policy, "review", review)

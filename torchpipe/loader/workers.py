@@ -195,7 +195,8 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
         self._stage.stats = IteratorStats()
         self._stage.stats.calls = self._pool.timing
         if self._knob is not None and self._options.enabled:
-            budget = Budget.of_machine(self._options.cpu_budget, self._options.ram_budget)
+            options = self._options  # the budget is read at the first round (~0.4 ms: an epoch may end sooner)
+            budget = lambda: Budget.of_machine(options.cpu_budget, options.ram_budget)  # noqa: E731
             self._tuner = Autotuner(self._stage, self._clock, budget)  # type: ignore[arg-type]  # duck-typed stage
             if self._tuner_stop is not None:
                 self._tuner_stop.detach()
@@ -393,7 +394,7 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
         if error is not None:
             raise error
         if self._tuner is not None and not self._tuner.started:
-            self._tuner.start()  # with the first batch, as a pipeline's tuner
+            self._tuner.tick()  # as a pipeline's: the first batch starts its first window, the first round its thread
         self._clock.leave()
         return pin_memory(value, self._pin_memory_device) if self._pin_memory else value
 

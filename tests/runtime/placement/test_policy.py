@@ -151,6 +151,19 @@ def test_executors_are_compared_on_as_many_windows_each():
     assert _acted(big, 4.0e-3) == THREAD  # 1.54x slower on its first window: back at once
 
 
+def test_passes_too_short_for_a_full_window_measure_but_make_no_trial():
+    # Epochs of 40 ms are each judged as one short window: a trial (a pool's start and as many
+    # windows) would cost more than most of such a run; full windows in a row make one worth it.
+    close = costs(8e-3, gil_free=0.9, move_s=0.5e-3)  # threads predicted 2 ms, processes 2.3 ms
+    policy = Policy(KINDS, 4)
+    assert policy.decide(close) == THREAD
+    assert [policy.review(2.6e-3, full=False) for _ in range(6)] == [THREAD] * 6
+    assert policy.measured == {THREAD: 2.6e-3}
+    assert [policy.review(2.6e-3) for _ in range(2)] == [THREAD, THREAD]
+    assert policy.review(2.6e-3, full=False) == THREAD  # a short one starts the count over
+    assert [policy.review(2.6e-3) for _ in range(3)] == [THREAD, THREAD, PROCESS]
+
+
 def test_measurements_go_stale_and_costs_that_change_clear_them(monkeypatch):
     clock = [0.0]
     monkeypatch.setattr(policy_module.time, "monotonic", lambda: clock[0])

@@ -42,6 +42,18 @@ def test_measuring_stops_when_the_calls_run_out():
     assert measure_calls(lambda n: [])[1] == 0
 
 
+def test_measuring_holds_few_large_results(monkeypatch):
+    # Every result measured is held until the consumer takes it: calls whose results are large
+    # stop at a few (each half's first runs whatever its size), small ones run eight.
+    monkeypatch.setattr(measure_module, "_PROBE_S", 60.0)  # bytes stop them here, not time
+    _, ran = measure_calls(lambda n: [torch.ones(3 << 20, dtype=torch.uint8) for _ in range(n)])
+    assert ran == 3  # 3 MiB, then 6 (past 4); then 9 (past 8, the two halves' share)
+    _, ran = measure_calls(lambda n: [torch.ones(10 << 20, dtype=torch.uint8) for _ in range(n)])
+    assert ran == 2
+    _, ran = measure_calls(lambda n: list(range(n)))
+    assert ran == measure_module._PROBE_CALLS
+
+
 def test_moving_a_large_result_costs_more_than_a_small_one_and_unpicklable_ones_cannot_move():
     rows = [bytes([i % 256]) * 100 for i in range(4000)]
     (small, small_bytes, _), (large, large_bytes, _) = move_costs({"a": 1}), move_costs(rows)
@@ -148,7 +160,7 @@ def test_moves_on_the_policys_word_keep_every_element_in_order(monkeypatch):
     verdicts = iter([THREAD, THREAD, INLINE, INLINE, INLINE])
 
     class Scripted(Policy):
-        def review(self, seconds_per_element):
+        def review(self, seconds_per_element, full=True):
             self.kind = next(verdicts, self.kind)
             return self.kind
 
@@ -179,7 +191,7 @@ def test_a_verdict_for_a_predicted_executor_waits_for_two_windows_one_back_to_a_
         def measured(self):
             return {kind: 1e-3 for kind in log if kind in KINDS}  # where the calls ran
 
-        def review(self, seconds_per_element):
+        def review(self, seconds_per_element, full=True):
             log.append("window")
             return next(verdicts, self.kind)
 

@@ -170,10 +170,10 @@ class Placement:
         (first, inside0, calls0), (_, _, calls), seconds = done
         count = delivered - first
         consumer_s = max(seconds - (inside_s - inside0), 0.0) / count
-        self._review(seconds / count, consumer_s, calls, calls0)
+        self._review(seconds / count, consumer_s, calls, calls0, full=seconds >= self._driver.cadence.seconds)
 
     def _review(self, seconds_per_element: float, consumer_s: float, calls: tuple[int, float, float],
-                calls0: tuple[int, float, float]) -> None:  # fmt: skip
+                calls0: tuple[int, float, float], full: bool = True) -> None:  # fmt: skip
         policy = self.policy
         assert policy is not None and policy.costs is not None  # reviewed: a policy that decided
         per_result = getattr(self.dispatcher.executor, "message_seconds", lambda: None)()
@@ -194,7 +194,7 @@ class Placement:
                 return
             verdict = policy.rebase(policy.costs, cost_scale(before, policy.costs))
         else:
-            verdict = policy.review(seconds_per_element)
+            verdict = policy.review(seconds_per_element, full)
             if verdict == self.kind and self._on_stay is not None:
                 self._on_stay()
             # Windows in a row must say to leave for an executor only predicted; where to may
