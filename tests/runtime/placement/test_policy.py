@@ -100,13 +100,14 @@ def test_the_policy_tries_a_close_alternative_once_and_settles_on_what_was_measu
 
 def test_inline_is_tried_even_when_predicted_somewhat_slower():
     policy = Policy(KINDS, 2)
-    assert policy.decide(costs(2e-3)) == PROCESS  # predicted 1.2 ms: the first calls looked dear
+    some_free = costs(2e-3, gil_free=0.2)
+    assert policy.decide(some_free) == PROCESS  # predicted 1.2 ms: the first calls looked dear
     assert _windows_acted(policy, 1.7e-3)[-1] == INLINE  # inline's 2 ms is within 1.3x: worth a trial
     assert _windows_acted(policy, 1.0e-3)[-1] == THREAD  # it measured faster; 2 ms calls: threads get a trial too
     assert _windows_acted(policy, 1.3e-3) == [THREAD, THREAD, INLINE]  # measured slower: back
     assert _acted(policy, 1.0e-3) == INLINE  # every candidate measured: it stays
     other = Policy(KINDS, 2)
-    other.decide(costs(2e-3))
+    other.decide(some_free)
     assert _windows_acted(other, 1.2e-3) == [PROCESS, PROCESS, THREAD]  # threads are measured once on processes
     assert _acted(other, 3e-3) == PROCESS  # threads measured 2.5x slower: a big loss goes back at once
     assert _acted(other, 1.2e-3) == PROCESS  # 2 ms inline is 1.7x: a clear loss, not worth a trial
@@ -126,8 +127,11 @@ def test_threads_are_measured_once_while_calls_run_elsewhere_whatever_the_gil_pr
     unsafe = Policy(KINDS, 2)
     unsafe.decide(held.without_threads())
     assert _windows_acted(unsafe, 2.8e-3) == [PROCESS] * 3  # calls that must not share the global RNGs
+    python = Policy(KINDS, 2)
+    assert python.decide(costs(5e-3, gil_free=0.05)) == PROCESS  # the GIL held 95% of a call: pure Python
+    assert _windows_acted(python, 2.8e-3) == [PROCESS] * 3  # a missed release cannot explain that much
     inline = Policy(KINDS, 2)
-    assert inline.decide(costs(1.5e-3, move_s=2e-3)) == INLINE  # dear to move: inline
+    assert inline.decide(costs(1.5e-3, gil_free=0.1, move_s=2e-3)) == INLINE  # dear to move: inline
     assert _windows_acted(inline, 1.5e-3) == [INLINE, INLINE, THREAD]  # 1.5 ms calls: threads are measured once
     cheap = Policy(KINDS, 2)
     assert cheap.decide(costs(0.3e-3, move_s=0.3e-3)) == INLINE

@@ -76,6 +76,12 @@ LOSES_BIG = 1.5
 THREAD_TRIAL_S = 1e-3
 """Inline calls at least this long get a window on threads whatever the GIL probe predicted
 (shorter ones would lose more to the hand-off than a missed GIL release could win)."""
+THREAD_TRIAL_FREE = 0.1
+"""Nor do calls the GIL probe saw free less than this share of the time (pure Python: the
+``text`` workload's tokenizer, 0.02-0.05, measured 2.2x slower on threads than on processes, at
+every trial): the probe may miss short releases, but not nine in ten. ``bigtensor``'s torch ops
+(0.3-0.5) are still tried, and ran fastest on threads. A call whose wall time is more than its
+CPU time waits meanwhile, with the GIL free, whatever the probe saw of the first calls."""
 STALE_S = 10.0
 """A time measured on an executor longer ago than this no longer stands in for its prediction (a
 busy moment must not rule an executor out for good)."""
@@ -384,7 +390,8 @@ class Policy:
         """An executor not measured lately, predicted within ``EXPLORE`` of the current one measured
         (processes; inline within :data:`EXPLORE_INLINE`), or ``EXPLORE`` times faster (threads);
         or threads, not measured lately, whatever their prediction, while the calls run
-        on processes, or inline where a call takes :data:`THREAD_TRIAL_S` or more: the GIL probe
+        on processes, or inline where a call takes :data:`THREAD_TRIAL_S` or more (unless the
+        probe saw the GIL free less than :data:`THREAD_TRIAL_FREE` of a call): the GIL probe
         misses releases shorter than its tick (torch ops on fresh tensors ran 1.35x faster on
         threads where it predicted no overlap, and 3.6x faster than inline), and a window on
         threads costs little (a process pool's workers stay up for it: calls come back without a
@@ -398,7 +405,9 @@ class Policy:
         here = measured[self.kind]
         for kind in KINDS:
             if kind in self.candidates and kind not in measured and (kind != THREAD or self.costs.thread_safe):
-                if kind == THREAD and (self.kind == PROCESS or self.costs.call_s >= THREAD_TRIAL_S):
+                c = self.costs  # a call that waits has the GIL free meanwhile, whatever the probe saw first
+                may_miss = max(c.gil_free, 1.0 - c.cpu_s / c.call_s if c.call_s > 0 else 0.0) >= THREAD_TRIAL_FREE
+                if kind == THREAD and may_miss and (self.kind == PROCESS or self.costs.call_s >= THREAD_TRIAL_S):
                     return kind
                 if predict(self.costs, kind, self.cores) < _TRIED_WITHIN[kind] * here:
                     return kind
