@@ -454,7 +454,7 @@ def test_forced_call_costs_can_keep_the_calls_where_the_costs_placed_them(monkey
     stage made in the block where the forced costs placed it; with ``moves=True`` they move it."""
     from torchpipe.runtime.placement.policy import THREAD, Policy
 
-    monkeypatch.setattr(Policy, "review", lambda self, seconds: THREAD)
+    monkeypatch.setattr(Policy, "review", lambda self, seconds, full=True: THREAD)
     no_prefetch = tp.Options(optimizations={"inject_prefetch": False})
     # pure Python, 20 ms a call: processes, whatever this process has seen a result message cost
     with torchpipe.testing.forced_call_costs(2e-2, gil_free=0.0, moves=moves):

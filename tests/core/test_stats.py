@@ -79,7 +79,7 @@ def test_iterators_count_every_element_and_time_slow_ones():
 
 
 def test_an_elements_bytes_count_its_tensors_arrays_bytes_and_strings():
-    from torchpipe.core.stats import element_bytes
+    from torchpipe.runtime.sizes import element_bytes
 
     batch = {"id": ["ab", "cd"], "payload": [b"x" * 1000, b"y" * 24], "x": torch.zeros(4), "n": np.zeros(2, np.int64),
              "meta": {"tags": [["a"], ["bc"]], "len": 3}}  # fmt: skip

@@ -13,11 +13,8 @@ import math
 import random
 from typing import Any
 
-import numpy as np
-import torch
-
-from torchpipe import nest
 from torchpipe.observe.tracing import Track
+from torchpipe.runtime.sizes import element_bytes
 from torchpipe.runtime.timing import CallTiming
 
 _BYTES_EVERY = 16  # elements between two samples of an element's size
@@ -133,23 +130,3 @@ class IteratorStats:
             out["bytes_per_element"] = self.bytes_per_element
         out.update(self.counters)
         return out
-
-
-_TEXT = (bytes, bytearray, str)
-
-
-def element_bytes(element: Any) -> int:
-    """Bytes of the tensors, arrays, ``bytes`` and strings in an element (other leaves count as
-    nothing); a list of ``bytes`` or strings (a batch's column) is summed at once."""
-    if isinstance(element, torch.Tensor):
-        return element.numel() * element.element_size()
-    if isinstance(element, np.ndarray):
-        return element.nbytes
-    if isinstance(element, _TEXT):
-        return len(element)
-    if not nest.is_container(element):
-        return 0
-    items = nest.children(element)
-    if items and type(items[0]) in _TEXT and all(type(item) is type(items[0]) for item in items):
-        return sum(map(len, items))
-    return sum(element_bytes(item) for item in items)

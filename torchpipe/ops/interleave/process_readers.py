@@ -21,7 +21,6 @@ from collections.abc import Callable
 from typing import Any
 
 from torchpipe.core.iterator import Iterator
-from torchpipe.core.stats import element_bytes
 from torchpipe.ops.interleave.readers import (
     END,
     ERROR,
@@ -40,6 +39,7 @@ from torchpipe.runtime.cpu import usable_cpu_count
 from torchpipe.runtime.dispatch import Dispatcher
 from torchpipe.runtime.placement.policy import PROCESS
 from torchpipe.runtime.processes.pool import ProcessPool
+from torchpipe.runtime.sizes import element_bytes
 
 _WAIT_S = 0.5
 _STOP_S = 0.1  # how long release() waits for chunks in flight

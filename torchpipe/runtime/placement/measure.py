@@ -16,13 +16,13 @@ from typing import Any, cast
 
 import numpy as np
 
-from torchpipe.core.stats import element_bytes
 from torchpipe.randomness import GlobalDraws, watch_global_draws
 from torchpipe.runtime import codec
 from torchpipe.runtime.cpu import as_a_pool_thread_runs, run_delay
 from torchpipe.runtime.placement.gil import GilProbe
 from torchpipe.runtime.placement.memory_costs import MMAP_THRESHOLD_MAX, calibrate, cold_seconds, thread_faults
 from torchpipe.runtime.placement.policy import CallCosts
+from torchpipe.runtime.sizes import element_bytes
 
 _PROBE_CALLS, _PROBE_S = 8, 0.02  # calls measured inline before the first decision (at most; at least one)
 _PROBE_BYTES = 4 << 20
