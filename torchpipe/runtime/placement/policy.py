@@ -400,14 +400,14 @@ class Policy:
         40 ms, each judged as one short window) a trial of processes at the 5th cost 115 ms of a
         run of 200, for a prediction that missed by 2.4x."""
         assert self.kind is not None and self.costs is not None  # measured: a kind was chosen
-        if self.windows(self.kind) < WINDOWS_KEPT or self._full.get(self.kind, 0) < WINDOWS_KEPT:
+        if self._full.get(self.kind, 0) < WINDOWS_KEPT:
             return None  # measured on too few windows, or too short ones, to stand against a trial's
-        here = measured[self.kind]
+        here, c = measured[self.kind], self.costs
+        waits = 1.0 - c.cpu_s / c.call_s if c.call_s > 0 else 0.0  # the GIL is free while a call waits
+        may_miss = max(c.gil_free, waits) >= THREAD_TRIAL_FREE
         for kind in KINDS:
-            if kind in self.candidates and kind not in measured and (kind != THREAD or self.costs.thread_safe):
-                c = self.costs  # a call that waits has the GIL free meanwhile, whatever the probe saw first
-                may_miss = max(c.gil_free, 1.0 - c.cpu_s / c.call_s if c.call_s > 0 else 0.0) >= THREAD_TRIAL_FREE
-                if kind == THREAD and may_miss and (self.kind == PROCESS or self.costs.call_s >= THREAD_TRIAL_S):
+            if kind in self.candidates and kind not in measured and (kind != THREAD or c.thread_safe):
+                if kind == THREAD and may_miss and (self.kind == PROCESS or c.call_s >= THREAD_TRIAL_S):
                     return kind
                 if predict(self.costs, kind, self.cores) < _TRIED_WITHIN[kind] * here:
                     return kind
