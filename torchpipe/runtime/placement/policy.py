@@ -31,6 +31,12 @@ RAY = "ray"
 
 MARGIN = 1.15
 """How much faster a dearer executor must be predicted (or measured) to be chosen."""
+STAY = 1.05
+"""How much faster a cheaper executor must be (measured or predicted) to take the calls from the
+one they run on. Windows of a few large batches swing window to window (``jpeg`` on 3 worker
+processes: 22-39 ms a batch), and a move costs its settling and windows: the DataLoader's
+``jpeg`` left processes (30.8 ms, its fastest of 3 windows) for threads (30.0, measured 3 s
+before) and measured 39-43 ms there."""
 READERS_MARGIN = 1.5
 """The same for moving an interleave's readers to the other pool, either way: every open reader
 re-opens its inner dataset there, which for a stream that resumes by reading from its start costs
@@ -215,7 +221,7 @@ def choose(
         measured: seconds per element measured on executors already tried; they stand in for
             the predictions.
         current: the executor the stage runs on now: it is left only for a dearer one that is
-            ``margin`` times faster than it, or a cheaper one that is no slower.
+            ``margin`` times faster than it, or a cheaper one :data:`STAY` times faster.
         margin: :data:`MARGIN`; more for a dear move (an interleave's readers: :data:`READERS_MARGIN`).
         move_margin: how much faster any other executor must be to leave ``current`` for it,
             cheaper or dearer, where leaving costs the same either way (None: the rule above).
@@ -231,7 +237,7 @@ def choose(
             best = kind
     if current in seconds and best != current:
         dearer = KINDS.index(best) > KINDS.index(current)
-        needed = move_margin if move_margin is not None else margin if dearer else 1.0
+        needed = move_margin if move_margin is not None else margin if dearer else STAY
         if seconds[best] * needed >= seconds[current]:
             return current
     return best
