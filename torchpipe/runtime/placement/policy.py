@@ -291,8 +291,8 @@ class Policy:
         self.costs: CallCosts | None = None
         self.kind: str | None = None
         self._measured: dict[str, tuple[float, float]] = {}  # executor -> (seconds per element, when)
-        self._recent: dict[str, collections.deque[float]] = {}  # executor -> its last windows' seconds
-        self._full: dict[str, int] = {}  # executor -> windows of full length in a row (see review)
+        # executor -> its last windows: (seconds per element, whether full: see review)
+        self._recent: dict[str, collections.deque[tuple[float, bool]]] = {}
         self._stale_s: dict[str, float] = {}  # executor -> how long its measurement stands (STALE_S at first)
 
     @property
@@ -335,7 +335,6 @@ class Policy:
         else:
             self._measured = {kind: (seconds * scale, when) for kind, (seconds, when) in self._measured.items()}
         self._recent.clear()
-        self._full.clear()
         self._stale_s.clear()
         return self.decide(costs)
 
@@ -356,9 +355,8 @@ class Policy:
         if self.kind is None or self.costs is None:
             raise RuntimeError("Policy.review() before decide()")
         recent = self._recent.setdefault(self.kind, collections.deque(maxlen=WINDOWS_KEPT))
-        recent.append(seconds_per_element)
-        self._full[self.kind] = self._full.get(self.kind, 0) + 1 if full else 0
-        self._measured[self.kind] = (min(recent), time.monotonic())
+        recent.append((seconds_per_element, full))
+        self._measured[self.kind] = (min(seconds for seconds, _ in recent), time.monotonic())
         measured = self.measured
         choice = choose(self.costs, self.cores, self.candidates, measured, self.kind)
         if choice == self.kind:
@@ -390,7 +388,7 @@ class Policy:
         now = time.monotonic()
         self.costs, self.kind = costs, kind
         self._measured = {k: (seconds, now) for k, seconds in measured.items()}
-        self._recent, self._full = {}, {}
+        self._recent = {}
 
     def _worth_trying(self, measured: dict[str, float]) -> str | None:
         """An executor not measured lately, predicted within ``EXPLORE`` of the current one measured
@@ -406,7 +404,8 @@ class Policy:
         40 ms, each judged as one short window) a trial of processes at the 5th cost 115 ms of a
         run of 200, for a prediction that missed by 2.4x."""
         assert self.kind is not None and self.costs is not None  # measured: a kind was chosen
-        if self._full.get(self.kind, 0) < WINDOWS_KEPT:
+        recent = self._recent.get(self.kind, ())
+        if len(recent) < WINDOWS_KEPT or not all(full for _, full in recent):
             return None  # measured on too few windows, or too short ones, to stand against a trial's
         here, c = measured[self.kind], self.costs
         waits = 1.0 - c.cpu_s / c.call_s if c.call_s > 0 else 0.0  # the GIL is free while a call waits
