@@ -42,6 +42,15 @@ def test_measuring_stops_when_the_calls_run_out():
     assert measure_calls(lambda n: [])[1] == 0
 
 
+def test_a_call_that_takes_the_measuring_time_alone_is_measured_once():
+    # A second would take as long again on one core, the others idle (an epoch of 16 JPEG
+    # batches lost 2 of them to measuring).
+    _, ran = measure_calls(lambda n: [time.sleep(measure_module._PROBE_S) for _ in range(n)])
+    assert ran == 1
+    _, ran = measure_calls(lambda n: [time.sleep(measure_module._PROBE_S / 20) for _ in range(n)])
+    assert ran > 1  # short ones: the second half measures them without the GIL probe
+
+
 def test_measuring_holds_few_large_results(monkeypatch):
     # Every result measured is held until the consumer takes it: calls whose results are large
     # stop at a few (each half's first runs whatever its size), small ones run eight.
