@@ -68,8 +68,11 @@ _TRIED_WITHIN = {INLINE: EXPLORE_INLINE, THREAD: 1 / EXPLORE, PROCESS: EXPLORE}
 """An executor not measured is tried where predicted below this many times the current one's
 measure. Threads must be predicted faster: their prediction is the GIL's, and they are tried
 whatever it says where it may miss (:data:`THREAD_TRIAL_S`)."""
-THREAD_FREE_SHARE = 0.5
-"""The GIL-free share of a call from which threads start to overlap it (fully at 1)."""
+THREAD_FREE_SHARE = 0.6
+"""The GIL-free share of a call from which threads start to overlap it (fully at 1). Traced on 2
+cores, JPEG decodes and TFRecord parses seen 0.59-0.75 free ran 1.3-1.5x slower on 2 threads
+than on 2 processes (``tfrecord``: 57-70 ms a batch against 38-47): from 0.5, 0.74 was predicted
+as fast as processes, and the first placement went to threads, to be left after a trial."""
 WAITS_FOR_MORE = 1.5
 """Calls whose wall time is this many times their CPU time get more threads or processes than cores."""
 WINDOWS_KEPT = 3
@@ -186,9 +189,9 @@ def predict(costs: CallCosts, kind: str, cores: int) -> float:
     n = workers(c, kind, cores)
     if kind == THREAD:
         # Short GIL releases (a call made of many small C operations) do not let another thread
-        # run: it waits its turn for a switch interval. Only the free share above half a call
-        # counts, ramping to all of it at 1 (JPEG batches, 0.67 free: threads 15-25% slower than
-        # processes; calls waiting on I/O, ~1.0: threads overlap them fully).
+        # run: it waits its turn for a switch interval. Only the free share above
+        # THREAD_FREE_SHARE counts, ramping to all of it at 1 (calls waiting on I/O, ~1.0:
+        # threads overlap them fully).
         free = max(0.0, (c.gil_free - THREAD_FREE_SHARE) / (1.0 - THREAD_FREE_SHARE))
         held = min((1.0 - free) * c.call_s, c.cpu_s)  # a call waiting on I/O does not hold it
         serial = held + c.handoff_s + c.consumer_s
@@ -403,7 +406,10 @@ class Policy:
         misses releases shorter than its tick (torch ops on fresh tensors ran 1.35x faster on
         threads where it predicted no overlap, and 3.6x faster than inline), and a window on
         threads costs little (a process pool's workers stay up for it: calls come back without a
-        fork). Only after :data:`WINDOWS_KEPT` full windows in a row on the current executor: a
+        fork); but not where threads, predicted as if the GIL were free throughout, would still
+        not be ``EXPLORE`` times faster (processes that deliver a call's share of the cores
+        already: ``jpeg``'s and ``tfrecord``'s trials of threads ran 1.3-1.5x slower, every
+        time). Only after :data:`WINDOWS_KEPT` full windows in a row on the current executor: a
         trial lasts as many, and where passes end before a window is full (``blobs``' epochs of
         40 ms, each judged as one short window) a trial of processes at the 5th cost 115 ms of a
         run of 200, for a prediction that missed by 2.4x."""
@@ -414,9 +420,11 @@ class Policy:
         here, c = measured[self.kind], self.costs
         waits = 1.0 - c.cpu_s / c.call_s if c.call_s > 0 else 0.0  # the GIL is free while a call waits
         may_miss = max(c.gil_free, waits) >= THREAD_TRIAL_FREE
+        # what threads would deliver had the GIL been free throughout: a missed release cannot win more
+        may_win = EXPLORE * predict(dataclasses.replace(c, gil_free=1.0), THREAD, self.cores) < here
         for kind in KINDS:
             if kind in self.candidates and kind not in measured and (kind != THREAD or c.thread_safe):
-                if kind == THREAD and may_miss and (self.kind == PROCESS or c.call_s >= THREAD_TRIAL_S):
+                if kind == THREAD and may_miss and may_win and (self.kind == PROCESS or c.call_s >= THREAD_TRIAL_S):
                     return kind
                 if predict(self.costs, kind, self.cores) < _TRIED_WITHIN[kind] * here:
                     return kind
