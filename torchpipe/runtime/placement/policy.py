@@ -407,12 +407,11 @@ class Policy:
         threads where it predicted no overlap, and 3.6x faster than inline), and a window on
         threads costs little (a process pool's workers stay up for it: calls come back without a
         fork); but not where threads, predicted as if the GIL were free throughout, would still
-        not be ``EXPLORE`` times faster (processes that deliver a call's share of the cores
-        already: ``jpeg``'s and ``tfrecord``'s trials of threads ran 1.3-1.5x slower, every
-        time). Only after :data:`WINDOWS_KEPT` full windows in a row on the current executor: a
-        trial lasts as many, and where passes end before a window is full (``blobs``' epochs of
-        40 ms, each judged as one short window) a trial of processes at the 5th cost 115 ms of a
-        run of 200, for a prediction that missed by 2.4x."""
+        not be ``EXPLORE`` times faster: processes that already deliver a call's share of the
+        cores leave threads nothing to win. Only after :data:`WINDOWS_KEPT` full windows in a row
+        on the current executor: a trial lasts as many, and where passes end before a window is
+        full (``blobs``' epochs of 40 ms, each judged as one short window) a trial of processes at
+        the 5th cost 115 ms of a run of 200, for a prediction that missed by 2.4x."""
         assert self.kind is not None and self.costs is not None  # measured: a kind was chosen
         recent = self._recent.get(self.kind, ())
         if len(recent) < WINDOWS_KEPT or not all(full for _, full in recent):
