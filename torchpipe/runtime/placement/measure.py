@@ -73,7 +73,8 @@ def measure_calls(
         held.limit += _PROBE_BYTES  # as much again for the second half
         # A call that took the whole time alone is measured once: a second would take as long
         # again on one core (``cache``'s epochs of 16 JPEG batches: 2 of them, ~11% of the epoch).
-        more = probed and sum(s for s, _, _ in probed) < _PROBE_S
+        probed_s = sum(s for s, _, _ in probed)
+        more = probed and probed_s < _PROBE_S
         alone = _timed_calls(run, limit - len(results), _PROBE_S / 2, results, None, None, held) if more else []
     cpu = time.thread_time() - cpu0
     if not probed:
@@ -86,7 +87,6 @@ def measure_calls(
     # estimate), else the calls would seem to wait, and ask for dozens of threads.
     cold_s = min(sum(cold), wall * (1 - _CALL_FLOOR), cpu * (1 - _CALL_FLOOR))
     share = cold_s / sum(cold) if sum(cold) > 0 else 0.0
-    probed_s = sum(s for s, _, _ in probed)
     steady = [max(s - c * share, s * _CALL_FLOOR) for (s, _, _), c in zip(probed + alone, cold)]
     call_s = statistics.median(steady[len(probed) :] or steady)
     costs = CallCosts(

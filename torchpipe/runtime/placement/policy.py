@@ -419,15 +419,20 @@ class Policy:
         here, c = measured[self.kind], self.costs
         waits = 1.0 - c.cpu_s / c.call_s if c.call_s > 0 else 0.0  # the GIL is free while a call waits
         may_miss = max(c.gil_free, waits) >= THREAD_TRIAL_FREE
-        # what threads would deliver had the GIL been free throughout: a missed release cannot win more
-        may_win = EXPLORE * predict(dataclasses.replace(c, gil_free=1.0), THREAD, self.cores) < here
         for kind in KINDS:
             if kind in self.candidates and kind not in measured and (kind != THREAD or c.thread_safe):
-                if kind == THREAD and may_miss and may_win and (self.kind == PROCESS or c.call_s >= THREAD_TRIAL_S):
+                missed = kind == THREAD and may_miss and (self.kind == PROCESS or c.call_s >= THREAD_TRIAL_S)
+                if missed and self._threads_may_win(here):
                     return kind
                 if predict(self.costs, kind, self.cores) < _TRIED_WITHIN[kind] * here:
                     return kind
         return None
+
+    def _threads_may_win(self, here: float) -> bool:
+        """Whether threads, predicted as if the GIL were free throughout (a release the probe
+        missed cannot win more), would be ``EXPLORE`` times faster than ``here``."""
+        assert self.costs is not None  # measured: a kind was chosen
+        return EXPLORE * predict(dataclasses.replace(self.costs, gil_free=1.0), THREAD, self.cores) < here
 
 
 def choose_overlap(current: str, measured: dict[str, float], inline_guess: float, retry_thread: bool) -> str:
