@@ -1,10 +1,13 @@
 """The model of a running tree, built from made-up counters: no threads, no clocks."""
 
+import dataclasses
+
 import pytest
 
 from tests.autotune.simulated import Fake
 from torchpipe.autotune.live import CONSUMER, Counters, Look, build_model
 from torchpipe.autotune.model import bottleneck, predict_time
+from torchpipe.autotune.tuner import Budget, hill_climb
 from torchpipe.runtime.knob import LiveKnob
 
 
@@ -97,3 +100,23 @@ def test_calls_that_read_ahead_count_the_work_of_the_elements_delivered():
     model = build_model(prefetch, before, Look(1.0, counters, 0.3, 0.1))
     calls = {stage.name: stage for stage in model.stages}["map (calls)"]
     assert calls.work_s == pytest.approx(4.0 * 80 / 400 / 10)  # 10 ms an element read, 8 a batch
+
+
+def test_calls_that_wait_for_a_core_count_as_wanting_one_and_no_worker_is_added_past_the_cores():
+    """Two workers kept busy on two busy cores: each 10 ms call ran 6 ms and waited 3 for a core.
+    By CPU time alone they would seem to wait on I/O 40% of the time, and a third worker to fit."""
+    prefetch, batch, pool, source = _tree()
+    counters = {
+        id(source): Counters(produced=200, wall_s=0.02),
+        id(pool): Counters(produced=200, wall_s=0.9, wait_s=0.85, calls=200, work_s=2.0, cpu_s=1.2, delay_s=0.6),
+        id(batch): Counters(produced=25, wall_s=0.91),
+        id(prefetch): Counters(produced=25, wall_s=0.2, wait_s=0.199, bytes_per_element=1000.0),
+    }
+    model = build_model(prefetch, Look(0.0, {}, 0.0, 0.0), Look(1.0, counters, 0.01, 0.02))
+    calls = next(stage for stage in model.stages if stage.name == "map (calls)")
+    assert calls.cpu_fraction == pytest.approx(0.9)
+    assert bottleneck(model.stages, {k.name: k.value for k in model.knobs}) == "map (calls)"
+    budget = Budget(cpu=2.0, ram=1e9)
+    assert hill_climb(model.stages, model.knobs, budget)["map.parallelism"] == 2
+    unwaited = [dataclasses.replace(calls, cpu_fraction=0.6) if s is calls else s for s in model.stages]
+    assert hill_climb(unwaited, model.knobs, budget)["map.parallelism"] > 2  # what CPU time alone allowed

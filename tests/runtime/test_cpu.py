@@ -71,3 +71,39 @@ def test_run_delay_is_the_time_a_busy_core_kept_this_thread_waiting():
         hog.wait()
     assert delay > 0.05  # ~half the wall time went to the hog
     assert wall - delay == pytest.approx(0.1, abs=0.05)  # what is left is this thread's own work
+
+
+def _own_schedstat():
+    """The file this thread's cached run-delay descriptor reads, after a read."""
+    cpu.run_delay()
+    return os.readlink(f"/proc/self/fd/{cpu._OWN_SCHEDSTAT.file.fd}")
+
+
+def test_run_delay_reads_the_calling_threads_own_counter_in_threads_and_forked_children():
+    if cpu.run_delay() is None:
+        pytest.skip("this kernel reports no run-queue delay")
+    mine = f"/proc/{os.getpid()}/task/{threading.get_native_id()}/schedstat"
+    assert _own_schedstat() == mine
+    read_by_threads = []
+
+    def in_a_thread():
+        read_by_threads.append((_own_schedstat(), f"/proc/{os.getpid()}/task/{threading.get_native_id()}/schedstat"))
+
+    open_before = len(os.listdir("/proc/self/fd"))
+    for _ in range(20):
+        thread = threading.Thread(target=in_a_thread)
+        thread.start()
+        thread.join()
+    assert all(read == own for read, own in read_by_threads)
+    assert len(os.listdir("/proc/self/fd")) <= open_before  # each closed with its thread
+    reader, writer = os.pipe()
+    child = os.fork()
+    if child == 0:  # a forked child inherits the descriptor, which reads the parent's thread
+        ok = _own_schedstat() == f"/proc/{os.getpid()}/task/{os.getpid()}/schedstat"
+        os.write(writer, b"1" if ok else b"0")
+        os._exit(0)
+    os.close(writer)
+    assert os.read(reader, 1) == b"1"
+    os.close(reader)
+    os.waitpid(child, 0)
+    assert _own_schedstat() == mine

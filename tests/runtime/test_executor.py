@@ -1,6 +1,8 @@
+import threading
 import time
 
-from torchpipe.runtime.executor import ThreadExecutor
+from torchpipe.runtime import timing
+from torchpipe.runtime.executor import InlineExecutor, ThreadExecutor
 
 
 def test_thread_executor_collects_results_and_errors():
@@ -18,3 +20,33 @@ def test_thread_executor_collects_results_and_errors():
     ex.resize(3)
     assert ex.capacity == 3
     ex.close()
+
+
+def test_every_call_counts_its_wall_cpu_and_the_time_it_waited_for_a_core(monkeypatch):
+    """A call's run delay is read on the thread that ran it, before and after: here a made-up
+    clock that moves 0.25 s over each call."""
+    readings = {}
+
+    def run_delay():
+        thread = threading.get_ident()
+        readings[thread] = readings.get(thread, -0.25) + 0.25
+        return readings[thread]
+
+    monkeypatch.setattr(timing, "run_delay", run_delay)
+    inline = InlineExecutor(lambda seq, x: x * 2)
+    assert inline.call(0, 4) == 8
+    assert inline.timing.totals()[0] == 1 and inline.timing.delay_s == 0.25
+    threads = ThreadExecutor(lambda seq, x: x * 2, 2, "t")
+    try:
+        for seq in range(4):
+            threads.submit(seq, seq)
+        got = []
+        deadline = time.monotonic() + 5
+        while len(got) < 4 and time.monotonic() < deadline:
+            got.extend(threads.collect(0.5))
+        assert threads.timing.totals()[0] == 4 and threads.timing.delay_s == 4 * 0.25
+    finally:
+        threads.close()
+    monkeypatch.setattr(timing, "run_delay", lambda: None)  # where the kernel does not tell
+    inline.call(1, 1)
+    assert inline.timing.delay_s == 0.25

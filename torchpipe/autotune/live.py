@@ -42,6 +42,7 @@ class Counters:
     cpu_s: float = 0.0
     bytes_per_element: float = 0.0
     items: int = 0
+    delay_s: float = 0.0
 
     def minus(self, earlier: Counters) -> Counters:
         return Counters(
@@ -53,6 +54,7 @@ class Counters:
             self.cpu_s - earlier.cpu_s,
             self.bytes_per_element,
             self.items - earlier.items,
+            self.delay_s - earlier.delay_s,
         )
 
 
@@ -100,9 +102,9 @@ def look(root: Iterator, consumer_s: float) -> Look:
     for it, _ in walk(root):
         stats = it.stats
         calls, work_s, cpu_s = stats.calls.totals() if stats.calls is not None else (0, 0.0, 0.0)
-        items = stats.calls.items if stats.calls is not None else 0
+        items, delay_s = (stats.calls.items, stats.calls.delay_s) if stats.calls is not None else (0, 0.0)
         counters[id(it)] = Counters(stats.produced, stats.wall_s, stats.wait_s, calls, work_s, cpu_s,
-                                    stats.bytes_per_element, items)  # fmt: skip
+                                    stats.bytes_per_element, items, delay_s)  # fmt: skip
     return Look(time.perf_counter(), counters, consumer_s, time.process_time())
 
 
@@ -202,7 +204,10 @@ class _Builder:
         # (a process map's ``in_flight``), held at ``slots`` where it has none.
         local_processes = tunable.calls_in_processes(it) and not tunable.calls_on_cluster(it)
         per_unit = self.knob(it, ".in_flight", slots) if local_processes else None
-        cpu_fraction = min(1.0, d.cpu_s / d.work_s) if d.work_s > 0 else 1.0
+        # The cores the calls want: the time they ran and the time they waited for a core others
+        # held. By CPU time alone, calls slowed by a busy machine would seem to wait on I/O, and
+        # a worker past the cores would seem to fit the budget.
+        cpu_fraction = min(1.0, (d.cpu_s + d.delay_s) / d.work_s) if d.work_s > 0 else 1.0
         if tunable.calls_on_cluster(it):  # not this machine's cores: the knob's maximum is the cluster's
             cpu_fraction = 0.0
         calls = Stage(

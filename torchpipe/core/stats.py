@@ -122,6 +122,8 @@ class IteratorStats:
         if self.calls is not None:
             calls, work_s, cpu_s = self.calls.totals()
             out.update(calls=calls, work_s=work_s, cpu_s=cpu_s)
+            if self.calls.delay_s > 0:  # waited for a core (a busy machine)
+                out["delay_s"] = self.calls.delay_s
         if self.occupancy_n:
             out.update(wait_s=self.wait_s, occupancy=self.occupancy_sum / self.occupancy_n, capacity=self.capacity)
         if self.blocked_output_s:

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import queue
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, Protocol
 
 from torchpipe.runtime.thread_pool import ThreadPool
-from torchpipe.runtime.timing import CallTiming
+from torchpipe.runtime.timing import CallClock, CallTiming
 
 Result = tuple[int, Any, "BaseException | None"]
 
@@ -85,11 +84,11 @@ class InlineExecutor:
     def call(self, seq: int, payload: Any) -> Any:
         """Run task ``seq`` now and return its value (its exception propagates), timed like every
         call: for a stage that needs no dispatch because nothing else is in flight."""
-        wall, cpu = time.perf_counter(), time.thread_time()
+        clock = CallClock()
         try:
             return self._handler(seq, payload)
         finally:
-            self.timing.add(time.perf_counter() - wall, time.thread_time() - cpu)
+            self.timing.add_call(clock)
 
     def collect(self, timeout: float) -> list[Result]:
         results, self._results = self._results, []
@@ -164,11 +163,11 @@ class ThreadExecutor:
     def _timed(self, seq: int, payload: Any) -> Any:
         if seq in self._in_flight:
             self._in_flight[seq] = threading.current_thread().name
-        wall, cpu = time.perf_counter(), time.thread_time()
+        clock = CallClock()
         try:
             return self._handler(seq, payload)
         finally:
-            self.timing.add(time.perf_counter() - wall, time.thread_time() - cpu)
+            self.timing.add_call(clock)
 
     def resize(self, size: int) -> None:
         self._pool.resize(size)

@@ -8,6 +8,7 @@ import torch
 
 from tests.runtime.processes.test_pool import run_all
 from torchpipe.runtime import codec
+from torchpipe.runtime.cpu import run_delay
 from torchpipe.runtime.processes.output import HELD_MORE, slot_bytes
 from torchpipe.runtime.processes.pool import PER_WORKER, ProcessPool
 
@@ -53,6 +54,16 @@ def _most_at_once(runs):
             for pid in {r[0] for r in runs}}  # fmt: skip
 
 
+def spin_on_one_core(seq, seconds):
+    """Computes for ``seconds`` of CPU on the lowest core this process may use (every worker on
+    the same one); returns how long that took."""
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+    wall, cpu = time.perf_counter(), time.thread_time()
+    while time.thread_time() - cpu < seconds:
+        pass
+    return time.perf_counter() - wall
+
+
 def collect_all(pool, count, timeout=30):
     results = {}
     deadline = time.monotonic() + timeout
@@ -80,6 +91,24 @@ def test_one_worker_runs_tasks_at_once_only_when_given_threads(threads):
         calls, work_s, cpu_s = pool.timing.totals()
         assert calls == 8 and work_s >= 8 * 0.2 * 0.9  # each task's own wall time, overlapped or not
         assert cpu_s < work_s / 2  # sleeping costs its thread no CPU
+        assert pool.timing.delay_s < work_s / 2  # nor is it a wait for a core
+    finally:
+        pool.close()
+
+
+def test_workers_that_share_a_core_report_the_time_they_waited_for_it():
+    if run_delay() is None:
+        pytest.skip("this kernel reports no run-queue delay")
+    pool = ProcessPool(spin_on_one_core, 2, "map(spin)")
+    pool.start()
+    try:
+        walls = [value for value, _ in run_all(pool, [0.15] * 4).values()]
+        calls, work_s, cpu_s = pool.timing.totals()
+        assert calls == 4 and cpu_s == pytest.approx(0.6, abs=0.1)
+        # Two workers computing on one core: each waits for the other about as long as it runs.
+        assert pool.timing.delay_s > 0.15
+        assert pool.timing.delay_s <= work_s - cpu_s + 0.02
+        assert sum(walls) <= work_s
     finally:
         pool.close()
 

@@ -35,6 +35,7 @@ from torchpipe.ops.interleave.readers import (
 from torchpipe.runtime.placement.policy import THREAD
 from torchpipe.runtime.stall import StallWatch
 from torchpipe.runtime.thread_pool import ThreadPool
+from torchpipe.runtime.timing import CallClock
 
 _WAIT_S = 0.5  # one wait's step: the stall limit is checked between steps
 _READS_PER_TASK = 32  # then the task goes to the back of the pool's queue: readers take turns
@@ -176,7 +177,7 @@ class _ThreadReader(Reader):
             if self._stopped or len(self.ready) >= pool.capacity:
                 return False
         pool.watch.begin(self.seq, where)
-        wall, cpu = time.perf_counter(), time.thread_time()
+        clock = CallClock()
         iterator, calls = self._iterator, pool.stats.calls
         assert iterator is not None and calls is not None  # opened; the stage's calls counted
         try:
@@ -185,7 +186,7 @@ class _ThreadReader(Reader):
             kind, payload = END, None
         except Exception as e:  # noqa: BLE001 - this element's error, delivered in its place
             kind, payload = ERROR, e
-        calls.add(time.perf_counter() - wall, time.thread_time() - cpu, items=1)
+        calls.add_call(clock, items=1)
         state = items_after(self._read_state, k) if kind != END else None
         self._push(kind, payload, state, done=kind == END)
         return kind in (VALUE, ERROR)

@@ -26,7 +26,6 @@ import mmap
 import os
 import pickle
 import threading
-import time
 import traceback
 from typing import Any
 
@@ -34,6 +33,10 @@ from torchpipe.runtime import codec
 from torchpipe.runtime.counts import COUNTS, Tally
 from torchpipe.runtime.processes.channel import Channel, ChannelClosed
 from torchpipe.runtime.processes.shm_ring import OneOffSegment, Reservation, ShmRing, record_bytes
+from torchpipe.runtime.timing import CallClock
+
+Cost = tuple[float, float, float, float, Tally | None]
+"""What a task cost, sent with its result: see :func:`_cost`."""
 
 RING_POLICY_ENV = "TORCHPIPE_RING_POLICY"
 """The environment variable that picks the ring policy: ``slots`` (default) or ``legacy``."""
@@ -136,18 +139,18 @@ class Output(abc.ABC):
 
     def run(self, handler: Any, seq: int, payload: Any) -> None:
         """Run one task and send its result or error (``ChannelClosed`` if the main process is gone)."""
-        wall, cpu = time.perf_counter(), time.thread_time()
+        clock = CallClock()
         with COUNTS.tally() as counts:
             try:
                 encoded = codec.encode(handler(seq, payload))
             except Exception as e:  # noqa: BLE001 - sent to the main process, raised there
                 packed = pack_exception(e)
                 with self._lock:
-                    self._send(("error", seq, packed, *_cost(wall, cpu, counts)))
+                    self._send(("error", seq, packed, *_cost(clock, counts)))
                     self.written += 1
                 return
         with self._lock:
-            self._write(seq, encoded, _cost(wall, cpu, counts))
+            self._write(seq, encoded, _cost(clock, counts))
             self.written += 1
 
     @abc.abstractmethod
@@ -165,7 +168,7 @@ class Output(abc.ABC):
         self.channel.send(("ring_added", len(self.rings) - 1, replaces), [ring.fd])
         return ring
 
-    def _write(self, seq: int, encoded: codec.EncodedRecord, cost: tuple[float, float, float, Tally | None]) -> None:
+    def _write(self, seq: int, encoded: codec.EncodedRecord, cost: Cost) -> None:
         if self._closed:  # the worker is stopping: its rings are gone
             raise ChannelClosed("the worker is stopping")
         nbytes = encoded.nbytes
@@ -293,11 +296,12 @@ class GrowingRings(Output):
         return None
 
 
-def _cost(wall_start: float, cpu_start: float, counts: Tally) -> tuple[float, float, float, Tally | None]:
-    """``(start, wall seconds, CPU seconds, counts)`` of a task, always a message's last four
-    fields: the start (``perf_counter``, one clock for all processes) places it in a trace; the
-    counts are what the task counted (None: nothing, the usual case)."""
-    return wall_start, time.perf_counter() - wall_start, time.thread_time() - cpu_start, counts or None
+def _cost(clock: CallClock, counts: Tally) -> Cost:
+    """``(start, wall seconds, CPU seconds, run delay, counts)`` of a task, always a message's last
+    five fields: the start (``perf_counter``, one clock for all processes) places it in a trace;
+    the run delay is the seconds it waited for a core; the counts are what the task counted
+    (None: nothing, the usual case)."""
+    return (clock.wall, *clock.spent(), counts or None)
 
 
 def pack_exception(exc: BaseException) -> tuple[bytes | None, str, str, str]:

@@ -442,8 +442,9 @@ class ProcessPool:
             worker.rings.append(_Loans(ShmRing.attach(fds[0])))
             return
         seq = message[1]
-        start, wall_s, cpu_s, counts = message[-4:]
-        self.timing.add(wall_s, cpu_s, start=start, where=f"worker {worker.slot} (pid {worker.pid})", pid=worker.pid)
+        start, wall_s, cpu_s, delay_s, counts = message[-5:]
+        where = f"worker {worker.slot} (pid {worker.pid})"
+        self.timing.add(wall_s, cpu_s, start=start, where=where, pid=worker.pid, delay_s=delay_s)
         COUNTS.add_tally(counts)
         worker.tasks.pop(seq, None)
         self._router.done(seq)

@@ -12,9 +12,10 @@ Protocol on the worker's channel (see ``docs/process_pool.md``)::
                     ("segment", seq, nbytes, *cost)              + fd: a result too large for the rings
                     ("error", seq, packed_exception, *cost)
 
-``cost`` is ``(start, wall_s, cpu_s, counts)``: when the task started, what it cost the worker (the
-call and writing its result; CPU time of the thread that ran it: the autotuner's measure of the
-stage), and what it counted (:mod:`~torchpipe.runtime.counts`; None when nothing).
+``cost`` is ``(start, wall_s, cpu_s, delay_s, counts)``: when the task started, what it cost the
+worker (the call and writing its result; CPU time of the thread that ran it and the time it waited
+for a core: the autotuner's measure of the stage), and what it counted
+(:mod:`~torchpipe.runtime.counts`; None when nothing).
 
 Until a worker is sent ``("threads", n)`` with ``n > 1`` it runs tasks on its main thread, in
 order. From then on its main thread only receives messages and its tasks go to a local queue
