@@ -407,11 +407,12 @@ class Policy:
         threads where it predicted no overlap, and 3.6x faster than inline), and a window on
         threads costs little (a process pool's workers stay up for it: calls come back without a
         fork); but not where threads, predicted as if the GIL were free throughout, would still
-        not be ``EXPLORE`` times faster: processes that already deliver a call's share of the
-        cores leave threads nothing to win. Only after :data:`WINDOWS_KEPT` full windows in a row
-        on the current executor: a trial lasts as many, and where passes end before a window is
-        full (``blobs``' epochs of 40 ms, each judged as one short window) a trial of processes at
-        the 5th cost 115 ms of a run of 200, for a prediction that missed by 2.4x."""
+        not be ``EXPLORE`` times faster (:meth:`_threads_may_win`): processes that already
+        deliver a call's share of the cores leave threads nothing to win. Only after
+        :data:`WINDOWS_KEPT` full windows in a row on the current executor: a trial lasts as
+        many, and where passes end before a window is full (``blobs``' epochs of 40 ms, each
+        judged as one short window) a trial of processes at the 5th cost 115 ms of a run of 200,
+        for a prediction that missed by 2.4x."""
         assert self.kind is not None and self.costs is not None  # measured: a kind was chosen
         recent = self._recent.get(self.kind, ())
         if len(recent) < WINDOWS_KEPT or not all(full for _, full in recent):
@@ -430,9 +431,14 @@ class Policy:
 
     def _threads_may_win(self, here: float) -> bool:
         """Whether threads, predicted as if the GIL were free throughout (a release the probe
-        missed cannot win more), would be ``EXPLORE`` times faster than ``here``."""
-        assert self.costs is not None  # measured: a kind was chosen
-        return EXPLORE * predict(dataclasses.replace(self.costs, gil_free=1.0), THREAD, self.cores) < here
+        missed cannot win more), would be ``EXPLORE`` times faster than ``here``, or than the
+        current executor's prediction where it measured slower than that: a machine busier than
+        when the calls were measured slows threads alike (``jpeg``'s processes, predicted at 34
+        ms a batch as threads were at best, measured 40-49 on a busy day; threads then measured
+        54-57, as their prediction with the GIL free 0.67 of a call said)."""
+        assert self.costs is not None and self.kind is not None  # measured: a kind was chosen
+        best = predict(dataclasses.replace(self.costs, gil_free=1.0), THREAD, self.cores)
+        return EXPLORE * best < min(here, predict(self.costs, self.kind, self.cores))
 
 
 def choose_overlap(current: str, measured: dict[str, float], inline_guess: float, retry_thread: bool) -> str:
