@@ -7,7 +7,8 @@ import torch
 
 import torchpipe as tp
 from tests.autotune.simulated import Fake
-from torchpipe.autotune.autotuner import Autotuner, ConsumerClock
+from torchpipe.autotune import autotuner
+from torchpipe.autotune.autotuner import Autotuner, ConsumerClock, Decision
 from torchpipe.autotune.live import Model
 from torchpipe.autotune.model import Knob, Stage
 from torchpipe.autotune.tuner import Budget
@@ -203,3 +204,27 @@ def test_a_ram_budget_holds_the_buffers_of_large_elements():
     it.close()
     assert decisions
     assert all(d.values["prefetch.buffer_size"] * (4 << 20) <= budget for d in decisions)
+
+
+@pytest.mark.parametrize("moved", [False, True])
+def test_a_window_in_which_a_stage_moved_its_calls_is_not_modelled(monkeypatch, moved):
+    """Windows of 10 elements each: the first holds the start-up; the second, if the stage
+    moved its calls to another executor in it (two placements in one window), is skipped too."""
+    monkeypatch.setattr(autotuner, "_MIN_WINDOW_S", 0.0)
+    knob = LiveKnob("p", 0, 0, 4, False, lambda value: None)
+    root = Fake("root", knob=knob, role="pool")
+    tuner = Autotuner(root, ConsumerClock(), Budget(cpu=2, ram=1e9), intervals=[])
+    modelled = []
+    tuner.step = lambda before, after: modelled.append(after.produced(root) // 10) or Decision(0, {}, 0, 0, "")
+
+    def windows():
+        for window in (1, 2, 3):
+            root.stats.produced += 10
+            if moved and window == 2:
+                knob.moved(2)  # inline to two threads, say
+            yield 0.0
+
+    tuner._intervals = windows()
+    tuner._run()
+    assert modelled == ([3] if moved else [2, 3])
+    assert knob.value == (2 if moved else 0) and knob.moves == int(moved)

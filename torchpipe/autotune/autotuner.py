@@ -4,7 +4,10 @@ Each round takes a look at the counters, builds the model of the window since th
 (:mod:`torchpipe.autotune.live`), hill-climbs every AUTOTUNE knob from its minimum under the CPU
 and RAM budgets (:mod:`torchpipe.autotune.tuner`), and asks the iterators for the new values;
 they apply them on their own threads, between two elements. The window in which the pass
-starts, and the one right after a change, are not modelled: they hold start-up and transition.
+starts, the one right after a change, and any in which a stage moved its calls to another
+executor (its placement policy's verdict) are not modelled: they hold start-up and transition
+(a window half inline and half on threads, modelled as threads throughout, had the tuner add a
+third thread to a trial that was 50 ms old).
 
 The model can be wrong where Python is: threads that hold the GIL, cores already busy elsewhere.
 So every move is checked against what it bought: if raising knobs did not raise the measured
@@ -171,7 +174,9 @@ class Autotuner:
             enough = after.produced(self.root) - before.produced(self.root) >= _MIN_ELEMENTS
             if not enough or after.time - before.time < _MIN_WINDOW_S:
                 continue  # too little to go on: let the window grow
-            if not settling:
+            if after.moves != before.moves:  # calls moved to another executor in it: two placements
+                settling = False
+            elif not settling:
                 settling = bool(self.step(before, after).changed)
             else:
                 settling = False

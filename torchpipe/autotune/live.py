@@ -69,6 +69,9 @@ class Look:
         main_cpu_s: CPU seconds of this process (all its threads) so far.
         shared: the counts user functions keep (:mod:`~torchpipe.runtime.counts`: ``tp.image``'s
             decodes), read for the pass's start only (the tuner's looks do not need them).
+        moves: how many times the stages moved their calls to another executor so far
+            (:meth:`~torchpipe.runtime.knob.LiveKnob.moved`): a window with a move in it measured
+            two placements, and is not modelled.
     """
 
     time: float
@@ -76,6 +79,7 @@ class Look:
     consumer_s: float
     main_cpu_s: float
     shared: dict[str, int] = dataclasses.field(default_factory=dict)
+    moves: int = 0
 
     def produced(self, root: Iterator) -> int:
         return self.iterators.get(id(root), Counters()).produced
@@ -98,14 +102,15 @@ def walk(root: Iterator) -> list[tuple[Iterator, int]]:
 
 def look(root: Iterator, consumer_s: float) -> Look:
     """The counters of ``root`` and every iterator below it, now."""
-    counters = {}
+    counters, moves = {}, 0
     for it, _ in walk(root):
+        moves += sum(knob.moves for knob in tunable.knobs(it))
         stats = it.stats
         calls, work_s, cpu_s = stats.calls.totals() if stats.calls is not None else (0, 0.0, 0.0)
         items, delay_s = (stats.calls.items, stats.calls.delay_s) if stats.calls is not None else (0, 0.0)
         counters[id(it)] = Counters(stats.produced, stats.wall_s, stats.wait_s, calls, work_s, cpu_s,
                                     stats.bytes_per_element, items, delay_s)  # fmt: skip
-    return Look(time.perf_counter(), counters, consumer_s, time.process_time())
+    return Look(time.perf_counter(), counters, consumer_s, time.process_time(), moves=moves)
 
 
 def caller_seconds(it: Iterator, counters: Counters, inputs_wall_s: float) -> float:

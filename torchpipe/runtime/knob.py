@@ -32,6 +32,7 @@ class LiveKnob:
         self._immediate = immediate
         self._pending: int | None = None
         self._lock = threading.Lock()
+        self.moves = 0  # times its owner moved the calls to another executor (:meth:`moved`)
         self.trace: Callable[[str, float], None] | None = None  # a traced pass's counter of knob values
 
     @property
@@ -45,6 +46,12 @@ class LiveKnob:
         self._value = value
         if changed and self.trace is not None:  # a traced pass sees every change, the tuner's or a move's
             self.trace(self.name, value)
+
+    def moved(self, value: int) -> None:
+        """The owner moved its calls to another executor (or resized it of its own accord), with
+        ``value`` workers: what the tuner measured before the move is of other calls' placement."""
+        self.value = value
+        self.moves += 1
 
     def rebind(self, apply: Callable[[int], None]) -> None:
         """Have ``apply`` set the value from now on (a new owner took the knob over)."""

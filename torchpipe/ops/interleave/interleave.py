@@ -501,7 +501,7 @@ class InterleaveIterator(Iterator, Tunable):
         parallelism = self._parallelism
         if self._knob is not None:  # the autotuner goes on from the policy's count
             parallelism = min(self._placement.workers(), MAX_PARALLELISM)
-            self._knob.value = parallelism
+            self._knob.moved(parallelism)
         new.start(parallelism)  # sized before the readers ask: their first reads use every worker thread
         self.resize(parallelism)
         self._slots = [None if r is None else new.open(*moved[id(r)]) for r in self._slots]

@@ -166,6 +166,6 @@ class AutoStage:
 
     def _moved(self, kind: str, workers: int) -> None:
         if self.knob is not None:
-            self.knob.value = workers
+            self.knob.moved(workers)
         if self._on_move is not None:
             self._on_move(kind, workers)
