@@ -48,8 +48,9 @@ class LiveKnob:
             self.trace(self.name, value)
 
     def moved(self, value: int) -> None:
-        """The owner moved its calls to another executor (or resized it of its own accord), with
-        ``value`` workers: what the tuner measured before the move is of other calls' placement."""
+        """The owner moved its calls (to another executor, or to more or fewer workers, the
+        tuner's request included) and runs them on ``value`` workers now: a window with a move
+        in it measured two placements."""
         self.value = value
         self.moves += 1
 
