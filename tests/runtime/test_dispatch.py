@@ -100,3 +100,32 @@ def test_forgotten_tasks_results_are_ignored():
     dispatch.submit(10, 3)
     assert dispatch.take() == (10, 9, None)
     dispatch.close()
+
+
+def test_tasks_left_on_a_switched_out_executor_are_waited_for_not_spun_on():
+    """Back inline after a trial on threads: the dispatcher waits on the threads for their last
+    results (an inline executor returns at once; looking at it over and over held the GIL the
+    threads needed)."""
+    threads = ThreadExecutor(lambda seq, x: time.sleep(0.2) or x, 2, "t")
+    looks = {"inline": 0, "threads": 0}
+    waited = []
+    inline = InlineExecutor(lambda seq, x: x)
+    for name, executor in (("inline", inline), ("threads", threads)):
+        collect = executor.collect
+
+        def counted(timeout, name=name, collect=collect):
+            looks[name] += 1
+            if name == "threads" and timeout > 0:
+                waited.append(timeout)
+            return collect(timeout)
+
+        executor.collect = counted
+    dispatch = Dispatcher("t", threads)
+    for seq in range(2):
+        dispatch.submit(seq, seq)
+    dispatch.switch(inline)
+    dispatch.submit(2, 2)
+    assert _drain(dispatch) == [(0, 0), (1, 1), (2, 2)]
+    assert waited  # on the threads, for 0.2 s
+    assert looks["inline"] < 200 and looks["threads"] < 200  # steps of 5 ms, not a spin (~8000 looks)
+    dispatch.close()

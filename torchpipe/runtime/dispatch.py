@@ -121,9 +121,10 @@ class Dispatcher:
         """Gather finished results, waiting up to ``timeout`` s for the first; how many came."""
         t0 = time.perf_counter()
         count = 0
+        waiter = self._waiter()
         for executor, _ in self._draining:
-            count += self._gather(executor.collect(0.0))
-        count += self._gather(self.executor.collect(0.0 if count else timeout))
+            count += self._gather(executor.collect(timeout if executor is waiter and not count else 0.0))
+        count += self._gather(self.executor.collect(timeout if self.executor is waiter and not count else 0.0))
         if self._draining:
             self._draining = [(e, retire) for e, retire in self._draining if not self._retire(e, retire)]
         self.wait_s += time.perf_counter() - t0
@@ -155,6 +156,18 @@ class Dispatcher:
             seq = self._order[0]
             return seq if seq in self._done else None
         return next(iter(self._done), None)
+
+    def _waiter(self) -> Executor:
+        """The executor to wait on for the next result: the current one, unless it holds no task
+        in flight and a switched-out one does. An inline executor returns at once: waiting on it
+        while threads finished a trial's tasks spun the loop, ~100 looks a result, holding the
+        GIL the threads needed (`records`' DataLoader: 2.5 ms a batch, against 0.6 inline)."""
+        if not self._draining:
+            return self.executor
+        out = self._sent.seqs()
+        if any(self.executor.holds(seq) for seq in out):
+            return self.executor
+        return next((e for e, _ in self._draining if any(e.holds(seq) for seq in out)), self.executor)
 
     def _gather(self, results: list[tuple[int, Any, BaseException | None]]) -> int:
         count = 0
