@@ -83,8 +83,9 @@ class InlineExecutor:
 
     def call(self, seq: int, payload: Any) -> Any:
         """Run task ``seq`` now and return its value (its exception propagates), timed like every
-        call: for a stage that needs no dispatch because nothing else is in flight."""
-        clock = CallClock()
+        call: for a stage that needs no dispatch because nothing else is in flight. Its run
+        delay is not read: calls on the consumer's thread are no pool the tuner models."""
+        clock = CallClock(delay=False)
         try:
             return self._handler(seq, payload)
         finally:
