@@ -156,10 +156,12 @@ def test_a_read_in_progress_does_not_hold_up_the_handover():
     with iter(ds.with_options(NO_TUNER)) as it:
         assert next(it) == (0, 0)
         readers = open_readers(it)
-        second = next(r for r in readers if r.seq == 1)
+        first, second = (next(r for r in readers if r.seq == seq) for seq in (0, 1))
         deadline = time.monotonic() + 5
-        while len(second.ready) < 2 and time.monotonic() < deadline:
-            time.sleep(0.01)  # it has read (1, 0) and (1, 1), and waits in (1, 2)
+        # the second has read (1, 0) and (1, 1), and waits in (1, 2); the first has read to its
+        # end (on a loaded machine its reads may still be under way when the second's are)
+        while (len(second.ready) < 2 or len(first.ready) < 4) and time.monotonic() < deadline:
+            time.sleep(0.01)
         t0 = time.perf_counter()
         places = release_readers(it, readers)
         assert time.perf_counter() - t0 < 1.0
