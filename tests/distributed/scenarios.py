@@ -38,6 +38,10 @@ def _odd(x: int) -> bool:
     return x % 3 != 0
 
 
+def _every(x: int) -> bool:
+    return x >= 0
+
+
 def _cls(sample: dict[str, Any]) -> int:
     return int(sample["cls"])
 
@@ -177,8 +181,9 @@ def train_ddp(n: int, batch: int, use_loader: bool) -> tuple[int, list[float]]:
 
 def break_early(n: int, at: int, rounds: int) -> list[int]:
     """Passes of unknown length left after ``at`` elements, then one to the end (a closed pass's
-    agreement must not disturb the next)."""
-    ds = pipeline("filter", n)
+    agreement must not disturb the next). The filter keeps every element: each rank's share is
+    then ``n / 2`` whatever the pass's seed, so a pass cut short shows."""
+    ds = tp.range(n).shuffle(n).filter(_every)
     for _ in range(rounds):
         it = iter(ds)
         for _ in range(at):

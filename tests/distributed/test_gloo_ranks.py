@@ -186,7 +186,9 @@ def test_a_pipeline_split_by_hand_is_not_split_again(by, num_workers):
 
 def test_a_closed_pass_leaves_the_next_alone_and_a_rank_that_leaves_fails_the_others():
     first, second = ranks(2).run(scenarios.break_early, 40, 3, 4)
-    assert len(first) == len(second) >= 10 and not set(first) & set(second)
+    # the last pass runs to its end: each rank its whole share (a filter that kept a random count
+    # of each share, as this test had, made the shorter share's length a matter of the seed)
+    assert len(first) == len(second) == 20 and sorted(first + second) == list(range(40))
     left, other = ranks(2).run(scenarios.one_rank_leaves, 40)
     assert left == "left" and other.startswith("error: rank 1 waited up to 3 s for the other ranks")
 
