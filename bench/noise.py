@@ -16,7 +16,6 @@ Run: python bench/noise.py [--workloads jpeg,records,tiny] [--twins 9] [--repeat
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -29,7 +28,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from bench import suite
 from bench import workloads as wl
 from bench.rounds import Trial, run_rounds
-from bench.run import Runner, machine, torch_loader
+from bench.run import Runner, machine, torch_loader, write_report
 from bench.targets import TARGETS
 
 _BOUND = next(t.bound for t in TARGETS if t.key == "vs_best_of_any")
@@ -125,10 +124,7 @@ def main(argv: list[str] | None = None) -> None:
     report["machine"]["run"]["seconds"] = round(time.perf_counter() - start, 1)
     print()
     print(format_floor(report))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
-        print(f"wrote {args.json}")
+    write_report(report, args.json)
 
 
 if __name__ == "__main__":

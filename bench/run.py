@@ -548,10 +548,15 @@ def main(argv: list[str] | None = None) -> None:
     if args.ring_ab:
         print(format_ring_ab(report))
     print(f"\n{report['machine']['run']['seconds']:.0f} s in all; usable cores: {usable_cpu_count()}")
-    if args.json:
-        with open(args.json, "w") as f:
+    write_report(report, args.json)
+
+
+def write_report(report: dict[str, Any], path: str | None) -> None:
+    """Write ``report`` as JSON to ``path`` and say so (nothing where ``path`` is None)."""
+    if path:
+        with open(path, "w") as f:
             json.dump(report, f, indent=1)
-        print(f"wrote {args.json}")
+        print(f"wrote {path}")
 
 
 if __name__ == "__main__":
