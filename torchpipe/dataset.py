@@ -453,21 +453,33 @@ class Dataset(torch.utils.data.IterableDataset):
         return Dataset(ConcatenateNode(self._node, other._node))
 
     # -- execution ------------------------------------------------------------------------
-    def cache(self, path: str | None = None) -> Dataset:
+    def cache(self, path: str | None = None, *, trusted: bool = False) -> Dataset:
         """Keep the elements after the first full pass; later passes run nothing upstream.
 
         ``path=None`` keeps them in memory; a path writes a file (written to a temporary name
         and renamed when the pass completes, so an interrupted pass is never read as complete).
 
+        Security: a file's records are read by a restricted unpickler that rebuilds only plain
+        data (None, bool, int, float, complex, str, bytes, tuple, list, dict, OrderedDict, plain
+        namedtuples, numpy arrays and scalars, torch tensors) and what ``tp.add_safe_globals``
+        allows, so a file someone else put at ``path`` runs no code; another type raises
+        :class:`~torchpipe.errors.UntrustedTypeError` naming it (docs/cache.md, "Security").
+
+        Args:
+            path: the cache file, or None (memory).
+            trusted: read the file with full pickle: any class loads, and the file can run any
+                code. Only for a file that no one you do not trust could write.
+
         Raises:
-            TypeError: for a path that is not a str, os.PathLike or None.
+            TypeError: for a path that is not a str, os.PathLike or None, or ``trusted`` not a bool.
             ValueError, OSError: for a file no pass could write (see :func:`check_cache_path`):
                 a URL, a directory, a missing or unwritable directory.
         """
         if path is not None and not isinstance(path, (str, bytes)) and not hasattr(path, "__fspath__"):
             raise TypeError(f"cache: path must be a str, os.PathLike or None, got {type(path).__name__}")
+        require_bool("cache", "trusted", trusted)
         check_cache_path(path)
-        return Dataset(CacheNode(self._node, path))
+        return Dataset(CacheNode(self._node, path, trusted))
 
     def save(
         self,
@@ -505,7 +517,7 @@ class Dataset(torch.utils.data.IterableDataset):
         save(self, os.fsdecode(os.fspath(path)), shard_func, check_compression(compression),
              **check_checkpoint_args(checkpoint_args))  # fmt: skip
 
-    def snapshot(self, path: str | os.PathLike, *, compression: str | None = None) -> Dataset:
+    def snapshot(self, path: str | os.PathLike, *, compression: str | None = None, trusted: bool = False) -> Dataset:
         """The input's elements, written under ``path`` by the first job that runs this pipeline
         and read from there by later jobs (tf.data's ``snapshot``).
 
@@ -516,12 +528,23 @@ class Dataset(torch.utils.data.IterableDataset):
         Of jobs filling the same snapshot at once, one writes and the others compute without
         writing (docs/save.md).
 
+        Security: the directory is named by a hash anyone can compute, so whoever can write under
+        ``path`` could plant one. Its records are read by a restricted unpickler that rebuilds only
+        plain data (None, bool, int, float, complex, str, bytes, tuple, list, dict, OrderedDict,
+        plain namedtuples, numpy arrays and scalars, torch tensors) and what
+        ``tp.add_safe_globals`` allows: another type raises
+        :class:`~torchpipe.errors.UntrustedTypeError` naming it, and nothing of it runs
+        (docs/save.md, "Security").
+
         Args:
             path: the directory that holds snapshots (created if missing).
             compression: ``None``, ``"GZIP"`` or ``"ZLIB"``.
+            trusted: read the snapshot with full pickle: any class loads, and a planted snapshot
+                can run any code. Only for a ``path`` that no one you do not trust could write.
         """
         require_path("snapshot", path)
-        return Dataset(SnapshotNode(self._node, os.fsdecode(os.fspath(path)), check_compression(compression)))
+        require_bool("snapshot", "trusted", trusted)
+        return Dataset(SnapshotNode(self._node, os.fsdecode(os.fspath(path)), check_compression(compression), trusted))
 
     def prefetch(self, buffer_size: int) -> Dataset:
         """Compute up to ``buffer_size`` elements ahead on a background thread.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pickle
 import re
 from typing import Any
 
@@ -62,6 +63,22 @@ class StallError(RuntimeError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return type(self), (self.args[0], self.stage, self.seq, self.where)
+
+
+class UntrustedTypeError(pickle.UnpicklingError):
+    """A file torchpipe reads (a saved dataset, snapshot, cache file or checkpoint) names a type or
+    function outside the allow-list (``tp.add_safe_globals``); nothing of it was called.
+
+    Attributes:
+        name: what the file names, ``module.qualified_name``.
+    """
+
+    def __init__(self, message: str, name: str | None = None) -> None:
+        super().__init__(message)
+        self.name = name
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.args[0], self.name)
 
 
 class DataLossError(ValueError):

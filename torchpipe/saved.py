@@ -45,18 +45,34 @@ class SavedDataset(Dataset):
         self.__init__(state["records"])  # type: ignore[misc]  # this class's own __init__
 
 
-def load(path: str | os.PathLike) -> SavedDataset:
+def load(path: str | os.PathLike, *, trusted: bool = False) -> SavedDataset:
     """The dataset ``ds.save(path)`` wrote, in its order (tf.data's ``Dataset.load``).
 
     The reading half of ``storage/``'s saved-dataset format, as ``ds.save`` is its writing half:
     the records are read by ``storage.saved_file.SavedRecords``.
 
+    Security: records are pickles, read by a restricted unpickler that rebuilds only plain data
+    (None, bool, int, float, complex, str, bytes, tuple, list, dict, OrderedDict, plain
+    namedtuples, numpy arrays and scalars, torch tensors) and the classes allowed with
+    ``tp.add_safe_globals``; any other type raises :class:`~torchpipe.errors.UntrustedTypeError`
+    naming it, before anything of it runs. So loading a directory someone else wrote runs none of
+    their code, unless ``trusted=True`` (docs/save.md, "Security").
+
+    Args:
+        path: the directory ``ds.save(path)`` wrote.
+        trusted: unpickle the records with full pickle: any class loads, and a record can run any
+            code. Only for directories that no one you do not trust could write.
+
     Raises:
-        TypeError: if ``path`` is not a path.
+        TypeError: if ``path`` is not a path, or ``trusted`` not a bool.
         FileNotFoundError: if ``path`` holds no complete saved dataset (an interrupted save leaves
             none until it is resumed).
-        SavedFormatError: if the dataset is damaged or from a newer torchpipe.
+        SavedFormatError: if the dataset is damaged or from a newer torchpipe, or its manifest
+            names files outside its directory.
+        UntrustedTypeError: (reading an element) if it holds a type outside the allow-list.
     """
     if not isinstance(path, (str, bytes)) and not hasattr(path, "__fspath__"):
         raise TypeError(f"load: path must be a str or os.PathLike, got {type(path).__name__}")
-    return SavedDataset(SavedRecords(path))
+    if not isinstance(trusted, bool):
+        raise TypeError(f"load: trusted must be a bool, got {type(trusted).__name__}")
+    return SavedDataset(SavedRecords(path, trusted=trusted))

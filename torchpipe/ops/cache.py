@@ -184,11 +184,12 @@ class CacheNode(Node):
         path: a file to cache into; ``None`` (or ``""``, as in tf.data) keeps the elements in
             memory. A file keeps the fingerprint of the pipeline above the cache (functions by
             their code); a pass that finds a file of another pipeline rebuilds it.
+        trusted: read the file's records with full pickle, not the restricted unpickler.
     """
 
     kind = "cache"
 
-    def __init__(self, input: Node, path: str | os.PathLike | None) -> None:
+    def __init__(self, input: Node, path: str | os.PathLike | None, trusted: bool = False) -> None:
         super().__init__(input)
         self.path: str | None = os.fsdecode(os.fspath(path)) if path is not None else None
         if self.path == "":
@@ -196,7 +197,7 @@ class CacheNode(Node):
         if self.path is None:
             self.storage: MemoryStore | FileStorage = MemoryStore()
         else:
-            self.storage = FileStorage(self.path, describe_ops(input, code=True), input.cardinality())
+            self.storage = FileStorage(self.path, describe_ops(input, code=True), input.cardinality(), trusted)
         self.name = "cache" if self.path is None else f"cache({self.path})"
 
     def params(self) -> dict[str, Any]:

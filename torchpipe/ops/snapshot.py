@@ -54,16 +54,17 @@ class SnapshotNode(CacheNode):
         input: the input node.
         path: the directory that holds the snapshots.
         compression: ``None``, ``"GZIP"`` or ``"ZLIB"``.
+        trusted: read the snapshot's records with full pickle, not the restricted unpickler.
     """
 
     kind = "snapshot"
 
-    def __init__(self, input: Node, path: str, compression: str | None) -> None:
+    def __init__(self, input: Node, path: str, compression: str | None, trusted: bool = False) -> None:
         Node.__init__(self, input)
         self.path = path
         self.compression = compression
         self.storage = SnapshotStorage(  # type: ignore[assignment]  # a cache's storage calls: replay, recorder, ...
-            path, describe_ops(input, code=True), compression, input.cardinality()
+            path, describe_ops(input, code=True), compression, input.cardinality(), trusted
         )
         self.name = f"snapshot({path})"
 
@@ -84,10 +85,13 @@ class SnapshotStorage:
         upstream: the fingerprint of the pipeline above the snapshot (with functions' code).
         compression: how records are compressed.
         total: the input's cardinality, for the progress bar.
+        trusted: read records with full pickle (``SavedRecords``'s ``trusted``).
     """
 
-    def __init__(self, root: str, upstream: list[str], compression: str | None, total: int) -> None:
+    def __init__(self, root: str, upstream: list[str], compression: str | None, total: int,
+                 trusted: bool = False) -> None:  # fmt: skip
         self.root = root
+        self.trusted = trusted
         self.upstream = upstream
         self.compression = compression
         self.total = total
@@ -98,7 +102,7 @@ class SnapshotStorage:
         """A reader of the published snapshot at ``state``'s position (if ``origin``'s pass wrote
         it), or None: no snapshot yet, another pass's, or a damaged one (with a warning)."""
         try:
-            records = SavedRecords(self.directory)
+            records = SavedRecords(self.directory, self.trusted)
         except FileNotFoundError:
             return None
         except SavedFormatError as e:

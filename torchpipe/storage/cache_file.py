@@ -18,7 +18,9 @@ killed processes) are removed. A pass that runs out of room (a full disk, or ``R
 raises :class:`~torchpipe.errors.DiskFullError` naming the file and the bytes written, removes its
 temporary file and stores nothing; the next pass fills the file again. A file written by another
 pipeline or an older torchpipe is not replayed: the pass warns, fills, and its file replaces the
-stale one. Reading unpickles, so only read cache files you trust.
+stale one. Reading unpickles with torchpipe's restricted unpickler
+(:mod:`torchpipe.runtime.codec.restricted`), so a file planted at ``path`` runs no code, unless the
+cache was made with ``trusted=True``.
 """
 
 from __future__ import annotations
@@ -32,9 +34,11 @@ import weakref
 import zlib
 from typing import Any, BinaryIO
 
+from torchpipe.errors import UntrustedTypeError, add_note
 from torchpipe.observe.progress import ProgressBar
 from torchpipe.runtime import codec
-from torchpipe.storage.pending_file import PendingFile
+from torchpipe.runtime.codec.restricted import SafeGlobals
+from torchpipe.storage.pending_file import PendingFile, open_no_follow
 
 try:
     import fcntl
@@ -204,7 +208,7 @@ class CacheWriter:
             return None
         temp, offset, count = state[cls.TEMP], int(state[cls.OFFSET]), int(state[cls.WRITTEN])
         try:
-            file = open(temp, "r+b", buffering=_IO_BUFFER)  # noqa: SIM115 - owned by the writer
+            file = open_no_follow(temp, "r+b", buffering=_IO_BUFFER)  # owned by the writer
         except OSError:
             return None
         try:
@@ -262,14 +266,21 @@ class CacheReader:
             empty and reading raises).
         origin: the pass that filled it; upstream: the fingerprint of the pipeline above it.
 
+    Args:
+        path: the file.
+        trusted: unpickle records with full pickle (which runs any code they hold), not with the
+            restricted unpickler.
+
     Raises:
         CacheFormatError: (on open or while reading) for a truncated or corrupt file.
+        UntrustedTypeError: (reading) if a record holds a type outside the allow-list.
     """
 
     POSITION, OFFSET = "position", "offset"
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, trusted: bool = False) -> None:
         self.path = path
+        self.trusted = trusted
         self._file: BinaryIO = open(path, "rb", buffering=_IO_BUFFER)  # noqa: SIM115
         try:
             self.version, self._start, meta = read_header(self._file, path)
@@ -316,7 +327,10 @@ class CacheReader:
         if index != self.position:
             raise self._fail(f"record {index} is where record {self.position} belongs (records out of order)")
         try:
-            element = codec.decode_bytes(payload)
+            element = codec.decode_bytes(payload, restricted=not self.trusted)
+        except UntrustedTypeError as e:
+            add_note(e, f"reading record {self.position} of the cache file {self.path!r}")
+            raise
         except Exception as e:
             raise self._fail(f"record {self.position} cannot be read") from e
         self.position += 1
@@ -342,12 +356,16 @@ class FileStorage:
         path: the file.
         upstream: the fingerprint of the pipeline above the cache; a file written by another
             is stale.
+        total: the input's cardinality, for the progress bar.
+        trusted: read records with full pickle (see :class:`CacheReader`).
     """
 
-    def __init__(self, path: str, upstream: list[str], total: int | None = None) -> None:
+    def __init__(self, path: str, upstream: list[str], total: int | None = None, trusted: bool = False) -> None:
         self.path = path
         self.upstream = upstream
         self.total = total
+        self.trusted = trusted
+        self._safe_globals = SafeGlobals()  # pickled with the storage, it allows in workers what is allowed here
 
     def replay(self, origin: Origin | None, state: dict[str, Any] | None) -> CacheReader | None:
         """A reader of the file at ``state``'s position (if it was filled by ``origin``'s pass),
@@ -355,7 +373,7 @@ class FileStorage:
         if os.path.isdir(self.path):
             raise IsADirectoryError(f"cache path {self.path!r} is a directory; expected a file name")
         try:
-            reader = CacheReader(self.path)
+            reader = CacheReader(self.path, self.trusted)
         except FileNotFoundError:
             return None
         stale = self._staleness(reader)

@@ -15,7 +15,7 @@ import errno
 import os
 import secrets
 from collections.abc import Callable, Iterator
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 from torchpipe.errors import DiskFullError
 
@@ -145,6 +145,29 @@ class PendingFile:
         if self.temp != self.path:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(self.temp)
+
+
+_NO_FOLLOW = getattr(os, "O_NOFOLLOW", 0)  # not on Windows
+_BINARY = getattr(os, "O_BINARY", 0)  # Windows only
+
+
+def create_exclusive(path: str, buffering: int = -1) -> BinaryIO:
+    """A new file at ``path``, open for writing: ``O_EXCL``, so never a file or symlink that is
+    there already (one planted in a shared directory would redirect the write).
+
+    Raises:
+        FileExistsError: if anything is at ``path``.
+    """
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NO_FOLLOW | _BINARY, 0o666)
+    return os.fdopen(fd, "wb", buffering=buffering)
+
+
+def open_no_follow(path: str, mode: str, buffering: int = -1) -> BinaryIO:
+    """``open(path, mode)`` for ``"rb"``, ``"r+b"`` or ``"a+b"`` (created if missing), refusing a
+    symlink at ``path`` (``O_NOFOLLOW``: an ``OSError``, ``ELOOP``)."""
+    flags = {"rb": os.O_RDONLY, "r+b": os.O_RDWR, "a+b": os.O_RDWR | os.O_CREAT | os.O_APPEND}[mode]
+    fd = os.open(path, flags | _NO_FOLLOW | _BINARY, 0o666)
+    return cast(BinaryIO, os.fdopen(fd, mode, buffering=buffering))
 
 
 def write_file(path: str, data: bytes, stage: str) -> None:

@@ -6,7 +6,10 @@ Every few seconds it drains the writers and records a checkpoint in ``progress.p
 pipeline iterator's state, each shard's length and the element count. A save that is killed is
 resumed by saving the same pipeline to the same directory again: the shards are cut back to the
 checkpoint, the iterator resumes there, and only the rest is computed. The manifest is written
-last, so a reader never sees a half-written dataset. A save that runs out of room raises
+last, so a reader never sees a half-written dataset. The checkpoint is read back with the
+restricted unpickler (:mod:`torchpipe.runtime.codec.restricted`): a ``progress.pkl`` someone else
+put in the directory runs no code; one naming a type outside the allow-list raises
+:class:`~torchpipe.errors.UntrustedTypeError`. A save that runs out of room raises
 :class:`~torchpipe.errors.DiskFullError` (naming the file and the bytes written) and removes its
 files and checkpoint, which hold the room the disk lacks; a dataset saved there before stays.
 """
@@ -22,8 +25,9 @@ from typing import Any
 
 import torch
 
-from torchpipe.errors import CheckpointError, DiskFullError, add_note
+from torchpipe.errors import CheckpointError, DiskFullError, UntrustedTypeError, add_note
 from torchpipe.observe.progress import ProgressBar
+from torchpipe.runtime.codec import restricted
 from torchpipe.runtime.cpu import usable_cpu_count
 from torchpipe.storage.fingerprint import describe_ops, function_digest
 from torchpipe.storage.pending_file import write_file
@@ -54,6 +58,8 @@ def save(dataset: Any, path: str, shard_func: Callable[..., Any] | None = None, 
 
     Raises:
         RuntimeError: if another process is saving to ``path`` right now.
+        UntrustedTypeError: if ``path`` holds a checkpoint (``progress.pkl``) naming a type
+            outside the allow-list (nothing of it ran).
         DiskFullError: if the disk is full (or a file would pass ``RLIMIT_FSIZE``); this save's
             files are removed and a dataset saved there before stays.
     """
@@ -99,11 +105,16 @@ class _Save:
 
     def _resumable(self) -> dict[str, Any] | None:
         """The checkpoint of an interrupted save of this job, or None."""
+        path = os.path.join(self.path, PROGRESS)
         try:
-            with open(os.path.join(self.path, PROGRESS), "rb") as f:
-                progress = pickle.load(f)
+            with open(path, "rb") as f:
+                progress = restricted.loads(f.read())
         except FileNotFoundError:
             return None
+        except UntrustedTypeError as e:
+            add_note(e, f"{self.stage}: reading the checkpoint {path!r} of an interrupted save; delete it to save "
+                        "from the start")  # fmt: skip
+            raise
         except Exception as e:  # noqa: BLE001 - a damaged checkpoint: start afresh
             warnings.warn(f"{self.stage}: its checkpoint cannot be read ({e!r}); saving from the start", stacklevel=4)
             return None

@@ -29,8 +29,9 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from torchpipe.errors import DataLossError
+from torchpipe.errors import DataLossError, UntrustedTypeError, add_note
 from torchpipe.runtime import codec
+from torchpipe.runtime.codec.restricted import SafeGlobals
 from torchpipe.runtime.local_files import ProcessLocalFiles
 from torchpipe.storage.cache_file import (
     END_MAGIC,
@@ -45,7 +46,13 @@ from torchpipe.storage.cache_file import (
     record_crc,
     try_lock,
 )
-from torchpipe.storage.pending_file import PendingFile, reporting_full_disk, write_file
+from torchpipe.storage.pending_file import (
+    PendingFile,
+    create_exclusive,
+    open_no_follow,
+    reporting_full_disk,
+    write_file,
+)
 
 FORMAT = "torchpipe-saved"
 FORMAT_VERSION = 1
@@ -102,8 +109,10 @@ def decompress(payload: bytes, compression: str | None) -> bytes:
 def _create_partial(base: str, suffix: str, stage: str) -> PendingFile:
     """A new ``<base><suffix>.partial``, to be published as ``<base><suffix>``."""
     temp = base + suffix + PARTIAL
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(temp)  # a killed save's (a symlink is removed, never followed)
     with reporting_full_disk(stage, temp, lambda: 0):
-        file = open(temp, "wb", buffering=_IO_BUFFER)  # noqa: SIM115 - owned by the PendingFile
+        file = create_exclusive(temp, buffering=_IO_BUFFER)
     return PendingFile(file, temp, base + suffix, stage)
 
 
@@ -150,8 +159,8 @@ class ShardFile:
         """
         base = os.path.join(directory, name)
         try:
-            records = open(base + ".records" + PARTIAL, "r+b", buffering=_IO_BUFFER)  # noqa: SIM115
-            index = open(base + ".index" + PARTIAL, "r+b", buffering=_IO_BUFFER)  # noqa: SIM115
+            records = open_no_follow(base + ".records" + PARTIAL, "r+b", buffering=_IO_BUFFER)
+            index = open_no_follow(base + ".index" + PARTIAL, "r+b", buffering=_IO_BUFFER)
         except OSError as e:
             raise SavedFormatError(f"cannot resume shard {name}: {e}") from e
         try:
@@ -176,8 +185,8 @@ class ShardFile:
         return cls(
             directory,
             name,
-            PendingFile(records, records.name, base + ".records", stage, offset),
-            PendingFile(index, index.name, base + ".index", stage, count * ENTRY.size),
+            PendingFile(records, base + ".records" + PARTIAL, base + ".records", stage, offset),
+            PendingFile(index, base + ".index" + PARTIAL, base + ".index", stage, count * ENTRY.size),
             start,
             offset,
             count,
@@ -276,8 +285,20 @@ def _check_manifest(manifest: Any, path: str) -> None:
             int(shard["index_crc32"])
     except (KeyError, TypeError, ValueError) as e:
         raise SavedFormatError(f"{path!r} is a malformed manifest ({e!r})") from e
+    for shard in manifest["shards"]:
+        for key in ("records_file", "index_file"):
+            _check_file_name(shard[key], key, path)
     if sum(int(shard["records"]) for shard in manifest["shards"]) != manifest["count"]:
         raise SavedFormatError(f"{path!r}: the shards' records do not add up to the count {manifest['count']}")
+
+
+def _check_file_name(name: Any, key: str, path: str) -> None:
+    """Raise unless ``name`` is a plain file name: a manifest never reads outside its directory."""
+    plain = (isinstance(name, str) and name not in ("", ".", "..") and os.path.basename(name) == name
+             and "/" not in name and (os.altsep is None or os.altsep not in name) and "\0" not in name)  # fmt: skip
+    if not plain:
+        raise SavedFormatError(f"{path!r}: {key} {name!r} is not a plain file name in the manifest's directory "
+                               "(a manifest names only files next to it)")  # fmt: skip
 
 
 # -- reading ---------------------------------------------------------------------------------------
@@ -287,10 +308,12 @@ class SavedRecords:
     Opening reads the manifest and every shard's index (checked against the manifest's CRC), and
     checks that the shards hold each element exactly once. Reading element ``i`` is one
     ``os.pread``; its record is checked against its CRC and its index before it is decoded.
-    Decoding unpickles: only read saved datasets you trust.
+    Decoding unpickles with torchpipe's restricted unpickler (``runtime/codec/restricted.py``)
+    unless ``trusted``.
 
     Args:
         path: the directory ``ds.save(path)`` wrote.
+        trusted: unpickle records with full pickle, which runs any code they hold.
 
     Attributes:
         manifest: the manifest (``element_spec``, ``pipeline``, ``origin``, ...).
@@ -299,10 +322,13 @@ class SavedRecords:
         FileNotFoundError: if ``path`` holds no complete saved dataset.
         SavedFormatError: if the manifest or an index is damaged, or a shard file has the wrong size.
         DataLossError: (reading) if a record is damaged, naming the file and the byte offset.
+        UntrustedTypeError: (reading) if a record holds a type outside the allow-list.
     """
 
-    def __init__(self, path: str | os.PathLike) -> None:
+    def __init__(self, path: str | os.PathLike, trusted: bool = False) -> None:
         self.path = os.fsdecode(os.fspath(path))
+        self.trusted = trusted
+        self._safe_globals = SafeGlobals()  # pickled with the records, it allows in workers what is allowed here
         self.manifest = read_manifest(self.path)
         self.compression: str | None = self.manifest["compression"]
         self.origin: Origin = origin_of(self.manifest["origin"])
@@ -368,7 +394,10 @@ class SavedRecords:
         if index != i:
             raise DataLossError(f"{path}: the record at byte {offset} is element {index}, not {i}", path, offset)
         try:
-            return codec.decode_bytes(decompress(payload, self.compression))
+            return codec.decode_bytes(decompress(payload, self.compression), restricted=not self.trusted)
+        except UntrustedTypeError as e:
+            add_note(e, f"reading element {i} of the saved dataset {self.path!r} (record at byte {offset} of {path})")
+            raise
         except Exception as e:
             raise DataLossError(f"{path}: the record at byte {offset} (element {i}) cannot be decoded: {e}",
                                 path, offset) from e  # fmt: skip
@@ -380,7 +409,7 @@ class SavedRecords:
 def lock_directory(directory: str) -> BinaryIO | None:
     """An exclusive lock on ``directory`` (its ``.lock`` file held open), or None if another process
     holds it. The kernel drops it when the holder dies, so a killed writer never blocks the next."""
-    file = open(os.path.join(directory, LOCK), "a+b")  # noqa: SIM115 - the caller owns the lock
+    file = open_no_follow(os.path.join(directory, LOCK), "a+b")  # a symlink planted there is refused
     if try_lock(file):
         return file
     file.close()

@@ -66,6 +66,7 @@ import numpy as np
 import torch
 
 from torchpipe import nest
+from torchpipe.errors import UntrustedTypeError
 from torchpipe.runtime.codec.pickling import (
     ALIGN,
     BLOB_MASK,
@@ -78,6 +79,7 @@ from torchpipe.runtime.codec.pickling import (
     StackedTensor,
     copy_bytes,
 )
+from torchpipe.runtime.codec.restricted import RestrictedRecordUnpickler
 
 _MAGIC = b"TPEC"
 _VERSION = 2
@@ -259,7 +261,7 @@ def encode_bytes(element: Any) -> bytes:
     return stream.getvalue()
 
 
-def decode(buf: Any, *, allocate: Allocator | None = None) -> Any:
+def decode(buf: Any, *, allocate: Allocator | None = None, restricted: bool = False) -> Any:
     """Rebuild the element in a record, copying all its data out of ``buf``.
 
     Nothing in the result views ``buf``, so it may be freed or reused right after.
@@ -270,10 +272,13 @@ def decode(buf: Any, *, allocate: Allocator | None = None) -> Any:
         allocate: ``allocate(shape, dtype)`` returns the contiguous CPU tensor that a decoded
             tensor's data is copied into (e.g. pinned memory); default ``torch.empty``. Arrays
             are copied to fresh 64-byte-aligned memory.
+        restricted: unpickle with :mod:`~torchpipe.runtime.codec.restricted`'s allow-list (a
+            record read from disk); False (full pickle) for records of this process's children.
 
     Raises:
         ValueError: if ``buf`` does not hold a complete record of this format version.
         TypeError: if ``allocate`` returns a tensor of the wrong shape or dtype.
+        UntrustedTypeError: (restricted) if the record names a type outside the allow-list.
     """
     view = _as_bytes_view(buf)
     # Views are released on the way out, even on errors: a traceback holding them would keep
@@ -285,7 +290,7 @@ def decode(buf: Any, *, allocate: Allocator | None = None) -> Any:
         return views[-1]
 
     try:
-        return _load(view, piece, allocate)
+        return _load(view, piece, allocate, restricted)
     finally:
         for v in reversed(views):
             v.release()
@@ -303,12 +308,12 @@ def decode_view(base: np.ndarray) -> Any:
     """
     view = memoryview(base)  # type: ignore[arg-type]  # numpy declares __buffer__ for Python 3.12+ only
     try:
-        return _load(view, lambda start, end: base[start:end], None)
+        return _load(view, lambda start, end: base[start:end], None, False)
     finally:
         view.release()
 
 
-def _load(view: memoryview, buffer: Callable[[int, int], Any], allocate: Allocator | None) -> Any:
+def _load(view: memoryview, buffer: Callable[[int, int], Any], allocate: Allocator | None, restricted: bool) -> Any:
     """Unpickle the record in ``view``; ``buffer(start, end)`` gives each tensor's or array's source."""
     try:
         skeleton_start, skeleton_end, spans = _read_header(view)
@@ -323,7 +328,10 @@ def _load(view: memoryview, buffer: Callable[[int, int], Any], allocate: Allocat
                 out_of_band.append((bytes if flags & READONLY else bytearray)(view[start:end]))
             raw.append(None if flags & (BLOB_MASK | OUT_OF_BAND) else buffer(start, end))
         skeleton = bytes(view[skeleton_start:skeleton_end])
-        return RecordUnpickler(skeleton, out_of_band, raw, blobs, allocate).load()
+        unpickler = RestrictedRecordUnpickler if restricted else RecordUnpickler
+        return unpickler(skeleton, out_of_band, raw, blobs, allocate).load()
+    except UntrustedTypeError:
+        raise
     except (pickle.UnpicklingError, EOFError, IndexError) as e:
         raise ValueError(f"corrupt element record: its pickled skeleton does not load ({e})") from e
 
@@ -354,10 +362,10 @@ def _read_header(buf: memoryview) -> tuple[int, int, list[tuple[int, int, int]]]
     return skeleton_start, skeleton_end, spans
 
 
-def decode_bytes(record: bytes) -> Any:
-    """Rebuild the element in a record made by :func:`encode_bytes`.
+def decode_bytes(record: bytes, *, restricted: bool = False) -> Any:
+    """Rebuild the element in a record made by :func:`encode_bytes` (``restricted``: as :func:`decode`).
 
     Raises:
-        ValueError: as :func:`decode`.
+        ValueError, UntrustedTypeError: as :func:`decode`.
     """
-    return decode(memoryview(record))
+    return decode(memoryview(record), restricted=restricted)
