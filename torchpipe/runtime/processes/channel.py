@@ -3,7 +3,14 @@
 A ``Channel`` wraps one end of an ``AF_UNIX``/``SOCK_SEQPACKET`` socket pair, which keeps message
 boundaries and attaches passed file descriptors to the message they were sent with. Messages are
 small control records (a sequence number, an offset, a length); a message too large for one
-datagram travels in an anonymous memory file whose descriptor rides along instead.
+datagram travels in an anonymous memory file whose descriptor rides along instead, or, on a
+channel told to pass no descriptors (:attr:`Channel.descriptors`), in chunks of one datagram each.
+
+Every datagram starts with its kind and the number of descriptors sent with it, so a receiver
+knows when some did not arrive: the kernel drops the descriptors it cannot install in a process
+at its open-files limit (``RLIMIT_NOFILE``) and delivers the message without them
+(``MSG_CTRUNC``). :meth:`Channel.recv` then raises :class:`DescriptorsLost` with the message, so
+the caller can have what they held sent another way (``docs/process_pool.md``, "Open files").
 """
 
 from __future__ import annotations
@@ -13,16 +20,31 @@ import os
 import pickle
 import select
 import socket
+import threading
 from typing import Any
 
 _INLINE_LIMIT = 64 * 1024
 _RECV_BYTES = _INLINE_LIMIT + 1024
 _MAX_FDS = 4
-_INLINE, _BLOB = b"I", b"B"
+_INLINE, _BLOB, _CHUNKED, _MORE = b"I", b"B", b"C", b"M"
+_CHUNK_WAIT_S = 30.0  # the sender writes a chunked message's datagrams one after another
 
 
 class ChannelClosed(EOFError):
     """The other end of a channel is gone (its process exited or closed it)."""
+
+
+class DescriptorsLost(RuntimeError):
+    """A message arrived without (some of) the file descriptors sent with it: the receiving
+    process is at its open-files limit. Any that did arrive are closed.
+
+    Attributes:
+        message: the message itself, or None where its body rode in a descriptor that was lost.
+    """
+
+    def __init__(self, message: Any, sent: int, arrived: int) -> None:
+        super().__init__(f"{arrived} of {sent} file descriptors arrived with a message")
+        self.message = message
 
 
 class Channel:
@@ -30,10 +52,16 @@ class Channel:
 
     Args:
         sock: a connected ``SOCK_SEQPACKET`` Unix socket.
+
+    Attributes:
+        descriptors: whether a large message may travel in a memory file's descriptor (True);
+            False where the other process is short of descriptors: it goes in chunks instead.
     """
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
+        self.descriptors = True
+        self._lock = threading.Lock()  # a chunked message's datagrams go out together
 
     @staticmethod
     def pair() -> tuple[Channel, Channel]:
@@ -51,19 +79,16 @@ class Channel:
             ChannelClosed: if the other end is gone.
         """
         data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-        blob = -1
-        if len(data) > _INLINE_LIMIT:
-            blob = _memfd_with(data)
-            data, fds = _BLOB + len(data).to_bytes(8, "little"), (*fds, blob)
-        else:
-            data = _INLINE + data
         try:
-            socket.send_fds(self.sock, [data], list(fds)) if fds else self.sock.send(data)
+            with self._lock:
+                if len(data) <= _INLINE_LIMIT:
+                    self._send([_INLINE + bytes([len(fds)]), data], fds)
+                elif self.descriptors:
+                    self._send_blob(data, fds)
+                else:
+                    self._send_chunks(memoryview(data), fds)
         except (BrokenPipeError, ConnectionResetError, OSError) as e:
             raise ChannelClosed(str(e)) from e
-        finally:
-            if blob >= 0:
-                os.close(blob)
 
     def poll(self, timeout: float) -> bool:
         """Whether a message (or the end of the channel) can be read within ``timeout`` s."""
@@ -75,28 +100,91 @@ class Channel:
 
         Raises:
             ChannelClosed: if the other end is gone.
+            DescriptorsLost: the message came without the descriptors sent with it.
         """
+        data, fds, truncated = self._recv_datagram()
+        kind, sent, arrived = data[:1], data[1], len(fds)
+        lost = truncated or arrived < sent
         try:
-            data, fds, _, _ = socket.recv_fds(self.sock, _RECV_BYTES, _MAX_FDS)
-        except (ConnectionResetError, OSError) as e:
-            raise ChannelClosed(str(e)) from e
-        if not data:
-            for fd in fds:
-                os.close(fd)
-            raise ChannelClosed("the other end closed the channel")
-        if data[:1] == _BLOB:
-            size = int.from_bytes(data[1:9], "little")
-            blob = fds.pop()
-            try:
-                with mmap.mmap(blob, size, prot=mmap.PROT_READ) as view:
-                    payload = view[:]
-            finally:
-                os.close(blob)
-            return pickle.loads(payload), fds
-        return pickle.loads(data[1:]), fds
+            if kind == _BLOB:
+                payload = None if lost else _read_blob(data, fds)
+            elif kind == _CHUNKED:
+                payload = self._recv_chunks(data)
+            else:
+                payload = data[2:]
+            message = pickle.loads(payload) if payload is not None else None
+        except BaseException:
+            _close_all(fds)
+            raise
+        if lost:
+            _close_all(fds)
+            raise DescriptorsLost(message, sent, arrived)
+        return message, fds
 
     def close(self) -> None:
         self.sock.close()
+
+    def _send(self, buffers: list[bytes | memoryview], fds: list[int] | tuple[int, ...]) -> None:
+        if fds:
+            socket.send_fds(self.sock, buffers, list(fds))
+        else:
+            self.sock.sendmsg(buffers)
+
+    def _send_blob(self, data: bytes, fds: list[int] | tuple[int, ...]) -> None:
+        blob = _memfd_with(data)
+        try:
+            header = _BLOB + bytes([len(fds) + 1]) + len(data).to_bytes(8, "little")
+            self._send([header], (*fds, blob))
+        finally:
+            os.close(blob)
+
+    def _send_chunks(self, data: memoryview, fds: list[int] | tuple[int, ...]) -> None:
+        """A message of more than one datagram, with no descriptor of its own: its size and
+        first chunk (with ``fds``), then the rest, one datagram each."""
+        header = _CHUNKED + bytes([len(fds)]) + len(data).to_bytes(8, "little")
+        self._send([header, data[:_INLINE_LIMIT]], fds)
+        for start in range(_INLINE_LIMIT, len(data), _INLINE_LIMIT):
+            self.sock.sendmsg([_MORE, data[start : start + _INLINE_LIMIT]])
+
+    def _recv_datagram(self) -> tuple[bytes, list[int], bool]:
+        try:
+            data, fds, flags, _ = socket.recv_fds(self.sock, _RECV_BYTES, _MAX_FDS)
+        except (ConnectionResetError, OSError) as e:
+            raise ChannelClosed(str(e)) from e
+        if not data:
+            _close_all(fds)
+            raise ChannelClosed("the other end closed the channel")
+        return data, fds, bool(flags & socket.MSG_CTRUNC)
+
+    def _recv_chunks(self, first: bytes) -> bytes:
+        size = int.from_bytes(first[2:10], "little")
+        payload = bytearray(first[10:])
+        while len(payload) < size:
+            if not self.poll(_CHUNK_WAIT_S):
+                raise ChannelClosed(f"a chunked message stopped at {len(payload)} of {size} bytes")
+            data, fds, _ = self._recv_datagram()
+            _close_all(fds)
+            if data[:1] != _MORE:
+                raise ChannelClosed(f"a chunked message stopped at {len(payload)} of {size} bytes")
+            payload += data[1:]
+        return bytes(payload)
+
+
+def _read_blob(data: bytes, fds: list[int]) -> bytes:
+    """A blob message's body, from its descriptor (the last sent), which it closes."""
+    size = int.from_bytes(data[2:10], "little")
+    blob = fds.pop()
+    try:
+        with mmap.mmap(blob, size, prot=mmap.PROT_READ) as view:
+            return view[:]
+    finally:
+        os.close(blob)
+
+
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        os.close(fd)
+    fds.clear()
 
 
 def _memfd_with(data: bytes) -> int:

@@ -52,6 +52,8 @@ import struct
 import time
 import weakref
 
+from torchpipe.runtime.processes.mapping import map_shared
+
 VERSION = 3
 _MAGIC = b"TPSHMRNG"
 _HEADER = struct.Struct("=8sQQQQ")  # magic, version, capacity, data offset, slot size
@@ -136,7 +138,7 @@ def _map(fd: int, size: int) -> mmap.mmap:
     return mmap.mmap(fd, size, flags=_MAP_FLAGS, prot=mmap.PROT_READ | mmap.PROT_WRITE)
 
 
-def _unmap(fd: int, mapping: mmap.mmap, views: tuple[memoryview, ...]) -> None:
+def _unmap(fd: int, mapping: mmap.mmap | memoryview, views: tuple[memoryview, ...]) -> None:
     """Release our views, unmap, close the descriptor.
 
     A view the caller still holds keeps the mapping alive (mmap refuses to close): it is then
@@ -148,13 +150,14 @@ def _unmap(fd: int, mapping: mmap.mmap, views: tuple[memoryview, ...]) -> None:
         except BufferError:
             pass
     try:
-        mapping.close()
+        mapping.close() if isinstance(mapping, mmap.mmap) else mapping.release()
     except BufferError:
         pass
-    os.close(fd)
+    if fd >= 0:
+        os.close(fd)
 
 
-def _read_header(fd: int, mapping: mmap.mmap, size: int) -> tuple[int, int]:
+def _read_header(fd: int, mapping: mmap.mmap | memoryview, size: int) -> tuple[int, int]:
     """The capacity and slot size recorded in a ring's header, after checking the header
     describes this segment."""
     magic, version, capacity, start, slot = _HEADER.unpack_from(mapping, 0)
@@ -204,7 +207,7 @@ class ShmRing:
     :meth:`release`, in commit order. Each side must be used by one thread at a time.
     """
 
-    def __init__(self, fd: int, mapping: mmap.mmap, capacity: int, slot_bytes: int = 0) -> None:
+    def __init__(self, fd: int, mapping: mmap.mmap | memoryview, capacity: int, slot_bytes: int = 0) -> None:
         """Wrap a mapped, initialized segment; use :meth:`create` or :meth:`attach` instead."""
         self._fd = fd
         self._capacity = capacity
@@ -252,7 +255,8 @@ class ShmRing:
 
     @classmethod
     def attach(cls, fd: int) -> ShmRing:
-        """Map the ring behind ``fd`` (received from its creator); the ring takes over ``fd``.
+        """Map the ring behind ``fd`` (received from its creator) and close ``fd``: the mapping
+        needs no descriptor, so a consumer holds none for the rings it reads (open-files limit).
 
         Raises:
             ValueError: ``fd`` is not a torchpipe ring of this version.
@@ -261,17 +265,15 @@ class ShmRing:
         size = os.fstat(fd).st_size
         if size < _DATA_START:
             raise ValueError(f"fd {fd} is not a torchpipe shm ring: {size} bytes is less than a header")
-        mapping = _map(fd, size)
-        try:
-            capacity, slot_bytes = _read_header(fd, mapping, size)
-        except BaseException:
-            mapping.close()
-            raise
-        return cls(fd, mapping, capacity, slot_bytes)
+        mapping = map_shared(fd, size, _MAP_FLAGS)
+        capacity, slot_bytes = _read_header(fd, mapping, size)
+        os.close(fd)
+        return cls(-1, mapping, capacity, slot_bytes)
 
     @property
     def fd(self) -> int:
-        """The memfd's descriptor, to send to the other process (it stays owned by this ring)."""
+        """The memfd's descriptor, to send to the other process (it stays owned by this ring);
+        -1 for an attached ring, which closed it."""
         return self._fd
 
     @property
@@ -312,6 +314,9 @@ class ShmRing:
         self._check_open()
         if not self._slot or self._pending is not None or not hasattr(mmap, "MADV_REMOVE"):
             return 0
+        mapping = self._mapping
+        if not isinstance(mapping, mmap.mmap):
+            raise ValueError("only the ring's creator gives back its slots' pages")
         tail, head = self._words[_TAIL_WORD], self._words[_HEAD_WORD]
         held = {counter % self._capacity for counter in range(tail, head, self._slot)}
         given = 0
@@ -319,7 +324,7 @@ class ShmRing:
             start = _page_multiple(_DATA_START + offset)
             end = (_DATA_START + offset + self._slot) // mmap.PAGESIZE * mmap.PAGESIZE
             if offset not in held and end > start:
-                self._mapping.madvise(mmap.MADV_REMOVE, start, end - start)
+                mapping.madvise(mmap.MADV_REMOVE, start, end - start)
                 given += end - start
         return given
 
@@ -503,12 +508,12 @@ class OneOffSegment:
     the consumer attaches, copies out and closes. The memory goes when the last side closes.
 
     Attributes:
-        fd: the segment's descriptor, owned by this object.
+        fd: the segment's descriptor, owned by this object (-1 once attached: the mapping needs none).
         nbytes: payload size.
         buffer: writable memoryview of exactly ``nbytes`` bytes (page-aligned).
     """
 
-    def __init__(self, fd: int, mapping: mmap.mmap, nbytes: int) -> None:
+    def __init__(self, fd: int, mapping: mmap.mmap | memoryview, nbytes: int) -> None:
         """Wrap a mapped segment; use :meth:`create` or :meth:`attach` instead."""
         self.fd = fd
         self.nbytes = nbytes
@@ -536,7 +541,8 @@ class OneOffSegment:
 
     @classmethod
     def attach(cls, fd: int, nbytes: int) -> OneOffSegment:
-        """Map the segment behind ``fd`` (received from its creator); the segment takes over ``fd``.
+        """Map the segment behind ``fd`` (received from its creator) and close ``fd``: a result
+        the consumer holds holds a mapping, not a descriptor (open-files limit).
 
         Raises:
             ValueError: the segment is smaller than ``nbytes``.
@@ -545,7 +551,9 @@ class OneOffSegment:
         size = os.fstat(fd).st_size
         if size < max(nbytes, 1):
             raise ValueError(f"fd {fd}: segment of {size} bytes cannot hold {nbytes} bytes")
-        return cls(fd, _map(fd, max(nbytes, 1)), nbytes)
+        mapping = map_shared(fd, max(nbytes, 1), _MAP_FLAGS)
+        os.close(fd)
+        return cls(-1, mapping, nbytes)
 
     def close(self) -> None:
         """Unmap and close the descriptor; idempotent."""
