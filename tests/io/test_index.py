@@ -126,3 +126,17 @@ def test_bad_arguments(shards, tmp_path):
         tp.io.TFRecordRecords([3])
     with pytest.raises(FileNotFoundError):
         tp.io.TFRecordRecords(str(tmp_path / "missing.tfrecord"))
+
+
+@pytest.mark.parametrize("lengths", [[2**63 - 1, None], [-5, None], [8, None]])
+def test_a_sidecar_with_impossible_lengths_is_not_used(tmp_path, lengths):
+    """Lengths that wrap around to the file's size (or are negative, or shorter than their
+    framing) would have a read allocate them: the file's own headers are scanned instead."""
+    path = write(tmp_path / "r.tfrecord", [b"a" * 10, b"b" * 20])
+    size = os.path.getsize(path)
+    first = lengths[0]
+    with open(path + ".idx", "w") as f:
+        f.write(f"0 {first}\n{first} {size - first}\n")
+    records = tp.io.TFRecordRecords(path, write_index=False)
+    assert [records[0], records[1]] == [b"a" * 10, b"b" * 20]
+    assert tp.io.tfrecord_index(path, write=False).tolist() == [[0, 26], [26, 36]]

@@ -271,3 +271,32 @@ def test_the_file_is_published_when_the_writer_closes_and_never_when_its_block_r
     unclosed.write(b"z")
     del unclosed
     assert os.listdir(tmp_path) == ["a.tfrecord"] and list(tp.TFRecordDataset(str(path))) == [b"x"]
+
+
+@pytest.mark.parametrize("compression", ["GZIP", "ZLIB"])
+def test_a_compressed_record_longer_than_the_maximum_is_data_loss_not_memory(tmp_path, compression):
+    import zlib
+
+    from torchpipe.io.tfrecord_framing import MAX_RECORD_BYTES, frame_header
+
+    path = str(tmp_path / "huge.tfrecord")
+    raw = frame_header(2**62) + b"x" * 100  # a valid CRC over a length no stream holds
+    packer = zlib.compressobj(6, zlib.DEFLATED, 31 if compression == "GZIP" else 15)
+    with open(path, "wb") as f:
+        f.write(packer.compress(raw) + packer.flush())
+    with pytest.raises(tp.io.DataLossError, match=f"above the {MAX_RECORD_BYTES}-byte maximum") as error:
+        list(tp.TFRecordDataset(path, compression_type=compression))
+    assert error.value.path == path and error.value.offset == 0
+    assert list(tp.TFRecordDataset(path, compression_type=compression).ignore_errors()) == []
+
+
+def test_a_compressed_record_length_the_stream_lacks_is_truncation(tmp_path):
+    import gzip
+
+    from torchpipe.io.tfrecord_framing import frame_header
+
+    path = str(tmp_path / "short.tfrecord.gz")
+    with gzip.open(path, "wb") as f:
+        f.write(frame_header(1 << 30) + b"x" * 100)  # under the maximum: read in pieces, not allocated
+    with pytest.raises(tp.io.DataLossError, match="truncated record at byte 0"):
+        list(tp.TFRecordDataset(path, compression_type="GZIP"))

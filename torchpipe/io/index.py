@@ -95,9 +95,13 @@ def _read_sidecar(index_path: str) -> np.ndarray | None:
 
 
 def _fits(index: np.ndarray, size: int) -> bool:
-    """Whether ``index`` frames the whole file: consecutive records from 0 to ``size``."""
+    """Whether ``index`` frames the whole file: consecutive records from 0 to ``size``, each one
+    between its framing's and the file's length (so that no sum wraps around, and a damaged
+    sidecar makes the file be scanned rather than a read of its length be allocated)."""
     if len(index) == 0:
         return size == 0
+    if not (np.all(index[:, 1] >= FRAMING) and np.all(index[:, 1] <= size) and np.all(index[:, 0] >= 0)):
+        return False
     ends = index[:, 0] + index[:, 1]
     return bool(index[0, 0] == 0 and ends[-1] == size and np.array_equal(index[1:, 0], ends[:-1]))
 

@@ -10,6 +10,12 @@ Each record of a TFRecord file is framed as::
 where ``masked(crc) = ((crc >> 15) | (crc << 17)) + 0xa282ead8`` (mod 2**32). The reader
 (``io/tfrecord.py``), the writer, the indexes (``io/index.py``) and the reads by address
 (``io/addresses.py``) frame records here.
+
+A record's length is bounded: above :data:`MAX_RECORD_BYTES`, or past what the file holds where
+its size is known (uncompressed local files), the length is damage, a
+:class:`~torchpipe.errors.DataLossError`, and nothing of that length is allocated. A compressed
+stream's record is read in pieces of :data:`_READ_PIECE` bytes, so a length the stream does not
+hold costs no more memory than the stream's data.
 """
 
 from __future__ import annotations
@@ -27,6 +33,11 @@ _HEADER = struct.Struct("<QI")
 HEADER_BYTES = 12
 FOOTER_BYTES = 4
 _MASK_DELTA = 0xA282EAD8
+MAX_RECORD_BYTES = 1 << 31
+"""The longest record read (2 GiB, protobuf's limit for a ``tf.train.Example``): a longer length is
+a :class:`~torchpipe.errors.DataLossError`. Reassign it (``tp.io.tfrecord_framing.MAX_RECORD_BYTES``)
+for longer records."""
+_READ_PIECE = 64 << 20
 
 
 def masked_crc(data: Any) -> int:
@@ -39,6 +50,20 @@ def frame_header(length: int) -> bytes:
     """The 12 bytes before a record of ``length`` bytes: its length and the length's CRC."""
     encoded = _LENGTH.pack(length)
     return encoded + _CRC.pack(masked_crc(encoded))
+
+
+def _read_pieces(read: Any, length: int) -> bytes:
+    """Up to ``length`` bytes, read a piece at a time: a stream shorter than ``length`` (a damaged
+    length) costs what it holds, not ``length``."""
+    pieces = []
+    left = length
+    while left:
+        piece = read(min(left, _READ_PIECE))
+        pieces.append(piece)
+        left -= len(piece)
+        if len(piece) < min(left + len(piece), _READ_PIECE):
+            break
+    return b"".join(pieces)
 
 
 def read_record(read: Any, path: str, offset: int, verify: bool, limit: int | None = None) -> bytes | None:
@@ -67,7 +92,11 @@ def read_record(read: Any, path: str, offset: int, verify: bool, limit: int | No
     if limit is not None and HEADER_BYTES + length + FOOTER_BYTES > limit:
         raise DataLossError(f"{path}: truncated record at byte {offset}: it is {length} bytes long, but the file "
                             f"has {limit - HEADER_BYTES} bytes after its header", path, offset)  # fmt: skip
-    data = read(length)
+    if length > MAX_RECORD_BYTES:
+        raise DataLossError(f"{path}: corrupt record at byte {offset}: its length {length} is above the "
+                            f"{MAX_RECORD_BYTES}-byte maximum (tfrecord_framing.MAX_RECORD_BYTES)", path,
+                            offset)  # fmt: skip
+    data = read(length) if length <= _READ_PIECE else _read_pieces(read, length)
     footer = read(FOOTER_BYTES)
     if len(data) < length or len(footer) < FOOTER_BYTES:
         got = len(data) + len(footer)
