@@ -156,3 +156,31 @@ def test_the_fast_idct_is_close_and_on_request(kinds):
     assert fast.shape == accurate.shape and 0 < (fast.int() - accurate.int()).abs().max() <= 8
     assert torch.equal(tp.image.decode_image(kinds["rgb"], fast_dct=True), fast)
     assert torch.equal(tp.image.decode_and_crop_jpeg(kinds["rgb"], (0, 0, 8, 8), fast_dct=True), fast[:8, :8])
+
+
+def _with_size(data: bytes, height: int, width: int) -> bytes:
+    """``data`` with its frame header (SOF0) claiming ``height`` x ``width``: only the header changes."""
+    sof = data.index(b"\xff\xc0")
+    return data[: sof + 5] + height.to_bytes(2, "big") + width.to_bytes(2, "big") + data[sof + 9 :]
+
+
+def test_a_jpeg_header_claiming_too_many_pixels_is_refused_before_decoding():
+    huge = _with_size(encode(Image.fromarray(photo())), 60000, 60000)  # 3.6e9 pixels, ~11 GB decoded
+    for decode in (tp.image.decode_jpeg, tp.image.decode_image):
+        with pytest.raises(tp.image.DecodeError, match="refusing to decode the JPEG") as error:
+            decode(huge)
+        assert isinstance(error.value.__cause__, Image.DecompressionBombError)
+        assert "MAX_IMAGE_PIXELS" in str(error.value)
+
+
+def test_the_pixel_limit_is_pillows_and_can_be_changed(monkeypatch):
+    data = encode(Image.fromarray(photo(48, 64)))  # 3072 pixels
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)
+    with pytest.raises(tp.image.DecodeError) as error:
+        tp.image.decode_jpeg(data)
+    assert isinstance(error.value.__cause__, Image.DecompressionBombError)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 2000)
+    with pytest.warns(Image.DecompressionBombWarning):
+        assert tp.image.decode_jpeg(data).shape == (48, 64, 3)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", None)
+    assert tp.image.decode_jpeg(data).shape == (48, 64, 3)

@@ -6,6 +6,12 @@ libjpeg-turbo; where it is missing, or refuses a file (libjpeg-turbo's strict mo
 with recoverable damage that Pillow reads), the image is decoded by Pillow, which uses
 libjpeg-turbo too: the pixels are the same, within 1 for CMYK files. Every decode, and every one
 Pillow had to do, is counted (:mod:`~torchpipe.runtime.counts`).
+
+A JPEG's size is checked against Pillow's decompression-bomb limit before the fast path allocates
+its pixels, as Pillow checks every image it opens: past ``2 * PIL.Image.MAX_IMAGE_PIXELS`` pixels
+the decode is a :class:`~torchpipe.errors.DecodeError` caused by Pillow's
+``DecompressionBombError``; past ``MAX_IMAGE_PIXELS`` a ``DecompressionBombWarning`` is issued.
+Set ``PIL.Image.MAX_IMAGE_PIXELS`` (``None``: no limit) to change it for both paths.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import io
 import os
 import struct
+import warnings
 
 import numpy as np
 import torch
@@ -149,6 +156,32 @@ def orient(image: torch.Tensor, orientation: int) -> torch.Tensor:
     return image
 
 
+def check_pixels(image: EncodedImage) -> None:
+    """Refuse a JPEG whose header claims more pixels than Pillow would open (its
+    ``MAX_IMAGE_PIXELS``, read at each call), before anything is allocated for them.
+
+    Raises:
+        DecodeError: past twice the limit, from a ``PIL.Image.DecompressionBombError``.
+    """
+    limit = Image.MAX_IMAGE_PIXELS
+    if limit is None or simplejpeg is None:
+        return  # no limit; or no fast path, and Pillow checks its own opens
+    try:
+        height, width, _, _ = simplejpeg.decode_jpeg_header(image.data)
+    except ValueError:
+        return  # no header the fast path reads: Pillow decodes it, and checks it
+    pixels = int(height) * int(width)
+    if pixels > 2 * limit:
+        bomb = Image.DecompressionBombError(f"the image has {pixels} pixels ({width}x{height}), more than twice "
+                                            f"PIL.Image.MAX_IMAGE_PIXELS ({limit}): it could be a decompression "
+                                            "bomb; raise that limit (None: no limit) to decode it")  # fmt: skip
+        raise image.fail("refusing to decode the JPEG", bomb) from bomb
+    if pixels > limit:
+        warnings.warn(f"the JPEG{f' {image.path}' if image.path else ''} has {pixels} pixels, more than "
+                      f"PIL.Image.MAX_IMAGE_PIXELS ({limit}): it could be a decompression bomb",
+                      Image.DecompressionBombWarning, stacklevel=3)  # fmt: skip
+
+
 def decode_jpeg_array(image: EncodedImage, channels: int, scale: int = 1, count: bool = True,
                       fast_dct: bool = False) -> np.ndarray:  # fmt: skip
     """The JPEG decoded at 1/``scale`` of its size (one of :data:`SCALES`), HWC uint8; the fast
@@ -156,6 +189,7 @@ def decode_jpeg_array(image: EncodedImage, channels: int, scale: int = 1, count:
     ``fast_dct``: libjpeg-turbo's fast integer IDCT (Pillow has none: its fallback stays accurate)."""
     if image_format(image) != "jpeg":
         raise image.fail(f"not a JPEG: it starts with {image.head(8)!r} (tp.image.decode_image reads any format)")
+    check_pixels(image)
     fast_error: BaseException | None = None
     if simplejpeg is not None:
         try:
