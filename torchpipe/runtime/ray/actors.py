@@ -19,6 +19,7 @@ import logging
 import os
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -47,18 +48,41 @@ def require_ray() -> ModuleType:
     return ray
 
 
+LOCAL_HOST = "127.0.0.1"
+"""Where a Ray cluster that torchpipe starts itself listens: this machine only."""
+
+
 def connect(address: str | None) -> ModuleType:
     """The ``ray`` module, connected: to the cluster this process is connected to, else to
-    ``address`` (None: as ``ray.init()`` chooses, a new local cluster at worst).
+    ``address``; with None, to ``RAY_ADDRESS`` or a cluster running on this machine, else to a
+    new local cluster that torchpipe starts bound to 127.0.0.1 (and says so, with a warning).
 
     Raises:
         ImportError: if Ray is not installed.
     """
     ray = require_ray()
-    if not ray.is_initialized():
-        _log.info("torchpipe: connecting to Ray (address=%r)", address)
+    if ray.is_initialized():
+        return ray
+    if address is not None or os.environ.get("RAY_ADDRESS"):
+        _log.info("torchpipe: connecting to Ray (address=%r)", address or os.environ["RAY_ADDRESS"])
         ray.init(address=address, ignore_reinit_error=True)
+        return ray
+    try:
+        ray.init(address="auto", ignore_reinit_error=True)  # a cluster started on this machine
+    except ConnectionError:
+        start_local_cluster(ray)
     return ray
+
+
+def start_local_cluster(ray: ModuleType) -> None:
+    """Start a Ray cluster of this machine alone: its services bound to 127.0.0.1 and no dashboard,
+    so that nothing on the network can submit jobs to it (Ray's defaults listen on every address)."""
+    warnings.warn(f"torchpipe: executor='ray' found no Ray cluster (no address, no RAY_ADDRESS, none running "
+                  f"here): starting a local one bound to {LOCAL_HOST}, without a dashboard; start one with "
+                  "`ray start` or pass tp.RayExecutor(address=...) to use another", RuntimeWarning,
+                  stacklevel=3)  # fmt: skip
+    _log.warning("torchpipe: starting a local Ray cluster bound to %s", LOCAL_HOST)
+    ray.init(_node_ip_address=LOCAL_HOST, include_dashboard=False, ignore_reinit_error=True)
 
 
 OK, ERROR, STALE = "ok", "error", "stale"
