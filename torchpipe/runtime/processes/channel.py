@@ -21,6 +21,7 @@ import pickle
 import select
 import socket
 import threading
+import time
 from typing import Any
 
 _INLINE_LIMIT = 64 * 1024
@@ -144,7 +145,22 @@ class Channel:
         header = _CHUNKED + bytes([len(fds)]) + len(data).to_bytes(8, "little")
         self._send([header, data[:_INLINE_LIMIT]], fds)
         for start in range(_INLINE_LIMIT, len(data), _INLINE_LIMIT):
-            self.sock.sendmsg([_MORE, data[start : start + _INLINE_LIMIT]])
+            self._send_within([_MORE, data[start : start + _INLINE_LIMIT]], _CHUNK_WAIT_S)
+
+    def _send_within(self, buffers: list[bytes | memoryview], timeout: float) -> None:
+        """Send a datagram, waiting at most ``timeout`` s for room: two processes that each send
+        the other a chunked message while neither reads must not wait on each other for ever
+        (the pool then treats the worker as gone, and its tasks go to a replacement)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.sock.sendmsg(buffers, [], socket.MSG_DONTWAIT)
+                return
+            except BlockingIOError:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise ChannelClosed(f"no room to send to the other end in {timeout} s") from None
+                select.select([], [self.sock], [], min(remaining, 0.1))
 
     def _recv_datagram(self) -> tuple[bytes, list[int], bool]:
         try:

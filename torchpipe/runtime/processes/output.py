@@ -113,6 +113,8 @@ class Output(abc.ABC):
         self._lock = threading.Lock()
         self._closed = False
         self.written = 0  # results and errors sent: a worker that writes none for a while is idle
+        self.descriptors = True  # False: the main process is short of them (no segment, no new ring)
+        self._unconfirmed: dict[int, OneOffSegment] = {}  # segments sent, until main has mapped them
 
     @abc.abstractmethod
     def set_slots(self, slots: int) -> None:
@@ -122,6 +124,37 @@ class Output(abc.ABC):
         """The worker has been idle a while: give back the pages of slots that hold no result
         (the next result written to one faults its pages in again). Returns the bytes given back."""
         return 0
+
+    def confirmed(self, seqs: list[int]) -> None:
+        """The main process has mapped these results' segments: let go of them here."""
+        with self._lock:
+            for seq in seqs:
+                segment = self._unconfirmed.pop(seq, None)
+                if segment is not None:
+                    segment.close()
+
+    def set_descriptors(self, allowed: bool, lost_ring: int | None = None) -> None:
+        """Whether results may travel in descriptors (segments, new rings) from now on: False
+        where the main process is at its open-files limit (``lost_ring``: the index of a ring
+        whose descriptor it did not get; it takes no more records)."""
+        with self._lock:
+            self.descriptors = self.channel.descriptors = allowed
+            self._descriptors_changed(lost_ring)
+
+    def resend(self, seq: int, ring: int | None = None, offset: int = 0, nbytes: int = 0) -> None:
+        """Send result ``seq`` again, in the channel: its segment's descriptor, or that of the ring
+        it is in (``ring``, where it is the record at ``offset``), did not reach the main
+        process, which cannot read it there. A ring record is released here, where the main
+        process never mapped the ring."""
+        with self._lock:
+            if ring is None:
+                segment = self._unconfirmed.pop(seq)
+                payload = bytes(segment.buffer)
+                segment.close()
+            else:
+                payload = bytes(self.rings[ring].view(offset, nbytes))
+                self.rings[ring].release(offset, nbytes)
+            self._send(("resent", seq, payload))
 
     def close(self, timeout: float = _CLOSE_S) -> None:
         """Close the rings; a task thread still running later finds the output closed.
@@ -134,6 +167,9 @@ class Output(abc.ABC):
             self._closed = True
             for ring in self.rings:
                 ring.close()
+            for segment in self._unconfirmed.values():
+                segment.close()
+            self._unconfirmed.clear()
         finally:
             self._lock.release()
 
@@ -155,7 +191,11 @@ class Output(abc.ABC):
 
     @abc.abstractmethod
     def _reserve(self, nbytes: int) -> tuple[int, Reservation] | None:
-        """Room for a record of ``nbytes`` in a ring (the lock is held); None: a one-off segment."""
+        """Room for a record of ``nbytes`` in a ring (the lock is held); None: a one-off segment
+        (or, with no descriptors, the channel). With no descriptors no ring may be added."""
+
+    def _descriptors_changed(self, lost_ring: int | None) -> None:
+        """Descriptors were allowed or not (:attr:`descriptors`); the lock is held."""
 
     def _add_ring(self, capacity: int, slot: int = 0, replaces: bool = False) -> ShmRing:
         """A new ring, announced to the main process; ``replaces``: the older rings take no more
@@ -173,13 +213,20 @@ class Output(abc.ABC):
             raise ChannelClosed("the worker is stopping")
         nbytes = encoded.nbytes
         placed = self._reserve(nbytes)
+        if placed is None and not self.descriptors:
+            payload = bytearray(nbytes)
+            encoded.write_into(memoryview(payload))
+            self._send(("bytes", seq, payload, *cost))
+            return
         if placed is None:
             segment = OneOffSegment.create(nbytes)
             try:
                 encoded.write_into(segment.buffer)
                 self._send(("segment", seq, nbytes, *cost), [segment.fd])
-            finally:
+            except BaseException:
                 segment.close()
+                raise
+            self._unconfirmed[seq] = segment  # until the main process says it mapped it
             return
         index, reservation = placed
         encoded.write_into(reservation.buffer)
@@ -224,7 +271,15 @@ class SlotRing(Output):
     def set_slots(self, slots: int) -> None:
         with self._lock:
             if max(1, slots) != self._asked:
-                self._asked, self._ring, self._sized = max(1, slots), None, False
+                self._asked = max(1, slots)
+                if self.descriptors:  # else the ring stays: a new one could not be sent
+                    self._ring, self._sized = None, False
+
+    def _descriptors_changed(self, lost_ring: int | None) -> None:
+        if self.descriptors:
+            self._sized = False  # the next result sizes a ring again
+        elif lost_ring is not None and self._ring is self.rings[lost_ring]:
+            self._ring = None  # every result in the channel
 
     def give_back_idle(self) -> int:
         with self._lock:
@@ -233,6 +288,8 @@ class SlotRing(Output):
             return self._ring.give_back_free_slots()
 
     def _reserve(self, nbytes: int) -> tuple[int, Reservation] | None:
+        if not self.descriptors:
+            return self._in_ring(nbytes)
         if self._ring is not None:
             self._outgrown.append(not self._ring.fits(nbytes))
             if sum(self._outgrown) >= _RESIZE_AFTER:
@@ -248,6 +305,12 @@ class SlotRing(Output):
             self._more, self._sized = self._more + 1, False  # the next result makes a ring with one more
             self._keep_slot = ring.slot_bytes  # of these slots (that result may be an odd one)
         return (len(self.rings) - 1, reservation) if reservation is not None else None
+
+    def _in_ring(self, nbytes: int) -> tuple[int, Reservation] | None:
+        """Room in the ring as it is (none is added: no descriptor can be sent)."""
+        ring = self._ring
+        reservation = ring.reserve(nbytes, timeout=RING_GRACE_S) if ring is not None and ring.fits(nbytes) else None
+        return (self.rings.index(ring), reservation) if ring is not None and reservation is not None else None
 
     def _size_ring(self, nbytes: int) -> None:
         """Make the ring for results like one of ``nbytes`` (none where a slot exceeds the limit)."""
@@ -271,15 +334,21 @@ class GrowingRings(Output):
     def __init__(self, channel: Channel, capacity: int, limit: int) -> None:
         super().__init__(channel, limit)
         self._misses: collections.deque[bool] = collections.deque(maxlen=_MISS_WINDOW)
+        self._lost: set[int] = set()  # rings whose descriptor did not reach the main process
         with self._lock:
             self._add_ring(capacity)
 
     def set_slots(self, slots: int) -> None:
         """Ignored: the legacy rings follow the results' sizes and waits, not a slot count."""
 
+    def _descriptors_changed(self, lost_ring: int | None) -> None:
+        if lost_ring is not None:
+            self._lost.add(lost_ring)
+
     def _reserve(self, nbytes: int) -> tuple[int, Reservation] | None:
         placed = self._in_a_ring(nbytes, RING_GRACE_S)
-        if placed is None and (not any(ring.fits(nbytes) for ring in self.rings) or sum(self._misses) >= _GROW_AFTER):
+        grow = not any(ring.fits(nbytes) for ring in self.rings) or sum(self._misses) >= _GROW_AFTER
+        if placed is None and self.descriptors and grow:
             capacity = max(LEGACY_MIN_RING_BYTES, LEGACY_RESULTS_PER_RING * nbytes)
             if sum(r.capacity for r in self.rings) + capacity <= self._limit:
                 self._add_ring(capacity)
@@ -290,6 +359,8 @@ class GrowingRings(Output):
 
     def _in_a_ring(self, nbytes: int, wait: float) -> tuple[int, Reservation] | None:
         for index, ring in enumerate(self.rings):
+            if index in self._lost:
+                continue
             reservation = ring.reserve(nbytes, timeout=wait) if ring.fits(nbytes) else None
             if reservation is not None:
                 return index, reservation

@@ -31,7 +31,8 @@ from torchpipe.errors import WorkerError
 from torchpipe.runtime import codec
 from torchpipe.runtime.counts import COUNTS
 from torchpipe.runtime.executor import Result
-from torchpipe.runtime.processes.channel import Channel, ChannelClosed
+from torchpipe.runtime.processes.channel import Channel, ChannelClosed, DescriptorsLost
+from torchpipe.runtime.processes.descriptors import DescriptorBudget, is_open_files_error, open_files_error
 from torchpipe.runtime.processes.output import MAX_RING_BYTES, ring_policy
 from torchpipe.runtime.processes.shm_ring import OneOffSegment, ShmRing, memfd_supported
 from torchpipe.runtime.processes.worker import run_worker, unpack_exception
@@ -88,7 +89,7 @@ class _Loans:
 
 
 class _Worker:
-    __slots__ = ("id", "slot", "pid", "channel", "zygote", "rings", "tasks", "retiring")
+    __slots__ = ("id", "slot", "pid", "channel", "zygote", "rings", "tasks", "retiring", "mapped")
     ready = True  # takes tasks as soon as it is forked (the router asks)
 
     def __init__(self, worker_id: int, slot: int, pid: int, channel: Channel, zygote: Zygote) -> None:
@@ -97,14 +98,16 @@ class _Worker:
         self.pid = pid
         self.channel = channel
         self.zygote = zygote  # the one that forked it, which reaps it
-        self.rings: list[_Loans] = []  # the worker's rings, by index
-        self.tasks: dict[int, Task] = {}  # in flight, by seq
+        self.rings: list[_Loans | None] = []  # the worker's rings, by index (None: its fd was lost)
+        self.tasks: dict[int, Task] = {}  # in flight (or sent again without a descriptor), by seq
         self.retiring = False
+        self.mapped: list[int] = []  # results whose segments were mapped here, to tell the worker
 
     def close(self) -> None:
         self.channel.close()
         for loans in self.rings:
-            loans.close()  # tensors still viewing a ring keep its mapping alive
+            if loans is not None:
+                loans.close()  # tensors still viewing a ring keep its mapping alive
 
 
 class ProcessPool:
@@ -174,7 +177,7 @@ class ProcessPool:
         self._worker_main = functools.partial(run_worker, handler=handler, ring_capacity=ring_bytes,
                                               ring_limit=ring_limit, keep_freed=keep_freed,
                                               ring_policy=ring_policy())  # fmt: skip
-        self._zygote: Zygote | None = Zygote(self._worker_main, name) if fork_now else None
+        self._zygote: Zygote | None = self._new_zygote() if fork_now else None
         self._workers: dict[int, _Worker] = {}
         self._router = TaskRouter()
         self._unsent: list[Result] = []
@@ -182,6 +185,7 @@ class ProcessPool:
         self._size = size
         self._main_cpu_s = 0.0  # this process's CPU in submit() and collect(), for message_seconds()
         self._received = 0
+        self.descriptors = DescriptorBudget()  # whether workers may pass descriptors (open files)
 
     def start(self) -> None:
         """Spawn the workers (the zygote is already running)."""
@@ -251,7 +255,8 @@ class ProcessPool:
     @property
     def ring_bytes(self) -> int:
         """The bytes of the workers' rings in use, as mapped here."""
-        return sum(loans.ring.capacity for w in self._workers.values() for loans in w.rings if not loans.ring.closed)
+        rings = [loans.ring for w in self._workers.values() for loans in w.rings if loans is not None]
+        return sum(ring.capacity for ring in rings if not ring.closed)
 
     def submit(self, seq: int, payload: Any, slot: int | None = None, prefer: int | None = None) -> None:
         """Queue a task for the least busy worker, or for the worker in ``slot`` (in order).
@@ -286,10 +291,14 @@ class ProcessPool:
             worker = channels[fd]
             try:
                 while worker.id in self._workers and worker.channel.poll(0):
-                    message, fds = worker.channel.recv()
-                    self._handle(worker, message, fds, results)
+                    self._receive(worker, results)
+                if worker.mapped and worker.id in self._workers:  # not retired meanwhile
+                    worker.channel.send(("mapped", worker.mapped))
+                    worker.mapped = []
             except ChannelClosed:
                 self._on_exit(worker)
+        if self.descriptors.room_again(len(self._workers)):
+            self._allow_descriptors(True)
         self._dispatch()
         self._received += len(results)
         return results
@@ -381,18 +390,29 @@ class ProcessPool:
     def _spawn(self, slot: int) -> None:
         worker_id = self._next_id
         self._next_id += 1
-        if self._zygote is None or not self._zygote.alive():
-            self._replace_zygote()
         try:
-            pid, channel = self._live_zygote().spawn(slot)
-        except ZygoteGone:  # killed, but not yet reaped when alive() looked
-            self._replace_zygote()
-            pid, channel = self._live_zygote().spawn(slot)
+            pid, channel = self._fork_worker(slot)
+        except OSError as e:
+            if is_open_files_error(e):
+                raise open_files_error(self.name, "start a worker process") from e
+            raise
         worker = _Worker(worker_id, slot, pid, channel, self._live_zygote())
         self._workers[worker_id] = worker
         self._send(worker, ("slots", self._slots))  # before any task: its first result sizes its ring
+        if self.descriptors.short:
+            worker.channel.descriptors = False
+            self._send(worker, ("descriptors", False, None))
         if self._threads > 1:  # before any task; with 1 the worker runs tasks inline already
             self._send(worker, ("threads", self._threads))
+
+    def _fork_worker(self, slot: int) -> tuple[int, Channel]:
+        if self._zygote is None or not self._zygote.alive():
+            self._replace_zygote()
+        try:
+            return self._live_zygote().spawn(slot)
+        except ZygoteGone:  # killed, but not yet reaped when alive() looked
+            self._replace_zygote()
+            return self._live_zygote().spawn(slot)
 
     def _replace_zygote(self) -> None:
         """Fork a zygote where there is none yet (``fork_now=False``) or someone killed it (its
@@ -400,7 +420,15 @@ class ProcessPool:
         forking it is what torch's DataLoader always does."""
         if self._zygote is not None:
             self._zygote.close()
-        self._zygote = Zygote(self._worker_main, self.name)
+        self._zygote = self._new_zygote()
+
+    def _new_zygote(self) -> Zygote:
+        try:
+            return Zygote(self._worker_main, self.name)
+        except OSError as e:
+            if is_open_files_error(e):
+                raise open_files_error(self.name, "start its zygote process") from e
+            raise
 
     def _live_zygote(self) -> Zygote:
         assert self._zygote is not None  # _spawn forked one
@@ -433,28 +461,70 @@ class ProcessPool:
                     again.append(task)
             self._router.requeue(again)
 
+    def _receive(self, worker: _Worker, results: list[Result]) -> None:
+        """Handle the worker's next message, one that came without its descriptor too."""
+        try:
+            message, fds = worker.channel.recv()
+        except DescriptorsLost as e:
+            if e.message is None:  # its body rode in the lost descriptor
+                raise open_files_error(self.name, f"receive a message from worker {worker.pid}") from e
+            message, fds = e.message, []
+            self.descriptors.ran_short()
+            self._allow_descriptors(False, worker, message[1] if message[0] == "ring_added" else None)
+        self._handle(worker, message, fds, results)
+
     def _handle(self, worker: _Worker, message: tuple, fds: list[int], results: list[Result]) -> None:
         kind = message[0]
         if kind == "ring_added":
             if message[2]:  # it replaces the worker's rings: each goes once its records are back
                 for loans in worker.rings:
-                    loans.close()
-            worker.rings.append(_Loans(ShmRing.attach(fds[0])))
+                    if loans is not None:
+                        loans.close()
+            worker.rings.append(_Loans(ShmRing.attach(fds[0])) if fds else None)
             return
         seq = message[1]
+        if kind == "resent":
+            worker.tasks.pop(seq, None)
+            results.append((seq, codec.decode(message[2], allocate=self._allocate), None))
+            self._retire_if_idle(worker)
+            return
         start, wall_s, cpu_s, delay_s, counts = message[-5:]
         where = f"worker {worker.slot} (pid {worker.pid})"
         self.timing.add(wall_s, cpu_s, start=start, where=where, pid=worker.pid, delay_s=delay_s)
         COUNTS.add_tally(counts)
-        worker.tasks.pop(seq, None)
         self._router.done(seq)
-        if kind == "ring":
-            results.append((seq, self._decode_record(worker.rings[message[2]], message[3], message[4]), None))
-        elif kind == "segment":
-            results.append((seq, self._decode_segment(fds[0], message[2]), None))
-        else:
-            results.append((seq, None, unpack_exception(message[2], worker.pid)))
+        if self._unreadable(worker, message, fds):
+            self._send(worker, ("resend", seq, *message[2:5]) if kind == "ring" else ("resend", seq))
+            return  # the task stays the worker's until the result comes again ("resent")
+        worker.tasks.pop(seq, None)
+        results.append((seq, *self._result(worker, message, fds)))
         self._retire_if_idle(worker)
+
+    @staticmethod
+    def _unreadable(worker: _Worker, message: tuple, fds: list[int]) -> bool:
+        """Whether a result's memory did not reach this process: its segment's descriptor, or
+        its ring's, was lost."""
+        return (message[0] == "segment" and not fds) or (message[0] == "ring" and worker.rings[message[2]] is None)
+
+    def _result(self, worker: _Worker, message: tuple, fds: list[int]) -> tuple[Any, BaseException | None]:
+        kind = message[0]
+        if kind == "ring":
+            loans = worker.rings[message[2]]
+            assert loans is not None  # _unreadable() said so
+            return self._decode_record(loans, message[3], message[4]), None
+        if kind == "segment":
+            worker.mapped.append(message[1])
+            return self._decode_segment(fds[0], message[2]), None
+        if kind == "bytes":
+            return codec.decode(message[2], allocate=self._allocate), None
+        return None, unpack_exception(message[2], worker.pid)
+
+    def _allow_descriptors(self, allowed: bool, lost_by: _Worker | None = None, lost_ring: int | None = None) -> None:
+        """Tell every worker whether it may pass descriptors (``lost_by``: the one whose ring
+        ``lost_ring`` did not arrive); large messages to them go in chunks meanwhile."""
+        for worker in list(self._workers.values()):
+            worker.channel.descriptors = allowed
+            self._send(worker, ("descriptors", allowed, lost_ring if worker is lost_by else None))
 
     def _decode_record(self, ring: _Loans, offset: int, nbytes: int) -> Any:
         """The result in a ring record: tensors view the record, or are copied to ``allocate``."""

@@ -8,8 +8,14 @@ Protocol on the worker's channel (see ``docs/process_pool.md``)::
                     ("threads", n)                       run up to n tasks at once, on threads
                     ("slots", n)                         the results main may hold at once (ring slots)
                     ("stop",)                            stop the threads and exit (no task in flight)
+                    ("mapped", [seq, ...])               these segments reached main: close them
+                    ("resend", seq[, index, offset, nbytes])  a segment's (or ring's) fd was lost:
+                                                         send the result in the channel
+                    ("descriptors", allowed[, lost_ring])  main is short of descriptors (or no more)
     worker -> main  ("ring", seq, index, offset, nbytes, *cost)   result encoded in ring ``index``
                     ("segment", seq, nbytes, *cost)              + fd: a result too large for the rings
+                    ("bytes", seq, record, *cost)                the result, where main is short of fds
+                    ("resent", seq, record)                      what "resend" asked for
                     ("error", seq, packed_exception, *cost)
 
 ``cost`` is ``(start, wall_s, cpu_s, delay_s, counts)``: when the task started, what it cost the
@@ -93,19 +99,34 @@ def run_worker(
                 continue
             idle.busy()
             message, _ = channel.recv()
-            if message[0] == "threads":
-                tasks.set_threads(message[1])
-            elif message[0] == "slots":
-                output.set_slots(message[1])
-            elif message[0] == "tasks":
+            if message[0] == "tasks":
                 tasks.run(message[1])
-            else:
+            elif message[0] == "stop":
                 return
+            else:
+                _configure(message, tasks, output)
     except ChannelClosed:
         return
     finally:
         tasks.stop(_JOIN_S)
         output.close()
+
+
+def _configure(message: tuple, tasks: _TaskRunner, output: Output) -> None:
+    """Act on a message from the main process that is not a task."""
+    kind, *args = message
+    if kind == "threads":
+        tasks.set_threads(*args)
+    elif kind == "slots":
+        output.set_slots(*args)
+    elif kind == "mapped":
+        output.confirmed(*args)
+    elif kind == "resend":
+        output.resend(*args)
+    elif kind == "descriptors":
+        output.set_descriptors(*args)
+    else:
+        raise ValueError(f"a worker got a message it does not know: {kind!r}")
 
 
 class _Idle:

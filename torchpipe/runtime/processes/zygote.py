@@ -20,6 +20,7 @@ the main process installed, so a worker sent it is a dead worker, replaced as an
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import signal
 import socket
@@ -28,7 +29,7 @@ import time
 import traceback
 from collections.abc import Callable
 
-from torchpipe.runtime.processes.channel import Channel, ChannelClosed
+from torchpipe.runtime.processes.channel import Channel, ChannelClosed, DescriptorsLost
 
 _POLL_S = 0.2
 _PR_SET_PDEATHSIG = 1
@@ -98,6 +99,7 @@ class Zygote:
         Raises:
             ZygoteGone: if the zygote is gone (it can be dead before :meth:`alive` says so).
             RuntimeError: if it does not answer within ``timeout``.
+            OSError: this process or the zygote is at its open-files limit (``EMFILE``).
         """
         if self._control is None:
             raise ZygoteGone(f"{self.name}: the zygote process {self.pid} is gone (closed)")
@@ -112,6 +114,9 @@ class Zygote:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             message = self._next_message(deadline - time.monotonic())
+            if message is not None and message[0] == "spawn_failed" and message[1] == worker_id:
+                main_end.close()
+                raise OSError(message[2], f"{self.name}: the zygote could not start a worker: {message[3]}")
             if message is not None and message[0] == "spawned" and message[1] == worker_id:
                 return message[2], main_end
         main_end.close()
@@ -190,6 +195,9 @@ def _zygote_main(control: Channel, worker_main: Callable[[Channel, int], None], 
             message, fds = control.recv()
         except ChannelClosed:
             return
+        except DescriptorsLost as e:  # the zygote is at its open-files limit: the worker's end is lost
+            control.send(("spawn_failed", e.message[1], errno.EMFILE, "its channel's descriptor was lost"))
+            continue
         if message[0] != "spawn":
             return
         pid = os.fork()
