@@ -244,7 +244,12 @@ class Dataset(torch.utils.data.IterableDataset):
         return Dataset(EnumerateNode(self._node, start))
 
     def ignore_errors(self) -> Dataset:
-        """Drop elements whose computation raised an exception; they are counted in stats."""
+        """Drop elements whose computation raised an exception; they are counted in stats.
+
+        A record of a saved dataset, snapshot or cache that holds a type not allowed
+        (``tp.UntrustedTypeError``) is not dropped: it raises, since it is a type to allow
+        (``tp.add_safe_globals``), not damaged data.
+        """
         return Dataset(IgnoreErrorsNode(self._node))
 
     # -- batching -------------------------------------------------------------------------

@@ -153,6 +153,15 @@ def test_an_allowed_user_class_loads_and_trusted_loads_anything(tmp_path):
     assert list(tp.load(path).map(lambda x: x.value, num_parallel_calls=2, executor="process")) == [3]
 
 
+def test_ignore_errors_does_not_drop_a_type_to_allow(tmp_path):
+    """A refused type is a setting to make, not damaged data: ignore_errors() raises it."""
+    path = str(tmp_path / "d")
+    tp.from_iterable([1, Allowed(3), 2]).save(path)
+    with pytest.raises(tp.UntrustedTypeError, match=r"test_untrusted\.Allowed"):
+        list(tp.load(path).ignore_errors())
+    assert list(tp.from_iterable([1, 0, 2]).map(lambda x: 2 // x).ignore_errors()) == [2, 1]  # others: dropped
+
+
 def test_trusted_is_a_bool(tmp_path):
     with pytest.raises(TypeError, match="trusted"):
         tp.load(str(tmp_path), trusted="yes")

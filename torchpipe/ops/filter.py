@@ -13,6 +13,7 @@ from torchpipe.core.function import UserFunction
 from torchpipe.core.iterator import Iterator, PassThroughIterator
 from torchpipe.core.node import BuildContext, Node, function_name
 from torchpipe.core.state import check_int, check_state
+from torchpipe.errors import UntrustedTypeError
 
 
 def as_bool(stage: str, value: Any) -> bool:
@@ -144,7 +145,7 @@ class IgnoreErrorsIterator(Iterator):
         while True:
             try:
                 return next(self._source)
-            except StopIteration:
+            except (StopIteration, UntrustedTypeError):  # a type to allow, not damaged data
                 raise
             except Exception:  # noqa: BLE001 - ignore_errors: counted and dropped
                 self.stats.counters[self.IGNORED] += 1
