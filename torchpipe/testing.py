@@ -481,7 +481,7 @@ def worker_pids(pool: Any) -> list[int]:
 def worker_rings(pool: Any) -> list[list[Any]]:
     """The shared-memory rings (``ShmRing``) of each worker of a ``ProcessPool``, as mapped in
     this process, in the order the worker added them."""
-    return [[loans.ring for loans in worker.rings] for worker in pool._workers.values()]
+    return [[loans.ring for loans in worker.rings if loans is not None] for worker in pool._workers.values()]
 
 
 def ring_slots(iterator: Any) -> list[int]:
