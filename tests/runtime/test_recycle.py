@@ -7,7 +7,7 @@ import torch
 
 import torchpipe as tp
 from torchpipe.ops.collate import collate_in_stage
-from torchpipe.runtime.recycle import RECHECK_EVERY, RecycledStack
+from torchpipe.runtime.recycle import RECHECK_EVERY, RecycledStack, batch_row
 
 Pair = namedtuple("Pair", "image label")
 
@@ -113,6 +113,38 @@ def test_rows_leave_what_does_not_match_the_first_element():
         third = batch_rows.place(2, (graded, "c"))
     assert first[0] is not original and torch.equal(first[0], original)
     assert other[0] is wider and third[0] is graded
+
+
+def test_batch_row_lends_the_next_elements_row_and_placing_it_copies_nothing():
+    memory = RecycledStack(min_bytes=1, place_bytes=1)
+    assert batch_row((2, 4), torch.float32) is None  # no batch is being built on this thread
+    with memory.rows(3) as batch_rows:
+        assert batch_row((2, 4), torch.float32) is None  # the first element decides the rows
+        placed = [batch_rows.place(0, (torch.zeros(2, 4), 0))]
+        for j in (1, 2):
+            row = batch_row((2, 4), torch.float32)
+            assert batch_row((2, 4), torch.float64) is None and batch_row((3, 4), torch.float32) is None
+            row.fill_(float(j))
+            placed.append(batch_rows.place(j, (row, j)))
+            assert placed[-1][0].data_ptr() == row.data_ptr()
+        assert batch_row((2, 4), torch.float32) is None  # past the batch's end
+        batch = collate_in_stage(placed, "batch", memory)
+    assert batch[0].data_ptr() == placed[0][0].data_ptr()
+    assert batch[0][:, 0, 0].tolist() == [0.0, 1.0, 2.0]
+    assert batch_row((2, 4), torch.float32) is None
+
+
+def test_rows_lent_for_one_tensor_and_returned_as_another_are_not_overwritten():
+    memory = RecycledStack(min_bytes=1, place_bytes=1)
+    with memory.rows(2) as batch_rows:
+        first = batch_rows.place(0, (torch.zeros(4), torch.zeros(4)))
+        a, b = batch_row((4,), torch.float32), batch_row((4,), torch.float32)
+        assert a.data_ptr() != b.data_ptr()
+        a.fill_(1.0)
+        b.fill_(2.0)
+        second = batch_rows.place(1, (b, a))  # swapped: each is the other's row
+        batch = collate_in_stage([first, second], "batch", memory)
+    assert batch[0][1].tolist() == [2.0] * 4 and batch[1][1].tolist() == [1.0] * 4
 
 
 def big_row(i):

@@ -16,6 +16,10 @@ A stacked batch is a tensor over a buffer lent from a small pool. The buffer com
 the last tensor or array viewing it is freed (the batch, its slices, views of another dtype):
 the lent numpy array is what every view keeps alive, and a ``weakref.finalize`` on it hands
 the buffer back. Memory that is still referenced is never reused.
+
+An op that makes a large tensor can skip even the copy to its row: :func:`batch_row` gives it the
+row of the batch this thread is building (from the second element on), to write its result into
+(``tp.image.train_transform`` does).
 """
 
 from __future__ import annotations
@@ -41,6 +45,21 @@ KEEP = 4
 RECHECK_EVERY = 16
 """Where a batch's first element had nothing to place, the next batches skip the check (a
 flatten of the element and a call per element: 10 us a batch of dict rows), but for every 16th."""
+
+
+_building = threading.local()  # the BatchRows this thread is filling, for batch_row
+
+
+def batch_row(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor | None:
+    """The row of the batch this thread is building that the element being made will be placed
+    in, for a tensor of ``shape`` and ``dtype``: an op that writes its result there and returns
+    it saves the copy into the batch. None where no batch is being built on this thread, or it has
+    no rows for such a tensor (as for its first element, whose tensors decide the rows).
+
+    The k-th call during one element gets the row of the k-th such tensor of the element.
+    """
+    rows: BatchRows | None = getattr(_building, "rows", None)
+    return None if rows is None else rows.row_for(tuple(shape), dtype)
 
 
 class RecycledStack:
@@ -136,18 +155,25 @@ class BatchRows:
         self._size = batch_size
         self._outs: list[torch.Tensor | None] | None = None  # per leaf of the first element
         self._placing = True  # until the first element shows nothing to place
+        self._next = 0  # the element being made: placed elements arrive in order
+        self._lent: list[int] = []  # the leaves whose row batch_row gave the element being made
+        self._outer: BatchRows | None = None
 
     def __enter__(self) -> BatchRows:
         self._memory._local.rows = self
+        self._outer, _building.rows = getattr(_building, "rows", None), self
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self._memory._local.rows = None
+        _building.rows = self._outer
         self._memory._unplaced = 0 if self._placing else 1
         self._outs = None
 
     def place(self, j: int, element: Any) -> Any:
         """``element`` with each large tensor replaced by row ``j`` of the batch (a copy)."""
+        self._next, lent = j + 1, self._lent
+        self._lent = []
         if not self._placing:
             return element  # small elements pay one check
         leaves = nest.flatten(element)
@@ -156,13 +182,27 @@ class BatchRows:
             self._placing = any(out is not None for out in self._outs)
         if len(leaves) != len(self._outs):
             return element
+        if lent:  # rows written in place: what reads another row is copied out before any is written
+            leaves = [_own(leaf, out, j, self._outs) for leaf, out in zip(leaves, self._outs)]
         placed = False
         for k, (leaf, out) in enumerate(zip(leaves, self._outs)):
             if out is not None and _fits(leaf, out):
                 row = out[j]
-                row.copy_(leaf)
+                if not _same(leaf, row):  # else written in place already (batch_row)
+                    row.copy_(leaf)
                 leaves[k], placed = row, True
         return nest.pack_as(element, leaves) if placed else element
+
+    def row_for(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | None:
+        """:func:`batch_row` for this batch."""
+        j = self._next
+        for k, out in enumerate(self._outs or ()):
+            if out is not None and k not in self._lent and out.shape[1:] == shape and out.dtype == dtype:
+                if j >= len(out):
+                    return None
+                self._lent.append(k)
+                return out[j]
+        return None
 
     def placed(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor | None:
         """The batch, if ``tensors`` are its first rows in order."""
@@ -187,6 +227,20 @@ class BatchRows:
             self._memory.empty(leaf, self._size) if self._large(leaf) and not leaf.requires_grad else None
             for leaf in leaves
         ]
+
+
+def _same(leaf: torch.Tensor, row: torch.Tensor) -> bool:
+    return leaf.data_ptr() == row.data_ptr() and leaf.stride() == row.stride()
+
+
+def _own(leaf: Any, out: torch.Tensor | None, j: int, outs: list[torch.Tensor | None]) -> Any:
+    """``leaf``, copied if it views the batch's memory other than its own row ``j`` (a row lent
+    for another of the element's tensors), which placing the element may overwrite."""
+    if type(leaf) is not torch.Tensor or (out is not None and _same(leaf, out[j])):
+        return leaf
+    ptr = leaf.untyped_storage().data_ptr()
+    in_batch = any(o is not None and o.untyped_storage().data_ptr() == ptr for o in outs)
+    return leaf.clone() if in_batch else leaf
 
 
 def _fits(leaf: Any, out: torch.Tensor) -> bool:
