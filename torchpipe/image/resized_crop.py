@@ -103,16 +103,23 @@ def decode_and_random_resized_crop(
         DecodeError: the image is malformed or truncated.
     """
     formats.check_channels(channels)
-    out_h, out_w = pair(size)
-    image = formats.EncodedImage(data)
+    return decode_resized_window(formats.EncodedImage(data), pair(size), scale, ratio, generator(rng), channels,
+                                 apply_exif_orientation, fast_dct)  # fmt: skip
+
+
+def decode_resized_window(image: formats.EncodedImage, size: tuple[int, int], scale: tuple[float, float],
+                          ratio: tuple[float, float], gen: np.random.Generator, channels: int,
+                          apply_exif_orientation: bool, fast_dct: bool) -> torch.Tensor:  # fmt: skip
+    """:func:`decode_and_random_resized_crop` on checked arguments, drawing from ``gen``."""
+    out_h, out_w = size
     if formats.image_format(image) != "jpeg":
-        return random_resized_crop(formats.decode_other(image, channels), (out_h, out_w), scale, ratio, rng)
+        return random_resized_crop(formats.decode_other(image, channels), size, scale, ratio, gen)
     full_h, full_w = formats.jpeg_size(image)
     orientation = formats.exif_orientation(image.data) if apply_exif_orientation else 1
     if orientation >= 5:
         full_h, full_w = full_w, full_h
-    top, left, h, w = random_resized_crop_window(full_h, full_w, scale, ratio, rng)
-    k = dct_scale((h, w), (out_h, out_w))
+    top, left, h, w = random_resized_crop_window(full_h, full_w, scale, ratio, gen)
+    k = dct_scale((h, w), size)
     decoded = formats.decode_jpeg_array(image, channels, k, fast_dct=fast_dct)
     pixels = formats.orient(formats.as_tensor(decoded), orientation)
     if k > 1:  # the window in the scaled image's pixels (its sides are the full ones / k, rounded up)
