@@ -21,6 +21,7 @@ SEED = 20240905
 
 JPEG_QUALITY = 90
 JPEG_SIDES = (288, 352)  # width and height are drawn from this range: "about 320 px"
+PHOTO_SIDES = ((450, 550), (340, 410))  # ImageNet's typical photo: width, height about 500 x 375
 
 RECORD_DTYPE = np.dtype([("id", "<i8"), ("label", "<i4"), ("x", "<f4", (29,))])  # 128 bytes
 SHARDS = 64
@@ -60,19 +61,31 @@ def jpeg_files(count: int) -> list[str]:
     return [str(root / f"{i:06d}.jpg") for i in range(count)]
 
 
-def _write_jpegs(directory: Path, count: int) -> None:
+def photo_jpeg_files(count: int) -> list[str]:
+    """Paths of ``count`` JPEG files of ImageNet's typical size (about 500 x 375, ``PHOTO_SIDES``),
+    quality 90, generated once: what a RandomResizedCrop training transform reads."""
+    root = _materialize(f"jpeg-photo-v1-{count}", lambda tmp: _write_jpegs(tmp, count, PHOTO_SIDES))
+    return [str(root / f"{i:06d}.jpg") for i in range(count)]
+
+
+def _write_jpegs(directory: Path, count: int, sides: tuple[tuple[int, int], ...] | None = None) -> None:
     from PIL import Image
 
     for i in range(count):
+        pixels = _photo_like(np.random.default_rng([SEED, i]), sides)
         with open(directory / f"{i:06d}.jpg", "wb") as f:
-            Image.fromarray(_photo_like(np.random.default_rng([SEED, i]))).save(f, quality=JPEG_QUALITY)
+            Image.fromarray(pixels).save(f, quality=JPEG_QUALITY)
 
 
-def _photo_like(rng: np.random.Generator) -> np.ndarray:
-    """An RGB image with smooth shapes and mild noise, so it compresses like a photo."""
+def _photo_like(rng: np.random.Generator, sides: tuple[tuple[int, int], ...] | None = None) -> np.ndarray:
+    """An RGB image with smooth shapes and mild noise, so it compresses like a photo; width and
+    height drawn from ``sides`` (their ranges), by default both from ``JPEG_SIDES``."""
     from PIL import Image
 
-    width, height = (int(v) for v in rng.integers(*JPEG_SIDES, size=2, endpoint=True))
+    if sides is None:
+        width, height = (int(v) for v in rng.integers(*JPEG_SIDES, size=2, endpoint=True))
+    else:
+        width, height = (int(rng.integers(low, high, endpoint=True)) for low, high in sides)
     coarse = rng.integers(0, 256, size=(6, 6, 3), dtype=np.uint8)
     smooth = np.asarray(Image.fromarray(coarse).resize((width, height), Image.BICUBIC), dtype=np.int16)
     noise = rng.integers(-10, 11, size=smooth.shape, dtype=np.int16)
