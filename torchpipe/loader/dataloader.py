@@ -19,12 +19,14 @@ import weakref
 from typing import Any, Protocol, TypeVar, cast, runtime_checkable
 
 import torch
+import torch.utils.data._utils.collate as torch_collate
 from torch.utils.data import dataloader as torch_dataloader
 from torch.utils.data._utils.pin_memory import pin_memory
 
 from torchpipe.autotune.report import PipelineStats
 from torchpipe.dataset import Dataset
 from torchpipe.errors import CheckpointError
+from torchpipe.loader.collate import default_collate as column_collate
 from torchpipe.loader.fetch import fetch_seeded
 from torchpipe.loader.rebuild import notice_read
 from torchpipe.loader.replicas import MAX_REPLICAS
@@ -446,12 +448,21 @@ def _skip(iterator: Any, count: int) -> None:
 
 
 class _InlineIterator(torch_dataloader._SingleProcessDataLoaderIter):
-    """torch's iterator for ``num_workers=0``, whose errors name the batch and the index that failed."""
+    """torch's iterator for ``num_workers=0``, whose errors name the batch and the index that failed;
+    torch's ``default_collate`` runs a column at a time (loader/collate.py: the same batches)."""
+
+    def __init__(self, loader: DataLoader) -> None:
+        super().__init__(loader)
+        if self._collate_fn is torch_collate.default_collate:
+            self._dataset_fetcher = torch_dataloader._DatasetKind.create_fetcher(
+                self._dataset_kind, self._dataset, self._auto_collation, column_collate, self._drop_last
+            )
 
     @classmethod
     def describe(cls, loader: DataLoader) -> list[str]:
         """How an epoch of ``loader`` runs, for ``tp.explain(loader)``."""
-        return ["  torch's own iterator (num_workers=0)"]
+        fast = " (default_collate a column at a time)" if loader.collate_fn is torch_collate.default_collate else ""
+        return [f"  torch's own iterator (num_workers=0){fast}"]
 
     def _next_data(self) -> Any:
         seed = mix_seed(int(self._base_seed), self._num_yielded)  # tp.rng() for the batch

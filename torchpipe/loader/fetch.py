@@ -18,6 +18,7 @@ import torch.utils.data._utils.fetch as torch_fetch
 from torch.utils.data import dataloader as torch_dataloader
 
 from torchpipe.errors import add_note
+from torchpipe.loader.collate import ColumnCollate
 from torchpipe.loader.replicas import EndedOnReplay, Replicas
 from torchpipe.randomness import (
     call_seeded,
@@ -61,16 +62,15 @@ def _stack_later(batch: list[torch.Tensor], *, collate_fn_map: Any = None) -> An
 
 _WORKER_COLLATE_MAP = {**torch_collate.default_collate_fn_map, torch.Tensor: _stack_later}
 
-
-def _collate_into_shared_memory(batch: list[Any]) -> Any:
-    """``default_collate`` with exactly its semantics, stacking tensors into shared memory."""
-    return torch_collate.collate(batch, collate_fn_map=_WORKER_COLLATE_MAP)
+_collate_into_shared_memory = ColumnCollate(_WORKER_COLLATE_MAP, stackers=(_stack_later,))
+"""``default_collate`` with exactly its semantics, a column at a time, stacking tensors into shared memory."""
 
 
 def recycling_collate(memory: RecycledStack) -> Callable[[list[Any]], Any]:
-    """``default_collate`` with exactly its semantics, stacking same-shape plain tensors into
-    ``memory``'s reused buffers (a batch made in this process: a 38 MB batch stacked into fresh
-    memory pays 9,400 page faults, ~5x the copy; runtime/recycle.py)."""
+    """``default_collate`` with exactly its semantics, a column at a time (loader/collate.py),
+    stacking same-shape plain tensors into ``memory``'s reused buffers (a batch made in this
+    process: a 38 MB batch stacked into fresh memory pays 9,400 page faults, ~5x the copy;
+    runtime/recycle.py)."""
 
     def stack(batch: list[torch.Tensor], *, collate_fn_map: Any = None) -> Any:
         first = batch[0]
@@ -79,8 +79,7 @@ def recycling_collate(memory: RecycledStack) -> Callable[[list[Any]], Any]:
             return memory(batch)
         return torch_collate.collate_tensor_fn(batch, collate_fn_map=collate_fn_map)
 
-    collate_map = {**torch_collate.default_collate_fn_map, torch.Tensor: stack}
-    return lambda batch: torch_collate.collate(batch, collate_fn_map=collate_map)
+    return ColumnCollate({**torch_collate.default_collate_fn_map, torch.Tensor: stack}, stackers=(stack,))
 
 
 def batch_seed(base_seed: int, epoch: int, batch: int) -> int:
