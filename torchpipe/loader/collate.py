@@ -88,18 +88,14 @@ class ColumnCollate:
     def _key_of(self, kind: type) -> Any:
         """The map's key for elements of ``kind`` (torch's rule: the type itself, else the first
         key it is a subclass of), or None; remembered for the type (a bounded number of them)."""
-        if kind in self.map:
-            key = kind
-        else:
-            key = next((k for k in self.map if issubclass(kind, k)), None)
+        key: Any = kind if kind in self.map else next((k for k in self.map if issubclass(kind, k)), None)
         if len(self._keys) < 256:
             self._keys[kind] = key
         return key
 
     def _arrays(self, column: Sequence[Any], fn: Callable[..., Any]) -> Any:
-        """A column of numpy arrays: small ones of one dtype and shape stacked by numpy into a
-        tensor's memory, larger ones by the map's tensor function (torch's collation of their
-        tensors), anything else torch's."""
+        """A column of numpy arrays: small ones of one dtype and shape stacked by numpy, larger
+        ones by the map's tensor function (torch's collation of their tensors), anything else torch's."""
         first = column[0]
         dtype, shape = first.dtype, first.shape
         same = dtype.kind in _NUMERIC and dtype.isnative
@@ -125,7 +121,7 @@ def _numbers(column: Sequence[Any], fn: Callable[..., Any]) -> Any:
     if dtype is None or not all(type(v) is kind for v in column):
         return fn(column)
     try:
-        values = np.array(column, dtype=dtype)
+        values: np.ndarray = np.array(column, dtype=dtype)
     except OverflowError:
         return fn(column)  # torch's error
     return torch.tensor(values)  # copied into memory torch owns (resizable, as torch's)
