@@ -86,7 +86,7 @@ class WithGetitems(torch.utils.data.Dataset):
         return [torch.tensor(i) for i in indices]
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("num_workers", [0, 2, "auto"])
 def test_getitems_is_used(num_workers):
     assert [b.tolist() for b in tp.DataLoader(WithGetitems(), batch_size=4, num_workers=num_workers)] == [
         [0, 1, 2, 3],
@@ -502,3 +502,11 @@ def test_stats_describe_the_last_pass_after_the_loop():
     next(it), next(it)
     del it  # a pass left mid-epoch, as far as it went
     assert loader.stats()[0]["produced"] == 2
+
+
+def test_batches_made_inline_show_in_torchs_profiler_as_torchs_do():
+    loader = tp.DataLoader(list(range(8)), batch_size=2)
+    with torch.profiler.profile() as prof:
+        assert [b.tolist() for b in loader] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    spans = [e.name for e in prof.events() if e.name.startswith("enumerate(DataLoader)#")]
+    assert len(spans) == 5  # a span a batch, and the one that ends the epoch

@@ -15,12 +15,35 @@ class Items(torch.utils.data.Dataset):
         return {"x": torch.full((2,), i), "i": i}
 
 
+class Batched(Items):
+    """A dataset with torch's batched fetch, counting its calls."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getitem__(self, i):
+        raise AssertionError("__getitems__ should be used")
+
+    def __getitems__(self, indices):
+        self.calls.append(list(indices))
+        return [{"x": torch.full((2,), i), "i": i} for i in indices]
+
+
+def test_a_batch_of_a_dataset_is_fetched_with_one_getitems_call():
+    dataset = Batched()
+    batches = list(tp.from_dataset(dataset).batch(4))
+    assert [b["i"].tolist() for b in batches] == [[0, 1, 2, 3], [4, 5, 6, 7], [8]]
+    assert dataset.calls == [[0, 1, 2, 3], [4, 5, 6, 7], [8]]
+
+
 @pytest.mark.parametrize(
     "make",
     [
         lambda: tp.range(7),
         lambda: tp.range(20, 3, -4),
         lambda: tp.from_dataset(Items()),
+        lambda: tp.from_dataset(Items()).batch(4),
+        lambda: tp.from_dataset(Batched()).batch(4),
         lambda: tp.from_tensor_slices((torch.arange(6), [str(i) for i in range(6)])),
         lambda: tp.from_iterable(lambda: iter(range(8))),
         lambda: tp.from_iterable([1, 2, 3]),
@@ -59,6 +82,10 @@ def test_source_errors_propagate_with_their_type():
     with pytest.raises(IndexError, match="missing file"):
         next(it)
     assert list(it) == [2]
+    batches = iter(tp.from_dataset(Broken()).batch(2))  # the batch fails; the next starts past the failing index
+    with pytest.raises(IndexError, match="missing file"):
+        next(batches)
+    assert [b.tolist() for b in batches] == [[2]]
 
 
 class Corrupt(Items):
@@ -81,6 +108,7 @@ class CorruptNoBatchFetch(Corrupt):
     "make",
     [
         lambda ds: tp.from_dataset(ds),  # inline
+        lambda ds: tp.from_dataset(ds).batch(2),  # inline, a batch's elements at once: __getitems__
         lambda ds: tp.from_dataset(ds).map(lambda x: x, 2, executor="thread"),  # pushed down, threads
         lambda ds: tp.from_dataset(ds).map(lambda x: x, 2, executor="process"),  # pushed down, processes
         lambda ds: tp.from_dataset(ds).map(lambda x: x, 2, executor="process").batch(2),  # + batch: __getitems__

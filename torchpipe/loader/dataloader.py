@@ -39,6 +39,8 @@ from torchpipe.runtime.placement.measure import prepare_measurements
 from torchpipe.runtime.processes.pool import process_executor_supported
 
 _FORK = ("fork", None)
+_MAP = torch_dataloader._DatasetKind.Map
+_profiling = torch._C._autograd._profiler_enabled  # a torch.profiler (or the autograd profiler) records
 _TORCH_HAS_IN_ORDER = "in_order" in inspect.signature(torch.utils.data.DataLoader.__init__).parameters
 _T_co = TypeVar("_T_co", covariant=True)
 _TORCH_CONTEXT: Any = torch.utils.data.DataLoader.multiprocessing_context  # torch's property
@@ -463,6 +465,15 @@ class _InlineIterator(torch_dataloader._SingleProcessDataLoaderIter):
         """How an epoch of ``loader`` runs, for ``tp.explain(loader)``."""
         fast = " (default_collate a column at a time)" if loader.collate_fn is torch_collate.default_collate else ""
         return [f"  torch's own iterator (num_workers=0){fast}"]
+
+    def __next__(self) -> Any:
+        # torch's, less its profiler span where no profiler runs (~5 us a batch: a cheap batch
+        # costs tens); an IterableDataset's, for its length check, and the first batch are torch's
+        if self._sampler_iter is None or self._dataset_kind != _MAP or _profiling():
+            return super().__next__()
+        data = self._next_data()
+        self._num_yielded += 1
+        return data
 
     def _next_data(self) -> Any:
         seed = mix_seed(int(self._base_seed), self._num_yielded)  # tp.rng() for the batch

@@ -158,7 +158,7 @@ class BatchIterator(PassThroughIterator):
         self._seq = 0
 
     def next(self) -> Any:
-        if self._memory is None:
+        if self._memory is None or not self._memory.placing():  # nothing to place: the input's at once
             return self._next_batch(_keep)
         with self._memory.rows(self._batch_size) as rows:
             return self._next_batch(rows.place)
@@ -175,20 +175,26 @@ class BatchIterator(PassThroughIterator):
             seq = self._seq
             self._seq = seq + 1
             return self._combine(seq, elements)
-        while len(elements) < self._batch_size:
-            try:
-                element = next(self._source)
-            except StopIteration:
-                break
+        # a dataset with __getitems__ fetches a batch's elements in one call (placed as they come)
+        arriving = self._taken() if getattr(self._source, "fetches_together", False) else self._source
+        for element in arriving:
             if self._check_first is not None:
                 check, self._check_first = self._check_first, None
                 check(element)
             elements.append(place(len(elements), element))
+            if len(elements) == self._batch_size:
+                break
         if not elements or (self._drop_remainder and len(elements) < self._batch_size):
             raise StopIteration
         seq = self._seq
         self._seq = seq + 1
         return self._combine(seq, elements)
+
+    def _taken(self) -> list[Any]:
+        try:
+            return self._source.take(self._batch_size)
+        except StopIteration:
+            return []
 
 
 def _keep(j: int, element: Any) -> Any:

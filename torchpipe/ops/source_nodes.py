@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+import time
 from collections.abc import Callable, Sized
 from typing import Any, NamedTuple
 
@@ -37,15 +38,43 @@ class IndexedSourceIterator(Iterator):
             raise StopIteration
         self._index += 1
 
+    @property
+    def fetches_together(self) -> bool:
+        """Whether :meth:`take` fetches its elements in one call (a dataset's ``__getitems__``)."""
+        return type(self._get) is DatasetFetch and self._get.getitems is not None
+
     def take(self, count: int) -> list[Any]:
-        if self._get is not int or not self.running:  # a fetch may fail at any element: one at a time
-            return super().take(count)
+        if not self.running:
+            self._begin()  # as the first next() does (it raises for a closed iterator)
         start = self._index
         if start >= self._length:
             raise StopIteration
-        self._index = end = min(start + count, self._length)
-        self.stats.produced += end - start
-        return list(range(start, end))  # the indices of a pushed-down source, a batch at once
+        end = min(start + count, self._length)
+        get = self._get
+        if get is int:  # the indices of a pushed-down source, a batch at once
+            self._index = end
+            elements: list[Any] = list(range(start, end))
+        elif type(get) is DatasetFetch:
+            t0 = time.perf_counter()
+            elements = self._fetch_many(get, start, end)
+            self.stats.clocked_together(t0, time.perf_counter())
+        else:
+            return super().take(count)
+        self.stats.produced += len(elements)
+        return elements
+
+    def _fetch_many(self, fetch: DatasetFetch, start: int, end: int) -> list[Any]:
+        """Elements ``start`` to ``end`` of a dataset: one ``__getitems__`` call where it has it
+        (a failure then consumes them all), else ``dataset[i]`` each, a failure leaving the
+        index past the failing one (as :meth:`next` does)."""
+        if fetch.getitems is not None:
+            self._index = end
+            return fetch.many(list(range(start, end)))
+        elements = []
+        for i in range(start, end):
+            self._index = i + 1
+            elements.append(fetch(i))
+        return elements
 
     def get_state(self) -> dict[str, Any]:
         return {self.INDEX: self._index}
@@ -63,11 +92,12 @@ class DatasetFetch:
         dataset: the map-style dataset.
     """
 
-    __slots__ = ("dataset", "stage")
+    __slots__ = ("dataset", "stage", "getitems")
 
     def __init__(self, dataset: Any) -> None:
         self.dataset = dataset
         self.stage = getattr(dataset, "torchpipe_stage", None) or f"from_dataset({type(dataset).__name__})"
+        self.getitems = getattr(dataset, "__getitems__", None)  # torch's batched fetch, where it has one
 
     def __call__(self, index: int) -> Any:
         try:
@@ -78,11 +108,10 @@ class DatasetFetch:
 
     def many(self, indices: list[int]) -> list[Any]:
         """The elements at ``indices``, with one ``__getitems__`` call where the dataset has it."""
-        getitems = getattr(self.dataset, "__getitems__", None)
-        if getitems is None:
+        if self.getitems is None:
             return [self(i) for i in indices]
         try:
-            return list(getitems(indices))
+            return list(self.getitems(indices))
         except Exception as e:
             shown = ", ".join(map(str, indices[:8])) + (", ..." if len(indices) > 8 else "")
             add_note(e, f"raised in torchpipe stage {self.stage} at one of indices [{shown}] (__getitems__)")
