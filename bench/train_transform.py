@@ -6,7 +6,8 @@ batch 64, over ImageNet-sized photo-like JPEGs (``bench/data.py``'s ``photo_jpeg
 
 - ``torchpipe_tpimage``: ``tp.image.train_transform`` in a DSL pipeline as docs/image.md writes
   it (shuffle, map AUTOTUNE, batch, prefetch AUTOTUNE), with libjpeg-turbo's fast IDCT as
-  TensorFlow's decoders use by default;
+  TensorFlow's decoders use by default; ``torchpipe_tpimage_unfused``, the same with the separate
+  ops (``decode_and_random_resized_crop``, ``random_flip_left_right``, ``to_tensor``);
 - ``torch_dataloader_torchvision_w<n>``: torch's DataLoader with ``n`` workers over a
   torchvision-style dataset (Pillow's decode, torchvision's ``RandomResizedCrop``,
   ``RandomHorizontalFlip``, ``ToTensor``, ``Normalize``); where torchvision does not import, the
@@ -81,20 +82,32 @@ def train_sample(data_: Any, label: Any) -> tuple[torch.Tensor, Any]:
 SPEC = {"image": tp.io.FixedLenFeature([], bytes), "label": tp.io.FixedLenFeature([], torch.int64)}
 
 
+def unfused_train_sample(data_: Any, label: Any) -> tuple[torch.Tensor, Any]:
+    """The same with ``tp.image``'s separate ops (before ``train_transform``): the same output."""
+    image = tp.image.decode_and_random_resized_crop(data_, SIZE, SCALE, RATIO, fast_dct=True)
+    return tp.image.to_tensor(tp.image.random_flip_left_right(image), MEAN, STD), label
+
+
 def parse_train_sample(record: bytes) -> tuple[torch.Tensor, Any]:
     parsed = tp.io.parse_single_example(record, SPEC)
     return train_sample(parsed["image"], parsed["label"])
 
 
-def tpimage(workload: str, files: list[str], batch_size: int) -> Iterable[Any]:
-    """``torchpipe_tpimage``: the DSL pipeline docs/image.md shows."""
+def parse_unfused_train_sample(record: bytes) -> tuple[torch.Tensor, Any]:
+    parsed = tp.io.parse_single_example(record, SPEC)
+    return unfused_train_sample(parsed["image"], parsed["label"])
+
+
+def tpimage(workload: str, files: list[str], batch_size: int, fused: bool = True) -> Iterable[Any]:
+    """``torchpipe_tpimage``: the DSL pipeline docs/image.md shows (``_unfused``: with the
+    separate ops)."""
     if workload == "jpeg":
         ds = tp.from_tensor_slices((files, labels_of(len(files)))).repeat().shuffle(len(files))
-        ds = ds.map(train_sample, num_parallel_calls=tp.AUTOTUNE)
+        ds = ds.map(train_sample if fused else unfused_train_sample, num_parallel_calls=tp.AUTOTUNE)
     else:
         shards = tp.from_tensor_slices(tfrecord_shards(files)).repeat()
         records = shards.interleave(tp.TFRecordDataset, cycle_length=CYCLE, num_parallel_calls=tp.AUTOTUNE)
-        ds = records.map(parse_train_sample, num_parallel_calls=tp.AUTOTUNE)
+        ds = records.map(parse_train_sample if fused else parse_unfused_train_sample, num_parallel_calls=tp.AUTOTUNE)
     ds = ds.batch(batch_size, drop_remainder=True).prefetch(tp.AUTOTUNE)
     return ds.with_options(tp.Options(seed=0))
 
@@ -243,7 +256,10 @@ Builder = Callable[[list[str], int], Iterable[Any]]
 
 def builders(workload: str) -> dict[str, Builder]:
     """The configurations measured on ``workload``, by row name."""
-    rows: dict[str, Builder] = {"torchpipe_tpimage": lambda f, b: tpimage(workload, f, b)}
+    rows: dict[str, Builder] = {
+        "torchpipe_tpimage": lambda f, b: tpimage(workload, f, b),
+        "torchpipe_tpimage_unfused": lambda f, b: tpimage(workload, f, b, fused=False),
+    }
     if workload == "jpeg":
         rows["tp_dataloader_auto"] = tp_dataloader
         for n in TORCH_WORKERS:

@@ -2,8 +2,10 @@
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -20,11 +22,10 @@ BATCH = 4
 
 
 @pytest.fixture(scope="module")
-def files(tmp_path_factory) -> list[str]:
-    import os
-
-    os.environ[data.CACHE_ENV] = str(tmp_path_factory.mktemp("bench-cache"))
-    return data.photo_jpeg_files(FILES)
+def files(tmp_path_factory) -> Iterator[list[str]]:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(data.CACHE_ENV, str(tmp_path_factory.mktemp("bench-cache")))
+        yield data.photo_jpeg_files(FILES)
 
 
 def test_the_photo_files_are_imagenet_sized(files):
@@ -33,9 +34,10 @@ def test_the_photo_files_are_imagenet_sized(files):
             assert 450 <= image.width <= 550 and 340 <= image.height <= 410 and image.format == "JPEG"
 
 
+@pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("workload", tt.WORKLOADS)
-def test_the_tpimage_row_makes_normalized_training_batches(files, workload):
-    images, labels = next(iter(tt.tpimage(workload, files, BATCH)))
+def test_the_tpimage_rows_make_normalized_training_batches(files, workload, fused):
+    images, labels = next(iter(tt.tpimage(workload, files, BATCH, fused)))
     tt.check_batch((images, labels), BATCH)
     assert -2.2 < images.min() < 0 < images.max() < 2.7  # normalized, not [0, 1] or [0, 255]
     assert set(labels.tolist()) <= set(tt.labels_of(FILES))
@@ -67,7 +69,7 @@ def test_the_rows_of_each_workload_and_what_is_missing():
     assert {r for r in tt.builders("jpeg") if r.startswith("torch_dataloader")} == {
         f"torch_dataloader_torchvision_w{n}" for n in tt.TORCH_WORKERS
     }
-    assert set(tt.builders("tfrecord")) == {"torchpipe_tpimage", "tfdata_native"}
+    assert set(tt.builders("tfrecord")) == {"torchpipe_tpimage", "torchpipe_tpimage_unfused", "tfdata_native"}
     assert tt.missing("torchpipe_tpimage") is None
     assert (tt.missing("ffcv") is None) == (importlib.util.find_spec("ffcv") is not None)
 
@@ -101,7 +103,7 @@ def test_the_tf_data_row_runs_in_a_fresh_process(files, workload):
     script = Path(tt.__file__).resolve()
     command = [sys.executable, str(script), "--one", "tfdata_native", "--workload", workload, "--files", str(FILES),
                "--batch-size", str(BATCH), "--warmup", "1", "--batches", "1"]  # fmt: skip
-    env = {**__import__("os").environ, data.CACHE_ENV: str(Path(files[0]).parent.parent)}
+    env = {**os.environ, data.CACHE_ENV: str(Path(files[0]).parent.parent)}
     done = subprocess.run(command, capture_output=True, text=True, timeout=50, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
