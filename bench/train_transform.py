@@ -348,8 +348,9 @@ def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
     measured = [r for r in results if "img_s" in r]
     if not measured:
         return results[-1]
-    return {"img_s": statistics.median(r["img_s"] for r in measured),
-            "cpu_ms": statistics.median(r["cpu_ms"] for r in measured), "runs": len(measured)}  # fmt: skip
+    rates = [r["img_s"] for r in measured]
+    return {"img_s": statistics.median(rates), "cpu_ms": statistics.median(r["cpu_ms"] for r in measured),
+            "runs": len(measured), "spread": max(rates) / min(rates) - 1}  # fmt: skip
 
 
 def table(workload: str, rows: dict[str, dict[str, Any]]) -> str:
@@ -362,7 +363,8 @@ def table(workload: str, rows: dict[str, dict[str, Any]]) -> str:
             lines.append(f"| {name} | not run: {r.get('not_run') or r.get('error')} | | | |")
             continue
         ratio = [f"{r['img_s'] / ref:.2f}x" if ref else "-" for ref in (tf, torch_best)]
-        lines.append(f"| {name} | {r['img_s']:.0f} | {r['cpu_ms']:.2f} | {ratio[0]} | {ratio[1]} |")
+        spread = f" (spread {r['spread']:.0%})" if "spread" in r else ""
+        lines.append(f"| {name} | {r['img_s']:.0f}{spread} | {r['cpu_ms']:.2f} | {ratio[0]} | {ratio[1]} |")
     return "\n".join(lines)
 
 

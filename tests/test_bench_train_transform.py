@@ -93,8 +93,10 @@ def test_the_table_gives_ratios_to_tf_data_and_torchs_best_and_says_what_did_not
     assert "| torchpipe_tpimage | 300 | 1.50 | 1.50x | 2.00x |" in text
     assert "| ffcv | not run: ffcv is not installed |" in text
     assert tt.summary([{"img_s": 1.0, "cpu_ms": 2.0}, {"error": "x"}, {"img_s": 3.0, "cpu_ms": 4.0}]) == {
-        "img_s": 2.0, "cpu_ms": 3.0, "runs": 2
+        "img_s": 2.0, "cpu_ms": 3.0, "runs": 2, "spread": 2.0
     }  # fmt: skip
+    assert "| torchpipe_tpimage | 300 (spread 10%) |" in tt.table("jpeg", {"torchpipe_tpimage": {
+        "img_s": 300.0, "cpu_ms": 1.5, "spread": 0.1}})  # fmt: skip
 
 
 @pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="TensorFlow is not installed")
