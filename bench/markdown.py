@@ -34,18 +34,20 @@ def _megabytes(value: float | None) -> str:
 
 def results_table(report: dict[str, Any]) -> str:
     """One row per workload and configuration, in ``bench/run.py``'s order."""
-    lines = ["| workload | configuration | throughput | spread | vs dataloader_best | vs limit | first batch "
-             "| peak RSS | end PSS | CPU per item | others |", "|---" * 11 + "|"]  # fmt: skip
+    lines = ["| workload | configuration | throughput | spread | vs dataloader_best | floor | vs limit | first batch "
+             "| converge_s | peak held | end PSS | CPU per item | others |", "|---" * 13 + "|"]  # fmt: skip
     for name, entry in report["workloads"].items():
         results, limit, unit = entry["results"], entry["limit"], entry["unit"]
         base = results.get(BASELINE, {}).get("throughput")
+        noise = (entry.get("floor") or {}).get("ratio")
         for config in sorted(results, key=lambda c: ORDER.index(c) if c in ORDER else len(ORDER)):
             r = results[config]
-            share = r.get("others_cpu_share")
+            share, converge = r.get("others_cpu_share"), r.get("converge_s")
             cells = [name, config, f"{r['throughput']:.4g} {unit}", _spread(r) or "-",
-                     f"{r['throughput'] / base:.2f}x" if base else "-",
+                     f"{r['throughput'] / base:.2f}x" if base else "-", "-" if noise is None else f"{noise:.2f}",
                      f"{r['throughput'] / limit:.2f}" if limit else "-", f"{r['first_batch_s']:.2f} s",
-                     _megabytes(r["peak_rss_mb"]), _megabytes(r.get("end_pss_mb")),
+                     "-" if converge is None else f"{converge:.2f} s",
+                     _megabytes(r.get("peak_held_mb")), _megabytes(r.get("end_pss_mb")),
                      f"{r['cpu_s_per_item'] * 1e3:.3f} ms", "-" if share is None else f"{share:.0%}"]  # fmt: skip
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -80,12 +82,15 @@ def _knobs(chosen: dict[str, Any] | None) -> str:
 
 def summary_table(report: dict[str, Any]) -> str:
     """The README's table: one row per workload, torch's best DataLoader (its throughput and
-    workers), the zero-knob configurations and the best Python peer as ratios to it, and the two
-    zero-knob configurations' end PSS as ratios to torch's DataLoader's with as many workers."""
+    workers), the zero-knob configurations and the best Python peer as ratios to it, the noise
+    floor (the lowest twin of ``dataloader_best`` over the highest: a ratio above it cannot be told
+    from the best row), and the two zero-knob configurations' peak held memory as ratios to torch's
+    DataLoader's with as many workers and their ``converge_s``."""
     lines = [
         "| workload | torch DataLoader, best | `torchpipe_auto` "
-        '| `tp.DataLoader(num_workers="auto")` | best Python peer | end PSS vs DataLoader, same workers |',
-        "|---|---|---|---|---|---|",
+        '| `tp.DataLoader(num_workers="auto")` | best Python peer | floor '
+        "| peak held vs DataLoader, same workers | converge_s |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     chosen = report.get("machine", {}).get("run", {}).get("chosen", {})
     for name, entry in report["workloads"].items():
@@ -102,11 +107,20 @@ def summary_table(report: dict[str, Any]) -> str:
             ratio = f"{results[best]['throughput'] / base:.2f}x ({PEER_NAMES.get(best, best)})"
             peer = _with_spread(ratio, results[best])
         knobs = _knobs(chosen.get(name, {}).get(BASELINE))
-        memory = [entry.get("targets", {}).get(c, {}).get("pss_vs_same_workers") for c in ZERO_KNOB]
-        pss = " / ".join(f"{m['ratio']:.2f}x" if m and m.get("ratio") else "-" for m in memory)
-        cells = [name, _with_spread(f"{_rate(base)} {unit}{knobs}", results[BASELINE]), *ratios, peer, pss]
+        checks = [entry.get("targets", {}).get(c, {}) for c in ZERO_KNOB]
+        peak = " / ".join(_figure(c.get("peak_vs_same_workers"), "{:.2f}x") for c in checks)
+        converge = " / ".join(_figure(c.get("converge_s"), "{:.1f} s") for c in checks)
+        noise = (entry.get("floor") or {}).get("ratio")
+        floor = "-" if noise is None else f"{noise:.2f}"
+        cells = [name, _with_spread(f"{_rate(base)} {unit}{knobs}", results[BASELINE]), *ratios, peer, floor, peak,
+                 converge]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _figure(check: dict[str, Any] | None, form: str) -> str:
+    """A check's ratio in ``form``, ``-`` where it was not measured."""
+    return "-" if not check or check.get("ratio") is None else form.format(check["ratio"])
 
 
 def _cell(check: dict[str, Any] | None) -> str:
@@ -119,7 +133,8 @@ def _cell(check: dict[str, Any] | None) -> str:
     against = f" ({check['against']})" if check.get("against") else ""
     if check.get("epoch") is not None:
         against = f" (epoch {check['epoch']})"  # the worst epoch, where every epoch is held to it
-    return f"{check['ratio']:.2f} {'ok' if check['met'] else '**miss**'}{against}"
+    floor = f", floor {check['floor']:.2f}" if check.get("floor") is not None else ""
+    return f"{check['ratio']:.2f} {'ok' if check['met'] else '**miss**'}{against}{floor}"
 
 
 def targets_table(report: dict[str, Any]) -> str:

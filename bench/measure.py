@@ -1,5 +1,6 @@
-"""One measurement: throughput, time to first batch, peak RSS and CPU time of the process tree, and
-how much of the cores other processes took meanwhile (the machine may be shared)."""
+"""One measurement: throughput, time to first batch, the memory the process tree holds at its peak,
+its CPU time, how long a loader took to reach its steady rate, and how much of the cores other
+processes took meanwhile (the machine may be shared)."""
 
 from __future__ import annotations
 
@@ -10,33 +11,51 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import psutil
 
+from bench.isolate import tree_root
+
 SAMPLE_S = 0.05
+"""How often the monitor's thread reads the tree: RSS and CPU times, and what it holds (issue #57:
+at least every 50 ms, so a batch held for a moment shows in the peak)."""
+CONVERGE_SPAN_S = 0.5
+CONVERGE_WITHIN = 0.1
+"""``converge_s``: the end of the first ``CONVERGE_SPAN_S`` window whose rate is within this share
+of the row's steady rate."""
 
 
 class TreeMonitor:
-    """Samples RSS and CPU time of this process and all its descendants on a background thread.
+    """Samples the process tree (``bench/isolate.py``'s :func:`tree_root` and all its descendants)
+    on a background thread while it is entered: RSS and CPU times, and what the tree holds.
 
     RSS is summed over the processes, so pages shared between a parent and its forked workers
     count once per process (an upper bound, as ``ps`` would show); :meth:`pss` counts them once,
-    and :meth:`held` counts shared memory once whether a process maps it or not.
-    CPU time is remembered per process, so a worker that exits before the end still counts.
+    and :meth:`held` counts shared memory once whether a process maps it or not. Every
+    ``SAMPLE_S`` the thread reads :meth:`pss_and_held` too and keeps their peaks (``peak_pss``,
+    ``peak_held``, bytes), and the CPU seconds those reads cost it (``sampler_cpu_s``: the kernel
+    walks each process's pages, ~3 ms a process with torch loaded), which :meth:`cpu_seconds`
+    leaves out of the tree's. CPU time is remembered per process, so a worker that exits before
+    the end still counts.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, root: int | None = None) -> None:
         self._shmem_at_start = system_shmem()
-        self._root = psutil.Process()
+        self._root = psutil.Process(tree_root() if root is None else root)
         self._cpu: dict[tuple[int, float], float] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.peak_rss = 0
+        self.peak_pss: float | None = None
+        self.peak_held: float | None = None
+        self.sampler_cpu_s = 0.0
+        self.samples = 0
         self._thread = threading.Thread(target=self._run, name="bench-monitor", daemon=True)
 
     def __enter__(self) -> TreeMonitor:
         self.sample()
+        self.sample_held()
         self._thread.start()
         return self
 
@@ -46,7 +65,21 @@ class TreeMonitor:
 
     def _run(self) -> None:
         while not self._stop.wait(SAMPLE_S):
+            start = time.thread_time()
             self.sample()
+            self.sample_held()
+            with self._lock:
+                self.sampler_cpu_s += time.thread_time() - start
+
+    def sample_held(self) -> None:
+        """Read what the tree holds now (:meth:`pss_and_held`) and update the peaks."""
+        pss, held = self.pss_and_held()
+        with self._lock:
+            self.samples += 1
+            if pss is not None:
+                self.peak_pss = max(self.peak_pss or 0.0, pss)
+            if held is not None:
+                self.peak_held = max(self.peak_held or 0.0, held)
 
     def sample(self) -> None:
         """Read every process of the tree once; update the peak RSS and the CPU times."""
@@ -121,10 +154,11 @@ class TreeMonitor:
         return totals
 
     def cpu_seconds(self) -> float:
-        """CPU seconds used so far by every process seen in the tree (sampled now)."""
+        """CPU seconds used so far by every process seen in the tree (sampled now), but the
+        monitor's own reads of what the tree holds."""
         self.sample()
         with self._lock:
-            return sum(self._cpu.values())
+            return sum(self._cpu.values()) - self.sampler_cpu_s
 
 
 def system_shmem() -> int | None:
@@ -179,70 +213,158 @@ def measure(
     seconds: float,
     min_batches: int = 3,
     whole_epoch: bool = False,
-) -> dict[str, float]:
+) -> dict[str, Any]:
     """Iterate ``make()`` and measure it.
 
     The first batch is timed on its own (from ``iter()``: worker start-up included); then
     batches are drawn for ``warmup_s`` seconds so buffers reach their steady state; then for
     ``seconds`` (at least ``min_batches`` batches, or to the end) the throughput in units per
-    second and the process tree's CPU seconds per item are measured, and its peak RSS; its PSS
-    is read once, at the end of the window. ``others_cpu_share`` is the share of the usable
-    cores' time that other processes were busy in the window (0: the tree had them to itself).
+    second (the steady rate) and the process tree's CPU seconds per item are measured. What the
+    tree holds is sampled every ``SAMPLE_S`` from before ``make()`` to the end of the window
+    (``peak_held_mb``, ``peak_pss_mb``: :class:`TreeMonitor`), and read once more at the end
+    (``end_pss_mb``, ``end_held_mb``, for reference). ``converge_s`` is the time from ``iter()``
+    to the end of the first ``CONVERGE_SPAN_S`` window whose rate is within ``CONVERGE_WITHIN``
+    of the steady rate (:func:`converge_s`; ``converged`` False: none was, and ``converge_s`` is
+    the whole run). ``ended_early`` is True where the data ended inside the window (its rate
+    then includes the pipeline's drain). ``others_cpu_share`` is the share of the usable cores'
+    time that other processes were busy in the window (0: the tree had them to itself).
     ``where`` is where a torchpipe loader or pipeline ran its work at the end (``"process x2"``;
     None for torch's) and ``placement`` what its policy measured (:func:`placement`).
 
     ``whole_epoch=True`` instead measures everything from ``iter()`` to the end of the data,
     first batch included (batches prefetched while the first one was awaited would otherwise
-    look free).
+    look free); its ``converge_s`` is None (there is no steady rate apart from the whole).
 
     Raises:
-        RuntimeError: if the iterable ends before a batch could be measured.
+        RuntimeError: if the iterable ends before the window (in the first batch or the warm-up).
     """
     release_memory()
     cpus = usable_cpus()
+    timeline = Timeline()
     with TreeMonitor() as monitor:
         cpu0, busy0 = monitor.cpu_seconds(), busy_cpu_seconds(cpus)  # read before the clock starts
-        t0 = time.perf_counter()
+        timeline.start = time.perf_counter()
         loader = make()
         iterator = iter(loader)
         try:
-            batch = next(iterator)
-            first = time.perf_counter() - t0
+            if not timeline.draw(iterator, count, 0.0, 1):
+                raise RuntimeError("the data ended before its first batch")
             if whole_epoch:
-                start, (items, units) = t0, count(batch)
-                more = _timed(iterator, count, math.inf, 0)
-                items, units = items + more[0], units + more[1]
+                window = _Window(timeline.start, cpu0, busy0, 0)
             else:
-                _drain(iterator, warmup_s)
-                cpu0, busy0, start = monitor.cpu_seconds(), busy_cpu_seconds(cpus), time.perf_counter()
-                items, units, _ = _timed(iterator, count, seconds, min_batches)
-            elapsed = time.perf_counter() - start
-            cpu, busy = monitor.cpu_seconds() - cpu0, busy_cpu_seconds(cpus) - busy0
+                if not timeline.draw(iterator, count, warmup_s, 0):
+                    raise RuntimeError(f"the data ran out in the warm-up, after {timeline.batches} batches (make the "
+                                       f"data set larger: its rows must outlast warm-up and window)")  # fmt: skip
+                window = _Window(time.perf_counter(), monitor.cpu_seconds(), busy_cpu_seconds(cpus), timeline.batches)
+            ended = not timeline.draw(iterator, count, math.inf if whole_epoch else seconds, min_batches)
+            elapsed = time.perf_counter() - window.start
+            cpu, busy = monitor.cpu_seconds() - window.cpu0, busy_cpu_seconds(cpus) - window.busy0
             pss, held = monitor.pss_and_held()
             placed = placement(loader, iterator)
         finally:
             close(iterator)
             del iterator, loader
+    items, units = timeline.since(window.batch)
     if items == 0:
         raise RuntimeError("the data ran out before anything was measured (make the data set larger)")
+    steady = units / elapsed
+    converged = None if whole_epoch else converge_s(timeline.times, timeline.units, steady)
     return {
-        "throughput": units / elapsed,
-        "first_batch_s": first,
-        "peak_rss_mb": monitor.peak_rss / 2**20,
-        "end_pss_mb": pss / 2**20 if pss is not None else None,
-        "end_held_mb": held / 2**20 if held is not None else None,
-        "cpu_s_per_item": cpu / items,
+        "throughput": steady,
+        "first_batch_s": timeline.times[0],
+        "converge_s": None if whole_epoch else converged if converged is not None else timeline.times[-1],
+        "converged": converged is not None,
+        "ended_early": ended and not whole_epoch,
+        **_memory(monitor, pss, held),
+        "cpu_s_per_item": max(0.0, cpu) / items,  # the sampler's part taken out: ticks can round below 0
         "where": _where(placed),
         "placement": placed,
         # /proc/stat counts in ticks (10 ms): short windows can round past either end.
         "others_cpu_share": min(1.0, max(0.0, busy - cpu) / (elapsed * len(cpus))),
+        "sampler_cpu_share": monitor.sampler_cpu_s / (timeline.times[-1] * len(cpus)) if timeline.times[-1] else 0.0,
     }
 
 
-def _drain(iterator: Any, seconds: float) -> None:
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        next(iterator)
+class _Window(NamedTuple):
+    """Where the measured window starts: the clock, the tree's CPU and the cores' busy seconds
+    then, and the batches drawn before it."""
+
+    start: float
+    cpu0: float
+    busy0: float
+    batch: int
+
+
+class Timeline:
+    """Every batch drawn from one iterator: its time from ``iter()`` (``start``) and its items and units."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.times: list[float] = []
+        self.items: list[int] = []
+        self.units: list[float] = []
+
+    @property
+    def batches(self) -> int:
+        return len(self.times)
+
+    def draw(self, iterator: Any, count: Callable[[Any], tuple[int, float]], seconds: float, least: int) -> bool:
+        """Draw batches for ``seconds`` and at least ``least`` of them; False where the data ended first."""
+        begin, drawn = time.perf_counter(), 0
+        while drawn < least or time.perf_counter() - begin < seconds:
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                return False
+            n, u = count(batch)
+            self.times.append(time.perf_counter() - self.start)
+            self.items.append(n)
+            self.units.append(u)
+            drawn += 1
+        return True
+
+    def since(self, batch: int) -> tuple[int, float]:
+        """Items and units of the batches from ``batch`` on."""
+        return sum(self.items[batch:]), sum(self.units[batch:])
+
+
+def converge_s(times: list[float], units: list[float], steady: float, span: float = CONVERGE_SPAN_S,
+               within: float = CONVERGE_WITHIN) -> float | None:  # fmt: skip
+    """The end of the first window of at least ``span`` seconds whose rate is within ``within`` of
+    ``steady``: the time (from ``iter()``, 0) at which a loader first delivered ``span`` at its
+    steady rate. ``times[k]`` is when batch ``k`` arrived with ``units[k]``; a window runs from one
+    arrival (or ``iter()``) to a later one and counts the units that arrived after its start.
+    None where no window is (or ``steady`` is not positive)."""
+    if steady <= 0:
+        return None
+    edges = [0.0, *times]
+    done = [0.0]
+    for u in units:
+        done.append(done[-1] + u)
+    end = 0
+    for begin in range(len(edges)):
+        end = max(end, begin + 1)
+        while end < len(edges) and edges[end] - edges[begin] < span:
+            end += 1
+        if end == len(edges):
+            return None
+        rate = (done[end] - done[begin]) / (edges[end] - edges[begin])
+        if abs(rate / steady - 1.0) <= within:
+            return edges[end]
+    return None
+
+
+def _memory(monitor: TreeMonitor, pss: float | None, held: float | None) -> dict[str, float | None]:
+    """A measurement's memory in MB: the peaks the monitor sampled (the end reading counted in),
+    the end reading, and the summed RSS's peak (for information)."""
+
+    def mb(value: float | None) -> float | None:
+        return value / 2**20 if value is not None else None
+
+    peak_pss = max((v for v in (monitor.peak_pss, pss) if v is not None), default=None)
+    peak_held = max((v for v in (monitor.peak_held, held) if v is not None), default=None)
+    return {"peak_held_mb": mb(peak_held), "peak_pss_mb": mb(peak_pss), "end_pss_mb": mb(pss), "end_held_mb": mb(held),
+            "peak_rss_mb": monitor.peak_rss / 2**20, "held_samples": monitor.samples}  # fmt: skip
 
 
 def _timed(
@@ -267,8 +389,8 @@ def measure_epochs(make: Callable[[], Any], count: Callable[[Any], tuple[int, fl
     one); ``epoch_rates`` has every epoch's rate, ``epoch_executors`` where a torchpipe loader ran
     each epoch's work (``loader.stats()``: ``"process x2"``; None for torch's) and ``placement``
     the last epoch's :func:`placement`. ``first_batch_s`` is the first epoch's; CPU per item,
-    peak RSS and the others' share cover every epoch; PSS is read after the last, before the
-    workers stop.
+    the peaks (:func:`measure`'s) and the others' share cover every epoch; the end PSS is read
+    after the last, before the workers stop.
 
     Raises:
         RuntimeError: if an epoch yields no batch.
@@ -316,11 +438,10 @@ def measure_epochs(make: Callable[[], Any], count: Callable[[Any], tuple[int, fl
         "throughput": total[0] / total[1],
         "steady_throughput": steady[0] / steady[1] if steady[1] else rates[0],
         "first_batch_s": first,
-        "peak_rss_mb": monitor.peak_rss / 2**20,
-        "end_pss_mb": pss / 2**20 if pss is not None else None,
-        "end_held_mb": held / 2**20 if held is not None else None,
-        "cpu_s_per_item": cpu / items,
+        **_memory(monitor, pss, held),
+        "cpu_s_per_item": max(0.0, cpu) / items,  # the sampler's part taken out: ticks can round below 0
         "others_cpu_share": min(1.0, max(0.0, busy - cpu) / (elapsed_all * len(cpus))),
+        "sampler_cpu_share": monitor.sampler_cpu_s / (elapsed_all * len(cpus)),
         "epoch_rates": rates,
         "epoch_executors": executors,
         "placement": placed,

@@ -27,6 +27,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from bench import suite
 from bench import workloads as wl
+from bench.isolate import pristine_parent
 from bench.rounds import Trial, run_rounds
 from bench.run import Runner, machine, torch_loader, write_report
 from bench.targets import TARGETS
@@ -76,8 +77,14 @@ def floor(throughputs: dict[str, list[float]], target: float = VS_BEST_OF_ANY) -
 
 
 def run_noise(names: list[str], sizes: wl.Sizes, twins: int, repeat: int, num_workers: int) -> dict[str, Any]:
-    """Measure ``twins`` twins of one configuration on each of ``names``, ``repeat`` rounds, and
-    return the report (the JSON document)."""
+    """Measure ``twins`` twins of one configuration on each of ``names``, ``repeat`` rounds, each
+    in a fresh process as ``bench/run.py`` measures its rows, and return the report (the JSON
+    document)."""
+    with pristine_parent():
+        return _run_noise(names, sizes, twins, repeat, num_workers)
+
+
+def _run_noise(names: list[str], sizes: wl.Sizes, twins: int, repeat: int, num_workers: int) -> dict[str, Any]:
     report: dict[str, Any] = {"machine": machine(quick=True), "workloads": {}}
     report["machine"]["run"].update(repeat=repeat, twins=twins, num_workers=num_workers)
     for name in names:

@@ -9,17 +9,26 @@ median`` of the throughputs, and ``runs`` keeps every run's values. Every ratio 
 verdict computed from those results is a ratio of medians. A grid's best (``dataloader_best``,
 ``torchpipe_best``, ``<library>_best``) is the grid point with the highest median throughput
 (:func:`best_of`).
+
+Each measurement runs in a fresh process forked from this one (``bench/isolate.py``), so no row's
+heap or worker pools reach the next; trials that share state from one measurement to the next (a
+cache's epochs: ``together``) share one process. A trial that fails is recorded (``Rounds.failed``)
+and the round goes on.
 """
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-MEDIAN_KEYS = ("throughput", "steady_throughput", "first_batch_s", "peak_rss_mb", "end_pss_mb", "end_held_mb",
-               "cpu_s_per_item", "others_cpu_share")  # fmt: skip
+from bench.isolate import in_fresh_process
+
+MEDIAN_KEYS = ("throughput", "steady_throughput", "first_batch_s", "converge_s", "peak_rss_mb", "peak_held_mb",
+               "peak_pss_mb", "end_pss_mb", "end_held_mb", "cpu_s_per_item", "others_cpu_share", "sampler_cpu_share",
+               "row_wall_s", "measure_s")  # fmt: skip
 """The numbers of a result that are reported as their median over the runs."""
 
 
@@ -35,6 +44,8 @@ class Trial:
         knobs: its settings, as the report's ``chosen`` shows them when it is a best.
         group: trials that fail together (a peer library): after one raises, the others of the
             group are skipped, and none of the group's results is reported.
+        together: trials of a round with the same value, one after another, are measured in one
+            fresh process (a cache filled by the first and replayed by the next); None: alone.
     """
 
     key: str
@@ -43,6 +54,7 @@ class Trial:
     best_of: str | None = None
     knobs: Any = None
     group: str | None = None
+    together: str | None = None
 
 
 @dataclass
@@ -52,6 +64,9 @@ class Rounds:
     trials: dict[str, Trial] = field(default_factory=dict)
     runs: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
+    failed: dict[str, list[str]] = field(default_factory=dict)
+    """The trials without a group that failed: each failure, ``"round k: <error>"`` (their other
+    rounds' runs are kept)."""
 
 
 def run_rounds(
@@ -59,14 +74,19 @@ def run_rounds(
     repeat: int,
     on_run: Callable[[int, Trial, dict[str, Any]], None] = lambda k, trial, result: None,
     on_error: Callable[[Trial, BaseException], None] = lambda trial, error: None,
+    fresh: bool = True,
 ) -> Rounds:
     """Measure ``plan()``'s trials ``repeat`` times, each once a round, in ``plan()``'s order.
 
     ``plan`` is called afresh each round, so a trial whose pipeline holds state from one
     measurement to the next (a cache filled by one and replayed by the next) starts each round
-    anew. ``on_run(round, trial, result)`` is called after each measurement; an exception from a
-    trial with a ``group`` is handed to ``on_error`` and drops the group (its runs are forgotten,
-    its later trials skipped); one from a trial without a group propagates.
+    anew. Each trial (or run of trials ``together``) is measured in a fresh process where
+    ``fresh`` (``bench/isolate.py``), else in this one. Each result gains ``measure_s`` (the
+    measurement's own seconds) and ``row_wall_s`` (its share of the fresh process's wall time:
+    the difference is what the fresh process cost). ``on_run(round, trial, result)`` is called
+    after each measurement. A trial that raises is handed to ``on_error``: one with a ``group``
+    drops the group (its runs are forgotten, its later trials skipped); one without is recorded
+    in ``failed`` and the others go on.
 
     Raises:
         ValueError: if ``repeat`` is below 1, or a round's trials have duplicate keys.
@@ -79,23 +99,70 @@ def run_rounds(
         keys = [trial.key for trial in trials]
         if len(set(keys)) != len(keys):
             raise ValueError(f"round {k}: duplicate trial keys in {keys}")
-        for trial in trials:
-            if trial.group is not None and trial.group in done.errors:
+        for batch in _together(trials):
+            batch = [trial for trial in batch if trial.group is None or trial.group not in done.errors]
+            if not batch:
                 continue
             try:
-                result = trial.measure()
-            except Exception as e:
-                if trial.group is None:
-                    raise
-                done.errors[trial.group] = f"{type(e).__name__}: {e}"
-                on_error(trial, e)
+                results = _measured(batch, fresh)
+            except Exception as e:  # noqa: BLE001 - one row's failure is recorded, the run goes on
+                _failed(done, k, batch, e, on_error)
                 continue
-            done.trials[trial.key] = trial
-            done.runs.setdefault(trial.key, []).append(result)
-            on_run(k, trial, result)
+            for trial, result in zip(batch, results):
+                done.trials[trial.key] = trial
+                done.runs.setdefault(trial.key, []).append(result)
+                on_run(k, trial, result)
     for key in [key for key, trial in done.trials.items() if trial.group in done.errors]:
         del done.trials[key], done.runs[key]
     return done
+
+
+def _together(trials: list[Trial]) -> Iterator[list[Trial]]:
+    """``trials`` in runs measured in one process: consecutive trials with the same ``together``."""
+    batch: list[Trial] = []
+    for trial in trials:
+        if batch and (trial.together is None or trial.together != batch[-1].together):
+            yield batch
+            batch = []
+        batch.append(trial)
+    if batch:
+        yield batch
+
+
+def _measured(batch: list[Trial], fresh: bool) -> list[dict[str, Any]]:
+    """Each trial of ``batch`` measured, one after another, in one fresh process (``fresh``) or here."""
+    measures = [_clocked(trial.measure) for trial in batch]
+    if fresh:
+        results, wall = in_fresh_process(measures)
+    else:
+        start = time.perf_counter()
+        results = [measure() for measure in measures]
+        wall = time.perf_counter() - start
+    for result in results:
+        result["row_wall_s"] = wall / len(results)
+    return results
+
+
+def _clocked(measure: Callable[[], dict[str, Any]]) -> Callable[[], dict[str, Any]]:
+    def run() -> dict[str, Any]:
+        start = time.perf_counter()
+        result = dict(measure())
+        result["measure_s"] = time.perf_counter() - start
+        return result
+
+    return run
+
+
+def _failed(done: Rounds, k: int, batch: list[Trial], error: Exception,
+            on_error: Callable[[Trial, BaseException], None]) -> None:  # fmt: skip
+    """Record ``error`` for every trial of ``batch`` (measured together, they failed together)."""
+    message = f"{type(error).__name__}: {error}"
+    for trial in batch:
+        if trial.group is not None:
+            done.errors.setdefault(trial.group, message)
+        else:
+            done.failed.setdefault(trial.key, []).append(f"round {k}: {message}")
+        on_error(trial, error)
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -45,6 +45,9 @@ class Sizes:
     """Samples in one epoch of ``blobs`` (issue #33: 4,000, so an epoch lasts tens of ms)."""
     epochs: int = 4
     """Epochs measured on ``blobs``, each from ``iter()`` to its end, on one loader."""
+    steady_s: float | None = None
+    """The zero-knob rows' window (None: ``seconds``): long enough that their placement's trials
+    are over, so their throughput is their steady rate (issue #57)."""
 
 
 QUICK = Sizes(
@@ -56,10 +59,12 @@ QUICK = Sizes(
     warmup_s=1.0,
     seconds=4.0,
     limit_s=0.4,
+    steady_s=6.0,
 )
 """``--quick``: small data, and windows long enough that the zero-knob rows read their steady
 state, not their first second of probing executors (issue #42: at 0.4 + 1.2 s they read 0.47-0.89x
-of the best placement by hand on the large-batch workloads, at 1 + 6 s 0.90-0.97x)."""
+of the best placement by hand on the large-batch workloads, at 1 + 6 s 0.90-0.97x; issue #57: the
+zero-knob rows 1 + 6 s, the rows with fixed knobs, which try nothing, 1 + 4 s)."""
 FULL = Sizes(
     jpeg_files=2048,
     text_docs=4000,
@@ -70,6 +75,7 @@ FULL = Sizes(
     seconds=4.0,
     limit_s=1.5,
     epochs=8,
+    steady_s=6.0,
 )
 
 
@@ -391,10 +397,19 @@ def bigtensor(sizes: Sizes, quick: bool) -> Workload:
 
 
 def tiny_elements(sizes: Sizes, quick: bool) -> Workload:
-    """An int to a 4-float tensor; batch 256; elem/s (the per-element-overhead case)."""
-    work = _mapped("tiny", "elem/s", 256, tiny, sizes.tiny_elements, _map_grid(inline=True))
+    """An int to a 4-float tensor; batch 256; elem/s (the per-element-overhead case).
+
+    At least ``TIMED_ELEMENTS`` elements, whatever ``sizes.tiny_elements`` says: the fastest rows
+    (65k elem/s on 2 cores, twice that on a faster machine) must not reach the end inside their
+    warm-up and window (issue #57)."""
+    length = max(sizes.tiny_elements, TIMED_ELEMENTS)
+    work = _mapped("tiny", "elem/s", 256, tiny, length, _map_grid(inline=True))
     _set_core_limit(work, tiny, sizes.limit_s)
     return work
+
+
+TIMED_ELEMENTS = 10**7
+"""The elements of a timed workload's data set: ~150 s at 65k elements/s, far past any window."""
 
 
 def records(sizes: Sizes, quick: bool) -> Workload:
@@ -419,8 +434,10 @@ def blobs(sizes: Sizes, quick: bool) -> Workload:
     whole, so a loader's first decision and whether it revises it show epoch by epoch.
     """
     blob = Blob(data.SEED)
+    # tp_grid: the parallelism the peers are tried at (torchpipe_best is not measured on epochs)
     work = Workload("blobs", "samples/s", 32, Mapped(blob, sizes.blob_samples),
-                    _mapped_pipeline(blob, sizes.blob_samples), _count_samples, [], epochs=sizes.epochs)  # fmt: skip
+                    _mapped_pipeline(blob, sizes.blob_samples), _count_samples, _map_grid(),
+                    epochs=sizes.epochs)  # fmt: skip
     _set_core_limit(work, blob, sizes.limit_s)
     work.extra["item_us"] = round(item_seconds(blob, work.batch_size, sizes.limit_s) * 1e6, 2)
     work.extra["epochs"] = sizes.epochs

@@ -24,7 +24,7 @@ def test_rounds_alternate_the_configurations_and_plan_each_round_afresh():
         plans.append(len(plans))
         return [rounds.Trial(key, lambda key=key: order.append(key) or _run(1.0), name=key) for key in "ABC"]
 
-    done = rounds.run_rounds(plan, 3)
+    done = rounds.run_rounds(plan, 3, fresh=False)  # the order is seen here
     assert order == list("ABCABCABC") and plans == [0, 1, 2]
     assert {key: len(runs) for key, runs in done.runs.items()} == {"A": 3, "B": 3, "C": 3}
     with pytest.raises(ValueError, match="at least 1"):
@@ -62,7 +62,7 @@ def test_a_grids_best_is_the_point_with_the_best_median_and_a_failing_group_is_d
                 rounds.Trial("peer b", broken, group="peer")]  # fmt: skip
 
     failed = []
-    done = rounds.run_rounds(plan, 3, on_error=lambda trial, e: failed.append((trial.key, str(e))))
+    done = rounds.run_rounds(plan, 3, on_error=lambda trial, e: failed.append((trial.key, str(e))), fresh=False)
     results, chosen = rounds.report(done)
     assert chosen == {"x_best": {"knob": "steady"}}  # median 100 beats median 95 despite one run of 300
     assert results["x_best"]["throughput"] == 100.0 and set(results) == {"x_best"}  # the failed peer: no rows
@@ -76,7 +76,7 @@ class _FakeMeasure:
 
     RATES: ClassVar[dict[str, list[int]]] = {
         "torch0": [50, 60, 40],
-        "torch1": [100, 140, 90],
+        "torch1": [100, 140, 90] + [100, 95, 105, 98, 102, 99, 101, 97, 100],  # the grid's, then its twins
         "tp_auto": [120, 80, 110],
         "dsl_auto": [90, 300, 85],
         "dsl_grid": [95, 90, 300],
@@ -102,9 +102,9 @@ def test_repeat_alternates_a_workloads_configurations_and_takes_every_ratio_from
     fake = _FakeMeasure()
     monkeypatch.setattr(run, "measure", fake)
     report = run.run_all(["tiny"], quick=True, sizes=TINY, repeat=3)
-    # every independent configuration once a round (the DSL twice: auto and the grid's one point),
-    # then torchpipe_dataloader with dataloader_best's arguments, in rounds of its own
-    assert fake.calls == ["torch0", "torch1", "tp_auto", "dsl_auto", "dsl_grid"] * 3 + ["tp_dl"] * 3
+    # torch's grid in rounds of its own, then every other configuration once a round (the DSL twice:
+    # auto and the grid's one point; torchpipe_dataloader with dataloader_best's arguments; its twins)
+    assert fake.calls == ["torch0", "torch1"] * 3 + (["tp_auto", "dsl_auto", "dsl_grid", "tp_dl"] + ["torch1"] * 3) * 3
     entry = report["workloads"]["tiny"]
     results = entry["results"]
     assert results["dataloader_best"]["throughput"] == 100.0  # torch1's median, not its best run (140)
@@ -113,13 +113,17 @@ def test_repeat_alternates_a_workloads_configurations_and_takes_every_ratio_from
     assert results["torchpipe_dataloader_auto"]["spread"] == pytest.approx(40 / 110)
     checks = entry["targets"]["torchpipe_dataloader_auto"]
     assert checks["vs_dataloader_best"]["ratio"] == pytest.approx(110 / 100)  # median over median
+    # the twins' medians 100, 97, 100: the floor the throughput checks are read against
+    assert entry["floor"]["ratio"] == pytest.approx(0.97) and checks["vs_dataloader_best"]["floor"] == pytest.approx(
+        0.97
+    )
     assert checks["vs_best_of_any"]["against"] == "dataloader_best"  # torchpipe_best's median is 95
     assert entry["placement"]["torchpipe_dataloader_auto"]["runs"] == ["thread x2"] * 3
     assert report["machine"]["run"]["repeat"] == 3
     row = next(line for line in run.table(report).splitlines() if "torchpipe_dataloader_auto" in line)
     assert row.split()[2:6] == ["110", "elem/s", "36%", "1.10x"]  # the median, its spread, median over median
     summary = markdown.summary_table(report).splitlines()[2]
-    ratios = "0.90x (spread 239%) | 1.10x (spread 36%) | - | 1.00x / 1.00x"  # the last: end PSS vs torch's
+    ratios = "0.90x (spread 239%) | 1.10x (spread 36%) | - | 0.97 | - / - | - / -"  # no peak, no converge faked
     assert summary == f"| tiny | 100 elem/s (1 worker) (spread 50%) | {ratios} |"
 
 
