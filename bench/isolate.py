@@ -84,7 +84,8 @@ def in_fresh_process(measures: Sequence[Callable[[], Any]], timeout_s: float = T
     sender.close()
     try:
         if not receiver.poll(timeout_s):
-            raise RowFailed(f"the measurement ran past {timeout_s:.0f} s and was killed")
+            child.kill()
+            raise RowFailed(f"the measurement ran past {timeout_s:g} s and was killed")
         try:
             ok, payload = receiver.recv()
         except EOFError as e:
