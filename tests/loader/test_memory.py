@@ -13,6 +13,8 @@ import pytest
 import torch
 
 import torchpipe as tp
+from tests.runtime.processes.test_output import PAGE, resident_bytes
+from tests.runtime.processes.test_pool import run_all
 from torchpipe.loader import memory as loader_memory
 from torchpipe.loader.memory import (
     CHECK_EVERY_S,
@@ -20,12 +22,14 @@ from torchpipe.loader.memory import (
     MIN_RING_BYTES,
     RELAXED_CHECK_EVERY_S,
     LoaderMemory,
+    keep_slot_pages_again,
     private_bytes,
+    release_slot_pages,
     ring_limit,
     workers_within,
 )
 from torchpipe.runtime.processes.pool import ProcessPool
-from torchpipe.testing import forced_call_costs, move_calls
+from torchpipe.testing import forced_call_costs, move_calls, worker_rings
 
 
 class Busy(torch.utils.data.Dataset):
@@ -100,7 +104,7 @@ def test_rings_get_half_the_budget_shared_by_the_workers():
 
 
 def test_a_worker_within_a_ring_limit_sends_larger_results_in_segments():
-    pool = ProcessPool(lambda seq, n: torch.ones(n), 1, "m", ring_bytes=1 << 20, ring_limit=1 << 20, keep_freed=False)
+    pool = ProcessPool(lambda seq, n: torch.ones(n), 1, "m", ring_limit=1 << 20, keep_freed=False)
     pool.start()
     try:
         for seq, n in enumerate([10, 1 << 20, 10, 1 << 20]):
@@ -112,6 +116,46 @@ def test_a_worker_within_a_ring_limit_sends_larger_results_in_segments():
         assert 0 < pool.ring_bytes <= 1 << 20  # no ring was added for the 4 MB results
     finally:
         pool.close()
+
+
+def test_a_budget_that_binds_releases_slot_pages_and_one_that_frees_keeps_them_again(monkeypatch):
+    """Memory buys workers: past the budget the slots give their pages back once their result is
+    released (every worker kept); with room again for all of them, they keep their pages."""
+    monkeypatch.setattr(loader_memory, "SETTLE_S", 0.0)
+    pool = ProcessPool(lambda seq, n: torch.full((n,), float(seq)), 1, "m", per_worker=2)
+    pool.start()
+    try:
+        n = 1 << 19  # 4 MB results: a ring of 3 slots
+        memory = LoaderMemory(budget=1 << 20, given=True)
+        assert all(torch.equal(v, torch.full((n,), float(s))) for s, (v, _) in run_all(pool, [n] * 6).items())
+        memory.read(pool.process_ids, pool.ring_bytes)
+        assert memory.over and release_slot_pages(memory, pool) and not pool.slot_pages
+        assert not release_slot_pages(memory, pool)  # taken once
+        assert memory.report()["slot_pages"] == "released" and "1 workers kept" in memory.report()["slot_pages_why"]
+        values = run_all(pool, [n] * 3)
+        assert all(torch.equal(v, torch.full((n,), float(s))) for s, (v, _) in values.items())
+        (ring,) = worker_rings(pool)[0][-1:]
+        assert resident_bytes(ring) >= 2 * ring.slot_bytes  # held: the results' pages
+        del values
+        assert wait_until(lambda: resident_bytes(ring) <= 4 * PAGE)  # released: given back within ~20 ms
+        memory.budget = 1 << 40
+        memory.read(pool.process_ids, pool.ring_bytes)
+        assert keep_slot_pages_again(memory, pool) and pool.slot_pages and memory.slot_pages == "kept"
+        values = run_all(pool, [n] * 3)
+        assert all(torch.equal(v, torch.full((n,), float(s))) for s, (v, _) in values.items())  # read here
+        del values
+        time.sleep(0.2)  # released: the pages stay
+        (ring,) = worker_rings(pool)[0][-1:]
+        assert resident_bytes(ring) >= 2 * ring.slot_bytes
+    finally:
+        pool.close()
+
+
+def wait_until(condition, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return condition()
 
 
 def test_over_its_budget_a_loader_gives_up_workers_then_slots_and_loses_no_batch(monkeypatch):
@@ -136,7 +180,8 @@ def test_over_its_budget_a_loader_gives_up_workers_then_slots_and_loses_no_batch
     assert shed and shed[-1] == "the workers' zygote"  # no worker process fits in one byte
     steps = [s.split(":")[0] for s in shed]
     slots, last = steps.index("a ring slot"), steps.index("the last worker")
-    assert all(s.startswith("worker ") for s in steps[:slots]) and slots < last  # workers, then slots, then all
+    assert steps[0] == "slot pages"  # first every worker is kept, its slots' pages given back once released
+    assert all(s.startswith("worker ") for s in steps[1:slots]) and slots < last  # workers, then slots, then all
     assert lean.stats()[0]["executor"] == "inline"  # capped at 0 by the budget, whatever measured
     left = {p.pid for p in psutil.Process().children(recursive=True)} - before
     assert not left  # nor the workers' zygote, once they are gone
@@ -178,7 +223,11 @@ def test_batches_made_on_threads_and_not_handed_out_count_against_the_budget(mon
     assert loader.stats()[0]["executor"] == "inline"
 
 
-def test_a_worker_count_the_user_chose_is_kept_past_the_budget_with_one_warning():
+def test_a_worker_count_the_user_chose_is_kept_past_the_budget_with_one_warning(monkeypatch):
+    """Past the budget the slots give their pages back first (the count is kept); still past
+    it, a warning says once what the loader holds."""
+    monkeypatch.setattr(loader_memory, "SETTLE_S", 0.0)
+    monkeypatch.setattr(loader_memory, "CHECK_EVERY_S", 0.01)
     loader = tp.DataLoader(Busy(), batch_size=4, num_workers=2, autotune=tp.AutotuneOptions(ram_budget=1))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -186,7 +235,9 @@ def test_a_worker_count_the_user_chose_is_kept_past_the_budget_with_one_warning(
     assert len(got) == 2 * 60  # nothing lost
     said = [str(w.message) for w in caught if "worker processes and their rings hold" in str(w.message)]
     assert len(said) == 1 and "num_workers is yours and is kept" in said[0] and "its ram_budget" in said[0]
-    assert loader.stats()[0]["workers"] == 2
+    memory = loader.stats()[0]["memory"]
+    assert loader.stats()[0]["workers"] == 2 and memory["slot_pages"] == "released"
+    assert memory["shed"][0].startswith("slot pages: released") and "2 workers kept" in memory["slot_pages_why"]
 
 
 def test_without_a_ram_budget_the_loader_keeps_to_a_share_of_the_memory_available():

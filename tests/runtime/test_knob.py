@@ -77,15 +77,6 @@ def test_a_process_maps_tasks_in_flight_turned_while_running_keep_every_element_
     it.close()
 
 
-def test_under_the_legacy_ring_policy_a_process_map_keeps_four_tasks_a_worker(monkeypatch):
-    monkeypatch.setenv("TORCHPIPE_RING_POLICY", "legacy")  # the bench's A/B twin: the policy before
-    it = iter(tp.range(50).map(_square, num_parallel_calls=tp.AUTOTUNE, executor="process").with_options(NO_TUNER))
-    next(it)
-    stage = find_stage(it, ParallelMapIterator)
-    assert len(stage.knobs()) == 1 and stage.buffer_slots() == 4 * stage.parallelism()
-    it.close()
-
-
 def test_a_map_off_processes_has_no_tasks_in_flight_knob():
     it = iter(tp.range(50).map(_square, num_parallel_calls=tp.AUTOTUNE, executor="thread").with_options(NO_TUNER))
     next(it)

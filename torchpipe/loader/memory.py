@@ -18,6 +18,7 @@ The budget is ``autotune=tp.AutotuneOptions(ram_budget=...)`` where given, else
 
 from __future__ import annotations
 
+import ctypes
 import math
 import threading
 import time
@@ -40,6 +41,9 @@ GROWING = 1.125
 """A reading this many times the last one or more: the loader is still growing."""
 SETTLE_S = 1.0
 """How long after shedding a worker or a slot readings wait (a retiring worker takes time to go)."""
+ROOM_SHARE = 0.8
+"""Slots released for a budget keep their pages again once what the loader holds, and all its
+slots' pages with it, is within this share of the budget (not at once past it again)."""
 MIN_RING_BYTES = 1 << 20
 """The least a worker's rings may hold under a given budget (results beyond take one-off segments)."""
 _PRIVATE = (b"Private_Clean:", b"Private_Dirty:", b"Private_Hugetlb:")
@@ -102,6 +106,7 @@ class LoaderMemory:
         self._last = 0.0  # the reading before the last
         self.over = False
         self.shed_steps: list[str] = []  # what was given up, in order, for stats()
+        self.slot_pages, self.slot_pages_why = "kept", "no budget has bound"  # for stats()
         self.warned = False
         self._settled_at = 0.0
         self._stop = threading.Event()
@@ -134,14 +139,25 @@ class LoaderMemory:
     def shed(self, step: str) -> None:
         """Note that ``step`` was given up; readings wait :data:`SETTLE_S` before judging again."""
         self.shed_steps.append(step)
+        self.settle()
+
+    def settle(self) -> None:
+        """Something changed what the loader holds: readings wait :data:`SETTLE_S` to judge again."""
         self.over = False
         self._settled_at = time.monotonic() + SETTLE_S
+
+    def room_for(self, extra: float) -> bool:
+        """Whether what the loader holds and ``extra`` bytes more are within :data:`ROOM_SHARE` of
+        the budget, at a reading taken after the last change settled."""
+        settled = time.monotonic() >= self._settled_at
+        return settled and self.held > 0 and self.held + extra <= ROOM_SHARE * self.budget
 
     def report(self) -> dict[str, Any]:
         """For ``loader.stats()``: the ``budget`` and whether it is the ``default``, the bytes
         ``held`` at the last reading and at the ``peak``, and what was ``shed`` to keep to it."""
         return {"budget": int(self.budget), "default": not self.given, "held": int(self.held),
-                "peak": int(self.peak), "shed": list(self.shed_steps)}  # fmt: skip
+                "peak": int(self.peak), "shed": list(self.shed_steps), "slot_pages": self.slot_pages,
+                "slot_pages_why": self.slot_pages_why}  # fmt: skip
 
     def _run(self, holdings: Holdings, stop: threading.Event) -> None:
         while not stop.is_set():
@@ -174,6 +190,47 @@ def pool_holdings(pool: Any, here: Callable[[], float] | None = None) -> Holding
         return list(live.process_ids), float(live.ring_bytes) + (here() if here is not None else 0.0)
 
     return holdings
+
+
+def release_slot_pages(memory: LoaderMemory, pool: Any) -> bool:
+    """The first step past the budget, before any worker goes: the workers' slots give their
+    pages back once their batch is released, and the workers and this process their free heap
+    (memory buys workers: the loader then holds about what torch's DataLoader holds with as many
+    workers, paying the page faults it pays). Whether it was taken (not where slots release already)."""
+    if not pool.slot_pages or not pool.size:
+        return False
+    pool.set_slot_pages(False)
+    trim_heap()
+    why = f"{_mib(memory.held)} held, past the budget of {_mib(memory.budget)}"
+    memory.slot_pages, memory.slot_pages_why = "released", f"{why}: {pool.size} workers kept"
+    memory.shed(f"slot pages: released once their batch is ({why})")
+    return True
+
+
+def keep_slot_pages_again(memory: LoaderMemory, pool: Any) -> bool:
+    """Slots keep their pages again where the budget has room for all of them (:data:`ROOM_SHARE`):
+    no page faults a batch. Whether they now do."""
+    if pool.slot_pages or not memory.room_for(pool.ring_bytes):
+        return False
+    pool.set_slot_pages(True)
+    memory.slot_pages = "kept"
+    memory.slot_pages_why = (f"{_mib(memory.held)} held and {_mib(pool.ring_bytes)} of ring slots are within "
+                             f"{ROOM_SHARE:.0%} of the budget of {_mib(memory.budget)}")  # fmt: skip
+    memory.settle()
+    return True
+
+
+def trim_heap() -> None:
+    """Give back what this process's heap holds free (glibc's ``malloc_trim``): the memory the
+    loader's own inline and thread calls left there. Not glibc: no-op."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _mib(nbytes: float) -> str:
+    return f"{nbytes / 2**20:.0f} MiB"
 
 
 def over_budget(memory: LoaderMemory, workers: int) -> str:

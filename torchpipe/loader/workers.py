@@ -41,9 +41,11 @@ from torchpipe.loader.fetch import DataLoader, Exhausted, FetchTask, LocalFetch
 from torchpipe.loader.memory import (
     LoaderMemory,
     default_budget,
+    keep_slot_pages_again,
     over_budget,
     pool_holdings,
     private_bytes,
+    release_slot_pages,
     ring_limit,
     workers_within,
 )
@@ -391,6 +393,8 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
             self._placement.delivered(stats.wall_s)
         if self._memory.over:
             self._keep_to_budget(self._memory)
+        elif not self._pool.slot_pages:
+            keep_slot_pages_again(self._memory, self._pool)
         if error is not None:
             raise error
         if self._tuner is not None and not self._tuner.started:
@@ -399,12 +403,16 @@ class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
         return pin_memory(value, self._pin_memory_device) if self._pin_memory else value
 
     def _keep_to_budget(self, memory: LoaderMemory) -> None:
-        """Past the memory budget: with ``num_workers="auto"`` give up workers (down to one; as
-        many at once as the reading says are past it, at an equal share each),
+        """Past the memory budget: first the ring slots give their pages back once their batch is
+        released (:func:`release_slot_pages`: every worker is kept); then, with
+        ``num_workers="auto"``, give up workers (down to one; as many at once as the reading says
+        are past it, at an equal share each),
         then its ring slots (batches in flight, down to one), then the last worker (batches made
         here), then the zygote; the caps hold for later epochs. A count the user chose (or the
         replicas of an IterableDataset, which decide what each batch holds) is kept: a warning
         says once what the loader holds."""
+        if release_slot_pages(memory, self._pool):
+            return  # memory buys workers: what the loader holds is read again first
         placement = self._placement
         if placement is None:
             if not memory.warned:

@@ -25,8 +25,7 @@ from torchpipe.runtime.knob import LiveKnob
 from torchpipe.runtime.placement.auto_stage import AutoStage, StageCalls, pass_candidates
 from torchpipe.runtime.placement.measure import measure_calls
 from torchpipe.runtime.placement.policy import INLINE, MAX_THREADS, PROCESS, RAY, THREAD, CallCosts, Policy
-from torchpipe.runtime.processes.output import LEGACY, ring_policy
-from torchpipe.runtime.processes.pool import PER_WORKER, ProcessPool, process_executor_supported
+from torchpipe.runtime.processes.pool import ProcessPool, process_executor_supported
 from torchpipe.runtime.timing import CallTiming
 
 AUTO = "auto"
@@ -127,11 +126,7 @@ class ParallelMapIterator(Iterator, Tunable):
         return self._executors.add_knob(self._parallelism, lowest, self._most(RAY if self._ray is not None else THREAD))
 
     def _tasks_in_flight(self, tunable: bool) -> tuple[int, LiveKnob | None]:
-        """Tasks a worker process keeps in flight, and the autotuner's knob for them where it has
-        one; the legacy ring policy (``TORCHPIPE_RING_POLICY=legacy``, kept for the bench's A/B)
-        keeps the constant of before."""
-        if ring_policy() == LEGACY:
-            return PER_WORKER, None
+        """Tasks a worker process keeps in flight, and the autotuner's knob for them where it has one."""
         if not tunable:
             return IN_FLIGHT, None
         tasks = self._learned.get("in_flight", IN_FLIGHT)

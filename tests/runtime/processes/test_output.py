@@ -12,7 +12,7 @@ from torchpipe.runtime import codec
 from torchpipe.runtime.processes import output
 from torchpipe.runtime.processes import worker as worker_module
 from torchpipe.runtime.processes.output import slot_bytes
-from torchpipe.runtime.processes.pool import DEFAULT_RING_BYTES, ProcessPool, process_executor_supported
+from torchpipe.runtime.processes.pool import ProcessPool, process_executor_supported
 from torchpipe.testing import worker_rings
 
 pytestmark = pytest.mark.skipif(not process_executor_supported(), reason="needs fork and memfd")
@@ -57,16 +57,6 @@ def test_a_slot_holds_a_record_of_its_first_result_with_headroom_in_whole_pages(
     for n in (1, PAGE - 8, PAGE, 100_000, 38 << 20):
         need = n + min(n // output.SLOT_HEADROOM, output.MAX_HEADROOM_BYTES) + 8
         assert slot_bytes(n) % PAGE == 0 and need <= slot_bytes(n) < need + PAGE + 64
-
-
-def test_the_ring_policy_comes_from_the_environment(monkeypatch):
-    monkeypatch.delenv(output.RING_POLICY_ENV, raising=False)
-    assert output.ring_policy() == output.SLOTS
-    monkeypatch.setenv(output.RING_POLICY_ENV, "legacy")
-    assert output.ring_policy() == output.LEGACY
-    monkeypatch.setenv(output.RING_POLICY_ENV, "bytes")
-    with pytest.raises(ValueError, match="TORCHPIPE_RING_POLICY must be 'slots' or 'legacy', got 'bytes'"):
-        ProcessPool(filled, 1, "m")
 
 
 @pytest.mark.parametrize(
@@ -212,16 +202,5 @@ def test_a_consumer_that_steadily_holds_more_results_than_it_said_gets_a_slot_fo
         kept += [(s, v) for _ in range(40) for s, (v, _) in run_all(pool, [3000]).items()]  # keeps everything
         assert pool.ring_bytes == (3 + output.HELD_MORE) * slot  # the limit: the rest in segments
         assert all(torch.equal(v, filled(s, 3000)) for s, v in kept) and len(values) == 2
-    finally:
-        pool.close()
-
-
-def test_the_legacy_policy_starts_each_worker_with_a_4_mb_ring(monkeypatch):
-    monkeypatch.setenv(output.RING_POLICY_ENV, output.LEGACY)
-    pool = ProcessPool(filled, 1, "m", per_worker=2)
-    pool.start()
-    try:
-        assert torch.equal(run_all(pool, [10])[0][0], filled(0, 10))
-        assert pool.ring_bytes == DEFAULT_RING_BYTES
     finally:
         pool.close()

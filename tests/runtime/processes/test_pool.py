@@ -12,7 +12,6 @@ from tests.runtime.codec.alignment import data_addresses, misaligned
 from torchpipe.errors import WorkerError
 from torchpipe.runtime.codec.columns import to_columns
 from torchpipe.runtime.codec.pickling import RAW_MIN
-from torchpipe.runtime.processes import output
 from torchpipe.runtime.processes.pool import PER_WORKER, ProcessPool
 from torchpipe.runtime.processes.zygote import Zygote
 from torchpipe.testing import assert_elements_equal, worker_rings
@@ -65,7 +64,7 @@ def run_all(pool, payloads, timeout=30, prefer=None):
 
 
 def test_results_errors_and_large_results():
-    pool = ProcessPool(square, 2, "map(square)", ring_bytes=1 << 20)
+    pool = ProcessPool(square, 2, "map(square)")
     pool.start()
     try:
         results = run_all(pool, [1, 2, "boom", 3, "big"])
@@ -174,46 +173,6 @@ def test_close_leaves_no_processes():
     assert wait_dead(pids) == []
 
 
-def test_legacy_rings_are_added_for_large_or_held_results_and_nothing_blocks(monkeypatch):
-    monkeypatch.setenv(output.RING_POLICY_ENV, output.LEGACY)
-    pool = ProcessPool(square, 1, "m", ring_bytes=1 << 20)
-    pool.start()
-    try:
-        results = run_all(pool, ["big", "big"])
-        (rings,) = worker_rings(pool)
-        assert max(ring.capacity for ring in rings) >= 4 * 300_000 * 8  # room for several
-        held = [value for value, _ in results.values()]  # tensors viewing a ring, kept alive
-        more = run_all(pool, ["big"] * 12)  # held results fill the rings: more rings, then segments
-        assert all(torch.equal(v, held[0]) for v, _ in more.values())
-        count = len(worker_rings(pool)[0])
-        del held, results, more
-        assert len(run_all(pool, ["big"] * 12)) == 12 and len(worker_rings(pool)[0]) == count  # reused
-    finally:
-        pool.close()
-
-
-def test_legacy_a_passing_peak_of_held_results_adds_no_ring_but_a_steady_one_does(monkeypatch):
-    """Legacy policy: rings stay faulted in once written, so one is added only where results
-    steadily find no room; a consumer that held a few more for a moment gets one-off segments."""
-    monkeypatch.setenv(output.RING_POLICY_ENV, output.LEGACY)
-    monkeypatch.setattr(output, "LEGACY_MIN_RING_BYTES", 1 << 20)
-    monkeypatch.setattr(output, "LEGACY_RESULTS_PER_RING", 2)  # rings of two 2.4 MB results
-    pool = ProcessPool(square, 1, "m", ring_bytes=1 << 20)
-    pool.start()
-    try:
-        first = run_all(pool, ["big"])  # no ring holds it: a ring for two is added
-        rings = len(worker_rings(pool)[0])
-        held = [value for value, _ in first.values()]
-        held += [value for value, _ in run_all(pool, ["big"] * 2).values()]  # the ring's second slot, then a segment
-        assert len(worker_rings(pool)[0]) == rings  # a passing peak: no new ring
-        for _ in range(5):  # held on and on: the rings steadily lack room
-            held += [value for value, _ in run_all(pool, ["big"]).values()]
-        assert len(worker_rings(pool)[0]) > rings
-        assert all(torch.equal(v, held[0]) for v in held)
-    finally:
-        pool.close()
-
-
 def test_results_view_shared_memory_until_freed():
     pool = ProcessPool(square, 1, "m")
     pool.start()
@@ -248,7 +207,7 @@ def test_a_killed_zygote_is_replaced_and_nothing_is_lost(monkeypatch, noticed):
 
 @pytest.mark.parametrize("allocate", [None, fresh_tensor], ids=["views", "allocate"])
 def test_every_tensor_and_array_from_a_worker_is_64_byte_aligned(monkeypatch, allocate):
-    pool = ProcessPool(misaligning, 1, "m", ring_bytes=1 << 20, ring_limit=1 << 20, allocate=allocate)  # segments
+    pool = ProcessPool(misaligning, 1, "m", ring_limit=1 << 20, allocate=allocate)  # segments
     pool.start()
     try:
         kinds = ["small", "big", "columns"] * 3

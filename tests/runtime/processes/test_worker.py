@@ -196,7 +196,7 @@ def test_threads_are_checked_and_raise_the_in_flight_limit():
 
 
 def test_large_results_from_several_threads_at_once():
-    pool = ProcessPool(big, 1, "map(big)", ring_bytes=1 << 20, threads=4)
+    pool = ProcessPool(big, 1, "map(big)", threads=4)
     pool.start()
     try:
         results = run_all(pool, [None] * 16)  # all held: the ring fills, the rest take segments

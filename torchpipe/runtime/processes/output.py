@@ -12,18 +12,12 @@ more replaces it, up to :data:`HELD_MORE` more). The slots keep their pages (wri
 by every result after), so large results pay no page faults, until the worker has been idle for
 :data:`IDLE_S` (an epoch ended, an evaluation runs): then the slots that hold no result give their
 pages back, as torch's DataLoader holds no batch between epochs.
-
-``TORCHPIPE_RING_POLICY=legacy`` brings back the policy before (a 4 MB ring at start, rings of
-two results added where results steadily find no room), kept for the A/B against torch until
-it is recorded in ``bench/RESULTS.md``.
 """
 
 from __future__ import annotations
 
-import abc
 import collections
 import mmap
-import os
 import pickle
 import threading
 import traceback
@@ -38,9 +32,6 @@ from torchpipe.runtime.timing import CallClock
 Cost = tuple[float, float, float, float, Tally | None]
 """What a task cost, sent with its result: see :func:`_cost`."""
 
-RING_POLICY_ENV = "TORCHPIPE_RING_POLICY"
-"""The environment variable that picks the ring policy: ``slots`` (default) or ``legacy``."""
-SLOTS, LEGACY = "slots", "legacy"
 SLOT_HEADROOM = 16
 """A slot holds its first result plus 1/16th (at most :data:`MAX_HEADROOM_BYTES`; rounded up to
 the page): a later result of the same kind that is a little larger (a longer caption, a larger
@@ -63,22 +54,7 @@ its pages' faults and a copy more (38 MB batches: 2 GB/s against 8 through slots
 :data:`_HELD_AFTER` of the last 16 results found every slot held, the next one sizes a ring with
 a slot more. Beyond these, results the consumer keeps go to one-off segments, freed as it lets go."""
 _HELD_AFTER = 4
-LEGACY_MIN_RING_BYTES = 16 << 20  # legacy: an added ring holds at least this
-LEGACY_RESULTS_PER_RING = 2  # legacy: an added ring holds two results of the size that found no room
-_GROW_AFTER, _MISS_WINDOW = 4, 16  # legacy: of the last 16 records, 4 that found no room add a ring
 _CLOSE_S = 2.0
-
-
-def ring_policy() -> str:
-    """The ring policy this process's environment asks for (:data:`RING_POLICY_ENV`).
-
-    Raises:
-        ValueError: the variable names no policy.
-    """
-    policy = os.environ.get(RING_POLICY_ENV, SLOTS) or SLOTS
-    if policy not in (SLOTS, LEGACY):
-        raise ValueError(f"{RING_POLICY_ENV} must be {SLOTS!r} or {LEGACY!r}, got {policy!r}")
-    return policy
 
 
 def slot_bytes(nbytes: int) -> int:
@@ -88,25 +64,28 @@ def slot_bytes(nbytes: int) -> int:
     return -(-size // mmap.PAGESIZE) * mmap.PAGESIZE
 
 
-def make_output(channel: Channel, policy: str, slots: int, ring_bytes: int, limit: int) -> Output:
-    """A worker's output under ``policy``: :class:`SlotRing` (``slots`` a ring, sized at the first
-    result) or :class:`GrowingRings` (legacy: a first ring of ``ring_bytes``); ``limit``: the most
-    its rings may hold in all."""
-    if policy == LEGACY:
-        return GrowingRings(channel, min(ring_bytes, limit), limit)
-    return SlotRing(channel, slots, limit)
+class Output:
+    """Runs a worker's tasks' results out: into its ring of slots, or a one-off segment.
 
-
-class Output(abc.ABC):
-    """Runs a worker's tasks' results out: into a ring the policy (a subclass) finds, or a one-off
-    segment.
+    One ring of ``slots`` slots, sized at the first result after the slot count was set; a
+    result that does not fit a slot, or finds none free within :data:`RING_GRACE_S`, takes a
+    one-off segment. A new slot count takes effect with a new ring at the next result (the old
+    one is let go once its records are back): the autotuner changed how many results are held.
+    So does a first result that was not typical: where half the last 16 results were too large
+    for a slot, the next one sizes a new ring (of as many slots; it replaces the old one). And a
+    consumer that steadily holds more results than it said gets a slot more, up to
+    :data:`HELD_MORE`.
 
     Safe to call from several threads: one lock is held from reserving room to sending the
     message (the main process returns ring records in the order they were sent), and around
     every send. The handler and ``codec.encode`` run outside it.
+
+    Args:
+        slots: the results the main process may hold at once; limit: the most the ring may hold
+            (fewer slots where they would not fit; none: every result in a segment).
     """
 
-    def __init__(self, channel: Channel, limit: int) -> None:
+    def __init__(self, channel: Channel, slots: int, limit: int) -> None:
         self.channel = channel
         self.rings: list[ShmRing] = []  # by index, as the main process knows them
         self._limit = limit
@@ -115,15 +94,15 @@ class Output(abc.ABC):
         self.written = 0  # results and errors sent: a worker that writes none for a while is idle
         self.descriptors = True  # False: the main process is short of them (no segment, no new ring)
         self._unconfirmed: dict[int, OneOffSegment] = {}  # segments sent, until main has mapped them
-
-    @abc.abstractmethod
-    def set_slots(self, slots: int) -> None:
-        """The results the main process may hold from this worker at once, from now on."""
-
-    def give_back_idle(self) -> int:
-        """The worker has been idle a while: give back the pages of slots that hold no result
-        (the next result written to one faults its pages in again). Returns the bytes given back."""
-        return 0
+        self._asked = max(1, slots)
+        self._more = 0  # slots added for results held beyond those asked for (HELD_MORE at most)
+        self._ring: ShmRing | None = None  # the ring in use: None until the next result sizes it
+        self._sized = False  # whether that result came (a ring of no slots is none at all)
+        self._outgrown: collections.deque[bool] = collections.deque(maxlen=_SIZE_WINDOW)  # too large, of the last
+        self._all_held: collections.deque[bool] = collections.deque(maxlen=_SIZE_WINDOW)  # no slot free, of the last
+        self._keep_slot = 0  # the slot size the next ring keeps (0: sized at its first result)
+        self._release = False  # a budget binds: slots give their pages back once their result is released
+        self._written: set[int] = set()  # slots of the ring in use written since they gave their pages back
 
     def confirmed(self, seqs: list[int]) -> None:
         """The main process has mapped these results' segments: let go of them here."""
@@ -189,14 +168,6 @@ class Output(abc.ABC):
             self._write(seq, encoded, _cost(clock, counts))
             self.written += 1
 
-    @abc.abstractmethod
-    def _reserve(self, nbytes: int) -> tuple[int, Reservation] | None:
-        """Room for a record of ``nbytes`` in a ring (the lock is held); None: a one-off segment
-        (or, with no descriptors, the channel). With no descriptors no ring may be added."""
-
-    def _descriptors_changed(self, lost_ring: int | None) -> None:
-        """Descriptors were allowed or not (:attr:`descriptors`); the lock is held."""
-
     def _add_ring(self, capacity: int, slot: int = 0, replaces: bool = False) -> ShmRing:
         """A new ring, announced to the main process; ``replaces``: the older rings take no more
         records (the main process lets go of each once its records are back)."""
@@ -212,6 +183,7 @@ class Output(abc.ABC):
         if self._closed:  # the worker is stopping: its rings are gone
             raise ChannelClosed("the worker is stopping")
         nbytes = encoded.nbytes
+        self._give_back_released()
         placed = self._reserve(nbytes)
         if placed is None and not self.descriptors:
             payload = bytearray(nbytes)
@@ -231,6 +203,7 @@ class Output(abc.ABC):
         index, reservation = placed
         encoded.write_into(reservation.buffer)
         offset, nbytes = self.rings[index].commit(reservation)
+        self._written.add(offset)
         self._send(("ring", seq, index, offset, nbytes, *cost))
 
     def _send(self, message: tuple, fds: list[int] | tuple[int, ...] = ()) -> None:
@@ -238,37 +211,12 @@ class Output(abc.ABC):
             raise ChannelClosed("the worker is stopping")
         self.channel.send(message, fds)
 
-
-class SlotRing(Output):
-    """One ring of ``slots`` slots, sized at the first result after the slot count was set; a
-    result that does not fit a slot, or finds none free within :data:`RING_GRACE_S`, takes a
-    one-off segment. A new slot count takes effect with a new ring at the next result (the old
-    one is let go once its records are back): the autotuner changed how many results are held.
-    So does a first result that was not typical: where half the last 16 results were too large
-    for a slot, the next one sizes a new ring (of as many slots; it replaces the old one). And a
-    consumer that steadily holds more results than it said gets a slot more, up to
-    :data:`HELD_MORE`.
-
-    Args:
-        slots: the results the main process may hold at once; limit: the most the ring may hold
-            (fewer slots where they would not fit; none: every result in a segment).
-    """
-
-    def __init__(self, channel: Channel, slots: int, limit: int) -> None:
-        super().__init__(channel, limit)
-        self._asked = max(1, slots)
-        self._more = 0  # slots added for results held beyond those asked for (HELD_MORE at most)
-        self._ring: ShmRing | None = None  # the ring in use: None until the next result sizes it
-        self._sized = False  # whether that result came (a ring of no slots is none at all)
-        self._outgrown: collections.deque[bool] = collections.deque(maxlen=_SIZE_WINDOW)  # too large, of the last
-        self._all_held: collections.deque[bool] = collections.deque(maxlen=_SIZE_WINDOW)  # no slot free, of the last
-        self._keep_slot = 0  # the slot size the next ring keeps (0: sized at its first result)
-
     @property
     def _slots(self) -> int:
         return self._asked + self._more
 
     def set_slots(self, slots: int) -> None:
+        """The results the main process may hold from this worker at once, from now on."""
         with self._lock:
             if max(1, slots) != self._asked:
                 self._asked = max(1, slots)
@@ -276,18 +224,54 @@ class SlotRing(Output):
                     self._ring, self._sized = None, False
 
     def _descriptors_changed(self, lost_ring: int | None) -> None:
+        """Descriptors were allowed or not (:attr:`descriptors`); the lock is held."""
         if self.descriptors:
             self._sized = False  # the next result sizes a ring again
         elif lost_ring is not None and self._ring is self.rings[lost_ring]:
             self._ring = None  # every result in the channel
 
+    def set_slot_pages(self, keep: bool) -> None:
+        """Whether slots keep their pages once the main process released their result (no page
+        faults when they are written again) or give them back (a memory budget binds: the ring
+        then holds what is in flight, as torch's DataLoader holds its batches, and no slot more
+        for results the consumer keeps)."""
+        with self._lock:
+            self._release = not keep
+            if self._release and self._more:
+                self._more, self._sized = 0, False  # the next result makes a ring of the slots asked for
+        self.give_back_released()
+
+    @property
+    def releasing(self) -> bool:
+        """Whether slots give their pages back once released (a memory budget binds)."""
+        return self._release
+
+    def give_back_released(self) -> int:
+        """Under a budget that binds, give back the pages of the slots written since they last
+        did and released since. Returns the bytes given back."""
+        with self._lock:
+            return self._give_back_released()
+
+    def _give_back_released(self) -> int:
+        ring = self._ring
+        if not self._release or self._closed or ring is None or not self._written:
+            return 0
+        released = ring.free_slots() & self._written
+        self._written -= released
+        return ring.give_back_free_slots(only=released) if released else 0
+
     def give_back_idle(self) -> int:
+        """The worker has been idle a while: give back the pages of slots that hold no result
+        (the next result written to one faults its pages in again). Returns the bytes given back."""
         with self._lock:
             if self._closed or self._ring is None:
                 return 0
+            self._written.clear()
             return self._ring.give_back_free_slots()
 
     def _reserve(self, nbytes: int) -> tuple[int, Reservation] | None:
+        """Room for a record of ``nbytes`` in the ring (the lock is held); None: a one-off segment
+        (or, with no descriptors, the channel: then no ring is added)."""
         if not self.descriptors:
             return self._in_ring(nbytes)
         if self._ring is not None:
@@ -301,7 +285,7 @@ class SlotRing(Output):
             return None
         reservation = ring.reserve(nbytes, timeout=RING_GRACE_S)
         self._all_held.append(reservation is None)
-        if sum(self._all_held) >= _HELD_AFTER and self._more < HELD_MORE:
+        if sum(self._all_held) >= _HELD_AFTER and self._more < HELD_MORE and not self._release:
             self._more, self._sized = self._more + 1, False  # the next result makes a ring with one more
             self._keep_slot = ring.slot_bytes  # of these slots (that result may be an odd one)
         return (len(self.rings) - 1, reservation) if reservation is not None else None
@@ -315,56 +299,13 @@ class SlotRing(Output):
     def _size_ring(self, nbytes: int) -> None:
         """Make the ring for results like one of ``nbytes`` (none where a slot exceeds the limit)."""
         self._sized, self._ring = True, None
+        self._written.clear()
         self._outgrown.clear()
         self._all_held.clear()
         slot, self._keep_slot = self._keep_slot or slot_bytes(nbytes), 0
         slots = min(self._slots, self._limit // slot)
         if slots:
             self._ring = self._add_ring(slots * slot, slot, replaces=bool(self.rings))
-
-
-class GrowingRings(Output):
-    """The legacy policy: a first ring of ``capacity`` bytes, and rings added where results need.
-
-    A record that finds no room within :data:`RING_GRACE_S` takes a one-off segment, unless no
-    ring could ever hold it or records steadily find no room (a quarter of the last 16): then the
-    worker adds a ring for two such records (up to ``limit`` in all), kept until it exits.
-    """
-
-    def __init__(self, channel: Channel, capacity: int, limit: int) -> None:
-        super().__init__(channel, limit)
-        self._misses: collections.deque[bool] = collections.deque(maxlen=_MISS_WINDOW)
-        self._lost: set[int] = set()  # rings whose descriptor did not reach the main process
-        with self._lock:
-            self._add_ring(capacity)
-
-    def set_slots(self, slots: int) -> None:
-        """Ignored: the legacy rings follow the results' sizes and waits, not a slot count."""
-
-    def _descriptors_changed(self, lost_ring: int | None) -> None:
-        if lost_ring is not None:
-            self._lost.add(lost_ring)
-
-    def _reserve(self, nbytes: int) -> tuple[int, Reservation] | None:
-        placed = self._in_a_ring(nbytes, RING_GRACE_S)
-        grow = not any(ring.fits(nbytes) for ring in self.rings) or sum(self._misses) >= _GROW_AFTER
-        if placed is None and self.descriptors and grow:
-            capacity = max(LEGACY_MIN_RING_BYTES, LEGACY_RESULTS_PER_RING * nbytes)
-            if sum(r.capacity for r in self.rings) + capacity <= self._limit:
-                self._add_ring(capacity)
-                self._misses.clear()
-                placed = self._in_a_ring(nbytes, 0.0)
-        self._misses.append(placed is None)
-        return placed
-
-    def _in_a_ring(self, nbytes: int, wait: float) -> tuple[int, Reservation] | None:
-        for index, ring in enumerate(self.rings):
-            if index in self._lost:
-                continue
-            reservation = ring.reserve(nbytes, timeout=wait) if ring.fits(nbytes) else None
-            if reservation is not None:
-                return index, reservation
-        return None
 
 
 def _cost(clock: CallClock, counts: Tally) -> Cost:

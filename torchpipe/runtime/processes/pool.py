@@ -18,10 +18,8 @@ import functools
 import os
 import pickle
 import select
-import threading
 import time
 import weakref
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -33,7 +31,8 @@ from torchpipe.runtime.counts import COUNTS
 from torchpipe.runtime.executor import Result
 from torchpipe.runtime.processes.channel import Channel, ChannelClosed, DescriptorsLost
 from torchpipe.runtime.processes.descriptors import DescriptorBudget, is_open_files_error, open_files_error
-from torchpipe.runtime.processes.output import MAX_RING_BYTES, ring_policy
+from torchpipe.runtime.processes.loans import RingLoans
+from torchpipe.runtime.processes.output import MAX_RING_BYTES
 from torchpipe.runtime.processes.shm_ring import OneOffSegment, ShmRing, memfd_supported
 from torchpipe.runtime.processes.worker import run_worker, unpack_exception
 from torchpipe.runtime.processes.zygote import Zygote, ZygoteGone, describe_exit
@@ -42,50 +41,6 @@ from torchpipe.runtime.timing import CallTiming
 
 PER_WORKER = 4
 """Tasks in flight per worker by default (more when each worker runs more tasks at once on threads)."""
-DEFAULT_RING_BYTES = 4 << 20
-"""A worker's first ring under the legacy ring policy (``TORCHPIPE_RING_POLICY=legacy``)."""
-
-
-class _Loans:
-    """Records of one ring lent out as the memory of decoded tensors and arrays.
-
-    A record is returned when the last tensor or array viewing it is freed (in whatever thread
-    that happens); the ring wants its records back in order, so a record returned early waits
-    for the older ones.
-    """
-
-    def __init__(self, ring: ShmRing) -> None:
-        self._ring = ring
-        self._lock = threading.Lock()
-        self._out: deque[tuple[int, int]] = deque()
-        self._returned: set[int] = set()
-
-    def lend(self, offset: int, nbytes: int) -> np.ndarray:
-        """A writable uint8 array over the record; the record is returned when it is freed."""
-        with self._lock:
-            view = self._ring.view(offset, nbytes, writable=True)
-            self._out.append((offset, nbytes))
-        base = np.frombuffer(view, np.uint8)
-        weakref.finalize(base, self._give_back, offset)
-        return base
-
-    @property
-    def ring(self) -> ShmRing:
-        return self._ring
-
-    def close(self) -> None:
-        """Close the ring (under the lock: a finalizer may be releasing on another thread)."""
-        with self._lock:
-            self._ring.close()
-
-    def _give_back(self, offset: int) -> None:
-        with self._lock:
-            self._returned.add(offset)
-            while self._out and self._out[0][0] in self._returned:
-                oldest, nbytes = self._out.popleft()
-                self._returned.discard(oldest)
-                if not self._ring.closed:
-                    self._ring.release(oldest, nbytes)
 
 
 class _Worker:
@@ -98,7 +53,7 @@ class _Worker:
         self.pid = pid
         self.channel = channel
         self.zygote = zygote  # the one that forked it, which reaps it
-        self.rings: list[_Loans | None] = []  # the worker's rings, by index (None: its fd was lost)
+        self.rings: list[RingLoans | None] = []  # the worker's rings, by index (None: its fd was lost)
         self.tasks: dict[int, Task] = {}  # in flight (or sent again without a descriptor), by seq
         self.retiring = False
         self.mapped: list[int] = []  # results whose segments were mapped here, to tell the worker
@@ -130,10 +85,9 @@ class ProcessPool:
             ``allocate``: a result is copied out as it arrives). :meth:`set_per_worker` changes it.
         held: results of a worker the consumer holds besides those in flight, each a slot of
             its ring (default: 1, or 0 with ``allocate``).
-        ring_bytes: each worker's first ring under the legacy ring policy (where rings are
-            added as results need); by default a worker's first result sizes its ring.
-        ring_limit: the most a worker's rings hold in all (``MAX_RING_BYTES``; less under a RAM
-            budget: results beyond travel in one-off segments, freed once used).
+        ring_limit: the most a worker's ring holds, its slots sized at its first result
+            (``MAX_RING_BYTES``; less under a RAM budget: results beyond travel in one-off
+            segments, freed once used).
         keep_freed: workers keep the memory they free for reuse (no page faults for the next
             large result; their memory stays at its peak); False under a RAM budget.
         allocate: where decoded tensors land (``allocate(shape, dtype)``), e.g. pinned memory.
@@ -146,8 +100,7 @@ class ProcessPool:
         fork_now: fork the zygote now (else at the first worker).
 
     Raises:
-        ValueError: if ``threads`` or ``per_worker`` is not an int >= 1, ``held`` not an int >= 0, or
-            ``TORCHPIPE_RING_POLICY`` names no policy.
+        ValueError: if ``threads`` or ``per_worker`` is not an int >= 1, or ``held`` not an int >= 0.
     """
 
     def __init__(
@@ -157,7 +110,6 @@ class ProcessPool:
         name: str,
         *,
         restart: bool = True,
-        ring_bytes: int = DEFAULT_RING_BYTES,
         ring_limit: int = MAX_RING_BYTES,
         keep_freed: bool = True,
         allocate: Callable[..., Any] | None = None,
@@ -174,9 +126,7 @@ class ProcessPool:
         self._restart = restart
         self._allocate = allocate
         self._held = (0 if allocate is not None else 1) if held is None else self._check_held(held)
-        self._worker_main = functools.partial(run_worker, handler=handler, ring_capacity=ring_bytes,
-                                              ring_limit=ring_limit, keep_freed=keep_freed,
-                                              ring_policy=ring_policy())  # fmt: skip
+        self._worker_main = functools.partial(run_worker, handler=handler, ring_limit=ring_limit, keep_freed=keep_freed)
         self._zygote: Zygote | None = self._new_zygote() if fork_now else None
         self._workers: dict[int, _Worker] = {}
         self._router = TaskRouter()
@@ -186,6 +136,7 @@ class ProcessPool:
         self._main_cpu_s = 0.0  # this process's CPU in submit() and collect(), for message_seconds()
         self._received = 0
         self.descriptors = DescriptorBudget()  # whether workers may pass descriptors (open files)
+        self._slot_pages = True  # whether the workers' slots keep their pages once released
 
     def start(self) -> None:
         """Spawn the workers (the zygote is already running)."""
@@ -331,6 +282,21 @@ class ProcessPool:
             self._retire_if_idle(worker)
         self._dispatch()
 
+    @property
+    def slot_pages(self) -> bool:
+        """Whether the workers' ring slots keep their pages once released (see :meth:`set_slot_pages`)."""
+        return self._slot_pages
+
+    def set_slot_pages(self, keep: bool) -> None:
+        """Whether the workers' ring slots keep their pages once their result is released (True:
+        no page faults when written again) or give them back, and the workers their freed heap
+        (False: a memory budget binds; the rings then hold what is in flight, as torch's
+        DataLoader holds its batches, and no slot more for results the consumer keeps)."""
+        if keep != self._slot_pages:
+            self._slot_pages = keep
+            for worker in list(self._workers.values()):
+                self._send(worker, ("pages", keep))
+
     def release_zygote(self) -> bool:
         """Stop the zygote of a pool with no workers left (its copies of the pages this process
         rewrote since the fork are memory held for nothing); the next worker forks a new one.
@@ -399,6 +365,8 @@ class ProcessPool:
         worker = _Worker(worker_id, slot, pid, channel, self._live_zygote())
         self._workers[worker_id] = worker
         self._send(worker, ("slots", self._slots))  # before any task: its first result sizes its ring
+        if not self._slot_pages:
+            self._send(worker, ("pages", False))
         if self.descriptors.short:
             worker.channel.descriptors = False
             self._send(worker, ("descriptors", False, None))
@@ -480,7 +448,7 @@ class ProcessPool:
                 for loans in worker.rings:
                     if loans is not None:
                         loans.close()
-            worker.rings.append(_Loans(ShmRing.attach(fds[0])) if fds else None)
+            worker.rings.append(RingLoans(ShmRing.attach(fds[0])) if fds else None)
             return
         seq = message[1]
         if kind == "resent":
@@ -526,7 +494,7 @@ class ProcessPool:
             worker.channel.descriptors = allowed
             self._send(worker, ("descriptors", allowed, lost_ring if worker is lost_by else None))
 
-    def _decode_record(self, ring: _Loans, offset: int, nbytes: int) -> Any:
+    def _decode_record(self, ring: RingLoans, offset: int, nbytes: int) -> Any:
         """The result in a ring record: tensors view the record, or are copied to ``allocate``."""
         base = ring.lend(offset, nbytes)
         if self._allocate is None:

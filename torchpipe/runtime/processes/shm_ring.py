@@ -305,28 +305,33 @@ class ShmRing:
         self._check_open()
         return os.fstat(self._fd).st_blocks * 512
 
-    def give_back_free_slots(self) -> int:
-        """Give the pages of every slot that holds no record back to the system, as a ring idle
-        for a while does (a ring of slots only; the producer calls it, with no reservation
-        outstanding). They read as zeros and are faulted in again when next written. A slot's
-        first and last partial pages, shared with the header or a neighbour, stay. Returns the
-        bytes given back."""
+    def give_back_free_slots(self, only: set[int] | None = None) -> int:
+        """Give the pages of every slot that holds no record (of those at offsets ``only``, where
+        given) back to the system, as a ring idle for a while does, or one under a memory budget
+        once its records are released (a ring of slots only; the producer calls it, with no
+        reservation outstanding). They read as zeros and are faulted in again when next written.
+        A slot's first and last partial pages, shared with the header or a neighbour, stay.
+        Returns the bytes given back."""
         self._check_open()
         if not self._slot or self._pending is not None or not hasattr(mmap, "MADV_REMOVE"):
             return 0
         mapping = self._mapping
         if not isinstance(mapping, mmap.mmap):
             raise ValueError("only the ring's creator gives back its slots' pages")
-        tail, head = self._words[_TAIL_WORD], self._words[_HEAD_WORD]
-        held = {counter % self._capacity for counter in range(tail, head, self._slot)}
         given = 0
-        for offset in range(0, self._capacity, self._slot):
+        for offset in self.free_slots() if only is None else self.free_slots() & only:
             start = _page_multiple(_DATA_START + offset)
             end = (_DATA_START + offset + self._slot) // mmap.PAGESIZE * mmap.PAGESIZE
-            if offset not in held and end > start:
+            if end > start:
                 mapping.madvise(mmap.MADV_REMOVE, start, end - start)
                 given += end - start
         return given
+
+    def free_slots(self) -> set[int]:
+        """The offsets of the slots that hold no record (a ring of slots)."""
+        tail, head = self._words[_TAIL_WORD], self._words[_HEAD_WORD]
+        held = {counter % self._capacity for counter in range(tail, head, self._slot)}
+        return {offset for offset in range(0, self._capacity, self._slot) if offset not in held}
 
     def fits(self, nbytes: int) -> bool:
         """Whether a record of ``nbytes`` payload can ever be placed in this ring."""

@@ -12,6 +12,8 @@ Protocol on the worker's channel (see ``docs/process_pool.md``)::
                     ("resend", seq[, index, offset, nbytes])  a segment's (or ring's) fd was lost:
                                                          send the result in the channel
                     ("descriptors", allowed[, lost_ring])  main is short of descriptors (or no more)
+                    ("pages", keep)                      slots keep their pages once released, or
+                                                         (a memory budget binds) give them back
     worker -> main  ("ring", seq, index, offset, nbytes, *cost)   result encoded in ring ``index``
                     ("segment", seq, nbytes, *cost)              + fd: a result too large for the rings
                     ("bytes", seq, record, *cost)                the result, where main is short of fds
@@ -47,12 +49,22 @@ import torch
 
 from torchpipe.errors import add_note
 from torchpipe.runtime.processes.channel import Channel, ChannelClosed
-from torchpipe.runtime.processes.output import IDLE_S, MAX_RING_BYTES, SLOTS, Output, make_output, pack_exception
+from torchpipe.runtime.processes.output import IDLE_S, MAX_RING_BYTES, Output, pack_exception
 
-__all__ = ["DEFAULT_SLOTS", "MAX_RING_BYTES", "keep_freed_memory", "pack_exception", "run_worker", "unpack_exception"]
+__all__ = [
+    "DEFAULT_SLOTS",
+    "MAX_RING_BYTES",
+    "keep_freed_memory",
+    "pack_exception",
+    "return_freed_memory",
+    "run_worker",
+    "unpack_exception",
+]
 
 _POLL_S = 0.5
+_RELEASE_POLL_S = 0.02  # under a budget: a slot released gives its pages back this soon
 _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc mallopt parameters
+_DEFAULT_TRIM_THRESHOLD, _DEFAULT_MMAP_MAX = 128 * 1024, 65536  # glibc's defaults for them
 DEFAULT_SLOTS = 5
 """A worker's ring slots until the pool says: 4 tasks in flight and the one the consumer holds."""
 _JOIN_S = 2.0  # how long a stopping worker waits for its task threads
@@ -64,19 +76,15 @@ def run_worker(
     channel: Channel,
     worker_id: int,
     handler: Handler,
-    ring_capacity: int,
     ring_limit: int = MAX_RING_BYTES,
     keep_freed: bool = True,
-    ring_policy: str = SLOTS,
 ) -> None:
     """Serve tasks until told to stop, the channel closes, or the parent process is gone.
 
     Args:
         worker_id: the worker's slot, 0..size-1 (a replacement gets its predecessor's).
-        ring_capacity: the first ring's bytes under the legacy policy; ring_limit: the most the
-            worker's rings hold in all.
-        ring_policy: ``output.SLOTS`` (one ring of the slots the pool asks for with
-            ``("slots", n)``, :data:`DEFAULT_SLOTS` until then) or ``output.LEGACY``.
+        ring_limit: the most the worker's ring holds (of the slots the pool asks for with
+            ``("slots", n)``, :data:`DEFAULT_SLOTS` until then).
         keep_freed: keep freed memory for reuse (:func:`keep_freed_memory`) rather than return it.
         handler: ``handler(seq, payload)`` per task; if it has ``start_worker(worker_id)``,
             that runs first. After a ``("threads", n)`` message with ``n > 1`` it is called
@@ -89,13 +97,14 @@ def run_worker(
     if start is not None:
         start(worker_id)  # per-worker setup (torch's worker seeding, worker_init_fn, ...)
     parent = os.getppid()
-    output = make_output(channel, ring_policy, DEFAULT_SLOTS, ring_capacity, ring_limit)
+    output = Output(channel, DEFAULT_SLOTS, ring_limit)
     tasks = _TaskRunner(handler, output)
     idle = _Idle(output)
     try:
         while os.getppid() == parent:
-            if not channel.poll(_POLL_S):
+            if not channel.poll(_RELEASE_POLL_S if output.releasing else _POLL_S):
                 idle.check()
+                output.give_back_released()
                 continue
             idle.busy()
             message, _ = channel.recv()
@@ -103,6 +112,9 @@ def run_worker(
                 tasks.run(message[1])
             elif message[0] == "stop":
                 return
+            elif message[0] == "pages":  # a memory budget binds (False), or no longer does
+                output.set_slot_pages(message[1])
+                keep_freed_memory() if message[1] and keep_freed else return_freed_memory()
             else:
                 _configure(message, tasks, output)
     except ChannelClosed:
@@ -163,6 +175,19 @@ def keep_freed_memory() -> None:
         libc = ctypes.CDLL(None)
         libc.mallopt(_M_MMAP_MAX, 0)
         libc.mallopt(_M_TRIM_THRESHOLD, 1 << 30)
+    except (OSError, AttributeError):
+        pass
+
+
+def return_freed_memory() -> None:
+    """Undo :func:`keep_freed_memory` (glibc's defaults: large blocks are mapped and unmapped,
+    freed memory is trimmed) and give back what the heap holds free now (``malloc_trim``): a
+    memory budget binds. Not glibc: no-op."""
+    try:
+        libc = ctypes.CDLL(None)
+        libc.mallopt(_M_MMAP_MAX, _DEFAULT_MMAP_MAX)
+        libc.mallopt(_M_TRIM_THRESHOLD, _DEFAULT_TRIM_THRESHOLD)
+        libc.malloc_trim(0)
     except (OSError, AttributeError):
         pass
 
