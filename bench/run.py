@@ -63,16 +63,26 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import torchpipe as tp
+from bench import cuts, suite, tpimage
 from bench import peers as pr
 from bench import report as rp
-from bench import suite, tpimage
 from bench import workloads as wl
 from bench.isolate import pristine_parent
 from bench.measure import measure, measure_epochs
 from bench.report import ORDER, table, write_report
 from bench.rounds import Trial, run_rounds, summarize
 from bench.rounds import report as rounds_report
-from bench.targets import BASELINE, BUDGET_CONFIG, TWINS, ZERO_KNOB, floor, format_targets, placements, targets
+from bench.targets import (
+    BASELINE,
+    BUDGET_CONFIG,
+    TORCHPIPE_BEST,
+    TWINS,
+    ZERO_KNOB,
+    floor,
+    format_targets,
+    placements,
+    targets,
+)
 from torchpipe.runtime.cpu import usable_cpu_count
 
 LAST = ("tfdata",)
@@ -122,6 +132,7 @@ class Runner:
         self.failed: dict[str, list[str]] = {}  # rows (without a peer group) that failed, each failure
         self.fresh_process_s = 0.0  # run time the fresh processes cost, over the measurements' own
         self.not_measured: dict[str, str] = {}
+        self.cut: list[str] = []  # grid points a --quick run leaves out (bench/cuts.py)
         self.dataloader_pss: dict[int, float | None] = {}  # torch's end PSS by num_workers, prefetch_factor=2
         self.dataloader_held: dict[int, float | None] = {}  # and what it held, shared memory counted once
         self.dataloader_peak: dict[int, float | None] = {}  # and what it held at its peak
@@ -176,6 +187,8 @@ class Runner:
         if not work.epochs and work.name != "cache":
             for parallel, executor in work.tp_grid:
                 knobs = {"num_parallel_calls": parallel, "executor": executor}
+                if not self.kept(TORCHPIPE_BEST, knobs):
+                    continue
                 make = partial(dsl_pipeline, work, parallel, executor)
                 trials.append(Trial(f"torchpipe {knobs}", partial(self.timed, make), best_of="torchpipe_best",
                                     knobs=knobs))  # fmt: skip
@@ -183,6 +196,16 @@ class Runner:
                 knobs = "tp.image ops, num_parallel_calls=AUTOTUNE, prefetch(AUTOTUNE)"
                 trials.append(self.trial(tpimage.CONFIG, partial(tpimage.batched, work), knobs))
         return trials + self.dependent() + self.twins() + self.peer_trials(last=False)
+
+    def kept(self, best: str, knobs: Any) -> bool:
+        """Whether this run measures the grid point ``knobs`` of ``best`` (``bench/cuts.py``); the
+        first round notes each point it leaves out in ``cut``."""
+        if cuts.kept(self.work.name, best, knobs, self.quick):
+            return True
+        point = f"{best} {knobs}"
+        if point not in self.cut:
+            self.cut.append(point)
+        return False
 
     def twins(self) -> list[Trial]:
         """``TWINS`` rows of ``dataloader_best``'s configuration (``dataloader_best_twin1``, ...): the
@@ -200,6 +223,8 @@ class Runner:
                              {"num_workers": 0}, best_of=BASELINE)  # fmt: skip
         grid = []
         for args in dataloader_grid(self.quick):
+            if not self.kept(BASELINE, args):
+                continue
             make = partial(torch_loader, dataset, args, kwargs(args["num_workers"]))
             grid.append(Trial(f"dataloader {args}", partial(self.measure_one, make), best_of=BASELINE, knobs=args))
         return [default, *grid]
@@ -281,6 +306,8 @@ class Runner:
                     continue
                 key = f"{peer.library} {config.name or ''} {config.knobs}"
                 best = f"{peer.library}_best" if config.in_best else None
+                if best is not None and not self.kept(best, config.knobs):
+                    continue  # tfdata_autotune too: it never won tfdata_best (bench/cuts.py)
                 trials.append(Trial(key, partial(self.measure_one, make), name=config.name, best_of=best,
                                     knobs=config.knobs, group=peer.library,
                                     together=f"{peer.library} {id(make)}"))  # fmt: skip
@@ -403,7 +430,7 @@ def entry(runner: Runner) -> dict[str, Any]:
             "dataloader_held": {str(k): v for k, v in runner.dataloader_held.items()},
             "dataloader_peak": {str(k): v for k, v in runner.dataloader_peak.items()},
             "extra": work.extra, "peer_errors": runner.errors,
-            "failed": runner.failed, "not_measured": runner.not_measured,
+            "failed": runner.failed, "not_measured": runner.not_measured, "cut": runner.cut,
             "fresh_process_s": round(runner.fresh_process_s, 2)}  # fmt: skip
 
 

@@ -18,7 +18,7 @@ import psutil
 import pytest
 import torch
 
-from bench import data, markdown, plot, rounds, run, suite, tpimage
+from bench import cuts, data, markdown, plot, rounds, run, suite, tpimage
 from bench import peers as pr
 from bench import targets as tg
 from bench import workloads as wl
@@ -64,6 +64,7 @@ def small(monkeypatch, tmp_path):
     # Rows measured in this process: the tests watch them from here, and a fork of a process that
     # ran torch's OpenMP pool (the suite's) can hang (bench/isolate.py). test_bench_fresh.py forks.
     monkeypatch.setattr(rounds, "in_fresh_process", lambda measures: ([measure() for measure in measures], 0.0))
+    monkeypatch.setattr(cuts, "WON", {})  # the one-point grids above are all measured
     return tmp_path
 
 

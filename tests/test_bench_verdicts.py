@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bench import isolate, rounds, run
+from bench import cuts, isolate, rounds, run
 from bench import peers as pr
 from bench import targets as tg
 from bench import workloads as wl
@@ -149,3 +149,30 @@ def test_a_peer_without_a_configuration_on_a_workload_says_why(small, monkeypatc
     runner = run.Runner(wl.blobs(TINY, True), TINY, quick=True)
     assert runner.peer_trials(last=False) == [] and runner.not_measured == {"empty": run.NOT_MEASURED_GRID}
     assert pr.grid_of(wl.blobs(TINY, True), quick=True)  # blobs gives the peers a grid: they have rows there
+
+
+def test_a_quick_run_leaves_out_the_grid_points_that_never_won(small, monkeypatch):
+    monkeypatch.setattr(cuts, "usable_cpu_count", lambda: cuts.CORES)
+    monkeypatch.setattr(
+        cuts,
+        "WON",
+        {
+            "tiny": {
+                "dataloader_best": [{"num_workers": 3, "prefetch_factor": 2}],
+                "torchpipe_best": [{"num_parallel_calls": 4, "executor": "thread"}],
+            }
+        },
+    )
+    assert cuts.kept("tiny", "dataloader_best", {"num_workers": 3, "prefetch_factor": 2}, quick=True)
+    assert not cuts.kept("tiny", "dataloader_best", {"num_workers": 4, "prefetch_factor": 2}, quick=True)
+    assert cuts.kept("tiny", "dataloader_best", {"num_workers": 2, "prefetch_factor": 2}, quick=True)  # a reference
+    assert cuts.kept("jpeg", "dataloader_best", {"num_workers": 4, "prefetch_factor": 2}, quick=True)  # no record
+    assert cuts.kept("tiny", "dataloader_best", {"num_workers": 4, "prefetch_factor": 2}, quick=False)  # full grids
+    monkeypatch.setattr(
+        run, "dataloader_grid", lambda quick: [{"num_workers": n, "prefetch_factor": 2} for n in (1, 3)]
+    )
+    runner = run.Runner(wl.tiny_elements(TINY, True), TINY, quick=True)
+    assert [t.knobs for t in runner.dataloader_trials()[1:]] == [{"num_workers": 3, "prefetch_factor": 2}]
+    assert runner.cut == ["dataloader_best {'num_workers': 1, 'prefetch_factor': 2}"]  # recorded, once
+    runner.dataloader_trials()
+    assert len(runner.cut) == 1
