@@ -109,4 +109,4 @@ def test_the_tf_data_row_runs_in_a_fresh_process(files, workload):
     done = subprocess.run(command, capture_output=True, text=True, timeout=50, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["img_s"] > 0 and result["cpu_ms"] > 0
+    assert result["img_s"] > 0 and result["cpu_ms"] >= 0  # one batch, maybe prefetched: CPU ticks of 10 ms may read 0
