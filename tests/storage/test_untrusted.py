@@ -11,6 +11,7 @@ import torch
 
 import torchpipe as tp
 from tests.fixtures import previous_release
+from tests.safe_globals import restore_safe_globals  # noqa: F401 - an autouse fixture
 from torchpipe.storage.cache_file import CacheReader
 from torchpipe.storage.saved_file import MANIFEST, SavedFormatError, ShardFile
 from torchpipe.testing import assert_elements_equal
@@ -34,14 +35,6 @@ class Allowed:
 
     def __eq__(self, other):
         return type(other) is Allowed and other.value == self.value
-
-
-@pytest.fixture(autouse=True)
-def _restore_safe_globals():
-    before = tp.get_safe_globals()
-    yield
-    tp.clear_safe_globals()
-    tp.add_safe_globals(before)
 
 
 def _check_refused(error, marker):

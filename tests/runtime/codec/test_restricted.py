@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import torchpipe as tp
+from tests.safe_globals import restore_safe_globals  # noqa: F401 - an autouse fixture
 from torchpipe.runtime import codec
 from torchpipe.runtime.codec import restricted
 
@@ -31,14 +32,6 @@ class Slotted(Plain):
 class WithMethod(Plain):
     def __hash__(self):
         raise AssertionError("unpickling ran the class's code")
-
-
-@pytest.fixture(autouse=True)
-def _restore_safe_globals():
-    before = tp.get_safe_globals()
-    yield
-    tp.clear_safe_globals()
-    tp.add_safe_globals(before)
 
 
 def _restricted_round_trip(value):
