@@ -27,7 +27,7 @@ from torchpipe.autotune.report import PipelineStats
 from torchpipe.dataset import Dataset
 from torchpipe.errors import CheckpointError
 from torchpipe.loader.collate import default_collate as column_collate
-from torchpipe.loader.fetch import fetch_seeded
+from torchpipe.loader.fetch import SpanWhenProfiled, fetch_seeded
 from torchpipe.loader.rebuild import notice_read
 from torchpipe.loader.replicas import MAX_REPLICAS
 from torchpipe.loader.workers import WorkerIterator
@@ -39,8 +39,6 @@ from torchpipe.runtime.placement.measure import prepare_measurements
 from torchpipe.runtime.processes.pool import process_executor_supported
 
 _FORK = ("fork", None)
-_MAP = torch_dataloader._DatasetKind.Map
-_profiling = torch._C._autograd._profiler_enabled  # a torch.profiler (or the autograd profiler) records
 _TORCH_HAS_IN_ORDER = "in_order" in inspect.signature(torch.utils.data.DataLoader.__init__).parameters
 _T_co = TypeVar("_T_co", covariant=True)
 _TORCH_CONTEXT: Any = torch.utils.data.DataLoader.multiprocessing_context  # torch's property
@@ -449,7 +447,7 @@ def _skip(iterator: Any, count: int) -> None:
         ) from None
 
 
-class _InlineIterator(torch_dataloader._SingleProcessDataLoaderIter):
+class _InlineIterator(SpanWhenProfiled, torch_dataloader._SingleProcessDataLoaderIter):
     """torch's iterator for ``num_workers=0``, whose errors name the batch and the index that failed;
     torch's ``default_collate`` runs a column at a time (loader/collate.py: the same batches)."""
 
@@ -465,15 +463,6 @@ class _InlineIterator(torch_dataloader._SingleProcessDataLoaderIter):
         """How an epoch of ``loader`` runs, for ``tp.explain(loader)``."""
         fast = " (default_collate a column at a time)" if loader.collate_fn is torch_collate.default_collate else ""
         return [f"  torch's own iterator (num_workers=0){fast}"]
-
-    def __next__(self) -> Any:
-        # torch's, less its profiler span where no profiler runs (~5 us a batch: a cheap batch
-        # costs tens); an IterableDataset's, for its length check, and the first batch are torch's
-        if self._sampler_iter is None or self._dataset_kind != _MAP or _profiling():
-            return super().__next__()
-        data = self._next_data()
-        self._num_yielded += 1
-        return data
 
     def _next_data(self) -> Any:
         seed = mix_seed(int(self._base_seed), self._num_yielded)  # tp.rng() for the batch

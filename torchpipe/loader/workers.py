@@ -37,7 +37,7 @@ from torchpipe.autotune.live import start_look
 from torchpipe.autotune.report import PipelineStats, pipeline_stats
 from torchpipe.autotune.tuner import Budget
 from torchpipe.core.stats import IteratorStats
-from torchpipe.loader.fetch import DataLoader, Exhausted, FetchTask, LocalFetch
+from torchpipe.loader.fetch import DataLoader, Exhausted, FetchTask, LocalFetch, SpanWhenProfiled
 from torchpipe.loader.memory import (
     LoaderMemory,
     default_budget,
@@ -72,7 +72,7 @@ from torchpipe.runtime.processes.worker import MAX_RING_BYTES
 from torchpipe.runtime.recycle import RecycledStack
 
 
-class WorkerIterator(torch_dataloader._BaseDataLoaderIter):
+class WorkerIterator(SpanWhenProfiled, torch_dataloader._BaseDataLoaderIter):
     """Batches made off the consumer's path (or, with ``"auto"``, wherever is fastest), delivered
     in sampler order (or as they finish with ``in_order=False``).
 
