@@ -62,8 +62,13 @@ class Records:
         size = 16384 + h % (49152 + 1)
         start = (h >> 8) % (len(self.pool) - size)
         tags = [_TAGS[i % len(_TAGS)], _TAGS[h % len(_TAGS)]]
-        return {"id": f"row-{i:08d}", "label": i % 1000, "features": self.features[i % 1024].copy(),
-                "blob": self.pool[start : start + size], "meta": {"len": size, "tags": tags}}  # fmt: skip
+        return {
+            "id": f"row-{i:08d}",
+            "label": i % 1000,
+            "features": self.features[i % 1024].copy(),
+            "blob": self.pool[start : start + size],
+            "meta": {"len": size, "tags": tags},
+        }
 
 
 class Blob:
@@ -76,8 +81,12 @@ class Blob:
 
     def __call__(self, i: int) -> dict[str, Any]:
         start = ((i * 2654435761) & 0xFFFFFFFF) % (len(self.pool) - 65536)
-        return {"id": f"s{i:05d}", "features": self.features[i % 1024].copy(),
-                "payload": self.pool[start : start + 65536], "meta": {"index": i, "split": "train"}}  # fmt: skip
+        return {
+            "id": f"s{i:05d}",
+            "features": self.features[i % 1024].copy(),
+            "payload": self.pool[start : start + 65536],
+            "meta": {"index": i, "split": "train"},
+        }
 
 
 def tiny(i: int) -> torch.Tensor:

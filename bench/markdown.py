@@ -34,8 +34,11 @@ def _megabytes(value: float | None) -> str:
 
 def results_table(report: dict[str, Any]) -> str:
     """One row per workload and configuration, in ``bench/run.py``'s order."""
-    lines = ["| workload | configuration | throughput | spread | vs dataloader_best | floor | vs limit | first batch "
-             "| converge_s | peak held | end PSS | CPU per item | others |", "|---" * 13 + "|"]  # fmt: skip
+    lines = [
+        "| workload | configuration | throughput | spread | vs dataloader_best | floor | vs limit | first batch "
+        "| converge_s | peak held | end PSS | CPU per item | others |",
+        "|---" * 13 + "|",
+    ]
     for name, entry in report["workloads"].items():
         results, limit, unit = entry["results"], entry["limit"], entry["unit"]
         base = results.get(BASELINE, {}).get("throughput")
@@ -112,8 +115,15 @@ def summary_table(report: dict[str, Any]) -> str:
         converge = " / ".join(_figure(c.get("converge_s"), "{:.1f} s") for c in checks)
         noise = (entry.get("floor") or {}).get("ratio")
         floor = "-" if noise is None else f"{noise:.2f}"
-        cells = [name, _with_spread(f"{_rate(base)} {unit}{knobs}", results[BASELINE]), *ratios, peer, floor, peak,
-                 converge]  # fmt: skip
+        cells = [
+            name,
+            _with_spread(f"{_rate(base)} {unit}{knobs}", results[BASELINE]),
+            *ratios,
+            peer,
+            floor,
+            peak,
+            converge,
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -253,8 +253,10 @@ def measure(
                 window = _Window(timeline.start, cpu0, busy0, 0)
             else:
                 if not timeline.draw(iterator, count, warmup_s, 0):
-                    raise RuntimeError(f"the data ran out in the warm-up, after {timeline.batches} batches (make the "
-                                       f"data set larger: its rows must outlast warm-up and window)")  # fmt: skip
+                    raise RuntimeError(
+                        f"the data ran out in the warm-up, after {timeline.batches} batches (make the "
+                        f"data set larger: its rows must outlast warm-up and window)"
+                    )
                 window = _Window(time.perf_counter(), monitor.cpu_seconds(), busy_cpu_seconds(cpus), timeline.batches)
             ended = not timeline.draw(iterator, count, math.inf if whole_epoch else seconds, min_batches)
             elapsed = time.perf_counter() - window.start
@@ -328,8 +330,13 @@ class Timeline:
         return sum(self.items[batch:]), sum(self.units[batch:])
 
 
-def converge_s(times: list[float], units: list[float], steady: float, span: float = CONVERGE_SPAN_S,
-               within: float = CONVERGE_WITHIN) -> float | None:  # fmt: skip
+def converge_s(
+    times: list[float],
+    units: list[float],
+    steady: float,
+    span: float = CONVERGE_SPAN_S,
+    within: float = CONVERGE_WITHIN,
+) -> float | None:
     """The end of the first window of at least ``span`` seconds whose rate is within ``within`` of
     ``steady``: the time (from ``iter()``, 0) at which a loader first delivered ``span`` at its
     steady rate. ``times[k]`` is when batch ``k`` arrived with ``units[k]``; a window runs from one
@@ -363,8 +370,14 @@ def _memory(monitor: TreeMonitor, pss: float | None, held: float | None) -> dict
 
     peak_pss = max((v for v in (monitor.peak_pss, pss) if v is not None), default=None)
     peak_held = max((v for v in (monitor.peak_held, held) if v is not None), default=None)
-    return {"peak_held_mb": mb(peak_held), "peak_pss_mb": mb(peak_pss), "end_pss_mb": mb(pss), "end_held_mb": mb(held),
-            "peak_rss_mb": monitor.peak_rss / 2**20, "held_samples": monitor.samples}  # fmt: skip
+    return {
+        "peak_held_mb": mb(peak_held),
+        "peak_pss_mb": mb(peak_pss),
+        "end_pss_mb": mb(pss),
+        "end_held_mb": mb(held),
+        "peak_rss_mb": monitor.peak_rss / 2**20,
+        "held_samples": monitor.samples,
+    }
 
 
 def _timed(

@@ -102,9 +102,11 @@ def table(report: dict[str, Any]) -> str:
     throughput is the whole run's rate, each epoch's rate follows on a line of its own; a
     configuration that was not measured, or failed, says so."""
     lines = []
-    header = (f"{'workload':<10} {'config':<25} {'throughput':>11} {'unit':<9} {'spread':>6} {'vs DL best':>10} "
-              f"{'floor':>6} {'vs limit':>8} {'1st batch':>9} {'converge':>8} {'peak held':>9} {'end PSS':>8} "
-              f"{'CPU/item':>10} {'others':>6}")  # fmt: skip
+    header = (
+        f"{'workload':<10} {'config':<25} {'throughput':>11} {'unit':<9} {'spread':>6} {'vs DL best':>10} "
+        f"{'floor':>6} {'vs limit':>8} {'1st batch':>9} {'converge':>8} {'peak held':>9} {'end PSS':>8} "
+        f"{'CPU/item':>10} {'others':>6}"
+    )
     lines += [header, "-" * len(header)]
     for name, entry in report["workloads"].items():
         lines += _rows(name, entry)

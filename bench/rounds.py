@@ -26,9 +26,22 @@ from typing import Any
 
 from bench.isolate import in_fresh_process
 
-MEDIAN_KEYS = ("throughput", "steady_throughput", "first_batch_s", "converge_s", "peak_rss_mb", "peak_held_mb",
-               "peak_pss_mb", "end_pss_mb", "end_held_mb", "cpu_s_per_item", "others_cpu_share", "sampler_cpu_share",
-               "row_wall_s", "measure_s")  # fmt: skip
+MEDIAN_KEYS = (
+    "throughput",
+    "steady_throughput",
+    "first_batch_s",
+    "converge_s",
+    "peak_rss_mb",
+    "peak_held_mb",
+    "peak_pss_mb",
+    "end_pss_mb",
+    "end_held_mb",
+    "cpu_s_per_item",
+    "others_cpu_share",
+    "sampler_cpu_share",
+    "row_wall_s",
+    "measure_s",
+)
 """The numbers of a result that are reported as their median over the runs."""
 
 
@@ -153,8 +166,9 @@ def _clocked(measure: Callable[[], dict[str, Any]]) -> Callable[[], dict[str, An
     return run
 
 
-def _failed(done: Rounds, k: int, batch: list[Trial], error: Exception,
-            on_error: Callable[[Trial, BaseException], None]) -> None:  # fmt: skip
+def _failed(
+    done: Rounds, k: int, batch: list[Trial], error: Exception, on_error: Callable[[Trial, BaseException], None]
+) -> None:
     """Record ``error`` for every trial of ``batch`` (measured together, they failed together)."""
     message = f"{type(error).__name__}: {error}"
     for trial in batch:

@@ -122,8 +122,9 @@ class Runner:
     peers in ``LAST`` are measured after every workload.
     """
 
-    def __init__(self, work: wl.Workload, sizes: wl.Sizes, quick: bool, repeat: int = 1, peers: bool = True,
-                 fresh: bool = True) -> None:  # fmt: skip
+    def __init__(
+        self, work: wl.Workload, sizes: wl.Sizes, quick: bool, repeat: int = 1, peers: bool = True, fresh: bool = True
+    ) -> None:
         self.work, self.sizes, self.quick, self.repeat = work, sizes, quick, repeat
         self.peers, self.fresh = peers, fresh
         self.results: dict[str, dict[str, Any]] = {}
@@ -235,9 +236,12 @@ class Runner:
         pipeline = self.work.batched(cores, "thread").prefetch(tp.AUTOTUNE)  # one Dataset: its cache persists
         knobs = {"num_parallel_calls": cores, "executor": "thread"}
         self.chosen["torchpipe_cache"] = knobs
-        return [self.trial("torchpipe_cache_epoch1", lambda: pipeline, knobs, together="torchpipe_cache"),
-                self.trial("torchpipe_cache_epoch2", lambda: pipeline, "replays the decoded images",
-                           together="torchpipe_cache")]  # fmt: skip
+        return [
+            self.trial("torchpipe_cache_epoch1", lambda: pipeline, knobs, together="torchpipe_cache"),
+            self.trial(
+                "torchpipe_cache_epoch2", lambda: pipeline, "replays the decoded images", together="torchpipe_cache"
+            ),
+        ]
 
     def dependent(self) -> list[Trial]:
         """``torchpipe_dataloader``: ``tp.DataLoader`` with ``dataloader_best``'s arguments."""
@@ -308,9 +312,17 @@ class Runner:
                 best = f"{peer.library}_best" if config.in_best else None
                 if best is not None and not self.kept(best, config.knobs):
                     continue  # tfdata_autotune too: it never won tfdata_best (bench/cuts.py)
-                trials.append(Trial(key, partial(self.measure_one, make), name=config.name, best_of=best,
-                                    knobs=config.knobs, group=peer.library,
-                                    together=f"{peer.library} {id(make)}"))  # fmt: skip
+                trials.append(
+                    Trial(
+                        key,
+                        partial(self.measure_one, make),
+                        name=config.name,
+                        best_of=best,
+                        knobs=config.knobs,
+                        group=peer.library,
+                        together=f"{peer.library} {id(make)}",
+                    )
+                )
         return trials
 
     def peer_failed(self, library: str, error: BaseException) -> None:
@@ -375,8 +387,14 @@ def machine(quick: bool) -> dict[str, Any]:
     return rp.machine(quick, dataloader_grid(quick))
 
 
-def run_all(names: list[str], quick: bool, sizes: wl.Sizes | None = None, repeat: int = 1, peers: bool = True,
-            fresh: bool = True) -> dict[str, Any]:  # fmt: skip
+def run_all(
+    names: list[str],
+    quick: bool,
+    sizes: wl.Sizes | None = None,
+    repeat: int = 1,
+    peers: bool = True,
+    fresh: bool = True,
+) -> dict[str, Any]:
     """Measure ``names``, each configuration ``repeat`` times in alternating rounds, and return
     the report (the JSON document). ``peers``: False leaves the peers out; ``fresh``: False measures every row in this
     process (tests that watch a measurement from the inside, or whose process has run torch's
@@ -421,17 +439,29 @@ def _run_all(names: list[str], quick: bool, sizes: wl.Sizes, repeat: int, peers:
 def entry(runner: Runner) -> dict[str, Any]:
     """One workload's part of the report."""
     work, results = runner.work, runner.results
-    peaks = {"end_pss_mb": runner.dataloader_pss, "end_held_mb": runner.dataloader_held,
-             "peak_held_mb": runner.dataloader_peak}  # fmt: skip
-    return {"unit": work.unit, "limit": work.limit, "results": results,
-            "targets": targets(work.name, results, peaks, runner.budget), "floor": floor(results),
-            "placement": placements(results), "budget": runner.budget,
-            "dataloader_pss": {str(k): v for k, v in runner.dataloader_pss.items()},
-            "dataloader_held": {str(k): v for k, v in runner.dataloader_held.items()},
-            "dataloader_peak": {str(k): v for k, v in runner.dataloader_peak.items()},
-            "extra": work.extra, "peer_errors": runner.errors,
-            "failed": runner.failed, "not_measured": runner.not_measured, "cut": runner.cut,
-            "fresh_process_s": round(runner.fresh_process_s, 2)}  # fmt: skip
+    peaks = {
+        "end_pss_mb": runner.dataloader_pss,
+        "end_held_mb": runner.dataloader_held,
+        "peak_held_mb": runner.dataloader_peak,
+    }
+    return {
+        "unit": work.unit,
+        "limit": work.limit,
+        "results": results,
+        "targets": targets(work.name, results, peaks, runner.budget),
+        "floor": floor(results),
+        "placement": placements(results),
+        "budget": runner.budget,
+        "dataloader_pss": {str(k): v for k, v in runner.dataloader_pss.items()},
+        "dataloader_held": {str(k): v for k, v in runner.dataloader_held.items()},
+        "dataloader_peak": {str(k): v for k, v in runner.dataloader_peak.items()},
+        "extra": work.extra,
+        "peer_errors": runner.errors,
+        "failed": runner.failed,
+        "not_measured": runner.not_measured,
+        "cut": runner.cut,
+        "fresh_process_s": round(runner.fresh_process_s, 2),
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -474,8 +504,10 @@ def main(argv: list[str] | None = None) -> None:
     print()
     print(format_targets(report))
     run = report["machine"]["run"]
-    print(f"\n{run['seconds']:.0f} s in all ({run['fresh_process_s']:.0f} s of it the fresh processes' cost); "
-          f"usable cores: {usable_cpu_count()}")  # fmt: skip
+    print(
+        f"\n{run['seconds']:.0f} s in all ({run['fresh_process_s']:.0f} s of it the fresh processes' cost); "
+        f"usable cores: {usable_cpu_count()}"
+    )
     write_report(report, args.json)
 
 

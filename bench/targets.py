@@ -130,8 +130,14 @@ DataLoader configuration whose peak fits it."""
 BUDGET_KEYS = ("peak_vs_budget", "vs_best_dl_in_budget")
 IMAGE_CONFIG = "torchpipe_tpimage"
 """The ``tp.image`` pipeline (``bench/tpimage.py``), held to the ``IMAGE_KEYS`` targets."""
-IMAGE_KEYS = ("image_vs_tfdata_native", "image_cpu_vs_tfdata_native", "image_peak_vs_dataloader_best",
-              "image_pss_vs_dataloader_best", "image_held_vs_dataloader_best", "image_vs_ffcv_best")  # fmt: skip
+IMAGE_KEYS = (
+    "image_vs_tfdata_native",
+    "image_cpu_vs_tfdata_native",
+    "image_peak_vs_dataloader_best",
+    "image_pss_vs_dataloader_best",
+    "image_held_vs_dataloader_best",
+    "image_vs_ffcv_best",
+)
 FFCV_BEST = "ffcv_best"
 NOISY = 0.15
 """Other processes' share of the cores above which a measurement is flagged as taken beside them."""
@@ -215,8 +221,11 @@ def targets(
     return out
 
 
-_MEMORY = {"peak_vs_same_workers": "peak_held_mb", "pss_vs_same_workers": "end_pss_mb",
-           "held_vs_same_workers": "end_held_mb"}  # fmt: skip
+_MEMORY = {
+    "peak_vs_same_workers": "peak_held_mb",
+    "pss_vs_same_workers": "end_pss_mb",
+    "held_vs_same_workers": "end_held_mb",
+}
 """Each memory check and the figure of a result it compares with torch's at the same workers."""
 
 

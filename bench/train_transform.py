@@ -138,8 +138,14 @@ def torchvision_transform() -> Callable[[Any], torch.Tensor]:
         from torchvision import transforms
     except Exception:  # noqa: BLE001 - not installed, or a build for another torch (RuntimeError)
         return PillowTrainTransform()
-    return transforms.Compose([transforms.RandomResizedCrop(SIZE, SCALE, RATIO), transforms.RandomHorizontalFlip(),
-                               transforms.ToTensor(), transforms.Normalize(MEAN, STD)])  # fmt: skip
+    return transforms.Compose(
+        [
+            transforms.RandomResizedCrop(SIZE, SCALE, RATIO),
+            transforms.RandomHorizontalFlip(),
+            transforms.ToTensor(),
+            transforms.Normalize(MEAN, STD),
+        ]
+    )
 
 
 class Folder(torch.utils.data.Dataset):
@@ -168,14 +174,19 @@ class TpImageFolder(Folder):
 
 def torch_dataloader(files: list[str], batch_size: int, workers: int) -> Iterable[Any]:
     """``torch_dataloader_torchvision_w<workers>``."""
-    return torch.utils.data.DataLoader(Folder(files), batch_size=batch_size, shuffle=True, num_workers=workers,
-                                       drop_last=True, persistent_workers=workers > 0)  # fmt: skip
+    return torch.utils.data.DataLoader(
+        Folder(files),
+        batch_size=batch_size,
+        shuffle=True,
+        num_workers=workers,
+        drop_last=True,
+        persistent_workers=workers > 0,
+    )
 
 
 def tp_dataloader(files: list[str], batch_size: int) -> Iterable[Any]:
     """``tp_dataloader_auto``."""
-    return tp.DataLoader(TpImageFolder(files), batch_size=batch_size, shuffle=True, num_workers="auto",
-                         drop_last=True)  # fmt: skip
+    return tp.DataLoader(TpImageFolder(files), batch_size=batch_size, shuffle=True, num_workers="auto", drop_last=True)
 
 
 # -- TensorFlow ----------------------------------------------------------------------------------
@@ -192,8 +203,14 @@ def tf_train_sample(tf: Any, encoded: Any, label: Any) -> tuple[Any, Any]:
     shape = tf.io.extract_jpeg_shape(encoded)
     whole = tf.constant([0.0, 0.0, 1.0, 1.0], dtype=tf.float32, shape=[1, 1, 4])
     begin, size, _ = tf.image.sample_distorted_bounding_box(
-        shape, bounding_boxes=whole, min_object_covered=0.0, aspect_ratio_range=RATIO, area_range=SCALE,
-        max_attempts=10, use_image_if_no_bounding_boxes=True)  # fmt: skip
+        shape,
+        bounding_boxes=whole,
+        min_object_covered=0.0,
+        aspect_ratio_range=RATIO,
+        area_range=SCALE,
+        max_attempts=10,
+        use_image_if_no_bounding_boxes=True,
+    )
     top, left, _ = tf.unstack(begin)
     height, width, _ = tf.unstack(size)
     window = tf.stack([top, left, height, width])
@@ -209,8 +226,9 @@ def tfdata_native(workload: str, files: list[str], batch_size: int) -> Iterable[
     tf = _tf()
     if workload == "jpeg":
         ds = tf.data.Dataset.from_tensor_slices((files, labels_of(len(files)))).repeat().shuffle(len(files))
-        ds = ds.map(lambda path, label: tf_train_sample(tf, tf.io.read_file(path), label),
-                    num_parallel_calls=tf.data.AUTOTUNE)  # fmt: skip
+        ds = ds.map(
+            lambda path, label: tf_train_sample(tf, tf.io.read_file(path), label), num_parallel_calls=tf.data.AUTOTUNE
+        )
     else:
         spec = {"image": tf.io.FixedLenFeature([], tf.string), "label": tf.io.FixedLenFeature([], tf.int64)}
 
@@ -242,12 +260,23 @@ def ffcv(files: list[str], batch_size: int) -> Iterable[Any]:
     from ffcv.loader import Loader, OrderOption
     from ffcv.transforms import RandomHorizontalFlip, Squeeze, ToTensor, ToTorchImage
 
-    image = [RandomResizedCropRGBImageDecoder((SIZE, SIZE), scale=SCALE, ratio=RATIO), RandomHorizontalFlip(),
-             ToTensor(), ToTorchImage(channels_last=False)]  # fmt: skip
+    image = [
+        RandomResizedCropRGBImageDecoder((SIZE, SIZE), scale=SCALE, ratio=RATIO),
+        RandomHorizontalFlip(),
+        ToTensor(),
+        ToTorchImage(channels_last=False),
+    ]
     indices = np.resize(np.arange(len(files), dtype=np.uint64), EPOCH)
-    return Loader(ffcv_peer.beton(files), batch_size=batch_size, num_workers=os.cpu_count() or 1, os_cache=True,
-                  order=OrderOption.RANDOM, indices=indices, drop_last=True,
-                  pipelines={"image": image, "label": [IntDecoder(), ToTensor(), Squeeze(1)]})  # fmt: skip
+    return Loader(
+        ffcv_peer.beton(files),
+        batch_size=batch_size,
+        num_workers=os.cpu_count() or 1,
+        os_cache=True,
+        order=OrderOption.RANDOM,
+        indices=indices,
+        drop_last=True,
+        pipelines={"image": image, "label": [IntDecoder(), ToTensor(), Squeeze(1)]},
+    )
 
 
 # -- the rows ------------------------------------------------------------------------------------
@@ -323,9 +352,22 @@ def run_one(row: str, workload: str, files: int, batch_size: int, warmup: int, c
 
 def run_fresh(row: str, workload: str, args: argparse.Namespace) -> dict[str, Any]:
     """:func:`run_one` in a fresh interpreter; its JSON line, or the error it ended with."""
-    command = [sys.executable, str(Path(__file__).resolve()), "--one", row, "--workload", workload,
-               "--files", str(args.files), "--batch-size", str(args.batch_size), "--warmup", str(args.warmup),
-               "--batches", str(args.batches)]  # fmt: skip
+    command = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--one",
+        row,
+        "--workload",
+        workload,
+        "--files",
+        str(args.files),
+        "--batch-size",
+        str(args.batch_size),
+        "--warmup",
+        str(args.warmup),
+        "--batches",
+        str(args.batches),
+    ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
@@ -349,8 +391,12 @@ def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
     if not measured:
         return results[-1]
     rates = [r["img_s"] for r in measured]
-    return {"img_s": statistics.median(rates), "cpu_ms": statistics.median(r["cpu_ms"] for r in measured),
-            "runs": len(measured), "spread": max(rates) / min(rates) - 1}  # fmt: skip
+    return {
+        "img_s": statistics.median(rates),
+        "cpu_ms": statistics.median(r["cpu_ms"] for r in measured),
+        "runs": len(measured),
+        "spread": max(rates) / min(rates) - 1,
+    }
 
 
 def table(workload: str, rows: dict[str, dict[str, Any]]) -> str:

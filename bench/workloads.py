@@ -435,9 +435,16 @@ def blobs(sizes: Sizes, quick: bool) -> Workload:
     """
     blob = Blob(data.SEED)
     # tp_grid: the parallelism the peers are tried at (torchpipe_best is not measured on epochs)
-    work = Workload("blobs", "samples/s", 32, Mapped(blob, sizes.blob_samples),
-                    _mapped_pipeline(blob, sizes.blob_samples), _count_samples, _map_grid(),
-                    epochs=sizes.epochs)  # fmt: skip
+    work = Workload(
+        "blobs",
+        "samples/s",
+        32,
+        Mapped(blob, sizes.blob_samples),
+        _mapped_pipeline(blob, sizes.blob_samples),
+        _count_samples,
+        _map_grid(),
+        epochs=sizes.epochs,
+    )
     _set_core_limit(work, blob, sizes.limit_s)
     work.extra["item_us"] = round(item_seconds(blob, work.batch_size, sizes.limit_s) * 1e6, 2)
     work.extra["epochs"] = sizes.epochs

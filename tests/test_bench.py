@@ -41,11 +41,33 @@ CACHE_CONFIGS = {
     "torchpipe_cache_epoch2",
 }
 EPOCH_CONFIGS = CONFIGS - {"torchpipe_best"}
-EPOCH_KEYS = {"throughput", "steady_throughput", "first_batch_s", "peak_rss_mb", "peak_held_mb", "peak_pss_mb",
-              "end_pss_mb", "end_held_mb", "held_samples", "cpu_s_per_item", "others_cpu_share", "sampler_cpu_share",
-              "epoch_rates", "epoch_executors", "placement", "spread", "runs", "measure_s", "row_wall_s"}  # fmt: skip
-KEYS = EPOCH_KEYS - {"epoch_rates", "epoch_executors", "steady_throughput"} | {"where", "converge_s", "converged",
-                                                                                "ended_early"}  # fmt: skip
+EPOCH_KEYS = {
+    "throughput",
+    "steady_throughput",
+    "first_batch_s",
+    "peak_rss_mb",
+    "peak_held_mb",
+    "peak_pss_mb",
+    "end_pss_mb",
+    "end_held_mb",
+    "held_samples",
+    "cpu_s_per_item",
+    "others_cpu_share",
+    "sampler_cpu_share",
+    "epoch_rates",
+    "epoch_executors",
+    "placement",
+    "spread",
+    "runs",
+    "measure_s",
+    "row_wall_s",
+}
+KEYS = EPOCH_KEYS - {"epoch_rates", "epoch_executors", "steady_throughput"} | {
+    "where",
+    "converge_s",
+    "converged",
+    "ended_early",
+}
 NUMBERS = KEYS - {"where", "placement", "spread", "runs", "converged", "ended_early"}
 """What one measurement reports as numbers (the fake results of the table tests)."""
 
@@ -284,12 +306,19 @@ def _result(throughput: float, pss: float | None = 100.0, where: str | None = No
     """A row whose peak held memory is ``pss`` (its end PSS 20 MB below, its end held 10 MB below)."""
     end_pss = None if pss is None else pss - 20.0
     end_held = None if pss is None else pss - 10.0  # as if 10 MB of shared memory were mapped by nobody
-    return {"throughput": throughput, "peak_held_mb": pss, "end_pss_mb": end_pss, "end_held_mb": end_held,
-            "where": where, "converge_s": 1.5}  # fmt: skip
+    return {
+        "throughput": throughput,
+        "peak_held_mb": pss,
+        "end_pss_mb": end_pss,
+        "end_held_mb": end_held,
+        "where": where,
+        "converge_s": 1.5,
+    }
 
 
-def _memory(peak: dict[int, float], pss: dict[int, float] | None = None,
-            held: dict[int, float] | None = None) -> dict[str, dict[int, float]]:  # fmt: skip
+def _memory(
+    peak: dict[int, float], pss: dict[int, float] | None = None, held: dict[int, float] | None = None
+) -> dict[str, dict[int, float]]:
     """torch's memory by worker count, as ``tg.targets`` takes it: peaks held, end PSS, end held."""
     return {"peak_held_mb": peak, "end_pss_mb": pss or {}, "end_held_mb": held or {}}
 
@@ -326,8 +355,13 @@ def test_targets_met_and_missed():
     assert auto["peak_vs_same_workers"]["ratio"] == pytest.approx(1.09) and auto["peak_vs_same_workers"]["met"]
     assert auto["peak_vs_same_workers"]["workers"] == 2
     # the end figures are reported beside it: no verdict
-    assert auto["pss_vs_same_workers"] == {"ratio": pytest.approx(198 / 180), "op": None, "target": None,
-                                           "met": None, "workers": 2}  # fmt: skip
+    assert auto["pss_vs_same_workers"] == {
+        "ratio": pytest.approx(198 / 180),
+        "op": None,
+        "target": None,
+        "met": None,
+        "workers": 2,
+    }
     assert (
         auto["held_vs_same_workers"]["ratio"] == pytest.approx(208 / 320)
         and auto["held_vs_same_workers"]["met"] is None
@@ -384,8 +418,21 @@ def test_targets_against_the_peers():
     assert checks["torchpipe_dataloader_auto"]["vs_best_python_peer"]["met"] is False
     text = tg.format_targets({"workloads": {"jpeg": {"results": results, "targets": checks}}})
     row = next(line for line in text.splitlines() if line.startswith("jpeg") and " torchpipe_auto " in line)
-    assert row.split()[2:] == ["1.25", "ok", "1.50", "ok", "1.00", "ok", "-", "-", "1.50", "ok", "1.25", "ok",
-                               "0.50"]  # fmt: skip  # nodes: best
+    assert row.split()[2:] == [
+        "1.25",
+        "ok",
+        "1.50",
+        "ok",
+        "1.00",
+        "ok",
+        "-",
+        "-",
+        "1.50",
+        "ok",
+        "1.25",
+        "ok",
+        "0.50",
+    ]  # nodes: best
     assert "7 targets met, 3 missed" in text and "jpeg/torchpipe_dataloader_auto vs_best_python_peer" in text
 
 

@@ -59,8 +59,9 @@ def test_the_pillow_transform_is_tp_images_on_the_same_window_and_flip(files, se
     torch.manual_seed(seed)
     window_seed = int(torch.randint(0, 2**62, (), dtype=torch.int64))
     flipped = torch.rand(1).item() < 0.5
-    want = tp.image.train_transform(files[0], tt.SIZE, tt.MEAN, tt.STD, rng=np.random.default_rng(window_seed),
-                                    flip=float(flipped))  # fmt: skip
+    want = tp.image.train_transform(
+        files[0], tt.SIZE, tt.MEAN, tt.STD, rng=np.random.default_rng(window_seed), flip=float(flipped)
+    )
     assert (got - want).abs().max().item() <= 1 / (255 * min(tt.STD)) + 1e-5  # Pillow's resize: within 1
 
 
@@ -93,18 +94,36 @@ def test_the_table_gives_ratios_to_tf_data_and_torchs_best_and_says_what_did_not
     assert "| torchpipe_tpimage | 300 | 1.50 | 1.50x | 2.00x |" in text
     assert "| ffcv | not run: ffcv is not installed |" in text
     assert tt.summary([{"img_s": 1.0, "cpu_ms": 2.0}, {"error": "x"}, {"img_s": 3.0, "cpu_ms": 4.0}]) == {
-        "img_s": 2.0, "cpu_ms": 3.0, "runs": 2, "spread": 2.0
-    }  # fmt: skip
-    assert "| torchpipe_tpimage | 300 (spread 10%) |" in tt.table("jpeg", {"torchpipe_tpimage": {
-        "img_s": 300.0, "cpu_ms": 1.5, "spread": 0.1}})  # fmt: skip
+        "img_s": 2.0,
+        "cpu_ms": 3.0,
+        "runs": 2,
+        "spread": 2.0,
+    }
+    assert "| torchpipe_tpimage | 300 (spread 10%) |" in tt.table(
+        "jpeg", {"torchpipe_tpimage": {"img_s": 300.0, "cpu_ms": 1.5, "spread": 0.1}}
+    )
 
 
 @pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="TensorFlow is not installed")
 @pytest.mark.parametrize("workload", tt.WORKLOADS)
 def test_the_tf_data_row_runs_in_a_fresh_process(files, workload):
     script = Path(tt.__file__).resolve()
-    command = [sys.executable, str(script), "--one", "tfdata_native", "--workload", workload, "--files", str(FILES),
-               "--batch-size", str(BATCH), "--warmup", "1", "--batches", "1"]  # fmt: skip
+    command = [
+        sys.executable,
+        str(script),
+        "--one",
+        "tfdata_native",
+        "--workload",
+        workload,
+        "--files",
+        str(FILES),
+        "--batch-size",
+        str(BATCH),
+        "--warmup",
+        "1",
+        "--batches",
+        "1",
+    ]
     env = {**os.environ, data.CACHE_ENV: str(Path(files[0]).parent.parent)}
     done = subprocess.run(command, capture_output=True, text=True, timeout=50, env=env)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -27,11 +27,15 @@ def _row(throughput: float, where: str | None = None) -> dict[str, Any]:
 
 def test_a_row_identical_to_the_best_does_not_miss_and_one_below_the_floor_does():
     # dataloader_best's configuration measured as three twins: medians 92, 97, 100 -> floor 0.92
-    results = {"dataloader_best": _row(100.0), "torchpipe_best": _row(100.0),
-               "dataloader_best_twin1": _row(92.0), "dataloader_best_twin2": _row(97.0),
-               "dataloader_best_twin3": _row(100.0),
-               "torchpipe_auto": _row(92.0, "inline"),  # as the lowest twin: the best row, measured again
-               "torchpipe_dataloader_auto": _row(91.0, "inline")}  # fmt: skip
+    results = {
+        "dataloader_best": _row(100.0),
+        "torchpipe_best": _row(100.0),
+        "dataloader_best_twin1": _row(92.0),
+        "dataloader_best_twin2": _row(97.0),
+        "dataloader_best_twin3": _row(100.0),
+        "torchpipe_auto": _row(92.0, "inline"),  # as the lowest twin: the best row, measured again
+        "torchpipe_dataloader_auto": _row(91.0, "inline"),
+    }
     noise = tg.floor(results)
     assert noise is not None and noise["ratio"] == pytest.approx(0.92)
     checks = tg.targets("tiny", results)
@@ -41,8 +45,12 @@ def test_a_row_identical_to_the_best_does_not_miss_and_one_below_the_floor_does(
         assert same[key]["floor"] == pytest.approx(0.92) and below[key]["met"] is False  # 0.91: below both
     assert "floor" not in same["vs_best_python_peer"]  # only the throughput checks against the best rows
     # a quiet machine's floor above the bound does not raise the bound
-    quiet = {**results, "dataloader_best_twin1": _row(99.0), "dataloader_best_twin2": _row(99.0),
-             "torchpipe_auto": _row(96.0, "inline")}  # fmt: skip
+    quiet = {
+        **results,
+        "dataloader_best_twin1": _row(99.0),
+        "dataloader_best_twin2": _row(99.0),
+        "torchpipe_auto": _row(96.0, "inline"),
+    }
     assert tg.targets("tiny", quiet)["torchpipe_auto"]["vs_best_of_any"]["met"] is True  # 0.96 >= 0.95
     assert tg.floor({"dataloader_best_twin1": _row(5.0)}) is None  # one twin: no floor
     text = tg.format_targets({"workloads": {"tiny": {"results": results, "targets": checks}}})
@@ -98,8 +106,10 @@ def test_a_row_that_fails_is_recorded_and_the_others_are_measured():
         raise RuntimeError("no such device")
 
     def plan() -> list[rounds.Trial]:
-        return [rounds.Trial("broken", broken, name="broken"),
-                rounds.Trial("fine", lambda: {"throughput": 1.0}, name="fine")]  # fmt: skip
+        return [
+            rounds.Trial("broken", broken, name="broken"),
+            rounds.Trial("fine", lambda: {"throughput": 1.0}, name="fine"),
+        ]
 
     seen: list[str] = []
     done = rounds.run_rounds(plan, 2, on_error=lambda trial, e: seen.append(str(e).splitlines()[0]))
@@ -143,8 +153,9 @@ def test_data_that_runs_out_is_said_not_raised_past(monkeypatch):
 
 def test_a_peer_without_a_configuration_on_a_workload_says_why(small, monkeypatch):
     peer = _fake_peer("empty", [], [])
-    monkeypatch.setattr(pr, "PEERS", (peer.__class__(peer.library, peer.module, peer.distribution,
-                                                     lambda work, quick: []),))  # fmt: skip
+    monkeypatch.setattr(
+        pr, "PEERS", (peer.__class__(peer.library, peer.module, peer.distribution, lambda work, quick: []),)
+    )
     monkeypatch.setattr(pr.Peer, "installed", lambda self: True)
     runner = run.Runner(wl.blobs(TINY, True), TINY, quick=True)
     assert runner.peer_trials(last=False) == [] and runner.not_measured == {"empty": run.NOT_MEASURED_GRID}

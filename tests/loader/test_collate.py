@@ -15,8 +15,7 @@ from torchpipe.loader.collate import SMALL_ARRAYS, ColumnCollate
 from torchpipe.loader.collate import default_collate as column_collate
 
 Point = collections.namedtuple("Point", "x y")
-DTYPES = (np.float32, np.float64, np.float16, np.int64, np.int32, np.int16, np.uint8, np.uint16, np.bool_,
-          np.complex64)  # fmt: skip
+DTYPES = (np.float32, np.float64, np.float16, np.int64, np.int32, np.int16, np.uint8, np.uint16, np.bool_, np.complex64)
 SCALARS = (np.float32, np.float64, np.int64, np.int8, np.bool_)
 
 
@@ -121,9 +120,20 @@ def test_it_returns_what_default_collate_returns_or_raises_as_it_does(batch):
 
 
 def test_dict_rows_of_every_common_kind_collate_as_torch_does():
-    rows = [{"id": f"r{i}", "label": i, "score": i / 3, "ok": i % 2 == 0, "features": np.full(16, i, np.float32),
-             "image": torch.full((3, 4), float(i)), "raw": b"x" * i, "n": np.int64(i),
-             "meta": {"tags": ["a", "b"], "pair": (i, float(i)), "at": Point(i, -i)}} for i in range(32)]  # fmt: skip
+    rows = [
+        {
+            "id": f"r{i}",
+            "label": i,
+            "score": i / 3,
+            "ok": i % 2 == 0,
+            "features": np.full(16, i, np.float32),
+            "image": torch.full((3, 4), float(i)),
+            "raw": b"x" * i,
+            "n": np.int64(i),
+            "meta": {"tags": ["a", "b"], "pair": (i, float(i)), "at": Point(i, -i)},
+        }
+        for i in range(32)
+    ]
     ours = column_collate(rows)
     _same(ours, default_collate(rows))
     assert isinstance(ours["meta"]["tags"][0], tuple)  # torch's: a nested list's strings come as tuples

@@ -172,14 +172,19 @@ def check_pixels(image: EncodedImage) -> None:
         return  # no header the fast path reads: Pillow decodes it, and checks it
     pixels = int(height) * int(width)
     if pixels > 2 * limit:
-        bomb = Image.DecompressionBombError(f"the image has {pixels} pixels ({width}x{height}), more than twice "
-                                            f"PIL.Image.MAX_IMAGE_PIXELS ({limit}): it could be a decompression "
-                                            "bomb; raise that limit (None: no limit) to decode it")  # fmt: skip
+        bomb = Image.DecompressionBombError(
+            f"the image has {pixels} pixels ({width}x{height}), more than twice "
+            f"PIL.Image.MAX_IMAGE_PIXELS ({limit}): it could be a decompression "
+            "bomb; raise that limit (None: no limit) to decode it"
+        )
         raise image.fail("refusing to decode the JPEG", bomb) from bomb
     if pixels > limit:
-        warnings.warn(f"the JPEG{f' {image.path}' if image.path else ''} has {pixels} pixels, more than "
-                      f"PIL.Image.MAX_IMAGE_PIXELS ({limit}): it could be a decompression bomb",
-                      Image.DecompressionBombWarning, stacklevel=3)  # fmt: skip
+        warnings.warn(
+            f"the JPEG{f' {image.path}' if image.path else ''} has {pixels} pixels, more than "
+            f"PIL.Image.MAX_IMAGE_PIXELS ({limit}): it could be a decompression bomb",
+            Image.DecompressionBombWarning,
+            stacklevel=3,
+        )
 
 
 def decode_jpeg_array(image: EncodedImage, channels: int, scale: int = 1, count: bool = True,

@@ -103,13 +103,21 @@ def decode_and_random_resized_crop(
         DecodeError: the image is malformed or truncated.
     """
     formats.check_channels(channels)
-    return decode_resized_window(formats.EncodedImage(data), pair(size), scale, ratio, generator(rng), channels,
-                                 apply_exif_orientation, fast_dct)  # fmt: skip
+    return decode_resized_window(
+        formats.EncodedImage(data), pair(size), scale, ratio, generator(rng), channels, apply_exif_orientation, fast_dct
+    )
 
 
-def decode_resized_window(image: formats.EncodedImage, size: tuple[int, int], scale: tuple[float, float],
-                          ratio: tuple[float, float], gen: np.random.Generator, channels: int,
-                          apply_exif_orientation: bool, fast_dct: bool) -> torch.Tensor:  # fmt: skip
+def decode_resized_window(
+    image: formats.EncodedImage,
+    size: tuple[int, int],
+    scale: tuple[float, float],
+    ratio: tuple[float, float],
+    gen: np.random.Generator,
+    channels: int,
+    apply_exif_orientation: bool,
+    fast_dct: bool,
+) -> torch.Tensor:
     """:func:`decode_and_random_resized_crop` on checked arguments, drawing from ``gen``."""
     out_h, out_w = size
     if formats.image_format(image) != "jpeg":

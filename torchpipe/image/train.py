@@ -72,8 +72,9 @@ def train_transform(
         raise ValueError(f"flip must be a probability in [0, 1], got {flip!r}")
     affine = _normalization(channels, mean, std, dtype)
     gen = generator(rng)
-    resized = decode_resized_window(formats.EncodedImage(data), (out_h, out_w), scale, ratio, gen, channels,
-                                    apply_exif_orientation, fast_dct)  # fmt: skip
+    resized = decode_resized_window(
+        formats.EncodedImage(data), (out_h, out_w), scale, ratio, gen, channels, apply_exif_orientation, fast_dct
+    )
     chw = resized.permute(2, 0, 1)  # resize writes channels-first memory: a contiguous view
     if gen.random() < flip:
         chw = chw.flip(2)
@@ -84,8 +85,9 @@ def train_transform(
     return dst
 
 
-def _normalization(channels: int, mean: Sequence[float] | None, std: Sequence[float] | None,
-                   dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor] | None:  # fmt: skip
+def _normalization(
+    channels: int, mean: Sequence[float] | None, std: Sequence[float] | None, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(scale, shift) that take uint8 values to ``dtype``'s normalized ones; None where the
     values are kept (an integer ``dtype``)."""
     if not dtype.is_floating_point:
@@ -99,8 +101,9 @@ def _destination(out: torch.Tensor | None, shape: tuple[int, int, int], dtype: t
     """Where the image is written: ``out``, else its row of the batch being built, else new."""
     if out is not None:
         if tuple(out.shape) != shape or out.dtype != dtype or not out.is_contiguous():
-            raise ValueError(f"out must be a contiguous {dtype} tensor of shape {shape}, got {out.dtype} "
-                             f"{tuple(out.shape)}")  # fmt: skip
+            raise ValueError(
+                f"out must be a contiguous {dtype} tensor of shape {shape}, got {out.dtype} {tuple(out.shape)}"
+            )
         return out
     row = batch_row(shape, dtype)
     return row if row is not None else torch.empty(shape, dtype=dtype)

@@ -93,9 +93,12 @@ def read_record(read: Any, path: str, offset: int, verify: bool, limit: int | No
         raise DataLossError(f"{path}: truncated record at byte {offset}: it is {length} bytes long, but the file "
                             f"has {limit - HEADER_BYTES} bytes after its header", path, offset)  # fmt: skip
     if length > MAX_RECORD_BYTES:
-        raise DataLossError(f"{path}: corrupt record at byte {offset}: its length {length} is above the "
-                            f"{MAX_RECORD_BYTES}-byte maximum (tfrecord_framing.MAX_RECORD_BYTES)", path,
-                            offset)  # fmt: skip
+        raise DataLossError(
+            f"{path}: corrupt record at byte {offset}: its length {length} is above the "
+            f"{MAX_RECORD_BYTES}-byte maximum (tfrecord_framing.MAX_RECORD_BYTES)",
+            path,
+            offset,
+        )
     data = read(length) if length <= _READ_PIECE else _read_pieces(read, length)
     footer = read(FOOTER_BYTES)
     if len(data) < length or len(footer) < FOOTER_BYTES:

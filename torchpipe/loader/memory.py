@@ -155,9 +155,15 @@ class LoaderMemory:
     def report(self) -> dict[str, Any]:
         """For ``loader.stats()``: the ``budget`` and whether it is the ``default``, the bytes
         ``held`` at the last reading and at the ``peak``, and what was ``shed`` to keep to it."""
-        return {"budget": int(self.budget), "default": not self.given, "held": int(self.held),
-                "peak": int(self.peak), "shed": list(self.shed_steps), "slot_pages": self.slot_pages,
-                "slot_pages_why": self.slot_pages_why}  # fmt: skip
+        return {
+            "budget": int(self.budget),
+            "default": not self.given,
+            "held": int(self.held),
+            "peak": int(self.peak),
+            "shed": list(self.shed_steps),
+            "slot_pages": self.slot_pages,
+            "slot_pages_why": self.slot_pages_why,
+        }
 
     def _run(self, holdings: Holdings, stop: threading.Event) -> None:
         while not stop.is_set():
@@ -214,8 +220,10 @@ def keep_slot_pages_again(memory: LoaderMemory, pool: Any) -> bool:
         return False
     pool.set_slot_pages(True)
     memory.slot_pages = "kept"
-    memory.slot_pages_why = (f"{_mib(memory.held)} held and {_mib(pool.ring_bytes)} of ring slots are within "
-                             f"{ROOM_SHARE:.0%} of the budget of {_mib(memory.budget)}")  # fmt: skip
+    memory.slot_pages_why = (
+        f"{_mib(memory.held)} held and {_mib(pool.ring_bytes)} of ring slots are within "
+        f"{ROOM_SHARE:.0%} of the budget of {_mib(memory.budget)}"
+    )
     memory.settle()
     return True
 

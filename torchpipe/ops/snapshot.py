@@ -88,8 +88,9 @@ class SnapshotStorage:
         trusted: read records with full pickle (``SavedRecords``'s ``trusted``).
     """
 
-    def __init__(self, root: str, upstream: list[str], compression: str | None, total: int,
-                 trusted: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self, root: str, upstream: list[str], compression: str | None, total: int, trusted: bool = False
+    ) -> None:
         self.root = root
         self.trusted = trusted
         self.upstream = upstream

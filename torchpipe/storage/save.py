@@ -112,8 +112,11 @@ class _Save:
         except FileNotFoundError:
             return None
         except UntrustedTypeError as e:
-            add_note(e, f"{self.stage}: reading the checkpoint {path!r} of an interrupted save; delete it to save "
-                        "from the start")  # fmt: skip
+            add_note(
+                e,
+                f"{self.stage}: reading the checkpoint {path!r} of an interrupted save; delete it to save "
+                "from the start",
+            )
             raise
         except Exception as e:  # noqa: BLE001 - a damaged checkpoint: start afresh
             warnings.warn(f"{self.stage}: its checkpoint cannot be read ({e!r}); saving from the start", stacklevel=4)

@@ -294,11 +294,19 @@ def _check_manifest(manifest: Any, path: str) -> None:
 
 def _check_file_name(name: Any, key: str, path: str) -> None:
     """Raise unless ``name`` is a plain file name: a manifest never reads outside its directory."""
-    plain = (isinstance(name, str) and name not in ("", ".", "..") and os.path.basename(name) == name
-             and "/" not in name and (os.altsep is None or os.altsep not in name) and "\0" not in name)  # fmt: skip
+    plain = (
+        isinstance(name, str)
+        and name not in ("", ".", "..")
+        and os.path.basename(name) == name
+        and "/" not in name
+        and (os.altsep is None or os.altsep not in name)
+        and "\0" not in name
+    )
     if not plain:
-        raise SavedFormatError(f"{path!r}: {key} {name!r} is not a plain file name in the manifest's directory "
-                               "(a manifest names only files next to it)")  # fmt: skip
+        raise SavedFormatError(
+            f"{path!r}: {key} {name!r} is not a plain file name in the manifest's directory "
+            "(a manifest names only files next to it)"
+        )
 
 
 # -- reading ---------------------------------------------------------------------------------------

@@ -39,8 +39,9 @@ def torch_scenario(persistent: bool) -> None:
     """torch's test, verbatim but for the loader: either it works, or the error says what to do."""
     kept = []
     try:
-        loader = tp.DataLoader(RandomDataset(200, (2, 2)), multiprocessing_context="fork", num_workers=1,
-                               persistent_workers=persistent)  # fmt: skip
+        loader = tp.DataLoader(
+            RandomDataset(200, (2, 2)), multiprocessing_context="fork", num_workers=1, persistent_workers=persistent
+        )
         for batch in loader:
             batch.max(dim=0)
             kept.append(batch)

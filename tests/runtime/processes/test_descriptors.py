@@ -22,8 +22,13 @@ ROOT = Path(__file__).resolve().parents[3]
 
 def run_scenario(name):
     """A scenario of open_files_child.py, in a fresh process whose limit is 100 descriptors."""
-    done = subprocess.run([sys.executable, "-m", "tests.runtime.processes.open_files_child", name], cwd=ROOT,
-                          capture_output=True, text=True, timeout=50)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.runtime.processes.open_files_child", name],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=50,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
 

@@ -45,11 +45,24 @@ _ALLOWED: dict[tuple[str, str], Any] = {}  # the user's allow-list: (module, qua
 
 # What a class may define beyond its fields and still be rebuilt as a namedtuple without being
 # allowed: metadata that no unpickling, hashing or duck-typed argument check ever calls.
-_METADATA = frozenset({
-    "__module__", "__qualname__", "__doc__", "__slots__", "__annotations__", "__orig_bases__",
-    "__firstlineno__", "__static_attributes__", "__annotate__", "__annotate_func__",
-    "__annotations_cache__", "__parameters__", "_field_defaults", "__slotnames__",
-})  # fmt: skip
+_METADATA = frozenset(
+    {
+        "__module__",
+        "__qualname__",
+        "__doc__",
+        "__slots__",
+        "__annotations__",
+        "__orig_bases__",
+        "__firstlineno__",
+        "__static_attributes__",
+        "__annotate__",
+        "__annotate_func__",
+        "__annotations_cache__",
+        "__parameters__",
+        "_field_defaults",
+        "__slotnames__",
+    }
+)
 ALLOWED_KINDS = (
     "None, bool, int, float, complex, str, bytes, tuple, list, dict, OrderedDict, plain namedtuples, "
     "numpy arrays and scalars, torch tensors"
@@ -62,8 +75,10 @@ def _global_name(obj: Any) -> tuple[str, str]:
     if not isinstance(obj, (type, types.FunctionType, types.BuiltinFunctionType)) or not module or not qualname:
         raise TypeError(f"add_safe_globals: expected classes or functions, got {obj!r}")
     if "<locals>" in qualname:
-        raise TypeError(f"add_safe_globals: {module}.{qualname} is defined inside a function; pickle cannot "
-                        "name it, so no file can hold it")  # fmt: skip
+        raise TypeError(
+            f"add_safe_globals: {module}.{qualname} is defined inside a function; pickle cannot "
+            "name it, so no file can hold it"
+        )
     return module, qualname
 
 
@@ -121,22 +136,26 @@ def _storage_from_bytes(data: bytes) -> Any:
     return torch.load(io.BytesIO(data), weights_only=True)
 
 
-def _rebuild_tensor(storage: Any, offset: int, size: Any, stride: Any, requires_grad: bool, hooks: Any,
-                    metadata: Any = None) -> torch.Tensor:  # fmt: skip
+def _rebuild_tensor(
+    storage: Any, offset: int, size: Any, stride: Any, requires_grad: bool, hooks: Any, metadata: Any = None
+) -> torch.Tensor:
     """``torch._utils._rebuild_tensor_v2`` without backward hooks (they would be callables)."""
     if hooks:
         raise UntrustedTypeError("a tensor in the file has backward hooks, which would be called", "backward_hooks")
-    return torch._utils._rebuild_tensor_v2(storage, offset, size, stride, requires_grad, collections.OrderedDict(),
-                                           metadata)  # fmt: skip
+    return torch._utils._rebuild_tensor_v2(
+        storage, offset, size, stride, requires_grad, collections.OrderedDict(), metadata
+    )
 
 
-def _rebuild_qtensor(storage: Any, offset: int, size: Any, stride: Any, quantizer: Any, requires_grad: bool,
-                     hooks: Any) -> torch.Tensor:  # fmt: skip
+def _rebuild_qtensor(
+    storage: Any, offset: int, size: Any, stride: Any, quantizer: Any, requires_grad: bool, hooks: Any
+) -> torch.Tensor:
     """``torch._utils._rebuild_qtensor`` (a quantized tensor) without backward hooks."""
     if hooks:
         raise UntrustedTypeError("a tensor in the file has backward hooks, which would be called", "backward_hooks")
-    return torch._utils._rebuild_qtensor(storage, offset, size, stride, quantizer, requires_grad,
-                                         collections.OrderedDict())  # fmt: skip
+    return torch._utils._rebuild_qtensor(
+        storage, offset, size, stride, quantizer, requires_grad, collections.OrderedDict()
+    )
 
 
 def _rebuild_sparse_tensor(layout: torch.layout, data: tuple[Any, ...]) -> torch.Tensor:
@@ -144,8 +163,9 @@ def _rebuild_sparse_tensor(layout: torch.layout, data: tuple[Any, ...]) -> torch
     own loads only; unchecked indices would be read out of bounds)."""
     if layout == torch.sparse_coo:
         indices, values, size, *coalesced = data
-        return torch.sparse_coo_tensor(indices, values, size, check_invariants=True,
-                                       is_coalesced=coalesced[0] if coalesced else None)  # fmt: skip
+        return torch.sparse_coo_tensor(
+            indices, values, size, check_invariants=True, is_coalesced=coalesced[0] if coalesced else None
+        )
     if layout in (torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc):
         compressed, plain, values, size = data
         return torch.sparse_compressed_tensor(compressed, plain, values, size, layout=layout, check_invariants=True)
@@ -163,19 +183,21 @@ def _builtin_globals() -> dict[tuple[str, str], Any]:
     for module in ("numpy.core.multiarray", "numpy._core.multiarray"):  # numpy 1 and numpy 2 names
         found[module, "_reconstruct"], found[module, "scalar"] = reconstruct, scalar
         found[module.replace("multiarray", "numeric"), "_frombuffer"] = from_buffer
-    found.update({
-        ("collections", "OrderedDict"): collections.OrderedDict,
-        ("numpy", "dtype"): np.dtype,
-        ("numpy", "ndarray"): np.ndarray,
-        ("torch", "Size"): torch.Size,
-        ("torch", "device"): torch.device,
-        ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor,
-        ("torch._utils", "_rebuild_qtensor"): _rebuild_qtensor,
-        ("torch._utils", "_rebuild_sparse_tensor"): _rebuild_sparse_tensor,
-        ("torch._utils", "_rebuild_meta_tensor_no_storage"): torch._utils._rebuild_meta_tensor_no_storage,
-        ("torch.serialization", "_get_layout"): torch.serialization._get_layout,
-        ("torch.storage", "_load_from_bytes"): _storage_from_bytes,
-    })  # fmt: skip
+    found.update(
+        {
+            ("collections", "OrderedDict"): collections.OrderedDict,
+            ("numpy", "dtype"): np.dtype,
+            ("numpy", "ndarray"): np.ndarray,
+            ("torch", "Size"): torch.Size,
+            ("torch", "device"): torch.device,
+            ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor,
+            ("torch._utils", "_rebuild_qtensor"): _rebuild_qtensor,
+            ("torch._utils", "_rebuild_sparse_tensor"): _rebuild_sparse_tensor,
+            ("torch._utils", "_rebuild_meta_tensor_no_storage"): torch._utils._rebuild_meta_tensor_no_storage,
+            ("torch.serialization", "_get_layout"): torch.serialization._get_layout,
+            ("torch.storage", "_load_from_bytes"): _storage_from_bytes,
+        }
+    )
     return found
 
 

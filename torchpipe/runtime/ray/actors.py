@@ -77,10 +77,13 @@ def connect(address: str | None) -> ModuleType:
 def start_local_cluster(ray: ModuleType) -> None:
     """Start a Ray cluster of this machine alone: its services bound to 127.0.0.1 and no dashboard,
     so that nothing on the network can submit jobs to it (Ray's defaults listen on every address)."""
-    warnings.warn(f"torchpipe: executor='ray' found no Ray cluster (no address, no RAY_ADDRESS, none running "
-                  f"here): starting a local one bound to {LOCAL_HOST}, without a dashboard; start one with "
-                  "`ray start` or pass tp.RayExecutor(address=...) to use another", RuntimeWarning,
-                  stacklevel=3)  # fmt: skip
+    warnings.warn(
+        f"torchpipe: executor='ray' found no Ray cluster (no address, no RAY_ADDRESS, none running "
+        f"here): starting a local one bound to {LOCAL_HOST}, without a dashboard; start one with "
+        "`ray start` or pass tp.RayExecutor(address=...) to use another",
+        RuntimeWarning,
+        stacklevel=3,
+    )
     _log.warning("torchpipe: starting a local Ray cluster bound to %s", LOCAL_HOST)
     ray.init(_node_ip_address=LOCAL_HOST, include_dashboard=False, ignore_reinit_error=True)
 
