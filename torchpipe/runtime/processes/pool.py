@@ -451,9 +451,9 @@ class ProcessPool:
             worker.rings.append(RingLoans(ShmRing.attach(fds[0])) if fds else None)
             return
         seq = message[1]
-        if kind == "resent":
+        if kind == "resent":  # its cost was counted when it first came, without its descriptor
             worker.tasks.pop(seq, None)
-            results.append((seq, codec.decode(message[2], allocate=self._allocate), None))
+            results.append((seq, *self._result(worker, message, fds)))
             self._retire_if_idle(worker)
             return
         start, wall_s, cpu_s, delay_s, counts = message[-5:]
@@ -483,7 +483,7 @@ class ProcessPool:
         if kind == "segment":
             worker.mapped.append(message[1])
             return self._decode_segment(fds[0], message[2]), None
-        if kind == "bytes":
+        if kind in ("bytes", "resent"):  # sent in the channel: the main process was short of descriptors
             return codec.decode(message[2], allocate=self._allocate), None
         return None, unpack_exception(message[2], worker.pid)
 

@@ -112,11 +112,8 @@ def run_worker(
                 tasks.run(message[1])
             elif message[0] == "stop":
                 return
-            elif message[0] == "pages":  # a memory budget binds (False), or no longer does
-                output.set_slot_pages(message[1])
-                keep_freed_memory() if message[1] and keep_freed else return_freed_memory()
             else:
-                _configure(message, tasks, output)
+                _configure(message, tasks, output, keep_freed)
     except ChannelClosed:
         return
     finally:
@@ -124,10 +121,14 @@ def run_worker(
         output.close()
 
 
-def _configure(message: tuple, tasks: _TaskRunner, output: Output) -> None:
-    """Act on a message from the main process that is not a task."""
+def _configure(message: tuple, tasks: _TaskRunner, output: Output, keep_freed: bool) -> None:
+    """Act on a message from the main process that is not a task (``keep_freed``: the worker's
+    own choice, where no memory budget binds)."""
     kind, *args = message
-    if kind == "threads":
+    if kind == "pages":  # a memory budget binds (False), or no longer does
+        output.set_slot_pages(*args)
+        keep_freed_memory() if args[0] and keep_freed else return_freed_memory()
+    elif kind == "threads":
         tasks.set_threads(*args)
     elif kind == "slots":
         output.set_slots(*args)
