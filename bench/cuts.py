@@ -3,12 +3,13 @@
 A full ``--quick --repeat 3`` must fit in 45 minutes on the 2-core machine without shortening the
 windows, so each grid (torch's DataLoader grid, torchpipe's by hand, each peer's) keeps, on each
 workload, only the points that were its best in at least one of the last three recorded runs
-(``docs/img/bench_quick.json`` at 5348fee, 1bc3b20 and df1a3cb, all on 2 usable cores):
+(``docs/img/bench_quick.json`` at 1bc3b20, df1a3cb and ecd3ba9, all on 2 usable cores):
 :data:`WON`. A grid with no record there (the peers on ``blobs``, which had no rows before) keeps
 every point, and so does a run on another number of cores (the points would not be the same) or
 without ``--quick``. Some DataLoader points stay whether they won or not (:func:`kept`): the
 memory targets read torch at the zero-knob rows' worker counts, and the budgeted loader the
-fastest grid point within its budget. ``bench/run.py`` records what it left out
+fastest grid point within its budget, so the points that were that reference in one of the same
+three runs stay too (:data:`BUDGET_WON`). ``bench/run.py`` records what it left out
 (``workloads.<name>.cut``).
 """
 
@@ -23,7 +24,7 @@ CORES = 2
 _T, _P = "thread", "process"
 WON: dict[str, dict[str, list[dict[str, Any]]]] = {
     "jpeg": {
-        "dataloader_best": [{"num_workers": 2, "prefetch_factor": 2}, {"num_workers": 2, "prefetch_factor": 4}],
+        "dataloader_best": [{"num_workers": 2, "prefetch_factor": 4}, {"num_workers": 4, "prefetch_factor": 2}],
         "torchpipe_best": [{"num_parallel_calls": 2, "executor": _P}],
         "nodes_best": [{"num_workers": 2, "method": _P}],
         "spdl_best": [{"concurrency": 2, "executor": _P}],
@@ -39,7 +40,7 @@ WON: dict[str, dict[str, list[dict[str, Any]]]] = {
         "tfdata_best": [{"function": "numpy_function", "num_parallel_calls": "AUTOTUNE"}],
     },
     "tiny": {
-        "dataloader_best": [{"num_workers": 2, "prefetch_factor": 4}],
+        "dataloader_best": [{"num_workers": 0}, {"num_workers": 2, "prefetch_factor": 4}],
         "torchpipe_best": [{"num_parallel_calls": 2, "executor": _P}],
         "nodes_best": [{"num_workers": 2, "method": _P}],
         "spdl_best": [{"concurrency": 2, "executor": _P}],
@@ -59,10 +60,17 @@ WON: dict[str, dict[str, list[dict[str, Any]]]] = {
     },
     "blobs": {
         "dataloader_best": [{"num_workers": 0}],
+        "nodes_best": [{"num_workers": 4, "method": _T}],
+        "spdl_best": [{"concurrency": 4, "executor": _T}],
+        "grain_best": [{"workers": 4, "kind": _T}],
         "tfdata_best": [{"function": "numpy_function", "num_parallel_calls": "AUTOTUNE"}],
     },
     "text": {
-        "dataloader_best": [{"num_workers": 2, "prefetch_factor": 4}, {"num_workers": 3, "prefetch_factor": 2}],
+        "dataloader_best": [
+            {"num_workers": 2, "prefetch_factor": 2},
+            {"num_workers": 2, "prefetch_factor": 4},
+            {"num_workers": 3, "prefetch_factor": 2},
+        ],
         "torchpipe_best": [{"num_parallel_calls": 2, "executor": _P}],
         "nodes_best": [{"num_workers": 2, "method": _P}],
         "spdl_best": [{"concurrency": 2, "executor": _P}],
@@ -85,7 +93,7 @@ WON: dict[str, dict[str, list[dict[str, Any]]]] = {
         "tfdata_best": [{"function": "numpy_function", "num_parallel_calls": "AUTOTUNE"}],
     },
     "tfrecord": {
-        "dataloader_best": [{"num_workers": 2, "prefetch_factor": 2}, {"num_workers": 2, "prefetch_factor": 4}],
+        "dataloader_best": [{"num_workers": 2, "prefetch_factor": 2}, {"num_workers": 4, "prefetch_factor": 2}],
         "torchpipe_best": [{"num_parallel_calls": 2, "executor": _P}],
         "nodes_best": [{"num_workers": 2, "method": _P}],
         "spdl_best": [{"concurrency": 2, "executor": _P}],
@@ -98,9 +106,13 @@ REFERENCE_WORKERS = (0, 2)
 """torch's DataLoader at these workers (``prefetch_factor=2``) is always measured: the zero-knob
 rows ran inline, on threads or on 2 processes in every run of the last three (bigtensor's on 4
 once, which won there too), and the memory targets read torch at the same workers."""
-BUDGETED_KEEP_ALL = ("jpeg", "bigtensor", "tfrecord")
-"""Workloads whose DataLoader grid is kept whole: the budgeted loader is held to the fastest grid
-point within its budget (``bench/run.py``'s ``BUDGETED``)."""
+BUDGET_WON: dict[str, list[dict[str, Any]]] = {
+    "jpeg": [{"num_workers": 2, "prefetch_factor": 4}, {"num_workers": 3, "prefetch_factor": 2}],
+    "bigtensor": [{"num_workers": 0}],
+    "tfrecord": [{"num_workers": 2, "prefetch_factor": 2}],
+}
+"""The DataLoader points that were the budgeted loader's reference (the fastest grid point within
+its budget, ``bench/run.py``'s ``BUDGETED``) in one of the last three runs."""
 
 
 def kept(workload: str, best: str, knobs: Any, quick: bool) -> bool:
@@ -112,5 +124,5 @@ def kept(workload: str, best: str, knobs: Any, quick: bool) -> bool:
         return True
     if best == "dataloader_best":
         reference = knobs.get("num_workers") in REFERENCE_WORKERS and knobs.get("prefetch_factor", 2) == 2
-        return reference or workload in BUDGETED_KEEP_ALL
+        return reference or knobs in BUDGET_WON.get(workload, [])
     return False

@@ -14,6 +14,12 @@ parent had entered waits for threads it does not have), so the parent keeps torc
 intra-op thread while it forks rows (:func:`pristine_parent`, entered before it builds anything)
 and each child takes back the parent's thread count, starting a pool of its own.
 
+The peers measured last (``bench/run.py``'s ``LAST``: tf.data) are forked from the same parent
+after it has imported their library (:func:`preload`), once, after every other row: each of
+their rows then costs its measurement, not a TensorFlow import (~5 s a row on the 2-core machine,
+about 5 minutes of a full run). The parent still measures nothing, so those rows stay fresh; the
+rows before them never share a process with TensorFlow.
+
 A child that raises sends its error back (:class:`RowFailed` in the parent, with the child's
 traceback); one that dies, or outlives ``timeout_s``, is killed and reported the same way.
 """
@@ -62,6 +68,15 @@ def pristine_parent() -> Iterator[None]:
     finally:
         torch.set_num_threads(_threads)
         _threads = before
+
+
+def preload(import_library: Callable[[], Any]) -> float:
+    """Import a library in this process (the pristine parent, before it forks the rows that use
+    it) by calling ``import_library``; returns the seconds the import took (what each of those
+    rows would otherwise pay in its own process)."""
+    start = time.perf_counter()
+    import_library()
+    return time.perf_counter() - start
 
 
 def in_fresh_process(measures: Sequence[Callable[[], Any]], timeout_s: float = TIMEOUT_S) -> tuple[list[Any], float]:

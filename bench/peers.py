@@ -80,6 +80,8 @@ class Peer:
     """Where it is measured (the note says)."""
     workloads: tuple[str, ...] | None = None
     """The workloads it has configurations on; None: every one."""
+    load: Callable[[], Any] | None = field(default=None, compare=False)
+    """Imports the library as its configurations would (None: ``importlib.import_module(module)``)."""
 
     def installed(self) -> bool:
         """Whether the library can be imported here."""
@@ -87,6 +89,11 @@ class Peer:
             return importlib.util.find_spec(self.module) is not None
         except ModuleNotFoundError:  # the parent package is missing
             return False
+
+    def imported(self) -> Any:
+        """The library, imported (``bench/isolate.py``'s :func:`~bench.isolate.preload` calls this
+        in the parent that forks the library's rows)."""
+        return self.load() if self.load is not None else importlib.import_module(self.module)
 
     def version(self) -> str:
         """The installed distribution's version ("" when it is not installed)."""
@@ -349,10 +356,11 @@ PEERS = (
         measured="jpeg only (its own ops)",
         workloads=("jpeg",),
     ),
-    Peer("tfdata", "tensorflow", "tensorflow-cpu", tfdata.configs),  # TensorFlow imported when a pipeline is made,
+    Peer("tfdata", "tensorflow", "tensorflow-cpu", tfdata.configs, load=tfdata.import_tensorflow),
 )
-"""Every peer, in the order they run. tf.data runs last: importing TensorFlow starts its thread
-pools and maps ~0.5 GB, which every worker process forked after it would inherit."""
+"""Every peer, in the order they run. tf.data runs last (``bench/run.py``'s ``LAST``): importing
+TensorFlow starts threads and maps ~0.5 GB, which every process forked after it would inherit, so
+the parent imports it once, after every other row, and forks tf.data's rows from there."""
 
 
 def notes() -> dict[str, str]:

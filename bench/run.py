@@ -67,7 +67,7 @@ from bench import cuts, suite, tpimage
 from bench import peers as pr
 from bench import report as rp
 from bench import workloads as wl
-from bench.isolate import pristine_parent
+from bench.isolate import preload, pristine_parent
 from bench.measure import measure, measure_epochs
 from bench.report import ORDER, table, write_report
 from bench.rounds import Trial, run_rounds, summarize
@@ -86,7 +86,8 @@ from bench.targets import (
 from torchpipe.runtime.cpu import usable_cpu_count
 
 LAST = ("tfdata",)
-"""Peers measured after every workload's other configurations (they import TensorFlow)."""
+"""Peers measured after every workload's other configurations: the parent imports TensorFlow
+once, then forks their rows (``bench/isolate.py``'s :func:`~bench.isolate.preload`)."""
 BUDGETED = ("jpeg", "bigtensor", "tfrecord")
 """Workloads with large batches, where ``tp.DataLoader("auto")`` is also measured under a RAM budget."""
 NOT_MEASURED_EPOCHS = "its adapter runs no epochs (it makes one pass over other work)"
@@ -424,8 +425,11 @@ def _run_all(names: list[str], quick: bool, sizes: wl.Sizes, repeat: int, peers:
         runner = Runner(work, sizes, quick, repeat, peers, fresh)
         runner.run()
         runners.append(runner)
+    last = [peer for peer in pr.PEERS if peers and peer.library in LAST and peer.installed()]
+    for peer in last:  # imported once here, not in each of their rows' processes (bench/isolate.py)
+        run_info.setdefault("preloaded_s", {})[peer.library] = round(preload(peer.imported), 1)
     for runner in runners:
-        if peers and any(peer.installed() and peer.library in LAST for peer in pr.PEERS):
+        if last:
             print(f"\n{runner.work.name}, measured last: {', '.join(LAST)}", flush=True)
             runner.measure_rounds(partial(runner.peer_trials, last=True))
     for runner in runners:

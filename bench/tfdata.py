@@ -46,7 +46,7 @@ NATIVE = "tfdata_native"
 CACHE_EPOCHS = ("tfdata_native_cache_epoch1", "tfdata_native_cache_epoch2")
 
 
-def _tf() -> Any:
+def import_tensorflow() -> Any:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ start-up chatter
     import tensorflow as tf
 
@@ -111,7 +111,7 @@ class _Forward:
 
 def to_torch(batch: Any) -> Any:
     """A tf.data batch as torch tensors that view its memory (strings: NumPy arrays of bytes)."""
-    tf = _tf()
+    tf = import_tensorflow()
     with warnings.catch_warnings():
         # The views are read-only as TensorFlow's tensors are; nothing here writes to them.
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
@@ -126,7 +126,7 @@ def _leaf_to_torch(tensor: Any) -> Any:
 # -- the Python item through tf.py_function -----------------------------------------------------
 def _python(items: peer_items.Items, function: str, parallel: int | None) -> peer_items.PeerEpochs:
     """One dataset over the Python item, iterated each epoch (a user's ``for batch in ds``)."""
-    tf = _tf()
+    tf = import_tensorflow()
     wrap = getattr(tf, function)  # tf.py_function or tf.numpy_function: (func, inp, Tout)
     calls = tf.data.AUTOTUNE if parallel is None else parallel
     sample = items.fn(0)
@@ -198,7 +198,7 @@ def _augment(tf: Any, image: Any, label: Any) -> tuple[Any, Any]:
 
 
 def _native_jpeg(files: list[str], batch: int, length: int, cache: bool = False) -> Any:
-    tf = _tf()
+    tf = import_tensorflow()
     paths = tf.constant(files)
     ds = tf.data.Dataset.range(length)
     if cache:
@@ -214,7 +214,7 @@ def _jpeg(work: wl.Workload) -> Any:
 
 
 def _bigtensor(work: wl.Workload) -> Any:
-    tf = _tf()
+    tf = import_tensorflow()
 
     def fill(i: Any) -> Any:
         return tf.fill((3, wl.CROP, wl.CROP), tf.cast(i % 251, tf.float32))
@@ -224,7 +224,7 @@ def _bigtensor(work: wl.Workload) -> Any:
 
 
 def _tiny(work: wl.Workload) -> Any:
-    tf = _tf()
+    tf = import_tensorflow()
 
     def four(i: Any) -> Any:
         return tf.cast(tf.range(i, i + 4), tf.float32) * 0.5
@@ -235,7 +235,7 @@ def _tiny(work: wl.Workload) -> Any:
 
 def _tfrecord(work: wl.Workload) -> Any:
     """Issue #22's seed pipeline: shards interleaved 8 at a time, parsed, decoded, cropped."""
-    tf = _tf()
+    tf = import_tensorflow()
     spec = {"image": tf.io.FixedLenFeature([], tf.string), "label": tf.io.FixedLenFeature([], tf.int64)}
 
     def parse(record: Any) -> Any:

@@ -499,6 +499,8 @@ def test_peers_measured_last_and_failures_reported(small, monkeypatch, capsys):
     calls, closed = [], []
     early, late, broken = (_fake_peer("early", calls, closed), _fake_peer("late", calls, closed),
                            _fake_peer("broken", calls, closed, fail=True))  # fmt: skip
+    loads: list[int] = []  # the calls made when the parent imported "late"
+    late = dataclasses.replace(late, load=lambda: loads.append(len(calls)))
     monkeypatch.setattr(pr, "PEERS", (early, broken, late))
     monkeypatch.setattr(pr.Peer, "installed", lambda self: True)
     monkeypatch.setattr(run, "LAST", ("late",))
@@ -508,6 +510,8 @@ def test_peers_measured_last_and_failures_reported(small, monkeypatch, capsys):
     assert [c for c in calls if c[0] == "early"] == [("early", "tiny")] * 3 + [("early", "cache")] * 3
     late_calls = [k for k, c in enumerate(calls) if c[0] == "late"]
     assert min(late_calls) > max(k for k, c in enumerate(calls) if c[0] != "late")  # after every workload
+    assert loads == [min(late_calls)]  # imported once, after every other row, before its own rows
+    assert set(report["machine"]["run"]["preloaded_s"]) == {"late"}
     assert closed.count("early") == closed.count("late") == 6  # every measurement stopped its pipeline
     for name in ("tiny", "cache"):
         entry = report["workloads"][name]
