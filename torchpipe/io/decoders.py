@@ -2,7 +2,7 @@
 
 The mapping (the last dot-separated part of a field's extension, lower-cased, chooses)::
 
-    jpg jpeg png ppm pgm pbm bmp gif tif tiff webp -> uint8 tensor [3, H, W], RGB (Pillow)
+    jpg jpeg png ppm pgm pbm bmp gif tif tiff webp -> uint8 tensor [3, H, W], RGB (tp.image)
     cls cls2 index inx id                          -> int
     txt text transcript                            -> str (UTF-8)
     json jsn                                       -> json.loads
@@ -28,6 +28,7 @@ import torch
 from PIL import Image
 
 from torchpipe.errors import add_note
+from torchpipe.image import decode_image
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "ppm", "pgm", "pbm", "bmp", "gif", "tif", "tiff", "webp")
 _PIL_FORMATS = {"jpg": "JPEG", "jpeg": "JPEG", "tif": "TIFF", "tiff": "TIFF"}
@@ -35,11 +36,9 @@ _PIL_FORMATS = {"jpg": "JPEG", "jpeg": "JPEG", "tif": "TIFF", "tiff": "TIFF"}
 
 def decode_image_chw(data: bytes) -> torch.Tensor:
     """An image file's pixels as a ``uint8`` tensor ``[3, H, W]`` (RGB, channels first, as
-    WebDataset's ``torchrgb8``), decoded by Pillow. ``tp.image.decode_image`` is the other layout:
-    ``[H, W, C]``, as tf.data's."""
-    with Image.open(io.BytesIO(data)) as image:
-        pixels = np.array(image.convert("RGB"))
-    return torch.from_numpy(pixels).permute(2, 0, 1).contiguous()
+    WebDataset's ``torchrgb8``): ``tp.image.decode_image``'s pixels (JPEG through libjpeg-turbo,
+    the rest through Pillow; ``tp.image.DecodeError`` for what is no image), channels first."""
+    return decode_image(data, channels=3).permute(2, 0, 1).contiguous()
 
 
 def decode_int(data: bytes) -> int:
