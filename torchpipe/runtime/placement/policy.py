@@ -222,13 +222,18 @@ def choose(
     move_margin: float | None = None,
 ) -> str:
     """The executor for ``costs``: the fastest of ``candidates``, where a dearer one (threads over
-    inline, processes over threads) must be ``margin`` times faster than the best cheaper one.
+    inline, processes over threads) must be ``margin`` times faster than the best cheaper one,
+    or :data:`STAY` times where both were measured: the margin is the model's uncertainty, which a
+    measurement against a measurement does not have, so a run never ends on an executor measured
+    slower than another beyond the windows' noise (#59: ``tiny``'s DataLoader stayed inline at
+    2.78 ms a batch with processes measured at 2.53).
 
     Args:
         measured: seconds per element measured on executors already tried; they stand in for
             the predictions.
         current: the executor the stage runs on now: it is left only for a dearer one that is
-            ``margin`` times faster than it, or a cheaper one :data:`STAY` times faster.
+            ``margin`` times faster than it (``STAY`` where both were measured), or a cheaper one
+            :data:`STAY` times faster.
         margin: :data:`MARGIN`; more for a dear move (an interleave's readers: :data:`READERS_MARGIN`).
         move_margin: how much faster any other executor must be to leave ``current`` for it,
             cheaper or dearer, where leaving costs the same either way (None: the rule above).
@@ -238,13 +243,18 @@ def choose(
     if not options:
         raise ValueError(f"no executor to choose from in {candidates!r}")
     seconds = {kind: measured.get(kind, predict(costs, kind, cores)) for kind in options}
+
+    def dearer_needs(kind: str, cheaper: str) -> float:
+        both = move_margin is None and kind in measured and cheaper in measured
+        return STAY if both else margin
+
     best = options[0]
     for kind in options[1:]:
-        if seconds[kind] * margin < seconds[best]:
+        if seconds[kind] * dearer_needs(kind, best) < seconds[best]:
             best = kind
     if current in seconds and best != current:
         dearer = KINDS.index(best) > KINDS.index(current)
-        needed = move_margin if move_margin is not None else margin if dearer else STAY
+        needed = move_margin if move_margin is not None else dearer_needs(best, current) if dearer else STAY
         if seconds[best] * needed >= seconds[current]:
             return current
     return best
