@@ -65,6 +65,8 @@ def fields(buf: bytes, start: int, end: int) -> Any:
         number, wire = key >> 3, key & 7
         if wire == _VARINT:
             value, pos = read_varint(buf, pos)
+            if pos > end:  # the varint's last bytes belong to what follows this message
+                raise WireError(f"field {number} runs past the end of its message")
             yield number, wire, value
             continue
         if wire == _LEN:
