@@ -81,6 +81,8 @@ def describe_value(value: Any, code: bool = False) -> str:
         return "{" + ", ".join(f"{describe_value(k, code)}: {describe_value(v, code)}" for k, v in value.items()) + "}"
     if isinstance(value, (torch.Tensor, np.ndarray)):
         return _describe_array(value)
+    if isinstance(value, np.generic):  # a numpy scalar is plain data too
+        return f"{type(value).__name__}({value.item()!r})"
     if isinstance(value, type):
         return value.__qualname__
     if callable(value):
@@ -109,8 +111,13 @@ def _function_parts(fn: Any, depth: int, seen: set[int]) -> Iterator[str]:
         yield from _function_parts(fn.func, depth + 1, seen)
         yield describe_value(fn.args) + describe_value(fn.keywords)
         return
-    if isinstance(fn, types.MethodType):
-        yield type(fn.__self__).__qualname__
+    if isinstance(fn, types.MethodType):  # its object's attributes count, as a callable object's do
+        owner = fn.__self__
+        yield type(owner).__qualname__
+        if not isinstance(owner, type):
+            for name, value in sorted(getattr(owner, "__dict__", {}).items()):
+                yield name
+                yield from _value_parts(value, depth, seen)
         fn = fn.__func__
     code = getattr(fn, "__code__", None)
     if not isinstance(code, types.CodeType):
@@ -182,7 +189,7 @@ def _describe_array(value: torch.Tensor | np.ndarray) -> str:
         if value.nbytes > MAX_HASHED_BYTES:
             raise ValueError("too large to hash")
         if isinstance(value, torch.Tensor):
-            data = value.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()
+            data = value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
         else:
             data = np.ascontiguousarray(value).tobytes() if value.dtype != object else repr(value.tolist()).encode()
         digest = "#" + hashlib.sha1(data).hexdigest()[:8]
