@@ -18,7 +18,7 @@ from concurrent.futures import Future
 from typing import Any, Protocol
 
 from torchpipe.runtime.thread_pool import ThreadPool
-from torchpipe.runtime.timing import CallClock, CallTiming
+from torchpipe.runtime.timing import CallClock, CallTiming, SampledCalls
 
 Result = tuple[int, Any, "BaseException | None"]
 
@@ -74,6 +74,7 @@ class InlineExecutor:
         self._handler = handler
         self._results: list[Result] = []
         self.timing = timing if timing is not None else CallTiming()
+        self._clocks = SampledCalls(self.timing)
 
     def submit(self, seq: int, payload: Any) -> None:
         try:
@@ -82,14 +83,11 @@ class InlineExecutor:
             self._results.append((seq, None, e))
 
     def call(self, seq: int, payload: Any) -> Any:
-        """Run task ``seq`` now and return its value (its exception propagates), timed like every
-        call: for a stage that needs no dispatch because nothing else is in flight. Its run
-        delay is not read: calls on the consumer's thread are no pool the tuner models."""
-        clock = CallClock(delay=False)
-        try:
-            return self._handler(seq, payload)
-        finally:
-            self.timing.add_call(clock)
+        """Run task ``seq`` now and return its value (its exception propagates), timed: for a
+        stage that needs no dispatch because nothing else is in flight. Cheap calls are clocked
+        one in a few (:class:`~torchpipe.runtime.timing.SampledCalls`), and their run delay is
+        not read: calls on the consumer's thread are no pool the tuner models."""
+        return self._clocks.run(self._handler, seq, payload)
 
     def collect(self, timeout: float) -> list[Result]:
         results, self._results = self._results, []
