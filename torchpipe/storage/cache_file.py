@@ -314,6 +314,9 @@ class CacheReader:
 
     def next(self) -> Any:
         if self.position >= self.count:
+            if self.version < VERSION:  # its records are not in this version's format
+                old = f"format version {self.version}, from an older torchpipe"
+                raise CacheFormatError(f"cache file {self.path!r} has {old}; it is not read")
             if self.offset != self._end:
                 raise self._fail("has data after its last record")
             raise StopIteration
