@@ -341,3 +341,43 @@ def test_cheap_inline_calls_are_clocked_one_in_a_few_and_all_counted(monkeypatch
     assert clocks.cpu_reads - before >= 2 * 4  # the first dear call ends the gap: the next four are clocked
     assert inline.timing.calls == n + 5
     assert inline.timing.work_s >= 4 * cost[0]
+
+
+def test_a_window_that_loses_big_ends_after_a_quarter_of_its_seconds():
+    """#59: a trial 2-17x slower than an executor measured before is judged on a quarter window;
+    one that does not lose, or a stage with nothing measured to lose against, waits for the whole."""
+    from torchpipe.runtime.placement.driver import EARLY, Cadence, MoveDriver
+
+    asked = []
+
+    def slower_than(bound):
+        def ask():
+            asked.append(bound)
+            return bound
+
+        return ask
+
+    for bound, ends in ((0.05, EARLY), (0.5, 1.0), (None, 1.0)):
+        driver = MoveDriver(Cadence(elements=3, seconds=1.0, settle_elements=1))
+        assert driver.window(0.0, 1, lambda: 1, slower_than=slower_than(bound)) is None  # the window starts
+        done = None
+        for n in range(2, 200):  # an element every 0.1 s
+            done = driver.window(n * 0.01 * 10 - 0.1, n, lambda n=n: n, slower_than=slower_than(bound))
+            if done is not None:
+                break
+        assert done is not None and done[2] == pytest.approx(max(ends, 0.3), abs=0.11)
+    assert asked.count(0.05) == 1 and asked.count(0.5) >= 1  # asked once a window, not once an element
+
+
+def test_a_trial_that_loses_big_goes_back_before_another_is_tried():
+    """#59: ``records``' calls went from a window on threads 2x slower than inline on to
+    processes (17x) before coming back; back first, the next trial starts from the best measured."""
+    policy = Policy(KINDS, 2)
+    calls = CallCosts(200e-6, 200e-6, 0.0, 20e-6, message_s=20e-6)  # processes predicted fastest
+    policy.decide(calls)
+    policy.moved(INLINE)
+    assert policy.review(340e-6) != INLINE  # inline measured; something predicted faster is tried
+    policy.moved(THREAD)
+    assert policy.lost_big(policy.measured) is False
+    assert policy.review(800e-6) == INLINE  # lost big: back at once, not on to processes
+    assert policy.slower_than() == pytest.approx(1.5 * 340e-6)

@@ -37,6 +37,10 @@ LEAVE = "leave"
 """What a window says of a stage's placement when the policy would move the work elsewhere."""
 REBASE = "rebase"
 """The verdict a window gives when the cost per element changed (:data:`CHANGED`): decide afresh."""
+EARLY = 0.25
+"""A window that loses big (the stage's ``slower_than``) ends once it lasted this share of the
+cadence's seconds: a trial of an executor 2-17x slower costs a quarter window, not one (#59)."""
+_UNSET = object()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,6 +104,7 @@ class MoveDriver:
         self._pending: str | None = None  # the verdict of the last windows, not yet agreed on enough
         self._streak = 0
         self._base: float | None = None  # the cost per element of the last window like the one before
+        self._limit: Any = _UNSET  # the open window's slower_than, asked once a window
 
     def moved(self, kind: str, settle_at: int, now: float, again: bool = False) -> None:
         """The work runs on ``kind`` from now on: nothing is judged before ``settle_at`` elements
@@ -112,8 +117,9 @@ class MoveDriver:
             self._pending, self._streak, self._base = None, 0, None
 
     def window(
-        self, now: float, delivered: int, look: Callable[[], Any], count: int | None = None, last: bool = False
-    ) -> tuple[Any, Any, float] | None:
+        self, now: float, delivered: int, look: Callable[[], Any], count: int | None = None, last: bool = False,
+        slower_than: Callable[[], float | None] | None = None,
+    ) -> tuple[Any, Any, float] | None:  # fmt: skip
         """After an element: once a window is complete, the stage's looks at its start and its end
         (``look()``) and its seconds; else None.
 
@@ -125,20 +131,41 @@ class MoveDriver:
             last: the pass ends here: the open window is complete if it holds the cadence's
                 elements, however short it is (an epoch of 50 ms is judged once); no window
                 spans two passes.
+            slower_than: seconds per counted element past which the window loses big (asked
+                once a window; None: no such bound): then it is complete once it holds the
+                cadence's elements and lasted :data:`EARLY` of its seconds.
         """
         count = delivered if count is None else count
         if self._start is None:
             if not last and delivered >= self._settle[0] and now >= self._settle[1]:
-                self._start = (now, count, look())
+                self._open(now, count, look())
             return None
         start, count0, first = self._start
-        if count - count0 < self.cadence.elements or (now - start < self.cadence.seconds and not last):
+        short = now - start < self.cadence.seconds and not last
+        if count - count0 < self.cadence.elements or (
+            short and not self._loses(now - start, count - count0, slower_than)
+        ):
             if last:
                 self._start = None
             return None
         end = look()
-        self._start = None if last else (now, count, end)
+        if last:
+            self._start = None
+        else:
+            self._open(now, count, end)
         return first, end, now - start
+
+    def _open(self, now: float, count: int, look: Any) -> None:
+        self._start, self._limit = (now, count, look), _UNSET
+
+    def _loses(self, seconds: float, count: int, slower_than: Callable[[], float | None] | None) -> bool:
+        """Whether an open window of ``count`` elements in ``seconds`` ends early: it lasted
+        :data:`EARLY` of the cadence's seconds, at more than ``slower_than()`` an element."""
+        if slower_than is None or seconds < EARLY * self.cadence.seconds:
+            return False
+        if self._limit is _UNSET:
+            self._limit = slower_than()
+        return self._limit is not None and seconds > self._limit * count
 
     def new_pass(self, delivered: int) -> None:
         """A pass starts with ``delivered`` elements delivered before it: its first

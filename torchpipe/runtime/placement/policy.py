@@ -380,7 +380,24 @@ class Policy:
             choice = self._worth_trying(measured) or choice
         elif choice in measured and self._outnumbered(choice, measured):
             choice = self.kind  # measured on fewer windows than `choice`: the trial goes on
+        elif choice not in measured and self.lost_big(measured):
+            choice = min(measured, key=measured.__getitem__)  # back first: a trial starts from the best measured
         return choice
+
+    def lost_big(self, measured: dict[str, float]) -> bool:
+        """Whether the executor the calls run on measured :data:`LOSES_BIG` times slower than
+        another measured lately (a trial that lost: it goes back at once, and the next trial, if
+        any, starts from there after as many windows as any: #59, ``records``' calls went from a
+        losing window on threads, 2x slower, on to processes, 17x, before coming back)."""
+        here = measured.get(self.kind) if self.kind is not None else None
+        others = [seconds for kind, seconds in measured.items() if kind != self.kind]
+        return here is not None and bool(others) and here > LOSES_BIG * min(others)
+
+    def slower_than(self) -> float | None:
+        """Seconds per element past which a window on the current executor may end early (it
+        loses big against the fastest other executor measured lately); None where none was."""
+        others = [seconds for kind, seconds in self.measured.items() if kind != self.kind]
+        return LOSES_BIG * min(others) if others else None
 
     def windows(self, kind: str) -> int:
         """How many windows ``kind``'s measurement rests on (at most :data:`WINDOWS_KEPT`)."""

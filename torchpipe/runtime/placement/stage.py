@@ -164,7 +164,7 @@ class Placement:
             return
         delivered = self._delivered
         look = lambda: (delivered, inside_s, self._timing.totals())  # noqa: E731 - read only where a window starts or ends
-        done = self._driver.window(time.perf_counter(), delivered, look, last=last)
+        done = self._driver.window(time.perf_counter(), delivered, look, last=last, slower_than=self.policy.slower_than)
         if done is None:
             return
         (first, inside0, calls0), (_, _, calls), seconds = done
