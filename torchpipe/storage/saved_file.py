@@ -338,7 +338,7 @@ class SavedRecords:
         self.trusted = trusted
         self._safe_globals = SafeGlobals()  # pickled with the records, it allows in workers what is allowed here
         self.manifest = read_manifest(self.path)
-        self.compression: str | None = self.manifest["compression"]
+        self.compression: str | None = check_compression(self.manifest["compression"])  # "gzip" reads as GZIP
         self.origin: Origin = origin_of(self.manifest["origin"])
         self._files = [os.path.join(self.path, shard["records_file"]) for shard in self.manifest["shards"]]
         self._shard, self._offset, self._length = self._read_indexes()
