@@ -22,12 +22,15 @@ from torchpipe.loader.memory import (
     MIN_RING_BYTES,
     RELAXED_CHECK_EVERY_S,
     LoaderMemory,
-    keep_slot_pages_again,
+    hold_peak,
+    predicted_peak,
     private_bytes,
     release_slot_pages,
     ring_limit,
+    workers_fitting,
     workers_within,
 )
+from torchpipe.runtime.processes.output import slot_bytes
 from torchpipe.runtime.processes.pool import ProcessPool
 from torchpipe.testing import forced_call_costs, move_calls, worker_rings
 
@@ -140,7 +143,7 @@ def test_a_budget_that_binds_releases_slot_pages_and_one_that_frees_keeps_them_a
         assert wait_until(lambda: resident_bytes(ring) <= 4 * PAGE)  # released: given back within ~20 ms
         memory.budget = 1 << 40
         memory.read(pool.process_ids, pool.ring_bytes)
-        assert keep_slot_pages_again(memory, pool) and pool.slot_pages and memory.slot_pages == "kept"
+        assert not hold_peak(memory, pool, 1, 4 * n, 0.0) and pool.slot_pages and memory.slot_pages == "kept"
         values = run_all(pool, [n] * 3)
         assert all(torch.equal(v, torch.full((n,), float(s))) for s, (v, _) in values.items())  # read here
         del values
@@ -149,6 +152,58 @@ def test_a_budget_that_binds_releases_slot_pages_and_one_that_frees_keeps_them_a
         assert resident_bytes(ring) >= 2 * ring.slot_bytes
     finally:
         pool.close()
+
+
+class SlotPool:
+    """A pool's slot pages and counts, without processes: what :func:`hold_peak` reads and sets."""
+
+    def __init__(self, size, per_worker=2):
+        self.size, self.per_worker, self.threads, self.ring_bytes, self.slot_pages = size, per_worker, 1, 0, True
+        self.zygote_pid = None
+        self.switched = []
+
+    def set_slot_pages(self, keep):
+        self.slot_pages = keep
+        self.switched.append(keep)
+
+
+def test_a_budget_that_binds_from_the_start_releases_slots_before_the_workers_start(monkeypatch):
+    """Budgeted on the peak: before any reading of a worker, the prediction (each worker two
+    batches, each slot it may hold resident, the zygote as read) decides; 4 workers with resident
+    slots would not fit, with released ones they do, so the slots start released, the workers
+    are capped at 4 and the predicted peak stays under it."""
+    monkeypatch.setattr(loader_memory, "SETTLE_S", 0.0)
+    batch = 10 * 2**20
+    slot = slot_bytes(batch)
+    memory = LoaderMemory(budget=9 * batch + 9 * slot + 2**20, given=True)
+    pool = SlotPool(size=0)
+    pool.zygote_pid, memory.alone = 4321, {4321: batch}  # the zygote, read before its first worker
+    assert predicted_peak(memory, pool, 4, batch, 0.0, kept=True) == 9 * batch + 12 * slot
+    assert workers_fitting(memory, pool, 8, batch, 0.0) == 4
+    assert not hold_peak(memory, pool, 4, batch, 0.0)  # fits once released: no worker must go
+    assert pool.switched == [False] and memory.report()["slot_pages"] == "released"
+    assert "predicted at the peak with 4 workers" in memory.report()["slot_pages_why"]
+    assert predicted_peak(memory, pool, 4, batch, 0.0, kept=False) <= memory.budget
+    assert hold_peak(memory, pool, 5, batch, 0.0)  # a fifth would not fit even so
+    assert not hold_peak(memory, pool, 1, 0.0, 0.0)  # no batch measured: nothing predicted
+
+
+def test_the_slots_switch_by_the_prediction_both_ways_as_a_budget_binds_then_frees(monkeypatch):
+    """A worker read holding more than a batch raises the prediction past the budget (slots
+    released); a budget with room within ROOM_SHARE for all of them brings them back; between
+    the two, nothing flaps."""
+    monkeypatch.setattr(loader_memory, "SETTLE_S", 0.0)
+    batch = 2**20
+    pool, memory = SlotPool(size=2), LoaderMemory(budget=10 * 2**20, given=True)
+    memory.alone = {1234: batch}  # a worker read at a batch of its own
+    kept = predicted_peak(memory, pool, 2, batch, 0.0, kept=True)
+    assert kept < memory.budget and not hold_peak(memory, pool, 2, batch, 0.0) and pool.switched == []
+    memory.alone = {1234: 2 * 2**20}  # a worker read at 2 MB of its own: resident slots no longer fit
+    assert not hold_peak(memory, pool, 2, batch, 0.0) and pool.switched == [False]
+    assert not hold_peak(memory, pool, 2, batch, 0.0) and pool.switched == [False]  # between: kept as is
+    memory.budget = predicted_peak(memory, pool, 2, batch, 0.0, kept=True) / loader_memory.ROOM_SHARE + 1
+    assert not hold_peak(memory, pool, 2, batch, 0.0) and pool.switched == [False, True]
+    assert memory.report()["slot_pages"] == "kept" and "within 80%" in memory.report()["slot_pages_why"]
 
 
 def wait_until(condition, timeout=20.0):
@@ -173,6 +228,7 @@ def test_over_its_budget_a_loader_gives_up_workers_then_slots_and_loses_no_batch
         it = iter(lean)
         if epoch == 0:
             move_calls(it, "process", 3)
+            assert it._placement.workers == 1  # the cap the predicted peak set
         assert [b.tolist() for b in it] == want[epoch]
     memory = lean.stats()[0]["memory"]
     assert memory["default"] is False and memory["budget"] == 1
@@ -180,8 +236,9 @@ def test_over_its_budget_a_loader_gives_up_workers_then_slots_and_loses_no_batch
     assert shed and shed[-1] == "the workers' zygote"  # no worker process fits in one byte
     steps = [s.split(":")[0] for s in shed]
     slots, last = steps.index("a ring slot"), steps.index("the last worker")
-    assert steps[0] == "slot pages"  # first every worker is kept, its slots' pages given back once released
-    assert all(s.startswith("worker ") for s in steps[1:slots]) and slots < last  # workers, then slots, then all
+    # held on the predicted peak: capped at one worker before the first move (3 asked), its slots'
+    # pages given back once released, then its slots, then the last worker
+    assert steps[:2] == ["workers past 1", "slot pages"] and 2 <= slots < last
     assert lean.stats()[0]["executor"] == "inline"  # capped at 0 by the budget, whatever measured
     left = {p.pid for p in psutil.Process().children(recursive=True)} - before
     assert not left  # nor the workers' zygote, once they are gone
@@ -219,7 +276,8 @@ def test_batches_made_on_threads_and_not_handed_out_count_against_the_budget(mon
     forked = {p.pid for p in psutil.Process().children(recursive=True)} - before
     assert memory["peak"] > 1 << 20 and not forked  # read with no worker process
     steps = [step.split(":")[0] for step in memory["shed"]]
-    assert steps[0].startswith("worker ") and "the last worker" in steps
+    # threads capped at their predicted peak ("workers past 1") or given up at a reading ("worker 2 of 2")
+    assert steps[0].startswith("worker") and "the last worker" in steps
     assert loader.stats()[0]["executor"] == "inline"
 
 

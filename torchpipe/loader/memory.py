@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from torchpipe.autotune.tuner import RAM_SHARE, Budget
+from torchpipe.runtime.processes.output import slot_bytes
 
 DEFAULT_SHARE = RAM_SHARE
 """The share of the memory available when a loader first starts that it keeps what it holds
@@ -44,6 +45,8 @@ SETTLE_S = 1.0
 ROOM_SHARE = 0.8
 """Slots released for a budget keep their pages again once what the loader holds, and all its
 slots' pages with it, is within this share of the budget (not at once past it again)."""
+MAX_PROCESSES = 256
+"""The processes whose most held alone a loader remembers (a pool's, and those it replaced last)."""
 MIN_RING_BYTES = 1 << 20
 """The least a worker's rings may hold under a given budget (results beyond take one-off segments)."""
 _PRIVATE = (b"Private_Clean:", b"Private_Dirty:", b"Private_Hugetlb:")
@@ -103,6 +106,8 @@ class LoaderMemory:
     def __init__(self, budget: float, given: bool) -> None:
         self.budget, self.given = budget, given
         self.held = self.peak = 0.0
+        self.alone: dict[int, float] = {}  # the most each of its processes was read to hold alone
+        self.readings = self._judged = 0  # readings taken; the last one judged on the peak
         self._last = 0.0  # the reading before the last
         self.over = False
         self.shed_steps: list[str] = []  # what was given up, in order, for stats()
@@ -117,8 +122,14 @@ class LoaderMemory:
         """Take a reading: the pages processes ``pids`` hold alone, and ``shared_bytes`` (the
         rings, and what the loader holds in this process)."""
         taken = time.monotonic()
-        held = float(sum(private_bytes(pid) for pid in pids) + shared_bytes)
+        alone = [private_bytes(pid) for pid in pids]
+        held = float(sum(alone) + shared_bytes)
         self._last, self.held, self.peak = self.held, held, max(self.peak, held)
+        if len(self.alone) > 4 * MAX_PROCESSES:  # workers come and go: keep the last ones'
+            self.alone = dict(list(self.alone.items())[-MAX_PROCESSES:])
+        for pid, nbytes in zip(pids, alone):
+            self.alone[pid] = max(self.alone.get(pid, 0.0), float(nbytes))
+        self.readings += 1
         self.over = held > self.budget and taken >= self._settled_at
         return held
 
@@ -149,8 +160,17 @@ class LoaderMemory:
     def room_for(self, extra: float) -> bool:
         """Whether what the loader holds and ``extra`` bytes more are within :data:`ROOM_SHARE` of
         the budget, at a reading taken after the last change settled."""
-        settled = time.monotonic() >= self._settled_at
-        return settled and self.held > 0 and self.held + extra <= ROOM_SHARE * self.budget
+        return self.settled and self.held > 0 and self.held + extra <= ROOM_SHARE * self.budget
+
+    @property
+    def settled(self) -> bool:
+        """Whether the last change to what the loader holds has had :data:`SETTLE_S` to show."""
+        return time.monotonic() >= self._settled_at
+
+    def new_reading(self) -> bool:
+        """Whether a reading came since the last call (the peak is judged once a reading)."""
+        fresh, self._judged = self.readings != self._judged, self.readings
+        return fresh
 
     def report(self) -> dict[str, Any]:
         """For ``loader.stats()``: the ``budget`` and whether it is the ``default``, the bytes
@@ -213,19 +233,57 @@ def release_slot_pages(memory: LoaderMemory, pool: Any) -> bool:
     return True
 
 
-def keep_slot_pages_again(memory: LoaderMemory, pool: Any) -> bool:
-    """Slots keep their pages again where the budget has room for all of them (:data:`ROOM_SHARE`):
-    no page faults a batch. Whether they now do."""
-    if pool.slot_pages or not memory.room_for(pool.ring_bytes):
+def predicted_peak(memory: LoaderMemory, pool: Any, workers: int, batch_bytes: float, here: float, kept: bool) -> float:
+    """What the loader will hold at its worst moment with ``workers`` workers, their slots keeping
+    their pages (``kept``) or not: each worker at the most one of the workers was read to hold
+    alone, or a batch (its samples, which a reading between batches misses), or before any was
+    read two (its first result travels in a segment of its own until its ring is sized), and
+    every slot resident that may be (kept: each worker's batches in flight and the one the
+    consumer holds; released: those in flight, and the consumer's one), the zygote as read, and
+    ``here`` bytes in this process. A reading every :data:`CHECK_EVERY_S` misses what comes between; this does not."""
+    zygote = pool.zygote_pid
+    # unread: a batch's samples, and its result in a segment of its own until the ring is sized
+    heap = max((n for pid, n in memory.alone.items() if pid != zygote), default=2 * batch_bytes)
+    slot = slot_bytes(int(batch_bytes))
+    in_flight = max(pool.per_worker, pool.threads)
+    rings = workers * (in_flight + 1) * slot if kept else (workers * in_flight + 1) * slot
+    if kept and workers >= pool.size:
+        rings = max(rings, pool.ring_bytes)  # a ring with a slot more where the consumer held more
+    held_by_zygote = memory.alone.get(zygote, 0.0) if zygote is not None else 0.0
+    return here + held_by_zygote + workers * max(heap, batch_bytes) + rings
+
+
+def hold_peak(memory: LoaderMemory, pool: Any, workers: int, batch_bytes: float, here: float) -> bool:
+    """Keep the predicted peak (:func:`predicted_peak`) of ``workers`` workers under the budget:
+    their slots give their pages back where resident ones would not fit, and keep them again
+    where they fit within :data:`ROOM_SHARE`. Whether it is past the budget even so (a worker
+    must go). Called before workers are added, and at each reading; ``batch_bytes`` 0 (no batch
+    measured yet): nothing to predict."""
+    if batch_bytes <= 0 or workers < 1:
         return False
-    pool.set_slot_pages(True)
-    memory.slot_pages = "kept"
-    memory.slot_pages_why = (
-        f"{_mib(memory.held)} held and {_mib(pool.ring_bytes)} of ring slots are within "
-        f"{ROOM_SHARE:.0%} of the budget of {_mib(memory.budget)}"
-    )
-    memory.settle()
-    return True
+    kept = predicted_peak(memory, pool, workers, batch_bytes, here, kept=True)
+    if pool.slot_pages and kept > memory.budget:
+        pool.set_slot_pages(False)
+        trim_heap()
+        why = f"{_mib(kept)} predicted at the peak with {workers} workers' slots resident"
+        memory.slot_pages, memory.slot_pages_why = "released", f"{why}, past the budget of {_mib(memory.budget)}"
+        memory.shed(f"slot pages: released once their batch is ({why})")
+    elif not pool.slot_pages and memory.settled and kept <= ROOM_SHARE * memory.budget:
+        pool.set_slot_pages(True)
+        memory.slot_pages = "kept"
+        memory.slot_pages_why = (
+            f"{_mib(kept)} predicted at the peak with {workers} workers' slots resident is within "
+            f"{ROOM_SHARE:.0%} of the budget of {_mib(memory.budget)}"
+        )
+        memory.settle()
+    return pool.slot_pages is False and predicted_peak(memory, pool, workers, batch_bytes, here, False) > memory.budget
+
+
+def workers_fitting(memory: LoaderMemory, pool: Any, most: int, batch_bytes: float, here: float) -> int:
+    """The most workers, up to ``most`` and at least one, whose predicted peak with released slots
+    (:func:`predicted_peak`) is within the budget: the cap a loader sets before it adds workers."""
+    fits = (n for n in range(most, 1, -1) if predicted_peak(memory, pool, n, batch_bytes, here, False) <= memory.budget)
+    return next(fits, 1)
 
 
 def trim_heap() -> None:

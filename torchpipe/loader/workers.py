@@ -41,12 +41,13 @@ from torchpipe.loader.fetch import DataLoader, Exhausted, FetchTask, LocalFetch,
 from torchpipe.loader.memory import (
     LoaderMemory,
     default_budget,
-    keep_slot_pages_again,
+    hold_peak,
     over_budget,
     pool_holdings,
     private_bytes,
     release_slot_pages,
     ring_limit,
+    workers_fitting,
     workers_within,
 )
 from torchpipe.loader.replicas import MAX_REPLICAS, ReplicaPlan, io_replicas
@@ -175,9 +176,27 @@ class WorkerIterator(SpanWhenProfiled, torch_dataloader._BaseDataLoaderIter):
         self._knob = self._executors.add_knob(0, 0, most, apply=resize_weakly(self))
 
     def _processes(self, workers: int) -> ProcessPool:
-        """The worker processes, ``workers`` of them (the zygote forked the first time)."""
+        """The worker processes, ``workers`` of them (the zygote forked the first time), their
+        slots' pages released first where the budget would not hold them at the peak."""
+        if workers > self._pool.size:  # not the cap: the placement is moving now
+            batch, here = self._stage.stats.bytes_per_element, _held_here(weakref.ref(self))
+            hold_peak(self._memory, self._pool, workers, batch, here)
         self._pool.resize(workers)
         return self._pool
+
+    def _hold_peak(self, workers: int) -> None:
+        """The budget held on the predicted peak (docs/autotune.md): the slots of ``workers``
+        workers release or keep their pages by it, and "auto" caps its workers at those that fit."""
+        batch, here = self._stage.stats.bytes_per_element, _held_here(weakref.ref(self))
+        hold_peak(self._memory, self._pool, workers, batch, here)
+        placement = self._placement
+        if placement is None or self._knob is None or batch <= 0:
+            return
+        most = self._knob.maximum if placement.most is None else placement.most
+        fit = workers_fitting(self._memory, self._pool, most, batch, here)
+        if 0 < fit < most:
+            self._cap(placement, fit)
+            self._memory.shed(f"workers past {fit}: past the budget at their predicted peak")
 
     def _moved(self, kind: str, workers: int) -> None:
         self._tp_state.tuned_workers = workers
@@ -241,6 +260,7 @@ class WorkerIterator(SpanWhenProfiled, torch_dataloader._BaseDataLoaderIter):
         finally:
             restore_global_rng_states(saved)
         must_repeat = bool(state.drawn_rngs) and seeds_were_set(self._generator)
+        self._hold_peak(0)  # the budget caps the workers before the first move, not after it
         placement.decide(costs.without_threads() if must_repeat else costs)
 
     def _run_inline(self, limit: int) -> list[Any]:
@@ -251,6 +271,8 @@ class WorkerIterator(SpanWhenProfiled, torch_dataloader._BaseDataLoaderIter):
                 break
             try:
                 value, error = self._local[INLINE].seeded(payload), None
+                if not self._stage.stats.bytes_n:  # the peak is predicted before the first move
+                    self._stage.stats.sample_bytes(value)
             except Exception as e:  # noqa: BLE001 - delivered in its place
                 value, error = None, e
             self._task_slot[self._seq] = None
@@ -393,8 +415,8 @@ class WorkerIterator(SpanWhenProfiled, torch_dataloader._BaseDataLoaderIter):
             self._placement.delivered(stats.wall_s)
         if self._memory.over:
             self._keep_to_budget(self._memory)
-        elif not self._pool.slot_pages:
-            keep_slot_pages_again(self._memory, self._pool)
+        elif self._memory.new_reading():  # judged again on what the last reading measured
+            self._hold_peak(self._pool.size)
         if error is not None:
             raise error
         if self._tuner is not None and not self._tuner.started:

@@ -204,6 +204,11 @@ class ProcessPool:
         return [w.pid for w in self._workers.values()] + zygote
 
     @property
+    def zygote_pid(self) -> int | None:
+        """The zygote's pid (None before it is forked or once released)."""
+        return self._zygote.pid if self._zygote is not None else None
+
+    @property
     def ring_bytes(self) -> int:
         """The bytes of the workers' rings in use, as mapped here."""
         rings = [loans.ring for w in self._workers.values() for loans in w.rings if loans is not None]
