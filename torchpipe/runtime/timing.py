@@ -92,60 +92,60 @@ class CallClock:
 
 
 SAMPLED_BELOW_S = 1e-3
-"""Calls on the consumer's thread shorter than this are clocked one in :data:`SAMPLE_EVERY`: a
-clock costs ~2.5 us (two reads of the thread's CPU clock), 1-2% of a cheap DataLoader batch."""
+"""Calls on the consumer's thread shorter than this read the CPU clock one in :data:`SAMPLE_EVERY`
+(two reads of it cost ~1.5 us, 1% of a cheap DataLoader batch)."""
 SAMPLE_EVERY = 16
 _LOG_SKIP = math.log(1.0 - 1.0 / SAMPLE_EVERY)
 
 
 class SampledCalls:
-    """Calls run one after another on one thread, clocked one in a few where cheap.
+    """Calls run one after another on one thread: every call's wall time, their CPU time sampled.
 
-    After a call under :data:`SAMPLED_BELOW_S`, each call is clocked with a chance of one in
-    :data:`SAMPLE_EVERY` (the gap drawn at once, geometric, from a generator of its own) and
-    counts that many times; after a dearer one, the next is clocked. Each call's chance is fixed
-    before it runs, so the totals are unbiased; the call count is exact at every clocked call
-    (the calls in between are added with it). An unclocked call is timed on the wall clock alone
-    (~0.1 us): one that turns out dear ends the gap, so calls whose cost grows are clocked from
-    the next one on. A traced pass clocks every call.
+    The wall clock is read around every call (~0.1 us): a window's wall time per call, which a
+    placement judges by, is exact, and a busy moment counts once. The CPU clock is read around
+    one call in :data:`SAMPLE_EVERY` after a call under :data:`SAMPLED_BELOW_S` (the gap drawn
+    at once, geometric, from a generator of its own; the call's CPU time counts that many
+    times), around every call after a dearer one. Each call's chance is fixed before it runs, so
+    the CPU total is unbiased. The calls are added at each call whose CPU clock was read (with
+    those before it); a call that turns out dear ends the gap. A traced pass reads every call.
 
     Args:
         timing: where the calls are added.
         seed: the gaps' generator's seed.
     """
 
-    __slots__ = ("timing", "_gaps", "_skip", "_skipped", "_weight")
+    __slots__ = ("timing", "_gaps", "_skip", "_calls", "_wall_s", "_weight")
 
     def __init__(self, timing: CallTiming, seed: int = 0x5EED) -> None:
         self.timing = timing
         self._gaps = random.Random(seed)
-        self._skip = 0  # calls to run before the next clocked one
-        self._skipped = 0  # calls run unclocked since the last one added
+        self._skip = 0  # calls to run before the next whose CPU time is read
+        self._calls = 0  # calls run since the last added, and their wall time
+        self._wall_s = 0.0
         self._weight = 1
 
     def run(self, handler: Callable[[int, Any], Any], seq: int, payload: Any) -> Any:
-        """``handler(seq, payload)``, clocked or not; its exception propagates."""
-        if self._skip and self.timing.trace is None:
-            self._skip -= 1
-            self._skipped += 1
-            started = time.perf_counter()
-            try:
-                return handler(seq, payload)
-            finally:
-                if time.perf_counter() - started >= SAMPLED_BELOW_S:
-                    self._skip, self._weight = 0, 1  # dear now: the next call is clocked, and counts once
-        clock = CallClock(delay=False)
+        """``handler(seq, payload)``, timed; its exception propagates."""
+        sampled = not self._skip or self.timing.trace is not None
+        cpu0 = time.thread_time() if sampled else 0.0
+        started = time.perf_counter()
         try:
             return handler(seq, payload)
         finally:
-            self._add(clock)
+            wall_s = time.perf_counter() - started
+            self._calls += 1
+            self._wall_s += wall_s
+            if sampled:
+                self._add((time.thread_time() - cpu0) * self._weight, wall_s)
+            else:
+                self._skip -= 1
+                if wall_s >= SAMPLED_BELOW_S:
+                    self._skip, self._weight = 0, 1  # dear now: the next call is read, and counts once
 
-    def _add(self, clock: CallClock) -> None:
-        """Add the clocked call (and those run unclocked before it), and choose the next to clock."""
-        wall_s, cpu_s, _ = clock.spent()
-        weight = self._weight
-        self.timing.add(wall_s * weight, cpu_s * weight, calls=self._skipped + 1)
-        self._skipped = 0
+    def _add(self, cpu_s: float, wall_s: float) -> None:
+        """Add the calls since the last added, and choose the next call to read."""
+        self.timing.add(self._wall_s, cpu_s, calls=self._calls)
+        self._calls, self._wall_s = 0, 0.0
         if wall_s >= SAMPLED_BELOW_S:
             self._weight, self._skip = 1, 0
         else:
