@@ -21,14 +21,19 @@ about 5 minutes of a full run). The parent still measures nothing, so those rows
 rows before them never share a process with TensorFlow.
 
 A child that raises sends its error back (:class:`RowFailed` in the parent, with the child's
-traceback); one that dies, or outlives ``timeout_s``, is killed and reported the same way.
+traceback); one that dies, or outlives ``timeout_s``, is killed and reported the same way; one
+that outlives it is first asked where its threads are (``faulthandler`` on ``SIGUSR1``), and the
+error says (a hung row is a bug to find, not only a row to skip).
 """
 
 from __future__ import annotations
 
+import faulthandler
 import multiprocessing
 import os
+import signal
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
@@ -41,6 +46,8 @@ import torch
 TIMEOUT_S = 600.0
 """How long one child may take before it is killed (a quick row takes ~10 s, a full epoch a minute)."""
 JOIN_S = 10.0
+STACKS_S = 1.0
+"""How long a child past its time is given to write its threads' stacks before it is killed."""
 
 _root: int | None = None
 _threads: int | None = None
@@ -93,30 +100,42 @@ def in_fresh_process(measures: Sequence[Callable[[], Any]], timeout_s: float = T
     context = multiprocessing.get_context("fork")
     # Not a daemon: a measurement starts worker processes of its own, which a daemon may not.
     receiver, sender = context.Pipe(duplex=False)
-    start = time.perf_counter()
-    child = context.Process(target=_child, args=(sender, list(measures), os.getpid()), name="bench-row")
-    child.start()
-    sender.close()
-    try:
-        if not receiver.poll(timeout_s):
-            child.kill()
-            raise RowFailed(f"the measurement ran past {timeout_s:g} s and was killed")
+    with tempfile.TemporaryFile("w+") as stacks:  # where a child past its time writes its threads' stacks
+        start = time.perf_counter()
+        child = context.Process(target=_child, args=(sender, list(measures), os.getpid(), stacks), name="bench-row")
+        child.start()
+        sender.close()
         try:
-            ok, payload = receiver.recv()
-        except EOFError as e:
-            raise RowFailed(f"the measuring process died (exit code {child.exitcode})") from e
-    finally:
-        wall = time.perf_counter() - start
-        _stop(child)
-        receiver.close()
+            if not receiver.poll(timeout_s):
+                raise RowFailed(f"the measurement ran past {timeout_s:g} s and was killed; {_where(child, stacks)}")
+            try:
+                ok, payload = receiver.recv()
+            except EOFError as e:
+                raise RowFailed(f"the measuring process died (exit code {child.exitcode})") from e
+        finally:
+            wall = time.perf_counter() - start
+            _stop(child)
+            receiver.close()
     if not ok:
         raise RowFailed(payload)
     return payload, wall
 
 
-def _child(sender: Connection, measures: list[Callable[[], Any]], parent: int) -> None:
+def _where(child: Any, stacks: Any) -> str:
+    """The stacks of a child's threads (asked for with ``SIGUSR1``), then the child killed."""
+    if child.pid is not None:
+        os.kill(child.pid, signal.SIGUSR1)
+    time.sleep(STACKS_S)
+    child.kill()
+    stacks.seek(0)
+    text = stacks.read().strip()
+    return f"where its threads were:\n{text}" if text else "it wrote no stacks"
+
+
+def _child(sender: Connection, measures: list[Callable[[], Any]], parent: int, stacks: Any) -> None:
     global _root
     _root = parent
+    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     if _threads is not None:
         torch.set_num_threads(_threads)
     try:

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.isolate import in_fresh_process
+from bench.isolate import TIMEOUT_S, in_fresh_process
 
 MEDIAN_KEYS = (
     "throughput",
@@ -88,6 +88,7 @@ def run_rounds(
     on_run: Callable[[int, Trial, dict[str, Any]], None] = lambda k, trial, result: None,
     on_error: Callable[[Trial, BaseException], None] = lambda trial, error: None,
     fresh: bool = True,
+    timeout_s: float = TIMEOUT_S,
 ) -> Rounds:
     """Measure ``plan()``'s trials ``repeat`` times, each once a round, in ``plan()``'s order.
 
@@ -99,7 +100,8 @@ def run_rounds(
     the difference is what the fresh process cost). ``on_run(round, trial, result)`` is called
     after each measurement. A trial that raises is handed to ``on_error``: one with a ``group``
     drops the group (its runs are forgotten, its later trials skipped); one without is recorded
-    in ``failed`` and the others go on.
+    in ``failed`` and the others go on; so does one that runs past ``timeout_s`` (each trial of a
+    batch measured together has that long), which is killed after its threads' stacks are taken.
 
     Raises:
         ValueError: if ``repeat`` is below 1, or a round's trials have duplicate keys.
@@ -117,7 +119,7 @@ def run_rounds(
             if not batch:
                 continue
             try:
-                results = _measured(batch, fresh)
+                results = _measured(batch, fresh, timeout_s)
             except Exception as e:  # noqa: BLE001 - one row's failure is recorded, the run goes on
                 _failed(done, k, batch, e, on_error)
                 continue
@@ -142,11 +144,12 @@ def _together(trials: list[Trial]) -> Iterator[list[Trial]]:
         yield batch
 
 
-def _measured(batch: list[Trial], fresh: bool) -> list[dict[str, Any]]:
-    """Each trial of ``batch`` measured, one after another, in one fresh process (``fresh``) or here."""
+def _measured(batch: list[Trial], fresh: bool, timeout_s: float = TIMEOUT_S) -> list[dict[str, Any]]:
+    """Each trial of ``batch`` measured, one after another, in one fresh process (``fresh``: within
+    ``timeout_s`` a trial) or here."""
     measures = [_clocked(trial.measure) for trial in batch]
     if fresh:
-        results, wall = in_fresh_process(measures)
+        results, wall = in_fresh_process(measures, timeout_s * len(measures))
     else:
         start = time.perf_counter()
         results = [measure() for measure in measures]

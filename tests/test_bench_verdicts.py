@@ -118,8 +118,26 @@ def test_a_row_that_fails_is_recorded_and_the_others_are_measured():
     assert "RuntimeError: no such device" in done.failed["broken"][0] and len(seen) == 2
     runs = done.runs["fine"]
     assert all(r["row_wall_s"] >= r["measure_s"] >= 0 for r in runs)  # the fresh process's cost, apart
-    with pytest.raises(isolate.RowFailed, match="ran past"):
+    with pytest.raises(isolate.RowFailed, match="ran past") as info:
         isolate.in_fresh_process([lambda: time.sleep(30)], timeout_s=0.5)
+    assert "where its threads were" in str(info.value) and "test_bench_verdicts.py" in str(info.value)
+
+
+def test_a_row_past_its_time_is_killed_and_recorded_with_where_it_was():
+    def hangs() -> dict[str, Any]:
+        time.sleep(30)
+        return {"throughput": 1.0}
+
+    def plan() -> list[rounds.Trial]:
+        return [
+            rounds.Trial("hangs", hangs, name="hangs"),
+            rounds.Trial("fine", lambda: {"throughput": 1.0}, name="fine"),
+        ]
+
+    done = rounds.run_rounds(plan, 1, timeout_s=0.5)
+    assert set(done.runs) == {"fine"}
+    (failure,) = done.failed["hangs"]
+    assert "ran past 0.5 s" in failure and "in hangs" in failure  # the stack of the hung row
 
 
 def test_a_known_allocation_held_for_200_ms_shows_in_the_peak():
