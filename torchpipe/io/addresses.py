@@ -23,7 +23,6 @@ from __future__ import annotations
 import abc
 import bisect
 import os
-import threading
 from collections import OrderedDict
 from typing import Any, NamedTuple
 
@@ -37,6 +36,7 @@ from torchpipe.errors import CheckpointError, DataLossError
 from torchpipe.io import remote
 from torchpipe.io.files import FileReaderIterator, check_path
 from torchpipe.ops.source_nodes import FileOpener
+from torchpipe.runtime.forks import ForkSafeLock
 from torchpipe.runtime.local_files import ProcessLocalFiles
 
 MAX_RUN_BYTES = 16 << 20
@@ -89,7 +89,7 @@ class _Indexes:
     written again is indexed again)."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = ForkSafeLock()  # a worker forked mid-lookup looks up on
         self._cache: OrderedDict[tuple[str, str, int, int], _FileIndex] = OrderedDict()
 
     def get(self, fmt: AddressFormat, path: str) -> _FileIndex:

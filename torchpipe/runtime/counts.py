@@ -11,9 +11,10 @@ actors stay there.
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 from collections.abc import Iterator
+
+from torchpipe.runtime.forks import ForkSafeLock
 
 NAMES = ("images_decoded", "images_fallback")
 """The counts kept: images decoded by ``tp.image``, and of those the ones decoded by Pillow
@@ -27,13 +28,8 @@ class Counts:
 
     def __init__(self, names: tuple[str, ...]) -> None:
         self._totals = dict.fromkeys(names, 0)
-        self._lock = threading.Lock()
+        self._lock = ForkSafeLock()  # a worker forked mid-count counts on
         self._local = threading.local()
-        if hasattr(os, "register_at_fork"):  # a lock held by another thread at fork stays held in the child
-            os.register_at_fork(after_in_child=self._after_fork)
-
-    def _after_fork(self) -> None:
-        self._lock = threading.Lock()
 
     def add(self, name: str, n: int = 1) -> None:
         tally = getattr(self._local, "tally", None)

@@ -10,6 +10,8 @@ import os
 import threading
 from collections.abc import Iterator
 
+from torchpipe.runtime.forks import ForkSafeLock
+
 
 def usable_cpu_count() -> int:
     """Cores available to this process: the affinity mask, capped by a cgroup CPU quota."""
@@ -41,7 +43,7 @@ def cgroup_quota() -> float | None:
     return None if quota_us <= 0 else quota_us / period_us
 
 
-_INTRA_OP_LOCK = threading.Lock()
+_INTRA_OP_LOCK = ForkSafeLock()
 
 
 def one_intra_op_thread() -> None:

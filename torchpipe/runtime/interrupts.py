@@ -12,10 +12,11 @@ loop calls raise it at their next call (:func:`raise_dropped`).
 from __future__ import annotations
 
 import sys
-import threading
 from typing import Any
 
-_lock = threading.Lock()
+from torchpipe.runtime.forks import ForkSafeLock
+
+_lock = ForkSafeLock()
 _dropped = False
 
 

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from torchpipe import nest
+from torchpipe.runtime.forks import ForkSafeLock
 
 MIN_BYTES = 1 << 20
 """Smaller stacks use ``torch.stack``: the allocator reuses their memory already."""
@@ -77,7 +78,7 @@ class RecycledStack:
         self.place_bytes = place_bytes
         self._keep = keep
         self._free: dict[int, list[bytearray]] = defaultdict(list)
-        self._lock = threading.Lock()
+        self._lock = ForkSafeLock()  # a buffer given back in a forked worker finds the pool unlocked
         self._local = threading.local()  # the batch this thread is placing rows of
         self.reused = 0  # lends of a buffer given back earlier (memory already faulted in)
         self._unplaced = 0  # batches since one whose first element had nothing to place (0: placing)

@@ -29,7 +29,6 @@ import functools
 import io
 import pickle
 import sys
-import threading
 import types
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -39,8 +38,9 @@ import torch
 
 from torchpipe.errors import UntrustedTypeError
 from torchpipe.runtime.codec.pickling import RecordUnpickler
+from torchpipe.runtime.forks import ForkSafeLock
 
-_LOCK = threading.Lock()
+_LOCK = ForkSafeLock()  # the allow-list is read in worker processes too
 _ALLOWED: dict[tuple[str, str], Any] = {}  # the user's allow-list: (module, qualified name) -> object
 
 # What a class may define beyond its fields and still be rebuilt as a namedtuple without being
