@@ -102,6 +102,11 @@ WON: dict[str, dict[str, list[dict[str, Any]]]] = {
     },
 }
 """Each workload's grids: the points that were the grid's best in one of the last three runs."""
+# The training-transform workloads (bench/training.py, issue #61) have no recorded runs: each keeps
+# the points that won on the workload whose data it reads, in the same three runs (jpeg's files,
+# tfrecord's shards), so each peer's grid there is one point and the rows stay affordable.
+WON["train_jpeg"] = WON["jpeg"]
+WON["train_tfrecord"] = WON["tfrecord"]
 REFERENCE_WORKERS = (0, 2)
 """torch's DataLoader at these workers (``prefetch_factor=2``) is always measured: the zero-knob
 rows ran inline, on threads or on 2 processes in every run of the last three (bigtensor's on 4

@@ -20,7 +20,7 @@ from typing import Any
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from bench.run import ORDER
-from bench.targets import PEER_BESTS, TARGETS, describe
+from bench.targets import PEER_BESTS, describe, reported
 
 BASELINE = "dataloader_best"
 ZERO_KNOB = ("torchpipe_auto", "torchpipe_dataloader_auto")
@@ -151,14 +151,15 @@ def targets_table(report: dict[str, Any]) -> str:
     """One row per workload and zero-knob configuration: each target's ratio, whether it is met,
     which configuration the best of any loader and the best Python peer were, and where the
     zero-knob row ran and what its policy measured."""
-    headings = [t.heading().replace(",", ", ") for t in TARGETS]
-    lines = ["| workload | configuration | " + " | ".join(headings) + " | where it ran |",
-             "|---" * (3 + len(TARGETS)) + "|"]  # fmt: skip
+    shown = reported(report)
+    headings = [t.heading().replace(",", ", ") for t in shown]
+    header = "| workload | configuration | " + " | ".join(headings) + " | where it ran |"
+    lines = [header, "|---" * (3 + len(shown)) + "|"]
     for name, entry in report["workloads"].items():
         for config, checks in entry.get("targets", {}).items():
             if all(check["ratio"] is None for check in checks.values()):
                 continue  # not measured on this workload (cache has no torchpipe_auto)
-            cells = [_cell(checks.get(t.key)) for t in TARGETS]
+            cells = [_cell(checks.get(t.key)) for t in shown]
             found = entry.get("placement", {}).get(config)
             cells.append(describe(found).replace("|", "/") if found else "")
             lines.append(f"| {name} | {config} | " + " | ".join(cells) + " |")

@@ -16,7 +16,9 @@ Two kinds of configuration:
   in C++ without the GIL: ``jpeg`` (``read_file``, ``decode_jpeg``, ``random_crop``,
   ``random_flip_left_right``), ``bigtensor`` (``fill``), ``tiny`` (``range``, ``cast``, a
   multiply), ``tfrecord`` (``TFRecordDataset``, ``parse_single_example``, the jpeg ops) and
-  ``cache`` (the jpeg ops with ``cache()`` after decode: ``tfdata_native_cache_epoch1/2``).
+  ``cache`` (the jpeg ops with ``cache()`` after decode: ``tfdata_native_cache_epoch1/2``),
+  ``train_jpeg`` and ``train_tfrecord`` (TensorFlow's decode-and-crop training recipe,
+  ``bench/training.py``).
   ``text`` (a Python tokenizer), ``records`` (Python dicts) and ``latency`` (a Python reader)
   have no native variant.
 
@@ -38,7 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench import peer_items
+from bench import peer_items, training
 from bench import workloads as wl
 from bench.tfrecord import CYCLE
 
@@ -249,5 +251,11 @@ def _tfrecord(work: wl.Workload) -> Any:
     return ds.batch(work.batch_size).prefetch(tf.data.AUTOTUNE)
 
 
-_NATIVE: dict[str, Callable[[wl.Workload], Any]] = {"jpeg": _jpeg, "bigtensor": _bigtensor, "tiny": _tiny,
-                                                    "tfrecord": _tfrecord}  # fmt: skip
+_NATIVE: dict[str, Callable[[wl.Workload], Any]] = {
+    "jpeg": _jpeg,
+    "bigtensor": _bigtensor,
+    "tiny": _tiny,
+    "tfrecord": _tfrecord,
+    "train_jpeg": training.native,
+    "train_tfrecord": training.native,
+}

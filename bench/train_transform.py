@@ -30,6 +30,7 @@ decode alone: full, at a DCT scale, and TensorFlow's decode of only the window.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import statistics
@@ -50,6 +51,7 @@ import torch
 
 import torchpipe as tp
 from bench import data
+from bench import workloads as wl
 
 SIZE = 224
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -98,17 +100,21 @@ def parse_unfused_train_sample(record: bytes) -> tuple[torch.Tensor, Any]:
     return unfused_train_sample(parsed["image"], parsed["label"])
 
 
+def tpimage_items(workload: str, files: list[str], fused: bool = True) -> tp.Dataset:
+    """``torchpipe_tpimage``'s pipeline before its batch: the photos (``jpeg``) or their TFRecord
+    shards (``tfrecord``) through the training transform (``fused=False``: the separate ops)."""
+    if workload == "jpeg":
+        ds = tp.from_tensor_slices((files, labels_of(len(files)))).repeat().shuffle(len(files))
+        return ds.map(train_sample if fused else unfused_train_sample, num_parallel_calls=tp.AUTOTUNE)
+    shards = tp.from_tensor_slices(tfrecord_shards(files)).repeat()
+    records = shards.interleave(tp.TFRecordDataset, cycle_length=CYCLE, num_parallel_calls=tp.AUTOTUNE)
+    return records.map(parse_train_sample if fused else parse_unfused_train_sample, num_parallel_calls=tp.AUTOTUNE)
+
+
 def tpimage(workload: str, files: list[str], batch_size: int, fused: bool = True) -> Iterable[Any]:
     """``torchpipe_tpimage``: the DSL pipeline docs/image.md shows (``_unfused``: with the
     separate ops)."""
-    if workload == "jpeg":
-        ds = tp.from_tensor_slices((files, labels_of(len(files)))).repeat().shuffle(len(files))
-        ds = ds.map(train_sample if fused else unfused_train_sample, num_parallel_calls=tp.AUTOTUNE)
-    else:
-        shards = tp.from_tensor_slices(tfrecord_shards(files)).repeat()
-        records = shards.interleave(tp.TFRecordDataset, cycle_length=CYCLE, num_parallel_calls=tp.AUTOTUNE)
-        ds = records.map(parse_train_sample if fused else parse_unfused_train_sample, num_parallel_calls=tp.AUTOTUNE)
-    ds = ds.batch(batch_size, drop_remainder=True).prefetch(tp.AUTOTUNE)
+    ds = tpimage_items(workload, files, fused).batch(batch_size, drop_remainder=True).prefetch(tp.AUTOTUNE)
     return ds.with_options(tp.Options(seed=0))
 
 
@@ -148,34 +154,66 @@ def torchvision_transform() -> Callable[[Any], torch.Tensor]:
     )
 
 
-class Folder(torch.utils.data.Dataset):
-    """A torchvision-style dataset of (path, label): Pillow and torchvision's transform."""
+class PillowTrainItem:
+    """Item ``i`` of a torchvision-style dataset of (path, label): file ``i % len(files)`` opened
+    with Pillow through torchvision's transform, and the label ``i % 1000``."""
 
-    def __init__(self, files: list[str], length: int = EPOCH) -> None:
-        self.files, self.length = files, length
+    def __init__(self, files: list[str]) -> None:
+        self.files = files
         self.transform = torchvision_transform()
 
-    def __len__(self) -> int:
-        return self.length
-
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+    def __call__(self, i: int) -> tuple[torch.Tensor, int]:
         from PIL import Image
 
         with Image.open(self.files[i % len(self.files)]) as image:
             return self.transform(image.convert("RGB")), i % 1000
 
 
-class TpImageFolder(Folder):
-    """The same dataset with one line of ``__getitem__`` changed: ``tp.image.train_transform``."""
+class TpImageItem(PillowTrainItem):
+    """The same item with one line changed: ``tp.image.train_transform``."""
 
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+    def __call__(self, i: int) -> tuple[torch.Tensor, int]:
         return train_sample(self.files[i % len(self.files)], i % 1000)
+
+
+class PillowRecordItem:
+    """Item ``i`` of the same dataset over TFRecord shards: record ``i % n`` parsed, its JPEG
+    opened with Pillow through torchvision's transform, and its label."""
+
+    def __init__(self, shards: list[str]) -> None:
+        self.records = tp.io.TFRecordRecords(shards)
+        self.transform = torchvision_transform()
+
+    def __call__(self, i: int) -> tuple[torch.Tensor, int]:
+        from PIL import Image
+
+        parsed = tp.io.parse_single_example(self.records[i % len(self.records)], SPEC)
+        with Image.open(io.BytesIO(parsed["image"])) as image:
+            return self.transform(image.convert("RGB")), int(parsed["label"])
+
+
+class TpImageRecordItem(PillowRecordItem):
+    """The same record item with ``tp.image.train_transform``."""
+
+    def __call__(self, i: int) -> tuple[torch.Tensor, int]:
+        image, label = parse_train_sample(self.records[i % len(self.records)])
+        return image, int(label)
+
+
+def folder(files: list[str], length: int = EPOCH) -> wl.Mapped:
+    """A torchvision-style dataset of (path, label): Pillow and torchvision's transform."""
+    return wl.Mapped(PillowTrainItem(files), length)
+
+
+def tp_image_folder(files: list[str], length: int = EPOCH) -> wl.Mapped:
+    """The same dataset with one line of ``__getitem__`` changed: ``tp.image.train_transform``."""
+    return wl.Mapped(TpImageItem(files), length)
 
 
 def torch_dataloader(files: list[str], batch_size: int, workers: int) -> Iterable[Any]:
     """``torch_dataloader_torchvision_w<workers>``."""
     return torch.utils.data.DataLoader(
-        Folder(files),
+        folder(files),
         batch_size=batch_size,
         shuffle=True,
         num_workers=workers,
@@ -186,7 +224,9 @@ def torch_dataloader(files: list[str], batch_size: int, workers: int) -> Iterabl
 
 def tp_dataloader(files: list[str], batch_size: int) -> Iterable[Any]:
     """``tp_dataloader_auto``."""
-    return tp.DataLoader(TpImageFolder(files), batch_size=batch_size, shuffle=True, num_workers="auto", drop_last=True)
+    return tp.DataLoader(
+        tp_image_folder(files), batch_size=batch_size, shuffle=True, num_workers="auto", drop_last=True
+    )
 
 
 # -- TensorFlow ----------------------------------------------------------------------------------
@@ -221,8 +261,9 @@ def tf_train_sample(tf: Any, encoded: Any, label: Any) -> tuple[Any, Any]:
     return tf.transpose(image, (2, 0, 1)), label
 
 
-def tfdata_native(workload: str, files: list[str], batch_size: int) -> Iterable[Any]:
-    """``tfdata_native``: the pipeline in TensorFlow's own ops, AUTOTUNE everywhere."""
+def tf_dataset(workload: str, files: list[str], batch_size: int) -> Any:
+    """``tfdata_native``'s ``tf.data.Dataset``: the pipeline in TensorFlow's own ops, AUTOTUNE
+    everywhere, over the photos (``jpeg``) or their TFRecord shards (``tfrecord``)."""
     tf = _tf()
     if workload == "jpeg":
         ds = tf.data.Dataset.from_tensor_slices((files, labels_of(len(files)))).repeat().shuffle(len(files))
@@ -239,8 +280,12 @@ def tfdata_native(workload: str, files: list[str], batch_size: int) -> Iterable[
         shards = tf.data.Dataset.from_tensor_slices(tfrecord_shards(files)).repeat()
         records = shards.interleave(tf.data.TFRecordDataset, cycle_length=CYCLE, num_parallel_calls=tf.data.AUTOTUNE)
         ds = records.map(parse, num_parallel_calls=tf.data.AUTOTUNE)
-    ds = ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
-    return (tuple(_to_torch(t) for t in batch) for batch in ds)
+    return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+
+
+def tfdata_native(workload: str, files: list[str], batch_size: int) -> Iterable[Any]:
+    """``tfdata_native``: :func:`tf_dataset`'s batches as torch tensors."""
+    return (tuple(_to_torch(t) for t in batch) for batch in tf_dataset(workload, files, batch_size))
 
 
 def _to_torch(tensor: Any) -> torch.Tensor:

@@ -48,6 +48,9 @@ class Sizes:
     steady_s: float | None = None
     """The zero-knob rows' window (None: ``seconds``): long enough that their placement's trials
     are over, so their throughput is their steady rate (issue #57)."""
+    photo_files: int | None = None
+    """Photo-like JPEGs of the training-transform workloads (``bench/training.py``; None:
+    ``jpeg_files``)."""
 
 
 QUICK = Sizes(
@@ -60,6 +63,7 @@ QUICK = Sizes(
     seconds=4.0,
     limit_s=0.4,
     steady_s=6.0,
+    photo_files=512,
 )
 """``--quick``: small data, and windows long enough that the zero-knob rows read their steady
 state, not their first second of probing executors (issue #42: at 0.4 + 1.2 s they read 0.47-0.89x
@@ -307,6 +311,11 @@ class Workload:
     """The files the item function reads (tf.data's native pipeline reads them with its own ops)."""
     epochs: int = 0
     """Whole epochs measured on one loader, workers persistent (0: a timed window instead)."""
+    auto_dataset: torch.utils.data.Dataset | None = None
+    """The dataset ``torchpipe_dataloader_auto`` loads (None: ``dataset``): the training-transform
+    workloads give it the same dataset with ``tp.image`` inside (``bench/training.py``)."""
+    not_measured: dict[str, str] = field(default_factory=dict)
+    """Rows the workload has no measurement of, and why (a peer its rows need is not installed)."""
 
     def loader_kwargs(self, num_workers: int | str = 0) -> dict[str, Any]:
         """The DataLoader arguments every DataLoader configuration with ``num_workers`` shares:
