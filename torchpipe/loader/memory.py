@@ -8,7 +8,9 @@ A model of it would miss what matters (a worker's heap after its first batches, 
 the zygote keeps of pages this process rewrote since), so it is read from
 ``/proc/<pid>/smaps_rollup``: a reading of a process with torch loaded costs a few milliseconds,
 so a watcher thread takes it (the file's reads let go of the GIL) and the consumer only looks at
-its verdict.
+its verdict. Readings miss what comes between them, so the budget is held on a prediction of the
+peak built from them (:func:`predicted_peak`): the slots start released, and ``"auto"`` caps its
+workers, before workers are added, not after a reading has seen the overshoot.
 
 The budget is ``autotune=tp.AutotuneOptions(ram_budget=...)`` where given, else
 :data:`DEFAULT_SHARE` of the memory available when the loader's first epoch starts. With
