@@ -72,7 +72,7 @@ from bench import cuts, suite, tpimage
 from bench import peers as pr
 from bench import report as rp
 from bench import workloads as wl
-from bench.isolate import preload, pristine_parent
+from bench.isolate import TIMEOUT_S, preload, pristine_parent
 from bench.measure import measure, measure_epochs
 from bench.report import ORDER, table, write_report
 from bench.rounds import Trial, run_rounds, summarize
@@ -93,6 +93,10 @@ from torchpipe.runtime.cpu import usable_cpu_count
 LAST = ("tfdata",)
 """Peers measured after every workload's other configurations: the parent imports TensorFlow
 once, then forks their rows (``bench/isolate.py``'s :func:`~bench.isolate.preload`)."""
+QUICK_ROW_S = 120.0
+"""How long one ``--quick`` measurement may take before it is killed and recorded as failed (with
+where its threads were): a row takes ~5-15 s; one that hangs must not hold the run for the
+``TIMEOUT_S`` a full run's epochs may need (the last full run lost 600 s to one hung row)."""
 BUDGETED = ("jpeg", "bigtensor", "tfrecord")
 """Workloads with large batches, where ``tp.DataLoader("auto")`` is also measured under a RAM budget."""
 NOT_MEASURED_EPOCHS = "its adapter runs no epochs (it makes one pass over other work)"
@@ -346,7 +350,8 @@ class Runner:
     def measure_rounds(self, plan: Callable[[], list[Trial]]) -> None:
         """``repeat`` rounds of ``plan()``'s configurations; their medians join the results, their
         failures ``failed``, the fresh processes' cost ``fresh_process_s``."""
-        done = run_rounds(plan, self.repeat, self.printed, self.row_failed, fresh=self.fresh)
+        timeout_s = QUICK_ROW_S if self.quick else TIMEOUT_S
+        done = run_rounds(plan, self.repeat, self.printed, self.row_failed, fresh=self.fresh, timeout_s=timeout_s)
         for key, failures in done.failed.items():
             self.failed.setdefault(key, []).extend(failures)
         runs = [run for runs in done.runs.values() for run in runs]
