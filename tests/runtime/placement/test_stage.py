@@ -362,7 +362,7 @@ def test_a_window_that_loses_big_ends_after_a_quarter_of_its_seconds():
         assert driver.window(0.0, 1, lambda: 1, slower_than=slower_than(bound)) is None  # the window starts
         done = None
         for n in range(2, 200):  # an element every 0.1 s
-            done = driver.window(n * 0.01 * 10 - 0.1, n, lambda n=n: n, slower_than=slower_than(bound))
+            done = driver.window((n - 1) * 0.1, n, lambda n=n: n, slower_than=slower_than(bound))
             if done is not None:
                 break
         assert done is not None and done[2] == pytest.approx(max(ends, 0.3), abs=0.11)
@@ -376,8 +376,8 @@ def test_a_trial_that_loses_big_goes_back_before_another_is_tried():
     calls = CallCosts(200e-6, 200e-6, 0.0, 20e-6, message_s=20e-6)  # processes predicted fastest
     policy.decide(calls)
     policy.moved(INLINE)
-    assert policy.review(340e-6) != INLINE  # inline measured; something predicted faster is tried
-    policy.moved(THREAD)
+    assert policy.review(340e-6) in (THREAD, PROCESS)  # inline measured; an executor predicted faster is tried
+    policy.moved(THREAD)  # (threads, say)
     assert policy.lost_big(policy.measured) is False
     assert policy.review(800e-6) == INLINE  # lost big: back at once, not on to processes
     assert policy.slower_than() == pytest.approx(1.5 * 340e-6)
