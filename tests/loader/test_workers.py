@@ -284,3 +284,35 @@ def test_auto_shuffles_every_epoch_as_torch_does():
             return [[batch.tolist() for batch in loader] for _ in range(3)]
 
     assert epochs(tp.DataLoader, num_workers="auto") == epochs(torch.utils.data.DataLoader)
+
+
+def test_auto_batches_made_inline_read_the_cpu_clock_one_in_a_few(monkeypatch):
+    """#59 item 2: where the policy makes batches in this process, a cheap batch costs the plain
+    loop and a bounded constant: the wall clock around each call, the CPU clock (two reads, ~1.5
+    us) one batch in 16 (runtime/timing.py's SampledCalls), every batch counted."""
+    from torchpipe.runtime import timing as timing_module
+
+    reads = [0]
+    real = time.thread_time
+
+    class Clocks:
+        perf_counter = staticmethod(time.perf_counter)
+
+        @staticmethod
+        def thread_time():
+            reads[0] += 1
+            return real()
+
+    loader = tp.DataLoader(Sleepy(10_000), batch_size=2, num_workers="auto", autotune=UNTUNED)
+    it = iter(loader)
+    next(it)
+    move_calls(it, INLINE, 0)
+    next(it)  # the first call inline is clocked
+    monkeypatch.setattr(timing_module, "time", Clocks)
+    calls_before = it._pool.timing.calls
+    n = 640
+    batches = [next(it) for _ in range(n)]
+    assert _executor(loader) == INLINE and len(batches) == n
+    assert reads[0] <= 2 * 3 * n / timing_module.SAMPLE_EVERY  # ~80 expected; 1280 when every batch was clocked
+    counted = it._pool.timing.calls - calls_before
+    assert n - 20 * timing_module.SAMPLE_EVERY <= counted <= n + 1
