@@ -312,3 +312,17 @@ def test_without_a_ram_budget_the_loader_keeps_to_a_share_of_the_memory_availabl
 def test_the_autotune_argument_is_checked():
     with pytest.raises(TypeError, match="autotune must be a tp.AutotuneOptions"):
         tp.DataLoader(Busy(), num_workers="auto", autotune={"ram_budget": 1})
+
+
+def test_moved_to_worker_processes_the_main_process_lets_go_of_the_buffers_it_kept_for_batches():
+    """Batches of 1 MB or more made here are stacked into buffers kept for reuse; once the workers
+    make the batches, those buffers would be held for nothing."""
+    loader = tp.DataLoader(Waits(), batch_size=4, num_workers="auto")
+    it = iter(loader)
+    move_calls(it, "inline", 0)
+    kept = [next(it) for _ in range(3)]
+    del kept  # their buffers come back to be kept
+    assert it._recycled.free_bytes >= 4 << 20
+    move_calls(it, "process", 2)
+    assert it._recycled.free_bytes == 0
+    assert [b[:, 0, 0].tolist() for b in it] == [[float(i) for i in range(j, j + 4)] for j in range(12, 48, 4)]

@@ -47,6 +47,7 @@ from torchpipe.loader.memory import (
     private_bytes,
     release_slot_pages,
     ring_limit,
+    trim_heap,
     workers_fitting,
     workers_within,
 )
@@ -66,7 +67,7 @@ from torchpipe.runtime.dispatch import Dispatcher
 from torchpipe.runtime.knob import LiveKnob
 from torchpipe.runtime.placement.auto_stage import AutoStage, StageCalls, pass_candidates
 from torchpipe.runtime.placement.measure import measure_calls
-from torchpipe.runtime.placement.policy import INLINE, KINDS, THREAD, Policy
+from torchpipe.runtime.placement.policy import INLINE, KINDS, PROCESS, THREAD, Policy
 from torchpipe.runtime.placement.stage import Placement
 from torchpipe.runtime.processes.pool import ProcessPool
 from torchpipe.runtime.processes.worker import MAX_RING_BYTES
@@ -201,6 +202,10 @@ class WorkerIterator(SpanWhenProfiled, torch_dataloader._BaseDataLoaderIter):
     def _moved(self, kind: str, workers: int) -> None:
         self._tp_state.tuned_workers = workers
         self._num_workers = workers
+        if kind == PROCESS and self._recycled is not None:  # the workers make the batches now: what this
+            # process kept to make them goes
+            self._recycled.drop_free()
+            trim_heap()
 
     def _reset(self, loader: DataLoader, first_iter: bool = False) -> None:
         """The next epoch with the same (persistent) workers, as torch's iterator does."""

@@ -135,6 +135,12 @@ class RecycledStack:
             if len(free) < self._keep:
                 free.append(owner)
 
+    def drop_free(self) -> None:
+        """Let the kept free buffers go (where this process stops making batches: they would be
+        held for nothing). Buffers lent now come back and are kept as before."""
+        with self._lock:
+            self._free.clear()
+
     @property
     def free_bytes(self) -> int:
         """The bytes of the buffers kept for reuse (not lent): what this pool holds of its own."""
