@@ -45,7 +45,12 @@ def adaptation(seconds: float = 16.0) -> dict[str, float]:
     """The function becomes 5x slower halfway through; when does the parallelism follow?"""
     half = seconds / 2
     read = Storage(0.001, 0.005, half)
-    ds = tp.range(10**9).map(read, num_parallel_calls=tp.AUTOTUNE, executor="thread").batch(16).prefetch(tp.AUTOTUNE)
+    ds = (
+        tp.range(10**9)
+        .map(read, num_parallel_calls=tp.AUTOTUNE, executor="thread")
+        .batch(16)
+        .prefetch(tp.AUTOTUNE)
+    )
     it = iter(ds)
     knob = "map(Storage)+batch.parallelism"
     timeline, start, raised_at, before = [], time.monotonic(), None, None
@@ -69,7 +74,9 @@ def adaptation(seconds: float = 16.0) -> dict[str, float]:
     if raised_at is None:
         print(f"the tuner did not raise the parallelism after the slowdown at {half:.0f} s")
         return {"raised_after_s": float("nan"), "before": before or 0}
-    print(f"parallelism {before} before the slowdown; raised {raised_at:.2f} s after it, to {timeline[-1][1]}")
+    print(
+        f"parallelism {before} before the slowdown; raised {raised_at:.2f} s after it, to {timeline[-1][1]}"
+    )
     return {"raised_after_s": raised_at, "before": before or 0, "after": timeline[-1][1]}
 
 
@@ -111,7 +118,12 @@ def overhead(elements: int = 100_000, rounds: int = 12) -> dict[str, float]:
     time ratios (a pair runs seconds apart, so the machine's drift mostly cancels).
     """
     timed_next = base.Iterator.__next__
-    ds = tp.range(elements).map(tiny).batch(256).with_options(tp.Options(optimizations={"inject_prefetch": False}))
+    ds = (
+        tp.range(elements)
+        .map(tiny)
+        .batch(256)
+        .with_options(tp.Options(optimizations={"inject_prefetch": False}))
+    )
     ratios, rates = [], {"with stats": [], "without": []}
     arms = [("with stats", timed_next), ("without", _untimed_next)]
     for round_ in range(rounds):
@@ -179,7 +191,9 @@ BENCHES = {"adaptation": adaptation, "ram": ram, "overhead": overhead}
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default=",".join(BENCHES), help=f"comma-separated, from {list(BENCHES)}")
+    parser.add_argument(
+        "--only", default=",".join(BENCHES), help=f"comma-separated, from {list(BENCHES)}"
+    )
     args = parser.parse_args()
     for name in args.only.split(","):
         print(f"\n{name}:", flush=True)

@@ -35,7 +35,9 @@ def _workload(name: str) -> Any:
     from bench import data, workloads
 
     if name == "jpeg":
-        return workloads.Mapped(workloads.JpegSample(data.jpeg_files(1024)), 10**7), workloads._count_items
+        return workloads.Mapped(
+            workloads.JpegSample(data.jpeg_files(1024)), 10**7
+        ), workloads._count_items
     return workloads.Mapped(workloads.big_tensor, 10**7), workloads._count_gigabytes
 
 
@@ -50,9 +52,15 @@ def trial(name: str, config: str, budget_mb: float | None) -> dict[str, Any]:
     with TreeMonitor() as monitor:
         before = monitor.held() or 0.0
         if config in TORCH:
-            loader: Any = torch.utils.data.DataLoader(dataset, batch_size=64, num_workers=TORCH[config])
+            loader: Any = torch.utils.data.DataLoader(
+                dataset, batch_size=64, num_workers=TORCH[config]
+            )
         else:
-            options = tp.AutotuneOptions(ram_budget=budget_mb * 2**20) if budget_mb else tp.AutotuneOptions()
+            options = (
+                tp.AutotuneOptions(ram_budget=budget_mb * 2**20)
+                if budget_mb
+                else tp.AutotuneOptions()
+            )
             loader = tp.DataLoader(dataset, batch_size=64, num_workers="auto", autotune=options)
         iterator = iter(loader)
         start, units, first = time.perf_counter(), 0.0, None
@@ -96,7 +104,10 @@ def compare(name: str, repeat: int) -> dict[str, Any]:
     found["tp_budget"] = [_run(name, "tp_budget", budget - base) for _ in range(repeat)]
     fits = [c for c in TORCH if _median(found[c], "peak_mb") <= budget]
     best = max(fits, key=lambda c: _median(found[c], "throughput"), default=None)
-    rows = {c: {"peak_mb": _median(r, "peak_mb"), "throughput": _median(r, "throughput")} for c, r in found.items()}
+    rows = {
+        c: {"peak_mb": _median(r, "peak_mb"), "throughput": _median(r, "throughput")}
+        for c, r in found.items()
+    }
     budgeted = rows["tp_budget"]
     return {
         "workload": name,

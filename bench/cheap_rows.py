@@ -127,7 +127,10 @@ def loaders(ds: Rows, batch: int) -> dict[str, Callable[[], Any]]:
         "tp0": lambda: tp.DataLoader(ds, batch_size=batch),
         "tp_auto": lambda: tp.DataLoader(ds, batch_size=batch, num_workers="auto"),
         "dsl": lambda: (
-            tp.from_dataset(range(LENGTH)).map(ds.fn, tp.AUTOTUNE, executor="auto").batch(batch).prefetch(tp.AUTOTUNE)
+            tp.from_dataset(range(LENGTH))
+            .map(ds.fn, tp.AUTOTUNE, executor="auto")
+            .batch(batch)
+            .prefetch(tp.AUTOTUNE)
         ),
         "dsl_ds": lambda: tp.from_dataset(ds).batch(batch),
         "dsl_inline": lambda: tp.from_dataset(ds).batch(batch).with_options(INLINE),
@@ -144,7 +147,9 @@ def where(iterable: Any, it: Any) -> str:
     return f"{executors.kind}x{executors.workers}" if executors is not None else ""
 
 
-def cpu_per_batch(make: Callable[[], Any], batches: int, warm: int) -> tuple[float, float, float, str]:
+def cpu_per_batch(
+    make: Callable[[], Any], batches: int, warm: int
+) -> tuple[float, float, float, str]:
     """Main-thread CPU, process CPU and wall seconds a batch over ``batches`` after ``warm``."""
     loader = make()
     it = iter(loader)
@@ -191,7 +196,12 @@ BUCKETS = (
     ("torch fetcher/iterator", ("utils/data/_utils/fetch.py", "utils/data/dataloader.py")),
     (
         "tp stats/clocks",
-        ("torchpipe/core/stats.py", "torchpipe/autotune/", "torchpipe/runtime/timing.py", "torchpipe/observe/"),
+        (
+            "torchpipe/core/stats.py",
+            "torchpipe/autotune/",
+            "torchpipe/runtime/timing.py",
+            "torchpipe/observe/",
+        ),
     ),
     (
         "tp placement/dispatch",
@@ -248,13 +258,19 @@ def main(argv: list[str] | None = None) -> None:
         make_fn, batch = WORKLOADS[name]
         ds = Rows(make_fn())
         parts = [components(ds, batch, args.batches) for _ in range(args.repeat)]
-        shown = ", ".join(f"{k} {statistics.median(p[k] for p in parts) * 1e6:.0f}" for k in parts[0])
+        shown = ", ".join(
+            f"{k} {statistics.median(p[k] for p in parts) * 1e6:.0f}" for k in parts[0]
+        )
         print(f"\n{name} (batch {batch}): plain loop's parts, us CPU a batch: {shown}")
-        print(f"  {'config':10} {'thread us':>10} {'process us':>11} {'wall us':>9} {'x plain':>8}  placed")
+        print(
+            f"  {'config':10} {'thread us':>10} {'process us':>11} {'wall us':>9} {'x plain':>8}  placed"
+        )
         configs = loaders(ds, batch)
         names = args.configs or list(configs)
         runs: dict[str, list[tuple[float, float, float, str]]] = {config: [] for config in names}
-        for _ in range(args.repeat):  # rounds: a burst of other work on the machine hits every row alike
+        for _ in range(
+            args.repeat
+        ):  # rounds: a burst of other work on the machine hits every row alike
             for config in names:
                 runs[config].append(cpu_per_batch(configs[config], args.batches, args.warm))
         for config in names:
@@ -264,11 +280,14 @@ def main(argv: list[str] | None = None) -> None:
                 total = sum(shares.values())
                 top = sorted(shares.items(), key=lambda kv: -kv[1])
                 print(
-                    "    profiled, us a batch: " + ", ".join(f"{k} {v * 1e6:.0f}" for k, v in top if v / total > 0.01)
+                    "    profiled, us a batch: "
+                    + ", ".join(f"{k} {v * 1e6:.0f}" for k, v in top if v / total > 0.01)
                 )
 
 
-def report(config: str, runs: list[tuple[float, float, float, str]], plain: list[Any] | None) -> None:
+def report(
+    config: str, runs: list[tuple[float, float, float, str]], plain: list[Any] | None
+) -> None:
     """A row: medians of main-thread CPU, process CPU, wall (us a batch), and of the process CPU's
     ratio to the plain loop's in the same round."""
     t, p, w = (statistics.median(r[k] for r in runs) * 1e6 for k in range(3))

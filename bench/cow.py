@@ -87,14 +87,22 @@ def configurations() -> dict[str, tuple[Callable[..., Any], str, Any]]:
     }
 
 
-def measure_one(make_loader: Callable[..., Any], dataset: Any, num_workers: Any, epochs: int) -> dict[str, Any]:
+def measure_one(
+    make_loader: Callable[..., Any], dataset: Any, num_workers: Any, epochs: int
+) -> dict[str, Any]:
     """PSS growth of the process tree from before the loader is made to the end of its last
     epoch (workers alive), and samples a second over the epochs."""
     release_memory()
     monitor = TreeMonitor()
     before = monitor.pss()
-    loader = make_loader(dataset, batch_size=BATCH, shuffle=True, num_workers=num_workers, persistent_workers=True,
-                         generator=torch.Generator().manual_seed(0))  # fmt: skip
+    loader = make_loader(
+        dataset,
+        batch_size=BATCH,
+        shuffle=True,
+        num_workers=num_workers,
+        persistent_workers=True,
+        generator=torch.Generator().manual_seed(0),
+    )
     started, samples = time.perf_counter(), 0
     for _ in range(epochs):
         for _, labels in loader:
@@ -108,7 +116,9 @@ def measure_one(make_loader: Callable[..., Any], dataset: Any, num_workers: Any,
     return {"growth_mb": growth, "samples_per_s": samples / elapsed, "workers": workers}
 
 
-def run(items: int, repeat: int, epochs: int = EPOCHS, names: list[str] | None = None) -> dict[str, Any]:
+def run(
+    items: int, repeat: int, epochs: int = EPOCHS, names: list[str] | None = None
+) -> dict[str, Any]:
     """Every row ``repeat`` times, alternating; medians and the targets' verdicts."""
     datasets = {"list": Index(items), "shared": SharedIndex(items)}
     rows = {k: v for k, v in configurations().items() if names is None or k in names}
@@ -117,11 +127,20 @@ def run(items: int, repeat: int, epochs: int = EPOCHS, names: list[str] | None =
         for name, (make, kind, workers) in rows.items():
             result = measure_one(make, datasets[kind], workers, epochs)
             runs[name].append(result)
-            print(f"  [{lap + 1}/{repeat}] {name}: +{result['growth_mb']:.0f} MB, "
-                  f"{result['samples_per_s']:.4g} samples/s", flush=True)  # fmt: skip
+            print(
+                f"  [{lap + 1}/{repeat}] {name}: +{result['growth_mb']:.0f} MB, "
+                f"{result['samples_per_s']:.4g} samples/s",
+                flush=True,
+            )
     results = {name: _median(r) for name, r in runs.items()}
-    return {"items": items, "epochs": epochs, "repeat": repeat, "results": results, "runs": runs,
-            "targets": verdicts(results)}  # fmt: skip
+    return {
+        "items": items,
+        "epochs": epochs,
+        "repeat": repeat,
+        "results": results,
+        "runs": runs,
+        "targets": verdicts(results),
+    }
 
 
 def _median(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -145,29 +164,47 @@ def verdicts(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         ratio = row["growth_mb"] / torch_row["growth_mb"]
         speed = row["samples_per_s"] / torch_row["samples_per_s"]
         met = ratio <= most and (speed >= SHARED_SPEED if name.endswith("shared") else True)
-        out[name] = {"growth_vs_torch": round(ratio, 3), "speed_vs_torch": round(speed, 3), "target": most,
-                     "met": met}  # fmt: skip
+        out[name] = {
+            "growth_vs_torch": round(ratio, 3),
+            "speed_vs_torch": round(speed, 3),
+            "target": most,
+            "met": met,
+        }
     return out
 
 
 def table(report: dict[str, Any]) -> str:
     """The report as a markdown table (growth, speed, and their ratios to torch's)."""
     results, base = report["results"], report["results"].get("dataloader")
-    lines = ["| configuration | workers | PSS growth | samples/s | growth vs torch | speed vs torch |",
-             "|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "| configuration | workers | PSS growth | samples/s | growth vs torch | speed vs torch |",
+        "|---|---|---|---|---|---|",
+    ]
     for name, row in results.items():
-        growth = f"{row['growth_mb'] / base['growth_mb']:.2f}x" if base and base["growth_mb"] > 0 else "-"
+        growth = (
+            f"{row['growth_mb'] / base['growth_mb']:.2f}x"
+            if base and base["growth_mb"] > 0
+            else "-"
+        )
         speed = f"{row['samples_per_s'] / base['samples_per_s']:.2f}x" if base else "-"
-        lines.append(f"| {name} | {row['workers']} | +{row['growth_mb']:.0f} MB | {row['samples_per_s']:.4g} | "
-                     f"{growth} | {speed} |")  # fmt: skip
+        lines.append(
+            f"| {name} | {row['workers']} | +{row['growth_mb']:.0f} MB | {row['samples_per_s']:.4g} | "
+            f"{growth} | {speed} |"
+        )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help=f"{QUICK_ITEMS} items instead of {ITEMS}")
-    parser.add_argument("--items", type=int, default=None, help="items in the index (overrides --quick)")
-    parser.add_argument("--repeat", type=int, default=1, help="measure each row this many times, alternating")
+    parser.add_argument(
+        "--quick", action="store_true", help=f"{QUICK_ITEMS} items instead of {ITEMS}"
+    )
+    parser.add_argument(
+        "--items", type=int, default=None, help="items in the index (overrides --quick)"
+    )
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="measure each row this many times, alternating"
+    )
     parser.add_argument("--epochs", type=int, default=EPOCHS)
     parser.add_argument("--json", default=None, help="write the report here")
     args = parser.parse_args(argv)
@@ -177,8 +214,10 @@ def main(argv: list[str] | None = None) -> None:
     report = run(items, args.repeat, args.epochs)
     print(table(report))
     for name, verdict in report["targets"].items():
-        print(f"  {name}: growth {verdict['growth_vs_torch']}x torch's (target <= {verdict['target']}x), "
-              f"speed {verdict['speed_vs_torch']}x: {'met' if verdict['met'] else 'MISSED'}")  # fmt: skip
+        print(
+            f"  {name}: growth {verdict['growth_vs_torch']}x torch's (target <= {verdict['target']}x), "
+            f"speed {verdict['speed_vs_torch']}x: {'met' if verdict['met'] else 'MISSED'}"
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)

@@ -24,7 +24,10 @@ CORES = 2
 _T, _P = "thread", "process"
 WON: dict[str, dict[str, list[dict[str, Any]]]] = {
     "jpeg": {
-        "dataloader_best": [{"num_workers": 2, "prefetch_factor": 4}, {"num_workers": 4, "prefetch_factor": 2}],
+        "dataloader_best": [
+            {"num_workers": 2, "prefetch_factor": 4},
+            {"num_workers": 4, "prefetch_factor": 2},
+        ],
         "torchpipe_best": [{"num_parallel_calls": 2, "executor": _P}],
         "nodes_best": [{"num_workers": 2, "method": _P}],
         "spdl_best": [{"concurrency": 2, "executor": _P}],
@@ -33,7 +36,10 @@ WON: dict[str, dict[str, list[dict[str, Any]]]] = {
     },
     "bigtensor": {
         "dataloader_best": [{"num_workers": 0}, {"num_workers": 4, "prefetch_factor": 2}],
-        "torchpipe_best": [{"num_parallel_calls": 2, "executor": _T}, {"num_parallel_calls": 4, "executor": _P}],
+        "torchpipe_best": [
+            {"num_parallel_calls": 2, "executor": _T},
+            {"num_parallel_calls": 4, "executor": _P},
+        ],
         "nodes_best": [{"num_workers": 4, "method": _T}],
         "spdl_best": [{"concurrency": 4, "executor": _T}],
         "grain_best": [{"workers": 4, "kind": _T}],
@@ -86,14 +92,20 @@ WON: dict[str, dict[str, list[dict[str, Any]]]] = {
         "tfdata_best": [{"function": "numpy_function", "num_parallel_calls": 64}],
     },
     "cache": {
-        "dataloader_best": [{"num_workers": 2, "prefetch_factor": 2}, {"num_workers": 2, "prefetch_factor": 4}],
+        "dataloader_best": [
+            {"num_workers": 2, "prefetch_factor": 2},
+            {"num_workers": 2, "prefetch_factor": 4},
+        ],
         "nodes_best": [{"num_workers": 4, "method": _T}, {"num_workers": 2, "method": _P}],
         "spdl_best": [{"concurrency": 4, "executor": _T}, {"concurrency": 2, "executor": _P}],
         "grain_best": [{"workers": 4, "kind": _T}],
         "tfdata_best": [{"function": "numpy_function", "num_parallel_calls": "AUTOTUNE"}],
     },
     "tfrecord": {
-        "dataloader_best": [{"num_workers": 2, "prefetch_factor": 2}, {"num_workers": 4, "prefetch_factor": 2}],
+        "dataloader_best": [
+            {"num_workers": 2, "prefetch_factor": 2},
+            {"num_workers": 4, "prefetch_factor": 2},
+        ],
         "torchpipe_best": [{"num_parallel_calls": 2, "executor": _P}],
         "nodes_best": [{"num_workers": 2, "method": _P}],
         "spdl_best": [{"concurrency": 2, "executor": _P}],
@@ -128,6 +140,8 @@ def kept(workload: str, best: str, knobs: Any, quick: bool) -> bool:
     if won is None or knobs in won:
         return True
     if best == "dataloader_best":
-        reference = knobs.get("num_workers") in REFERENCE_WORKERS and knobs.get("prefetch_factor", 2) == 2
+        reference = (
+            knobs.get("num_workers") in REFERENCE_WORKERS and knobs.get("prefetch_factor", 2) == 2
+        )
         return reference or knobs in BUDGET_WON.get(workload, [])
     return False

@@ -68,7 +68,9 @@ def photo_jpeg_files(count: int) -> list[str]:
     return [str(root / f"{i:06d}.jpg") for i in range(count)]
 
 
-def _write_jpegs(directory: Path, count: int, sides: tuple[tuple[int, int], ...] | None = None) -> None:
+def _write_jpegs(
+    directory: Path, count: int, sides: tuple[tuple[int, int], ...] | None = None
+) -> None:
     from PIL import Image
 
     for i in range(count):
@@ -77,7 +79,9 @@ def _write_jpegs(directory: Path, count: int, sides: tuple[tuple[int, int], ...]
             Image.fromarray(pixels).save(f, quality=JPEG_QUALITY)
 
 
-def _photo_like(rng: np.random.Generator, sides: tuple[tuple[int, int], ...] | None = None) -> np.ndarray:
+def _photo_like(
+    rng: np.random.Generator, sides: tuple[tuple[int, int], ...] | None = None
+) -> np.ndarray:
     """An RGB image with smooth shapes and mild noise, so it compresses like a photo; width and
     height drawn from ``sides`` (their ranges), by default both from ``JPEG_SIDES``."""
     from PIL import Image
@@ -87,7 +91,9 @@ def _photo_like(rng: np.random.Generator, sides: tuple[tuple[int, int], ...] | N
     else:
         width, height = (int(rng.integers(low, high, endpoint=True)) for low, high in sides)
     coarse = rng.integers(0, 256, size=(6, 6, 3), dtype=np.uint8)
-    smooth = np.asarray(Image.fromarray(coarse).resize((width, height), Image.BICUBIC), dtype=np.int16)
+    smooth = np.asarray(
+        Image.fromarray(coarse).resize((width, height), Image.BICUBIC), dtype=np.int16
+    )
     noise = rng.integers(-10, 11, size=smooth.shape, dtype=np.int16)
     return np.clip(smooth + noise, 0, 255).astype(np.uint8)
 
@@ -130,7 +136,9 @@ def _write_text(directory: Path, count: int) -> None:
 
 def record_shards(records_per_shard: int) -> list[str]:
     """Paths of ``SHARDS`` files of fixed-size binary records (``RECORD_DTYPE``), made once."""
-    root = _materialize(f"shards-v1-{records_per_shard}", lambda tmp: _write_shards(tmp, records_per_shard))
+    root = _materialize(
+        f"shards-v1-{records_per_shard}", lambda tmp: _write_shards(tmp, records_per_shard)
+    )
     return [str(root / f"shard-{k:03d}.bin") for k in range(SHARDS)]
 
 

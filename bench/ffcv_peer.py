@@ -72,8 +72,13 @@ def configs(work: wl.Workload, quick: bool) -> list[PeerConfig]:
     threads = sorted({n for n, _ in grid_of(work, quick)})
     _import(max(threads))
     path = beton(work.files)
-    return [PeerConfig({"num_workers": n, "os_cache": True, "order": "RANDOM"},
-                       partial(_ffcv, path, len(work.files), work.batch_size, n)) for n in threads]  # fmt: skip
+    return [
+        PeerConfig(
+            {"num_workers": n, "os_cache": True, "order": "RANDOM"},
+            partial(_ffcv, path, len(work.files), work.batch_size, n),
+        )
+        for n in threads
+    ]
 
 
 @contextmanager
@@ -112,14 +117,22 @@ def _write(path: Path, files: list[str]) -> None:
     # (4:2:0, both encoders' default) the re-encoded JPEGs have the files' mean size (26.5 KB
     # either way on the 1,024 quick files, within 0.3%), so each costs a decode of the same
     # size. write_mode="raw" would store pixels: no decode at all.
-    fields = {"image": RGBImageField(write_mode="jpg", jpeg_quality=data.JPEG_QUALITY), "label": IntField()}
+    fields = {
+        "image": RGBImageField(write_mode="jpg", jpeg_quality=data.JPEG_QUALITY),
+        "label": IntField(),
+    }
     writer = DatasetWriter(str(path), fields, num_workers=usable_cpu_count())
     writer.from_indexed_dataset(wl.Mapped(wl.DecodeJpeg(files), len(files)))
 
 
 def _random_window(height: int, width: int, scale: Any, ratio: Any) -> tuple[int, int, int, int]:
     """A random ``CROP`` x ``CROP`` window's top, left, height and width (compiled by numba)."""
-    return np.random.randint(0, height - wl.CROP + 1), np.random.randint(0, width - wl.CROP + 1), wl.CROP, wl.CROP
+    return (
+        np.random.randint(0, height - wl.CROP + 1),
+        np.random.randint(0, width - wl.CROP + 1),
+        wl.CROP,
+        wl.CROP,
+    )
 
 
 def _random_crop_decoder() -> Any:
@@ -143,13 +156,26 @@ def _ffcv(path: str, files: int, batch_size: int, threads: int) -> PeerIterator:
     from ffcv.loader import Loader, OrderOption
     from ffcv.transforms import RandomHorizontalFlip, Squeeze, ToTensor, ToTorchImage
 
-    image = [_random_crop_decoder(), RandomHorizontalFlip(), ToTensor(), ToTorchImage(channels_last=False)]
+    image = [
+        _random_crop_decoder(),
+        RandomHorizontalFlip(),
+        ToTensor(),
+        ToTorchImage(channels_last=False),
+    ]
     pipelines = {"image": image, "label": [IntDecoder(), ToTensor(), Squeeze(1)]}
     indices = np.resize(np.arange(files, dtype=np.uint64), EPOCH_ITEMS)
     torch_threads = torch.get_num_threads()
     with _torch_threads_kept():
-        loader = Loader(path, batch_size=batch_size, num_workers=threads, os_cache=True, order=OrderOption.RANDOM,
-                        indices=indices, pipelines=pipelines, batches_ahead=BATCHES_AHEAD)  # fmt: skip
+        loader = Loader(
+            path,
+            batch_size=batch_size,
+            num_workers=threads,
+            os_cache=True,
+            order=OrderOption.RANDOM,
+            indices=indices,
+            pipelines=pipelines,
+            batches_ahead=BATCHES_AHEAD,
+        )
         epoch = iter(loader)  # starts a thread that runs the epoch
 
     def stop() -> None:

@@ -96,10 +96,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--workers", type=int, default=6)
-    parser.add_argument("--step-ms", type=float, default=20.0, help="the step's length on resident data")
+    parser.add_argument(
+        "--step-ms", type=float, default=20.0, help="the step's length on resident data"
+    )
     args = parser.parse_args()
     if not torch.cuda.is_available():
-        sys.exit("bench/gpu_overlap.py needs a CUDA GPU; none is available here (nothing measured).")
+        sys.exit(
+            "bench/gpu_overlap.py needs a CUDA GPU; none is available here (nothing measured)."
+        )
     weight = torch.randn(_WIDTH, _WIDTH, device="cuda") / 64
     on_gpu = torch.rand(args.batch, 3, 224, 224, device="cuda")
     step = make_step(weight, calibrate(weight, on_gpu, args.step_ms))

@@ -90,13 +90,18 @@ def bench_dataloader(kind: str, nbytes: int, workers: int, count: int) -> float:
 
 def bench_torchpipe_batches(kind: str, nbytes: int, batch: int, workers: int, count: int) -> float:
     """Batches of ``batch`` elements: the worker maps and collates each batch into shared memory."""
-    ds = tp.from_dataset(Payloads(kind, nbytes // batch, count * batch)).map(_identity, workers, executor="process")
+    ds = tp.from_dataset(Payloads(kind, nbytes // batch, count * batch)).map(
+        _identity, workers, executor="process"
+    )
     return _rate(ds.batch(batch), nbytes)
 
 
 def bench_dataloader_batches(kind: str, nbytes: int, batch: int, workers: int, count: int) -> float:
     loader = torch.utils.data.DataLoader(
-        Payloads(kind, nbytes // batch, count * batch), batch_size=batch, num_workers=workers, prefetch_factor=2
+        Payloads(kind, nbytes // batch, count * batch),
+        batch_size=batch,
+        num_workers=workers,
+        prefetch_factor=2,
     )
     return _rate(loader, nbytes)
 
@@ -130,7 +135,9 @@ def bench_memcpy_cold(nbytes: int, count: int) -> float:
     return best
 
 
-def _row(size: str, nbytes: int, kind: str, ours: float, theirs: float, memcpy: float, cold: float) -> dict:
+def _row(
+    size: str, nbytes: int, kind: str, ours: float, theirs: float, memcpy: float, cold: float
+) -> dict:
     print(
         f"{size:>6} {kind.split()[0]:>7} {ours:>9.2f}G {theirs:>9.2f}G {memcpy:>7.2f}G {cold:>6.2f}G  "
         f"{ours / theirs:>5.1f}x {ours / memcpy:>8.2f}x {ours / cold:>6.2f}x",
@@ -151,10 +158,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=1.0, help="rough time per measurement")
-    parser.add_argument("--sizes", default=",".join(SIZES), help=f"comma-separated, from {list(SIZES)}")
+    parser.add_argument(
+        "--sizes", default=",".join(SIZES), help=f"comma-separated, from {list(SIZES)}"
+    )
     parser.add_argument("--kinds", default=",".join(KINDS))
-    parser.add_argument("--batch", type=int, default=64, help="elements per batch in the batch section")
-    parser.add_argument("--batch-sizes", default="2M,8M", help="batch sizes in bytes, from the same list")
+    parser.add_argument(
+        "--batch", type=int, default=64, help="elements per batch in the batch section"
+    )
+    parser.add_argument(
+        "--batch-sizes", default="2M,8M", help="batch sizes in bytes, from the same list"
+    )
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
     rows = []

@@ -86,7 +86,9 @@ def preload(import_library: Callable[[], Any]) -> float:
     return time.perf_counter() - start
 
 
-def in_fresh_process(measures: Sequence[Callable[[], Any]], timeout_s: float = TIMEOUT_S) -> tuple[list[Any], float]:
+def in_fresh_process(
+    measures: Sequence[Callable[[], Any]], timeout_s: float = TIMEOUT_S
+) -> tuple[list[Any], float]:
     """Run ``measures`` one after another in one child forked from this process.
 
     Returns:
@@ -100,14 +102,20 @@ def in_fresh_process(measures: Sequence[Callable[[], Any]], timeout_s: float = T
     context = multiprocessing.get_context("fork")
     # Not a daemon: a measurement starts worker processes of its own, which a daemon may not.
     receiver, sender = context.Pipe(duplex=False)
-    with tempfile.TemporaryFile("w+") as stacks:  # where a child past its time writes its threads' stacks
+    with tempfile.TemporaryFile(
+        "w+"
+    ) as stacks:  # where a child past its time writes its threads' stacks
         start = time.perf_counter()
-        child = context.Process(target=_child, args=(sender, list(measures), os.getpid(), stacks), name="bench-row")
+        child = context.Process(
+            target=_child, args=(sender, list(measures), os.getpid(), stacks), name="bench-row"
+        )
         child.start()
         sender.close()
         try:
             if not receiver.poll(timeout_s):
-                raise RowFailed(f"the measurement ran past {timeout_s:g} s and was killed; {_where(child, stacks)}")
+                raise RowFailed(
+                    f"the measurement ran past {timeout_s:g} s and was killed; {_where(child, stacks)}"
+                )
             try:
                 ok, payload = receiver.recv()
             except EOFError as e:

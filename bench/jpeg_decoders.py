@@ -91,7 +91,9 @@ def _simplejpeg_half() -> Decoder:
 
     def decode(raw: bytes) -> np.ndarray:
         height, width, _, _ = simplejpeg.decode_jpeg_header(raw)  # min_factor alone does not scale
-        return simplejpeg.decode_jpeg(raw, colorspace="RGB", min_height=height // 2, min_width=width // 2)
+        return simplejpeg.decode_jpeg(
+            raw, colorspace="RGB", min_height=height // 2, min_width=width // 2
+        )
 
     return decode
 
@@ -100,8 +102,9 @@ def _opencv_half() -> Decoder:
     import cv2
 
     cv2.setNumThreads(1)
-    return lambda raw: cv2.cvtColor(cv2.imdecode(np.frombuffer(raw, np.uint8), cv2.IMREAD_REDUCED_COLOR_2),
-                                    cv2.COLOR_BGR2RGB)  # fmt: skip
+    return lambda raw: cv2.cvtColor(
+        cv2.imdecode(np.frombuffer(raw, np.uint8), cv2.IMREAD_REDUCED_COLOR_2), cv2.COLOR_BGR2RGB
+    )
 
 
 HALF: dict[str, Callable[[], Decoder]] = {
@@ -218,7 +221,9 @@ def messy_files() -> dict[str, bytes]:
     from PIL import Image
 
     rng = np.random.default_rng(0)
-    coarse = Image.fromarray(rng.integers(0, 256, (6, 6, 3), dtype=np.uint8)).resize((96, 64), Image.BICUBIC)
+    coarse = Image.fromarray(rng.integers(0, 256, (6, 6, 3), dtype=np.uint8)).resize(
+        (96, 64), Image.BICUBIC
+    )
     image = Image.fromarray(np.asarray(coarse))
 
     def save(picture: Image.Image, **options: object) -> bytes:
@@ -229,9 +234,14 @@ def messy_files() -> dict[str, bytes]:
     exif = Image.Exif()
     exif[0x0112] = 6  # orientation: rotate 90 degrees to display
     rgb = save(image)
-    return {"rgb": rgb, "grayscale": save(image.convert("L")), "cmyk": save(image.convert("CMYK")),
-            "progressive": save(image, progressive=True), "exif-rotated": save(image, exif=exif.tobytes()),
-            "truncated": rgb[: len(rgb) // 2]}  # fmt: skip
+    return {
+        "rgb": rgb,
+        "grayscale": save(image.convert("L")),
+        "cmyk": save(image.convert("CMYK")),
+        "progressive": save(image, progressive=True),
+        "exif-rotated": save(image, exif=exif.tobytes()),
+        "truncated": rgb[: len(rgb) // 2],
+    }
 
 
 def robustness() -> dict[str, dict[str, str]]:
@@ -256,27 +266,36 @@ def robustness() -> dict[str, dict[str, str]]:
                     "" if want is None else f" (Pillow {want.shape[1]}x{want.shape[0]})"
                 )
             else:
-                row[name] = f"max diff {int(np.abs(got.astype(np.int16) - want.astype(np.int16)).max())}"
+                row[name] = (
+                    f"max diff {int(np.abs(got.astype(np.int16) - want.astype(np.int16)).max())}"
+                )
         out[kind] = row
     return out
 
 
 def table(results: dict[str, dict[str, object]]) -> str:
     """The results as a markdown table."""
-    lines = ["| decoder | CPU ms/image | at 1/2 scale | GIL held | img/s, 1 thread | img/s, 2 threads | "
-             "max diff vs Pillow |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "| decoder | CPU ms/image | at 1/2 scale | GIL held | img/s, 1 thread | img/s, 2 threads | "
+        "max diff vs Pillow |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for name, r in results.items():
         if "not_measured" in r:
             lines.append(f"| {name} | not measured: {r['not_measured']} | | | | | |")
             continue
-        lines.append(f"| {name} | {r['cpu_ms']} | {r.get('cpu_ms_half_scale', '-')} | {r['gil_held']} | "
-                     f"{r['img_s_1_thread']} | {r['img_s_2_threads']} | {r['max_diff_vs_pillow']} |")  # fmt: skip
+        lines.append(
+            f"| {name} | {r['cpu_ms']} | {r.get('cpu_ms_half_scale', '-')} | {r['gil_held']} | "
+            f"{r['img_s_1_thread']} | {r['img_s_2_threads']} | {r['max_diff_vs_pillow']} |"
+        )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--files", type=int, default=256, help="JPEG files decoded (the bench's own)")
+    parser.add_argument(
+        "--files", type=int, default=256, help="JPEG files decoded (the bench's own)"
+    )
     parser.add_argument("--seconds", type=float, default=1.5, help="seconds per figure")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)

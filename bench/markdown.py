@@ -24,7 +24,12 @@ from bench.targets import PEER_BESTS, describe, reported
 
 BASELINE = "dataloader_best"
 ZERO_KNOB = ("torchpipe_auto", "torchpipe_dataloader_auto")
-PEER_NAMES = {"nodes_best": "torchdata.nodes", "spdl_best": "SPDL", "grain_best": "Grain", "tfdata_best": "tf.data"}
+PEER_NAMES = {
+    "nodes_best": "torchdata.nodes",
+    "spdl_best": "SPDL",
+    "grain_best": "Grain",
+    "tfdata_best": "tf.data",
+}
 TABLES = ("summary", "results", "targets")
 
 
@@ -46,12 +51,21 @@ def results_table(report: dict[str, Any]) -> str:
         for config in sorted(results, key=lambda c: ORDER.index(c) if c in ORDER else len(ORDER)):
             r = results[config]
             share, converge = r.get("others_cpu_share"), r.get("converge_s")
-            cells = [name, config, f"{r['throughput']:.4g} {unit}", _spread(r) or "-",
-                     f"{r['throughput'] / base:.2f}x" if base else "-", "-" if noise is None else f"{noise:.2f}",
-                     f"{r['throughput'] / limit:.2f}" if limit else "-", f"{r['first_batch_s']:.2f} s",
-                     "-" if converge is None else f"{converge:.2f} s",
-                     _megabytes(r.get("peak_held_mb")), _megabytes(r.get("end_pss_mb")),
-                     f"{r['cpu_s_per_item'] * 1e3:.3f} ms", "-" if share is None else f"{share:.0%}"]  # fmt: skip
+            cells = [
+                name,
+                config,
+                f"{r['throughput']:.4g} {unit}",
+                _spread(r) or "-",
+                f"{r['throughput'] / base:.2f}x" if base else "-",
+                "-" if noise is None else f"{noise:.2f}",
+                f"{r['throughput'] / limit:.2f}" if limit else "-",
+                f"{r['first_batch_s']:.2f} s",
+                "-" if converge is None else f"{converge:.2f} s",
+                _megabytes(r.get("peak_held_mb")),
+                _megabytes(r.get("end_pss_mb")),
+                f"{r['cpu_s_per_item'] * 1e3:.3f} ms",
+                "-" if share is None else f"{share:.0%}",
+            ]
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -101,8 +115,12 @@ def summary_table(report: dict[str, Any]) -> str:
         base = results.get(BASELINE, {}).get("throughput")
         if not base:
             continue
-        ratios = [_with_spread(f"{results[c]['throughput'] / base:.2f}x", results[c]) if c in results else "-"
-                  for c in ZERO_KNOB]  # fmt: skip
+        ratios = [
+            _with_spread(f"{results[c]['throughput'] / base:.2f}x", results[c])
+            if c in results
+            else "-"
+            for c in ZERO_KNOB
+        ]
         peers = [p for p in PEER_BESTS if p in results]
         best = max(peers, key=lambda p: results[p]["throughput"], default=None)
         peer = "-"

@@ -126,7 +126,9 @@ class TreeMonitor:
         shmem = system_shmem()
         if shmem is None or self._shmem_at_start is None:
             return fields[b"Pss:"], None
-        return fields[b"Pss:"], fields[b"Pss:"] - fields[b"Pss_Shmem:"] + max(0, shmem - self._shmem_at_start)
+        return fields[b"Pss:"], fields[b"Pss:"] - fields[b"Pss_Shmem:"] + max(
+            0, shmem - self._shmem_at_start
+        )
 
     def _rollup(self, *keys: bytes) -> dict[bytes, int] | None:
         """The sums over the tree of these ``smaps_rollup`` fields, in bytes (None where unreadable)."""
@@ -173,7 +175,11 @@ def system_shmem() -> int | None:
 
 def usable_cpus() -> list[int]:
     """The CPUs this process may run on (its affinity mask)."""
-    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    return (
+        sorted(os.sched_getaffinity(0))
+        if hasattr(os, "sched_getaffinity")
+        else list(range(os.cpu_count() or 1))
+    )
 
 
 def busy_cpu_seconds(cpus: list[int]) -> float:
@@ -184,7 +190,11 @@ def busy_cpu_seconds(cpus: list[int]) -> float:
     for cpu in cpus:
         if cpu < len(per_cpu):
             t = per_cpu[cpu]
-            busy += t.user + t.system + sum(getattr(t, f, 0.0) for f in ("nice", "irq", "softirq", "steal"))
+            busy += (
+                t.user
+                + t.system
+                + sum(getattr(t, f, 0.0) for f in ("nice", "irq", "softirq", "steal"))
+            )
     return busy
 
 
@@ -257,8 +267,15 @@ def measure(
                         f"the data ran out in the warm-up, after {timeline.batches} batches (make the "
                         f"data set larger: its rows must outlast warm-up and window)"
                     )
-                window = _Window(time.perf_counter(), monitor.cpu_seconds(), busy_cpu_seconds(cpus), timeline.batches)
-            ended = not timeline.draw(iterator, count, math.inf if whole_epoch else seconds, min_batches)
+                window = _Window(
+                    time.perf_counter(),
+                    monitor.cpu_seconds(),
+                    busy_cpu_seconds(cpus),
+                    timeline.batches,
+                )
+            ended = not timeline.draw(
+                iterator, count, math.inf if whole_epoch else seconds, min_batches
+            )
             elapsed = time.perf_counter() - window.start
             cpu, busy = monitor.cpu_seconds() - window.cpu0, busy_cpu_seconds(cpus) - window.busy0
             pss, held = monitor.pss_and_held()
@@ -268,22 +285,31 @@ def measure(
             del iterator, loader
     items, units = timeline.since(window.batch)
     if items == 0:
-        raise RuntimeError("the data ran out before anything was measured (make the data set larger)")
+        raise RuntimeError(
+            "the data ran out before anything was measured (make the data set larger)"
+        )
     steady = units / elapsed
     converged = None if whole_epoch else converge_s(timeline.times, timeline.units, steady)
     return {
         "throughput": steady,
         "first_batch_s": timeline.times[0],
-        "converge_s": None if whole_epoch else converged if converged is not None else timeline.times[-1],
+        "converge_s": None
+        if whole_epoch
+        else converged
+        if converged is not None
+        else timeline.times[-1],
         "converged": converged is not None,
         "ended_early": ended and not whole_epoch,
         **_memory(monitor, pss, held),
-        "cpu_s_per_item": max(0.0, cpu) / items,  # the sampler's part taken out: ticks can round below 0
+        "cpu_s_per_item": max(0.0, cpu)
+        / items,  # the sampler's part taken out: ticks can round below 0
         "where": _where(placed),
         "placement": placed,
         # /proc/stat counts in ticks (10 ms): short windows can round past either end.
         "others_cpu_share": min(1.0, max(0.0, busy - cpu) / (elapsed * len(cpus))),
-        "sampler_cpu_share": monitor.sampler_cpu_s / (timeline.times[-1] * len(cpus)) if timeline.times[-1] else 0.0,
+        "sampler_cpu_share": monitor.sampler_cpu_s / (timeline.times[-1] * len(cpus))
+        if timeline.times[-1]
+        else 0.0,
     }
 
 
@@ -310,7 +336,9 @@ class Timeline:
     def batches(self) -> int:
         return len(self.times)
 
-    def draw(self, iterator: Any, count: Callable[[Any], tuple[int, float]], seconds: float, least: int) -> bool:
+    def draw(
+        self, iterator: Any, count: Callable[[Any], tuple[int, float]], seconds: float, least: int
+    ) -> bool:
         """Draw batches for ``seconds`` and at least ``least`` of them; False where the data ended first."""
         begin, drawn = time.perf_counter(), 0
         while drawn < least or time.perf_counter() - begin < seconds:
@@ -392,7 +420,9 @@ def _timed(
     return items, units, batches
 
 
-def measure_epochs(make: Callable[[], Any], count: Callable[[Any], tuple[int, float]], epochs: int) -> dict[str, Any]:
+def measure_epochs(
+    make: Callable[[], Any], count: Callable[[Any], tuple[int, float]], epochs: int
+) -> dict[str, Any]:
     """Iterate one ``make()`` for ``epochs`` whole epochs and measure each.
 
     The loader is made once, so persistent workers (and whatever a loader learned) carry over
@@ -452,7 +482,8 @@ def measure_epochs(make: Callable[[], Any], count: Callable[[Any], tuple[int, fl
         "steady_throughput": steady[0] / steady[1] if steady[1] else rates[0],
         "first_batch_s": first,
         **_memory(monitor, pss, held),
-        "cpu_s_per_item": max(0.0, cpu) / items,  # the sampler's part taken out: ticks can round below 0
+        "cpu_s_per_item": max(0.0, cpu)
+        / items,  # the sampler's part taken out: ticks can round below 0
         "others_cpu_share": min(1.0, max(0.0, busy - cpu) / (elapsed_all * len(cpus))),
         "sampler_cpu_share": monitor.sampler_cpu_s / (elapsed_all * len(cpus)),
         "epoch_rates": rates,
@@ -485,19 +516,32 @@ def placement(loader: Any, iterator: Any) -> dict[str, Any] | None:
     stage = next((s for s in placed if s.get("workers")), placed[-1] if placed else None)
     if stage is None:
         return None
-    where = f"{stage['executor']} x{stage['workers']}" if stage.get("workers") else str(stage["executor"])
+    where = (
+        f"{stage['executor']} x{stage['workers']}"
+        if stage.get("workers")
+        else str(stage["executor"])
+    )
     knobs = {k: v for s in stages for k, v in s.get("knobs", {}).items()}
-    out: dict[str, Any] = {"where": where, "stage": stage.get("stage"), "self_s": stage.get("self_s"), "knobs": knobs,
-                           "bottleneck": getattr(stats, "bottleneck", None),
-                           "waiting": getattr(stats, "waiting", None)}  # fmt: skip
+    out: dict[str, Any] = {
+        "where": where,
+        "stage": stage.get("stage"),
+        "self_s": stage.get("self_s"),
+        "knobs": knobs,
+        "bottleneck": getattr(stats, "bottleneck", None),
+        "waiting": getattr(stats, "waiting", None),
+    }
     for key in ("measured", "not_on_threads", "policy"):
         if key in stage:
             out[key] = stage[key]
     decisions = getattr(stats, "decisions", None) or []
     if decisions:
         last = decisions[-1]
-        out["autotune"] = {"rounds": len(decisions), "values": dict(last.values), "throughput": last.throughput,
-                           "predicted": last.predicted}  # fmt: skip
+        out["autotune"] = {
+            "rounds": len(decisions),
+            "values": dict(last.values),
+            "throughput": last.throughput,
+            "predicted": last.predicted,
+        }
     return out
 
 

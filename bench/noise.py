@@ -42,13 +42,21 @@ def twin_trials(work: wl.Workload, sizes: wl.Sizes, twins: int, num_workers: int
     """``twins`` rows of one configuration (torch's DataLoader, ``num_workers``, prefetch_factor 2
     with workers), each measured by the workload's measure in run.py."""
     if twins < 2:
-        raise ValueError(f"twins must be at least 2 (one row has no best to be held to), got {twins}")
+        raise ValueError(
+            f"twins must be at least 2 (one row has no best to be held to), got {twins}"
+        )
     if num_workers < 0:
         raise ValueError(f"num_workers must be at least 0, got {num_workers}")
-    args: dict[str, Any] = {"num_workers": num_workers, **({"prefetch_factor": 2} if num_workers else {})}
+    args: dict[str, Any] = {
+        "num_workers": num_workers,
+        **({"prefetch_factor": 2} if num_workers else {}),
+    }
     make = partial(torch_loader, work.dataset, args, work.loader_kwargs(num_workers))
     measure_one = Runner(work, sizes, quick=True).measure_one
-    return [Trial(f"twin{k}", partial(measure_one, make), name=f"twin{k}", knobs=args) for k in range(twins)]
+    return [
+        Trial(f"twin{k}", partial(measure_one, make), name=f"twin{k}", knobs=args)
+        for k in range(twins)
+    ]
 
 
 def floor(throughputs: dict[str, list[float]], target: float = VS_BEST_OF_ANY) -> dict[str, Any]:
@@ -76,7 +84,9 @@ def floor(throughputs: dict[str, list[float]], target: float = VS_BEST_OF_ANY) -
     }
 
 
-def run_noise(names: list[str], sizes: wl.Sizes, twins: int, repeat: int, num_workers: int) -> dict[str, Any]:
+def run_noise(
+    names: list[str], sizes: wl.Sizes, twins: int, repeat: int, num_workers: int
+) -> dict[str, Any]:
     """Measure ``twins`` twins of one configuration on each of ``names``, ``repeat`` rounds, each
     in a fresh process as ``bench/run.py`` measures its rows, and return the report (the JSON
     document)."""
@@ -84,14 +94,23 @@ def run_noise(names: list[str], sizes: wl.Sizes, twins: int, repeat: int, num_wo
         return _run_noise(names, sizes, twins, repeat, num_workers)
 
 
-def _run_noise(names: list[str], sizes: wl.Sizes, twins: int, repeat: int, num_workers: int) -> dict[str, Any]:
+def _run_noise(
+    names: list[str], sizes: wl.Sizes, twins: int, repeat: int, num_workers: int
+) -> dict[str, Any]:
     report: dict[str, Any] = {"machine": machine(quick=True), "workloads": {}}
     report["machine"]["run"].update(repeat=repeat, twins=twins, num_workers=num_workers)
     for name in names:
         work = suite.WORKLOADS[name](sizes, True)
-        print(f"\n{name}: {twins} twins of DataLoader(num_workers={num_workers}), {repeat} rounds", flush=True)
-        rounds = run_rounds(partial(twin_trials, work, sizes, twins, num_workers), repeat, on_run=_print_run)
-        throughputs = {key: [run["throughput"] for run in runs] for key, runs in rounds.runs.items()}
+        print(
+            f"\n{name}: {twins} twins of DataLoader(num_workers={num_workers}), {repeat} rounds",
+            flush=True,
+        )
+        rounds = run_rounds(
+            partial(twin_trials, work, sizes, twins, num_workers), repeat, on_run=_print_run
+        )
+        throughputs = {
+            key: [run["throughput"] for run in runs] for key, runs in rounds.runs.items()
+        }
         report["workloads"][name] = {"unit": work.unit, "runs": throughputs, **floor(throughputs)}
     return report
 
@@ -113,11 +132,22 @@ def format_floor(report: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     known = list(suite.WORKLOADS)
-    parser.add_argument("--workloads", default="jpeg,records,tiny", help=f"comma-separated, from {known}")
-    parser.add_argument("--twins", type=int, default=9, help="rows of the one configuration (run.py holds zero-knob "
-                        "rows to the best of 9 that do the same work)")  # fmt: skip
-    parser.add_argument("--repeat", type=int, default=3, help="rounds: each twin is the median of this many runs")
-    parser.add_argument("--num-workers", type=int, default=2, help="the DataLoader configuration twinned")
+    parser.add_argument(
+        "--workloads", default="jpeg,records,tiny", help=f"comma-separated, from {known}"
+    )
+    parser.add_argument(
+        "--twins",
+        type=int,
+        default=9,
+        help="rows of the one configuration (run.py holds zero-knob "
+        "rows to the best of 9 that do the same work)",
+    )
+    parser.add_argument(
+        "--repeat", type=int, default=3, help="rounds: each twin is the median of this many runs"
+    )
+    parser.add_argument(
+        "--num-workers", type=int, default=2, help="the DataLoader configuration twinned"
+    )
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.workloads.split(",") if n.strip()]

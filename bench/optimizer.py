@@ -123,21 +123,46 @@ CASES: dict[str, tuple[Callable[[], tp.Dataset], Callable[[Any], tuple[int, floa
         _items,
         "elem/s",
     ),
-    "shuffle_repeat_fusion": (lambda: tp.range(16).shuffle(16).repeat(-1).batch(256), _items, "elem/s"),
-    "vectorize": (
-        lambda: tp.from_tensor_slices(torch.randn(200_000, 16)).repeat(-1).map(affine, batched=True).batch(256),
+    "shuffle_repeat_fusion": (
+        lambda: tp.range(16).shuffle(16).repeat(-1).batch(256),
         _items,
         "elem/s",
     ),
-    "map_parallelization": (lambda: tp.range(N).map(python_work, pure=True).batch(64), _items, "elem/s"),
-    "map_fusion": (lambda: tp.range(N).map(inc).map(inc).map(inc).map(inc).batch(256), _items, "elem/s"),
-    "filter_fusion": (lambda: tp.range(N).filter(odd).filter(not_div3).filter(odd).batch(256), _items, "elem/s"),
+    "vectorize": (
+        lambda: (
+            tp.from_tensor_slices(torch.randn(200_000, 16))
+            .repeat(-1)
+            .map(affine, batched=True)
+            .batch(256)
+        ),
+        _items,
+        "elem/s",
+    ),
+    "map_parallelization": (
+        lambda: tp.range(N).map(python_work, pure=True).batch(64),
+        _items,
+        "elem/s",
+    ),
+    "map_fusion": (
+        lambda: tp.range(N).map(inc).map(inc).map(inc).map(inc).batch(256),
+        _items,
+        "elem/s",
+    ),
+    "filter_fusion": (
+        lambda: tp.range(N).filter(odd).filter(not_div3).filter(odd).batch(256),
+        _items,
+        "elem/s",
+    ),
     "map_filter_fusion": (
         lambda: tp.from_dataset(Blobs()).map(light, 2, executor="process").filter(keep_quarter),
         _bytes,
         "GB/s",
     ),
-    "source_pushdown": (lambda: tp.from_dataset(Blobs()).map(light, 2, executor="process").batch(16), _bytes, "GB/s"),
+    "source_pushdown": (
+        lambda: tp.from_dataset(Blobs()).map(light, 2, executor="process").batch(16),
+        _bytes,
+        "GB/s",
+    ),
     "record_pushdown": (records_pipeline, _items, "elem/s"),
     "map_batch_fusion": (
         lambda: tp.from_dataset(range(N)).map(tiny, 2, executor="process").batch(256),
@@ -155,7 +180,9 @@ def run_case(name: str, seconds: float, rounds: int) -> dict[str, Any]:
     for _ in range(rounds):
         for enabled, out in ((True, on), (False, off)):
             options = tp.Options(optimizations={name: enabled})
-            result = measure(lambda: make().with_options(options), count, min(0.3, seconds / 3), seconds)
+            result = measure(
+                lambda: make().with_options(options), count, min(0.3, seconds / 3), seconds
+            )
             out.append(result["throughput"])
     best_on, best_off = max(on), max(off)
     return {"pass": name, "unit": unit, "on": best_on, "off": best_off, "ratio": best_on / best_off}
@@ -177,7 +204,10 @@ def main() -> None:
     for name in names:
         row = run_case(name, args.seconds, args.rounds)
         rows.append(row)
-        print(f"| {name} | {row['unit']} | {row['on']:.4g} | {row['off']:.4g} | {row['ratio']:.2f}x |", flush=True)
+        print(
+            f"| {name} | {row['unit']} | {row['on']:.4g} | {row['off']:.4g} | {row['ratio']:.2f}x |",
+            flush=True,
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -66,17 +66,24 @@ def shares(blobs: list[bytes], wins: list[Window]) -> dict[str, float]:
         height, width, _, _ = simplejpeg.decode_jpeg_header(blob)
         area.append(h * w / (height * width))
         rows.append((top + h) / height)
-    return {"window_area_share": float(np.mean(area)), "rows_to_window_bottom": float(np.mean(rows))}
+    return {
+        "window_area_share": float(np.mean(area)),
+        "rows_to_window_bottom": float(np.mean(rows)),
+    }
 
 
 def simplejpeg_rows(blobs: list[bytes], reps: int) -> dict[str, float]:
     def half(i: int) -> Any:
         height, width, _, _ = simplejpeg.decode_jpeg_header(blobs[i])
-        return simplejpeg.decode_jpeg(blobs[i], colorspace="RGB", min_height=height // 2, min_width=width // 2)
+        return simplejpeg.decode_jpeg(
+            blobs[i], colorspace="RGB", min_height=height // 2, min_width=width // 2
+        )
 
     n = len(blobs)
     return {
-        "simplejpeg_full_accurate_us": cpu_us(lambda i: simplejpeg.decode_jpeg(blobs[i], colorspace="RGB"), n, reps),
+        "simplejpeg_full_accurate_us": cpu_us(
+            lambda i: simplejpeg.decode_jpeg(blobs[i], colorspace="RGB"), n, reps
+        ),
         "simplejpeg_full_fast_dct_us": cpu_us(
             lambda i: simplejpeg.decode_jpeg(blobs[i], colorspace="RGB", fastdct=True), n, reps
         ),
@@ -93,7 +100,9 @@ def tensorflow_rows(blobs: list[bytes], wins: list[Window], reps: int) -> dict[s
     tf.config.threading.set_inter_op_parallelism_threads(1)
     encoded = [tf.constant(b) for b in blobs]
     crops = [tf.constant(w, dtype=tf.int32) for w in wins]
-    full = [tf.constant([0, 0, *simplejpeg.decode_jpeg_header(b)[:2]], dtype=tf.int32) for b in blobs]
+    full = [
+        tf.constant([0, 0, *simplejpeg.decode_jpeg_header(b)[:2]], dtype=tf.int32) for b in blobs
+    ]
     n = len(blobs)
     return {
         "tf_decode_jpeg_us": cpu_us(lambda i: tf.io.decode_jpeg(encoded[i], channels=3), n, reps),
@@ -124,7 +133,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--reps", type=int, default=5, help="repeats; the median is reported")
     args = parser.parse_args(argv)
     for name, value in measure(args.files, args.reps).items():
-        print(f"{name}: {value:.3f}" if "share" in name or "rows" in name else f"{name}: {value:.0f}")
+        print(
+            f"{name}: {value:.3f}" if "share" in name or "rows" in name else f"{name}: {value:.0f}"
+        )
 
 
 if __name__ == "__main__":

@@ -70,8 +70,12 @@ class PeerIterator:
         convert: applied to each batch (tf.data's tensors to torch's, without a copy).
     """
 
-    def __init__(self, iterator: Iterator[Any], stop: Callable[[], None] = lambda: None,
-                 convert: Callable[[Any], Any] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        iterator: Iterator[Any],
+        stop: Callable[[], None] = lambda: None,
+        convert: Callable[[Any], Any] | None = None,
+    ) -> None:
         self._iterator, self._stop, self._convert = iterator, stop, convert
 
     def __iter__(self) -> PeerIterator:
@@ -100,7 +104,9 @@ class PeerEpochs:
         stop: stops what the epochs share.
     """
 
-    def __init__(self, epoch: Callable[[], PeerIterator], stop: Callable[[], None] = lambda: None) -> None:
+    def __init__(
+        self, epoch: Callable[[], PeerIterator], stop: Callable[[], None] = lambda: None
+    ) -> None:
         self._epoch, self._stop = epoch, stop
 
     def __iter__(self) -> PeerIterator:
@@ -164,10 +170,20 @@ def items_of(work: wl.Workload) -> Items:
     if isinstance(dataset, wl.Mapped):
         return Items(dataset.fn, len(dataset), work.batch_size, collate)
     if isinstance(dataset, wl.Shards):
-        undelayed = ShardRecords(dataset.paths, wl.ShardReader(0.0, dataset.reader.records_per_read))
+        undelayed = ShardRecords(
+            dataset.paths, wl.ShardReader(0.0, dataset.reader.records_per_read)
+        )
         most = max(len(undelayed(i)) for i in range(len(dataset.paths)))
-        return Items(ShardRecords(dataset.paths, dataset.reader), 10**7, work.batch_size, collate, fan_out=most)
-    raise TypeError(f"workload {work.name!r}: no peer adapter for a {type(dataset).__name__} dataset")
+        return Items(
+            ShardRecords(dataset.paths, dataset.reader),
+            10**7,
+            work.batch_size,
+            collate,
+            fan_out=most,
+        )
+    raise TypeError(
+        f"workload {work.name!r}: no peer adapter for a {type(dataset).__name__} dataset"
+    )
 
 
 def grid_of(work: wl.Workload, quick: bool) -> list[tuple[int, str]]:

@@ -97,7 +97,10 @@ class Peer:
 
     def version(self) -> str:
         """The installed distribution's version ("" when it is not installed)."""
-        for name in (self.distribution, self.module):  # tensorflow-cpu on x86-64, tensorflow elsewhere
+        for name in (
+            self.distribution,
+            self.module,
+        ):  # tensorflow-cpu on x86-64, tensorflow elsewhere
             try:
                 return importlib.metadata.version(name)
             except importlib.metadata.PackageNotFoundError:
@@ -111,8 +114,10 @@ def nodes_configs(work: wl.Workload, quick: bool) -> list[PeerConfig]:
     workers: a task per item costs a queue hop each, which held ``tiny`` to 12k items/s on
     threads) + ``Prefetcher``. ``latency``'s shards are read one a task, flattened, batched."""
     items = items_of(work)
-    return [_config({"num_workers": n, "method": method}, partial(_nodes, items, n, method))
-            for n, method in grid_of(work, quick)]  # fmt: skip
+    return [
+        _config({"num_workers": n, "method": method}, partial(_nodes, items, n, method))
+        for n, method in grid_of(work, quick)
+    ]
 
 
 def _config(knobs: dict[str, Any], build: Callable[[], PeerEpochs]) -> PeerConfig:
@@ -129,7 +134,9 @@ def _nodes(items: Items, workers: int, method: str) -> PeerEpochs:
     source = tn.IterableWrapper(range(items.length))
     if not items.fan_out:
         batched = tn.Batcher(source, items.batch_size, drop_last=False)
-        node = tn.ParallelMapper(batched, BatchOf(items.fn, items.collate), num_workers=workers, method=method)
+        node = tn.ParallelMapper(
+            batched, BatchOf(items.fn, items.collate), num_workers=workers, method=method
+        )
     else:
         node = tn.ParallelMapper(source, items.fn, num_workers=workers, method=method)
         if items.fan_out:
@@ -137,7 +144,9 @@ def _nodes(items: Items, workers: int, method: str) -> PeerEpochs:
         node = tn.Mapper(tn.Batcher(node, items.batch_size, drop_last=False), items.collate)
     root = tn.Prefetcher(node, prefetch_factor=NODES_PREFETCH)
     loader = tn.Loader(root)
-    return PeerEpochs(lambda: PeerIterator(iter(loader), lambda: _stop_nodes(root)), lambda: _stop_nodes(root))
+    return PeerEpochs(
+        lambda: PeerIterator(iter(loader), lambda: _stop_nodes(root)), lambda: _stop_nodes(root)
+    )
 
 
 def _stop_nodes(root: Any) -> None:
@@ -155,7 +164,10 @@ def _stop_nodes(root: Any) -> None:
             if hasattr(running, "_shutdown"):
                 running._shutdown()
                 for worker in getattr(running, "_workers", ()):
-                    if isinstance(worker, multiprocessing.process.BaseProcess) and worker.is_alive():
+                    if (
+                        isinstance(worker, multiprocessing.process.BaseProcess)
+                        and worker.is_alive()
+                    ):
                         worker.terminate()
                         worker.join(STOP_TIMEOUT_S)
             running = getattr(running, "_it", None)
@@ -169,8 +181,10 @@ def spdl_configs(work: wl.Workload, quick: bool) -> list[PeerConfig]:
     each item that passes between stages costs an event-loop hop, ~0.1 ms, so work is batched
     before it is dispatched). ``latency``'s shards are read one a task and flattened."""
     items = items_of(work)
-    return [_config({"concurrency": n, "executor": executor}, partial(_spdl, items, n, executor))
-            for n, executor in grid_of(work, quick)]  # fmt: skip
+    return [
+        _config({"concurrency": n, "executor": executor}, partial(_spdl, items, n, executor))
+        for n, executor in grid_of(work, quick)
+    ]
 
 
 _installed_task: BatchOf | None = None
@@ -198,8 +212,11 @@ def _spdl(items: Items, concurrency: int, executor: str) -> PeerEpochs:
     pool = None
     task: Callable[[list[int]], Any] = BatchOf(items.fn, items.collate)
     if executor == "process":
-        pool = ProcessPoolExecutor(concurrency) if items.fan_out else \
-            ProcessPoolExecutor(concurrency, initializer=_install_task, initargs=(task,))  # fmt: skip
+        pool = (
+            ProcessPoolExecutor(concurrency)
+            if items.fan_out
+            else ProcessPoolExecutor(concurrency, initializer=_install_task, initargs=(task,))
+        )
         task = task if items.fan_out else _run_installed_task
 
     def stop() -> None:
@@ -209,18 +226,30 @@ def _spdl(items: Items, concurrency: int, executor: str) -> PeerEpochs:
     return PeerEpochs(partial(_spdl_epoch, items, concurrency, pool, task), stop)
 
 
-def _spdl_epoch(items: Items, concurrency: int, pool: ProcessPoolExecutor | None,
-                task: Callable[[list[int]], Any]) -> PeerIterator:  # fmt: skip
+def _spdl_epoch(
+    items: Items,
+    concurrency: int,
+    pool: ProcessPoolExecutor | None,
+    task: Callable[[list[int]], Any],
+) -> PeerIterator:
     """One epoch of SPDL's pipeline, on ``pool`` where there is one."""
     from spdl.pipeline import PipelineBuilder
 
     if items.fan_out:
-        builder = (PipelineBuilder().add_source(range(items.length))
-                   .pipe(items.fn, concurrency=concurrency, executor=pool)
-                   .disaggregate().aggregate(items.batch_size).pipe(items.collate))  # fmt: skip
+        builder = (
+            PipelineBuilder()
+            .add_source(range(items.length))
+            .pipe(items.fn, concurrency=concurrency, executor=pool)
+            .disaggregate()
+            .aggregate(items.batch_size)
+            .pipe(items.collate)
+        )
     else:
-        builder = (PipelineBuilder().add_source(_index_batches(items.length, items.batch_size))
-                   .pipe(task, concurrency=concurrency, executor=pool))  # fmt: skip
+        builder = (
+            PipelineBuilder()
+            .add_source(_index_batches(items.length, items.batch_size))
+            .pipe(task, concurrency=concurrency, executor=pool)
+        )
     pipeline = builder.add_sink().build(num_threads=concurrency)
     pipeline.start()
     batches = iter(pipeline.get_iterator(timeout=ITEM_TIMEOUT_S))
@@ -235,8 +264,10 @@ def grain_configs(work: wl.Workload, quick: bool) -> list[PeerConfig]:
     (``GRAIN_READ_AHEAD_BATCHES``). ``latency``'s shards are read one an element, flattened and
     batched."""
     items = items_of(work)
-    return [_config({"workers": n, "kind": kind}, partial(_grain, items, n, kind))
-            for n, kind in grid_of(work, quick)]  # fmt: skip
+    return [
+        _config({"workers": n, "kind": kind}, partial(_grain, items, n, kind))
+        for n, kind in grid_of(work, quick)
+    ]
 
 
 class _Records:
@@ -246,8 +277,11 @@ class _Records:
         import grain
 
         # A subclass made here: grain is imported only when a Grain pipeline is built.
-        self.transform = type("FlattenList", (grain.experimental.FlatMapTransform,),
-                              {"max_fan_out": most, "flat_map": lambda self, element: element})()  # fmt: skip
+        self.transform = type(
+            "FlattenList",
+            (grain.experimental.FlatMapTransform,),
+            {"max_fan_out": most, "flat_map": lambda self, element: element},
+        )()
 
 
 class NumpyBatch:
@@ -259,7 +293,10 @@ class NumpyBatch:
         self.collate = collate
 
     def __call__(self, items: list[Any]) -> Any:
-        return map_leaves(self.collate(items), lambda leaf: leaf.numpy() if isinstance(leaf, torch.Tensor) else leaf)
+        return map_leaves(
+            self.collate(items),
+            lambda leaf: leaf.numpy() if isinstance(leaf, torch.Tensor) else leaf,
+        )
 
 
 def map_leaves(value: Any, fn: Callable[[Any], Any]) -> Any:
@@ -272,7 +309,9 @@ def map_leaves(value: Any, fn: Callable[[Any], Any]) -> Any:
 
 
 def numpy_to_torch(batch: Any) -> Any:
-    return map_leaves(batch, lambda leaf: torch.from_numpy(leaf) if isinstance(leaf, np.ndarray) else leaf)
+    return map_leaves(
+        batch, lambda leaf: torch.from_numpy(leaf) if isinstance(leaf, np.ndarray) else leaf
+    )
 
 
 class BatchAt:
@@ -307,7 +346,9 @@ def _grain(items: Items, workers: int, kind: str) -> PeerEpochs:
         )
         mapped, per_batch = mapped.repeat(), 1
     ahead = max(GRAIN_READ_AHEAD_BATCHES * per_batch, workers)
-    read = grain.ReadOptions(num_threads=workers if kind == "thread" else 0, prefetch_buffer_size=ahead)
+    read = grain.ReadOptions(
+        num_threads=workers if kind == "thread" else 0, prefetch_buffer_size=ahead
+    )
     ds = mapped.to_iter_dataset(read)
     if items.fan_out:
         ds = grain.experimental.FlatMapIterDataset(ds, _Records(items.fan_out).transform)
@@ -322,7 +363,9 @@ def _grain(items: Items, workers: int, kind: str) -> PeerEpochs:
     return _grain_epochs(ds, None if items.fan_out else batches, convert)
 
 
-def _grain_epochs(ds: Any, per_epoch: int | None, convert: Callable[[Any], Any] | None) -> PeerEpochs:
+def _grain_epochs(
+    ds: Any, per_epoch: int | None, convert: Callable[[Any], Any] | None
+) -> PeerEpochs:
     """Epochs of ``per_epoch`` elements cut from one iterator of ``ds``, made at the first epoch
     and closed with the loader (``per_epoch`` None: the first epoch is all there is)."""
     held: dict[str, Any] = {}

@@ -54,24 +54,39 @@ def draw(table: dict[str, dict[str, float]], title: str, out: str, plt: Any) -> 
     AUTOTUNE) are hatched; the peers' bars are edged in black. A configuration a workload did not
     measure has no bar there.
     """
-    configs = sorted({c for row in table.values() for c in row}, key=lambda c: (ORDER + (c,)).index(c))
+    configs = sorted(
+        {c for row in table.values() for c in row}, key=lambda c: (ORDER + (c,)).index(c)
+    )
     workloads = list(table)
     width = 0.8 / max(len(configs), 1)
     # wide enough for every bar of a group to stay visible, plus the legend's column
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.13 * len(configs) * len(workloads) + 1.0) + 2.4, 4.6))
+    fig, ax = plt.subplots(
+        figsize=(max(6.0, 0.13 * len(configs) * len(workloads) + 1.0) + 2.4, 4.6)
+    )
     colors = plt.get_cmap("tab20").colors  # one colour each: tab10 repeats after ten configurations
     for k, config in enumerate(configs):
         xs = [i + (k - (len(configs) - 1) / 2) * width for i in range(len(workloads))]
         present = [(x, table[w][config]) for x, w in zip(xs, workloads) if config in table[w]]
         peer = config.split("_")[0] in PEER_PREFIXES
-        ax.bar([x for x, _ in present], [r for _, r in present], width, label=config, color=colors[k % len(colors)],
-               hatch="//" if config in ZERO_KNOB + ("tfdata_autotune",) else None,
-               edgecolor="black" if peer else None, linewidth=0.6 if peer else 0)  # fmt: skip
+        ax.bar(
+            [x for x, _ in present],
+            [r for _, r in present],
+            width,
+            label=config,
+            color=colors[k % len(colors)],
+            hatch="//" if config in ZERO_KNOB + ("tfdata_autotune",) else None,
+            edgecolor="black" if peer else None,
+            linewidth=0.6 if peer else 0,
+        )
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks(range(len(workloads)), workloads)
     ax.set_ylabel("throughput / dataloader_best")
     ax.set_yscale("log")
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # only with matplotlib installed
+    from matplotlib.ticker import (
+        FuncFormatter,
+        LogLocator,
+        NullFormatter,
+    )  # only with matplotlib installed
 
     # labels at 1, 2 and 5 of each decade; the other minor ticks unlabelled (they overlapped)
     ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
@@ -79,7 +94,11 @@ def draw(table: dict[str, dict[str, float]], title: str, out: str, plt: Any) -> 
     ax.yaxis.set_minor_formatter(NullFormatter())
     ax.set_title(title)
     ax.legend(
-        fontsize=7, title="hatched: no knobs", title_fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0)
+        fontsize=7,
+        title="hatched: no knobs",
+        title_fontsize=7,
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
     )  # beside the bars, not over them
     fig.tight_layout()
     fig.savefig(out, dpi=120)

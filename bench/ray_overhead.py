@@ -53,8 +53,12 @@ def _pipelines(jpeg_files: int) -> dict[str, Callable[[str, int], tp.Dataset]]:
 
         return build
 
-    return {"jpeg batch": make(jpeg, True), "jpeg element": make(jpeg, False),
-            "bigtensor batch": make(big_tensor, True), "bigtensor element": make(big_tensor, False)}  # fmt: skip
+    return {
+        "jpeg batch": make(jpeg, True),
+        "jpeg element": make(jpeg, False),
+        "bigtensor batch": make(big_tensor, True),
+        "bigtensor element": make(big_tensor, False),
+    }
 
 
 def _size(element: Any) -> tuple[int, int]:
@@ -80,23 +84,33 @@ def _run(ds: tp.Dataset, warmup_s: float, seconds: float) -> dict[str, Any]:
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     ray = next((stage["ray"] for stage in it.stats() if "ray" in stage), None)
     it.close()
-    result = {"elements_per_s": elements / wall, "bytes_per_s": nbytes / wall, "main_cpu_s": cpu / elements}
+    result = {
+        "elements_per_s": elements / wall,
+        "bytes_per_s": nbytes / wall,
+        "main_cpu_s": cpu / elements,
+    }
     if ray is not None:
         result["store_bytes_per_s"] = ray["transfer_bytes_per_s"]
         result["fetch_decode_s"] = ray["transfer_s"]
     return result
 
 
-def measure(name: str, build: Callable[[str, int], tp.Dataset], workers: int, rounds: int, seconds: float) -> dict:
+def measure(
+    name: str, build: Callable[[str, int], tp.Dataset], workers: int, rounds: int, seconds: float
+) -> dict:
     runs: dict[str, list[dict[str, Any]]] = {executor: [] for executor in EXECUTORS}
     for round_ in range(rounds):
         for executor in EXECUTORS[round_ % 2 :] + EXECUTORS[: round_ % 2]:
             runs[executor].append(_run(build(executor, workers), 0.5 if round_ else 2.0, seconds))
     med = {e: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for e, rs in runs.items()}
     proc, ray = med["process"], med["ray"]
-    result = {"workers": workers, "process": proc, "ray": ray,
-              "ray_over_process": ray["elements_per_s"] / proc["elements_per_s"],
-              "extra_s_per_element": 1 / ray["elements_per_s"] - 1 / proc["elements_per_s"]}  # fmt: skip
+    result = {
+        "workers": workers,
+        "process": proc,
+        "ray": ray,
+        "ray_over_process": ray["elements_per_s"] / proc["elements_per_s"],
+        "extra_s_per_element": 1 / ray["elements_per_s"] - 1 / proc["elements_per_s"],
+    }
     print(
         f"{name:<17} process {proc['elements_per_s']:8.0f}/s  ray {ray['elements_per_s']:8.0f}/s  "
         f"ray/process {result['ray_over_process']:.2f}x  extra {result['extra_s_per_element'] * 1e6:7.0f} us/elem  "
@@ -108,21 +122,30 @@ def measure(name: str, build: Callable[[str, int], tp.Dataset], workers: int, ro
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--jpeg-files", type=int, default=512)
-    parser.add_argument("--arms", default="jpeg batch,jpeg element,bigtensor batch,bigtensor element")
+    parser.add_argument(
+        "--arms", default="jpeg batch,jpeg element,bigtensor batch,bigtensor element"
+    )
     parser.add_argument("--json")
     args = parser.parse_args()
     import ray
 
     cores = usable_cpu_count()
     ray.init(num_cpus=cores, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
-    print(f"{cores} usable cores; Ray {ray.__version__}, a local cluster of {cores} CPUs; "
-          f"{args.rounds} rounds of {args.seconds} s per arm and executor")  # fmt: skip
+    print(
+        f"{cores} usable cores; Ray {ray.__version__}, a local cluster of {cores} CPUs; "
+        f"{args.rounds} rounds of {args.seconds} s per arm and executor"
+    )
     pipelines = _pipelines(args.jpeg_files)
-    results = {arm: measure(arm, pipelines[arm], cores, args.rounds, args.seconds) for arm in args.arms.split(",")}
+    results = {
+        arm: measure(arm, pipelines[arm], cores, args.rounds, args.seconds)
+        for arm in args.arms.split(",")
+    }
     ray.shutdown()
     if args.json:
         with open(args.json, "w") as f:

@@ -43,7 +43,9 @@ def machine(quick: bool, grid: list[dict[str, int]]) -> dict[str, Any]:
     import PIL
     import psutil
 
-    model = next((line.split(":", 1)[1].strip() for line in _cpuinfo() if line.startswith("model name")), "")
+    model = next(
+        (line.split(":", 1)[1].strip() for line in _cpuinfo() if line.startswith("model name")), ""
+    )
     return {
         "cpu": model or platform.processor(),
         "cpu_count": os.cpu_count(),

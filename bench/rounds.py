@@ -115,7 +115,9 @@ def run_rounds(
         if len(set(keys)) != len(keys):
             raise ValueError(f"round {k}: duplicate trial keys in {keys}")
         for batch in _together(trials):
-            batch = [trial for trial in batch if trial.group is None or trial.group not in done.errors]
+            batch = [
+                trial for trial in batch if trial.group is None or trial.group not in done.errors
+            ]
             if not batch:
                 continue
             try:
@@ -144,7 +146,9 @@ def _together(trials: list[Trial]) -> Iterator[list[Trial]]:
         yield batch
 
 
-def _measured(batch: list[Trial], fresh: bool, timeout_s: float = TIMEOUT_S) -> list[dict[str, Any]]:
+def _measured(
+    batch: list[Trial], fresh: bool, timeout_s: float = TIMEOUT_S
+) -> list[dict[str, Any]]:
     """Each trial of ``batch`` measured, one after another, in one fresh process (``fresh``: within
     ``timeout_s`` a trial) or here."""
     measures = [_clocked(trial.measure) for trial in batch]
@@ -170,7 +174,11 @@ def _clocked(measure: Callable[[], dict[str, Any]]) -> Callable[[], dict[str, An
 
 
 def _failed(
-    done: Rounds, k: int, batch: list[Trial], error: Exception, on_error: Callable[[Trial, BaseException], None]
+    done: Rounds,
+    k: int,
+    batch: list[Trial],
+    error: Exception,
+    on_error: Callable[[Trial, BaseException], None],
 ) -> None:
     """Record ``error`` for every trial of ``batch`` (measured together, they failed together)."""
     message = f"{type(error).__name__}: {error}"
@@ -203,7 +211,9 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
             values = [r[key] for r in runs if r.get(key) is not None]
             out[key] = statistics.median(values) if values else None
     if "epoch_rates" in out:
-        out["epoch_rates"] = [statistics.median(rates) for rates in zip(*(r["epoch_rates"] for r in runs))]
+        out["epoch_rates"] = [
+            statistics.median(rates) for rates in zip(*(r["epoch_rates"] for r in runs))
+        ]
     rates = [r["throughput"] for r in runs]
     out["spread"] = (max(rates) - min(rates)) / out["throughput"] if out["throughput"] else None
     out["runs"] = [{k: v for k, v in r.items() if k not in ("runs", "spread")} for r in runs]
@@ -213,14 +223,20 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
 def best_of(done: Rounds, group: str) -> tuple[Trial, dict[str, Any]] | None:
     """The trial competing for ``group`` with the highest median throughput, and its summary
     (None where none was measured)."""
-    summaries = [(trial, summarize(done.runs[key])) for key, trial in done.trials.items() if trial.best_of == group]
+    summaries = [
+        (trial, summarize(done.runs[key]))
+        for key, trial in done.trials.items()
+        if trial.best_of == group
+    ]
     return max(summaries, key=lambda pair: pair[1]["throughput"], default=None)
 
 
 def report(done: Rounds) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
     """The results by configuration (each named trial's summary, and each group's best) and the
     knobs each best was chosen with."""
-    results = {trial.name: summarize(done.runs[key]) for key, trial in done.trials.items() if trial.name}
+    results = {
+        trial.name: summarize(done.runs[key]) for key, trial in done.trials.items() if trial.name
+    }
     chosen = {}
     for group in dict.fromkeys(trial.best_of for trial in done.trials.values() if trial.best_of):
         found = best_of(done, group)

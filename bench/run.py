@@ -117,7 +117,9 @@ def dataloader_grid(quick: bool) -> list[dict[str, int]]:
     # has won (QUICK's longer windows pay for the points left out: issue #42).
     if cores > 2:
         workers = sorted({1, cores // 2, cores, 2 * cores})
-    return [{"num_workers": n, "prefetch_factor": 2} for n in workers] + [{"num_workers": cores, "prefetch_factor": 4}]
+    return [{"num_workers": n, "prefetch_factor": 2} for n in workers] + [
+        {"num_workers": cores, "prefetch_factor": 4}
+    ]
 
 
 class Runner:
@@ -133,24 +135,40 @@ class Runner:
     """
 
     def __init__(
-        self, work: wl.Workload, sizes: wl.Sizes, quick: bool, repeat: int = 1, peers: bool = True, fresh: bool = True
+        self,
+        work: wl.Workload,
+        sizes: wl.Sizes,
+        quick: bool,
+        repeat: int = 1,
+        peers: bool = True,
+        fresh: bool = True,
     ) -> None:
         self.work, self.sizes, self.quick, self.repeat = work, sizes, quick, repeat
         self.peers, self.fresh = peers, fresh
         self.results: dict[str, dict[str, Any]] = {}
         self.chosen: dict[str, Any] = {}
         self.errors: dict[str, str] = {}
-        self.failed: dict[str, list[str]] = {}  # rows (without a peer group) that failed, each failure
+        self.failed: dict[
+            str, list[str]
+        ] = {}  # rows (without a peer group) that failed, each failure
         self.fresh_process_s = 0.0  # run time the fresh processes cost, over the measurements' own
         self.not_measured: dict[str, str] = dict(work.not_measured)
         self.cut: list[str] = []  # grid points a --quick run leaves out (bench/cuts.py)
-        self.dataloader_pss: dict[int, float | None] = {}  # torch's end PSS by num_workers, prefetch_factor=2
-        self.dataloader_held: dict[int, float | None] = {}  # and what it held, shared memory counted once
+        self.dataloader_pss: dict[
+            int, float | None
+        ] = {}  # torch's end PSS by num_workers, prefetch_factor=2
+        self.dataloader_held: dict[
+            int, float | None
+        ] = {}  # and what it held, shared memory counted once
         self.dataloader_peak: dict[int, float | None] = {}  # and what it held at its peak
-        self.grid: list[tuple[dict[str, int], dict[str, Any]]] = []  # every DataLoader configuration measured
+        self.grid: list[
+            tuple[dict[str, int], dict[str, Any]]
+        ] = []  # every DataLoader configuration measured
         self.budget: dict[str, Any] | None = None  # the RAM budget's check (BUDGETED workloads)
         # cache measures whole epochs, blobs several on one loader, every other workload a timed window
-        self.measure_one = self.epoch if work.name == "cache" else self.epochs if work.epochs else self.timed
+        self.measure_one = (
+            self.epoch if work.name == "cache" else self.epochs if work.epochs else self.timed
+        )
 
     def epochs(self, make: Callable[[], Any]) -> dict[str, Any]:
         """``work.epochs`` whole epochs of one loader (the ``blobs`` workload's measure)."""
@@ -195,15 +213,23 @@ class Runner:
             trials += self.cache_trials()
         else:
             auto = "num_parallel_calls=AUTOTUNE, executor='auto', prefetch(AUTOTUNE)"
-            trials.append(self.trial("torchpipe_auto", partial(dsl_pipeline, work, tp.AUTOTUNE, "auto"), auto))
+            trials.append(
+                self.trial("torchpipe_auto", partial(dsl_pipeline, work, tp.AUTOTUNE, "auto"), auto)
+            )
         if not work.epochs and work.name != "cache":
             for parallel, executor in work.tp_grid:
                 knobs = {"num_parallel_calls": parallel, "executor": executor}
                 if not self.kept(TORCHPIPE_BEST, knobs):
                     continue
                 make = partial(dsl_pipeline, work, parallel, executor)
-                trials.append(Trial(f"torchpipe {knobs}", partial(self.timed, make), best_of="torchpipe_best",
-                                    knobs=knobs))  # fmt: skip
+                trials.append(
+                    Trial(
+                        f"torchpipe {knobs}",
+                        partial(self.timed, make),
+                        best_of="torchpipe_best",
+                        knobs=knobs,
+                    )
+                )
             if work.name in tpimage.PIPELINES:
                 knobs = "tp.image ops, num_parallel_calls=AUTOTUNE, prefetch(AUTOTUNE)"
                 trials.append(self.trial(tpimage.CONFIG, partial(tpimage.batched, work), knobs))
@@ -225,32 +251,52 @@ class Runner:
         best = self.chosen.get(BASELINE)
         if best is None:
             return []
-        make = partial(torch_loader, self.work.dataset, best, self.work.loader_kwargs(best["num_workers"]))
+        make = partial(
+            torch_loader, self.work.dataset, best, self.work.loader_kwargs(best["num_workers"])
+        )
         return [self.trial(name, make, best) for name in TWINS]
 
     def dataloader_trials(self) -> list[Trial]:
         """``dataloader_default`` and the grid ``dataloader_best`` is the best of (default included)."""
         dataset, kwargs = self.work.dataset, self.work.loader_kwargs
-        default = self.trial("dataloader_default", partial(torch_loader, dataset, {"num_workers": 0}, kwargs(0)),
-                             {"num_workers": 0}, best_of=BASELINE)  # fmt: skip
+        default = self.trial(
+            "dataloader_default",
+            partial(torch_loader, dataset, {"num_workers": 0}, kwargs(0)),
+            {"num_workers": 0},
+            best_of=BASELINE,
+        )
         grid = []
         for args in dataloader_grid(self.quick):
             if not self.kept(BASELINE, args):
                 continue
             make = partial(torch_loader, dataset, args, kwargs(args["num_workers"]))
-            grid.append(Trial(f"dataloader {args}", partial(self.measure_one, make), best_of=BASELINE, knobs=args))
+            grid.append(
+                Trial(
+                    f"dataloader {args}",
+                    partial(self.measure_one, make),
+                    best_of=BASELINE,
+                    knobs=args,
+                )
+            )
         return [default, *grid]
 
     def cache_trials(self) -> list[Trial]:
         """torchpipe's epochs 1 and 2 of one cached pipeline (made afresh each round)."""
         cores = usable_cpu_count()
-        pipeline = self.work.batched(cores, "thread").prefetch(tp.AUTOTUNE)  # one Dataset: its cache persists
+        pipeline = self.work.batched(cores, "thread").prefetch(
+            tp.AUTOTUNE
+        )  # one Dataset: its cache persists
         knobs = {"num_parallel_calls": cores, "executor": "thread"}
         self.chosen["torchpipe_cache"] = knobs
         return [
-            self.trial("torchpipe_cache_epoch1", lambda: pipeline, knobs, together="torchpipe_cache"),
             self.trial(
-                "torchpipe_cache_epoch2", lambda: pipeline, "replays the decoded images", together="torchpipe_cache"
+                "torchpipe_cache_epoch1", lambda: pipeline, knobs, together="torchpipe_cache"
+            ),
+            self.trial(
+                "torchpipe_cache_epoch2",
+                lambda: pipeline,
+                "replays the decoded images",
+                together="torchpipe_cache",
             ),
         ]
 
@@ -260,7 +306,11 @@ class Runner:
         if best is None or self.work.name == "cache":
             return []
         dataset, kwargs = self.work.dataset, self.work.loader_kwargs(best["num_workers"])
-        return [self.trial("torchpipe_dataloader", partial(tp.DataLoader, dataset, **best, **kwargs), best)]
+        return [
+            self.trial(
+                "torchpipe_dataloader", partial(tp.DataLoader, dataset, **best, **kwargs), best
+            )
+        ]
 
     def grid_pss(self) -> None:
         """torch's peak held memory by worker count (``prefetch_factor=2``; the memory target's
@@ -283,14 +333,26 @@ class Runner:
         if base is None or unconstrained is None or unconstrained <= base:
             return []
         total = (base + unconstrained) / 2
-        fitting = [(a, r) for a, r in self.grid if r.get("peak_held_mb") is not None and r["peak_held_mb"] <= total]
-        best_args, best = max(fitting, key=lambda pair: pair[1]["throughput"], default=({}, {"throughput": None}))
+        fitting = [
+            (a, r)
+            for a, r in self.grid
+            if r.get("peak_held_mb") is not None and r["peak_held_mb"] <= total
+        ]
+        best_args, best = max(
+            fitting, key=lambda pair: pair[1]["throughput"], default=({}, {"throughput": None})
+        )
         options = tp.AutotuneOptions(ram_budget=(total - base) * 2**20)
         dataset, kwargs = self.work.dataset, self.work.loader_kwargs("auto")
-        self.budget = {"held_mb": total, "ram_budget_mb": total - base, "best_args": best_args,
-                       "best_throughput": best["throughput"]}  # fmt: skip
-        knobs = (f"ram_budget={total - base:.0f} MB: the tree at {total:.0f} MB at its peak, "
-                 f"halfway from {base:.0f} MB without workers")  # fmt: skip
+        self.budget = {
+            "held_mb": total,
+            "ram_budget_mb": total - base,
+            "best_args": best_args,
+            "best_throughput": best["throughput"],
+        }
+        knobs = (
+            f"ram_budget={total - base:.0f} MB: the tree at {total:.0f} MB at its peak, "
+            f"halfway from {base:.0f} MB without workers"
+        )
         make = partial(tp.DataLoader, dataset, num_workers="auto", autotune=options, **kwargs)
         return [self.trial(BUDGET_CONFIG, make, knobs)]
 
@@ -345,17 +407,24 @@ class Runner:
         if trial.group is not None:
             self.peer_failed(trial.group, error)
         else:
-            print(f"  {trial.name or trial.key} failed on {self.work.name}: {str(error).splitlines()[0]}", flush=True)
+            print(
+                f"  {trial.name or trial.key} failed on {self.work.name}: {str(error).splitlines()[0]}",
+                flush=True,
+            )
 
     def measure_rounds(self, plan: Callable[[], list[Trial]]) -> None:
         """``repeat`` rounds of ``plan()``'s configurations; their medians join the results, their
         failures ``failed``, the fresh processes' cost ``fresh_process_s``."""
         timeout_s = QUICK_ROW_S if self.quick else TIMEOUT_S
-        done = run_rounds(plan, self.repeat, self.printed, self.row_failed, fresh=self.fresh, timeout_s=timeout_s)
+        done = run_rounds(
+            plan, self.repeat, self.printed, self.row_failed, fresh=self.fresh, timeout_s=timeout_s
+        )
         for key, failures in done.failed.items():
             self.failed.setdefault(key, []).extend(failures)
         runs = [run for runs in done.runs.values() for run in runs]
-        self.fresh_process_s += sum(max(0.0, run["row_wall_s"] - run["measure_s"]) for run in runs if self.fresh)
+        self.fresh_process_s += sum(
+            max(0.0, run["row_wall_s"] - run["measure_s"]) for run in runs if self.fresh
+        )
         results, chosen = rounds_report(done)
         for key, trial in done.trials.items():
             if trial.best_of == BASELINE:
@@ -376,7 +445,10 @@ class Runner:
     def record(self, config: str, result: dict[str, Any], note: str = "") -> None:
         """One configuration's median (and spread) as the log shows it."""
         spread = f" spread {rp._share(result.get('spread'))}" if self.repeat > 1 else ""
-        print(f"  {config:<26} {result['throughput']:>12.4g} {self.work.unit:<9}{spread} {note}", flush=True)
+        print(
+            f"  {config:<26} {result['throughput']:>12.4g} {self.work.unit:<9}{spread} {note}",
+            flush=True,
+        )
         if "epoch_rates" in result:
             print(f"    {rp._epochs(result)}", flush=True)
 
@@ -390,7 +462,9 @@ def dsl_pipeline(work: wl.Workload, parallel: Any, executor: str) -> tp.Dataset:
     return work.batched(parallel, executor).prefetch(tp.AUTOTUNE)
 
 
-def torch_loader(dataset: Any, args: dict[str, Any], kwargs: dict[str, Any]) -> torch.utils.data.DataLoader:
+def torch_loader(
+    dataset: Any, args: dict[str, Any], kwargs: dict[str, Any]
+) -> torch.utils.data.DataLoader:
     return torch.utils.data.DataLoader(dataset, **args, **kwargs)
 
 
@@ -418,10 +492,14 @@ def run_all(
     if repeat < 1:
         raise ValueError(f"repeat must be at least 1, got {repeat}")
     with pristine_parent() if fresh else contextlib.nullcontext():
-        return _run_all(names, quick, sizes or (wl.QUICK if quick else wl.FULL), repeat, peers, fresh)
+        return _run_all(
+            names, quick, sizes or (wl.QUICK if quick else wl.FULL), repeat, peers, fresh
+        )
 
 
-def _run_all(names: list[str], quick: bool, sizes: wl.Sizes, repeat: int, peers: bool, fresh: bool) -> dict[str, Any]:
+def _run_all(
+    names: list[str], quick: bool, sizes: wl.Sizes, repeat: int, peers: bool, fresh: bool
+) -> dict[str, Any]:
     report: dict[str, Any] = {"machine": machine(quick), "workloads": {}}
     run_info = report["machine"]["run"]
     run_info.update(repeat=repeat, chosen={}, limit_notes={}, peers=pr.notes(), fresh_process=fresh)
@@ -432,7 +510,10 @@ def _run_all(names: list[str], quick: bool, sizes: wl.Sizes, repeat: int, peers:
         work = suite.WORKLOADS[name](sizes, quick)
         limit = "null" if work.limit is None else f"{work.limit:.4g} {work.unit}"
         extra = "".join(f", {key} {value}" for key, value in work.extra.items())
-        print(f"\n{name}: batch {work.batch_size}, limit {limit} ({work.limit_note}){extra}", flush=True)
+        print(
+            f"\n{name}: batch {work.batch_size}, limit {limit} ({work.limit_note}){extra}",
+            flush=True,
+        )
         runner = Runner(work, sizes, quick, repeat, peers, fresh)
         runner.run()
         runners.append(runner)
@@ -514,8 +595,12 @@ def main(argv: list[str] | None = None) -> None:
     report["machine"]["run"]["seconds"] = round(time.perf_counter() - start, 1)
     print()
     if args.quick:
-        grid = ", ".join(f"{g['num_workers']}/{g['prefetch_factor']}" for g in dataloader_grid(True))
-        print(f"--quick: smaller data, smaller grids; DataLoader grid num_workers/prefetch_factor {grid}")
+        grid = ", ".join(
+            f"{g['num_workers']}/{g['prefetch_factor']}" for g in dataloader_grid(True)
+        )
+        print(
+            f"--quick: smaller data, smaller grids; DataLoader grid num_workers/prefetch_factor {grid}"
+        )
     for config, note in report["machine"]["run"]["peers"].items():
         print(f"{config}: {note}")
     print(table(report))

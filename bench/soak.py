@@ -27,7 +27,9 @@ GROWTH = 0.05
 """The most PSS may grow from the end of epoch 2 to the end of the last."""
 
 
-def pss_by_epoch(make: Callable[..., Any], dataset: Any, num_workers: Any, epochs: int) -> list[float]:
+def pss_by_epoch(
+    make: Callable[..., Any], dataset: Any, num_workers: Any, epochs: int
+) -> list[float]:
     """The tree's PSS in MB after each of ``epochs`` epochs of one persistent loader."""
     release_memory()
     monitor = TreeMonitor()
@@ -55,10 +57,16 @@ def run(files: int, epochs: int, workers: int) -> dict[str, Any]:
     for name, (make, num_workers) in loaders.items():
         pss = pss_by_epoch(make, dataset, num_workers, epochs)
         growth = pss[-1] / pss[1] - 1 if epochs > 1 else 0.0
-        report["loaders"][name] = {"pss_mb": [round(p, 1) for p in pss], "growth_after_epoch_2": round(growth, 4),
-                                   "met": growth <= GROWTH}  # fmt: skip
-        print(f"  {name}: epoch 2 {pss[min(1, epochs - 1)]:.0f} MB, epoch {epochs} {pss[-1]:.0f} MB "
-              f"({growth:+.1%}): {'met' if growth <= GROWTH else 'MISSED'}", flush=True)  # fmt: skip
+        report["loaders"][name] = {
+            "pss_mb": [round(p, 1) for p in pss],
+            "growth_after_epoch_2": round(growth, 4),
+            "met": growth <= GROWTH,
+        }
+        print(
+            f"  {name}: epoch 2 {pss[min(1, epochs - 1)]:.0f} MB, epoch {epochs} {pss[-1]:.0f} MB "
+            f"({growth:+.1%}): {'met' if growth <= GROWTH else 'MISSED'}",
+            flush=True,
+        )
     return report
 
 
@@ -66,7 +74,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=EPOCHS)
     parser.add_argument("--workers", type=int, default=WORKERS)
-    parser.add_argument("--files", type=int, default=wl.QUICK.jpeg_files, help="JPEG files in an epoch")
+    parser.add_argument(
+        "--files", type=int, default=wl.QUICK.jpeg_files, help="JPEG files in an epoch"
+    )
     parser.add_argument("--json", default=None, help="write the report here")
     args = parser.parse_args(argv)
     if args.epochs < 2 or args.workers < 1 or args.files < 1:

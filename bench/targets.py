@@ -72,7 +72,14 @@ TORCHPIPE_BEST = "torchpipe_best"
 PEER_BESTS = ("nodes_best", "spdl_best", "grain_best", "tfdata_best")
 """The peers' bests over the same Python item function (tf.data's through tf.py_function or
 tf.numpy_function)."""
-SAME_WORK = ("dataloader_default", BASELINE, "torchpipe_dataloader", TORCHPIPE_BEST, *PEER_BESTS, "tfdata_autotune")
+SAME_WORK = (
+    "dataloader_default",
+    BASELINE,
+    "torchpipe_dataloader",
+    TORCHPIPE_BEST,
+    *PEER_BESTS,
+    "tfdata_autotune",
+)
 """The configurations of every loader doing a workload's own work with its own item function:
 ``vs_best_of_any`` holds the zero-knob rows to the best of them."""
 TFDATA_NATIVE = "tfdata_native"
@@ -145,7 +152,13 @@ TARGETS = (
     Target("train_cpu_vs_tfdata_native", "train: tp.image CPU/img vs tf.data native", "<=", 1.0),
     Target("train_vs_ffcv_best", "train: tp.image vs FFCV best", ">=", 1.3, scaled=True),
     Target("train_vs_dataloader_auto", "train: DSL vs tp.DataLoader auto", ">=", 1.0, scaled=True),
-    Target("train_auto_vs_dataloader_best", "train: tp.DataLoader auto vs DL best", ">=", 2.0, scaled=True),
+    Target(
+        "train_auto_vs_dataloader_best",
+        "train: tp.DataLoader auto vs DL best",
+        ">=",
+        2.0,
+        scaled=True,
+    ),
 )
 BUDGET_CONFIG = "torchpipe_dataloader_budget"
 """``tp.DataLoader("auto")`` under a RAM budget (``bench/run.py``'s ``BUDGETED`` workloads), held to
@@ -166,7 +179,12 @@ FFCV_BEST = "ffcv_best"
 TRAIN_WORKLOADS = ("train_jpeg", "train_tfrecord")
 """The training-transform workloads (``bench/training.py``), held to ``TRAIN_KEYS`` instead of
 ``IMAGE_KEYS``."""
-TRAIN_KEYS = ("train_vs_tfdata_native", "train_cpu_vs_tfdata_native", "train_vs_ffcv_best", "train_vs_dataloader_auto")
+TRAIN_KEYS = (
+    "train_vs_tfdata_native",
+    "train_cpu_vs_tfdata_native",
+    "train_vs_ffcv_best",
+    "train_vs_dataloader_auto",
+)
 """``torchpipe_tpimage``'s checks on a training-transform workload."""
 TRAIN_AUTO_KEY = "train_auto_vs_dataloader_best"
 """``torchpipe_dataloader_auto``'s added check there: ``tp.image`` inside torch's dataset vs torch's
@@ -183,7 +201,9 @@ def _ratio(value: float | None, base: float | None) -> float | None:
     return None if value is None or not base else value / base
 
 
-def _worst_epoch(mine: dict[str, Any], base: dict[str, Any], first: int = 1) -> tuple[float | None, int | None]:
+def _worst_epoch(
+    mine: dict[str, Any], base: dict[str, Any], first: int = 1
+) -> tuple[float | None, int | None]:
     """The lowest ratio of ``mine``'s rate to ``base``'s in the same epoch, from epoch ``first``
     on, and that epoch."""
     pairs = list(zip(mine.get("epoch_rates") or [], base.get("epoch_rates") or []))[first:]
@@ -240,11 +260,15 @@ def targets(
     wanted = [t for t in TARGETS if t.key not in skipped]
     noise = floor(results)
     memory_at = {key: (dataloader_memory or {}).get(key) or {} for key in _MEMORY.values()}
-    out = {config: _zero_knob_checks(config, results, memory_at, wanted, noise) for config in ZERO_KNOB}
+    out = {
+        config: _zero_knob_checks(config, results, memory_at, wanted, noise) for config in ZERO_KNOB
+    }
     if budget is not None and BUDGET_CONFIG in results:
         mine, by_key = results[BUDGET_CONFIG], {t.key: t for t in TARGETS}
         out[BUDGET_CONFIG] = {
-            "peak_vs_budget": by_key["peak_vs_budget"].check(_ratio(mine.get("peak_held_mb"), budget["held_mb"])),
+            "peak_vs_budget": by_key["peak_vs_budget"].check(
+                _ratio(mine.get("peak_held_mb"), budget["held_mb"])
+            ),
             "vs_best_dl_in_budget": by_key["vs_best_dl_in_budget"].check(
                 _ratio(mine["throughput"], budget["best_throughput"])
             ),
@@ -266,7 +290,9 @@ _MEMORY = {
 
 
 def _fastest(results: dict[str, dict[str, Any]], configs: tuple[str, ...]) -> str | None:
-    return max((c for c in configs if c in results), key=lambda c: results[c]["throughput"], default=None)
+    return max(
+        (c for c in configs if c in results), key=lambda c: results[c]["throughput"], default=None
+    )
 
 
 def _zero_knob_checks(
@@ -293,7 +319,9 @@ def _zero_knob_checks(
         "converge_s": mine.get("converge_s"),
     }
     for key, figure in _MEMORY.items():
-        ratios[key] = _ratio(mine.get(figure), memory_at[figure].get(workers) if workers is not None else None)
+        ratios[key] = _ratio(
+            mine.get(figure), memory_at[figure].get(workers) if workers is not None else None
+        )
     floor_ratio = noise["ratio"] if noise is not None else None
     out = {t.key: t.check(ratios[t.key], floor_ratio if t.key in FLOORED else None) for t in wanted}
     out["vs_best_of_any"]["against"] = best
@@ -315,8 +343,11 @@ def placements(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
             continue
         mine = results[config]
         runs = mine.get("runs") or [mine]
-        out[config] = {"runs": [_where(run) for run in runs], "epochs": mine.get("epoch_executors"),
-                       "policy": mine.get("placement")}  # fmt: skip
+        out[config] = {
+            "runs": [_where(run) for run in runs],
+            "epochs": mine.get("epoch_executors"),
+            "policy": mine.get("placement"),
+        }
     return out
 
 
@@ -332,13 +363,21 @@ def _image_checks(name: str, results: dict[str, dict[str, Any]]) -> dict[str, di
     by_key = {t.key: t for t in TARGETS}
     ratios = {
         "image_vs_tfdata_native": _ratio(mine["throughput"], native.get("throughput")),
-        "image_cpu_vs_tfdata_native": _ratio(mine.get("cpu_s_per_item"), native.get("cpu_s_per_item")),
+        "image_cpu_vs_tfdata_native": _ratio(
+            mine.get("cpu_s_per_item"), native.get("cpu_s_per_item")
+        ),
         "image_peak_vs_dataloader_best": _ratio(
             mine.get("peak_held_mb"), results.get(BASELINE, {}).get("peak_held_mb")
         ),
-        "image_pss_vs_dataloader_best": _ratio(mine.get("end_pss_mb"), results.get(BASELINE, {}).get("end_pss_mb")),
-        "image_held_vs_dataloader_best": _ratio(mine.get("end_held_mb"), results.get(BASELINE, {}).get("end_held_mb")),
-        "image_vs_ffcv_best": _ratio(mine["throughput"], results.get(FFCV_BEST, {}).get("throughput")),
+        "image_pss_vs_dataloader_best": _ratio(
+            mine.get("end_pss_mb"), results.get(BASELINE, {}).get("end_pss_mb")
+        ),
+        "image_held_vs_dataloader_best": _ratio(
+            mine.get("end_held_mb"), results.get(BASELINE, {}).get("end_held_mb")
+        ),
+        "image_vs_ffcv_best": _ratio(
+            mine["throughput"], results.get(FFCV_BEST, {}).get("throughput")
+        ),
     }
     keys = [k for k in IMAGE_KEYS if k != "image_vs_ffcv_best" or name == "jpeg"]
     return {key: by_key[key].check(ratios[key]) for key in keys}
@@ -357,8 +396,12 @@ def train_checks(
     native = results.get(TFDATA_NATIVE, {})
     ratios = {
         "train_vs_tfdata_native": _ratio(mine.get("throughput"), native.get("throughput")),
-        "train_cpu_vs_tfdata_native": _ratio(mine.get("cpu_s_per_item"), native.get("cpu_s_per_item")),
-        "train_vs_ffcv_best": _ratio(mine.get("throughput"), results.get(FFCV_BEST, {}).get("throughput")),
+        "train_cpu_vs_tfdata_native": _ratio(
+            mine.get("cpu_s_per_item"), native.get("cpu_s_per_item")
+        ),
+        "train_vs_ffcv_best": _ratio(
+            mine.get("throughput"), results.get(FFCV_BEST, {}).get("throughput")
+        ),
         "train_vs_dataloader_auto": _ratio(mine.get("throughput"), auto.get("throughput")),
         TRAIN_AUTO_KEY: _ratio(auto.get("throughput"), results.get(BASELINE, {}).get("throughput")),
     }
@@ -389,7 +432,11 @@ def _cell(check: dict[str, Any] | None) -> str:
 def reported(report: dict[str, Any]) -> list[Target]:
     """The targets some row of ``report`` was checked against, in ``TARGETS``' order: a table's
     columns (a run of the default workloads has no training-transform checks, and the reverse)."""
-    checked = [checks for entry in report["workloads"].values() for checks in entry.get("targets", {}).values()]
+    checked = [
+        checks
+        for entry in report["workloads"].values()
+        for checks in entry.get("targets", {}).values()
+    ]
     keys = {key for checks in checked for key in checks}
     return [t for t in TARGETS if t.key in keys]
 
@@ -398,9 +445,11 @@ def format_targets(report: dict[str, Any]) -> str:
     """The printed check: one row per workload and zero-knob configuration, and a count of misses."""
     shown = reported(report)
     headings = [t.heading() for t in shown]
-    lines = ["targets of zero-knob torchpipe (ok: met, MISS: not met, -: not measured; a check with a floor "
-             "misses only below it too)",
-             f"{'workload':<10} {'config':<25} " + " ".join(f"{h:>22}" for h in headings)]  # fmt: skip
+    lines = [
+        "targets of zero-knob torchpipe (ok: met, MISS: not met, -: not measured; a check with a floor "
+        "misses only below it too)",
+        f"{'workload':<10} {'config':<25} " + " ".join(f"{h:>22}" for h in headings),
+    ]
     met = missed = 0
     misses = []
     for name, entry in report["workloads"].items():
@@ -412,14 +461,21 @@ def format_targets(report: dict[str, Any]) -> str:
                 if check["met"] is False:
                     missed += 1
                     misses.append(f"{name}/{config} {key}")
-    lines.append(f"{met} targets met, {missed} missed" + (f": {', '.join(misses)}" if misses else ""))
-    ran = [f"  {name}/{config}: {describe(found)}" for name, entry in report["workloads"].items()
-           for config, found in entry.get("placement", {}).items()]  # fmt: skip
+    lines.append(
+        f"{met} targets met, {missed} missed" + (f": {', '.join(misses)}" if misses else "")
+    )
+    ran = [
+        f"  {name}/{config}: {describe(found)}"
+        for name, entry in report["workloads"].items()
+        for config, found in entry.get("placement", {}).items()
+    ]
     if ran:
         lines += ["where the zero-knob rows ran, and what their policy measured:", *ran]
     noisy = _noisy(report)
     if noisy:
-        lines.append(f"measured while other processes took {NOISY:.0%} or more of the cores: {', '.join(noisy)}")
+        lines.append(
+            f"measured while other processes took {NOISY:.0%} or more of the cores: {', '.join(noisy)}"
+        )
     return "\n".join(lines)
 
 
@@ -434,26 +490,37 @@ def describe(found: dict[str, Any]) -> str:
     if found.get("epochs"):
         parts.append(f"epochs: {', '.join(_where_words(e) for e in found['epochs'])}")
     if policy.get("self_s") is not None:
-        parts.append(f"{policy.get('stage')}: {policy['self_s'] * 1e3:.3g} ms of its own an element")
+        parts.append(
+            f"{policy.get('stage')}: {policy['self_s'] * 1e3:.3g} ms of its own an element"
+        )
     if "measured" in policy:
         parts.append(f"executors measured: {', '.join(policy['measured']) or 'none yet'}")
     measured = policy.get("policy") or {}
     if measured.get("costs"):
         c = measured["costs"]
-        parts.append(f"a call {c['call_s'] * 1e3:.3g} ms ({c['cpu_s'] * 1e3:.3g} CPU, {c['gil_free']:.0%} GIL-free), "
-                     f"{c['nbytes'] / 1e3:.4g} kB to move at {c['move_s'] * 1e3:.3g} ms")  # fmt: skip
+        parts.append(
+            f"a call {c['call_s'] * 1e3:.3g} ms ({c['cpu_s'] * 1e3:.3g} CPU, {c['gil_free']:.0%} GIL-free), "
+            f"{c['nbytes'] / 1e3:.4g} kB to move at {c['move_s'] * 1e3:.3g} ms"
+        )
     if measured.get("measured_s"):
-        parts.append("per element " + ", ".join(f"{k} {v * 1e3:.3g} ms" for k, v in measured["measured_s"].items()))
+        parts.append(
+            "per element "
+            + ", ".join(f"{k} {v * 1e3:.3g} ms" for k, v in measured["measured_s"].items())
+        )
     if policy.get("not_on_threads"):
         parts.append(f"not on threads: {policy['not_on_threads']}")
     if policy.get("knobs"):
         parts.append("knobs " + ", ".join(f"{k}={v}" for k, v in policy["knobs"].items()))
     tuned = policy.get("autotune")
     if tuned:
-        parts.append(f"autotune {tuned['rounds']} rounds, measured {tuned['throughput']:.4g}/s, "
-                     f"model {tuned['predicted']:.4g}/s")  # fmt: skip
+        parts.append(
+            f"autotune {tuned['rounds']} rounds, measured {tuned['throughput']:.4g}/s, "
+            f"model {tuned['predicted']:.4g}/s"
+        )
     if policy.get("bottleneck"):
-        parts.append(f"bottleneck {policy['bottleneck']}, loop waited {policy.get('waiting') or 0:.0%}")
+        parts.append(
+            f"bottleneck {policy['bottleneck']}, loop waited {policy.get('waiting') or 0:.0%}"
+        )
     return "; ".join(parts)
 
 

@@ -63,19 +63,41 @@ def configs(work: wl.Workload, quick: bool) -> list[peer_items.PeerConfig]:
     for function in ("py_function", "numpy_function"):
         counts = threads if not quick else threads[-1:] if function == "numpy_function" else []
         for calls in [None, *counts]:
-            knobs = {"function": function, "num_parallel_calls": "AUTOTUNE" if calls is None else calls}
+            knobs = {
+                "function": function,
+                "num_parallel_calls": "AUTOTUNE" if calls is None else calls,
+            }
             zero_knob = function == "py_function" and calls is None
             build = partial(_python, items, function, calls)
-            out.append(peer_items.PeerConfig(knobs, partial(peer_items.one_pass, build), epochs=build,
-                                             name="tfdata_autotune" if zero_knob else None))  # fmt: skip
+            out.append(
+                peer_items.PeerConfig(
+                    knobs,
+                    partial(peer_items.one_pass, build),
+                    epochs=build,
+                    name="tfdata_autotune" if zero_knob else None,
+                )
+            )
     if work.name == "cache":
         once = _Once(lambda: _native_jpeg(work.files, work.batch_size, len(work.files), cache=True))
-        out += [peer_items.PeerConfig({"num_parallel_calls": "AUTOTUNE", "cache": "after decode"}, once, name=name,
-                                 in_best=False) for name in CACHE_EPOCHS]  # fmt: skip
+        out += [
+            peer_items.PeerConfig(
+                {"num_parallel_calls": "AUTOTUNE", "cache": "after decode"},
+                once,
+                name=name,
+                in_best=False,
+            )
+            for name in CACHE_EPOCHS
+        ]
     elif work.name in _NATIVE:
         build = _NATIVE[work.name]
-        out.append(peer_items.PeerConfig({"num_parallel_calls": "AUTOTUNE", "ops": "TensorFlow's"},
-                                    partial(_native, build, work), name=NATIVE, in_best=False))  # fmt: skip
+        out.append(
+            peer_items.PeerConfig(
+                {"num_parallel_calls": "AUTOTUNE", "ops": "TensorFlow's"},
+                partial(_native, build, work),
+                name=NATIVE,
+                in_best=False,
+            )
+        )
     return out
 
 
@@ -153,7 +175,9 @@ def _python(items: peer_items.Items, function: str, parallel: int | None) -> pee
         ds = ds.unbatch()
     if items.collate is wl.pad_collate:
         # pad_collate's (padded ids, lengths), from each sequence and its length
-        ds = ds.map(lambda ids: (ids, tf.shape(ids, out_type=tf.int64)[0])).padded_batch(items.batch_size)
+        ds = ds.map(lambda ids: (ids, tf.shape(ids, out_type=tf.int64)[0])).padded_batch(
+            items.batch_size
+        )
     elif items.collate is torch.utils.data.default_collate:
         ds = ds.batch(items.batch_size)
     else:
@@ -161,7 +185,9 @@ def _python(items: peer_items.Items, function: str, parallel: int | None) -> pee
     ds = ds.prefetch(tf.data.AUTOTUNE)
     if parallel is not None:
         options = tf.data.Options()
-        options.threading.private_threadpool_size = parallel  # the default, a thread a core, caps calls
+        options.threading.private_threadpool_size = (
+            parallel  # the default, a thread a core, caps calls
+        )
         ds = ds.with_options(options)
     return peer_items.PeerEpochs(partial(_iterate, ds))
 
@@ -205,9 +231,13 @@ def _native_jpeg(files: list[str], batch: int, length: int, cache: bool = False)
     ds = tf.data.Dataset.range(length)
     if cache:
         ds = ds.map(lambda i: _decode(tf, paths, i), num_parallel_calls=tf.data.AUTOTUNE).cache()
-        ds = ds.map(lambda image, label: _augment(tf, image, label), num_parallel_calls=tf.data.AUTOTUNE)
+        ds = ds.map(
+            lambda image, label: _augment(tf, image, label), num_parallel_calls=tf.data.AUTOTUNE
+        )
     else:
-        ds = ds.map(lambda i: _augment(tf, *_decode(tf, paths, i)), num_parallel_calls=tf.data.AUTOTUNE)
+        ds = ds.map(
+            lambda i: _augment(tf, *_decode(tf, paths, i)), num_parallel_calls=tf.data.AUTOTUNE
+        )
     return ds.batch(batch).prefetch(tf.data.AUTOTUNE)
 
 
@@ -238,15 +268,19 @@ def _tiny(work: wl.Workload) -> Any:
 def _tfrecord(work: wl.Workload) -> Any:
     """Issue #22's seed pipeline: shards interleaved 8 at a time, parsed, decoded, cropped."""
     tf = import_tensorflow()
-    spec = {"image": tf.io.FixedLenFeature([], tf.string), "label": tf.io.FixedLenFeature([], tf.int64)}
+    spec = {
+        "image": tf.io.FixedLenFeature([], tf.string),
+        "label": tf.io.FixedLenFeature([], tf.int64),
+    }
 
     def parse(record: Any) -> Any:
         parsed = tf.io.parse_single_example(record, spec)
         return _augment(tf, tf.io.decode_jpeg(parsed["image"], channels=3), parsed["label"])
 
     files = tf.data.Dataset.from_tensor_slices(work.files).repeat()
-    records = files.interleave(tf.data.TFRecordDataset, cycle_length=CYCLE,
-                               num_parallel_calls=tf.data.AUTOTUNE)  # fmt: skip
+    records = files.interleave(
+        tf.data.TFRecordDataset, cycle_length=CYCLE, num_parallel_calls=tf.data.AUTOTUNE
+    )
     ds = records.map(parse, num_parallel_calls=tf.data.AUTOTUNE)
     return ds.batch(work.batch_size).prefetch(tf.data.AUTOTUNE)
 

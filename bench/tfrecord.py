@@ -41,7 +41,11 @@ def _write_shards(directory: Path, jpegs: list[str]) -> None:
     for k in range(SHARDS):
         with tp.io.TFRecordWriter(directory / f"train-{k:05d}-of-{SHARDS:05d}.tfrecord") as writer:
             for i in range(k, len(jpegs), SHARDS):
-                writer.write(tp.io.serialize_example({"image": Path(jpegs[i]).read_bytes(), "label": i % 1000}))
+                writer.write(
+                    tp.io.serialize_example(
+                        {"image": Path(jpegs[i]).read_bytes(), "label": i % 1000}
+                    )
+                )
 
 
 class ParseDecodeCrop:
@@ -94,8 +98,10 @@ def raw_read_gbps(paths: list[str], seconds: float) -> dict[str, float]:
 
         return round(_best_rate(once, seconds), 2)
 
-    return {"reader": rate(lambda: tp.TFRecordDataset(paths).with_options(alone)),
-            "batched": rate(lambda: tp.TFRecordDataset(paths).batch(64))}  # fmt: skip
+    return {
+        "reader": rate(lambda: tp.TFRecordDataset(paths).with_options(alone)),
+        "batched": rate(lambda: tp.TFRecordDataset(paths).batch(64)),
+    }
 
 
 def cat_gbps(paths: list[str], seconds: float) -> float:
@@ -127,8 +133,15 @@ def tfrecord(sizes: wl.Sizes, quick: bool) -> wl.Workload:
     paths = tfrecord_shards(sizes.jpeg_files)
     pattern = str(Path(paths[0]).parent / "train-*.tfrecord")
     records = tp.io.TFRecordRecords(paths)
-    work = wl.Workload("tfrecord", "img/s", 64, wl.Mapped(RecordSample(records), 10**7), pipeline_builder(pattern),
-                       wl._count_items, wl._map_grid())  # fmt: skip
+    work = wl.Workload(
+        "tfrecord",
+        "img/s",
+        64,
+        wl.Mapped(RecordSample(records), 10**7),
+        pipeline_builder(pattern),
+        wl._count_items,
+        wl._map_grid(),
+    )
     wl._set_core_limit(work, RecordSample(records), sizes.limit_s)
     work.files = paths
     raw = raw_read_gbps(paths, sizes.limit_s)

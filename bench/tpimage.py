@@ -38,7 +38,9 @@ class JpegItem:
         self.paths = paths
 
     def __call__(self, i: int) -> tuple[torch.Tensor, int]:
-        return crop_and_flip(tp.image.decode_jpeg(self.paths[i % len(self.paths)], fast_dct=True)), i % 1000
+        return crop_and_flip(
+            tp.image.decode_jpeg(self.paths[i % len(self.paths)], fast_dct=True)
+        ), i % 1000
 
 
 def parse_decode_crop(record: bytes) -> tuple[torch.Tensor, int]:
@@ -54,11 +56,16 @@ def jpeg_pipeline(paths: list[str]) -> tp.Dataset:
 def tfrecord_pipeline(paths: list[str]) -> tp.Dataset:
     """The seed pipeline with ``tp.image``: shards interleaved 8 at a time, parsed, decoded, cropped."""
     files = tp.from_iterable(paths).repeat()
-    records = files.interleave(tp.TFRecordDataset, cycle_length=tfrecord.CYCLE, num_parallel_calls=tp.AUTOTUNE)
+    records = files.interleave(
+        tp.TFRecordDataset, cycle_length=tfrecord.CYCLE, num_parallel_calls=tp.AUTOTUNE
+    )
     return records.map(parse_decode_crop, num_parallel_calls=tp.AUTOTUNE)
 
 
-PIPELINES: dict[str, Callable[[list[str]], tp.Dataset]] = {"jpeg": jpeg_pipeline, "tfrecord": tfrecord_pipeline}
+PIPELINES: dict[str, Callable[[list[str]], tp.Dataset]] = {
+    "jpeg": jpeg_pipeline,
+    "tfrecord": tfrecord_pipeline,
+}
 """The workloads with a ``tp.image`` configuration: the unbatched pipeline over ``work.files``."""
 
 

@@ -56,14 +56,19 @@ def _untraced_next(self: base.Iterator) -> object:
 
 PIPELINES: dict[str, Callable[[int], tp.Dataset]] = {
     "inline": lambda n: (
-        tp.range(n).map(tiny).batch(256).with_options(tp.Options(optimizations={"inject_prefetch": False}))
+        tp.range(n)
+        .map(tiny)
+        .batch(256)
+        .with_options(tp.Options(optimizations={"inject_prefetch": False}))
     ),
     "auto": lambda n: tp.from_dataset(range(n)).map(tiny, tp.AUTOTUNE).batch(256),
 }
 
 
 def _run(ds: tp.Dataset, arm: str) -> float:
-    options = {"untraced code": False, "trace off": False, "trace on": True, "trace all": "all"}[arm]
+    options = {"untraced code": False, "trace off": False, "trace on": True, "trace all": "all"}[
+        arm
+    ]
     shipped = base.Iterator.__next__
     if arm == "untraced code":
         base.Iterator.__next__ = _untraced_next
@@ -85,24 +90,36 @@ def measure(name: str, elements: int, rounds: int) -> dict[str, Any]:
         for arm in order:
             seconds[arm].append(_run(ds, arm))
     base_s = seconds["untraced code"]
-    result = {"elements": elements, "rounds": rounds,
-              "elements_per_s": {arm: elements / statistics.median(s) for arm, s in seconds.items()},
-              "overhead": {arm: statistics.median(a / b - 1.0 for a, b in zip(s, base_s))
-                           for arm, s in seconds.items() if arm != "untraced code"}}  # fmt: skip
+    result = {
+        "elements": elements,
+        "rounds": rounds,
+        "elements_per_s": {arm: elements / statistics.median(s) for arm, s in seconds.items()},
+        "overhead": {
+            arm: statistics.median(a / b - 1.0 for a, b in zip(s, base_s))
+            for arm, s in seconds.items()
+            if arm != "untraced code"
+        },
+    }
     rates = ", ".join(f"{arm} {rate:,.0f}/s" for arm, rate in result["elements_per_s"].items())
     costs = ", ".join(f"{arm} {cost:+.1%}" for arm, cost in result["overhead"].items())
-    print(f"tiny {name}: {rates}\n  overhead against the untraced code (median of {rounds} rounds): {costs}")
+    print(
+        f"tiny {name}: {rates}\n  overhead against the untraced code (median of {rounds} rounds): {costs}"
+    )
     return result
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--elements", type=int, default=200_000)
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--pipelines", default="inline,auto")
     parser.add_argument("--json")
     args = parser.parse_args()
-    results = {name: measure(name, args.elements, args.rounds) for name in args.pipelines.split(",")}
+    results = {
+        name: measure(name, args.elements, args.rounds) for name in args.pipelines.split(",")
+    }
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

@@ -59,7 +59,9 @@ SCALE, RATIO = (0.08, 1.0), (3 / 4, 4 / 3)
 WORKLOADS = ("jpeg", "tfrecord")
 SHARDS = 8
 CYCLE = 8
-EPOCH = 1_281_167  # items in one epoch of the DataLoader rows (ImageNet's training set): files repeated
+EPOCH = (
+    1_281_167  # items in one epoch of the DataLoader rows (ImageNet's training set): files repeated
+)
 TORCH_WORKERS = (2, 4)
 
 
@@ -71,7 +73,9 @@ def tfrecord_shards(files: list[str]) -> list[str]:
     """``SHARDS`` TFRecord files of Examples ``{image: JPEG bytes, label: int}`` of ``files``."""
     from bench.tfrecord import _write_shards
 
-    root = data._materialize(f"tfrecord-photo-v1-{len(files)}", lambda tmp: _write_shards(tmp, files))
+    root = data._materialize(
+        f"tfrecord-photo-v1-{len(files)}", lambda tmp: _write_shards(tmp, files)
+    )
     return sorted(str(p) for p in root.glob("*.tfrecord"))
 
 
@@ -105,16 +109,26 @@ def tpimage_items(workload: str, files: list[str], fused: bool = True) -> tp.Dat
     shards (``tfrecord``) through the training transform (``fused=False``: the separate ops)."""
     if workload == "jpeg":
         ds = tp.from_tensor_slices((files, labels_of(len(files)))).repeat().shuffle(len(files))
-        return ds.map(train_sample if fused else unfused_train_sample, num_parallel_calls=tp.AUTOTUNE)
+        return ds.map(
+            train_sample if fused else unfused_train_sample, num_parallel_calls=tp.AUTOTUNE
+        )
     shards = tp.from_tensor_slices(tfrecord_shards(files)).repeat()
-    records = shards.interleave(tp.TFRecordDataset, cycle_length=CYCLE, num_parallel_calls=tp.AUTOTUNE)
-    return records.map(parse_train_sample if fused else parse_unfused_train_sample, num_parallel_calls=tp.AUTOTUNE)
+    records = shards.interleave(
+        tp.TFRecordDataset, cycle_length=CYCLE, num_parallel_calls=tp.AUTOTUNE
+    )
+    return records.map(
+        parse_train_sample if fused else parse_unfused_train_sample, num_parallel_calls=tp.AUTOTUNE
+    )
 
 
 def tpimage(workload: str, files: list[str], batch_size: int, fused: bool = True) -> Iterable[Any]:
     """``torchpipe_tpimage``: the DSL pipeline docs/image.md shows (``_unfused``: with the
     separate ops)."""
-    ds = tpimage_items(workload, files, fused).batch(batch_size, drop_remainder=True).prefetch(tp.AUTOTUNE)
+    ds = (
+        tpimage_items(workload, files, fused)
+        .batch(batch_size, drop_remainder=True)
+        .prefetch(tp.AUTOTUNE)
+    )
     return ds.with_options(tp.Options(seed=0))
 
 
@@ -130,7 +144,9 @@ class PillowTrainTransform:
 
         seed = int(torch.randint(0, 2**62, (), dtype=torch.int64))
         rng = np.random.default_rng(seed)
-        top, left, h, w = tp.image.random_resized_crop_window(image.height, image.width, SCALE, RATIO, rng)
+        top, left, h, w = tp.image.random_resized_crop_window(
+            image.height, image.width, SCALE, RATIO, rng
+        )
         crop = image.crop((left, top, left + w, top + h)).resize((SIZE, SIZE), Image.BILINEAR)
         if torch.rand(1).item() < 0.5:
             crop = crop.transpose(Image.FLIP_LEFT_RIGHT)
@@ -225,7 +241,11 @@ def torch_dataloader(files: list[str], batch_size: int, workers: int) -> Iterabl
 def tp_dataloader(files: list[str], batch_size: int) -> Iterable[Any]:
     """``tp_dataloader_auto``."""
     return tp.DataLoader(
-        tp_image_folder(files), batch_size=batch_size, shuffle=True, num_workers="auto", drop_last=True
+        tp_image_folder(files),
+        batch_size=batch_size,
+        shuffle=True,
+        num_workers="auto",
+        drop_last=True,
     )
 
 
@@ -266,19 +286,29 @@ def tf_dataset(workload: str, files: list[str], batch_size: int) -> Any:
     everywhere, over the photos (``jpeg``) or their TFRecord shards (``tfrecord``)."""
     tf = _tf()
     if workload == "jpeg":
-        ds = tf.data.Dataset.from_tensor_slices((files, labels_of(len(files)))).repeat().shuffle(len(files))
+        ds = (
+            tf.data.Dataset.from_tensor_slices((files, labels_of(len(files))))
+            .repeat()
+            .shuffle(len(files))
+        )
         ds = ds.map(
-            lambda path, label: tf_train_sample(tf, tf.io.read_file(path), label), num_parallel_calls=tf.data.AUTOTUNE
+            lambda path, label: tf_train_sample(tf, tf.io.read_file(path), label),
+            num_parallel_calls=tf.data.AUTOTUNE,
         )
     else:
-        spec = {"image": tf.io.FixedLenFeature([], tf.string), "label": tf.io.FixedLenFeature([], tf.int64)}
+        spec = {
+            "image": tf.io.FixedLenFeature([], tf.string),
+            "label": tf.io.FixedLenFeature([], tf.int64),
+        }
 
         def parse(record: Any) -> Any:
             parsed = tf.io.parse_single_example(record, spec)
             return tf_train_sample(tf, parsed["image"], parsed["label"])
 
         shards = tf.data.Dataset.from_tensor_slices(tfrecord_shards(files)).repeat()
-        records = shards.interleave(tf.data.TFRecordDataset, cycle_length=CYCLE, num_parallel_calls=tf.data.AUTOTUNE)
+        records = shards.interleave(
+            tf.data.TFRecordDataset, cycle_length=CYCLE, num_parallel_calls=tf.data.AUTOTUNE
+        )
         ds = records.map(parse, num_parallel_calls=tf.data.AUTOTUNE)
     return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
@@ -378,11 +408,19 @@ def measure(it: Iterator[Any], count: int) -> dict[str, float]:
 def check_batch(batch: Any, batch_size: int, dtype: torch.dtype = torch.float32) -> None:
     """Raise unless ``batch`` is (images [batch_size, 3, 224, 224] of ``dtype``, labels)."""
     images, labels = batch[0], batch[1]
-    if tuple(images.shape) != (batch_size, 3, SIZE, SIZE) or images.dtype != dtype or len(labels) != batch_size:
-        raise AssertionError(f"unexpected batch: {images.dtype} {tuple(images.shape)}, {len(labels)} labels")
+    if (
+        tuple(images.shape) != (batch_size, 3, SIZE, SIZE)
+        or images.dtype != dtype
+        or len(labels) != batch_size
+    ):
+        raise AssertionError(
+            f"unexpected batch: {images.dtype} {tuple(images.shape)}, {len(labels)} labels"
+        )
 
 
-def run_one(row: str, workload: str, files: int, batch_size: int, warmup: int, count: int) -> dict[str, Any]:
+def run_one(
+    row: str, workload: str, files: int, batch_size: int, warmup: int, count: int
+) -> dict[str, Any]:
     """One configuration measured in this process (a fresh one: ``--one``)."""
     why = missing(row)
     if why is not None:
@@ -447,15 +485,23 @@ def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
 def table(workload: str, rows: dict[str, dict[str, Any]]) -> str:
     """A markdown table: each row's images a second, CPU an image, and ratios to the peers."""
     tf = rows.get("tfdata_native", {}).get("img_s")
-    torch_best = max((r["img_s"] for n, r in rows.items() if n.startswith("torch_") and "img_s" in r), default=None)
-    lines = [f"| {workload} | img/s | CPU ms/img | vs tfdata_native | vs torch best |", "|---|---|---|---|---|"]
+    torch_best = max(
+        (r["img_s"] for n, r in rows.items() if n.startswith("torch_") and "img_s" in r),
+        default=None,
+    )
+    lines = [
+        f"| {workload} | img/s | CPU ms/img | vs tfdata_native | vs torch best |",
+        "|---|---|---|---|---|",
+    ]
     for name, r in rows.items():
         if "img_s" not in r:
             lines.append(f"| {name} | not run: {r.get('not_run') or r.get('error')} | | | |")
             continue
         ratio = [f"{r['img_s'] / ref:.2f}x" if ref else "-" for ref in (tf, torch_best)]
         spread = f" (spread {r['spread']:.0%})" if "spread" in r else ""
-        lines.append(f"| {name} | {r['img_s']:.0f}{spread} | {r['cpu_ms']:.2f} | {ratio[0]} | {ratio[1]} |")
+        lines.append(
+            f"| {name} | {r['img_s']:.0f}{spread} | {r['cpu_ms']:.2f} | {ratio[0]} | {ratio[1]} |"
+        )
     return "\n".join(lines)
 
 
@@ -465,13 +511,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--files", type=int, help="photo JPEGs (default 2048; quick 512)")
     parser.add_argument("--batches", type=int, help="batches timed per run (default 40; quick 15)")
-    parser.add_argument("--warmup", type=int, default=4, help="batches before the timed ones (at least 1)")
+    parser.add_argument(
+        "--warmup", type=int, default=4, help="batches before the timed ones (at least 1)"
+    )
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--workload", choices=WORKLOADS, action="append", help="default: both")
     parser.add_argument("--rows", nargs="*", help="only these rows")
     parser.add_argument("--timeout", type=float, default=600, help="seconds a run may take")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # a row, measured in this process
-    parser.add_argument("--decode", action="store_true", help="measure the decode alone (bench/partial_decode.py)")
+    parser.add_argument(
+        "--decode", action="store_true", help="measure the decode alone (bench/partial_decode.py)"
+    )
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
     args.files = args.files or (512 if args.quick else 2048)
@@ -483,7 +533,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.one:
         workload = (args.workload or ["jpeg"])[0]
-        print(json.dumps(run_one(args.one, workload, args.files, args.batch_size, args.warmup, args.batches)))
+        print(
+            json.dumps(
+                run_one(args.one, workload, args.files, args.batch_size, args.warmup, args.batches)
+            )
+        )
         return
     if args.decode:
         from bench import partial_decode

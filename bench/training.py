@@ -47,7 +47,9 @@ def _pipeline(kind: str) -> Callable[[list[str]], tp.Dataset]:
     return build
 
 
-PIPELINES: dict[str, Callable[[list[str]], tp.Dataset]] = {name: _pipeline(kind) for name, kind in KINDS.items()}
+PIPELINES: dict[str, Callable[[list[str]], tp.Dataset]] = {
+    name: _pipeline(kind) for name, kind in KINDS.items()
+}
 """``torchpipe_tpimage``'s unbatched pipeline over ``work.files`` (the photos) by workload
 (``bench/tpimage.py``'s ``batched`` batches and prefetches it)."""
 
@@ -70,7 +72,9 @@ def _workload(name: str, sizes: wl.Sizes, items: tuple[Any, Any], files: list[st
     pillow, tp_image = items
     length = wl.TIMED_ELEMENTS
     pipeline = wl._mapped_pipeline(pillow, length)
-    work = wl.Workload(name, "img/s", 64, wl.Mapped(pillow, length), pipeline, wl._count_items, wl._map_grid())
+    work = wl.Workload(
+        name, "img/s", 64, wl.Mapped(pillow, length), pipeline, wl._count_items, wl._map_grid()
+    )
     work.files = files
     work.auto_dataset = wl.Mapped(tp_image, length)
     work.not_measured = _ffcv_missing()
@@ -93,6 +97,8 @@ def train_tfrecord(sizes: wl.Sizes, quick: bool) -> wl.Workload:
     """The same transform on TFRecord shards of the same photos (the seeds' pipeline); img/s."""
     files = _photos(sizes)
     shards = tt.tfrecord_shards(files)
-    work = _workload("train_tfrecord", sizes, (tt.PillowRecordItem(shards), tt.TpImageRecordItem(shards)), files)
+    work = _workload(
+        "train_tfrecord", sizes, (tt.PillowRecordItem(shards), tt.TpImageRecordItem(shards)), files
+    )
     work.extra["shards"] = len(shards)
     return work

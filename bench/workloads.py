@@ -199,8 +199,13 @@ class Records:
         size = low + h % (high - low + 1)
         start = (h >> 8) % (len(self.pool) - size)
         tags = [_RECORD_TAGS[i % len(_RECORD_TAGS)], _RECORD_TAGS[h % len(_RECORD_TAGS)]]
-        return {"id": f"row-{i:08d}", "label": i % 1000, "features": self.features[i % len(self.features)].copy(),
-                "blob": self.pool[start : start + size], "meta": {"len": size, "tags": tags}}  # fmt: skip
+        return {
+            "id": f"row-{i:08d}",
+            "label": i % 1000,
+            "features": self.features[i % len(self.features)].copy(),
+            "blob": self.pool[start : start + size],
+            "meta": {"len": size, "tags": tags},
+        }
 
 
 BLOB_BYTES = 64 * 1024
@@ -222,9 +227,15 @@ class Blob:
         self.features = rng.standard_normal((1024, BLOB_FEATURES), dtype=np.float32)
 
     def __call__(self, i: int) -> dict[str, Any]:
-        start = ((i * 2654435761) & 0xFFFFFFFF) % (len(self.pool) - BLOB_BYTES)  # the same every run
-        return {"id": f"s{i:05d}", "features": self.features[i % len(self.features)].copy(),
-                "payload": self.pool[start : start + BLOB_BYTES], "meta": {"index": i, "split": "train"}}  # fmt: skip
+        start = ((i * 2654435761) & 0xFFFFFFFF) % (
+            len(self.pool) - BLOB_BYTES
+        )  # the same every run
+        return {
+            "id": f"s{i:05d}",
+            "features": self.features[i % len(self.features)].copy(),
+            "payload": self.pool[start : start + BLOB_BYTES],
+            "meta": {"index": i, "split": "train"},
+        }
 
 
 def pad_collate(sequences: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -384,7 +395,9 @@ def _mapped(
     count: Callable[[Any], tuple[int, float]] = _count_items,
     collate_fn: Callable[[list[Any]], Any] | None = None,
 ) -> Workload:
-    return Workload(name, unit, batch, Mapped(fn, length), _mapped_pipeline(fn, length), count, grid, collate_fn)
+    return Workload(
+        name, unit, batch, Mapped(fn, length), _mapped_pipeline(fn, length), count, grid, collate_fn
+    )
 
 
 def jpeg(sizes: Sizes, quick: bool) -> Workload:
@@ -429,9 +442,13 @@ def records(sizes: Sizes, quick: bool) -> Workload:
     ``default_collate`` and torchpipe's ``batch`` make the same dict of lists and tensors (torch
     turns the nested tag lists into tuples, torchpipe keeps them lists).
     """
-    work = _mapped("records", "rows/s", 32, Records(data.SEED), 10**7, _map_grid(inline=True), _count_rows)
+    work = _mapped(
+        "records", "rows/s", 32, Records(data.SEED), 10**7, _map_grid(inline=True), _count_rows
+    )
     _set_core_limit(work, Records(data.SEED), sizes.limit_s)
-    work.extra["item_us"] = round(item_seconds(Records(data.SEED), work.batch_size, sizes.limit_s) * 1e6, 2)
+    work.extra["item_us"] = round(
+        item_seconds(Records(data.SEED), work.batch_size, sizes.limit_s) * 1e6, 2
+    )
     return work
 
 
@@ -464,7 +481,16 @@ def blobs(sizes: Sizes, quick: bool) -> Workload:
 def text(sizes: Sizes, quick: bool) -> Workload:
     """Pure-Python tokenization, padded to the longest in the batch; batch 32; tokens/s."""
     docs, vocab = data.text_corpus(sizes.text_docs)
-    work = _mapped("text", "tokens/s", 32, Tokenize(docs, vocab), 10**7, _map_grid(), _count_tokens, pad_collate)
+    work = _mapped(
+        "text",
+        "tokens/s",
+        32,
+        Tokenize(docs, vocab),
+        10**7,
+        _map_grid(),
+        _count_tokens,
+        pad_collate,
+    )
     _set_core_limit(work, Tokenize(docs, vocab), sizes.limit_s)
     return work
 
@@ -488,9 +514,19 @@ def latency(sizes: Sizes, quick: bool) -> Workload:
     def pipeline(parallel: Any, executor: str) -> tp.Dataset:
         files = tp.from_iterable(paths).repeat()
         cycle = tp.AUTOTUNE if parallel is None else parallel
-        return files.interleave(opener, cycle_length=cycle, num_parallel_calls=parallel, executor=executor)
+        return files.interleave(
+            opener, cycle_length=cycle, num_parallel_calls=parallel, executor=executor
+        )
 
-    work = Workload("latency", "records/s", 64, Shards(paths, reader), pipeline, _count_items, latency_grid(quick))
+    work = Workload(
+        "latency",
+        "records/s",
+        64,
+        Shards(paths, reader),
+        pipeline,
+        _count_items,
+        latency_grid(quick),
+    )
     io_limit = len(paths) * RECORDS_PER_READ / LATENCY_S
     undelayed = ShardReader(0.0, RECORDS_PER_READ)
     records = itertools.chain.from_iterable(undelayed(path) for path in itertools.cycle(paths))
@@ -514,16 +550,28 @@ def cache(sizes: Sizes, quick: bool) -> Workload:
     decode = DecodeJpeg(paths)
 
     def pipeline(parallel: Any, executor: str) -> tp.Dataset:
-        decoded = tp.from_dataset(range(len(paths))).map(decode, parallel, executor=executor).cache()
+        decoded = (
+            tp.from_dataset(range(len(paths))).map(decode, parallel, executor=executor).cache()
+        )
         return decoded.map(augment, parallel, executor="thread")
 
-    work = Workload("cache", "img/s", 64, Mapped(JpegSample(paths), len(paths)), pipeline, _count_items,
-                    _map_grid(), files=paths)  # fmt: skip
+    work = Workload(
+        "cache",
+        "img/s",
+        64,
+        Mapped(JpegSample(paths), len(paths)),
+        pipeline,
+        _count_items,
+        _map_grid(),
+        files=paths,
+    )
     decoded = [decode(i) for i in range(min(len(paths), 64))]
     replay = (augment(*decoded[i % len(decoded)]) for i in range(10**9))
     rate = _inline_rate(lambda: replay, work.batch_size, work.count, sizes.limit_s)
     work.limit = rate * usable_cpu_count()
-    work.limit_note = f"one core's rate of crop, flip and collation of decoded images ({rate:.0f}) x cores"
+    work.limit_note = (
+        f"one core's rate of crop, flip and collation of decoded images ({rate:.0f}) x cores"
+    )
     return work
 
 
@@ -533,7 +581,9 @@ def _set_core_limit(work: Workload, fn: Callable[[int], Any], seconds: float) ->
     items = (fn(i) for i in range(10**9))
     rate = _inline_rate(lambda: items, work.batch_size, work.count, seconds, work.collate_fn)
     work.limit = rate * cores
-    work.limit_note = f"one core's rate of the item work and collation, no loader ({rate:.0f}) x {cores} cores"
+    work.limit_note = (
+        f"one core's rate of the item work and collation, no loader ({rate:.0f}) x {cores} cores"
+    )
 
 
 def _inline_rate(
@@ -558,7 +608,10 @@ def _inline_rate(
 
 
 def item_seconds(
-    fn: Callable[[int], Any], batch: int, seconds: float, clock: Callable[[], float] = time.perf_counter
+    fn: Callable[[int], Any],
+    batch: int,
+    seconds: float,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> float:
     """Seconds of one ``fn(i)`` on one core, ``batch`` results alive at once as in a batch being
     built (so fresh memory is paid for as a loader pays for it), no collation; best of three.

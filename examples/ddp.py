@@ -42,11 +42,15 @@ def jitter(i: int, x: torch.Tensor, y: torch.Tensor) -> tuple[int, torch.Tensor,
     return i, x + noise, y
 
 
-def train(batches, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[int, list[int]]:
+def train(
+    batches, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> tuple[int, list[int]]:
     steps, seen = 0, []
     for i, x, y in batches:
         optimizer.zero_grad()
-        torch.nn.functional.mse_loss(model(x).squeeze(1), y).backward()  # DDP all-reduces the gradients
+        torch.nn.functional.mse_loss(
+            model(x).squeeze(1), y
+        ).backward()  # DDP all-reduces the gradients
         optimizer.step()
         steps += 1
         seen += i.tolist()
@@ -67,7 +71,8 @@ def check(name: str, epoch: int, steps: int, seen: list[int], n: int) -> None:
     assert len(union) == len(set(union)), "an element reached two ranks"
     if not dist.is_initialized() or dist.get_rank() == 0:
         print(
-            f"{name} epoch {epoch}: {world} ranks x {steps} steps, {len(union)} of {n} elements, none twice", flush=True
+            f"{name} epoch {epoch}: {world} ranks x {steps} steps, {len(union)} of {n} elements, none twice",
+            flush=True,
         )
 
 
@@ -84,7 +89,12 @@ def main() -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
 
     # The single-process pipeline, unchanged: no seed, no rank, no sampler.
-    pipeline = tp.from_dataset(Points(args.elements)).shuffle(args.elements).map(jitter, num_parallel_calls=2).batch(32)
+    pipeline = (
+        tp.from_dataset(Points(args.elements))
+        .shuffle(args.elements)
+        .map(jitter, num_parallel_calls=2)
+        .batch(32)
+    )
     if not dist.is_initialized() or dist.get_rank() == 0:
         print(pipeline.explain().split("As it will run:")[0])
     for epoch in range(args.epochs):
@@ -93,8 +103,14 @@ def main() -> None:
 
     # torch's way, through tp.DataLoader: the DistributedSampler does the splitting, as in torch.
     points = Points(args.elements)
-    sampler = torch.utils.data.distributed.DistributedSampler(points, drop_last=True) if dist.is_initialized() else None
-    loader = tp.DataLoader(points, batch_size=32, sampler=sampler, shuffle=sampler is None, num_workers=2)
+    sampler = (
+        torch.utils.data.distributed.DistributedSampler(points, drop_last=True)
+        if dist.is_initialized()
+        else None
+    )
+    loader = tp.DataLoader(
+        points, batch_size=32, sampler=sampler, shuffle=sampler is None, num_workers=2
+    )
     for epoch in range(args.epochs):
         if sampler is not None:
             sampler.set_epoch(epoch)

@@ -40,7 +40,9 @@ def main() -> None:
             loss.backward()
             optimizer.step()
             correct += (logits.argmax(1) == labels).sum().item()
-        print(f"epoch {epoch}: accuracy {correct / len(loader.dataset):.3f} with {loader.num_workers} workers")
+        print(
+            f"epoch {epoch}: accuracy {correct / len(loader.dataset):.3f} with {loader.num_workers} workers"
+        )
 
 
 if __name__ == "__main__":

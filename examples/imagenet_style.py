@@ -35,8 +35,12 @@ EXTENSIONS = (".jpg", ".jpeg", ".png")
 def samples(root: str) -> list[tuple[str, int]]:
     """(path, label) for every image under ``root/<class>/``, classes numbered in sorted order."""
     classes = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
-    return [(os.path.join(root, name, f), label) for label, name in enumerate(classes)
-            for f in sorted(os.listdir(os.path.join(root, name))) if f.lower().endswith(EXTENSIONS)]  # fmt: skip
+    return [
+        (os.path.join(root, name, f), label)
+        for label, name in enumerate(classes)
+        for f in sorted(os.listdir(os.path.join(root, name)))
+        if f.lower().endswith(EXTENSIONS)
+    ]
 
 
 def make_folder(root: str, classes: int = 4, per_class: int = 48) -> None:
@@ -51,7 +55,9 @@ def make_folder(root: str, classes: int = 4, per_class: int = 48) -> None:
             image = Image.fromarray(coarse).resize((w, h), Image.BICUBIC)
             kind = i % 8
             params = {"quality": 90, "progressive": kind == 3}
-            image = image.convert("L") if kind == 1 else image.convert("CMYK") if kind == 2 else image
+            image = (
+                image.convert("L") if kind == 1 else image.convert("CMYK") if kind == 2 else image
+            )
             image.save(os.path.join(root, f"class{c}", f"{i:04d}.jpg"), **params)
 
 
@@ -89,11 +95,19 @@ def pipeline(root: str, batch_size: int) -> tp.Dataset:
 def model(classes: int) -> torch.nn.Module:
     """Small on purpose: the input pipeline is what this example is about."""
     nn = torch.nn
-    return nn.Sequential(nn.AvgPool2d(8), nn.Conv2d(3, 16, 3, stride=2), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
-                         nn.Flatten(), nn.Linear(16, classes))  # fmt: skip
+    return nn.Sequential(
+        nn.AvgPool2d(8),
+        nn.Conv2d(3, 16, 3, stride=2),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(16, classes),
+    )
 
 
-def train(batches: Iterable[tuple[torch.Tensor, torch.Tensor]], steps: int, classes: int) -> tuple[int, float]:
+def train(
+    batches: Iterable[tuple[torch.Tensor, torch.Tensor]], steps: int, classes: int
+) -> tuple[int, float]:
     net = model(classes)
     optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
     images, start = 0, time.perf_counter()
@@ -113,7 +127,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--root", help="an ImageFolder directory; default: a synthetic one")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--loader", action="store_true", help="tp.DataLoader(num_workers='auto') over a Dataset")
+    parser.add_argument(
+        "--loader", action="store_true", help="tp.DataLoader(num_workers='auto') over a Dataset"
+    )
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         root = args.root
@@ -122,8 +138,14 @@ def main(argv: list[str] | None = None) -> None:
             make_folder(root)
         classes = len({label for _, label in samples(root)})
         if args.loader:
-            loader = tp.DataLoader(ImageFolder(root), batch_size=args.batch_size, shuffle=True, drop_last=True,
-                                   num_workers="auto", persistent_workers=True)  # fmt: skip
+            loader = tp.DataLoader(
+                ImageFolder(root),
+                batch_size=args.batch_size,
+                shuffle=True,
+                drop_last=True,
+                num_workers="auto",
+                persistent_workers=True,
+            )
             batches = itertools.chain.from_iterable(itertools.repeat(loader))  # epoch after epoch
             images, seconds = train(batches, args.steps, classes)
             stats = loader.stats()
@@ -133,7 +155,11 @@ def main(argv: list[str] | None = None) -> None:
             stats = it.stats()
             it.close()
     work = next(s for s in stats if s["stage"].startswith(("map(", "DataLoader")))
-    where = f"{work['executor']} x{work['workers']}" if work.get("workers") else work.get("executor", "inline")
+    where = (
+        f"{work['executor']} x{work['workers']}"
+        if work.get("workers")
+        else work.get("executor", "inline")
+    )
     print(f"{images} images in {seconds:.2f} s: {images / seconds:.0f} img/s, work on {where}")
     print(f"decoded {stats.images['decoded']} images, {stats.images['fallback']} of them by Pillow")
 

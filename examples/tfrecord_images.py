@@ -40,13 +40,20 @@ def write_shards(directory: str, shards: int = 4, per_shard: int = 64) -> str:
     """Shards of Examples holding photo-like JPEGs of 256-400 px; returns their glob."""
     rng = np.random.default_rng(0)
     for k in range(shards):
-        with tp.io.TFRecordWriter(os.path.join(directory, f"train-{k:05d}-of-{shards:05d}.tfrecord")) as writer:
+        with tp.io.TFRecordWriter(
+            os.path.join(directory, f"train-{k:05d}-of-{shards:05d}.tfrecord")
+        ) as writer:
             for i in range(per_shard):
                 w, h = (int(v) for v in rng.integers(256, 401, size=2))
                 coarse = rng.integers(0, 256, size=(5, 5, 3), dtype=np.uint8)
                 encoded = io.BytesIO()
-                Image.fromarray(coarse).resize((w, h), Image.BICUBIC).save(encoded, "JPEG", quality=90)
-                example = {"image/encoded": encoded.getvalue(), "image/class/label": (k * per_shard + i) % 10}
+                Image.fromarray(coarse).resize((w, h), Image.BICUBIC).save(
+                    encoded, "JPEG", quality=90
+                )
+                example = {
+                    "image/encoded": encoded.getvalue(),
+                    "image/class/label": (k * per_shard + i) % 10,
+                }
                 writer.write(tp.io.serialize_example(example))
     return os.path.join(directory, "train-*.tfrecord")
 
@@ -83,7 +90,9 @@ def main(argv: list[str] | None = None) -> None:
                 assert x.shape[1:] == (3, CROP, CROP) and x.dtype == torch.float32
                 images += len(y)
             seconds = time.perf_counter() - start
-            print(f"epoch {epoch}: {images} images in {seconds:.2f} s ({images / seconds:.0f} img/s)")
+            print(
+                f"epoch {epoch}: {images} images in {seconds:.2f} s ({images / seconds:.0f} img/s)"
+            )
         print(it.stats())
 
 

@@ -32,11 +32,18 @@ from bench.workloads import JpegSample
 
 def run(out: str, images: int) -> None:
     paths = data.jpeg_files(256)
-    ds = (tp.from_dataset(range(images)).map(JpegSample(paths), num_parallel_calls=tp.AUTOTUNE).batch(16)
-          .prefetch(tp.AUTOTUNE).with_options(tp.Options(trace=True, seed=0)))  # fmt: skip
+    ds = (
+        tp.from_dataset(range(images))
+        .map(JpegSample(paths), num_parallel_calls=tp.AUTOTUNE)
+        .batch(16)
+        .prefetch(tp.AUTOTUNE)
+        .with_options(tp.Options(trace=True, seed=0))
+    )
     with iter(ds) as it:
         for _ in it:
-            time.sleep(0.006)  # the training step: faster than the pipeline, which is then the limit
+            time.sleep(
+                0.006
+            )  # the training step: faster than the pipeline, which is then the limit
         it.trace(os.path.join(out, "trace.json"))
         stats = it.stats()
         stats.plot(os.path.join(out, "timeline.png"))
@@ -57,8 +64,14 @@ def render_chrome_trace(trace_path: str, png_path: str) -> None:
     end = max(t + d for lane in spans.values() for t, d, _ in lane)
     height = 0.34 * len(rows) + 1.3 * len(counters) + 1.2
     ratios = [0.34 * len(rows) + 0.6] + [1.0] * len(counters)
-    fig, axes = plt.subplots(1 + len(counters), 1, sharex=True, dpi=100, figsize=(14, height),
-                             gridspec_kw={"height_ratios": ratios})  # fmt: skip
+    fig, axes = plt.subplots(
+        1 + len(counters),
+        1,
+        sharex=True,
+        dpi=100,
+        figsize=(14, height),
+        gridspec_kw={"height_ratios": ratios},
+    )
     ax = axes[0]
     palette = plt.get_cmap("tab10")
     colors: dict[str, Any] = {}
@@ -72,16 +85,27 @@ def render_chrome_trace(trace_path: str, png_path: str) -> None:
                 else colors.setdefault(name, palette(len(colors) % 10))
             )
             ax.broken_barh(
-                [(t, d)], (len(rows) - 1 - row - 0.38, 0.76), facecolors=color, edgecolors="white", linewidth=0.3
+                [(t, d)],
+                (len(rows) - 1 - row - 0.38, 0.76),
+                facecolors=color,
+                edgecolors="white",
+                linewidth=0.3,
             )
     ax.set_yticks(range(len(rows)))
-    ax.set_yticklabels([f"{processes.get(k[0], k[0])} | {names[k]}"[:90] for k in reversed(rows)], fontsize=7)
-    ax.set_title("Rendered from trace.json by examples/trace_demo.py, not a Perfetto screenshot:\n"
-                 "each thread track of the Chrome trace a row (process | thread), each complete event a bar, each "
-                 "counter a panel", fontsize=9)  # fmt: skip
+    ax.set_yticklabels(
+        [f"{processes.get(k[0], k[0])} | {names[k]}"[:90] for k in reversed(rows)], fontsize=7
+    )
+    ax.set_title(
+        "Rendered from trace.json by examples/trace_demo.py, not a Perfetto screenshot:\n"
+        "each thread track of the Chrome trace a row (process | thread), each complete event a bar, each "
+        "counter a panel",
+        fontsize=9,
+    )
     for cax, (name, points) in zip(axes[1:], sorted(counters.items())):
         points.sort()
-        cax.step([t for t, _ in points] + [end], [v for _, v in points] + [points[-1][1]], where="post")
+        cax.step(
+            [t for t, _ in points] + [end], [v for _, v in points] + [points[-1][1]], where="post"
+        )
         cax.set_ylabel(name, fontsize=7, rotation=0, ha="right")
     axes[-1].set_xlim(0, end)
     axes[-1].set_xlabel("seconds (ts / 1e6)")
@@ -109,13 +133,17 @@ def _parse(events: list[dict[str, Any]]) -> tuple[dict, dict, dict, dict, dict]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--out", default="docs/img")
     parser.add_argument("--images", type=int, default=768)
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     run(args.out, args.images)
-    render_chrome_trace(os.path.join(args.out, "trace.json"), os.path.join(args.out, "trace_rendered.png"))
+    render_chrome_trace(
+        os.path.join(args.out, "trace.json"), os.path.join(args.out, "trace_rendered.png")
+    )
     print(f"wrote {args.out}/trace.json, timeline.png and trace_rendered.png")
 
 

@@ -44,17 +44,23 @@ from bench.workloads import JpegSample, Mapped
 WARMUP_STEPS = 5
 THUMBNAIL_STRIDE = 8  # 224 px crops -> 28 px thumbnails
 WAITING_LIMIT = 0.2  # a loop that waits less than this share of its time is limited by its step
-OTHERS_LIMIT = 0.15  # other processes' share of the cores above which the comparison is not the loaders'
+OTHERS_LIMIT = (
+    0.15  # other processes' share of the cores above which the comparison is not the loaders'
+)
 SAME = 0.05  # speed-ups within 5% of 1 are "about the same" (run-to-run noise on a shared machine)
 
 
 def small_cnn(classes: int = 10) -> torch.nn.Module:
     """Two strided convolutions on a 28 px thumbnail: a step far cheaper than decoding the batch."""
     return torch.nn.Sequential(
-        torch.nn.Conv2d(3, 16, 3, stride=2, padding=1), torch.nn.ReLU(),
-        torch.nn.Conv2d(16, 32, 3, stride=2, padding=1), torch.nn.ReLU(),
-        torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(32, classes),
-    )  # fmt: skip
+        torch.nn.Conv2d(3, 16, 3, stride=2, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.Conv2d(16, 32, 3, stride=2, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(1),
+        torch.nn.Flatten(),
+        torch.nn.Linear(32, classes),
+    )
 
 
 def tree_cpu_seconds() -> float:
@@ -85,7 +91,12 @@ class Progress:
                 pass
             else:
                 self.bar = tqdm(
-                    desc=f"  {name}", total=total, unit="step", file=stream, leave=False, dynamic_ncols=True
+                    desc=f"  {name}",
+                    total=total,
+                    unit="step",
+                    file=stream,
+                    leave=False,
+                    dynamic_ncols=True,
                 )
 
     def update(self, step: int, images: int, seconds: float, waited: float) -> None:
@@ -98,7 +109,9 @@ class Progress:
             self.bar.update(step - self.bar.n)
             self.bar.set_postfix_str(rates, refresh=False)
             return
-        self.stream.write(f"\r  {self.name:<40} step {step:>4}/{self.total}  {rates}\x1b[K")  # \x1b[K: clear the rest
+        self.stream.write(
+            f"\r  {self.name:<40} step {step:>4}/{self.total}  {rates}\x1b[K"
+        )  # \x1b[K: clear the rest
         self.stream.flush()
 
     def close(self) -> None:
@@ -122,7 +135,9 @@ class Result:
     stats: Any = None  # torchpipe's loader.stats() at the end of the run, if it has one
 
 
-def step_fn(model: torch.nn.Module, device: torch.device) -> Callable[[torch.Tensor, torch.Tensor], None]:
+def step_fn(
+    model: torch.nn.Module, device: torch.device
+) -> Callable[[torch.Tensor, torch.Tensor], None]:
     """One training step on a uint8 image batch: thumbnail, forward, backward, update."""
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 
@@ -163,11 +178,15 @@ def train(loader: Any, steps: int, device: torch.device, progress: Progress) -> 
     total = time.perf_counter() - start
     capacity = total * len(cpus)
     ours, everyone = tree_cpu_seconds() - cpu0, busy_cpu_seconds(cpus) - all0
-    stats = loader.stats() if isinstance(loader, tp.DataLoader) else None  # while its iterator lives
+    stats = (
+        loader.stats() if isinstance(loader, tp.DataLoader) else None
+    )  # while its iterator lives
     del iterator  # stops the workers
     progress.close()
     others = min(1.0, max(0.0, everyone - ours) / capacity)  # /proc/stat counts in 10 ms ticks
-    return Result(images / total, waited / total, first, ours / capacity, ours / images, others, stats)
+    return Result(
+        images / total, waited / total, first, ours / capacity, ours / images, others, stats
+    )
 
 
 def describe(name: str, result: Result) -> str:
@@ -182,8 +201,10 @@ def describe(name: str, result: Result) -> str:
 def why_not_faster(ours: Result, theirs: Result, cores: int) -> str:
     """The reason, from what both runs measured, that torchpipe was not faster than a torch loader."""
     if ours.wait_fraction < WAITING_LIMIT:
-        return (f"the training step, not data, was the limit: the loop waited for data only "
-                f"{ours.wait_fraction:.0%} of its time, so a faster loader cannot make it faster")  # fmt: skip
+        return (
+            f"the training step, not data, was the limit: the loop waited for data only "
+            f"{ours.wait_fraction:.0%} of its time, so a faster loader cannot make it faster"
+        )
     if min(ours.cpu_busy, theirs.cpu_busy) >= 0.85:
         more = ours.cpu_per_image_s / theirs.cpu_per_image_s - 1
         cost = (
@@ -192,10 +213,14 @@ def why_not_faster(ours: Result, theirs: Result, cores: int) -> str:
             if more > SAME
             else "both spent the same CPU per image"
         )
-        return (f"both kept the {cores} cores busy ({theirs.cpu_busy:.0%} and {ours.cpu_busy:.0%}), so the "
-                f"cores set the pace, and {cost}")  # fmt: skip
+        return (
+            f"both kept the {cores} cores busy ({theirs.cpu_busy:.0%} and {ours.cpu_busy:.0%}), so the "
+            f"cores set the pace, and {cost}"
+        )
     stats = ours.stats
-    named = f"torchpipe's stats name {stats.bottleneck!r} as the bottleneck" if stats else "no stats"
+    named = (
+        f"torchpipe's stats name {stats.bottleneck!r} as the bottleneck" if stats else "no stats"
+    )
     return (
         f"data was the limit (the loop waited {ours.wait_fraction:.0%} of its time) with the cores "
         f"{ours.cpu_busy:.0%} busy; {named} (print(loader.stats()) shows where the time goes)"
@@ -207,8 +232,10 @@ def compare(ours: Result, theirs: Result, their_name: str, cores: int) -> str:
     speedup = ours.images_per_s / theirs.images_per_s
     line = f"  {speedup:.2f}x the images/s of {their_name}"
     others = max(ours.others_busy, theirs.others_busy)
-    shared = (f"other processes took up to {others:.0%} of the cores during these two runs: the loaders did "
-              f"not have the machine to themselves; run it again on an idle one")  # fmt: skip
+    shared = (
+        f"other processes took up to {others:.0%} of the cores during these two runs: the loaders did "
+        f"not have the machine to themselves; run it again on an idle one"
+    )
     if speedup >= 1 + SAME:
         return line + (f" ({shared})" if others >= OTHERS_LIMIT else "")
     verdict = "about the same" if speedup > 1 - SAME else "slower"
@@ -226,7 +253,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=400, help="timed training steps per loader")
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--files", type=int, default=1024, help="synthetic JPEGs to generate and train on")
+    parser.add_argument(
+        "--files", type=int, default=1024, help="synthetic JPEGs to generate and train on"
+    )
     args = parser.parse_args()
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
@@ -237,18 +266,27 @@ def main() -> None:
     cores = len(usable_cpus())
     # One epoch covers the whole run (files are reused): no epoch restarts inside the timing.
     length = (args.steps + WARMUP_STEPS + 1) * args.batch_size
-    print(f"{args.files} synthetic JPEGs in {data.cache_dir()} (made on first use, ~10 s)", flush=True)
+    print(
+        f"{args.files} synthetic JPEGs in {data.cache_dir()} (made on first use, ~10 s)", flush=True
+    )
     dataset = Mapped(JpegSample(data.jpeg_files(args.files)), length)
     common = dict(batch_size=args.batch_size, shuffle=True, drop_last=True)
     # torch's DataLoader has no device=: pinned memory is how it speeds up the copy to a GPU.
     runs = {
-        "torch DataLoader, num_workers=0": lambda: torch.utils.data.DataLoader(dataset, pin_memory=cuda, **common),
+        "torch DataLoader, num_workers=0": lambda: torch.utils.data.DataLoader(
+            dataset, pin_memory=cuda, **common
+        ),
         f"torch DataLoader, num_workers={cores}": lambda: torch.utils.data.DataLoader(
-            dataset, num_workers=cores, pin_memory=cuda, **common),
+            dataset, num_workers=cores, pin_memory=cuda, **common
+        ),
         'torchpipe.DataLoader, num_workers="auto"': lambda: tp.DataLoader(
-            dataset, num_workers="auto", device="cuda" if cuda else None, **common),
-    }  # fmt: skip
-    print(f"{args.steps} steps of batch {args.batch_size} on {device}, {cores} usable cores, per loader:", flush=True)
+            dataset, num_workers="auto", device="cuda" if cuda else None, **common
+        ),
+    }
+    print(
+        f"{args.steps} steps of batch {args.batch_size} on {device}, {cores} usable cores, per loader:",
+        flush=True,
+    )
     results = {}
     for name, make in runs.items():
         results[name] = train(make(), args.steps, device, Progress(name, args.steps))

@@ -42,22 +42,32 @@ class Cluster:
     """
 
     def __init__(self, world_size: int) -> None:
-        context = multiprocessing.get_context("spawn")  # a fresh interpreter: no state of the test process
+        context = multiprocessing.get_context(
+            "spawn"
+        )  # a fresh interpreter: no state of the test process
         self.world_size = world_size
         self._results = context.Queue()
         self._inboxes = [context.Queue() for _ in range(world_size)]
         port = free_port()
         self._processes = [
             # not daemonic: a rank starts DataLoader workers of its own
-            context.Process(target=_serve, args=(rank, world_size, port, self._inboxes[rank], self._results))
+            context.Process(
+                target=_serve, args=(rank, world_size, port, self._inboxes[rank], self._results)
+            )
             for rank in range(world_size)
         ]
         for process in self._processes:
             process.start()
         self._collect(START_S, "start")
 
-    def run(self, fn: Callable[..., Any], *args: Any, per_rank: list[tuple] | None = None, timeout: float = 30.0,
-            **kwargs: Any) -> list[Any]:  # fmt: skip
+    def run(
+        self,
+        fn: Callable[..., Any],
+        *args: Any,
+        per_rank: list[tuple] | None = None,
+        timeout: float = 30.0,
+        **kwargs: Any,
+    ) -> list[Any]:
         """``fn(*args, **kwargs)`` (or ``fn(*per_rank[rank], **kwargs)``) on every rank; the results by rank.
 
         Raises:
@@ -66,7 +76,14 @@ class Cluster:
                 is stopped.
         """
         for rank, inbox in enumerate(self._inboxes):
-            inbox.put((fn.__module__, fn.__qualname__, per_rank[rank] if per_rank is not None else args, kwargs))
+            inbox.put(
+                (
+                    fn.__module__,
+                    fn.__qualname__,
+                    per_rank[rank] if per_rank is not None else args,
+                    kwargs,
+                )
+            )
         return self._collect(timeout, fn.__qualname__)
 
     def _collect(self, timeout: float, what: str) -> list[Any]:
@@ -80,8 +97,10 @@ class Cluster:
             except queue.Empty:
                 if left <= 0 or not all(p.is_alive() for p in self._processes):
                     self.close()
-                    raise TimeoutError(f"{what}: ranks {sorted(set(range(self.world_size)) - set(results))} did not "
-                                       f"answer within {timeout:g} s (or died)") from None  # fmt: skip
+                    raise TimeoutError(
+                        f"{what}: ranks {sorted(set(range(self.world_size)) - set(results))} did not "
+                        f"answer within {timeout:g} s (or died)"
+                    ) from None
                 continue
             if ok:
                 results[rank] = value
@@ -113,8 +132,13 @@ def _serve(rank: int, world_size: int, port: int, inbox: Any, results: Any) -> N
     multiprocessing.set_start_method(None, force=True)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
-                                timeout=datetime.timedelta(seconds=START_S))  # fmt: skip
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=world_size,
+            timeout=datetime.timedelta(seconds=START_S),
+        )
         results.put((rank, True, None))
     except Exception:  # noqa: BLE001 - reported to the test
         results.put((rank, False, traceback.format_exc()))

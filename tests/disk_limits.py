@@ -62,9 +62,14 @@ class NoRoom:
         """Assert that ``error`` is the DiskFullError of ``stage`` that ran out of this room."""
         assert isinstance(error, tp.DiskFullError), f"expected a DiskFullError, got {error!r}"
         assert isinstance(error, OSError) and error.errno == self.errno
-        assert isinstance(error.__cause__, OSError) or self.kind == "fsize"  # a cause does not pickle back
+        assert (
+            isinstance(error.__cause__, OSError) or self.kind == "fsize"
+        )  # a cause does not pickle back
         assert str(error).startswith(f"{stage}: ") and error.stage == stage
-        assert f"after writing {error.written:,} bytes to {error.filename}: [Errno {self.errno}]" in str(error)
+        assert (
+            f"after writing {error.written:,} bytes to {error.filename}: [Errno {self.errno}]"
+            in str(error)
+        )
         assert error.filename.startswith(self.directory)
         return error
 
@@ -79,7 +84,9 @@ class NoRoom:
         """Give writes room again (lift the file-size limit, or make the tmpfs larger)."""
         self._limited = False
         if self.kind == "tmpfs":
-            subprocess.run(["mount", "-o", "remount,size=64m", self.directory], check=True, timeout=10)
+            subprocess.run(
+                ["mount", "-o", "remount,size=64m", self.directory], check=True, timeout=10
+            )
 
 
 def _in_limited_child(write: Callable[..., Any], args: tuple[Any, ...]) -> BaseException | None:
@@ -90,7 +97,9 @@ def _in_limited_child(write: Callable[..., Any], args: tuple[Any, ...]) -> BaseE
     sender.close()
     try:
         if not receiver.poll(_TIMEOUT_S):
-            raise AssertionError(f"the write under the file-size limit did not end within {_TIMEOUT_S} s")
+            raise AssertionError(
+                f"the write under the file-size limit did not end within {_TIMEOUT_S} s"
+            )
         outcome = pickle.loads(receiver.recv_bytes())
     finally:
         child.join(_TIMEOUT_S)
@@ -110,7 +119,9 @@ def _limited(sender: Any, write: Callable[..., Any], args: tuple[Any, ...]) -> N
     try:
         data = pickle.dumps(outcome)
     except Exception as e:  # noqa: BLE001 - an error that does not pickle is a failure too
-        data = pickle.dumps(AssertionError(f"the write raised {outcome!r}, which does not pickle: {e}"))
+        data = pickle.dumps(
+            AssertionError(f"the write raised {outcome!r}, which does not pickle: {e}")
+        )
     sender.send_bytes(data)
 
 
@@ -122,11 +133,17 @@ def no_room(request: pytest.FixtureRequest, tmp_path: Any) -> Any:
     if request.param == "fsize":
         yield NoRoom("fsize", str(directory))
         return
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(directory)],
-                             capture_output=True, text=True, timeout=10)  # fmt: skip
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(directory)],
+        capture_output=True,
+        text=True,
+        timeout=10,
+    )
     if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root and a container that allows it): "
-                    f"{mounted.stderr.strip()}")  # fmt: skip
+        pytest.skip(
+            f"cannot mount a tmpfs here (needs root and a container that allows it): "
+            f"{mounted.stderr.strip()}"
+        )
     try:
         yield NoRoom("tmpfs", str(directory))
     finally:

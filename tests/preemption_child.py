@@ -76,8 +76,12 @@ def _shuffled() -> torch.Generator:
 
 
 CASES = {
-    "loader": lambda: tp.DataLoader(Rows(), batch_size=BATCH, shuffle=True, num_workers=2, generator=_shuffled()),
-    "auto": lambda: tp.DataLoader(Rows(), batch_size=BATCH, shuffle=True, num_workers="auto", generator=_shuffled()),
+    "loader": lambda: tp.DataLoader(
+        Rows(), batch_size=BATCH, shuffle=True, num_workers=2, generator=_shuffled()
+    ),
+    "auto": lambda: tp.DataLoader(
+        Rows(), batch_size=BATCH, shuffle=True, num_workers="auto", generator=_shuffled()
+    ),
     "pipeline": lambda: tp.from_dataset(Rows()).map(double, 2, executor="process").batch(BATCH),
 }
 """What the loop iterates over, by name: each builds it afresh, the same way in every process."""
@@ -108,7 +112,9 @@ def run(case: str, state_path: str, handler: bool) -> int:
         signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
     made = CASES[case]()
     trained = torch.zeros((), dtype=torch.int64)
-    checkpoint = torch.load(state_path) if os.path.exists(state_path) else None  # weights_only: plain data
+    checkpoint = (
+        torch.load(state_path) if os.path.exists(state_path) else None
+    )  # weights_only: plain data
     batches = made if isinstance(made, tp.DataLoader) else iter(made)
     if checkpoint is not None:
         trained = checkpoint["model"]
@@ -131,7 +137,9 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("case", choices=sorted(CASES))
     parser.add_argument("state_path")
-    parser.add_argument("--no-handler", action="store_true", help="leave SIGTERM's default action: end at once")
+    parser.add_argument(
+        "--no-handler", action="store_true", help="leave SIGTERM's default action: end at once"
+    )
     args = parser.parse_args(argv)
     return run(args.case, args.state_path, handler=not args.no_handler)
 

@@ -31,17 +31,27 @@ def _shard(i):
 
 PIPELINES = {
     "shuffle, map on processes, batch": lambda: (
-        tp.range(48).shuffle(16).map(_plus_one, 2, executor="process").batch(4).with_options(tp.Options(seed=3))
+        tp.range(48)
+        .shuffle(16)
+        .map(_plus_one, 2, executor="process")
+        .batch(4)
+        .with_options(tp.Options(seed=3))
     ),
-    "unseeded shuffle, random map on threads": lambda: tp.range(30).shuffle(8).map(_with_a_draw, 2, executor="thread"),
-    "interleave, filter": lambda: tp.range(6).interleave(_shard, cycle_length=3, num_parallel_calls=2).filter(_odd),
+    "unseeded shuffle, random map on threads": lambda: (
+        tp.range(30).shuffle(8).map(_with_a_draw, 2, executor="thread")
+    ),
+    "interleave, filter": lambda: (
+        tp.range(6).interleave(_shard, cycle_length=3, num_parallel_calls=2).filter(_odd)
+    ),
 }
 
 
 def loader():
     """A shuffling DataLoader on two worker processes."""
     data = TensorDataset(torch.arange(40.0))
-    return tp.DataLoader(data, batch_size=4, shuffle=True, num_workers=2, generator=torch.Generator().manual_seed(5))
+    return tp.DataLoader(
+        data, batch_size=4, shuffle=True, num_workers=2, generator=torch.Generator().manual_seed(5)
+    )
 
 
 def resume(kind, name, state):

@@ -23,8 +23,18 @@ from bench import peers as pr
 from bench import targets as tg
 from bench import workloads as wl
 
-TINY = wl.Sizes(jpeg_files=8, text_docs=20, tiny_elements=4096, shard_records=32, cache_files=8,
-                warmup_s=0.0, seconds=0.02, limit_s=0.02, blob_samples=96, epochs=2)  # fmt: skip
+TINY = wl.Sizes(
+    jpeg_files=8,
+    text_docs=20,
+    tiny_elements=4096,
+    shard_records=32,
+    cache_files=8,
+    warmup_s=0.0,
+    seconds=0.02,
+    limit_s=0.02,
+    blob_samples=96,
+    epochs=2,
+)
 CONFIGS = {
     "dataloader_default",
     "dataloader_best",
@@ -79,13 +89,17 @@ def small(monkeypatch, tmp_path):
     their own below)."""
     monkeypatch.setenv(data.CACHE_ENV, str(tmp_path / "cache"))
     monkeypatch.setattr(pr.Peer, "installed", lambda self: False)
-    monkeypatch.setattr(run, "dataloader_grid", lambda quick: [{"num_workers": 1, "prefetch_factor": 2}])
+    monkeypatch.setattr(
+        run, "dataloader_grid", lambda quick: [{"num_workers": 1, "prefetch_factor": 2}]
+    )
     monkeypatch.setattr(wl, "_map_grid", lambda inline=False: [(2, "thread")])
     monkeypatch.setattr(wl, "latency_grid", lambda quick: [(4, "thread")])
     monkeypatch.setattr(run, "measure", functools.partial(run.measure, min_batches=1))
     # Rows measured in this process: the tests watch them from here, and a fork of a process that
     # ran torch's OpenMP pool (the suite's) can hang (bench/isolate.py). test_bench_fresh.py forks.
-    monkeypatch.setattr(rounds, "in_fresh_process", lambda measures, timeout_s=0: ([m() for m in measures], 0.0))
+    monkeypatch.setattr(
+        rounds, "in_fresh_process", lambda measures, timeout_s=0: ([m() for m in measures], 0.0)
+    )
     monkeypatch.setattr(cuts, "WON", {})  # the one-point grids above are all measured
     return tmp_path
 
@@ -95,7 +109,9 @@ def small(monkeypatch, tmp_path):
 SLOW = pytest.mark.timeout(240)
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=SLOW) if n in suite.TRAINING else n for n in suite.WORKLOADS])
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=SLOW) if n in suite.TRAINING else n for n in suite.WORKLOADS]
+)
 def test_every_workload_and_configuration_end_to_end(small, capsys, name):
     """The report's structure and what must hold in it, never a speed: this runs beside the rest
     of the suite on a loaded machine (issue #40), where any timing can come out either way. One
@@ -104,38 +120,66 @@ def test_every_workload_and_configuration_end_to_end(small, capsys, name):
     assert set(report["workloads"]) == {name} and report["machine"]["run"]["repeat"] == 1
     entry = report["workloads"][name]
     # budgeted exactly where the unconstrained loader held more at its peak than the loader without workers
-    held_more = entry["results"]["torchpipe_dataloader_auto"]["peak_held_mb"] > entry["dataloader_peak"]["0"]
+    held_more = (
+        entry["results"]["torchpipe_dataloader_auto"]["peak_held_mb"]
+        > entry["dataloader_peak"]["0"]
+    )
     budget = {tg.BUDGET_CONFIG} if entry["budget"] is not None else set()
     assert bool(budget) == (name in run.BUDGETED and held_more), entry["budget"]
     configs = {"cache": CACHE_CONFIGS, "blobs": EPOCH_CONFIGS}.get(name, CONFIGS)
     image = {tg.IMAGE_CONFIG} if name in tpimage.PIPELINES else set()
     assert set(entry["results"]) == configs | budget | image | set(tg.TWINS)
     assert entry["peer_errors"] == {} and entry["failed"] == {}
-    assert set(entry["not_measured"]) == ({"ffcv"} if name in tg.TRAIN_WORKLOADS else set())  # bench/training.py
+    assert set(entry["not_measured"]) == (
+        {"ffcv"} if name in tg.TRAIN_WORKLOADS else set()
+    )  # bench/training.py
     assert set(entry["floor"]["twins"]) == set(tg.TWINS) and 0 < entry["floor"]["ratio"] <= 1
     assert isinstance(entry["unit"], str) and entry["limit"] > 0
     assert set(entry["targets"]) == set(tg.ZERO_KNOB) | budget | image
     checks = entry["targets"]["torchpipe_dataloader_auto"]
     measured = checks["run_vs_dataloader_best" if name == "blobs" else "vs_dataloader_best"]
     assert measured["ratio"] > 0 and isinstance(measured["met"], bool)
-    assert checks["vs_best_of_any"]["against"] in tg.SAME_WORK and checks["vs_best_of_any"]["ratio"] > 0
+    assert (
+        checks["vs_best_of_any"]["against"] in tg.SAME_WORK
+        and checks["vs_best_of_any"]["ratio"] > 0
+    )
     assert (
         checks["peak_vs_same_workers"]["workers"] is not None
-        and checks["vs_dataloader_best" if name != "blobs" else "run_vs_dataloader_best"]["floor"] > 0
+        and checks["vs_dataloader_best" if name != "blobs" else "run_vs_dataloader_best"]["floor"]
+        > 0
     )
-    assert set(entry["placement"]) == set(tg.ZERO_KNOB) - ({"torchpipe_auto"} if name == "cache" else set())
+    assert set(entry["placement"]) == set(tg.ZERO_KNOB) - (
+        {"torchpipe_auto"} if name == "cache" else set()
+    )
     for found in entry["placement"].values():
         assert found["runs"][0] and found["policy"]["where"] == found["runs"][0], found
     assert set(entry["dataloader_pss"]) >= {"0", "1"} and entry["dataloader_pss"]["0"] > 0
-    assert set(entry["dataloader_held"]) == set(entry["dataloader_pss"]) and entry["dataloader_held"]["0"] > 0
-    assert set(entry["dataloader_peak"]) == set(entry["dataloader_pss"]) and entry["dataloader_peak"]["0"] > 0
+    assert (
+        set(entry["dataloader_held"]) == set(entry["dataloader_pss"])
+        and entry["dataloader_held"]["0"] > 0
+    )
+    assert (
+        set(entry["dataloader_peak"]) == set(entry["dataloader_pss"])
+        and entry["dataloader_peak"]["0"] > 0
+    )
     for config, result in entry["results"].items():
         assert set(result) == (EPOCH_KEYS if name == "blobs" else KEYS)
-        assert config not in tg.ZERO_KNOB or result.get("where") or result.get("epoch_executors"), config
-        assert result["throughput"] > 0 and result["peak_rss_mb"] > 0 and result["cpu_s_per_item"] >= 0
-        assert result["end_pss_mb"] > 0 and result["end_held_mb"] > 0, result  # Linux: smaps_rollup, meminfo
-        assert result["peak_held_mb"] >= result["end_held_mb"] and result["peak_pss_mb"] >= result["end_pss_mb"]
-        assert name in ("blobs", "cache") or (result["converge_s"] > 0 and not result["ended_early"]), result
+        assert config not in tg.ZERO_KNOB or result.get("where") or result.get("epoch_executors"), (
+            config
+        )
+        assert (
+            result["throughput"] > 0 and result["peak_rss_mb"] > 0 and result["cpu_s_per_item"] >= 0
+        )
+        assert result["end_pss_mb"] > 0 and result["end_held_mb"] > 0, (
+            result
+        )  # Linux: smaps_rollup, meminfo
+        assert (
+            result["peak_held_mb"] >= result["end_held_mb"]
+            and result["peak_pss_mb"] >= result["end_pss_mb"]
+        )
+        assert name in ("blobs", "cache") or (
+            result["converge_s"] > 0 and not result["ended_early"]
+        ), result
         assert 0 <= result["others_cpu_share"] <= 1, result
         assert len(result["runs"]) == 1 and result["runs"][0]["throughput"] == result["throughput"]
     json.dumps(report)  # the document is plain JSON
@@ -145,14 +189,20 @@ def test_every_workload_and_configuration_end_to_end(small, capsys, name):
         assert entry["extra"]["item_us"] > 0
     if name == "tfrecord":
         extra = entry["extra"]
-        assert extra["raw_reader_gbps"] > 0 and extra["raw_batched_gbps"] > 0 and extra["cat_gbps"] > 0
-    if name in tg.TRAIN_WORKLOADS:  # held to the training-transform targets, not tp.image's fixed-crop ones
+        assert (
+            extra["raw_reader_gbps"] > 0 and extra["raw_batched_gbps"] > 0 and extra["cat_gbps"] > 0
+        )
+    if (
+        name in tg.TRAIN_WORKLOADS
+    ):  # held to the training-transform targets, not tp.image's fixed-crop ones
         assert set(entry["targets"][tg.IMAGE_CONFIG]) == set(tg.TRAIN_KEYS)
         assert entry["targets"]["torchpipe_dataloader_auto"][tg.TRAIN_AUTO_KEY]["ratio"] > 0
         assert "image_vs_tfdata_native" not in entry["targets"][tg.IMAGE_CONFIG]
     notes = report["machine"]["run"]["peers"]
     assert set(notes) == {"nodes", "spdl", "grain", "ffcv", "tfdata"}
-    assert all(note.startswith("not installed") for note in notes.values()), notes  # reported, not skipped
+    assert all(note.startswith("not installed") for note in notes.values()), (
+        notes
+    )  # reported, not skipped
     assert "grain: not installed" in capsys.readouterr().out
     assert "where the zero-knob rows ran" in tg.format_targets(report)
 
@@ -196,14 +246,22 @@ def test_records_rows_and_batches(small):
     assert set(rows[0]) == {"id", "label", "features", "blob", "meta"}
     sizes = {len(row["blob"]) for row in rows}
     low, high = wl.RECORD_BLOB_BYTES
-    assert min(sizes) >= low and max(sizes) <= high and len(sizes) > 32  # sizes vary from row to row
-    assert rows[5]["blob"] == work.dataset[5]["blob"] and rows[5]["id"] == "row-00000005"  # deterministic
-    assert rows[0]["features"].dtype == np.float32 and rows[0]["features"].shape == (wl.RECORD_FEATURES,)
+    assert (
+        min(sizes) >= low and max(sizes) <= high and len(sizes) > 32
+    )  # sizes vary from row to row
+    assert (
+        rows[5]["blob"] == work.dataset[5]["blob"] and rows[5]["id"] == "row-00000005"
+    )  # deterministic
+    assert rows[0]["features"].dtype == np.float32 and rows[0]["features"].shape == (
+        wl.RECORD_FEATURES,
+    )
     assert rows[0]["meta"]["len"] == len(rows[0]["blob"])
     ours = next(iter(work.batched(2, "thread")))
     theirs = next(iter(torch.utils.data.DataLoader(work.dataset, **work.loader_kwargs())))
     assert ours["id"] == theirs["id"] and ours["blob"] == theirs["blob"]
-    assert torch.equal(ours["features"], theirs["features"]) and torch.equal(ours["label"], theirs["label"])
+    assert torch.equal(ours["features"], theirs["features"]) and torch.equal(
+        ours["label"], theirs["label"]
+    )
     assert torch.equal(ours["meta"]["len"], theirs["meta"]["len"])
     assert [list(tags) for tags in theirs["meta"]["tags"]] == ours["meta"]["tags"]  # torch: tuples
     assert work.count(ours) == (32, 32.0)
@@ -214,19 +272,31 @@ def test_blobs_samples_and_one_epochs_measurement(small):
     assert len(work.dataset) == TINY.blob_samples and work.epochs == TINY.epochs == 2
     sample = work.dataset[7]
     assert set(sample) == {"id", "features", "payload", "meta"} and sample["id"] == "s00007"
-    assert sample["features"].dtype == np.float32 and sample["features"].shape == (wl.BLOB_FEATURES,)
+    assert sample["features"].dtype == np.float32 and sample["features"].shape == (
+        wl.BLOB_FEATURES,
+    )
     assert isinstance(sample["payload"], bytes) and len(sample["payload"]) == wl.BLOB_BYTES
-    assert sample["meta"] == {"index": 7, "split": "train"} and work.dataset[7]["payload"] == sample["payload"]
-    assert work.loader_kwargs(0) == {"batch_size": 32} and work.loader_kwargs(2)["persistent_workers"] is True
+    assert (
+        sample["meta"] == {"index": 7, "split": "train"}
+        and work.dataset[7]["payload"] == sample["payload"]
+    )
+    assert (
+        work.loader_kwargs(0) == {"batch_size": 32}
+        and work.loader_kwargs(2)["persistent_workers"] is True
+    )
     runner = run.Runner(work, TINY, quick=True)
     loader = torch.utils.data.DataLoader(work.dataset, num_workers=1, **work.loader_kwargs(1))
     before = {p.pid for p in psutil.Process().children()}
     result = runner.epochs(lambda: loader)
     left = {p.pid for p in psutil.Process().children()} - before
     assert len(result["epoch_rates"]) == 2 and min(result["epoch_rates"]) > 0
-    assert result["epoch_executors"] == [None, None] and result["placement"] is None  # torch's: none reported
+    assert (
+        result["epoch_executors"] == [None, None] and result["placement"] is None
+    )  # torch's: none reported
     assert result["steady_throughput"] == result["epoch_rates"][1]  # the epochs after the first
-    assert min(result["epoch_rates"]) <= result["throughput"] <= max(result["epoch_rates"])  # the whole run
+    assert (
+        min(result["epoch_rates"]) <= result["throughput"] <= max(result["epoch_rates"])
+    )  # the whole run
     assert result["cpu_s_per_item"] > 0 and left == set()  # the persistent worker was stopped
     batch = next(iter(torch.utils.data.DataLoader(work.dataset, **work.loader_kwargs(0))))
     assert len(batch["payload"]) == 32 and batch["features"].shape == (32, wl.BLOB_FEATURES)
@@ -237,20 +307,32 @@ def test_blobs_held_to_the_whole_run_and_every_epoch_after_the_first():
     def epochs(run: float, *rates: float) -> dict[str, Any]:
         return {"throughput": run, "end_pss_mb": 100.0, "epoch_rates": list(rates)}
 
-    results = {"dataloader_best": epochs(230.0, 200.0, 250.0, 250.0),
-               "torchpipe_auto": epochs(220.0, 80.0, 240.0, 230.0),
-               "torchpipe_dataloader_auto": epochs(200.0, 195.0, 245.0, 240.0),
-               "spdl_best": epochs(300.0, 290.0, 300.0, 310.0)}  # fmt: skip
+    results = {
+        "dataloader_best": epochs(230.0, 200.0, 250.0, 250.0),
+        "torchpipe_auto": epochs(220.0, 80.0, 240.0, 230.0),
+        "torchpipe_dataloader_auto": epochs(200.0, 195.0, 245.0, 240.0),
+        "spdl_best": epochs(300.0, 290.0, 300.0, 310.0),
+    }
     checks = tg.targets("blobs", results)
     auto, loader = checks["torchpipe_auto"], checks["torchpipe_dataloader_auto"]
     # the first epoch (0.40 of torch's) is no target any more (issue #42); the later ones are
-    assert auto["later_epochs_vs_dataloader_best"] == {"ratio": 0.92, "op": ">=", "target": 0.95, "met": False,
-                                                       "epoch": 2}  # fmt: skip
+    assert auto["later_epochs_vs_dataloader_best"] == {
+        "ratio": 0.92,
+        "op": ">=",
+        "target": 0.95,
+        "met": False,
+        "epoch": 2,
+    }
     later = loader["later_epochs_vs_dataloader_best"]
     assert later["met"] is True and later["epoch"] == 2 and later["ratio"] == pytest.approx(0.96)
-    assert auto["run_vs_dataloader_best"]["ratio"] == pytest.approx(220 / 230) and auto["run_vs_dataloader_best"]["met"]
+    assert (
+        auto["run_vs_dataloader_best"]["ratio"] == pytest.approx(220 / 230)
+        and auto["run_vs_dataloader_best"]["met"]
+    )
     assert loader["run_vs_dataloader_best"]["met"] is False  # 200 / 230
-    assert auto["vs_best_of_any"]["against"] == "spdl_best" and auto["vs_best_of_any"]["met"] is False  # peers held
+    assert (
+        auto["vs_best_of_any"]["against"] == "spdl_best" and auto["vs_best_of_any"]["met"] is False
+    )  # peers held
     assert "vs_dataloader_best" not in auto  # the whole run at 0.95 stands for it on blobs
     assert "later_epochs_vs_dataloader_best" not in tg.targets("records", results)["torchpipe_auto"]
     report = {"workloads": {"blobs": {"results": results, "targets": checks}}}
@@ -259,15 +341,28 @@ def test_blobs_held_to_the_whole_run_and_every_epoch_after_the_first():
 
 
 def test_the_budgeted_loader_is_held_to_its_budget_and_the_best_dataloader_within_it():
-    results = {"dataloader_best": _result(100.0, 300.0), "torchpipe_dataloader_budget": _result(90.0, 210.0)}
-    checks = tg.targets("jpeg", results, _memory({0: 150.0, 2: 200.0}), {"held_mb": 200.0, "best_throughput": 92.0})
+    results = {
+        "dataloader_best": _result(100.0, 300.0),
+        "torchpipe_dataloader_budget": _result(90.0, 210.0),
+    }
+    checks = tg.targets(
+        "jpeg", results, _memory({0: 150.0, 2: 200.0}), {"held_mb": 200.0, "best_throughput": 92.0}
+    )
     budgeted = checks["torchpipe_dataloader_budget"]
-    assert budgeted["peak_vs_budget"] == {"ratio": 1.05, "op": "<=", "target": 1.0, "met": False}  # at its peak
+    assert budgeted["peak_vs_budget"] == {
+        "ratio": 1.05,
+        "op": "<=",
+        "target": 1.0,
+        "met": False,
+    }  # at its peak
     assert (
-        budgeted["vs_best_dl_in_budget"]["ratio"] == pytest.approx(90 / 92) and budgeted["vs_best_dl_in_budget"]["met"]
+        budgeted["vs_best_dl_in_budget"]["ratio"] == pytest.approx(90 / 92)
+        and budgeted["vs_best_dl_in_budget"]["met"]
     )
     assert "peak_vs_budget" not in checks["torchpipe_auto"]  # the zero-knob rows are not budgeted
-    assert "torchpipe_dataloader_budget" not in tg.targets("jpeg", results, _memory({0: 150.0}))  # no budget measured
+    assert "torchpipe_dataloader_budget" not in tg.targets(
+        "jpeg", results, _memory({0: 150.0})
+    )  # no budget measured
     report = {"workloads": {"jpeg": {"results": results, "targets": checks}}}
     assert "jpeg/torchpipe_dataloader_budget peak_vs_budget" in tg.format_targets(report)
 
@@ -277,8 +372,13 @@ def test_the_tp_image_pipeline_does_the_workloads_work(small, name):
     work = suite.WORKLOADS[name](TINY, True)
     ours = next(iter(tpimage.batched(work)))
     theirs = next(iter(torch.utils.data.DataLoader(work.dataset, batch_size=work.batch_size)))
-    assert ours[0].shape == theirs[0].shape == (64, 3, 224, 224) and ours[0].dtype == theirs[0].dtype == torch.uint8
-    if name == "jpeg":  # the same items in the same order; the records come interleaved from the shards
+    assert (
+        ours[0].shape == theirs[0].shape == (64, 3, 224, 224)
+        and ours[0].dtype == theirs[0].dtype == torch.uint8
+    )
+    if (
+        name == "jpeg"
+    ):  # the same items in the same order; the records come interleaved from the shards
         assert ours[1].tolist() == theirs[1].tolist()
     assert set(ours[1].tolist()) == set(theirs[1].tolist())
 
@@ -288,19 +388,31 @@ def test_workloads_without_images_have_no_tp_image_row(small):
 
 
 def test_the_tp_image_row_is_held_to_tf_datas_native_pipeline_and_ffcv():
-    results = {"dataloader_best": _result(100.0, 300.0), "ffcv_best": _result(210.0, 700.0),
-               "tfdata_native": {**_result(200.0, 900.0), "cpu_s_per_item": 4e-4},
-               "torchpipe_tpimage": {**_result(230.0, 250.0), "cpu_s_per_item": 3.8e-4}}  # fmt: skip
+    results = {
+        "dataloader_best": _result(100.0, 300.0),
+        "ffcv_best": _result(210.0, 700.0),
+        "tfdata_native": {**_result(200.0, 900.0), "cpu_s_per_item": 4e-4},
+        "torchpipe_tpimage": {**_result(230.0, 250.0), "cpu_s_per_item": 3.8e-4},
+    }
     checks = tg.targets("jpeg", results)["torchpipe_tpimage"]
-    assert checks["image_vs_tfdata_native"] == {"ratio": 1.15, "op": ">=", "target": 1.15, "met": True}
+    assert checks["image_vs_tfdata_native"] == {
+        "ratio": 1.15,
+        "op": ">=",
+        "target": 1.15,
+        "met": True,
+    }
     assert (
         checks["image_cpu_vs_tfdata_native"]["ratio"] == pytest.approx(0.95)
         and checks["image_cpu_vs_tfdata_native"]["met"]
     )
-    assert checks["image_peak_vs_dataloader_best"]["ratio"] == pytest.approx(250 / 300)  # at their peaks
+    assert checks["image_peak_vs_dataloader_best"]["ratio"] == pytest.approx(
+        250 / 300
+    )  # at their peaks
     assert checks["image_pss_vs_dataloader_best"]["ratio"] == pytest.approx(230 / 280)  # reported
     assert checks["image_vs_ffcv_best"]["ratio"] == pytest.approx(230 / 210)
-    assert "image_vs_ffcv_best" not in tg.targets("tfrecord", results)["torchpipe_tpimage"]  # FFCV: jpeg only
+    assert (
+        "image_vs_ffcv_best" not in tg.targets("tfrecord", results)["torchpipe_tpimage"]
+    )  # FFCV: jpeg only
     del results["tfdata_native"]
     assert tg.targets("jpeg", results)["torchpipe_tpimage"]["image_vs_tfdata_native"]["met"] is None
     assert "image_vs_tfdata_native" not in tg.targets("jpeg", results)["torchpipe_auto"]
@@ -309,34 +421,60 @@ def test_the_tp_image_row_is_held_to_tf_datas_native_pipeline_and_ffcv():
 @pytest.mark.parametrize("name", tg.TRAIN_WORKLOADS)
 def test_the_training_rows_are_held_to_their_targets_read_with_the_floor(name):
     twins = {twin: _result(t) for twin, t in zip(tg.TWINS, (100.0, 95.0, 90.0))}  # floor 0.9
-    results = {"dataloader_best": _result(100.0), "torchpipe_dataloader_auto": _result(190.0), **twins}
+    results = {
+        "dataloader_best": _result(100.0),
+        "torchpipe_dataloader_auto": _result(190.0),
+        **twins,
+    }
     results["tfdata_native"] = {**_result(200.0), "cpu_s_per_item": 4e-4}
     results["torchpipe_tpimage"] = {**_result(240.0), "cpu_s_per_item": 4.4e-4}
     checks = tg.targets(name, results)
     image, auto = checks[tg.IMAGE_CONFIG], checks["torchpipe_dataloader_auto"]
     assert set(image) == set(tg.TRAIN_KEYS) and "image_vs_tfdata_native" not in image
     # 1.2x: below 1.3, above 1.3 x the floor 0.9 = 1.17, so it cannot be told from 1.3x here
-    assert image["train_vs_tfdata_native"] == {"ratio": 1.2, "op": ">=", "target": 1.3, "met": True, "floor": 0.9}
+    assert image["train_vs_tfdata_native"] == {
+        "ratio": 1.2,
+        "op": ">=",
+        "target": 1.3,
+        "met": True,
+        "floor": 0.9,
+    }
     assert image["train_cpu_vs_tfdata_native"]["ratio"] == pytest.approx(1.1)
-    assert image["train_cpu_vs_tfdata_native"]["met"] is False and "floor" not in image["train_cpu_vs_tfdata_native"]
-    assert image["train_vs_ffcv_best"]["ratio"] is None and image["train_vs_ffcv_best"]["met"] is None  # no FFCV
+    assert (
+        image["train_cpu_vs_tfdata_native"]["met"] is False
+        and "floor" not in image["train_cpu_vs_tfdata_native"]
+    )
+    assert (
+        image["train_vs_ffcv_best"]["ratio"] is None and image["train_vs_ffcv_best"]["met"] is None
+    )  # no FFCV
     assert (
         image["train_vs_dataloader_auto"]["ratio"] == pytest.approx(240 / 190)
         and image["train_vs_dataloader_auto"]["met"]
     )
-    assert auto[tg.TRAIN_AUTO_KEY]["ratio"] == pytest.approx(1.9) and auto[tg.TRAIN_AUTO_KEY]["met"]  # 2 x 0.9 = 1.8
-    assert "vs_best_of_any" in auto and tg.TRAIN_AUTO_KEY not in checks["torchpipe_auto"]  # added, not replacing
+    assert (
+        auto[tg.TRAIN_AUTO_KEY]["ratio"] == pytest.approx(1.9) and auto[tg.TRAIN_AUTO_KEY]["met"]
+    )  # 2 x 0.9 = 1.8
+    assert (
+        "vs_best_of_any" in auto and tg.TRAIN_AUTO_KEY not in checks["torchpipe_auto"]
+    )  # added, not replacing
     results["torchpipe_dataloader_auto"] = _result(170.0)  # 1.7x: below 1.8
     results["ffcv_best"] = _result(200.0)
     checks = tg.targets(name, results)
     assert checks["torchpipe_dataloader_auto"][tg.TRAIN_AUTO_KEY]["met"] is False
     assert checks[tg.IMAGE_CONFIG]["train_vs_ffcv_best"]["met"] is True
-    assert tg.TRAIN_AUTO_KEY not in tg.targets("jpeg", results)["torchpipe_dataloader_auto"]  # training rows only
+    assert (
+        tg.TRAIN_AUTO_KEY not in tg.targets("jpeg", results)["torchpipe_dataloader_auto"]
+    )  # training rows only
     assert "train_vs_tfdata_native" not in tg.targets("jpeg", results)[tg.IMAGE_CONFIG]
 
 
 def test_the_default_run_leaves_the_training_workloads_out(monkeypatch):
-    assert set(suite.TRAINING) == set(tg.TRAIN_WORKLOADS) == {"train_jpeg", "train_tfrecord"} <= set(suite.WORKLOADS)
+    assert (
+        set(suite.TRAINING)
+        == set(tg.TRAIN_WORKLOADS)
+        == {"train_jpeg", "train_tfrecord"}
+        <= set(suite.WORKLOADS)
+    )
     assert set(suite.DEFAULT) == set(suite.WORKLOADS) - set(suite.TRAINING)
 
     class Called(Exception):
@@ -361,10 +499,14 @@ def test_records_item_cost_is_small():
     assert wl.item_seconds(wl.Records(), 32, 0.15, clock=time.thread_time) < 20e-6
 
 
-def _result(throughput: float, pss: float | None = 100.0, where: str | None = None) -> dict[str, Any]:
+def _result(
+    throughput: float, pss: float | None = 100.0, where: str | None = None
+) -> dict[str, Any]:
     """A row whose peak held memory is ``pss`` (its end PSS 20 MB below, its end held 10 MB below)."""
     end_pss = None if pss is None else pss - 20.0
-    end_held = None if pss is None else pss - 10.0  # as if 10 MB of shared memory were mapped by nobody
+    end_held = (
+        None if pss is None else pss - 10.0
+    )  # as if 10 MB of shared memory were mapped by nobody
     return {
         "throughput": throughput,
         "peak_held_mb": pss,
@@ -376,7 +518,9 @@ def _result(throughput: float, pss: float | None = 100.0, where: str | None = No
 
 
 def _memory(
-    peak: dict[int, float], pss: dict[int, float] | None = None, held: dict[int, float] | None = None
+    peak: dict[int, float],
+    pss: dict[int, float] | None = None,
+    held: dict[int, float] | None = None,
 ) -> dict[str, dict[int, float]]:
     """torch's memory by worker count, as ``tg.targets`` takes it: peaks held, end PSS, end held."""
     return {"peak_held_mb": peak, "end_pss_mb": pss or {}, "end_held_mb": held or {}}
@@ -389,7 +533,9 @@ def test_targets_met_and_missed():
         "torchpipe_auto": _result(114.0, 218.0, "process x2"),
         "torchpipe_dataloader_auto": _result(99.0, 241.0, "inline"),
     }
-    memory = _memory({0: 150.0, 2: 200.0, 4: 260.0}, {0: 130.0, 2: 180.0}, {0: 150.0, 2: 320.0, 4: 400.0})
+    memory = _memory(
+        {0: 150.0, 2: 200.0, 4: 260.0}, {0: 130.0, 2: 180.0}, {0: 150.0, 2: 320.0, 4: 400.0}
+    )
     checks = tg.targets("jpeg", results, memory)
     auto, loader = checks["torchpipe_auto"], checks["torchpipe_dataloader_auto"]
     assert set(auto) == {
@@ -409,9 +555,15 @@ def test_targets_met_and_missed():
         "met": True,
         "against": "torchpipe_best",
     }
-    assert auto["vs_dataloader_best"]["ratio"] == pytest.approx(1.14) and auto["vs_dataloader_best"]["met"]
+    assert (
+        auto["vs_dataloader_best"]["ratio"] == pytest.approx(1.14)
+        and auto["vs_dataloader_best"]["met"]
+    )
     # memory at its peak against torch's at the parallelism torchpipe chose: 2 workers; inline: 0
-    assert auto["peak_vs_same_workers"]["ratio"] == pytest.approx(1.09) and auto["peak_vs_same_workers"]["met"]
+    assert (
+        auto["peak_vs_same_workers"]["ratio"] == pytest.approx(1.09)
+        and auto["peak_vs_same_workers"]["met"]
+    )
     assert auto["peak_vs_same_workers"]["workers"] == 2
     # the end figures are reported beside it: no verdict
     assert auto["pss_vs_same_workers"] == {
@@ -441,24 +593,60 @@ def test_the_workers_a_configuration_ran_on():
 
 
 def test_targets_with_missing_configs_and_pss():
-    results = {"dataloader_best": _result(100.0, None), "torchpipe_dataloader_auto": _result(105.0, 90.0, "process x3")}
+    results = {
+        "dataloader_best": _result(100.0, None),
+        "torchpipe_dataloader_auto": _result(105.0, 90.0, "process x3"),
+    }
     checks = tg.targets("cache", results, _memory({0: 80.0, 2: 90.0}))
     assert all(c["ratio"] is None and c["met"] is None for c in checks["torchpipe_auto"].values())
     loader = checks["torchpipe_dataloader_auto"]
-    assert loader["peak_vs_same_workers"] == {"ratio": None, "op": "<=", "target": 1.1, "met": None, "workers": 3}
+    assert loader["peak_vs_same_workers"] == {
+        "ratio": None,
+        "op": "<=",
+        "target": 1.1,
+        "met": None,
+        "workers": 3,
+    }
     assert loader["vs_dataloader_best"]["met"] is True
     nothing = tg.targets("tiny", {"torchpipe_auto": _result(10.0)})["torchpipe_auto"]
-    assert all(c["met"] is None for key, c in nothing.items() if key != "converge_s")  # its own: 1.5 s
+    assert all(
+        c["met"] is None for key, c in nothing.items() if key != "converge_s"
+    )  # its own: 1.5 s
 
 
 def test_targets_printed():
-    results = {"dataloader_best": _result(100.0, 200.0), "torchpipe_auto": _result(80.0, 200.0, "inline")}
+    results = {
+        "dataloader_best": _result(100.0, 200.0),
+        "torchpipe_auto": _result(80.0, 200.0, "inline"),
+    }
     results["dataloader_best"]["others_cpu_share"] = 0.4
-    report = {"workloads": {"tiny": {"results": results, "targets": tg.targets("tiny", results, _memory({0: 200.0}))}}}
+    report = {
+        "workloads": {
+            "tiny": {
+                "results": results,
+                "targets": tg.targets("tiny", results, _memory({0: 200.0})),
+            }
+        }
+    }
     text = tg.format_targets(report)
-    row = next(line for line in text.splitlines() if line.startswith("tiny") and "torchpipe_auto" in line)
+    row = next(
+        line for line in text.splitlines() if line.startswith("tiny") and "torchpipe_auto" in line
+    )
     # no twins, no floor; memory at its peak judged, at its end (no torch figure) not; no peers
-    assert row.split()[2:] == ["0.80", "MISS", "0.80", "MISS", "1.00", "ok", "-", "-", "1.50", "ok", "-", "-"]
+    assert row.split()[2:] == [
+        "0.80",
+        "MISS",
+        "0.80",
+        "MISS",
+        "1.00",
+        "ok",
+        "-",
+        "-",
+        "1.50",
+        "ok",
+        "-",
+        "-",
+    ]
     loader_row = next(line for line in text.splitlines() if "torchpipe_dataloader_auto" in line)
     assert loader_row.split()[2:] == ["-"] * 8  # not measured
     assert "2 targets met, 2 missed" in text and "tiny/torchpipe_auto vs_dataloader_best" in text
@@ -466,17 +654,35 @@ def test_targets_printed():
 
 
 def test_targets_against_the_peers():
-    results = {"dataloader_best": _result(100.0), "torchpipe_auto": _result(150.0, where="process x2"),
-               "torchpipe_dataloader_auto": _result(90.0, where="process x2"), "nodes_best": _result(120.0),
-               "grain_best": _result(80.0), "tfdata_best": _result(60.0), "tfdata_native": _result(300.0)}  # fmt: skip
+    results = {
+        "dataloader_best": _result(100.0),
+        "torchpipe_auto": _result(150.0, where="process x2"),
+        "torchpipe_dataloader_auto": _result(90.0, where="process x2"),
+        "nodes_best": _result(120.0),
+        "grain_best": _result(80.0),
+        "tfdata_best": _result(60.0),
+        "tfdata_native": _result(300.0),
+    }
     checks = tg.targets("jpeg", results, _memory({2: 100.0}))
     auto = checks["torchpipe_auto"]
-    assert auto["vs_best_python_peer"] == {"ratio": 1.25, "op": ">=", "target": 1.0, "met": True,
-                                           "against": "nodes_best"}  # fmt: skip
-    assert auto["vs_tfdata_native"] == {"ratio": 0.5, "op": None, "target": None, "met": None}  # reported only
+    assert auto["vs_best_python_peer"] == {
+        "ratio": 1.25,
+        "op": ">=",
+        "target": 1.0,
+        "met": True,
+        "against": "nodes_best",
+    }
+    assert auto["vs_tfdata_native"] == {
+        "ratio": 0.5,
+        "op": None,
+        "target": None,
+        "met": None,
+    }  # reported only
     assert checks["torchpipe_dataloader_auto"]["vs_best_python_peer"]["met"] is False
     text = tg.format_targets({"workloads": {"jpeg": {"results": results, "targets": checks}}})
-    row = next(line for line in text.splitlines() if line.startswith("jpeg") and " torchpipe_auto " in line)
+    row = next(
+        line for line in text.splitlines() if line.startswith("jpeg") and " torchpipe_auto " in line
+    )
     assert row.split()[2:] == [
         "1.25",
         "ok",
@@ -492,7 +698,10 @@ def test_targets_against_the_peers():
         "ok",
         "0.50",
     ]  # nodes: best
-    assert "7 targets met, 3 missed" in text and "jpeg/torchpipe_dataloader_auto vs_best_python_peer" in text
+    assert (
+        "7 targets met, 3 missed" in text
+        and "jpeg/torchpipe_dataloader_auto vs_best_python_peer" in text
+    )
 
 
 def test_peer_names_are_known_to_the_report():
@@ -507,7 +716,9 @@ def test_peer_names_are_known_to_the_report():
 def test_peer_items_and_grid(small):
     work = wl.tiny_elements(TINY, quick=True)
     items = pr.items_of(work)
-    assert items.fn is wl.tiny and items.length == wl.TIMED_ELEMENTS and items.batch_size == 256  # outlasts a window
+    assert (
+        items.fn is wl.tiny and items.length == wl.TIMED_ELEMENTS and items.batch_size == 256
+    )  # outlasts a window
     assert items.collate is torch.utils.data.default_collate and items.fan_out == 0
     assert pr.items_of(wl.text(TINY, quick=True)).collate is wl.pad_collate
     work.tp_grid = [(None, "thread"), (2, "thread"), (4, "thread"), (2, "process"), (4, "process")]
@@ -515,7 +726,11 @@ def test_peer_items_and_grid(small):
     assert pr.grid_of(work, quick=True) == [(4, "thread"), (2, "process")]
     latency = pr.items_of(wl.latency(TINY, quick=True))
     records = latency.fn(3)
-    assert latency.fan_out == len(records) > 0 and records[0][0].shape == (29,) and isinstance(records[0][1], int)
+    assert (
+        latency.fan_out == len(records) > 0
+        and records[0][0].shape == (29,)
+        and isinstance(records[0][1], int)
+    )
     work.dataset = [1, 2, 3]
     with pytest.raises(TypeError, match="no peer adapter"):
         pr.items_of(work)
@@ -527,56 +742,88 @@ def test_peer_batches_match_dataloader(small):
     batch = pr.BatchOf(work.dataset.fn, torch.utils.data.default_collate)(list(range(32)))
     assert torch.equal(batch["features"], theirs["features"]) and batch["blob"] == theirs["blob"]
     numpy = pr.NumpyBatch(torch.utils.data.default_collate)([work.dataset[i] for i in range(32)])
-    assert isinstance(numpy["features"], np.ndarray) and isinstance(numpy["meta"]["len"], np.ndarray)
+    assert isinstance(numpy["features"], np.ndarray) and isinstance(
+        numpy["meta"]["len"], np.ndarray
+    )
     back = pr.numpy_to_torch(numpy)
-    assert torch.equal(back["features"], theirs["features"]) and torch.equal(back["meta"]["len"], theirs["meta"]["len"])
+    assert torch.equal(back["features"], theirs["features"]) and torch.equal(
+        back["meta"]["len"], theirs["meta"]["len"]
+    )
     assert back["id"] == theirs["id"] and work.count(back) == (32, 32.0)
 
 
-def _fake_peer(library: str, calls: list[tuple[str, str]], closed: list[str], fail: bool = False) -> pr.Peer:
+def _fake_peer(
+    library: str, calls: list[tuple[str, str]], closed: list[str], fail: bool = False
+) -> pr.Peer:
     """A library whose pipelines collate the workload's items in a loop; it logs what it made."""
 
     def pipeline(items: pr.Items, work_name: str, knob: int) -> pr.PeerIterator:
         calls.append((library, work_name))
         if fail:
             raise RuntimeError("no such device")
-        batches = (items.collate([items.fn(i) for i in range(k, k + items.batch_size)])
-                   for k in range(0, items.length, items.batch_size))  # fmt: skip
+        batches = (
+            items.collate([items.fn(i) for i in range(k, k + items.batch_size)])
+            for k in range(0, items.length, items.batch_size)
+        )
         return pr.PeerIterator(batches, lambda: closed.append(library))
 
     def configs(work: wl.Workload, quick: bool) -> list[pr.PeerConfig]:
         items = pr.items_of(work)
-        return [pr.PeerConfig({"knob": 0}, lambda: pipeline(items, work.name, 0), name=f"{library}_zero"),
-                pr.PeerConfig({"knob": 1}, lambda: pipeline(items, work.name, 1)),
-                pr.PeerConfig({"other": "work"}, lambda: pipeline(items, work.name, 2), name=f"{library}_native",
-                              in_best=False)]  # fmt: skip
+        return [
+            pr.PeerConfig(
+                {"knob": 0}, lambda: pipeline(items, work.name, 0), name=f"{library}_zero"
+            ),
+            pr.PeerConfig({"knob": 1}, lambda: pipeline(items, work.name, 1)),
+            pr.PeerConfig(
+                {"other": "work"},
+                lambda: pipeline(items, work.name, 2),
+                name=f"{library}_native",
+                in_best=False,
+            ),
+        ]
 
     return pr.Peer(library, "json", library, configs)
 
 
 def test_peers_measured_last_and_failures_reported(small, monkeypatch, capsys):
     calls, closed = [], []
-    early, late, broken = (_fake_peer("early", calls, closed), _fake_peer("late", calls, closed),
-                           _fake_peer("broken", calls, closed, fail=True))  # fmt: skip
+    early, late, broken = (
+        _fake_peer("early", calls, closed),
+        _fake_peer("late", calls, closed),
+        _fake_peer("broken", calls, closed, fail=True),
+    )
     loads: list[int] = []  # the calls made when the parent imported "late"
     late = dataclasses.replace(late, load=lambda: loads.append(len(calls)))
     monkeypatch.setattr(pr, "PEERS", (early, broken, late))
     monkeypatch.setattr(pr.Peer, "installed", lambda self: True)
     monkeypatch.setattr(run, "LAST", ("late",))
-    monkeypatch.setattr(run.Runner, "plan", lambda self: self.peer_trials(last=False))  # the peers' rows alone
+    monkeypatch.setattr(
+        run.Runner, "plan", lambda self: self.peer_trials(last=False)
+    )  # the peers' rows alone
     monkeypatch.setattr(run.Runner, "dependent", lambda self: [])
     report = run.run_all(["tiny", "cache"], quick=True, sizes=TINY)
-    assert [c for c in calls if c[0] == "early"] == [("early", "tiny")] * 3 + [("early", "cache")] * 3
+    assert [c for c in calls if c[0] == "early"] == [("early", "tiny")] * 3 + [
+        ("early", "cache")
+    ] * 3
     late_calls = [k for k, c in enumerate(calls) if c[0] == "late"]
-    assert min(late_calls) > max(k for k, c in enumerate(calls) if c[0] != "late")  # after every workload
+    assert min(late_calls) > max(
+        k for k, c in enumerate(calls) if c[0] != "late"
+    )  # after every workload
     assert loads == [min(late_calls)]  # imported once, after every other row, before its own rows
     assert set(report["machine"]["run"]["preloaded_s"]) == {"late"}
-    assert closed.count("early") == closed.count("late") == 6  # every measurement stopped its pipeline
+    assert (
+        closed.count("early") == closed.count("late") == 6
+    )  # every measurement stopped its pipeline
     for name in ("tiny", "cache"):
         entry = report["workloads"][name]
         for library in ("early", "late"):
-            assert {f"{library}_zero", f"{library}_best", f"{library}_native"} <= set(entry["results"])
-            assert report["machine"]["run"]["chosen"][name][f"{library}_best"] in ({"knob": 0}, {"knob": 1})
+            assert {f"{library}_zero", f"{library}_best", f"{library}_native"} <= set(
+                entry["results"]
+            )
+            assert report["machine"]["run"]["chosen"][name][f"{library}_best"] in (
+                {"knob": 0},
+                {"knob": 1},
+            )
         assert "broken_best" not in entry["results"]
         assert entry["peer_errors"] == {"broken": "RuntimeError: no such device"}
     assert report["workloads"]["cache"]["results"]["early_best"]["first_batch_s"] > 0
@@ -596,10 +843,19 @@ def test_peers_run_their_epochs_on_blobs_and_a_configuration_without_says_so(sma
     monkeypatch.setattr(pr.Peer, "installed", lambda self: True)
     entry = run.run_all(["blobs"], quick=True, sizes=TINY)["workloads"]["blobs"]
     best = entry["results"]["early_best"]
-    assert len(best["epoch_rates"]) == TINY.epochs and min(best["epoch_rates"]) > 0 and best["throughput"] > 0
+    assert (
+        len(best["epoch_rates"]) == TINY.epochs
+        and min(best["epoch_rates"]) > 0
+        and best["throughput"] > 0
+    )
     assert calls == [("early", "blobs")] * TINY.epochs  # one pipeline an epoch, on one loader
-    assert closed == ["early"] * TINY.epochs + ["loader"]  # each epoch ended, then the loader stopped once
-    assert set(entry["not_measured"]) == {"early_zero", "early_native"}  # no epochs adapter: said, not hidden
+    assert closed == ["early"] * TINY.epochs + [
+        "loader"
+    ]  # each epoch ended, then the loader stopped once
+    assert set(entry["not_measured"]) == {
+        "early_zero",
+        "early_native",
+    }  # no epochs adapter: said, not hidden
     assert entry["targets"]["torchpipe_auto"]["vs_best_of_any"]["against"] in tg.SAME_WORK
 
 
@@ -617,18 +873,41 @@ def test_peer_adapter_with_the_library(small, library):
     finally:
         iterator.close()
     for padded, lengths in batches:
-        assert padded.dtype == torch.int64 and padded.shape == (32, int(lengths.max())) and lengths.shape == (32,)
+        assert (
+            padded.dtype == torch.int64
+            and padded.shape == (32, int(lengths.max()))
+            and lengths.shape == (32,)
+        )
     assert sorted(work.count(b)[1] for b in batches)[0] > 0
 
 
 def test_markdown_tables_from_a_report():
-    results = {"dataloader_best": {**dict.fromkeys(NUMBERS, 1.0), "where": None, "throughput": 100.0},
-               "nodes_best": {**dict.fromkeys(NUMBERS, 1.0), "where": None, "throughput": 50.0, "end_pss_mb": None},
-               "torchpipe_auto": {**dict.fromkeys(NUMBERS, 1.0), "where": None, "throughput": 120.0}}  # fmt: skip
-    report = {"workloads": {"jpeg": {"unit": "img/s", "limit": 200.0, "results": results,
-                                     "targets": tg.targets("jpeg", results)}}}  # fmt: skip
+    results = {
+        "dataloader_best": {**dict.fromkeys(NUMBERS, 1.0), "where": None, "throughput": 100.0},
+        "nodes_best": {
+            **dict.fromkeys(NUMBERS, 1.0),
+            "where": None,
+            "throughput": 50.0,
+            "end_pss_mb": None,
+        },
+        "torchpipe_auto": {**dict.fromkeys(NUMBERS, 1.0), "where": None, "throughput": 120.0},
+    }
+    report = {
+        "workloads": {
+            "jpeg": {
+                "unit": "img/s",
+                "limit": 200.0,
+                "results": results,
+                "targets": tg.targets("jpeg", results),
+            }
+        }
+    }
     rows = markdown.results_table(report).splitlines()
-    assert [row.split(" | ")[1] for row in rows[2:]] == ["dataloader_best", "torchpipe_auto", "nodes_best"]
+    assert [row.split(" | ")[1] for row in rows[2:]] == [
+        "dataloader_best",
+        "torchpipe_auto",
+        "nodes_best",
+    ]
     assert rows[4] == (
         "| jpeg | nodes_best | 50 img/s | - | 0.50x | - | 0.25 | 1.00 s | 1.00 s | 1 MB | - | 1000.000 ms | 100% |"
     )  # no twins: no floor
@@ -638,11 +917,16 @@ def test_markdown_tables_from_a_report():
     report["machine"] = {"run": {"chosen": {"jpeg": {"dataloader_best": {"num_workers": 2}}}}}
     summary = markdown.summary_table(report).splitlines()
     assert (
-        summary[2] == "| jpeg | 100 img/s (2 workers) | 1.20x | - | 0.50x (torchdata.nodes) | - | - / - | 1.0 s / - |"
+        summary[2]
+        == "| jpeg | 100 img/s (2 workers) | 1.20x | - | 0.50x (torchdata.nodes) | - | - / - | 1.0 s / - |"
     )
-    report["workloads"]["jpeg"]["targets"] = {"torchpipe_auto": {"peak_vs_same_workers": {"ratio": 1.25}}}
+    report["workloads"]["jpeg"]["targets"] = {
+        "torchpipe_auto": {"peak_vs_same_workers": {"ratio": 1.25}}
+    }
     report["workloads"]["jpeg"]["floor"] = {"ratio": 0.9}
-    assert markdown.summary_table(report).splitlines()[2].endswith("| 0.90 | 1.25x / - | - / - |")  # floor, peaks
+    assert (
+        markdown.summary_table(report).splitlines()[2].endswith("| 0.90 | 1.25x / - | - / - |")
+    )  # floor, peaks
 
 
 def test_plot_without_matplotlib_says_so(tmp_path, monkeypatch):
@@ -679,7 +963,9 @@ def test_plot_draws_every_configuration(tmp_path):
         }
     }
     table = plot.ratios(report)
-    assert table["records"]["torchpipe_dataloader_auto"] == 4.0 / 2.0 and table["cache"] == {"dataloader_best": 1.0}
+    assert table["records"]["torchpipe_dataloader_auto"] == 4.0 / 2.0 and table["cache"] == {
+        "dataloader_best": 1.0
+    }
     plot.draw(table, "test", str(tmp_path / "out.png"), plt)
     assert (tmp_path / "out.png").stat().st_size > 0
 
@@ -716,11 +1002,19 @@ os._exit(0)  # TensorFlow's interpreter teardown takes seconds and checks nothin
 def test_tfdata_adapter_with_tensorflow(tmp_path):
     """tf.data over the Python item and with TensorFlow's own ops, in a process of its own: importing
     TensorFlow starts thread pools that the suite's later forked workers must not inherit."""
-    if importlib.util.find_spec("tensorflow") is None:  # not importorskip: that imports TensorFlow here
+    if (
+        importlib.util.find_spec("tensorflow") is None
+    ):  # not importorskip: that imports TensorFlow here
         pytest.skip("tensorflow is not installed")
-    env = {**os.environ, data.CACHE_ENV: str(tmp_path / "cache"), "TF_CPP_MIN_LOG_LEVEL": "3",
-           "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}  # fmt: skip
-    done = subprocess.run([sys.executable, "-c", TFDATA_SCRIPT], env=env, capture_output=True, text=True, timeout=50)
+    env = {
+        **os.environ,
+        data.CACHE_ENV: str(tmp_path / "cache"),
+        "TF_CPP_MIN_LOG_LEVEL": "3",
+        "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", TFDATA_SCRIPT], env=env, capture_output=True, text=True, timeout=50
+    )
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
 
 
@@ -772,9 +1066,14 @@ def test_ffcv_adapter_with_ffcv(tmp_path):
     inherit."""
     if importlib.util.find_spec("ffcv") is None:  # not importorskip: that imports FFCV here
         pytest.skip(f"ffcv is not installed ({pr.FFCV_INSTALL})")
-    env = {**os.environ, data.CACHE_ENV: str(tmp_path / "cache"),
-           "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}  # fmt: skip
-    done = subprocess.run([sys.executable, "-c", FFCV_SCRIPT], env=env, capture_output=True, text=True, timeout=50)
+    env = {
+        **os.environ,
+        data.CACHE_ENV: str(tmp_path / "cache"),
+        "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", FFCV_SCRIPT], env=env, capture_output=True, text=True, timeout=50
+    )
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
 
 
@@ -788,27 +1087,48 @@ def test_jpeg_decoders_are_measured_side_by_side_and_a_missing_one_says_why(monk
     monkeypatch.setattr(jd, "CANDIDATES", {"pillow": jd._pillow, "nosuchcodec": missing})
     results = jd.measure(files=4, seconds=0.05)
     pillow = results["pillow"]
-    assert pillow["max_diff_vs_pillow"] == 0 and pillow["cpu_ms"] > 0 and 0 <= pillow["gil_held"] <= 1
-    assert pillow["img_s_1_thread"] > 0 and pillow["img_s_2_threads"] > 0 and pillow["cpu_ms_half_scale"] > 0
+    assert (
+        pillow["max_diff_vs_pillow"] == 0 and pillow["cpu_ms"] > 0 and 0 <= pillow["gil_held"] <= 1
+    )
+    assert (
+        pillow["img_s_1_thread"] > 0
+        and pillow["img_s_2_threads"] > 0
+        and pillow["cpu_ms_half_scale"] > 0
+    )
     assert results["nosuchcodec"] == {"not_measured": "ImportError: No module named 'nosuchcodec'"}
     assert "| nosuchcodec | not measured: ImportError" in jd.table(results)
     messy = jd.robustness()  # Pillow on the kinds real data sets hold; the missing one says so
     assert messy["grayscale"]["pillow"] == messy["cmyk"]["pillow"] == "max diff 0"
-    assert messy["truncated"]["pillow"] == "error: OSError" and messy["rgb"]["nosuchcodec"] == "error: ImportError"
+    assert (
+        messy["truncated"]["pillow"] == "error: OSError"
+        and messy["rgb"]["nosuchcodec"] == "error: ImportError"
+    )
 
 
 def test_where_a_zero_knob_row_ran_is_told_in_words():
-    policy = {"where": "process x2", "stage": "map(f)+batch", "self_s": 6.2e-4, "measured": ["inline", "process"],
-              "knobs": {"map(f)+batch.parallelism": 2},
-              "autotune": {"rounds": 3, "values": {}, "throughput": 413.0, "predicted": 450.0},
-              "bottleneck": "map(f)+batch", "waiting": 0.37}  # fmt: skip
+    policy = {
+        "where": "process x2",
+        "stage": "map(f)+batch",
+        "self_s": 6.2e-4,
+        "measured": ["inline", "process"],
+        "knobs": {"map(f)+batch.parallelism": 2},
+        "autotune": {"rounds": 3, "values": {}, "throughput": 413.0, "predicted": 450.0},
+        "bottleneck": "map(f)+batch",
+        "waiting": 0.37,
+    }
     runs = [_result(1.0, where="process x2"), _result(2.0, where="inline")]
     results = {"torchpipe_auto": {**_result(1.0), "runs": runs, "placement": policy}}
     found = tg.placements(results)
-    assert set(found) == {"torchpipe_auto"} and found["torchpipe_auto"]["runs"] == ["process x2", "inline"]
+    assert set(found) == {"torchpipe_auto"} and found["torchpipe_auto"]["runs"] == [
+        "process x2",
+        "inline",
+    ]
     text = tg.describe(found["torchpipe_auto"])
     assert text.startswith("ran on process x2 (runs in order: process x2, inline)")
-    assert "map(f)+batch: 0.62 ms of its own an element" in text and "executors measured: inline, process" in text
+    assert (
+        "map(f)+batch: 0.62 ms of its own an element" in text
+        and "executors measured: inline, process" in text
+    )
     assert "autotune 3 rounds, measured 413/s, model 450/s" in text and "loop waited 37%" in text
 
 

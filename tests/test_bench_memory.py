@@ -31,7 +31,9 @@ def test_what_the_tree_holds_counts_shared_memory_that_no_process_maps():
                     os.unlink(f.name)
         assert grown is not None and pss_now is not None
         seen.append((grown - held, pss_now - pss))
-        if grown - held > 0.9 * size and pss_now - pss < 0.1 * size:  # held: the pages; PSS: nobody maps them
+        if (
+            grown - held > 0.9 * size and pss_now - pss < 0.1 * size
+        ):  # held: the pages; PSS: nobody maps them
             return
     pytest.fail(f"(held, PSS) growth in bytes for a {size}-byte file no process maps: {seen}")
 
@@ -51,7 +53,9 @@ def test_rows_report_growth_speed_and_verdicts_against_torch(tmp_path, capsys):
     assert set(report["results"]) == set(cow.configurations())
     for row in report["results"].values():
         assert row["samples_per_s"] > 0 and row["growth_mb"] is not None
-    assert set(report["targets"]) <= set(cow.TARGETS)  # torch's growth may be ~0 on so small an index
+    assert set(report["targets"]) <= set(
+        cow.TARGETS
+    )  # torch's growth may be ~0 on so small an index
     printed = capsys.readouterr().out
     assert "| torchpipe_dataloader_shared |" in printed and "samples/s" in printed
     with pytest.raises(SystemExit):
@@ -66,7 +70,9 @@ def test_a_verdict_holds_growth_to_its_share_and_the_shared_index_to_torch_s_spe
     }
     verdicts = cow.verdicts(results)
     assert verdicts["torchpipe_dataloader"]["met"]  # no speed target on the list-holding row
-    assert not verdicts["torchpipe_dataloader_shared"]["met"]  # 0.15x the growth, but 0.9x the speed
+    assert not verdicts["torchpipe_dataloader_shared"][
+        "met"
+    ]  # 0.15x the growth, but 0.9x the speed
     assert verdicts["torchpipe_dataloader_shared"]["growth_vs_torch"] == 0.15
 
 
@@ -75,9 +81,17 @@ def test_the_soak_reads_pss_after_every_epoch_of_each_loader(tmp_path, monkeypat
     out = tmp_path / "soak.json"
     soak.main(["--epochs", "3", "--workers", "1", "--files", "16", "--json", str(out)])
     report = json.loads(out.read_text())
-    assert set(report["loaders"]) == {"dataloader", "torchpipe_dataloader", "torchpipe_dataloader_auto"}
+    assert set(report["loaders"]) == {
+        "dataloader",
+        "torchpipe_dataloader",
+        "torchpipe_dataloader_auto",
+    }
     for entry in report["loaders"].values():
-        assert len(entry["pss_mb"]) == 3 and min(entry["pss_mb"]) > 0 and isinstance(entry["met"], bool)
+        assert (
+            len(entry["pss_mb"]) == 3
+            and min(entry["pss_mb"]) > 0
+            and isinstance(entry["met"], bool)
+        )
     assert "epoch 3" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         soak.main(["--epochs", "1"])

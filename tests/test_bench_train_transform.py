@@ -31,7 +31,9 @@ def files(tmp_path_factory) -> Iterator[list[str]]:
 def test_the_photo_files_are_imagenet_sized(files):
     for path in files:
         with Image.open(path) as image:
-            assert 450 <= image.width <= 550 and 340 <= image.height <= 410 and image.format == "JPEG"
+            assert (
+                450 <= image.width <= 550 and 340 <= image.height <= 410 and image.format == "JPEG"
+            )
 
 
 @pytest.mark.parametrize("fused", [True, False])
@@ -60,17 +62,33 @@ def test_the_pillow_transform_is_tp_images_on_the_same_window_and_flip(files, se
     window_seed = int(torch.randint(0, 2**62, (), dtype=torch.int64))
     flipped = torch.rand(1).item() < 0.5
     want = tp.image.train_transform(
-        files[0], tt.SIZE, tt.MEAN, tt.STD, rng=np.random.default_rng(window_seed), flip=float(flipped)
+        files[0],
+        tt.SIZE,
+        tt.MEAN,
+        tt.STD,
+        rng=np.random.default_rng(window_seed),
+        flip=float(flipped),
     )
-    assert (got - want).abs().max().item() <= 1 / (255 * min(tt.STD)) + 1e-5  # Pillow's resize: within 1
+    assert (got - want).abs().max().item() <= 1 / (
+        255 * min(tt.STD)
+    ) + 1e-5  # Pillow's resize: within 1
 
 
 def test_the_rows_of_each_workload_and_what_is_missing():
-    assert set(tt.builders("jpeg")) >= {"torchpipe_tpimage", "tp_dataloader_auto", "tfdata_native", "ffcv"}
+    assert set(tt.builders("jpeg")) >= {
+        "torchpipe_tpimage",
+        "tp_dataloader_auto",
+        "tfdata_native",
+        "ffcv",
+    }
     assert {r for r in tt.builders("jpeg") if r.startswith("torch_dataloader")} == {
         f"torch_dataloader_torchvision_w{n}" for n in tt.TORCH_WORKERS
     }
-    assert set(tt.builders("tfrecord")) == {"torchpipe_tpimage", "torchpipe_tpimage_unfused", "tfdata_native"}
+    assert set(tt.builders("tfrecord")) == {
+        "torchpipe_tpimage",
+        "torchpipe_tpimage_unfused",
+        "tfdata_native",
+    }
     assert tt.missing("torchpipe_tpimage") is None
     assert (tt.missing("ffcv") is None) == (importlib.util.find_spec("ffcv") is not None)
 
@@ -93,7 +111,9 @@ def test_the_table_gives_ratios_to_tf_data_and_torchs_best_and_says_what_did_not
     text = tt.table("jpeg", rows)
     assert "| torchpipe_tpimage | 300 | 1.50 | 1.50x | 2.00x |" in text
     assert "| ffcv | not run: ffcv is not installed |" in text
-    assert tt.summary([{"img_s": 1.0, "cpu_ms": 2.0}, {"error": "x"}, {"img_s": 3.0, "cpu_ms": 4.0}]) == {
+    assert tt.summary(
+        [{"img_s": 1.0, "cpu_ms": 2.0}, {"error": "x"}, {"img_s": 3.0, "cpu_ms": 4.0}]
+    ) == {
         "img_s": 2.0,
         "cpu_ms": 3.0,
         "runs": 2,
@@ -104,7 +124,9 @@ def test_the_table_gives_ratios_to_tf_data_and_torchs_best_and_says_what_did_not
     )
 
 
-@pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="TensorFlow is not installed")
+@pytest.mark.skipif(
+    importlib.util.find_spec("tensorflow") is None, reason="TensorFlow is not installed"
+)
 @pytest.mark.parametrize("workload", tt.WORKLOADS)
 def test_the_tf_data_row_runs_in_a_fresh_process(files, workload):
     script = Path(tt.__file__).resolve()
@@ -128,4 +150,6 @@ def test_the_tf_data_row_runs_in_a_fresh_process(files, workload):
     done = subprocess.run(command, capture_output=True, text=True, timeout=50, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["img_s"] > 0 and result["cpu_ms"] >= 0  # one batch, maybe prefetched: CPU ticks of 10 ms may read 0
+    assert (
+        result["img_s"] > 0 and result["cpu_ms"] >= 0
+    )  # one batch, maybe prefetched: CPU ticks of 10 ms may read 0

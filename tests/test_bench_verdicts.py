@@ -41,9 +41,15 @@ def test_a_row_identical_to_the_best_does_not_miss_and_one_below_the_floor_does(
     checks = tg.targets("tiny", results)
     same, below = checks["torchpipe_auto"], checks["torchpipe_dataloader_auto"]
     for key in ("vs_best_of_any", "vs_dataloader_best"):
-        assert same[key]["ratio"] == pytest.approx(0.92) and same[key]["met"] is True, same[key]  # below 0.95 / 1.0
-        assert same[key]["floor"] == pytest.approx(0.92) and below[key]["met"] is False  # 0.91: below both
-    assert "floor" not in same["vs_best_python_peer"]  # only the throughput checks against the best rows
+        assert same[key]["ratio"] == pytest.approx(0.92) and same[key]["met"] is True, same[
+            key
+        ]  # below 0.95 / 1.0
+        assert (
+            same[key]["floor"] == pytest.approx(0.92) and below[key]["met"] is False
+        )  # 0.91: below both
+    assert (
+        "floor" not in same["vs_best_python_peer"]
+    )  # only the throughput checks against the best rows
     # a quiet machine's floor above the bound does not raise the bound
     quiet = {
         **results,
@@ -51,7 +57,9 @@ def test_a_row_identical_to_the_best_does_not_miss_and_one_below_the_floor_does(
         "dataloader_best_twin2": _row(99.0),
         "torchpipe_auto": _row(96.0, "inline"),
     }
-    assert tg.targets("tiny", quiet)["torchpipe_auto"]["vs_best_of_any"]["met"] is True  # 0.96 >= 0.95
+    assert (
+        tg.targets("tiny", quiet)["torchpipe_auto"]["vs_best_of_any"]["met"] is True
+    )  # 0.96 >= 0.95
     assert tg.floor({"dataloader_best_twin1": _row(5.0)}) is None  # one twin: no floor
     text = tg.format_targets({"workloads": {"tiny": {"results": results, "targets": checks}}})
     assert "0.92 ok (floor 0.92)" in text and "0.91 MISS (floor 0.92)" in text
@@ -83,7 +91,10 @@ def _two_rows(fresh: bool) -> dict[str, float]:
         return lambda: measure(lambda: _leaking(kept, megabytes), count, 0.0, 0.05, min_batches=1)
 
     def plan() -> list[rounds.Trial]:
-        return [rounds.Trial("leaks", row(HELD_MB), name="leaks"), rounds.Trial("after", row(0), name="after")]
+        return [
+            rounds.Trial("leaks", row(HELD_MB), name="leaks"),
+            rounds.Trial("after", row(0), name="after"),
+        ]
 
     try:
         done = rounds.run_rounds(plan, 1, fresh=fresh)
@@ -117,10 +128,14 @@ def test_a_row_that_fails_is_recorded_and_the_others_are_measured():
     assert [f.split(":", 1)[0] for f in done.failed["broken"]] == ["round 0", "round 1"]
     assert "RuntimeError: no such device" in done.failed["broken"][0] and len(seen) == 2
     runs = done.runs["fine"]
-    assert all(r["row_wall_s"] >= r["measure_s"] >= 0 for r in runs)  # the fresh process's cost, apart
+    assert all(
+        r["row_wall_s"] >= r["measure_s"] >= 0 for r in runs
+    )  # the fresh process's cost, apart
     with pytest.raises(isolate.RowFailed, match="ran past") as info:
         isolate.in_fresh_process([lambda: time.sleep(30)], timeout_s=0.5)
-    assert "where its threads were" in str(info.value) and "test_bench_verdicts.py" in str(info.value)
+    assert "where its threads were" in str(info.value) and "test_bench_verdicts.py" in str(
+        info.value
+    )
 
 
 def test_a_row_past_its_time_is_killed_and_recorded_with_where_it_was():
@@ -156,7 +171,9 @@ def test_a_known_allocation_held_for_200_ms_shows_in_the_peak():
         after = monitor.pss_and_held()[0]
     assert before is not None and after is not None and monitor.peak_pss is not None
     assert (monitor.peak_pss - before) / MB > HELD_MB * 0.9  # in the peak
-    assert (after - before) / MB < HELD_MB * 0.5  # and gone at the end: an end reading would miss it
+    assert (
+        after - before
+    ) / MB < HELD_MB * 0.5  # and gone at the end: an end reading would miss it
     assert monitor.sampler_cpu_s > 0
 
 
@@ -174,12 +191,18 @@ def test_data_that_runs_out_is_said_not_raised_past(monkeypatch):
 def test_a_peer_without_a_configuration_on_a_workload_says_why(small, monkeypatch):
     peer = _fake_peer("empty", [], [])
     monkeypatch.setattr(
-        pr, "PEERS", (peer.__class__(peer.library, peer.module, peer.distribution, lambda work, quick: []),)
+        pr,
+        "PEERS",
+        (peer.__class__(peer.library, peer.module, peer.distribution, lambda work, quick: []),),
     )
     monkeypatch.setattr(pr.Peer, "installed", lambda self: True)
     runner = run.Runner(wl.blobs(TINY, True), TINY, quick=True)
-    assert runner.peer_trials(last=False) == [] and runner.not_measured == {"empty": run.NOT_MEASURED_GRID}
-    assert pr.grid_of(wl.blobs(TINY, True), quick=True)  # blobs gives the peers a grid: they have rows there
+    assert runner.peer_trials(last=False) == [] and runner.not_measured == {
+        "empty": run.NOT_MEASURED_GRID
+    }
+    assert pr.grid_of(
+        wl.blobs(TINY, True), quick=True
+    )  # blobs gives the peers a grid: they have rows there
 
 
 def test_a_quick_run_leaves_out_the_grid_points_that_never_won(small, monkeypatch):
@@ -194,18 +217,36 @@ def test_a_quick_run_leaves_out_the_grid_points_that_never_won(small, monkeypatc
             }
         },
     )
-    assert cuts.kept("tiny", "dataloader_best", {"num_workers": 3, "prefetch_factor": 2}, quick=True)
-    assert not cuts.kept("tiny", "dataloader_best", {"num_workers": 4, "prefetch_factor": 2}, quick=True)
-    assert cuts.kept("tiny", "dataloader_best", {"num_workers": 2, "prefetch_factor": 2}, quick=True)  # a reference
-    assert cuts.kept("jpeg", "dataloader_best", {"num_workers": 4, "prefetch_factor": 2}, quick=True)  # no record
-    assert cuts.kept("tiny", "dataloader_best", {"num_workers": 4, "prefetch_factor": 2}, quick=False)  # full grids
+    assert cuts.kept(
+        "tiny", "dataloader_best", {"num_workers": 3, "prefetch_factor": 2}, quick=True
+    )
+    assert not cuts.kept(
+        "tiny", "dataloader_best", {"num_workers": 4, "prefetch_factor": 2}, quick=True
+    )
+    assert cuts.kept(
+        "tiny", "dataloader_best", {"num_workers": 2, "prefetch_factor": 2}, quick=True
+    )  # a reference
+    assert cuts.kept(
+        "jpeg", "dataloader_best", {"num_workers": 4, "prefetch_factor": 2}, quick=True
+    )  # no record
+    assert cuts.kept(
+        "tiny", "dataloader_best", {"num_workers": 4, "prefetch_factor": 2}, quick=False
+    )  # full grids
     monkeypatch.setattr(cuts, "BUDGET_WON", {"tiny": [{"num_workers": 4, "prefetch_factor": 2}]})
-    assert cuts.kept("tiny", "dataloader_best", {"num_workers": 4, "prefetch_factor": 2}, quick=True)  # a budget's
+    assert cuts.kept(
+        "tiny", "dataloader_best", {"num_workers": 4, "prefetch_factor": 2}, quick=True
+    )  # a budget's
     monkeypatch.setattr(
-        run, "dataloader_grid", lambda quick: [{"num_workers": n, "prefetch_factor": 2} for n in (1, 3)]
+        run,
+        "dataloader_grid",
+        lambda quick: [{"num_workers": n, "prefetch_factor": 2} for n in (1, 3)],
     )
     runner = run.Runner(wl.tiny_elements(TINY, True), TINY, quick=True)
-    assert [t.knobs for t in runner.dataloader_trials()[1:]] == [{"num_workers": 3, "prefetch_factor": 2}]
-    assert runner.cut == ["dataloader_best {'num_workers': 1, 'prefetch_factor': 2}"]  # recorded, once
+    assert [t.knobs for t in runner.dataloader_trials()[1:]] == [
+        {"num_workers": 3, "prefetch_factor": 2}
+    ]
+    assert runner.cut == [
+        "dataloader_best {'num_workers': 1, 'prefetch_factor': 2}"
+    ]  # recorded, once
     runner.dataloader_trials()
     assert len(runner.cut) == 1

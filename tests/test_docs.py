@@ -40,7 +40,9 @@ import torchpipe as tp
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```(\S*)\s*$")
-MARKER = re.compile(r"^<!--\s*(continues|requires|cuda as cpu|one rank|not run)\s*:?\s*(.*?)\s*-->\s*$")
+MARKER = re.compile(
+    r"^<!--\s*(continues|requires|cuda as cpu|one rank|not run)\s*:?\s*(.*?)\s*-->\s*$"
+)
 IMAGES, SAMPLES, SHARDS, SHARD_RECORDS, TARS = 16, 256, 2, 8, 4
 
 
@@ -80,7 +82,11 @@ def page_blocks(path: Path) -> list[Block]:
                 markers.append((m.group(1), m.group(2)))
                 k -= 1
             code = "\n".join(lines[i + 1 : end])
-            blocks.append(Block(path.relative_to(ROOT).as_posix(), len(blocks) + 1, i + 2, code, tuple(markers)))
+            blocks.append(
+                Block(
+                    path.relative_to(ROOT).as_posix(), len(blocks) + 1, i + 2, code, tuple(markers)
+                )
+            )
         i = end + 1
     return blocks
 
@@ -114,7 +120,9 @@ def write_data(folder: Path) -> None:
     for i in range(IMAGES):
         (folder / f"img_{i:03d}.jpg").write_bytes(jpeg(i))
     for k in range(SHARDS):
-        with tp.io.TFRecordWriter(str(folder / f"train-{k:05d}-of-{SHARDS:05d}.tfrecord")) as writer:
+        with tp.io.TFRecordWriter(
+            str(folder / f"train-{k:05d}-of-{SHARDS:05d}.tfrecord")
+        ) as writer:
             for i in range(SHARD_RECORDS):
                 writer.write(tp.io.serialize_example({"image": jpeg(k * 100 + i), "label": i % 10}))
     for k in range(TARS):
@@ -196,7 +204,10 @@ def user_names(folder: Path) -> dict[str, Any]:
     write_data(folder / "data")
     files = sorted(str(p) for p in (folder / "data").glob("img_*.jpg"))
     paths = [files[i % len(files)] for i in range(SAMPLES)]  # a batch of 256 (drop_remainder=True)
-    spec = {"image": tp.io.FixedLenFeature([], bytes), "label": tp.io.FixedLenFeature([], torch.int64)}
+    spec = {
+        "image": tp.io.FixedLenFeature([], bytes),
+        "label": tp.io.FixedLenFeature([], torch.int64),
+    }
 
     def parse_fn(record: bytes) -> tuple[torch.Tensor, torch.Tensor]:
         example = tp.io.parse_single_example(record, spec)
@@ -250,7 +261,9 @@ def run(block: Block, namespace: dict[str, Any]) -> None:
     before = dict(namespace)
     exec(compile("\n" * (block.line - 1) + code, block.page, "exec"), namespace)
     for name, value in namespace.items():
-        if before.get(name) is not value and isinstance(value, (tp.Dataset, torch.utils.data.DataLoader)):
+        if before.get(name) is not value and isinstance(
+            value, (tp.Dataset, torch.utils.data.DataLoader)
+        ):
             for _ in itertools.islice(value, 100):
                 pass
 
@@ -272,11 +285,17 @@ def test_block_runs(block: Block, tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     if reason is not None:
         pytest.skip(f"not run: {reason}")
     blocks = chain(block)
-    for module in {m.strip() for b in blocks for m in (b.marker("requires") or "").split(",") if m.strip()}:
+    for module in {
+        m.strip() for b in blocks for m in (b.marker("requires") or "").split(",") if m.strip()
+    }:
         pytest.importorskip(module)
     monkeypatch.chdir(tmp_path)
     namespace = user_names(tmp_path)
-    group = one_rank(tmp_path) if any(b.marker("one rank") is not None for b in blocks) else contextlib.nullcontext()
+    group = (
+        one_rank(tmp_path)
+        if any(b.marker("one rank") is not None for b in blocks)
+        else contextlib.nullcontext()
+    )
     with group:
         for b in blocks:
             run(b, namespace)
@@ -291,10 +310,14 @@ def test_blocks_are_found_and_their_markers_known() -> None:
         for n, line in enumerate(lines):
             if line.startswith("<!--") and MARKER.match(line):
                 below = next(x for x in lines[n + 1 :] if not MARKER.match(x))
-                assert below == "```python", f"{page.name}:{n + 1}: a marker not above a Python block"
+                assert below == "```python", (
+                    f"{page.name}:{n + 1}: a marker not above a Python block"
+                )
     for block in BLOCKS:
         after = block.marker("continues")
-        assert after is None or 0 < int(after or block.number - 1) < block.number, f"{block} continues nothing"
+        assert after is None or 0 < int(after or block.number - 1) < block.number, (
+            f"{block} continues nothing"
+        )
 
 
 def test_every_block_compiles() -> None:
@@ -306,14 +329,18 @@ def test_every_block_compiles() -> None:
 def test_a_pipeline_a_block_leaves_is_iterated() -> None:
     # docs/image.md's first block once built a pipeline whose map function took one argument:
     # building it passed, its first element raised, so the test iterates what a block leaves.
-    block = Block("example.md", 1, 2, "ds = tp.from_tensor_slices(([1, 2], [3, 4])).map(lambda pair: pair)")
+    block = Block(
+        "example.md", 1, 2, "ds = tp.from_tensor_slices(([1, 2], [3, 4])).map(lambda pair: pair)"
+    )
     with pytest.raises(TypeError, match="positional argument"):
         run(block, {"tp": tp})
 
 
 def test_the_readme_stays_under_300_lines() -> None:
     lines = len((ROOT / "README.md").read_text().splitlines())
-    assert lines <= 300, f"README.md has {lines} lines: move the details to a page of docs/ and link it"
+    assert lines <= 300, (
+        f"README.md has {lines} lines: move the details to a page of docs/ and link it"
+    )
 
 
 def test_few_blocks_are_not_run() -> None:
@@ -322,12 +349,16 @@ def test_few_blocks_are_not_run() -> None:
 
 
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
-PATH = re.compile(r"(?<![\w./{-])((?:docs|bench|examples|tests|torchpipe)/[\w./-]*\w)(?![\w./<-])")  # not test_<op>.py
+PATH = re.compile(
+    r"(?<![\w./{-])((?:docs|bench|examples|tests|torchpipe)/[\w./-]*\w)(?![\w./<-])"
+)  # not test_<op>.py
 
 
 def anchors(page: Path) -> set[str]:
     """GitHub's anchors for a page's headings: lower case, punctuation dropped, spaces to dashes."""
-    heads = [line.lstrip("#").strip() for line in page.read_text().splitlines() if line.startswith("#")]
+    heads = [
+        line.lstrip("#").strip() for line in page.read_text().splitlines() if line.startswith("#")
+    ]
     return {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in heads}
 
 
@@ -340,7 +371,9 @@ def test_relative_links_and_paths_resolve(page: Path) -> None:
             continue
         file, _, anchor = target.partition("#")
         resolved = (page.parent / file) if file else page
-        if not resolved.exists() or (anchor and resolved.suffix == ".md" and anchor not in anchors(resolved)):
+        if not resolved.exists() or (
+            anchor and resolved.suffix == ".md" and anchor not in anchors(resolved)
+        ):
             broken.append(target)
     for path in PATH.findall(text):
         if not (ROOT / path).exists() and not (page.parent / path).exists():

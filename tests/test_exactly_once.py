@@ -43,7 +43,11 @@ def _shard(i):
 LOADERS = {
     "map-style, 2 workers": lambda: tp.DataLoader(Rows(), batch_size=8, num_workers=2),
     "map-style, shuffled, 2 workers": lambda: tp.DataLoader(
-        Rows(), batch_size=8, shuffle=True, num_workers=2, generator=torch.Generator().manual_seed(0)
+        Rows(),
+        batch_size=8,
+        shuffle=True,
+        num_workers=2,
+        generator=torch.Generator().manual_seed(0),
     ),
     "iterable, 2 workers": lambda: tp.DataLoader(Stream(), batch_size=8, num_workers=2),
     "iterable, auto": lambda: tp.DataLoader(Stream(), batch_size=8, num_workers="auto"),

@@ -24,7 +24,17 @@ def test_imagenet_style_trains_from_an_image_folder(tmp_path, capsys, loader):
     imagenet = example("imagenet_style")
     imagenet.make_folder(str(tmp_path), classes=2, per_class=8)
     assert len(imagenet.samples(str(tmp_path))) == 16
-    imagenet.main(["--root", str(tmp_path), "--steps", "3", "--batch-size", "4", *(["--loader"] if loader else [])])
+    imagenet.main(
+        [
+            "--root",
+            str(tmp_path),
+            "--steps",
+            "3",
+            "--batch-size",
+            "4",
+            *(["--loader"] if loader else []),
+        ]
+    )
     out = capsys.readouterr().out
     assert "12 images in" in out and "0 of them by Pillow" in out
 

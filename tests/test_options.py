@@ -17,11 +17,18 @@ def test_merge_later_set_fields_win_and_unset_fields_keep():
     assert merged.seed == 1 and merged.deterministic is False
     assert tp.Options(seed=1).merge(tp.Options(seed=2)).seed == 2
     # an explicitly set default still overrides
-    assert tp.Options(deterministic=False).merge(tp.Options(deterministic=True)).deterministic is True
+    assert (
+        tp.Options(deterministic=False).merge(tp.Options(deterministic=True)).deterministic is True
+    )
 
 
 def test_with_options_merges_along_the_pipeline():
-    ds = tp.range(3).with_options(tp.Options(seed=5)).map(lambda x: x).with_options(tp.Options(deterministic=False))
+    ds = (
+        tp.range(3)
+        .with_options(tp.Options(seed=5))
+        .map(lambda x: x)
+        .with_options(tp.Options(deterministic=False))
+    )
     assert ds.options() == tp.Options(seed=5, deterministic=False)
     zipped = tp.zip(tp.range(2).with_options(tp.Options(seed=1)), tp.range(2))
     assert zipped.options().seed == 1

@@ -52,16 +52,29 @@ class Child:
         new_session: run it as the leader of its own process group (to signal the whole group).
     """
 
-    def __init__(self, case: str, state_path: Path, token: str, handler: bool = True, new_session: bool = False):
+    def __init__(
+        self,
+        case: str,
+        state_path: Path,
+        token: str,
+        handler: bool = True,
+        new_session: bool = False,
+    ):
         self.token = token
         env = dict(os.environ, **{TOKEN: token})
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
         command = [sys.executable, "-m", "tests.preemption_child", case, str(state_path)]
         self.stderr_path = state_path.with_suffix(f".{token[:8]}.{time.monotonic_ns()}.stderr")
         with open(self.stderr_path, "w") as stderr:
-            self.process = subprocess.Popen(command + ([] if handler else ["--no-handler"]), cwd=REPO, env=env,
-                                            stdout=subprocess.PIPE, stderr=stderr, text=True,
-                                            start_new_session=new_session)  # fmt: skip
+            self.process = subprocess.Popen(
+                command + ([] if handler else ["--no-handler"]),
+                cwd=REPO,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                text=True,
+                start_new_session=new_session,
+            )
         self.reports: list[dict[str, Any]] = []
         self._lines: queue.Queue[dict[str, Any] | None] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
@@ -82,8 +95,12 @@ class Child:
             try:
                 line = self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
-                raise AssertionError(f"{len(self.batches)} batches in {WAIT_S} s: {self.stderr()}") from None
-            assert line is not None, f"the child ended after {len(self.batches)} batches: {self.stderr()}"
+                raise AssertionError(
+                    f"{len(self.batches)} batches in {WAIT_S} s: {self.stderr()}"
+                ) from None
+            assert line is not None, (
+                f"the child ended after {len(self.batches)} batches: {self.stderr()}"
+            )
             self.reports.append(line)
 
     def finish(self) -> int:
@@ -93,13 +110,17 @@ class Child:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait(WAIT_S)
-            raise AssertionError(f"the child did not end within {WAIT_S} s: {self.stderr()}") from None
+            raise AssertionError(
+                f"the child did not end within {WAIT_S} s: {self.stderr()}"
+            ) from None
         try:
             while (line := self._lines.get(timeout=WAIT_S)) is not None:
                 self.reports.append(line)
         except queue.Empty:
-            raise AssertionError(f"the child's stdout is still open {WAIT_S} s after it ended: a process of "
-                                 f"the run holds it: {_processes_of(self.token)}") from None  # fmt: skip
+            raise AssertionError(
+                f"the child's stdout is still open {WAIT_S} s after it ended: a process of "
+                f"the run holds it: {_processes_of(self.token)}"
+            ) from None
         return code
 
     def stderr(self) -> str:
@@ -205,10 +226,14 @@ def test_a_preempted_run_resumes_in_a_new_process_exactly_and_leaves_nothing(cas
     first.process.send_signal(signal.SIGTERM)
     assert first.finish() == 0, first.stderr()
     assert first.reports[-1] == {"saved": len(first.batches)}
-    assert 3 <= len(first.batches) < len(expected)  # stopped mid-epoch, so the resume has work to do
+    assert (
+        3 <= len(first.batches) < len(expected)
+    )  # stopped mid-epoch, so the resume has work to do
     second = _start(run, case, state)
     assert second.finish() == 0, second.stderr()
-    assert second.reports[0] == {"resumed_at": len(first.batches)}  # the model, saved at the same batch
+    assert second.reports[0] == {
+        "resumed_at": len(first.batches)
+    }  # the model, saved at the same batch
     assert second.reports[-1] == {"finished": len(expected)}
     assert first.batches + second.batches == expected
     _assert_nothing_left(run["token"], first.pids | second.pids, shm_before)

@@ -35,8 +35,13 @@ def _shuffle_map_batch(n, buffer, batch, drop, seed, parallelism):
 
 
 def _interleave(n, cycle, block, parallelism):
-    return tp.range(n).interleave(_block, cycle_length=cycle, block_length=block,
-                                  num_parallel_calls=parallelism, executor="thread")  # fmt: skip
+    return tp.range(n).interleave(
+        _block,
+        cycle_length=cycle,
+        block_length=block,
+        num_parallel_calls=parallelism,
+        executor="thread",
+    )
 
 
 def _filter(n, modulus, buffer, seed, parallelism):
@@ -47,13 +52,31 @@ def _filter(n, modulus, buffer, seed, parallelism):
 
 SEEDS = st.integers(0, 2**32)
 MAKERS = st.one_of(
-    st.builds(functools.partial, st.just(_shuffle_map_batch), n=st.integers(0, 40), buffer=st.integers(1, 16),
-              batch=st.integers(1, 7), drop=st.booleans(), seed=SEEDS),
-    st.builds(functools.partial, st.just(_interleave), n=st.integers(3, 12), cycle=st.integers(2, 4),
-              block=st.integers(1, 3)),
-    st.builds(functools.partial, st.just(_filter), n=st.integers(0, 60), modulus=st.integers(1, 5),
-              buffer=st.integers(1, 8), seed=SEEDS),
-)  # fmt: skip
+    st.builds(
+        functools.partial,
+        st.just(_shuffle_map_batch),
+        n=st.integers(0, 40),
+        buffer=st.integers(1, 16),
+        batch=st.integers(1, 7),
+        drop=st.booleans(),
+        seed=SEEDS,
+    ),
+    st.builds(
+        functools.partial,
+        st.just(_interleave),
+        n=st.integers(3, 12),
+        cycle=st.integers(2, 4),
+        block=st.integers(1, 3),
+    ),
+    st.builds(
+        functools.partial,
+        st.just(_filter),
+        n=st.integers(0, 60),
+        modulus=st.integers(1, 5),
+        buffer=st.integers(1, 8),
+        seed=SEEDS,
+    ),
+)
 """Pipelines with drawn sizes and seeds, as functions of the parallelism of their parallel stage:
 shuffle, map and batch; interleave of inputs of different lengths; map, filter and shuffle."""
 

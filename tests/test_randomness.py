@@ -91,7 +91,9 @@ def slow_draws(x):
 def test_rng_state_is_per_thread():
     seeded = tp.Options(seed=5)
     inline = list(tp.range(8).map(slow_draws).with_options(seeded))
-    threaded = list(tp.range(8).map(slow_draws, num_parallel_calls=4, executor="thread").with_options(seeded))
+    threaded = list(
+        tp.range(8).map(slow_draws, num_parallel_calls=4, executor="thread").with_options(seeded)
+    )
     assert threaded == inline  # another thread's call in between did not move this call's generator
     assert len({draw for _, a, b in inline for draw in (a, b)}) == 16
     with pytest.raises(RuntimeError):

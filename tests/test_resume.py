@@ -37,8 +37,13 @@ def _resume_elsewhere(states, tmp_path):
     states_path, out_path = tmp_path / "states.pt", tmp_path / "rest.pt"
     torch.save(states, states_path)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
-    subprocess.run([sys.executable, "-m", "tests.resumes", str(states_path), str(out_path)],
-                   cwd=ROOT, env=env, check=True, timeout=50)  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-m", "tests.resumes", str(states_path), str(out_path)],
+        cwd=ROOT,
+        env=env,
+        check=True,
+        timeout=50,
+    )
     return torch.load(out_path)
 
 

@@ -63,7 +63,11 @@ def test_from_tensor_slices_keeps_structure():
     out = list(ds)
     assert len(out) == 3 == len(ds)
     assert torch.equal(out[1]["t"], torch.tensor([2, 3]))
-    assert type(out[2]["pair"]) is Pair and out[2]["pair"].b == "z" and out[2]["pair"].a == np.float32(3.5)
+    assert (
+        type(out[2]["pair"]) is Pair
+        and out[2]["pair"].b == "z"
+        and out[2]["pair"].a == np.float32(3.5)
+    )
     assert list(tp.from_tensor_slices([[1, 2], [3, 4]])) == [[1, 2], [3, 4]]
     assert_same_elements(
         tp.from_tensor_slices((torch.arange(2), torch.ones(2))),

@@ -103,7 +103,8 @@ def test_elements_equal_detects_differences(a, b):
 
 def test_elements_equal_accepts_equal_values_and_nans():
     assert_elements_equal(
-        {"x": (torch.tensor([float("nan"), 1.0]), "s")}, {"x": (torch.tensor([float("nan"), 1.0]), "s")}
+        {"x": (torch.tensor([float("nan"), 1.0]), "s")},
+        {"x": (torch.tensor([float("nan"), 1.0]), "s")},
     )
     assert_elements_equal(np.array([np.nan]), np.array([np.nan]))
     assert_elements_equal(float("nan"), float("nan"))
@@ -211,13 +212,18 @@ def _square_in_a_worker_that_ignores_sigterm(x):
 
 
 def test_exactly_once_sends_the_signal_asked_for():
-    make = lambda: tp.range(120).map(_square_in_a_worker_that_ignores_sigterm, 2, executor="process")  # noqa: E731
+    def make():
+        return tp.range(120).map(_square_in_a_worker_that_ignores_sigterm, 2, executor="process")
+
     assert assert_exactly_once(make, signal=signal.SIGKILL) is not None  # SIGKILL cannot be ignored
 
 
 def test_exactly_once_fails_when_the_signalled_worker_lives_on(monkeypatch):
     monkeypatch.setattr(torchpipe.testing, "SIGNAL_WAIT_S", 1.0)
-    make = lambda: tp.range(120).map(_square_in_a_worker_that_ignores_sigterm, 2, executor="process")  # noqa: E731
+
+    def make():
+        return tp.range(120).map(_square_in_a_worker_that_ignores_sigterm, 2, executor="process")
+
     with pytest.raises(AssertionError, match=r"worker process \d+ still runs 1.0 s after SIGTERM"):
         assert_exactly_once(make, signal=signal.SIGTERM)
 
@@ -234,7 +240,9 @@ class OneWorkerRun:
         self.broken_at = None
 
     def __call__(self):
-        return self._elements(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]))
+        return self._elements(
+            subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        )
 
     def _elements(self, worker):
         try:
@@ -261,9 +269,14 @@ def _died(worker, wait_s=0.005):
     return True
 
 
-@pytest.mark.parametrize("mode, named", [("lose", "lost: [{x}]; repeated or unexpected: []"),
-                                         ("repeat", "lost: []; repeated or unexpected: [{previous}]")],
-                         ids=["lost", "repeated"])  # fmt: skip
+@pytest.mark.parametrize(
+    "mode, named",
+    [
+        ("lose", "lost: [{x}]; repeated or unexpected: []"),
+        ("repeat", "lost: []; repeated or unexpected: [{previous}]"),
+    ],
+    ids=["lost", "repeated"],
+)
 @pytest.mark.parametrize("ordered", [True, False], ids=["ordered", "unordered"])
 def test_exactly_once_names_an_element_lost_or_repeated_when_the_worker_dies(mode, named, ordered):
     run = OneWorkerRun(mode)
@@ -301,7 +314,9 @@ def test_stages_are_the_running_op_iterators_root_first_and_find_stage_names_wha
         stages(it)
     assert next(it) == 0
     kinds = [type(stage) for stage in stages(it)]
-    assert kinds[:2] == [PrefetchIterator, ParallelMapIterator] and len(kinds) == 3  # then the range
+    assert (
+        kinds[:2] == [PrefetchIterator, ParallelMapIterator] and len(kinds) == 3
+    )  # then the range
     assert find_stage(it, ParallelMapIterator) is stages(it)[1]
     with pytest.raises(AssertionError, match="no Node among the stages"):
         find_stage(it, Node)
@@ -309,13 +324,19 @@ def test_stages_are_the_running_op_iterators_root_first_and_find_stage_names_wha
 
 
 def test_knobs_are_what_the_autotuner_turns():
-    ds = tp.range(50).prefetch(tp.AUTOTUNE).with_options(tp.Options(autotune=tp.AutotuneOptions(enabled=False)))
+    ds = (
+        tp.range(50)
+        .prefetch(tp.AUTOTUNE)
+        .with_options(tp.Options(autotune=tp.AutotuneOptions(enabled=False)))
+    )
     it = iter(ds)
     next(it)
     (knob,) = knobs(it)
     knob.request(7)
     assert it.stats()[0]["knobs"]["prefetch.buffer_size"] == 7 and list(it) == list(range(1, 50))
-    assert knobs(iter(tp.DataLoader(range(8), num_workers=2))) == []  # fixed workers: nothing to tune
+    assert (
+        knobs(iter(tp.DataLoader(range(8), num_workers=2))) == []
+    )  # fixed workers: nothing to tune
 
 
 def test_move_calls_moves_an_auto_stage_and_loses_nothing():
@@ -388,7 +409,9 @@ def test_node_is_as_written_and_running_node_as_it_will_run():
 
 
 def test_open_readers_release_and_capacity_are_the_interleaves():
-    ds = tp.range(4).interleave(lambda x: tp.range(3), cycle_length=2, num_parallel_calls=2, executor="thread")
+    ds = tp.range(4).interleave(
+        lambda x: tp.range(3), cycle_length=2, num_parallel_calls=2, executor="thread"
+    )
     with iter(ds) as it:
         next(it)
         readers = open_readers(it)

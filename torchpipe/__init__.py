@@ -3,14 +3,24 @@
 from torchpipe import distributed, image, io
 from torchpipe.constants import AUTOTUNE, INFINITE, UNKNOWN
 from torchpipe.dataset import Dataset
-from torchpipe.errors import CheckpointError, DiskFullError, StallError, UntrustedTypeError, WorkerError
+from torchpipe.errors import (
+    CheckpointError,
+    DiskFullError,
+    StallError,
+    UntrustedTypeError,
+    WorkerError,
+)
 from torchpipe.integrations.ray_data import from_ray
 from torchpipe.io import TFRecordDataset, from_webdataset
 from torchpipe.loader import DataLoader, explain
 from torchpipe.ops.map import pure
 from torchpipe.options import AutotuneOptions, DistributeOptions, Options
 from torchpipe.randomness import rng
-from torchpipe.runtime.codec.restricted import add_safe_globals, clear_safe_globals, get_safe_globals
+from torchpipe.runtime.codec.restricted import (
+    add_safe_globals,
+    clear_safe_globals,
+    get_safe_globals,
+)
 from torchpipe.runtime.ray.executor import RayExecutor
 from torchpipe.saved import load
 from torchpipe.shared_sequence import SharedSequence

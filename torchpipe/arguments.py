@@ -41,8 +41,12 @@ def require_parallelism(op: str, value: Any) -> None:
 
 
 def require_executor(op: str, executor: Any) -> None:
-    if not isinstance(executor, RayExecutor) and (not isinstance(executor, str) or executor not in EXECUTORS):
-        raise ValueError(f"{op}: executor must be one of {EXECUTORS} or a tp.RayExecutor, got {executor!r}")
+    if not isinstance(executor, RayExecutor) and (
+        not isinstance(executor, str) or executor not in EXECUTORS
+    ):
+        raise ValueError(
+            f"{op}: executor must be one of {EXECUTORS} or a tp.RayExecutor, got {executor!r}"
+        )
 
 
 def ray_parallelism(op: str, executor: Any, num_parallel_calls: int | None) -> int | None:
@@ -54,12 +58,16 @@ def ray_parallelism(op: str, executor: Any, num_parallel_calls: int | None) -> i
         return num_parallel_calls
     actors = ray.num_actors
     if actors is not None and num_parallel_calls not in (None, actors):
-        raise ValueError(f"{op}: num_parallel_calls={num_parallel_calls} and RayExecutor(num_actors={actors}) "
-                         "disagree; give one of them")  # fmt: skip
+        raise ValueError(
+            f"{op}: num_parallel_calls={num_parallel_calls} and RayExecutor(num_actors={actors}) "
+            "disagree; give one of them"
+        )
     parallel = ray.parallelism(num_parallel_calls)
     if parallel is None:
-        raise ValueError(f"{op}: executor={executor!r} runs calls in parallel on Ray actors: give "
-                         "num_parallel_calls (an int or tp.AUTOTUNE) or RayExecutor(num_actors=...)")  # fmt: skip
+        raise ValueError(
+            f"{op}: executor={executor!r} runs calls in parallel on Ray actors: give "
+            "num_parallel_calls (an int or tp.AUTOTUNE) or RayExecutor(num_actors=...)"
+        )
     return parallel
 
 

@@ -67,11 +67,15 @@ class Dataset(torch.utils.data.IterableDataset):
 
     def __init__(self, node: Node) -> None:
         if not isinstance(node, Node):
-            raise TypeError("Datasets are made by tp.from_dataset(), tp.range() and the other sources")
+            raise TypeError(
+                "Datasets are made by tp.from_dataset(), tp.range() and the other sources"
+            )
         self._node = node
         self._history = PassHistory()  # the epoch counter, and what the latest pass tuned
         self._latest: weakref.ref | None = None  # the latest pass, for explain()'s tuned values
-        self._memory: dict[tuple[int, ...], dict[str, Any]] = {}  # what passes learned: the next starts there
+        self._memory: dict[
+            tuple[int, ...], dict[str, Any]
+        ] = {}  # what passes learned: the next starts there
 
     def __getstate__(self) -> dict[str, Any]:
         # A copy (torch's DataLoader pickles its dataset for spawned workers) starts afresh.
@@ -88,7 +92,13 @@ class Dataset(torch.utils.data.IterableDataset):
 
     def _plan(self) -> Plan:
         options = self.options()
-        return Plan(self._node, options, self._memory, current_worker(self), current_rank_info(options.distribute))
+        return Plan(
+            self._node,
+            options,
+            self._memory,
+            current_worker(self),
+            current_rank_info(options.distribute),
+        )
 
     def options(self) -> Options:
         """The pipeline's options: every ``with_options`` below this node, later ones winning."""
@@ -178,12 +188,18 @@ class Dataset(torch.utils.data.IterableDataset):
         require_optional_bool("map", "deterministic", deterministic)
         require_executor("map", executor)
         num_parallel_calls = ray_parallelism("map", executor, num_parallel_calls)
-        executor = resolve_ray(executor) or executor  # "ray" is RayExecutor(): the node builds its pool with it
+        executor = (
+            resolve_ray(executor) or executor
+        )  # "ray" is RayExecutor(): the node builds its pool with it
         if name is not None and not isinstance(name, str):
             raise TypeError(f"map: name must be a str, got {type(name).__name__}")
         require_bool("map", "pure", pure)
         require_bool("map", "batched", batched)
-        return Dataset(MapNode(self._node, fn, num_parallel_calls, deterministic, executor, name, pure, batched))
+        return Dataset(
+            MapNode(
+                self._node, fn, num_parallel_calls, deterministic, executor, name, pure, batched
+            )
+        )
 
     def filter(self, predicate: Callable[..., Any]) -> Dataset:
         """Keep the elements for which ``predicate`` returns True (a bool or 0-d bool tensor)."""
@@ -230,7 +246,9 @@ class Dataset(torch.utils.data.IterableDataset):
         require_executor("interleave", executor)
         num_parallel_calls = ray_parallelism("interleave", executor, num_parallel_calls)
         executor = resolve_ray(executor) or executor
-        node = InterleaveNode(self._node, fn, cycle_length, block_length, num_parallel_calls, deterministic, executor)
+        node = InterleaveNode(
+            self._node, fn, cycle_length, block_length, num_parallel_calls, deterministic, executor
+        )
         return Dataset(node)
 
     def scan(self, initial_state: Any, fn: Callable[[Any, Any], tuple[Any, Any]]) -> Dataset:
@@ -295,7 +313,9 @@ class Dataset(torch.utils.data.IterableDataset):
         """
         require_int("padded_batch", "batch_size", batch_size, minimum=1)
         require_bool("padded_batch", "drop_remainder", drop_remainder)
-        return Dataset(PaddedBatchNode(self._node, batch_size, padded_shapes, padding_values, drop_remainder))
+        return Dataset(
+            PaddedBatchNode(self._node, batch_size, padded_shapes, padding_values, drop_remainder)
+        )
 
     def unbatch(self) -> Dataset:
         """Split each element along its first dimension into elements."""
@@ -308,7 +328,9 @@ class Dataset(torch.utils.data.IterableDataset):
         """
         sizes = [batch_size] if isinstance(batch_size, numbers.Integral) else batch_size
         if not isinstance(sizes, Sequence) or isinstance(sizes, str) or not sizes:
-            raise TypeError(f"rebatch: batch_size must be an int or a non-empty list of ints, got {batch_size!r}")
+            raise TypeError(
+                f"rebatch: batch_size must be an int or a non-empty list of ints, got {batch_size!r}"
+            )
         for size in sizes:
             require_int("rebatch", "batch_size", size, minimum=1)
         require_bool("rebatch", "drop_remainder", drop_remainder)
@@ -336,7 +358,9 @@ class Dataset(torch.utils.data.IterableDataset):
         for b in bounds:
             require_int("bucket_by_sequence_length", "bucket_boundaries", b, minimum=1)
         if any(a >= b for a, b in zip(bounds, bounds[1:])):
-            raise ValueError(f"bucket_by_sequence_length: bucket_boundaries must increase, got {bounds}")
+            raise ValueError(
+                f"bucket_by_sequence_length: bucket_boundaries must increase, got {bounds}"
+            )
         for s in sizes:
             require_int("bucket_by_sequence_length", "bucket_batch_sizes", s, minimum=1)
         if len(sizes) != len(bounds) + 1:
@@ -359,7 +383,9 @@ class Dataset(torch.utils.data.IterableDataset):
             )
         )
 
-    def window(self, size: int, shift: int | None = None, stride: int = 1, drop_remainder: bool = False) -> Dataset:
+    def window(
+        self, size: int, shift: int | None = None, stride: int = 1, drop_remainder: bool = False
+    ) -> Dataset:
         """Group consecutive elements into (possibly overlapping) windows, each a tuple (tf.data's op).
 
         Window ``i`` holds the input elements ``i * shift + j * stride`` for ``j < size``.
@@ -401,11 +427,20 @@ class Dataset(torch.utils.data.IterableDataset):
             require_int("window", "shift", shift, minimum=1)
         require_int("window", "stride", stride, minimum=1)
         require_bool("window", "drop_remainder", drop_remainder)
-        return Dataset(WindowNode(self._node, int(size), int(size if shift is None else shift), int(stride),
-                                  drop_remainder))  # fmt: skip
+        return Dataset(
+            WindowNode(
+                self._node,
+                int(size),
+                int(size if shift is None else shift),
+                int(stride),
+                drop_remainder,
+            )
+        )
 
     # -- order and size -------------------------------------------------------------------
-    def shuffle(self, buffer_size: int, seed: int | None = None, reshuffle_each_iteration: bool = True) -> Dataset:
+    def shuffle(
+        self, buffer_size: int, seed: int | None = None, reshuffle_each_iteration: bool = True
+    ) -> Dataset:
         """Shuffle with a buffer of ``buffer_size`` elements (tf.data's algorithm).
 
         The same seed gives the same order; with ``reshuffle_each_iteration`` each epoch and each
@@ -480,8 +515,14 @@ class Dataset(torch.utils.data.IterableDataset):
             ValueError, OSError: for a file no pass could write (see :func:`check_cache_path`):
                 a URL, a directory, a missing or unwritable directory.
         """
-        if path is not None and not isinstance(path, (str, bytes)) and not hasattr(path, "__fspath__"):
-            raise TypeError(f"cache: path must be a str, os.PathLike or None, got {type(path).__name__}")
+        if (
+            path is not None
+            and not isinstance(path, (str, bytes))
+            and not hasattr(path, "__fspath__")
+        ):
+            raise TypeError(
+                f"cache: path must be a str, os.PathLike or None, got {type(path).__name__}"
+            )
         require_bool("cache", "trusted", trusted)
         check_cache_path(path)
         return Dataset(CacheNode(self._node, path, trusted))
@@ -519,10 +560,17 @@ class Dataset(torch.utils.data.IterableDataset):
         require_path("save", path)
         if shard_func is not None:
             require_callable("save", "shard_func", shard_func)
-        save(self, os.fsdecode(os.fspath(path)), shard_func, check_compression(compression),
-             **check_checkpoint_args(checkpoint_args))  # fmt: skip
+        save(
+            self,
+            os.fsdecode(os.fspath(path)),
+            shard_func,
+            check_compression(compression),
+            **check_checkpoint_args(checkpoint_args),
+        )
 
-    def snapshot(self, path: str | os.PathLike, *, compression: str | None = None, trusted: bool = False) -> Dataset:
+    def snapshot(
+        self, path: str | os.PathLike, *, compression: str | None = None, trusted: bool = False
+    ) -> Dataset:
         """The input's elements, written under ``path`` by the first job that runs this pipeline
         and read from there by later jobs (tf.data's ``snapshot``).
 
@@ -549,7 +597,11 @@ class Dataset(torch.utils.data.IterableDataset):
         """
         require_path("snapshot", path)
         require_bool("snapshot", "trusted", trusted)
-        return Dataset(SnapshotNode(self._node, os.fsdecode(os.fspath(path)), check_compression(compression), trusted))
+        return Dataset(
+            SnapshotNode(
+                self._node, os.fsdecode(os.fspath(path)), check_compression(compression), trusted
+            )
+        )
 
     def prefetch(self, buffer_size: int) -> Dataset:
         """Compute up to ``buffer_size`` elements ahead on a background thread.

@@ -9,7 +9,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 
-def renamed_names(module: str, renamed: Mapping[str, str], names: Mapping[str, Any]) -> Callable[[str], Any]:
+def renamed_names(
+    module: str, renamed: Mapping[str, str], names: Mapping[str, Any]
+) -> Callable[[str], Any]:
     """A ``__getattr__`` for ``module`` that resolves each old name of ``renamed`` to its new one.
 
     Args:
@@ -33,8 +35,11 @@ def renamed_names(module: str, renamed: Mapping[str, str], names: Mapping[str, A
             first = name not in warned
             warned.add(name)
         if first:
-            warnings.warn(f"{module}.{name} is deprecated: it was renamed {module}.{new}", DeprecationWarning,
-                          stacklevel=2)  # fmt: skip
+            warnings.warn(
+                f"{module}.{name} is deprecated: it was renamed {module}.{new}",
+                DeprecationWarning,
+                stacklevel=2,
+            )
         return names[new]
 
     return module_getattr

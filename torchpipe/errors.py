@@ -54,7 +54,11 @@ class StallError(RuntimeError):
     """
 
     def __init__(
-        self, message: str, stage: str | None = None, seq: int | None = None, where: str | None = None
+        self,
+        message: str,
+        stage: str | None = None,
+        seq: int | None = None,
+        where: str | None = None,
     ) -> None:
         super().__init__(message)
         self.stage = stage
@@ -128,9 +132,17 @@ class DiskFullError(OSError):
         written: the bytes written to ``filename`` before the failure.
     """
 
-    def __init__(self, message: str, errno: int | None = None, stage: str | None = None,
-                 filename: str | None = None, written: int | None = None) -> None:  # fmt: skip
-        if errno is None:  # torch's DataLoader re-raises a worker's exception as ``type(e)(its text)``
+    def __init__(
+        self,
+        message: str,
+        errno: int | None = None,
+        stage: str | None = None,
+        filename: str | None = None,
+        written: int | None = None,
+    ) -> None:
+        if (
+            errno is None
+        ):  # torch's DataLoader re-raises a worker's exception as ``type(e)(its text)``
             found = re.search(r"\[Errno (\d+)\]", message)
             errno = int(found.group(1)) if found else None
         super().__init__(errno, os.strerror(errno) if errno is not None else message)
@@ -144,4 +156,8 @@ class DiskFullError(OSError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         # The state keeps PEP 678 notes (the stage that stored, the worker's traceback).
-        return type(self), (self.message, self.errno, self.stage, self.filename, self.written), self.__dict__
+        return (
+            type(self),
+            (self.message, self.errno, self.stage, self.filename, self.written),
+            self.__dict__,
+        )

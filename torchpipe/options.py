@@ -69,22 +69,36 @@ class DistributeOptions:
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
-            raise ValueError(f"DistributeOptions.policy must be one of {POLICIES}, got {self.policy!r}")
+            raise ValueError(
+                f"DistributeOptions.policy must be one of {POLICIES}, got {self.policy!r}"
+            )
         if self.uneven not in UNEVEN:
-            raise ValueError(f"DistributeOptions.uneven must be one of {UNEVEN}, got {self.uneven!r}")
+            raise ValueError(
+                f"DistributeOptions.uneven must be one of {UNEVEN}, got {self.uneven!r}"
+            )
         if not isinstance(self.global_batch, bool):
-            raise TypeError(f"DistributeOptions.global_batch must be a bool, got {self.global_batch!r}")
+            raise TypeError(
+                f"DistributeOptions.global_batch must be a bool, got {self.global_batch!r}"
+            )
         for name in ("rank", "world_size"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
                 raise TypeError(f"DistributeOptions.{name} must be an int or None, got {value!r}")
         if (self.rank is None) != (self.world_size is None):
-            raise ValueError("DistributeOptions: give both rank and world_size, or neither "
-                             f"(got rank={self.rank!r}, world_size={self.world_size!r})")  # fmt: skip
+            raise ValueError(
+                "DistributeOptions: give both rank and world_size, or neither "
+                f"(got rank={self.rank!r}, world_size={self.world_size!r})"
+            )
         if self.world_size is not None and self.world_size < 1:
             raise ValueError(f"DistributeOptions.world_size must be >= 1, got {self.world_size}")
-        if self.rank is not None and self.world_size is not None and not 0 <= self.rank < self.world_size:
-            raise ValueError(f"DistributeOptions.rank must be in [0, {self.world_size}), got {self.rank}")
+        if (
+            self.rank is not None
+            and self.world_size is not None
+            and not 0 <= self.rank < self.world_size
+        ):
+            raise ValueError(
+                f"DistributeOptions.rank must be in [0, {self.world_size}), got {self.rank}"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,9 +137,16 @@ class AutotuneOptions:
 DEFAULT_STALL_TIMEOUT_S = 600.0
 """How long an element may be out in a parallel stage before :class:`~torchpipe.errors.StallError`."""
 
-_DEFAULTS: dict[str, Any] = {"seed": None, "deterministic": True, "restart_workers": True, "optimizations": {},
-                             "autotune": AutotuneOptions(), "stall_timeout": DEFAULT_STALL_TIMEOUT_S,
-                             "trace": False, "distribute": DistributeOptions()}  # fmt: skip
+_DEFAULTS: dict[str, Any] = {
+    "seed": None,
+    "deterministic": True,
+    "restart_workers": True,
+    "optimizations": {},
+    "autotune": AutotuneOptions(),
+    "stall_timeout": DEFAULT_STALL_TIMEOUT_S,
+    "trace": False,
+    "distribute": DistributeOptions(),
+}
 
 
 class Options:
@@ -216,7 +237,11 @@ class Options:
 def _validate(name: str, value: Any) -> None:
     if name not in _DEFAULTS:
         raise TypeError(f"unknown option {name!r}; expected one of {sorted(_DEFAULTS)}")
-    if name == "seed" and value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+    if (
+        name == "seed"
+        and value is not None
+        and (isinstance(value, bool) or not isinstance(value, int))
+    ):
         raise TypeError(f"Options.seed must be an int or None, got {value!r}")
     if name == "seed" and value is not None and value < 0:
         raise ValueError(f"Options.seed must be non-negative, got {value}")
@@ -226,7 +251,9 @@ def _validate(name: str, value: Any) -> None:
         _validate_optimizations(value)
     if name == "stall_timeout" and value is not None:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise TypeError(f"Options.stall_timeout must be a number of seconds or None, got {value!r}")
+            raise TypeError(
+                f"Options.stall_timeout must be a number of seconds or None, got {value!r}"
+            )
         if not value > 0:
             raise ValueError(f"Options.stall_timeout must be positive, got {value!r}")
     if name == "trace" and not isinstance(value, (bool, str)):
@@ -244,7 +271,9 @@ def _validate_optimizations(value: Any) -> None:
         raise TypeError(f"Options.optimizations must be a dict of pass name -> bool, got {value!r}")
     for key, enabled in value.items():
         if key not in OPTIMIZATIONS:
-            raise ValueError(f"Options.optimizations: unknown pass {key!r}; expected one of {list(OPTIMIZATIONS)}")
+            raise ValueError(
+                f"Options.optimizations: unknown pass {key!r}; expected one of {list(OPTIMIZATIONS)}"
+            )
         if not isinstance(enabled, bool):
             raise TypeError(f"Options.optimizations[{key!r}] must be a bool, got {enabled!r}")
 

@@ -68,11 +68,15 @@ _SEEDERS: dict[str, Callable[[int], Any]] = {
     "torch": torch.default_generator.manual_seed,
 }
 _GETTERS: dict[str, Callable[[], Any]] = {
-    "random": random.getstate, "numpy": np.random.get_state, "torch": torch.get_rng_state,
-}  # fmt: skip
+    "random": random.getstate,
+    "numpy": np.random.get_state,
+    "torch": torch.get_rng_state,
+}
 _SETTERS: dict[str, Callable[[Any], Any]] = {
-    "random": random.setstate, "numpy": np.random.set_state, "torch": torch.set_rng_state,
-}  # fmt: skip
+    "random": random.setstate,
+    "numpy": np.random.set_state,
+    "torch": torch.set_rng_state,
+}
 
 
 def seed_global_rngs(seed: int, rngs: tuple[str, ...] = GLOBAL_RNGS) -> None:
@@ -131,7 +135,9 @@ def watch_global_draws() -> Iterator[GlobalDraws]:
         state.watch = previous
 
 
-def call_seeded(seed: int, fn: Callable[..., Any], *args: Any, rngs: tuple[str, ...] = GLOBAL_RNGS) -> Any:
+def call_seeded(
+    seed: int, fn: Callable[..., Any], *args: Any, rngs: tuple[str, ...] = GLOBAL_RNGS
+) -> Any:
     """Seed the global RNGs named in ``rngs`` with ``seed``, then return ``fn(*args)``."""
     seed_global_rngs(seed, rngs)
     watch = _call_state.watch
@@ -145,14 +151,18 @@ def call_seeded(seed: int, fn: Callable[..., Any], *args: Any, rngs: tuple[str, 
     finally:
         t0 = time.perf_counter()
         after = global_rng_states()
-        watch.drawn.update(name for name in GLOBAL_RNGS if not _same_state(before[name], after[name]))
+        watch.drawn.update(
+            name for name in GLOBAL_RNGS if not _same_state(before[name], after[name])
+        )
         watch.overhead_s += time.perf_counter() - t0
 
 
 def _same_state(a: Any, b: Any) -> bool:
     if isinstance(a, torch.Tensor):
         return torch.equal(a, b)
-    if isinstance(a, tuple) and len(a) == 5 and isinstance(a[1], np.ndarray):  # numpy's legacy state
+    if (
+        isinstance(a, tuple) and len(a) == 5 and isinstance(a[1], np.ndarray)
+    ):  # numpy's legacy state
         return a[2] == b[2] and np.array_equal(a[1], b[1])
     return a == b
 
@@ -195,7 +205,9 @@ def rng() -> np.random.Generator:
     """
     state = _call_state
     if state.stage_seed is None:
-        raise RuntimeError("tp.rng() can only be called inside a function run by a torchpipe pipeline")
+        raise RuntimeError(
+            "tp.rng() can only be called inside a function run by a torchpipe pipeline"
+        )
     gen = state.generator
     if gen is None:
         seed = mix_seed(state.stage_seed, state.seq)

@@ -91,7 +91,9 @@ class SharedSequence(Sequence):
         try:
             i = operator.index(index)
         except TypeError:
-            raise TypeError(f"SharedSequence indices must be integers or slices, not {type(index).__name__}") from None
+            raise TypeError(
+                f"SharedSequence indices must be integers or slices, not {type(index).__name__}"
+            ) from None
         n = len(self)
         if i < 0:
             i += n
@@ -129,4 +131,6 @@ def _encode(item: Any, kind: str, index: int) -> bytes:
     try:
         return pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as e:
-        raise TypeError(f"SharedSequence: item {index} ({type(item).__name__}) cannot be pickled: {e}") from e
+        raise TypeError(
+            f"SharedSequence: item {index} ({type(item).__name__}) cannot be pickled: {e}"
+        ) from e

@@ -14,7 +14,13 @@ from torchpipe import nest
 from torchpipe.arguments import require_bool, require_int, require_seed
 from torchpipe.dataset import Dataset, _check_dataset
 from torchpipe.ops.combine import ChooseFromDatasetsNode, SampleFromDatasetsNode, ZipNode
-from torchpipe.ops.source_nodes import FileListNode, FromDatasetNode, FromIterableNode, RangeNode, TensorSlicesNode
+from torchpipe.ops.source_nodes import (
+    FileListNode,
+    FromDatasetNode,
+    FromIterableNode,
+    RangeNode,
+    TensorSlicesNode,
+)
 
 
 def from_dataset(dataset: Any) -> Dataset:
@@ -28,7 +34,9 @@ def from_dataset(dataset: Any) -> Dataset:
             ``__getitem__`` and ``__len__``.
     """
     if isinstance(dataset, torch.utils.data.IterableDataset):
-        raise TypeError("from_dataset: got an IterableDataset; use tp.from_iterable() for iterables")
+        raise TypeError(
+            "from_dataset: got an IterableDataset; use tp.from_iterable() for iterables"
+        )
     if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
         raise TypeError(
             f"from_dataset: expected a map-style dataset with __getitem__ and __len__, got {type(dataset).__name__}"
@@ -44,7 +52,9 @@ def from_iterable(iterable: Iterable[Any] | Callable[[], Iterable[Any]]) -> Data
     the elements already produced.
     """
     if not callable(iterable) and not isinstance(iterable, Iterable):
-        raise TypeError(f"from_iterable: expected an iterable or a callable, got {type(iterable).__name__}")
+        raise TypeError(
+            f"from_iterable: expected an iterable or a callable, got {type(iterable).__name__}"
+        )
     return Dataset(FromIterableNode(iterable))
 
 
@@ -61,7 +71,9 @@ def from_tensor_slices(structure: Any) -> Dataset:
         raise ValueError("from_tensor_slices: the structure has no components")
     lengths = [_leading_length(leaf) for leaf in leaves]
     if len(set(lengths)) != 1:
-        raise ValueError(f"from_tensor_slices: components differ in their first dimension: {lengths}")
+        raise ValueError(
+            f"from_tensor_slices: components differ in their first dimension: {lengths}"
+        )
     return Dataset(TensorSlicesNode(structure, lengths[0]))
 
 
@@ -71,7 +83,9 @@ def _leading_length(leaf: Any) -> int:
             raise ValueError("from_tensor_slices: cannot slice a 0-d component")
         return int(leaf.shape[0])
     if isinstance(leaf, (str, bytes)) or not isinstance(leaf, Sequence):
-        raise ValueError(f"from_tensor_slices: components must be tensors, arrays or lists, got {type(leaf).__name__}")
+        raise ValueError(
+            f"from_tensor_slices: components must be tensors, arrays or lists, got {type(leaf).__name__}"
+        )
     return len(leaf)
 
 
@@ -87,7 +101,9 @@ def range(*args: int) -> Dataset:  # noqa: A001 - the tf.data name
     return Dataset(RangeNode(int(start), int(stop), int(step)))
 
 
-def list_files(pattern: str | Sequence[str], shuffle: bool = False, seed: int | None = None) -> Dataset:
+def list_files(
+    pattern: str | Sequence[str], shuffle: bool = False, seed: int | None = None
+) -> Dataset:
     """The paths matching glob ``pattern`` (or any of several), sorted unless ``shuffle``.
 
     A pattern with a scheme (``s3://bucket/train-*.tfrecord``) is globbed through fsspec.
@@ -191,7 +207,11 @@ def sample_from_datasets(
 
 
 def _dataset_list(op: str, datasets: Any) -> list[Any]:
-    if isinstance(datasets, (Dataset, Mapping, str)) or not isinstance(datasets, Sequence) or not datasets:
+    if (
+        isinstance(datasets, (Dataset, Mapping, str))
+        or not isinstance(datasets, Sequence)
+        or not datasets
+    ):
         raise TypeError(f"{op}: datasets must be a non-empty list of tp.Dataset")
     for ds in datasets:
         _check_dataset(op, ds)
@@ -203,7 +223,9 @@ def _normalized_weights(weights: Any, n: int) -> list[float]:
     if len(values) != n:
         raise ValueError(f"sample_from_datasets: expected {n} weights, got {len(values)}")
     if not all(isinstance(w, numbers.Real) and float(w) >= 0 for w in values):
-        raise ValueError(f"sample_from_datasets: weights must be non-negative numbers, got {values}")
+        raise ValueError(
+            f"sample_from_datasets: weights must be non-negative numbers, got {values}"
+        )
     total = float(sum(values))
     if total <= 0:
         raise ValueError("sample_from_datasets: at least one weight must be positive")

@@ -83,7 +83,9 @@ def _assert_tensors_equal(a: Any, b: Any, where: str) -> None:
     if a.dtype != b.dtype or a.shape != b.shape:
         raise AssertionError(f"{where}: {_describe(a)} vs {_describe(b)}")
     equal_nan = a.is_floating_point() or a.is_complex()
-    if not torch.equal(a, b) and not (equal_nan and bool(torch.isclose(a, b, 0, 0, equal_nan=True).all())):
+    if not torch.equal(a, b) and not (
+        equal_nan and bool(torch.isclose(a, b, 0, 0, equal_nan=True).all())
+    ):
         raise AssertionError(f"{where}: tensors differ:\n{a}\nvs\n{b}")
 
 
@@ -158,17 +160,23 @@ def assert_checkpoint_roundtrip(
     return elements
 
 
-def _check_resume(dataset: Any, state: Any, expected: list[Any], ended: bool, k: int, ordered: bool) -> None:
+def _check_resume(
+    dataset: Any, state: Any, expected: list[Any], ended: bool, k: int, ordered: bool
+) -> None:
     resumed = iter(dataset)
     try:
         resumed.load_state_dict(state)
-        _assert_states_equal(resumed.state_dict(), state, f"resumed at {k}: state_dict() after load_state_dict()")
+        _assert_states_equal(
+            resumed.state_dict(), state, f"resumed at {k}: state_dict() after load_state_dict()"
+        )
         got = []
         for i in range(len(expected)):
             try:
                 got.append(next(resumed))
             except StopIteration:
-                raise AssertionError(f"resumed at {k}: ended after {i} elements, expected {len(expected)}") from None
+                raise AssertionError(
+                    f"resumed at {k}: ended after {i} elements, expected {len(expected)}"
+                ) from None
         _compare(got, expected, f"resumed at {k}", k, ordered)
         if ended:
             extra = next(resumed, _END)
@@ -178,16 +186,26 @@ def _check_resume(dataset: Any, state: Any, expected: list[Any], ended: bool, k:
         resumed.close()
 
 
-def _check_next_epoch(dataset: Any, state: Any, following: list[Any] | None, k: int, ordered: bool) -> None:
+def _check_next_epoch(
+    dataset: Any, state: Any, following: list[Any] | None, k: int, ordered: bool
+) -> None:
     """The pass after a resumed one is the epoch after the checkpoint's."""
     after = iter(dataset)
     try:
         if isinstance(state, dict) and "epoch" in state:
             epoch = after.state_dict()["epoch"]
             if epoch != state["epoch"] + 1:
-                raise AssertionError(f"resumed at {k}: the next pass is epoch {epoch}, not {state['epoch'] + 1}")
+                raise AssertionError(
+                    f"resumed at {k}: the next pass is epoch {epoch}, not {state['epoch'] + 1}"
+                )
         if following is not None:
-            _compare(_take(after, len(following)), following, f"the pass after a resume at {k}", 0, ordered)
+            _compare(
+                _take(after, len(following)),
+                following,
+                f"the pass after a resume at {k}",
+                0,
+                ordered,
+            )
     finally:
         after.close()
 
@@ -219,7 +237,9 @@ def _check_same_structure(states: list[Any]) -> None:
     for k, state in enumerate(states[1:], 1):
         difference = _structure_difference(states[0], state, "state")
         if difference is not None:
-            raise AssertionError(f"the state's structure changed between positions 0 and {k}: {difference}")
+            raise AssertionError(
+                f"the state's structure changed between positions 0 and {k}: {difference}"
+            )
 
 
 def _structure_difference(a: Any, b: Any, where: str) -> str | None:
@@ -257,9 +277,14 @@ SIGNAL_WAIT_S = 10.0
 """How long :func:`assert_exactly_once` waits for the worker it signalled to end."""
 
 
-def assert_exactly_once(make: Callable[[], Iterable[Any]], seed: int = 0, ordered: bool = True,
-                        kill: Callable[[random.Random], Any] | None = None,
-                        signal: int = signals.SIGKILL, expected: Iterable[Any] | None = None) -> Any:  # fmt: skip
+def assert_exactly_once(
+    make: Callable[[], Iterable[Any]],
+    seed: int = 0,
+    ordered: bool = True,
+    kill: Callable[[random.Random], Any] | None = None,
+    signal: int = signals.SIGKILL,
+    expected: Iterable[Any] | None = None,
+) -> Any:
     """Assert that ``make()`` yields every element once, in order, when one of its worker
     processes is killed (SIGKILL, or ``signal``) at a random point.
 
@@ -294,7 +319,9 @@ def assert_exactly_once(make: Callable[[], Iterable[Any]], seed: int = 0, ordere
     expected = list(make()) if expected is None else list(expected)
     rng = random.Random(seed)
     at = rng.randint(len(expected) // 4, max(len(expected) // 4, 3 * len(expected) // 4))
-    before = {p.pid for p in psutil.Process().children(recursive=True)}  # other runs' processes stay
+    before = {
+        p.pid for p in psutil.Process().children(recursive=True)
+    }  # other runs' processes stay
     actual, killed = [], None
     for k, element in enumerate(make()):
         actual.append(element)
@@ -381,7 +408,9 @@ def find_stage(iterator: Any, kind: type) -> Any:
     for stage in stages(iterator):
         if isinstance(stage, kind):
             return stage
-    raise AssertionError(f"no {kind.__name__} among the stages {[type(s).__name__ for s in stages(iterator)]}")
+    raise AssertionError(
+        f"no {kind.__name__} among the stages {[type(s).__name__ for s in stages(iterator)]}"
+    )
 
 
 def knobs(iterator: Any) -> list[Any]:
@@ -407,12 +436,18 @@ def move_calls(iterator: Any, kind: str, workers: int) -> None:
         if placement is not None and placement.policy is not None:
             placement.move(kind, workers)
             return
-    raise AssertionError("no stage of this pass is placed by a policy (executor='auto', num_workers='auto')")
+    raise AssertionError(
+        "no stage of this pass is placed by a policy (executor='auto', num_workers='auto')"
+    )
 
 
 @contextlib.contextmanager
 def forced_call_costs(
-    call_s: float, gil_free: float, cpu_s: float | None = None, move_s: float = 1e-6, moves: bool = True
+    call_s: float,
+    gil_free: float,
+    cpu_s: float | None = None,
+    move_s: float = 1e-6,
+    moves: bool = True,
 ) -> Iterator[None]:
     """Within the block, the first calls that every auto-placed stage measures (a map's or
     interleave's ``executor="auto"``, ``DataLoader(num_workers="auto")``, and the first batches of
@@ -437,7 +472,9 @@ def forced_call_costs(
     costs = CallCosts(call_s, call_s if cpu_s is None else cpu_s, gil_free, move_s)
 
     def measure(
-        run: Callable[[int], list[Any]], limit: int = 8, on_draws: Callable[[GlobalDraws], None] | None = None
+        run: Callable[[int], list[Any]],
+        limit: int = 8,
+        on_draws: Callable[[GlobalDraws], None] | None = None,
     ) -> tuple[CallCosts, int]:
         with watch_global_draws() as draws:
             done = run(limit)
@@ -448,15 +485,28 @@ def forced_call_costs(
     def replica_costs(pool: Any) -> tuple[int, float, float, int]:
         calls = pool.timing.totals()[0]
         waiting = 1.0 - costs.cpu_s / costs.call_s if costs.call_s > 0 else 0.0
-        return calls, costs.call_s * calls, costs.cpu_s * calls, round(4 * calls * waiting)  # asleep as it waits
+        return (
+            calls,
+            costs.call_s * calls,
+            costs.cpu_s * calls,
+            round(4 * calls * waiting),
+        )  # asleep as it waits
 
     patches: list[tuple[Any, str, Any]] = [
         (parallel_map, "measure_calls", measure),
         (loader_workers, "measure_calls", measure),
         (loader_workers, "replica_costs", replica_costs),
     ]
-    if not moves:  # no verdict is ever agreed on: nothing moves on a prediction, so nothing is tried
-        patches.append((placement_stage, "CALLS", dataclasses.replace(placement_stage.CALLS, agree=sys.maxsize)))
+    if (
+        not moves
+    ):  # no verdict is ever agreed on: nothing moves on a prediction, so nothing is tried
+        patches.append(
+            (
+                placement_stage,
+                "CALLS",
+                dataclasses.replace(placement_stage.CALLS, agree=sys.maxsize),
+            )
+        )
     saved = [getattr(module, name) for module, name, _ in patches]
     for module, name, value in patches:
         setattr(module, name, value)  # the names these modules call
@@ -470,7 +520,11 @@ def forced_call_costs(
 def zygote_pids(iterator: Any) -> list[int]:
     """The pids of the zygotes (the processes worker processes are forked from) that the process
     pools of a running pass or DataLoader iterator hold now."""
-    return [pid for pool in _process_pools(iterator) for pid in sorted(set(pool.process_ids) - set(worker_pids(pool)))]
+    return [
+        pid
+        for pool in _process_pools(iterator)
+        for pid in sorted(set(pool.process_ids) - set(worker_pids(pool)))
+    ]
 
 
 def worker_pids(pool: Any) -> list[int]:
@@ -481,13 +535,21 @@ def worker_pids(pool: Any) -> list[int]:
 def worker_rings(pool: Any) -> list[list[Any]]:
     """The shared-memory rings (``ShmRing``) of each worker of a ``ProcessPool``, as mapped in
     this process, in the order the worker added them."""
-    return [[loans.ring for loans in worker.rings if loans is not None] for worker in pool._workers.values()]
+    return [
+        [loans.ring for loans in worker.rings if loans is not None]
+        for worker in pool._workers.values()
+    ]
 
 
 def ring_slots(iterator: Any) -> list[int]:
     """The slots of each worker's newest ring in the process pools a running pass or DataLoader
     iterator holds: the results the worker may have in flight and held at once."""
-    return [rings[-1].slots for pool in _process_pools(iterator) for rings in worker_rings(pool) if rings]
+    return [
+        rings[-1].slots
+        for pool in _process_pools(iterator)
+        for rings in worker_rings(pool)
+        if rings
+    ]
 
 
 def _process_pools(iterator: Any) -> list[Any]:
@@ -551,7 +613,9 @@ def leave_prefetch_in(iterator: Any, mode: str) -> None:
     """
     stage = find_stage(iterator, PrefetchIterator)
     if stage._choice is None:
-        raise AssertionError("the prefetch is not prefetch(tp.AUTOTUNE): it always runs its input on its thread")
+        raise AssertionError(
+            "the prefetch is not prefetch(tp.AUTOTUNE): it always runs its input on its thread"
+        )
     stage._choice.mode = mode
 
 

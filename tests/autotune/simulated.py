@@ -18,7 +18,17 @@ def pipeline(map_s=1e-3, step_s=0.0, cpu=1.0, element=0.0):
 class Fake(Iterator, Tunable):
     """An iterator that only has a shape: role, inputs, knobs, pool size and buffer slots."""
 
-    def __init__(self, name, *inputs, role=None, knob=None, knobs=(), parallelism=1, slots=0, in_processes=False):
+    def __init__(
+        self,
+        name,
+        *inputs,
+        role=None,
+        knob=None,
+        knobs=(),
+        parallelism=1,
+        slots=0,
+        in_processes=False,
+    ):
         super().__init__(name, *inputs)
         self.tuning_role = role
         self._knobs = [knob] if knob is not None else list(knobs)

@@ -17,15 +17,19 @@ from torchpipe.runtime.knob import LiveKnob
 
 def _window(map_s, throughput, step_s=1e-4, cpu=0.05, parallelism=1):
     """A simulated window: an I/O-bound map (``map_s`` a root element) feeding the consumer."""
-    stages = [Stage("map (calls)", map_s, parallelism="p", buffer="p", cpu_fraction=cpu),
-              Stage("consumer", step_s)]  # fmt: skip
+    stages = [
+        Stage("map (calls)", map_s, parallelism="p", buffer="p", cpu_fraction=cpu),
+        Stage("consumer", step_s),
+    ]
     return Model(stages, [Knob("p", parallelism, 1, 64)], {"p"}, int(throughput), 1.0)
 
 
 def _tuner():
     applied = []
     knob = LiveKnob("p", 1, 1, 64, False, applied.append, immediate=True)
-    return Autotuner(Fake("root", knob=knob, role="pool"), ConsumerClock(), Budget(cpu=2, ram=1e9), intervals=[]), knob
+    return Autotuner(
+        Fake("root", knob=knob, role="pool"), ConsumerClock(), Budget(cpu=2, ram=1e9), intervals=[]
+    ), knob
 
 
 def test_rounds_apply_what_the_model_prefers_at_most_doubling_each_knob():
@@ -43,7 +47,9 @@ def test_a_slower_function_gets_more_parallelism():
     for step in range(6):
         tuner.decide(_window(map_s=1e-3, throughput=1000 * 2**step, parallelism=knob.value))
     before = knob.value
-    tuner.decide(_window(map_s=5e-3, throughput=10**6, parallelism=before))  # the move paid: throughput rose
+    tuner.decide(
+        _window(map_s=5e-3, throughput=10**6, parallelism=before)
+    )  # the move paid: throughput rose
     assert knob.value > before
 
 
@@ -68,8 +74,11 @@ def test_a_move_down_that_loses_throughput_is_undone_and_kept_up_for_a_while():
         tuner.decide(_window(map_s=2e-3, throughput=1000 * 2**step, parallelism=knob.value))
     high = knob.value
     # The model thinks a stage above is the limit (a busy CPU inflates its time): it lowers p.
-    stages = [Stage("map (calls)", 2e-3, parallelism="p", buffer="p", cpu_fraction=0.05), Stage("batch", 1e-3),
-              Stage("consumer", 1e-4)]  # fmt: skip
+    stages = [
+        Stage("map (calls)", 2e-3, parallelism="p", buffer="p", cpu_fraction=0.05),
+        Stage("batch", 1e-3),
+        Stage("consumer", 1e-4),
+    ]
     tuner.decide(Model(stages, [Knob("p", high, 1, 64)], {"p"}, 8000, 1.0))
     assert knob.value < high
     # ...and the next window shows the loss: back up, whatever the model says, for a while.
@@ -83,11 +92,16 @@ def test_a_move_down_that_loses_throughput_is_undone_and_kept_up_for_a_while():
 def test_a_round_at_most_halves_a_knob_unless_a_budget_requires_more():
     tuner, knob = _tuner()
     knob.request(16)
-    consumer_bound = [Stage("map (calls)", 1e-4, parallelism="p", buffer="p", cpu_fraction=0.05),
-                      Stage("consumer", 1e-2)]  # fmt: skip
+    consumer_bound = [
+        Stage("map (calls)", 1e-4, parallelism="p", buffer="p", cpu_fraction=0.05),
+        Stage("consumer", 1e-2),
+    ]
     tuner.decide(Model(consumer_bound, [Knob("p", 16, 1, 64)], {"p"}, 100, 1.0))
     assert knob.value == 8  # the model wants 1: half way there this round
-    cpu_bound = [Stage("map (calls)", 1e-2, parallelism="p", buffer="p", cpu_fraction=1.0), Stage("consumer", 1e-4)]
+    cpu_bound = [
+        Stage("map (calls)", 1e-2, parallelism="p", buffer="p", cpu_fraction=1.0),
+        Stage("consumer", 1e-4),
+    ]
     tuner.decide(Model(cpu_bound, [Knob("p", 8, 1, 64)], {"p"}, 100, 1.0))
     assert knob.value <= 2  # 8 CPU-bound calls on a 2-core budget: cut at once
 
@@ -96,8 +110,11 @@ def test_a_model_that_cannot_explain_the_window_does_not_lower_knobs():
     tuner, knob = _tuner()
     knob.request(16)
     # Readers of 2 ms a root element, then a 1 ms batch: the model gives 1000/s for any p >= 2.
-    stages = [Stage("interleave (calls)", 2e-3, parallelism="p", buffer="p", cpu_fraction=0.05),
-              Stage("batch", 1e-3), Stage("consumer", 1e-4)]  # fmt: skip
+    stages = [
+        Stage("interleave (calls)", 2e-3, parallelism="p", buffer="p", cpu_fraction=0.05),
+        Stage("batch", 1e-3),
+        Stage("consumer", 1e-4),
+    ]
     # The window measured 300/s (an ordered interleave waiting on the inner datasets in its
     # cycle): the model misses what limits the pipeline, so it may not cut the readers.
     tuner.decide(Model(stages, [Knob("p", 16, 1, 64)], {"p"}, 300, 1.0))
@@ -133,7 +150,11 @@ def _slow(x):
 
 
 def test_the_tuner_thread_raises_the_parallelism_of_a_waiting_map_and_keeps_every_element():
-    ds = tp.range(100_000).map(_slow, num_parallel_calls=tp.AUTOTUNE, executor="thread").prefetch(tp.AUTOTUNE)
+    ds = (
+        tp.range(100_000)
+        .map(_slow, num_parallel_calls=tp.AUTOTUNE, executor="thread")
+        .prefetch(tp.AUTOTUNE)
+    )
     it = iter(ds)
     seen = [next(it)]
     start = it.tuned_values()["map(_slow).parallelism"]  # AUTOTUNE starts at the cores
@@ -149,7 +170,9 @@ def test_the_tuner_thread_raises_the_parallelism_of_a_waiting_map_and_keeps_ever
 
 
 def test_the_tuner_thread_starts_when_its_first_round_is_due_so_a_short_pass_starts_none():
-    tuner = Autotuner(Fake("root"), ConsumerClock(), lambda: Budget(cpu=2, ram=1e9), intervals=[0.05, 60.0])
+    tuner = Autotuner(
+        Fake("root"), ConsumerClock(), lambda: Budget(cpu=2, ram=1e9), intervals=[0.05, 60.0]
+    )
     tuner.tick()  # the first element: the first window starts, no thread yet
     tuner.tick()
     assert not tuner.started
@@ -215,7 +238,9 @@ def test_a_window_in_which_a_stage_moved_its_calls_is_not_modelled(monkeypatch, 
     root = Fake("root", knob=knob, role="pool")
     tuner = Autotuner(root, ConsumerClock(), Budget(cpu=2, ram=1e9), intervals=[])
     modelled = []
-    tuner.step = lambda before, after: modelled.append(after.produced(root) // 10) or Decision(0, {}, 0, 0, "")
+    tuner.step = lambda before, after: (
+        modelled.append(after.produced(root) // 10) or Decision(0, {}, 0, 0, "")
+    )
 
     def windows():
         for window in (1, 2, 3):

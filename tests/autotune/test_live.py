@@ -18,9 +18,19 @@ def _knob(name, value, maximum=16, is_buffer=False):
 def _tree():
     """source -> map (a pool of 2 processes, AUTOTUNE) -> batch(8) -> prefetch (AUTOTUNE)."""
     source = Fake("source")
-    pool = Fake("map", source, role="pool", knob=_knob("map.parallelism", 2), parallelism=2, slots=8, in_processes=True)
+    pool = Fake(
+        "map",
+        source,
+        role="pool",
+        knob=_knob("map.parallelism", 2),
+        parallelism=2,
+        slots=8,
+        in_processes=True,
+    )
     batch = Fake("batch", pool)
-    prefetch = Fake("prefetch", batch, role="buffer", knob=_knob("prefetch.buffer_size", 2, 64, True), slots=2)
+    prefetch = Fake(
+        "prefetch", batch, role="buffer", knob=_knob("prefetch.buffer_size", 2, 64, True), slots=2
+    )
     return prefetch, batch, pool, source
 
 
@@ -57,7 +67,11 @@ def test_a_process_maps_tasks_in_flight_knob_gives_its_slots_per_worker():
     tuned = [_knob("map.parallelism", 2), _knob("map.in_flight", 2, 4, True)]
     pool = Fake("map", source, role="pool", knobs=tuned, parallelism=2, slots=4, in_processes=True)
     prefetch = Fake(
-        "prefetch", Fake("batch", pool), role="buffer", knob=_knob("prefetch.buffer_size", 2, 64, True), slots=2
+        "prefetch",
+        Fake("batch", pool),
+        role="buffer",
+        knob=_knob("prefetch.buffer_size", 2, 64, True),
+        slots=2,
     )
     tree = (prefetch, prefetch.children()[0], pool, source)
     model = build_model(prefetch, *_looks(*tree, consumer_s=0.3))
@@ -68,7 +82,15 @@ def test_a_process_maps_tasks_in_flight_knob_gives_its_slots_per_worker():
 def test_the_map_calls_come_before_the_threads_that_feed_and_drain_them():
     tree = _tree()
     names = [stage.name for stage in build_model(tree[0], *_looks(*tree, consumer_s=0.3)).stages]
-    assert names == ["map (calls)", "source", "map", "batch", "prefetch (producer)", "prefetch", CONSUMER]
+    assert names == [
+        "map (calls)",
+        "source",
+        "map",
+        "batch",
+        "prefetch (producer)",
+        "prefetch",
+        CONSUMER,
+    ]
 
 
 def test_the_bottleneck_is_the_pool_or_the_consumer_whichever_is_slower():
@@ -76,7 +98,9 @@ def test_the_bottleneck_is_the_pool_or_the_consumer_whichever_is_slower():
     slow_pipeline = build_model(tree[0], *_looks(*tree, consumer_s=0.1))
     values = {knob.name: knob.value for knob in slow_pipeline.knobs}
     assert bottleneck(slow_pipeline.stages, values) == "map (calls)"
-    assert 1 / predict_time(slow_pipeline.stages, values) == pytest.approx(25, rel=0.1)  # 2 workers, 40 ms a batch
+    assert 1 / predict_time(slow_pipeline.stages, values) == pytest.approx(
+        25, rel=0.1
+    )  # 2 workers, 40 ms a batch
     slow_consumer = build_model(tree[0], *_looks(*tree, consumer_s=0.9))
     assert bottleneck(slow_consumer.stages, values) == CONSUMER
 
@@ -84,7 +108,10 @@ def test_the_bottleneck_is_the_pool_or_the_consumer_whichever_is_slower():
 def test_fixed_values_become_knobs_the_climb_cannot_move():
     source = Fake("source")
     pool = Fake("map", source, role="pool", parallelism=3, slots=3)
-    counters = {id(source): Counters(produced=9), id(pool): Counters(produced=9, calls=9, work_s=0.9)}
+    counters = {
+        id(source): Counters(produced=9),
+        id(pool): Counters(produced=9, calls=9, work_s=0.9),
+    }
     model = build_model(pool, Look(0.0, {}, 0.0, 0.0), Look(1.0, counters, 0.0, 0.0))
     (knob,) = model.knobs
     assert knob.minimum == knob.maximum == knob.value == 3 and model.tunable == set()
@@ -96,7 +123,9 @@ def test_calls_that_read_ahead_count_the_work_of_the_elements_delivered():
     prefetch, batch, pool, source = tree
     before, after = _looks(*tree, consumer_s=0.3)
     counters = dict(after.iterators)
-    counters[id(pool)] = Counters(produced=80, wall_s=0.608, wait_s=0.5, calls=40, work_s=4.0, cpu_s=0.4, items=400)
+    counters[id(pool)] = Counters(
+        produced=80, wall_s=0.608, wait_s=0.5, calls=40, work_s=4.0, cpu_s=0.4, items=400
+    )
     model = build_model(prefetch, before, Look(1.0, counters, 0.3, 0.1))
     calls = {stage.name: stage for stage in model.stages}["map (calls)"]
     assert calls.work_s == pytest.approx(4.0 * 80 / 400 / 10)  # 10 ms an element read, 8 a batch
@@ -108,7 +137,9 @@ def test_calls_that_wait_for_a_core_count_as_wanting_one_and_no_worker_is_added_
     prefetch, batch, pool, source = _tree()
     counters = {
         id(source): Counters(produced=200, wall_s=0.02),
-        id(pool): Counters(produced=200, wall_s=0.9, wait_s=0.85, calls=200, work_s=2.0, cpu_s=1.2, delay_s=0.6),
+        id(pool): Counters(
+            produced=200, wall_s=0.9, wait_s=0.85, calls=200, work_s=2.0, cpu_s=1.2, delay_s=0.6
+        ),
         id(batch): Counters(produced=25, wall_s=0.91),
         id(prefetch): Counters(produced=25, wall_s=0.2, wait_s=0.199, bytes_per_element=1000.0),
     }
@@ -118,5 +149,9 @@ def test_calls_that_wait_for_a_core_count_as_wanting_one_and_no_worker_is_added_
     assert bottleneck(model.stages, {k.name: k.value for k in model.knobs}) == "map (calls)"
     budget = Budget(cpu=2.0, ram=1e9)
     assert hill_climb(model.stages, model.knobs, budget)["map.parallelism"] == 2
-    unwaited = [dataclasses.replace(calls, cpu_fraction=0.6) if s is calls else s for s in model.stages]
-    assert hill_climb(unwaited, model.knobs, budget)["map.parallelism"] > 2  # what CPU time alone allowed
+    unwaited = [
+        dataclasses.replace(calls, cpu_fraction=0.6) if s is calls else s for s in model.stages
+    ]
+    assert (
+        hill_climb(unwaited, model.knobs, budget)["map.parallelism"] > 2
+    )  # what CPU time alone allowed

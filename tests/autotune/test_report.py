@@ -22,19 +22,31 @@ def _consume(it, count, step_s=0.0):
 
 
 def test_stats_list_every_stage_with_its_numbers():
-    ds = tp.range(1000).map(_slow, num_parallel_calls=2, executor="thread").batch(4).prefetch(tp.AUTOTUNE)
+    ds = (
+        tp.range(1000)
+        .map(_slow, num_parallel_calls=2, executor="thread")
+        .batch(4)
+        .prefetch(tp.AUTOTUNE)
+    )
     it = iter(ds)
     _consume(it, 20)
     stats = it.stats()
     it.close()
     by_stage = {s["stage"]: s for s in stats}
-    assert [s["stage"] for s in stats] == ["prefetch", "map(_slow)+batch", "batch", "range"]  # map+batch fused
+    assert [s["stage"] for s in stats] == [
+        "prefetch",
+        "map(_slow)+batch",
+        "batch",
+        "range",
+    ]  # map+batch fused
     assert [s["depth"] for s in stats] == [0, 1, 2, 3]
     mapped = by_stage["map(_slow)+batch"]
     assert mapped["produced"] >= 20 and mapped["throughput"] > 0
     assert 0.012 <= mapped["self_s"] < 0.2  # a call (a batch of 4) on its thread
     assert 0.0 <= mapped["wait_ratio"] <= 1.0 and 0.0 <= mapped["occupancy"] <= 1.0
-    assert by_stage["prefetch"]["knobs"] == {"prefetch.buffer_size": it.tuned_values()["prefetch.buffer_size"]}
+    assert by_stage["prefetch"]["knobs"] == {
+        "prefetch.buffer_size": it.tuned_values()["prefetch.buffer_size"]
+    }
 
 
 def _pid(x):
@@ -53,17 +65,25 @@ def test_stats_say_where_each_stage_runs_and_name_the_worker_processes():
         children = {p.pid for p in psutil.Process().children(recursive=True)}
     assert prefetch["executor"] == "thread" and "workers" not in source and "executor" not in source
     assert mapped["executor"] == "process" and mapped["workers"] == 2 and len(mapped["pids"]) == 2
-    assert ran_in == set(mapped["pids"]) and ran_in <= children  # the calls ran in the processes named
+    assert (
+        ran_in == set(mapped["pids"]) and ran_in <= children
+    )  # the calls ran in the processes named
     with iter(tp.range(40).map(_pid, num_parallel_calls=3, executor="thread")) as it:
         assert set(it) == {os.getpid()}
         (mapped, _) = it.stats()
     assert (mapped["executor"], mapped["workers"]) == ("thread", 3) and "pids" not in mapped
 
-    interleaved = tp.range(6).interleave(_reader, cycle_length=2, num_parallel_calls=2, executor="process")
+    interleaved = tp.range(6).interleave(
+        _reader, cycle_length=2, num_parallel_calls=2, executor="process"
+    )
     with iter(interleaved.with_options(tp.Options(optimizations={"inject_prefetch": False}))) as it:
         ran_in = {next(it) for _ in range(6)}
         readers = it.stats()[0]
-    assert readers["executor"] == "process" and readers["workers"] == 2 and readers["threads_per_worker"] == 1
+    assert (
+        readers["executor"] == "process"
+        and readers["workers"] == 2
+        and readers["threads_per_worker"] == 1
+    )
     assert ran_in <= set(readers["pids"]) and os.getpid() not in ran_in
 
 
@@ -81,7 +101,9 @@ def test_an_auto_map_reports_what_its_policy_measured():
     assert set(mapped["policy"]["measured_s"]) <= {"inline", "thread", "process"}
     with iter(tp.range(4).map(_square, num_parallel_calls=2, executor="thread")) as it:
         list(it)
-        assert "policy" not in next(stage for stage in it.stats() if "executor" in stage)  # nothing measured
+        assert "policy" not in next(
+            stage for stage in it.stats() if "executor" in stage
+        )  # nothing measured
 
 
 def test_the_report_names_a_slow_stage_and_says_the_pipeline_is_the_limit():

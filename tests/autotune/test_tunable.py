@@ -21,18 +21,30 @@ def _subclasses(cls):
 def test_every_pool_and_buffer_op_implements_the_interface():
     tunable = [cls for cls in _subclasses(Tunable) if cls.__module__.startswith("torchpipe.")]
     assert {cls.tuning_role for cls in tunable} == {POOL, BUFFER}
-    (loader_stage,) = stages(iter(tp.DataLoader(range(4), num_workers="auto")))  # a DataLoader's batches
+    (loader_stage,) = stages(
+        iter(tp.DataLoader(range(4), num_workers="auto"))
+    )  # a DataLoader's batches
     expected = {ParallelMapIterator, InterleaveIterator, PrefetchIterator, type(loader_stage)}
     assert set(tunable) == expected
     for cls in tunable:
-        assert not inspect.isabstract(cls), f"{cls.__name__} lacks {sorted(cls.__abstractmethods__)}"
-    untuned = [cls for cls in _subclasses(Iterator) if getattr(cls, "tuning_role", None) and cls not in tunable]
-    assert not untuned, f"{untuned} have a tuning role but do not declare Tunable: the autotuner would not see them"
+        assert not inspect.isabstract(cls), (
+            f"{cls.__name__} lacks {sorted(cls.__abstractmethods__)}"
+        )
+    untuned = [
+        cls
+        for cls in _subclasses(Iterator)
+        if getattr(cls, "tuning_role", None) and cls not in tunable
+    ]
+    assert not untuned, (
+        f"{untuned} have a tuning role but do not declare Tunable: the autotuner would not see them"
+    )
 
 
 def test_the_model_of_running_interleaves_maps_and_prefetches_builds():
     for executor in ("thread", "process", "auto"):
-        ds = tp.range(40).interleave(lambda x: tp.range(3), cycle_length=2, num_parallel_calls=2, executor=executor)
+        ds = tp.range(40).interleave(
+            lambda x: tp.range(3), cycle_length=2, num_parallel_calls=2, executor=executor
+        )
         ds = ds.map(lambda x: x + 1, tp.AUTOTUNE).prefetch(tp.AUTOTUNE)
         it = iter(ds.with_options(tp.Options(autotune=tp.AutotuneOptions(enabled=False))))
         start = start_look()

@@ -32,7 +32,12 @@ def best_by_search(stages, budget):
 
 @pytest.mark.parametrize(
     "stages",
-    [pipeline(), pipeline(cpu=0.05), pipeline(step_s=3e-4), pipeline(map_s=5e-3, cpu=0.02, step_s=1e-4)],
+    [
+        pipeline(),
+        pipeline(cpu=0.05),
+        pipeline(step_s=3e-4),
+        pipeline(map_s=5e-3, cpu=0.02, step_s=1e-4),
+    ],
     ids=["cpu-bound", "io-bound", "consumer-bound", "slow-io"],
 )
 def test_the_climb_comes_within_5_percent_of_the_best_setting(stages):
@@ -43,7 +48,9 @@ def test_the_climb_comes_within_5_percent_of_the_best_setting(stages):
 
 
 def test_cpu_bound_work_gets_as_many_workers_as_cores():
-    assert hill_climb(pipeline(), KNOBS, Budget(cpu=2, ram=1e9))["p"] == 2  # the rest is 2.5% of the work
+    assert (
+        hill_climb(pipeline(), KNOBS, Budget(cpu=2, ram=1e9))["p"] == 2
+    )  # the rest is 2.5% of the work
     assert hill_climb(pipeline(), KNOBS, Budget(cpu=4, ram=1e9))["p"] == 4
 
 
@@ -65,7 +72,9 @@ def test_a_slower_function_gets_more_parallelism():
 def test_a_ram_budget_is_never_exceeded_by_large_elements():
     big = pipeline(map_s=2e-3, cpu=0.05, element=50e6, step_s=1e-3)
     budget = Budget(cpu=8, ram=300e6)
-    chosen = hill_climb(big, [Knob("p", 16, 1, 64), Knob("depth", 64, 1, 256)], budget)  # starts far over
+    chosen = hill_climb(
+        big, [Knob("p", 16, 1, 64), Knob("depth", 64, 1, 256)], budget
+    )  # starts far over
     assert memory_bytes(big, chosen) <= 300e6
     assert chosen["p"] + chosen["depth"] <= 6
 
@@ -79,7 +88,9 @@ def test_knobs_stay_in_their_ranges():
 def test_budget_defaults_come_from_the_machine():
     budget = Budget.of_machine()
     assert budget.cpu >= 1 and budget.ram > 0
-    assert Budget.of_machine(cpu=3, ram=100).cpu == 3 and Budget.of_machine(cpu=3, ram=100).ram == 100
+    assert (
+        Budget.of_machine(cpu=3, ram=100).cpu == 3 and Budget.of_machine(cpu=3, ram=100).ram == 100
+    )
 
 
 def test_reoptimization_backs_off():
@@ -93,8 +104,14 @@ def test_a_pools_tasks_in_flight_per_worker_rise_in_powers_of_two_where_the_budg
     from torchpipe.autotune.model import Stage
 
     def stages(element):
-        calls = Stage("map (calls)", 2e-3, parallelism="p", buffer="p", per_unit="in_flight",
-                      bytes_per_element=element)  # fmt: skip
+        calls = Stage(
+            "map (calls)",
+            2e-3,
+            parallelism="p",
+            buffer="p",
+            per_unit="in_flight",
+            bytes_per_element=element,
+        )
         return [calls, Stage("consumer", 1e-3)]
 
     knobs = [Knob("p", 2, 2, 2), Knob("in_flight", 1, 1, 4)]
@@ -102,4 +119,6 @@ def test_a_pools_tasks_in_flight_per_worker_rise_in_powers_of_two_where_the_budg
     assert chosen["in_flight"] == 4  # 1 -> 2 -> 4: it doubles
     assert predict_time(stages(1e6), chosen) < predict_time(stages(1e6), {"p": 2, "in_flight": 1})
     tight = hill_climb(stages(100e6), knobs, Budget(cpu=4, ram=(2 * 2 + 2) * 100e6))
-    assert tight["in_flight"] == 2  # 2 workers x 2 tasks in flight + the 2 calls running fit; x4 does not
+    assert (
+        tight["in_flight"] == 2
+    )  # 2 workers x 2 tasks in flight + the 2 calls running fit; x4 does not

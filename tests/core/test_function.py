@@ -59,7 +59,9 @@ def test_a_plain_tuple_is_unpacked_into_arguments_and_other_elements_are_one_arg
 def test_a_batch_of_elements_gives_what_they_give_one_at_a_time(seeded):
     fn = UserFunction(_draw, "map(f)", _ctx(seeded))
     elements = list(range(5))
-    assert fn.on_elements(10, elements) == [fn.on_element(10 + j, x) for j, x in enumerate(elements)]
+    assert fn.on_elements(10, elements) == [
+        fn.on_element(10 + j, x) for j, x in enumerate(elements)
+    ]
     assert fn.on_elements(10, []) == []
     pairs = UserFunction(_args, "map(f)", _ctx(seeded))
     assert pairs.on_elements(0, [(1, 2), [3]]) == [(1, 2), ([3],)]
@@ -91,7 +93,9 @@ def test_tp_rng_depends_on_the_pipeline_seed_the_stages_place_and_the_epoch():
         "next epoch": UserFunction(_draw, "map(f)", _ctx(epoch=1)).on_element(0, 0),
     }
     assert len(set(draws.values())) == 4
-    assert UserFunction(_draw, "map(g)", ctx).on_element(0, 0) == draws["here"]  # the name is not the place
+    assert (
+        UserFunction(_draw, "map(g)", ctx).on_element(0, 0) == draws["here"]
+    )  # the name is not the place
 
 
 def test_tp_rng_gives_one_generator_a_call_and_is_refused_outside_one():
@@ -130,7 +134,10 @@ def test_a_seeded_pipeline_seeds_the_global_rngs_by_element():
 
 
 def test_an_unseeded_pipeline_leaves_the_global_rngs_alone():
-    for fn in (UserFunction(_draw_globals, "map(f)", _ctx()), UserFunction(_draw_globals, "f", _ctx(True), False)):
+    for fn in (
+        UserFunction(_draw_globals, "map(f)", _ctx()),
+        UserFunction(_draw_globals, "f", _ctx(True), False),
+    ):
         assert not fn.seeds_globals
         random.seed(5), np.random.seed(5), torch.manual_seed(5)
         expected = _draw_globals(None)

@@ -12,7 +12,15 @@ import numpy as np
 import pytest
 import torch
 
-from torchpipe.core.held_elements import ANY, MAX_ITEMS, HeldStructure, describe_structure, fits, merge, structure
+from torchpipe.core.held_elements import (
+    ANY,
+    MAX_ITEMS,
+    HeldStructure,
+    describe_structure,
+    fits,
+    merge,
+    structure,
+)
 from torchpipe.errors import CheckpointError
 
 Point = collections.namedtuple("Point", "x y")
@@ -43,7 +51,11 @@ def test_a_leaf_is_its_type_name_with_its_module_unless_builtin():
 def test_containers_record_their_kind_keys_or_length_and_children():
     assert structure((1, "a")) == ("tuple", 2, (("leaf", "int"), ("leaf", "str")))
     assert structure([1]) == ("list", 1, (("leaf", "int"),))
-    assert structure({"b": 1, "a": torch.zeros(1)}) == ("dict", ("b", "a"), (("leaf", "int"), ("tensor", "float32", 1)))
+    assert structure({"b": 1, "a": torch.zeros(1)}) == (
+        "dict",
+        ("b", "a"),
+        (("leaf", "int"), ("tensor", "float32", 1)),
+    )
     assert structure(Point(1, 2))[0] == f"{__name__}.Point"
     assert structure(collections.OrderedDict(a=1))[0] == "dict"
 
@@ -55,7 +67,9 @@ def test_a_list_longer_than_max_items_is_not_looked_into():
 
 
 def test_a_structure_is_plain_data_that_torch_load_reads_with_weights_only():
-    s = structure({"image": torch.zeros(3, 2, 2), "label": (1, np.zeros(2)), "tags": [Point("a", b"b")]})
+    s = structure(
+        {"image": torch.zeros(3, 2, 2), "label": (1, np.zeros(2)), "tags": [Point("a", b"b")]}
+    )
     buffer = io.BytesIO()
     torch.save({"structure": s}, buffer)
     buffer.seek(0)
@@ -88,7 +102,11 @@ def test_containers_of_different_keys_or_lengths_keep_only_their_kind():
     assert _merged({"a": 1}, {"b": 1}) == ("dict", None, None)
     assert _merged({"a": 1, "b": 2}, {"b": 2, "a": 1}) == ("dict", None, None)
     assert _merged([1], [1, 2]) == ("list", None, None)
-    assert _merged(list(range(MAX_ITEMS + 1)), list(range(MAX_ITEMS + 1))) == ("list", MAX_ITEMS + 1, None)
+    assert _merged(list(range(MAX_ITEMS + 1)), list(range(MAX_ITEMS + 1))) == (
+        "list",
+        MAX_ITEMS + 1,
+        None,
+    )
     assert _merged(list(range(MAX_ITEMS)), list(range(MAX_ITEMS + 1))) == ("list", None, None)
 
 
@@ -137,7 +155,9 @@ def test_anything_fits_the_wildcard_and_wildcard_parts_fit_any_value():
         assert fits(x, ANY)
     assert fits(torch.zeros(1, 2, 3, dtype=torch.int8), ("tensor", None, None))
     assert fits({"z": 1}, ("dict", None, None)) and not fits([1], ("dict", None, None))
-    assert fits(list(range(100)), ("list", 100, None)) and not fits(list(range(99)), ("list", 100, None))
+    assert fits(list(range(100)), ("list", 100, None)) and not fits(
+        list(range(99)), ("list", 100, None)
+    )
 
 
 # -- describe_structure --------------------------------------------------------------------------
@@ -197,7 +217,10 @@ def test_past_fresh_elements_the_state_looks_at_what_is_held_instead():
 
 
 def test_a_state_the_op_made_always_loads_however_its_elements_vary():
-    elements = [{"a": torch.zeros(i + 1, dtype=dt), "b": [i] * i} for i, dt in enumerate([torch.int8, torch.float32])]
+    elements = [
+        {"a": torch.zeros(i + 1, dtype=dt), "b": [i] * i}
+        for i, dt in enumerate([torch.int8, torch.float32])
+    ]
     held = HeldStructure()
     for e in elements:
         held.add(e)

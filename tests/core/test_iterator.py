@@ -144,7 +144,9 @@ def test_learned_is_kept_by_position_across_passes_but_not_inside_inner_datasets
     memory = {}
     outer = BuildContext(seed=1, seeded=False, epoch=0, options=Options(), memory=memory).child(0)
     outer.learned()["executor"] = "process"
-    next_pass = BuildContext(seed=2, seeded=False, epoch=1, options=Options(), memory=memory).child(0)
+    next_pass = BuildContext(seed=2, seeded=False, epoch=1, options=Options(), memory=memory).child(
+        0
+    )
     assert next_pass.learned() == {"executor": "process"}
     inner = next_pass.inner(7).child(0)
     inner.learned()["executor"] = "thread"

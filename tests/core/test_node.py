@@ -80,12 +80,18 @@ TABLE: dict[str, set[str]] = {
 def _op_classes() -> list[type[Node]]:
     for module in pkgutil.walk_packages(tp.__path__, "torchpipe."):
         importlib.import_module(module.name)
-    return [cls for cls in node_classes() if cls.__module__.startswith("torchpipe.") and hasattr(cls, "kind")]
+    return [
+        cls
+        for cls in node_classes()
+        if cls.__module__.startswith("torchpipe.") and hasattr(cls, "kind")
+    ]
 
 
 def test_every_op_class_declares_its_traits():
     classes = _op_classes()
-    assert {cls.__name__ for cls in classes} == set(TABLE), "a new op: add it to TABLE with its traits"
+    assert {cls.__name__ for cls in classes} == set(TABLE), (
+        "a new op: add it to TABLE with its traits"
+    )
     for cls in classes:
         got = {trait for trait in TRAITS if getattr(cls, trait)}
         assert got == TABLE[cls.__name__], cls.__name__
@@ -104,7 +110,16 @@ def test_classes_that_share_a_kind_agree_on_what_reshard_reads():
 def test_reshard_allows_the_kinds_it_allowed_before_plus_what_the_optimizer_makes_of_them():
     _op_classes()
     old_above = {"equalize", "map", "filter", "batch", "padded_batch", "ignore_errors", "to_device"}
-    old_below = {"shuffle", "take", "skip", "repeat", "shard", "from_dataset", "range", "from_tensor_slices"}
+    old_below = {
+        "shuffle",
+        "take",
+        "skip",
+        "repeat",
+        "shard",
+        "from_dataset",
+        "range",
+        "from_tensor_slices",
+    }
     assert allowed_above() == old_above | {"fused_map"}
     assert allowed_below() == old_below | {"shuffle_repeat"}
 
@@ -135,17 +150,24 @@ def _pushdown_line(ds):
 @pytest.mark.parametrize(
     ("between", "through"),
     [
-        (lambda ds: ds.with_options(tp.Options(seed=3)), "through with_options"),  # broken before: see below
+        (
+            lambda ds: ds.with_options(tp.Options(seed=3)),
+            "through with_options",
+        ),  # broken before: see below
         (lambda ds: ds.take(-1), "through elided"),
         (lambda ds: ds.shuffle(4, seed=0).repeat(2), "through shuffle_repeat"),
     ],
 )
-def test_a_parallel_map_reads_the_dataset_in_its_workers_through_ops_that_only_reorder(between, through):
+def test_a_parallel_map_reads_the_dataset_in_its_workers_through_ops_that_only_reorder(
+    between, through
+):
     # ShuffleRepeatNode and ElidedNode are made by passes that run before source pushdown; with_options
     # stays in the graph. The pushdown pass's own list of index ops lacked WithOptionsNode, so a
     # with_options between the source and a parallel map kept every dataset[i] on the main thread.
     source = Numbers(12)
-    ds = between(tp.from_dataset(source)).map(lambda x: x * 10, num_parallel_calls=2, executor="thread")
+    ds = between(tp.from_dataset(source)).map(
+        lambda x: x * 10, num_parallel_calls=2, executor="thread"
+    )
     plain = between(tp.from_dataset(Numbers(12))).map(lambda x: x * 10)
     assert any(through in line for line in _pushdown_line(ds)), ds.explain()
     assert list(ds) == list(plain)
@@ -170,11 +192,17 @@ def test_each_rank_reads_only_its_share_through_ops_that_only_reorder(between):
     shares, sources = [], []
     for rank in range(2):
         sources.append(Numbers(30))
-        shares.append(list(_on_rank(between(tp.from_dataset(sources[-1])).map(lambda x: x + 1), rank, 2)))
-    whole = list(between(tp.from_dataset(Numbers(30))).map(lambda x: x + 1).with_options(tp.Options(seed=7)))
+        shares.append(
+            list(_on_rank(between(tp.from_dataset(sources[-1])).map(lambda x: x + 1), rank, 2))
+        )
+    whole = list(
+        between(tp.from_dataset(Numbers(30))).map(lambda x: x + 1).with_options(tp.Options(seed=7))
+    )
     assert collections.Counter(shares[0] + shares[1]) == collections.Counter(whole)
     for share, source in zip(shares, sources):
-        assert sorted(source.reads) == sorted(x - 1 for x in share)  # dataset[i] read for its share only
+        assert sorted(source.reads) == sorted(
+            x - 1 for x in share
+        )  # dataset[i] read for its share only
 
 
 # -- the sources' traits ---------------------------------------------------------------------------

@@ -156,12 +156,27 @@ def test_set_state_loads_the_inputs_state():
     [
         ({"seq": 0, "skip": []}, r"map\(f\): state is missing \['input'\]"),
         ({"input": {"pos": 0}, "skip": []}, r"map\(f\): state is missing \['seq'\]"),
-        ({"input": {"pos": 0}, "seq": -1, "skip": []}, r"map\(f\): state\['seq'\] is -1, outside \[0, inf\]"),
-        ({"input": {"pos": 0}, "seq": True, "skip": []}, r"map\(f\): state\['seq'\] must be an int"),
+        (
+            {"input": {"pos": 0}, "seq": -1, "skip": []},
+            r"map\(f\): state\['seq'\] is -1, outside \[0, inf\]",
+        ),
+        (
+            {"input": {"pos": 0}, "seq": True, "skip": []},
+            r"map\(f\): state\['seq'\] must be an int",
+        ),
         ({"input": {"pos": 0}, "seq": "1", "skip": []}, r"map\(f\): state\['seq'\] must be an int"),
-        ({"input": {"pos": 0}, "seq": 0, "skip": 3}, r"map\(f\): state\['skip'\] must be a list of sequence numbers"),
-        ({"input": {"pos": 0}, "seq": 0, "skip": [-1]}, r"state\['skip'\] must be a list of sequence numbers"),
-        ({"input": {"pos": 0}, "seq": 0, "skip": ["1"]}, r"state\['skip'\] must be a list of sequence numbers"),
+        (
+            {"input": {"pos": 0}, "seq": 0, "skip": 3},
+            r"map\(f\): state\['skip'\] must be a list of sequence numbers",
+        ),
+        (
+            {"input": {"pos": 0}, "seq": 0, "skip": [-1]},
+            r"state\['skip'\] must be a list of sequence numbers",
+        ),
+        (
+            {"input": {"pos": 0}, "seq": 0, "skip": ["1"]},
+            r"state\['skip'\] must be a list of sequence numbers",
+        ),
     ],
 )
 def test_a_malformed_state_is_a_checkpoint_error_naming_the_stage(state, message):

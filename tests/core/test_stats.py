@@ -64,7 +64,9 @@ def test_waits_count_once_however_the_element_was_weighted():
     stats.wait_s += 5e-3  # counted as it happened, inside the element
     stats.clocked(5e-3 + 1e-6, waited=5e-3)
     assert stats.wall_s == pytest.approx(1e-6 + 5e-3 + CLOCK_EVERY * 1e-6)
-    assert stats.wall_s - stats.wait_s == pytest.approx((1 + CLOCK_EVERY) * 1e-6)  # the op's own time
+    assert stats.wall_s - stats.wait_s == pytest.approx(
+        (1 + CLOCK_EVERY) * 1e-6
+    )  # the op's own time
 
 
 def test_iterators_count_every_element_and_time_slow_ones():
@@ -72,7 +74,9 @@ def test_iterators_count_every_element_and_time_slow_ones():
         time.sleep(0.001)
         return x
 
-    it = iter(tp.range(50).map(slow).with_options(tp.Options(optimizations={"inject_prefetch": False})))
+    it = iter(
+        tp.range(50).map(slow).with_options(tp.Options(optimizations={"inject_prefetch": False}))
+    )
     assert list(it) == list(range(50))
     stage = it.stats()[0]
     assert stage["produced"] == 50 and 0.05 <= stage["self_s"] * 50 < 5
@@ -81,7 +85,12 @@ def test_iterators_count_every_element_and_time_slow_ones():
 def test_an_elements_bytes_count_its_tensors_arrays_bytes_and_strings():
     from torchpipe.runtime.sizes import element_bytes
 
-    batch = {"id": ["ab", "cd"], "payload": [b"x" * 1000, b"y" * 24], "x": torch.zeros(4), "n": np.zeros(2, np.int64),
-             "meta": {"tags": [["a"], ["bc"]], "len": 3}}  # fmt: skip
+    batch = {
+        "id": ["ab", "cd"],
+        "payload": [b"x" * 1000, b"y" * 24],
+        "x": torch.zeros(4),
+        "n": np.zeros(2, np.int64),
+        "meta": {"tags": [["a"], ["bc"]], "len": 3},
+    }
     assert element_bytes(batch) == 4 + 1024 + 16 + 16 + 3
     assert element_bytes(None) == 0 and element_bytes([]) == 0

@@ -14,7 +14,10 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 
 def batches(n=20, shape=(64, 3, 32, 32)):
     g = torch.Generator().manual_seed(0)
-    return [{"x": torch.rand(shape, generator=g), "y": torch.arange(shape[0]) + i, "name": f"b{i}"} for i in range(n)]
+    return [
+        {"x": torch.rand(shape, generator=g), "y": torch.arange(shape[0]) + i, "name": f"b{i}"}
+        for i in range(n)
+    ]
 
 
 def test_values_equal_a_plain_to_device():
@@ -23,7 +26,9 @@ def test_values_equal_a_plain_to_device():
     assert len(out) == len(data)
     for got, want in zip(out, data):
         assert got["x"].is_cuda and got["name"] == want["name"]
-        assert torch.equal(got["x"], want["x"].to("cuda")) and torch.equal(got["y"], want["y"].to("cuda"))
+        assert torch.equal(got["x"], want["x"].to("cuda")) and torch.equal(
+            got["y"], want["y"].to("cuda")
+        )
 
 
 def test_no_use_after_free_under_the_caching_allocator():
@@ -91,7 +96,12 @@ def test_loader_resume_counts_batches_handed_over_not_copied_ahead():
 
     def make():
         return tp.DataLoader(
-            data, batch_size=4, shuffle=True, num_workers=2, device="cuda", generator=torch.Generator().manual_seed(3)
+            data,
+            batch_size=4,
+            shuffle=True,
+            num_workers=2,
+            device="cuda",
+            generator=torch.Generator().manual_seed(3),
         )
 
     loader = make()
@@ -124,6 +134,8 @@ print("left open")
 def test_exit_with_an_epoch_left_open_is_clean():
     # a loop left with `break` (or an epoch dropped) leaves copy threads running: the interpreter's exit must stop
     # them before CUDA is torn down ("terminate called without an active exception")
-    done = subprocess.run([sys.executable, "-c", _LEAVE_OPEN], capture_output=True, text=True, timeout=50)
+    done = subprocess.run(
+        [sys.executable, "-c", _LEAVE_OPEN], capture_output=True, text=True, timeout=50
+    )
     assert done.returncode == 0 and "left open" in done.stdout, done.stderr
     assert "terminate" not in done.stderr

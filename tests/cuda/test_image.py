@@ -14,7 +14,9 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 
 def jpeg(seed: int, mode: str = "RGB", **params) -> bytes:
     rng = np.random.default_rng(seed)
-    image = Image.fromarray(rng.integers(0, 256, (6, 6, 3), dtype=np.uint8)).resize((96, 64), Image.BICUBIC)
+    image = Image.fromarray(rng.integers(0, 256, (6, 6, 3), dtype=np.uint8)).resize(
+        (96, 64), Image.BICUBIC
+    )
     buf = io.BytesIO()
     image.convert(mode).save(buf, "JPEG", quality=90, **params)
     return buf.getvalue()
@@ -22,7 +24,11 @@ def jpeg(seed: int, mode: str = "RGB", **params) -> bytes:
 
 def test_a_batch_decodes_on_the_gpu_close_to_the_cpu():
     pytest.importorskip("torchvision")
-    files = [jpeg(i) for i in range(8)] + [jpeg(9, "L"), jpeg(10, progressive=True), jpeg(11, "CMYK")]
+    files = [jpeg(i) for i in range(8)] + [
+        jpeg(9, "L"),
+        jpeg(10, progressive=True),
+        jpeg(11, "CMYK"),
+    ]
     out = tp.image.decode_jpeg(files, device="cuda")
     assert len(out) == len(files)
     for data, image in zip(files, out):

@@ -48,20 +48,30 @@ def _cls(sample: dict[str, Any]) -> int:
 
 def pipeline(kind: str, n: int, files: str = "", **distribute: Any) -> tp.Dataset:
     """The pipelines the tests split, none with a seed of its own (ranks must share one)."""
-    options = tp.Options(distribute=tp.DistributeOptions(**distribute)) if distribute else tp.Options()
+    options = (
+        tp.Options(distribute=tp.DistributeOptions(**distribute)) if distribute else tp.Options()
+    )
     if kind == "data":
         ds = tp.from_dataset(Numbers(n)).shuffle(n).map(lambda x: x * 10, num_parallel_calls=2)
     elif kind == "file":
-        ds = tp.list_files(os.path.join(files, "*.txt"), shuffle=True).interleave(_lines, cycle_length=2).shuffle(8)
+        ds = (
+            tp.list_files(os.path.join(files, "*.txt"), shuffle=True)
+            .interleave(_lines, cycle_length=2)
+            .shuffle(8)
+        )
     elif kind == "output":
         ds = tp.zip(tp.range(n).shuffle(n), tp.range(n)).map(lambda a, b: a * 1000 + b)
     elif kind == "filter":
         ds = tp.range(n).shuffle(n).filter(_odd)
     elif kind == "tfrecord":  # a file list of torchpipe.io's reader, interleaved
-        ds = tp.TFRecordDataset(sorted(glob.glob(os.path.join(files, "*.tfrecord"))), num_parallel_reads=2).map(int)
+        ds = tp.TFRecordDataset(
+            sorted(glob.glob(os.path.join(files, "*.tfrecord"))), num_parallel_reads=2
+        ).map(int)
         ds = ds.shuffle(8)
     elif kind == "webdataset":  # shards shuffled with the pipeline seed: rank 0's, broadcast
-        ds = tp.from_webdataset(os.path.join(files, "shard-{000000..000005}.tar"), shardshuffle=True).map(_cls)
+        ds = tp.from_webdataset(
+            os.path.join(files, "shard-{000000..000005}.tar"), shardshuffle=True
+        ).map(_cls)
     elif kind == "manual":
         ds = tp.range(n).shuffle(n).shard(dist.get_world_size(), dist.get_rank())
     else:
@@ -69,13 +79,17 @@ def pipeline(kind: str, n: int, files: str = "", **distribute: Any) -> tp.Datase
     return ds.with_options(options)
 
 
-def elements(kind: str, n: int, files: str = "", epochs: int = 1, **distribute: Any) -> list[list[int]]:
+def elements(
+    kind: str, n: int, files: str = "", epochs: int = 1, **distribute: Any
+) -> list[list[int]]:
     """Each epoch's elements on this rank."""
     ds = pipeline(kind, n, files, **distribute)
     return [[int(x) for x in ds] for _ in range(epochs)]
 
 
-def elements_and_seeds(kind: str, n: int, files: str = "", epochs: int = 1) -> tuple[list[list[int]], list[int]]:
+def elements_and_seeds(
+    kind: str, n: int, files: str = "", epochs: int = 1
+) -> tuple[list[list[int]], list[int]]:
     """Each epoch's elements on this rank, and the seed each pass drew (its checkpoint's)."""
     ds = pipeline(kind, n, files)
     shares, seeds = [], []
@@ -120,7 +134,12 @@ def resume(state: bytes, n: int, batch: int) -> list[list[int]]:
 
 
 def _resharded(n: int, batch: int) -> tp.Dataset:
-    return tp.from_dataset(Numbers(n)).shuffle(n).map(lambda x: x + 1, num_parallel_calls=2).batch(batch)
+    return (
+        tp.from_dataset(Numbers(n))
+        .shuffle(n)
+        .map(lambda x: x + 1, num_parallel_calls=2)
+        .batch(batch)
+    )
 
 
 def resume_uneven(k: int, n: int) -> tuple[list[int], list[int]]:
@@ -143,7 +162,9 @@ def loader_parity(n: int, batch: int, drop_last: bool, workers: int) -> bool:
     """tp.DataLoader with DistributedSampler gives torch's batches, epoch after epoch."""
     ours, theirs = [], []
     for loader_type, out in ((tp.DataLoader, ours), (torch.utils.data.DataLoader, theirs)):
-        sampler = torch.utils.data.distributed.DistributedSampler(Numbers(n), shuffle=True, seed=3, drop_last=drop_last)
+        sampler = torch.utils.data.distributed.DistributedSampler(
+            Numbers(n), shuffle=True, seed=3, drop_last=drop_last
+        )
         kwargs = {"num_workers": workers} if loader_type is tp.DataLoader else {}
         loader = loader_type(Numbers(n), batch_size=batch, sampler=sampler, **kwargs)
         for epoch in range(2):
@@ -164,8 +185,12 @@ def train_ddp(n: int, batch: int, use_loader: bool) -> tuple[int, list[float]]:
     torch.manual_seed(dist.get_rank())  # ranks start from different weights: DDP makes them one
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    data = tp.from_tensor_slices((torch.randn(n, 4, generator=torch.Generator().manual_seed(0)),
-                                  torch.randn(n, 1, generator=torch.Generator().manual_seed(1))))  # fmt: skip
+    data = tp.from_tensor_slices(
+        (
+            torch.randn(n, 4, generator=torch.Generator().manual_seed(0)),
+            torch.randn(n, 1, generator=torch.Generator().manual_seed(1)),
+        )
+    )
     if use_loader:
         batches = tp.DataLoader(data.shuffle(n), batch_size=batch)
     else:
@@ -222,11 +247,15 @@ class SplitByHand(torch.utils.data.IterableDataset):
 
     def __iter__(self) -> Any:
         ds = tp.range(self.n).map(_tenfold)
-        allow = tp.Options(distribute=tp.DistributeOptions(uneven="allow"))  # the others' lengths are not known
+        allow = tp.Options(
+            distribute=tp.DistributeOptions(uneven="allow")
+        )  # the others' lengths are not known
         if self.by == "rank":
             ds = ds.shard(self.world_size, self.rank).with_options(allow)
         elif self.by == "files":  # ranks x workers, by tp.distributed.share_of_files
-            ds = tp.from_tensor_slices(tp.distributed.share_of_files(list(range(self.n)))).map(_tenfold)
+            ds = tp.from_tensor_slices(tp.distributed.share_of_files(list(range(self.n)))).map(
+                _tenfold
+            )
             ds = ds.with_options(allow)
         else:
             info = torch.utils.data.get_worker_info()
@@ -236,5 +265,7 @@ class SplitByHand(torch.utils.data.IterableDataset):
 
 def split_by_hand(n: int, by: str, num_workers: int) -> list[int]:
     """What torch's DataLoader over :class:`SplitByHand` gives this rank."""
-    loader = torch.utils.data.DataLoader(SplitByHand(n, by), batch_size=None, num_workers=num_workers)
+    loader = torch.utils.data.DataLoader(
+        SplitByHand(n, by), batch_size=None, num_workers=num_workers
+    )
     return [int(x) for x in loader]

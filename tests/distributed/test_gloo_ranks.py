@@ -39,7 +39,9 @@ def _stop_clusters():
 
 
 def once_each(shares, expected):
-    assert collections.Counter(x for share in shares for x in share) == collections.Counter(expected)
+    assert collections.Counter(x for share in shares for x in share) == collections.Counter(
+        expected
+    )
 
 
 @pytest.fixture(scope="module")
@@ -51,12 +53,26 @@ def text_files(tmp_path_factory):
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
-@pytest.mark.parametrize("kind, policy", [("data", "auto"), ("data", "data"), ("file", "auto"), ("file", "file"),
-                                          ("file", "data"), ("output", "auto")])  # fmt: skip
+@pytest.mark.parametrize(
+    "kind, policy",
+    [
+        ("data", "auto"),
+        ("data", "data"),
+        ("file", "auto"),
+        ("file", "file"),
+        ("file", "data"),
+        ("output", "auto"),
+    ],
+)
 def test_every_element_of_an_epoch_reaches_exactly_one_rank(kind, policy, world_size, text_files):
     n = 12
-    per_rank = ranks(world_size).run(scenarios.elements, kind, n, text_files, epochs=2, policy=policy)
-    expected = {"data": [10 * i for i in range(n)], "file": [f * 100 + i for f in range(6) for i in range(3)]}
+    per_rank = ranks(world_size).run(
+        scenarios.elements, kind, n, text_files, epochs=2, policy=policy
+    )
+    expected = {
+        "data": [10 * i for i in range(n)],
+        "file": [f * 100 + i for f in range(6) for i in range(3)],
+    }
     for epoch in range(2):
         shares = [share[epoch] for share in per_rank]
         if kind == "output":  # (shuffled a, b in order): the ranks' shuffles of a agree
@@ -64,7 +80,9 @@ def test_every_element_of_an_epoch_reaches_exactly_one_rank(kind, policy, world_
             once_each([[x % 1000 for x in share] for share in shares], range(n))
         else:
             once_each(shares, expected[kind])
-    assert [share[0] for share in per_rank] != [share[1] for share in per_rank]  # each epoch reshuffled
+    assert [share[0] for share in per_rank] != [
+        share[1] for share in per_rank
+    ]  # each epoch reshuffled
 
 
 @pytest.fixture(scope="module")
@@ -72,8 +90,10 @@ def record_files(tmp_path_factory):
     """6 TFRecord files and 6 WebDataset shards of 3 records each: ``f * 100 + i``."""
     folder = tmp_path_factory.mktemp("records")
     for f in range(6):
-        with tp.io.TFRecordWriter(str(folder / f"{f}.tfrecord")) as tfrecord, \
-                tp.io.TarWriter(str(folder / f"shard-{f:06d}.tar")) as shard:  # fmt: skip
+        with (
+            tp.io.TFRecordWriter(str(folder / f"{f}.tfrecord")) as tfrecord,
+            tp.io.TarWriter(str(folder / f"shard-{f:06d}.tar")) as shard,
+        ):
             for i in range(3):
                 tfrecord.write(str(f * 100 + i).encode())
                 shard.write({"__key__": f"s{f}/{i}", "cls": f * 100 + i})
@@ -82,7 +102,9 @@ def record_files(tmp_path_factory):
 
 @pytest.mark.parametrize("world_size", [2, 3])
 @pytest.mark.parametrize("kind", ["tfrecord", "webdataset"])
-def test_io_readers_give_every_record_of_an_epoch_to_exactly_one_rank(kind, world_size, record_files):
+def test_io_readers_give_every_record_of_an_epoch_to_exactly_one_rank(
+    kind, world_size, record_files
+):
     records = [f * 100 + i for f in range(6) for i in range(3)]
     per_rank = ranks(world_size).run(scenarios.elements_and_seeds, kind, 0, record_files, epochs=3)
     epochs = [tuple(tuple(shares[epoch]) for shares, _ in per_rank) for epoch in range(3)]
@@ -105,11 +127,19 @@ def test_a_rank_reads_only_its_share():
 
 
 def test_explain_on_each_rank_says_where_the_split_went(text_files):
-    assert "distribute: rank 1 of 2 keeps one element in 2 of shuffle" in ranks(2).run(scenarios.explain, "data", 8)[1]
-    assert "distribute: rank 0 of 2 keeps one file in 2 of shuffle" in ranks(2).run(scenarios.explain, "file", 0,
-                                                                                   text_files)[0]  # fmt: skip
+    assert (
+        "distribute: rank 1 of 2 keeps one element in 2 of shuffle"
+        in ranks(2).run(scenarios.explain, "data", 8)[1]
+    )
+    assert (
+        "distribute: rank 0 of 2 keeps one file in 2 of shuffle"
+        in ranks(2).run(scenarios.explain, "file", 0, text_files)[0]
+    )
     by_element = ranks(2).run(scenarios.explain, "file", 0, text_files, policy="data")[1]
-    assert "distribute: rank 1 of 2 runs the whole pipeline (files, split by element with policy='data')" in by_element
+    assert (
+        "distribute: rank 1 of 2 runs the whole pipeline (files, split by element with policy='data')"
+        in by_element
+    )
 
 
 def test_a_pipeline_that_shards_itself_after_an_unseeded_shuffle_does_not_overlap():
@@ -149,8 +179,12 @@ def test_reshard_states_resumes_an_epoch_on_another_number_of_ranks(old, new):
     n, batch = 60, 2
     first = ranks(old).run(scenarios.states_after, 3, n, batch)
     states = reshard_states([pickle.loads(state) for _, state in first], new)
-    rests = ranks(new).run(scenarios.resume, per_rank=[(pickle.dumps(state), n, batch) for state in states])
-    got = [x for head, _ in first for b in head for x in b] + [x for rest in rests for b in rest for x in b]
+    rests = ranks(new).run(
+        scenarios.resume, per_rank=[(pickle.dumps(state), n, batch) for state in states]
+    )
+    got = [x for head, _ in first for b in head for x in b] + [
+        x for rest in rests for b in rest for x in b
+    ]
     assert sorted(got) == list(range(1, n + 1))  # nothing lost, nothing repeated
     assert len({len(rest) for rest in rests}) == 1
 
@@ -159,7 +193,9 @@ def test_reshard_states_resumes_an_epoch_on_another_number_of_ranks(old, new):
 def test_ddp_trains_a_small_model(use_loader):
     per_rank = ranks(2).run(scenarios.train_ddp, 45, 4, use_loader)
     (steps0, weights0), (steps1, weights1) = per_rank
-    assert steps0 == steps1 == 6 and weights0 == weights1  # 22 elements a rank; DDP kept them in step
+    assert (
+        steps0 == steps1 == 6 and weights0 == weights1
+    )  # 22 elements a rank; DDP kept them in step
 
 
 @pytest.mark.parametrize("drop_last", [False, True])
@@ -181,7 +217,9 @@ def test_a_pipeline_split_by_hand_is_not_split_again(by, num_workers):
     # by rank: shard(world_size, rank), every worker splitting the rank's share automatically;
     # by worker: shard(num_workers, id) in each worker, split between the ranks automatically;
     # files: tp.distributed.share_of_files, split by both
-    once_each(ranks(2).run(scenarios.split_by_hand, 48, by, num_workers), [10 * x for x in range(48)])
+    once_each(
+        ranks(2).run(scenarios.split_by_hand, 48, by, num_workers), [10 * x for x in range(48)]
+    )
 
 
 def test_a_closed_pass_leaves_the_next_alone_and_a_rank_that_leaves_fails_the_others():
@@ -194,8 +232,18 @@ def test_a_closed_pass_leaves_the_next_alone_and_a_rank_that_leaves_fails_the_ot
 
 
 def test_the_ddp_example_runs_under_torchrun():
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
-               os.path.join(ROOT, "examples", "ddp.py"), "--elements", "400", "--epochs", "1"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        f"--master_port={free_port()}",
+        os.path.join(ROOT, "examples", "ddp.py"),
+        "--elements",
+        "400",
+        "--epochs",
+        "1",
+    ]
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
     done = subprocess.run(command, capture_output=True, text=True, timeout=50, env=env, cwd=ROOT)
     assert done.returncode == 0 or torch_teardown_abort(done.stderr), done.stderr[-3000:]
@@ -210,5 +258,6 @@ def torch_teardown_abort(stderr: str) -> bool:
     destroy_process_group; no torchpipe) did it in 1 of 31 torchrun runs on a loaded 2-core
     machine. The test's assertions on what the ranks printed still hold it to account."""
     return (
-        "terminate called without an active exception" in stderr and re.search(r"exitcode\s*:\s*-6", stderr) is not None
+        "terminate called without an active exception" in stderr
+        and re.search(r"exitcode\s*:\s*-6", stderr) is not None
     )

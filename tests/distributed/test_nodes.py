@@ -24,7 +24,9 @@ def _ctx() -> BuildContext:
 
 
 def _shares(world_size: int, num_workers: int) -> list[Share]:
-    return [Share(world_size, r, num_workers, w) for r in range(world_size) for w in range(num_workers)]
+    return [
+        Share(world_size, r, num_workers, w) for r in range(world_size) for w in range(num_workers)
+    ]
 
 
 def _share_of(total: int, share: Share, uneven: str) -> list[int]:
@@ -56,7 +58,9 @@ def test_allow_splits_every_element_once(world_size, num_workers, total):
 
 @pytest.mark.parametrize("world_size, num_workers", SHAPES)
 @pytest.mark.parametrize("total", [0, 1, 5, 7, 12])
-def test_drop_gives_every_rank_as_many_and_leaves_out_only_the_last_remainder(world_size, num_workers, total):
+def test_drop_gives_every_rank_as_many_and_leaves_out_only_the_last_remainder(
+    world_size, num_workers, total
+):
     by_rank: dict[int, list[int]] = {}
     for share in _shares(world_size, num_workers):
         elements = _share_of(total, share, "drop")
@@ -70,7 +74,9 @@ def test_drop_gives_every_rank_as_many_and_leaves_out_only_the_last_remainder(wo
 
 @pytest.mark.parametrize("world_size, num_workers", SHAPES)
 @pytest.mark.parametrize("total", [1, 5, 7, 12])
-def test_pad_gives_every_rank_as_many_by_repeating_elements_other_ranks_had(world_size, num_workers, total):
+def test_pad_gives_every_rank_as_many_by_repeating_elements_other_ranks_had(
+    world_size, num_workers, total
+):
     by_rank: dict[int, list[int]] = {}
     for share in _shares(world_size, num_workers):
         elements = _share_of(total, share, "pad")
@@ -134,7 +140,9 @@ class OtherRanks:
         return answer
 
 
-def _equalized(total: int, uneven: str, target: int | None = None, agreement: Any = None) -> list[int]:
+def _equalized(
+    total: int, uneven: str, target: int | None = None, agreement: Any = None
+) -> list[int]:
     return list(EqualizeNode(tp.range(total)._node, uneven, target, agreement).build(_ctx()))
 
 

@@ -33,7 +33,10 @@ class Numbers(torch.utils.data.Dataset):
 
 def on_rank(ds, rank, world_size, seed=7, **distribute):
     return ds.with_options(
-        tp.Options(seed=seed, distribute=tp.DistributeOptions(rank=rank, world_size=world_size, **distribute))
+        tp.Options(
+            seed=seed,
+            distribute=tp.DistributeOptions(rank=rank, world_size=world_size, **distribute),
+        )
     )
 
 
@@ -46,7 +49,9 @@ def shares(make, world_size, **distribute):
 
 
 def once_each(shares_, expected):
-    assert collections.Counter(x for share in shares_ for x in share) == collections.Counter(expected)
+    assert collections.Counter(x for share in shares_ for x in share) == collections.Counter(
+        expected
+    )
 
 
 def write_files(tmp_path, count, per_file=3):
@@ -76,7 +81,9 @@ def test_data_policy_splits_the_shuffled_order_and_reads_only_the_share(world_si
     got = shares(make, world_size)
     once_each(got, range(1, 31))
     for share, source in zip(got, sources):
-        assert sorted(source.reads) == sorted(x - 1 for x in share)  # dataset[i] read for its share only
+        assert sorted(source.reads) == sorted(
+            x - 1 for x in share
+        )  # dataset[i] read for its share only
     assert got != shares(make, world_size, seed=8)  # the seed decides the shuffle all ranks split
 
 
@@ -85,14 +92,19 @@ def test_file_policy_gives_each_rank_its_own_files(tmp_path, world_size):
     pattern = write_files(tmp_path, 6)
 
     def make():
-        return tp.list_files(pattern, shuffle=True).interleave(read_lines, cycle_length=2).shuffle(5)
+        return (
+            tp.list_files(pattern, shuffle=True).interleave(read_lines, cycle_length=2).shuffle(5)
+        )
 
     got = shares(make, world_size, uneven="allow")
     once_each(got, [f * 100 + i for f in range(6) for i in range(3)])
     files_of = [{x // 100 for x in share} for share in got]
     assert all(len(files) == 6 // world_size for files in files_of)  # whole files, each on one rank
     text = on_rank(make(), 1, world_size).explain()
-    assert f"distribute: rank 1 of {world_size} keeps one file in {world_size} of shuffle(buffer_size=6" in text
+    assert (
+        f"distribute: rank 1 of {world_size} keeps one file in {world_size} of shuffle(buffer_size=6"
+        in text
+    )
 
 
 def test_output_policy_runs_the_whole_pipeline_on_each_rank():
@@ -123,7 +135,9 @@ def test_equal_lengths_are_distributed_samplers(world_size, n, drop_last):
     uneven = "drop" if drop_last else "pad"
     got = shares(lambda: tp.from_dataset(Numbers(n)), world_size, uneven=uneven)
     for rank, share in enumerate(got):
-        sampler = DistributedSampler(range(n), num_replicas=world_size, rank=rank, shuffle=False, drop_last=drop_last)
+        sampler = DistributedSampler(
+            range(n), num_replicas=world_size, rank=rank, shuffle=False, drop_last=drop_last
+        )
         assert share == list(sampler)
 
 
@@ -147,8 +161,12 @@ def test_known_lengths_that_differ_are_cut_to_the_shortest_or_padded_to_the_long
 
 def test_equal_lengths_resume_exactly(tmp_path):
     for uneven in ("drop", "pad"):
-        assert_checkpoint_roundtrip(on_rank(tp.list_files(write_files(tmp_path, 5)), 1, 2, uneven=uneven))
-        assert_checkpoint_roundtrip(on_rank(tp.from_dataset(Numbers(11)).shuffle(4).batch(2), 2, 3, uneven=uneven))
+        assert_checkpoint_roundtrip(
+            on_rank(tp.list_files(write_files(tmp_path, 5)), 1, 2, uneven=uneven)
+        )
+        assert_checkpoint_roundtrip(
+            on_rank(tp.from_dataset(Numbers(11)).shuffle(4).batch(2), 2, 3, uneven=uneven)
+        )
 
 
 # -- ranks x torch DataLoader workers --------------------------------------------------------------
@@ -172,11 +190,17 @@ def test_ranks_times_workers_split_once_and_a_rank_keeps_its_share():
 
 
 def test_in_a_torch_worker_ranks_must_share_a_seed_given_to_them():
-    ds = tp.range(10).shuffle(10).with_options(tp.Options(distribute=tp.DistributeOptions(rank=0, world_size=2)))
+    ds = (
+        tp.range(10)
+        .shuffle(10)
+        .with_options(tp.Options(distribute=tp.DistributeOptions(rank=0, world_size=2)))
+    )
     with as_torch_worker(0, 2), pytest.raises(RuntimeError, match="tp.Options\\(seed=...\\)"):
         iter(ds)
     plain = (
-        tp.range(10).map(lambda x: x).with_options(tp.Options(distribute=tp.DistributeOptions(rank=0, world_size=2)))
+        tp.range(10)
+        .map(lambda x: x)
+        .with_options(tp.Options(distribute=tp.DistributeOptions(rank=0, world_size=2)))
     )
     with as_torch_worker(1, 2):
         assert list(plain) == [2, 6]  # nothing random below the shard: no shared seed needed
@@ -184,11 +208,16 @@ def test_in_a_torch_worker_ranks_must_share_a_seed_given_to_them():
 
 # -- checkpoints and resharding ------------------------------------------------------------------
 def test_each_rank_resumes_its_own_state_and_refuses_another_ranks():
-    ds = [on_rank(tp.from_dataset(Numbers(20)).shuffle(7).map(lambda x: x * 2, 2).batch(3), r, 2) for r in range(2)]
+    ds = [
+        on_rank(tp.from_dataset(Numbers(20)).shuffle(7).map(lambda x: x * 2, 2).batch(3), r, 2)
+        for r in range(2)
+    ]
     assert_checkpoint_roundtrip(ds[1])
     it = iter(ds[0])
     next(it)
-    with pytest.raises(tp.CheckpointError, match="rank 0 of 2's and this is rank 1 of 2.*reshard_states"):
+    with pytest.raises(
+        tp.CheckpointError, match="rank 0 of 2's and this is rank 1 of 2.*reshard_states"
+    ):
         iter(ds[1]).load_state_dict(it.state_dict())
 
 
@@ -199,7 +228,9 @@ def test_global_batch_sizes_are_split_between_ranks():
     got = [list(on_rank(make(), r, 4, global_batch=True)) for r in range(4)]
     assert all(batch.shape == (2,) for share in got for batch in share)
     for step in range(3):  # a step's batches across ranks make up the global batch
-        assert sorted(x for share in got for x in share[step].tolist()) == list(range(8 * step, 8 * step + 8))
+        assert sorted(x for share in got for x in share[step].tolist()) == list(
+            range(8 * step, 8 * step + 8)
+        )
     assert (
         "global batch sizes: batch(batch_size=8, drop_remainder=False) -> 2 a rank"
         in on_rank(make(), 0, 4, global_batch=True).explain()
@@ -238,13 +269,17 @@ def test_policies_choose_where_the_shard_goes(tmp_path):
 
 def test_a_pipeline_that_shards_itself_is_not_split_again():
     ds = tp.range(12).shuffle(12).shard(2, 1)
-    assert "the pipeline shards itself: not split again" in on_rank(ds, 1, 2, uneven="allow").explain()
+    assert (
+        "the pipeline shards itself: not split again" in on_rank(ds, 1, 2, uneven="allow").explain()
+    )
     assert len(flat(on_rank(ds, 1, 2, uneven="allow"))) == 6
     per_worker = []
     for rank in range(2):
         for worker in range(3):
             with as_torch_worker(worker, 3):  # but a rank's torch workers split what it reads
-                per_worker.append(flat(on_rank(tp.range(12).shuffle(12).shard(2, rank), rank, 2, uneven="allow")))
+                per_worker.append(
+                    flat(on_rank(tp.range(12).shuffle(12).shard(2, rank), rank, 2, uneven="allow"))
+                )
     once_each(per_worker, range(12))
 
 
@@ -265,9 +300,19 @@ def test_without_torch_distributed_ranks_of_unknown_length_cannot_agree():
     assert "the ranks agree at each element" in ds.explain()
     with pytest.raises(RuntimeError, match="must agree where it ends.*uneven='allow'"):
         iter(ds)
-    assert flat(on_rank(tp.range(10).filter(lambda x: x % 3 > 0), 0, 2, uneven="allow")) == [2, 4, 8]
-    no_seed = tp.range(10).shuffle(10).with_options(tp.Options(distribute=tp.DistributeOptions(rank=0, world_size=2)))
-    with pytest.raises(RuntimeError, match="torch.distributed is not initialized.*tp.Options\\(seed=...\\)"):
+    assert flat(on_rank(tp.range(10).filter(lambda x: x % 3 > 0), 0, 2, uneven="allow")) == [
+        2,
+        4,
+        8,
+    ]
+    no_seed = (
+        tp.range(10)
+        .shuffle(10)
+        .with_options(tp.Options(distribute=tp.DistributeOptions(rank=0, world_size=2)))
+    )
+    with pytest.raises(
+        RuntimeError, match="torch.distributed is not initialized.*tp.Options\\(seed=...\\)"
+    ):
         iter(no_seed)
 
 

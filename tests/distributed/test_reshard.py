@@ -14,13 +14,19 @@ def _consume(iterators, steps):
 
 
 @pytest.mark.parametrize("old, new, steps", [(2, 3, 3), (3, 2, 2), (2, 2, 1), (3, 1, 2)])
-def test_reshard_states_resumes_on_another_number_of_ranks_with_nothing_lost_or_repeated(old, new, steps):
+def test_reshard_states_resumes_on_another_number_of_ranks_with_nothing_lost_or_repeated(
+    old, new, steps
+):
     def make(rank, world_size):
-        return on_rank(tp.from_dataset(Numbers(48)).shuffle(48).map(lambda x: x, 2).batch(2), rank, world_size)
+        return on_rank(
+            tp.from_dataset(Numbers(48)).shuffle(48).map(lambda x: x, 2).batch(2), rank, world_size
+        )
 
     iterators = [iter(make(rank, old)) for rank in range(old)]
     seen = _consume(iterators, steps)
-    states = [pickle.loads(pickle.dumps(it.state_dict())) for it in reversed(iterators)]  # any order
+    states = [
+        pickle.loads(pickle.dumps(it.state_dict())) for it in reversed(iterators)
+    ]  # any order
     for rank, state in enumerate(reshard_states(states, new)):
         resumed = iter(make(rank, new))
         resumed.load_state_dict(state)
@@ -66,7 +72,10 @@ def test_reshard_states_refuses_what_it_cannot_reshard(tmp_path):
         return [it.state_dict() for it in its]
 
     cases = [
-        (lambda: tp.from_dataset(Numbers(20)).map(lambda x: x).shuffle(5), "shuffle.*above the share node"),
+        (
+            lambda: tp.from_dataset(Numbers(20)).map(lambda x: x).shuffle(5),
+            "shuffle.*above the share node",
+        ),
         (lambda: tp.list_files(write_files(tmp_path, 4)), "level='file'"),
         (lambda: tp.zip(tp.range(8), tp.range(8)), "level='output'"),
     ]

@@ -24,14 +24,21 @@ def test_a_torch_worker_keeps_its_share_at_the_source():
     distribution = distribute(RangeNode(0, 8, 1), Options(), TorchWorker(2, 1, seed=0), None)
     assert _types(distribution.root) == ["WorkerShareNode", "RangeNode"]
     assert isinstance(distribution.written, WorkerShareNode)
-    assert distribution.notes == ["worker_split: torch DataLoader worker 1 of 2 keeps one element in 2 of "
-                                  "range(start=0, stop=8, step=1), from element 1 on"]  # fmt: skip
+    assert distribution.notes == [
+        "worker_split: torch DataLoader worker 1 of 2 keeps one element in 2 of "
+        "range(start=0, stop=8, step=1), from element 1 on"
+    ]
 
 
 def test_a_rank_in_a_torch_worker_is_split_once_for_both():
     options = Options(distribute=DistributeOptions(rank=1, world_size=2))
-    distribution = distribute(RangeNode(0, 8, 1), options, TorchWorker(2, 0, seed=0), RankInfo(1, 2, False))
-    assert _types(distribution.root) == ["ShareNode", "RangeNode"]  # no worker share on top of the rank's
+    distribution = distribute(
+        RangeNode(0, 8, 1), options, TorchWorker(2, 0, seed=0), RankInfo(1, 2, False)
+    )
+    assert _types(distribution.root) == [
+        "ShareNode",
+        "RangeNode",
+    ]  # no worker share on top of the rank's
     (share,) = [node for node in walk(distribution.root) if isinstance(node, ShareNode)]
     assert share.share.describe() == "rank 1 of 2 x torch worker 0 of 2"
     assert distribution.salt and not distribution.shared_seed

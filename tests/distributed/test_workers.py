@@ -22,7 +22,9 @@ def _through_workers(ds, num_workers=2, **kwargs):
 
 
 def _once_each(elements, expected):
-    assert collections.Counter(elements) == collections.Counter(expected), "not every element exactly once"
+    assert collections.Counter(elements) == collections.Counter(expected), (
+        "not every element exactly once"
+    )
 
 
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")
@@ -51,14 +53,19 @@ class OwnShareOnly(torch.utils.data.Dataset):
     "make",
     [
         lambda: tp.from_dataset(OwnShareOnly()),
-        lambda: tp.from_dataset(OwnShareOnly()).map(lambda x: x + 1, num_parallel_calls=2, executor="thread"),
+        lambda: tp.from_dataset(OwnShareOnly()).map(
+            lambda x: x + 1, num_parallel_calls=2, executor="thread"
+        ),
         lambda: tp.from_dataset(OwnShareOnly()).shuffle(8).batch(4, drop_remainder=False),
     ],
 )
 def test_a_source_that_seeks_reads_only_its_share(make):
     out = _through_workers(make())
     flat = [int(x) for item in out for x in (item.tolist() if torch.is_tensor(item) else [item])]
-    _once_each(flat, [int(x) for item in make() for x in (item.tolist() if torch.is_tensor(item) else [item])])
+    _once_each(
+        flat,
+        [int(x) for item in make() for x in (item.tolist() if torch.is_tensor(item) else [item])],
+    )
 
 
 def test_an_iterable_source_of_unknown_length_is_sharded_by_element_index():
@@ -76,7 +83,9 @@ def test_several_sources_shard_the_output_and_workers_share_their_seed():
     torch.manual_seed(7)
     first = _through_workers(ds)
     torch.manual_seed(7)
-    assert _through_workers(ds) == first  # torch's seed decides the order, as with torch's own datasets
+    assert (
+        _through_workers(ds) == first
+    )  # torch's seed decides the order, as with torch's own datasets
 
 
 def test_a_shared_cache_file_shards_the_output(tmp_path):
@@ -93,12 +102,17 @@ def test_inner_datasets_of_flat_map_are_not_sharded_again():
 
 def test_explain_says_where_the_shard_goes():
     ds = tp.from_dataset(OwnShareOnly()).map(lambda x: x, 2)
-    plan = ds.explain()  # the facts: one element in num_workers, of the source, which reads only its share
+    plan = (
+        ds.explain()
+    )  # the facts: one element in num_workers, of the source, which reads only its share
     assert "one element in num_workers of from_dataset(" in plan and "reads only its share" in plan
     assert "is read whole" in tp.from_iterable([1, 2, 3]).explain()
     with as_torch_worker(1, 3):
         text = ds.explain()
-    assert "worker_split: torch DataLoader worker 1 of 3 keeps one element in 3 of from_dataset(" in text
+    assert (
+        "worker_split: torch DataLoader worker 1 of 3 keeps one element in 3 of from_dataset("
+        in text
+    )
     assert "shard(num_shards=3, index=1) [torch worker 1 of 3]" in text
     assert "In torch DataLoader workers" not in text
 
@@ -112,7 +126,10 @@ def test_a_worker_resumes_its_own_share_and_refuses_another_workers_state():
         it = iter(ds)
         next(it)
         state = it.state_dict()
-    with as_torch_worker(0, 2), pytest.raises(tp.CheckpointError, match="op 2 was shard\\(num_shards=2, index=1\\)"):
+    with (
+        as_torch_worker(0, 2),
+        pytest.raises(tp.CheckpointError, match="op 2 was shard\\(num_shards=2, index=1\\)"),
+    ):
         iter(ds).load_state_dict(state)
     with pytest.raises(tp.CheckpointError, match="another pipeline"):
         iter(ds).load_state_dict(state)  # the whole pipeline, outside any worker
@@ -176,7 +193,10 @@ class StartEnd(IterableDataset):
 def _start_end(worker_id):
     info = get_worker_info()
     per = -(-info.dataset.end // info.num_workers)
-    info.dataset.start, info.dataset.end = worker_id * per, min(info.dataset.end, (worker_id + 1) * per)
+    info.dataset.start, info.dataset.end = (
+        worker_id * per,
+        min(info.dataset.end, (worker_id + 1) * per),
+    )
 
 
 class Wraps(IterableDataset):
@@ -194,7 +214,9 @@ _FILES = [f"part-{i:02d}" for i in range(12)]
 HAND_SPLITS = {
     "shard in __iter__": lambda n, k: tp.range(40).shard(n, k).map(_tenfold).batch(4).unbatch(),
     "range in __iter__": lambda n, k: tp.range(k, 40, n).map(_tenfold),
-    "share_of_files in __iter__": lambda n, k: tp.from_tensor_slices(tp.distributed.share_of_files(_FILES)),
+    "share_of_files in __iter__": lambda n, k: tp.from_tensor_slices(
+        tp.distributed.share_of_files(_FILES)
+    ),
 }
 
 
@@ -202,21 +224,31 @@ def _elements(loader):
     return [x if isinstance(x, str) else int(x) for x in loader]
 
 
-@pytest.mark.filterwarnings("ignore:This DataLoader will create", "ignore:torchpipe. a pipeline is iterated")
+@pytest.mark.filterwarnings(
+    "ignore:This DataLoader will create", "ignore:torchpipe. a pipeline is iterated"
+)
 @pytest.mark.parametrize("num_workers", [0, 1, 2, 3])
 @pytest.mark.parametrize("idiom", sorted(HAND_SPLITS))
 def test_a_pipeline_split_by_hand_in_iter_is_not_split_again(idiom, num_workers):
-    got = _elements(DataLoader(SplitInIter(HAND_SPLITS[idiom]), batch_size=None, num_workers=num_workers))
+    got = _elements(
+        DataLoader(SplitInIter(HAND_SPLITS[idiom]), batch_size=None, num_workers=num_workers)
+    )
     _once_each(got, _FILES if "files" in idiom else [10 * x for x in range(40)])
 
 
-@pytest.mark.filterwarnings("ignore:This DataLoader will create", "ignore:torchpipe. a pipeline is iterated")
+@pytest.mark.filterwarnings(
+    "ignore:This DataLoader will create", "ignore:torchpipe. a pipeline is iterated"
+)
 @pytest.mark.parametrize("num_workers", [0, 1, 2, 3])
 def test_a_pipeline_split_by_hand_in_worker_init_fn_is_not_split_again(num_workers):
-    loader = DataLoader(StartEnd(40), batch_size=None, num_workers=num_workers, worker_init_fn=_start_end)
+    loader = DataLoader(
+        StartEnd(40), batch_size=None, num_workers=num_workers, worker_init_fn=_start_end
+    )
     _once_each(_elements(loader), [10 * x for x in range(40)])
     off = tp.Options(distribute=tp.DistributeOptions(policy="off"))  # says so: no warning either
-    loader = DataLoader(StartEnd(40, off), batch_size=None, num_workers=num_workers, worker_init_fn=_start_end)
+    loader = DataLoader(
+        StartEnd(40, off), batch_size=None, num_workers=num_workers, worker_init_fn=_start_end
+    )
     _once_each(_elements(loader), [10 * x for x in range(40)])
 
 
@@ -246,11 +278,18 @@ def test_get_worker_info_imported_before_torchpipe_is_watched_too():
         "        return iter(tp.range(info.id, 40, info.num_workers))\n"
         "print(sorted(int(x) for x in DataLoader(D(), batch_size=None, num_workers=2)))\n"
     )
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=50,
-                         env=dict(os.environ, PYTHONPATH=ROOT))  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=50,
+        env=dict(os.environ, PYTHONPATH=ROOT),
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == str(list(range(40)))
-    assert "does not split it again" in out.stderr and "comes 2 times" in out.stderr  # the warning, worker 0
+    assert (
+        "does not split it again" in out.stderr and "comes 2 times" in out.stderr
+    )  # the warning, worker 0
 
 
 def _asks_then_builds(ds):
@@ -268,10 +307,15 @@ def test_code_that_asked_get_worker_info_is_warned_at_the_first_element_naming_b
         with pytest.warns(UserWarning) as caught:  # noqa: PT030 - its text is checked below
             first = next(it)
         rest = list(it)
-    assert not at_iter and first == 0 and rest == list(range(1, 12))  # not split again: every element
+    assert (
+        not at_iter and first == 0 and rest == list(range(1, 12))
+    )  # not split again: every element
     text = str(caught[0].message)
     assert "comes 2 times" in text and "lose 1 of every 2" in text and "policy=...)): 'off'" in text
-    assert "asked torch.utils.data.get_worker_info(), so it splits its data by hand: not split again" in explained
+    assert (
+        "asked torch.utils.data.get_worker_info(), so it splits its data by hand: not split again"
+        in explained
+    )
 
 
 def test_policy_off_or_data_says_which_split_and_silences_the_warning():
@@ -281,7 +325,9 @@ def test_policy_off_or_data_says_which_split_and_silences_the_warning():
         warnings.simplefilter("error")
         assert list(_asks_then_builds(off)) == list(range(12))
         assert list(_asks_then_builds(data)) == list(range(1, 12, 2))
-        assert "policy='off'" in off.explain() and "worker 1 of 2 gets every element" in off.explain()
+        assert (
+            "policy='off'" in off.explain() and "worker 1 of 2 gets every element" in off.explain()
+        )
 
 
 def test_a_shard_that_matches_the_worker_is_named_in_explain():
@@ -290,12 +336,17 @@ def test_a_shard_that_matches_the_worker_is_named_in_explain():
         assert list(ds) == [1, 4, 7, 10]
         assert "the pipeline shards itself by worker (shard(num_shards=3, index=1)" in ds.explain()
     with as_torch_worker(2, 3):  # another worker's shard: a subset of the user's, split as usual
-        assert list(ds) == [5]  # worker 2 keeps 2, 5, 8, 11 of the source; the shard, the second of those
+        assert list(ds) == [
+            5
+        ]  # worker 2 keeps 2, 5, 8, 11 of the source; the shard, the second of those
 
 
 def test_where_get_worker_info_cannot_be_watched_the_automatic_split_warns(monkeypatch):
     monkeypatch.setattr("torchpipe.distributed.workers.WATCHING_GET_WORKER_INFO", False)
     ds = tp.range(12)
-    with as_torch_worker(0, 2), pytest.warns(UserWarning, match="cannot tell whether that code split") as caught:
+    with (
+        as_torch_worker(0, 2),
+        pytest.warns(UserWarning, match="cannot tell whether that code split") as caught,
+    ):
         assert list(Wraps(ds)) == list(range(0, 12, 2))
     assert "1 of every 2 elements are lost" in str(caught[0].message)

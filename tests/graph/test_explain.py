@@ -27,14 +27,25 @@ def test_explain_draws_multi_input_graphs_as_a_tree():
 
 
 def test_explain_shows_what_each_pass_did_and_the_plan_that_runs():
-    ds = tp.range(50).map(abs).map(float).take(-1).filter(lambda x: x > 3).map(abs, 2, executor="thread").batch(4)
+    ds = (
+        tp.range(50)
+        .map(abs)
+        .map(float)
+        .take(-1)
+        .filter(lambda x: x > 3)
+        .map(abs, 2, executor="thread")
+        .batch(4)
+    )
     text = ds.explain()
     written, rest = text.split("Optimizations:")
     notes, running = rest.split("As it will run:")
     assert "take(count=-1)" in written and "take" not in running
     assert "noop_elimination: take(count=-1) -> removed" in notes
     assert "map_fusion: map(abs) + map(float) -> one stage, inline" in notes
-    assert "map_batch_fusion: batch(batch_size=4, drop_remainder=False) -> fused into map(fn=abs" in notes
+    assert (
+        "map_batch_fusion: batch(batch_size=4, drop_remainder=False) -> fused into map(fn=abs"
+        in notes
+    )
     first = running.strip().splitlines()[0]
     assert first.startswith("map(fn=abs, num_parallel_calls=2") and "+ batch(batch_size=4" in first
 
@@ -63,7 +74,11 @@ def test_tp_explain_describes_a_dataloader():
 
 
 def test_explain_shows_the_values_the_autotuner_chose_for_the_latest_pass():
-    ds = tp.range(10_000).map(lambda x: x, num_parallel_calls=tp.AUTOTUNE, executor="thread").prefetch(tp.AUTOTUNE)
+    ds = (
+        tp.range(10_000)
+        .map(lambda x: x, num_parallel_calls=tp.AUTOTUNE, executor="thread")
+        .prefetch(tp.AUTOTUNE)
+    )
     assert "Autotuned" not in ds.explain()
     it = iter(ds)
     next(it)
@@ -80,7 +95,11 @@ def test_explain_shows_the_values_the_autotuner_chose_for_the_latest_pass():
 
 
 def test_explain_after_the_loop_shows_what_the_last_pass_chose():
-    ds = tp.range(3000).map(lambda x: x, num_parallel_calls=tp.AUTOTUNE, executor="thread").prefetch(tp.AUTOTUNE)
+    ds = (
+        tp.range(3000)
+        .map(lambda x: x, num_parallel_calls=tp.AUTOTUNE, executor="thread")
+        .prefetch(tp.AUTOTUNE)
+    )
     it = iter(ds)
     for _ in it:
         pass
@@ -94,21 +113,40 @@ def test_explain_after_the_loop_shows_what_the_last_pass_chose():
 def test_explain_as_dict_holds_the_texts_facts():
     ds = tp.range(4).map(abs).map(abs).take(-1)
     facts = ds.explain(as_dict=True)
-    assert list(facts["rewrites"]) == ["noop_elimination", "map_fusion", "inject_prefetch"]  # in order applied
+    assert list(facts["rewrites"]) == [
+        "noop_elimination",
+        "map_fusion",
+        "inject_prefetch",
+    ]  # in order applied
     text = ds.explain()
-    assert all(f"{name}: {what}" in text for name, notes in facts["rewrites"].items() for what in notes)
+    assert all(
+        f"{name}: {what}" in text for name, notes in facts["rewrites"].items() for what in notes
+    )
     written, run = facts["as_written"], facts["as_run"]
-    assert (written["op"], written["label"], written["inputs"][0]["label"]) == ("take", "take(count=-1)", "map(fn=abs)")
+    assert (written["op"], written["label"], written["inputs"][0]["label"]) == (
+        "take",
+        "take(count=-1)",
+        "map(fn=abs)",
+    )
     assert [run["op"], run["inputs"][0]["op"], run["inputs"][0]["inputs"][0]["op"]] == [
         "prefetch",
         "fused_map",
         "range",
     ]
-    assert (facts["cardinality"], facts["options"], facts["tuned"], facts["tuned_now"]) == (4, tp.Options(), {}, False)
+    assert (facts["cardinality"], facts["options"], facts["tuned"], facts["tuned_now"]) == (
+        4,
+        tp.Options(),
+        {},
+        False,
+    )
 
 
 def test_explain_as_dict_gives_the_values_the_autotuner_chose():
-    ds = tp.range(10_000).map(lambda x: x, num_parallel_calls=tp.AUTOTUNE, executor="thread").prefetch(tp.AUTOTUNE)
+    ds = (
+        tp.range(10_000)
+        .map(lambda x: x, num_parallel_calls=tp.AUTOTUNE, executor="thread")
+        .prefetch(tp.AUTOTUNE)
+    )
     it = iter(ds)
     next(it)
     facts = ds.explain(as_dict=True)

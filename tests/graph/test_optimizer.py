@@ -15,7 +15,11 @@ def test_passes_run_in_the_documented_order():
     assert tuple(p.NAME for p in PASSES) == OPTIMIZATIONS
     import torchpipe.graph.optimizer as optimizer
 
-    documented = [line.split("``")[1] for line in optimizer.__doc__.splitlines() if line[:3].strip(". ").isdigit()]
+    documented = [
+        line.split("``")[1]
+        for line in optimizer.__doc__.splitlines()
+        if line[:3].strip(". ").isdigit()
+    ]
     assert documented == list(OPTIMIZATIONS)
 
 
@@ -37,7 +41,10 @@ def test_switches_merge_along_the_graph():
         .with_options(tp.Options(optimizations={"inject_prefetch": False}))
     )
     assert ds.options().optimizations == {"map_fusion": False, "inject_prefetch": False}
-    assert ds.explain(as_dict=True)["rewrites"] == {} and "Optimizations:\n  (none applied)" in ds.explain()
+    assert (
+        ds.explain(as_dict=True)["rewrites"] == {}
+        and "Optimizations:\n  (none applied)" in ds.explain()
+    )
     hash(ds.options())
 
 

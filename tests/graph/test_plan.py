@@ -118,7 +118,11 @@ class Items(torch.utils.data.Dataset):
 @pytest.mark.parametrize(
     "before, after, says",
     [
-        (tp.range(40).batch(4), tp.range(40).batch(8), ["op 0 was batch(batch_size=4", "batch(batch_size=8"]),
+        (
+            tp.range(40).batch(4),
+            tp.range(40).batch(8),
+            ["op 0 was batch(batch_size=4", "batch(batch_size=8"],
+        ),
         (tp.range(40).batch(4), tp.range(20).batch(4), ["stop=40", "stop=20"]),
         (tp.from_dataset(Items(40)), tp.from_dataset(Items(20)), ["len=40", "len=20"]),
         (tp.range(40).shuffle(8, seed=1), tp.range(40).shuffle(8, seed=2), ["seed=1", "seed=2"]),
@@ -133,9 +137,16 @@ def test_a_state_only_loads_into_a_pipeline_with_the_same_parameters(before, aft
 
 
 def test_a_state_loads_where_only_speed_or_the_function_object_changed():
-    state = _state_after(tp.range(40).map(lambda x: x * 2, num_parallel_calls=2).batch(4).prefetch(2), 3)
+    state = _state_after(
+        tp.range(40).map(lambda x: x * 2, num_parallel_calls=2).batch(4).prefetch(2), 3
+    )
     # a new process re-creates the lambda; the parallelism and the prefetch depth do not change elements
-    resumed = iter(tp.range(40).map(lambda x: x * 2, num_parallel_calls=3, executor="thread").batch(4).prefetch(5))
+    resumed = iter(
+        tp.range(40)
+        .map(lambda x: x * 2, num_parallel_calls=3, executor="thread")
+        .batch(4)
+        .prefetch(5)
+    )
     resumed.load_state_dict(state)
     assert next(resumed).tolist() == [24, 26, 28, 30]
     resumed.close()
@@ -151,9 +162,18 @@ def test_a_state_of_an_older_format_is_refused_clearly():
 @pytest.mark.parametrize(
     "garble, says",
     [
-        (lambda s: s["pipeline"]["input"].update(index="5"), r"range: state\['index'\] must be an int, got str '5'"),
-        (lambda s: s["pipeline"]["input"].update(index=-3), r"range: state\['index'\] is -3, outside \[0, 10\]"),
-        (lambda s: s["pipeline"]["input"].update(index=99), r"range: state\['index'\] is 99, outside \[0, 10\]"),
+        (
+            lambda s: s["pipeline"]["input"].update(index="5"),
+            r"range: state\['index'\] must be an int, got str '5'",
+        ),
+        (
+            lambda s: s["pipeline"]["input"].update(index=-3),
+            r"range: state\['index'\] is -3, outside \[0, 10\]",
+        ),
+        (
+            lambda s: s["pipeline"]["input"].update(index=99),
+            r"range: state\['index'\] is 99, outside \[0, 10\]",
+        ),
         (lambda s: s["pipeline"]["input"].pop("index"), r"range: state is missing \['index'\]"),
         (lambda s: s["pipeline"].update(seq=1.5), r"map\(abs\): state\['seq'\] must be an int"),
         (lambda s: s["pipeline"].update(input=[1]), r"range: expected a state dict, got list"),
@@ -178,7 +198,9 @@ def test_garbled_counters_and_flags_of_every_kind_of_op_are_checkpoint_errors():
         .repeat(2)
         .shuffle(4, seed=0)
         .batch(2)
-        .with_options(tp.Options(optimizations={"inject_prefetch": False, "shuffle_repeat_fusion": False}))
+        .with_options(
+            tp.Options(optimizations={"inject_prefetch": False, "shuffle_repeat_fusion": False})
+        )
     )
     state = _state_after(ds, 3)
     shuffle = state["pipeline"]["input"]
@@ -190,7 +212,9 @@ def test_garbled_counters_and_flags_of_every_kind_of_op_are_checkpoint_errors():
     ):
         broken = copy.deepcopy(state)
         garble(broken["pipeline"]["input"])
-        with pytest.raises(CheckpointError, match=r"state\['(input_done|fresh|repetition|taken)'\] must be"):
+        with pytest.raises(
+            CheckpointError, match=r"state\['(input_done|fresh|repetition|taken)'\] must be"
+        ):
             iter(ds).load_state_dict(broken)
     assert shuffle["input_done"] is False
 

@@ -11,7 +11,9 @@ def photo(height: int = 48, width: int = 64, seed: int = 0) -> np.ndarray:
     """A smooth RGB image with mild noise, so it compresses like a photo."""
     rng = np.random.default_rng(seed)
     coarse = rng.integers(0, 256, size=(4, 4, 3), dtype=np.uint8)
-    smooth = np.asarray(Image.fromarray(coarse).resize((width, height), Image.BICUBIC), dtype=np.int16)
+    smooth = np.asarray(
+        Image.fromarray(coarse).resize((width, height), Image.BICUBIC), dtype=np.int16
+    )
     return np.clip(smooth + rng.integers(-8, 9, size=smooth.shape), 0, 255).astype(np.uint8)
 
 

@@ -24,7 +24,9 @@ def pillow(data: bytes, mode: str = "RGB") -> np.ndarray:
 def test_jpeg_pixels_are_pillows(kinds, kind, channels):
     out = tp.image.decode_jpeg(kinds[kind], channels=channels)
     assert out.dtype == torch.uint8 and out.shape == (48, 64, channels)
-    diff = np.abs(out.numpy().astype(int) - pillow(kinds[kind], "RGB" if channels == 3 else "L")).max()
+    diff = np.abs(
+        out.numpy().astype(int) - pillow(kinds[kind], "RGB" if channels == 3 else "L")
+    ).max()
     # CMYK's conversion, and grayscale from a color file (libjpeg-turbo's luma against Pillow's
     # RGB-to-L formula), differ by rounding
     assert diff <= (1 if kind == "cmyk" or (channels == 1 and kind != "grayscale") else 0)
@@ -35,7 +37,14 @@ def test_every_input_kind_decodes_alike(kinds, tmp_path):
     path.write_bytes(kinds["rgb"])
     expected = tp.image.decode_jpeg(kinds["rgb"])
     array = np.frombuffer(kinds["rgb"], dtype=np.uint8).copy()
-    for data in (str(path), path, bytearray(kinds["rgb"]), memoryview(kinds["rgb"]), array, torch.from_numpy(array)):
+    for data in (
+        str(path),
+        path,
+        bytearray(kinds["rgb"]),
+        memoryview(kinds["rgb"]),
+        array,
+        torch.from_numpy(array),
+    ):
         assert torch.equal(tp.image.decode_jpeg(data), expected)
     with pytest.raises(TypeError, match="1-D uint8"):
         tp.image.decode_jpeg(np.zeros((2, 2), np.uint8))
@@ -48,7 +57,9 @@ def test_every_input_kind_decodes_alike(kinds, tmp_path):
 def test_png_and_other_formats(kinds):
     assert np.array_equal(tp.image.decode_png(kinds["png"]).numpy(), pillow(kinds["png"]))
     rgba = Image.fromarray(photo()).convert("RGBA")
-    assert np.array_equal(tp.image.decode_png(encode(rgba, "PNG")).numpy(), pillow(encode(rgba, "PNG")))
+    assert np.array_equal(
+        tp.image.decode_png(encode(rgba, "PNG")).numpy(), pillow(encode(rgba, "PNG"))
+    )
     for fmt in ("PNG", "BMP", "GIF", "WEBP"):
         data = encode(Image.fromarray(photo()), fmt)
         assert np.array_equal(tp.image.decode_image(data).numpy(), pillow(data))
@@ -75,11 +86,17 @@ def test_a_truncated_file_is_an_error_naming_it(kinds, tmp_path):
         tp.image.decode_and_random_resized_crop(kinds["truncated"], 16)
 
 
-def test_in_a_pipeline_the_error_names_the_element_and_ignore_errors_skips_exactly_it(kinds, tmp_path):
+def test_in_a_pipeline_the_error_names_the_element_and_ignore_errors_skips_exactly_it(
+    kinds, tmp_path
+):
     paths = []
     for i in range(6):
         path = tmp_path / f"{i}.jpg"
-        path.write_bytes(kinds["truncated"] if i in (2, 4) else encode(Image.fromarray(photo(seed=i)), quality=90))
+        path.write_bytes(
+            kinds["truncated"]
+            if i in (2, 4)
+            else encode(Image.fromarray(photo(seed=i)), quality=90)
+        )
         paths.append(str(path))
     ds = tp.from_iterable(paths).map(lambda p: (p, tp.image.decode_jpeg(p)), num_parallel_calls=2)
     with pytest.raises(tp.image.DecodeError, match="2.jpg") as info:
@@ -98,14 +115,19 @@ def test_what_the_fast_decoder_refuses_pillow_decodes_and_stats_count(kinds):
     assert all(np.array_equal(x.numpy(), pillow(kinds["rgb"])) for x in out)
     images = it.stats().images
     assert images == {"decoded": 3, "fallback": 1 if formats.simplejpeg is not None else 0}
-    assert "3 decoded by tp.image, 1 of them by Pillow" in str(it.stats()) or formats.simplejpeg is None
+    assert (
+        "3 decoded by tp.image, 1 of them by Pillow" in str(it.stats())
+        or formats.simplejpeg is None
+    )
 
 
 def test_without_simplejpeg_pillow_decodes_everything(kinds, monkeypatch):
     monkeypatch.setattr(formats, "simplejpeg", None)
     for kind in ("rgb", "grayscale", "progressive"):
         assert np.array_equal(tp.image.decode_jpeg(kinds[kind]).numpy(), pillow(kinds[kind]))
-    assert tp.image.decode_and_random_resized_crop(kinds["rgb"], 8, rng=np.random.default_rng(0)).shape == (8, 8, 3)
+    assert tp.image.decode_and_random_resized_crop(
+        kinds["rgb"], 8, rng=np.random.default_rng(0)
+    ).shape == (8, 8, 3)
 
 
 def _decode_or_die(data: bytes, marker: str) -> torch.Tensor:
@@ -116,13 +138,18 @@ def _decode_or_die(data: bytes, marker: str) -> torch.Tensor:
     return image
 
 
-def test_counts_from_worker_processes_reach_the_pass_and_a_killed_one_loses_only_its_task(kinds, tmp_path):
-    ds = tp.from_iterable([kinds["rgb"]] * 12).map(tp.image.decode_jpeg, num_parallel_calls=2, executor="process")
+def test_counts_from_worker_processes_reach_the_pass_and_a_killed_one_loses_only_its_task(
+    kinds, tmp_path
+):
+    ds = tp.from_iterable([kinds["rgb"]] * 12).map(
+        tp.image.decode_jpeg, num_parallel_calls=2, executor="process"
+    )
     it = iter(ds)
     assert len(list(it)) == 12 and it.stats().images == {"decoded": 12, "fallback": 0}
     marker = str(tmp_path / "killed")
-    ds = tp.from_iterable([kinds["rgb"]] * 12).map(lambda d: _decode_or_die(d, marker), num_parallel_calls=2,
-                                                   executor="process")  # fmt: skip
+    ds = tp.from_iterable([kinds["rgb"]] * 12).map(
+        lambda d: _decode_or_die(d, marker), num_parallel_calls=2, executor="process"
+    )
     it = iter(ds)
     assert len(list(it)) == 12  # the killed worker's task ran again on its replacement
     assert it.stats().images["decoded"] == 12  # the decode of the killed task was lost with it
@@ -138,8 +165,10 @@ def test_decode_and_crop_is_decode_then_crop(kinds):
         tp.image.decode_and_crop_jpeg(kinds["rgb"], (0, 0, 0, 10))
     rotated = with_orientation(Image.fromarray(photo()), 6)  # stored 48x64, seen 64x48
     upright = tp.image.decode_jpeg(rotated, apply_exif_orientation=True)
-    assert torch.equal(tp.image.decode_and_crop_jpeg(rotated, (50, 0, 14, 48), apply_exif_orientation=True),
-                       upright[50:64])  # fmt: skip
+    assert torch.equal(
+        tp.image.decode_and_crop_jpeg(rotated, (50, 0, 14, 48), apply_exif_orientation=True),
+        upright[50:64],
+    )
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU path is tested in tests/cuda")
@@ -155,7 +184,9 @@ def test_the_fast_idct_is_close_and_on_request(kinds):
     fast = tp.image.decode_jpeg(kinds["rgb"], fast_dct=True)
     assert fast.shape == accurate.shape and 0 < (fast.int() - accurate.int()).abs().max() <= 8
     assert torch.equal(tp.image.decode_image(kinds["rgb"], fast_dct=True), fast)
-    assert torch.equal(tp.image.decode_and_crop_jpeg(kinds["rgb"], (0, 0, 8, 8), fast_dct=True), fast[:8, :8])
+    assert torch.equal(
+        tp.image.decode_and_crop_jpeg(kinds["rgb"], (0, 0, 8, 8), fast_dct=True), fast[:8, :8]
+    )
 
 
 def _with_size(data: bytes, height: int, width: int) -> bytes:
@@ -165,7 +196,9 @@ def _with_size(data: bytes, height: int, width: int) -> bytes:
 
 
 def test_a_jpeg_header_claiming_too_many_pixels_is_refused_before_decoding():
-    huge = _with_size(encode(Image.fromarray(photo())), 60000, 60000)  # 3.6e9 pixels, ~11 GB decoded
+    huge = _with_size(
+        encode(Image.fromarray(photo())), 60000, 60000
+    )  # 3.6e9 pixels, ~11 GB decoded
     for decode in (tp.image.decode_jpeg, tp.image.decode_image):
         with pytest.raises(tp.image.DecodeError, match="refusing to decode the JPEG") as error:
             decode(huge)

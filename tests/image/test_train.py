@@ -47,7 +47,9 @@ def pillow_reference(data: bytes, seed: int, flip: float) -> torch.Tensor:
     with Image.open(io.BytesIO(data)) as im:
         rgb = im.convert("RGB")
     top, left, h, w = tp.image.random_resized_crop_window(rgb.height, rgb.width, rng=rng)
-    crop = rgb.crop((left, top, left + w, top + h)).resize((SIZE, SIZE), Image.BILINEAR)  # torchvision's order
+    crop = rgb.crop((left, top, left + w, top + h)).resize(
+        (SIZE, SIZE), Image.BILINEAR
+    )  # torchvision's order
     if rng.random() < flip:
         crop = crop.transpose(Image.FLIP_LEFT_RIGHT)
     x = torch.from_numpy(np.asarray(crop).copy()).permute(2, 0, 1).float() / 255
@@ -57,7 +59,9 @@ def pillow_reference(data: bytes, seed: int, flip: float) -> torch.Tensor:
 @pytest.mark.parametrize("flip", [0.0, 1.0])
 @pytest.mark.parametrize("seed", range(6))
 def test_pixels_match_pillows_decode_crop_and_resize_of_the_same_window(jpegs, seed, flip):
-    got = tp.image.train_transform(jpegs[seed], SIZE, MEAN, STD, flip=flip, rng=np.random.default_rng(seed))
+    got = tp.image.train_transform(
+        jpegs[seed], SIZE, MEAN, STD, flip=flip, rng=np.random.default_rng(seed)
+    )
     want = pillow_reference(jpegs[seed], seed, flip)
     # docs/image.md: the resize is within 1 of Pillow's BILINEAR in uint8 levels, here normalized
     tolerance = 1 / (255 * min(STD)) + 1e-5
@@ -68,10 +72,14 @@ def test_pixels_match_pillows_decode_crop_and_resize_of_the_same_window(jpegs, s
 def test_uint8_keeps_the_values_and_out_is_written():
     data = encode(Image.fromarray(photo(60, 76)), quality=90)
     out = torch.empty(3, SIZE, SIZE, dtype=torch.uint8)
-    got = tp.image.train_transform(data, SIZE, dtype=torch.uint8, rng=np.random.default_rng(2), out=out)
+    got = tp.image.train_transform(
+        data, SIZE, dtype=torch.uint8, rng=np.random.default_rng(2), out=out
+    )
     assert got is out
     g = np.random.default_rng(2)
-    image = tp.image.random_flip_left_right(tp.image.decode_and_random_resized_crop(data, SIZE, rng=g), rng=g)
+    image = tp.image.random_flip_left_right(
+        tp.image.decode_and_random_resized_crop(data, SIZE, rng=g), rng=g
+    )
     assert torch.equal(out, image.permute(2, 0, 1))
 
 
@@ -122,7 +130,12 @@ def batches(fn, jpegs, **map_args):
 
 
 @pytest.mark.parametrize(
-    "map_args", [{}, {"num_parallel_calls": 2, "executor": "thread"}, {"num_parallel_calls": 2, "executor": "process"}]
+    "map_args",
+    [
+        {},
+        {"num_parallel_calls": 2, "executor": "thread"},
+        {"num_parallel_calls": 2, "executor": "process"},
+    ],
 )
 def test_in_a_pipeline_batches_equal_the_unfused_ops_on_any_executor(jpegs, map_args):
     got, want = batches(transform, jpegs, **map_args), batches(steps, jpegs)
@@ -146,5 +159,7 @@ def test_a_batch_made_on_threads_holds_the_rows_written_in_place(jpegs, monkeypa
     got = batches(large_transform, jpegs, num_parallel_calls=2, executor="thread")
     assert sum(row is not None for row in lent) >= 3  # all but each batch's first element
     for row in (r for r in lent if r is not None):
-        assert any(b[0].untyped_storage().data_ptr() == row.untyped_storage().data_ptr() for b in got)
+        assert any(
+            b[0].untyped_storage().data_ptr() == row.untyped_storage().data_ptr() for b in got
+        )
     assert all(torch.equal(x, y) for (x, _), (y, _) in zip(got, batches(large_steps, jpegs)))

@@ -40,7 +40,10 @@ def test_crops_are_views_inside_the_image():
 
 def test_random_crop_places_are_uniform_and_repeat_with_the_generator():
     img = torch.arange(10 * 10).reshape(10, 10, 1)
-    tops = [int(tp.image.random_crop(img, 8, rng=np.random.default_rng(s))[0, 0, 0]) // 10 for s in range(300)]
+    tops = [
+        int(tp.image.random_crop(img, 8, rng=np.random.default_rng(s))[0, 0, 0]) // 10
+        for s in range(300)
+    ]
     assert set(tops) == {0, 1, 2}
     a = tp.image.random_crop(img, 5, rng=np.random.default_rng(7))
     assert torch.equal(a, tp.image.random_crop(img, 5, rng=np.random.default_rng(7)))
@@ -110,7 +113,12 @@ def test_the_window_is_drawn_as_torchvision_draws_it():
     assert min(ratios) > 3 / 4 - 0.05 and max(ratios) < 4 / 3 + 0.05
     assert abs(np.mean(np.log(ratios))) < 0.02  # log-uniform, symmetric around 1
     # no window fits ten times: the central crop at the nearest allowed ratio
-    assert tp.image.random_resized_crop_window(100, 400, scale=(0.99, 1.0), rng=gen) == (0, 133, 100, 133)
+    assert tp.image.random_resized_crop_window(100, 400, scale=(0.99, 1.0), rng=gen) == (
+        0,
+        133,
+        100,
+        133,
+    )
     with pytest.raises(ValueError, match="scale must be"):
         tp.image.random_resized_crop_window(10, 10, scale=(0.5, 0.1))
 
@@ -129,7 +137,9 @@ def test_decode_and_random_resized_crop_is_the_crop_of_the_decoded_image():
     full = torch.from_numpy(np.array(Image.open(io.BytesIO(data)).convert("RGB")))
     for seed in range(20):
         window = tp.image.random_resized_crop_window(640, 800, rng=np.random.default_rng(seed))
-        fused = tp.image.decode_and_random_resized_crop(data, (64, 48), rng=np.random.default_rng(seed))
+        fused = tp.image.decode_and_random_resized_crop(
+            data, (64, 48), rng=np.random.default_rng(seed)
+        )
         top, left, h, w = window
         plain = tp.image.resize(full[top : top + h, left : left + w], (64, 48))
         assert fused.shape == (64, 48, 3)
@@ -138,8 +148,9 @@ def test_decode_and_random_resized_crop_is_the_crop_of_the_decoded_image():
             assert diff.max() == 0
         else:  # decoded smaller: the same window, averaged by the DCT's scaling first (the image has +-8 noise)
             assert diff.mean() < 6, (window, diff.mean())
-    assert tp.image.decode_and_random_resized_crop(encode(big, "PNG"), 32, rng=np.random.default_rng(0)).shape == (
-        32, 32, 3)  # fmt: skip
+    assert tp.image.decode_and_random_resized_crop(
+        encode(big, "PNG"), 32, rng=np.random.default_rng(0)
+    ).shape == (32, 32, 3)
 
 
 def _augment(data: bytes) -> torch.Tensor:
@@ -178,8 +189,13 @@ class JpegFolder(torch.utils.data.Dataset):
 
 def test_in_a_dataloader_the_draws_repeat_wherever_batches_are_made(jpegs):
     def run(num_workers):
-        loader = tp.DataLoader(JpegFolder(jpegs), batch_size=4, shuffle=True, num_workers=num_workers,
-                               generator=torch.Generator().manual_seed(3))  # fmt: skip
+        loader = tp.DataLoader(
+            JpegFolder(jpegs),
+            batch_size=4,
+            shuffle=True,
+            num_workers=num_workers,
+            generator=torch.Generator().manual_seed(3),
+        )
         return [(x, y) for x, y in loader]
 
     auto, two = run("auto"), run(2)

@@ -58,9 +58,13 @@ def stream_batches(torchpipe, n, load=False, save_at=None, dispatch=None):
     or Accelerate's own without dispatching; ``save_state`` after batch ``save_at`` or ``load_state``.
     ``dispatch``: Accelerate's setting (torchpipe's loader: None, its default, or False)."""
     dispatch = dispatch if torchpipe else False
-    accelerator = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(dispatch_batches=dispatch))
+    accelerator = Accelerator(
+        cpu=True, dataloader_config=DataLoaderConfiguration(dispatch_batches=dispatch)
+    )
     loader_class = tp.DataLoader if torchpipe else torch.utils.data.DataLoader
-    loader = accelerator.prepare((use_torchpipe(accelerator) and loader_class)(Stream(n), batch_size=3))
+    loader = accelerator.prepare(
+        (use_torchpipe(accelerator) and loader_class)(Stream(n), batch_size=3)
+    )
     if load:
         accelerator.load_state(os.environ["TP_TEST_STATE"])
     seen = []
@@ -86,7 +90,9 @@ class Tokens(torch.utils.data.Dataset):
         return {"input_ids": ids, "labels": torch.tensor(int(ids[0]) % 2)}
 
 
-def train(loader_class, num_workers=0, *, patched=True, epochs=2, save_at=None, load_from=None, n=22):
+def train(
+    loader_class, num_workers=0, *, patched=True, epochs=2, save_at=None, load_from=None, n=22
+):
     """Linear regression on ``Points(n)`` for ``epochs`` epochs: ``(epoch, indices, loss)`` per step;
     ``save_state`` after step ``save_at``, or ``load_state`` from ``load_from`` before the first."""
     set_seed(0)
@@ -155,7 +161,9 @@ def test_prepare_keeps_torchpipe_with_torch_s_batches_and_losses(num_workers):
     if num_workers == "auto":
         assert "measured" in loader.stats()[0]  # what a num_workers="auto" loader reports
     expected, torch_loader = train(torch.utils.data.DataLoader, patched=False)
-    assert type(torch_loader.base_dataloader) is torch.utils.data.DataLoader  # Accelerate's own rebuild
+    assert (
+        type(torch_loader.base_dataloader) is torch.utils.data.DataLoader
+    )  # Accelerate's own rebuild
     if num_workers == "auto":
         # torch's for the first epoch, and every step as an unprepared tp.DataLoader("auto") makes it
         assert steps[:6] == expected[:6]
@@ -182,12 +190,16 @@ def test_accelerate_s_resume_recipe_with_skip_first_batches():
         return [b[0].tolist() for b in accelerator.skip_first_batches(loader, skip)], loader
 
     full, _ = train(tp.DataLoader, epochs=1, save_at=2)
-    assert steps(load=True, skip=2)[0] == [batch for _, batch, _ in full[2:]]  # load_state put it there already
+    assert steps(load=True, skip=2)[0] == [
+        batch for _, batch, _ in full[2:]
+    ]  # load_state put it there already
     with pytest.raises(ValueError, match="resumes this epoch at batch 2"):
         steps(load=True, skip=3)
     skipped, loader = steps(skip=2)  # without a state: as Accelerate skips, on torchpipe's loader
     set_seed(0)
-    torch_loader = Accelerator(cpu=True).prepare(torch.utils.data.DataLoader(Points(22), batch_size=4, shuffle=True))
+    torch_loader = Accelerator(cpu=True).prepare(
+        torch.utils.data.DataLoader(Points(22), batch_size=4, shuffle=True)
+    )
     assert skipped == [b[0].tolist() for b in accelerate.skip_first_batches(torch_loader, 2)]
     assert len(list(loader)) == 6  # the next pass is whole
 
@@ -197,7 +209,9 @@ def test_a_pipeline_is_kept_and_resumed():
         set_seed(0)
         accelerator = use_torchpipe(Accelerator(cpu=True))
         model = torch.nn.Linear(1, 1)
-        loader = tp.DataLoader(tp.range(20).shuffle(20, seed=1).map(lambda x: torch.tensor([float(x)])), batch_size=3)
+        loader = tp.DataLoader(
+            tp.range(20).shuffle(20, seed=1).map(lambda x: torch.tensor([float(x)])), batch_size=3
+        )
         model, loader = accelerator.prepare(model, loader)
         if load:
             accelerator.load_state(os.environ["TP_TEST_STATE"])
@@ -258,7 +272,9 @@ def test_torch_loaders_stay_torch_s_unless_asked():
     accelerator = use_torchpipe(Accelerator(cpu=True))
     plain = accelerator.prepare(torch.utils.data.DataLoader(Points(8), batch_size=2))
     assert not isinstance(plain, tp.DataLoader)
-    made = use_torchpipe(accelerator, num_workers="auto").prepare(torch.utils.data.DataLoader(Points(8), batch_size=2))
+    made = use_torchpipe(accelerator, num_workers="auto").prepare(
+        torch.utils.data.DataLoader(Points(8), batch_size=2)
+    )
     assert isinstance(made, AcceleratedDataLoader)
     assert [b[0].tolist() for b in made] == [[0, 1], [2, 3], [4, 5], [6, 7]]
     assert "measured" in made.stats()[0]  # what a num_workers="auto" loader reports
@@ -269,7 +285,13 @@ def test_torch_loaders_stay_torch_s_unless_asked():
 
 def trainer_losses(output_dir, torchpipe=True, resume=None, max_steps=10, own_loader=False):
     transformers = pytest.importorskip("transformers")
-    from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainerCallback, TrainingArguments
+    from transformers import (
+        BertConfig,
+        BertForSequenceClassification,
+        Trainer,
+        TrainerCallback,
+        TrainingArguments,
+    )
 
     class Loaders(TrainerCallback):
         def __init__(self):
@@ -282,22 +304,49 @@ def trainer_losses(output_dir, torchpipe=True, resume=None, max_steps=10, own_lo
         def get_train_dataloader(self):
             if not own_loader:
                 return super().get_train_dataloader()
-            loader = tp.DataLoader(self.train_dataset, batch_size=4, shuffle=True, num_workers=2,
-                                   collate_fn=transformers.default_data_collator)  # fmt: skip
+            loader = tp.DataLoader(
+                self.train_dataset,
+                batch_size=4,
+                shuffle=True,
+                num_workers=2,
+                collate_fn=transformers.default_data_collator,
+            )
             return self.accelerator.prepare(loader)
 
     transformers.logging.set_verbosity_error()
     set_seed(0)
-    config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                        intermediate_size=16, max_position_embeddings=16, num_labels=2)  # fmt: skip
-    args = TrainingArguments(output_dir=str(output_dir), per_device_train_batch_size=4, max_steps=max_steps,
-                             logging_steps=1, save_steps=4, report_to=[], use_cpu=True, seed=0, disable_tqdm=True,
-                             remove_unused_columns=False)  # fmt: skip
+    config = BertConfig(
+        vocab_size=50,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=16,
+        max_position_embeddings=16,
+        num_labels=2,
+    )
+    args = TrainingArguments(
+        output_dir=str(output_dir),
+        per_device_train_batch_size=4,
+        max_steps=max_steps,
+        logging_steps=1,
+        save_steps=4,
+        report_to=[],
+        use_cpu=True,
+        seed=0,
+        disable_tqdm=True,
+        remove_unused_columns=False,
+    )
     loaders = Loaders()
-    trainer = (TorchpipeTrainer if torchpipe else Trainer)(model=BertForSequenceClassification(config), args=args,
-                                                           train_dataset=Tokens(24), callbacks=[loaders])  # fmt: skip
+    trainer = (TorchpipeTrainer if torchpipe else Trainer)(
+        model=BertForSequenceClassification(config),
+        args=args,
+        train_dataset=Tokens(24),
+        callbacks=[loaders],
+    )
     trainer.train(resume_from_checkpoint=resume)
-    return [(h["step"], h["loss"]) for h in trainer.state.log_history if "loss" in h], loaders.types[-1]
+    return [
+        (h["step"], h["loss"]) for h in trainer.state.log_history if "loss" in h
+    ], loaders.types[-1]
 
 
 @pytest.mark.timeout(120)
@@ -310,7 +359,9 @@ def test_trainer_keeps_torchpipe_with_torch_s_losses_and_resumes(tmp_path):
     # checkpoint-4: epoch 0 (6 steps), batch 4; the resumed run crosses into epoch 1
     assert os.path.exists(tmp_path / "tp" / "checkpoint-4" / "torchpipe_loader_0.pt")
     resumed, _ = trainer_losses(tmp_path / "tp", resume=str(tmp_path / "tp" / "checkpoint-4"))
-    assert [step for step in resumed if step[0] > 4] == losses[4:]  # the history up to 4 is the checkpoint's
+    assert [step for step in resumed if step[0] > 4] == losses[
+        4:
+    ]  # the history up to 4 is the checkpoint's
 
 
 def test_a_trainer_s_own_tp_loader_is_kept(tmp_path):
@@ -330,7 +381,9 @@ def rank_main(folder: str) -> None:
     results["torch"], _ = train(torch.utils.data.DataLoader, patched=False, n=26)
     results["tp"], loader = train(tp.DataLoader, n=26, epochs=3, save_at=5)
     results["type"] = type(loader).__name__
-    results["resumed"], _ = train(tp.DataLoader, n=26, epochs=3, load_from=os.environ["TP_TEST_STATE"])
+    results["resumed"], _ = train(
+        tp.DataLoader, n=26, epochs=3, load_from=os.environ["TP_TEST_STATE"]
+    )
     os.environ["TP_TEST_STATE"] = os.path.join(folder, "stream_state")  # not the state above
     results["stream"], _ = stream_batches(True, 14, save_at=1)
     results["stream_torch"], _ = stream_batches(False, 14)
@@ -338,7 +391,9 @@ def rank_main(folder: str) -> None:
     if os.environ.get("TP_TEST_TRAINER"):
         trainer = os.path.join(folder, "trainer")
         results["trainer"], results["trainer_type"] = trainer_losses(trainer, max_steps=6)
-        results["trainer_torch"], _ = trainer_losses(trainer + "_torch", torchpipe=False, max_steps=6)
+        results["trainer_torch"], _ = trainer_losses(
+            trainer + "_torch", torchpipe=False, max_steps=6
+        )
         checkpoint = os.path.join(trainer, "checkpoint-4")
         results["trainer_resumed"], _ = trainer_losses(trainer, max_steps=6, resume=checkpoint)
     with open(os.path.join(folder, f"rank{rank}.pkl"), "wb") as f:
@@ -355,12 +410,29 @@ def test_two_gloo_ranks_get_accelerate_s_shards_and_resume(tmp_path):
     port = free_port()
     ranks = []
     for rank in range(2):
-        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1", "TP_TEST_TRAINER": "1",
-               "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}  # fmt: skip
+        env = {
+            **os.environ,
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": "2",
+            "LOCAL_WORLD_SIZE": "2",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "OMP_NUM_THREADS": "1",
+            "TP_TEST_TRAINER": "1",
+            "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        }
         script = f"from tests.integrations.test_accelerate import rank_main; rank_main({str(tmp_path)!r})"
-        ranks.append(subprocess.Popen([sys.executable, "-c", script], env=env, cwd=ROOT, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))  # fmt: skip
+        ranks.append(
+            subprocess.Popen(
+                [sys.executable, "-c", script],
+                env=env,
+                cwd=ROOT,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
     try:
         outputs = [process.communicate(timeout=100)[0] for process in ranks]
     finally:
@@ -375,16 +447,24 @@ def test_two_gloo_ranks_get_accelerate_s_shards_and_resume(tmp_path):
             results.append(pickle.load(f))
     for result in results:
         assert result["type"] == "AcceleratedDataLoader"
-        assert result["tp"][: len(result["torch"])] == result["torch"]  # Accelerate's own shard, step for step
+        assert (
+            result["tp"][: len(result["torch"])] == result["torch"]
+        )  # Accelerate's own shard, step for step
         assert result["resumed"] == result["tp"][5:]
-        if "trainer" in result:  # 24 examples, 4 a batch, 2 ranks: 3 steps an epoch; checkpoint-4 is mid-epoch 1
+        if (
+            "trainer" in result
+        ):  # 24 examples, 4 a batch, 2 ranks: 3 steps an epoch; checkpoint-4 is mid-epoch 1
             assert issubclass(result["trainer_type"], AcceleratedDataLoader)
             assert result["trainer"] == result["trainer_torch"] and len(result["trainer"]) == 6
-            assert [step for step in result["trainer_resumed"] if step[0] > 4] == result["trainer"][4:]
+            assert [step for step in result["trainer_resumed"] if step[0] > 4] == result["trainer"][
+                4:
+            ]
     streams = [result["stream"] for result in results]
     assert streams == [result["stream_torch"] for result in results]  # IterableDatasetShard's split
     assert [result["stream_resumed"] for result in results] == [stream[1:] for stream in streams]
     assert sorted({x for stream in streams for batch in stream for x in batch}) == list(range(14))
-    for epoch in range(3):  # 26 elements, 4 a batch, 2 ranks: 4 steps, the last batches padded from the start
+    for epoch in range(
+        3
+    ):  # 26 elements, 4 a batch, 2 ranks: 4 steps, the last batches padded from the start
         seen = [x for r in results for e, batch, _ in r["tp"] if e == epoch for x in batch]
         assert len(seen) == 32 and set(seen) == set(range(26))

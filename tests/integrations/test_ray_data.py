@@ -65,5 +65,7 @@ def test_a_train_workers_shard_is_not_split_again(ray_cluster, rows):
     assert "Ray Train worker's dataset shard: not split again" in explained
     shards = ray_cluster.data.range(40, override_num_blocks=4).streaming_split(2, equal=True)
     worker = ray_cluster.remote(num_cpus=0)(_train_worker)
-    first, second = ray_cluster.get([worker.remote(shard, rank) for rank, shard in enumerate(shards)], timeout=120)
+    first, second = ray_cluster.get(
+        [worker.remote(shard, rank) for rank, shard in enumerate(shards)], timeout=120
+    )
     assert len(first) == len(second) == 20 and sorted(first + second) == list(range(0, 80, 2))

@@ -31,7 +31,9 @@ def label(record):
 
 
 def pipeline(paths, *, after_map=None, **options):
-    ds = tp.from_iterable(paths).interleave(tp.TFRecordDataset, cycle_length=3, num_parallel_calls=2)
+    ds = tp.from_iterable(paths).interleave(
+        tp.TFRecordDataset, cycle_length=3, num_parallel_calls=2
+    )
     ds = ds.map(label, num_parallel_calls=2, executor="thread")
     ds = after_map(ds) if after_map is not None else ds
     return ds.with_options(tp.Options(**options)) if options else ds
@@ -48,10 +50,17 @@ def addresses(path):
 
 def test_a_batch_of_adjacent_records_is_one_read_a_file(files, monkeypatch):
     fetch = RecordFetch(TFRecordAddressFormat(verify=True))
-    wanted = [addresses(files[0])[1], addresses(files[1])[0], addresses(files[0])[2], addresses(files[1])[1]]
+    wanted = [
+        addresses(files[0])[1],
+        addresses(files[1])[0],
+        addresses(files[0])[2],
+        addresses(files[1])[1],
+    ]
     reads = []
     real = os.pread
-    monkeypatch.setattr(by_address.os, "pread", lambda fd, n, at: reads.append(n) or real(fd, n, at))
+    monkeypatch.setattr(
+        by_address.os, "pread", lambda fd, n, at: reads.append(n) or real(fd, n, at)
+    )
     assert [label(r) for r in fetch.__getitems__(wanted)] == ["0:1", "1:0", "0:2", "1:1"]
     assert len(reads) == 2  # one run in each file, whatever the order asked
     assert label(fetch[addresses(files[2])[5]]) == "2:5"
@@ -62,12 +71,16 @@ def test_a_damaged_record_fails_alone_naming_its_file_and_offset(files):
     with open(files[1], "r+b") as f:  # a byte of its data: its CRC no longer matches
         f.seek(target.offset + 14)
         f.write(b"#")
-    with pytest.raises(tp.io.DataLossError, match=f"{files[1]}: corrupt record at byte {target.offset}") as caught:
+    with pytest.raises(
+        tp.io.DataLossError, match=f"{files[1]}: corrupt record at byte {target.offset}"
+    ) as caught:
         list(pipeline(files))
     assert caught.value.path == files[1] and caught.value.offset == target.offset
     kept = list(pipeline(files, after_map=lambda ds: ds.ignore_errors()))
     expected = sorted(f"{k}:{i}" for k in range(3) for i in range(6) if (k, i) != (1, 2))
-    assert sorted(kept) == expected  # the records after it in its file too: only the damaged one is lost
+    assert (
+        sorted(kept) == expected
+    )  # the records after it in its file too: only the damaged one is lost
 
 
 def test_a_damaged_header_ends_its_file_there_as_a_reader_does(files):
@@ -88,7 +101,9 @@ def test_a_file_changed_since_the_checkpoint_is_named(files):
     [next(it) for _ in range(4)]
     state = it.state_dict()
     it.close()
-    write(files[0], [b"other|" + b"y" * 3] * 6)  # new lengths: the saved offsets fall inside records
+    write(
+        files[0], [b"other|" + b"y" * 3] * 6
+    )  # new lengths: the saved offsets fall inside records
     resumed = iter(pipeline(files))
     resumed.load_state_dict(state)
     with pytest.raises(tp.CheckpointError, match="no record of .*f0.tfrecord starts at byte"):
@@ -98,13 +113,17 @@ def test_a_file_changed_since_the_checkpoint_is_named(files):
 def test_a_sidecar_is_read_where_there_is_one_and_none_is_written(files, monkeypatch):
     by_address.INDEXES.clear()
     assert list(pipeline(files)) == list(off(pipeline(files)))
-    assert not any(os.path.exists(path + ".idx") for path in files)  # the data's directory is left alone
+    assert not any(
+        os.path.exists(path + ".idx") for path in files
+    )  # the data's directory is left alone
     tp.io.tfrecord_index(files[0])  # the user's own
     by_address.INDEXES.clear()
-    monkeypatch.setattr(tfrecord_index, "scan_until_error", lambda *a: pytest.fail("scanned a file with a sidecar"))
-    assert [label(r) for r in RecordFetch(TFRecordAddressFormat(True)).__getitems__(addresses(files[0]))] == [
-        f"0:{i}" for i in range(6)
-    ]
+    monkeypatch.setattr(
+        tfrecord_index, "scan_until_error", lambda *a: pytest.fail("scanned a file with a sidecar")
+    )
+    assert [
+        label(r) for r in RecordFetch(TFRecordAddressFormat(True)).__getitems__(addresses(files[0]))
+    ] == [f"0:{i}" for i in range(6)]
     assert by_address.INDEXES.get(TFRecordAddressFormat(True), files[0]).offsets == [
         a.offset for a in addresses(files[0])
     ]
@@ -114,7 +133,9 @@ def test_indexes_are_kept_between_epochs(files, monkeypatch):
     by_address.INDEXES.clear()
     built = []
     real = tfrecord_index.index_until_error
-    monkeypatch.setattr(tfrecord_index, "index_until_error", lambda path: built.append(path) or real(path))
+    monkeypatch.setattr(
+        tfrecord_index, "index_until_error", lambda path: built.append(path) or real(path)
+    )
     ds = pipeline(files)
     first, second = list(ds), list(ds)
     assert first == second and sorted(built) == sorted(files)
@@ -152,18 +173,30 @@ def write_shard(path, samples, extra=()):
 def shards(tmp_path):
     paths = []
     for f in range(3):
-        samples = [(f"dir/s{f}-{i}", {"cls": b"%d" % (f * 100 + i), "Txt": b"y" * (i * 700)}) for i in range(4 + f)]
-        extra = [("dir", None), ("__meta__/info.json", b"{}"), ("README", b"no dot")] if f == 1 else ()
+        samples = [
+            (f"dir/s{f}-{i}", {"cls": b"%d" % (f * 100 + i), "Txt": b"y" * (i * 700)})
+            for i in range(4 + f)
+        ]
+        extra = (
+            [("dir", None), ("__meta__/info.json", b"{}"), ("README", b"no dot")] if f == 1 else ()
+        )
         paths.append(write_shard(tmp_path / f"shard-{f}.tar", samples, extra))
     return paths
 
 
 def sample_summary(sample):
-    return sample["__key__"], int(sample["cls"]), len(sample["txt"]), os.path.basename(sample["__url__"])
+    return (
+        sample["__key__"],
+        int(sample["cls"]),
+        len(sample["txt"]),
+        os.path.basename(sample["__url__"]),
+    )
 
 
 def shard_pipeline(paths, *, after_map=None, **webdataset):
-    ds = tp.from_webdataset(paths, num_parallel_reads=2, **webdataset).map(sample_summary, 2, executor="thread")
+    ds = tp.from_webdataset(paths, num_parallel_reads=2, **webdataset).map(
+        sample_summary, 2, executor="thread"
+    )
     return after_map(ds) if after_map is not None else ds
 
 
@@ -177,11 +210,17 @@ def test_tar_samples_come_as_their_reader_gives_them_and_resume(shards):
 
 def test_a_damaged_shard_ends_where_its_reader_ends(shards):
     with open(shards[1], "r+b") as f:  # cut inside the fourth sample: its reader fails there
-        f.truncate(by_address.INDEXES.get(TarAddressFormat(), shards[1]).offsets[3] + 1700)  # in its txt data
+        f.truncate(
+            by_address.INDEXES.get(TarAddressFormat(), shards[1]).offsets[3] + 1700
+        )  # in its txt data
     by_address.INDEXES.clear()
     kept = shard_pipeline(shards, after_map=lambda ds: ds.ignore_errors())
     assert list(kept) == list(off(kept))
-    assert sorted(key for key, *_ in kept if key.startswith("dir/s1")) == ["dir/s1-0", "dir/s1-1", "dir/s1-2"]
+    assert sorted(key for key, *_ in kept if key.startswith("dir/s1")) == [
+        "dir/s1-0",
+        "dir/s1-1",
+        "dir/s1-2",
+    ]
     with pytest.raises(tp.io.DataLossError, match=f"{shards[1]}: damaged tar shard at byte"):
         list(shard_pipeline(shards))
 

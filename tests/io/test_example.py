@@ -74,7 +74,9 @@ def test_parse_example_gives_tensorflows_values():
 def test_parse_single_example_agrees_with_the_batch():
     batch = tp.io.parse_example(records("examples.tfrecord"), SPEC)
     offsets = {
-        k: np.cumsum([0, *batch[k].row_lengths.tolist()]) for k, s in SPEC.items() if isinstance(s, tp.io.VarLenFeature)
+        k: np.cumsum([0, *batch[k].row_lengths.tolist()])
+        for k, s in SPEC.items()
+        if isinstance(s, tp.io.VarLenFeature)
     }
     for i, record in enumerate(records("examples.tfrecord")):
         single = tp.io.parse_single_example(record, SPEC)
@@ -88,73 +90,130 @@ def test_parse_single_example_agrees_with_the_batch():
 
 
 def test_sequence_examples_round_trip_with_tensorflow():
-    context_spec = {"length": tp.io.FixedLenFeature([], I64), "name": tp.io.FixedLenFeature([], bytes),
-                    "weight": tp.io.FixedLenFeature([], F32),
-                    "missing": tp.io.FixedLenFeature([], I64, default_value=3)}  # fmt: skip
-    sequence_spec = {"tokens": tp.io.FixedLenSequenceFeature([], I64),
-                     "frames": tp.io.FixedLenSequenceFeature([2], F32), "words": tp.io.VarLenFeature(bytes),
-                     "absent": tp.io.FixedLenSequenceFeature([], F32, allow_missing=True)}  # fmt: skip
+    context_spec = {
+        "length": tp.io.FixedLenFeature([], I64),
+        "name": tp.io.FixedLenFeature([], bytes),
+        "weight": tp.io.FixedLenFeature([], F32),
+        "missing": tp.io.FixedLenFeature([], I64, default_value=3),
+    }
+    sequence_spec = {
+        "tokens": tp.io.FixedLenSequenceFeature([], I64),
+        "frames": tp.io.FixedLenSequenceFeature([2], F32),
+        "words": tp.io.VarLenFeature(bytes),
+        "absent": tp.io.FixedLenSequenceFeature([], F32, allow_missing=True),
+    }
     tfrecords, parsed = records("sequence_examples.tfrecord"), load("sequence_examples_parsed.json")
     assert len(tfrecords) == len(parsed) > 0
     for i, (record, want) in enumerate(zip(tfrecords, parsed)):
         context, lists = fd.sequence_example(i)
         typed_lists = {k: [fd.typed(k, step) for step in steps] for k, steps in lists.items()}
         assert tp.io.serialize_sequence_example(context, typed_lists) == record
-        got_context, got_lists = tp.io.parse_single_sequence_example(record, context_spec, sequence_spec)
+        got_context, got_lists = tp.io.parse_single_sequence_example(
+            record, context_spec, sequence_spec
+        )
         assert {k: plain(v) for k, v in got_context.items()} == want["context"]
         assert {k: plain(v) for k, v in got_lists.items()} == want["feature_lists"]
         assert got_lists["frames"].shape == (2 + i, 2)
     with pytest.raises(ValueError, match="feature list 'nope' is required but missing"):
-        tp.io.parse_single_sequence_example(record, None, {"tokens": tp.io.FixedLenSequenceFeature([], I64),
-                                                           "nope": tp.io.FixedLenSequenceFeature([], I64)})  # fmt: skip
+        tp.io.parse_single_sequence_example(
+            record,
+            None,
+            {
+                "tokens": tp.io.FixedLenSequenceFeature([], I64),
+                "nope": tp.io.FixedLenSequenceFeature([], I64),
+            },
+        )
 
 
 def test_unpacked_lists_repeated_fields_and_unknown_fields_follow_protobuf():
-    unpacked_ints = wire.length_delimited(3, b"\x08\x05\x08" + wire.varint(-2))  # Int64List, one value a field
-    floats = b"\x0d" + np.float32(1.5).tobytes() + wire.length_delimited(1, np.float32([2.5, 3.5]).tobytes())
+    unpacked_ints = wire.length_delimited(
+        3, b"\x08\x05\x08" + wire.varint(-2)
+    )  # Int64List, one value a field
+    floats = (
+        b"\x0d"
+        + np.float32(1.5).tobytes()
+        + wire.length_delimited(1, np.float32([2.5, 3.5]).tobytes())
+    )
     first = wire.length_delimited(
-        1, wire.length_delimited(1, b"k") + wire.length_delimited(2, wire.length_delimited(3, b"\x08\x01"))
+        1,
+        wire.length_delimited(1, b"k")
+        + wire.length_delimited(2, wire.length_delimited(3, b"\x08\x01")),
     )
     entries = {"ints": unpacked_ints, "floats": wire.length_delimited(2, floats)}
     body = first + wire.map_message(entries) + b"\x18\x07"  # an unknown varint field 3
     parsed = tp.io.parse_single_example(
         wire.length_delimited(1, body) + b"\x10\x01",
-        {"ints": tp.io.VarLenFeature(I64), "floats": tp.io.VarLenFeature(F32), "k": tp.io.VarLenFeature(I64)},
+        {
+            "ints": tp.io.VarLenFeature(I64),
+            "floats": tp.io.VarLenFeature(F32),
+            "k": tp.io.VarLenFeature(I64),
+        },
     )
     assert parsed["ints"].tolist() == [5, -2] and parsed["floats"].tolist() == [1.5, 2.5, 3.5]
     assert parsed["k"].tolist() == [1]
     later = wire.length_delimited(
         1, wire.length_delimited(1, b"k") + wire.length_delimited(2, wire.feature_message(3, [9]))
     )
-    assert tp.io.parse_single_example(wire.length_delimited(1, first + later), {"k": tp.io.VarLenFeature(I64)})[
-        "k"
-    ].tolist() == [9]
+    assert tp.io.parse_single_example(
+        wire.length_delimited(1, first + later), {"k": tp.io.VarLenFeature(I64)}
+    )["k"].tolist() == [9]
 
 
 def test_long_int_lists_decode_exactly():
     rng = random.Random(0)
     for n in (1, 3, 40, 1000):
-        values = [rng.choice([rng.randrange(-(2**63), 2**63), rng.randrange(0, 300), -1]) for _ in range(n)]
-        parsed = tp.io.parse_single_example(tp.io.serialize_example({"v": values}), {"v": tp.io.VarLenFeature(I64)})
+        values = [
+            rng.choice([rng.randrange(-(2**63), 2**63), rng.randrange(0, 300), -1])
+            for _ in range(n)
+        ]
+        parsed = tp.io.parse_single_example(
+            tp.io.serialize_example({"v": values}), {"v": tp.io.VarLenFeature(I64)}
+        )
         assert parsed["v"].tolist() == values
 
 
 def test_serialize_accepts_tensors_arrays_and_python_values():
-    values = {"t": torch.tensor([[1.5, 2.0]]), "a": np.arange(3, dtype=np.int32), "b": True, "s": "h\u00e9",
-              "f": 0.25, "l": [b"x", "y"], "mixed": [1, 2.5]}  # fmt: skip
-    spec = {"t": tp.io.FixedLenFeature([1, 2], F32), "a": tp.io.FixedLenFeature([3], I64),
-            "b": tp.io.FixedLenFeature([], I64), "s": tp.io.FixedLenFeature([], bytes),
-            "f": tp.io.FixedLenFeature([], F32), "l": tp.io.FixedLenFeature([2], bytes),
-            "mixed": tp.io.VarLenFeature(F32)}  # fmt: skip
+    values = {
+        "t": torch.tensor([[1.5, 2.0]]),
+        "a": np.arange(3, dtype=np.int32),
+        "b": True,
+        "s": "h\u00e9",
+        "f": 0.25,
+        "l": [b"x", "y"],
+        "mixed": [1, 2.5],
+    }
+    spec = {
+        "t": tp.io.FixedLenFeature([1, 2], F32),
+        "a": tp.io.FixedLenFeature([3], I64),
+        "b": tp.io.FixedLenFeature([], I64),
+        "s": tp.io.FixedLenFeature([], bytes),
+        "f": tp.io.FixedLenFeature([], F32),
+        "l": tp.io.FixedLenFeature([2], bytes),
+        "mixed": tp.io.VarLenFeature(F32),
+    }
     parsed = tp.io.parse_single_example(tp.io.serialize_example(values), spec)
-    assert parsed["t"].tolist() == [[1.5, 2.0]] and parsed["a"].tolist() == [0, 1, 2] and parsed["b"].item() == 1
-    assert parsed["s"] == "h\u00e9".encode() and parsed["l"] == [b"x", b"y"] and parsed["mixed"].tolist() == [1.0, 2.5]
+    assert (
+        parsed["t"].tolist() == [[1.5, 2.0]]
+        and parsed["a"].tolist() == [0, 1, 2]
+        and parsed["b"].item() == 1
+    )
+    assert (
+        parsed["s"] == "h\u00e9".encode()
+        and parsed["l"] == [b"x", b"y"]
+        and parsed["mixed"].tolist() == [1.0, 2.5]
+    )
 
 
-@pytest.mark.parametrize("value, error, message", [
-    ([], ValueError, "empty list"), ({"a": 1}, TypeError, "is a dict"), ([2**63], ValueError, "outside int64"),
-    ([b"x", 1], TypeError, "mixes"), (np.array([1 + 2j]), TypeError, "complex"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "value, error, message",
+    [
+        ([], ValueError, "empty list"),
+        ({"a": 1}, TypeError, "is a dict"),
+        ([2**63], ValueError, "outside int64"),
+        ([b"x", 1], TypeError, "mixes"),
+        (np.array([1 + 2j]), TypeError, "complex"),
+    ],
+)
 def test_serialize_rejects_values_without_a_kind(value, error, message):
     with pytest.raises(error, match=message):
         tp.io.serialize_example({"k": value})
@@ -171,7 +230,9 @@ def test_parse_errors_say_what_and_where():
     with pytest.raises(ValueError, match="not a serialized tf.train.Example"):
         tp.io.parse_single_example(record[:-3], {"x": tp.io.VarLenFeature(F32)})
     with pytest.raises(ValueError, match="record 1: .*'n'"):
-        tp.io.parse_example([record, tp.io.serialize_example({"n": [1, 2]})], {"n": tp.io.FixedLenFeature([], I64)})
+        tp.io.parse_example(
+            [record, tp.io.serialize_example({"n": [1, 2]})], {"n": tp.io.FixedLenFeature([], I64)}
+        )
     with pytest.raises(TypeError, match="list of serialized records"):
         tp.io.parse_example(record, {"n": tp.io.FixedLenFeature([], I64)})
     with pytest.raises(TypeError, match="expected a serialized record"):
@@ -194,8 +255,11 @@ def test_feature_specs_check_their_arguments():
 
 
 # -- the seed pipeline of issue #22 against tf.data ------------------------------------------------
-SHARD_SPEC = {"id": tp.io.FixedLenFeature([], I64), "label": tp.io.FixedLenFeature([], I64),
-              "image": tp.io.FixedLenFeature([], bytes)}  # fmt: skip
+SHARD_SPEC = {
+    "id": tp.io.FixedLenFeature([], I64),
+    "label": tp.io.FixedLenFeature([], I64),
+    "image": tp.io.FixedLenFeature([], bytes),
+}
 
 
 def parse_fn(record: bytes):

@@ -25,14 +25,19 @@ def write(path, records) -> str:
 
 @pytest.fixture
 def shards(tmp_path):
-    return [write(tmp_path / f"s{k}.tfrecord", [b"%d:%d" % (k, i) * (i + 1) for i in range(5 + k)]) for k in range(3)]
+    return [
+        write(tmp_path / f"s{k}.tfrecord", [b"%d:%d" % (k, i) * (i + 1) for i in range(5 + k)])
+        for k in range(3)
+    ]
 
 
 def test_index_lists_offsets_and_lengths_and_saves_a_sidecar(tmp_path):
     path = write(tmp_path / "f.tfrecord", [b"a", b"", b"xyz"])
     index = tp.io.tfrecord_index(path)
     assert index.tolist() == [[0, 17], [17, 16], [33, 19]] and index.dtype == np.int64
-    assert open(path + ".idx").read() == "0 17\n17 16\n33 19\n"  # DALI's / the tfrecord package's format
+    assert (
+        open(path + ".idx").read() == "0 17\n17 16\n33 19\n"
+    )  # DALI's / the tfrecord package's format
     assert tp.io.tfrecord_index(path, write=False).tolist() == index.tolist()
 
 
@@ -89,7 +94,9 @@ def test_a_record_damaged_after_indexing_is_caught(shards):
     with open(shards[1], "r+b") as f:
         f.seek(12 + 1)
         f.write(b"\x00")
-    with pytest.raises(tp.io.DataLossError, match=f"{shards[1]}: corrupt record at byte 0: the data's CRC"):
+    with pytest.raises(
+        tp.io.DataLossError, match=f"{shards[1]}: corrupt record at byte 0: the data's CRC"
+    ):
         records[5]
     assert tp.io.TFRecordRecords(shards, verify=False)[5] != records[6]
 

@@ -86,8 +86,12 @@ def s3():
     server.start()
     proxy = FaultProxy(server.get_host_and_port()[1])
     saved = dict(fsspec.config.conf)
-    fsspec.config.conf["s3"] = {"endpoint_url": f"http://127.0.0.1:{proxy.port}", "key": "testing",
-                                "secret": "testing", "config_kwargs": {"retries": {"max_attempts": 1}}}  # fmt: skip
+    fsspec.config.conf["s3"] = {
+        "endpoint_url": f"http://127.0.0.1:{proxy.port}",
+        "key": "testing",
+        "secret": "testing",
+        "config_kwargs": {"retries": {"max_attempts": 1}},
+    }
     s3fs.S3FileSystem.clear_instance_cache()
     fs = fsspec.filesystem("s3")
     fs.mkdir(BUCKET)
@@ -104,10 +108,14 @@ def s3():
 @pytest.fixture
 def files(s3, monkeypatch):
     fs, proxy = s3
-    monkeypatch.setattr(s3fs.S3FileSystem, "retries", 1)  # s3fs gives up at once: the retries here are ours
+    monkeypatch.setattr(
+        s3fs.S3FileSystem, "retries", 1
+    )  # s3fs gives up at once: the retries here are ours
     proxy.arm(allow=0, cuts=0)
     for k in range(3):
-        with tp.io.TFRecordWriter(f"s3://{BUCKET}/train-{k}.tfrecord") as writer:  # writes go through fsspec too
+        with tp.io.TFRecordWriter(
+            f"s3://{BUCKET}/train-{k}.tfrecord"
+        ) as writer:  # writes go through fsspec too
             for record in RECORDS[k::3]:
                 writer.write(record)
     return fs, proxy
@@ -116,18 +124,31 @@ def files(s3, monkeypatch):
 def test_list_files_and_tfrecords_on_s3(files):
     urls = [f"s3://{BUCKET}/train-{k}.tfrecord" for k in range(3)]
     assert list(tp.list_files(f"s3://{BUCKET}/train-*.tfrecord")) == urls
-    ds = tp.list_files(f"s3://{BUCKET}/train-*.tfrecord").interleave(tp.TFRecordDataset, cycle_length=3)
+    ds = tp.list_files(f"s3://{BUCKET}/train-*.tfrecord").interleave(
+        tp.TFRecordDataset, cycle_length=3
+    )
     assert list(ds) == RECORDS
     records = tp.io.TFRecordRecords(urls)  # an index by scanning, then one ranged request a record
-    assert [records[i] for i in (0, 19, 20, 59)] == [RECORDS[0], RECORDS[57], RECORDS[1], RECORDS[59]]
-    assert not files[0].exists(f"{BUCKET}/train-0.tfrecord.idx")  # no sidecar behind the user's back
+    assert [records[i] for i in (0, 19, 20, 59)] == [
+        RECORDS[0],
+        RECORDS[57],
+        RECORDS[1],
+        RECORDS[59],
+    ]
+    assert not files[0].exists(
+        f"{BUCKET}/train-0.tfrecord.idx"
+    )  # no sidecar behind the user's back
 
 
 def test_a_read_cut_half_way_is_retried_from_where_it_was(files):
     fs, proxy = files
     url = f"s3://{BUCKET}/train-0.tfrecord"
     proxy.arm(allow=300_000, cuts=1)
-    got = list(tp.TFRecordDataset(url, buffer_size=64 * 1024, retry=tp.io.RetryPolicy(attempts=3, backoff_s=0.01)))
+    got = list(
+        tp.TFRecordDataset(
+            url, buffer_size=64 * 1024, retry=tp.io.RetryPolicy(attempts=3, backoff_s=0.01)
+        )
+    )
     assert got == RECORDS[0::3] and proxy.cut == 1
 
 
@@ -135,9 +156,15 @@ def test_a_read_that_keeps_failing_names_the_url_and_byte(files):
     fs, proxy = files
     url = f"s3://{BUCKET}/train-1.tfrecord"
     proxy.arm(allow=300_000, cuts=10**6)
-    it = iter(tp.TFRecordDataset(url, buffer_size=64 * 1024, retry=tp.io.RetryPolicy(attempts=2, backoff_s=0.01)))
+    it = iter(
+        tp.TFRecordDataset(
+            url, buffer_size=64 * 1024, retry=tp.io.RetryPolicy(attempts=2, backoff_s=0.01)
+        )
+    )
     got = []
-    with pytest.raises(tp.io.RemoteReadError, match=f"reading {url} failed at byte [0-9]+ after 2 attempt") as info:
+    with pytest.raises(
+        tp.io.RemoteReadError, match=f"reading {url} failed at byte [0-9]+ after 2 attempt"
+    ) as info:
         for record in it:
             got.append(record)
     proxy.arm(allow=0, cuts=0)  # the network is back
@@ -162,7 +189,9 @@ def test_webdataset_shards_on_s3(files):
 def test_missing_fsspec_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "fsspec", None)
     monkeypatch.setitem(sys.modules, "fsspec.core", None)
-    with pytest.raises(ImportError, match=r"opening s3://b/x needs fsspec: pip install 'torchpipe\[remote\]'"):
+    with pytest.raises(
+        ImportError, match=r"opening s3://b/x needs fsspec: pip install 'torchpipe\[remote\]'"
+    ):
         list(tp.TFRecordDataset("s3://b/x"))
 
 

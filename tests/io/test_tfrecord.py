@@ -85,11 +85,18 @@ def test_writer_accepts_buffers_and_rejects_misuse(tmp_path):
         tp.io.TFRecordWriter(path, "BZIP2")
 
 
-@pytest.mark.parametrize("bad, error", [
-    (dict(filenames=5), TypeError), (dict(compression_type="gzip"), ValueError),
-    (dict(num_parallel_reads=0), ValueError), (dict(buffer_size=0), ValueError),
-    (dict(verify="yes"), TypeError), (dict(filenames=[]), ValueError), (dict(retry=3), TypeError),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "bad, error",
+    [
+        (dict(filenames=5), TypeError),
+        (dict(compression_type="gzip"), ValueError),
+        (dict(num_parallel_reads=0), ValueError),
+        (dict(buffer_size=0), ValueError),
+        (dict(verify="yes"), TypeError),
+        (dict(filenames=[]), ValueError),
+        (dict(retry=3), TypeError),
+    ],
+)
 def test_bad_arguments_fail_at_construction(bad, error):
     kwargs = {"filenames": fixture("records.tfrecord"), **bad}
     with pytest.raises(error):
@@ -97,17 +104,26 @@ def test_bad_arguments_fail_at_construction(bad, error):
 
 
 def test_several_files_in_order_and_interleaved(tmp_path):
-    paths = [write(tmp_path / f"{k}.tfrecord", [b"%d-%d" % (k, i) for i in range(k + 1)]) for k in range(3)]
+    paths = [
+        write(tmp_path / f"{k}.tfrecord", [b"%d-%d" % (k, i) for i in range(k + 1)])
+        for k in range(3)
+    ]
     assert list(tp.TFRecordDataset(paths)) == [b"0-0", b"1-0", b"1-1", b"2-0", b"2-1", b"2-2"]
     interleaved = [b"0-0", b"1-0", b"2-0", b"1-1", b"2-1", b"2-2"]
     assert list(tp.TFRecordDataset(paths, num_parallel_reads=3)) == interleaved
-    assert list(tp.TFRecordDataset(tp.from_tensor_slices(paths), num_parallel_reads=tp.AUTOTUNE)) == interleaved
+    assert (
+        list(tp.TFRecordDataset(tp.from_tensor_slices(paths), num_parallel_reads=tp.AUTOTUNE))
+        == interleaved
+    )
     assert list(tp.TFRecordDataset([p.encode() for p in paths][:1])) == [b"0-0"]
 
 
 @pytest.mark.parametrize("compression", [None, "GZIP"])
 def test_checkpoints_resume_at_every_record(tmp_path, compression):
-    paths = [write(tmp_path / f"{k}", [b"r%d-%d" % (k, i) for i in range(4)], compression) for k in range(3)]
+    paths = [
+        write(tmp_path / f"{k}", [b"r%d-%d" % (k, i) for i in range(4)], compression)
+        for k in range(3)
+    ]
     assert_checkpoint_roundtrip(tp.TFRecordDataset(paths[0], compression))
     assert_checkpoint_roundtrip(tp.TFRecordDataset(paths, compression))
     assert_checkpoint_roundtrip(tp.TFRecordDataset(paths, compression, num_parallel_reads=2))
@@ -166,13 +182,16 @@ def damaged(tmp_path, name, at, value=None, cut=False):
     return path
 
 
-@pytest.mark.parametrize("name, at, cut, message", [
-    ("data", THIRD + 12 + 3, False, "corrupt record at byte {}: the data's CRC does not match"),
-    ("length", THIRD + 1, False, "corrupt record at byte {}: the length's CRC does not match"),
-    ("crc", THIRD + 12 + len(RECORDS[2]), False, "corrupt record at byte {}: the data's CRC"),
-    ("cut-header", THIRD + 5, True, "truncated record at byte {}: 5 of its 12 header bytes"),
-    ("cut-data", THIRD + 12 + 4, True, "truncated record at byte {}"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "name, at, cut, message",
+    [
+        ("data", THIRD + 12 + 3, False, "corrupt record at byte {}: the data's CRC does not match"),
+        ("length", THIRD + 1, False, "corrupt record at byte {}: the length's CRC does not match"),
+        ("crc", THIRD + 12 + len(RECORDS[2]), False, "corrupt record at byte {}: the data's CRC"),
+        ("cut-header", THIRD + 5, True, "truncated record at byte {}: 5 of its 12 header bytes"),
+        ("cut-data", THIRD + 12 + 4, True, "truncated record at byte {}"),
+    ],
+)
 def test_corrupt_and_truncated_records_name_file_and_offset(tmp_path, name, at, cut, message):
     path = damaged(tmp_path, name, at, cut=cut)
     it = iter(tp.TFRecordDataset(path))
@@ -242,7 +261,9 @@ def test_list_files_then_interleave_reads_tensorflow_shards(tmp_path):
         if name.startswith("train-"):
             shutil.copy(fixture(name), tmp_path / name)
     files = tp.list_files(str(tmp_path / "train-*.tfrecord"))
-    records = list(files.interleave(tp.TFRecordDataset, cycle_length=3, num_parallel_calls=tp.AUTOTUNE))
+    records = list(
+        files.interleave(tp.TFRecordDataset, cycle_length=3, num_parallel_calls=tp.AUTOTUNE)
+    )
     assert len(records) == fd.SHARDS * fd.SHARD_RECORDS and len(set(records)) == len(records)
 
 
@@ -284,7 +305,9 @@ def test_a_compressed_record_longer_than_the_maximum_is_data_loss_not_memory(tmp
     packer = zlib.compressobj(6, zlib.DEFLATED, 31 if compression == "GZIP" else 15)
     with open(path, "wb") as f:
         f.write(packer.compress(raw) + packer.flush())
-    with pytest.raises(tp.io.DataLossError, match=f"above the {MAX_RECORD_BYTES}-byte maximum") as error:
+    with pytest.raises(
+        tp.io.DataLossError, match=f"above the {MAX_RECORD_BYTES}-byte maximum"
+    ) as error:
         list(tp.TFRecordDataset(path, compression_type=compression))
     assert error.value.path == path and error.value.offset == 0
     assert list(tp.TFRecordDataset(path, compression_type=compression).ignore_errors()) == []
@@ -297,6 +320,8 @@ def test_a_compressed_record_length_the_stream_lacks_is_truncation(tmp_path):
 
     path = str(tmp_path / "short.tfrecord.gz")
     with gzip.open(path, "wb") as f:
-        f.write(frame_header(1 << 30) + b"x" * 100)  # under the maximum: read in pieces, not allocated
+        f.write(
+            frame_header(1 << 30) + b"x" * 100
+        )  # under the maximum: read in pieces, not allocated
     with pytest.raises(tp.io.DataLossError, match="truncated record at byte 0"):
         list(tp.TFRecordDataset(path, compression_type="GZIP"))

@@ -14,7 +14,13 @@ import pytest
 
 from torchpipe.errors import DataLossError
 from torchpipe.io import tfrecord_framing as framing
-from torchpipe.io.tfrecord_framing import FOOTER_BYTES, HEADER_BYTES, frame_header, masked_crc, read_record
+from torchpipe.io.tfrecord_framing import (
+    FOOTER_BYTES,
+    HEADER_BYTES,
+    frame_header,
+    masked_crc,
+    read_record,
+)
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "..", "fixtures", "tensorflow")
 
@@ -41,7 +47,9 @@ def _read(buf: bytes, verify: bool = True, limit: int | None = None, offset: int
     return read_record(io.BytesIO(buf).read, "f.tfrecord", offset, verify, limit)
 
 
-def _damage(buf: bytes, verify: bool = True, limit: int | None = None, offset: int = 0) -> DataLossError:
+def _damage(
+    buf: bytes, verify: bool = True, limit: int | None = None, offset: int = 0
+) -> DataLossError:
     with pytest.raises(DataLossError) as info:
         _read(buf, verify, limit, offset)
     error = info.value
@@ -95,7 +103,9 @@ def test_tensorflows_file_reads_back_record_by_record_and_our_frames_are_its_byt
     with open(path, "rb") as f:
         content = f.read()
     stream, records = io.BytesIO(content), []
-    while (record := read_record(stream.read, path, stream.tell(), True, len(content) - stream.tell())) is not None:
+    while (
+        record := read_record(stream.read, path, stream.tell(), True, len(content) - stream.tell())
+    ) is not None:
         records.append(record)
     assert len(records) > 1
     assert b"".join(_frame(record) for record in records) == content
@@ -108,32 +118,42 @@ def test_a_short_header_is_a_truncated_record(cut):
     assert f"truncated record at byte 40: {cut} of its 12 header bytes" in str(error)
 
 
-@pytest.mark.parametrize("cut", [HEADER_BYTES, HEADER_BYTES + 2, HEADER_BYTES + 4, HEADER_BYTES + 7])
+@pytest.mark.parametrize(
+    "cut", [HEADER_BYTES, HEADER_BYTES + 2, HEADER_BYTES + 4, HEADER_BYTES + 7]
+)
 def test_short_data_or_footer_is_a_truncated_record_saying_how_much_arrived(cut):
     error = _damage(_frame(b"data")[:cut])
-    assert f"truncated record at byte 0: {cut - HEADER_BYTES} of its {4 + FOOTER_BYTES} data and CRC bytes" in str(
-        error
+    assert (
+        f"truncated record at byte 0: {cut - HEADER_BYTES} of its {4 + FOOTER_BYTES} data and CRC bytes"
+        in str(error)
     )
 
 
 def test_a_corrupt_length_crc_is_a_corrupt_record_unless_not_verified():
     framed = bytearray(_frame(b"data"))
     framed[9] ^= 0x01
-    assert "corrupt record at byte 0: the length's CRC does not match" in str(_damage(bytes(framed)))
+    assert "corrupt record at byte 0: the length's CRC does not match" in str(
+        _damage(bytes(framed))
+    )
     assert _read(bytes(framed), verify=False) == b"data"
 
 
 def test_a_corrupt_data_crc_is_a_corrupt_record_unless_not_verified():
     framed = bytearray(_frame(b"data"))
     framed[HEADER_BYTES] ^= 0x01
-    assert "corrupt record at byte 0: the data's CRC does not match (4 bytes)" in str(_damage(bytes(framed)))
+    assert "corrupt record at byte 0: the data's CRC does not match (4 bytes)" in str(
+        _damage(bytes(framed))
+    )
     assert _read(bytes(framed), verify=False) == b"eata"
 
 
 def test_a_length_past_the_files_end_is_a_truncated_record_and_is_not_read():
     framed = _frame(b"data") + _frame(b"next")
     error = _damage(framed, limit=HEADER_BYTES + 4 + FOOTER_BYTES - 1)
-    assert "truncated record at byte 0: it is 4 bytes long, but the file has 7 bytes after its header" in str(error)
+    assert (
+        "truncated record at byte 0: it is 4 bytes long, but the file has 7 bytes after its header"
+        in str(error)
+    )
     header = frame_header(10**12)  # a huge length with a valid CRC: never allocated
     reads = []
 
@@ -164,7 +184,9 @@ def test_a_long_record_is_read_in_pieces_and_a_short_stream_costs_only_what_it_h
         reads.append(n)
         return stream.read(n)
 
-    with pytest.raises(DataLossError, match="truncated record at byte 0: 6 of its 1004 data and CRC bytes"):
+    with pytest.raises(
+        DataLossError, match="truncated record at byte 0: 6 of its 1004 data and CRC bytes"
+    ):
         read_record(read, "f", 0, True)
     assert reads[1:3] == [4, 4] and max(reads) <= HEADER_BYTES
 

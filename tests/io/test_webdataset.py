@@ -21,8 +21,15 @@ from torchpipe.testing import assert_checkpoint_roundtrip
 
 
 def samples(shard: int, count: int = 4) -> list[dict]:
-    return [{"__key__": f"s{shard}/{i:04d}", "cls": str(i % 3).encode(), "txt": f"shard {shard} #{i}".encode(),
-             "bin": bytes([shard, i]) * (50 * i)} for i in range(count)]  # fmt: skip
+    return [
+        {
+            "__key__": f"s{shard}/{i:04d}",
+            "cls": str(i % 3).encode(),
+            "txt": f"shard {shard} #{i}".encode(),
+            "bin": bytes([shard, i]) * (50 * i),
+        }
+        for i in range(count)
+    ]
 
 
 @pytest.fixture
@@ -51,7 +58,14 @@ def test_shards_webdatasets_writer_makes_read_the_same(tmp_path):
     path = str(tmp_path / "theirs.tar")
     with wds.TarWriter(path) as writer:
         for i in range(5):
-            writer.write({"__key__": f"k{i}", "cls": i, "json": {"i": i}, "seg.png": np.full((4, 5, 3), i, np.uint8)})
+            writer.write(
+                {
+                    "__key__": f"k{i}",
+                    "cls": i,
+                    "json": {"i": i},
+                    "seg.png": np.full((4, 5, 3), i, np.uint8),
+                }
+            )
     theirs = [without_local_path(s) for s in wds.WebDataset(path, shardshuffle=False)]
     assert list(tp.from_webdataset(path)) == theirs
     decoded = list(tp.from_webdataset(path, decode=True))
@@ -61,7 +75,16 @@ def test_shards_webdatasets_writer_makes_read_the_same(tmp_path):
 
 def test_grouping_skips_and_splits_names_as_webdataset_does(tmp_path):
     path = str(tmp_path / "odd.tar")
-    names = ["a/b.c/x1.JPG", "a/b.c/x1.seg.PNG", "noext", "__meta__", "x2.txt", "x2.cls", ".hidden.txt", "x1.txt"]
+    names = [
+        "a/b.c/x1.JPG",
+        "a/b.c/x1.seg.PNG",
+        "noext",
+        "__meta__",
+        "x2.txt",
+        "x2.cls",
+        ".hidden.txt",
+        "x1.txt",
+    ]
     with tarfile.open(path, "w") as tar:
         for name in names:
             data = name.encode()
@@ -74,7 +97,10 @@ def test_grouping_skips_and_splits_names_as_webdataset_does(tmp_path):
     theirs = [without_local_path(s) for s in wds.WebDataset(path, shardshuffle=False)]
     ours = list(tp.from_webdataset(path))
     assert ours == theirs
-    assert [s["__key__"] for s in ours] == ["a/b.c/x1", "x2", "x1"] and set(ours[0]) >= {"jpg", "seg.png"}
+    assert [s["__key__"] for s in ours] == ["a/b.c/x1", "x2", "x1"] and set(ours[0]) >= {
+        "jpg",
+        "seg.png",
+    }
 
 
 def test_brace_expansion():
@@ -87,8 +113,12 @@ def test_brace_expansion():
 
 def test_checkpoints_at_every_sample(shards, tmp_path):
     assert_checkpoint_roundtrip(tp.from_webdataset(shards))
-    assert_checkpoint_roundtrip(tp.from_webdataset(shards, num_parallel_reads=2), positions=range(0, 18, 3))
-    assert_checkpoint_roundtrip(tp.from_webdataset(shards, shardshuffle=True, seed=4), positions=range(0, 18, 4))
+    assert_checkpoint_roundtrip(
+        tp.from_webdataset(shards, num_parallel_reads=2), positions=range(0, 18, 3)
+    )
+    assert_checkpoint_roundtrip(
+        tp.from_webdataset(shards, shardshuffle=True, seed=4), positions=range(0, 18, 4)
+    )
     with tp.io.TarWriter(tmp_path / "z.tar.gz") as writer:
         for sample in samples(9, 5):
             writer.write(sample)
@@ -106,20 +136,28 @@ def test_checkpoint_is_the_next_samples_offset_and_resume_seeks(tmp_path):
     first = [next(it), next(it)]
     state = it.state_dict()
     it.close()
-    inner = state["pipeline"]["slots"][0]["inner"]  # flat_map over the shard list: the shard's reader
+    inner = state["pipeline"]["slots"][0][
+        "inner"
+    ]  # flat_map over the shard list: the shard's reader
     offset = inner["offset"]
     assert inner["file"] == path and offset > 0 and offset % 512 == 0
     with open(path, "r+b") as f:  # wipe the samples before the checkpoint: a seek never reads them
         f.write(b"\0" * offset)
     resumed = iter(tp.from_webdataset(path))
     resumed.load_state_dict(state)
-    assert [s["__key__"] for s in resumed] == ["s0/0002", "s0/0003"] and first[1]["__key__"] == "s0/0001"
+    assert [s["__key__"] for s in resumed] == ["s0/0002", "s0/0003"] and first[1][
+        "__key__"
+    ] == "s0/0001"
 
 
 def test_shard_shuffle_follows_the_pipeline_seed(shards):
     def order(ds):
         keys = [s["__key__"] for s in ds]
-        return [k.split("/")[0] for i, k in enumerate(keys) if i == 0 or keys[i - 1].split("/")[0] != k.split("/")[0]]
+        return [
+            k.split("/")[0]
+            for i, k in enumerate(keys)
+            if i == 0 or keys[i - 1].split("/")[0] != k.split("/")[0]
+        ]
 
     ds = tp.from_webdataset(shards, shardshuffle=True).with_options(tp.Options(seed=7))
     first, second = order(ds), order(ds)
@@ -132,23 +170,36 @@ def test_shard_shuffle_follows_the_pipeline_seed(shards):
 def test_dataloader_workers_split_the_shards(shards):
     loader = torch.utils.data.DataLoader(tp.from_webdataset(shards), batch_size=None, num_workers=2)
     keys = [s["__key__"] for s in loader]
-    assert sorted(keys) == sorted(s["__key__"] for s in tp.from_webdataset(shards)) and len(set(keys)) == len(keys)
+    assert sorted(keys) == sorted(s["__key__"] for s in tp.from_webdataset(shards)) and len(
+        set(keys)
+    ) == len(keys)
 
 
 def test_ranks_split_the_shards_and_need_a_shared_seed_to_shuffle(shards):
     # ranks simulated in this process (tests/distributed/test_files.py has more; on real ranks,
     # tests/distributed/test_gloo_ranks.py, a shuffle without a seed shares rank 0's)
     def on_rank(ds, rank, world_size, policy="auto"):
-        distribute = tp.DistributeOptions(policy=policy, rank=rank, world_size=world_size, uneven="allow")
+        distribute = tp.DistributeOptions(
+            policy=policy, rank=rank, world_size=world_size, uneven="allow"
+        )
         return ds.with_options(tp.Options(distribute=distribute))
 
     mine = {s["__key__"].split("/")[0] for s in on_rank(tp.from_webdataset(shards), 1, 2)}
     assert mine == {"s1", "s3"}
-    with pytest.raises(RuntimeError, match="every rank must draw the same seed.*tp.Options\\(seed=...\\)"):
-        iter(on_rank(tp.from_webdataset(shards, shardshuffle=True), 0, 2))  # these ranks cannot share rank 0's
+    with pytest.raises(
+        RuntimeError, match="every rank must draw the same seed.*tp.Options\\(seed=...\\)"
+    ):
+        iter(
+            on_rank(tp.from_webdataset(shards, shardshuffle=True), 0, 2)
+        )  # these ranks cannot share rank 0's
     ranks = []
     for rank in (0, 1):  # the same seed on every rank: disjoint shares that cover every shard
-        ranks.append({s["__key__"] for s in on_rank(tp.from_webdataset(shards, shardshuffle=True, seed=1), rank, 2)})
+        ranks.append(
+            {
+                s["__key__"]
+                for s in on_rank(tp.from_webdataset(shards, shardshuffle=True, seed=1), rank, 2)
+            }
+        )
     assert not ranks[0] & ranks[1] and len(ranks[0] | ranks[1]) == 18
     with pytest.raises(ValueError, match="4 files for 8 ranks x 1 workers"):
         iter(on_rank(tp.from_webdataset(shards), 0, 8, policy="file"))
@@ -169,7 +220,9 @@ def test_damaged_shards_name_the_url_and_offset(shards, tmp_path):
     assert info.value.path == paths[1] and info.value.offset > 0
     it = iter(tp.from_webdataset(shards).ignore_errors())
     keys = [s["__key__"] for s in it]
-    assert keys[:3] == ["s0/0000", "s0/0001", "s0/0002"] and keys[-6:] == [f"s3/{i:04d}" for i in range(6)]
+    assert keys[:3] == ["s0/0000", "s0/0001", "s0/0002"] and keys[-6:] == [
+        f"s3/{i:04d}" for i in range(6)
+    ]
     assert {s["stage"]: s for s in it.stats()}["ignore_errors"]["errors_ignored"] == 1
 
 
@@ -178,9 +231,19 @@ def test_decoders_by_extension_and_overrides(tmp_path):
     image = torch.arange(2 * 3 * 3, dtype=torch.uint8).reshape(3, 2, 3) * 10
     tensor = torch.tensor([1.5, -2.0])
     with tp.io.TarWriter(path) as writer:
-        writer.write({"__key__": "a", "png": image, "cls": 7, "txt": "h\u00e9", "json": [1, {"x": None}],
-                      "npy": np.arange(4, dtype=np.int16), "pth": {"w": tensor}, "raw": b"\x00\x01",
-                      "input.png": image})  # fmt: skip
+        writer.write(
+            {
+                "__key__": "a",
+                "png": image,
+                "cls": 7,
+                "txt": "h\u00e9",
+                "json": [1, {"x": None}],
+                "npy": np.arange(4, dtype=np.int16),
+                "pth": {"w": tensor},
+                "raw": b"\x00\x01",
+                "input.png": image,
+            }
+        )
     (sample,) = tp.from_webdataset(path, decode=True)
     assert torch.equal(sample["png"], image) and torch.equal(sample["input.png"], image)
     assert sample["cls"] == 7 and sample["txt"] == "h\u00e9" and sample["json"] == [1, {"x": None}]
@@ -199,7 +262,11 @@ def test_decoders_by_extension_and_overrides(tmp_path):
 def test_images_decode_through_tp_image_channels_first_as_pillow_reads_them():
     from PIL import Image
 
-    pixels = np.cumsum(np.random.default_rng(0).integers(0, 40, (48, 64, 3), dtype=np.uint8), axis=1, dtype=np.uint8)
+    pixels = np.cumsum(
+        np.random.default_rng(0).integers(0, 40, (48, 64, 3), dtype=np.uint8),
+        axis=1,
+        dtype=np.uint8,
+    )
     decode = tp.io.DEFAULT_DECODERS["jpg"]
     for mode, form in (("RGB", "JPEG"), ("L", "JPEG"), ("RGBA", "PNG"), ("P", "GIF")):
         buffer = io.BytesIO()
@@ -209,7 +276,9 @@ def test_images_decode_through_tp_image_channels_first_as_pillow_reads_them():
         assert chw.dtype == torch.uint8 and chw.shape == (3, 48, 64) and chw.is_contiguous()
         assert torch.equal(chw, tp.image.decode_image(data).permute(2, 0, 1))
         with Image.open(io.BytesIO(data)) as image:
-            assert torch.equal(chw, torch.from_numpy(np.array(image.convert("RGB"))).permute(2, 0, 1)), mode
+            assert torch.equal(
+                chw, torch.from_numpy(np.array(image.convert("RGB"))).permute(2, 0, 1)
+            ), mode
     with pytest.raises(tp.image.DecodeError):
         decode(b"no image")
 
@@ -255,12 +324,18 @@ def _write_shard(path, count):
             writer.write({"__key__": f"k{i}", "bin": payload(i)})
 
 
-@pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")  # nothing written when dropped
-def test_tarwriter_on_a_full_disk_fails_naming_the_file_and_leaves_the_file_there_before_unchanged(no_room):
+@pytest.mark.filterwarnings(
+    "error::pytest.PytestUnraisableExceptionWarning"
+)  # nothing written when dropped
+def test_tarwriter_on_a_full_disk_fails_naming_the_file_and_leaves_the_file_there_before_unchanged(
+    no_room,
+):
     path = os.path.join(no_room.directory, "a.tar")
     _write_shard(path, 1)
     no_room.check(no_room.run(_write_shard, path, 8), f"TarWriter({path})")
-    assert no_room.files() == ["a.tar"] and [s["bin"] for s in tp.from_webdataset(path)] == [payload(0)]
+    assert no_room.files() == ["a.tar"] and [s["bin"] for s in tp.from_webdataset(path)] == [
+        payload(0)
+    ]
     no_room.grow()
     _write_shard(path, 8)
     assert [s["bin"] for s in tp.from_webdataset(path)] == [payload(i) for i in range(8)]

@@ -82,11 +82,14 @@ def test_wire_error_is_a_value_error():
 # -- fields --------------------------------------------------------------------------------------
 def test_fields_gives_a_varints_value_and_the_span_of_len_i32_and_i64_fields():
     buf = (
-        _key(1, 0) + wire.varint(150)
+        _key(1, 0)
+        + wire.varint(150)
         + wire.length_delimited(2, b"abc")
-        + _key(3, 5) + b"\x01\x02\x03\x04"
-        + _key(4, 1) + bytes(range(8))
-    )  # fmt: skip
+        + _key(3, 5)
+        + b"\x01\x02\x03\x04"
+        + _key(4, 1)
+        + bytes(range(8))
+    )
     got = list(wire.fields(buf, 0, len(buf)))
     assert got == [(1, 0, 150), (2, 2, (5, 8)), (3, 5, (9, 13)), (4, 1, (14, 22))]
     assert buf[5:8] == b"abc" and buf[9:13] == b"\x01\x02\x03\x04" and buf[14:22] == bytes(range(8))
@@ -137,7 +140,11 @@ def test_a_len_field_inside_a_submessage_cannot_reach_past_the_submessage():
 
 # -- messages, features and feature lists --------------------------------------------------------
 def test_message_fields_gives_the_last_occurrence_of_each_wanted_len_field():
-    buf = wire.length_delimited(1, b"first") + wire.length_delimited(2, b"two") + wire.length_delimited(1, b"last")
+    buf = (
+        wire.length_delimited(1, b"first")
+        + wire.length_delimited(2, b"two")
+        + wire.length_delimited(1, b"last")
+    )
     buf += _key(3, 0) + b"\x01" + wire.length_delimited(4, b"unwanted")
     spans = wire.message_fields(buf, (1, 2, 3))
     assert set(spans) == {1, 2}
@@ -172,8 +179,14 @@ def test_an_empty_list_keeps_its_kind_and_reads_back_empty(kind):
     assert buf == wire.length_delimited(kind, b"")
     got_kind, parts = _feature_parts(buf)
     assert got_kind == kind
-    assert len(wire.bytes_values(buf, parts) if kind == BYTES_LIST else wire.float_values(buf, parts)) == 0
-    assert wire.float_values(buf, parts).dtype == np.float32 and wire.int64_values(buf, parts).dtype == np.int64
+    assert (
+        len(wire.bytes_values(buf, parts) if kind == BYTES_LIST else wire.float_values(buf, parts))
+        == 0
+    )
+    assert (
+        wire.float_values(buf, parts).dtype == np.float32
+        and wire.int64_values(buf, parts).dtype == np.int64
+    )
 
 
 @given(st.lists(INT64, max_size=12))
@@ -217,7 +230,11 @@ def test_unpacked_and_packed_int64s_concatenate_in_order():
 
 
 def test_unpacked_and_packed_floats_concatenate_in_order():
-    body = _key(1, 5) + np.float32(1.5).tobytes() + wire.length_delimited(1, np.float32([2.5, 3.5]).tobytes())
+    body = (
+        _key(1, 5)
+        + np.float32(1.5).tobytes()
+        + wire.length_delimited(1, np.float32([2.5, 3.5]).tobytes())
+    )
     buf = wire.length_delimited(FLOAT_LIST, body)
     assert wire.float_values(buf, _feature_parts(buf)[1]).tolist() == [1.5, 2.5, 3.5]
 
@@ -236,7 +253,11 @@ def test_the_last_kind_seen_sets_a_features_kind_and_the_same_kind_twice_concate
 
     buf = ints + wire.feature_message(INT64_LIST, [2, 3])
     kind, parts = _feature_parts(buf)
-    assert kind == INT64_LIST and len(parts) == 2 and wire.int64_values(buf, parts).tolist() == [1, 2, 3]
+    assert (
+        kind == INT64_LIST
+        and len(parts) == 2
+        and wire.int64_values(buf, parts).tolist() == [1, 2, 3]
+    )
 
     buf = ints + floats + wire.feature_message(INT64_LIST, [4])  # the float resets the ints
     kind, parts = _feature_parts(buf)
@@ -245,12 +266,17 @@ def test_the_last_kind_seen_sets_a_features_kind_and_the_same_kind_twice_concate
 
 def test_a_feature_with_no_kind_or_only_unknown_fields_has_kind_zero():
     assert wire.scan_feature(b"", 0, 0) == (0, [])
-    buf = wire.length_delimited(7, b"x") + _key(1, 0) + b"\x01"  # unknown field; a kind number not LEN
+    buf = (
+        wire.length_delimited(7, b"x") + _key(1, 0) + b"\x01"
+    )  # unknown field; a kind number not LEN
     assert _feature_parts(buf) == (0, [])
 
 
 def test_map_message_sorts_its_keys_and_scan_features_reads_it_back():
-    entries = {"b": wire.feature_message(INT64_LIST, [2]), "a": wire.feature_message(BYTES_LIST, [b"x"])}
+    entries = {
+        "b": wire.feature_message(INT64_LIST, [2]),
+        "a": wire.feature_message(BYTES_LIST, [b"x"]),
+    }
     buf = wire.map_message(entries)
     assert buf == wire.map_message(dict(reversed(entries.items())))
     assert buf.index(b"\n\x01a") < buf.index(b"\n\x01b")

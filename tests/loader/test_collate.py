@@ -15,7 +15,18 @@ from torchpipe.loader.collate import SMALL_ARRAYS, ColumnCollate
 from torchpipe.loader.collate import default_collate as column_collate
 
 Point = collections.namedtuple("Point", "x y")
-DTYPES = (np.float32, np.float64, np.float16, np.int64, np.int32, np.int16, np.uint8, np.uint16, np.bool_, np.complex64)
+DTYPES = (
+    np.float32,
+    np.float64,
+    np.float16,
+    np.int64,
+    np.int32,
+    np.int16,
+    np.uint8,
+    np.uint16,
+    np.bool_,
+    np.complex64,
+)
 SCALARS = (np.float32, np.float64, np.int64, np.int8, np.bool_)
 
 
@@ -33,7 +44,9 @@ def _same(a, b):
         assert len(a) == len(b)
         for x, y in zip(a, b):
             _same(x, y)
-    elif isinstance(a, np.ndarray):  # passed through in a list, as torch's (a column torch does not stack)
+    elif isinstance(
+        a, np.ndarray
+    ):  # passed through in a list, as torch's (a column torch does not stack)
         assert a.dtype == b.dtype and np.array_equal(a, b, equal_nan=a.dtype.kind in "fc")
     else:
         assert a == b or (a != a and b != b)  # NaN passed through
@@ -92,7 +105,11 @@ def _element(draw, schema):
     if schema[0] == "leaf":
         _, kind, shape, dtype, mixed = schema
         if mixed and draw(st.booleans()):
-            kind, shape, dtype = draw(st.sampled_from(LEAVES)), (draw(st.integers(0, 2)),), draw(st.integers(0, 9))
+            kind, shape, dtype = (
+                draw(st.sampled_from(LEAVES)),
+                (draw(st.integers(0, 2)),),
+                draw(st.integers(0, 9)),
+            )
         return draw(_leaf(kind, shape, dtype))
     container, parts = schema
     values = [draw(_element(part)) for part in parts]
@@ -136,7 +153,9 @@ def test_dict_rows_of_every_common_kind_collate_as_torch_does():
     ]
     ours = column_collate(rows)
     _same(ours, default_collate(rows))
-    assert isinstance(ours["meta"]["tags"][0], tuple)  # torch's: a nested list's strings come as tuples
+    assert isinstance(
+        ours["meta"]["tags"][0], tuple
+    )  # torch's: a nested list's strings come as tuples
     assert ours["id"] == [f"r{i}" for i in range(32)]
 
 
@@ -147,9 +166,13 @@ def test_large_arrays_and_tensors_are_stacked_by_the_maps_tensor_function():
         stacked.append(len(batch))
         return torch.stack(batch)
 
-    collate = ColumnCollate({**torch_collate.default_collate_fn_map, torch.Tensor: stack}, stackers=(stack,))
+    collate = ColumnCollate(
+        {**torch_collate.default_collate_fn_map, torch.Tensor: stack}, stackers=(stack,)
+    )
     big = SMALL_ARRAYS // 4  # float32 elements: 4 rows reach it
-    rows = [(np.full(big, i, np.float32), np.full(2, i, np.float32), torch.ones(2)) for i in range(4)]
+    rows = [
+        (np.full(big, i, np.float32), np.full(2, i, np.float32), torch.ones(2)) for i in range(4)
+    ]
     _same(collate(rows), default_collate(rows))
     assert stacked == [4, 4]  # the large arrays' column and the tensors', not the small arrays'
 
@@ -167,8 +190,14 @@ def test_a_map_with_another_tensor_function_gets_it_for_arrays_too():
 
 
 def test_changes_to_torchs_default_map_count(monkeypatch):
-    monkeypatch.setitem(torch_collate.default_collate_fn_map, int, lambda batch, *, collate_fn_map=None: "ints")
-    assert column_collate([{"a": 1}, {"a": 2}]) == {"a": "ints"} == default_collate([{"a": 1}, {"a": 2}])
+    monkeypatch.setitem(
+        torch_collate.default_collate_fn_map, int, lambda batch, *, collate_fn_map=None: "ints"
+    )
+    assert (
+        column_collate([{"a": 1}, {"a": 2}])
+        == {"a": "ints"}
+        == default_collate([{"a": 1}, {"a": 2}])
+    )
 
 
 def test_a_batch_of_small_arrays_is_a_resizable_tensor_of_its_own():

@@ -65,9 +65,12 @@ def test_generator_is_consumed_like_torch():
 
 
 def test_distributed_sampler_with_set_epoch():
-    samplers = [torch.utils.data.DistributedSampler(DATA, num_replicas=2, rank=1, seed=3) for _ in range(2)]
+    samplers = [
+        torch.utils.data.DistributedSampler(DATA, num_replicas=2, rank=1, seed=3) for _ in range(2)
+    ]
     loaders = [
-        cls(DATA, batch_size=3, sampler=s, num_workers=2) for cls, s in zip((TorchLoader, tp.DataLoader), samplers)
+        cls(DATA, batch_size=3, sampler=s, num_workers=2)
+        for cls, s in zip((TorchLoader, tp.DataLoader), samplers)
     ]
     for epoch in range(2):
         for s in samplers:
@@ -88,7 +91,9 @@ class WithGetitems(torch.utils.data.Dataset):
 
 @pytest.mark.parametrize("num_workers", [0, 2, "auto"])
 def test_getitems_is_used(num_workers):
-    assert [b.tolist() for b in tp.DataLoader(WithGetitems(), batch_size=4, num_workers=num_workers)] == [
+    assert [
+        b.tolist() for b in tp.DataLoader(WithGetitems(), batch_size=4, num_workers=num_workers)
+    ] == [
         [0, 1, 2, 3],
         [4, 5, 6, 7],
         [8, 9],
@@ -119,7 +124,12 @@ def test_same_errors_for_the_same_mistakes(kwargs):
 
 def test_attributes_are_read_only_after_init():
     loader = tp.DataLoader(DATA, batch_size=4)
-    for name, value in [("batch_size", 2), ("sampler", None), ("drop_last", True), ("dataset", DATA)]:
+    for name, value in [
+        ("batch_size", 2),
+        ("sampler", None),
+        ("drop_last", True),
+        ("dataset", DATA),
+    ]:
         with pytest.raises(ValueError, match=f"{name} attribute should not be set"):
             setattr(loader, name, value)
     assert isinstance(loader, TorchLoader) and loader.batch_size == 4 and len(loader) == 6
@@ -182,7 +192,9 @@ def test_worker_init_fn_runs_once_per_worker_and_persistent_workers_stay():
             generator=torch.Generator().manual_seed(0),
         )
     )
-    assert [b[2].tolist() for b in first] == [b[2].tolist() for b in torch_first]  # same worker seeds
+    assert [b[2].tolist() for b in first] == [
+        b[2].tolist() for b in torch_first
+    ]  # same worker seeds
 
 
 class Slow(torch.utils.data.Dataset):
@@ -211,7 +223,10 @@ def test_in_order_false_delivers_as_completed():
 
 def test_in_order_false_sends_work_past_a_stalled_worker():
     # torch gives a free worker the next batch; round-robin would queue half of them behind the stall
-    out = [int(b) for b in tp.DataLoader(Slow(1.5, slow_index=0, length=40), num_workers=2, in_order=False)]
+    out = [
+        int(b)
+        for b in tp.DataLoader(Slow(1.5, slow_index=0, length=40), num_workers=2, in_order=False)
+    ]
     assert sorted(out) == list(range(40)) and out.index(0) >= 30
 
 
@@ -238,18 +253,23 @@ def test_spawn_context_is_honoured():
 
 def test_a_global_start_method_is_honoured():
     # as torch does: set_start_method("spawn") makes the default context spawn, so torch's own workers run
-    code = ("import multiprocessing, torch, torchpipe as tp; multiprocessing.set_start_method('spawn'); "
-            "print(tp.explain(tp.DataLoader(torch.arange(4), num_workers=2)))")  # fmt: skip
+    code = (
+        "import multiprocessing, torch, torchpipe as tp; multiprocessing.set_start_method('spawn'); "
+        "print(tp.explain(tp.DataLoader(torch.arange(4), num_workers=2)))"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=50)
     assert "torch's own iterator (a spawn/forkserver context)" in done.stdout, done.stderr
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(num_workers="Auto"), 'num_workers must be a non-negative int or "auto"'),
-    (dict(num_workers=2, prefetch_factor=0), "prefetch_factor must be at least 1"),
-    (dict(device="nonsense"), "device must be a cpu or cuda device"),
-    (dict(device=5), "device must be a device name"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(num_workers="Auto"), 'num_workers must be a non-negative int or "auto"'),
+        (dict(num_workers=2, prefetch_factor=0), "prefetch_factor must be at least 1"),
+        (dict(device="nonsense"), "device must be a cpu or cuda device"),
+        (dict(device=5), "device must be a device name"),
+    ],
+)
 def test_bad_new_words_fail_at_construction_with_a_value_error(kwargs, message):
     with pytest.raises(ValueError, match=message):
         tp.DataLoader(DATA, **kwargs)
@@ -258,14 +278,21 @@ def test_bad_new_words_fail_at_construction_with_a_value_error(kwargs, message):
 @pytest.mark.parametrize("dataset", [5, None, (i for i in range(3)), iter([1, 2]), {1, 2}])
 def test_a_dataset_torch_cannot_index_or_iterate_is_a_type_error_at_construction(dataset):
     # torch builds these loaders and fails only when the epoch starts
-    with pytest.raises(TypeError, match=r"^dataset must be a map-style dataset \(with __getitem__\) or a torch "
-                                        f"IterableDataset, got {type(dataset).__name__}"):  # fmt: skip
+    with pytest.raises(
+        TypeError,
+        match=r"^dataset must be a map-style dataset \(with __getitem__\) or a torch "
+        f"IterableDataset, got {type(dataset).__name__}",
+    ):
         tp.DataLoader(dataset)
 
 
-@pytest.mark.parametrize("dataset", [[1.0, 2.0, 3.0], "abc", torch.arange(3), np.arange(3), range(3), DATA])
+@pytest.mark.parametrize(
+    "dataset", [[1.0, 2.0, 3.0], "abc", torch.arange(3), np.arange(3), range(3), DATA]
+)
 def test_what_torch_takes_as_a_map_style_dataset_is_taken(dataset):
-    assert_same_elements(tp.DataLoader(dataset, batch_size=2), list(TorchLoader(dataset, batch_size=2)))
+    assert_same_elements(
+        tp.DataLoader(dataset, batch_size=2), list(TorchLoader(dataset, batch_size=2))
+    )
 
 
 @pytest.mark.parametrize("num_workers", [2.5, 2.0, 0.0, None, torch.tensor(1.0)])
@@ -315,7 +342,11 @@ def test_without_cuda_pinning_is_skipped_and_cuda_device_is_a_clear_error():
 def test_resume_mid_epoch_in_a_new_loader(num_workers):
     def make():
         return tp.DataLoader(
-            DATA, batch_size=3, shuffle=True, num_workers=num_workers, generator=torch.Generator().manual_seed(11)
+            DATA,
+            batch_size=3,
+            shuffle=True,
+            num_workers=num_workers,
+            generator=torch.Generator().manual_seed(11),
         )
 
     loader = make()
@@ -339,12 +370,21 @@ def _state_of(loader, batches=3):
     return loader.state_dict()
 
 
-@pytest.mark.parametrize("other, differs", [
-    (dict(batch_size=4), "batch_size: the state's 3, this loader's 4"),
-    (dict(shuffle=False), "sampler: the state's 'RandomSampler', this loader's 'SequentialSampler'"),
-    (dict(dataset=TensorDataset(torch.arange(10.0))), "length: the state's 23, this loader's 10"),
-    (dict(drop_last=True), "drop_last: the state's False, this loader's True"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "other, differs",
+    [
+        (dict(batch_size=4), "batch_size: the state's 3, this loader's 4"),
+        (
+            dict(shuffle=False),
+            "sampler: the state's 'RandomSampler', this loader's 'SequentialSampler'",
+        ),
+        (
+            dict(dataset=TensorDataset(torch.arange(10.0))),
+            "length: the state's 23, this loader's 10",
+        ),
+        (dict(drop_last=True), "drop_last: the state's False, this loader's True"),
+    ],
+)
 def test_a_state_does_not_load_into_a_loader_that_makes_other_batches(other, differs):
     kwargs = dict(dataset=DATA, batch_size=3, shuffle=True)
     state = _state_of(tp.DataLoader(**kwargs))
@@ -352,13 +392,16 @@ def test_a_state_does_not_load_into_a_loader_that_makes_other_batches(other, dif
         tp.DataLoader(**{**kwargs, **other}).load_state_dict(state)
 
 
-@pytest.mark.parametrize("garble, message", [
-    (dict(yielded="3"), "'yielded' must be a count of batches"),
-    (dict(yielded=-1), "'yielded' must be a count of batches"),
-    (dict(epoch_rng=[1, 2]), "'epoch_rng' must be a generator state"),
-    (dict(loader="x"), "'loader' must be a dict"),
-    (dict(yielded=100), "is at batch 100, but this loader's epoch has 8 batches"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "garble, message",
+    [
+        (dict(yielded="3"), "'yielded' must be a count of batches"),
+        (dict(yielded=-1), "'yielded' must be a count of batches"),
+        (dict(epoch_rng=[1, 2]), "'epoch_rng' must be a generator state"),
+        (dict(loader="x"), "'loader' must be a dict"),
+        (dict(yielded=100), "is at batch 100, but this loader's epoch has 8 batches"),
+    ],
+)
 def test_a_garbled_state_is_a_checkpoint_error_that_names_the_key(garble, message):
     loader = tp.DataLoader(DATA, batch_size=3)
     with pytest.raises(tp.CheckpointError, match=message):
@@ -374,7 +417,9 @@ class Counted(IterableDataset):
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
-def test_a_state_past_the_end_of_an_unsized_epoch_is_a_checkpoint_error_not_a_stop_iteration(num_workers):
+def test_a_state_past_the_end_of_an_unsized_epoch_is_a_checkpoint_error_not_a_stop_iteration(
+    num_workers,
+):
     state = _state_of(tp.DataLoader(Counted(30), batch_size=3, num_workers=num_workers), batches=6)
     del state["loader"]  # a format-1 state carries no fingerprint, and the stream has no length
     short = tp.DataLoader(Counted(6), batch_size=3, num_workers=num_workers)
@@ -385,7 +430,9 @@ def test_a_state_past_the_end_of_an_unsized_epoch_is_a_checkpoint_error_not_a_st
 
 def test_a_pipeline_as_dataset_is_not_replicated_into_workers_and_a_worker_count_warns():
     pipeline = tp.range(10).map(lambda x: x * 2, 2)
-    with pytest.warns(UserWarning, match="num_workers=2 is not used: a tp.Dataset runs its own parallel stages"):
+    with pytest.warns(
+        UserWarning, match="num_workers=2 is not used: a tp.Dataset runs its own parallel stages"
+    ):
         loader = tp.DataLoader(pipeline, batch_size=4, num_workers=2)
     assert [b.tolist() for b in loader] == [[0, 2, 4, 6], [8, 10, 12, 14], [16, 18]]
     with warnings.catch_warnings():
@@ -394,7 +441,9 @@ def test_a_pipeline_as_dataset_is_not_replicated_into_workers_and_a_worker_count
 
 
 def test_persistent_workers_consume_the_generator_like_torch():
-    theirs, ours = both(batch_size=4, shuffle=True, num_workers=2, persistent_workers=True, generator=9)
+    theirs, ours = both(
+        batch_size=4, shuffle=True, num_workers=2, persistent_workers=True, generator=9
+    )
     for _ in range(3):
         assert_same_elements(list(ours), list(theirs))
 
@@ -451,7 +500,10 @@ def test_getitem_errors_name_the_batch_and_the_index(num_workers, batch_size):
     with pytest.raises(OSError, match="Truncated File Read") as caught:
         list(tp.DataLoader(Corrupt(), batch_size=batch_size, num_workers=num_workers))
     batch = 3 if batch_size == 4 else 13
-    assert f"raised in torchpipe stage DataLoader at batch {batch}, dataset index 13" in caught.value.__notes__
+    assert (
+        f"raised in torchpipe stage DataLoader at batch {batch}, dataset index 13"
+        in caught.value.__notes__
+    )
 
 
 # -- stats() ------------------------------------------------------------------------------------
@@ -476,14 +528,19 @@ def test_worker_loader_stats_report_batches_workers_and_waiting():
     (stage,) = stats
     assert stage["produced"] == 20 and stage["knobs"]["num_workers"] == 2
     assert (stage["executor"], stage["workers"]) == ("process", 2)
-    assert set(stage["pids"]) <= {p.pid for p in psutil.Process().children(recursive=True)} and len(stage["pids"]) == 2
+    assert (
+        set(stage["pids"]) <= {p.pid for p in psutil.Process().children(recursive=True)}
+        and len(stage["pids"]) == 2
+    )
     assert 0.008 <= stage["self_s"] < 0.2  # a batch of 4 items of 2 ms on a worker
     assert stats.bottleneck == "DataLoader workers (calls)" and "Limit: the pipeline" in str(stats)
     del it
 
 
 def test_pipeline_loader_stats_are_the_pipelines():
-    ds = tp.range(1000).map(lambda x: torch.tensor(x), num_parallel_calls=tp.AUTOTUNE, executor="thread")
+    ds = tp.range(1000).map(
+        lambda x: torch.tensor(x), num_parallel_calls=tp.AUTOTUNE, executor="thread"
+    )
     loader = tp.DataLoader(ds, batch_size=8)
     it = iter(loader)
     for _ in range(10):

@@ -16,9 +16,19 @@ LARGE = (3, 128, 128)  # 8 rows of float32: 1.5 MB, past RecycledStack's smalles
 
 def _items(n, offset=0.0):
     def item(i):
-        image, small, array = torch.full(LARGE, float(i) + offset), torch.arange(3) + i, np.full(2, i, dtype=np.int16)
-        return {"image": image, "label": i, "name": f"x{i}", "small": small, "array": array,
-                "pair": (torch.tensor(i), float(i))}  # fmt: skip
+        image, small, array = (
+            torch.full(LARGE, float(i) + offset),
+            torch.arange(3) + i,
+            np.full(2, i, dtype=np.int16),
+        )
+        return {
+            "image": image,
+            "label": i,
+            "name": f"x{i}",
+            "small": small,
+            "array": array,
+            "pair": (torch.tensor(i), float(i)),
+        }
 
     return [item(i) for i in range(n)]
 
@@ -37,7 +47,9 @@ def test_it_collates_as_torchs_default_collate_does():
     collate = recycling_collate(RecycledStack())
     assert _same(collate(_items(ROWS)), default_collate(_items(ROWS)))
     mixed = [torch.ones(LARGE, dtype=torch.int64), torch.ones(LARGE, dtype=torch.float32)]
-    assert collate(mixed).dtype == default_collate(mixed).dtype == torch.float32  # promoted, as torch's stack does
+    assert (
+        collate(mixed).dtype == default_collate(mixed).dtype == torch.float32
+    )  # promoted, as torch's stack does
     uneven = [torch.ones(2), torch.ones(3)]
     for fn in (collate, default_collate):
         with pytest.raises(RuntimeError, match="equal size"):
@@ -52,7 +64,9 @@ def test_a_freed_batchs_memory_is_reused_and_a_kept_one_is_never_written():
     del first
     gc.collect()
     second = collate(_items(ROWS, offset=100.0))["image"]
-    assert second.data_ptr() == pointer and memory.reused == 1  # the freed batch's buffer, pages already in
+    assert (
+        second.data_ptr() == pointer and memory.reused == 1
+    )  # the freed batch's buffer, pages already in
     third = collate(_items(ROWS, offset=200.0))["image"]
     assert third.data_ptr() != second.data_ptr()
     assert torch.equal(second, torch.stack([torch.full(LARGE, i + 100.0) for i in range(ROWS)]))

@@ -61,7 +61,11 @@ def test_a_process_holds_its_own_pages_and_a_reading_judges_them_against_the_bud
     roomy.read([os.getpid()], shared_bytes=2**20)
     assert not roomy.over
     report = memory.report()
-    assert report["default"] is False and report["shed"] == ["worker 2 of 2"] and report["peak"] >= report["held"] > 0
+    assert (
+        report["default"] is False
+        and report["shed"] == ["worker 2 of 2"]
+        and report["peak"] >= report["held"] > 0
+    )
 
 
 def test_the_watcher_reads_on_its_own_thread_until_stopped_or_what_it_watches_is_gone():
@@ -89,16 +93,27 @@ def test_the_watcher_reads_on_its_own_thread_until_stopped_or_what_it_watches_is
 
 def test_a_loader_still_growing_is_read_often_and_one_steady_far_below_its_budget_seldom():
     memory = LoaderMemory(budget=1000.0, given=True)
-    for held, wait in [(100, CHECK_EVERY_S), (300, CHECK_EVERY_S), (310, RELAXED_CHECK_EVERY_S), (600, CHECK_EVERY_S),
-                       (610, CHECK_EVERY_S)]:  # fmt: skip
+    for held, wait in [
+        (100, CHECK_EVERY_S),
+        (300, CHECK_EVERY_S),
+        (310, RELAXED_CHECK_EVERY_S),
+        (600, CHECK_EVERY_S),
+        (610, CHECK_EVERY_S),
+    ]:
         memory.read([], shared_bytes=held)
-        assert memory.next_reading_in() == wait  # growing; growing; steady; growing; past half the budget
+        assert (
+            memory.next_reading_in() == wait
+        )  # growing; growing; steady; growing; past half the budget
 
 
 def test_past_the_budget_as_many_workers_go_at_once_as_the_reading_says():
     assert workers_within(held=400, budget=390, workers=4) == 3  # a little past: one goes
-    assert workers_within(held=400, budget=150, workers=4) == 1  # 2.5 workers' shares past: three go
-    assert workers_within(held=400, budget=1, workers=4) == 1  # one is kept (its slots go next, then it)
+    assert (
+        workers_within(held=400, budget=150, workers=4) == 1
+    )  # 2.5 workers' shares past: three go
+    assert (
+        workers_within(held=400, budget=1, workers=4) == 1
+    )  # one is kept (its slots go next, then it)
 
 
 def test_rings_get_half_the_budget_shared_by_the_workers():
@@ -130,22 +145,36 @@ def test_a_budget_that_binds_releases_slot_pages_and_one_that_frees_keeps_them_a
     try:
         n = 1 << 19  # 4 MB results: a ring of 3 slots
         memory = LoaderMemory(budget=1 << 20, given=True)
-        assert all(torch.equal(v, torch.full((n,), float(s))) for s, (v, _) in run_all(pool, [n] * 6).items())
+        assert all(
+            torch.equal(v, torch.full((n,), float(s)))
+            for s, (v, _) in run_all(pool, [n] * 6).items()
+        )
         memory.read(pool.process_ids, pool.ring_bytes)
         assert memory.over and release_slot_pages(memory, pool) and not pool.slot_pages
         assert not release_slot_pages(memory, pool)  # taken once
-        assert memory.report()["slot_pages"] == "released" and "1 workers kept" in memory.report()["slot_pages_why"]
+        assert (
+            memory.report()["slot_pages"] == "released"
+            and "1 workers kept" in memory.report()["slot_pages_why"]
+        )
         values = run_all(pool, [n] * 3)
         assert all(torch.equal(v, torch.full((n,), float(s))) for s, (v, _) in values.items())
         (ring,) = worker_rings(pool)[0][-1:]
         assert resident_bytes(ring) >= 2 * ring.slot_bytes  # held: the results' pages
         del values
-        assert wait_until(lambda: resident_bytes(ring) <= 4 * PAGE)  # released: given back within ~20 ms
+        assert wait_until(
+            lambda: resident_bytes(ring) <= 4 * PAGE
+        )  # released: given back within ~20 ms
         memory.budget = 1 << 40
         memory.read(pool.process_ids, pool.ring_bytes)
-        assert not hold_peak(memory, pool, 1, 4 * n, 0.0) and pool.slot_pages and memory.slot_pages == "kept"
+        assert (
+            not hold_peak(memory, pool, 1, 4 * n, 0.0)
+            and pool.slot_pages
+            and memory.slot_pages == "kept"
+        )
         values = run_all(pool, [n] * 3)
-        assert all(torch.equal(v, torch.full((n,), float(s))) for s, (v, _) in values.items())  # read here
+        assert all(
+            torch.equal(v, torch.full((n,), float(s))) for s, (v, _) in values.items()
+        )  # read here
         del values
         time.sleep(0.2)  # released: the pages stay
         (ring,) = worker_rings(pool)[0][-1:]
@@ -158,7 +187,13 @@ class SlotPool:
     """A pool's slot pages and counts, without processes: what :func:`hold_peak` reads and sets."""
 
     def __init__(self, size, per_worker=2):
-        self.size, self.per_worker, self.threads, self.ring_bytes, self.slot_pages = size, per_worker, 1, 0, True
+        self.size, self.per_worker, self.threads, self.ring_bytes, self.slot_pages = (
+            size,
+            per_worker,
+            1,
+            0,
+            True,
+        )
         self.zygote_pid = None
         self.switched = []
 
@@ -197,13 +232,24 @@ def test_the_slots_switch_by_the_prediction_both_ways_as_a_budget_binds_then_fre
     pool, memory = SlotPool(size=2), LoaderMemory(budget=10 * 2**20, given=True)
     memory.alone = {1234: batch}  # a worker read at a batch of its own
     kept = predicted_peak(memory, pool, 2, batch, 0.0, kept=True)
-    assert kept < memory.budget and not hold_peak(memory, pool, 2, batch, 0.0) and pool.switched == []
-    memory.alone = {1234: 2 * 2**20}  # a worker read at 2 MB of its own: resident slots no longer fit
+    assert (
+        kept < memory.budget and not hold_peak(memory, pool, 2, batch, 0.0) and pool.switched == []
+    )
+    memory.alone = {
+        1234: 2 * 2**20
+    }  # a worker read at 2 MB of its own: resident slots no longer fit
     assert not hold_peak(memory, pool, 2, batch, 0.0) and pool.switched == [False]
-    assert not hold_peak(memory, pool, 2, batch, 0.0) and pool.switched == [False]  # between: kept as is
-    memory.budget = predicted_peak(memory, pool, 2, batch, 0.0, kept=True) / loader_memory.ROOM_SHARE + 1
+    assert not hold_peak(memory, pool, 2, batch, 0.0) and pool.switched == [
+        False
+    ]  # between: kept as is
+    memory.budget = (
+        predicted_peak(memory, pool, 2, batch, 0.0, kept=True) / loader_memory.ROOM_SHARE + 1
+    )
     assert not hold_peak(memory, pool, 2, batch, 0.0) and pool.switched == [False, True]
-    assert memory.report()["slot_pages"] == "kept" and "within 80%" in memory.report()["slot_pages_why"]
+    assert (
+        memory.report()["slot_pages"] == "kept"
+        and "within 80%" in memory.report()["slot_pages_why"]
+    )
 
 
 def wait_until(condition, timeout=20.0):
@@ -218,12 +264,20 @@ def test_over_its_budget_a_loader_gives_up_workers_then_slots_and_loses_no_batch
     monkeypatch.setattr(loader_memory, "CHECK_EVERY_S", 0.01)
 
     def make(**kwargs):
-        return tp.DataLoader(Busy(), batch_size=4, generator=torch.Generator().manual_seed(3), **kwargs)
+        return tp.DataLoader(
+            Busy(), batch_size=4, generator=torch.Generator().manual_seed(3), **kwargs
+        )
 
-    ref = make(num_workers="auto", persistent_workers=True)  # per-batch seeds: the same draws anywhere
+    ref = make(
+        num_workers="auto", persistent_workers=True
+    )  # per-batch seeds: the same draws anywhere
     want = [[b.tolist() for b in ref] for _ in range(3)]
-    before = {p.pid for p in psutil.Process().children(recursive=True)}  # ref's persistent workers among them
-    lean = make(num_workers="auto", autotune=tp.AutotuneOptions(ram_budget=1), persistent_workers=True)
+    before = {
+        p.pid for p in psutil.Process().children(recursive=True)
+    }  # ref's persistent workers among them
+    lean = make(
+        num_workers="auto", autotune=tp.AutotuneOptions(ram_budget=1), persistent_workers=True
+    )
     for epoch in range(3):  # each batch once, in order, with its draws, while workers go
         it = iter(lean)
         if epoch == 0:
@@ -262,15 +316,28 @@ def test_batches_made_on_threads_and_not_handed_out_count_against_the_budget(mon
     monkeypatch.setattr(loader_memory, "SETTLE_S", 0.0)
     monkeypatch.setattr(loader_memory, "CHECK_EVERY_S", 0.01)
     before = {p.pid for p in psutil.Process().children(recursive=True)}
-    loader = tp.DataLoader(Waits(), batch_size=4, num_workers="auto", persistent_workers=True,
-                           autotune=tp.AutotuneOptions(ram_budget=1 << 20))  # fmt: skip
-    with forced_call_costs(0.012, gil_free=1.0, moves=False):  # 4 MB batches, GIL-free: a thread a core
+    loader = tp.DataLoader(
+        Waits(),
+        batch_size=4,
+        num_workers="auto",
+        persistent_workers=True,
+        autotune=tp.AutotuneOptions(ram_budget=1 << 20),
+    )
+    with forced_call_costs(
+        0.012, gil_free=1.0, moves=False
+    ):  # 4 MB batches, GIL-free: a thread a core
         it = iter(loader)
-    assert loader.stats()[0]["executor"] == "thread"  # where the forced costs put it, no window moving it
+    assert (
+        loader.stats()[0]["executor"] == "thread"
+    )  # where the forced costs put it, no window moving it
     want = [[float(i) for i in range(j, j + 4)] for j in range(0, 48, 4)]
     epoch, deadline = 0, time.monotonic() + 30  # epochs until the threads are all given up, however
-    while epoch == 0 or (loader.stats()[0]["executor"] != "inline" and time.monotonic() < deadline):  # loaded
-        assert [b[:, 0, 0].tolist() for b in (it if epoch == 0 else loader)] == want  # each batch once, in order
+    while epoch == 0 or (
+        loader.stats()[0]["executor"] != "inline" and time.monotonic() < deadline
+    ):  # loaded
+        assert [
+            b[:, 0, 0].tolist() for b in (it if epoch == 0 else loader)
+        ] == want  # each batch once, in order
         epoch += 1
     memory = loader.stats()[0]["memory"]
     forked = {p.pid for p in psutil.Process().children(recursive=True)} - before
@@ -286,16 +353,27 @@ def test_a_worker_count_the_user_chose_is_kept_past_the_budget_with_one_warning(
     it, a warning says once what the loader holds."""
     monkeypatch.setattr(loader_memory, "SETTLE_S", 0.0)
     monkeypatch.setattr(loader_memory, "CHECK_EVERY_S", 0.01)
-    loader = tp.DataLoader(Busy(), batch_size=4, num_workers=2, autotune=tp.AutotuneOptions(ram_budget=1))
+    loader = tp.DataLoader(
+        Busy(), batch_size=4, num_workers=2, autotune=tp.AutotuneOptions(ram_budget=1)
+    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         got = [b for _ in range(2) for b in loader]
     assert len(got) == 2 * 60  # nothing lost
-    said = [str(w.message) for w in caught if "worker processes and their rings hold" in str(w.message)]
-    assert len(said) == 1 and "num_workers is yours and is kept" in said[0] and "its ram_budget" in said[0]
+    said = [
+        str(w.message) for w in caught if "worker processes and their rings hold" in str(w.message)
+    ]
+    assert (
+        len(said) == 1
+        and "num_workers is yours and is kept" in said[0]
+        and "its ram_budget" in said[0]
+    )
     memory = loader.stats()[0]["memory"]
     assert loader.stats()[0]["workers"] == 2 and memory["slot_pages"] == "released"
-    assert memory["shed"][0].startswith("slot pages: released") and "2 workers kept" in memory["slot_pages_why"]
+    assert (
+        memory["shed"][0].startswith("slot pages: released")
+        and "2 workers kept" in memory["slot_pages_why"]
+    )
 
 
 def test_without_a_ram_budget_the_loader_keeps_to_a_share_of_the_memory_available():
@@ -325,4 +403,6 @@ def test_moved_to_worker_processes_the_main_process_lets_go_of_the_buffers_it_ke
     assert it._recycled.free_bytes >= 4 << 20
     move_calls(it, "process", 2)
     assert it._recycled.free_bytes == 0
-    assert [b[:, 0, 0].tolist() for b in it] == [[float(i) for i in range(j, j + 4)] for j in range(12, 48, 4)]
+    assert [b[:, 0, 0].tolist() for b in it] == [
+        [float(i) for i in range(j, j + 4)] for j in range(12, 48, 4)
+    ]

@@ -15,7 +15,9 @@ from torchpipe.runtime.cpu import usable_cpu_count
 from torchpipe.testing import assert_same_elements, forced_call_costs, start_as_measured
 
 REPLICAS = 2 * usable_cpu_count()
-pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create")  # torch's, for its many workers
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:This DataLoader will create"
+)  # torch's, for its many workers
 
 
 class Shares(IterableDataset):
@@ -41,28 +43,38 @@ class Shares(IterableDataset):
 def loaders(dataset, processes=None, replicas=REPLICAS, **kwargs):
     """torch's DataLoader with one worker a replica, and torchpipe's with ``"auto"`` (``replicas``
     of them, on ``processes`` processes where given, as a loader that measured before would place them)."""
-    theirs = torch.utils.data.DataLoader(dataset, num_workers=replicas, generator=torch.Generator().manual_seed(5),
-                                         **kwargs)  # fmt: skip
-    ours = tp.DataLoader(dataset, num_workers="auto", generator=torch.Generator().manual_seed(5), **kwargs)
+    theirs = torch.utils.data.DataLoader(
+        dataset, num_workers=replicas, generator=torch.Generator().manual_seed(5), **kwargs
+    )
+    ours = tp.DataLoader(
+        dataset, num_workers="auto", generator=torch.Generator().manual_seed(5), **kwargs
+    )
     start_as_measured(ours, processes, replicas)
     return theirs, ours
 
 
-@pytest.mark.parametrize("processes", [1, None])  # every replica in one process; measured (spread: they wait)
+@pytest.mark.parametrize(
+    "processes", [1, None]
+)  # every replica in one process; measured (spread: they wait)
 def test_batches_are_torchs_with_a_worker_a_replica_wherever_replicas_run(processes):
     theirs, ours = loaders(Shares(wait_s=0.002), processes, batch_size=4)
     with forced_call_costs(
         call_s=0.01, gil_free=1.0, cpu_s=0.0005, moves=False
     ):  # batches that wait, whatever the load
         got = list(iter(ours))
-    assert_same_elements(got, list(theirs))  # same order, same draws: each replica keeps its RNG states
+    assert_same_elements(
+        got, list(theirs)
+    )  # same order, same draws: each replica keeps its RNG states
     assert sorted(int(i) for b in got for i in b["i"]) == list(range(60))
     assert {int(n) for b in got for n in b["of"]} == {REPLICAS}
     # Where it ran is decided, not measured: start_as_measured's processes, else the forced costs (calls
     # that wait: a process a replica), which no window moves; threads are out for replicas that draw
     # from seeded global RNGs.
     made_by = ours.stats()[0]
-    assert (made_by["executor"], made_by["workers"]) == ("process", processes or REPLICAS)  # waits: a process a replica
+    assert (made_by["executor"], made_by["workers"]) == (
+        "process",
+        processes or REPLICAS,
+    )  # waits: a process a replica
 
 
 def _of(batches):
@@ -70,15 +82,26 @@ def _of(batches):
 
 
 def test_replicas_that_wait_start_the_first_epoch_over_with_more_and_keep_them():
-    ours = tp.DataLoader(Shares(200, wait_s=0.002), num_workers="auto", batch_size=4, persistent_workers=True,
-                         generator=torch.Generator().manual_seed(5))  # fmt: skip
+    ours = tp.DataLoader(
+        Shares(200, wait_s=0.002),
+        num_workers="auto",
+        batch_size=4,
+        persistent_workers=True,
+        generator=torch.Generator().manual_seed(5),
+    )
     first = list(ours)
     (count,) = _of(first)  # every delivered batch from the final count
     assert REPLICAS < count <= 64
-    assert sorted(int(i) for b in first for i in b["i"]) == list(range(200))  # nothing lost or repeated
+    assert sorted(int(i) for b in first for i in b["i"]) == list(
+        range(200)
+    )  # nothing lost or repeated
     assert ours.stats()[0]["workers"] == count  # a process a replica
-    theirs = torch.utils.data.DataLoader(Shares(200, wait_s=0.002), num_workers=count, batch_size=4,
-                                         generator=torch.Generator().manual_seed(5))  # fmt: skip
+    theirs = torch.utils.data.DataLoader(
+        Shares(200, wait_s=0.002),
+        num_workers=count,
+        batch_size=4,
+        generator=torch.Generator().manual_seed(5),
+    )
     assert_same_elements(first, list(theirs))  # torch's batches with that many workers
     assert _of(ours) == {count}  # the next epoch starts with it
     assert f"running {count} replicas, one a process where they wait" in tp.explain(ours)
@@ -86,8 +109,12 @@ def test_replicas_that_wait_start_the_first_epoch_over_with_more_and_keep_them()
 
 def test_a_state_taken_after_the_start_over_resumes_with_its_replicas():
     def make():
-        return tp.DataLoader(Shares(120, wait_s=0.002), num_workers="auto", batch_size=4,
-                             generator=torch.Generator().manual_seed(5))  # fmt: skip
+        return tp.DataLoader(
+            Shares(120, wait_s=0.002),
+            num_workers="auto",
+            batch_size=4,
+            generator=torch.Generator().manual_seed(5),
+        )
 
     loader, delivered = make(), []
     for batch in loader:
@@ -98,16 +125,21 @@ def test_a_state_taken_after_the_start_over_resumes_with_its_replicas():
     resumed = make()
     resumed.load_state_dict(state)
     rest = list(resumed)
-    assert _of(rest) == _of(delivered) == {state["loader"]["replicas"]}  # the count the state's epoch ran
+    assert (
+        _of(rest) == _of(delivered) == {state["loader"]["replicas"]}
+    )  # the count the state's epoch ran
     assert sorted(int(i) for b in delivered + rest for i in b["i"]) == list(range(120))
 
 
 def test_busy_replicas_keep_the_count_and_share_a_process_a_core():
     ours = tp.DataLoader(Shares(200), num_workers="auto", batch_size=4)
-    assert f"running {REPLICAS} replicas ({min(64, 8 * usable_cpu_count())} where the first batches wait on I/O)" in (
-        tp.explain(ours)
+    assert (
+        f"running {REPLICAS} replicas ({min(64, 8 * usable_cpu_count())} where the first batches wait on I/O)"
+        in (tp.explain(ours))
     )
-    with forced_call_costs(call_s=0.01, gil_free=0.0):  # busy batches, whatever else runs on this machine
+    with forced_call_costs(
+        call_s=0.01, gil_free=0.0
+    ):  # busy batches, whatever else runs on this machine
         assert _of(ours) == {REPLICAS}
     assert ours.stats()[0]["workers"] == usable_cpu_count()
 
@@ -142,7 +174,9 @@ def test_persistent_workers_give_torchs_epochs():
 def test_the_plan_waits_for_a_measurement_then_spreads_waiting_replicas_and_shares_busy_ones():
     plan = ReplicaPlan(replicas=4, processes=2)
     assert [plan.host(r) for r in range(4)] == [0, 1, None, None]
-    assert plan.decide(calls=2, wall_s=0.020, cpu_s=0.019, cores=2) is None  # busy: a process a core
+    assert (
+        plan.decide(calls=2, wall_s=0.020, cpu_s=0.019, cores=2) is None
+    )  # busy: a process a core
     assert [plan.host(r) for r in range(4)] == [0, 1, 0, 1]
     waiting = ReplicaPlan(replicas=4, processes=2, fixed=True)  # a count an earlier epoch chose
     assert waiting.decide(calls=2, wall_s=0.020, cpu_s=0.002, cores=2) is None  # mostly waiting
@@ -152,10 +186,18 @@ def test_the_plan_waits_for_a_measurement_then_spreads_waiting_replicas_and_shar
 
 def test_the_first_plan_asks_for_more_replicas_where_batches_wait_within_the_room():
     assert ReplicaPlan(4, 2).decide(calls=2, wall_s=0.020, cpu_s=0.002, cores=2) == 16  # 8 a core
-    assert ReplicaPlan(4, 2).decide(calls=2, wall_s=0.200, cpu_s=0.002, cores=2) == 16  # whatever the waits
-    assert ReplicaPlan(32, 16).decide(calls=16, wall_s=0.16, cpu_s=0.016, cores=16) == 64  # at most 64
-    assert ReplicaPlan(4, 2).decide(calls=2, wall_s=0.020, cpu_s=0.002, cores=2, room=9) == 9  # the RAM budget's
-    assert ReplicaPlan(4, 2).decide(calls=2, wall_s=0.020, cpu_s=0.002, cores=2, room=3) is None  # fewer: keep
+    assert (
+        ReplicaPlan(4, 2).decide(calls=2, wall_s=0.200, cpu_s=0.002, cores=2) == 16
+    )  # whatever the waits
+    assert (
+        ReplicaPlan(32, 16).decide(calls=16, wall_s=0.16, cpu_s=0.016, cores=16) == 64
+    )  # at most 64
+    assert (
+        ReplicaPlan(4, 2).decide(calls=2, wall_s=0.020, cpu_s=0.002, cores=2, room=9) == 9
+    )  # the RAM budget's
+    assert (
+        ReplicaPlan(4, 2).decide(calls=2, wall_s=0.020, cpu_s=0.002, cores=2, room=3) is None
+    )  # fewer: keep
 
 
 class Tagged(IterableDataset):
@@ -190,19 +232,27 @@ def _kill_at(loader, at):
 @pytest.mark.parametrize("workers", [2, "auto"])
 def test_a_killed_workers_replica_is_replayed_past_what_it_delivered(workers):
     def make():
-        return tp.DataLoader(Tagged(), batch_size=8, num_workers=workers, generator=torch.Generator().manual_seed(1))
+        return tp.DataLoader(
+            Tagged(), batch_size=8, num_workers=workers, generator=torch.Generator().manual_seed(1)
+        )
 
     # "auto" decides the replica count (so what each batch holds) from the first batches' costs:
     # forced, both loaders decide alike whatever the machine's load (a loaded one read 16 and 4)
     with forced_call_costs(call_s=0.01, gil_free=0.0):
         want = [x for x, _ in make()]
         got = _kill_at(make(), at=40)
-    assert len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got, want))  # nothing lost or repeated
+    assert len(got) == len(want) and all(
+        torch.equal(a, b) for a, b in zip(got, want)
+    )  # nothing lost or repeated
 
 
 def test_a_replica_that_cannot_be_replayed_fails_clearly(tmp_path):
-    loader = tp.DataLoader(Tagged(shorter_after_restart=str(tmp_path / "ran")), batch_size=8, num_workers=1)
-    with pytest.raises(RuntimeError, match="its replacement replayed the replica.*cannot go on without losing data"):
+    loader = tp.DataLoader(
+        Tagged(shorter_after_restart=str(tmp_path / "ran")), batch_size=8, num_workers=1
+    )
+    with pytest.raises(
+        RuntimeError, match="its replacement replayed the replica.*cannot go on without losing data"
+    ):
         _kill_at(loader, at=40)
 
 
@@ -216,7 +266,10 @@ class FailsSecond(IterableDataset):
 def test_a_replicas_error_names_the_batch_and_the_replica(workers):
     with pytest.raises(OSError, match="bad record") as caught:
         list(tp.DataLoader(FailsSecond(), batch_size=2, num_workers=workers))
-    assert "raised in torchpipe stage DataLoader at batch 0, IterableDataset replica 0" in caught.value.__notes__
+    assert (
+        "raised in torchpipe stage DataLoader at batch 0, IterableDataset replica 0"
+        in caught.value.__notes__
+    )
 
 
 class FewFiles(IterableDataset):
@@ -238,4 +291,6 @@ def test_a_start_over_whose_replicas_fail_goes_back_to_the_replicas_that_worked(
     expected = sorted(f * 100 + i for f in range(6) for i in range(20))
     assert sorted(int(x) for b in ours for x in b) == expected  # nothing lost, repeated, or raised
     assert ours.stats()[0]["workers"] <= 6
-    assert sorted(int(x) for b in ours for x in b) == expected  # and the next epoch keeps that count
+    assert (
+        sorted(int(x) for b in ours for x in b) == expected
+    )  # and the next epoch keeps that count

@@ -59,7 +59,14 @@ def test_moving_between_this_process_threads_and_processes_mid_epoch_loses_repea
     assert isinstance(it, WorkerIterator) and "resized by the autotuner" in tp.explain(loader)
     seen = [next(it) for _ in range(5)]
     kinds = set()
-    for kind, size in ((PROCESS, 2), (INLINE, 0), (THREAD, 3), (PROCESS, 3), (PROCESS, 1), (INLINE, 0)):
+    for kind, size in (
+        (PROCESS, 2),
+        (INLINE, 0),
+        (THREAD, 3),
+        (PROCESS, 3),
+        (PROCESS, 1),
+        (INLINE, 0),
+    ):
         move_calls(it, kind, size)  # what the policy's and the tuner's decisions do
         seen.extend(next(it) for _ in range(8))
         kinds.add(loader.stats()[0]["knobs"]["executor"])
@@ -71,16 +78,22 @@ def test_moving_between_this_process_threads_and_processes_mid_epoch_loses_repea
     assert items[:, 0].tolist() == list(range(400))
     most = max(usable_cpu_count(), 2 * usable_cpu_count())
     from_workers = items[items[:, 1] >= 0]
-    assert len(from_workers) and set(from_workers[:, 2].tolist()) == {most}  # get_worker_info(): the most there may be
+    assert len(from_workers) and set(from_workers[:, 2].tolist()) == {
+        most
+    }  # get_worker_info(): the most there may be
     assert from_workers[:, 1].max() < most and kinds == {INLINE, THREAD, PROCESS}
 
 
 def test_cheap_batches_are_made_in_this_process_and_the_tuners_zero_means_that():
     loader = tp.DataLoader(Sleepy(100_000), batch_size=4, num_workers="auto")
-    with forced_call_costs(5e-6, gil_free=0.0, move_s=1e-4):  # what cheap batches measure on an idle machine
+    with forced_call_costs(
+        5e-6, gil_free=0.0, move_s=1e-4
+    ):  # what cheap batches measure on an idle machine
         it = iter(loader)
     first, deadline = [], time.monotonic() + 10
-    while _executor(loader) != INLINE and time.monotonic() < deadline:  # it may try the others first
+    while (
+        _executor(loader) != INLINE and time.monotonic() < deadline
+    ):  # it may try the others first
         first.append(next(it))
     first += [next(it) for _ in range(100)]
     assert _executor(loader) == INLINE and _workers(loader, it) == 0 and _pids(loader) == []
@@ -133,14 +146,18 @@ def test_epochs_that_make_cheap_batches_here_fork_no_process():
     after it while processes are predicted no better (~10 ms and its memory an epoch)."""
     loader = tp.DataLoader(Sleepy(2000), batch_size=4, num_workers="auto")
     before = {p.pid for p in psutil.Process().children()}  # other tests' processes may linger
-    with forced_call_costs(5e-6, gil_free=0.0, move_s=1e-4):  # what cheap batches measure on an idle machine
+    with forced_call_costs(
+        5e-6, gil_free=0.0, move_s=1e-4
+    ):  # what cheap batches measure on an idle machine
         it = iter(loader)
         first = [next(it)]
     assert _executor(loader) == INLINE and {p.pid for p in psutil.Process().children()} == before
     first += list(it)
     it = iter(loader)
     rest = [next(it)]
-    forked = {p.pid for p in psutil.Process().children()} - before  # mid-epoch: a zygote would be alive
+    forked = {
+        p.pid for p in psutil.Process().children()
+    } - before  # mid-epoch: a zygote would be alive
     rest += list(it)
     assert _executor(loader) in (INLINE, THREAD) and forked == set()
     for batches in (first, rest):
@@ -155,8 +172,12 @@ class Augmented(torch.utils.data.Dataset):
         return 64
 
     def __getitem__(self, i):
-        on_thread = os.getpid() == MAIN_PID and threading.current_thread() is not threading.main_thread()
-        return torch.tensor([i, random.random(), float(np.random.rand()), float(torch.rand(())), on_thread])
+        on_thread = (
+            os.getpid() == MAIN_PID and threading.current_thread() is not threading.main_thread()
+        )
+        return torch.tensor(
+            [i, random.random(), float(np.random.rand()), float(torch.rand(())), on_thread]
+        )
 
 
 MAIN_PID = os.getpid()
@@ -197,7 +218,9 @@ def test_with_seeds_set_a_dataset_that_draws_never_runs_on_threads_and_repeats_e
         with torch.random.fork_rng():
             torch.manual_seed(0 if seeded_by == "torch.manual_seed" else STARTUP_SEED)
             generator = torch.Generator().manual_seed(0) if seeded_by == "generator" else None
-            loader = tp.DataLoader(Augmented(), batch_size=4, num_workers="auto", shuffle=True, generator=generator)
+            loader = tp.DataLoader(
+                Augmented(), batch_size=4, num_workers="auto", shuffle=True, generator=generator
+            )
             return torch.cat(list(loader)), loader.stats()[0]
 
     first, entry = epoch()
@@ -239,10 +262,21 @@ def test_fixed_workers_and_iterable_datasets_are_not_tuned():
 def _window(stage, batches, seconds, work_s, consumer_s):
     """Two looks ``seconds`` apart: ``batches`` delivered, the workers busy ``work_s`` in all."""
     before = Look(0.0, {id(stage): Counters()}, 0.0, 0.0)
-    after = Look(seconds, {id(stage): Counters(produced=batches, wall_s=seconds - consumer_s,
-                                               wait_s=seconds - consumer_s - 0.01, calls=batches,
-                                               work_s=work_s, cpu_s=0.1 * work_s)},
-                 consumer_s, 0.0)  # fmt: skip
+    after = Look(
+        seconds,
+        {
+            id(stage): Counters(
+                produced=batches,
+                wall_s=seconds - consumer_s,
+                wait_s=seconds - consumer_s - 0.01,
+                calls=batches,
+                work_s=work_s,
+                cpu_s=0.1 * work_s,
+            )
+        },
+        consumer_s,
+        0.0,
+    )
     return before, after
 
 
@@ -257,11 +291,15 @@ def test_the_tuner_adds_workers_only_when_the_loop_waits_for_them(work_s, consum
     move_calls(it, THREAD, 2)
     (stage,), (knob,) = stages(it), knobs(it)
     tuner = Autotuner(stage, ConsumerClock(), Budget(cpu=2.0, ram=1e9))
-    decision = tuner.step(*_window(stage, batches=50, seconds=1.0, work_s=work_s, consumer_s=consumer_s))
+    decision = tuner.step(
+        *_window(stage, batches=50, seconds=1.0, work_s=work_s, consumer_s=consumer_s)
+    )
     knob.take_request()  # what the iterator does before its next batch
     assert decision.bottleneck == ("DataLoader workers (calls)" if grows else "consumer")
     if grows:
-        assert 2 < knob.value <= 4 and _workers(loader, it) == knob.value  # at most doubled in a round
+        assert (
+            2 < knob.value <= 4 and _workers(loader, it) == knob.value
+        )  # at most doubled in a round
     else:
         assert knob.value <= 2
 
@@ -313,6 +351,8 @@ def test_auto_batches_made_inline_read_the_cpu_clock_one_in_a_few(monkeypatch):
     n = 640
     batches = [next(it) for _ in range(n)]
     assert _executor(loader) == INLINE and len(batches) == n
-    assert reads[0] <= 2 * 3 * n / timing_module.SAMPLE_EVERY  # ~80 expected; 1280 when every batch was clocked
+    assert (
+        reads[0] <= 2 * 3 * n / timing_module.SAMPLE_EVERY
+    )  # ~80 expected; 1280 when every batch was clocked
     counted = it._pool.timing.calls - calls_before
     assert n - 20 * timing_module.SAMPLE_EVERY <= counted <= n + 1

@@ -27,9 +27,16 @@ def test_a_new_log_has_the_training_loops_track_and_no_events():
     log = TraceLog()
     snap = log.snapshot()
     assert before <= snap.start <= snap.end
-    assert snap.tracks == {0: TrackInfo(0, "training loop", CONSUMER, (), os.getpid(), "waiting for data")}
+    assert snap.tracks == {
+        0: TrackInfo(0, "training loop", CONSUMER, (), os.getpid(), "waiting for data")
+    }
     assert log.consumer.id == 0
-    assert snap.events == [] and not snap.truncated and not snap.every_element and snap.pid == os.getpid()
+    assert (
+        snap.events == []
+        and not snap.truncated
+        and not snap.every_element
+        and snap.pid == os.getpid()
+    )
     assert TraceLog(every_element=True).snapshot().every_element
 
 
@@ -58,8 +65,16 @@ def test_spans_counters_and_instants_are_recorded_as_documented_in_order():
     span, buffer, knob, instant = log.snapshot().events
     assert span == (SPAN, track.id, 1.0, 2.5, None, None)
     assert buffer[0] == COUNTER and buffer[1] == "batch(4) buffer" and buffer[3:] == (3, None, None)
-    assert knob[0] == COUNTER and knob[1] == "map(f).num_parallel_calls" and knob[3:] == (8, None, None)
-    assert instant[:2] == (INSTANT, track.id) and instant[2] == instant[3] and instant[4:] == ("retune", {"knob": 4})
+    assert (
+        knob[0] == COUNTER
+        and knob[1] == "map(f).num_parallel_calls"
+        and knob[3:] == (8, None, None)
+    )
+    assert (
+        instant[:2] == (INSTANT, track.id)
+        and instant[2] == instant[3]
+        and instant[4:] == ("retune", {"knob": 4})
+    )
     assert all(before <= e[2] <= after for e in (buffer, knob, instant))
 
 
@@ -110,7 +125,9 @@ def test_a_call_on_this_thread_ends_now_on_a_track_named_after_the_thread():
     ((kind, track_id, t0, t1, _, _),) = snap.events
     before, after = results[0]
     assert kind == SPAN and before - 0.5 <= t0 <= after - 0.5 and abs((t1 - t0) - 0.5) < 1e-9
-    assert snap.tracks[track_id] == TrackInfo(track_id, "map(f) on thread 3", CALLS, (2,), os.getpid(), "map(f)")
+    assert snap.tracks[track_id] == TrackInfo(
+        track_id, "map(f) on thread 3", CALLS, (2,), os.getpid(), "map(f)"
+    )
 
 
 def test_a_workers_calls_go_on_one_track_a_worker_at_the_times_it_gives():
@@ -123,7 +140,9 @@ def test_a_workers_calls_go_on_one_track_a_worker_at_the_times_it_gives():
     assert [e[2:4] for e in snap.events] == [(10.0, 10.25), (11.0, 11.5), (12.0, 12.125)]
     first, second, third = (e[1] for e in snap.events)
     assert first == third != second
-    assert snap.tracks[first] == TrackInfo(first, "map(f) on worker 1 (pid 77)", CALLS, (1,), 77, "map(f)")
+    assert snap.tracks[first] == TrackInfo(
+        first, "map(f) on worker 1 (pid 77)", CALLS, (1,), 77, "map(f)"
+    )
     assert snap.tracks[second].pid == 78
 
 
@@ -133,4 +152,7 @@ def test_two_stages_calls_on_same_named_workers_get_tracks_of_their_own():
     log.calls("map(g)", (2,)).call(0.1, 1.0, "worker 1", 5)
     snap = log.snapshot()
     assert snap.events[0][1] != snap.events[1][1]
-    assert {snap.tracks[e[1]].name for e in snap.events} == {"map(f) on worker 1", "map(g) on worker 1"}
+    assert {snap.tracks[e[1]].name for e in snap.events} == {
+        "map(f) on worker 1",
+        "map(g) on worker 1",
+    }

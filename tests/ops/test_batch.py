@@ -8,7 +8,11 @@ import pytest
 import torch
 
 import torchpipe as tp
-from torchpipe.testing import assert_checkpoint_roundtrip, assert_elements_equal, assert_same_elements
+from torchpipe.testing import (
+    assert_checkpoint_roundtrip,
+    assert_elements_equal,
+    assert_same_elements,
+)
 
 Point = collections.namedtuple("Point", "x y")
 
@@ -23,31 +27,49 @@ def as_lists(ds):
 
 def sequences(lengths):
     """Element i is a 1-d int64 tensor of ``lengths[i]`` copies of i + 1."""
-    return tp.from_tensor_slices(list(lengths)).enumerate().map(lambda i, n: torch.full((n,), i + 1))
+    return (
+        tp.from_tensor_slices(list(lengths)).enumerate().map(lambda i, n: torch.full((n,), i + 1))
+    )
 
 
 # -- batch ------------------------------------------------------------------------------------
 def test_batch_keeps_a_short_last_batch():
     # verified against tf.data 2.21
-    expected = [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9], [10, 11, 12, 13, 14], [15, 16, 17, 18, 19], [20, 21, 22]]
+    expected = [
+        [0, 1, 2, 3, 4],
+        [5, 6, 7, 8, 9],
+        [10, 11, 12, 13, 14],
+        [15, 16, 17, 18, 19],
+        [20, 21, 22],
+    ]
     assert_same_elements(tp.range(23).batch(5), tensors(expected))
 
 
 def test_batch_drop_remainder():
     # verified against tf.data 2.21
-    assert as_lists(tp.range(23).batch(5, drop_remainder=True)) == [list(range(i, i + 5)) for i in range(0, 20, 5)]
+    assert as_lists(tp.range(23).batch(5, drop_remainder=True)) == [
+        list(range(i, i + 5)) for i in range(0, 20, 5)
+    ]
     assert list(tp.range(4).batch(5, drop_remainder=True)) == []
     assert list(tp.range(0).batch(5)) == []
 
 
 def test_batch_keeps_tuples_dicts_namedtuples_and_lists():
     def make(i):
-        return (Point(i, float(i)), {"s": str(i), "b": bytes([i]), "a": np.full(2, i, np.int32)}, [torch.ones(2) * i])
+        return (
+            Point(i, float(i)),
+            {"s": str(i), "b": bytes([i]), "a": np.full(2, i, np.int32)},
+            [torch.ones(2) * i],
+        )
 
     first = next(iter(tp.range(3).map(make).batch(2)))
     expected = (
         Point(torch.tensor([0, 1]), torch.tensor([0.0, 1.0], dtype=torch.float64)),
-        {"s": ["0", "1"], "b": [b"\x00", b"\x01"], "a": torch.tensor([[0, 0], [1, 1]], dtype=torch.int32)},
+        {
+            "s": ["0", "1"],
+            "b": [b"\x00", b"\x01"],
+            "a": torch.tensor([[0, 0], [1, 1]], dtype=torch.int32),
+        },
         [torch.tensor([[0.0, 0.0], [1.0, 1.0]])],
     )
     assert_elements_equal(first, expected)
@@ -118,18 +140,31 @@ def test_padded_batch_with_a_fixed_shape_and_padding_value():
         [[5, 5, 5, 5, 5, -1]],
     ]
     assert as_lists(ramps().padded_batch(2, padded_shapes=[6], padding_values=-1)) == expected
-    assert as_lists(ramps().padded_batch(2, padded_shapes=torch.Size([6]), padding_values=torch.tensor(-1))) == expected
+    assert (
+        as_lists(
+            ramps().padded_batch(2, padded_shapes=torch.Size([6]), padding_values=torch.tensor(-1))
+        )
+        == expected
+    )
 
 
 def test_padded_batch_of_tuples_with_per_component_shapes_and_values():
     def make(i):
         return np.full([[2, 5, 1, 4, 3][i], 2], i + 0.5, np.float32), i
 
-    ds = tp.range(5).map(make).padded_batch(2, padded_shapes=([-1, 3], []), padding_values=(-1.0, 0))
+    ds = (
+        tp.range(5).map(make).padded_batch(2, padded_shapes=([-1, 3], []), padding_values=(-1.0, 0))
+    )
     out = list(ds)
     # verified against tf.data 2.21
     assert out[0][0].tolist() == [
-        [[0.5, 0.5, -1.0], [0.5, 0.5, -1.0], [-1.0, -1.0, -1.0], [-1.0, -1.0, -1.0], [-1.0, -1.0, -1.0]],
+        [
+            [0.5, 0.5, -1.0],
+            [0.5, 0.5, -1.0],
+            [-1.0, -1.0, -1.0],
+            [-1.0, -1.0, -1.0],
+            [-1.0, -1.0, -1.0],
+        ],
         [[1.5, 1.5, -1.0], [1.5, 1.5, -1.0], [1.5, 1.5, -1.0], [1.5, 1.5, -1.0], [1.5, 1.5, -1.0]],
     ]
     assert out[1][0].tolist() == [
@@ -142,7 +177,9 @@ def test_padded_batch_of_tuples_with_per_component_shapes_and_values():
 
 
 def test_padded_batch_of_dicts_with_strings():
-    ds = tp.range(1, 5).map(lambda i: {"ids": torch.arange(i), "len": i, "w": float(i), "name": f"n{i}"})
+    ds = tp.range(1, 5).map(
+        lambda i: {"ids": torch.arange(i), "len": i, "w": float(i), "name": f"n{i}"}
+    )
     out = list(ds.padded_batch(3, padding_values={"ids": 9, "len": 0, "w": 0.0, "name": ""}))
     # verified against tf.data 2.21 (tf also pads strings; here they are collected into lists)
     expected = {
@@ -162,9 +199,13 @@ def test_padded_batch_pads_every_dimension_of_numpy_components():
 
 
 def test_padded_batch_errors_while_iterating():
-    with pytest.raises(ValueError, match=r"padded_batch: element has shape \(4,\), larger than .* \(3,\)"):
+    with pytest.raises(
+        ValueError, match=r"padded_batch: element has shape \(4,\), larger than .* \(3,\)"
+    ):
         list(ramps().padded_batch(2, padded_shapes=[3]))
-    with pytest.raises(ValueError, match=r"padded_shapes for element is \[None, 3\] \(rank 2\).*rank 1"):
+    with pytest.raises(
+        ValueError, match=r"padded_shapes for element is \[None, 3\] \(rank 2\).*rank 1"
+    ):
         list(ramps().padded_batch(2, padded_shapes=[None, 3]))
     with pytest.raises(ValueError, match="different ranks"):
         list(tp.from_iterable([torch.zeros(2), torch.zeros(2, 2)]).padded_batch(2))
@@ -174,7 +215,9 @@ def test_padded_batch_errors_while_iterating():
         list(ramps().padded_batch(2, padding_values=1.5))
 
 
-NO_PREFETCH = tp.Options(optimizations={"inject_prefetch": False})  # which would run on after the error
+NO_PREFETCH = tp.Options(
+    optimizations={"inject_prefetch": False}
+)  # which would run on after the error
 
 
 class Pulls:
@@ -188,19 +231,51 @@ class Pulls:
         return x[0] if len(x) == 1 else x
 
 
-@pytest.mark.parametrize("make, pads, error, message", [
-    (lambda: ramps(), "x", TypeError,
-     r"^padded_batch: padding_values for element \(a tensor of dtype torch.int64\) expected a number, got str 'x'"),
-    (lambda: tp.range(5), b"x", TypeError,
-     r"^padded_batch: padding_values for element \(a Python int\) expected a number"),
-    (lambda: tp.range(5).map(lambda x: (np.zeros(x, np.float32), str(x))), ("x", 0), TypeError,
-     r"padding_values for element\[0\] \(a numpy value of dtype float32\) expected a number, got str"),
-    (lambda: ramps(), 1.5, ValueError, r"^padded_batch: padding value 1.5 for element does not fit its dtype"),
-    (lambda: ramps().map(lambda x: (x, x)), (0, 0, 0), ValueError,
-     r"^padded_batch: padding_values does not match the element's structure at element"),
-    (lambda: ramps().map(lambda x: {"a": x}), {"b": 0}, ValueError, "padding_values does not match"),
-])  # fmt: skip
-def test_padding_values_that_do_not_fit_the_elements_raise_at_the_first_element(make, pads, error, message):
+@pytest.mark.parametrize(
+    "make, pads, error, message",
+    [
+        (
+            lambda: ramps(),
+            "x",
+            TypeError,
+            r"^padded_batch: padding_values for element \(a tensor of dtype torch.int64\) expected a "
+            r"number, got str 'x'",
+        ),
+        (
+            lambda: tp.range(5),
+            b"x",
+            TypeError,
+            r"^padded_batch: padding_values for element \(a Python int\) expected a number",
+        ),
+        (
+            lambda: tp.range(5).map(lambda x: (np.zeros(x, np.float32), str(x))),
+            ("x", 0),
+            TypeError,
+            r"padding_values for element\[0\] \(a numpy value of dtype float32\) expected a number, got str",
+        ),
+        (
+            lambda: ramps(),
+            1.5,
+            ValueError,
+            r"^padded_batch: padding value 1.5 for element does not fit its dtype",
+        ),
+        (
+            lambda: ramps().map(lambda x: (x, x)),
+            (0, 0, 0),
+            ValueError,
+            r"^padded_batch: padding_values does not match the element's structure at element",
+        ),
+        (
+            lambda: ramps().map(lambda x: {"a": x}),
+            {"b": 0},
+            ValueError,
+            "padding_values does not match",
+        ),
+    ],
+)
+def test_padding_values_that_do_not_fit_the_elements_raise_at_the_first_element(
+    make, pads, error, message
+):
     pulls = Pulls()
     it = iter(make().map(pulls).padded_batch(4, padding_values=pads).with_options(NO_PREFETCH))
     with pytest.raises(error, match=message):
@@ -213,14 +288,22 @@ def test_padding_values_that_fit_are_not_rejected():
     assert as_lists(b for _, b in strings.padded_batch(3, padding_values=("", -1))) == [
         [[1, -1, -1], [2, 2, -1], [3, 3, 3]]
     ]
-    assert [s for s, _ in strings.padded_batch(3, padding_values=0)] == [["1", "2", "3"]]  # strings are not padded
+    assert [s for s, _ in strings.padded_batch(3, padding_values=0)] == [
+        ["1", "2", "3"]
+    ]  # strings are not padded
     assert as_lists(tp.range(3).padded_batch(3, padding_values=np.int8(7))) == [[0, 1, 2]]
 
 
 def test_bucket_padding_values_that_do_not_fit_raise_at_the_first_element():
     pulls = Pulls()
-    ds = sequences([3, 1, 4, 1, 5]).map(pulls).bucket_by_sequence_length(len, [3], [2, 2], padding_values="x")
-    with pytest.raises(TypeError, match=r"^bucket_by_sequence_length\(len\): padding_values for element .* got str"):
+    ds = (
+        sequences([3, 1, 4, 1, 5])
+        .map(pulls)
+        .bucket_by_sequence_length(len, [3], [2, 2], padding_values="x")
+    )
+    with pytest.raises(
+        TypeError, match=r"^bucket_by_sequence_length\(len\): padding_values for element .* got str"
+    ):
         next(iter(ds.with_options(NO_PREFETCH)))
     assert pulls.calls == 1
 
@@ -230,9 +313,13 @@ def test_padded_batch_checks_arguments_at_construction():
         tp.range(3).padded_batch(2, padded_shapes=["a"])
     with pytest.raises(ValueError, match=">= -1"):
         tp.range(3).padded_batch(2, padded_shapes=[-2])
-    with pytest.raises(TypeError, match=r"^padded_batch: padding_values expected numbers .* got object"):
+    with pytest.raises(
+        TypeError, match=r"^padded_batch: padding_values expected numbers .* got object"
+    ):
         tp.range(3).padded_batch(2, padding_values=object())
-    with pytest.raises(TypeError, match=r"^padded_batch: padding_values expected numbers .* got set"):
+    with pytest.raises(
+        TypeError, match=r"^padded_batch: padding_values expected numbers .* got set"
+    ):
         tp.range(3).padded_batch(2, padding_values={0})
     with pytest.raises(ValueError, match="padding_values expected scalars"):
         tp.range(3).padded_batch(2, padding_values=torch.zeros(2))
@@ -241,7 +328,11 @@ def test_padded_batch_checks_arguments_at_construction():
 # -- unbatch ----------------------------------------------------------------------------------
 def test_unbatch_splits_every_component():
     assert_same_elements(tp.range(10).batch(4).unbatch(), [torch.tensor(i) for i in range(10)])
-    batch = {"a": torch.tensor([[1, 2], [3, 4], [5, 6]]), "b": ["x", "y", "z"], "c": (np.arange(3), [b"p", b"q", b"r"])}
+    batch = {
+        "a": torch.tensor([[1, 2], [3, 4], [5, 6]]),
+        "b": ["x", "y", "z"],
+        "c": (np.arange(3), [b"p", b"q", b"r"]),
+    }
     rows = list(tp.from_iterable([batch]).unbatch())
     assert_elements_equal(rows[1], {"a": torch.tensor([3, 4]), "b": "y", "c": (np.int64(1), b"q")})
     assert len(rows) == 3
@@ -253,7 +344,9 @@ def test_unbatch_inverts_batch_of_structures():
 
 
 def test_unbatch_errors():
-    with pytest.raises(ValueError, match=r"unbatch: components disagree.*element\[0\] has 2, element\[1\] has 3"):
+    with pytest.raises(
+        ValueError, match=r"unbatch: components disagree.*element\[0\] has 2, element\[1\] has 3"
+    ):
         list(tp.from_iterable([(torch.zeros(2), torch.zeros(3))]).unbatch())
     with pytest.raises(ValueError, match=r"cannot split element\[1\]: it is 0-d"):
         list(tp.from_iterable([(torch.zeros(2), torch.tensor(1))]).unbatch())
@@ -271,10 +364,28 @@ def test_unbatch_cardinality():
 def test_rebatch_cycles_through_sizes():
     # verified against tf.data 2.21
     ds = tp.range(14).batch(4)
-    assert as_lists(ds.rebatch([3, 2])) == [[0, 1, 2], [3, 4], [5, 6, 7], [8, 9], [10, 11, 12], [13]]
-    assert as_lists(ds.rebatch([3, 2], drop_remainder=True)) == [[0, 1, 2], [3, 4], [5, 6, 7], [8, 9], [10, 11, 12]]
+    assert as_lists(ds.rebatch([3, 2])) == [
+        [0, 1, 2],
+        [3, 4],
+        [5, 6, 7],
+        [8, 9],
+        [10, 11, 12],
+        [13],
+    ]
+    assert as_lists(ds.rebatch([3, 2], drop_remainder=True)) == [
+        [0, 1, 2],
+        [3, 4],
+        [5, 6, 7],
+        [8, 9],
+        [10, 11, 12],
+    ]
     assert as_lists(ds.rebatch(3)) == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9, 10, 11], [12, 13]]
-    assert as_lists(ds.rebatch(3, drop_remainder=True)) == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9, 10, 11]]
+    assert as_lists(ds.rebatch(3, drop_remainder=True)) == [
+        [0, 1, 2],
+        [3, 4, 5],
+        [6, 7, 8],
+        [9, 10, 11],
+    ]
 
 
 def test_rebatch_equals_unbatch_batch_on_structures():
@@ -293,7 +404,9 @@ LENGTHS = [3, 1, 5, 2, 7, 4, 1, 6, 2, 8, 3]
 
 
 def bucketed(lengths=LENGTHS, boundaries=(3, 6), sizes=(2, 3, 2), **kwargs):
-    ds = sequences(lengths).bucket_by_sequence_length(lambda x: x.shape[0], list(boundaries), list(sizes), **kwargs)
+    ds = sequences(lengths).bucket_by_sequence_length(
+        lambda x: x.shape[0], list(boundaries), list(sizes), **kwargs
+    )
     return as_lists(ds)
 
 
@@ -308,7 +421,11 @@ def test_bucket_emits_full_buckets_then_flushes_in_bucket_order():
         [[10, 10, 10, 10, 10, 10, 10, 10]],
     ]
     # verified against tf.data 2.21: the flush goes by bucket id, not by arrival
-    assert bucketed([7, 4, 1, 5]) == [[[3]], [[2, 2, 2, 2, 0], [4, 4, 4, 4, 4]], [[1, 1, 1, 1, 1, 1, 1]]]
+    assert bucketed([7, 4, 1, 5]) == [
+        [[3]],
+        [[2, 2, 2, 2, 0], [4, 4, 4, 4, 4]],
+        [[1, 1, 1, 1, 1, 1, 1]],
+    ]
 
 
 def test_bucket_drop_remainder_drops_the_flushed_partial_buckets():
@@ -336,7 +453,9 @@ def test_bucket_pad_to_bucket_boundary():
         [[6, 6, 6, 6, 0, 0, 0, 0], [8, 8, 8, 8, 8, 8, 0, 0], [10, 10, 10, 10, 10, 10, 10, 10]],
         [[11, 11, 11, 0, 0, 0, 0, 0]],
     ]
-    with pytest.raises(ValueError, match=r"bucket_by_sequence_length\(<lambda>\): element 4 has length 7"):
+    with pytest.raises(
+        ValueError, match=r"bucket_by_sequence_length\(<lambda>\): element 4 has length 7"
+    ):
         bucketed(pad_to_bucket_boundary=True)
 
 
@@ -352,7 +471,11 @@ def test_bucket_unpacks_tuples_and_pads_dimension_zero_to_the_boundary():
         calls.append(label)
         return x.shape[0]
 
-    out = list(tuple_sequences().bucket_by_sequence_length(length, [3, 6], [2, 2, 2], pad_to_bucket_boundary=True))
+    out = list(
+        tuple_sequences().bucket_by_sequence_length(
+            length, [3, 6], [2, 2, 2], pad_to_bucket_boundary=True
+        )
+    )
     # verified against tf.data 2.21 (static shape [None, 2]: only dimension 0 is filled)
     assert out[0][0].tolist() == [[[0.5, 0.5], [0.5, 0.5]], [[2.5, 2.5], [0.0, 0.0]]]
     assert out[1][0].shape == (2, 5, 2) and out[2][0].shape == (1, 5, 2)
@@ -371,15 +494,22 @@ def test_bucket_explicit_padded_shapes_fill_unknown_dims_to_the_boundary():
     )
     out = list(ds)
     # verified against tf.data 2.21
-    assert out[0][0].tolist() == [[[0.5, 0.5, -1.0], [0.5, 0.5, -1.0]], [[2.5, 2.5, -1.0], [-1.0, -1.0, -1.0]]]
+    assert out[0][0].tolist() == [
+        [[0.5, 0.5, -1.0], [0.5, 0.5, -1.0]],
+        [[2.5, 2.5, -1.0], [-1.0, -1.0, -1.0]],
+    ]
     assert out[2][0].tolist() == [[[4.5, 4.5, -1.0]] * 3 + [[-1.0, -1.0, -1.0]] * 2]
 
 
 def test_bucket_length_func_must_return_an_int():
     ds = sequences([2, 3]).bucket_by_sequence_length(lambda x: float(x.shape[0]), [3], [2, 2])
-    with pytest.raises(TypeError, match=r"bucket_by_sequence_length\(<lambda>\): .*must return an int, got float"):
+    with pytest.raises(
+        TypeError, match=r"bucket_by_sequence_length\(<lambda>\): .*must return an int, got float"
+    ):
         list(ds)
-    tensor_length = sequences([2, 3]).bucket_by_sequence_length(lambda x: torch.tensor(x.shape[0]), [3], [2, 2])
+    tensor_length = sequences([2, 3]).bucket_by_sequence_length(
+        lambda x: torch.tensor(x.shape[0]), [3], [2, 2]
+    )
     assert as_lists(tensor_length) == [[[1, 1]], [[2, 2, 2]]]
 
 
@@ -387,8 +517,14 @@ def test_bucket_cardinality_and_explain():
     ds = sequences(LENGTHS).bucket_by_sequence_length(len, [3, 6], [2, 3, 2])
     # verified against tf.data 2.21: unknown, or infinite for an infinite input
     assert ds.cardinality() == tp.UNKNOWN
-    assert sequences(LENGTHS).repeat().bucket_by_sequence_length(len, [3], [2, 2]).cardinality() == tp.INFINITE
-    assert "bucket_by_sequence_length(element_length_func=len, bucket_boundaries=[3, 6]" in ds.explain()
+    assert (
+        sequences(LENGTHS).repeat().bucket_by_sequence_length(len, [3], [2, 2]).cardinality()
+        == tp.INFINITE
+    )
+    assert (
+        "bucket_by_sequence_length(element_length_func=len, bucket_boundaries=[3, 6]"
+        in ds.explain()
+    )
 
 
 # -- checkpoints ------------------------------------------------------------------------------
@@ -396,7 +532,9 @@ RANDOM_LENGTHS = np.random.default_rng(0).integers(1, 12, 30).tolist()
 
 
 def random_buckets(ds, boundaries=(3, 6, 9), **kwargs):
-    return ds.bucket_by_sequence_length(lambda x: x.shape[0], list(boundaries), [2, 3, 2, 4], **kwargs)
+    return ds.bucket_by_sequence_length(
+        lambda x: x.shape[0], list(boundaries), [2, 3, 2, 4], **kwargs
+    )
 
 
 PIPELINES = {
@@ -407,17 +545,27 @@ PIPELINES = {
     "padded_batch": lambda: ramps().repeat(2).padded_batch(3, padding_values=-1),
     "unbatch": lambda: tp.range(23).batch(5).unbatch(),
     "unbatch_under_repeat": lambda: tp.range(23).batch(5).unbatch().repeat(2),
-    "unbatch_over_repeat_shuffle": lambda: tp.range(23).batch(4).repeat(2).shuffle(7, seed=1).unbatch(),
+    "unbatch_over_repeat_shuffle": lambda: (
+        tp.range(23).batch(4).repeat(2).shuffle(7, seed=1).unbatch()
+    ),
     "shuffle_over_unbatch": lambda: tp.range(23).batch(4).unbatch().shuffle(7, seed=1),
-    "unbatch_over_parallel_map": lambda: tp.range(23).batch(4).map(abs, num_parallel_calls=3).unbatch().prefetch(2),
-    "unbatch_structures": lambda: tp.range(9).map(lambda i: {"x": np.full(2, i), "s": str(i)}).batch(4).unbatch(),
+    "unbatch_over_parallel_map": lambda: (
+        tp.range(23).batch(4).map(abs, num_parallel_calls=3).unbatch().prefetch(2)
+    ),
+    "unbatch_structures": lambda: (
+        tp.range(9).map(lambda i: {"x": np.full(2, i), "s": str(i)}).batch(4).unbatch()
+    ),
     "rebatch": lambda: tp.range(23).batch(4).rebatch([3, 2]),
-    "rebatch_drop_under_repeat": lambda: tp.range(23).batch(4).rebatch([3, 2], drop_remainder=True).repeat(2),
+    "rebatch_drop_under_repeat": lambda: (
+        tp.range(23).batch(4).rebatch([3, 2], drop_remainder=True).repeat(2)
+    ),
     "rebatch_over_repeat": lambda: tp.range(23).batch(4).repeat(2).rebatch(5),
     "rebatch_over_shuffle": lambda: tp.range(23).batch(4).shuffle(7, seed=1).rebatch([3, 2]),
     "rebatch_over_prefetch": lambda: tp.range(23).batch(4).prefetch(3).rebatch([3, 2]),
     "bucket": lambda: random_buckets(sequences(RANDOM_LENGTHS)),
-    "bucket_drop_under_repeat": lambda: random_buckets(sequences(RANDOM_LENGTHS), drop_remainder=True).repeat(2),
+    "bucket_drop_under_repeat": lambda: random_buckets(
+        sequences(RANDOM_LENGTHS), drop_remainder=True
+    ).repeat(2),
     "bucket_over_repeat_shuffle": lambda: random_buckets(
         sequences(RANDOM_LENGTHS).repeat(2).shuffle(7, seed=1),
         (3, 6, 12),
@@ -444,20 +592,27 @@ def test_unbatch_checkpoint_is_small_mid_element():
     assert next(resumed).item() == 3
 
 
-@pytest.mark.parametrize("garble, found", [
-    (lambda e: "x", "str"),
-    (lambda e: (e,), r"tuple\(tensor\(int64, 1-d\)\)"),
-    (lambda e: e.float(), r"tensor\(float32, 1-d\)"),
-])  # fmt: skip
-def test_bucket_state_holding_elements_of_another_structure_is_a_checkpoint_error_at_load(garble, found):
+@pytest.mark.parametrize(
+    "garble, found",
+    [
+        (lambda e: "x", "str"),
+        (lambda e: (e,), r"tuple\(tensor\(int64, 1-d\)\)"),
+        (lambda e: e.float(), r"tensor\(float32, 1-d\)"),
+    ],
+)
+def test_bucket_state_holding_elements_of_another_structure_is_a_checkpoint_error_at_load(
+    garble, found
+):
     ds = sequences([1, 4, 7])
     it = iter(random_buckets(ds))
     next(it)
     state = pickle.loads(pickle.dumps(it.state_dict()))
     bucket = state["pipeline"]["buckets"][2]
     bucket[0] = garble(bucket[0])
-    message = (rf"^bucket_by_sequence_length\(<lambda>\): state\['buckets'\] element 1 is {found}, but the op held "
-               r"tensor\(int64, 1-d\)")  # fmt: skip
+    message = (
+        rf"^bucket_by_sequence_length\(<lambda>\): state\['buckets'\] element 1 is {found}, but the op held "
+        r"tensor\(int64, 1-d\)"
+    )
     with pytest.raises(tp.CheckpointError, match=message):
         iter(random_buckets(ds)).load_state_dict(state)
 

@@ -16,7 +16,11 @@ import torchpipe as tp
 from tests.disk_limits import no_room, payload  # noqa: F401 - no_room is a fixture
 from torchpipe.ops import cache as tp_cache
 from torchpipe.ops.cache import CacheFormatError, MemoryStore
-from torchpipe.testing import assert_checkpoint_roundtrip, assert_elements_equal, assert_same_elements
+from torchpipe.testing import (
+    assert_checkpoint_roundtrip,
+    assert_elements_equal,
+    assert_same_elements,
+)
 
 Point = namedtuple("Point", ["x", "y"])
 
@@ -120,7 +124,10 @@ def test_file_is_read_by_a_new_dataset_object(tmp_path):
     # a brand-new pipeline built the same way (as in a new process) reads the file
     # verified against tf.data 2.21: no upstream calls
     assert list(_cached(second, str(tmp_path / "c"))) == [0, 10, 20, 30, 40] and second.calls == 0
-    assert list(_cached(second, os.fsencode(tmp_path / "c"))) == [0, 10, 20, 30, 40] and second.calls == 0
+    assert (
+        list(_cached(second, os.fsencode(tmp_path / "c"))) == [0, 10, 20, 30, 40]
+        and second.calls == 0
+    )
 
 
 @pytest.mark.parametrize("on_disk", [False, True])
@@ -174,7 +181,11 @@ def test_cardinality_and_explain(tmp_path):
     assert tp.range(5).filter(lambda x: True).cache().cardinality() == tp.UNKNOWN  # tf.data 2.21
     assert "cache(path='memory')" in tp.range(5).cache().explain()
     on_disk = tp.range(5).cache(tmp_path / "f")  # a PathLike: the files are written there
-    assert list(on_disk) == list(range(5)) and _files(tmp_path) and all(f.startswith("f") for f in _files(tmp_path))
+    assert (
+        list(on_disk) == list(range(5))
+        and _files(tmp_path)
+        and all(f.startswith("f") for f in _files(tmp_path))
+    )
 
 
 # -- files: errors and cleanup ---------------------------------------------------------------------
@@ -182,7 +193,10 @@ def test_missing_directory_fails_at_the_call(tmp_path):
     # tf.data builds the dataset and fails at the first element; torchpipe says so at the call
     path = tmp_path / "missing" / "x" / "c"
     folder = re.escape(repr(str(tmp_path / "missing" / "x")))
-    with pytest.raises(FileNotFoundError, match=rf"^cache: cannot write cache file .*/c': directory {folder} does not"):
+    with pytest.raises(
+        FileNotFoundError,
+        match=rf"^cache: cannot write cache file .*/c': directory {folder} does not",
+    ):
         tp.range(3).cache(path)
     with pytest.raises(FileNotFoundError, match="does not exist"):
         tp.range(3).cache(str(path).encode())
@@ -198,12 +212,16 @@ def test_missing_directory_fails_when_iterating_if_removed_after_the_call(tmp_pa
 
 def test_a_file_as_the_directory_fails_at_the_call(tmp_path):
     (tmp_path / "f").write_text("")
-    with pytest.raises(NotADirectoryError, match=r"^cache: cannot write cache file .* is not a directory"):
+    with pytest.raises(
+        NotADirectoryError, match=r"^cache: cannot write cache file .* is not a directory"
+    ):
         tp.range(3).cache(tmp_path / "f" / "c")
 
 
 def test_directory_as_path_is_an_error_at_the_call(tmp_path):
-    with pytest.raises(IsADirectoryError, match=r"^cache: path .* is a directory; expected a file name"):
+    with pytest.raises(
+        IsADirectoryError, match=r"^cache: path .* is a directory; expected a file name"
+    ):
         tp.range(3).cache(tmp_path)
 
 
@@ -213,12 +231,19 @@ def test_a_url_is_refused_at_the_call_without_touching_the_file_system(url):
         tp.range(3).cache(url)
 
 
-def test_an_unwritable_directory_fails_at_the_call_unless_a_file_is_there_to_replay(tmp_path, monkeypatch):
+def test_an_unwritable_directory_fails_at_the_call_unless_a_file_is_there_to_replay(
+    tmp_path, monkeypatch
+):
     path = tmp_path / "c"
     assert list(tp.range(3).cache(path)) == [0, 1, 2]
-    monkeypatch.setattr(os, "access", lambda p, mode: False)  # root may write anywhere; chmod cannot show it
+    monkeypatch.setattr(
+        os, "access", lambda p, mode: False
+    )  # root may write anywhere; chmod cannot show it
     assert list(tp.range(3).cache(path)) == [0, 1, 2]  # a replay writes nothing
-    with pytest.raises(PermissionError, match=r"^cache: cannot write cache file .*/d': directory .* is not writable"):
+    with pytest.raises(
+        PermissionError,
+        match=r"^cache: cannot write cache file .*/d': directory .* is not writable",
+    ):
         tp.range(3).cache(tmp_path / "d")
 
 
@@ -280,13 +305,20 @@ def test_tensors_of_every_kind_survive_a_file_cache(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # quantized tensors
         elements = [
-            {"bf16": torch.ones(2, 3, dtype=torch.bfloat16), "t": base.t(), "strided": base[::2, 1::3]},
+            {
+                "bf16": torch.ones(2, 3, dtype=torch.bfloat16),
+                "t": base.t(),
+                "strided": base[::2, 1::3],
+            },
             {
                 "empty": torch.zeros(0, 4),
                 "scalar": torch.tensor(3, dtype=torch.int8),
                 "conj": torch.tensor([1 + 2j]).conj(),
             },
-            {"quantized": torch.quantize_per_tensor(torch.randn(4), 0.1, 2, torch.quint8), "raw": b"x" * 100_000},
+            {
+                "quantized": torch.quantize_per_tensor(torch.randn(4), 0.1, 2, torch.quint8),
+                "raw": b"x" * 100_000,
+            },
         ]
     path = tmp_path / "c"
     with warnings.catch_warnings():
@@ -326,7 +358,10 @@ def test_nested_structures_and_python_values(tmp_path):
 
 def test_elements_round_trip_through_a_file(tmp_path):
     make = lambda: tp.range(4).map(  # noqa: E731
-        lambda x: (Point(torch.full((2,), x, dtype=torch.bfloat16), np.array([x])), {"s": str(x), "b": bytes([x])})
+        lambda x: (
+            Point(torch.full((2,), x, dtype=torch.bfloat16), np.array([x])),
+            {"s": str(x), "b": bytes([x])},
+        )
     )
     expected = list(make())
     assert_same_elements(make().cache(tmp_path / "c"), expected)
@@ -360,8 +395,12 @@ def test_checkpoint_roundtrip_with_random_ops_around(tmp_path, on_disk):
     assert_checkpoint_roundtrip(tp.range(9).shuffle(4).cache(path("a")).repeat(2))
     assert_checkpoint_roundtrip(tp.range(9).cache(path("b")).shuffle(4, seed=3).repeat(2))
     assert_checkpoint_roundtrip(tp.range(9).cache(path("c")).repeat(2).shuffle(5, seed=1))
-    assert_checkpoint_roundtrip(tp.range(9).map(lambda x: x, num_parallel_calls=2).cache(path("d")).batch(2))
-    assert_checkpoint_roundtrip(tp.range(9).map(lambda x: -x).cache(path("e")).prefetch(2).repeat(2))
+    assert_checkpoint_roundtrip(
+        tp.range(9).map(lambda x: x, num_parallel_calls=2).cache(path("d")).batch(2)
+    )
+    assert_checkpoint_roundtrip(
+        tp.range(9).map(lambda x: -x).cache(path("e")).prefetch(2).repeat(2)
+    )
 
 
 @pytest.mark.parametrize("on_disk", [False, True])
@@ -371,7 +410,11 @@ def test_resuming_a_replay_without_the_stored_elements_rebuilds_the_fill(tmp_pat
     states, elements = _pass_with_states(make(Counter()))
     if on_disk:
         os.remove(path)
-    for k in [9, 12, 15]:  # inside the replaying repetition (at 16 a prefetch may hold the end state)
+    for k in [
+        9,
+        12,
+        15,
+    ]:  # inside the replaying repetition (at 16 a prefetch may hold the end state)
         count = Counter()
         # a new Dataset object has an empty store, as in a new process
         assert _resume(make(count), states[k]) == elements[k:]
@@ -483,7 +526,8 @@ def test_a_changed_function_above_the_cache_rebuilds_the_file(tmp_path):
     assert list(tp.range(4).map(lambda x: x * 2).cache(path)) == [0, 2, 4, 6]
     count = Counter(lambda x: x * 3)
     with pytest.warns(
-        tp_cache.StaleCacheWarning, match=r"another pipeline above the cache: op 0 was map\(fn=<lambda>#"
+        tp_cache.StaleCacheWarning,
+        match=r"another pipeline above the cache: op 0 was map\(fn=<lambda>#",
     ):
         assert list(tp.range(4).map(count).cache(path)) == [0, 3, 6, 9]
     assert count.calls == 4 and _files(tmp_path) == ["c"]
@@ -514,7 +558,9 @@ def test_a_file_of_an_older_format_is_rebuilt_with_a_warning(tmp_path):
     data[8:12] = (2).to_bytes(4, "little")  # as an older torchpipe wrote it
     path.write_bytes(bytes(data))
     count = Counter(lambda x: torch.full((3,), x))
-    with pytest.warns(tp_cache.StaleCacheWarning, match="format version 2, from an older torchpipe"):
+    with pytest.warns(
+        tp_cache.StaleCacheWarning, match="format version 2, from an older torchpipe"
+    ):
         assert len(list(tp.range(4).map(count).cache(path))) == 4
     assert count.calls == 4 and path.read_bytes()[8:12] == (3).to_bytes(4, "little")
 
@@ -528,7 +574,10 @@ def test_temporary_files_of_killed_passes_are_removed_once_a_file_is_complete(tm
     next(live)  # a pass filling right now: its temporary file is locked and stays
     assert len(_files(tmp_path)) == 2
     assert list(ds) == [0, 1, 2, 3, 4]  # publishes the file
-    assert _files(tmp_path) == ["c", next(n for n in _files(tmp_path) if n.startswith("c.tmp-") and "4242" not in n)]
+    assert _files(tmp_path) == [
+        "c",
+        next(n for n in _files(tmp_path) if n.startswith("c.tmp-") and "4242" not in n),
+    ]
     live.close()
     assert _files(tmp_path) == ["c"]
     leftover.write_bytes(b"another one")
@@ -549,7 +598,11 @@ def test_a_full_disk_fails_naming_the_file_leaves_nothing_and_the_next_pass_fill
 
 
 def _fill_in_a_worker(path):
-    return list(torch.utils.data.DataLoader(tp.range(8).map(payload).cache(path), batch_size=None, num_workers=1))
+    return list(
+        torch.utils.data.DataLoader(
+            tp.range(8).map(payload).cache(path), batch_size=None, num_workers=1
+        )
+    )
 
 
 def test_a_full_disk_in_a_torch_dataloader_worker_reaches_the_caller_naming_the_file(no_room):

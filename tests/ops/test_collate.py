@@ -14,7 +14,12 @@ Point = collections.namedtuple("Point", "x y")
 
 
 def test_collate_converts_leaves_like_torch_default_collate():
-    out = collate([(True, 1, 2.5, np.float32(1.5), np.int16(3)), (False, 2, 3.5, np.float32(2.5), np.int16(4))])
+    out = collate(
+        [
+            (True, 1, 2.5, np.float32(1.5), np.int16(3)),
+            (False, 2, 3.5, np.float32(2.5), np.int16(4)),
+        ]
+    )
     expected = (
         torch.tensor([True, False]),
         torch.tensor([1, 2]),
@@ -24,19 +29,27 @@ def test_collate_converts_leaves_like_torch_default_collate():
     )
     assert_elements_equal(out, expected)
     assert_elements_equal(collate([1, 2.5]), torch.tensor([1.0, 2.5], dtype=torch.float64))
-    assert_elements_equal(collate([np.zeros((2, 3), np.uint8)] * 2), torch.zeros((2, 2, 3), dtype=torch.uint8))
+    assert_elements_equal(
+        collate([np.zeros((2, 3), np.uint8)] * 2), torch.zeros((2, 2, 3), dtype=torch.uint8)
+    )
     assert_elements_equal(collate([torch.tensor(1.0), torch.tensor(2.0)]), torch.tensor([1.0, 2.0]))
 
 
 def test_collate_rejects_unsupported_components_naming_their_path():
     elements = [(1, {"image": object()}), (2, {"image": object()})]
-    with pytest.raises(TypeError, match=r"element\[1\]\['image'\] of type object.*map\(\).*collate_fn"):
+    with pytest.raises(
+        TypeError, match=r"element\[1\]\['image'\] of type object.*map\(\).*collate_fn"
+    ):
         collate(elements)
     with pytest.raises(TypeError, match=r"element\.y of type NoneType"):
         collate([Point(1, None), Point(2, None)])
     with pytest.raises(TypeError, match=r"element\['meta'\]\['tags'\] of type NoneType"):
-        collate([{"meta": {"tags": None}}, {"meta": {"tags": None}}])  # dict rows: paths made on error only
-    with pytest.raises(ValueError, match=r"differ in keys at element\['meta'\]: \['a'\] vs \['b'\]"):
+        collate(
+            [{"meta": {"tags": None}}, {"meta": {"tags": None}}]
+        )  # dict rows: paths made on error only
+    with pytest.raises(
+        ValueError, match=r"differ in keys at element\['meta'\]: \['a'\] vs \['b'\]"
+    ):
         collate([{"meta": {"a": 1}}, {"meta": {"b": 1}}])
     with pytest.raises(TypeError, match="numpy dtype <U1"):
         collate([np.array(["a"]), np.array(["b"])])

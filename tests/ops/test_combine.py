@@ -38,7 +38,10 @@ def test_zip_yields_tuples_and_stops_at_the_shortest():
 
 def test_zip_keeps_dicts_nesting_and_namedtuples():
     # verified against tf.data 2.21
-    assert list(tp.zip({"a": tp.range(3), "b": tp.range(5, 7)})) == [{"a": 0, "b": 5}, {"a": 1, "b": 6}]
+    assert list(tp.zip({"a": tp.range(3), "b": tp.range(5, 7)})) == [
+        {"a": 0, "b": 5},
+        {"a": 1, "b": 6},
+    ]
     nested = tp.zip((tp.range(3), (tp.range(4, 8), {"x": tp.range(9, 12)})))
     assert list(nested) == [(0, (4, {"x": 9})), (1, (5, {"x": 10})), (2, (6, {"x": 11}))]
     out = list(tp.zip(P(tp.range(2), tp.range(3, 9))))
@@ -174,14 +177,18 @@ def test_choose_stops_when_the_chosen_dataset_is_empty():
 def test_choose_skips_empty_datasets_when_asked():
     # verified against tf.data 2.21: [0, 10, 11, 1, 2]
     choice = tp.from_tensor_slices(CHOICES)
-    ds = tp.choose_from_datasets([tp.range(3), tp.range(10, 12)], choice, stop_on_empty_dataset=False)
+    ds = tp.choose_from_datasets(
+        [tp.range(3), tp.range(10, 12)], choice, stop_on_empty_dataset=False
+    )
     assert list(ds) == [0, 10, 11, 1, 2]
 
 
 def test_choose_ends_when_every_dataset_is_exhausted():
     # verified against tf.data 2.21: an endless choice over exhausted inputs ends: [0, 10, 1, 11, 12]
     choice = tp.from_tensor_slices([0, 1]).repeat()
-    ds = tp.choose_from_datasets([tp.range(2), tp.range(10, 13)], choice, stop_on_empty_dataset=False)
+    ds = tp.choose_from_datasets(
+        [tp.range(2), tp.range(10, 13)], choice, stop_on_empty_dataset=False
+    )
     assert list(ds) == [0, 10, 1, 11, 12]
 
 
@@ -196,11 +203,23 @@ def test_choose_accepts_integer_scalars(choice):
 
 @pytest.mark.parametrize(
     "choice",
-    [1.0, True, np.bool_(True), torch.tensor(1.0), torch.tensor([1]), torch.tensor(True), np.array([1]), "1", None],
+    [
+        1.0,
+        True,
+        np.bool_(True),
+        torch.tensor(1.0),
+        torch.tensor([1]),
+        torch.tensor(True),
+        np.array([1]),
+        "1",
+        None,
+    ],
 )
 def test_choose_rejects_non_integer_choices(choice):
     ds = tp.choose_from_datasets([tp.range(2), tp.range(10, 12)], tp.from_iterable([0, choice]))
-    with pytest.raises(TypeError, match="choose_from_datasets: choice element 1 must be an integer scalar"):
+    with pytest.raises(
+        TypeError, match="choose_from_datasets: choice element 1 must be an integer scalar"
+    ):
         list(ds)
 
 
@@ -208,35 +227,51 @@ def test_choose_rejects_non_integer_choices(choice):
 def test_choose_rejects_out_of_range_choices(choice):
     # tf.data raises InvalidArgumentError "Selector index out of range" for these.
     ds = tp.choose_from_datasets([tp.range(2), tp.range(10, 12)], tp.from_iterable([choice]))
-    with pytest.raises(ValueError, match=f"choice element 0 is {int(choice)}, out of range for 2 datasets"):
+    with pytest.raises(
+        ValueError, match=f"choice element 0 is {int(choice)}, out of range for 2 datasets"
+    ):
         list(ds)
 
 
 def test_choose_cardinality():
     # verified against tf.data 2.21: UNKNOWN, INFINITE, UNKNOWN
     a, b = tp.range(3), tp.range(10, 12)
-    assert tp.choose_from_datasets([a, b], tp.from_tensor_slices(CHOICES)).cardinality() == tp.UNKNOWN
-    assert tp.choose_from_datasets([a, endless()], tp.from_tensor_slices(CHOICES)).cardinality() == tp.INFINITE
+    assert (
+        tp.choose_from_datasets([a, b], tp.from_tensor_slices(CHOICES)).cardinality() == tp.UNKNOWN
+    )
+    assert (
+        tp.choose_from_datasets([a, endless()], tp.from_tensor_slices(CHOICES)).cardinality()
+        == tp.INFINITE
+    )
     assert tp.choose_from_datasets([a, b], tp.range(2).repeat()).cardinality() == tp.UNKNOWN
 
 
 def test_choose_explain():
-    ds = tp.choose_from_datasets([tp.range(3), tp.range(2)], tp.range(2), stop_on_empty_dataset=False)
+    ds = tp.choose_from_datasets(
+        [tp.range(3), tp.range(2)], tp.range(2), stop_on_empty_dataset=False
+    )
     assert "choose_from_datasets(datasets=2, stop_on_empty_dataset=False)" in ds.explain()
 
 
 @pytest.mark.parametrize(
     "make",
     [
-        lambda: tp.choose_from_datasets([tp.range(3), tp.range(10, 12)], tp.from_tensor_slices(CHOICES)),
         lambda: tp.choose_from_datasets(
-            [tp.range(3), tp.range(10, 12)], tp.from_tensor_slices(CHOICES), stop_on_empty_dataset=False
+            [tp.range(3), tp.range(10, 12)], tp.from_tensor_slices(CHOICES)
         ),
         lambda: tp.choose_from_datasets(
-            [tp.range(4).shuffle(4, seed=1), tp.range(10, 14)], tp.range(2).repeat(4).shuffle(8, seed=2)
+            [tp.range(3), tp.range(10, 12)],
+            tp.from_tensor_slices(CHOICES),
+            stop_on_empty_dataset=False,
+        ),
+        lambda: tp.choose_from_datasets(
+            [tp.range(4).shuffle(4, seed=1), tp.range(10, 14)],
+            tp.range(2).repeat(4).shuffle(8, seed=2),
         ).repeat(2),
         lambda: tp.choose_from_datasets(
-            [tp.range(3).repeat(2), tp.range(10, 12)], tp.from_tensor_slices(CHOICES), stop_on_empty_dataset=False
+            [tp.range(3).repeat(2), tp.range(10, 12)],
+            tp.from_tensor_slices(CHOICES),
+            stop_on_empty_dataset=False,
         ).shuffle(3, seed=4),
     ],
 )
@@ -256,7 +291,11 @@ def test_sample_draws_every_element_once_when_not_stopping():
 def test_sample_stops_at_the_first_exhausted_draw_when_asked():
     lengths = set()
     for seed in range(20):
-        out = list(tp.sample_from_datasets([tp.range(5), tp.range(100, 105)], seed=seed, stop_on_empty_dataset=True))
+        out = list(
+            tp.sample_from_datasets(
+                [tp.range(5), tp.range(100, 105)], seed=seed, stop_on_empty_dataset=True
+            )
+        )
         from_a = [x for x in out if x < 100]
         from_b = [x for x in out if x >= 100]
         assert from_a == list(range(len(from_a))) and from_b == list(range(100, 100 + len(from_b)))
@@ -277,7 +316,9 @@ def test_sample_never_draws_a_zero_weight_dataset():
         return iter([-1])
 
     ds = tp.sample_from_datasets(
-        [tp.range(5), tp.from_iterable(never), tp.range(1000, 1003)], weights=[0.5, 0.0, 0.5], seed=2
+        [tp.range(5), tp.from_iterable(never), tp.range(1000, 1003)],
+        weights=[0.5, 0.0, 0.5],
+        seed=2,
     )
     assert sorted(ds) == [0, 1, 2, 3, 4, 1000, 1001, 1002] and not built
 
@@ -304,7 +345,10 @@ def test_sample_is_deterministic_with_a_seed_and_the_same_every_epoch():
     first = list(ds)
     assert list(ds) == first and list(build()) == first
     assert list(ds.repeat(2)) == first * 2
-    others = {tuple(tp.sample_from_datasets([tp.range(5), tp.range(100, 105)], seed=s)) for s in range(2, 8)}
+    others = {
+        tuple(tp.sample_from_datasets([tp.range(5), tp.range(100, 105)], seed=s))
+        for s in range(2, 8)
+    }
     assert len(others | {tuple(first)}) > 1
 
 
@@ -329,7 +373,10 @@ def test_sample_cardinality():
 
 def test_sample_explain():
     ds = tp.sample_from_datasets([tp.range(3), tp.range(2)], weights=[1, 3], seed=5)
-    assert "sample_from_datasets(weights=[0.25, 0.75], seed=5, stop_on_empty_dataset=False)" in ds.explain()
+    assert (
+        "sample_from_datasets(weights=[0.25, 0.75], seed=5, stop_on_empty_dataset=False)"
+        in ds.explain()
+    )
 
 
 def test_sample_node_checks_its_weights():
@@ -344,12 +391,18 @@ def test_sample_node_checks_its_weights():
     "make",
     [
         lambda: tp.sample_from_datasets([tp.range(6), tp.range(100, 104)], seed=1),
-        lambda: tp.sample_from_datasets([tp.range(6), tp.range(100, 104)], seed=1, stop_on_empty_dataset=True),
+        lambda: tp.sample_from_datasets(
+            [tp.range(6), tp.range(100, 104)], seed=1, stop_on_empty_dataset=True
+        ),
         lambda: tp.sample_from_datasets(
             [tp.range(4), tp.range(10, 12), tp.range(20, 23)], weights=[0.5, 0.0, 0.5]
         ).with_options(tp.Options(seed=3)),
-        lambda: tp.sample_from_datasets([tp.range(4).shuffle(4, seed=1), tp.range(10, 13)], seed=2).repeat(2),
-        lambda: tp.sample_from_datasets([tp.range(5).repeat(2), endless()], seed=2).shuffle(4, seed=3),
+        lambda: tp.sample_from_datasets(
+            [tp.range(4).shuffle(4, seed=1), tp.range(10, 13)], seed=2
+        ).repeat(2),
+        lambda: tp.sample_from_datasets([tp.range(5).repeat(2), endless()], seed=2).shuffle(
+            4, seed=3
+        ),
     ],
 )
 def test_sample_checkpoint_roundtrip(make):
@@ -357,12 +410,16 @@ def test_sample_checkpoint_roundtrip(make):
 
 
 def test_sample_state_marks_exhausted_inputs():
-    it = iter(tp.sample_from_datasets([tp.range(1), tp.range(100, 120)], weights=[0.9, 0.1], seed=0))
+    it = iter(
+        tp.sample_from_datasets([tp.range(1), tp.range(100, 120)], weights=[0.9, 0.1], seed=0)
+    )
     out = [next(it) for _ in range(5)]
     assert 0 in out
     state = pickle.loads(pickle.dumps(it.state_dict()))
     assert state["pipeline"]["inputs"][0] is None
-    resumed = iter(tp.sample_from_datasets([tp.range(1), tp.range(100, 120)], weights=[0.9, 0.1], seed=0))
+    resumed = iter(
+        tp.sample_from_datasets([tp.range(1), tp.range(100, 120)], weights=[0.9, 0.1], seed=0)
+    )
     resumed.load_state_dict(state)
     assert list(resumed) == list(it)
 
@@ -373,8 +430,16 @@ def test_sample_state_marks_exhausted_inputs():
     [
         (lambda: tp.zip(tp.range(3), tp.range(3)), "inputs", "zip"),
         (lambda: tp.range(2).concatenate(tp.range(2)), "index", "concatenate"),
-        (lambda: tp.choose_from_datasets([tp.range(2)], tp.range(1)), "choice", "choose_from_datasets"),
-        (lambda: tp.sample_from_datasets([tp.range(2), tp.range(2)]), "rng", "sample_from_datasets"),
+        (
+            lambda: tp.choose_from_datasets([tp.range(2)], tp.range(1)),
+            "choice",
+            "choose_from_datasets",
+        ),
+        (
+            lambda: tp.sample_from_datasets([tp.range(2), tp.range(2)]),
+            "rng",
+            "sample_from_datasets",
+        ),
     ],
 )
 def test_a_malformed_state_is_rejected(make, key, stage):

@@ -11,7 +11,10 @@ def test_filter_accepts_bools_and_bool_scalars():
     assert list(tp.range(6).filter(lambda x: torch.tensor(x > 3))) == [4, 5]
     assert list(tp.range(6).filter(lambda x: np.bool_(x < 2))) == [0, 1]
     assert list(tp.range(6).filter(lambda x: np.array([x == 2]))) == [2]
-    assert list(tp.range(4).map(lambda x: (x, x % 2)).filter(lambda x, odd: odd == 1)) == [(1, 1), (3, 1)]
+    assert list(tp.range(4).map(lambda x: (x, x % 2)).filter(lambda x, odd: odd == 1)) == [
+        (1, 1),
+        (3, 1),
+    ]
 
 
 @pytest.mark.parametrize("result", [1, None, "yes", torch.tensor([True, False]), torch.tensor(1)])

@@ -10,7 +10,12 @@ from tests.trees import stage_stats
 from torchpipe.ops import parallel_map
 from torchpipe.ops.parallel_map import ParallelMapIterator
 from torchpipe.runtime.placement.policy import PROCESS, THREAD, Policy
-from torchpipe.testing import assert_checkpoint_roundtrip, find_stage, forced_call_costs, zygote_pids
+from torchpipe.testing import (
+    assert_checkpoint_roundtrip,
+    find_stage,
+    forced_call_costs,
+    zygote_pids,
+)
 
 
 def test_sequential_map_and_tuple_unpacking():
@@ -50,7 +55,9 @@ def test_non_deterministic_map_delivers_as_completed():
 
     for ds in (
         tp.range(8).map(gated, num_parallel_calls=4, deterministic=False, executor="thread"),
-        tp.range(8).map(gated, num_parallel_calls=4, executor="thread").with_options(tp.Options(deterministic=False)),
+        tp.range(8)
+        .map(gated, num_parallel_calls=4, executor="thread")
+        .with_options(tp.Options(deterministic=False)),
     ):
         release.clear()
         it = iter(ds)
@@ -82,9 +89,13 @@ def test_named_stage_in_errors():
 
 @pytest.mark.parametrize("parallel, det", [(None, True), (2, True), (4, False)])
 def test_checkpoint_roundtrip(parallel, det):
-    ds = tp.range(25).map(lambda x: x + 1, num_parallel_calls=parallel, deterministic=det, executor="thread")
+    ds = tp.range(25).map(
+        lambda x: x + 1, num_parallel_calls=parallel, deterministic=det, executor="thread"
+    )
     assert_checkpoint_roundtrip(ds, ordered=det)
-    ds = tp.range(6).map(lambda x: x * 2, num_parallel_calls=parallel, deterministic=det, executor="thread")
+    ds = tp.range(6).map(
+        lambda x: x * 2, num_parallel_calls=parallel, deterministic=det, executor="thread"
+    )
     assert_checkpoint_roundtrip(ds.repeat(2), ordered=det)
 
 
@@ -138,14 +149,17 @@ def without_pid(elements):
 def test_identical_output_for_any_worker_count_and_executor():
     seeded = tp.Options(seed=4)
     runs = {
-        (n, executor): without_pid(list(tp.range(30).map(augment, n, executor=executor).with_options(seeded)))
+        (n, executor): without_pid(
+            list(tp.range(30).map(augment, n, executor=executor).with_options(seeded))
+        )
         for n in (1, 2, 4)
         for executor in ("thread", "process")
     }
     inline = without_pid(list(tp.range(30).map(augment).with_options(seeded)))
     assert all(run == inline for run in runs.values())
     globals_by_workers = [
-        list(tp.range(20).map(global_augment, n, executor="process").with_options(seeded)) for n in (1, 2, 4)
+        list(tp.range(20).map(global_augment, n, executor="process").with_options(seeded))
+        for n in (1, 2, 4)
     ]
     assert globals_by_workers[0] == globals_by_workers[1] == globals_by_workers[2]
     assert len({row[1:] for row in globals_by_workers[0]}) == 20  # every element draws differently
@@ -160,7 +174,9 @@ def test_process_map_runs_in_workers_and_pushes_the_dataset_down():
         def __getitem__(self, i):
             return i, os.getpid()
 
-    out = list(tp.from_dataset(Pids()).map(lambda i, pid: (i, pid, os.getpid()), 2, executor="process"))
+    out = list(
+        tp.from_dataset(Pids()).map(lambda i, pid: (i, pid, os.getpid()), 2, executor="process")
+    )
     assert [i for i, _, _ in out] == list(range(6))
     assert all(fetch_pid == map_pid != os.getpid() for _, fetch_pid, map_pid in out)
 
@@ -176,7 +192,9 @@ def test_process_errors_keep_type_message_traceback_and_stage():
     with pytest.raises(ValueError, match="bad record 3") as info:
         next(it)
     notes = "\n".join(info.value.__notes__)
-    assert "map(parse)" in notes and "element 3" in notes and "Traceback from worker process" in notes
+    assert (
+        "map(parse)" in notes and "element 3" in notes and "Traceback from worker process" in notes
+    )
     assert list(it) == [4, 5]
 
 
@@ -204,7 +222,11 @@ def test_without_restarts_a_killed_worker_raises_worker_error():
         time.sleep(0.01)
         return os.getpid()
 
-    it = iter(tp.range(200).map(slow, 2, executor="process").with_options(tp.Options(restart_workers=False)))
+    it = iter(
+        tp.range(200)
+        .map(slow, 2, executor="process")
+        .with_options(tp.Options(restart_workers=False))
+    )
     pid = next(it)
     os.kill(pid, signal.SIGKILL)
     with pytest.raises(tp.WorkerError, match=f"{pid} killed by SIGKILL"):
@@ -214,10 +236,13 @@ def test_without_restarts_a_killed_worker_raises_worker_error():
 def test_process_checkpoint_roundtrip():
     # Each resume forks a pool: a few positions (start, in flight, the middle, the end) check what all would.
     assert_checkpoint_roundtrip(
-        tp.range(15).map(augment, 2, executor="process").map(lambda d: d["rng"]), positions=[0, 1, 3, 8, 14, 15]
+        tp.range(15).map(augment, 2, executor="process").map(lambda d: d["rng"]),
+        positions=[0, 1, 3, 8, 14, 15],
     )
     assert_checkpoint_roundtrip(
-        tp.range(12).map(abs, 3, executor="process", deterministic=False), positions=[0, 2, 6, 11, 12], ordered=False
+        tp.range(12).map(abs, 3, executor="process", deterministic=False),
+        positions=[0, 2, 6, 11, 12],
+        ordered=False,
     )
 
 
@@ -236,7 +261,9 @@ def test_auto_executor_picks_processes_for_gil_holders_and_threads_otherwise():
         it = iter(tp.range(20).map(python_heavy, 2, executor="auto"))
         assert list(it) == [python_heavy(x) for x in range(20)]
     assert stage_stats(it, "map")["executor"] == "process"
-    with forced_call_costs(2e-3, gil_free=1.0, cpu_s=1e-5, moves=False):  # waits 2 ms a call, the GIL free
+    with forced_call_costs(
+        2e-3, gil_free=1.0, cpu_s=1e-5, moves=False
+    ):  # waits 2 ms a call, the GIL free
         it = iter(tp.range(20).map(lambda x: time.sleep(0.002) or x, 2, executor="auto"))
         assert list(it) == list(range(20))
     assert stage_stats(it, "map")["executor"] == "thread"
@@ -264,7 +291,9 @@ def force_costs():
 
 
 @pytest.mark.parametrize("costs, kind", [((1e-3, 0.0), "process"), ((1e-3, 1.0, 1e-5), "thread")])
-def test_the_next_pass_starts_with_the_executor_and_parallelism_the_last_one_settled_on(monkeypatch, costs, kind):
+def test_the_next_pass_starts_with_the_executor_and_parallelism_the_last_one_settled_on(
+    monkeypatch, costs, kind
+):
     untuned = tp.Options(autotune=tp.AutotuneOptions(enabled=False))  # the test plays the tuner
     ds = tp.range(20).map(abs, tp.AUTOTUNE, executor="auto").with_options(untuned)
     first = iter(ds)
@@ -272,7 +301,9 @@ def test_the_next_pass_starts_with_the_executor_and_parallelism_the_last_one_set
         out = [next(first)]
     stage = _parallel_stage(first)
     assert stage.executor_kind == kind
-    stage.knobs()[0].request(3)  # what the autotuner's request does, applied before the next element
+    stage.knobs()[0].request(
+        3
+    )  # what the autotuner's request does, applied before the next element
     out.extend(first)
     assert out == list(range(20)) and stage.parallelism() == 3
 
@@ -285,7 +316,9 @@ def test_the_next_pass_starts_with_the_executor_and_parallelism_the_last_one_set
     stage = _parallel_stage(second)
     assert stage.executor_kind == kind and stage.parallelism() == 3 and stage.knobs()[0].value == 3
     assert out + list(second) == list(range(20))
-    with pytest.raises(AssertionError, match="no probe again"):  # what is learned stays with its Dataset
+    with pytest.raises(
+        AssertionError, match="no probe again"
+    ):  # what is learned stays with its Dataset
         next(iter(tp.range(20).map(abs, tp.AUTOTUNE, executor="auto")))
 
 
@@ -318,15 +351,24 @@ def test_autotune_runs_calls_cheaper_than_moving_their_results_inline():
     )
     assert list(it) == list(range(1, 201))
     mapped = stage_stats(it, "map")
-    assert (mapped["executor"], mapped["workers"], list(mapped["knobs"].values())) == ("inline", 0, [0])
+    assert (mapped["executor"], mapped["workers"], list(mapped["knobs"].values())) == (
+        "inline",
+        0,
+        [0],
+    )
     assert mapped.get("pids", []) == []  # no worker was ever started
     explicit = iter(tp.range(50).map(lambda x: x + 1, 2))  # a count asked for: never inline
-    assert list(explicit) == list(range(1, 51)) and stage_stats(explicit, "map")["executor"] in ("thread", "process")
+    assert list(explicit) == list(range(1, 51)) and stage_stats(explicit, "map")["executor"] in (
+        "thread",
+        "process",
+    )
 
 
 def test_the_autotuner_moves_calls_between_inline_and_a_pool_without_losing_any(force_costs):
     force_costs(1e-6, 0.0)  # inline, to begin with
-    untuned = tp.Options(autotune=tp.AutotuneOptions(enabled=False), optimizations={"inject_prefetch": False})
+    untuned = tp.Options(
+        autotune=tp.AutotuneOptions(enabled=False), optimizations={"inject_prefetch": False}
+    )
     it = iter(tp.range(300).map(lambda x: x * 3, tp.AUTOTUNE).with_options(untuned))
     out = [next(it) for _ in range(10)]
     stage = _parallel_stage(it)
@@ -334,7 +376,9 @@ def test_the_autotuner_moves_calls_between_inline_and_a_pool_without_losing_any(
     for workers in (2, 0, 3, 1, 0):
         stage.knobs()[0].request(workers)
         out += [next(it) for _ in range(25)]
-        assert stage.parallelism() == workers and (stage.executor_kind == "inline") == (workers == 0)
+        assert stage.parallelism() == workers and (stage.executor_kind == "inline") == (
+            workers == 0
+        )
     assert out + list(it) == [x * 3 for x in range(300)]
 
 
@@ -342,7 +386,11 @@ def test_seeded_calls_that_draw_from_the_global_rngs_never_run_on_threads(force_
     force_costs(1e-3, 1.0, 1e-5)  # threads would win, if allowed
 
     def draws():
-        return tp.range(40).map(lambda x: x + random.random(), tp.AUTOTUNE).with_options(tp.Options(seed=5))
+        return (
+            tp.range(40)
+            .map(lambda x: x + random.random(), tp.AUTOTUNE)
+            .with_options(tp.Options(seed=5))
+        )
 
     it = iter(draws())
     out = list(it)
@@ -382,7 +430,9 @@ def test_early_break_and_close_stop_every_worker():
     it = iter(tp.range(1000).map(lambda x: os.getpid(), 3, executor="process"))
     pids = {next(it) for _ in range(10)}
     (zygote,) = zygote_pids(it)
-    assert {p.pid for p in psutil.Process(zygote).children()} >= pids  # the workers are the zygote's
+    assert {
+        p.pid for p in psutil.Process(zygote).children()
+    } >= pids  # the workers are the zygote's
     it.close()
     assert wait_dead(pids | {zygote}) == []
 
@@ -417,17 +467,23 @@ for _ in it:
 
 def test_ctrl_c_leaves_no_processes():
     child = subprocess.Popen(
-        [sys.executable, "-X", "faulthandler", "-c", CTRL_C_CHILD], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        [sys.executable, "-X", "faulthandler", "-c", CTRL_C_CHILD],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-    )  # fmt: skip
+    )
     pids = [int(p) for p in child.stdout.readline().split()]
     child.send_signal(signal.SIGINT)
     try:
         _, err = child.communicate(timeout=60)  # 0.5 s here; a loaded machine's cores are shared
     except subprocess.TimeoutExpired:
         child.send_signal(signal.SIGABRT)  # faulthandler prints where every thread of it stands
-        pytest.fail(f"the child still ran 60 s after Ctrl-C:\n{child.communicate(timeout=30)[1][-8000:]}")
-    assert "KeyboardInterrupt" in err, f"the child ended with {child.returncode} and stderr {err[-2000:]!r}"
+        pytest.fail(
+            f"the child still ran 60 s after Ctrl-C:\n{child.communicate(timeout=30)[1][-8000:]}"
+        )
+    assert "KeyboardInterrupt" in err, (
+        f"the child ended with {child.returncode} and stderr {err[-2000:]!r}"
+    )
     assert pids and wait_dead(pids) == []
 
 
@@ -448,12 +504,18 @@ def test_auto_executor_measurement_leaves_the_callers_global_rngs_alone():
     random.seed(123)
     expected = random.random()
     random.seed(123)
-    list(tp.range(5).map(lambda x: random.random(), 2, executor="auto").with_options(tp.Options(seed=1)))
+    list(
+        tp.range(5)
+        .map(lambda x: random.random(), 2, executor="auto")
+        .with_options(tp.Options(seed=1))
+    )
     assert random.random() == expected
 
 
 def test_unseeded_workers_draw_distinct_global_streams():
-    draws = list(tp.range(40).map(lambda x: (random.random(), float(torch.rand(()))), 2, executor="process"))
+    draws = list(
+        tp.range(40).map(lambda x: (random.random(), float(torch.rand(()))), 2, executor="process")
+    )
     assert len({d[0] for d in draws}) == 40 and len({d[1] for d in draws}) == 40
 
 
@@ -485,14 +547,24 @@ def test_pushdown_through_shuffle_take_skip_shard_repeat(executor):
     def chain(ds):
         return ds.shuffle(8).skip(2).take(25).shard(2, 1).repeat(2)
 
-    pushed = chain(tp.from_dataset(PidItems())).map(lambda i, pid: (i, pid, os.getpid()), 2, executor=executor)
+    pushed = chain(tp.from_dataset(PidItems())).map(
+        lambda i, pid: (i, pid, os.getpid()), 2, executor=executor
+    )
     inline = chain(tp.from_dataset(PidItems())).map(lambda i, pid: (i, pid, os.getpid()))
     out = list(pushed.with_options(seeded))
-    assert [i for i, _, _ in out] == [i for i, _, _ in inline.with_options(seeded)]  # same order, same seeds
+    assert [i for i, _, _ in out] == [
+        i for i, _, _ in inline.with_options(seeded)
+    ]  # same order, same seeds
     if executor == "process":
-        assert all(fetch == worker != os.getpid() for _, fetch, worker in out)  # dataset[i] ran in the worker
-    positions = None if executor == "thread" else [0, 1, 5, 11, 12, 20, 23]  # a pool forked per resume
-    assert_checkpoint_roundtrip(pushed.with_options(seeded).map(lambda i, a, b: i), positions=positions)
+        assert all(
+            fetch == worker != os.getpid() for _, fetch, worker in out
+        )  # dataset[i] ran in the worker
+    positions = (
+        None if executor == "thread" else [0, 1, 5, 11, 12, 20, 23]
+    )  # a pool forked per resume
+    assert_checkpoint_roundtrip(
+        pushed.with_options(seeded).map(lambda i, a, b: i), positions=positions
+    )
 
 
 def spin(x):
@@ -507,7 +579,9 @@ def test_auto_moves_to_processes_when_threads_prove_slow(monkeypatch, force_cost
 
     from torchpipe.runtime.placement import stage as placement
 
-    monkeypatch.setattr(placement, "CALLS", dataclasses.replace(placement.CALLS, seconds=0.0, settle_s=0.0))
+    monkeypatch.setattr(
+        placement, "CALLS", dataclasses.replace(placement.CALLS, seconds=0.0, settle_s=0.0)
+    )
     # As if calls released the GIL and cost 100 us: threads are predicted fastest. They hold it.
     measured_review = Policy.review
 
@@ -517,7 +591,11 @@ def test_auto_moves_to_processes_when_threads_prove_slow(monkeypatch, force_cost
 
     monkeypatch.setattr(Policy, "review", review)
     force_costs(1e-4, 1.0)
-    it = iter(tp.range(300).map(spin, 2).with_options(tp.Options(optimizations={"inject_prefetch": False})))
+    it = iter(
+        tp.range(300)
+        .map(spin, 2)
+        .with_options(tp.Options(optimizations={"inject_prefetch": False}))
+    )
     out = [next(it) for _ in range(5)]
     assert stage_stats(it, "map")["executor"] == "thread"
     out += list(it)
@@ -537,7 +615,9 @@ def test_a_hung_call_raises_a_stall_error_naming_the_stage_element_and_worker():
     options = tp.Options(stall_timeout=1.0, optimizations={"inject_prefetch": False})
     it = iter(tp.range(10).map(hang_on_three, 2, executor="process").with_options(options))
     assert [next(it) for _ in range(3)] == [0, 1, 2]
-    with pytest.raises(tp.StallError, match=r"map\(hang_on_three\): element 3 .* worker process \d+") as info:
+    with pytest.raises(
+        tp.StallError, match=r"map\(hang_on_three\): element 3 .* worker process \d+"
+    ) as info:
         next(it)
     assert info.value.seq == 3 and "stall_timeout" in str(info.value)
     it.close()
@@ -563,8 +643,14 @@ def test_cheap_calls_placed_inline_fork_no_worker_processes_in_any_pass():
         first = iter(pipeline)
         assert list(first) == list(range(2000))
         assert {p.pid for p in psutil.Process().children(recursive=True)} <= before
-        assert stage_stats(first, "map")["executor"] in ("inline", "thread") and "pids" in stage_stats(first, "map")
+        assert stage_stats(first, "map")["executor"] in (
+            "inline",
+            "thread",
+        ) and "pids" in stage_stats(first, "map")
         again = iter(pipeline)
         assert list(again) == list(range(2000))
     assert {p.pid for p in psutil.Process().children(recursive=True)} <= before
-    assert stage_stats(again, "map")["executor"] in ("inline", "thread") and "pids" not in stage_stats(again, "map")
+    assert stage_stats(again, "map")["executor"] in (
+        "inline",
+        "thread",
+    ) and "pids" not in stage_stats(again, "map")

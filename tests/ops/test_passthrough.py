@@ -9,6 +9,13 @@ def test_with_options_is_transparent():
 
 
 def test_more_options_do_not_change_the_random_draws_below_them():
-    ds = tp.range(20).shuffle(8).map(lambda x: x + tp.rng().random()).with_options(tp.Options(seed=4))
-    more = ds.with_options(tp.Options(deterministic=False)).with_options(tp.Options(restart_workers=False))
+    ds = (
+        tp.range(20)
+        .shuffle(8)
+        .map(lambda x: x + tp.rng().random())
+        .with_options(tp.Options(seed=4))
+    )
+    more = ds.with_options(tp.Options(deterministic=False)).with_options(
+        tp.Options(restart_workers=False)
+    )
     assert list(ds) == list(more)

@@ -21,7 +21,11 @@ NO_INJECT = tp.Options(optimizations={"inject_prefetch": False})
 
 
 def _prefetch_threads(before):
-    return [t for t in threading.enumerate() if t not in before and t.name.startswith("torchpipe-prefetch")]
+    return [
+        t
+        for t in threading.enumerate()
+        if t not in before and t.name.startswith("torchpipe-prefetch")
+    ]
 
 
 def _fails_on(bad):
@@ -42,7 +46,9 @@ def test_same_values_and_order_as_without_prefetch(buffer_size):
 
 def test_zero_is_a_passthrough():
     before = set(threading.enumerate())
-    it = iter(tp.range(5).prefetch(0).with_options(tp.Options(optimizations={"inject_prefetch": False})))
+    it = iter(
+        tp.range(5).prefetch(0).with_options(tp.Options(optimizations={"inject_prefetch": False}))
+    )
     assert next(it) == 0
     assert [s["stage"] for s in it.stats()] == ["range"] and not _prefetch_threads(before)
     assert list(it) == [1, 2, 3, 4]
@@ -64,7 +70,11 @@ def _depth(it):
 
 
 def test_the_next_pass_starts_at_the_depth_the_tuner_left():
-    ds = tp.range(50).prefetch(tp.AUTOTUNE).with_options(tp.Options(autotune=tp.AutotuneOptions(enabled=False)))
+    ds = (
+        tp.range(50)
+        .prefetch(tp.AUTOTUNE)
+        .with_options(tp.Options(autotune=tp.AutotuneOptions(enabled=False)))
+    )
     first = iter(ds)
     next(first)
     knobs(first)[0].request(8)  # what the autotuner's request does (applied at once)
@@ -205,7 +215,9 @@ def _executor(it):
 def test_autotune_runs_the_input_inline_for_a_consumer_with_nothing_to_overlap():
     before = set(threading.enumerate())
     it = iter(tp.range(10**6).prefetch(tp.AUTOTUNE).with_options(NO_INJECT))
-    got = [next(it) for _ in range(20_000)]  # a loop that only collects: a hand-off costs more than an element
+    got = [
+        next(it) for _ in range(20_000)
+    ]  # a loop that only collects: a hand-off costs more than an element
     assert got == list(range(20_000)) and _executor(it) == "inline"
     assert not _prefetch_threads(before)
     state = it.state_dict()
@@ -222,7 +234,9 @@ def test_autotune_keeps_the_thread_where_it_overlaps_and_comes_back_to_it():
     while _executor(it) != "inline" or len(got) < 200:  # an idle consumer first: inline
         got.append(next(it))
         assert time.monotonic() < deadline
-    while _executor(it) != "thread":  # then one that works as long as an element takes: the thread again
+    while (
+        _executor(it) != "thread"
+    ):  # then one that works as long as an element takes: the thread again
         got.append(next(it))
         time.sleep(0.001)
         assert time.monotonic() < deadline
@@ -266,14 +280,20 @@ def test_the_input_runs_inline_only_while_no_stage_below_runs_ahead():
     with forced_call_costs(1e-7, gil_free=0.0, move_s=1e-5):  # cheaper than moving its result
         next(cheap)
     assert not runs_ahead(find_stage(cheap, ParallelMapIterator))  # its calls placed inline
-    threads = iter(tp.range(8).map(abs, num_parallel_calls=2, executor="thread").prefetch(tp.AUTOTUNE))
+    threads = iter(
+        tp.range(8).map(abs, num_parallel_calls=2, executor="thread").prefetch(tp.AUTOTUNE)
+    )
     next(threads)
     assert runs_ahead(find_stage(threads, ParallelMapIterator))
     choice = OverlapChoice(INLINE)
-    assert choice.delivered(1.0, 0.0, lambda: 1e-6, may_inline=lambda: False) == THREAD  # back to the thread
+    assert (
+        choice.delivered(1.0, 0.0, lambda: 1e-6, may_inline=lambda: False) == THREAD
+    )  # back to the thread
 
 
-def test_a_pass_that_starts_inline_starts_the_thread_when_a_stage_below_begins_to_run_ahead(monkeypatch):
+def test_a_pass_that_starts_inline_starts_the_thread_when_a_stage_below_begins_to_run_ahead(
+    monkeypatch,
+):
     """The last pass left the input inline; in this one the map below moves to a pool: the
     prefetch's thread must start (there was none to resume) and nothing is lost."""
     from torchpipe.ops import prefetch
@@ -287,6 +307,8 @@ def test_a_pass_that_starts_inline_starts_the_thread_when_a_stage_below_begins_t
     it = iter(pipeline)
     got = [next(it) for _ in range(10)]
     assert _executor(it) == "inline"
-    monkeypatch.setattr(prefetch, "runs_ahead", lambda stage: True)  # the map below now runs on a pool
+    monkeypatch.setattr(
+        prefetch, "runs_ahead", lambda stage: True
+    )  # the map below now runs on a pool
     got += list(it)
     assert got == list(range(400)) and _executor(it) == "thread"

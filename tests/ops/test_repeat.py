@@ -43,4 +43,6 @@ def test_repeat_rebuilds_its_input_each_time():
 
 
 def test_checkpoint_across_repetitions_of_an_endless_repeat():
-    assert_checkpoint_roundtrip(tp.range(4).enumerate().repeat().skip(2).shard(3, 1), max_elements=25)
+    assert_checkpoint_roundtrip(
+        tp.range(4).enumerate().repeat().skip(2).shard(3, 1), max_elements=25
+    )

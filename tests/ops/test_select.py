@@ -65,8 +65,20 @@ def _three_fails(x):
 
 def test_shard_does_not_read_other_shards_elements_nor_raise_their_errors():
     items = Reads()
-    assert list(tp.from_dataset(items).shard(2, 0)) == [0, 2, 4, 6, 8] and items.read == [0, 2, 4, 6, 8]
-    assert list(tp.range(10).map(_three_fails).shard(2, 0)) == [0, 2, 4, 6, 8]  # computed, its error dropped
+    assert list(tp.from_dataset(items).shard(2, 0)) == [0, 2, 4, 6, 8] and items.read == [
+        0,
+        2,
+        4,
+        6,
+        8,
+    ]
+    assert list(tp.range(10).map(_three_fails).shard(2, 0)) == [
+        0,
+        2,
+        4,
+        6,
+        8,
+    ]  # computed, its error dropped
     with pytest.raises(ValueError, match="unreadable 3"):
         list(tp.from_dataset(Reads()).shard(2, 1))
     # the element that raised keeps its place: the shard goes on with its own

@@ -70,7 +70,9 @@ def test_an_element_moves_earlier_by_at_most_buffer_size_minus_one():
 
 def test_elements_keep_their_structure():
     Pair = collections.namedtuple("Pair", "x y")
-    ds = tp.from_tensor_slices({"x": torch.arange(6), "y": np.arange(6) * 10}).map(lambda d: Pair(d["x"], d["y"]))
+    ds = tp.from_tensor_slices({"x": torch.arange(6), "y": np.arange(6) * 10}).map(
+        lambda d: Pair(d["x"], d["y"])
+    )
     out = list(ds.shuffle(6, seed=0))
     assert all(isinstance(e, Pair) and int(e.x) * 10 == int(e.y) for e in out)
     assert sorted(int(e.x) for e in out) == list(range(6))
@@ -105,11 +107,19 @@ def test_without_reshuffle_every_epoch_and_repetition_is_the_same():
 
 def test_pipeline_seed_makes_unseeded_shuffles_reproducible():
     def build():
-        return tp.range(30).shuffle(8).map(lambda x: x * 2).shuffle(30).with_options(tp.Options(seed=11))
+        return (
+            tp.range(30)
+            .shuffle(8)
+            .map(lambda x: x * 2)
+            .shuffle(30)
+            .with_options(tp.Options(seed=11))
+        )
 
     a, b = build(), build()
     assert list(a) == list(b) and list(a) == list(b)  # epoch 0, then epoch 1
-    other = tp.range(30).shuffle(8).map(lambda x: x * 2).shuffle(30).with_options(tp.Options(seed=12))
+    other = (
+        tp.range(30).shuffle(8).map(lambda x: x * 2).shuffle(30).with_options(tp.Options(seed=12))
+    )
     assert list(other) != list(build())
 
 
@@ -203,39 +213,59 @@ def _pairs(n=10):
     return tp.range(n).map(lambda i: (torch.full((i % 3 + 1,), i), i))
 
 
-@pytest.mark.parametrize("garble, found", [
-    (lambda e: "x", "str"),
-    (lambda e: {"x": e[0], "y": e[1]}, r"\{'x': tensor\(int64, 1-d\), 'y': int\}"),
-    (lambda e: (e[0].float(), e[1]), r"tuple\(tensor\(float32, 1-d\), int\)"),
-    (lambda e: (e[0][None], e[1]), r"tuple\(tensor\(int64, 2-d\), int\)"),
-    (lambda e: (e[0], str(e[1])), r"tuple\(tensor\(int64, 1-d\), str\)"),
-])  # fmt: skip
-def test_a_buffer_holding_elements_of_another_structure_is_a_checkpoint_error_at_load(garble, found):
+@pytest.mark.parametrize(
+    "garble, found",
+    [
+        (lambda e: "x", "str"),
+        (lambda e: {"x": e[0], "y": e[1]}, r"\{'x': tensor\(int64, 1-d\), 'y': int\}"),
+        (lambda e: (e[0].float(), e[1]), r"tuple\(tensor\(float32, 1-d\), int\)"),
+        (lambda e: (e[0][None], e[1]), r"tuple\(tensor\(int64, 2-d\), int\)"),
+        (lambda e: (e[0], str(e[1])), r"tuple\(tensor\(int64, 1-d\), str\)"),
+    ],
+)
+def test_a_buffer_holding_elements_of_another_structure_is_a_checkpoint_error_at_load(
+    garble, found
+):
     # without the check it loads, and fails later in a batch downstream ("element mixes types")
     ds = _pairs().shuffle(5, seed=0)
     state = _state_mid_buffer(ds)
     buffer = state["pipeline"]["buffer"]
     buffer[2] = garble(buffer[2])
-    message = (rf"^shuffle: state\['buffer'\] element 2 is {found}, but the op held "
-               r"tuple\(tensor\(int64, 1-d\), int\); is the state damaged or from another pipeline\?")  # fmt: skip
+    message = (
+        rf"^shuffle: state\['buffer'\] element 2 is {found}, but the op held "
+        r"tuple\(tensor\(int64, 1-d\), int\); is the state damaged or from another pipeline\?"
+    )
     with pytest.raises(CheckpointError, match=message):
         iter(ds).load_state_dict(state)
 
 
-# fmt: off
-@pytest.mark.parametrize("make", [
-    lambda: _pairs(),  # shapes vary
-    lambda: tp.from_iterable(["a", "bcd", "", "ef" * 9]),  # ragged strings
-    lambda: tp.from_iterable([{"a": 1}, {"a": 1, "b": "x"}, {"b": 2.0}, [1, 2], [3], None, torch.zeros(2, 2),
-                              np.zeros(3, np.uint8), torch.zeros(1, dtype=torch.int8), (1, "a")]),
-    lambda: tp.from_iterable([list(range(i * 40)) for i in range(6)]),  # long lists
-])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: _pairs(),  # shapes vary
+        lambda: tp.from_iterable(["a", "bcd", "", "ef" * 9]),  # ragged strings
+        lambda: tp.from_iterable(
+            [
+                {"a": 1},
+                {"a": 1, "b": "x"},
+                {"b": 2.0},
+                [1, 2],
+                [3],
+                None,
+                torch.zeros(2, 2),
+                np.zeros(3, np.uint8),
+                torch.zeros(1, dtype=torch.int8),
+                (1, "a"),
+            ]
+        ),
+        lambda: tp.from_iterable([list(range(i * 40)) for i in range(6)]),  # long lists
+    ],
+)
 def test_states_whose_elements_legitimately_vary_load(make):
     ds = make().shuffle(4, seed=1)
     assert_checkpoint_roundtrip(ds, max_elements=12)
     state = _state_mid_buffer(ds, taken=3)
     iter(ds).load_state_dict(state)
-# fmt: on
 
 
 def test_a_state_without_a_recorded_structure_loads_unchecked():

@@ -45,17 +45,23 @@ def test_the_first_job_writes_and_later_jobs_read(tmp_path):
     assert_same_elements(first, elements)
     assert len(_published(tmp_path)) == 1
     count = Counter()
-    again = tp.from_iterable(elements).take(100).snapshot(tmp_path)  # another pipeline: a new snapshot
+    again = (
+        tp.from_iterable(elements).take(100).snapshot(tmp_path)
+    )  # another pipeline: a new snapshot
     assert_same_elements(again, elements)
     assert len(_published(tmp_path)) == 2
     same = tp.range(6).map(count).snapshot(tmp_path)
     assert [int(x) for x in same] == list(range(6)) and count.calls == 6
     count.calls = 0
-    assert [int(x) for x in tp.range(6).map(count).snapshot(tmp_path)] == list(range(6))  # a new Dataset object
+    assert [int(x) for x in tp.range(6).map(count).snapshot(tmp_path)] == list(
+        range(6)
+    )  # a new Dataset object
     assert count.calls == 0
 
 
-@pytest.mark.parametrize("change", [lambda n, c: tp.range(n + 1).map(c), lambda n, c: tp.range(n).map(c).map(abs)])
+@pytest.mark.parametrize(
+    "change", [lambda n, c: tp.range(n + 1).map(c), lambda n, c: tp.range(n).map(c).map(abs)]
+)
 def test_a_changed_pipeline_gets_a_new_snapshot(tmp_path, change):
     list(tp.range(4).map(Counter()).snapshot(tmp_path))
     count = Counter()
@@ -138,9 +144,19 @@ def test_a_changed_value_the_function_reads_gets_a_new_snapshot(tmp_path, monkey
     _set_globals(monkeypatch, 2)
     assert list(tp.range(4).map(function(2)).snapshot(tmp_path)) == [0, 2, 4, 6]
     _set_globals(monkeypatch, 3)
-    assert list(tp.range(4).map(function(3)).snapshot(tmp_path)) == [0, 3, 6, 9]  # not the stale [0, 2, 4, 6]
+    assert list(tp.range(4).map(function(3)).snapshot(tmp_path)) == [
+        0,
+        3,
+        6,
+        9,
+    ]  # not the stale [0, 2, 4, 6]
     assert len(_published(tmp_path)) == 2
-    assert list(tp.range(4).map(function(3)).snapshot(tmp_path)) == [0, 3, 6, 9]  # the new one is read
+    assert list(tp.range(4).map(function(3)).snapshot(tmp_path)) == [
+        0,
+        3,
+        6,
+        9,
+    ]  # the new one is read
     assert len(_published(tmp_path)) == 2
 
 
@@ -170,26 +186,50 @@ def test_two_passes_filling_at_once_one_writes_the_other_computes(tmp_path):
 
 def test_jobs_in_other_processes_compute_while_one_writes_then_read(tmp_path):
     n = 200
-    child = subprocess.Popen([sys.executable, "-m", saving_jobs.__name__, "snapshot", str(tmp_path), str(n), "0.01"],
-                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    child = subprocess.Popen(
+        [sys.executable, "-m", saving_jobs.__name__, "snapshot", str(tmp_path), str(n), "0.01"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     deadline = time.monotonic() + 30
-    while not any(n.endswith(".partial") for s in _snapshots(tmp_path) for n in os.listdir(tmp_path / s)):
+    while not any(
+        n.endswith(".partial") for s in _snapshots(tmp_path) for n in os.listdir(tmp_path / s)
+    ):
         assert child.poll() is None and time.monotonic() < deadline, child.communicate()
         time.sleep(0.02)
     saving_jobs.CALLS.clear()
-    assert_same_elements(saving_jobs.pipeline(n).snapshot(tmp_path), [saving_jobs.make(i) for i in range(n)])
+    assert_same_elements(
+        saving_jobs.pipeline(n).snapshot(tmp_path), [saving_jobs.make(i) for i in range(n)]
+    )
     assert len(saving_jobs.CALLS) == 2 * n  # computed (the child writes), nothing written here
     assert child.wait(60) == 0, child.communicate()
     saving_jobs.CALLS.clear()
-    assert_same_elements(saving_jobs.pipeline(n).snapshot(tmp_path), [saving_jobs.make(i) for i in range(n)])
+    assert_same_elements(
+        saving_jobs.pipeline(n).snapshot(tmp_path), [saving_jobs.make(i) for i in range(n)]
+    )
     assert len(saving_jobs.CALLS) == n  # only the expected elements above: the snapshot was read
 
 
 def test_a_killed_writer_leaves_nothing_a_reader_sees_and_its_checkpoint_resumes_the_fill(tmp_path):
     n, stop, state_file = 60, 25, tmp_path / "state.pkl"
     root = tmp_path / "snap"
-    child = subprocess.run([sys.executable, "-m", saving_jobs.__name__, "kill", str(root), str(n), "0", str(stop),
-                            str(state_file)], cwd=ROOT, capture_output=True, timeout=60)  # fmt: skip
+    child = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            saving_jobs.__name__,
+            "kill",
+            str(root),
+            str(n),
+            "0",
+            str(stop),
+            str(state_file),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        timeout=60,
+    )
     assert child.returncode == -signal.SIGKILL, child.stderr.decode()
     assert _snapshots(root) and not _published(root)
     saving_jobs.CALLS.clear()
@@ -197,17 +237,37 @@ def test_a_killed_writer_leaves_nothing_a_reader_sees_and_its_checkpoint_resumes
         it.load_state_dict(pickle.loads(state_file.read_bytes()))
         rest = list(it)
     assert_same_elements(rest, [saving_jobs.make(i) for i in range(stop, n)])
-    assert len(saving_jobs.CALLS) == 2 * (n - stop)  # the pipeline's calls, then the expected elements'
+    assert len(saving_jobs.CALLS) == 2 * (
+        n - stop
+    )  # the pipeline's calls, then the expected elements'
     saving_jobs.CALLS.clear()
-    assert_same_elements(saving_jobs.pipeline(n).snapshot(root), [saving_jobs.make(i) for i in range(n)])
+    assert_same_elements(
+        saving_jobs.pipeline(n).snapshot(root), [saving_jobs.make(i) for i in range(n)]
+    )
     assert len(saving_jobs.CALLS) == n  # read: the resumed fill published the whole pass
 
 
 def test_a_fresh_pass_replaces_a_killed_writers_partial_files(tmp_path):
     root, state_file = tmp_path / "snap", tmp_path / "state.pkl"
-    subprocess.run([sys.executable, "-m", saving_jobs.__name__, "kill", str(root), "30", "0", "10", str(state_file)],
-                   cwd=ROOT, capture_output=True, timeout=60)  # fmt: skip
-    assert_same_elements(saving_jobs.pipeline(30).snapshot(root), [saving_jobs.make(i) for i in range(30)])
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            saving_jobs.__name__,
+            "kill",
+            str(root),
+            "30",
+            "0",
+            "10",
+            str(state_file),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        timeout=60,
+    )
+    assert_same_elements(
+        saving_jobs.pipeline(30).snapshot(root), [saving_jobs.make(i) for i in range(30)]
+    )
     (snapshot,) = _published(root)
     assert not [n for n in os.listdir(root / snapshot) if n.endswith(".partial")]
 

@@ -40,7 +40,9 @@ def test_run_delay_counts_the_wait_for_a_core_not_the_threads_own_work():
     thread.join()
     assert seen[0] is not None and seen[0] >= 0
     native = []
-    waiter = threading.Thread(target=lambda: (native.append(threading.get_native_id()), time.sleep(0.2)))
+    waiter = threading.Thread(
+        target=lambda: (native.append(threading.get_native_id()), time.sleep(0.2))
+    )
     waiter.start()
     while not native:
         time.sleep(0.001)
@@ -56,7 +58,9 @@ def test_run_delay_is_the_time_a_busy_core_kept_this_thread_waiting():
     if cpu.run_delay() is None:
         pytest.skip("this kernel reports no run-queue delay")
     core = min(os.sched_getaffinity(0))
-    hog = subprocess.Popen([sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{core}}})\nwhile 1: pass"])
+    hog = subprocess.Popen(
+        [sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{core}}})\nwhile 1: pass"]
+    )
     mine = os.sched_getaffinity(0)
     try:
         os.sched_setaffinity(0, {core})  # this thread and the hog share one core
@@ -87,7 +91,9 @@ def test_run_delay_reads_the_calling_threads_own_counter_in_threads_and_forked_c
     read_by_threads = []
 
     def in_a_thread():
-        read_by_threads.append((_own_schedstat(), f"/proc/{os.getpid()}/task/{threading.get_native_id()}/schedstat"))
+        read_by_threads.append(
+            (_own_schedstat(), f"/proc/{os.getpid()}/task/{threading.get_native_id()}/schedstat")
+        )
 
     open_before = len(os.listdir("/proc/self/fd"))
     for _ in range(20):

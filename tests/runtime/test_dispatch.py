@@ -55,7 +55,11 @@ def test_switching_executors_mid_stream_loses_repeats_and_reorders_nothing():
     threads = ThreadExecutor(_slow_square, 3, "t")
     dispatch = Dispatcher("t", threads)
     out, seq = [], 0
-    for executor in (InlineExecutor(_slow_square), ThreadExecutor(_slow_square, 2, "u"), InlineExecutor(_slow_square)):
+    for executor in (
+        InlineExecutor(_slow_square),
+        ThreadExecutor(_slow_square, 2, "u"),
+        InlineExecutor(_slow_square),
+    ):
         for _ in range(10):
             dispatch.submit(seq, seq)
             seq += 1
@@ -82,9 +86,13 @@ def test_a_deadline_bounds_the_wait():
 
 def test_a_stalled_element_raises_naming_the_stage_the_element_and_the_thread():
     gate = threading.Event()
-    dispatch = Dispatcher("map(stuck)", ThreadExecutor(lambda seq, x: gate.wait(10), 1, "tp-stuck"), stall_s=0.3)
+    dispatch = Dispatcher(
+        "map(stuck)", ThreadExecutor(lambda seq, x: gate.wait(10), 1, "tp-stuck"), stall_s=0.3
+    )
     dispatch.submit(7, None)
-    with pytest.raises(tp.StallError, match=r"map\(stuck\): element 7 .* thread tp-stuck-0") as info:
+    with pytest.raises(
+        tp.StallError, match=r"map\(stuck\): element 7 .* thread tp-stuck-0"
+    ) as info:
         dispatch.take()
     assert (info.value.stage, info.value.seq) == ("map(stuck)", 7)
     gate.set()
@@ -127,5 +135,7 @@ def test_tasks_left_on_a_switched_out_executor_are_waited_for_not_spun_on():
     dispatch.submit(2, 2)
     assert _drain(dispatch) == [(0, 0), (1, 1), (2, 2)]
     assert waited  # on the threads, for 0.2 s
-    assert looks["inline"] < 200 and looks["threads"] < 200  # steps of 5 ms, not a spin (~8000 looks)
+    assert (
+        looks["inline"] < 200 and looks["threads"] < 200
+    )  # steps of 5 ms, not a spin (~8000 looks)
     dispatch.close()

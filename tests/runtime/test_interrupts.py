@@ -30,10 +30,15 @@ def test_a_pipeline_raises_an_interrupt_a_finalizer_swallowed():
     it = iter(tp.range(10).map(element))
     got = []
     with pytest.raises(KeyboardInterrupt):
-        for item in it:  # dropping element 3 runs its finalizer, which Python lets swallow the interrupt
+        for (
+            item
+        ) in it:  # dropping element 3 runs its finalizer, which Python lets swallow the interrupt
             got.append(item.x)
             del item
-    assert got in ([0, 1, 2, 3], [0, 1, 2, 3, 4])  # at the next call after it died (a stage may hold the last one)
+    assert got in (
+        [0, 1, 2, 3],
+        [0, 1, 2, 3, 4],
+    )  # at the next call after it died (a stage may hold the last one)
 
 
 class Batches(torch.utils.data.Dataset):

@@ -12,7 +12,9 @@ from torchpipe.ops.parallel_map import ParallelMapIterator
 from torchpipe.ops.prefetch import PrefetchIterator
 from torchpipe.testing import reader_capacity, ring_slots
 
-NO_TUNER = tp.Options(autotune=tp.AutotuneOptions(enabled=False), optimizations={"inject_prefetch": False})
+NO_TUNER = tp.Options(
+    autotune=tp.AutotuneOptions(enabled=False), optimizations={"inject_prefetch": False}
+)
 
 
 def _turn(it, kind, values, every=7, knob_name=""):
@@ -40,7 +42,11 @@ def _square(x):
 
 @pytest.mark.parametrize("executor", ["thread", "process"])
 def test_a_parallel_map_resized_while_running_keeps_every_element_in_order(executor):
-    ds = tp.range(300).map(_square, num_parallel_calls=tp.AUTOTUNE, executor=executor).with_options(NO_TUNER)
+    ds = (
+        tp.range(300)
+        .map(_square, num_parallel_calls=tp.AUTOTUNE, executor=executor)
+        .with_options(NO_TUNER)
+    )
     it = iter(ds)
     out, knob, last = _turn(it, ParallelMapIterator, [1, 4, 2, 3], knob_name=".parallelism")
     assert out == [x * x for x in range(300)]
@@ -59,17 +65,29 @@ def test_a_process_maps_tasks_in_flight_turned_while_running_keep_every_element_
     assert stage.knobs() == [] and stage.buffer_slots() == 2 * 2  # two workers, two tasks each
     fixed.close()
     it = iter(tuned.with_options(NO_TUNER))
-    out, knob, last = _turn(it, ParallelMapIterator, [4, 1, 2], knob_name=".in_flight")  # 1: raised to 2
+    out, knob, last = _turn(
+        it, ParallelMapIterator, [4, 1, 2], knob_name=".in_flight"
+    )  # 1: raised to 2
     assert out == [x * x for x in range(300)]
     stage = find_stage(it, ParallelMapIterator)
     assert knob.value == last == 4  # 43 requests: 4, 1, 2, ..., 4
     assert stage.buffer_slots() == stage.parallelism() * last
     assert [k.name.rsplit(".", 1)[1] for k in stage.knobs()] == ["parallelism", "in_flight"]
     it.close()
-    it = iter(tp.range(10_000).map(_square, num_parallel_calls=tp.AUTOTUNE, executor="process").with_options(NO_TUNER))
+    it = iter(
+        tp.range(10_000)
+        .map(_square, num_parallel_calls=tp.AUTOTUNE, executor="process")
+        .with_options(NO_TUNER)
+    )
     next(it)
-    (knob,) = [k for k in find_stage(it, ParallelMapIterator).knobs() if k.name.endswith(".in_flight")]
-    for asked, tasks in ((4, 4), (1, 2), (2, 2)):  # never fewer than 2: a worker would wait between tasks
+    (knob,) = [
+        k for k in find_stage(it, ParallelMapIterator).knobs() if k.name.endswith(".in_flight")
+    ]
+    for asked, tasks in (
+        (4, 4),
+        (1, 2),
+        (2, 2),
+    ):  # never fewer than 2: a worker would wait between tasks
         knob.request(asked)
         for _ in range(100):
             next(it)
@@ -78,7 +96,11 @@ def test_a_process_maps_tasks_in_flight_turned_while_running_keep_every_element_
 
 
 def test_a_map_off_processes_has_no_tasks_in_flight_knob():
-    it = iter(tp.range(50).map(_square, num_parallel_calls=tp.AUTOTUNE, executor="thread").with_options(NO_TUNER))
+    it = iter(
+        tp.range(50)
+        .map(_square, num_parallel_calls=tp.AUTOTUNE, executor="thread")
+        .with_options(NO_TUNER)
+    )
     next(it)
     assert [k.name for k in find_stage(it, ParallelMapIterator).knobs()] == [
         f"{find_stage(it, ParallelMapIterator).name}.parallelism"
@@ -87,7 +109,11 @@ def test_a_map_off_processes_has_no_tasks_in_flight_knob():
 
 
 def test_a_resized_process_pool_has_that_many_workers():
-    ds = tp.range(10_000).map(_square, num_parallel_calls=tp.AUTOTUNE, executor="process").with_options(NO_TUNER)
+    ds = (
+        tp.range(10_000)
+        .map(_square, num_parallel_calls=tp.AUTOTUNE, executor="process")
+        .with_options(NO_TUNER)
+    )
     it = iter(ds)
     next(it)
     knob = find_stage(it, ParallelMapIterator).knobs()[0]
@@ -119,9 +145,15 @@ def _inner(x):
 @pytest.mark.parametrize("executor", ["thread", "process", "auto"])
 def test_a_parallel_interleave_resized_while_running_keeps_its_order(executor):
     expected = list(tp.range(40).interleave(_inner, cycle_length=3))
-    ds = tp.range(40).interleave(_inner, cycle_length=3, num_parallel_calls=tp.AUTOTUNE, executor=executor)
-    every = 60 if executor == "process" else 7  # each resize of a process pool forks or retires workers
-    out, knob, last = _turn(iter(ds.with_options(NO_TUNER)), InterleaveIterator, [1, 8, 2, 5], every=every)
+    ds = tp.range(40).interleave(
+        _inner, cycle_length=3, num_parallel_calls=tp.AUTOTUNE, executor=executor
+    )
+    every = (
+        60 if executor == "process" else 7
+    )  # each resize of a process pool forks or retires workers
+    out, knob, last = _turn(
+        iter(ds.with_options(NO_TUNER)), InterleaveIterator, [1, 8, 2, 5], every=every
+    )
     assert out == expected
     assert knob.value == last
 
@@ -139,7 +171,9 @@ def test_requests_are_clamped_to_the_knob_range():
 
 @pytest.mark.parametrize("executor", ["thread", "process"])
 def test_readers_read_far_ahead_only_with_four_reads_in_flight_a_slot(executor):
-    ds = tp.range(10**6).interleave(_inner, cycle_length=2, num_parallel_calls=tp.AUTOTUNE, executor=executor)
+    ds = tp.range(10**6).interleave(
+        _inner, cycle_length=2, num_parallel_calls=tp.AUTOTUNE, executor=executor
+    )
     it = iter(ds.with_options(NO_TUNER))
     next(it)
     stage = find_stage(it, InterleaveIterator)

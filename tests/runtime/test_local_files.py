@@ -41,7 +41,11 @@ def test_a_child_forked_while_another_thread_holds_the_lock_opens_its_own(tmp_pa
     thread.start()
     holding.wait(10)
     try:
-        status = _in_child(lambda: (fd := table.descriptor(0, str(path))) != parent_fd and os.pread(fd, 3, 0) == b"abc")
+        status = _in_child(
+            lambda: (
+                (fd := table.descriptor(0, str(path))) != parent_fd and os.pread(fd, 3, 0) == b"abc"
+            )
+        )
     finally:
         release.set()
         thread.join()

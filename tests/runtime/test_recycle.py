@@ -95,10 +95,17 @@ def test_placed_rows_make_the_batch_without_a_second_copy():
     with memory.rows(4) as batch_rows:
         placed = [batch_rows.place(j, e) for j, e in enumerate(elements)]
         assert len(placed) == len(elements)
-        assert all(type(p) is Pair and p.image.data_ptr() != e.image.data_ptr() for p, e in zip(placed, elements))
+        assert all(
+            type(p) is Pair and p.image.data_ptr() != e.image.data_ptr()
+            for p, e in zip(placed, elements)
+        )
         batch = collate_in_stage(placed, "batch", memory)
     assert type(batch) is Pair and batch.label.tolist() == [0, 1, 2]
-    assert batch.image.data_ptr() == placed[0].image.data_ptr() and batch.image.shape == (3, 2, 4)  # partial
+    assert batch.image.data_ptr() == placed[0].image.data_ptr() and batch.image.shape == (
+        3,
+        2,
+        4,
+    )  # partial
     assert torch.equal(batch.image, torch.stack([e.image for e in elements]))
 
 
@@ -123,7 +130,10 @@ def test_batch_row_lends_the_next_elements_row_and_placing_it_copies_nothing():
         placed = [batch_rows.place(0, (torch.zeros(2, 4), 0))]
         for j in (1, 2):
             row = batch_row((2, 4), torch.float32)
-            assert batch_row((2, 4), torch.float64) is None and batch_row((3, 4), torch.float32) is None
+            assert (
+                batch_row((2, 4), torch.float64) is None
+                and batch_row((3, 4), torch.float32) is None
+            )
             row.fill_(float(j))
             placed.append(batch_rows.place(j, (row, j)))
             assert placed[-1][0].data_ptr() == row.data_ptr()
@@ -153,8 +163,15 @@ def big_row(i):
 
 @pytest.mark.parametrize("executor", [None, "thread"])
 def test_pipelines_batch_large_elements_into_reused_memory(executor):
-    ds = tp.from_dataset(range(40)).map(big_row, num_parallel_calls=None if executor is None else 2,
-                                       executor=executor or "thread").batch(8)  # fmt: skip
+    ds = (
+        tp.from_dataset(range(40))
+        .map(
+            big_row,
+            num_parallel_calls=None if executor is None else 2,
+            executor=executor or "thread",
+        )
+        .batch(8)
+    )
     seen = []
     for batch in ds:
         assert torch.equal(batch["x"][:, 0, 0], batch["i"].float())
@@ -170,12 +187,16 @@ def test_a_batch_with_a_different_shape_still_says_so():
     with pytest.raises(ValueError, match="different shapes in one batch"):
         list(tp.from_dataset(range(8)).map(shaped).batch(8))
     with pytest.raises(ValueError, match="different shapes in one batch"):
-        list(tp.from_dataset(range(8)).map(shaped, num_parallel_calls=2, executor="thread").batch(8))
+        list(
+            tp.from_dataset(range(8)).map(shaped, num_parallel_calls=2, executor="thread").batch(8)
+        )
 
 
 @pytest.mark.parametrize("min_bytes, place_bytes", [(1 << 20, 1), (1, 1 << 10)])
 def test_small_elements_are_left_alone_after_the_first(min_bytes, place_bytes):
-    memory = RecycledStack(min_bytes=min_bytes, place_bytes=place_bytes)  # a small batch; small rows
+    memory = RecycledStack(
+        min_bytes=min_bytes, place_bytes=place_bytes
+    )  # a small batch; small rows
     with memory.rows(64) as batch_rows:
         elements = [(torch.zeros(4), i) for i in range(3)]
         assert all(batch_rows.place(j, e) is e for j, e in enumerate(elements))
@@ -194,6 +215,8 @@ def test_batches_with_nothing_to_place_skip_the_check_but_for_every_16th():
         asked.append(memory.placing())
         if asked[-1]:
             batch(large=False)
-    assert asked.count(True) == 2 and asked[RECHECK_EVERY - 1] is True  # every 16th batch checks again
+    assert (
+        asked.count(True) == 2 and asked[RECHECK_EVERY - 1] is True
+    )  # every 16th batch checks again
     batch(large=True)  # ... and finding a large row there, every batch places again
     assert all(memory.placing() for _ in range(3))

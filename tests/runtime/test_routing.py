@@ -50,6 +50,8 @@ def test_requeued_tasks_go_ahead_of_later_ones_and_failures_are_counted():
     router.add(Task(9, "y"))
     router.requeue([Task(7, "b"), Task(2, "a")])
     assert _route(router, [_Worker(0)], limit=10) == [(0, 2), (0, 5), (0, 7), (0, 9)]
-    assert [router.failed(7) for _ in range(MAX_TASK_FAILURES)] == [False] * (MAX_TASK_FAILURES - 1) + [True]
+    assert [router.failed(7) for _ in range(MAX_TASK_FAILURES)] == [False] * (
+        MAX_TASK_FAILURES - 1
+    ) + [True]
     router.done(7)
     assert not router.failed(7)

@@ -32,7 +32,11 @@ def test_work_out_too_long_raises_naming_the_stage_the_work_and_where(clock):
     named = r"interleave\(read\): a read of inner dataset 3 .* thread interleave\(read\)-0"
     with pytest.raises(tp.StallError, match=named) as info:
         watch.check()
-    assert (info.value.stage, info.value.seq, info.value.where) == ("interleave(read)", 3, "thread interleave(read)-0")
+    assert (info.value.stage, info.value.seq, info.value.where) == (
+        "interleave(read)",
+        3,
+        "thread interleave(read)-0",
+    )
 
 
 def test_where_is_asked_for_work_begun_without_saying(clock):

@@ -97,7 +97,10 @@ def test_exiting_with_a_pipeline_running_does_not_abort(tmp_path):
     script.write_text(EXIT_SCRIPT)
     root = os.path.dirname(os.path.dirname(torchpipe.__file__))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
-    runs = [subprocess.Popen([sys.executable, str(script)], stderr=subprocess.PIPE, env=env) for _ in range(3)]
+    runs = [
+        subprocess.Popen([sys.executable, str(script)], stderr=subprocess.PIPE, env=env)
+        for _ in range(3)
+    ]
     for run in runs:
         _, err = run.communicate(timeout=50)
         assert run.returncode == 0, err.decode()

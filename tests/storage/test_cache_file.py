@@ -112,16 +112,30 @@ def test_a_header_reads_back_its_origin_and_pipeline():
     ("data", "message"),
     [
         (b"TPCACHE\0\x03\0", "is truncated \\(no complete header\\)"),
-        (b"NOTCACHE" + struct.pack("<II", VERSION, 0), "is not a torchpipe cache file \\(bad magic"),
+        (
+            b"NOTCACHE" + struct.pack("<II", VERSION, 0),
+            "is not a torchpipe cache file \\(bad magic",
+        ),
         (
             struct.pack("<8sII", b"TPCACHE\0", VERSION + 1, 0),
             f"has format version {VERSION + 1}, from a newer torchpipe",
         ),
         (struct.pack("<8sII", b"TPCACHE\0", VERSION, 5) + b"{nope", "has a corrupt header"),
-        (struct.pack("<8sII", b"TPCACHE\0", VERSION, 20) + b'{"origin": [1, 2, []]', "has a corrupt header"),
+        (
+            struct.pack("<8sII", b"TPCACHE\0", VERSION, 20) + b'{"origin": [1, 2, []]',
+            "has a corrupt header",
+        ),
         (struct.pack("<8sII", b"TPCACHE\0", VERSION, 2) + b"[]", "has a corrupt header"),
-        (struct.pack("<8sII", b"TPCACHE\0", VERSION, 39) + b'{"origin": [1, 2], "pipeline": ["op()"]}', "corrupt"),
-        (struct.pack("<8sII", b"TPCACHE\0", VERSION, 42) + b'{"origin": [1, 2, []], "pipeline": "op()"}', "corrupt"),
+        (
+            struct.pack("<8sII", b"TPCACHE\0", VERSION, 39)
+            + b'{"origin": [1, 2], "pipeline": ["op()"]}',
+            "corrupt",
+        ),
+        (
+            struct.pack("<8sII", b"TPCACHE\0", VERSION, 42)
+            + b'{"origin": [1, 2, []], "pipeline": "op()"}',
+            "corrupt",
+        ),
     ],
 )
 def test_a_bad_header_is_a_cache_format_error(data, message):
@@ -144,7 +158,12 @@ def test_a_records_crc_covers_its_index_and_payload():
 def test_a_filled_file_reads_back_its_elements_origin_and_pipeline(tmp_path):
     path = _fill(tmp_path / "c")
     reader = CacheReader(path)
-    assert (reader.version, reader.origin, reader.upstream, reader.count) == (VERSION, ORIGIN, UPSTREAM, 4)
+    assert (reader.version, reader.origin, reader.upstream, reader.count) == (
+        VERSION,
+        ORIGIN,
+        UPSTREAM,
+        4,
+    )
     reader.close()
     _assert_same(_read_all(path), ELEMENTS)
     assert glob.glob(path + ".tmp-*") == []
@@ -165,7 +184,10 @@ def test_a_file_is_published_only_when_committed_and_a_discarded_fill_leaves_not
 
 def test_the_first_complete_file_wins_over_a_later_one_of_the_same_pipeline(tmp_path):
     path = str(tmp_path / "c")
-    first, second = CacheWriter.create(path, ORIGIN, UPSTREAM), CacheWriter.create(path, ORIGIN, UPSTREAM)
+    first, second = (
+        CacheWriter.create(path, ORIGIN, UPSTREAM),
+        CacheWriter.create(path, ORIGIN, UPSTREAM),
+    )
     first.add("first")
     second.add("second")
     first.commit()
@@ -209,7 +231,9 @@ def test_a_checkpoint_that_cannot_be_resumed_gives_none(tmp_path):
     assert CacheWriter.resume(path, {**state, "offset": 3}, UPSTREAM) is None  # inside the header
     resumed = CacheWriter.resume(path, state, UPSTREAM)
     assert resumed is not None  # the state itself is usable
-    assert CacheWriter.resume(path, state, UPSTREAM) is None  # but not while another writer holds it
+    assert (
+        CacheWriter.resume(path, state, UPSTREAM) is None
+    )  # but not while another writer holds it
     resumed.discard()
     writer.discard()
 
@@ -276,7 +300,9 @@ def _damaged(path, message):
 def test_a_flipped_payload_byte_fails_its_checksum(tmp_path):
     path = _fill(tmp_path / "c", ["a", "b", "c"])
     header, records, _ = _records(path)
-    last_byte_of_second = len(header) + RECORD.size + len(records[0][1]) + RECORD.size + len(records[1][1]) - 1
+    last_byte_of_second = (
+        len(header) + RECORD.size + len(records[0][1]) + RECORD.size + len(records[1][1]) - 1
+    )
     data = bytearray(pathlib.Path(path).read_bytes())
     data[last_byte_of_second] ^= 0x01
     pathlib.Path(path).write_bytes(bytes(data))
@@ -366,7 +392,10 @@ def test_storage_gives_none_for_no_file_another_pass_or_a_bad_position(tmp_path)
 
 def test_storage_warns_of_a_file_another_pipeline_wrote_naming_the_changed_op(tmp_path):
     path = _fill(tmp_path / "c", upstream=["map(fn=g#aaaaaaaaaaaa)", UPSTREAM[1]])
-    with pytest.warns(StaleCacheWarning, match="op 0 was map\\(fn=g#aaaaaaaaaaaa\\), now map\\(fn=f#0123456789ab\\)"):
+    with pytest.warns(
+        StaleCacheWarning,
+        match="op 0 was map\\(fn=g#aaaaaaaaaaaa\\), now map\\(fn=f#0123456789ab\\)",
+    ):
         assert FileStorage(path, UPSTREAM).replay(ORIGIN, None) is None
     with pytest.warns(StaleCacheWarning, match="ops \\["):
         assert FileStorage(path, UPSTREAM[:1]).replay(ORIGIN, None) is None
@@ -375,7 +404,9 @@ def test_storage_warns_of_a_file_another_pipeline_wrote_naming_the_changed_op(tm
 def test_storage_warns_of_an_older_versions_file(tmp_path):
     path = tmp_path / "c"
     path.write_bytes(struct.pack("<8sII", b"TPCACHE\0", VERSION - 1, 0))
-    with pytest.warns(StaleCacheWarning, match=f"format version {VERSION - 1}, from an older torchpipe"):
+    with pytest.warns(
+        StaleCacheWarning, match=f"format version {VERSION - 1}, from an older torchpipe"
+    ):
         assert FileStorage(str(path), UPSTREAM).replay(ORIGIN, None) is None
 
 

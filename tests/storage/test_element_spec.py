@@ -30,14 +30,30 @@ def _spec_of_all(*elements):
 
 # -- one element ---------------------------------------------------------------------------------
 def test_a_tensor_or_array_is_its_dtype_and_shape():
-    assert element_spec(torch.zeros(3, 4, dtype=torch.uint8)) == {"kind": "tensor", "dtype": "uint8", "shape": [3, 4]}
+    assert element_spec(torch.zeros(3, 4, dtype=torch.uint8)) == {
+        "kind": "tensor",
+        "dtype": "uint8",
+        "shape": [3, 4],
+    }
     assert element_spec(torch.tensor(1.5)) == {"kind": "tensor", "dtype": "float32", "shape": []}
-    assert element_spec(np.zeros((2,), np.float64)) == {"kind": "ndarray", "dtype": "<f8", "shape": [2]}
+    assert element_spec(np.zeros((2,), np.float64)) == {
+        "kind": "ndarray",
+        "dtype": "<f8",
+        "shape": [2],
+    }
 
 
 @pytest.mark.parametrize(
     ("value", "kind"),
-    [(True, "bool"), (1, "int"), (1.5, "float"), (1j, "complex"), ("a", "str"), (b"a", "bytes"), (None, "none")],
+    [
+        (True, "bool"),
+        (1, "int"),
+        (1.5, "float"),
+        (1j, "complex"),
+        ("a", "str"),
+        (b"a", "bytes"),
+        (None, "none"),
+    ],
 )
 def test_a_python_scalar_is_its_kind(value, kind):
     assert element_spec(value) == {"kind": kind}
@@ -66,7 +82,13 @@ def test_a_subclass_of_tuple_or_another_object_is_named_by_its_type():
 
 
 def test_a_spec_is_json_data_that_reads_back_equal():
-    spec = element_spec({"image": torch.zeros(3, 2), "meta": (Pair(np.zeros(1), b"x"), [1.0, None]), (1, 2): object()})
+    spec = element_spec(
+        {
+            "image": torch.zeros(3, 2),
+            "meta": (Pair(np.zeros(1), b"x"), [1.0, None]),
+            (1, 2): object(),
+        }
+    )
     assert json.loads(json.dumps(spec)) == spec
 
 
@@ -129,7 +151,10 @@ def test_a_merge_does_not_change_its_inputs():
     merged = merge_specs(a, b)
     assert merged == {
         "kind": "tuple",
-        "items": [{"kind": "tensor", "dtype": "float32", "shape": [None]}, {"kind": "list", "items": None}],
+        "items": [
+            {"kind": "tensor", "dtype": "float32", "shape": [None]},
+            {"kind": "list", "items": None},
+        ],
     }
     assert json.dumps(a) == a_text and json.dumps(b) == b_text
     different = _spec_of_all(1, "a")

@@ -17,7 +17,13 @@ import torchpipe as tp
 from torchpipe.constants import INFINITE, UNKNOWN
 from torchpipe.core.node import Node, Symbol
 from torchpipe.storage import fingerprint
-from torchpipe.storage.fingerprint import describe_op, describe_ops, describe_value, function_digest, ops_of
+from torchpipe.storage.fingerprint import (
+    describe_op,
+    describe_ops,
+    describe_value,
+    function_digest,
+    ops_of,
+)
 
 THIS = sys.modules[__name__]
 config = types.ModuleType("config")
@@ -108,7 +114,9 @@ def test_describe_ops_gives_one_line_per_op_depth_first_without_speed_params_or_
 
 def test_the_same_pipeline_with_other_speed_settings_has_the_same_lines():
     inline = tp.range(10).map(_helper)
-    parallel = tp.range(10).map(_helper, num_parallel_calls=4, executor="thread", deterministic=False)
+    parallel = tp.range(10).map(
+        _helper, num_parallel_calls=4, executor="thread", deterministic=False
+    )
     assert describe_ops(inline._node, code=True) == describe_ops(parallel._node, code=True)
 
 
@@ -176,7 +184,9 @@ def test_arrays_and_tensors_are_described_by_dtype_shape_and_a_digest_of_their_c
     t = describe_value(torch.arange(6).reshape(2, 3))
     assert t.startswith("Tensor(torch.int64, [2, 3], #")
     assert t == describe_value(torch.arange(6).reshape(3, 2).t().t().reshape(2, 3))
-    assert describe_value(torch.arange(6).reshape(3, 2).t()) != describe_value(torch.arange(6).reshape(2, 3))
+    assert describe_value(torch.arange(6).reshape(3, 2).t()) != describe_value(
+        torch.arange(6).reshape(2, 3)
+    )
     assert describe_value(np.array(["a", None], dtype=object)).startswith("ndarray(object, [2], #")
 
 
@@ -214,7 +224,9 @@ def test_a_digest_is_twelve_hex_digits_and_the_same_for_a_recreated_lambda():
 def test_a_digest_changes_with_the_code():
     assert function_digest(lambda x: x + 1) != function_digest(lambda x: x + 2)
     assert function_digest(lambda x: x + 1) != function_digest(lambda x: x - 1)
-    assert function_digest(lambda x: [y * 2 for y in x]) != function_digest(lambda x: [y * 3 for y in x])  # nested code
+    assert function_digest(lambda x: [y * 2 for y in x]) != function_digest(
+        lambda x: [y * 3 for y in x]
+    )  # nested code
 
 
 def test_a_digest_changes_with_what_the_function_closes_over_and_its_defaults():
@@ -250,9 +262,15 @@ def test_a_digest_does_not_change_with_a_global_list_the_function_writes():
 
 
 def test_a_digest_of_partials_methods_and_callable_objects_follows_their_values():
-    assert function_digest(functools.partial(_adds, 1)) != function_digest(functools.partial(_adds, 2))
-    assert function_digest(functools.partial(_adds, k=1)) != function_digest(functools.partial(_adds, k=2))
-    assert function_digest(functools.partial(_adds, 1)) == function_digest(functools.partial(_adds, 1))
+    assert function_digest(functools.partial(_adds, 1)) != function_digest(
+        functools.partial(_adds, 2)
+    )
+    assert function_digest(functools.partial(_adds, k=1)) != function_digest(
+        functools.partial(_adds, k=2)
+    )
+    assert function_digest(functools.partial(_adds, 1)) == function_digest(
+        functools.partial(_adds, 1)
+    )
     assert function_digest(_Scaler(1)) != function_digest(_Scaler(2))
     assert function_digest(_Scaler(1)) == function_digest(_Scaler(1))
     assert function_digest(_Scaler(1).apply) != function_digest(_Scaler(1))

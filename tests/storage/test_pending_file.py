@@ -18,7 +18,9 @@ def test_a_file_appears_under_its_name_only_when_published(tmp_path):
     pending = PendingFile.create(path, "test")
     pending.write(b"abc")
     pending.flush(sync=True)
-    assert os.listdir(tmp_path) == [os.path.basename(pending.temp)] and pending.temp.startswith(path + ".tmp-")
+    assert os.listdir(tmp_path) == [os.path.basename(pending.temp)] and pending.temp.startswith(
+        path + ".tmp-"
+    )
     pending.publish()
     assert os.listdir(tmp_path) == ["f"] and open(path, "rb").read() == b"abc"
     discarded = PendingFile.create(path, "test")
@@ -30,17 +32,33 @@ def test_a_file_appears_under_its_name_only_when_published(tmp_path):
 def test_write_file_on_a_full_disk_leaves_the_old_file_and_no_temporary_one(no_room):
     path = os.path.join(no_room.directory, "manifest.json")
     write_file(path, b"old", "test(manifest)")
-    no_room.check(no_room.run(write_file, path, b"x" * MORE_THAN_LIMIT, "test(manifest)"), "test(manifest)")
+    no_room.check(
+        no_room.run(write_file, path, b"x" * MORE_THAN_LIMIT, "test(manifest)"), "test(manifest)"
+    )
     assert no_room.files() == ["manifest.json"] and open(path, "rb").read() == b"old"
 
 
 def test_disk_full_error_keeps_its_fields_and_notes_through_pickle():
-    error = tp.DiskFullError("save(/d): disk full after writing 3 bytes to /d/f: [Errno 28] No space left on device",
-                             errno.ENOSPC, "save(/d)", "/d/f", 3)  # fmt: skip
+    error = tp.DiskFullError(
+        "save(/d): disk full after writing 3 bytes to /d/f: [Errno 28] No space left on device",
+        errno.ENOSPC,
+        "save(/d)",
+        "/d/f",
+        3,
+    )
     add_note(error, "raised in torchpipe save(/d) while writing element 4 to shard 0")
     copy = pickle.loads(pickle.dumps(error))
-    assert isinstance(copy, OSError) and copy.errno == errno.ENOSPC and copy.strerror == os.strerror(errno.ENOSPC)
-    assert (copy.stage, copy.filename, copy.written, str(copy)) == ("save(/d)", "/d/f", 3, str(error))
+    assert (
+        isinstance(copy, OSError)
+        and copy.errno == errno.ENOSPC
+        and copy.strerror == os.strerror(errno.ENOSPC)
+    )
+    assert (copy.stage, copy.filename, copy.written, str(copy)) == (
+        "save(/d)",
+        "/d/f",
+        3,
+        str(error),
+    )
     assert copy.__notes__ == error.__notes__
 
 

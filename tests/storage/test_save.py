@@ -18,7 +18,11 @@ from tests.disk_limits import no_room, payload  # noqa: F401 - no_room is a fixt
 from tests.storage import saving_jobs
 from torchpipe.runtime.cpu import usable_cpu_count
 from torchpipe.storage.saved_file import ENTRY, MANIFEST, SavedFormatError, lock_directory
-from torchpipe.testing import assert_checkpoint_roundtrip, assert_elements_equal, assert_same_elements
+from torchpipe.testing import (
+    assert_checkpoint_roundtrip,
+    assert_elements_equal,
+    assert_same_elements,
+)
 
 Point = namedtuple("Point", ["x", "y"])
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -29,10 +33,18 @@ def every_structure():
     base = torch.arange(24.0).reshape(4, 6)
     return [
         {"bf16": torch.ones(2, 3, dtype=torch.bfloat16), "t": base.t(), "strided": base[::2, 1::3]},
-        (torch.zeros(0, 4), torch.tensor(3, dtype=torch.int8), torch.tensor([1 + 2j]).conj().resolve_conj()),
+        (
+            torch.zeros(0, 4),
+            torch.tensor(3, dtype=torch.int8),
+            torch.tensor([1 + 2j]).conj().resolve_conj(),
+        ),
         [np.arange(4.0).reshape(2, 2)[:, ::-1], np.float16(1.5), np.zeros((0, 2), dtype=np.uint8)],
         Point(torch.tensor(1.0, dtype=torch.float64), None),
-        {"nested": (1, 2.5, "text", b"\x00bytes", [True, None]), "big": b"x" * 100_000, "s": "y" * 20_000},
+        {
+            "nested": (1, 2.5, "text", b"\x00bytes", [True, None]),
+            "big": b"x" * 100_000,
+            "s": "y" * 20_000,
+        },
         torch.tensor([float("nan"), 1.0]),
         7,
         "a plain string",
@@ -64,23 +76,31 @@ def test_manifest_says_what_was_saved(tmp_path):
     ds.save(tmp_path / "s")
     manifest = json.loads((tmp_path / "s" / MANIFEST).read_text())
     assert manifest["count"] == 10 and manifest["version"] == 1 and manifest["compression"] is None
-    assert manifest["element_spec"] == {"kind": "tuple", "items": [
-        {"kind": "tensor", "dtype": "float32", "shape": [2, None]}, {"kind": "int"}]}  # fmt: skip
-    assert manifest["pipeline"][0].startswith("map(fn=<lambda>#") and manifest["pipeline"][1].startswith("range(")
+    assert manifest["element_spec"] == {
+        "kind": "tuple",
+        "items": [{"kind": "tensor", "dtype": "float32", "shape": [2, None]}, {"kind": "int"}],
+    }
+    assert manifest["pipeline"][0].startswith("map(fn=<lambda>#") and manifest["pipeline"][
+        1
+    ].startswith("range(")
     assert len(manifest["shards"]) == min(usable_cpu_count(), 10)
     assert tp.load(tmp_path / "s").element_spec == manifest["element_spec"]
 
 
 def test_shard_func_chooses_shards_and_load_keeps_the_order(tmp_path):
     ds = tp.range(30).map(lambda i: (i, torch.tensor([i])))
-    ds.save(tmp_path / "s", shard_func=lambda i, x: (i % 3 == 0) * 4)  # a tuple is unpacked, as in map
+    ds.save(
+        tmp_path / "s", shard_func=lambda i, x: (i % 3 == 0) * 4
+    )  # a tuple is unpacked, as in map
     shards = json.loads((tmp_path / "s" / MANIFEST).read_text())["shards"]
     assert {(s["shard"], s["records"]) for s in shards} == {(0, 20), (4, 10)}
     assert_same_elements(tp.load(tmp_path / "s"), list(ds))
 
 
 def test_shard_func_errors_name_the_element(tmp_path):
-    with pytest.raises(ValueError, match="shard_func must return an int >= 0, got -1 for element 0"):
+    with pytest.raises(
+        ValueError, match="shard_func must return an int >= 0, got -1 for element 0"
+    ):
         tp.range(3).save(tmp_path / "a", shard_func=lambda i: -1)
     with pytest.raises(ZeroDivisionError) as error:
         tp.range(3).save(tmp_path / "b", shard_func=lambda i: 10 // (2 - i))
@@ -91,7 +111,9 @@ def test_shard_func_errors_name_the_element(tmp_path):
 
 def test_bad_arguments_fail_at_the_call(tmp_path):
     ds = tp.range(3)
-    with pytest.raises(ValueError, match=r"compression must be one of \[None, 'GZIP', 'ZLIB'\], got 'SNAPPY'"):
+    with pytest.raises(
+        ValueError, match=r"compression must be one of \[None, 'GZIP', 'ZLIB'\], got 'SNAPPY'"
+    ):
         ds.save(tmp_path, compression="SNAPPY")
     with pytest.raises(TypeError, match="unknown checkpoint_args \\['every'\\]"):
         ds.save(tmp_path, checkpoint_args={"every": 3})
@@ -131,7 +153,9 @@ def test_loaded_checkpoints_are_an_index(tmp_path):
     with iter(loaded) as it:
         next(it)
         assert it.state_dict()["pipeline"] == {"index": 1}
-    shuffled = loaded.shuffle(12, seed=1).map(lambda x: x * 2, num_parallel_calls=2, executor="process")
+    shuffled = loaded.shuffle(12, seed=1).map(
+        lambda x: x * 2, num_parallel_calls=2, executor="process"
+    )
     assert sorted(int(x) for x in shuffled) == [2 * i for i in range(12)]
     assert pickle.loads(pickle.dumps(loaded))[3] == torch.tensor([3])
 
@@ -148,7 +172,9 @@ def test_a_damaged_record_is_a_data_loss_error_naming_file_and_offset(tmp_path):
     _damage(shard, 100)  # inside the last record's payload
     loaded = tp.load(tmp_path / "s")
     last = 2 * ((len(loaded) - 1) // 2) if usable_cpu_count() > 1 else len(loaded) - 1
-    with pytest.raises(tp.io.DataLossError, match=rf"{shard.name}: damaged record at byte \d+ \(element {last}\)"):
+    with pytest.raises(
+        tp.io.DataLossError, match=rf"{shard.name}: damaged record at byte \d+ \(element {last}\)"
+    ):
         loaded[last]
     assert torch.equal(loaded[1], torch.full((100,), 1))
 
@@ -170,12 +196,16 @@ def test_records_swapped_on_disk_are_an_error_not_a_reorder(tmp_path):
     records.write_bytes(data[:a0] + data[b0:b1] + data[a1:b0] + data[a0:a1] + data[b1:])
     loaded = tp.load(tmp_path / "s")
     assert torch.equal(loaded[0], torch.full((8,), 0))
-    with pytest.raises(tp.io.DataLossError, match=rf"{records.name}: the record at byte {a0} is element 2, not 1"):
+    with pytest.raises(
+        tp.io.DataLossError, match=rf"{records.name}: the record at byte {a0} is element 2, not 1"
+    ):
         loaded[1]
     with pytest.raises(tp.io.DataLossError, match=rf"the record at byte {b0} is element 1, not 2"):
         loaded[2]
     with pytest.raises(tp.io.DataLossError, match=rf"the record at byte {a0} is element 2, not 1"):
-        list(loaded)  # iterating stops at the first swapped record, not yield it in the other's place
+        list(
+            loaded
+        )  # iterating stops at the first swapped record, not yield it in the other's place
 
 
 def test_a_damaged_or_missing_shard_fails_when_loading(tmp_path):
@@ -219,7 +249,11 @@ def test_an_unpicklable_element_fails_the_save_naming_it(tmp_path):
 
 
 def test_save_after_parallel_stages_in_processes(tmp_path):
-    ds = tp.range(40).map(lambda i: torch.full((64, 64), i), num_parallel_calls=2, executor="process").batch(8)
+    ds = (
+        tp.range(40)
+        .map(lambda i: torch.full((64, 64), i), num_parallel_calls=2, executor="process")
+        .batch(8)
+    )
     ds.save(tmp_path / "s")
     assert_same_elements(tp.load(tmp_path / "s"), list(ds))
 
@@ -261,8 +295,12 @@ def test_a_changed_pipeline_does_not_resume_another_ones_save(tmp_path):
 
 
 def _child(kind, path, n, slow):
-    return subprocess.Popen([sys.executable, "-m", saving_jobs.__name__, kind, str(path), str(n), str(slow)],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-m", saving_jobs.__name__, kind, str(path), str(n), str(slow)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
 
 
 def _wait_for(condition, process, timeout=60.0):
@@ -296,7 +334,9 @@ def test_a_save_killed_with_sigkill_resumes_where_it_stopped(tmp_path):
     done = _progress_count(path)
     saving_jobs.CALLS.clear()
     saving_jobs.pipeline(n).save(path, checkpoint_args={"checkpoint_interval": 10})
-    assert sorted(saving_jobs.CALLS) == list(range(done, n))  # only what the checkpoint did not cover
+    assert sorted(saving_jobs.CALLS) == list(
+        range(done, n)
+    )  # only what the checkpoint did not cover
     saving_jobs.CALLS.clear()
     assert_same_elements(tp.load(path), list(saving_jobs.pipeline(n)))
     assert not list(path.glob("*.partial")) and not (path / "progress.pkl").exists()
@@ -326,7 +366,9 @@ def _save(path, n=8):
     tp.range(n).map(payload).save(path)
 
 
-def test_a_full_disk_fails_naming_the_save_keeps_the_saved_dataset_and_saving_again_succeeds(no_room):
+def test_a_full_disk_fails_naming_the_save_keeps_the_saved_dataset_and_saving_again_succeeds(
+    no_room,
+):
     path = os.path.join(no_room.directory, "saved")
     _save(path, n=1)  # the dataset saved before, which a failed save must leave as it was
     before = no_room.files()

@@ -60,9 +60,17 @@ def _save(directory, shards, compression=None, generation="0badcafe") -> str:
             shard.add(index, compress(codec.encode_bytes(element), compression))
         entries.append(shard.finish())
     count = sum(len(records) for records in shards)
-    manifest = {"format": FORMAT, "version": FORMAT_VERSION, "generation": generation, "count": count,
-                "compression": compression, "origin": [ORIGIN[0], ORIGIN[1], []], "shards": entries,
-                "pipeline": PIPELINE, "element_spec": {"kind": "any"}}  # fmt: skip
+    manifest = {
+        "format": FORMAT,
+        "version": FORMAT_VERSION,
+        "generation": generation,
+        "count": count,
+        "compression": compression,
+        "origin": [ORIGIN[0], ORIGIN[1], []],
+        "shards": entries,
+        "pipeline": PIPELINE,
+        "element_spec": {"kind": "any"},
+    }
     write_manifest(directory, manifest)
     return directory
 
@@ -83,7 +91,9 @@ def test_names_of_generations_and_shards():
     assert shard_name("0badcafe", 12) == "shard-0badcafe-00012"
 
 
-@pytest.mark.parametrize(("given", "taken"), [(None, None), ("GZIP", "GZIP"), ("gzip", "GZIP"), ("zlib", "ZLIB")])
+@pytest.mark.parametrize(
+    ("given", "taken"), [(None, None), ("GZIP", "GZIP"), ("gzip", "GZIP"), ("zlib", "ZLIB")]
+)
 def test_check_compression_takes_the_supported_ones_in_any_case(given, taken):
     assert check_compression(given) == taken
 
@@ -109,8 +119,15 @@ def test_a_payload_round_trips_through_each_compression(compression):
 def test_saved_shards_read_back_as_a_map_style_dataset(tmp_path, compression):
     elements = [0, "one", {"two": [2]}, (3.0, b"3"), None]
     # element indexes are spread over the shards out of order, as parallel writers leave them
-    _save(tmp_path, [[(4, elements[4]), (0, elements[0])], [], [(2, elements[2]), (1, elements[1]), (3, elements[3])]],
-          compression)  # fmt: skip
+    _save(
+        tmp_path,
+        [
+            [(4, elements[4]), (0, elements[0])],
+            [],
+            [(2, elements[2]), (1, elements[1]), (3, elements[3])],
+        ],
+        compression,
+    )
     records = SavedRecords(tmp_path)
     assert len(records) == 5 and [records[i] for i in range(5)] == elements
     assert records[-1] is None and records[-5] == 0
@@ -148,11 +165,19 @@ def test_saved_records_pickle_and_read_the_same_elements(tmp_path):
 def test_a_shard_is_partial_until_finished_and_its_entry_describes_it(tmp_path):
     shard = ShardFile.create(str(tmp_path), "shard-x-00000", ORIGIN, PIPELINE)
     shard.add(0, codec.encode_bytes("a"))
-    assert sorted(os.listdir(tmp_path)) == ["shard-x-00000.index.partial", "shard-x-00000.records.partial"]
+    assert sorted(os.listdir(tmp_path)) == [
+        "shard-x-00000.index.partial",
+        "shard-x-00000.records.partial",
+    ]
     entry = shard.finish()
     assert sorted(os.listdir(tmp_path)) == ["shard-x-00000.index", "shard-x-00000.records"]
-    assert entry["records_file"] == "shard-x-00000.records" and entry["index_file"] == "shard-x-00000.index"
-    assert entry["records"] == 1 and entry["bytes"] == os.path.getsize(tmp_path / "shard-x-00000.records")
+    assert (
+        entry["records_file"] == "shard-x-00000.records"
+        and entry["index_file"] == "shard-x-00000.index"
+    )
+    assert entry["records"] == 1 and entry["bytes"] == os.path.getsize(
+        tmp_path / "shard-x-00000.records"
+    )
     assert (tmp_path / "shard-x-00000.index").stat().st_size == ENTRY.size
 
 
@@ -167,8 +192,14 @@ def test_a_shard_resumes_at_its_checkpoint_and_drops_what_came_after(tmp_path):
     resumed = ShardFile.resume(str(tmp_path), name, offset, count, PIPELINE)
     resumed.add(1, codec.encode_bytes("b"))
     entry = resumed.finish()
-    manifest = {"format": FORMAT, "version": FORMAT_VERSION, "count": 2, "compression": None,
-                "origin": [5, 0, []], "shards": [entry]}  # fmt: skip
+    manifest = {
+        "format": FORMAT,
+        "version": FORMAT_VERSION,
+        "count": 2,
+        "compression": None,
+        "origin": [5, 0, []],
+        "shards": [entry],
+    }
     write_manifest(str(tmp_path), manifest)
     records = SavedRecords(tmp_path)
     assert [records[0], records[1]] == ["a", "b"]
@@ -183,10 +214,20 @@ def test_a_shard_that_cannot_be_resumed_is_a_saved_format_error(tmp_path):
     shard.flush(sync=False)
     offset = shard.offset
     shard.close()
-    for args in ((offset + 1, 1, PIPELINE), (offset, 2, PIPELINE), (offset, 1, ["other()"]), (3, 0, PIPELINE)):
-        with pytest.raises(SavedFormatError, match="shorter than the checkpoint or were written by another pipeline"):
+    for args in (
+        (offset + 1, 1, PIPELINE),
+        (offset, 2, PIPELINE),
+        (offset, 1, ["other()"]),
+        (3, 0, PIPELINE),
+    ):
+        with pytest.raises(
+            SavedFormatError,
+            match="shorter than the checkpoint or were written by another pipeline",
+        ):
             ShardFile.resume(str(tmp_path), name, *args)
-    ShardFile.resume(str(tmp_path), name, offset, 1, PIPELINE).close()  # the checkpoint itself resumes
+    ShardFile.resume(
+        str(tmp_path), name, offset, 1, PIPELINE
+    ).close()  # the checkpoint itself resumes
 
 
 # -- the manifest --------------------------------------------------------------------------------
@@ -197,7 +238,9 @@ def test_a_manifest_reads_back_as_written(tmp_path):
 
 
 def test_no_manifest_or_no_directory_is_file_not_found_saying_why(tmp_path):
-    with pytest.raises(FileNotFoundError, match="it has no manifest.json .*saving again resumes it"):
+    with pytest.raises(
+        FileNotFoundError, match="it has no manifest.json .*saving again resumes it"
+    ):
         read_manifest(str(tmp_path))
     with pytest.raises(FileNotFoundError, match="not a directory"):
         read_manifest(str(tmp_path / "missing"))
@@ -209,7 +252,10 @@ def test_no_manifest_or_no_directory_is_file_not_found_saying_why(tmp_path):
     ("changes", "message"),
     [
         ({"format": "other"}, "is not the manifest of a torchpipe saved dataset"),
-        ({"version": FORMAT_VERSION + 1}, f"has format version {FORMAT_VERSION + 1}; this torchpipe reads up to"),
+        (
+            {"version": FORMAT_VERSION + 1},
+            f"has format version {FORMAT_VERSION + 1}; this torchpipe reads up to",
+        ),
         ({"version": "1"}, "has format version '1'"),
         ({"count": "many"}, "is a malformed manifest"),
         ({"compression": "lz4"}, "is a malformed manifest"),
@@ -235,19 +281,25 @@ def test_a_manifest_that_is_not_json_or_not_an_object_is_a_saved_format_error(tm
         read_manifest(str(tmp_path))
 
 
-@pytest.mark.parametrize("name", ["../shard.records", "/etc/passwd", "sub/shard.records", "", ".", "..", "a\0b", 7])
+@pytest.mark.parametrize(
+    "name", ["../shard.records", "/etc/passwd", "sub/shard.records", "", ".", "..", "a\0b", 7]
+)
 def test_a_manifest_naming_a_file_outside_its_directory_is_refused(tmp_path, name):
     _save(tmp_path, [[(0, "a")]])
     shards = _manifest(tmp_path)["shards"]
     shards[0]["index_file"] = name
     _rewrite_manifest(tmp_path, shards=shards)
-    with pytest.raises(SavedFormatError, match="is not a plain file name in the manifest's directory"):
+    with pytest.raises(
+        SavedFormatError, match="is not a plain file name in the manifest's directory"
+    ):
         read_manifest(str(tmp_path))
 
 
 def test_a_lowercase_compression_in_a_manifest_reads_as_that_compression(tmp_path):
     _save(tmp_path, [[(0, "a")]], compression="GZIP")
-    _rewrite_manifest(tmp_path, compression="gzip")  # accepted by check_compression, so read as GZIP
+    _rewrite_manifest(
+        tmp_path, compression="gzip"
+    )  # accepted by check_compression, so read as GZIP
     assert SavedRecords(tmp_path)[0] == "a"
 
 
@@ -273,7 +325,9 @@ def test_a_damaged_index_is_refused(tmp_path):
     data = bytearray(index.read_bytes())
     data[0] ^= 1
     index.write_bytes(bytes(data))
-    with pytest.raises(SavedFormatError, match="is damaged \\(its CRC or length does not match the manifest\\)"):
+    with pytest.raises(
+        SavedFormatError, match="is damaged \\(its CRC or length does not match the manifest\\)"
+    ):
         SavedRecords(tmp_path)
 
 
@@ -305,7 +359,9 @@ def test_a_damaged_record_is_a_data_loss_error_naming_file_offset_and_element(tm
     offset = _flip_record_byte(tmp_path, 1)
     records = SavedRecords(tmp_path)
     assert records[0] == "a"
-    with pytest.raises(DataLossError, match=f"damaged record at byte {offset} \\(element 1\\)") as info:
+    with pytest.raises(
+        DataLossError, match=f"damaged record at byte {offset} \\(element 1\\)"
+    ) as info:
         records[1]
     assert info.value.offset == offset and info.value.path.endswith("shard-0badcafe-00000.records")
 
@@ -364,8 +420,16 @@ def test_a_planted_lock_symlink_is_refused(tmp_path):
 
 
 def test_remove_files_keeps_only_the_published_generation_and_the_manifest(tmp_path):
-    names = ["shard-keep-00000.records", "shard-keep-00000.index", "shard-keep-00001.records.partial",
-             "shard-old-00000.records", f"{MANIFEST}.tmp-1", MANIFEST, ".lock", "other.txt"]  # fmt: skip
+    names = [
+        "shard-keep-00000.records",
+        "shard-keep-00000.index",
+        "shard-keep-00001.records.partial",
+        "shard-old-00000.records",
+        f"{MANIFEST}.tmp-1",
+        MANIFEST,
+        ".lock",
+        "other.txt",
+    ]
     for name in names:
         (tmp_path / name).write_bytes(b"")
     remove_files(str(tmp_path), keep="keep")

@@ -143,7 +143,9 @@ def test_an_allowed_user_class_loads_and_trusted_loads_anything(tmp_path):
     tp.add_safe_globals([Allowed])
     assert Allowed in tp.get_safe_globals()
     assert tp.load(path)[0] == Allowed(3)
-    assert list(tp.load(path).map(lambda x: x.value, num_parallel_calls=2, executor="process")) == [3]
+    assert list(tp.load(path).map(lambda x: x.value, num_parallel_calls=2, executor="process")) == [
+        3
+    ]
 
 
 def test_ignore_errors_does_not_drop_a_type_to_allow(tmp_path):
@@ -152,7 +154,10 @@ def test_ignore_errors_does_not_drop_a_type_to_allow(tmp_path):
     tp.from_iterable([1, Allowed(3), 2]).save(path)
     with pytest.raises(tp.UntrustedTypeError, match=r"test_untrusted\.Allowed"):
         list(tp.load(path).ignore_errors())
-    assert list(tp.from_iterable([1, 0, 2]).map(lambda x: 2 // x).ignore_errors()) == [2, 1]  # others: dropped
+    assert list(tp.from_iterable([1, 0, 2]).map(lambda x: 2 // x).ignore_errors()) == [
+        2,
+        1,
+    ]  # others: dropped
 
 
 def test_trusted_is_a_bool(tmp_path):
@@ -189,5 +194,8 @@ def test_shard_files_are_never_written_through_a_planted_symlink(tmp_path):
     shard = ShardFile.create(str(path), "shard-x-00000", (0, 0, ()), ["p"])
     shard.add(0, b"payload")
     shard.finish()
-    assert not (path / "shard-x-00000.records").is_symlink() and not (path / "shard-x-00000.index").is_symlink()
+    assert (
+        not (path / "shard-x-00000.records").is_symlink()
+        and not (path / "shard-x-00000.index").is_symlink()
+    )
     assert victim.read_bytes() == b"keep"

@@ -112,14 +112,25 @@ class Autotuner:
         intervals: seconds between rounds (default: 0.1 s at first, backing off to 2 s).
     """
 
-    def __init__(self, root: Iterator, clock: ConsumerClock, budget: Budget | Callable[[], Budget],
-                 intervals: Iterable[float] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        root: Iterator,
+        clock: ConsumerClock,
+        budget: Budget | Callable[[], Budget],
+        intervals: Iterable[float] | None = None,
+    ) -> None:
         self.root = root
         self.clock = clock
-        self._budget = budget  # or what makes it, asked at the first round (reading the machine costs ~0.3 ms)
+        self._budget = (
+            budget  # or what makes it, asked at the first round (reading the machine costs ~0.3 ms)
+        )
         self.decisions: collections.deque[Decision] = collections.deque(maxlen=_HISTORY)
-        self._intervals = iter(intervals if intervals is not None else backoff_intervals(_FIRST_S, _LAST_S))
-        self._first: tuple[Look, float] | None = None  # the first window's look and when its round is due
+        self._intervals = iter(
+            intervals if intervals is not None else backoff_intervals(_FIRST_S, _LAST_S)
+        )
+        self._first: tuple[Look, float] | None = (
+            None  # the first window's look and when its round is due
+        )
         self._live = {knob.name: knob for knob in live_knobs(root)}
         self._held: dict[str, tuple[int, int]] = {}  # knob -> (held value, rounds left): a ceiling
         self._floors: dict[str, tuple[int, int]] = {}  # knob -> (floor value, rounds left)
@@ -165,7 +176,9 @@ class Autotuner:
 
     def _run(self) -> None:
         due = self._first is not None  # the first window started at tick(); its round is due now
-        before = self._first[0] if self._first is not None else look(self.root, self.clock.outside_s())
+        before = (
+            self._first[0] if self._first is not None else look(self.root, self.clock.outside_s())
+        )
         settling = True  # the first window holds the start-up
         for interval in itertools.chain([0.0] if due else [], self._intervals):
             if self._stop.wait(interval):
@@ -237,7 +250,9 @@ class Autotuner:
         maximum = min(maximum, held[0]) if held is not None else maximum
         lowest = -(-knob.value // _GROWTH) if may_lower else knob.value
         start = max(knob.minimum, 1, lowest, floor[0] if floor is not None else 0)
-        return dataclasses.replace(knob, value=start, minimum=max(knob.minimum, 1), maximum=max(maximum, start))
+        return dataclasses.replace(
+            knob, value=start, minimum=max(knob.minimum, 1), maximum=max(maximum, start)
+        )
 
     def _judge_last_move(self, throughput: float, work: float) -> None:
         """Check what the last move bought: knobs raised for less than ``_MIN_GAIN`` are held at
@@ -251,7 +266,9 @@ class Autotuner:
         the move."""
 
         def count_down(holds: dict[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
-            return {name: (value, rounds - 1) for name, (value, rounds) in holds.items() if rounds > 1}
+            return {
+                name: (value, rounds - 1) for name, (value, rounds) in holds.items() if rounds > 1
+            }
 
         self._held, self._floors = count_down(self._held), count_down(self._floors)
         if self._last_move is None:

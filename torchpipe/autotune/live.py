@@ -107,9 +107,20 @@ def look(root: Iterator, consumer_s: float) -> Look:
         moves += sum(knob.moves for knob in tunable.knobs(it))
         stats = it.stats
         calls, work_s, cpu_s = stats.calls.totals() if stats.calls is not None else (0, 0.0, 0.0)
-        items, delay_s = (stats.calls.items, stats.calls.delay_s) if stats.calls is not None else (0, 0.0)
-        counters[id(it)] = Counters(stats.produced, stats.wall_s, stats.wait_s, calls, work_s, cpu_s,
-                                    stats.bytes_per_element, items, delay_s)  # fmt: skip
+        items, delay_s = (
+            (stats.calls.items, stats.calls.delay_s) if stats.calls is not None else (0, 0.0)
+        )
+        counters[id(it)] = Counters(
+            stats.produced,
+            stats.wall_s,
+            stats.wait_s,
+            calls,
+            work_s,
+            cpu_s,
+            stats.bytes_per_element,
+            items,
+            delay_s,
+        )
     return Look(time.perf_counter(), counters, consumer_s, time.process_time(), moves=moves)
 
 
@@ -195,9 +206,13 @@ class _Builder:
         mine = Stage(it.name, self.per_root(own))
         if tunable.role(it) == BUFFER:
             depth = self.knob(it, ".buffer_size", max(tunable.buffer_slots(it), 1))
-            end = Stage(f"{it.name} (producer)", 0.0, buffer=depth, bytes_per_element=d.bytes_per_element)
+            end = Stage(
+                f"{it.name} (producer)", 0.0, buffer=depth, bytes_per_element=d.bytes_per_element
+            )
             return below + [end, mine]
-        if tunable.role(it) == POOL and tunable.parallelism(it) > 0:  # at 0 calls run here: in its self time
+        if (
+            tunable.role(it) == POOL and tunable.parallelism(it) > 0
+        ):  # at 0 calls run here: in its self time
             return self._pool(it, d, below) + [mine]
         return below + [mine]
 
@@ -213,7 +228,9 @@ class _Builder:
         # held. By CPU time alone, calls slowed by a busy machine would seem to wait on I/O, and
         # a worker past the cores would seem to fit the budget.
         cpu_fraction = min(1.0, (d.cpu_s + d.delay_s) / d.work_s) if d.work_s > 0 else 1.0
-        if tunable.calls_on_cluster(it):  # not this machine's cores: the knob's maximum is the cluster's
+        if tunable.calls_on_cluster(
+            it
+        ):  # not this machine's cores: the knob's maximum is the cluster's
             cpu_fraction = 0.0
         calls = Stage(
             f"{it.name} (calls)",

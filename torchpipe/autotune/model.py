@@ -68,7 +68,9 @@ def buffer_slots(stage: Stage, knobs: dict[str, int]) -> int:
     """The slots of the buffer after ``stage`` at these knob values (0: no buffer)."""
     if stage.buffer is None:
         return 0
-    return knobs[stage.buffer] * (knobs[stage.per_unit] if stage.per_unit is not None else stage.slots_per_unit)
+    return knobs[stage.buffer] * (
+        knobs[stage.per_unit] if stage.per_unit is not None else stage.slots_per_unit
+    )
 
 
 def empty_probability(ratio: float, slots: int) -> float:
@@ -77,7 +79,9 @@ def empty_probability(ratio: float, slots: int) -> float:
         return 1.0
     if abs(ratio - 1.0) < 1e-9:
         return 1.0 / (slots + 1)
-    if ratio > 1.0:  # compute with 1 / ratio to avoid overflow: p0 = r^-K (1/r - 1) / (1/r^(K+1) - 1)
+    if (
+        ratio > 1.0
+    ):  # compute with 1 / ratio to avoid overflow: p0 = r^-K (1/r - 1) / (1/r^(K+1) - 1)
         inv = 1.0 / ratio
         return (inv**slots) * (1.0 - inv) / (1.0 - inv ** (slots + 1))
     return (1.0 - ratio) / (1.0 - ratio ** (slots + 1))
@@ -111,7 +115,9 @@ def predict_time(stages: list[Stage], knobs: dict[str, int]) -> float:
     times = service_times(stages, knobs)
     worst = max(t for t, _ in times)
     for (producer, slots), (consumer, _) in zip(times, times[1:]):
-        if slots == 0:  # nothing in between (a pool of 0: calls on its consumer's thread): they take turns
+        if (
+            slots == 0
+        ):  # nothing in between (a pool of 0: calls on its consumer's thread): they take turns
             worst = max(worst, producer + consumer)
             continue
         if producer <= 0.0:

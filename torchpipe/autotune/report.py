@@ -48,9 +48,16 @@ class PipelineStats(list):
             because the fast decoder refused them).
     """
 
-    def __init__(self, stages: list[dict[str, Any]], seconds: float, bottleneck: str, waiting: float,
-                 decisions: list[Decision], trace: TraceSnapshot | None = None,
-                 images: dict[str, int] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        stages: list[dict[str, Any]],
+        seconds: float,
+        bottleneck: str,
+        waiting: float,
+        decisions: list[Decision],
+        trace: TraceSnapshot | None = None,
+        images: dict[str, int] | None = None,
+    ) -> None:
         super().__init__(stages)
         self.images = images if images is not None else {"decoded": 0, "fallback": 0}
         self.seconds = seconds
@@ -71,9 +78,15 @@ class PipelineStats(list):
         from torchpipe.observe.timeline import plot_timeline
 
         if self.trace is None:
-            raise RuntimeError("this pass is not traced: run it with ds.with_options(tp.Options(trace=True)) to plot "
-                               "its timeline")  # fmt: skip
-        plot_timeline(self.trace, path, title=f"torchpipe pass: {self.seconds:.2f} s, bottleneck {self.bottleneck}")
+            raise RuntimeError(
+                "this pass is not traced: run it with ds.with_options(tp.Options(trace=True)) to plot "
+                "its timeline"
+            )
+        plot_timeline(
+            self.trace,
+            path,
+            title=f"torchpipe pass: {self.seconds:.2f} s, bottleneck {self.bottleneck}",
+        )
 
     @property
     def consumer_is_limit(self) -> bool:
@@ -97,33 +110,52 @@ class PipelineStats(list):
             fill = f"{stage['occupancy']:.0%}" if "occupancy" in stage else ""
             knobs = ", ".join(f"{k}={v}" for k, v in stage.get("knobs", {}).items())
             name = "  " * stage["depth"] + stage["stage"]
-            lines.append(f"{name[:36]:<36} {stage['produced']:>9} {stage['throughput']:>9.4g} "
-                         f"{_duration(stage['self_s']):>10} {wait:>5} {fill:>7}  {knobs}")  # fmt: skip
-        lines.extend(line for stage in self if "ray" in stage for line in _ray_lines(stage["stage"], stage["ray"]))
+            lines.append(
+                f"{name[:36]:<36} {stage['produced']:>9} {stage['throughput']:>9.4g} "
+                f"{_duration(stage['self_s']):>10} {wait:>5} {fill:>7}  {knobs}"
+            )
+        lines.extend(
+            line
+            for stage in self
+            if "ray" in stage
+            for line in _ray_lines(stage["stage"], stage["ray"])
+        )
         if self.images["decoded"]:
-            lines.append(f"Images: {self.images['decoded']} decoded by tp.image, {self.images['fallback']} of them by "
-                         "Pillow (the fast decoder refused them)")  # fmt: skip
+            lines.append(
+                f"Images: {self.images['decoded']} decoded by tp.image, {self.images['fallback']} of them by "
+                "Pillow (the fast decoder refused them)"
+            )
         lines.append(f"Bottleneck: {self.bottleneck}")
         if self.consumer_is_limit:
-            lines.append(f"Limit: the consumer (training step); it waited for data {self.waiting:.0%} of its time.")
+            lines.append(
+                f"Limit: the consumer (training step); it waited for data {self.waiting:.0%} of its time."
+            )
         else:
-            lines.append(f"Limit: the pipeline; the consumer waited for data {self.waiting:.0%} of its time.")
+            lines.append(
+                f"Limit: the pipeline; the consumer waited for data {self.waiting:.0%} of its time."
+            )
         if self.decisions:
             last = self.decisions[-1]
             chosen = ", ".join(f"{k}={v}" for k, v in last.values.items())
-            lines.append(f"Autotune: {len(self.decisions)} rounds; now {chosen} (measured {last.throughput:.4g}/s, "
-                         f"model predicts {last.predicted:.4g}/s)")  # fmt: skip
+            lines.append(
+                f"Autotune: {len(self.decisions)} rounds; now {chosen} (measured {last.throughput:.4g}/s, "
+                f"model predicts {last.predicted:.4g}/s)"
+            )
         return "\n".join(lines)
 
 
 def _ray_lines(stage: str, ray: dict[str, Any]) -> list[str]:
     """A stage's Ray actors: their calls, and what receiving results cost this process."""
     rate = ray["transfer_bytes_per_s"] / 1e6
-    lines = [f"{stage} on Ray: {len(ray['actors'])} actors, {ray['results']} results, "
-             f"{_duration(ray['transfer_s'])} a result to fetch and decode ({rate:.4g} MB/s)"]  # fmt: skip
+    lines = [
+        f"{stage} on Ray: {len(ray['actors'])} actors, {ray['results']} results, "
+        f"{_duration(ray['transfer_s'])} a result to fetch and decode ({rate:.4g} MB/s)"
+    ]
     for name, actor in ray["actors"].items():
         restarts = f", {actor['restarts']} restarts" if actor["restarts"] else ""
-        lines.append(f"  {name}: {actor['calls']} calls, {_duration(actor['call_s'])} a call{restarts}")
+        lines.append(
+            f"  {name}: {actor['calls']} calls, {_duration(actor['call_s'])} a call{restarts}"
+        )
     return lines
 
 
@@ -135,17 +167,28 @@ def _duration(seconds: float) -> str:
     return f"{seconds * 1e6:.1f} us"
 
 
-def pipeline_stats(root: Iterator, start: Look, consumer_s: float, decisions: list[Decision],
-                   trace: TraceSnapshot | None = None) -> PipelineStats:  # fmt: skip
+def pipeline_stats(
+    root: Iterator,
+    start: Look,
+    consumer_s: float,
+    decisions: list[Decision],
+    trace: TraceSnapshot | None = None,
+) -> PipelineStats:
     """The stats of the pass under ``root``; ``start`` is :func:`~torchpipe.autotune.live.start_look` of
     when its tree was built; ``trace`` the pass's events if it is traced."""
     now = look(root, consumer_s)
     seconds = max(now.time - start.time, 1e-9)
     stages = []
     for it, depth in walk(root):
-        counters = now.iterators[id(it)]  # the tree is built when the pass starts: totals are the pass's
-        entry: dict[str, Any] = {"stage": it.name, "depth": depth, "produced": counters.produced,
-                                 "throughput": counters.produced / seconds}  # fmt: skip
+        counters = now.iterators[
+            id(it)
+        ]  # the tree is built when the pass starts: totals are the pass's
+        entry: dict[str, Any] = {
+            "stage": it.name,
+            "depth": depth,
+            "produced": counters.produced,
+            "throughput": counters.produced / seconds,
+        }
         if tunable.role(it) == POOL:  # its calls' own time, on the threads or workers that ran them
             entry["self_s"] = counters.work_s / max(counters.calls, 1)
         else:
@@ -154,11 +197,15 @@ def pipeline_stats(root: Iterator, start: Look, consumer_s: float, decisions: li
         if counters.wall_s > 0 and tunable.role(it) is not None:
             entry["wait_ratio"] = counters.wait_s / counters.wall_s
         if it.stats.occupancy_n:
-            entry["occupancy"] = it.stats.occupancy_sum / it.stats.occupancy_n / max(it.stats.capacity, 1)
+            entry["occupancy"] = (
+                it.stats.occupancy_sum / it.stats.occupancy_n / max(it.stats.capacity, 1)
+            )
         if tunable.knobs(it):
             entry["knobs"] = {knob.name: knob.value for knob in tunable.knobs(it)}
         entry.update(it.stats.counters)  # errors_ignored, inner_datasets, ...
-        entry.update(getattr(it, "executor_report", dict)())  # where its calls run: executor, workers, pids
+        entry.update(
+            getattr(it, "executor_report", dict)()
+        )  # where its calls run: executor, workers, pids
         stages.append(entry)
     if decisions:
         limit = decisions[-1].bottleneck
@@ -168,6 +215,8 @@ def pipeline_stats(root: Iterator, start: Look, consumer_s: float, decisions: li
     inside = now.iterators[id(root)].wall_s
     waiting = inside / (inside + consumer_s) if inside + consumer_s > 0 else 0.0
     counts = COUNTS.snapshot()
-    images = {"decoded": counts["images_decoded"] - start.shared.get("images_decoded", 0),
-              "fallback": counts["images_fallback"] - start.shared.get("images_fallback", 0)}  # fmt: skip
+    images = {
+        "decoded": counts["images_decoded"] - start.shared.get("images_decoded", 0),
+        "fallback": counts["images_fallback"] - start.shared.get("images_fallback", 0),
+    }
     return PipelineStats(stages, seconds, limit, waiting, list(decisions), trace, images)

@@ -56,7 +56,9 @@ def _fits(stages: list[Stage], values: dict[str, int], budget: Budget) -> bool:
     return cpu_ok and memory_bytes(stages, values) <= budget.ram
 
 
-def hill_climb(stages: list[Stage], knobs: list[Knob], budget: Budget, min_gain: float = 0.01) -> dict[str, int]:
+def hill_climb(
+    stages: list[Stage], knobs: list[Knob], budget: Budget, min_gain: float = 0.01
+) -> dict[str, int]:
     """The knob values the model prefers, starting from the knobs' current values.
 
     Args:
@@ -93,7 +95,11 @@ def hill_climb(stages: list[Stage], knobs: list[Knob], budget: Budget, min_gain:
 
 
 def _shrink_to_budget(
-    stages: list[Stage], values: dict[str, int], knobs: dict[str, Knob], buffers: set[str], budget: Budget
+    stages: list[Stage],
+    values: dict[str, int],
+    knobs: dict[str, Knob],
+    buffers: set[str],
+    budget: Budget,
 ) -> dict[str, int]:
     """Lower knobs (biggest memory holders first, then parallelism) until the budget holds."""
     values = dict(values)
@@ -120,7 +126,9 @@ def _down(value: int, knob: Knob, is_buffer: bool) -> int:
     return max(knob.minimum, value // 2 if is_buffer else value - 1)
 
 
-def backoff_intervals(first_s: float = 0.05, last_s: float = 2.0, factor: float = 1.5) -> Iterator[float]:
+def backoff_intervals(
+    first_s: float = 0.05, last_s: float = 2.0, factor: float = 1.5
+) -> Iterator[float]:
     """Seconds between re-optimizations: often at first, then backing off to ``last_s``."""
     interval = first_s
     while True:

@@ -25,7 +25,14 @@ counters) and ``rewrite`` (copying a graph with a node replaced).
 
 from torchpipe.core.function import UserFunction
 from torchpipe.core.iterator import Iterator, PassThroughIterator
-from torchpipe.core.node import AUTOTUNE_SYMBOL, RANK_MARK, BuildContext, Node, Symbol, function_name
+from torchpipe.core.node import (
+    AUTOTUNE_SYMBOL,
+    RANK_MARK,
+    BuildContext,
+    Node,
+    Symbol,
+    function_name,
+)
 from torchpipe.core.position_log import PositionLog
 from torchpipe.core.state import check_bool, check_int, check_state
 from torchpipe.core.tunable import Tunable

@@ -7,7 +7,14 @@ from typing import Any
 
 from torchpipe.core.node import WORKER_MARK, BuildContext
 from torchpipe.errors import add_note
-from torchpipe.randomness import call_seeded, enter_call, exit_call, mix_seed, next_call, seed_global_rngs
+from torchpipe.randomness import (
+    call_seeded,
+    enter_call,
+    exit_call,
+    mix_seed,
+    next_call,
+    seed_global_rngs,
+)
 
 
 class UserFunction:
@@ -30,7 +37,9 @@ class UserFunction:
 
     __slots__ = ("fn", "stage", "_seed", "_seed_globals")
 
-    def __init__(self, fn: Any, stage: str, ctx: BuildContext, seed_globals: bool | None = None) -> None:
+    def __init__(
+        self, fn: Any, stage: str, ctx: BuildContext, seed_globals: bool | None = None
+    ) -> None:
         self.fn = fn
         self.stage = stage
         self._seed = ctx.stage_seed()
@@ -61,7 +70,9 @@ class UserFunction:
         if not self._seed_globals:
             seed_global_rngs(mix_seed(self._seed, WORKER_MARK, slot))
 
-    def on_elements(self, first: int, elements: list, then: Callable[[int, Any], Any] | None = None) -> list:
+    def on_elements(
+        self, first: int, elements: list, then: Callable[[int, Any], Any] | None = None
+    ) -> list:
         """:meth:`on_element` for elements numbered from ``first`` on (a batch's): the element's
         seed is made current for each, once entered for all (a call's bookkeeping is most of
         what a cheap function costs). ``then(j, result)``, where given, takes each result while

@@ -41,7 +41,11 @@ def _name(key: Any) -> str:
         if isinstance(key, torch.dtype):
             name = str(key).removeprefix("torch.")
         else:
-            name = key.__qualname__ if key.__module__ == "builtins" else f"{key.__module__}.{key.__qualname__}"
+            name = (
+                key.__qualname__
+                if key.__module__ == "builtins"
+                else f"{key.__module__}.{key.__qualname__}"
+            )
         _NAMES[key] = name
     return name
 
@@ -88,7 +92,11 @@ def fits(x: Any, s: Any) -> bool:
         return True
     kind = s[0]
     if kind == "tensor":
-        return isinstance(x, torch.Tensor) and s[1] in (None, _name(x.dtype)) and s[2] in (None, x.dim())
+        return (
+            isinstance(x, torch.Tensor)
+            and s[1] in (None, _name(x.dtype))
+            and s[2] in (None, x.dim())
+        )
     if kind == "ndarray":
         return isinstance(x, np.ndarray) and s[1] in (None, x.dtype.str) and s[2] in (None, x.ndim)
     if kind == "leaf":

@@ -65,7 +65,13 @@ class Node(abc.ABC):
     """It leaves no trace in a checkpoint (no iterator, or the input's state as its own);
     checkpoint fingerprints skip it."""
 
-    SPEED_PARAMS: ClassVar[tuple[str, ...]] = ("num_parallel_calls", "deterministic", "executor", "pure", "batched")
+    SPEED_PARAMS: ClassVar[tuple[str, ...]] = (
+        "num_parallel_calls",
+        "deterministic",
+        "executor",
+        "pure",
+        "batched",
+    )
     """Parameters that change how fast it runs, or how the optimizer may run it, but not its
     elements: a checkpoint resumes across them (an inline map's state loads into a parallel one)."""
 
@@ -199,7 +205,9 @@ class BuildContext:
     options: Options
     path: tuple[int, ...] = ()
     iteration: tuple[int, ...] = ()
-    memory: dict[tuple[int, ...], dict[str, Any]] | None = dataclasses.field(default=None, compare=False)
+    memory: dict[tuple[int, ...], dict[str, Any]] | None = dataclasses.field(
+        default=None, compare=False
+    )
     trace: TraceLog | None = dataclasses.field(default=None, compare=False)
     salt: tuple[int, ...] = ()
 
@@ -237,9 +245,15 @@ class BuildContext:
         Its stage gets a track named by its position in the graph, so the readers an interleave
         opens, one per input element, share one track."""
         if self.trace is not None and iterator.stats.trace is None:
-            position = self.path[: self.path.index(_INNER_MARK) + 1] if _INNER_MARK in self.path else self.path
+            position = (
+                self.path[: self.path.index(_INNER_MARK) + 1]
+                if _INNER_MARK in self.path
+                else self.path
+            )
             order = (len(position), position)
-            iterator.stats.trace = self.trace.track((STAGE, position, iterator.name), iterator.name, STAGE, order)
+            iterator.stats.trace = self.trace.track(
+                (STAGE, position, iterator.name), iterator.name, STAGE, order
+            )
             if self.trace.every_element:
                 iterator.stats.clock_all_s = -1.0
             if iterator.stats.calls is not None and iterator.stats.calls.trace is None:

@@ -110,7 +110,9 @@ class PositionLog:
         seq = check_int(name, state, "seq", minimum=0)
         skip = state["skip"]
         if not isinstance(skip, (list, tuple)) or not all(is_int(n) and n >= 0 for n in skip):
-            raise CheckpointError(f"{name}: state['skip'] must be a list of sequence numbers, got {skip!r}")
+            raise CheckpointError(
+                f"{name}: state['skip'] must be a list of sequence numbers, got {skip!r}"
+            )
         self.source.load_state_dict(state["input"])
         self._latest = state["input"]
         self._next_seq = seq

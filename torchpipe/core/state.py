@@ -17,8 +17,13 @@ def check_state(name: str, state: dict[str, Any], *keys: str) -> None:
         raise CheckpointError(f"{name}: state is missing {missing}; is it from another pipeline?")
 
 
-def check_int(name: str, state: dict[str, Any], key: str, minimum: int | None = None,
-              maximum: int | None = None) -> int:  # fmt: skip
+def check_int(
+    name: str,
+    state: dict[str, Any],
+    key: str,
+    minimum: int | None = None,
+    maximum: int | None = None,
+) -> int:
     """``state[key]`` as an int.
 
     Raises:
@@ -27,9 +32,13 @@ def check_int(name: str, state: dict[str, Any], key: str, minimum: int | None = 
     """
     value = state[key]
     if not is_int(value):
-        raise CheckpointError(f"{name}: state[{key!r}] must be an int, got {type(value).__name__} {value!r}")
+        raise CheckpointError(
+            f"{name}: state[{key!r}] must be an int, got {type(value).__name__} {value!r}"
+        )
     if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
-        bounds = f"[{'-inf' if minimum is None else minimum}, {'inf' if maximum is None else maximum}]"
+        bounds = (
+            f"[{'-inf' if minimum is None else minimum}, {'inf' if maximum is None else maximum}]"
+        )
         raise CheckpointError(f"{name}: state[{key!r}] is {value}, outside {bounds}")
     return int(value)
 
@@ -42,7 +51,9 @@ def check_bool(name: str, state: dict[str, Any], key: str) -> bool:
     """
     value = state[key]
     if not isinstance(value, (bool, np.bool_)):
-        raise CheckpointError(f"{name}: state[{key!r}] must be a bool, got {type(value).__name__} {value!r}")
+        raise CheckpointError(
+            f"{name}: state[{key!r}] must be a bool, got {type(value).__name__} {value!r}"
+        )
     return bool(value)
 
 

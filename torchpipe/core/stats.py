@@ -43,9 +43,23 @@ class IteratorStats:
         counters: op-specific counters (``errors_ignored``, ``inner_datasets``, ...).
     """
 
-    __slots__ = ("produced", "_busy_s", "unclocked", "_weight", "wait_s", "calls", "blocked_output_s",
-                 "occupancy_sum", "occupancy_n", "capacity", "bytes_sum", "bytes_n", "counters", "trace",
-                 "clock_all_s")  # fmt: skip
+    __slots__ = (
+        "produced",
+        "_busy_s",
+        "unclocked",
+        "_weight",
+        "wait_s",
+        "calls",
+        "blocked_output_s",
+        "occupancy_sum",
+        "occupancy_n",
+        "capacity",
+        "bytes_sum",
+        "bytes_n",
+        "counters",
+        "trace",
+        "clock_all_s",
+    )
 
     def __init__(self) -> None:
         self.produced = 0
@@ -125,7 +139,11 @@ class IteratorStats:
             if self.calls.delay_s > 0:  # waited for a core (a busy machine)
                 out["delay_s"] = self.calls.delay_s
         if self.occupancy_n:
-            out.update(wait_s=self.wait_s, occupancy=self.occupancy_sum / self.occupancy_n, capacity=self.capacity)
+            out.update(
+                wait_s=self.wait_s,
+                occupancy=self.occupancy_sum / self.occupancy_n,
+                capacity=self.capacity,
+            )
         if self.blocked_output_s:
             out["blocked_output_s"] = self.blocked_output_s
         if self.bytes_n:

@@ -33,7 +33,14 @@ from torchpipe.distributed.files import share_of_files
 from torchpipe.distributed.nodes import Share
 from torchpipe.distributed.reshard import reshard_states
 
-__all__ = ["RankInfo", "Share", "current_rank_info", "current_share", "reshard_states", "share_of_files"]
+__all__ = [
+    "RankInfo",
+    "Share",
+    "current_rank_info",
+    "current_share",
+    "reshard_states",
+    "share_of_files",
+]
 
 __getattr__ = renamed_names(
     __name__,

@@ -16,11 +16,15 @@ DEFAULT_WAIT_S = 1800.0
 # -- talking to the other ranks -------------------------------------------------------------------
 def broadcast_seed(seed: int, wait_s: float | None) -> int:
     """Rank 0's ``seed``, on every rank (a collective on the default group)."""
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
+    device = (
+        torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
+    )
     value = torch.tensor([seed], dtype=torch.int64, device=device)
     work = dist.broadcast(value, src=0, async_op=True)
     _wait(
-        work, wait_s, "rank 0's seed for the pass (every rank iterates the pipeline, or give it tp.Options(seed=...))"
+        work,
+        wait_s,
+        "rank 0's seed for the pass (every rank iterates the pipeline, or give it tp.Options(seed=...))",
     )
     return int(value.item())
 
@@ -64,8 +68,11 @@ class PassGroup:
             self._in_flight += 1
         try:
             flag = torch.tensor([int(value)], dtype=torch.int32)
-            _wait(dist.all_reduce(flag, op=op, group=group, async_op=True), self._wait_s,
-                  "the other ranks to agree whether the pass goes on (do all ranks iterate it?)")  # fmt: skip
+            _wait(
+                dist.all_reduce(flag, op=op, group=group, async_op=True),
+                self._wait_s,
+                "the other ranks to agree whether the pass goes on (do all ranks iterate it?)",
+            )
             return bool(flag.item())
         finally:
             with self._lock:
@@ -100,4 +107,6 @@ def _wait(work: Any, wait_s: float | None, what: str) -> None:
     try:
         work.wait(timeout=datetime.timedelta(seconds=seconds))
     except RuntimeError as e:
-        raise RuntimeError(f"rank {dist.get_rank()} waited up to {seconds:g} s for {what}: {e}") from e
+        raise RuntimeError(
+            f"rank {dist.get_rank()} waited up to {seconds:g} s for {what}: {e}"
+        ) from e

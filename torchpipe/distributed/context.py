@@ -71,7 +71,9 @@ def _noted_get_worker_info(info: Any) -> None:
         note_split_by_hand(info)  # not torch's own (default_collate asks) nor torchpipe's
 
 
-def _get_worker_info() -> Any:  # the body torch's get_worker_info() runs (see _watch_get_worker_info)
+def _get_worker_info() -> (
+    Any
+):  # the body torch's get_worker_info() runs (see _watch_get_worker_info)
     if _worker_info is not None:  # type: ignore[name-defined]  # noqa: F821 - a global of torch's worker module, where this runs
         _torchpipe_noted_get_worker_info(_worker_info)  # type: ignore[name-defined]  # noqa: F821
     return _worker_info  # type: ignore[name-defined]  # noqa: F821
@@ -91,7 +93,11 @@ def _watch_get_worker_info() -> bool:
     if code.co_names not in (("_worker_info",), ours.co_names) or code.co_argcount:
         return False  # another torch's reader: leave it alone
     torch_worker._torchpipe_noted_get_worker_info = _noted_get_worker_info  # type: ignore[attr-defined]
-    names = {key: getattr(code, key) for key in ("co_name", "co_qualname", "co_filename") if hasattr(code, key)}
+    names = {
+        key: getattr(code, key)
+        for key in ("co_name", "co_qualname", "co_filename")
+        if hasattr(code, key)
+    }
     fn.__code__ = ours.replace(**names)
     return True
 
@@ -128,7 +134,9 @@ def current_rank_info(options: DistributeOptions | None = None) -> RankInfo | No
     if options.policy == "off":
         return None
     group = _group_rank()
-    if options.rank is not None and options.world_size is not None:  # given together (DistributeOptions)
+    if (
+        options.rank is not None and options.world_size is not None
+    ):  # given together (DistributeOptions)
         rank, world = options.rank, options.world_size
     elif group is not None:
         rank, world = group

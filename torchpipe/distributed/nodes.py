@@ -68,7 +68,11 @@ class Share:
     def describe(self) -> str:
         """Which share this is, in words: ``rank 1 of 4`` (``x torch worker 0 of 2``)."""
         text = f"rank {self.rank} of {self.world_size}"
-        return text if self.num_workers == 1 else f"{text} x torch worker {self.worker} of {self.num_workers}"
+        return (
+            text
+            if self.num_workers == 1
+            else f"{text} x torch worker {self.worker} of {self.num_workers}"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,8 +155,18 @@ class ShareNode(Node):
         return ShareIterator(self.kind, source, self.share, self._total(), self._uneven_here())
 
 
-SHARE_STATE_KEYS = ("input", "position", "world_size", "rank", "num_workers", "worker", "origin", "holes",
-                    "pad", "padded")  # fmt: skip
+SHARE_STATE_KEYS = (
+    "input",
+    "position",
+    "world_size",
+    "rank",
+    "num_workers",
+    "worker",
+    "origin",
+    "holes",
+    "pad",
+    "padded",
+)
 """The keys of a share node's state (``tp.distributed.reshard_states`` finds it by them)."""
 
 
@@ -165,9 +179,18 @@ class ShareIterator(Iterator):
     had), and the element kept to pad with (``pad``, a list of at most one; ``padded``: given).
     """
 
-    INPUT, POSITION, ORIGIN, HOLES, PAD, PADDED = "input", "position", "origin", "holes", "pad", "padded"
+    INPUT, POSITION, ORIGIN, HOLES, PAD, PADDED = (
+        "input",
+        "position",
+        "origin",
+        "holes",
+        "pad",
+        "padded",
+    )
 
-    def __init__(self, name: str, source: Iterator, share: Share, total: int | None, uneven: str) -> None:
+    def __init__(
+        self, name: str, source: Iterator, share: Share, total: int | None, uneven: str
+    ) -> None:
         super().__init__(name, source)
         self._source = source
         self._share = share
@@ -208,7 +231,10 @@ class ShareIterator(Iterator):
             except StopIteration:
                 break
             except Exception:
-                self._position, self._eligible = position + 1, e + 1  # the element that raised took its place
+                self._position, self._eligible = (
+                    position + 1,
+                    e + 1,
+                )  # the element that raised took its place
                 if mine:
                     raise
                 continue  # the pad's source failed: another rank's element, its error that rank's
@@ -244,11 +270,17 @@ class ShareIterator(Iterator):
     def get_state(self) -> dict[str, Any]:
         share = self._share
         return {
-            self.INPUT: self._source.state_dict(), self.POSITION: self._position,
-            "world_size": share.world_size, "rank": share.rank, "num_workers": share.num_workers,
-            "worker": share.worker, self.ORIGIN: self._origin, self.HOLES: list(self._holes),
-            self.PAD: list(self._pad), self.PADDED: self._padded,
-        }  # fmt: skip
+            self.INPUT: self._source.state_dict(),
+            self.POSITION: self._position,
+            "world_size": share.world_size,
+            "rank": share.rank,
+            "num_workers": share.num_workers,
+            "worker": share.worker,
+            self.ORIGIN: self._origin,
+            self.HOLES: list(self._holes),
+            self.PAD: list(self._pad),
+            self.PADDED: self._padded,
+        }
 
     def set_state(self, state: dict[str, Any]) -> None:
         check_state(self.name, state, *SHARE_STATE_KEYS)
@@ -256,10 +288,16 @@ class ShareIterator(Iterator):
         origin = check_int(self.name, state, self.ORIGIN, minimum=0)
         position = check_int(self.name, state, self.POSITION, minimum=origin)
         holes, pad = state[self.HOLES], state[self.PAD]
-        if not isinstance(holes, list) or not all(isinstance(h, int) and h >= origin for h in holes):
-            raise CheckpointError(f"{self.name}: state['holes'] must be a list of positions >= origin, got {holes!r}")
+        if not isinstance(holes, list) or not all(
+            isinstance(h, int) and h >= origin for h in holes
+        ):
+            raise CheckpointError(
+                f"{self.name}: state['holes'] must be a list of positions >= origin, got {holes!r}"
+            )
         if not isinstance(pad, list) or len(pad) > 1:
-            raise CheckpointError(f"{self.name}: state['pad'] must be a list of at most one element")
+            raise CheckpointError(
+                f"{self.name}: state['pad'] must be a list of at most one element"
+            )
         padded = check_bool(self.name, state, self.PADDED)
         self._source.load_state_dict(state[self.INPUT])
         self._origin, self._position, self._pad, self._padded = origin, position, list(pad), padded
@@ -385,7 +423,9 @@ class EqualizeNode(Node):
 
     kind = "equalize"
 
-    def __init__(self, input: Node, uneven: str, target: int | None, agreement: Agreement | None = None) -> None:
+    def __init__(
+        self, input: Node, uneven: str, target: int | None, agreement: Agreement | None = None
+    ) -> None:
         super().__init__(input)
         self.uneven = uneven
         self.target = target
@@ -395,7 +435,11 @@ class EqualizeNode(Node):
         return {"uneven": self.uneven}
 
     def label(self) -> str:
-        how = f"{self.target} elements" if self.target is not None else "the ranks agree at each element"
+        how = (
+            f"{self.target} elements"
+            if self.target is not None
+            else "the ranks agree at each element"
+        )
         return f"{super().label()} [{how}]"
 
     def cardinality(self) -> int:
@@ -487,7 +531,11 @@ class EqualizeIterator(Iterator):
         self._wraps = wraps
 
     def get_state(self) -> dict[str, Any]:
-        return {self.INPUT: self._source.state_dict(), self.YIELDED: self._yielded, self.WRAPS: self._wraps}
+        return {
+            self.INPUT: self._source.state_dict(),
+            self.YIELDED: self._yielded,
+            self.WRAPS: self._wraps,
+        }
 
     def set_state(self, state: dict[str, Any]) -> None:
         check_state(self.name, state, self.INPUT, self.YIELDED, self.WRAPS)

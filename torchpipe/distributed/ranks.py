@@ -39,7 +39,13 @@ from torchpipe.core.rewrite import rewrite_bottom_up, with_attrs, with_inputs
 from torchpipe.distributed.collectives import PassGroup
 from torchpipe.distributed.context import RankInfo
 from torchpipe.distributed.nodes import EqualizeNode, FetchNode, Share, ShareNode, SplitFilesNode
-from torchpipe.distributed.workers import TorchWorker, sources_of, split_at_source, split_for_worker, user_shards
+from torchpipe.distributed.workers import (
+    TorchWorker,
+    sources_of,
+    split_at_source,
+    split_for_worker,
+    user_shards,
+)
 from torchpipe.ops.batch import BatchNode, PaddedBatchNode, RebatchNode
 from torchpipe.ops.interleave.interleave import FlatMapNode, InterleaveNode
 from torchpipe.ops.shuffle import ShuffleNode
@@ -111,7 +117,11 @@ class RankSplit:
         """``root`` with the share node in."""
         if self.level in ("manual", "whole", "given"):
             # not split between ranks, but a rank's torch workers must still split its share
-            return root if share.num_workers == 1 else split_for_worker(root, share.num_workers, share.worker)[0]
+            return (
+                root
+                if share.num_workers == 1
+                else split_for_worker(root, share.num_workers, share.worker)[0]
+            )
         if self.level == "output":
             return ShareNode(root, share, "output", uneven)
         source, top = self.source, self.top
@@ -136,11 +146,17 @@ class RankSplit:
         """Whether ranks must share the pass seed for their shares to be disjoint."""
         if self.level == "output":
             return True  # every op is below the split; any of them may draw
-        if self.level == "manual":  # the ranks' shares are disjoint where what reaches them is one order
-            return self.top is not None and any(getattr(node, "seed", 0) is None for node in walk(self.top))
+        if (
+            self.level == "manual"
+        ):  # the ranks' shares are disjoint where what reaches them is one order
+            return self.top is not None and any(
+                getattr(node, "seed", 0) is None for node in walk(self.top)
+            )
         if self.level in ("whole", "given"):
             return False  # nothing is split between ranks: their draws need not agree
-        return self.shuffled or any(isinstance(node, ShuffleNode) and node.seed is None for node in self.chain())
+        return self.shuffled or any(
+            isinstance(node, ShuffleNode) and node.seed is None for node in self.chain()
+        )
 
     def note(self, share: Share) -> str:
         """A line for ``explain()``: what ``share`` keeps."""
@@ -154,18 +170,31 @@ class RankSplit:
         if self.level == "given":
             return f"{self.why}: not split again ({who} gets its own share)"
         if self.level == "output":
-            return (f"{who} runs the whole pipeline ({self.why}) with a seed the ranks share and keeps one element "
-                    f"in {shares} of the output")  # fmt: skip
+            return (
+                f"{who} runs the whole pipeline ({self.why}) with a seed the ranks share and keeps one element "
+                f"in {shares} of the output"
+            )
         what = "file" if self.level == "file" else "element"
-        assert self.source is not None and self.top is not None  # set for a "file" or "element" split
+        assert (
+            self.source is not None and self.top is not None
+        )  # set for a "file" or "element" split
         over = "" if self.top is self.source else f" over {self.source.label()}"
-        reads = " (indices: dataset[i] is read above the split, for its share only)" if (
-            isinstance(self.source, FromDatasetNode) and self.top is not self.source) else ""  # fmt: skip
+        reads = (
+            " (indices: dataset[i] is read above the split, for its share only)"
+            if (isinstance(self.source, FromDatasetNode) and self.top is not self.source)
+            else ""
+        )
         return f"{who} keeps one {what} in {shares} of {self.top.label()}{over}{reads}"
 
 
-def split_for_rank(root: Node, options: DistributeOptions, rank: RankInfo, worker: TorchWorker | None,
-                   wait_s: float | None = None, by_worker: tuple[Node, ...] = ()) -> Distribution:  # fmt: skip
+def split_for_rank(
+    root: Node,
+    options: DistributeOptions,
+    rank: RankInfo,
+    worker: TorchWorker | None,
+    wait_s: float | None = None,
+    by_worker: tuple[Node, ...] = (),
+) -> Distribution:
     """``root`` split for ``rank`` (and the torch ``worker`` this process is, where it splits).
 
     Args:
@@ -187,8 +216,11 @@ def split_for_rank(root: Node, options: DistributeOptions, rank: RankInfo, worke
     target, group = _equal_lengths(root, placement, options, share, run, wait_s)
     if target is not None or group is not None:
         written = EqualizeNode(written, options.uneven, target, group)
-        how = "ends where the shortest rank's does" if options.uneven == "drop" else (
-            "runs as long as the longest rank's, padded")  # fmt: skip
+        how = (
+            "ends where the shortest rank's does"
+            if options.uneven == "drop"
+            else ("runs as long as the longest rank's, padded")
+        )
         notes.append(f"{NAME}: {written.label()}: this rank's pass {how}")
     salt = (RANK_MARK, rank.rank) if placement.level in ("data", "file", "given") else ()
     shared_seed = placement.random_below() and rank.world_size > 1
@@ -210,15 +242,20 @@ def place(root: Node, policy: str, share: Share, by_worker: tuple[Node, ...] = (
     if policy == "auto" and given:  # a source that is already this rank's share (tp.from_ray's)
         return RankSplit("given", why=given)
     if policy == "auto" and any(not mark.split for mark in marks):
-        return RankSplit("whole", why="its files are read whole on every rank (from_webdataset(split_by_rank=False))")
+        return RankSplit(
+            "whole",
+            why="its files are read whole on every rank (from_webdataset(split_by_rank=False))",
+        )
     single = split_at_source(root, sources)
     mark = next((mark for mark in marks if mark.split), None) if single else None
     files = single and (mark is not None or _starts_from_files(root, sources[0]))
     if policy == "file" and not files:
         names = ", ".join(source.label() for source in sources)
-        raise ValueError(f"DistributeOptions(policy='file'): the pipeline does not start from tp.list_files(...) or "
-                         f"another list of files (its sources: {names}); split its elements with policy='data' "
-                         "(or 'auto')")  # fmt: skip
+        raise ValueError(
+            f"DistributeOptions(policy='file'): the pipeline does not start from tp.list_files(...) or "
+            f"another list of files (its sources: {names}); split its elements with policy='data' "
+            "(or 'auto')"
+        )
     if files and policy in ("auto", "file"):
         # where tp.io.split_files marks, else above the file list and its shuffle
         top = mark.inputs[0] if mark is not None else _index_top(root, sources[0])
@@ -230,8 +267,15 @@ def place(root: Node, policy: str, share: Share, by_worker: tuple[Node, ...] = (
         return RankSplit("output", why=f"{count} files, fewer than {share.shares} ranks x workers")
     if single and not files:
         return RankSplit("data", _index_top(root, sources[0]), sources[0])
-    why = f"{len(sources)} sources" if len(sources) > 1 else (
-        "files, split by element with policy='data'" if files else "a cache file the ranks share")  # fmt: skip
+    why = (
+        f"{len(sources)} sources"
+        if len(sources) > 1
+        else (
+            "files, split by element with policy='data'"
+            if files
+            else "a cache file the ranks share"
+        )
+    )
     return RankSplit("output", why=why)
 
 
@@ -246,8 +290,13 @@ def describe_rank_split(root: Node, options: DistributeOptions) -> str:
     return f"{placement.sentence('each rank', 'world_size')} (uneven={options.uneven!r})"
 
 
-def _split(root: Node, placement: RankSplit, share: Share, options: DistributeOptions,
-           notes: list[str] | None = None) -> tuple[Node, Node]:  # fmt: skip
+def _split(
+    root: Node,
+    placement: RankSplit,
+    share: Share,
+    options: DistributeOptions,
+    notes: list[str] | None = None,
+) -> tuple[Node, Node]:
     """The graph with ``share``'s node in, as written and with global batch sizes divided."""
     written = placement.apply(root, share, options.uneven)
     if not options.global_batch:
@@ -260,8 +309,10 @@ def _divide_batches(root: Node, world_size: int, notes: list[str]) -> Node:
 
     def per_rank(node: Node, size: int) -> int:
         if size % world_size:
-            raise ValueError(f"{node.label()}: with DistributeOptions(global_batch=True) on {world_size} ranks the "
-                             f"global batch size {size} must divide by {world_size}")  # fmt: skip
+            raise ValueError(
+                f"{node.label()}: with DistributeOptions(global_batch=True) on {world_size} ranks the "
+                f"global batch size {size} must divide by {world_size}"
+            )
         divided.append(f"{node.label()} -> {size // world_size} a rank")
         return size // world_size
 
@@ -274,25 +325,40 @@ def _divide_batches(root: Node, world_size: int, notes: list[str]) -> Node:
 
     out = rewrite_bottom_up(root, rule)
     if not divided:
-        raise ValueError("DistributeOptions(global_batch=True): the pipeline has no batch, padded_batch or rebatch "
-                         "whose size is global")  # fmt: skip
+        raise ValueError(
+            "DistributeOptions(global_batch=True): the pipeline has no batch, padded_batch or rebatch "
+            "whose size is global"
+        )
     notes.append(f"{NAME}: global batch sizes: " + "; ".join(divided))
     return out
 
 
-def _equal_lengths(root: Node, placement: RankSplit, options: DistributeOptions, share: Share, run: Node,
-                   wait_s: float | None) -> tuple[int | None, PassGroup | None]:  # fmt: skip
+def _equal_lengths(
+    root: Node,
+    placement: RankSplit,
+    options: DistributeOptions,
+    share: Share,
+    run: Node,
+    wait_s: float | None,
+) -> tuple[int | None, PassGroup | None]:
     """The length every rank's pass gets where each is known, or the agreement the ranks need."""
     if options.uneven == "allow" or share.world_size == 1 or run.cardinality() == INFINITE:
         return None, None
     if placement.level == "whole":
         return None, None  # every rank reads the same files whole
     if placement.level == "given":
-        return None, None  # the source evens its shards (Ray's streaming_split(equal=True), as Ray Train does)
-    lengths = {UNKNOWN} if placement.level == "manual" else {
-        _split(root, placement, Share(share.world_size, index), options)[1].cardinality()
-        for index in (0, share.world_size - 1)  # the longest and the shortest share
-    }  # fmt: skip
+        return (
+            None,
+            None,
+        )  # the source evens its shards (Ray's streaming_split(equal=True), as Ray Train does)
+    lengths = (
+        {UNKNOWN}
+        if placement.level == "manual"
+        else {
+            _split(root, placement, Share(share.world_size, index), options)[1].cardinality()
+            for index in (0, share.world_size - 1)  # the longest and the shortest share
+        }
+    )
     if len(lengths) == 1 and UNKNOWN not in lengths:
         return None, None
     if share.num_workers > 1:

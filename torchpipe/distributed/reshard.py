@@ -101,10 +101,23 @@ class _OldShare:
         parent, node = state, state["pipeline"]
         for key in self.path:
             if isinstance(node, dict) and set(node) >= _EQUALIZE_KEYS:
-                node["yielded"], node["wraps"] = 0, 0  # the new ranks' passes are as long as each other's
+                node["yielded"], node["wraps"] = (
+                    0,
+                    0,
+                )  # the new ranks' passes are as long as each other's
             parent, node = node, node[key]
-        share = dict(input=node["input"], position=resume, world_size=world_size, rank=rank, num_workers=1,
-                     worker=0, origin=resume, holes=holes, pad=[], padded=False)  # fmt: skip
+        share = dict(
+            input=node["input"],
+            position=resume,
+            world_size=world_size,
+            rank=rank,
+            num_workers=1,
+            worker=0,
+            origin=resume,
+            holes=holes,
+            pad=[],
+            padded=False,
+        )
         parent[self.path[-1] if self.path else "pipeline"] = share
         return state
 
@@ -115,11 +128,15 @@ def _old_shares(states: Sequence[dict[str, Any]]) -> list[_OldShare]:
     olds = []
     for i, state in enumerate(states):
         if not isinstance(state, dict) or state.get("format") != 3 or "pipeline" not in state:
-            raise CheckpointError(f"reshard_states: states[{i}] is not a torchpipe pipeline state (format 3)")
+            raise CheckpointError(
+                f"reshard_states: states[{i}] is not a torchpipe pipeline state (format 3)"
+            )
         paths = list(_share_paths(state["pipeline"], []))
         if len(paths) != 1:
-            raise CheckpointError(f"reshard_states: states[{i}] has {len(paths)} share nodes; it must have one "
-                                  "(a pipeline split between ranks, from a rank's own process)")  # fmt: skip
+            raise CheckpointError(
+                f"reshard_states: states[{i}] has {len(paths)} share nodes; it must have one "
+                "(a pipeline split between ranks, from a rank's own process)"
+            )
         share = _follow(state["pipeline"], paths[0])
         olds.append(_OldShare(state, paths[0], share))
     _check_same_epoch(olds)
@@ -157,13 +174,19 @@ def _check_same_epoch(olds: list[_OldShare]) -> None:
     worlds = {old.share["world_size"] for old in olds}
     ranks = sorted(old.share["rank"] for old in olds)
     if worlds != {len(olds)} or ranks != list(range(len(olds))):
-        raise CheckpointError(f"reshard_states: expected one state from each of the old ranks; got ranks {ranks} "
-                              f"of world sizes {sorted(worlds)}")  # fmt: skip
+        raise CheckpointError(
+            f"reshard_states: expected one state from each of the old ranks; got ranks {ranks} "
+            f"of world sizes {sorted(worlds)}"
+        )
     if any(old.share["num_workers"] != 1 for old in olds):
-        raise CheckpointError("reshard_states: states taken in torch DataLoader workers cannot be resharded")
+        raise CheckpointError(
+            "reshard_states: states taken in torch DataLoader workers cannot be resharded"
+        )
     for key in ("origin", "holes"):
         if any(old.share[key] != first.share[key] for old in olds):
-            raise CheckpointError(f"reshard_states: the states' share nodes differ in {key!r}: not one pass")
+            raise CheckpointError(
+                f"reshard_states: the states' share nodes differ in {key!r}: not one pass"
+            )
     if any(not isinstance(old.share["position"], int) for old in olds):
         raise CheckpointError("reshard_states: a shard's 'position' is not an int")
 
@@ -175,15 +198,22 @@ def _check_ops(ops: Any) -> None:
         raise CheckpointError("reshard_states: the states' 'ops' do not name one share node")
     at = written.index(lines[0])
     if "level='data'" not in lines[0]:
-        raise CheckpointError(f"reshard_states: the pipeline is split as {lines[0]}; only level='data' (the "
-                              "elements of an index source) reshards")  # fmt: skip
-    sides = ((written[:at], allowed_above(), "above"), (written[at + 1 :], allowed_below(), "below"))
+        raise CheckpointError(
+            f"reshard_states: the pipeline is split as {lines[0]}; only level='data' (the "
+            "elements of an index source) reshards"
+        )
+    sides = (
+        (written[:at], allowed_above(), "above"),
+        (written[at + 1 :], allowed_below(), "below"),
+    )
     for line, allowed, where in sides:
         for op in line:
             if op.split("(", 1)[0] not in allowed:
-                raise CheckpointError(f"reshard_states: {op} {where} the share node holds or makes elements a "
-                                      f"resharded rank could not take over; allowed {where} it: "
-                                      f"{sorted(allowed)}")  # fmt: skip
+                raise CheckpointError(
+                    f"reshard_states: {op} {where} the share node holds or makes elements a "
+                    f"resharded rank could not take over; allowed {where} it: "
+                    f"{sorted(allowed)}"
+                )
 
 
 def _check_nothing_held(old: _OldShare) -> None:

@@ -20,7 +20,9 @@ from torchpipe.distributed.workers import TorchWorker, split_between_workers, sp
 from torchpipe.options import Options
 
 
-def distribute(root: Node, options: Options, worker: TorchWorker | None, rank: RankInfo | None) -> Distribution:
+def distribute(
+    root: Node, options: Options, worker: TorchWorker | None, rank: RankInfo | None
+) -> Distribution:
     """``root`` split for this process: its ``rank`` (None: not split between ranks) and its torch
     ``worker`` (None: not in one).
 
@@ -32,10 +34,14 @@ def distribute(root: Node, options: Options, worker: TorchWorker | None, rank: R
     split = split_between_workers(root, worker, policy, place) if worker is not None else None
     splitting = worker if split is not None and split.automatic else None
     notes = [split.note] if split is not None and split.note else []
-    warning = split.warning if split is not None and worker is not None and worker.index == 0 else None
+    warning = (
+        split.warning if split is not None and worker is not None and worker.index == 0 else None
+    )
     if rank is not None:
         by_hand = split.shards if split is not None else ()
-        distribution = split_for_rank(root, options.distribute, rank, splitting, options.stall_timeout, by_hand)
+        distribution = split_for_rank(
+            root, options.distribute, rank, splitting, options.stall_timeout, by_hand
+        )
         distribution.notes.extend(notes)
         distribution.warning = warning
         return distribution

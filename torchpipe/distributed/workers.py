@@ -74,7 +74,9 @@ def current_worker(dataset: object = None) -> TorchWorker | None:
     if info is None or info.num_workers <= 1:
         return None
     own = dataset is not None and info.dataset is dataset
-    return TorchWorker(info.num_workers, info.id, mix_seed(info.seed - info.id), split_by_hand(info), own)
+    return TorchWorker(
+        info.num_workers, info.id, mix_seed(info.seed - info.id), split_by_hand(info), own
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,7 +99,9 @@ class WorkerSplit:
     warning: str | None = None
 
 
-def split_between_workers(root: Node, worker: TorchWorker, policy: str, rank: tuple[int, int] = (0, 1)) -> WorkerSplit:
+def split_between_workers(
+    root: Node, worker: TorchWorker, policy: str, rank: tuple[int, int] = (0, 1)
+) -> WorkerSplit:
     """Whether torch ``worker`` splits ``root`` itself (``DistributeOptions.policy``, ``"auto"``: not
     where the pipeline or the code that iterates it split the data by hand already).
 
@@ -106,25 +110,42 @@ def split_between_workers(root: Node, worker: TorchWorker, policy: str, rank: tu
     """
     who = worker.label()
     if policy == "off":
-        return WorkerSplit(False, note=f"{NAME}: not split between torch DataLoader workers "
-                                       f"(DistributeOptions(policy='off')): {who} gets every element")  # fmt: skip
+        return WorkerSplit(
+            False,
+            note=f"{NAME}: not split between torch DataLoader workers "
+            f"(DistributeOptions(policy='off')): {who} gets every element",
+        )
     if policy != "auto":
         return WorkerSplit(True)
     shards = tuple(shard for shard in user_shards(root) if _splits_workers(shard, worker, rank))
     if shards:
-        return WorkerSplit(False, shards, f"{NAME}: the pipeline shards itself by worker ({shards[0].label()} in "
-                                          f"{who}): not split again")  # fmt: skip
+        return WorkerSplit(
+            False,
+            shards,
+            f"{NAME}: the pipeline shards itself by worker ({shards[0].label()} in "
+            f"{who}): not split again",
+        )
     if worker.own:
-        return WorkerSplit(True)  # the pipeline is the worker's dataset: no code of the user's split it
+        return WorkerSplit(
+            True
+        )  # the pipeline is the worker's dataset: no code of the user's split it
     if worker.by_hand == "split":
-        return WorkerSplit(False, note=f"{NAME}: the code in {who} took its files from tp.distributed.share_of_files: "
-                                       "not split again")  # fmt: skip
+        return WorkerSplit(
+            False,
+            note=f"{NAME}: the code in {who} took its files from tp.distributed.share_of_files: "
+            "not split again",
+        )
     if worker.by_hand == "asked":
-        return WorkerSplit(False, note=f"{NAME}: the code in {who} asked torch.utils.data.get_worker_info(), so it "
-                                       "splits its data by hand: not split again",
-                           warning=_asked_warning(worker))  # fmt: skip
+        return WorkerSplit(
+            False,
+            note=f"{NAME}: the code in {who} asked torch.utils.data.get_worker_info(), so it "
+            "splits its data by hand: not split again",
+            warning=_asked_warning(worker),
+        )
     if WATCHING_GET_WORKER_INFO:
-        return WorkerSplit(True)  # no code of the user's learned which worker it is: none split by it
+        return WorkerSplit(
+            True
+        )  # no code of the user's learned which worker it is: none split by it
     return WorkerSplit(True, warning=_unseen_warning(worker))
 
 
@@ -137,7 +158,11 @@ def _splits_workers(shard: ShardNode, worker: TorchWorker, rank: tuple[int, int]
     """Whether the user's ``shard`` op is this worker's share: of the workers, or of ranks x workers."""
     (r, world), (w, workers) = rank, (worker.index, worker.num_workers)
     split = (shard.num_shards, shard.index)
-    return split in ((workers, w), (world * workers, r * workers + w), (world * workers, w * world + r))
+    return split in (
+        (workers, w),
+        (world * workers, r * workers + w),
+        (world * workers, w * world + r),
+    )
 
 
 _HOW_TO_SAY = (
@@ -187,7 +212,9 @@ def split_for_worker(root: Node, n: int, i: int) -> tuple[Node, str]:
     sources = sources_of(root)
     if split_at_source(root, sources):
         source = sources[0]
-        split = rewrite_bottom_up(root, lambda node: WorkerShareNode(node, n, i) if node is source else None)
+        split = rewrite_bottom_up(
+            root, lambda node: WorkerShareNode(node, n, i) if node is source else None
+        )
         where = source.label()
     else:
         split, where = WorkerShareNode(root, n, i), "the output"
@@ -201,7 +228,11 @@ def describe_worker_split(root: Node) -> str:
     """Where a torch worker's split goes in this pipeline, for ``explain()``."""
     sources = sources_of(root)
     if split_at_source(root, sources):
-        reads = "reads only its share" if sources[0].seekable else "is read whole, each worker keeping its share"
+        reads = (
+            "reads only its share"
+            if sources[0].seekable
+            else "is read whole, each worker keeping its share"
+        )
         return f"each keeps one element in num_workers of {sources[0].label()}, which {reads}{_BY_HAND}"
     why = f"{len(sources)} sources" if len(sources) > 1 else "a cache file the workers share"
     return (
@@ -218,7 +249,9 @@ _BY_HAND = (
 
 def split_at_source(root: Node, sources: list[Node]) -> bool:
     """Whether a split can go at the pipeline's source: it has one, and no cache file all shares read."""
-    return len(sources) == 1 and not any(isinstance(node, CacheNode) and node.path for node in walk(root))
+    return len(sources) == 1 and not any(
+        isinstance(node, CacheNode) and node.path for node in walk(root)
+    )
 
 
 def sources_of(root: Node) -> list[Node]:

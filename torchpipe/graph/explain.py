@@ -23,7 +23,11 @@ def explain_plan(plan: Plan, tuned: dict[str, int] | None = None, running: bool 
     lines.append("As it will run:")
     _render(plan.runtime_root, lines, prefix="", is_last=True, is_root=True)
     cardinality = plan.root.cardinality()
-    share = "" if plan.rank is None else f" (this rank's share: {_cardinality_text(plan.runtime_root.cardinality())})"
+    share = (
+        ""
+        if plan.rank is None
+        else f" (this rank's share: {_cardinality_text(plan.runtime_root.cardinality())})"
+    )
     lines.append(f"Cardinality: {_cardinality_text(cardinality)}{share}")
     lines.append(f"Options: {plan.options!r}")
     if plan.worker is None and plan.rank is None:
@@ -31,12 +35,16 @@ def explain_plan(plan: Plan, tuned: dict[str, int] | None = None, running: bool 
     if plan.rank is None:
         lines.append(f"On several ranks: {describe_rank_split(plan.root, plan.options.distribute)}")
     if tuned:
-        lines.append("Autotuned (latest pass, now):" if running else "Autotuned (last pass, at its end):")
+        lines.append(
+            "Autotuned (latest pass, now):" if running else "Autotuned (last pass, at its end):"
+        )
         lines.extend(f"  {name} = {value}" for name, value in tuned.items())
     return "\n".join(lines)
 
 
-def plan_facts(plan: Plan, tuned: dict[str, int] | None = None, running: bool = True) -> dict[str, Any]:
+def plan_facts(
+    plan: Plan, tuned: dict[str, int] | None = None, running: bool = True
+) -> dict[str, Any]:
     """What :func:`explain_plan` says, as data (``Dataset.explain(as_dict=True)``).
 
     Returns:
@@ -66,10 +74,16 @@ def plan_facts(plan: Plan, tuned: dict[str, int] | None = None, running: bool = 
 def _facts(node: Node) -> dict[str, Any]:
     while isinstance(node, ElidedNode):  # removed ops: no iterator, nothing to show
         node = node.inputs[0]
-    return {"op": node.kind, "label": node.label(), "inputs": [_facts(child) for child in node.inputs]}
+    return {
+        "op": node.kind,
+        "label": node.label(),
+        "inputs": [_facts(child) for child in node.inputs],
+    }
 
 
-def _render(node: Node, lines: list[str], prefix: str, is_last: bool, is_root: bool = False) -> None:
+def _render(
+    node: Node, lines: list[str], prefix: str, is_last: bool, is_root: bool = False
+) -> None:
     while isinstance(node, ElidedNode):  # removed ops: no iterator, nothing to show
         node = node.inputs[0]
     branch = "" if is_root else ("└─ " if is_last else "├─ ")

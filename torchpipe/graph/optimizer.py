@@ -51,7 +51,9 @@ PASSES = (
     map_batch_fusion,
     inject_prefetch,
 )
-assert tuple(p.NAME for p in PASSES) == OPTIMIZATIONS, "options.OPTIMIZATIONS must list the passes in order"
+assert tuple(p.NAME for p in PASSES) == OPTIMIZATIONS, (
+    "options.OPTIMIZATIONS must list the passes in order"
+)
 
 
 def optimize(root: Node, options: Options) -> tuple[Node, list[str]]:

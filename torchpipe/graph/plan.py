@@ -60,8 +60,14 @@ class Plan:
         ValueError: for distribution options this pipeline cannot run with (``distributed/rewrite.py``).
     """
 
-    def __init__(self, root: Node, options: Options, memory: dict[tuple[int, ...], dict[str, Any]] | None = None,
-                 worker: TorchWorker | None = None, rank: RankInfo | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        root: Node,
+        options: Options,
+        memory: dict[tuple[int, ...], dict[str, Any]] | None = None,
+        worker: TorchWorker | None = None,
+        rank: RankInfo | None = None,
+    ) -> None:
         self.root = root
         self.options = options
         self.memory = memory
@@ -74,7 +80,10 @@ class Plan:
         self.rewrites = self.distribution.notes + rewrites
         # The split is part of what a checkpoint names: worker 0's state does not load in worker 1
         # (a rank's share node names its rank in its state instead, so that states can be resharded).
-        written, run = describe_ops(self.distribution.written), [node.kind for node in ops_of(self.runtime_root)]
+        written, run = (
+            describe_ops(self.distribution.written),
+            [node.kind for node in ops_of(self.runtime_root)],
+        )
         self._fingerprint = written + ["->"] + run
 
     def fingerprint(self) -> list[str]:
@@ -206,14 +215,27 @@ class PipelineIterator:
     def _build(self) -> Iterator:
         trace = self._plan.options.trace
         log = TraceLog(every_element=trace == "all") if trace else None
-        ctx = BuildContext(self._seed, self._seeded, self._epoch, self._plan.options, memory=self._plan.memory,
-                           salt=self._plan.salt, trace=log)  # fmt: skip
+        ctx = BuildContext(
+            self._seed,
+            self._seeded,
+            self._epoch,
+            self._plan.options,
+            memory=self._plan.memory,
+            salt=self._plan.salt,
+            trace=log,
+        )
         tree = ctx.traced(self._plan.runtime_root.build(ctx))
         tuning, clock, tuner = self._plan.options.autotune, ConsumerClock(), None
         if tuning.enabled and live_knobs(tree):
-            tuner = Autotuner(tree, clock, functools.partial(Budget.of_machine, tuning.cpu_budget, tuning.ram_budget))
+            tuner = Autotuner(
+                tree,
+                clock,
+                functools.partial(Budget.of_machine, tuning.cpu_budget, tuning.ram_budget),
+            )
             if log is not None:
-                tuner.trace = functools.partial(_record_round, log, log.track((TUNER,), "autotune", TUNER, ()))
+                tuner.trace = functools.partial(
+                    _record_round, log, log.track((TUNER,), "autotune", TUNER, ())
+                )
         self._log, self._waits = log, log.consumer if log is not None else None
         self._finalizer = weakref.finalize(self, _close, tree, tuner, self._history, self._number)
         tree.prepare()
@@ -278,7 +300,10 @@ class PipelineIterator:
         missing = [key for key in ("seed", "epoch", "pipeline") if key not in state]
         if missing:
             raise CheckpointError(f"pipeline: state is missing {missing}")
-        seed, epoch = check_int("pipeline", state, "seed", minimum=0), check_int("pipeline", state, "epoch", minimum=0)
+        seed, epoch = (
+            check_int("pipeline", state, "seed", minimum=0),
+            check_int("pipeline", state, "epoch", minimum=0),
+        )
         self._close_tree()
         self._seed, self._epoch = seed, epoch
         self._history.resumed(epoch)
@@ -304,7 +329,9 @@ class PipelineIterator:
         if self._tree is None:
             return PipelineStats([], 0.0, "", 0.0, [])
         trace = self._log.snapshot() if self._log is not None else None
-        return pipeline_stats(self._tree, self._start, self._clock.outside_s(), self.decisions(), trace)
+        return pipeline_stats(
+            self._tree, self._start, self._clock.outside_s(), self.decisions(), trace
+        )
 
     def trace(self, path: str | os.PathLike) -> None:
         """Write the pass so far as a Chrome trace / Perfetto JSON file (open it in ui.perfetto.dev
@@ -343,9 +370,16 @@ _NOT_TRACED = (
 
 
 def _record_round(log: TraceLog, track: Track, decision: Decision) -> None:
-    log.instant(track, "autotune round", {"throughput": decision.throughput, "predicted": decision.predicted,
-                                          "bottleneck": decision.bottleneck,
-                                          "changed": list(decision.changed)})  # fmt: skip
+    log.instant(
+        track,
+        "autotune round",
+        {
+            "throughput": decision.throughput,
+            "predicted": decision.predicted,
+            "bottleneck": decision.bottleneck,
+            "changed": list(decision.changed),
+        },
+    )
 
 
 _WARNED: set[str] = set()
@@ -372,18 +406,29 @@ def _close(tree: Iterator, tuner: Autotuner | None, history: PassHistory, number
 
 
 def _tuned_values(tuner: Autotuner | None) -> dict[str, int]:
-    return {name: knob.value for name, knob in sorted(tuner.knobs.items())} if tuner is not None else {}
+    return (
+        {name: knob.value for name, knob in sorted(tuner.knobs.items())}
+        if tuner is not None
+        else {}
+    )
 
 
 def _difference(saved: Any, mine: list[str]) -> str | None:
     """What differs between a checkpoint's ``ops`` and this plan's fingerprint, or None."""
-    if not isinstance(saved, list) or "->" not in saved or not all(isinstance(line, str) for line in saved):
+    if (
+        not isinstance(saved, list)
+        or "->" not in saved
+        or not all(isinstance(line, str) for line in saved)
+    ):
         return f"checkpoint's 'ops' is malformed: {saved!r}"
     if saved == mine:
         return None
     split_saved, split_mine = saved.index("->"), mine.index("->")
     written, mine_written = saved[:split_saved], mine[:split_mine]
-    kinds, mine_kinds = [line.split("(", 1)[0] for line in written], [line.split("(", 1)[0] for line in mine_written]
+    kinds, mine_kinds = (
+        [line.split("(", 1)[0] for line in written],
+        [line.split("(", 1)[0] for line in mine_written],
+    )
     if kinds != mine_kinds:
         return f"checkpoint is from another pipeline: ops {kinds} vs {mine_kinds}"
     if written != mine_written:

@@ -19,7 +19,11 @@ into its batch. docs/image.md documents each op.
 
 from torchpipe.errors import DecodeError
 from torchpipe.image.decode import decode_and_crop_jpeg, decode_image, decode_jpeg, decode_png
-from torchpipe.image.resized_crop import decode_and_random_resized_crop, random_resized_crop, random_resized_crop_window
+from torchpipe.image.resized_crop import (
+    decode_and_random_resized_crop,
+    random_resized_crop,
+    random_resized_crop_window,
+)
 from torchpipe.image.train import train_transform
 from torchpipe.image.transforms import (
     center_crop,

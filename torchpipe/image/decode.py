@@ -25,8 +25,13 @@ from torchpipe.image.formats import (
 )
 
 
-def decode_jpeg(data: ImageData, channels: int = 3, apply_exif_orientation: bool = False, device: Any = None,
-                fast_dct: bool = False) -> Any:  # fmt: skip
+def decode_jpeg(
+    data: ImageData,
+    channels: int = 3,
+    apply_exif_orientation: bool = False,
+    device: Any = None,
+    fast_dct: bool = False,
+) -> Any:
     """Decode a JPEG to a uint8 tensor of shape (height, width, channels).
 
     Args:
@@ -67,12 +72,15 @@ def decode_png(data: ImageData, channels: int = 3) -> torch.Tensor:
     check_channels(channels)
     image = EncodedImage(data)
     if image_format(image) != "png":
-        raise image.fail(f"not a PNG: it starts with {image.head(8)!r} (tp.image.decode_image reads any format)")
+        raise image.fail(
+            f"not a PNG: it starts with {image.head(8)!r} (tp.image.decode_image reads any format)"
+        )
     return decode_other(image, channels)
 
 
-def decode_image(data: ImageData, channels: int = 3, apply_exif_orientation: bool = False,
-                 fast_dct: bool = False) -> torch.Tensor:  # fmt: skip
+def decode_image(
+    data: ImageData, channels: int = 3, apply_exif_orientation: bool = False, fast_dct: bool = False
+) -> torch.Tensor:
     """Decode any image Pillow reads (JPEG through the fast path, as :func:`decode_jpeg`; PNG,
     GIF's first frame, BMP, WebP, TIFF through Pillow) to a uint8 tensor of shape (height, width,
     channels).
@@ -88,8 +96,13 @@ def decode_image(data: ImageData, channels: int = 3, apply_exif_orientation: boo
     return decode_other(image, channels)
 
 
-def decode_and_crop_jpeg(data: ImageData, crop_window: tuple[int, int, int, int], channels: int = 3,
-                         apply_exif_orientation: bool = False, fast_dct: bool = False) -> torch.Tensor:  # fmt: skip
+def decode_and_crop_jpeg(
+    data: ImageData,
+    crop_window: tuple[int, int, int, int],
+    channels: int = 3,
+    apply_exif_orientation: bool = False,
+    fast_dct: bool = False,
+) -> torch.Tensor:
     """Decode a JPEG and keep ``crop_window`` = (top, left, height, width), as tf.data's
     ``decode_and_crop_jpeg``; the crop is a copy, so the whole decoded image is not kept alive.
 
@@ -107,9 +120,18 @@ def decode_and_crop_jpeg(data: ImageData, crop_window: tuple[int, int, int, int]
     orientation = exif_orientation(image.data) if apply_exif_orientation else 1
     if orientation >= 5:
         full_h, full_w = full_w, full_h
-    if height <= 0 or width <= 0 or top < 0 or left < 0 or top + height > full_h or left + width > full_w:
+    if (
+        height <= 0
+        or width <= 0
+        or top < 0
+        or left < 0
+        or top + height > full_h
+        or left + width > full_w
+    ):
         where = f" of {image.path}" if image.path else ""
-        raise ValueError(f"crop_window (top={top}, left={left}, height={height}, width={width}) is not inside "
-                         f"the {full_h}x{full_w} image{where}")  # fmt: skip
+        raise ValueError(
+            f"crop_window (top={top}, left={left}, height={height}, width={width}) is not inside "
+            f"the {full_h}x{full_w} image{where}"
+        )
     pixels = orient(as_tensor(decode_jpeg_array(image, channels, fast_dct=fast_dct)), orientation)
     return pixels[top : top + height, left : left + width].clone()

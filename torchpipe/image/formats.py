@@ -59,8 +59,10 @@ class EncodedImage:
         elif isinstance(data, (np.ndarray, torch.Tensor)):
             array = data.numpy() if isinstance(data, torch.Tensor) else data
             if array.dtype != np.uint8 or array.ndim != 1:
-                raise TypeError(f"encoded image data must be a 1-D uint8 array or tensor, got {array.dtype} "
-                                f"of shape {tuple(array.shape)}")  # fmt: skip
+                raise TypeError(
+                    f"encoded image data must be a 1-D uint8 array or tensor, got {array.dtype} "
+                    f"of shape {tuple(array.shape)}"
+                )
             self.data = np.ascontiguousarray(array).data.cast("B")
         else:
             raise TypeError(
@@ -187,13 +189,16 @@ def check_pixels(image: EncodedImage) -> None:
         )
 
 
-def decode_jpeg_array(image: EncodedImage, channels: int, scale: int = 1, count: bool = True,
-                      fast_dct: bool = False) -> np.ndarray:  # fmt: skip
+def decode_jpeg_array(
+    image: EncodedImage, channels: int, scale: int = 1, count: bool = True, fast_dct: bool = False
+) -> np.ndarray:
     """The JPEG decoded at 1/``scale`` of its size (one of :data:`SCALES`), HWC uint8; the fast
     path first, Pillow for what it refuses (counted, as every decode is unless ``count`` is off).
     ``fast_dct``: libjpeg-turbo's fast integer IDCT (Pillow has none: its fallback stays accurate)."""
     if image_format(image) != "jpeg":
-        raise image.fail(f"not a JPEG: it starts with {image.head(8)!r} (tp.image.decode_image reads any format)")
+        raise image.fail(
+            f"not a JPEG: it starts with {image.head(8)!r} (tp.image.decode_image reads any format)"
+        )
     check_pixels(image)
     fast_error: BaseException | None = None
     if simplejpeg is not None:
@@ -202,7 +207,9 @@ def decode_jpeg_array(image: EncodedImage, channels: int, scale: int = 1, count:
             if count:
                 COUNTS.add("images_decoded")
             return pixels
-        except ValueError as e:  # malformed, truncated, or damage libjpeg-turbo's strict mode refuses
+        except (
+            ValueError
+        ) as e:  # malformed, truncated, or damage libjpeg-turbo's strict mode refuses
             fast_error = e
     pixels = pillow_array(image, channels, scale, fast_error)
     if count:
@@ -218,8 +225,13 @@ def _simplejpeg(image: EncodedImage, channels: int, scale: int, fast_dct: bool) 
         return simplejpeg.decode_jpeg(image.data, colorspace=colorspace, fastdct=fast_dct)
     height, width, _, _ = simplejpeg.decode_jpeg_header(image.data)
     # the smallest scaling whose size is at least (height // scale, width // scale) is 1/scale
-    return simplejpeg.decode_jpeg(image.data, colorspace=colorspace, fastdct=fast_dct,
-                                  min_height=max(1, height // scale), min_width=max(1, width // scale))  # fmt: skip
+    return simplejpeg.decode_jpeg(
+        image.data,
+        colorspace=colorspace,
+        fastdct=fast_dct,
+        min_height=max(1, height // scale),
+        min_width=max(1, width // scale),
+    )
 
 
 def pillow_array(

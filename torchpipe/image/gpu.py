@@ -19,12 +19,16 @@ def _torchvision_decode() -> Any:
     try:
         from torchvision.io import ImageReadMode, decode_jpeg
     except ImportError as e:
-        raise ImportError("tp.image.decode_jpeg(..., device='cuda') decodes with torchvision's nvJPEG: install the "
-                          "torchvision build that matches your torch") from e  # fmt: skip
+        raise ImportError(
+            "tp.image.decode_jpeg(..., device='cuda') decodes with torchvision's nvJPEG: install the "
+            "torchvision build that matches your torch"
+        ) from e
     return decode_jpeg, ImageReadMode
 
 
-def decode_jpeg_on(device: torch.device, data: Any, channels: int, apply_exif_orientation: bool) -> Any:
+def decode_jpeg_on(
+    device: torch.device, data: Any, channels: int, apply_exif_orientation: bool
+) -> Any:
     """Decode one JPEG, or a list of them as a batch, on ``device`` (a CUDA device); HWC uint8."""
     if device.type != "cuda":
         raise ValueError(f"tp.image decodes on the CPU or a CUDA device, not {device}")
@@ -42,15 +46,27 @@ def decode_jpeg_on(device: torch.device, data: Any, channels: int, apply_exif_or
         chw = decode_jpeg(encoded, mode=read_mode, device=device)
         out = [img.permute(1, 2, 0) for img in chw]
     except RuntimeError:  # nvJPEG refused one of them: each on its own, the refused ones on the CPU
-        out = [_one(decode_jpeg, image, tensor, read_mode, channels, device) for image, tensor in zip(images, encoded)]
+        out = [
+            _one(decode_jpeg, image, tensor, read_mode, channels, device)
+            for image, tensor in zip(images, encoded)
+        ]
     COUNTS.add("images_decoded", len(out))
     if apply_exif_orientation:
-        out = [formats.orient(img, formats.exif_orientation(image.data)) for img, image in zip(out, images)]
+        out = [
+            formats.orient(img, formats.exif_orientation(image.data))
+            for img, image in zip(out, images)
+        ]
     return out if many else out[0]
 
 
-def _one(decode_jpeg: Any, image: formats.EncodedImage, tensor: torch.Tensor, read_mode: Any, channels: int,
-         device: torch.device) -> torch.Tensor:  # fmt: skip
+def _one(
+    decode_jpeg: Any,
+    image: formats.EncodedImage,
+    tensor: torch.Tensor,
+    read_mode: Any,
+    channels: int,
+    device: torch.device,
+) -> torch.Tensor:
     try:
         return decode_jpeg(tensor, mode=read_mode, device=device).permute(1, 2, 0)
     except RuntimeError:

@@ -20,9 +20,13 @@ from torchpipe.image.transforms import Size, check_image, generator, pair, resiz
 _TRIES = 10  # torchvision's
 
 
-def random_resized_crop_window(height: int, width: int, scale: tuple[float, float] = (0.08, 1.0),
-                               ratio: tuple[float, float] = (3 / 4, 4 / 3),
-                               rng: np.random.Generator | None = None) -> tuple[int, int, int, int]:  # fmt: skip
+def random_resized_crop_window(
+    height: int,
+    width: int,
+    scale: tuple[float, float] = (0.08, 1.0),
+    ratio: tuple[float, float] = (3 / 4, 4 / 3),
+    rng: np.random.Generator | None = None,
+) -> tuple[int, int, int, int]:
     """(top, left, height, width) of a window of a ``height`` x ``width`` image, drawn as
     torchvision's ``RandomResizedCrop.get_params`` draws it (the numbers come from ``rng``).
 
@@ -56,9 +60,13 @@ def _check_range(pair_: tuple[float, float], name: str) -> None:
         raise ValueError(f"{name} must be (low, high) with 0 < low <= high, got {pair_!r}")
 
 
-def random_resized_crop(image: torch.Tensor, size: Size, scale: tuple[float, float] = (0.08, 1.0),
-                        ratio: tuple[float, float] = (3 / 4, 4 / 3),
-                        rng: np.random.Generator | None = None) -> torch.Tensor:  # fmt: skip
+def random_resized_crop(
+    image: torch.Tensor,
+    size: Size,
+    scale: tuple[float, float] = (0.08, 1.0),
+    ratio: tuple[float, float] = (3 / 4, 4 / 3),
+    rng: np.random.Generator | None = None,
+) -> torch.Tensor:
     """A window drawn as :func:`random_resized_crop_window` draws it, resized to ``size``
     (bilinear, antialiased); the image is HWC and decoded already."""
     check_image(image, "random_resized_crop")
@@ -69,7 +77,10 @@ def random_resized_crop(image: torch.Tensor, size: Size, scale: tuple[float, flo
 def dct_scale(window: tuple[int, int], size: tuple[int, int]) -> int:
     """The largest of :data:`~torchpipe.image.formats.SCALES` by which ``window`` can shrink and
     stay at least ``size``: a JPEG is decoded at 1/that."""
-    return max((k for k in formats.SCALES if window[0] >= size[0] * k and window[1] >= size[1] * k), default=1)
+    return max(
+        (k for k in formats.SCALES if window[0] >= size[0] * k and window[1] >= size[1] * k),
+        default=1,
+    )
 
 
 def decode_and_random_resized_crop(
@@ -104,7 +115,14 @@ def decode_and_random_resized_crop(
     """
     formats.check_channels(channels)
     return decode_resized_window(
-        formats.EncodedImage(data), pair(size), scale, ratio, generator(rng), channels, apply_exif_orientation, fast_dct
+        formats.EncodedImage(data),
+        pair(size),
+        scale,
+        ratio,
+        generator(rng),
+        channels,
+        apply_exif_orientation,
+        fast_dct,
     )
 
 
@@ -130,7 +148,9 @@ def decode_resized_window(
     k = dct_scale((h, w), size)
     decoded = formats.decode_jpeg_array(image, channels, k, fast_dct=fast_dct)
     pixels = formats.orient(formats.as_tensor(decoded), orientation)
-    if k > 1:  # the window in the scaled image's pixels (its sides are the full ones / k, rounded up)
+    if (
+        k > 1
+    ):  # the window in the scaled image's pixels (its sides are the full ones / k, rounded up)
         sy, sx = pixels.shape[0] / full_h, pixels.shape[1] / full_w
         top, left = int(top * sy), int(left * sx)
         h = max(1, min(round(h * sy), pixels.shape[0] - top))

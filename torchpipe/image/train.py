@@ -73,7 +73,14 @@ def train_transform(
     affine = _normalization(channels, mean, std, dtype)
     gen = generator(rng)
     resized = decode_resized_window(
-        formats.EncodedImage(data), (out_h, out_w), scale, ratio, gen, channels, apply_exif_orientation, fast_dct
+        formats.EncodedImage(data),
+        (out_h, out_w),
+        scale,
+        ratio,
+        gen,
+        channels,
+        apply_exif_orientation,
+        fast_dct,
     )
     chw = resized.permute(2, 0, 1)  # resize writes channels-first memory: a contiguous view
     if gen.random() < flip:
@@ -92,12 +99,16 @@ def _normalization(
     values are kept (an integer ``dtype``)."""
     if not dtype.is_floating_point:
         if mean is not None or std is not None:
-            raise ValueError(f"mean and std normalize to floats: ask for a float dtype, not {dtype}")
+            raise ValueError(
+                f"mean and std normalize to floats: ask for a float dtype, not {dtype}"
+            )
         return None
     return _affine(channels, _values(mean), _values(std), 255.0, dtype)
 
 
-def _destination(out: torch.Tensor | None, shape: tuple[int, int, int], dtype: torch.dtype) -> torch.Tensor:
+def _destination(
+    out: torch.Tensor | None, shape: tuple[int, int, int], dtype: torch.dtype
+) -> torch.Tensor:
     """Where the image is written: ``out``, else its row of the batch being built, else new."""
     if out is not None:
         if tuple(out.shape) != shape or out.dtype != dtype or not out.is_contiguous():

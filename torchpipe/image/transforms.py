@@ -27,7 +27,9 @@ def generator(rng: np.random.Generator | None) -> np.random.Generator:
     ``torch.manual_seed`` and torch's own DataLoader workers seed it)."""
     if rng is not None:
         if not isinstance(rng, np.random.Generator):
-            raise TypeError(f"rng must be a numpy Generator (e.g. tp.rng()) or None, got {type(rng).__name__}")
+            raise TypeError(
+                f"rng must be a numpy Generator (e.g. tp.rng()) or None, got {type(rng).__name__}"
+            )
         return rng
     try:
         return element_rng()
@@ -39,7 +41,11 @@ def pair(size: Size, what: str = "size") -> tuple[int, int]:
     """``size`` as (height, width), checked."""
     if isinstance(size, (int, np.integer)) and not isinstance(size, bool):
         h = w = int(size)
-    elif isinstance(size, Sequence) and len(size) == 2 and all(isinstance(v, (int, np.integer)) for v in size):
+    elif (
+        isinstance(size, Sequence)
+        and len(size) == 2
+        and all(isinstance(v, (int, np.integer)) for v in size)
+    ):
         h, w = (int(v) for v in size)
     else:
         raise TypeError(f"{what} must be an int or (height, width), got {size!r}")
@@ -51,7 +57,9 @@ def pair(size: Size, what: str = "size") -> tuple[int, int]:
 def check_image(image: torch.Tensor, op: str) -> None:
     if not isinstance(image, torch.Tensor) or image.dim() != 3:
         shape = tuple(image.shape) if isinstance(image, torch.Tensor) else type(image).__name__
-        raise TypeError(f"{op} takes an image tensor of shape (height, width, channels), got {shape}")
+        raise TypeError(
+            f"{op} takes an image tensor of shape (height, width, channels), got {shape}"
+        )
 
 
 def crop(image: torch.Tensor, top: int, left: int, height: int, width: int) -> torch.Tensor:
@@ -62,9 +70,18 @@ def crop(image: torch.Tensor, top: int, left: int, height: int, width: int) -> t
     """
     check_image(image, "crop")
     full_h, full_w = image.shape[:2]
-    if height <= 0 or width <= 0 or top < 0 or left < 0 or top + height > full_h or left + width > full_w:
-        raise ValueError(f"the window (top={top}, left={left}, height={height}, width={width}) is not inside "
-                         f"the {full_h}x{full_w} image")  # fmt: skip
+    if (
+        height <= 0
+        or width <= 0
+        or top < 0
+        or left < 0
+        or top + height > full_h
+        or left + width > full_w
+    ):
+        raise ValueError(
+            f"the window (top={top}, left={left}, height={height}, width={width}) is not inside "
+            f"the {full_h}x{full_w} image"
+        )
     return image[top : top + height, left : left + width]
 
 
@@ -75,7 +92,9 @@ def center_crop(image: torch.Tensor, size: Size) -> torch.Tensor:
     return crop(image, round((image.shape[0] - h) / 2.0), round((image.shape[1] - w) / 2.0), h, w)
 
 
-def random_crop(image: torch.Tensor, size: Size, rng: np.random.Generator | None = None) -> torch.Tensor:
+def random_crop(
+    image: torch.Tensor, size: Size, rng: np.random.Generator | None = None
+) -> torch.Tensor:
     """A ``size`` window at a uniformly drawn place (a view), as ``tf.image.random_crop``.
 
     Raises:
@@ -85,7 +104,9 @@ def random_crop(image: torch.Tensor, size: Size, rng: np.random.Generator | None
     h, w = pair(size)
     full_h, full_w = image.shape[:2]
     if h > full_h or w > full_w:
-        raise ValueError(f"random_crop of {h}x{w} from a {full_h}x{full_w} image: the image is smaller")
+        raise ValueError(
+            f"random_crop of {h}x{w} from a {full_h}x{full_w} image: the image is smaller"
+        )
     gen = generator(rng)
     top, left = int(gen.integers(full_h - h + 1)), int(gen.integers(full_w - w + 1))
     return image[top : top + h, left : left + w]
@@ -97,7 +118,9 @@ def flip_left_right(image: torch.Tensor) -> torch.Tensor:
     return image.flip(1)
 
 
-def random_flip_left_right(image: torch.Tensor, p: float = 0.5, rng: np.random.Generator | None = None) -> torch.Tensor:
+def random_flip_left_right(
+    image: torch.Tensor, p: float = 0.5, rng: np.random.Generator | None = None
+) -> torch.Tensor:
     """The image mirrored with probability ``p``, else itself."""
     check_image(image, "random_flip_left_right")
     if not 0.0 <= p <= 1.0:
@@ -127,7 +150,9 @@ def resize(image: torch.Tensor, size: Size, antialias: bool = True) -> torch.Ten
         return image
     batch = image.permute(2, 0, 1).unsqueeze(0)  # NCHW over HWC memory: channels-last, no copy
     if image.dtype == torch.uint8:
-        out = functional.interpolate(batch, size=(h, w), mode="bilinear", antialias=antialias, align_corners=False)
+        out = functional.interpolate(
+            batch, size=(h, w), mode="bilinear", antialias=antialias, align_corners=False
+        )
     else:
         out = functional.interpolate(
             batch.float(), size=(h, w), mode="bilinear", antialias=antialias, align_corners=False
@@ -136,8 +161,12 @@ def resize(image: torch.Tensor, size: Size, antialias: bool = True) -> torch.Ten
     return out[0].permute(1, 2, 0)
 
 
-def to_tensor(image: torch.Tensor, mean: Sequence[float] | None = None, std: Sequence[float] | None = None,
-              dtype: torch.dtype = torch.float32) -> torch.Tensor:  # fmt: skip
+def to_tensor(
+    image: torch.Tensor,
+    mean: Sequence[float] | None = None,
+    std: Sequence[float] | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
     """An HWC image as a CHW tensor of ``dtype``: a float one in [0, 1] (uint8 values / 255),
     normalized by ``mean`` and ``std`` (per channel, on the [0, 1] scale, as torchvision's
     ``Normalize``) when they are given; ``dtype=torch.uint8`` keeps the values (only the layout
@@ -152,12 +181,16 @@ def to_tensor(image: torch.Tensor, mean: Sequence[float] | None = None, std: Seq
     channels = image.shape[2]
     out = torch.empty((channels, image.shape[0], image.shape[1]), dtype=dtype)
     if dtype in _NUMPY_DTYPES and image.dtype in _NUMPY_DTYPES and image.device.type == "cpu":
-        np.copyto(out.numpy(), image.numpy().transpose(2, 0, 1), casting="unsafe")  # numpy's strided copy is faster
+        np.copyto(
+            out.numpy(), image.numpy().transpose(2, 0, 1), casting="unsafe"
+        )  # numpy's strided copy is faster
     else:
         out.copy_(image.permute(2, 0, 1))
     if not dtype.is_floating_point:
         if mean is not None or std is not None:
-            raise ValueError(f"mean and std normalize to floats: ask for a float dtype, not {dtype}")
+            raise ValueError(
+                f"mean and std normalize to floats: ask for a float dtype, not {dtype}"
+            )
         return out
     peak = 255.0 if image.dtype == torch.uint8 else 1.0
     if mean is None and std is None and peak == 1.0:
@@ -193,13 +226,26 @@ def _values(values: Sequence[float] | float | None) -> tuple[float, ...] | None:
 
 
 @functools.lru_cache(maxsize=64)  # a pipeline normalizes every image with the same few constants
-def _affine(channels: int, mean: tuple[float, ...] | None, std: tuple[float, ...] | None, peak: float,
-            dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def _affine(
+    channels: int,
+    mean: tuple[float, ...] | None,
+    std: tuple[float, ...] | None,
+    peak: float,
+    dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(scale, shift) with ``x * scale + shift == (x / peak - mean) / std``, shaped (C, 1, 1)."""
     if (mean is None) != (std is None):
         raise ValueError("give both mean and std, or neither")
-    m = torch.zeros(channels, dtype=torch.float64) if mean is None else _per_channel(mean, channels, "mean")
-    s = torch.ones(channels, dtype=torch.float64) if std is None else _per_channel(std, channels, "std")
+    m = (
+        torch.zeros(channels, dtype=torch.float64)
+        if mean is None
+        else _per_channel(mean, channels, "mean")
+    )
+    s = (
+        torch.ones(channels, dtype=torch.float64)
+        if std is None
+        else _per_channel(std, channels, "std")
+    )
     if bool((s == 0).any()):
         raise ValueError(f"std must not be 0, got {list(std or [])}")
     return (1.0 / (peak * s)).to(dtype).view(-1, 1, 1), (-m / s).to(dtype).view(-1, 1, 1)

@@ -33,7 +33,9 @@ try:
     from accelerate.state import GradientState
     from accelerate.utils import synchronize_rng_states
 except ImportError as e:  # pragma: no cover - the message is the point
-    raise ImportError("torchpipe.integrations.accelerate needs accelerate: pip install 'torchpipe[accelerate]'") from e
+    raise ImportError(
+        "torchpipe.integrations.accelerate needs accelerate: pip install 'torchpipe[accelerate]'"
+    ) from e
 
 from torchpipe.dataset import Dataset
 from torchpipe.errors import CheckpointError
@@ -80,21 +82,33 @@ class AcceleratedDataLoader(DataLoader, DataLoaderStateMixin):
         self._epoch = 0  # the epoch of the batches state_dict() counts
         self._ahead = 0  # 1 while a batch fetched to look ahead is not handed over yet
         self._sampler_rng: torch.Tensor | None = None
-        self._pending: tuple[int, torch.Tensor, torch.Tensor | None] | None = None  # epoch, its RNG states
+        self._pending: tuple[int, torch.Tensor, torch.Tensor | None] | None = (
+            None  # epoch, its RNG states
+        )
 
     @property
     def total_batch_size(self) -> int:
         """The batch size over all ranks (Accelerate's meaning)."""
-        return self._total_batch_size if self._total_batch_size is not None else (self.batch_size or 1)
+        return (
+            self._total_batch_size if self._total_batch_size is not None else (self.batch_size or 1)
+        )
 
     def get_sampler(self) -> Any:
         """The sampler under the batch sampler (Accelerate's checkpointing asks for it)."""
-        holder = self.sampler if isinstance(self.sampler, torch.utils.data.BatchSampler) else self.batch_sampler
+        holder = (
+            self.sampler
+            if isinstance(self.sampler, torch.utils.data.BatchSampler)
+            else self.batch_sampler
+        )
         return getattr(holder, "sampler", None)
 
     def set_sampler(self, sampler: Any) -> None:
         """Put ``sampler`` under the batch sampler (and the one it shards), as Accelerate's loader does."""
-        holder: Any = self.sampler if isinstance(self.sampler, torch.utils.data.BatchSampler) else self.batch_sampler
+        holder: Any = (
+            self.sampler
+            if isinstance(self.sampler, torch.utils.data.BatchSampler)
+            else self.batch_sampler
+        )
         holder.sampler = sampler
         if hasattr(holder, "batch_sampler"):
             holder.batch_sampler.sampler = sampler
@@ -139,7 +153,9 @@ class AcceleratedDataLoader(DataLoader, DataLoaderStateMixin):
         it started with, and leaves the global RNGs where they were (a restored checkpoint's)."""
         pending, self._pending = self._pending, None
         if pending is not None and pending[0] != self.iteration:
-            self._tp.resume = None  # the state's epoch is not this one (it ended): this one starts afresh
+            self._tp.resume = (
+                None  # the state's epoch is not this one (it ended): this one starts afresh
+            )
             pending = None
         generator = self.synchronized_generator
         if pending is not None and pending[2] is not None and generator is not None:
@@ -164,7 +180,9 @@ class AcceleratedDataLoader(DataLoader, DataLoaderStateMixin):
         """
         resume = self._tp.resume or 0
         if self._pending is not None and count not in (0, resume):
-            raise ValueError(f"skip_first_batches({count}), but the loaded state resumes this epoch at batch {resume}")
+            raise ValueError(
+                f"skip_first_batches({count}), but the loaded state resumes this epoch at batch {resume}"
+            )
         if self._pending is None and count:
             self._tp.resume = count
 
@@ -187,13 +205,21 @@ class AcceleratedDataLoader(DataLoader, DataLoaderStateMixin):
         """
         epoch, sampler_rng = state.get("epoch", 0), state.get("sampler_rng")
         if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
-            raise CheckpointError(f"DataLoader state: 'epoch' must be a non-negative int, got {epoch!r}")
-        if sampler_rng is not None and not (isinstance(sampler_rng, torch.Tensor) and sampler_rng.dtype == torch.uint8):
-            raise CheckpointError("DataLoader state: 'sampler_rng' must be a generator state (a uint8 tensor)")
+            raise CheckpointError(
+                f"DataLoader state: 'epoch' must be a non-negative int, got {epoch!r}"
+            )
+        if sampler_rng is not None and not (
+            isinstance(sampler_rng, torch.Tensor) and sampler_rng.dtype == torch.uint8
+        ):
+            raise CheckpointError(
+                "DataLoader state: 'sampler_rng' must be a generator state (a uint8 tensor)"
+            )
         keep = sampling_rng_state(self.generator)
         super().load_state_dict(state)
         set_sampling_rng_state(self.generator, keep)  # set again when the epoch starts (_start)
-        if state["yielded"] == _length(self):  # taken after the epoch's last batch: the next one starts
+        if state["yielded"] == _length(
+            self
+        ):  # taken after the epoch's last batch: the next one starts
             self._tp.resume = None
             self.iteration = self._epoch = epoch + 1
             self._pending = None
@@ -222,7 +248,9 @@ class _RankStates:
         rank, world_size = (dist.get_rank(), dist.get_world_size()) if _distributed() else (0, 1)
         if not isinstance(ranks, list) or len(ranks) != world_size:
             count = len(ranks) if isinstance(ranks, list) else "no"
-            raise CheckpointError(f"the checkpoint holds {count} ranks' loader states; this job has {world_size}")
+            raise CheckpointError(
+                f"the checkpoint holds {count} ranks' loader states; this job has {world_size}"
+            )
         self.loader.load_state_dict(ranks[rank])
 
 
@@ -261,26 +289,41 @@ def _skip_first_batches(accelerator: Any, dataloader: Any, num_batches: int = 0)
     return dataloader
 
 
-def _prepare_data_loader(accelerator: Any, data_loader: Any, device_placement: bool | None = None,
-                         *args: Any, **kwargs: Any) -> Any:  # fmt: skip
+def _prepare_data_loader(
+    accelerator: Any,
+    data_loader: Any,
+    device_placement: bool | None = None,
+    *args: Any,
+    **kwargs: Any,
+) -> Any:
     """``Accelerator.prepare_data_loader``, keeping (or making) a ``tp.DataLoader``."""
     prepare, options = accelerator._torchpipe_prepare, accelerator._torchpipe_options
-    ours = isinstance(data_loader, DataLoader) or (options and type(data_loader) is torch.utils.data.DataLoader)
+    ours = isinstance(data_loader, DataLoader) or (
+        options and type(data_loader) is torch.utils.data.DataLoader
+    )
     if not ours or getattr(data_loader, "_is_accelerate_prepared", False):
         return prepare(data_loader, device_placement, *args, **kwargs)
     place = accelerator.device_placement if device_placement is None else device_placement
     dataset = data_loader.dataset
     iterable = isinstance(dataset, torch.utils.data.IterableDataset)
-    if isinstance(dataset, Dataset) or (iterable and getattr(accelerator, "dispatch_batches", None) is None):
-        pieces = _iterable_pieces(accelerator, data_loader)  # Accelerate would read it on rank 0 only
+    if isinstance(dataset, Dataset) or (
+        iterable and getattr(accelerator, "dispatch_batches", None) is None
+    ):
+        pieces = _iterable_pieces(
+            accelerator, data_loader
+        )  # Accelerate would read it on rank 0 only
         device = accelerator.device if place else None
     else:
         with rebuild.expected():
             prepared = prepare(data_loader, device_placement, *args, **kwargs)
         if not isinstance(prepared, DataLoaderShard):
-            warnings.warn(f"Accelerate prepared this loader as a {type(prepared).__name__} (dispatch_batches=True?): "
-                          "its batches come from torch's DataLoader; DataLoaderConfiguration(dispatch_batches=False) "
-                          "keeps torchpipe's", UserWarning, stacklevel=3)  # fmt: skip
+            warnings.warn(
+                f"Accelerate prepared this loader as a {type(prepared).__name__} (dispatch_batches=True?): "
+                "its batches come from torch's DataLoader; DataLoaderConfiguration(dispatch_batches=False) "
+                "keeps torchpipe's",
+                UserWarning,
+                stacklevel=3,
+            )
             return prepared
         pieces = _shard_pieces(data_loader, prepared)
         device = getattr(prepared, "device", None)
@@ -300,16 +343,28 @@ def _iterable_pieces(accelerator: Any, loader: torch.utils.data.DataLoader) -> d
     Accelerate splits it without dispatching (``IterableDatasetShard``: each rank its slice of
     every ``world_size`` batches)."""
     world_size, batch_size = accelerator.num_processes, loader.batch_size
-    split = bool(getattr(accelerator, "split_batches", False)) and not isinstance(loader.dataset, Dataset)
+    split = bool(getattr(accelerator, "split_batches", False)) and not isinstance(
+        loader.dataset, Dataset
+    )
     dataset = loader.dataset
     if world_size > 1 and not isinstance(dataset, Dataset):
-        dataset = IterableDatasetShard(dataset, batch_size=batch_size or 1, drop_last=loader.drop_last,
-                                       num_processes=world_size, process_index=accelerator.process_index,
-                                       split_batches=split)  # fmt: skip
+        dataset = IterableDatasetShard(
+            dataset,
+            batch_size=batch_size or 1,
+            drop_last=loader.drop_last,
+            num_processes=world_size,
+            process_index=accelerator.process_index,
+            split_batches=split,
+        )
     total = batch_size if split or batch_size is None else batch_size * world_size
     if split and batch_size is not None:
         batch_size //= world_size
-    return {"dataset": dataset, "batch_size": batch_size, "drop_last": loader.drop_last, "total_batch_size": total}
+    return {
+        "dataset": dataset,
+        "batch_size": batch_size,
+        "drop_last": loader.drop_last,
+        "total_batch_size": total,
+    }
 
 
 def _shard_pieces(original: torch.utils.data.DataLoader, prepared: Any) -> dict[str, Any]:
@@ -322,30 +377,44 @@ def _shard_pieces(original: torch.utils.data.DataLoader, prepared: Any) -> dict[
     }
     if isinstance(prepared.dataset, torch.utils.data.IterableDataset):
         pieces.update(batch_size=prepared.batch_size, drop_last=original.drop_last)
-    elif isinstance(prepared.sampler, torch.utils.data.BatchSampler) and prepared.batch_size is not None:
-        pieces.update(sampler=prepared.sampler, batch_size=prepared.batch_size)  # a batch sampler given as sampler
+    elif (
+        isinstance(prepared.sampler, torch.utils.data.BatchSampler)
+        and prepared.batch_size is not None
+    ):
+        pieces.update(
+            sampler=prepared.sampler, batch_size=prepared.batch_size
+        )  # a batch sampler given as sampler
     else:
         pieces["batch_sampler"] = prepared.batch_sampler
     return pieces
 
 
-def _loader_arguments(loader: torch.utils.data.DataLoader, options: dict[str, Any]) -> dict[str, Any]:
+def _loader_arguments(
+    loader: torch.utils.data.DataLoader, options: dict[str, Any]
+) -> dict[str, Any]:
     """The arguments ``loader`` was made with, besides its data and batching, and ``options``."""
     state: _LoaderState | None = loader.__dict__.get("_tp")
     arguments: dict[str, Any] = {
         "num_workers": "auto" if state is not None and state.workers_auto else loader.num_workers,
-        "collate_fn": loader.collate_fn, "pin_memory": loader.pin_memory, "timeout": loader.timeout,
-        "worker_init_fn": loader.worker_init_fn, "multiprocessing_context": loader.multiprocessing_context,
-        "generator": loader.generator, "prefetch_factor": loader.prefetch_factor,
-        "persistent_workers": loader.persistent_workers, "pin_memory_device": loader.pin_memory_device,
+        "collate_fn": loader.collate_fn,
+        "pin_memory": loader.pin_memory,
+        "timeout": loader.timeout,
+        "worker_init_fn": loader.worker_init_fn,
+        "multiprocessing_context": loader.multiprocessing_context,
+        "generator": loader.generator,
+        "prefetch_factor": loader.prefetch_factor,
+        "persistent_workers": loader.persistent_workers,
+        "pin_memory_device": loader.pin_memory_device,
         "in_order": getattr(loader, "in_order", True),
         "device": state.device if state is not None else None,
         "autotune": state.autotune if state is not None else None,
-    }  # fmt: skip
+    }
     if state is None:
         arguments.update(options)  # a torch loader made torchpipe's
     if arguments["num_workers"] == 0:
-        arguments.update(prefetch_factor=None, persistent_workers=False, multiprocessing_context=None)
+        arguments.update(
+            prefetch_factor=None, persistent_workers=False, multiprocessing_context=None
+        )
     return arguments
 
 
@@ -386,17 +455,25 @@ class TrainerMixin:
         finally:
             self.accelerator._torchpipe_options = {}  # evaluation loaders stay torch's
 
-    def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any) -> Any:
-        use_torchpipe(self.accelerator)  # an overridden get_train_dataloader's tp.DataLoader is kept too
+    def train(
+        self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any
+    ) -> Any:
+        use_torchpipe(
+            self.accelerator
+        )  # an overridden get_train_dataloader's tp.DataLoader is kept too
         folder = resume_from_checkpoint
         if folder is True:
             from transformers.trainer_utils import get_last_checkpoint
 
             folder = get_last_checkpoint(self.args.output_dir)
         skip = self.args.ignore_data_skip
-        if isinstance(folder, str) and os.path.exists(os.path.join(folder, STATE_FILE.format(rank=0))):
+        if isinstance(folder, str) and os.path.exists(
+            os.path.join(folder, STATE_FILE.format(rank=0))
+        ):
             self._torchpipe_resume = folder
-            self.args.ignore_data_skip = True  # the loader resumes itself (the callback's on_train_begin)
+            self.args.ignore_data_skip = (
+                True  # the loader resumes itself (the callback's on_train_begin)
+            )
         try:
             return super().train(resume_from_checkpoint, *args, **kwargs)  # type: ignore[misc]
         finally:
@@ -421,16 +498,23 @@ def _checkpoint_callback() -> type:
         def __init__(self, trainer: TrainerMixin) -> None:
             self.trainer = trainer
 
-        def on_train_begin(self, args: Any, state: Any, control: Any, train_dataloader: Any = None,
-                           **kwargs: Any) -> None:  # fmt: skip
+        def on_train_begin(
+            self, args: Any, state: Any, control: Any, train_dataloader: Any = None, **kwargs: Any
+        ) -> None:
             folder = self.trainer._torchpipe_resume
             if folder is not None and isinstance(train_dataloader, AcceleratedDataLoader):
                 path = os.path.join(folder, STATE_FILE.format(rank=args.process_index))
-                train_dataloader.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+                train_dataloader.load_state_dict(
+                    torch.load(path, map_location="cpu", weights_only=True)
+                )
 
-        def on_save(self, args: Any, state: Any, control: Any, train_dataloader: Any = None, **kwargs: Any) -> None:
+        def on_save(
+            self, args: Any, state: Any, control: Any, train_dataloader: Any = None, **kwargs: Any
+        ) -> None:
             if isinstance(train_dataloader, AcceleratedDataLoader):
-                folder = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
+                folder = os.path.join(
+                    args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+                )
                 os.makedirs(folder, exist_ok=True)
                 path = os.path.join(folder, STATE_FILE.format(rank=args.process_index))
                 torch.save(train_dataloader.state_dict(), path)

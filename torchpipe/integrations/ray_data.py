@@ -59,8 +59,10 @@ def ray_source(dataset: Any) -> RayDataNode:
     from ray.data import Dataset as RayDataset
 
     if not isinstance(dataset, (RayDataset, DataIterator)):
-        raise TypeError(f"from_ray: expected a ray.data.Dataset or a ray.data.DataIterator (a Ray Train "
-                        f"worker's dataset shard), got {type(dataset).__name__}")  # fmt: skip
+        raise TypeError(
+            f"from_ray: expected a ray.data.Dataset or a ray.data.DataIterator (a Ray Train "
+            f"worker's dataset shard), got {type(dataset).__name__}"
+        )
     return RayDataNode(dataset)
 
 
@@ -105,7 +107,10 @@ class RayDataIterator(Iterator):
     def start(self) -> None:
         source, skip = self._source, self._rows
         if skip and _is_materialized(source):
-            source, skip = source.split_at_indices([skip])[1], 0  # blocks before the cursor are not fetched
+            source, skip = (
+                source.split_at_indices([skip])[1],
+                0,
+            )  # blocks before the cursor are not fetched
         self._blocks = iter(_batches(source))
         while skip:
             block = self._next_block(skip)
@@ -128,8 +133,10 @@ class RayDataIterator(Iterator):
         try:
             return _Block(next(self._blocks))
         except StopIteration:
-            raise RuntimeError(f"{self.name}: cannot resume at row {self._rows}: the dataset now ends "
-                               f"{missing} rows before it") from None  # fmt: skip
+            raise RuntimeError(
+                f"{self.name}: cannot resume at row {self._rows}: the dataset now ends "
+                f"{missing} rows before it"
+            ) from None
 
     def get_state(self) -> dict[str, Any]:
         return {self.ROWS: self._rows}
@@ -147,7 +154,10 @@ class _Block:
     def __init__(self, batch: dict[str, np.ndarray]) -> None:
         # A column of scalars becomes Python values at once (tolist is one C loop a block); a
         # column of arrays is indexed row by row (views of the block).
-        self.columns = [(name, values.tolist() if values.ndim == 1 else values) for name, values in batch.items()]
+        self.columns = [
+            (name, values.tolist() if values.ndim == 1 else values)
+            for name, values in batch.items()
+        ]
         self.length = len(next(iter(batch.values()))) if batch else 0
         self.index = 0
 

@@ -153,9 +153,14 @@ class AddressIterator(FileReaderIterator):
         index = self._index = INDEXES.get(self._format, self.path)
         k = bisect.bisect_left(index.offsets, self._offset)
         at_record = k < len(index.offsets) and index.offsets[k] == self._offset
-        if not at_record and self._offset not in (0, index.end):  # 0: the file's start, what precedes its first
-            raise CheckpointError(f"{self.name}: no record of {self.path} starts at byte {self._offset}, where the "
-                                  "checkpoint reads on: has the file changed since?")  # fmt: skip
+        if not at_record and self._offset not in (
+            0,
+            index.end,
+        ):  # 0: the file's start, what precedes its first
+            raise CheckpointError(
+                f"{self.name}: no record of {self.path} starts at byte {self._offset}, where the "
+                "checkpoint reads on: has the file changed since?"
+            )
         self._next = k
 
     def read_next(self) -> RecordAddress:
@@ -230,8 +235,12 @@ class RecordFetch:
             _, offset, length = addresses[j]
             piece = data[offset - start : offset - start + length]
             if len(piece) < length:
-                raise DataLossError(f"{path}: truncated record at byte {offset}: {len(piece)} of its {length} "
-                                    "bytes; has the file changed since it was indexed?", path, offset)  # fmt: skip
+                raise DataLossError(
+                    f"{path}: truncated record at byte {offset}: {len(piece)} of its {length} "
+                    "bytes; has the file changed since it was indexed?",
+                    path,
+                    offset,
+                )
             records[j] = self.format.record(piece, path, offset)
 
     def __repr__(self) -> str:

@@ -73,13 +73,18 @@ def decode_torch(data: bytes) -> Any:
     return torch.load(io.BytesIO(data), weights_only=True)
 
 
-DEFAULT_DECODERS: Mapping[str, Callable[[bytes], Any]] = types.MappingProxyType({
-    **dict.fromkeys(IMAGE_EXTENSIONS, decode_image_chw),
-    **dict.fromkeys(("cls", "cls2", "index", "inx", "id"), decode_int),
-    **dict.fromkeys(("txt", "text", "transcript"), decode_text),
-    **dict.fromkeys(("json", "jsn"), decode_json),
-    "npy": decode_npy, "npz": decode_npz, "pth": decode_torch, "pt": decode_torch,
-})  # fmt: skip
+DEFAULT_DECODERS: Mapping[str, Callable[[bytes], Any]] = types.MappingProxyType(
+    {
+        **dict.fromkeys(IMAGE_EXTENSIONS, decode_image_chw),
+        **dict.fromkeys(("cls", "cls2", "index", "inx", "id"), decode_int),
+        **dict.fromkeys(("txt", "text", "transcript"), decode_text),
+        **dict.fromkeys(("json", "jsn"), decode_json),
+        "npy": decode_npy,
+        "npz": decode_npz,
+        "pth": decode_torch,
+        "pt": decode_torch,
+    }
+)
 
 
 def extension_of(field: str) -> str:
@@ -118,7 +123,8 @@ class SampleDecoder:
                 out[field] = fn(value)
             except Exception as e:
                 add_note(
-                    e, f"decoding field {field!r} of sample {sample.get('__key__')!r} from {sample.get('__url__')}"
+                    e,
+                    f"decoding field {field!r} of sample {sample.get('__key__')!r} from {sample.get('__url__')}",
                 )
                 raise
         return out
@@ -141,7 +147,9 @@ def encode_field(field: str, value: Any) -> bytes:
         return json.dumps(value).encode()
     if ext == "npy" and isinstance(value, (torch.Tensor, np.ndarray)):
         buffer = io.BytesIO()
-        np.save(buffer, value.numpy() if isinstance(value, torch.Tensor) else value, allow_pickle=False)
+        np.save(
+            buffer, value.numpy() if isinstance(value, torch.Tensor) else value, allow_pickle=False
+        )
         return buffer.getvalue()
     if ext in ("pth", "pt"):
         buffer = io.BytesIO()
@@ -151,7 +159,9 @@ def encode_field(field: str, value: Any) -> bytes:
         return value.encode()
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return str(value).encode()
-    raise TypeError(f"TarWriter: no encoder for a {type(value).__name__} in field {field!r}; pass bytes")
+    raise TypeError(
+        f"TarWriter: no encoder for a {type(value).__name__} in field {field!r}; pass bytes"
+    )
 
 
 def _encode_image(ext: str, value: Any) -> bytes:

@@ -38,13 +38,17 @@ class Ragged(NamedTuple):
 
 def _check_dtype(feature: str, dtype: Any) -> int:
     if dtype not in _KINDS:
-        raise TypeError(f"{feature}: dtype must be torch.float32, torch.int64 or bytes, got {dtype!r}")
+        raise TypeError(
+            f"{feature}: dtype must be torch.float32, torch.int64 or bytes, got {dtype!r}"
+        )
     return _KINDS[dtype]
 
 
 def _check_shape(feature: str, shape: Any) -> tuple[int, ...]:
     dims = (shape,) if isinstance(shape, numbers.Integral) else tuple(shape)
-    if not all(isinstance(d, numbers.Integral) and not isinstance(d, bool) and int(d) >= 0 for d in dims):
+    if not all(
+        isinstance(d, numbers.Integral) and not isinstance(d, bool) and int(d) >= 0 for d in dims
+    ):
         raise ValueError(f"{feature}: shape must be a list of non-negative ints, got {shape!r}")
     return tuple(int(d) for d in dims)
 
@@ -74,7 +78,11 @@ class FixedLenFeature:
 def _default(spec: FixedLenFeature, kind: int) -> Any:
     size = math.prod(spec.shape)
     if kind == BYTES_LIST:
-        flat = [spec.default_value] if isinstance(spec.default_value, (bytes, str)) else _flatten(spec.default_value)
+        flat = (
+            [spec.default_value]
+            if isinstance(spec.default_value, (bytes, str))
+            else _flatten(spec.default_value)
+        )
         flat = [v.encode() if isinstance(v, str) else v for v in flat]
     else:
         flat = np.asarray(spec.default_value, _NUMPY[kind]).ravel().tolist()
@@ -132,11 +140,15 @@ def _check_specs(op: str, features: Any, allowed: tuple[type, ...]) -> dict[str,
     if features is None:
         return {}
     if not isinstance(features, Mapping):
-        raise TypeError(f"{op}: features must be a dict of feature name to spec, got {type(features).__name__}")
+        raise TypeError(
+            f"{op}: features must be a dict of feature name to spec, got {type(features).__name__}"
+        )
     for key, spec in features.items():
         if not isinstance(key, str) or not isinstance(spec, allowed):
             names = " or ".join(f"tp.io.{cls.__name__}" for cls in allowed)
-            raise TypeError(f"{op}: feature {key!r} must map a str to a {names}, got {type(spec).__name__}")
+            raise TypeError(
+                f"{op}: feature {key!r} must map a str to a {names}, got {type(spec).__name__}"
+            )
     return dict(features)
 
 
@@ -144,7 +156,9 @@ def _as_bytes(op: str, serialized: Any) -> bytes:
     if isinstance(serialized, (bytearray, memoryview)):
         return bytes(serialized)
     if not isinstance(serialized, bytes):
-        raise TypeError(f"{op}: expected a serialized record (bytes), got {type(serialized).__name__}")
+        raise TypeError(
+            f"{op}: expected a serialized record (bytes), got {type(serialized).__name__}"
+        )
     return serialized
 
 
@@ -153,7 +167,9 @@ def _values(buf: bytes, found: tuple[int, list[Any]], kind: int, key: str) -> An
     """The values of a scanned feature as ``kind`` (an unset Feature has none)."""
     have, parts = found
     if have not in (0, kind):
-        raise ValueError(f"feature {key!r}: data type {KIND_NAMES[have]}, but the spec asks for {KIND_NAMES[kind]}")
+        raise ValueError(
+            f"feature {key!r}: data type {KIND_NAMES[have]}, but the spec asks for {KIND_NAMES[kind]}"
+        )
     if kind == BYTES_LIST:
         return wire.bytes_values(buf, parts)
     if kind == FLOAT_LIST:
@@ -171,7 +187,9 @@ def _fixed_values(buf: bytes, found: Any, spec: FixedLenFeature, key: str) -> An
     values = _values(buf, found, kind, key)
     size = math.prod(spec.shape)
     if len(values) != size:
-        raise ValueError(f"feature {key!r}: {len(values)} values, but shape {list(spec.shape)} needs {size}")
+        raise ValueError(
+            f"feature {key!r}: {len(values)} values, but shape {list(spec.shape)} needs {size}"
+        )
     return values
 
 
@@ -193,7 +211,9 @@ def _single(buf: bytes, found: Any, spec: Any, key: str) -> Any:
         values = [] if found is None else _values(buf, found, kind, key)
         return values if kind == BYTES_LIST else _tensor(values, kind, (len(values),))
     values = _fixed_values(buf, found, spec, key)
-    return _nest(list(values), spec.shape) if kind == BYTES_LIST else _tensor(values, kind, spec.shape)
+    return (
+        _nest(list(values), spec.shape) if kind == BYTES_LIST else _tensor(values, kind, spec.shape)
+    )
 
 
 def _scan_example(op: str, buf: bytes) -> dict[str, Any]:
@@ -228,7 +248,10 @@ def parse_single_example(serialized: bytes, features: Mapping[str, Any]) -> dict
     specs = _check_specs(op, features, (FixedLenFeature, VarLenFeature))
     buf = _as_bytes(op, serialized)
     found = _scan_example(op, buf)
-    return {key: _with_context(op, "", _single, buf, found.get(key), spec, key) for key, spec in specs.items()}
+    return {
+        key: _with_context(op, "", _single, buf, found.get(key), spec, key)
+        for key, spec in specs.items()
+    }
 
 
 def parse_example(serialized: Sequence[bytes], features: Mapping[str, Any]) -> dict[str, Any]:
@@ -248,25 +271,38 @@ def parse_example(serialized: Sequence[bytes], features: Mapping[str, Any]) -> d
     op = "parse_example"
     specs = _check_specs(op, features, (FixedLenFeature, VarLenFeature))
     if isinstance(serialized, (bytes, str)) or not isinstance(serialized, Sequence):
-        raise TypeError(f"{op}: expected a list of serialized records, got {type(serialized).__name__}")
+        raise TypeError(
+            f"{op}: expected a list of serialized records, got {type(serialized).__name__}"
+        )
     bufs = [_as_bytes(op, record) for record in serialized]
-    scans = [_with_context(op, f"record {i}: ", _scan_example, op, buf) for i, buf in enumerate(bufs)]
+    scans = [
+        _with_context(op, f"record {i}: ", _scan_example, op, buf) for i, buf in enumerate(bufs)
+    ]
     return {key: _batched(op, bufs, scans, spec, key) for key, spec in specs.items()}
 
 
 def _batched(op: str, bufs: list[bytes], scans: list[dict[str, Any]], spec: Any, key: str) -> Any:
     kind = _KINDS[spec.dtype]
     if isinstance(spec, VarLenFeature):
-        rows = [[] if s.get(key) is None else _with_context(op, f"record {i}: ", _values, b, s[key], kind, key)
-                for i, (b, s) in enumerate(zip(bufs, scans))]  # fmt: skip
+        rows = [
+            []
+            if s.get(key) is None
+            else _with_context(op, f"record {i}: ", _values, b, s[key], kind, key)
+            for i, (b, s) in enumerate(zip(bufs, scans))
+        ]
         lengths = torch.tensor([len(r) for r in rows], dtype=torch.int64)
         if kind == BYTES_LIST:
             return Ragged([v for r in rows for v in r], lengths)
         flat = np.concatenate(rows) if rows else np.zeros(0)
         return Ragged(torch.from_numpy(flat.astype(_NUMPY[kind])), lengths)
     if kind == BYTES_LIST:
-        return [_nest(list(_with_context(op, f"record {i}: ", _fixed_values, b, s.get(key), spec, key)), spec.shape)
-                for i, (b, s) in enumerate(zip(bufs, scans))]  # fmt: skip
+        return [
+            _nest(
+                list(_with_context(op, f"record {i}: ", _fixed_values, b, s.get(key), spec, key)),
+                spec.shape,
+            )
+            for i, (b, s) in enumerate(zip(bufs, scans))
+        ]
     out = np.empty((len(bufs), math.prod(spec.shape)), _NUMPY[kind])
     for i, (buf, scan) in enumerate(zip(bufs, scans)):
         out[i] = _with_context(op, f"record {i}: ", _fixed_values, buf, scan.get(key), spec, key)
@@ -299,10 +335,14 @@ def parse_single_sequence_example(
         lists = wire.scan_feature_lists(buf, *spans[2]) if 2 in spans else {}
     except wire.WireError as e:
         raise ValueError(f"{op}: not a serialized tf.train.SequenceExample: {e}") from None
-    parsed_context = {k: _with_context(op, "context ", _single, buf, context.get(k), s, k)
-                      for k, s in context_specs.items()}  # fmt: skip
-    parsed_lists = {k: _with_context(op, "feature list ", _steps, buf, lists.get(k), s, k)
-                    for k, s in sequence_specs.items()}  # fmt: skip
+    parsed_context = {
+        k: _with_context(op, "context ", _single, buf, context.get(k), s, k)
+        for k, s in context_specs.items()
+    }
+    parsed_lists = {
+        k: _with_context(op, "feature list ", _steps, buf, lists.get(k), s, k)
+        for k, s in sequence_specs.items()
+    }
     return parsed_context, parsed_lists
 
 
@@ -319,7 +359,9 @@ def _steps(buf: bytes, steps: list[Any] | None, spec: Any, key: str) -> Any:
     size = math.prod(spec.shape)
     for t, row in enumerate(rows):
         if len(row) != size:
-            raise ValueError(f"{key!r}: step {t} has {len(row)} values, but shape {list(spec.shape)} needs {size}")
+            raise ValueError(
+                f"{key!r}: step {t} has {len(row)} values, but shape {list(spec.shape)} needs {size}"
+            )
     if kind == BYTES_LIST:
         return [_nest(list(row), spec.shape) for row in rows]
     return _tensor(np.concatenate(rows) if rows else [], kind, (len(rows), *spec.shape))
@@ -341,7 +383,9 @@ def serialize_example(features: Mapping[str, Any]) -> bytes:
     return wire.length_delimited(1, _features_message("serialize_example", features))
 
 
-def serialize_sequence_example(context: Mapping[str, Any], feature_lists: Mapping[str, Sequence[Any]]) -> bytes:
+def serialize_sequence_example(
+    context: Mapping[str, Any], feature_lists: Mapping[str, Sequence[Any]]
+) -> bytes:
     """A ``tf.train.SequenceExample``: ``context`` as for :func:`serialize_example`, and
     ``feature_lists`` mapping each name to its steps (each step a value as in
     :func:`serialize_example`)."""
@@ -350,7 +394,10 @@ def serialize_sequence_example(context: Mapping[str, Any], feature_lists: Mappin
         raise TypeError(f"{op}: feature_lists must be a dict of name to a list of steps")
     lists = {}
     for key, steps in feature_lists.items():
-        encoded = [wire.feature_message(*_kind_and_values(op, f"{key}[{t}]", s)) for t, s in enumerate(steps)]
+        encoded = [
+            wire.feature_message(*_kind_and_values(op, f"{key}[{t}]", s))
+            for t, s in enumerate(steps)
+        ]
         lists[key] = b"".join(wire.length_delimited(1, feature) for feature in encoded)
     body = wire.length_delimited(1, _features_message(op, context))
     return body + wire.length_delimited(2, wire.map_message(lists))
@@ -358,11 +405,15 @@ def serialize_sequence_example(context: Mapping[str, Any], feature_lists: Mappin
 
 def _features_message(op: str, features: Any) -> bytes:
     if not isinstance(features, Mapping):
-        raise TypeError(f"{op}: expected a dict of feature name to values, got {type(features).__name__}")
+        raise TypeError(
+            f"{op}: expected a dict of feature name to values, got {type(features).__name__}"
+        )
     for key in features:
         if not isinstance(key, str):
             raise TypeError(f"{op}: feature names must be str, got {key!r}")
-    return wire.map_message({key: wire.feature_message(*_kind_and_values(op, key, v)) for key, v in features.items()})
+    return wire.map_message(
+        {key: wire.feature_message(*_kind_and_values(op, key, v)) for key, v in features.items()}
+    )
 
 
 def _kind_and_values(op: str, key: str, value: Any) -> tuple[int, Any]:
@@ -373,11 +424,15 @@ def _kind_and_values(op: str, key: str, value: Any) -> tuple[int, Any]:
     if isinstance(value, (bytes, bytearray, str, numbers.Number, np.generic)):
         value = [value]
     if not isinstance(value, Sequence):
-        raise TypeError(f"{op}: feature {key!r} is a {type(value).__name__}; expected a tensor, array, list, "
-                        "number, bytes or str")  # fmt: skip
+        raise TypeError(
+            f"{op}: feature {key!r} is a {type(value).__name__}; expected a tensor, array, list, "
+            "number, bytes or str"
+        )
     if not value:
-        raise ValueError(f"{op}: feature {key!r} is an empty list, whose kind cannot be inferred; pass an empty "
-                         "tensor or array with a dtype")  # fmt: skip
+        raise ValueError(
+            f"{op}: feature {key!r} is an empty list, whose kind cannot be inferred; pass an empty "
+            "tensor or array with a dtype"
+        )
     if all(isinstance(v, (bytes, bytearray, str)) for v in value):
         return BYTES_LIST, [v.encode() if isinstance(v, str) else bytes(v) for v in value]
     if all(isinstance(v, (numbers.Integral, np.integer)) for v in value):

@@ -42,7 +42,9 @@ def check_compression_type(op: str, compression_type: Any) -> str | None:
         ValueError: for any other value.
     """
     if compression_type not in COMPRESSION_TYPES:
-        raise ValueError(f"{op}: compression_type must be None, '', 'GZIP' or 'ZLIB', got {compression_type!r}")
+        raise ValueError(
+            f"{op}: compression_type must be None, '', 'GZIP' or 'ZLIB', got {compression_type!r}"
+        )
     return COMPRESSION_TYPES[compression_type]
 
 
@@ -56,11 +58,15 @@ def check_path(op: str, path: Any) -> str:
     if isinstance(path, (os.PathLike, bytes)):
         path = os.fsdecode(path)
     if not isinstance(path, str):
-        raise TypeError(f"{op}: a path must be a str, bytes or os.PathLike, got {type(path).__name__}")
+        raise TypeError(
+            f"{op}: a path must be a str, bytes or os.PathLike, got {type(path).__name__}"
+        )
     return path
 
 
-def open_input(path: str, buffer_size: int | None, retry: remote.RetryPolicy | None = None) -> BinaryIO:
+def open_input(
+    path: str, buffer_size: int | None, retry: remote.RetryPolicy | None = None
+) -> BinaryIO:
     """``path`` opened for reading bytes: local files directly, URLs through fsspec.
 
     Args:
@@ -150,14 +156,20 @@ def open_stream(
         if offset:
             raw.seek(offset)
         return raw
-    stream = io.BufferedReader(InflateStream(raw, compression, path), buffer_size or DEFAULT_BUFFER_SIZE)
+    stream = io.BufferedReader(
+        InflateStream(raw, compression, path), buffer_size or DEFAULT_BUFFER_SIZE
+    )
     skipped = 0
     while skipped < offset:
         chunk = stream.read(min(_SKIP_CHUNK, offset - skipped))
         if not chunk:
             stream.close()
-            raise DataLossError(f"{path}: the {compression} stream ends at byte {skipped}, before the checkpoint's "
-                                f"offset {offset}; has the file changed?", path, skipped)  # fmt: skip
+            raise DataLossError(
+                f"{path}: the {compression} stream ends at byte {skipped}, before the checkpoint's "
+                f"offset {offset}; has the file changed?",
+                path,
+                skipped,
+            )
         skipped += len(chunk)
     return stream
 
@@ -200,8 +212,12 @@ class InflateStream(io.RawIOBase):
             try:
                 out = self._inflate.decompress(self._input, len(view))
             except zlib.error as e:
-                raise DataLossError(f"{self._path}: corrupt {self._compression} data near compressed byte "
-                                    f"{self._consumed} ({e})", self._path, self._consumed) from e  # fmt: skip
+                raise DataLossError(
+                    f"{self._path}: corrupt {self._compression} data near compressed byte "
+                    f"{self._consumed} ({e})",
+                    self._path,
+                    self._consumed,
+                ) from e
             self._consumed += len(self._input) - len(self._inflate.unconsumed_tail)
             self._input = self._inflate.unconsumed_tail
             if self._inflate.eof:
@@ -220,8 +236,12 @@ class InflateStream(io.RawIOBase):
 
     def _end_of_input(self) -> int:
         if self._in_member:
-            raise DataLossError(f"{self._path}: the {self._compression} stream is truncated at compressed byte "
-                                f"{self._consumed}", self._path, self._consumed)  # fmt: skip
+            raise DataLossError(
+                f"{self._path}: the {self._compression} stream is truncated at compressed byte "
+                f"{self._consumed}",
+                self._path,
+                self._consumed,
+            )
         return 0
 
     def close(self) -> None:
@@ -275,7 +295,9 @@ class FileReaderIterator(Iterator):
     def set_state(self, state: dict[str, Any]) -> None:
         check_state(self.name, state, self.FILE, self.OFFSET, self.DONE)
         if state[self.FILE] != self.path:
-            raise CheckpointError(f"{self.name}: the checkpoint is of file {state[self.FILE]!r}, not {self.path!r}")
+            raise CheckpointError(
+                f"{self.name}: the checkpoint is of file {state[self.FILE]!r}, not {self.path!r}"
+            )
         self._offset, self._done = int(state[self.OFFSET]), bool(state[self.DONE])
 
     def shutdown(self) -> None:
@@ -318,7 +340,9 @@ def _alternatives(body: str, pattern: str) -> list[str]:
     if high < low:
         raise ValueError(f"brace range {{{body}}} in {pattern!r} counts down")
     width = len(first.lstrip("-"))
-    return [str(k).zfill(width) if k >= 0 else "-" + str(-k).zfill(width) for k in range(low, high + 1)]
+    return [
+        str(k).zfill(width) if k >= 0 else "-" + str(-k).zfill(width) for k in range(low, high + 1)
+    ]
 
 
 def path_dataset(op: str, filenames: Any, braces: bool = False) -> Dataset:
@@ -341,13 +365,17 @@ def path_dataset(op: str, filenames: Any, braces: bool = False) -> Dataset:
         items = filenames.tolist() if hasattr(filenames, "tolist") else list(filenames)
         paths = [check_path(op, p) for p in items]
     else:
-        raise TypeError(f"{op}: filenames must be a path, a list of paths or a tp.Dataset, got "
-                        f"{type(filenames).__name__}")  # fmt: skip
+        raise TypeError(
+            f"{op}: filenames must be a path, a list of paths or a tp.Dataset, got "
+            f"{type(filenames).__name__}"
+        )
     if braces:
         paths = [name for path in paths for name in expand_braces(path)]
     if not paths:
         raise ValueError(f"{op}: no filenames given")
-    if isinstance(filenames, SplitFileList):  # tp.distributed.share_of_files' share: not split again
+    if isinstance(
+        filenames, SplitFileList
+    ):  # tp.distributed.share_of_files' share: not split again
         paths = SplitFileList(paths, filenames.share)
     return Dataset(FileListNode(paths))
 
@@ -374,5 +402,7 @@ def split_files(files: Dataset, *, shuffled: bool = False) -> Dataset:
     """
     require_bool("split_files", "shuffled", shuffled)
     if not isinstance(files, Dataset):
-        raise TypeError(f"split_files: expected a tp.Dataset of file names, got {type(files).__name__}")
+        raise TypeError(
+            f"split_files: expected a tp.Dataset of file names, got {type(files).__name__}"
+        )
     return Dataset(SplitFilesNode(files._node, shuffled))

@@ -33,7 +33,11 @@ _SCAN_BUFFER = 64 * 1024
 
 
 def tfrecord_index(
-    path: Any, index_path: Any = None, *, write: bool = True, retry: remote.RetryPolicy | None = None
+    path: Any,
+    index_path: Any = None,
+    *,
+    write: bool = True,
+    retry: remote.RetryPolicy | None = None,
 ) -> np.ndarray:
     """The offsets and lengths of the records of an uncompressed TFRecord file.
 
@@ -100,7 +104,9 @@ def _fits(index: np.ndarray, size: int) -> bool:
     sidecar makes the file be scanned rather than a read of its length be allocated)."""
     if len(index) == 0:
         return size == 0
-    if not (np.all(index[:, 1] >= FRAMING) and np.all(index[:, 1] <= size) and np.all(index[:, 0] >= 0)):
+    if not (
+        np.all(index[:, 1] >= FRAMING) and np.all(index[:, 1] <= size) and np.all(index[:, 0] >= 0)
+    ):
         return False
     ends = index[:, 0] + index[:, 1]
     return bool(index[0, 0] == 0 and ends[-1] == size and np.array_equal(index[1:, 0], ends[:-1]))
@@ -119,7 +125,9 @@ def scan_records(path: str, size: int, retry: remote.RetryPolicy | None) -> np.n
     return index
 
 
-def scan_until_error(path: str, size: int, retry: remote.RetryPolicy | None) -> tuple[np.ndarray, DataLossError | None]:
+def scan_until_error(
+    path: str, size: int, retry: remote.RetryPolicy | None
+) -> tuple[np.ndarray, DataLossError | None]:
     """:func:`scan_records`, except that a truncated or corrupt record ends the scan: the records
     before it, and its error (None where the whole file was read)."""
     offsets: list[int] = []
@@ -128,21 +136,36 @@ def scan_until_error(path: str, size: int, retry: remote.RetryPolicy | None) -> 
     error = None
     local = not remote.is_url(path)
     # A local file's headers are read where they are (a buffered read would take most of the file).
-    with open(remote.local_path(path), "rb", buffering=0) if local else open_input(path, _SCAN_BUFFER, retry) as f:
+    with (
+        open(remote.local_path(path), "rb", buffering=0)
+        if local
+        else open_input(path, _SCAN_BUFFER, retry) as f
+    ):
         while offset < size:
             header = os.pread(f.fileno(), HEADER_BYTES, offset) if local else f.read(HEADER_BYTES)
             if len(header) < HEADER_BYTES:
-                error = DataLossError(f"{path}: truncated record at byte {offset}: {len(header)} of its "
-                                      f"{HEADER_BYTES} header bytes", path, offset)  # fmt: skip
+                error = DataLossError(
+                    f"{path}: truncated record at byte {offset}: {len(header)} of its "
+                    f"{HEADER_BYTES} header bytes",
+                    path,
+                    offset,
+                )
                 break
             length, length_crc = _HEADER.unpack(header)
             if masked_crc(header[:8]) != length_crc:
-                error = DataLossError(f"{path}: corrupt record at byte {offset}: the length's CRC does not match",
-                                      path, offset)  # fmt: skip
+                error = DataLossError(
+                    f"{path}: corrupt record at byte {offset}: the length's CRC does not match",
+                    path,
+                    offset,
+                )
                 break
             if offset + FRAMING + length > size:
-                error = DataLossError(f"{path}: truncated record at byte {offset}: {length} bytes long, past the "
-                                      f"end of the file ({size} bytes)", path, offset)  # fmt: skip
+                error = DataLossError(
+                    f"{path}: truncated record at byte {offset}: {length} bytes long, past the "
+                    f"end of the file ({size} bytes)",
+                    path,
+                    offset,
+                )
                 break
             offsets.append(offset)
             lengths.append(FRAMING + length)
@@ -208,7 +231,10 @@ class TFRecordRecords:
         require_bool(op, "verify", verify)
         self.verify = verify
         self.retry = retry
-        indexes = [tfrecord_index(p, s, write=write_index, retry=retry) for p, s in zip(self.paths, sidecars)]
+        indexes = [
+            tfrecord_index(p, s, write=write_index, retry=retry)
+            for p, s in zip(self.paths, sidecars)
+        ]
         self._offsets = [index[:, 0] for index in indexes]
         self._lengths = [index[:, 1] for index in indexes]
         self._ends = np.cumsum([len(index) for index in indexes]).tolist()
@@ -233,8 +259,12 @@ class TFRecordRecords:
         else:
             framed = os.pread(self._local.descriptor(file, remote.local_path(path)), length, offset)
         if len(framed) < length:
-            raise DataLossError(f"{path}: truncated record at byte {offset}: {len(framed)} of its {length} bytes; "
-                                "has the file changed since it was indexed?", path, offset)  # fmt: skip
+            raise DataLossError(
+                f"{path}: truncated record at byte {offset}: {len(framed)} of its {length} bytes; "
+                "has the file changed since it was indexed?",
+                path,
+                offset,
+            )
         return unframe(framed, path, offset, self.verify)
 
     def __repr__(self) -> str:
@@ -250,12 +280,20 @@ def unframe(framed: Any, path: str, offset: int, verify: bool) -> bytes:
     """
     length, length_crc = _HEADER.unpack_from(framed)
     if length != len(framed) - FRAMING or (verify and masked_crc(framed[:8]) != length_crc):
-        raise DataLossError(f"{path}: corrupt record at byte {offset}: its header does not match the index "
-                            "(a stale index, or a damaged length)", path, offset)  # fmt: skip
+        raise DataLossError(
+            f"{path}: corrupt record at byte {offset}: its header does not match the index "
+            "(a stale index, or a damaged length)",
+            path,
+            offset,
+        )
     data = framed[HEADER_BYTES : HEADER_BYTES + length]
     if verify and masked_crc(data) != _CRC.unpack_from(framed, HEADER_BYTES + length)[0]:
-        raise DataLossError(f"{path}: corrupt record at byte {offset}: the data's CRC does not match "
-                            f"({length} bytes)", path, offset)  # fmt: skip
+        raise DataLossError(
+            f"{path}: corrupt record at byte {offset}: the data's CRC does not match "
+            f"({length} bytes)",
+            path,
+            offset,
+        )
     return data if type(data) is bytes else bytes(data)
 
 

@@ -23,7 +23,13 @@ DEFAULT_REMOTE_BUFFER = 8 << 20
 """Bytes fetched by one request of a sequential remote read (object stores answer each request
 tens of milliseconds late, so small requests starve a reader)."""
 
-_PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, ImportError)
+_PERMANENT = (
+    FileNotFoundError,
+    PermissionError,
+    IsADirectoryError,
+    NotADirectoryError,
+    ImportError,
+)
 
 
 class RemoteReadError(OSError):
@@ -68,7 +74,11 @@ class RetryPolicy:
     max_backoff_s: float = 8.0
 
     def __post_init__(self) -> None:
-        if isinstance(self.attempts, bool) or not isinstance(self.attempts, int) or self.attempts < 1:
+        if (
+            isinstance(self.attempts, bool)
+            or not isinstance(self.attempts, int)
+            or self.attempts < 1
+        ):
             raise ValueError(f"RetryPolicy: attempts must be an int >= 1, got {self.attempts!r}")
         if self.backoff_s < 0 or self.max_backoff_s < 0:
             raise ValueError("RetryPolicy: backoff_s and max_backoff_s must be >= 0")
@@ -90,8 +100,12 @@ class RetryPolicy:
                 raise
             except Exception as e:
                 if attempt + 1 == self.attempts:
-                    raise RemoteReadError(f"reading {url} failed at byte {offset} after {self.attempts} "
-                                          f"attempt(s): {type(e).__name__}: {e}", url, offset) from e  # fmt: skip
+                    raise RemoteReadError(
+                        f"reading {url} failed at byte {offset} after {self.attempts} "
+                        f"attempt(s): {type(e).__name__}: {e}",
+                        url,
+                        offset,
+                    ) from e
                 time.sleep(self.wait_s(attempt))
         raise AssertionError("unreachable")
 
@@ -120,24 +134,32 @@ def filesystem(url: str) -> tuple[Any, str]:
     try:
         return fsspec.core.url_to_fs(url)
     except ImportError as e:
-        raise ImportError(f"opening {url} needs fsspec's backend for its scheme ({EXTRA} covers s3://; "
-                          f"fsspec says: {e})") from e  # fmt: skip
+        raise ImportError(
+            f"opening {url} needs fsspec's backend for its scheme ({EXTRA} covers s3://; "
+            f"fsspec says: {e})"
+        ) from e
 
 
-def open_url(url: str, mode: str, buffer_size: int | None = None, retry: RetryPolicy | None = None) -> BinaryIO:
+def open_url(
+    url: str, mode: str, buffer_size: int | None = None, retry: RetryPolicy | None = None
+) -> BinaryIO:
     """``url`` opened in binary ``mode`` (``"rb"`` or ``"wb"``); reads retry by ``retry``."""
     fs, path = filesystem(url)
     if mode == "wb":
         return fs.open(path, "wb")
     size = buffer_size or DEFAULT_REMOTE_BUFFER
-    raw = RetryingFile(url, lambda: fs.open(path, "rb", block_size=size, cache_type="none"), retry or RetryPolicy())
+    raw = RetryingFile(
+        url, lambda: fs.open(path, "rb", block_size=size, cache_type="none"), retry or RetryPolicy()
+    )
     return io.BufferedReader(raw, size)
 
 
 def read_range(url: str, start: int, length: int, retry: RetryPolicy | None = None) -> bytes:
     """Bytes ``[start, start + length)`` of ``url`` in one request (random access)."""
     fs, path = filesystem(url)
-    return (retry or RetryPolicy()).call(url, start, lambda: fs.cat_file(path, start=start, end=start + length))
+    return (retry or RetryPolicy()).call(
+        url, start, lambda: fs.cat_file(path, start=start, end=start + length)
+    )
 
 
 def size(url: str) -> int:

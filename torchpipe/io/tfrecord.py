@@ -32,7 +32,14 @@ from torchpipe.io.files import (
     path_dataset,
 )
 from torchpipe.io.index import TFRecordAddressFormat
-from torchpipe.io.tfrecord_framing import _CRC, FOOTER_BYTES, HEADER_BYTES, frame_header, masked_crc, read_record
+from torchpipe.io.tfrecord_framing import (
+    _CRC,
+    FOOTER_BYTES,
+    HEADER_BYTES,
+    frame_header,
+    masked_crc,
+    read_record,
+)
 from torchpipe.ops.source_nodes import FileOpener, IndexedFiles
 
 
@@ -41,8 +48,14 @@ class TFRecordFileNode(Node):
 
     kind = "tfrecord_file"
 
-    def __init__(self, path: str, compression: str | None, buffer_size: int | None, verify: bool,
-                 retry: remote.RetryPolicy | None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        path: str,
+        compression: str | None,
+        buffer_size: int | None,
+        verify: bool,
+        retry: remote.RetryPolicy | None,
+    ) -> None:
         super().__init__()
         self.path = path
         self.compression = compression
@@ -77,7 +90,9 @@ class TFRecordFileIterator(FileReaderIterator):
         if self._done:
             return
         node = self._node
-        self._stream = open_stream(node.path, node.compression, node.buffer_size, self._offset, node.retry)
+        self._stream = open_stream(
+            node.path, node.compression, node.buffer_size, self._offset, node.retry
+        )
         self._read = self._stream.read
         if node.compression is None and not remote.is_url(node.path):
             self._size = os.fstat(self._stream.fileno()).st_size
@@ -100,8 +115,13 @@ class TFRecordFileReader(FileOpener):
 
     __name__ = "tfrecord_file"
 
-    def __init__(self, compression: str | None, buffer_size: int | None, verify: bool,
-                 retry: remote.RetryPolicy | None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        compression: str | None,
+        buffer_size: int | None,
+        verify: bool,
+        retry: remote.RetryPolicy | None,
+    ) -> None:
         self.compression = compression
         self.buffer_size = buffer_size
         self.verify = verify
@@ -109,7 +129,9 @@ class TFRecordFileReader(FileOpener):
 
     def __call__(self, path: Any) -> Dataset:
         path = check_path("TFRecordDataset", path)
-        return Dataset(TFRecordFileNode(path, self.compression, self.buffer_size, self.verify, self.retry))
+        return Dataset(
+            TFRecordFileNode(path, self.compression, self.buffer_size, self.verify, self.retry)
+        )
 
     def indexed(self, paths: list[str]) -> IndexedFiles | None:
         """Uncompressed local files are read by record address (``io/addresses.py``)."""
@@ -157,15 +179,21 @@ def TFRecordDataset(  # noqa: N802 - tf.data's name
         require_int("TFRecordDataset", "num_parallel_reads", num_parallel_reads, minimum=1)
     require_bool("TFRecordDataset", "verify", verify)
     if retry is not None and not isinstance(retry, remote.RetryPolicy):
-        raise TypeError(f"TFRecordDataset: retry must be a tp.io.RetryPolicy, got {type(retry).__name__}")
+        raise TypeError(
+            f"TFRecordDataset: retry must be a tp.io.RetryPolicy, got {type(retry).__name__}"
+        )
     reader = TFRecordFileReader(compression, buffer_size, verify, retry)
     if isinstance(filenames, (str, os.PathLike)) and num_parallel_reads is None:
         return reader(filenames)
     files = path_dataset("TFRecordDataset", filenames)
     if num_parallel_reads is None:
         return files.flat_map(reader)
-    return files.interleave(reader, cycle_length=num_parallel_reads, block_length=1,
-                            num_parallel_calls=num_parallel_reads)  # fmt: skip
+    return files.interleave(
+        reader,
+        cycle_length=num_parallel_reads,
+        block_length=1,
+        num_parallel_calls=num_parallel_reads,
+    )
 
 
 TFRecordDataset.__torchpipe_file_opener__ = TFRecordFileReader(None, None, True, None)  # type: ignore[attr-defined]

@@ -66,7 +66,9 @@ def _read_pieces(read: Any, length: int) -> bytes:
     return b"".join(pieces)
 
 
-def read_record(read: Any, path: str, offset: int, verify: bool, limit: int | None = None) -> bytes | None:
+def read_record(
+    read: Any, path: str, offset: int, verify: bool, limit: int | None = None
+) -> bytes | None:
     """The record starting at byte ``offset``, read with ``read(n)``; None at a clean end of file.
 
     Args:
@@ -84,14 +86,26 @@ def read_record(read: Any, path: str, offset: int, verify: bool, limit: int | No
     if len(header) < HEADER_BYTES:
         if not header:
             return None
-        raise DataLossError(f"{path}: truncated record at byte {offset}: {len(header)} of its "
-                            f"{HEADER_BYTES} header bytes", path, offset)  # fmt: skip
+        raise DataLossError(
+            f"{path}: truncated record at byte {offset}: {len(header)} of its "
+            f"{HEADER_BYTES} header bytes",
+            path,
+            offset,
+        )
     length, length_crc = _HEADER.unpack(header)
     if verify and masked_crc(header[:8]) != length_crc:
-        raise DataLossError(f"{path}: corrupt record at byte {offset}: the length's CRC does not match", path, offset)
+        raise DataLossError(
+            f"{path}: corrupt record at byte {offset}: the length's CRC does not match",
+            path,
+            offset,
+        )
     if limit is not None and HEADER_BYTES + length + FOOTER_BYTES > limit:
-        raise DataLossError(f"{path}: truncated record at byte {offset}: it is {length} bytes long, but the file "
-                            f"has {limit - HEADER_BYTES} bytes after its header", path, offset)  # fmt: skip
+        raise DataLossError(
+            f"{path}: truncated record at byte {offset}: it is {length} bytes long, but the file "
+            f"has {limit - HEADER_BYTES} bytes after its header",
+            path,
+            offset,
+        )
     if length > MAX_RECORD_BYTES:
         raise DataLossError(
             f"{path}: corrupt record at byte {offset}: its length {length} is above the "
@@ -103,9 +117,17 @@ def read_record(read: Any, path: str, offset: int, verify: bool, limit: int | No
     footer = read(FOOTER_BYTES)
     if len(data) < length or len(footer) < FOOTER_BYTES:
         got = len(data) + len(footer)
-        raise DataLossError(f"{path}: truncated record at byte {offset}: {got} of its {length + FOOTER_BYTES} "
-                            f"data and CRC bytes", path, offset)  # fmt: skip
+        raise DataLossError(
+            f"{path}: truncated record at byte {offset}: {got} of its {length + FOOTER_BYTES} "
+            f"data and CRC bytes",
+            path,
+            offset,
+        )
     if verify and masked_crc(data) != _CRC.unpack(footer)[0]:
-        raise DataLossError(f"{path}: corrupt record at byte {offset}: the data's CRC does not match "
-                            f"({length} bytes)", path, offset)  # fmt: skip
+        raise DataLossError(
+            f"{path}: corrupt record at byte {offset}: the data's CRC does not match "
+            f"({length} bytes)",
+            path,
+            offset,
+        )
     return data

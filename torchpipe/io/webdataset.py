@@ -68,7 +68,9 @@ def damaged(url: str, offset: int, error: BaseException) -> DataLossError:
 
 
 def two_files(url: str, key: str, ext: str, offset: int) -> DataLossError:
-    return DataLossError(f"{url}: sample {key!r} has two {ext!r} files (the second at byte {offset})", url, offset)
+    return DataLossError(
+        f"{url}: sample {key!r} has two {ext!r} files (the second at byte {offset})", url, offset
+    )
 
 
 class TarShardNode(Node):
@@ -108,7 +110,9 @@ class TarShardIterator(FileReaderIterator):
         if self._done:
             return
         node = self._node
-        self._stream = open_stream(node.url, _compression(node.url), node.buffer_size, self._offset, node.retry)
+        self._stream = open_stream(
+            node.url, _compression(node.url), node.buffer_size, self._offset, node.retry
+        )
         self._base = self._offset
         try:
             self._tar = tarfile.open(fileobj=self._stream, mode="r|")  # noqa: SIM115 - closed by close()
@@ -171,7 +175,9 @@ class TarShardReader(FileOpener):
         self.buffer_size, self.retry = buffer_size, retry
 
     def __call__(self, url: Any) -> Dataset:
-        return Dataset(TarShardNode(check_path("from_webdataset", url), self.buffer_size, self.retry))
+        return Dataset(
+            TarShardNode(check_path("from_webdataset", url), self.buffer_size, self.retry)
+        )
 
     def indexed(self, paths: list[str]) -> IndexedFiles | None:
         """Local uncompressed shards are read by sample address (``io/addresses.py``)."""
@@ -195,7 +201,9 @@ class TarAddressFormat(AddressFormat):
         end, key, error = 0, None, None
         exts: set[str] = set()
         try:
-            with tarfile.open(remote.local_path(path), mode="r:") as tar:  # seeks over the members' data
+            with tarfile.open(
+                remote.local_path(path), mode="r:"
+            ) as tar:  # seeks over the members' data
                 while True:
                     at = tar.offset
                     try:
@@ -224,7 +232,9 @@ class TarAddressFormat(AddressFormat):
         if error is not None and starts:
             end = starts.pop()  # the sample its reader was reading when it failed
         ends = [*starts[1:], end]
-        return np.array([starts, [e - s for s, e in zip(starts, ends)]], dtype=np.int64).T.reshape(-1, 2), error
+        return np.array([starts, [e - s for s, e in zip(starts, ends)]], dtype=np.int64).T.reshape(
+            -1, 2
+        ), error
 
     def record(self, data: memoryview, path: str, offset: int) -> dict[str, Any]:
         sample: dict[str, Any] = {}
@@ -278,25 +288,39 @@ def from_webdataset(
         TypeError, ValueError: for bad arguments.
     """
     op = "from_webdataset"
-    _check_arguments(op, urls, shardshuffle, seed, split_by_rank, num_parallel_reads, decode, buffer_size)
+    _check_arguments(
+        op, urls, shardshuffle, seed, split_by_rank, num_parallel_reads, decode, buffer_size
+    )
     files = path_dataset(op, urls, braces=True)
     if shardshuffle:
         files = files.shuffle(len(files), seed=seed)
     # The split goes after the shard shuffle, through the distribution rewrite (so that the
     # pipeline's DistributeOptions decide); split_by_rank=False is a mark that keeps it out.
-    files = Dataset(SplitFilesNode(files._node, shuffled=shardshuffle and seed is None, split=split_by_rank))
+    files = Dataset(
+        SplitFilesNode(files._node, shuffled=shardshuffle and seed is None, split=split_by_rank)
+    )
     reader = TarShardReader(buffer_size, retry)
     if num_parallel_reads is None:
         samples = files.flat_map(reader)
     else:
-        samples = files.interleave(reader, cycle_length=num_parallel_reads, num_parallel_calls=num_parallel_reads)
+        samples = files.interleave(
+            reader, cycle_length=num_parallel_reads, num_parallel_calls=num_parallel_reads
+        )
     if decode is False:
         return samples
     return samples.map(SampleDecoder() if decode is True else decode)
 
 
-def _check_arguments(op: str, urls: Any, shardshuffle: Any, seed: Any, split_by_rank: Any, num_parallel_reads: Any,
-                     decode: Any, buffer_size: Any) -> None:  # fmt: skip
+def _check_arguments(
+    op: str,
+    urls: Any,
+    shardshuffle: Any,
+    seed: Any,
+    split_by_rank: Any,
+    num_parallel_reads: Any,
+    decode: Any,
+    buffer_size: Any,
+) -> None:
     require_bool(op, "shardshuffle", shardshuffle)
     require_bool(op, "split_by_rank", split_by_rank)
     require_seed(op, seed)
@@ -305,7 +329,9 @@ def _check_arguments(op: str, urls: Any, shardshuffle: Any, seed: Any, split_by_
     if buffer_size is not None:
         require_int(op, "buffer_size", buffer_size, minimum=1)
     if not (isinstance(decode, bool) or callable(decode)):
-        raise TypeError(f"{op}: decode must be a bool or a function of the sample, got {type(decode).__name__}")
+        raise TypeError(
+            f"{op}: decode must be a bool or a function of the sample, got {type(decode).__name__}"
+        )
     if isinstance(urls, Dataset):
         raise TypeError(f"{op}: urls must be a str or a list of str (a shard list of known length)")
 
@@ -357,11 +383,17 @@ class TarWriter:
             raise ValueError(f"TarWriter: {self.path} is closed")
         key = sample.get("__key__") if isinstance(sample, Mapping) else None
         if not isinstance(key, str) or not key or "." in key.rsplit("/", 1)[-1]:
-            raise ValueError(f"TarWriter: a sample needs a '__key__' str without a dot in its basename, got {key!r}")
-        members = [(ext, encode_field(ext, v)) for ext, v in sample.items() if not ext.startswith("__")]
+            raise ValueError(
+                f"TarWriter: a sample needs a '__key__' str without a dot in its basename, got {key!r}"
+            )
+        members = [
+            (ext, encode_field(ext, v)) for ext, v in sample.items() if not ext.startswith("__")
+        ]
         for ext, data in members:
             if not ext or "/" in ext:
-                raise ValueError(f"TarWriter: extension {ext!r} of sample {key!r} must be non-empty, without '/'")
+                raise ValueError(
+                    f"TarWriter: extension {ext!r} of sample {key!r} must be non-empty, without '/'"
+                )
             info = tarfile.TarInfo(f"{key}.{ext}")
             info.size, info.mtime, info.mode = len(data), self._mtime, 0o444
             info.uname = info.gname = "torchpipe"

@@ -124,7 +124,11 @@ def scan_feature_lists(buf: bytes, start: int, end: int) -> dict[str, list[tuple
             if entry_number == 1 and entry_wire == _LEN:
                 key = buf[entry_span[0] : entry_span[1]]
             elif entry_number == 2 and entry_wire == _LEN:
-                steps = [scan_feature(buf, *s) for n, w, s in fields(buf, *entry_span) if n == 1 and w == _LEN]
+                steps = [
+                    scan_feature(buf, *s)
+                    for n, w, s in fields(buf, *entry_span)
+                    if n == 1 and w == _LEN
+                ]
         found[key.decode("utf-8", "surrogateescape")] = steps
     return found
 

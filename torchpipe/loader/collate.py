@@ -46,10 +46,16 @@ class ColumnCollate:
             be stacked by numpy instead (a map with another tensor function gets torch's path).
     """
 
-    def __init__(self, collate_fn_map: CollateMap | None = None, stackers: Sequence[Callable[..., Any]] = ()) -> None:
-        self.map = torch_collate.default_collate_fn_map if collate_fn_map is None else collate_fn_map
+    def __init__(
+        self, collate_fn_map: CollateMap | None = None, stackers: Sequence[Callable[..., Any]] = ()
+    ) -> None:
+        self.map = (
+            torch_collate.default_collate_fn_map if collate_fn_map is None else collate_fn_map
+        )
         self._stackers = (torch_collate.collate_tensor_fn, *stackers)
-        self._keys: dict[type, Any] = {}  # an element type's key in the map (None: no key), as torch finds it
+        self._keys: dict[
+            type, Any
+        ] = {}  # an element type's key in the map (None: no key), as torch finds it
         self._seen: tuple[Any, ...] = ()  # the map's keys when _keys was filled
         self._fast: dict[Any, Callable[[Sequence[Any], Callable[..., Any]], Any]] = {
             torch_collate.collate_numpy_array_fn: self._arrays,
@@ -80,7 +86,11 @@ class ColumnCollate:
             size = len(first)
             if all(len(e) == size for e in column):  # else torch raises its own error
                 return [self._column(part) for part in zip(*column)]  # a list for both, as torch's
-        elif isinstance(first, tuple) and hasattr(first, "_fields") and not isinstance(first, Mapping):
+        elif (
+            isinstance(first, tuple)
+            and hasattr(first, "_fields")
+            and not isinstance(first, Mapping)
+        ):
             # a namedtuple: zip truncates, as torch's
             return kind(*(self._column(part) for part in zip(*column)))
         return torch_collate.collate(column, collate_fn_map=self.map)
@@ -88,7 +98,9 @@ class ColumnCollate:
     def _key_of(self, kind: type) -> Any:
         """The map's key for elements of ``kind`` (torch's rule: the type itself, else the first
         key it is a subclass of), or None; remembered for the type (a bounded number of them)."""
-        key: Any = kind if kind in self.map else next((k for k in self.map if issubclass(kind, k)), None)
+        key: Any = (
+            kind if kind in self.map else next((k for k in self.map if issubclass(kind, k)), None)
+        )
         if len(self._keys) < 256:
             self._keys[kind] = key
         return key
@@ -99,13 +111,17 @@ class ColumnCollate:
         first = column[0]
         dtype, shape = first.dtype, first.shape
         same = dtype.kind in _NUMERIC and dtype.isnative
-        same = same and all(type(a) is np.ndarray and a.dtype == dtype and a.shape == shape for a in column)
+        same = same and all(
+            type(a) is np.ndarray and a.dtype == dtype and a.shape == shape for a in column
+        )
         stack = self.map.get(torch.Tensor)
         if not same or stack not in self._stackers:
             return fn(column, collate_fn_map=self.map)
         if first.nbytes * len(column) >= SMALL_ARRAYS:
             return stack([torch.from_numpy(a) for a in column], collate_fn_map=self.map)
-        return torch.tensor(np.stack(column))  # copied into memory torch owns (resizable, as torch's)
+        return torch.tensor(
+            np.stack(column)
+        )  # copied into memory torch owns (resizable, as torch's)
 
 
 _NUMBER_DTYPES = {bool: np.bool_, int: np.int64, float: np.float64}

@@ -39,7 +39,9 @@ from torchpipe.runtime.placement.measure import prepare_measurements
 from torchpipe.runtime.processes.pool import process_executor_supported
 
 _FORK = ("fork", None)
-_TORCH_HAS_IN_ORDER = "in_order" in inspect.signature(torch.utils.data.DataLoader.__init__).parameters
+_TORCH_HAS_IN_ORDER = (
+    "in_order" in inspect.signature(torch.utils.data.DataLoader.__init__).parameters
+)
 _T_co = TypeVar("_T_co", covariant=True)
 _TORCH_CONTEXT: Any = torch.utils.data.DataLoader.multiprocessing_context  # torch's property
 
@@ -107,22 +109,41 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         _check_dataset(dataset)
         _check_workers(num_workers, prefetch_factor)
         if autotune is not None and not isinstance(autotune, AutotuneOptions):
-            raise TypeError(f"autotune must be a tp.AutotuneOptions or None, got {type(autotune).__name__}")
+            raise TypeError(
+                f"autotune must be a tp.AutotuneOptions or None, got {type(autotune).__name__}"
+            )
         if isinstance(dataset, Dataset) and isinstance(num_workers, int) and num_workers > 0:
-            warnings.warn(f"num_workers={num_workers} is not used: a tp.Dataset runs its own parallel stages in "
-                          "this process (num_parallel_calls=..., or tp.AUTOTUNE); replicas in workers would "
-                          "repeat its elements", UserWarning, stacklevel=2)  # fmt: skip
+            warnings.warn(
+                f"num_workers={num_workers} is not used: a tp.Dataset runs its own parallel stages in "
+                "this process (num_parallel_calls=..., or tp.AUTOTUNE); replicas in workers would "
+                "repeat its elements",
+                UserWarning,
+                stacklevel=2,
+            )
         workers_auto = num_workers == "auto"
         if workers_auto:
             num_workers = usable_cpu_count()
         num_workers = cast(int, num_workers)  # _check_workers refused any other str
         newer = {"in_order": in_order} if _TORCH_HAS_IN_ORDER else {}
         super().__init__(
-            dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn, pin_memory,
-            drop_last, timeout, worker_init_fn, multiprocessing_context, generator,
-            prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
-            pin_memory_device=pin_memory_device, **newer,
-        )  # fmt: skip
+            dataset,
+            batch_size,
+            shuffle,
+            sampler,
+            batch_sampler,
+            num_workers,
+            collate_fn,
+            pin_memory,
+            drop_last,
+            timeout,
+            worker_init_fn,
+            multiprocessing_context,
+            generator,
+            prefetch_factor=prefetch_factor,
+            persistent_workers=persistent_workers,
+            pin_memory_device=pin_memory_device,
+            **newer,
+        )
         if not _TORCH_HAS_IN_ORDER:
             self.in_order = in_order  # torch < 2.6 lacks it; torchpipe's workers honour it
         self.__dict__["_tp"] = _LoaderState(None if device is None else check_device(device))
@@ -178,7 +199,12 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             yielded = current.delivered  # the copy thread runs ahead of what was handed over
         else:
             yielded = current._num_yielded
-        return {"format": 2, "epoch_rng": state.epoch_rng, "yielded": yielded, "loader": _fingerprint(self)}
+        return {
+            "format": 2,
+            "epoch_rng": state.epoch_rng,
+            "yielded": yielded,
+            "loader": _fingerprint(self),
+        }
 
     def stats(self) -> PipelineStats:
         """The current epoch's stats; ``print()`` them for a report naming the bottleneck.
@@ -192,7 +218,9 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             current = current._source
         if isinstance(current, _Reports):  # the iterator the epoch runs on says what it does
             return current.stats()
-        return self._tp.last_stats or PipelineStats([], 0.0, "", 0.0, [])  # the last pass, once it is gone
+        return self._tp.last_stats or PipelineStats(
+            [], 0.0, "", 0.0, []
+        )  # the last pass, once it is gone
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Make the next ``iter(loader)`` continue the epoch ``state`` was taken in.
@@ -206,7 +234,9 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             raise CheckpointError("not a torchpipe DataLoader state (missing or unknown 'format')")
         yielded, rng = state.get("yielded"), state.get("epoch_rng")
         if not isinstance(yielded, int) or isinstance(yielded, bool) or yielded < 0:
-            raise CheckpointError(f"DataLoader state: 'yielded' must be a count of batches, got {yielded!r}")
+            raise CheckpointError(
+                f"DataLoader state: 'yielded' must be a count of batches, got {yielded!r}"
+            )
         if not isinstance(rng, torch.Tensor) or rng.dtype != torch.uint8:
             raise CheckpointError(
                 f"DataLoader state: 'epoch_rng' must be a generator state (a uint8 tensor), got {type(rng).__name__}"
@@ -235,12 +265,22 @@ class _LoaderState:
         self.workers_auto = False
         self.tuned_workers: int | None = None  # where num_workers="auto" left the worker count
         self.replicas: int | None = None  # and, over an IterableDataset, the replica count
-        self.policy: Any = None  # and where it placed batches (a runtime.policy.Policy), for the next epoch
-        self.learned: dict[str, Any] = {}  # the placement's windows, judged on from one epoch to the next
+        self.policy: Any = (
+            None  # and where it placed batches (a runtime.policy.Policy), for the next epoch
+        )
+        self.learned: dict[
+            str, Any
+        ] = {}  # the placement's windows, judged on from one epoch to the next
         self.autotune = AutotuneOptions()
-        self.memory: Any = None  # what its workers hold against its budget (a loader.memory.LoaderMemory)
-        self.drawn_rngs: tuple[str, ...] | None = None  # the global RNGs its batches draw from, once measured
-        self.last_stats: PipelineStats | None = None  # the last pass on workers, after its iterator is gone
+        self.memory: Any = (
+            None  # what its workers hold against its budget (a loader.memory.LoaderMemory)
+        )
+        self.drawn_rngs: tuple[str, ...] | None = (
+            None  # the global RNGs its batches draw from, once measured
+        )
+        self.last_stats: PipelineStats | None = (
+            None  # the last pass on workers, after its iterator is gone
+        )
 
 
 def explain(pipeline: Dataset | torch.utils.data.DataLoader) -> str:
@@ -252,7 +292,9 @@ def explain(pipeline: Dataset | torch.utils.data.DataLoader) -> str:
     if isinstance(pipeline, Dataset):
         return pipeline.explain()
     if not isinstance(pipeline, torch.utils.data.DataLoader):
-        raise TypeError(f"explain() takes a tp.Dataset or a DataLoader, got {type(pipeline).__name__}")
+        raise TypeError(
+            f"explain() takes a tp.Dataset or a DataLoader, got {type(pipeline).__name__}"
+        )
     return "\n".join(_loader_lines(pipeline))
 
 
@@ -267,7 +309,11 @@ def _loader_lines(loader: torch.utils.data.DataLoader) -> list[str]:
     kind = (
         "a tp.Dataset pipeline"
         if isinstance(dataset, Dataset)
-        else ("an IterableDataset" if isinstance(dataset, torch.utils.data.IterableDataset) else "a map-style dataset")
+        else (
+            "an IterableDataset"
+            if isinstance(dataset, torch.utils.data.IterableDataset)
+            else "a map-style dataset"
+        )
     )
     sampler = type(loader.sampler).__name__
     collate = getattr(loader.collate_fn, "__name__", type(loader.collate_fn).__name__)
@@ -284,10 +330,14 @@ def _loader_lines(loader: torch.utils.data.DataLoader) -> list[str]:
     else:  # the iterator an epoch runs on says how it runs
         route = _route(loader)
         lines.extend(
-            route.describe(loader) if route is not None else ["  torch's own iterator (a spawn/forkserver context)"]
+            route.describe(loader)
+            if route is not None
+            else ["  torch's own iterator (a spawn/forkserver context)"]
         )
     if state is not None and state.device is not None and state.device.type != "cpu":
-        lines.append(f"  then copied to {state.device} ahead of use: pinned buffers, a side CUDA stream")
+        lines.append(
+            f"  then copied to {state.device} ahead of use: pinned buffers, a side CUDA stream"
+        )
     return lines
 
 
@@ -314,10 +364,14 @@ def _fingerprint(loader: torch.utils.data.DataLoader) -> dict[str, Any]:
     """What a loader's batches depend on, besides the RNG state an epoch starts from."""
     dataset = loader.dataset
     found: dict[str, Any] = {
-        "dataset": type(dataset).__qualname__, "batch_size": loader.batch_size, "drop_last": loader.drop_last,
+        "dataset": type(dataset).__qualname__,
+        "batch_size": loader.batch_size,
+        "drop_last": loader.drop_last,
         "sampler": type(loader.sampler).__qualname__,
-        "batch_sampler": None if loader.batch_sampler is None else type(loader.batch_sampler).__qualname__,
-    }  # fmt: skip
+        "batch_sampler": None
+        if loader.batch_sampler is None
+        else type(loader.batch_sampler).__qualname__,
+    }
     if isinstance(dataset, torch.utils.data.IterableDataset):
         # its replicas split it, so their number decides what each batch holds
         state: _LoaderState | None = loader.__dict__.get("_tp")
@@ -346,18 +400,27 @@ def _auto_replicas(loader: torch.utils.data.DataLoader) -> bool:
     pipeline is not replicated)."""
     state: _LoaderState | None = loader.__dict__.get("_tp")
     dataset = loader.dataset
-    iterable = isinstance(dataset, torch.utils.data.IterableDataset) and not isinstance(dataset, Dataset)
+    iterable = isinstance(dataset, torch.utils.data.IterableDataset) and not isinstance(
+        dataset, Dataset
+    )
     return state is not None and state.workers_auto and iterable
 
 
 def _check_fingerprint(saved: Any, here: dict[str, Any]) -> None:
     if not isinstance(saved, dict):
-        raise CheckpointError(f"DataLoader state: 'loader' must be a dict, got {type(saved).__name__}")
-    differs = [f"{key}: the state's {saved.get(key)!r}, this loader's {value!r}"
-               for key, value in here.items() if saved.get(key) != value]  # fmt: skip
+        raise CheckpointError(
+            f"DataLoader state: 'loader' must be a dict, got {type(saved).__name__}"
+        )
+    differs = [
+        f"{key}: the state's {saved.get(key)!r}, this loader's {value!r}"
+        for key, value in here.items()
+        if saved.get(key) != value
+    ]
     if differs:
-        raise CheckpointError("the DataLoader state was taken from a loader that makes other batches; "
-                              + "; ".join(differs))  # fmt: skip
+        raise CheckpointError(
+            "the DataLoader state was taken from a loader that makes other batches; "
+            + "; ".join(differs)
+        )
 
 
 def _epoch_batches(loader: torch.utils.data.DataLoader) -> int | None:
@@ -379,7 +442,9 @@ def _check_dataset(dataset: Any) -> None:
     if isinstance(dataset, torch.utils.data.IterableDataset):
         return
     if not hasattr(dataset, "__getitem__") and not hasattr(dataset, "__getitems__"):
-        hint = " (wrap an iterable in a torch IterableDataset)" if hasattr(dataset, "__iter__") else ""
+        hint = (
+            " (wrap an iterable in a torch IterableDataset)" if hasattr(dataset, "__iter__") else ""
+        )
         raise TypeError(
             "dataset must be a map-style dataset (with __getitem__) or a torch IterableDataset, "
             f"got {type(dataset).__name__}{hint}"
@@ -398,10 +463,14 @@ def _check_workers(num_workers: Any, prefetch_factor: int | None) -> None:
     """
     if isinstance(num_workers, str):
         if num_workers != "auto":
-            raise ValueError(f'num_workers must be a non-negative int or "auto", got {num_workers!r}')
+            raise ValueError(
+                f'num_workers must be a non-negative int or "auto", got {num_workers!r}'
+            )
     elif not _is_index(num_workers):
-        raise TypeError(f'num_workers must be a non-negative int or "auto", got {type(num_workers).__name__} '
-                        f"{num_workers!r}")  # fmt: skip
+        raise TypeError(
+            f'num_workers must be a non-negative int or "auto", got {type(num_workers).__name__} '
+            f"{num_workers!r}"
+        )
     if prefetch_factor == 0 and num_workers != 0:
         raise ValueError(
             "prefetch_factor must be at least 1 with worker processes (batches each keeps in flight), got 0"
@@ -421,7 +490,11 @@ def _engine_can_run(loader: DataLoader) -> bool:
     """Our workers fork; a ``spawn``/``forkserver`` context, given or set for the program with
     ``multiprocessing.set_start_method``, gets torch's own workers (as does a non-Linux system)."""
     context = loader.multiprocessing_context
-    method = context.get_start_method() if context is not None else multiprocessing.get_start_method(allow_none=True)
+    method = (
+        context.get_start_method()
+        if context is not None
+        else multiprocessing.get_start_method(allow_none=True)
+    )
     return process_executor_supported() and method in _FORK
 
 
@@ -455,18 +528,28 @@ class _InlineIterator(SpanWhenProfiled, torch_dataloader._SingleProcessDataLoade
         super().__init__(loader)
         if self._collate_fn is torch_collate.default_collate:
             self._dataset_fetcher = torch_dataloader._DatasetKind.create_fetcher(
-                self._dataset_kind, self._dataset, self._auto_collation, column_collate, self._drop_last
+                self._dataset_kind,
+                self._dataset,
+                self._auto_collation,
+                column_collate,
+                self._drop_last,
             )
 
     @classmethod
     def describe(cls, loader: DataLoader) -> list[str]:
         """How an epoch of ``loader`` runs, for ``tp.explain(loader)``."""
-        fast = " (default_collate a column at a time)" if loader.collate_fn is torch_collate.default_collate else ""
+        fast = (
+            " (default_collate a column at a time)"
+            if loader.collate_fn is torch_collate.default_collate
+            else ""
+        )
         return [f"  torch's own iterator (num_workers=0){fast}"]
 
     def _next_data(self) -> Any:
         seed = mix_seed(int(self._base_seed), self._num_yielded)  # tp.rng() for the batch
-        data = fetch_seeded(seed, self._dataset_fetcher.fetch, self._next_index(), self._num_yielded)
+        data = fetch_seeded(
+            seed, self._dataset_fetcher.fetch, self._next_index(), self._num_yielded
+        )
         return pin_memory(data, self._pin_memory_device) if self._pin_memory else data
 
 
@@ -480,12 +563,20 @@ class _PipelineIterator(torch_dataloader._BaseDataLoaderIter):
     @classmethod
     def describe(cls, loader: DataLoader) -> list[str]:
         """How an epoch of ``loader`` runs, for ``tp.explain(loader)``: its pipeline's own plan."""
-        lines = ["  the pipeline runs in this process with its own parallel stages (num_workers unused):"]
-        return lines + ["    " + line for line in cast(Dataset, loader.dataset).explain().splitlines()]
+        lines = [
+            "  the pipeline runs in this process with its own parallel stages (num_workers unused):"
+        ]
+        return lines + [
+            "    " + line for line in cast(Dataset, loader.dataset).explain().splitlines()
+        ]
 
     def _make_fetcher(self) -> Any:
         return torch_dataloader._DatasetKind.create_fetcher(
-            self._dataset_kind, self._dataset, self._auto_collation, self._collate_fn, self._drop_last
+            self._dataset_kind,
+            self._dataset,
+            self._auto_collation,
+            self._collate_fn,
+            self._drop_last,
         )
 
     def _reset(self, loader: DataLoader, first_iter: bool = False) -> None:

@@ -74,12 +74,16 @@ def recycling_collate(memory: RecycledStack) -> Callable[[list[Any]], Any]:
 
     def stack(batch: list[torch.Tensor], *, collate_fn_map: Any = None) -> Any:
         first = batch[0]
-        large = first.numel() * first.element_size() * len(batch) >= MIN_BYTES  # else checking costs more
+        large = (
+            first.numel() * first.element_size() * len(batch) >= MIN_BYTES
+        )  # else checking costs more
         if large and _plain(batch):
             return memory(batch)
         return torch_collate.collate_tensor_fn(batch, collate_fn_map=collate_fn_map)
 
-    return ColumnCollate({**torch_collate.default_collate_fn_map, torch.Tensor: stack}, stackers=(stack,))
+    return ColumnCollate(
+        {**torch_collate.default_collate_fn_map, torch.Tensor: stack}, stackers=(stack,)
+    )
 
 
 def batch_seed(base_seed: int, epoch: int, batch: int) -> int:
@@ -87,7 +91,9 @@ def batch_seed(base_seed: int, epoch: int, batch: int) -> int:
     return mix_seed(base_seed, epoch, batch)
 
 
-def fetch_seeded(seed: int, fetch: Callable[[Any], Any], index: Any, batch: int, replica: int | None = None) -> Any:
+def fetch_seeded(
+    seed: int, fetch: Callable[[Any], Any], index: Any, batch: int, replica: int | None = None
+) -> Any:
     """:func:`fetch_noted` with ``tp.rng()`` seeded for the batch: the dataset's calls draw, in
     index order, from one generator seeded by ``seed`` (so ``tp.image``'s random ops give the same
     batch wherever it is made)."""
@@ -98,7 +104,9 @@ def fetch_seeded(seed: int, fetch: Callable[[Any], Any], index: Any, batch: int,
         exit_call(prev)
 
 
-def fetch_noted(fetch: Callable[[Any], Any], index: Any, batch: int, replica: int | None = None) -> Any:
+def fetch_noted(
+    fetch: Callable[[Any], Any], index: Any, batch: int, replica: int | None = None
+) -> Any:
     """``fetch(index)``: an error it raises gets a note naming the DataLoader's batch and the
     dataset index that failed (or the batch's indices, or the IterableDataset replica)."""
     try:
@@ -106,7 +114,9 @@ def fetch_noted(fetch: Callable[[Any], Any], index: Any, batch: int, replica: in
     except StopIteration:
         raise
     except Exception as e:
-        where = f"IterableDataset replica {replica}" if replica is not None else _failed_index(e, index)
+        where = (
+            f"IterableDataset replica {replica}" if replica is not None else _failed_index(e, index)
+        )
         add_note(e, f"raised in torchpipe stage DataLoader at batch {batch}, {where}")
         raise
 
@@ -124,7 +134,9 @@ def _failed_index(error: BaseException, index: Any) -> str:
         if frame.f_code.co_filename == torch_fetch.__file__ and "idx" in frame.f_locals:
             return f"dataset index {frame.f_locals['idx']!r}"
         tb = tb.tb_next
-    shown = ", ".join(map(repr, index[:8])) + (f", ... ({len(index)} in all)" if len(index) > 8 else "")
+    shown = ", ".join(map(repr, index[:8])) + (
+        f", ... ({len(index)} in all)" if len(index) > 8 else ""
+    )
     return f"dataset indices [{shown}]"
 
 
@@ -147,7 +159,9 @@ class SpanWhenProfiled:
 
 
 _MAP = torch_dataloader._DatasetKind.Map
-_profiling = torch._C._autograd._profiler_enabled  # a torch.profiler (or the autograd profiler) records
+_profiling = (
+    torch._C._autograd._profiler_enabled
+)  # a torch.profiler (or the autograd profiler) records
 
 
 class Exhausted:
@@ -170,17 +184,27 @@ class FetchTask:
     seeded again before each batch, from its index (:func:`batch_seed`).
     """
 
-    def __init__(self, loader: DataLoader, base_seed: int, num_workers: int, per_batch_seeds: bool) -> None:
+    def __init__(
+        self, loader: DataLoader, base_seed: int, num_workers: int, per_batch_seeds: bool
+    ) -> None:
         collate_fn = loader.collate_fn
         if collate_fn is torch_collate.default_collate:
             collate_fn = _collate_into_shared_memory
-        kind, auto_collation, drop_last = loader._dataset_kind, loader._auto_collation, loader.drop_last
+        kind, auto_collation, drop_last = (
+            loader._dataset_kind,
+            loader._auto_collation,
+            loader.drop_last,
+        )
 
         def make_fetcher(dataset: Any) -> Any:
-            return torch_dataloader._DatasetKind.create_fetcher(kind, dataset, auto_collation, collate_fn, drop_last)
+            return torch_dataloader._DatasetKind.create_fetcher(
+                kind, dataset, auto_collation, collate_fn, drop_last
+            )
 
         # num_workers: what get_worker_info() says, the most workers (or replicas) there may be
-        self.replicas = Replicas(loader.dataset, num_workers, base_seed, loader.worker_init_fn, make_fetcher)
+        self.replicas = Replicas(
+            loader.dataset, num_workers, base_seed, loader.worker_init_fn, make_fetcher
+        )
         self.base_seed = base_seed
         self.per_batch_seeds = per_batch_seeds
         self.worker_id = 0
@@ -202,9 +226,13 @@ class FetchTask:
             seed_global_rngs(batch_seed(self.base_seed, epoch, batch))
         replica, position = place if place else (self.worker_id, None)
         try:
-            return fetch_seeded(batch_seed(self.base_seed, epoch, batch),
-                                lambda i: self.replicas.fetch(replica, epoch, i, position), index, batch,
-                                replica if place else None)  # fmt: skip
+            return fetch_seeded(
+                batch_seed(self.base_seed, epoch, batch),
+                lambda i: self.replicas.fetch(replica, epoch, i, position),
+                index,
+                batch,
+                replica if place else None,
+            )
         except StopIteration:
             return Exhausted()
         except EndedOnReplay as e:
@@ -222,20 +250,28 @@ class LocalFetch:
     tensors are stacked into ``memory``'s reused buffers (:func:`recycling_collate`).
     """
 
-    def __init__(self, loader: DataLoader, base_seed: int, rngs: tuple[str, ...], memory: RecycledStack) -> None:
+    def __init__(
+        self, loader: DataLoader, base_seed: int, rngs: tuple[str, ...], memory: RecycledStack
+    ) -> None:
         self.base_seed = base_seed
         self.rngs = rngs
         collate_fn = loader.collate_fn
         if collate_fn is torch_collate.default_collate:
             collate_fn = recycling_collate(memory)
         self.fetcher = torch_dataloader._DatasetKind.create_fetcher(
-            loader._dataset_kind, loader.dataset, loader._auto_collation, collate_fn, loader.drop_last
+            loader._dataset_kind,
+            loader.dataset,
+            loader._auto_collation,
+            collate_fn,
+            loader.drop_last,
         )
 
     def __call__(self, seq: int, payload: tuple[int, int, Any]) -> Any:
         epoch, batch, index = payload
         if not self.rngs:
-            return fetch_seeded(batch_seed(self.base_seed, epoch, batch), self.fetcher.fetch, index, batch)
+            return fetch_seeded(
+                batch_seed(self.base_seed, epoch, batch), self.fetcher.fetch, index, batch
+            )
         saved = global_rng_states(self.rngs)
         try:
             return self.seeded(payload)
@@ -246,4 +282,6 @@ class LocalFetch:
         """Fetch with the RNGs seeded for the batch, and nothing put back."""
         epoch, batch, index = payload
         seed = batch_seed(self.base_seed, epoch, batch)
-        return call_seeded(seed, fetch_seeded, seed, self.fetcher.fetch, index, batch, rngs=self.rngs)
+        return call_seeded(
+            seed, fetch_seeded, seed, self.fetcher.fetch, index, batch, rngs=self.rngs
+        )

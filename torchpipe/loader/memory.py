@@ -139,12 +139,20 @@ class LoaderMemory:
         """Read ``holdings()`` on a daemon thread until the returned event is set or it returns
         None. ``key`` names what is watched (a pool): watching it again keeps the thread; watching
         another stops the last one's."""
-        if self._key == key and self._thread is not None and self._thread.is_alive() and not self._stop.is_set():
+        if (
+            self._key == key
+            and self._thread is not None
+            and self._thread.is_alive()
+            and not self._stop.is_set()
+        ):
             return self._stop
         self._stop.set()
         self._stop, self._key = threading.Event(), key
         self._thread = threading.Thread(
-            target=self._run, args=(holdings, self._stop), name="torchpipe-loader-memory", daemon=True
+            target=self._run,
+            args=(holdings, self._stop),
+            name="torchpipe-loader-memory",
+            daemon=True,
         )
         self._thread.start()
         return self._stop
@@ -215,7 +223,9 @@ def pool_holdings(pool: Any, here: Callable[[], float] | None = None) -> Holding
         live = ref()
         if live is None:
             return None
-        return list(live.process_ids), float(live.ring_bytes) + (here() if here is not None else 0.0)
+        return list(live.process_ids), float(live.ring_bytes) + (
+            here() if here is not None else 0.0
+        )
 
     return holdings
 
@@ -235,7 +245,9 @@ def release_slot_pages(memory: LoaderMemory, pool: Any) -> bool:
     return True
 
 
-def predicted_peak(memory: LoaderMemory, pool: Any, workers: int, batch_bytes: float, here: float, kept: bool) -> float:
+def predicted_peak(
+    memory: LoaderMemory, pool: Any, workers: int, batch_bytes: float, here: float, kept: bool
+) -> float:
     """What the loader will hold at its worst moment with ``workers`` workers, their slots keeping
     their pages (``kept``) or not: each worker at the most one of the workers was read to hold
     alone, or a batch (its samples, which a reading between batches misses), or before any was
@@ -255,7 +267,9 @@ def predicted_peak(memory: LoaderMemory, pool: Any, workers: int, batch_bytes: f
     return here + held_by_zygote + workers * max(heap, batch_bytes) + rings
 
 
-def hold_peak(memory: LoaderMemory, pool: Any, workers: int, batch_bytes: float, here: float) -> bool:
+def hold_peak(
+    memory: LoaderMemory, pool: Any, workers: int, batch_bytes: float, here: float
+) -> bool:
     """Keep the predicted peak (:func:`predicted_peak`) of ``workers`` workers under the budget:
     their slots give their pages back where resident ones would not fit, and keep them again
     where they fit within :data:`ROOM_SHARE`. Whether it is past the budget even so (a worker
@@ -268,7 +282,10 @@ def hold_peak(memory: LoaderMemory, pool: Any, workers: int, batch_bytes: float,
         pool.set_slot_pages(False)
         trim_heap()
         why = f"{_mib(kept)} predicted at the peak with {workers} workers' slots resident"
-        memory.slot_pages, memory.slot_pages_why = "released", f"{why}, past the budget of {_mib(memory.budget)}"
+        memory.slot_pages, memory.slot_pages_why = (
+            "released",
+            f"{why}, past the budget of {_mib(memory.budget)}",
+        )
         memory.shed(f"slot pages: released once their batch is ({why})")
     elif not pool.slot_pages and memory.settled and kept <= ROOM_SHARE * memory.budget:
         pool.set_slot_pages(True)
@@ -278,13 +295,22 @@ def hold_peak(memory: LoaderMemory, pool: Any, workers: int, batch_bytes: float,
             f"{ROOM_SHARE:.0%} of the budget of {_mib(memory.budget)}"
         )
         memory.settle()
-    return pool.slot_pages is False and predicted_peak(memory, pool, workers, batch_bytes, here, False) > memory.budget
+    return (
+        pool.slot_pages is False
+        and predicted_peak(memory, pool, workers, batch_bytes, here, False) > memory.budget
+    )
 
 
-def workers_fitting(memory: LoaderMemory, pool: Any, most: int, batch_bytes: float, here: float) -> int:
+def workers_fitting(
+    memory: LoaderMemory, pool: Any, most: int, batch_bytes: float, here: float
+) -> int:
     """The most workers, up to ``most`` and at least one, whose predicted peak with released slots
     (:func:`predicted_peak`) is within the budget: the cap a loader sets before it adds workers."""
-    fits = (n for n in range(most, 1, -1) if predicted_peak(memory, pool, n, batch_bytes, here, False) <= memory.budget)
+    fits = (
+        n
+        for n in range(most, 1, -1)
+        if predicted_peak(memory, pool, n, batch_bytes, here, False) <= memory.budget
+    )
     return next(fits, 1)
 
 
@@ -303,7 +329,11 @@ def _mib(nbytes: float) -> str:
 
 def over_budget(memory: LoaderMemory, workers: int) -> str:
     """The warning for a loader whose chosen ``num_workers`` hold more than its budget."""
-    budget = "its ram_budget" if memory.given else f"the default budget ({DEFAULT_SHARE:.0%} of the memory available)"
+    budget = (
+        "its ram_budget"
+        if memory.given
+        else f"the default budget ({DEFAULT_SHARE:.0%} of the memory available)"
+    )
     return (
         f"this DataLoader's {workers} worker processes and their rings hold {memory.held / 2**20:.0f} MiB of "
         f"their own, past {budget}: {memory.budget / 2**20:.0f} MiB. num_workers is yours and is kept; fewer "

@@ -54,7 +54,10 @@ def notice_read(frame: FrameType | None) -> None:
 def _user_level(frame: FrameType) -> int:
     """The ``stacklevel`` that points at the user's line (the first frame outside the libraries)."""
     level = 3  # notice_read, the property, the reader
-    while frame.f_back is not None and frame.f_globals.get("__name__", "").partition(".")[0] in _LIBRARIES:
+    while (
+        frame.f_back is not None
+        and frame.f_globals.get("__name__", "").partition(".")[0] in _LIBRARIES
+    ):
         frame, level = frame.f_back, level + 1
     return level
 

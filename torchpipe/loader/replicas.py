@@ -70,7 +70,12 @@ class Replicas:
     """
 
     def __init__(
-        self, dataset: Any, count: int, base_seed: int, worker_init_fn: Any, make_fetcher: MakeFetcher
+        self,
+        dataset: Any,
+        count: int,
+        base_seed: int,
+        worker_init_fn: Any,
+        make_fetcher: MakeFetcher,
     ) -> None:
         self._dataset = dataset
         self.count = count
@@ -83,7 +88,9 @@ class Replicas:
 
     def recount(self, count: int) -> Replicas:
         """Replicas of the same dataset, ``count`` of them (none started)."""
-        return Replicas(self._dataset, count, self._base_seed, self._worker_init_fn, self._make_fetcher)
+        return Replicas(
+            self._dataset, count, self._base_seed, self._worker_init_fn, self._make_fetcher
+        )
 
     def start(self, replica: int) -> None:
         """Set up ``replica`` now (a worker's own one, at the worker's start, as torch does)."""
@@ -95,7 +102,9 @@ class Replicas:
         if not self._open and self.count > 1:  # before a worker_init_fn sets the first one up
             self._pristine = copy.copy(self._dataset)
         dataset = self._dataset if not self._open else copy.copy(self._pristine)
-        entry = _Replica(torch_worker.WorkerInfo(id=replica, num_workers=self.count, seed=seed, dataset=dataset))
+        entry = _Replica(
+            torch_worker.WorkerInfo(id=replica, num_workers=self.count, seed=seed, dataset=dataset)
+        )
         self._open[replica] = entry
         self._current = entry
         torch_worker._worker_info = entry.info
@@ -140,8 +149,10 @@ class Replicas:
     @staticmethod
     def _replay(replica: int, entry: _Replica, index: Any, position: int) -> None:
         if position < entry.fetched:
-            raise RuntimeError(f"IterableDataset replica {replica} was asked for its batch {position} "
-                               f"after making {entry.fetched}: a replica cannot go back")  # fmt: skip
+            raise RuntimeError(
+                f"IterableDataset replica {replica} was asked for its batch {position} "
+                f"after making {entry.fetched}: a replica cannot go back"
+            )
         while entry.fetched < position:
             try:
                 entry.fetcher.fetch(index)
@@ -192,7 +203,9 @@ class ReplicaPlan:
             if not, the first decision may ask for more replicas where batches mostly wait.
     """
 
-    def __init__(self, replicas: int, processes: int, decided: int | None = None, fixed: bool = False) -> None:
+    def __init__(
+        self, replicas: int, processes: int, decided: int | None = None, fixed: bool = False
+    ) -> None:
         self.replicas = replicas
         self.processes = min(decided or processes, replicas)
         self.decided = decided is not None
@@ -204,7 +217,9 @@ class ReplicaPlan:
             return replica
         return replica % self.processes if self.decided else None
 
-    def decide(self, calls: int, wall_s: float, cpu_s: float, cores: int, room: int = MAX_REPLICAS) -> int | None:
+    def decide(
+        self, calls: int, wall_s: float, cpu_s: float, cores: int, room: int = MAX_REPLICAS
+    ) -> int | None:
         """How many processes the replicas run on, from what ``calls`` batches cost their workers;
         or, where the count is not fixed and batches mostly wait, how many replicas the epoch
         should start over with: :func:`io_replicas`, one a process (as many reads in flight as

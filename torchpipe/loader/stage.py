@@ -68,7 +68,11 @@ class WorkersStage(Tunable):
         if it is None:
             return {}
         kind = it._placement.kind if it._placement is not None else PROCESS
-        report: dict[str, Any] = {"executor": kind, "workers": self.parallelism(), "pids": it._pool.pids}
+        report: dict[str, Any] = {
+            "executor": kind,
+            "workers": self.parallelism(),
+            "pids": it._pool.pids,
+        }
         policy = it._placement.policy if it._placement is not None else None
         if policy is not None:
             report["measured"] = sorted(policy.measured)

@@ -92,27 +92,45 @@ class WorkerIterator(SpanWhenProfiled, torch_dataloader._BaseDataLoaderIter):
         self._tp_state = state = vars(loader)["_tp"]
         iterable = self._dataset_kind == torch_dataloader._DatasetKind.Iterable
         self._auto = state.workers_auto and not iterable
-        most = max(self._num_workers, 2 * usable_cpu_count()) if state.workers_auto else self._num_workers
+        most = (
+            max(self._num_workers, 2 * usable_cpu_count())
+            if state.workers_auto
+            else self._num_workers
+        )
         # auto over an IterableDataset: `most` replicas (or what an earlier epoch decided), on
         # processes decided from the first batches
         self._plan: ReplicaPlan | None = None
         if state.workers_auto and iterable:
             most = state.replicas or most
-            self._plan = ReplicaPlan(most, self._num_workers, state.tuned_workers, fixed=state.replicas is not None)
-        self._held: deque[tuple[int, Any, BaseException | None]] = deque()  # the plan's first batches
-        self._before_start_over: int | None = None  # the replicas an epoch had before it started over with more
+            self._plan = ReplicaPlan(
+                most, self._num_workers, state.tuned_workers, fixed=state.replicas is not None
+            )
+        self._held: deque[tuple[int, Any, BaseException | None]] = (
+            deque()
+        )  # the plan's first batches
+        self._before_start_over: int | None = (
+            None  # the replicas an epoch had before it started over with more
+        )
         processes = self._plan.processes if self._plan is not None else self._num_workers
         # "auto": the zygote is forked when batches first go to processes (the first decision is
         # made before the tuner's thread starts), not for an epoch that makes them here (its fork
         # and stop took ~10 ms, its memory the epoch)
         self._task = FetchTask(loader, int(self._base_seed), most, self._auto)
         self._options, given = state.autotune, state.autotune.ram_budget
-        if state.memory is None:  # the default budget: a share of what was available at the first epoch
-            state.memory = LoaderMemory(default_budget() if given is None else given, given is not None)
+        if (
+            state.memory is None
+        ):  # the default budget: a share of what was available at the first epoch
+            state.memory = LoaderMemory(
+                default_budget() if given is None else given, given is not None
+            )
         self._memory: LoaderMemory = state.memory
         lean = given is not None and state.workers_auto  # a budget the user gave: rings stay small
-        self._ring_limit = ring_limit(given, min(most, usable_cpu_count())) if lean else MAX_RING_BYTES
-        self._pool = self._new_pool(self._task, 0 if self._auto else processes, fork_now=not self._auto)
+        self._ring_limit = (
+            ring_limit(given, min(most, usable_cpu_count())) if lean else MAX_RING_BYTES
+        )
+        self._pool = self._new_pool(
+            self._task, 0 if self._auto else processes, fork_now=not self._auto
+        )
         self._stage = WorkersStage(self)
         self._executors: AutoStage | None = None  # "auto": where batches are made, and the moves
         self._recycled: RecycledStack | None = None  # "auto": the memory of batches made here
@@ -141,7 +159,11 @@ class WorkerIterator(SpanWhenProfiled, torch_dataloader._BaseDataLoaderIter):
         if iterable:
             fetch = "the worker's replica's next items"
         collate = getattr(collate_fn, "__name__", type(collate_fn).__name__)
-        to_shm = " (tensors stacked straight into shared memory)" if collate_fn is torch_collate.default_collate else ""
+        to_shm = (
+            " (tensors stacked straight into shared memory)"
+            if collate_fn is torch_collate.default_collate
+            else ""
+        )
         return [
             f"  {loader.num_workers} worker processes forked from a zygote{_sizing(state, iterable)}; a task per "
             f"batch: {fetch}, then {collate}{to_shm}; {loader.prefetch_factor or 2} batches in flight per worker, "
@@ -153,8 +175,15 @@ class WorkerIterator(SpanWhenProfiled, torch_dataloader._BaseDataLoaderIter):
         hold those and the one the consumer holds); under a RAM budget their rings stay small and
         they give freed memory back (large results then cost page faults again)."""
         lean = self._ring_limit < MAX_RING_BYTES
-        return ProcessPool(task, processes, STAGE, fork_now=fork_now, ring_limit=self._ring_limit,
-                           keep_freed=not lean, per_worker=self._factor)  # fmt: skip
+        return ProcessPool(
+            task,
+            processes,
+            STAGE,
+            fork_now=fork_now,
+            ring_limit=self._ring_limit,
+            keep_freed=not lean,
+            per_worker=self._factor,
+        )
 
     def _start_auto(self, loader: DataLoader, most: int) -> None:
         """``num_workers="auto"``: the policy (kept by the loader across epochs) places batches, in
@@ -163,16 +192,38 @@ class WorkerIterator(SpanWhenProfiled, torch_dataloader._BaseDataLoaderIter):
         if state.policy is None:
             state.policy = Policy(KINDS, usable_cpu_count())
         policy = state.policy
-        policy.candidates = pass_candidates(inline=True, processes=True, last=policy.kind, costs=policy.costs,
-                                            measured=policy.measured, cores=policy.cores)  # fmt: skip
-        drawn = state.drawn_rngs if state.drawn_rngs is not None else GLOBAL_RNGS  # all, until measured
+        policy.candidates = pass_candidates(
+            inline=True,
+            processes=True,
+            last=policy.kind,
+            costs=policy.costs,
+            measured=policy.measured,
+            cores=policy.cores,
+        )
+        drawn = (
+            state.drawn_rngs if state.drawn_rngs is not None else GLOBAL_RNGS
+        )  # all, until measured
         seed = int(self._base_seed)
-        self._recycled = memory = RecycledStack()  # batches made here reuse the memory of those freed
-        self._local = {INLINE: LocalFetch(loader, seed, drawn, memory), THREAD: LocalFetch(loader, seed, (), memory)}
-        self._generator = loader.generator  # with the default generator's seed, whether draws must repeat
+        self._recycled = memory = (
+            RecycledStack()
+        )  # batches made here reuse the memory of those freed
+        self._local = {
+            INLINE: LocalFetch(loader, seed, drawn, memory),
+            THREAD: LocalFetch(loader, seed, (), memory),
+        }
+        self._generator = (
+            loader.generator
+        )  # with the default generator's seed, whether draws must repeat
         calls = StageCalls(self._local[INLINE], self._local[THREAD], processes=self._processes)
-        self._executors = AutoStage(STAGE, calls, self._pool.timing, policy, learned=state.learned,
-                                    stall_s=DEFAULT_STALL_TIMEOUT_S, on_move=self._moved)  # fmt: skip
+        self._executors = AutoStage(
+            STAGE,
+            calls,
+            self._pool.timing,
+            policy,
+            learned=state.learned,
+            stall_s=DEFAULT_STALL_TIMEOUT_S,
+            on_move=self._moved,
+        )
         self._dispatch, self._placement = self._executors.dispatcher, self._executors.placement
         self._knob = self._executors.add_knob(0, 0, most, apply=resize_weakly(self))
 
@@ -202,7 +253,9 @@ class WorkerIterator(SpanWhenProfiled, torch_dataloader._BaseDataLoaderIter):
     def _moved(self, kind: str, workers: int) -> None:
         self._tp_state.tuned_workers = workers
         self._num_workers = workers
-        if kind == PROCESS and self._recycled is not None:  # the workers make the batches now: what this
+        if (
+            kind == PROCESS and self._recycled is not None
+        ):  # the workers make the batches now: what this
             # process kept to make them goes
             self._recycled.drop_free()
             trim_heap()
@@ -215,26 +268,38 @@ class WorkerIterator(SpanWhenProfiled, torch_dataloader._BaseDataLoaderIter):
     def _start_epoch(self) -> None:
         self._stop_tuner()
         here = weakref.ref(self)  # the watcher must not keep the iterator alive
-        self._watching = self._memory.watch(pool_holdings(self._pool, lambda: _held_here(here)), id(self._pool))
+        self._watching = self._memory.watch(
+            pool_holdings(self._pool, lambda: _held_here(here)), id(self._pool)
+        )
         self._dispatch.forget()
         self._clock, self._started = ConsumerClock(), start_look()
         self._stage.stats = IteratorStats()
         self._stage.stats.calls = self._pool.timing
         if self._knob is not None and self._options.enabled:
-            options = self._options  # the budget is read at the first round (~0.4 ms: an epoch may end sooner)
+            options = (
+                self._options
+            )  # the budget is read at the first round (~0.4 ms: an epoch may end sooner)
             budget = lambda: Budget.of_machine(options.cpu_budget, options.ram_budget)  # noqa: E731
             self._tuner = Autotuner(self._stage, self._clock, budget)  # type: ignore[arg-type]  # duck-typed stage
             if self._tuner_stop is not None:
                 self._tuner_stop.detach()
-            self._tuner_stop = weakref.finalize(self, self._tuner.stop)  # a dropped iterator stops it
+            self._tuner_stop = weakref.finalize(
+                self, self._tuner.stop
+            )  # a dropped iterator stops it
         self._epoch += 1
         self._batch = 0  # batches drawn from the sampler this epoch (each one's seed)
-        self._active = [True] * (self._plan.replicas if self._plan is not None else self._num_workers)
-        self._made = [0] * len(self._active)  # batches asked of each worker's (or replica's) dataset
+        self._active = [True] * (
+            self._plan.replicas if self._plan is not None else self._num_workers
+        )
+        self._made = [0] * len(
+            self._active
+        )  # batches asked of each worker's (or replica's) dataset
         self._slot = 0
         self._task_slot: dict[int, int | None] = {}
         self._sampler_done = False
-        self._primed: tuple[int, int, Any] | None = None  # a batch drawn from the sampler, not yet made
+        self._primed: tuple[int, int, Any] | None = (
+            None  # a batch drawn from the sampler, not yet made
+        )
         if self._placement is not None:
             self._place()
         self._fill()
@@ -259,7 +324,9 @@ class WorkerIterator(SpanWhenProfiled, torch_dataloader._BaseDataLoaderIter):
         # The sampler draws its epoch's seed from the global RNGs when its first batch is drawn (as
         # torch's does): that draw must stay, the measured batches' own draws must not.
         self._primed = self._next_payload()
-        saved = global_rng_states()  # once: putting them back after every measured batch would be measured
+        saved = (
+            global_rng_states()
+        )  # once: putting them back after every measured batch would be measured
         try:
             costs, _ = measure_calls(self._run_inline, on_draws=drawn)
         finally:
@@ -307,7 +374,11 @@ class WorkerIterator(SpanWhenProfiled, torch_dataloader._BaseDataLoaderIter):
 
     def _fill(self) -> None:
         """Send batches until ``prefetch_factor`` per worker are in flight (or none are left)."""
-        while self._dispatch.pending < self._window() and not self._sampler_done and (self._auto or any(self._active)):
+        while (
+            self._dispatch.pending < self._window()
+            and not self._sampler_done
+            and (self._auto or any(self._active))
+        ):
             replica = host = None
             if self._pinned:  # workers (or replicas) get torch's order: batch k to k % n
                 replica = self._next_active()
@@ -345,11 +416,17 @@ class WorkerIterator(SpanWhenProfiled, torch_dataloader._BaseDataLoaderIter):
         while self._dispatch.pending:
             self._held.append(self._take())
         calls, wall_s, cpu_s, asleep = replica_costs(self._pool)
-        whole = all(error is None and not isinstance(value, Exhausted) for _, value, error in self._held)
+        whole = all(
+            error is None and not isinstance(value, Exhausted) for _, value, error in self._held
+        )
         io = _waits_on_io(calls, wall_s, cpu_s, asleep)
         room = self._room() if whole and not plan.fixed and io else plan.replicas
         # batches that did not wait on I/O waited for a core: a process a core, like busy ones
-        restart = plan.decide(calls, wall_s, cpu_s if io else wall_s, usable_cpu_count(), room) if calls else None
+        restart = (
+            plan.decide(calls, wall_s, cpu_s if io else wall_s, usable_cpu_count(), room)
+            if calls
+            else None
+        )
         if not whole and self._before_start_over is not None:
             # The dataset fails or ends early with as many replicas as the start-over asked for (it
             # splits files by num_workers, say) where fewer made their first batches: back to those.
@@ -371,7 +448,9 @@ class WorkerIterator(SpanWhenProfiled, torch_dataloader._BaseDataLoaderIter):
         self._task_slot.clear()
         self._tp_state.replicas = self._tp_state.tuned_workers = replicas
         # judged again: the count fixed, the first batches held; final: every replica placed now
-        self._plan = ReplicaPlan(replicas, replicas, decided=None if before else replicas, fixed=True)
+        self._plan = ReplicaPlan(
+            replicas, replicas, decided=None if before else replicas, fixed=True
+        )
         self._task = self._task.with_replicas(replicas)
         pool = self._new_pool(self._task, replicas)
         pool.start()
@@ -391,7 +470,10 @@ class WorkerIterator(SpanWhenProfiled, torch_dataloader._BaseDataLoaderIter):
     def skip(self, count: int) -> None:
         """Resume support: drop ``count`` batches (map-style: drawn from the sampler, not fetched)."""
         for _ in range(count):
-            if self._dataset_kind == torch_dataloader._DatasetKind.Map and not self._dispatch.pending:
+            if (
+                self._dataset_kind == torch_dataloader._DatasetKind.Map
+                and not self._dispatch.pending
+            ):
                 if self._next_payload() is None:
                     raise StopIteration  # the caller says the state is not this epoch's
             else:
@@ -450,7 +532,11 @@ class WorkerIterator(SpanWhenProfiled, torch_dataloader._BaseDataLoaderIter):
         if placement.workers > 1:
             most = placement.workers
             keep = workers_within(memory.held, memory.budget, most)
-            step = f"worker {most} of {most}" if keep == most - 1 else f"worker {keep + 1} to {most} of {most}"
+            step = (
+                f"worker {most} of {most}"
+                if keep == most - 1
+                else f"worker {keep + 1} to {most} of {most}"
+            )
             self._cap(placement, keep)
         elif placement.workers == 1 and self._factor > 1:
             self._factor -= 1
@@ -524,7 +610,11 @@ class WorkerIterator(SpanWhenProfiled, torch_dataloader._BaseDataLoaderIter):
         decisions = list(self._tuner.decisions) if self._tuner is not None else []
         stats = pipeline_stats(self._stage, self._started, self._clock.outside_s(), decisions)  # type: ignore[arg-type]
         where = stats[0]  # executor, workers, pids: the stage's executor_report
-        where["knobs"] = {"num_workers": where["workers"], "in_flight": self._window(), "executor": where["executor"]}
+        where["knobs"] = {
+            "num_workers": where["workers"],
+            "in_flight": self._window(),
+            "executor": where["executor"],
+        }
         where["memory"] = self._memory.report()
         return stats
 
@@ -535,7 +625,9 @@ class WorkerIterator(SpanWhenProfiled, torch_dataloader._BaseDataLoaderIter):
     def _shutdown_if_done(self) -> None:
         if self._placement is not None:
             self._placement.finish(self._stage.stats.wall_s)
-        self._tp_state.last_stats = self.stats()  # loader.stats() describes this pass until the next
+        self._tp_state.last_stats = (
+            self.stats()
+        )  # loader.stats() describes this pass until the next
         self._stop_tuner()
         if not self._persistent_workers:
             self._watching.set()
@@ -544,7 +636,11 @@ class WorkerIterator(SpanWhenProfiled, torch_dataloader._BaseDataLoaderIter):
 
     def __del__(self) -> None:
         state = getattr(self, "_tp_state", None)
-        if state is not None and getattr(self, "_stage", None) is not None and self._stage.stats.produced:
+        if (
+            state is not None
+            and getattr(self, "_stage", None) is not None
+            and self._stage.stats.produced
+        ):
             try:
                 state.last_stats = self.stats()  # a pass left mid-epoch, as far as it went
             except Exception:  # noqa: BLE001 - a report is not worth failing a collection over
@@ -583,7 +679,12 @@ def _waits_on_io(calls: int, wall_s: float, cpu_s: float, asleep: int) -> bool:
     (``asleep`` more than 3 times a batch: besides waiting for their task). A busy machine's
     cores make a batch wait too, but not asleep: more processes or replicas would not help it,
     and the replica count decides what each batch holds."""
-    return calls > 0 and wall_s >= 3 * cpu_s and (wall_s - cpu_s) / calls >= 0.002 and asleep > 3 * calls
+    return (
+        calls > 0
+        and wall_s >= 3 * cpu_s
+        and (wall_s - cpu_s) / calls >= 0.002
+        and asleep > 3 * calls
+    )
 
 
 def _held_here(ref: weakref.ref[WorkerIterator]) -> float:

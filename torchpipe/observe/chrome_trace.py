@@ -17,7 +17,16 @@ import os
 from collections import defaultdict
 from typing import Any
 
-from torchpipe.observe.tracing import CALLS, CONSUMER, COUNTER, INSTANT, SPAN, STAGE, TraceSnapshot, TrackInfo
+from torchpipe.observe.tracing import (
+    CALLS,
+    CONSUMER,
+    COUNTER,
+    INSTANT,
+    SPAN,
+    STAGE,
+    TraceSnapshot,
+    TrackInfo,
+)
 
 _GROUP_RANK = {CONSUMER: 0, STAGE: 1, CALLS: 2}
 
@@ -31,14 +40,18 @@ def write_chrome_trace(snapshot: TraceSnapshot, path: str | os.PathLike) -> None
 def ordered_tracks(snapshot: TraceSnapshot) -> list[TrackInfo]:
     """The tracks as a picture shows them: the training loop, then each stage (root first) followed
     by the threads and workers that ran its calls, then the tuner."""
-    return sorted(snapshot.tracks.values(), key=lambda t: (t.group not in _GROUP_RANK, t.order,
-                                                             _GROUP_RANK.get(t.group, 3), t.name))  # fmt: skip
+    return sorted(
+        snapshot.tracks.values(),
+        key=lambda t: (t.group not in _GROUP_RANK, t.order, _GROUP_RANK.get(t.group, 3), t.name),
+    )
 
 
 def chrome_trace(snapshot: TraceSnapshot) -> dict[str, Any]:
     """The trace as Trace Event Format JSON data."""
 
-    def ns(t: float) -> int:  # whole nanoseconds: a span's end and the next one's start compare exactly
+    def ns(
+        t: float,
+    ) -> int:  # whole nanoseconds: a span's end and the next one's start compare exactly
         return round((t - snapshot.start) * 1e9)
 
     def us(t: float) -> float:
@@ -50,20 +63,37 @@ def chrome_trace(snapshot: TraceSnapshot) -> dict[str, Any]:
         if kind == SPAN:
             spans[track].append((ns(t0), ns(t1)))
         elif kind == COUNTER:
-            events.append({"name": track, "ph": "C", "ts": us(t0), "pid": snapshot.pid, "args": {"value": t1}})
+            events.append(
+                {"name": track, "ph": "C", "ts": us(t0), "pid": snapshot.pid, "args": {"value": t1}}
+            )
     tids = _thread_events(snapshot, spans, events)
     for kind, track, t0, _, name, args in snapshot.events:
         if kind == INSTANT:
-            events.append({"name": name, "ph": "i", "s": "t", "ts": us(t0), "pid": snapshot.tracks[track].pid,
-                           "tid": tids[track], "args": args or {}})  # fmt: skip
+            events.append(
+                {
+                    "name": name,
+                    "ph": "i",
+                    "s": "t",
+                    "ts": us(t0),
+                    "pid": snapshot.tracks[track].pid,
+                    "tid": tids[track],
+                    "args": args or {},
+                }
+            )
     events.extend(_process_events(snapshot))
-    other = {"torchpipe_detail": "every element" if snapshot.every_element else "elements the stats clock",
-             "truncated": snapshot.truncated, "seconds": snapshot.end - snapshot.start}  # fmt: skip
+    other = {
+        "torchpipe_detail": "every element"
+        if snapshot.every_element
+        else "elements the stats clock",
+        "truncated": snapshot.truncated,
+        "seconds": snapshot.end - snapshot.start,
+    }
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": other}
 
 
-def _thread_events(snapshot: TraceSnapshot, spans: dict[int, list[tuple[int, int]]],
-                   out: list[dict[str, Any]]) -> dict[int, int]:  # fmt: skip
+def _thread_events(
+    snapshot: TraceSnapshot, spans: dict[int, list[tuple[int, int]]], out: list[dict[str, Any]]
+) -> dict[int, int]:
     """Metadata and complete events of every track; returns each track's first thread id."""
     tids: dict[int, int] = {}
     next_tid = 1
@@ -72,9 +102,24 @@ def _thread_events(snapshot: TraceSnapshot, spans: dict[int, list[tuple[int, int
         tids[info.id] = next_tid
         for lane, lane_spans in enumerate(lanes or [[]]):
             name = info.name if lane == 0 else f"{info.name} ({lane + 1})"
-            out.append({"name": "thread_name", "ph": "M", "pid": info.pid, "tid": next_tid, "args": {"name": name}})
-            out.append({"name": "thread_sort_index", "ph": "M", "pid": info.pid, "tid": next_tid,
-                        "args": {"sort_index": rank * 100 + lane}})  # fmt: skip
+            out.append(
+                {
+                    "name": "thread_name",
+                    "ph": "M",
+                    "pid": info.pid,
+                    "tid": next_tid,
+                    "args": {"name": name},
+                }
+            )
+            out.append(
+                {
+                    "name": "thread_sort_index",
+                    "ph": "M",
+                    "pid": info.pid,
+                    "tid": next_tid,
+                    "args": {"sort_index": rank * 100 + lane},
+                }
+            )
             out.extend(_spans(info, lane_spans, next_tid))
             next_tid += 1
     return tids
@@ -86,10 +131,28 @@ def _spans(info: TrackInfo, spans: list[tuple[int, int]], tid: int) -> list[dict
     previous = None
     for t0, t1 in spans:
         if info.group == CONSUMER and previous is not None and t0 > previous:
-            out.append({"name": "training step", "cat": CONSUMER, "ph": "X", "ts": previous / 1000,
-                        "dur": (t0 - previous) / 1000, "pid": info.pid, "tid": tid})  # fmt: skip
-        out.append({"name": info.label, "cat": info.group, "ph": "X", "ts": t0 / 1000, "dur": (t1 - t0) / 1000,
-                    "pid": info.pid, "tid": tid})  # fmt: skip
+            out.append(
+                {
+                    "name": "training step",
+                    "cat": CONSUMER,
+                    "ph": "X",
+                    "ts": previous / 1000,
+                    "dur": (t0 - previous) / 1000,
+                    "pid": info.pid,
+                    "tid": tid,
+                }
+            )
+        out.append(
+            {
+                "name": info.label,
+                "cat": info.group,
+                "ph": "X",
+                "ts": t0 / 1000,
+                "dur": (t1 - t0) / 1000,
+                "pid": info.pid,
+                "tid": tid,
+            }
+        )
         previous = t1
     return out
 
@@ -114,6 +177,16 @@ def _process_events(snapshot: TraceSnapshot) -> list[dict[str, Any]]:
             names[info.pid] = f"{info.label} worker (pid {info.pid})"
     out = []
     for rank, (pid, name) in enumerate(names.items()):
-        out.append({"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": name}})
-        out.append({"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0, "args": {"sort_index": rank}})
+        out.append(
+            {"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": name}}
+        )
+        out.append(
+            {
+                "name": "process_sort_index",
+                "ph": "M",
+                "pid": pid,
+                "tid": 0,
+                "args": {"sort_index": rank},
+            }
+        )
     return out

@@ -26,7 +26,9 @@ class ProgressBar:
         stream: where it is drawn (default ``sys.stderr``).
     """
 
-    def __init__(self, desc: str, total: int | None = None, initial: int = 0, stream: Any = None) -> None:
+    def __init__(
+        self, desc: str, total: int | None = None, initial: int = 0, stream: Any = None
+    ) -> None:
         stream = sys.stderr if stream is None else stream
         self._bar = None
         if not _is_terminal(stream):
@@ -37,8 +39,17 @@ class ProgressBar:
             _warn_once()
             return
         total = None if total in (None, INFINITE, UNKNOWN) else int(total)
-        self._bar = tqdm(desc=desc, total=total, initial=initial, unit=" elem", file=stream, disable=None,
-                         dynamic_ncols=True, leave=True, mininterval=0.25)  # fmt: skip
+        self._bar = tqdm(
+            desc=desc,
+            total=total,
+            initial=initial,
+            unit=" elem",
+            file=stream,
+            disable=None,
+            dynamic_ncols=True,
+            leave=True,
+            mininterval=0.25,
+        )
 
     @property
     def active(self) -> bool:
@@ -72,5 +83,8 @@ def _warn_once() -> None:
     global _warned
     if not _warned:
         _warned = True
-        warnings.warn("torchpipe draws progress bars with tqdm, which is not installed: "
-                      "pip install 'torchpipe[progress]'", stacklevel=3)  # fmt: skip
+        warnings.warn(
+            "torchpipe draws progress bars with tqdm, which is not installed: "
+            "pip install 'torchpipe[progress]'",
+            stacklevel=3,
+        )

@@ -19,7 +19,17 @@ WIDTH_IN, DPI = 14.0, 100
 MAX_BARS = 5000
 """Bars a row draws one by one; a row with more joins those less than a pixel apart."""
 _WAIT, _STEP = "#d62728", "#b5e0b5"
-_PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
+_PALETTE = (
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#7f7f7f",
+    "#bcbd22",
+    "#17becf",
+)
 
 
 def _pyplot() -> Any:
@@ -29,7 +39,9 @@ def _pyplot() -> Any:
         matplotlib.use("Agg", force=False)
         import matplotlib.pyplot as plt
     except ImportError as e:
-        raise ImportError("plotting a timeline needs matplotlib: pip install 'torchpipe[plot]'") from e
+        raise ImportError(
+            "plotting a timeline needs matplotlib: pip install 'torchpipe[plot]'"
+        ) from e
     return plt
 
 
@@ -45,7 +57,9 @@ def merge_spans(spans: list[tuple[float, float]], gap: float) -> list[tuple[floa
     return merged
 
 
-def plot_timeline(snapshot: TraceSnapshot, path: str | os.PathLike, title: str = "torchpipe timeline") -> None:
+def plot_timeline(
+    snapshot: TraceSnapshot, path: str | os.PathLike, title: str = "torchpipe timeline"
+) -> None:
     """Draw ``snapshot`` to the PNG ``path``.
 
     Raises:
@@ -56,24 +70,45 @@ def plot_timeline(snapshot: TraceSnapshot, path: str | os.PathLike, title: str =
     tracks = [info for info in ordered_tracks(snapshot) if info.id in spans]
     seconds = max(snapshot.end - snapshot.start, 1e-6)
     rows = max(len(tracks), 1)
-    fig, (ax, bottom) = plt.subplots(2, 1, sharex=True, figsize=(WIDTH_IN, 1.2 + 0.38 * rows + 2.0), dpi=DPI,
-                                     gridspec_kw={"height_ratios": [0.38 * rows + 0.4, 2.0]})  # fmt: skip
+    fig, (ax, bottom) = plt.subplots(
+        2,
+        1,
+        sharex=True,
+        figsize=(WIDTH_IN, 1.2 + 0.38 * rows + 2.0),
+        dpi=DPI,
+        gridspec_kw={"height_ratios": [0.38 * rows + 0.4, 2.0]},
+    )
     gap = seconds / (WIDTH_IN * DPI)  # one pixel
     colors = _stage_colors(tracks)
     for row, info in enumerate(tracks):
         y = rows - 1 - row
-        shown = spans[info.id] if len(spans[info.id]) <= MAX_BARS else merge_spans(spans[info.id], gap)
-        bars = [(t0, max(t1 - t0, gap)) for t0, t1 in shown]  # at least a pixel: a 1 us element still shows
+        shown = (
+            spans[info.id] if len(spans[info.id]) <= MAX_BARS else merge_spans(spans[info.id], gap)
+        )
+        bars = [
+            (t0, max(t1 - t0, gap)) for t0, t1 in shown
+        ]  # at least a pixel: a 1 us element still shows
         if info.group == CONSUMER:
-            ax.broken_barh([(0.0, seconds)], (y - 0.35, 0.7), facecolors=_STEP, label="training step")
+            ax.broken_barh(
+                [(0.0, seconds)], (y - 0.35, 0.7), facecolors=_STEP, label="training step"
+            )
             ax.broken_barh(bars, (y - 0.35, 0.7), facecolors=_WAIT, label="waiting for data")
         else:
-            ax.broken_barh(bars, (y - 0.35, 0.7), facecolors=colors[info.label], edgecolors="white", linewidth=0.4,
-                           alpha=0.85 if info.group == CALLS else 1)  # fmt: skip
+            ax.broken_barh(
+                bars,
+                (y - 0.35, 0.7),
+                facecolors=colors[info.label],
+                edgecolors="white",
+                linewidth=0.4,
+                alpha=0.85 if info.group == CALLS else 1,
+            )
     ax.set_yticks(range(rows))
     ax.set_yticklabels([_row_label(info) for info in reversed(tracks)], fontsize=8)
     ax.set_ylim(-0.6, rows - 0.4)
-    ax.set_title(title + ("" if snapshot.every_element else "  (cheap elements sampled, about 1 in 16)"), fontsize=10)
+    ax.set_title(
+        title + ("" if snapshot.every_element else "  (cheap elements sampled, about 1 in 16)"),
+        fontsize=10,
+    )
     ax.legend(loc="upper right", fontsize=7, ncol=2)
     ax.grid(axis="x", alpha=0.3)
     _plot_counters(bottom, counters, rounds, seconds)

@@ -80,7 +80,9 @@ class Track:
 
     __slots__ = ("id", "_append", "_counter")
 
-    def __init__(self, track_id: int, append: Callable[[tuple[Any, ...]], None], counter: str) -> None:
+    def __init__(
+        self, track_id: int, append: Callable[[tuple[Any, ...]], None], counter: str
+    ) -> None:
         self.id = track_id
         self._append = append
         self._counter = counter
@@ -110,10 +112,19 @@ class TraceLog:
         self._lock = threading.Lock()
         self._tracks: dict[Any, Track] = {}
         self._info: dict[int, TrackInfo] = {}
-        self.consumer = self.track((CONSUMER,), "training loop", CONSUMER, (), label="waiting for data")
+        self.consumer = self.track(
+            (CONSUMER,), "training loop", CONSUMER, (), label="waiting for data"
+        )
 
-    def track(self, key: Any, name: str, group: str, order: tuple[Any, ...], pid: int | None = None,
-              label: str | None = None) -> Track:  # fmt: skip
+    def track(
+        self,
+        key: Any,
+        name: str,
+        group: str,
+        order: tuple[Any, ...],
+        pid: int | None = None,
+        label: str | None = None,
+    ) -> Track:
         """The track for ``key`` (made on first use; a name taken already gets `` #2``)."""
         with self._lock:
             found = self._tracks.get(key)
@@ -126,8 +137,9 @@ class TraceLog:
                 shown = f"{name} #{n}"
             track = Track(len(self._tracks), self._append, f"{shown} buffer")
             self._tracks[key] = track
-            self._info[track.id] = TrackInfo(track.id, shown, group, order, os.getpid() if pid is None else pid,
-                                             label or shown)  # fmt: skip
+            self._info[track.id] = TrackInfo(
+                track.id, shown, group, order, os.getpid() if pid is None else pid, label or shown
+            )
             return track
 
     def counter(self, name: str, value: float) -> None:
@@ -147,7 +159,15 @@ class TraceLog:
             info = dict(self._info)
         events = list(self._events)
         truncated = len(events) >= (self._events.maxlen or len(events) + 1)
-        return TraceSnapshot(self.start, time.perf_counter(), info, events, truncated, self.every_element, os.getpid())
+        return TraceSnapshot(
+            self.start,
+            time.perf_counter(),
+            info,
+            events,
+            truncated,
+            self.every_element,
+            os.getpid(),
+        )
 
 
 class CallTracer:
@@ -173,8 +193,14 @@ class CallTracer:
             where = threading.current_thread().name
         track = self._tracks.get(where)
         if track is None:
-            shown = where if pid is not None else f"thread {cast(str, where).removeprefix(self._stage + '-')}"
+            shown = (
+                where
+                if pid is not None
+                else f"thread {cast(str, where).removeprefix(self._stage + '-')}"
+            )
             name = f"{self._stage} on {shown}"
-            track = self._log.track((CALLS, self._stage, where), name, CALLS, self._order, pid, self._stage)
+            track = self._log.track(
+                (CALLS, self._stage, where), name, CALLS, self._order, pid, self._stage
+            )
             self._tracks[where] = track
         track.span(start, start + wall_s)

@@ -49,7 +49,11 @@ class BatchNode(Node):
     holds_no_elements = True
 
     def __init__(
-        self, input: Node, batch_size: int, drop_remainder: bool, collate_fn: Callable[[list], Any] | None
+        self,
+        input: Node,
+        batch_size: int,
+        drop_remainder: bool,
+        collate_fn: Callable[[list], Any] | None,
     ) -> None:
         super().__init__(input)
         self.batch_size = batch_size
@@ -58,18 +62,25 @@ class BatchNode(Node):
         self.name = "batch" if collate_fn is None else f"batch({function_name(collate_fn)})"
 
     def params(self) -> dict[str, Any]:
-        params: dict[str, Any] = {"batch_size": self.batch_size, "drop_remainder": self.drop_remainder}
+        params: dict[str, Any] = {
+            "batch_size": self.batch_size,
+            "drop_remainder": self.drop_remainder,
+        }
         if self.collate_fn is not None:
             params["collate_fn"] = function_name(self.collate_fn)
         return params
 
     def cardinality(self) -> int:
-        return _batched_cardinality(self.inputs[0].cardinality(), self.batch_size, self.drop_remainder)
+        return _batched_cardinality(
+            self.inputs[0].cardinality(), self.batch_size, self.drop_remainder
+        )
 
     def build(self, ctx: BuildContext) -> Iterator:
         memory = self.memory()
         combine = self.combiner(ctx, stack=memory or torch.stack)
-        return BatchIterator(self.name, ctx.build_input(self), self.batch_size, self.drop_remainder, combine, memory)
+        return BatchIterator(
+            self.name, ctx.build_input(self), self.batch_size, self.drop_remainder, combine, memory
+        )
 
     def memory(self) -> RecycledStack | None:
         """Where the default collation stacks large batches in this process (None with a ``collate_fn``)."""
@@ -98,7 +109,12 @@ class PaddedBatchNode(Node):
     holds_no_elements = True
 
     def __init__(
-        self, input: Node, batch_size: int, padded_shapes: Any, padding_values: Any, drop_remainder: bool
+        self,
+        input: Node,
+        batch_size: int,
+        padded_shapes: Any,
+        padding_values: Any,
+        drop_remainder: bool,
     ) -> None:
         super().__init__(input)
         check_padded_shapes(self.kind, padded_shapes)
@@ -117,7 +133,9 @@ class PaddedBatchNode(Node):
         }
 
     def cardinality(self) -> int:
-        return _batched_cardinality(self.inputs[0].cardinality(), self.batch_size, self.drop_remainder)
+        return _batched_cardinality(
+            self.inputs[0].cardinality(), self.batch_size, self.drop_remainder
+        )
 
     def build(self, ctx: BuildContext) -> Iterator:
         shapes, pads, stage = self.padded_shapes, self.padding_values, self.kind
@@ -128,8 +146,14 @@ class PaddedBatchNode(Node):
         def check_first(element: Any) -> None:
             check_padding_values_fit(element, stage, pads)
 
-        return BatchIterator(stage, ctx.build_input(self), self.batch_size, self.drop_remainder, combine,
-                             check_first=check_first)  # fmt: skip
+        return BatchIterator(
+            stage,
+            ctx.build_input(self),
+            self.batch_size,
+            self.drop_remainder,
+            combine,
+            check_first=check_first,
+        )
 
 
 class BatchIterator(PassThroughIterator):
@@ -146,9 +170,15 @@ class BatchIterator(PassThroughIterator):
     COUNTERS = ("seq",)
 
     def __init__(
-        self, name: str, source: Iterator, batch_size: int, drop_remainder: bool, combine: _Combine,
-        memory: RecycledStack | None = None, check_first: Callable[[Any], None] | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        name: str,
+        source: Iterator,
+        batch_size: int,
+        drop_remainder: bool,
+        combine: _Combine,
+        memory: RecycledStack | None = None,
+        check_first: Callable[[Any], None] | None = None,
+    ) -> None:
         super().__init__(name, source)
         self._batch_size = batch_size
         self._drop_remainder = drop_remainder
@@ -158,14 +188,18 @@ class BatchIterator(PassThroughIterator):
         self._seq = 0
 
     def next(self) -> Any:
-        if self._memory is None or not self._memory.placing():  # nothing to place: the input's at once
+        if (
+            self._memory is None or not self._memory.placing()
+        ):  # nothing to place: the input's at once
             return self._next_batch(_keep)
         with self._memory.rows(self._batch_size) as rows:
             return self._next_batch(rows.place)
 
     def _next_batch(self, place: Callable[[int, Any], Any]) -> Any:
         elements: list[Any] = []
-        if place is _keep and self._check_first is None:  # nothing to do per element: the input's at once
+        if (
+            place is _keep and self._check_first is None
+        ):  # nothing to do per element: the input's at once
             try:
                 elements = self._source.take(self._batch_size)
             except StopIteration:
@@ -176,7 +210,9 @@ class BatchIterator(PassThroughIterator):
             self._seq = seq + 1
             return self._combine(seq, elements)
         # a dataset with __getitems__ fetches a batch's elements in one call (placed as they come)
-        arriving = self._taken() if getattr(self._source, "fetches_together", False) else self._source
+        arriving = (
+            self._taken() if getattr(self._source, "fetches_together", False) else self._source
+        )
         for element in arriving:
             if self._check_first is not None:
                 check, self._check_first = self._check_first, None
@@ -231,7 +267,9 @@ def _unstack(x: Any, path: str, stage: str) -> list[Any]:
         if x.ndim == 0:
             raise ValueError(f"{stage}: cannot split {path}: it is 0-d (shape ())")
         return list(x.unbind(0)) if isinstance(x, torch.Tensor) else list(x)
-    raise ValueError(f"{stage}: cannot split {path} of type {type(x).__name__}: it has no first dimension")
+    raise ValueError(
+        f"{stage}: cannot split {path} of type {type(x).__name__}: it has no first dimension"
+    )
 
 
 class UnbatchNode(Node):
@@ -314,7 +352,9 @@ class RebatchNode(Node):
         return INFINITE if self.inputs[0].cardinality() == INFINITE else UNKNOWN
 
     def build(self, ctx: BuildContext) -> Iterator:
-        return RebatchIterator(self.kind, ctx.build_input(self), self.batch_sizes, self.drop_remainder)
+        return RebatchIterator(
+            self.kind, ctx.build_input(self), self.batch_sizes, self.drop_remainder
+        )
 
 
 class RebatchIterator(UnbatchIterator):
@@ -322,7 +362,9 @@ class RebatchIterator(UnbatchIterator):
 
     SIZE_INDEX = "size_index"
 
-    def __init__(self, name: str, source: Iterator, batch_sizes: list[int], drop_remainder: bool) -> None:
+    def __init__(
+        self, name: str, source: Iterator, batch_sizes: list[int], drop_remainder: bool
+    ) -> None:
         super().__init__(name, source)
         self._sizes = batch_sizes
         self._drop_remainder = drop_remainder
@@ -346,7 +388,9 @@ class RebatchIterator(UnbatchIterator):
 
     def set_state(self, state: dict[str, Any]) -> None:
         check_state(self.name, state, self.SIZE_INDEX)
-        size_index = check_int(self.name, state, self.SIZE_INDEX, minimum=0, maximum=len(self._sizes) - 1)
+        size_index = check_int(
+            self.name, state, self.SIZE_INDEX, minimum=0, maximum=len(self._sizes) - 1
+        )
         super().set_state(state)
         self._size_index = size_index
 
@@ -417,7 +461,9 @@ class BucketIterator(Iterator):
 
     INPUT, SEQ, BUCKETS, ENDED, STRUCTURE = "input", "seq", "buckets", "ended", "structure"
 
-    def __init__(self, node: BucketBySequenceLengthNode, source: Iterator, length_fn: UserFunction) -> None:
+    def __init__(
+        self, node: BucketBySequenceLengthNode, source: Iterator, length_fn: UserFunction
+    ) -> None:
         super().__init__(node.name, source)
         self._node = node
         self._source = source
@@ -469,7 +515,9 @@ class BucketIterator(Iterator):
         elements, self._buckets[bucket_id] = self._buckets[bucket_id], []
         node = self._node
         boundary = node.bucket_boundaries[bucket_id] - 1 if node.pad_to_bucket_boundary else None
-        return padded_collate(elements, self.name, node.padded_shapes, node.padding_values, boundary)
+        return padded_collate(
+            elements, self.name, node.padded_shapes, node.padding_values, boundary
+        )
 
     def get_state(self) -> dict[str, Any]:
         return {
@@ -484,8 +532,13 @@ class BucketIterator(Iterator):
         check_state(self.name, state, self.INPUT, self.SEQ, self.BUCKETS, self.ENDED)
         buckets = state[self.BUCKETS]
         if len(buckets) != len(self._buckets):
-            raise CheckpointError(f"{self.name}: the checkpoint has {len(buckets)} buckets, not {len(self._buckets)}")
-        seq, ended = check_int(self.name, state, self.SEQ, minimum=0), check_bool(self.name, state, self.ENDED)
+            raise CheckpointError(
+                f"{self.name}: the checkpoint has {len(buckets)} buckets, not {len(self._buckets)}"
+            )
+        seq, ended = (
+            check_int(self.name, state, self.SEQ, minimum=0),
+            check_bool(self.name, state, self.ENDED),
+        )
         held = list(itertools.chain.from_iterable(buckets))
         self._held.load(self.name, self.BUCKETS, held, state.get(self.STRUCTURE))
         self._source.load_state_dict(state[self.INPUT])
@@ -498,6 +551,10 @@ def _as_length(value: Any, stage: str) -> int:
     """``element_length_func``'s result as an int (an int, or a 0-d integer tensor or array)."""
     if isinstance(value, (torch.Tensor, np.ndarray)) and value.ndim == 0:
         value = value.item()
-    if isinstance(value, (numbers.Integral, np.integer)) and not isinstance(value, (bool, np.bool_)):
+    if isinstance(value, (numbers.Integral, np.integer)) and not isinstance(
+        value, (bool, np.bool_)
+    ):
         return int(value)
-    raise TypeError(f"{stage}: element_length_func must return an int, got {type(value).__name__} {value!r}")
+    raise TypeError(
+        f"{stage}: element_length_func must return an int, got {type(value).__name__} {value!r}"
+    )

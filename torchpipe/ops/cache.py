@@ -24,10 +24,23 @@ from torchpipe.core.iterator import Iterator
 from torchpipe.core.node import BuildContext, Node
 from torchpipe.core.state import check_bool, check_int, check_state
 from torchpipe.errors import CheckpointError, add_note
-from torchpipe.storage.cache_file import CacheFormatError, FileStorage, Origin, StaleCacheWarning, origin_of
+from torchpipe.storage.cache_file import (
+    CacheFormatError,
+    FileStorage,
+    Origin,
+    StaleCacheWarning,
+    origin_of,
+)
 from torchpipe.storage.fingerprint import describe_ops
 
-__all__ = ["CacheFormatError", "CacheIterator", "CacheNode", "MemoryStore", "StaleCacheWarning", "check_cache_path"]
+__all__ = [
+    "CacheFormatError",
+    "CacheIterator",
+    "CacheNode",
+    "MemoryStore",
+    "StaleCacheWarning",
+    "check_cache_path",
+]
 
 
 # -- in memory -------------------------------------------------------------------------------------
@@ -45,7 +58,9 @@ class MemoryStore:
 
     def get(self) -> tuple[list[Any], Origin] | None:
         with self._lock:
-            return None if self._elements is None else (self._elements, cast(Origin, self._origin))  # set together
+            return (
+                None if self._elements is None else (self._elements, cast(Origin, self._origin))
+            )  # set together
 
     def offer(self, elements: list[Any], origin: Origin) -> None:
         """Store a complete pass unless another complete pass was stored first."""
@@ -106,7 +121,11 @@ def owned(element: Any) -> Any:
     if not any(_borrows(x) for x in leaves):
         return element
     return nest.pack_as(
-        element, [x.copy() if isinstance(x, np.ndarray) else x.clone() if _borrows(x) else x for x in leaves]
+        element,
+        [
+            x.copy() if isinstance(x, np.ndarray) else x.clone() if _borrows(x) else x
+            for x in leaves
+        ],
     )
 
 
@@ -164,16 +183,24 @@ def check_cache_path(path: str | bytes | os.PathLike | None) -> None:
     if not path:
         return
     if _URL.match(path):
-        raise ValueError(f"cache: path must be a local file name, got the URL {path!r} (cache files are local)")
+        raise ValueError(
+            f"cache: path must be a local file name, got the URL {path!r} (cache files are local)"
+        )
     if os.path.isdir(path):
         raise IsADirectoryError(f"cache: path {path!r} is a directory; expected a file name")
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.exists(folder):
-        raise FileNotFoundError(f"cache: cannot write cache file {path!r}: directory {folder!r} does not exist")
+        raise FileNotFoundError(
+            f"cache: cannot write cache file {path!r}: directory {folder!r} does not exist"
+        )
     if not os.path.isdir(folder):
-        raise NotADirectoryError(f"cache: cannot write cache file {path!r}: {folder!r} is not a directory")
+        raise NotADirectoryError(
+            f"cache: cannot write cache file {path!r}: {folder!r} is not a directory"
+        )
     if not os.path.exists(path) and not os.access(folder, os.W_OK | os.X_OK):
-        raise PermissionError(f"cache: cannot write cache file {path!r}: directory {folder!r} is not writable")
+        raise PermissionError(
+            f"cache: cannot write cache file {path!r}: directory {folder!r} is not writable"
+        )
 
 
 class CacheNode(Node):
@@ -197,7 +224,9 @@ class CacheNode(Node):
         if self.path is None:
             self.storage: MemoryStore | FileStorage = MemoryStore()
         else:
-            self.storage = FileStorage(self.path, describe_ops(input, code=True), input.cardinality(), trusted)
+            self.storage = FileStorage(
+                self.path, describe_ops(input, code=True), input.cardinality(), trusted
+            )
         self.name = "cache" if self.path is None else f"cache({self.path})"
 
     def params(self) -> dict[str, Any]:
@@ -244,7 +273,11 @@ class CacheIterator(Iterator):
         self._quiet = False  # drop upstream errors (rebuilding a replay, which had none)
 
     def children(self) -> list[Iterator]:
-        return [self._source] if self._mode in (self.FILL, self.PASS) and self._source is not None else []
+        return (
+            [self._source]
+            if self._mode in (self.FILL, self.PASS) and self._source is not None
+            else []
+        )
 
     # -- starting a pass ------------------------------------------------------------------------
     def start(self) -> None:
@@ -276,7 +309,9 @@ class CacheIterator(Iterator):
 
     def _resume_upstream(self, state: dict[str, Any]) -> None:
         self._rebuild_source(origin_of(state[self.ORIGIN]))
-        assert self._source is not None  # built with this iterator, parked only once it stops running
+        assert (
+            self._source is not None
+        )  # built with this iterator, parked only once it stops running
         self._source.load_state_dict(state[self.INPUT])
         self._skip, self._quiet = int(state[self.SKIP]), bool(state[self.QUIET])
         if state[self.MODE] == self.FILL:
@@ -288,11 +323,13 @@ class CacheIterator(Iterator):
         if origin == self._origin:
             return
         seed, epoch, iteration = origin
-        assert self._source is not None  # built with this iterator, parked only once it stops running
+        assert (
+            self._source is not None
+        )  # built with this iterator, parked only once it stops running
         self._source.close()
-        self._source = dataclasses.replace(self._ctx, seed=seed, epoch=epoch, iteration=iteration).build_input(
-            self._node
-        )
+        self._source = dataclasses.replace(
+            self._ctx, seed=seed, epoch=epoch, iteration=iteration
+        ).build_input(self._node)
         self._origin = origin
 
     def _park(self, input_state: dict[str, Any]) -> None:
@@ -344,7 +381,10 @@ class CacheIterator(Iterator):
         """After ``error`` (a full disk, an element that cannot be stored) the pass goes on, storing nothing."""
         self._recorder.discard()
         self._recorder, self._mode = None, self.PASS
-        add_note(error, f"raised in torchpipe stage {self.name} while storing an element; this pass stores nothing")
+        add_note(
+            error,
+            f"raised in torchpipe stage {self.name} while storing an element; this pass stores nothing",
+        )
 
     def _complete(self) -> None:
         recorder, self._recorder = self._recorder, None
@@ -362,13 +402,17 @@ class CacheIterator(Iterator):
         if self._pending is not None:
             return copy.deepcopy(self._pending)
         state = dict.fromkeys(self.KEYS)
-        state.update({
-            self.MODE: self._mode,
-            self.ORIGIN: [self._origin[0], self._origin[1], list(self._origin[2])],
-            self.INPUT: self._source.state_dict() if self._source is not None else copy.deepcopy(self._parked),
-            self.SKIP: self._skip,
-            self.QUIET: self._quiet,
-        })  # fmt: skip
+        state.update(
+            {
+                self.MODE: self._mode,
+                self.ORIGIN: [self._origin[0], self._origin[1], list(self._origin[2])],
+                self.INPUT: self._source.state_dict()
+                if self._source is not None
+                else copy.deepcopy(self._parked),
+                self.SKIP: self._skip,
+                self.QUIET: self._quiet,
+            }
+        )
         if self._replay is not None and self._mode == self.READ:
             state.update(self._replay.state())
         if self._recorder is not None:

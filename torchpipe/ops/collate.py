@@ -45,10 +45,17 @@ def collate_in_stage(elements: list, stage: str, stack: Callable[[list], Any] = 
         stack: combines the same-shape tensors of one component; worker processes pass
             ``codec.StackedTensor`` so the stacking happens straight into shared memory.
     """
-    return _walk(elements, "element", stage, lambda values, path, shape, pad: _collate_leaf(values, path, stage, stack))
+    return _walk(
+        elements,
+        "element",
+        stage,
+        lambda values, path, shape, pad: _collate_leaf(values, path, stage, stack),
+    )
 
 
-def _walk(values: list, path: str | _Child, stage: str, leaf: Callable, shape: Any = None, pad: Any = None) -> Any:
+def _walk(
+    values: list, path: str | _Child, stage: str, leaf: Callable, shape: Any = None, pad: Any = None
+) -> Any:
     """Rebuild the elements' common structure with ``leaf(values, path, shape, pad)`` per component
     (``path`` names it in errors: a str, or a dict value's :class:`_Child`, formatted as one).
 
@@ -58,13 +65,21 @@ def _walk(values: list, path: str | _Child, stage: str, leaf: Callable, shape: A
     first = values[0]
     if not nest.is_container(first):
         return leaf(values, path, shape, pad)
-    if type(first) is dict and shape is None and pad is None:  # dict rows, the common case: no specs
+    if (
+        type(first) is dict and shape is None and pad is None
+    ):  # dict rows, the common case: no specs
         keys = first.keys()
         if not all(type(v) is dict and v.keys() == keys for v in values):  # taken by key: any order
             _check_same_container(values, path, stage)
-        return {key: _walk([v[key] for v in values], _Child(path, key), stage, leaf) for key in keys}
+        return {
+            key: _walk([v[key] for v in values], _Child(path, key), stage, leaf) for key in keys
+        }
     _check_same_container(values, path, stage)
-    columns = zip(*values) if isinstance(first, (tuple, list)) else zip(*(nest.children(v) for v in values))
+    columns = (
+        zip(*values)
+        if isinstance(first, (tuple, list))
+        else zip(*(nest.children(v) for v in values))
+    )
     shapes = _spec_children(shape, first, path, stage, "padded_shapes", broadcast=False)
     pads = _spec_children(pad, first, path, stage, "padding_values", broadcast=True)
     parts = zip(columns, child_paths(first, path), shapes, pads)
@@ -106,7 +121,9 @@ def _check_same_container(values: list, path: str | _Child, stage: str) -> None:
     for v in values[1:]:
         same = type(v) is type(first) and len(v) == len(first)
         if same and isinstance(first, Mapping) and list(v.keys()) != list(first.keys()):
-            raise ValueError(f"{stage}: elements differ in keys at {path}: {list(first)} vs {list(v)}")
+            raise ValueError(
+                f"{stage}: elements differ in keys at {path}: {list(first)} vs {list(v)}"
+            )
         if not same:
             raise ValueError(
                 f"{stage}: elements differ in structure at {path}: "
@@ -115,10 +132,16 @@ def _check_same_container(values: list, path: str | _Child, stage: str) -> None:
 
 
 def _describe(x: Any) -> str:
-    return f"{type(x).__name__} of length {len(x)}" if nest.is_container(x) else f"a {type(x).__name__}"
+    return (
+        f"{type(x).__name__} of length {len(x)}"
+        if nest.is_container(x)
+        else f"a {type(x).__name__}"
+    )
 
 
-def _spec_children(spec: Any, first: Any, path: str | _Child, stage: str, name: str, broadcast: bool) -> list[Any]:
+def _spec_children(
+    spec: Any, first: Any, path: str | _Child, stage: str, name: str, broadcast: bool
+) -> list[Any]:
     """The parts of ``spec`` (padded_shapes or padding_values) for each child of ``first``."""
     if spec is None or (broadcast and not nest.is_container(spec)):
         return [spec] * len(first)
@@ -127,7 +150,9 @@ def _spec_children(spec: Any, first: Any, path: str | _Child, stage: str, name: 
             return [spec[key] for key in first]
     elif nest.is_container(spec) and not isinstance(spec, Mapping) and len(spec) == len(first):
         return list(spec)
-    raise ValueError(f"{stage}: {name} does not match the element's structure at {path}: got {spec!r}")
+    raise ValueError(
+        f"{stage}: {name} does not match the element's structure at {path}: got {spec!r}"
+    )
 
 
 _KINDS = (
@@ -159,7 +184,9 @@ def _common_kind(values: list, path: str, stage: str) -> str:
     if len(kinds) == 1 and None not in kinds and len(_KIND_OF_TYPE) < 256:
         _KIND_OF_TYPE[type(values[0])] = next(iter(kinds))
     if any(nest.is_container(v) for v in values):
-        raise ValueError(f"{stage}: elements differ in structure at {path}: some are containers, some are not")
+        raise ValueError(
+            f"{stage}: elements differ in structure at {path}: some are containers, some are not"
+        )
     if None in kinds:
         bad = next(v for v in values if _kind(v) is None)
         raise TypeError(
@@ -196,7 +223,9 @@ def _as_tensors(values: list, kind: str, path: str, stage: str) -> list[torch.Te
         values = [torch.from_numpy(a if a.flags.writeable else a.copy()) for a in arrays]
     dtypes = {t.dtype for t in values}
     if len(dtypes) > 1:
-        raise ValueError(f"{stage}: {path} has different dtypes across the batch: {sorted(map(str, dtypes))}")
+        raise ValueError(
+            f"{stage}: {path} has different dtypes across the batch: {sorted(map(str, dtypes))}"
+        )
     return values
 
 
@@ -245,7 +274,9 @@ def _collate_leaf(values: list, path: str, stage: str, stack: Callable[[list], A
 
 
 # -- padded collation -------------------------------------------------------------------------
-def padded_collate(elements: list, stage: str, shapes: Any, pads: Any, boundary: int | None = None) -> Any:
+def padded_collate(
+    elements: list, stage: str, shapes: Any, pads: Any, boundary: int | None = None
+) -> Any:
     """Collate ``elements``, padding tensor components to a common shape.
 
     Args:
@@ -274,7 +305,9 @@ def _padded_leaf(
     if len(ranks) > 1:
         raise ValueError(f"{stage}: {path} has different ranks in one batch: {sorted(ranks)}")
     dims = _target_dims(shape, tensors[0].dim(), boundary, explicit, path, stage)
-    target = [max(t.shape[d] for t in tensors) if want is None else want for d, want in enumerate(dims)]
+    target = [
+        max(t.shape[d] for t in tensors) if want is None else want for d, want in enumerate(dims)
+    ]
     for t in tensors:
         if any(have > want for have, want in zip(t.shape, target)):
             raise ValueError(
@@ -290,7 +323,9 @@ def _padded_leaf(
     return out
 
 
-def _target_dims(shape: Any, rank: int, boundary: int | None, explicit: bool, path: str, stage: str) -> list[Any]:
+def _target_dims(
+    shape: Any, rank: int, boundary: int | None, explicit: bool, path: str, stage: str
+) -> list[Any]:
     """Each dimension's padded size (None: the batch maximum)."""
     if shape is None:
         # Without padded_shapes the sequence dimension (0) is the unknown one tf would fill.
@@ -298,7 +333,9 @@ def _target_dims(shape: Any, rank: int, boundary: int | None, explicit: bool, pa
             return [None] * rank
         return [boundary] + [None] * (rank - 1)
     if not isinstance(shape, (list, tuple)):
-        raise ValueError(f"{stage}: padded_shapes for {path} must be a list of dimensions, got {shape!r}")
+        raise ValueError(
+            f"{stage}: padded_shapes for {path} must be a list of dimensions, got {shape!r}"
+        )
     if len(shape) != rank:
         raise ValueError(
             f"{stage}: padded_shapes for {path} is {list(shape)} (rank {len(shape)}), but the component has rank {rank}"
@@ -312,7 +349,9 @@ def _fill_value(pad: Any, dtype: torch.dtype, path: str, stage: str) -> Any:
         return 0
     scalar = pad.item() if isinstance(pad, (torch.Tensor, np.ndarray, np.generic)) else pad
     if not isinstance(scalar, (bool, int, float)):
-        raise TypeError(f"{stage}: padding value for {path} must be a number, got {type(pad).__name__} {pad!r}")
+        raise TypeError(
+            f"{stage}: padding value for {path} must be a number, got {type(pad).__name__} {pad!r}"
+        )
     if not (dtype.is_floating_point or dtype.is_complex):
         try:
             probe = torch.tensor(scalar)
@@ -320,7 +359,9 @@ def _fill_value(pad: Any, dtype: torch.dtype, path: str, stage: str) -> Any:
         except (RuntimeError, OverflowError, ValueError):
             fits = False
         if not fits:
-            raise ValueError(f"{stage}: padding value {scalar!r} for {path} does not fit its dtype {dtype}")
+            raise ValueError(
+                f"{stage}: padding value {scalar!r} for {path} does not fit its dtype {dtype}"
+            )
     return scalar
 
 
@@ -350,8 +391,10 @@ def _check_pad_fits(value: Any, path: str, stage: str, pad: Any) -> None:
         return  # strings are not padded; other types fail in collation, as in batch()
     tensor = _as_tensors([value], kind, path, stage)[0] if kind in ("tensor", "numpy") else None
     if isinstance(pad, (str, bytes)):
-        raise TypeError(f"{stage}: padding_values for {path} (a {_leaf_name(value, kind)}) expected a number, "
-                        f"got {type(pad).__name__} {pad!r}")  # fmt: skip
+        raise TypeError(
+            f"{stage}: padding_values for {path} (a {_leaf_name(value, kind)}) expected a number, "
+            f"got {type(pad).__name__} {pad!r}"
+        )
     if tensor is not None:
         _fill_value(pad, tensor.dtype, path, stage)
 
@@ -390,8 +433,12 @@ def check_padding_values(op: str, values: Any) -> None:
     """
     for value in nest.flatten(values):
         if isinstance(value, (torch.Tensor, np.ndarray)) and value.ndim != 0:
-            raise ValueError(f"{op}: padding_values expected scalars, got a tensor of shape {tuple(value.shape)}")
+            raise ValueError(
+                f"{op}: padding_values expected scalars, got a tensor of shape {tuple(value.shape)}"
+            )
         if value is not None and not isinstance(value, _PAD_TYPES):
-            raise TypeError(f"{op}: padding_values expected numbers (str or bytes for string components), "
-                            "0-d tensors or arrays, or None, alone or in a structure, "
-                            f"got {type(value).__name__}")  # fmt: skip
+            raise TypeError(
+                f"{op}: padding_values expected numbers (str or bytes for string components), "
+                "0-d tensors or arrays, or None, alone or in a structure, "
+                f"got {type(value).__name__}"
+            )

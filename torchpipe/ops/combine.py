@@ -172,7 +172,9 @@ class ConcatenateIterator(Iterator):
         raise StopIteration
 
     def get_state(self) -> dict[str, Any]:
-        first = self.inputs[0].state_dict() if self._index == 0 else copy.deepcopy(self._first_ended)
+        first = (
+            self.inputs[0].state_dict() if self._index == 0 else copy.deepcopy(self._first_ended)
+        )
         return {self.INDEX: self._index, self.INPUTS: [first, self.inputs[1].state_dict()]}
 
     def set_state(self, state: dict[str, Any]) -> None:
@@ -277,7 +279,9 @@ class ChooseIterator(_DirectedIterator):
 
     CHOICE, SEQ = "choice", "seq"
 
-    def __init__(self, name: str, sources: list[Iterator | None], choice: Iterator, stop_on_empty: bool) -> None:
+    def __init__(
+        self, name: str, sources: list[Iterator | None], choice: Iterator, stop_on_empty: bool
+    ) -> None:
         super().__init__(name, sources, stop_on_empty)
         self._choice = choice
         self._seq = 0  # choice elements read
@@ -306,7 +310,10 @@ class ChooseIterator(_DirectedIterator):
 
     def set_state(self, state: dict[str, Any]) -> None:
         check_state(self.name, state, self.INPUTS, self.CHOICE, self.SEQ, self.DONE)
-        seq, done = check_int(self.name, state, self.SEQ, minimum=0), check_bool(self.name, state, self.DONE)
+        seq, done = (
+            check_int(self.name, state, self.SEQ, minimum=0),
+            check_bool(self.name, state, self.DONE),
+        )
         self._load_inputs(state[self.INPUTS])
         self._choice.load_state_dict(state[self.CHOICE])
         self._seq, self._done = seq, done
@@ -336,7 +343,9 @@ def _as_int(value: Any) -> int | None:
     if isinstance(value, (int, np.integer)):
         return int(value)
     if isinstance(value, torch.Tensor):
-        integral = not (value.is_floating_point() or value.is_complex() or value.dtype == torch.bool)
+        integral = not (
+            value.is_floating_point() or value.is_complex() or value.dtype == torch.bool
+        )
         return int(value.item()) if value.ndim == 0 and integral else None
     if isinstance(value, np.ndarray) and value.ndim == 0 and value.dtype.kind in "iu":
         return int(value.item())
@@ -358,12 +367,22 @@ class SampleFromDatasetsNode(Node):
 
     kind = "sample_from_datasets"
 
-    def __init__(self, inputs: list[Node], weights: list[float], seed: int | None, stop_on_empty_dataset: bool) -> None:
+    def __init__(
+        self,
+        inputs: list[Node],
+        weights: list[float],
+        seed: int | None,
+        stop_on_empty_dataset: bool,
+    ) -> None:
         super().__init__(*inputs)
         if len(weights) != len(inputs):
-            raise ValueError(f"sample_from_datasets: expected {len(inputs)} weights, got {len(weights)}")
+            raise ValueError(
+                f"sample_from_datasets: expected {len(inputs)} weights, got {len(weights)}"
+            )
         if any(w < 0 for w in weights) or sum(weights) <= 0:
-            raise ValueError(f"sample_from_datasets: weights must be non-negative with a positive sum, got {weights}")
+            raise ValueError(
+                f"sample_from_datasets: weights must be non-negative with a positive sum, got {weights}"
+            )
         self.weights = [float(w) for w in weights]
         self.seed = seed
         self.stop_on_empty_dataset = stop_on_empty_dataset
@@ -392,7 +411,12 @@ class SampleIterator(_DirectedIterator):
     RNG = "rng"
 
     def __init__(
-        self, name: str, sources: list[Iterator | None], weights: list[float], seed: int, stop_on_empty: bool
+        self,
+        name: str,
+        sources: list[Iterator | None],
+        weights: list[float],
+        seed: int,
+        stop_on_empty: bool,
     ) -> None:
         super().__init__(name, sources, stop_on_empty)
         self._weights = weights

@@ -50,7 +50,11 @@ class PinnedBufferPool:
         self._reclaim()
         free = self._free[nbytes]
         buffer = free.pop() if free else torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-        staged = buffer.view(tensor.dtype).view(tensor.shape) if nbytes else torch.empty_like(tensor).pin_memory()
+        staged = (
+            buffer.view(tensor.dtype).view(tensor.shape)
+            if nbytes
+            else torch.empty_like(tensor).pin_memory()
+        )
         staged.copy_(tensor)
         self._pending.append(buffer)
         return staged
@@ -79,7 +83,9 @@ def check_device(device: torch.device | str) -> torch.device:
             and for a CUDA device index this machine does not have.
     """
     if not isinstance(device, (str, torch.device)):
-        raise ValueError(f"device must be a device name such as 'cuda' or 'cuda:1', or a torch.device; got {device!r}")
+        raise ValueError(
+            f"device must be a device name such as 'cuda' or 'cuda:1', or a torch.device; got {device!r}"
+        )
     try:
         device = torch.device(device)
     except RuntimeError:
@@ -88,8 +94,14 @@ def check_device(device: torch.device | str) -> torch.device:
         raise ValueError(f"device must be a cpu or cuda device, got {str(device)!r}")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError(f"device={str(device)!r} was asked for, but CUDA is not available")
-    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
-        raise ValueError(f"device={str(device)!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    if (
+        device.type == "cuda"
+        and device.index is not None
+        and device.index >= torch.cuda.device_count()
+    ):
+        raise ValueError(
+            f"device={str(device)!r}: this machine has {torch.cuda.device_count()} CUDA device(s)"
+        )
     return device
 
 
@@ -106,7 +118,9 @@ class DevicePrefetcher:
         RuntimeError: for a CUDA device when CUDA is not available.
     """
 
-    def __init__(self, source: Any, device: torch.device | str, buffer_size: int = 2, delivered: int = 0) -> None:
+    def __init__(
+        self, source: Any, device: torch.device | str, buffer_size: int = 2, delivered: int = 0
+    ) -> None:
         check_device(device)
         self.delivered = delivered  # batches handed to the consumer (the thread runs ahead)
         self._source = source
@@ -155,7 +169,9 @@ class DevicePrefetcher:
     def _start(self) -> None:
         self._queue = queue.Queue(self._buffer_size)
         args = (self._source, self.device, self._queue, self._stop)
-        self._thread = threading.Thread(target=_copy_ahead, args=args, name="torchpipe-device", daemon=True)
+        self._thread = threading.Thread(
+            target=_copy_ahead, args=args, name="torchpipe-device", daemon=True
+        )
         self._thread.start()
         _LIVE[self._thread] = self._stop
 

@@ -28,7 +28,9 @@ def as_bool(stage: str, value: Any) -> bool:
         return bool(value.item())
     if isinstance(value, torch.Tensor) and value.dtype == torch.bool and value.numel() == 1:
         return bool(value.item())
-    raise TypeError(f"{stage}: the predicate must return a bool, got {type(value).__name__} {value!r}")
+    raise TypeError(
+        f"{stage}: the predicate must return a bool, got {type(value).__name__} {value!r}"
+    )
 
 
 class _Dropped:
@@ -81,7 +83,9 @@ class FilterNode(_PredicateNode):
     holds_no_elements = True
 
     def build(self, ctx: BuildContext) -> Iterator:
-        return FilterIterator(self.name, ctx.build_input(self), UserFunction(self.predicate, self.name, ctx))
+        return FilterIterator(
+            self.name, ctx.build_input(self), UserFunction(self.predicate, self.name, ctx)
+        )
 
 
 class FilterIterator(_PredicateIterator):
@@ -98,7 +102,9 @@ class TakeWhileNode(_PredicateNode):
     kind = "take_while"
 
     def build(self, ctx: BuildContext) -> Iterator:
-        return TakeWhileIterator(self.name, ctx.build_input(self), UserFunction(self.predicate, self.name, ctx))
+        return TakeWhileIterator(
+            self.name, ctx.build_input(self), UserFunction(self.predicate, self.name, ctx)
+        )
 
 
 class TakeWhileIterator(_PredicateIterator):
@@ -151,7 +157,10 @@ class IgnoreErrorsIterator(Iterator):
                 self.stats.counters[self.IGNORED] += 1
 
     def get_state(self) -> dict[str, Any]:
-        return {self.INPUT: self._source.state_dict(), self.IGNORED: self.stats.counters[self.IGNORED]}
+        return {
+            self.INPUT: self._source.state_dict(),
+            self.IGNORED: self.stats.counters[self.IGNORED],
+        }
 
     def set_state(self, state: dict[str, Any]) -> None:
         check_state(self.name, state, self.INPUT, self.IGNORED)

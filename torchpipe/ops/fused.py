@@ -49,7 +49,9 @@ class FusedMapNode(MapNode):
         executor: str | RayExecutor,
     ) -> None:
         self.hops = hops
-        self.stages = tuple(hop for hop in reversed(hops) if isinstance(hop, STAGE_TYPES))  # innermost first
+        self.stages = tuple(
+            hop for hop in reversed(hops) if isinstance(hop, STAGE_TYPES)
+        )  # innermost first
         name = "+".join(stage.name for stage in self.stages)
         super().__init__(input, None, num_parallel_calls, deterministic, executor, name)  # type: ignore[arg-type]  # no one fn: each hop's
         self.pure = all(is_pure_stage(stage) for stage in self.stages)
@@ -76,7 +78,9 @@ class FusedMapNode(MapNode):
     def input_context(self, ctx: BuildContext, index: int) -> BuildContext:
         return walk_contexts(self.hops, ctx)
 
-    def _functions(self, ctx: BuildContext, seed_globals: bool | None) -> list[tuple[bool, str, UserFunction]]:
+    def _functions(
+        self, ctx: BuildContext, seed_globals: bool | None
+    ) -> list[tuple[bool, str, UserFunction]]:
         """``(is_filter, name, function)`` per stage, innermost first, each in its own context."""
         out = []
         for hop in self.hops:
@@ -122,7 +126,9 @@ class ChainFunction:
     def seed_worker(self, slot: int) -> None:
         self.stages[0][2].seed_worker(slot)
 
-    def on_elements(self, first: int, elements: list, then: Callable[[int, Any], Any] | None = None) -> list:
+    def on_elements(
+        self, first: int, elements: list, then: Callable[[int, Any], Any] | None = None
+    ) -> list:
         """:meth:`on_element` for elements numbered from ``first`` on; ``then(j, result)`` takes
         each result (as :meth:`UserFunction.on_elements`)."""
         mapped = [self.on_element(first + j, element) for j, element in enumerate(elements)]
@@ -143,7 +149,9 @@ class ChainIterator(Iterator):
 
     INPUT, COUNTS = "input", "counts"
 
-    def __init__(self, name: str, source: Iterator, stages: list[tuple[bool, str, UserFunction]]) -> None:
+    def __init__(
+        self, name: str, source: Iterator, stages: list[tuple[bool, str, UserFunction]]
+    ) -> None:
         super().__init__(name, source)
         self._source = source
         self._stages = stages
@@ -171,6 +179,8 @@ class ChainIterator(Iterator):
         counts = state[self.COUNTS]
         valid = isinstance(counts, list) and len(counts) == len(self._stages)
         if not valid or not all(type(n) is int and n >= 0 for n in counts):
-            raise CheckpointError(f"{self.name}: state['counts'] must be {len(self._stages)} counts, got {counts!r}")
+            raise CheckpointError(
+                f"{self.name}: state['counts'] must be {len(self._stages)} counts, got {counts!r}"
+            )
         self._source.load_state_dict(state[self.INPUT])
         self._counts = list(counts)

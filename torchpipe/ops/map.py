@@ -59,7 +59,9 @@ class MapNode(Node):
         self.name = name or f"map({function_name(fn)})"
         self.pure = pure or is_pure(fn)
         self.batched = batched
-        self.dataset: Any = None  # the pushed-down source's dataset (the optimizer's source_pushdown)
+        self.dataset: Any = (
+            None  # the pushed-down source's dataset (the optimizer's source_pushdown)
+        )
         if num_parallel_calls is not None and executor == "auto":
             prepare_measurements()  # the machine's side of the first decision, before the clock runs
 
@@ -77,8 +79,14 @@ class MapNode(Node):
     def parallel_params(self) -> dict[str, Any]:
         if self.num_parallel_calls is None:
             return {}
-        parallel = AUTOTUNE_SYMBOL if self.num_parallel_calls == AUTOTUNE else self.num_parallel_calls
-        return {"num_parallel_calls": parallel, "deterministic": self.deterministic, "executor": self.executor}
+        parallel = (
+            AUTOTUNE_SYMBOL if self.num_parallel_calls == AUTOTUNE else self.num_parallel_calls
+        )
+        return {
+            "num_parallel_calls": parallel,
+            "deterministic": self.deterministic,
+            "executor": self.executor,
+        }
 
     def is_asynchronous(self) -> bool:
         return self.num_parallel_calls is not None
@@ -91,7 +99,9 @@ class MapNode(Node):
         if self.num_parallel_calls is None:
             return MapIterator(self.name, ctx.build_input(self), self.function(ctx))
         source, fetch = self.source(ctx)
-        return self.parallel_iterator(self.name, ctx, source, lambda fn, in_process: MapTask(fn, fetch))
+        return self.parallel_iterator(
+            self.name, ctx, source, lambda fn, in_process: MapTask(fn, fetch)
+        )
 
     def source(self, ctx: BuildContext) -> tuple[Iterator, DatasetFetch | None]:
         """The input iterator, and the fetch of the map-style dataset that runs next to ``fn``
@@ -99,14 +109,22 @@ class MapNode(Node):
         return ctx.build_input(self), None if self.dataset is None else DatasetFetch(self.dataset)
 
     def parallel_iterator(
-        self, name: str, ctx: BuildContext, source: Iterator, make_task: Callable[[UserFunction, bool], Any]
+        self,
+        name: str,
+        ctx: BuildContext,
+        source: Iterator,
+        make_task: Callable[[UserFunction, bool], Any],
     ) -> ParallelMapIterator:
         """A parallel stage running ``make_task(fn, in_process)`` per input; ``ctx`` is this node's."""
-        parallelism = usable_cpu_count() if self.num_parallel_calls == AUTOTUNE else self.num_parallel_calls
+        parallelism = (
+            usable_cpu_count() if self.num_parallel_calls == AUTOTUNE else self.num_parallel_calls
+        )
         assert parallelism is not None  # a parallel map's
         in_worker = make_task(self.function(ctx), True)
         tasks = {
-            "inline": make_task(self.function(ctx), False),  # as a worker: global RNGs seeded per element
+            "inline": make_task(
+                self.function(ctx), False
+            ),  # as a worker: global RNGs seeded per element
             "thread": make_task(self.function(ctx, seed_globals=False), False),
             "process": in_worker,
             "ray": in_worker,  # a Ray actor runs what a worker process runs (pickled, not forked)
@@ -203,7 +221,9 @@ class MapBatchNode(Node):
         batch, map_node = self.batch_node, self.map_node
         map_ctx = batch.input_context(ctx, 0)  # where the map sits unfused: keeps its seeds
         source, fetch = map_node.source(map_ctx)
-        chunks = map_ctx.traced(BatchIterator(batch.name, source, batch.batch_size, batch.drop_remainder, _as_list))
+        chunks = map_ctx.traced(
+            BatchIterator(batch.name, source, batch.batch_size, batch.drop_remainder, _as_list)
+        )
         # In a worker the batch is stacked straight into the shared-memory record it is sent in;
         # here, into memory that earlier batches used.
         memory = batch.memory()
@@ -214,9 +234,13 @@ class MapBatchNode(Node):
         size = batch.batch_size
 
         def make_task(fn: UserFunction, in_process: bool) -> MapBatchTask:
-            return MapBatchTask(fn, fetch, combiners[in_process], size, None if in_process else memory)
+            return MapBatchTask(
+                fn, fetch, combiners[in_process], size, None if in_process else memory
+            )
 
-        return map_node.parallel_iterator(f"{map_node.name}+{batch.name}", map_ctx, chunks, make_task)
+        return map_node.parallel_iterator(
+            f"{map_node.name}+{batch.name}", map_ctx, chunks, make_task
+        )
 
 
 class MapBatchTask:
@@ -229,9 +253,13 @@ class MapBatchTask:
     __slots__ = ("fn", "fetch", "combine", "batch_size", "memory")
 
     def __init__(
-        self, fn: UserFunction, fetch: DatasetFetch | None, combine: Callable[[int, list], Any], batch_size: int,
+        self,
+        fn: UserFunction,
+        fetch: DatasetFetch | None,
+        combine: Callable[[int, list], Any],
+        batch_size: int,
         memory: RecycledStack | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.fn = fn
         self.fetch = fetch
         self.combine = combine

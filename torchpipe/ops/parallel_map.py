@@ -24,7 +24,15 @@ from torchpipe.runtime.executor import Executor
 from torchpipe.runtime.knob import LiveKnob
 from torchpipe.runtime.placement.auto_stage import AutoStage, StageCalls, pass_candidates
 from torchpipe.runtime.placement.measure import measure_calls
-from torchpipe.runtime.placement.policy import INLINE, MAX_THREADS, PROCESS, RAY, THREAD, CallCosts, Policy
+from torchpipe.runtime.placement.policy import (
+    INLINE,
+    MAX_THREADS,
+    PROCESS,
+    RAY,
+    THREAD,
+    CallCosts,
+    Policy,
+)
 from torchpipe.runtime.processes.pool import ProcessPool, process_executor_supported
 from torchpipe.runtime.timing import CallTiming
 
@@ -100,18 +108,29 @@ class ParallelMapIterator(Iterator, Tunable):
         self._pool: ProcessPool | None = None
         self._ray: Any = None  # a tp.RayExecutor (Ray is imported only when it makes its pool)
         self._ray_pool: Any = None
-        if getattr(executor, "kind", None) == RAY:  # a tp.RayExecutor: it builds the pool, importing Ray then
+        if (
+            getattr(executor, "kind", None) == RAY
+        ):  # a tp.RayExecutor: it builds the pool, importing Ray then
             self._ray, executor = executor, RAY
         processes = process_executor_supported()
         if executor == PROCESS and not processes:
             executor = THREAD
         self._fixed = executor if executor != AUTO else None
-        self._parallelism = self._learned.get("parallelism", parallelism) if tunable else parallelism
+        self._parallelism = (
+            self._learned.get("parallelism", parallelism) if tunable else parallelism
+        )
         self._policy = self._new_policy(tunable, processes) if self._fixed is None else None
         ray = self._ray_actors if self._ray is not None else None
         calls = StageCalls(tasks[INLINE], tasks[THREAD], processes=self._processes, ray=ray)
-        self._executors = AutoStage(name, calls, self.stats.calls, self._policy, learned=self._learned,
-                                    stall_s=stall_s, on_move=self._moved)  # fmt: skip
+        self._executors = AutoStage(
+            name,
+            calls,
+            self.stats.calls,
+            self._policy,
+            learned=self._learned,
+            stall_s=stall_s,
+            on_move=self._moved,
+        )
         self._dispatch, self._placement = self._executors.dispatcher, self._executors.placement
         self._knob = self._add_knob() if tunable else None
         self._in_flight, self._in_flight_knob = self._tasks_in_flight(tunable)
@@ -122,23 +141,34 @@ class ParallelMapIterator(Iterator, Tunable):
         lowest = 0 if self._policy is not None and INLINE in self._policy.candidates else 1
         if self._ray is not None:
             lowest = self._ray.min_actors
-            self._parallelism = max(lowest, min(self._parallelism, self._ray.max_actors or self._parallelism))
-        return self._executors.add_knob(self._parallelism, lowest, self._most(RAY if self._ray is not None else THREAD))
+            self._parallelism = max(
+                lowest, min(self._parallelism, self._ray.max_actors or self._parallelism)
+            )
+        return self._executors.add_knob(
+            self._parallelism, lowest, self._most(RAY if self._ray is not None else THREAD)
+        )
 
     def _tasks_in_flight(self, tunable: bool) -> tuple[int, LiveKnob | None]:
         """Tasks a worker process keeps in flight, and the autotuner's knob for them where it has one."""
         if not tunable:
             return IN_FLIGHT, None
         tasks = self._learned.get("in_flight", IN_FLIGHT)
-        return tasks, LiveKnob(f"{self.name}.in_flight", tasks, IN_FLIGHT, MOST_IN_FLIGHT, True, self._set_in_flight)
+        return tasks, LiveKnob(
+            f"{self.name}.in_flight", tasks, IN_FLIGHT, MOST_IN_FLIGHT, True, self._set_in_flight
+        )
 
     def _new_policy(self, tunable: bool, processes: bool) -> Policy:
         """``executor="auto"``: the policy, choosing from what the earlier passes left worth trying
         (inline too where the autotuner may ask for it)."""
         learned, cores = self._learned, usable_cpu_count()
-        candidates = pass_candidates(inline=tunable, processes=processes, last=learned.get("executor"),
-                                     costs=learned.get("costs"), measured=learned.get("measured", {}),
-                                     cores=cores)  # fmt: skip
+        candidates = pass_candidates(
+            inline=tunable,
+            processes=processes,
+            last=learned.get("executor"),
+            costs=learned.get("costs"),
+            measured=learned.get("measured", {}),
+            cores=cores,
+        )
         return Policy(candidates, cores)
 
     @property
@@ -190,20 +220,30 @@ class ParallelMapIterator(Iterator, Tunable):
 
     def prepare(self) -> None:
         super().prepare()
-        wants_processes = self._fixed == PROCESS or (self._policy is not None and PROCESS in self._policy.candidates)
+        wants_processes = self._fixed == PROCESS or (
+            self._policy is not None and PROCESS in self._policy.candidates
+        )
         if wants_processes and self._pool is None:
             # executor="process" forks the zygote now, before any thread runs; "auto" when calls
             # first go to processes, as tp.DataLoader("auto") does (a pass that runs them here
             # or on threads forked it for nothing: ~6 ms, and as much again to stop it)
-            self._pool = ProcessPool(self._tasks[PROCESS], self._parallelism, self.name, restart=self._restart,
-                                     timing=self.stats.calls, fork_now=self._fixed == PROCESS,
-                                     per_worker=self._in_flight)  # fmt: skip
+            self._pool = ProcessPool(
+                self._tasks[PROCESS],
+                self._parallelism,
+                self.name,
+                restart=self._restart,
+                timing=self.stats.calls,
+                fork_now=self._fixed == PROCESS,
+                per_worker=self._in_flight,
+            )
 
     def start(self) -> None:
         self._started = True
         if self._fixed is not None:
             self._placement.move(self._fixed, self._parallelism)
-        elif not self._placement.resume(self._learned, self._parallelism):  # else: an earlier pass measured
+        elif not self._placement.resume(
+            self._learned, self._parallelism
+        ):  # else: an earlier pass measured
             self._placement.decide(self._measure())
 
     def _measure(self) -> CallCosts:
@@ -213,10 +253,14 @@ class ParallelMapIterator(Iterator, Tunable):
         drew = []
         saved = global_rng_states()
         try:
-            costs, _ = measure_calls(self._run_inline, on_draws=lambda draws: drew.append(draws.drew))
+            costs, _ = measure_calls(
+                self._run_inline, on_draws=lambda draws: drew.append(draws.drew)
+            )
         finally:
             restore_global_rng_states(saved)
-        if self._knob is None:  # the user fixed how many calls run at once: the choice is made at that many
+        if (
+            self._knob is None
+        ):  # the user fixed how many calls run at once: the choice is made at that many
             costs = dataclasses.replace(costs, most=self._parallelism)
         return costs.without_threads() if self._reproducible and any(drew) else costs
 
@@ -243,8 +287,9 @@ class ParallelMapIterator(Iterator, Tunable):
 
     def _ray_actors(self, workers: int) -> Executor:
         if self._ray_pool is None:
-            self._ray_pool = self._ray.pool(self._tasks[RAY], workers, self.name, restart=self._restart,
-                                            timing=self.stats.calls)  # fmt: skip
+            self._ray_pool = self._ray.pool(
+                self._tasks[RAY], workers, self.name, restart=self._restart, timing=self.stats.calls
+            )
         else:
             self._ray_pool.resize(workers)
         return self._ray_pool

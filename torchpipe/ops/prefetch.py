@@ -57,7 +57,9 @@ class PrefetchNode(Node):
         self.buffer_size = buffer_size
 
     def params(self) -> dict[str, Any]:
-        return {"buffer_size": AUTOTUNE_SYMBOL if self.buffer_size == AUTOTUNE else self.buffer_size}
+        return {
+            "buffer_size": AUTOTUNE_SYMBOL if self.buffer_size == AUTOTUNE else self.buffer_size
+        }
 
     def is_asynchronous(self) -> bool:
         return self.buffer_size != 0
@@ -68,8 +70,13 @@ class PrefetchNode(Node):
             return source
         if self.buffer_size == AUTOTUNE:
             learned = ctx.learned()  # the depth the tuner left in the last pass, if any
-            return PrefetchIterator(self.kind, source, learned.get("depth", AUTOTUNE_DEPTH), tunable=True,
-                                    learned=learned)  # fmt: skip
+            return PrefetchIterator(
+                self.kind,
+                source,
+                learned.get("depth", AUTOTUNE_DEPTH),
+                tunable=True,
+                learned=learned,
+            )
         return PrefetchIterator(self.kind, source, self.buffer_size)
 
 
@@ -184,7 +191,9 @@ class PrefetchBuffer:
                 if self._producer_left or (self.paused and not producer_alive()):
                     return DRAINED
                 if not producer_alive():
-                    raise RuntimeError(f"{stage}: the prefetch thread ended without delivering the end of input")
+                    raise RuntimeError(
+                        f"{stage}: the prefetch thread ended without delivering the end of input"
+                    )
                 self._cond.wait(_POLL_S)
             item = self._items.popleft()
             self._cond.notify_all()
@@ -217,7 +226,9 @@ class _PullClock:
         return seconds / count if count else 0.0
 
 
-def _produce(log: PositionLog, buffer: PrefetchBuffer, stats: IteratorStats, clock: _PullClock) -> None:
+def _produce(
+    log: PositionLog, buffer: PrefetchBuffer, stats: IteratorStats, clock: _PullClock
+) -> None:
     """The producer thread's loop; it holds only the log, the buffer and the stats, never the iterator."""
     while True:
         t0 = time.perf_counter()
@@ -267,9 +278,13 @@ class OverlapChoice:
         self._driver.new_pass(self._count)
 
     def delivered(
-        self, now: float, outside_s: float, pull_s: Callable[[], float], last: bool = False,
+        self,
+        now: float,
+        outside_s: float,
+        pull_s: Callable[[], float],
+        last: bool = False,
         may_inline: Callable[[], bool] | None = None,
-    ) -> str:  # fmt: skip
+    ) -> str:
         """After each delivered element (``last``: the end of the pass, after the last one):
         ``outside_s`` the consumer's time outside ``next()`` so far in this pass, ``pull_s()``
         the input's time per element since it was last asked; ``may_inline()``: whether the
@@ -306,7 +321,9 @@ class OverlapChoice:
             self._consumer_s = consumer_s
         measured = {mode: s for mode, (s, when) in self._measured.items() if now - when < STALE_S}
         # Inline, the consumer waits for each element's making.
-        return choose_overlap(self.mode, measured, pull_s + consumer_s, retry_thread=base is not None)
+        return choose_overlap(
+            self.mode, measured, pull_s + consumer_s, retry_thread=base is not None
+        )
 
 
 class PrefetchIterator(Iterator, Tunable):
@@ -327,8 +344,14 @@ class PrefetchIterator(Iterator, Tunable):
 
     tuning_role = BUFFER
 
-    def __init__(self, name: str, source: Iterator, depth: int, tunable: bool = False,
-                 learned: dict[str, Any] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        name: str,
+        source: Iterator,
+        depth: int,
+        tunable: bool = False,
+        learned: dict[str, Any] | None = None,
+    ) -> None:
         super().__init__(name, source)
         self._learned = learned if learned is not None else {}
         self._log = PositionLog(source)
@@ -336,8 +359,12 @@ class PrefetchIterator(Iterator, Tunable):
         self._knob: LiveKnob | None = None
         self._choice: OverlapChoice | None = None
         if tunable:
-            self._knob = LiveKnob(f"{name}.buffer_size", depth, 1, MAX_DEPTH, True, self._set_depth, immediate=True)
-            self._choice = self._learned.setdefault("choice", OverlapChoice(THREAD))  # with its windows
+            self._knob = LiveKnob(
+                f"{name}.buffer_size", depth, 1, MAX_DEPTH, True, self._set_depth, immediate=True
+            )
+            self._choice = self._learned.setdefault(
+                "choice", OverlapChoice(THREAD)
+            )  # with its windows
             self._choice.new_pass()
             self._below = _stages_below(source)
         self._thread: threading.Thread | None = None
@@ -394,7 +421,9 @@ class PrefetchIterator(Iterator, Tunable):
 
     def _start_thread(self) -> None:
         args = (self._log, self.buffer, self.stats, self._pulls)
-        self._thread = threading.Thread(target=_produce, args=args, name=f"torchpipe-{self.name}", daemon=True)
+        self._thread = threading.Thread(
+            target=_produce, args=args, name=f"torchpipe-{self.name}", daemon=True
+        )
         self._thread.start()
 
     def next(self) -> Any:
@@ -455,11 +484,20 @@ class PrefetchIterator(Iterator, Tunable):
         return not any(runs_ahead(stage) for stage in self._below)
 
     def _review(self) -> None:
-        assert self._choice is not None and self._returned is not None  # after an element, when choosing
+        assert (
+            self._choice is not None and self._returned is not None
+        )  # after an element, when choosing
         mode = self._choice.mode
-        verdict = self._choice.delivered(self._returned, self._outside_s, self._pulls.per_element,
-                                         self._done, self._nothing_ahead)  # fmt: skip
-        if verdict == mode or self._done:  # at the end of a pass: the next one starts in the new mode
+        verdict = self._choice.delivered(
+            self._returned,
+            self._outside_s,
+            self._pulls.per_element,
+            self._done,
+            self._nothing_ahead,
+        )
+        if (
+            verdict == mode or self._done
+        ):  # at the end of a pass: the next one starts in the new mode
             return
         if verdict == INLINE:
             self.buffer.pause()  # what the thread has made is delivered first, then the input comes here
@@ -467,7 +505,9 @@ class PrefetchIterator(Iterator, Tunable):
         if self._direct:
             self._direct = False
             self._log.rebase()  # the input moved on outside the log
-        if not self.buffer.resume() or self._thread is None:  # a pass that started inline has none yet
+        if (
+            not self.buffer.resume() or self._thread is None
+        ):  # a pass that started inline has none yet
             self._start_thread()
 
     def get_state(self) -> dict[str, Any]:

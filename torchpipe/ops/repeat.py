@@ -103,7 +103,11 @@ class RepeatIterator(Iterator):
                 if self._final is not None
                 else {self.REPETITION: self._repetition, self.INPUT: None, self.FRESH: self._fresh}
             )
-        return {self.REPETITION: self._repetition, self.INPUT: self._source.state_dict(), self.FRESH: self._fresh}
+        return {
+            self.REPETITION: self._repetition,
+            self.INPUT: self._source.state_dict(),
+            self.FRESH: self._fresh,
+        }
 
     def set_state(self, state: dict[str, Any]) -> None:
         check_state(self.name, state, self.REPETITION, self.INPUT, self.FRESH)
@@ -167,7 +171,9 @@ class ShuffleRepeatIterator(RepeatIterator):
         source = source_ctx.traced(self._node.inputs[0].build(source_ctx))
         seed = shuffle_ctx.op_seed(shuffle.seed, shuffle.reshuffle_each_iteration)
         if self._shuffler is None:
-            self._shuffler = shuffle_ctx.traced(ShuffleIterator(shuffle.kind, source, shuffle.buffer_size, seed))
+            self._shuffler = shuffle_ctx.traced(
+                ShuffleIterator(shuffle.kind, source, shuffle.buffer_size, seed)
+            )
         else:
             self._shuffler.rebind(source, seed)
         self.inputs = [self._shuffler]

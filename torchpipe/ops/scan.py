@@ -77,7 +77,9 @@ class ScanIterator(PassThroughIterator):
         self._seq = seq + 1
         result = self._fn(seq, self._state, element)
         if not isinstance(result, (tuple, list)) or len(result) != 2:
-            raise TypeError(f"{self.name}: fn must return (new_state, output), got {type(result).__name__}")
+            raise TypeError(
+                f"{self.name}: fn must return (new_state, output), got {type(result).__name__}"
+            )
         self._state, output = result
         return output
 

@@ -27,7 +27,9 @@ class ShuffleNode(Node):
     kind = "shuffle"
     reorders_only = True
 
-    def __init__(self, input: Node, buffer_size: int, seed: int | None, reshuffle_each_iteration: bool) -> None:
+    def __init__(
+        self, input: Node, buffer_size: int, seed: int | None, reshuffle_each_iteration: bool
+    ) -> None:
         super().__init__(input)
         self.buffer_size = int(buffer_size)
         self.seed = seed
@@ -109,7 +111,9 @@ class ShuffleIterator(Iterator):
         check_state(self.name, state, self.INPUT, self.BUFFER, self.RNG, self.INPUT_DONE)
         buffer, input_done = state[self.BUFFER], check_bool(self.name, state, self.INPUT_DONE)
         if not isinstance(buffer, list) or len(buffer) > self._capacity:
-            raise CheckpointError(f"{self.name}: state['buffer'] must be a list of at most {self._capacity} elements")
+            raise CheckpointError(
+                f"{self.name}: state['buffer'] must be a list of at most {self._capacity} elements"
+            )
         self._held.load(self.name, self.BUFFER, buffer, state.get(self.STRUCTURE))
         self._source.load_state_dict(state[self.INPUT])
         self._buffer = list(buffer)

@@ -44,7 +44,12 @@ from torchpipe.storage.saved_file import (
     write_manifest,
 )
 
-_POSITION, _TEMP, _OFFSET, _WRITTEN = "position", "temp", "offset", "written"  # CacheIterator's state keys
+_POSITION, _TEMP, _OFFSET, _WRITTEN = (
+    "position",
+    "temp",
+    "offset",
+    "written",
+)  # CacheIterator's state keys
 
 
 class SnapshotNode(CacheNode):
@@ -59,7 +64,9 @@ class SnapshotNode(CacheNode):
 
     kind = "snapshot"
 
-    def __init__(self, input: Node, path: str, compression: str | None, trusted: bool = False) -> None:
+    def __init__(
+        self, input: Node, path: str, compression: str | None, trusted: bool = False
+    ) -> None:
         Node.__init__(self, input)
         self.path = path
         self.compression = compression
@@ -74,7 +81,9 @@ class SnapshotNode(CacheNode):
 
 def snapshot_directory(root: str, upstream: list[str]) -> str:
     """Where the snapshot of the pipeline ``upstream`` (its fingerprint lines) lives under ``root``."""
-    return os.path.join(root, hashlib.sha1("\n".join(upstream).encode("utf-8", "surrogatepass")).hexdigest()[:16])
+    return os.path.join(
+        root, hashlib.sha1("\n".join(upstream).encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    )
 
 
 class SnapshotStorage:
@@ -89,7 +98,12 @@ class SnapshotStorage:
     """
 
     def __init__(
-        self, root: str, upstream: list[str], compression: str | None, total: int, trusted: bool = False
+        self,
+        root: str,
+        upstream: list[str],
+        compression: str | None,
+        total: int,
+        trusted: bool = False,
     ) -> None:
         self.root = root
         self.trusted = trusted
@@ -107,11 +121,16 @@ class SnapshotStorage:
         except FileNotFoundError:
             return None
         except SavedFormatError as e:
-            warnings.warn(f"snapshot {self.directory!r} is damaged ({e}); this pass computes its elements and "
-                          "writes it again", stacklevel=2)  # fmt: skip
+            warnings.warn(
+                f"snapshot {self.directory!r} is damaged ({e}); this pass computes its elements and "
+                "writes it again",
+                stacklevel=2,
+            )
             return None
         position = 0 if state is None else int(state[_POSITION])
-        if records.manifest["pipeline"] != self.upstream or (origin is not None and records.origin != origin):
+        if records.manifest["pipeline"] != self.upstream or (
+            origin is not None and records.origin != origin
+        ):
             return None
         return SnapshotReplay(records, position) if position <= len(records) else None
 
@@ -136,9 +155,17 @@ class SnapshotStorage:
         if lock is None:
             return None
         try:
-            resumed = {int(shard): ShardFile.resume(self.directory, shard_name(generation, int(shard)), int(offset),
-                                                    int(records), self.upstream, self.stage)
-                       for shard, offset, records in shards}  # fmt: skip
+            resumed = {
+                int(shard): ShardFile.resume(
+                    self.directory,
+                    shard_name(generation, int(shard)),
+                    int(offset),
+                    int(records),
+                    self.upstream,
+                    self.stage,
+                )
+                for shard, offset, records in shards
+            }
         except SavedFormatError:
             lock.close()
             return None
@@ -148,7 +175,10 @@ class SnapshotStorage:
 
     def _origin_of(self, resumed: dict[int, ShardFile], generation: str) -> Origin:
         for shard in resumed:
-            with open(os.path.join(self.directory, shard_name(generation, shard) + ".records" + PARTIAL), "rb") as f:
+            with open(
+                os.path.join(self.directory, shard_name(generation, shard) + ".records" + PARTIAL),
+                "rb",
+            ) as f:
                 return origin_of(read_header(f, f.name)[2]["origin"])
         return (0, 0, ())
 
@@ -168,9 +198,20 @@ class SnapshotStorage:
             return False
         return True
 
-    def _writers(self, generation: str, origin: Origin, resumed: dict[int, ShardFile], spec: Any) -> ShardWriters:
-        return ShardWriters(self.directory, generation, origin, self.upstream, self.compression, usable_cpu_count(),
-                            resumed, spec, self.stage)  # fmt: skip
+    def _writers(
+        self, generation: str, origin: Origin, resumed: dict[int, ShardFile], spec: Any
+    ) -> ShardWriters:
+        return ShardWriters(
+            self.directory,
+            generation,
+            origin,
+            self.upstream,
+            self.compression,
+            usable_cpu_count(),
+            resumed,
+            spec,
+            self.stage,
+        )
 
 
 class SnapshotReplay:
@@ -200,8 +241,15 @@ class SnapshotRecorder:
     It holds the snapshot's lock until it commits or is discarded (or its process dies).
     """
 
-    def __init__(self, storage: SnapshotStorage, lock: BinaryIO, writers: ShardWriters, generation: str,
-                 origin: Origin, count: int) -> None:  # fmt: skip
+    def __init__(
+        self,
+        storage: SnapshotStorage,
+        lock: BinaryIO,
+        writers: ShardWriters,
+        generation: str,
+        origin: Origin,
+        count: int,
+    ) -> None:
         self._storage = storage
         self._lock = lock
         self._writers = writers
@@ -210,7 +258,9 @@ class SnapshotRecorder:
         self._count = count
         self._shards = usable_cpu_count()
         self._bar = ProgressBar(storage.stage, storage.total, initial=count)
-        self._finalizer = weakref.finalize(self, _abandon, writers, storage.directory, generation, lock, self._bar)
+        self._finalizer = weakref.finalize(
+            self, _abandon, writers, storage.directory, generation, lock, self._bar
+        )
 
     def add(self, element: Any) -> None:
         self._writers.add(self._count % self._shards, self._count, element)
@@ -221,16 +271,30 @@ class SnapshotRecorder:
         # Flushed so that a process killed after this checkpoint can still resume the snapshot. The
         # shards' positions are a list, not a dict: a state keeps its nested keys in every mode.
         self._writers.drain(sync=False)
-        shards = [[shard, offset, records] for shard, (offset, records) in sorted(self._writers.positions().items())]
-        return {_TEMP: self._generation, _OFFSET: [shards, self._writers.spec], _WRITTEN: self._count}
+        shards = [
+            [shard, offset, records]
+            for shard, (offset, records) in sorted(self._writers.positions().items())
+        ]
+        return {
+            _TEMP: self._generation,
+            _OFFSET: [shards, self._writers.spec],
+            _WRITTEN: self._count,
+        }
 
     def commit(self) -> None:
         """Finish the shards and publish the manifest; the lock is then released."""
         entries = self._writers.finish()
-        manifest = {"format": FORMAT, "version": FORMAT_VERSION, "generation": self._generation,
-                    "count": self._count, "compression": self._storage.compression,
-                    "element_spec": self._writers.spec, "pipeline": self._storage.upstream,
-                    "origin": [self._origin[0], self._origin[1], list(self._origin[2])], "shards": entries}  # fmt: skip
+        manifest = {
+            "format": FORMAT,
+            "version": FORMAT_VERSION,
+            "generation": self._generation,
+            "count": self._count,
+            "compression": self._storage.compression,
+            "element_spec": self._writers.spec,
+            "pipeline": self._storage.upstream,
+            "origin": [self._origin[0], self._origin[1], list(self._origin[2])],
+            "shards": entries,
+        }
         write_manifest(self._storage.directory, manifest, self._storage.stage)
         self._finalizer.detach()
         remove_files(self._storage.directory, self._generation)
@@ -242,9 +306,13 @@ class SnapshotRecorder:
         self._finalizer()
 
 
-def _abandon(writers: ShardWriters, directory: str, generation: str, lock: BinaryIO, bar: ProgressBar) -> None:
+def _abandon(
+    writers: ShardWriters, directory: str, generation: str, lock: BinaryIO, bar: ProgressBar
+) -> None:
     writers.close()
-    for name in os.listdir(directory):  # shards finished before a failed commit too: no manifest names them
+    for name in os.listdir(
+        directory
+    ):  # shards finished before a failed commit too: no manifest names them
         if name.startswith(f"shard-{generation}-"):
             with contextlib.suppress(OSError):
                 os.remove(os.path.join(directory, name))

@@ -96,8 +96,12 @@ class DatasetFetch:
 
     def __init__(self, dataset: Any) -> None:
         self.dataset = dataset
-        self.stage = getattr(dataset, "torchpipe_stage", None) or f"from_dataset({type(dataset).__name__})"
-        self.getitems = getattr(dataset, "__getitems__", None)  # torch's batched fetch, where it has one
+        self.stage = (
+            getattr(dataset, "torchpipe_stage", None) or f"from_dataset({type(dataset).__name__})"
+        )
+        self.getitems = getattr(
+            dataset, "__getitems__", None
+        )  # torch's batched fetch, where it has one
 
     def __call__(self, index: int) -> Any:
         try:
@@ -114,7 +118,10 @@ class DatasetFetch:
             return list(self.getitems(indices))
         except Exception as e:
             shown = ", ".join(map(str, indices[:8])) + (", ..." if len(indices) > 8 else "")
-            add_note(e, f"raised in torchpipe stage {self.stage} at one of indices [{shown}] (__getitems__)")
+            add_note(
+                e,
+                f"raised in torchpipe stage {self.stage} at one of indices [{shown}] (__getitems__)",
+            )
             raise
 
 
@@ -281,7 +288,11 @@ class FromIterableNode(Node):
         self.source = source
 
     def params(self) -> dict[str, Any]:
-        return {"source": function_name(self.source) if callable(self.source) else Symbol(type(self.source).__name__)}
+        return {
+            "source": function_name(self.source)
+            if callable(self.source)
+            else Symbol(type(self.source).__name__)
+        }
 
     def cardinality(self) -> int:
         if not callable(self.source) and isinstance(self.source, Sized):
@@ -308,7 +319,9 @@ class IterableIterator(Iterator):
         try:
             self._iterator = iter(made)
         except TypeError as e:
-            raise TypeError(f"{self.name}: the callable must return an iterable, got {type(made).__name__}") from e
+            raise TypeError(
+                f"{self.name}: the callable must return an iterable, got {type(made).__name__}"
+            ) from e
         for i in builtins.range(self._consumed):
             try:
                 next(self._iterator)

@@ -26,7 +26,9 @@ class WindowNode(Node):
 
     kind = "window"
 
-    def __init__(self, input: Node, size: int, shift: int, stride: int, drop_remainder: bool) -> None:
+    def __init__(
+        self, input: Node, size: int, shift: int, stride: int, drop_remainder: bool
+    ) -> None:
         super().__init__(input)
         self.size = size
         self.shift = shift
@@ -34,7 +36,12 @@ class WindowNode(Node):
         self.drop_remainder = drop_remainder
 
     def params(self) -> dict[str, Any]:
-        return {"size": self.size, "shift": self.shift, "stride": self.stride, "drop_remainder": self.drop_remainder}
+        return {
+            "size": self.size,
+            "shift": self.shift,
+            "stride": self.stride,
+            "drop_remainder": self.drop_remainder,
+        }
 
     def cardinality(self) -> int:
         n = self.inputs[0].cardinality()
@@ -47,7 +54,9 @@ class WindowNode(Node):
 
     def build(self, ctx: BuildContext) -> Iterator:
         source = ctx.build_input(self)
-        return WindowIterator(self.kind, source, self.size, self.shift, self.stride, self.drop_remainder)
+        return WindowIterator(
+            self.kind, source, self.size, self.shift, self.stride, self.drop_remainder
+        )
 
 
 class WindowIterator(Iterator):
@@ -66,9 +75,17 @@ class WindowIterator(Iterator):
         size, shift, stride, drop_remainder: as :class:`WindowNode`'s.
     """
 
-    INPUT, BUFFER, SKIP, INPUT_DONE, STRUCTURE = "input", "buffer", "skip", "input_done", "structure"
+    INPUT, BUFFER, SKIP, INPUT_DONE, STRUCTURE = (
+        "input",
+        "buffer",
+        "skip",
+        "input_done",
+        "structure",
+    )
 
-    def __init__(self, name: str, source: Iterator, size: int, shift: int, stride: int, drop_remainder: bool) -> None:
+    def __init__(
+        self, name: str, source: Iterator, size: int, shift: int, stride: int, drop_remainder: bool
+    ) -> None:
         super().__init__(name, source)
         self._source = source
         self._span = (size - 1) * stride + 1
@@ -120,15 +137,25 @@ class WindowIterator(Iterator):
         }
 
     def set_state(self, state: dict[str, Any]) -> None:
-        check_state(self.name, state, self.INPUT, self.BUFFER, self.SKIP, self.INPUT_DONE, self.STRUCTURE)
+        check_state(
+            self.name, state, self.INPUT, self.BUFFER, self.SKIP, self.INPUT_DONE, self.STRUCTURE
+        )
         buffer, input_done = state[self.BUFFER], check_bool(self.name, state, self.INPUT_DONE)
-        skip = check_int(self.name, state, self.SKIP, minimum=0, maximum=max(self._shift - self._span, 0))
+        skip = check_int(
+            self.name, state, self.SKIP, minimum=0, maximum=max(self._shift - self._span, 0)
+        )
         if not isinstance(buffer, list) or len(buffer) > self._span or (skip and buffer):
-            raise CheckpointError(f"{self.name}: state['buffer'] must be a list of at most {self._span} elements, "
-                                  "empty while input elements are to be skipped")  # fmt: skip
+            raise CheckpointError(
+                f"{self.name}: state['buffer'] must be a list of at most {self._span} elements, "
+                "empty while input elements are to be skipped"
+            )
         structure = state[self.STRUCTURE]
-        if structure is None and buffer:  # a state this op made records the structure of what it holds
-            raise CheckpointError(f"{self.name}: state['structure'] is None but the buffer holds elements")
+        if (
+            structure is None and buffer
+        ):  # a state this op made records the structure of what it holds
+            raise CheckpointError(
+                f"{self.name}: state['structure'] is None but the buffer holds elements"
+            )
         self._held.load(self.name, self.BUFFER, buffer, structure)
         self._source.load_state_dict(state[self.INPUT])
         self._buffer, self._skip, self._input_done = list(buffer), skip, input_done

@@ -60,11 +60,15 @@ def one_intra_op_thread() -> None:
     import torch
 
     with _INTRA_OP_LOCK:
-        default = torch.get_num_threads()  # also runs torch's per-thread setup, which would reset it later
+        default = (
+            torch.get_num_threads()
+        )  # also runs torch's per-thread setup, which would reset it later
         if default == 1:
             return
         torch.set_num_threads(1)
-        restore = threading.Thread(target=torch.set_num_threads, args=(default,), name="torchpipe-intra-op")
+        restore = threading.Thread(
+            target=torch.set_num_threads, args=(default,), name="torchpipe-intra-op"
+        )
         restore.start()
         restore.join()
 
@@ -100,7 +104,14 @@ def voluntary_switches(pid: int) -> int:
     where unreadable."""
     try:
         with open(f"/proc/{pid}/status", "rb") as f:
-            return next((int(line.split()[1]) for line in f if line.startswith(b"voluntary_ctxt_switches:")), 0)
+            return next(
+                (
+                    int(line.split()[1])
+                    for line in f
+                    if line.startswith(b"voluntary_ctxt_switches:")
+                ),
+                0,
+            )
     except (OSError, ValueError):
         return 0
 

@@ -71,7 +71,9 @@ class Dispatcher:
         self._order.append(seq)
         self._done[seq] = (value, error)
 
-    def take(self, in_order: bool = True, deadline: float | None = None) -> tuple[int, Any, BaseException | None]:
+    def take(
+        self, in_order: bool = True, deadline: float | None = None
+    ) -> tuple[int, Any, BaseException | None]:
         """The next result, ``(seq, value, error)``: the oldest task's when ``in_order``, else any
         finished one, waiting for it in bounded steps.
 
@@ -123,10 +125,16 @@ class Dispatcher:
         count = 0
         waiter = self._waiter()
         for executor, _ in self._draining:
-            count += self._gather(executor.collect(timeout if executor is waiter and not count else 0.0))
-        count += self._gather(self.executor.collect(timeout if self.executor is waiter and not count else 0.0))
+            count += self._gather(
+                executor.collect(timeout if executor is waiter and not count else 0.0)
+            )
+        count += self._gather(
+            self.executor.collect(timeout if self.executor is waiter and not count else 0.0)
+        )
         if self._draining:
-            self._draining = [(e, retire) for e, retire in self._draining if not self._retire(e, retire)]
+            self._draining = [
+                (e, retire) for e, retire in self._draining if not self._retire(e, retire)
+            ]
         self.wait_s += time.perf_counter() - t0
         return count
 
@@ -167,7 +175,9 @@ class Dispatcher:
         out = self._sent.seqs()
         if any(self.executor.holds(seq) for seq in out):
             return self.executor
-        return next((e for e, _ in self._draining if any(e.holds(seq) for seq in out)), self.executor)
+        return next(
+            (e for e, _ in self._draining if any(e.holds(seq) for seq in out)), self.executor
+        )
 
     def _gather(self, results: list[tuple[int, Any, BaseException | None]]) -> int:
         count = 0

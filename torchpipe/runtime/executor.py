@@ -70,7 +70,9 @@ class InlineExecutor:
     capacity = 1
     size = 0
 
-    def __init__(self, handler: Callable[[int, Any], Any], timing: CallTiming | None = None) -> None:
+    def __init__(
+        self, handler: Callable[[int, Any], Any], timing: CallTiming | None = None
+    ) -> None:
         self._handler = handler
         self._results: list[Result] = []
         self.timing = timing if timing is not None else CallTiming()
@@ -117,7 +119,11 @@ class ThreadExecutor:
     """
 
     def __init__(
-        self, handler: Callable[[int, Any], Any], size: int, name: str, timing: CallTiming | None = None
+        self,
+        handler: Callable[[int, Any], Any],
+        size: int,
+        name: str,
+        timing: CallTiming | None = None,
     ) -> None:
         self._handler = handler
         self._pool = ThreadPool(size, name)

@@ -30,7 +30,9 @@ def watch() -> None:
 
         def hook(unraisable: Any) -> None:
             global _dropped
-            if isinstance(unraisable.exc_type, type) and issubclass(unraisable.exc_type, KeyboardInterrupt):
+            if isinstance(unraisable.exc_type, type) and issubclass(
+                unraisable.exc_type, KeyboardInterrupt
+            ):
                 _dropped = True
             previous(unraisable)
 

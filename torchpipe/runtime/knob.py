@@ -21,8 +21,16 @@ class LiveKnob:
         immediate: ``apply`` is safe from any thread.
     """
 
-    def __init__(self, name: str, value: int, minimum: int, maximum: int, is_buffer: bool,
-                 apply: Callable[[int], None], immediate: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self,
+        name: str,
+        value: int,
+        minimum: int,
+        maximum: int,
+        is_buffer: bool,
+        apply: Callable[[int], None],
+        immediate: bool = False,
+    ) -> None:
         self.name = name
         self._value = value
         self.minimum = minimum
@@ -33,7 +41,9 @@ class LiveKnob:
         self._pending: int | None = None
         self._lock = threading.Lock()
         self.moves = 0  # times its owner moved the calls to another executor (:meth:`moved`)
-        self.trace: Callable[[str, float], None] | None = None  # a traced pass's counter of knob values
+        self.trace: Callable[[str, float], None] | None = (
+            None  # a traced pass's counter of knob values
+        )
 
     @property
     def value(self) -> int:
@@ -44,7 +54,9 @@ class LiveKnob:
     def value(self, value: int) -> None:
         changed = value != self._value
         self._value = value
-        if changed and self.trace is not None:  # a traced pass sees every change, the tuner's or a move's
+        if (
+            changed and self.trace is not None
+        ):  # a traced pass sees every change, the tuner's or a move's
             self.trace(self.name, value)
 
     def moved(self, value: int) -> None:

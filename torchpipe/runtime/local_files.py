@@ -30,7 +30,10 @@ class ProcessLocalFiles:
             return fd
         with self._lock:
             if self._pid != os.getpid():
-                self._pid, self._fds = os.getpid(), {}  # inherited descriptors stay the parent's to close
+                self._pid, self._fds = (
+                    os.getpid(),
+                    {},
+                )  # inherited descriptors stay the parent's to close
             if key not in self._fds:
                 self._fds[key] = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
             return self._fds[key]

@@ -73,22 +73,30 @@ class RecycledStack:
     resized (as with tensors made by ``torch.from_numpy``).
     """
 
-    def __init__(self, min_bytes: int = MIN_BYTES, place_bytes: int = PLACE_BYTES, keep: int = KEEP) -> None:
+    def __init__(
+        self, min_bytes: int = MIN_BYTES, place_bytes: int = PLACE_BYTES, keep: int = KEEP
+    ) -> None:
         self._min_bytes = min_bytes
         self.place_bytes = place_bytes
         self._keep = keep
         self._free: dict[int, list[bytearray]] = defaultdict(list)
-        self._lock = ForkSafeLock()  # a buffer given back in a forked worker finds the pool unlocked
+        self._lock = (
+            ForkSafeLock()
+        )  # a buffer given back in a forked worker finds the pool unlocked
         self._local = threading.local()  # the batch this thread is placing rows of
         self.reused = 0  # lends of a buffer given back earlier (memory already faulted in)
-        self._unplaced = 0  # batches since one whose first element had nothing to place (0: placing)
+        self._unplaced = (
+            0  # batches since one whose first element had nothing to place (0: placing)
+        )
 
     def __call__(self, tensors: list[torch.Tensor] | tuple[torch.Tensor, ...]) -> torch.Tensor:
         rows: BatchRows | None = getattr(self._local, "rows", None)
         placed = rows.placed(tensors) if rows is not None else None
         if placed is not None:
             return placed
-        out = None if any(t.requires_grad for t in tensors) else self.empty(tensors[0], len(tensors))
+        out = (
+            None if any(t.requires_grad for t in tensors) else self.empty(tensors[0], len(tensors))
+        )
         if out is None:
             return torch.stack(tensors)  # also what reports a mismatch of shapes, dtypes or devices
         torch.stack(tensors, out=out)
@@ -189,7 +197,9 @@ class BatchRows:
             self._placing = any(out is not None for out in self._outs)
         if len(leaves) != len(self._outs):
             return element
-        if lent:  # rows written in place: what reads another row is copied out before any is written
+        if (
+            lent
+        ):  # rows written in place: what reads another row is copied out before any is written
             leaves = [_own(leaf, out, j, self._outs) for leaf, out in zip(leaves, self._outs)]
         placed = False
         for k, (leaf, out) in enumerate(zip(leaves, self._outs)):
@@ -204,7 +214,12 @@ class BatchRows:
         """:func:`batch_row` for this batch."""
         j = self._next
         for k, out in enumerate(self._outs or ()):
-            if out is not None and k not in self._lent and out.shape[1:] == shape and out.dtype == dtype:
+            if (
+                out is not None
+                and k not in self._lent
+                and out.shape[1:] == shape
+                and out.dtype == dtype
+            ):
                 if j >= len(out):
                     return None
                 self._lent.append(k)
@@ -214,24 +229,36 @@ class BatchRows:
     def placed(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor | None:
         """The batch, if ``tensors`` are its first rows in order."""
         first = tensors[0]
-        out = next((o for o in self._outs or () if o is not None and o.data_ptr() == first.data_ptr()), None)
+        out = next(
+            (o for o in self._outs or () if o is not None and o.data_ptr() == first.data_ptr()),
+            None,
+        )
         if out is None or len(tensors) > len(out):
             return None
         row_bytes = out.stride(0) * out.element_size()
         start = out.data_ptr()
         for j, t in enumerate(tensors):
-            if t.data_ptr() != start + j * row_bytes or t.shape != out.shape[1:] or t.dtype != out.dtype:
+            if (
+                t.data_ptr() != start + j * row_bytes
+                or t.shape != out.shape[1:]
+                or t.dtype != out.dtype
+            ):
                 return None
         return out if len(tensors) == len(out) else out[: len(tensors)]
 
     def _large(self, leaf: Any) -> bool:
-        return type(leaf) is torch.Tensor and leaf.numel() * leaf.element_size() >= self._memory.place_bytes
+        return (
+            type(leaf) is torch.Tensor
+            and leaf.numel() * leaf.element_size() >= self._memory.place_bytes
+        )
 
     def _prepare(self, element: Any, leaves: list[Any]) -> list[torch.Tensor | None]:
         if type(nest.pack_as(element, leaves)) is not type(element):
             return [None] * len(leaves)  # a container nest cannot rebuild: leave the elements alone
         return [
-            self._memory.empty(leaf, self._size) if self._large(leaf) and not leaf.requires_grad else None
+            self._memory.empty(leaf, self._size)
+            if self._large(leaf) and not leaf.requires_grad
+            else None
             for leaf in leaves
         ]
 

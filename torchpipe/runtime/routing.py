@@ -80,7 +80,12 @@ class TaskRouter:
         kept: deque[Task] = deque()
         for task in self._queued:
             worker = _pick(task, by_slot, ready, load, slot_of)
-            if worker is None or not worker.ready or load[id(worker)] >= limit or _blocked(task, blocked):
+            if (
+                worker is None
+                or not worker.ready
+                or load[id(worker)] >= limit
+                or _blocked(task, blocked)
+            ):
                 if task.slot is not None:
                     blocked.add(task.slot)  # later tasks of the slot wait too, to keep its order
                 kept.append(task)
@@ -95,7 +100,9 @@ class TaskRouter:
         every queued task with a later sequence number: they were due first."""
         queued = list(self._queued)
         for task in sorted(tasks, key=lambda t: t.seq):
-            at = next((i for i, waiting in enumerate(queued) if waiting.seq > task.seq), len(queued))
+            at = next(
+                (i for i, waiting in enumerate(queued) if waiting.seq > task.seq), len(queued)
+            )
             queued.insert(at, task)
         self._queued = deque(queued)
 
@@ -117,8 +124,13 @@ def _blocked(task: Task, blocked: set[int]) -> bool:
     return task.slot is not None and task.slot in blocked
 
 
-def _pick(task: Task, by_slot: dict[int, W], ready: list[W], load: dict[int, int],
-          slot_of: Callable[[int], int] | None) -> W | None:  # fmt: skip
+def _pick(
+    task: Task,
+    by_slot: dict[int, W],
+    ready: list[W],
+    load: dict[int, int],
+    slot_of: Callable[[int], int] | None,
+) -> W | None:
     """The worker for ``task``: its slot's, its preferred slot's while that has one, else the
     ready one with the fewest tasks in flight (None: it waits)."""
     if task.slot is not None:

@@ -77,5 +77,7 @@ class StallWatch:
         raise StallError(
             f"{self.stage}: {self._label} {seq} has been running for {waited:.0f} s on {place} "
             f"(the limit is tp.Options(stall_timeout={self.stall_s:g}); None turns the check off)",
-            stage=self.stage, seq=seq, where=place,
-        )  # fmt: skip
+            stage=self.stage,
+            seq=seq,
+            where=place,
+        )

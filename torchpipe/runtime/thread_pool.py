@@ -57,7 +57,10 @@ class ThreadPool:
             raise ValueError(f"thread pool size must be >= 1, got {size}")
         for i in range(self._size, size):
             thread = threading.Thread(
-                target=_work, args=(self._tasks, self._stopped), name=f"{self._name}-{i}", daemon=True
+                target=_work,
+                args=(self._tasks, self._stopped),
+                name=f"{self._name}-{i}",
+                daemon=True,
             )
             thread.start()
             self._threads.append(thread)

@@ -39,8 +39,17 @@ class CallTiming:
         self.items = 0
         self.trace: CallTracer | None = None  # set when the pass is traced (Options(trace=...))
 
-    def add(self, wall_s: float, cpu_s: float, calls: int = 1, items: int = 0, start: float | None = None,
-            where: str | None = None, pid: int | None = None, delay_s: float = 0.0) -> None:  # fmt: skip
+    def add(
+        self,
+        wall_s: float,
+        cpu_s: float,
+        calls: int = 1,
+        items: int = 0,
+        start: float | None = None,
+        where: str | None = None,
+        pid: int | None = None,
+        delay_s: float = 0.0,
+    ) -> None:
         """Count calls that took ``wall_s`` and ``cpu_s`` seconds in all, ``delay_s`` of them
         waiting for a core.
 
@@ -140,7 +149,10 @@ class SampledCalls:
             else:
                 self._skip -= 1
                 if wall_s >= SAMPLED_BELOW_S:
-                    self._skip, self._weight = 0, 1  # dear now: the next call is read, and counts once
+                    self._skip, self._weight = (
+                        0,
+                        1,
+                    )  # dear now: the next call is read, and counts once
 
     def _add(self, cpu_s: float, wall_s: float) -> None:
         """Add the calls since the last added, and choose the next call to read."""

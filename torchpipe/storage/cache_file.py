@@ -76,7 +76,9 @@ def origin_of(value: Any) -> Origin:
 
 
 def file_header(origin: Origin, upstream: list[str]) -> bytes:
-    meta = json.dumps({"origin": [origin[0], origin[1], list(origin[2])], "pipeline": upstream}).encode()
+    meta = json.dumps(
+        {"origin": [origin[0], origin[1], list(origin[2])], "pipeline": upstream}
+    ).encode()
     return _HEADER.pack(MAGIC, VERSION, len(meta)) + meta
 
 
@@ -90,7 +92,9 @@ def read_header(file: BinaryIO, path: str) -> tuple[int, int, dict[str, Any]]:
     if magic != MAGIC:
         raise CacheFormatError(f"{path!r} is not a torchpipe cache file (bad magic {magic!r})")
     if version > VERSION:
-        raise CacheFormatError(f"cache file {path!r} has format version {version}, from a newer torchpipe")
+        raise CacheFormatError(
+            f"cache file {path!r} has format version {version}, from a newer torchpipe"
+        )
     if version < VERSION:
         return version, _HEADER.size + meta_len, {}
     try:
@@ -166,8 +170,15 @@ class CacheWriter:
 
     TEMP, OFFSET, WRITTEN = "temp", "offset", "written"
 
-    def __init__(self, pending: PendingFile, start: int, offset: int, count: int, upstream: list[str],
-                 total: int | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        pending: PendingFile,
+        start: int,
+        offset: int,
+        count: int,
+        upstream: list[str],
+        total: int | None = None,
+    ) -> None:
         self.path, self.temp = pending.path, pending.temp
         self._pending = pending
         self._start = start  # offset of the first record
@@ -178,7 +189,9 @@ class CacheWriter:
         self._finalizer = weakref.finalize(self, _remove_temp, pending, self.bar)
 
     @classmethod
-    def create(cls, path: str, origin: Origin, upstream: list[str], total: int | None = None) -> CacheWriter:
+    def create(
+        cls, path: str, origin: Origin, upstream: list[str], total: int | None = None
+    ) -> CacheWriter:
         """A writer of a new temporary file next to ``path``.
 
         Raises:
@@ -190,19 +203,26 @@ class CacheWriter:
             pending = PendingFile.create(path, f"cache({path})", buffering=_IO_BUFFER)
         except FileNotFoundError as e:
             folder = os.path.dirname(os.path.abspath(path))
-            raise FileNotFoundError(f"cannot write cache file {path!r}: directory {folder!r} does not exist") from e
+            raise FileNotFoundError(
+                f"cannot write cache file {path!r}: directory {folder!r} does not exist"
+            ) from e
         except PermissionError as e:
             folder = os.path.dirname(os.path.abspath(path))
-            raise PermissionError(f"cannot write cache file {path!r}: directory {folder!r} is not writable") from e
+            raise PermissionError(
+                f"cannot write cache file {path!r}: directory {folder!r} is not writable"
+            ) from e
         try_lock(pending.file)
         header = file_header(origin, upstream)
-        writer = cls(pending, len(header), len(header), 0, upstream, total)  # from here on, it removes its file
+        writer = cls(
+            pending, len(header), len(header), 0, upstream, total
+        )  # from here on, it removes its file
         pending.write(header)
         return writer
 
     @classmethod
-    def resume(cls, path: str, state: dict[str, Any], upstream: list[str],
-               total: int | None = None) -> CacheWriter | None:  # fmt: skip
+    def resume(
+        cls, path: str, state: dict[str, Any], upstream: list[str], total: int | None = None
+    ) -> CacheWriter | None:
         """Reopen an interrupted pass's temporary file at its checkpoint, or None if unusable."""
         if not isinstance(state[cls.TEMP], str):
             return None
@@ -213,8 +233,12 @@ class CacheWriter:
             return None
         try:
             version, start, meta = read_header(file, temp)
-            usable = (version == VERSION and meta["pipeline"] == upstream
-                      and start <= offset <= os.fstat(file.fileno()).st_size and try_lock(file))  # fmt: skip
+            usable = (
+                version == VERSION
+                and meta["pipeline"] == upstream
+                and start <= offset <= os.fstat(file.fileno()).st_size
+                and try_lock(file)
+            )
         except CacheFormatError:
             usable = False
         if not usable:
@@ -222,7 +246,14 @@ class CacheWriter:
             return None
         file.truncate(offset)
         file.seek(offset)
-        return cls(PendingFile(file, temp, path, f"cache({path})", offset), start, offset, count, upstream, total)
+        return cls(
+            PendingFile(file, temp, path, f"cache({path})", offset),
+            start,
+            offset,
+            count,
+            upstream,
+            total,
+        )
 
     def add(self, element: Any) -> None:
         payload = codec.encode_bytes(element)
@@ -328,7 +359,9 @@ class CacheReader:
         if record_crc(index, payload) != crc:
             raise self._fail(f"record {self.position} fails its checksum")
         if index != self.position:
-            raise self._fail(f"record {index} is where record {self.position} belongs (records out of order)")
+            raise self._fail(
+                f"record {index} is where record {self.position} belongs (records out of order)"
+            )
         try:
             element = codec.decode_bytes(payload, restricted=not self.trusted)
         except UntrustedTypeError as e:
@@ -363,18 +396,24 @@ class FileStorage:
         trusted: read records with full pickle (see :class:`CacheReader`).
     """
 
-    def __init__(self, path: str, upstream: list[str], total: int | None = None, trusted: bool = False) -> None:
+    def __init__(
+        self, path: str, upstream: list[str], total: int | None = None, trusted: bool = False
+    ) -> None:
         self.path = path
         self.upstream = upstream
         self.total = total
         self.trusted = trusted
-        self._safe_globals = SafeGlobals()  # pickled with the storage, it allows in workers what is allowed here
+        self._safe_globals = (
+            SafeGlobals()
+        )  # pickled with the storage, it allows in workers what is allowed here
 
     def replay(self, origin: Origin | None, state: dict[str, Any] | None) -> CacheReader | None:
         """A reader of the file at ``state``'s position (if it was filled by ``origin``'s pass),
         or None: no file, another pass's, or a stale one (with a :class:`StaleCacheWarning`)."""
         if os.path.isdir(self.path):
-            raise IsADirectoryError(f"cache path {self.path!r} is a directory; expected a file name")
+            raise IsADirectoryError(
+                f"cache path {self.path!r} is a directory; expected a file name"
+            )
         try:
             reader = CacheReader(self.path, self.trusted)
         except FileNotFoundError:
@@ -386,8 +425,11 @@ class FileStorage:
         if not usable:
             reader.close()
             if stale is not None:
-                warnings.warn(f"{stale}; this pass rebuilds it and replaces it when it completes", StaleCacheWarning,
-                              stacklevel=2)  # fmt: skip
+                warnings.warn(
+                    f"{stale}; this pass rebuilds it and replaces it when it completes",
+                    StaleCacheWarning,
+                    stacklevel=2,
+                )
             return None
         remove_stale_temps(self.path)
         return reader
@@ -398,7 +440,11 @@ class FileStorage:
         if reader.upstream == self.upstream:
             return None
         saved, mine = reader.upstream, self.upstream
-        changes = [f"op {i} was {old}, now {new}" for i, (old, new) in enumerate(zip(saved, mine)) if old != new]
+        changes = [
+            f"op {i} was {old}, now {new}"
+            for i, (old, new) in enumerate(zip(saved, mine))
+            if old != new
+        ]
         if len(saved) != len(mine) or not changes:
             changes = [f"ops {saved} vs {mine}"]
         return f"cache file {self.path!r} was written by another pipeline above the cache: {'; '.join(changes)}"

@@ -19,28 +19,50 @@ import torch
 
 from torchpipe import nest
 
-_SCALARS = {bool: "bool", int: "int", float: "float", complex: "complex", str: "str", bytes: "bytes",
-            type(None): "none"}  # fmt: skip
+_SCALARS = {
+    bool: "bool",
+    int: "int",
+    float: "float",
+    complex: "complex",
+    str: "str",
+    bytes: "bytes",
+    type(None): "none",
+}
 ANY = {"kind": "any"}
 
 
 def element_spec(element: Any) -> dict[str, Any]:
     """A JSON-ready description of ``element``'s structure, dtypes and shapes."""
     if isinstance(element, torch.Tensor):
-        return {"kind": "tensor", "dtype": str(element.dtype).removeprefix("torch."), "shape": list(element.shape)}
+        return {
+            "kind": "tensor",
+            "dtype": str(element.dtype).removeprefix("torch."),
+            "shape": list(element.shape),
+        }
     if isinstance(element, np.ndarray):
         return {"kind": "ndarray", "dtype": element.dtype.str, "shape": list(element.shape)}
     if type(element) in _SCALARS:
         return {"kind": _SCALARS[type(element)]}
     if nest.is_namedtuple(element):
-        return {"kind": "namedtuple", "type": _type_name(element), "fields": list(element._fields),
-                "items": [element_spec(x) for x in element]}  # fmt: skip
+        return {
+            "kind": "namedtuple",
+            "type": _type_name(element),
+            "fields": list(element._fields),
+            "items": [element_spec(x) for x in element],
+        }
     if isinstance(element, Mapping):
-        return {"kind": "dict", "keys": [k if isinstance(k, str) else repr(k) for k in element],
-                "items": [element_spec(x) for x in element.values()]}  # fmt: skip
+        return {
+            "kind": "dict",
+            "keys": [k if isinstance(k, str) else repr(k) for k in element],
+            "items": [element_spec(x) for x in element.values()],
+        }
     if isinstance(element, (tuple, list)):
-        return {"kind": type(element).__name__ if type(element) in (tuple, list) else _type_name(element),
-                "items": [element_spec(x) for x in element]}  # fmt: skip
+        return {
+            "kind": type(element).__name__
+            if type(element) in (tuple, list)
+            else _type_name(element),
+            "items": [element_spec(x) for x in element],
+        }
     return {"kind": "object", "type": _type_name(element)}
 
 
@@ -60,8 +82,12 @@ def merge_specs(a: dict[str, Any] | None, b: dict[str, Any] | None) -> dict[str,
         return dict(ANY)
     merged = dict(a)
     if "shape" in a:
-        same_rank = a["shape"] is not None and b["shape"] is not None and len(a["shape"]) == len(b["shape"])
-        merged["shape"] = [x if x == y else None for x, y in zip(a["shape"], b["shape"])] if same_rank else None
+        same_rank = (
+            a["shape"] is not None and b["shape"] is not None and len(a["shape"]) == len(b["shape"])
+        )
+        merged["shape"] = (
+            [x if x == y else None for x, y in zip(a["shape"], b["shape"])] if same_rank else None
+        )
     if "items" in a:
         if a["items"] is None or b["items"] is None or len(a["items"]) != len(b["items"]):
             merged["items"] = None

@@ -51,7 +51,9 @@ def describe_op(node: Node, code: bool = False) -> str:
     params = element_params(node)
     if not node.inputs and "len" not in params and node.cardinality() not in (INFINITE, UNKNOWN):
         params["len"] = node.cardinality()
-    body = ", ".join(f"{key}={_short(describe_value(value, code))}" for key, value in params.items())
+    body = ", ".join(
+        f"{key}={_short(describe_value(value, code))}" for key, value in params.items()
+    )
     return f"{node.kind}({body})"
 
 
@@ -78,7 +80,13 @@ def describe_value(value: Any, code: bool = False) -> str:
     if isinstance(value, (set, frozenset)):
         return "{" + ", ".join(sorted(describe_value(v, code) for v in value)) + "}"
     if isinstance(value, dict):
-        return "{" + ", ".join(f"{describe_value(k, code)}: {describe_value(v, code)}" for k, v in value.items()) + "}"
+        return (
+            "{"
+            + ", ".join(
+                f"{describe_value(k, code)}: {describe_value(v, code)}" for k, v in value.items()
+            )
+            + "}"
+        )
     if isinstance(value, (torch.Tensor, np.ndarray)):
         return _describe_array(value)
     if isinstance(value, np.generic):  # a numpy scalar is plain data too
@@ -86,7 +94,11 @@ def describe_value(value: Any, code: bool = False) -> str:
     if isinstance(value, type):
         return value.__qualname__
     if callable(value):
-        return f"{function_name(value)}#{function_digest(value)}" if code else str(function_name(value))
+        return (
+            f"{function_name(value)}#{function_digest(value)}"
+            if code
+            else str(function_name(value))
+        )
     return type(value).__qualname__
 
 
@@ -123,7 +135,9 @@ def _function_parts(fn: Any, depth: int, seen: set[int]) -> Iterator[str]:
     if not isinstance(code, types.CodeType):
         call = getattr(type(fn), "__call__", None)  # noqa: B004 - its code is fingerprinted
         yield f"{type(fn).__module__}.{type(fn).__qualname__}"
-        if isinstance(call, types.FunctionType):  # a callable object: its class's __call__, its attributes
+        if isinstance(
+            call, types.FunctionType
+        ):  # a callable object: its class's __call__, its attributes
             yield from _function_parts(call, depth + 1, seen)
             for name, value in sorted(getattr(fn, "__dict__", {}).items()):
                 yield name
@@ -146,9 +160,13 @@ def _function_parts(fn: Any, depth: int, seen: set[int]) -> Iterator[str]:
         if isinstance(found, types.FunctionType) and found.__module__ == fn.__module__:
             yield name
             yield from _function_parts(found, depth + 1, seen)
-        elif isinstance(found, _PLAIN):  # not a list or dict: those are often state the function writes
+        elif isinstance(
+            found, _PLAIN
+        ):  # not a list or dict: those are often state the function writes
             yield f"{name}={found!r}"
-        elif isinstance(found, types.ModuleType):  # config.scale: the module's constants the code names
+        elif isinstance(
+            found, types.ModuleType
+        ):  # config.scale: the module's constants the code names
             for attr in code.co_names:
                 value = vars(found).get(attr)
                 if isinstance(value, _PLAIN):
@@ -191,7 +209,11 @@ def _describe_array(value: torch.Tensor | np.ndarray) -> str:
         if isinstance(value, torch.Tensor):
             data = value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
         else:
-            data = np.ascontiguousarray(value).tobytes() if value.dtype != object else repr(value.tolist()).encode()
+            data = (
+                np.ascontiguousarray(value).tobytes()
+                if value.dtype != object
+                else repr(value.tolist()).encode()
+            )
         digest = "#" + hashlib.sha1(data).hexdigest()[:8]
     except (RuntimeError, TypeError, ValueError):  # quantized, sparse, ...: shape and dtype only
         digest = ""

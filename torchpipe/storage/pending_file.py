@@ -31,14 +31,22 @@ def temp_name(path: str) -> str:
 
 def is_full(error: BaseException) -> bool:
     """Whether ``error`` says a write ran out of room (``ENOSPC``, ``EDQUOT``, ``EFBIG``)."""
-    return isinstance(error, OSError) and not isinstance(error, DiskFullError) and error.errno in _FULL
+    return (
+        isinstance(error, OSError) and not isinstance(error, DiskFullError) and error.errno in _FULL
+    )
 
 
 def disk_full_error(error: OSError, stage: str, filename: str, written: int) -> DiskFullError:
     """The :class:`DiskFullError` for ``error``, a write of ``filename`` that ran out of room."""
     reason = _FULL.get(error.errno or 0, "out of room")
-    return DiskFullError(f"{stage}: {reason} after writing {written:,} bytes to {filename}: [Errno {error.errno}] "
-                         f"{error.strerror}", error.errno, stage, filename, written)  # fmt: skip
+    return DiskFullError(
+        f"{stage}: {reason} after writing {written:,} bytes to {filename}: [Errno {error.errno}] "
+        f"{error.strerror}",
+        error.errno,
+        stage,
+        filename,
+        written,
+    )
 
 
 @contextlib.contextmanager

@@ -51,9 +51,14 @@ DEFAULT_CHECKPOINT_S = 5.0
 CHECKPOINT_KEYS = ("checkpoint_interval", "checkpoint_interval_s")
 
 
-def save(dataset: Any, path: str, shard_func: Callable[..., Any] | None = None, compression: str | None = None,
-         checkpoint_interval: int | None = None,
-         checkpoint_interval_s: float = DEFAULT_CHECKPOINT_S) -> None:  # fmt: skip
+def save(
+    dataset: Any,
+    path: str,
+    shard_func: Callable[..., Any] | None = None,
+    compression: str | None = None,
+    checkpoint_interval: int | None = None,
+    checkpoint_interval_s: float = DEFAULT_CHECKPOINT_S,
+) -> None:
     """Write one pass over ``dataset`` to ``path`` (see ``tp.Dataset.save``, which checks the arguments).
 
     Raises:
@@ -68,7 +73,9 @@ def save(dataset: Any, path: str, shard_func: Callable[..., Any] | None = None, 
     if lock is None:
         raise RuntimeError(f"save: another process is saving to {path!r} right now")
     try:
-        _Save(dataset, path, shard_func, compression, checkpoint_interval, checkpoint_interval_s).run()
+        _Save(
+            dataset, path, shard_func, compression, checkpoint_interval, checkpoint_interval_s
+        ).run()
     finally:
         lock.close()
 
@@ -76,15 +83,31 @@ def save(dataset: Any, path: str, shard_func: Callable[..., Any] | None = None, 
 class _Save:
     """One save: its job description (what a resume must match), the pass, the checkpoints."""
 
-    def __init__(self, dataset: Any, path: str, shard_func: Callable[..., Any] | None, compression: str | None,
-                 every: int | None, every_s: float) -> None:  # fmt: skip
-        self.dataset, self.path, self.shard_func, self.compression = dataset, path, shard_func, compression
+    def __init__(
+        self,
+        dataset: Any,
+        path: str,
+        shard_func: Callable[..., Any] | None,
+        compression: str | None,
+        every: int | None,
+        every_s: float,
+    ) -> None:
+        self.dataset, self.path, self.shard_func, self.compression = (
+            dataset,
+            path,
+            shard_func,
+            compression,
+        )
         self.every, self.every_s = every, every_s
         self.stage = f"save({path})"
         self.pipeline = describe_ops(dataset._node, code=True)
         self.threads = usable_cpu_count()
-        self.job = {"pipeline": self.pipeline, "compression": compression, "threads": self.threads,
-                    "shard_func": None if shard_func is None else function_digest(shard_func)}  # fmt: skip
+        self.job = {
+            "pipeline": self.pipeline,
+            "compression": compression,
+            "threads": self.threads,
+            "shard_func": None if shard_func is None else function_digest(shard_func),
+        }
 
     def run(self) -> None:
         iterator = iter(self.dataset)
@@ -119,25 +142,43 @@ class _Save:
             )
             raise
         except Exception as e:  # noqa: BLE001 - a damaged checkpoint: start afresh
-            warnings.warn(f"{self.stage}: its checkpoint cannot be read ({e!r}); saving from the start", stacklevel=4)
+            warnings.warn(
+                f"{self.stage}: its checkpoint cannot be read ({e!r}); saving from the start",
+                stacklevel=4,
+            )
             return None
         if not isinstance(progress, dict) or progress.get("job") != self.job:
-            warnings.warn(f"{self.stage}: an interrupted save of another pipeline (or other arguments) is there; "
-                          "it is discarded and this one saves from the start", stacklevel=4)  # fmt: skip
+            warnings.warn(
+                f"{self.stage}: an interrupted save of another pipeline (or other arguments) is there; "
+                "it is discarded and this one saves from the start",
+                stacklevel=4,
+            )
             return None
         return progress
 
-    def _start(self, iterator: Any, progress: dict[str, Any] | None) -> tuple[str, int, ShardWriters]:
+    def _start(
+        self, iterator: Any, progress: dict[str, Any] | None
+    ) -> tuple[str, int, ShardWriters]:
         """The generation, the elements already written and the writers: resumed where possible."""
         if progress is not None:
             try:
-                resumed = {shard: ShardFile.resume(self.path, shard_name(progress["generation"], shard), offset, count,
-                                                   self.pipeline, self.stage)
-                           for shard, (offset, count) in progress["shards"].items()}  # fmt: skip
+                resumed = {
+                    shard: ShardFile.resume(
+                        self.path,
+                        shard_name(progress["generation"], shard),
+                        offset,
+                        count,
+                        self.pipeline,
+                        self.stage,
+                    )
+                    for shard, (offset, count) in progress["shards"].items()
+                }
                 iterator.load_state_dict(progress["state"])
             except (SavedFormatError, CheckpointError) as e:
-                warnings.warn(f"{self.stage}: cannot resume the interrupted save ({e}); saving from the start",
-                              stacklevel=4)  # fmt: skip
+                warnings.warn(
+                    f"{self.stage}: cannot resume the interrupted save ({e}); saving from the start",
+                    stacklevel=4,
+                )
             else:
                 writers = self._writers(progress["generation"], iterator, resumed, progress["spec"])
                 return progress["generation"], progress["count"], writers
@@ -145,11 +186,22 @@ class _Save:
         generation = new_generation()
         return generation, 0, self._writers(generation, iterator, {}, None)
 
-    def _writers(self, generation: str, iterator: Any, resumed: dict[int, ShardFile], spec: Any) -> ShardWriters:
+    def _writers(
+        self, generation: str, iterator: Any, resumed: dict[int, ShardFile], spec: Any
+    ) -> ShardWriters:
         state = iterator.state_dict()
         origin = (state["seed"], state["epoch"], ())
-        return ShardWriters(self.path, generation, origin, self.pipeline, self.compression, self.threads, resumed, spec,
-                            self.stage)  # fmt: skip
+        return ShardWriters(
+            self.path,
+            generation,
+            origin,
+            self.pipeline,
+            self.compression,
+            self.threads,
+            resumed,
+            spec,
+            self.stage,
+        )
 
     def _discard_partial(self) -> None:
         """Remove an interrupted save's files, keeping the published dataset's."""
@@ -169,7 +221,11 @@ class _Save:
                 writers.add(self._shard(element, count), count, element)
                 count += 1
                 bar.update()
-                due = count % self.every == 0 if self.every is not None else time.monotonic() - last >= self.every_s
+                due = (
+                    count % self.every == 0
+                    if self.every is not None
+                    else time.monotonic() - last >= self.every_s
+                )
                 if due:
                     self._checkpoint(iterator, writers, generation, count)
                     last = time.monotonic()
@@ -179,30 +235,55 @@ class _Save:
         if self.shard_func is None:
             return index % self.threads
         try:
-            shard = self.shard_func(*element) if type(element) is tuple else self.shard_func(element)
+            shard = (
+                self.shard_func(*element) if type(element) is tuple else self.shard_func(element)
+            )
         except Exception as e:
             add_note(e, f"raised in torchpipe {self.stage}'s shard_func at element {index}")
             raise
         if isinstance(shard, torch.Tensor) and shard.numel() == 1 and not shard.is_floating_point():
             shard = shard.item()
         if isinstance(shard, bool) or not hasattr(shard, "__index__") or int(shard) < 0:
-            raise ValueError(f"{self.stage}: shard_func must return an int >= 0, got {shard!r} for element {index}")
+            raise ValueError(
+                f"{self.stage}: shard_func must return an int >= 0, got {shard!r} for element {index}"
+            )
         return int(shard)
 
-    def _checkpoint(self, iterator: Any, writers: ShardWriters, generation: str, count: int) -> None:
+    def _checkpoint(
+        self, iterator: Any, writers: ShardWriters, generation: str, count: int
+    ) -> None:
         """Drain the writers to the disk and record where the pass is (atomically)."""
         writers.drain(sync=True)
-        progress = {"job": self.job, "generation": generation, "count": count, "state": iterator.state_dict(),
-                    "shards": writers.positions(), "spec": writers.spec}  # fmt: skip
-        write_file(os.path.join(self.path, PROGRESS), pickle.dumps(progress, protocol=pickle.HIGHEST_PROTOCOL),
-                   self.stage)  # fmt: skip
+        progress = {
+            "job": self.job,
+            "generation": generation,
+            "count": count,
+            "state": iterator.state_dict(),
+            "shards": writers.positions(),
+            "spec": writers.spec,
+        }
+        write_file(
+            os.path.join(self.path, PROGRESS),
+            pickle.dumps(progress, protocol=pickle.HIGHEST_PROTOCOL),
+            self.stage,
+        )
         sync_directory(self.path)
 
-    def _publish(self, generation: str, count: int, entries: list[dict[str, Any]], spec: Any, iterator: Any) -> None:
+    def _publish(
+        self, generation: str, count: int, entries: list[dict[str, Any]], spec: Any, iterator: Any
+    ) -> None:
         state = iterator.state_dict()
-        manifest = {"format": FORMAT, "version": FORMAT_VERSION, "generation": generation, "count": count,
-                    "compression": self.compression, "element_spec": spec, "pipeline": self.pipeline,
-                    "origin": [state["seed"], state["epoch"], []], "shards": entries}  # fmt: skip
+        manifest = {
+            "format": FORMAT,
+            "version": FORMAT_VERSION,
+            "generation": generation,
+            "count": count,
+            "compression": self.compression,
+            "element_spec": spec,
+            "pipeline": self.pipeline,
+            "origin": [state["seed"], state["epoch"], []],
+            "shards": entries,
+        }
         write_manifest(self.path, manifest, self.stage)
         remove_files(self.path, generation)
         if os.path.exists(os.path.join(self.path, PROGRESS)):
@@ -218,14 +299,20 @@ def check_checkpoint_args(checkpoint_args: Any) -> dict[str, Any]:
     if checkpoint_args is None:
         return {}
     if not isinstance(checkpoint_args, dict):
-        raise TypeError(f"save: checkpoint_args must be a dict or None, got {type(checkpoint_args).__name__}")
+        raise TypeError(
+            f"save: checkpoint_args must be a dict or None, got {type(checkpoint_args).__name__}"
+        )
     unknown = sorted(set(checkpoint_args) - set(CHECKPOINT_KEYS))
     if unknown:
-        raise TypeError(f"save: unknown checkpoint_args {unknown}; expected some of {list(CHECKPOINT_KEYS)}")
+        raise TypeError(
+            f"save: unknown checkpoint_args {unknown}; expected some of {list(CHECKPOINT_KEYS)}"
+        )
     every = checkpoint_args.get("checkpoint_interval")
     if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
         raise ValueError(f"save: checkpoint_interval must be an int >= 1 (elements), got {every!r}")
     every_s = checkpoint_args.get("checkpoint_interval_s", DEFAULT_CHECKPOINT_S)
     if isinstance(every_s, bool) or not isinstance(every_s, (int, float)) or not every_s > 0:
-        raise ValueError(f"save: checkpoint_interval_s must be a positive number of seconds, got {every_s!r}")
+        raise ValueError(
+            f"save: checkpoint_interval_s must be a positive number of seconds, got {every_s!r}"
+        )
     return {"checkpoint_interval": every, "checkpoint_interval_s": float(every_s)}

@@ -44,9 +44,18 @@ class ShardWriters:
         stage: names the writer in errors, e.g. ``save(/data/train)``.
     """
 
-    def __init__(self, directory: str, generation: str, origin: Origin, pipeline: list[str], compression: str | None,
-                 threads: int, resumed: dict[int, ShardFile] | None = None, spec: Any = None,
-                 stage: str = "save") -> None:  # fmt: skip
+    def __init__(
+        self,
+        directory: str,
+        generation: str,
+        origin: Origin,
+        pipeline: list[str],
+        compression: str | None,
+        threads: int,
+        resumed: dict[int, ShardFile] | None = None,
+        spec: Any = None,
+        stage: str = "save",
+    ) -> None:
         self._directory, self._generation = directory, generation
         self._origin, self._pipeline, self._compression = origin, pipeline, compression
         self._stage = stage
@@ -55,8 +64,12 @@ class ShardWriters:
         self._error: BaseException | None = None
         self._stop = threading.Event()
         self._queues: list[queue.Queue] = [queue.Queue(_QUEUE) for _ in range(threads)]
-        self._threads = [threading.Thread(target=self._run, args=(slot,), name=f"torchpipe-{stage}-writer-{slot}",
-                                          daemon=True) for slot in range(threads)]  # fmt: skip
+        self._threads = [
+            threading.Thread(
+                target=self._run, args=(slot,), name=f"torchpipe-{stage}-writer-{slot}", daemon=True
+            )
+            for slot in range(threads)
+        ]
         for thread in self._threads:
             thread.start()
 
@@ -77,7 +90,9 @@ class ShardWriters:
                 return
             except queue.Full:
                 if not all(thread.is_alive() for thread in self._threads):
-                    raise RuntimeError(f"{self._stage}: a writer thread ended unexpectedly") from None
+                    raise RuntimeError(
+                        f"{self._stage}: a writer thread ended unexpectedly"
+                    ) from None
 
     def _raise_error(self) -> None:
         if self._error is not None:
@@ -163,11 +178,19 @@ class ShardWriters:
             payload = compress(codec.encode_bytes(element), self._compression)
             file = self._files.get(shard)
             if file is None:
-                file = ShardFile.create(self._directory, shard_name(self._generation, shard), self._origin,
-                                        self._pipeline, self._stage)  # fmt: skip
+                file = ShardFile.create(
+                    self._directory,
+                    shard_name(self._generation, shard),
+                    self._origin,
+                    self._pipeline,
+                    self._stage,
+                )
                 self._files[shard] = file
             file.add(index, payload)
             self._specs[slot] = merge_specs(self._specs[slot], element_spec(element))
         except Exception as e:  # noqa: BLE001 - raised on the producer's thread
-            add_note(e, f"raised in torchpipe {self._stage} while writing element {index} to shard {shard}")
+            add_note(
+                e,
+                f"raised in torchpipe {self._stage} while writing element {index} to shard {shard}",
+            )
             self._error = e

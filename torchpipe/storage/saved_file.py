@@ -126,15 +126,25 @@ class ShardFile:
         DiskFullError: (writing, flushing, finishing) if the disk is full, naming the file.
     """
 
-    def __init__(self, directory: str, name: str, records: PendingFile, index: PendingFile, start: int,
-                 offset: int, count: int) -> None:  # fmt: skip
+    def __init__(
+        self,
+        directory: str,
+        name: str,
+        records: PendingFile,
+        index: PendingFile,
+        start: int,
+        offset: int,
+        count: int,
+    ) -> None:
         self.directory, self.name = directory, name
         self._records, self._index = records, index
         self._start = start
         self.offset, self.count = offset, count
 
     @classmethod
-    def create(cls, directory: str, name: str, origin: Origin, pipeline: list[str], stage: str = "save") -> ShardFile:
+    def create(
+        cls, directory: str, name: str, origin: Origin, pipeline: list[str], stage: str = "save"
+    ) -> ShardFile:
         """A new shard ``name`` in ``directory`` (partial files replaced if there); ``stage``
         names the writer in errors."""
         base = os.path.join(directory, name)
@@ -149,8 +159,15 @@ class ShardFile:
         return cls(directory, name, records, index, len(header), len(header), 0)
 
     @classmethod
-    def resume(cls, directory: str, name: str, offset: int, count: int, pipeline: list[str],
-               stage: str = "save") -> ShardFile:  # fmt: skip
+    def resume(
+        cls,
+        directory: str,
+        name: str,
+        offset: int,
+        count: int,
+        pipeline: list[str],
+        stage: str = "save",
+    ) -> ShardFile:
         """The partial shard ``name`` cut back to ``offset`` bytes and ``count`` records (a checkpoint).
 
         Raises:
@@ -177,8 +194,10 @@ class ShardFile:
             raise SavedFormatError(f"cannot resume shard {name}: {e}") from e
         if not usable:
             records.close(), index.close()
-            raise SavedFormatError(f"cannot resume shard {name}: its files are shorter than the checkpoint or "
-                                   "were written by another pipeline")  # fmt: skip
+            raise SavedFormatError(
+                f"cannot resume shard {name}: its files are shorter than the checkpoint or "
+                "were written by another pipeline"
+            )
         for file, size in ((records, offset), (index, count * ENTRY.size)):
             file.truncate(size)
             file.seek(size)
@@ -186,7 +205,9 @@ class ShardFile:
             directory,
             name,
             PendingFile(records, base + ".records" + PARTIAL, base + ".records", stage, offset),
-            PendingFile(index, base + ".index" + PARTIAL, base + ".index", stage, count * ENTRY.size),
+            PendingFile(
+                index, base + ".index" + PARTIAL, base + ".index", stage, count * ENTRY.size
+            ),
             start,
             offset,
             count,
@@ -219,8 +240,13 @@ class ShardFile:
         base = os.path.join(self.directory, self.name)
         with open(base + ".index", "rb") as f:
             index_crc = zlib.crc32(f.read())
-        return {"records_file": self.name + ".records", "index_file": self.name + ".index", "records": self.count,
-                "bytes": os.path.getsize(base + ".records"), "index_crc32": index_crc}  # fmt: skip
+        return {
+            "records_file": self.name + ".records",
+            "index_file": self.name + ".index",
+            "records": self.count,
+            "bytes": os.path.getsize(base + ".records"),
+            "index_crc32": index_crc,
+        }
 
     def close(self) -> None:
         """Close the files, leaving them as they are (a later save may resume them); never raises
@@ -236,7 +262,9 @@ def write_manifest(directory: str, manifest: dict[str, Any], stage: str = "save"
     Raises:
         DiskFullError: if the disk is full (the old manifest, if any, stays).
     """
-    write_file(os.path.join(directory, MANIFEST), json.dumps(manifest, indent=1).encode("utf-8"), stage)
+    write_file(
+        os.path.join(directory, MANIFEST), json.dumps(manifest, indent=1).encode("utf-8"), stage
+    )
     sync_directory(directory)
 
 
@@ -264,8 +292,10 @@ def read_manifest(directory: str) -> dict[str, Any]:
         with open(path, encoding="utf-8") as f:
             manifest = json.load(f)
     except FileNotFoundError as e:
-        raise FileNotFoundError(f"no saved dataset at {directory!r}: it has no {MANIFEST} (nothing was saved "
-                                "there, or the save did not complete; saving again resumes it)") from e  # fmt: skip
+        raise FileNotFoundError(
+            f"no saved dataset at {directory!r}: it has no {MANIFEST} (nothing was saved "
+            "there, or the save did not complete; saving again resumes it)"
+        ) from e
     except (ValueError, UnicodeDecodeError) as e:
         raise SavedFormatError(f"{path!r} is not a valid manifest: {e}") from e
     _check_manifest(manifest, path)
@@ -276,12 +306,23 @@ def _check_manifest(manifest: Any, path: str) -> None:
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise SavedFormatError(f"{path!r} is not the manifest of a torchpipe saved dataset")
     if not isinstance(manifest.get("version"), int) or manifest["version"] > FORMAT_VERSION:
-        raise SavedFormatError(f"{path!r} has format version {manifest.get('version')!r}; this torchpipe reads "
-                               f"up to {FORMAT_VERSION}")  # fmt: skip
+        raise SavedFormatError(
+            f"{path!r} has format version {manifest.get('version')!r}; this torchpipe reads "
+            f"up to {FORMAT_VERSION}"
+        )
     try:
-        int(manifest["count"]), check_compression(manifest["compression"]), origin_of(manifest["origin"])
+        (
+            int(manifest["count"]),
+            check_compression(manifest["compression"]),
+            origin_of(manifest["origin"]),
+        )
         for shard in manifest["shards"]:
-            str(shard["records_file"]), str(shard["index_file"]), int(shard["records"]), int(shard["bytes"])
+            (
+                str(shard["records_file"]),
+                str(shard["index_file"]),
+                int(shard["records"]),
+                int(shard["bytes"]),
+            )
             int(shard["index_crc32"])
     except (KeyError, TypeError, ValueError) as e:
         raise SavedFormatError(f"{path!r} is a malformed manifest ({e!r})") from e
@@ -289,7 +330,9 @@ def _check_manifest(manifest: Any, path: str) -> None:
         for key in ("records_file", "index_file"):
             _check_file_name(shard[key], key, path)
     if sum(int(shard["records"]) for shard in manifest["shards"]) != manifest["count"]:
-        raise SavedFormatError(f"{path!r}: the shards' records do not add up to the count {manifest['count']}")
+        raise SavedFormatError(
+            f"{path!r}: the shards' records do not add up to the count {manifest['count']}"
+        )
 
 
 def _check_file_name(name: Any, key: str, path: str) -> None:
@@ -336,11 +379,17 @@ class SavedRecords:
     def __init__(self, path: str | os.PathLike, trusted: bool = False) -> None:
         self.path = os.fsdecode(os.fspath(path))
         self.trusted = trusted
-        self._safe_globals = SafeGlobals()  # pickled with the records, it allows in workers what is allowed here
+        self._safe_globals = (
+            SafeGlobals()
+        )  # pickled with the records, it allows in workers what is allowed here
         self.manifest = read_manifest(self.path)
-        self.compression: str | None = check_compression(self.manifest["compression"])  # "gzip" reads as GZIP
+        self.compression: str | None = check_compression(
+            self.manifest["compression"]
+        )  # "gzip" reads as GZIP
         self.origin: Origin = origin_of(self.manifest["origin"])
-        self._files = [os.path.join(self.path, shard["records_file"]) for shard in self.manifest["shards"]]
+        self._files = [
+            os.path.join(self.path, shard["records_file"]) for shard in self.manifest["shards"]
+        ]
         self._shard, self._offset, self._length = self._read_indexes()
         self._local = ProcessLocalFiles()
 
@@ -355,12 +404,16 @@ class SavedRecords:
         order = np.argsort(entries[:, 0], kind="stable")
         count = self.manifest["count"]
         if not np.array_equal(entries[order, 0], np.arange(count, dtype=np.uint64)):
-            raise SavedFormatError(f"saved dataset {self.path!r} is damaged: its shards do not hold elements "
-                                   f"0..{count - 1} exactly once each")  # fmt: skip
+            raise SavedFormatError(
+                f"saved dataset {self.path!r} is damaged: its shards do not hold elements "
+                f"0..{count - 1} exactly once each"
+            )
         return owner[order], entries[order, 1].astype(np.int64), entries[order, 2].astype(np.int64)
 
     def _shard_index(self, shard: dict[str, Any]) -> np.ndarray:
-        records, index = (os.path.join(self.path, shard[key]) for key in ("records_file", "index_file"))
+        records, index = (
+            os.path.join(self.path, shard[key]) for key in ("records_file", "index_file")
+        )
         try:
             size = os.path.getsize(records)
             with open(index, "rb") as f:
@@ -368,9 +421,13 @@ class SavedRecords:
         except OSError as e:
             raise SavedFormatError(f"saved dataset {self.path!r} is incomplete: {e}") from e
         if size != shard["bytes"]:
-            raise SavedFormatError(f"shard {records!r} has {size} bytes, its manifest says {shard['bytes']}")
+            raise SavedFormatError(
+                f"shard {records!r} has {size} bytes, its manifest says {shard['bytes']}"
+            )
         if zlib.crc32(data) != shard["index_crc32"] or len(data) != shard["records"] * ENTRY.size:
-            raise SavedFormatError(f"index {index!r} is damaged (its CRC or length does not match the manifest)")
+            raise SavedFormatError(
+                f"index {index!r} is damaged (its CRC or length does not match the manifest)"
+            )
         return np.frombuffer(data, dtype="<u8").reshape(-1, 3)
 
     @property
@@ -384,7 +441,9 @@ class SavedRecords:
     def __getitem__(self, i: int) -> Any:
         n = len(self)
         if not -n <= i < n:
-            raise IndexError(f"saved dataset {self.path!r}: index {i} out of range for {n} elements")
+            raise IndexError(
+                f"saved dataset {self.path!r}: index {i} out of range for {n} elements"
+            )
         i = int(i) % n
         shard, offset, length = int(self._shard[i]), int(self._offset[i]), int(self._length[i])
         path = self._files[shard]
@@ -393,22 +452,38 @@ class SavedRecords:
 
     def _decode(self, framed: bytes, i: int, path: str, offset: int, length: int) -> Any:
         if len(framed) < length:
-            raise DataLossError(f"{path}: truncated record at byte {offset} (element {i})", path, offset)
+            raise DataLossError(
+                f"{path}: truncated record at byte {offset} (element {i})", path, offset
+            )
         size, index, crc = RECORD.unpack_from(framed)
         payload = framed[RECORD.size :]
         if size != len(payload) or record_crc(index, payload) != crc:
-            raise DataLossError(f"{path}: damaged record at byte {offset} (element {i}): its checksum does not "
-                                "match", path, offset)  # fmt: skip
+            raise DataLossError(
+                f"{path}: damaged record at byte {offset} (element {i}): its checksum does not "
+                "match",
+                path,
+                offset,
+            )
         if index != i:
-            raise DataLossError(f"{path}: the record at byte {offset} is element {index}, not {i}", path, offset)
+            raise DataLossError(
+                f"{path}: the record at byte {offset} is element {index}, not {i}", path, offset
+            )
         try:
-            return codec.decode_bytes(decompress(payload, self.compression), restricted=not self.trusted)
+            return codec.decode_bytes(
+                decompress(payload, self.compression), restricted=not self.trusted
+            )
         except UntrustedTypeError as e:
-            add_note(e, f"reading element {i} of the saved dataset {self.path!r} (record at byte {offset} of {path})")
+            add_note(
+                e,
+                f"reading element {i} of the saved dataset {self.path!r} (record at byte {offset} of {path})",
+            )
             raise
         except Exception as e:
-            raise DataLossError(f"{path}: the record at byte {offset} (element {i}) cannot be decoded: {e}",
-                                path, offset) from e  # fmt: skip
+            raise DataLossError(
+                f"{path}: the record at byte {offset} (element {i}) cannot be decoded: {e}",
+                path,
+                offset,
+            ) from e
 
     def __repr__(self) -> str:
         return f"SavedRecords({self.path!r}, {len(self)} elements)"
@@ -417,7 +492,9 @@ class SavedRecords:
 def lock_directory(directory: str) -> BinaryIO | None:
     """An exclusive lock on ``directory`` (its ``.lock`` file held open), or None if another process
     holds it. The kernel drops it when the holder dies, so a killed writer never blocks the next."""
-    file = open_no_follow(os.path.join(directory, LOCK), "a+b")  # a symlink planted there is refused
+    file = open_no_follow(
+        os.path.join(directory, LOCK), "a+b"
+    )  # a symlink planted there is refused
     if try_lock(file):
         return file
     file.close()

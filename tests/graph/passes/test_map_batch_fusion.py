@@ -41,7 +41,10 @@ def test_fused_output_equals_inline_output(executor):
     fused = tp.from_dataset(Items()).map(noisy, 2, executor=executor).batch(5).with_options(seeded)
     inline = tp.from_dataset(Items()).map(noisy).batch(5).with_options(seeded)
     assert_same_elements(without_pids(fused), without_pids(inline))
-    assert "map_batch_fusion: batch(batch_size=5, drop_remainder=False) -> fused into map(" in fused.explain()
+    assert (
+        "map_batch_fusion: batch(batch_size=5, drop_remainder=False) -> fused into map("
+        in fused.explain()
+    )
 
 
 @pytest.mark.parametrize("executor", ["thread", "process"])
@@ -59,15 +62,23 @@ def test_a_chain_with_a_filter_is_not_fused_with_the_batch():
 
 def test_workers_collate_whole_batches_with_getitems():
     items = Items()
-    batches = list(tp.from_dataset(items).map(noisy, 2, executor="process").batch(4, drop_remainder=True))
-    assert len(batches) == 5 and all(pid != os.getpid() for *_, pids in batches for pid in pids.tolist())
+    batches = list(
+        tp.from_dataset(items).map(noisy, 2, executor="process").batch(4, drop_remainder=True)
+    )
+    assert len(batches) == 5 and all(
+        pid != os.getpid() for *_, pids in batches for pid in pids.tolist()
+    )
     thread_items = Items()
     list(tp.from_dataset(thread_items).map(noisy, 2, executor="thread").batch(4))
     assert thread_items.batched_calls == 6  # one __getitems__ per batch, 22 = 5 * 4 + 2
 
 
 def test_collate_fn_runs_in_the_task():
-    ds = tp.range(7).map(lambda x: x * x, 2, executor="process").batch(3, collate_fn=lambda xs: sum(xs))
+    ds = (
+        tp.range(7)
+        .map(lambda x: x * x, 2, executor="process")
+        .batch(3, collate_fn=lambda xs: sum(xs))
+    )
     assert list(ds) == [5, 50, 36]
 
 
@@ -100,7 +111,12 @@ def global_noise(x, label):
 
 def test_global_rngs_match_inline_when_fused_in_processes():
     seeded = tp.Options(seed=5)
-    fused = tp.from_dataset(Items()).map(global_noise, 2, executor="process").batch(4).with_options(seeded)
+    fused = (
+        tp.from_dataset(Items())
+        .map(global_noise, 2, executor="process")
+        .batch(4)
+        .with_options(seeded)
+    )
     inline = tp.from_dataset(Items()).map(global_noise).batch(4).with_options(seeded)
     assert_same_elements(list(fused), list(inline))
 

@@ -21,7 +21,9 @@ def test_inline_map_then_filter():
 
 @pytest.mark.parametrize("executor", ["thread", "process"])
 def test_the_filter_runs_where_the_parallel_map_ran(executor):
-    ds = tp.range(40).map(noisy, 2, executor=executor).filter(small).with_options(tp.Options(seed=9))
+    ds = (
+        tp.range(40).map(noisy, 2, executor=executor).filter(small).with_options(tp.Options(seed=9))
+    )
     kept = assert_pass_keeps_output(ds, "map_filter_fusion")
     assert 0 < len(kept) < 40
     root = running_root(only(ds, "map_filter_fusion"))
@@ -29,7 +31,12 @@ def test_the_filter_runs_where_the_parallel_map_ran(executor):
 
 
 def test_unordered_parallel_chain_drops_the_same_elements():
-    ds = tp.range(50).map(noisy, 2, deterministic=False).filter(small).with_options(tp.Options(seed=3))
+    ds = (
+        tp.range(50)
+        .map(noisy, 2, deterministic=False)
+        .filter(small)
+        .with_options(tp.Options(seed=3))
+    )
     on, expected = only(ds, "map_filter_fusion"), list(only(ds))
     assert sorted(on) == sorted(expected)
 
@@ -41,9 +48,13 @@ def impure_small(x):
 def test_a_seeded_pipeline_keeps_impure_inline_functions_off_threads():
     ds = tp.range(10).map(noisy, 2, executor="thread").filter(impure_small)
     assert "map_filter_fusion" in rewrites(only(ds, "map_filter_fusion"))
-    assert "map_filter_fusion" not in rewrites(only(ds.with_options(tp.Options(seed=1)), "map_filter_fusion"))
+    assert "map_filter_fusion" not in rewrites(
+        only(ds.with_options(tp.Options(seed=1)), "map_filter_fusion")
+    )
     in_processes = tp.range(10).map(noisy, 2, executor="process").filter(impure_small)
-    assert "map_filter_fusion" in rewrites(only(in_processes.with_options(tp.Options(seed=1)), "map_filter_fusion"))
+    assert "map_filter_fusion" in rewrites(
+        only(in_processes.with_options(tp.Options(seed=1)), "map_filter_fusion")
+    )
 
 
 def test_no_stage_follows_a_filter_in_parallel():

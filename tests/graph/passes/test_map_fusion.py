@@ -40,7 +40,9 @@ def test_an_inline_map_moves_into_the_parallel_stage(executor):
     ds = tp.range(30).map(noisy, pure=True).map(double, 2, executor=executor).map(noisy, pure=True)
     ds = ds.with_options(tp.Options(seed=1))
     fused = running_root(only(ds, "map_fusion"))
-    assert isinstance(fused, FusedMapNode) and fused.num_parallel_calls == 2 and len(fused.stages) == 3
+    assert (
+        isinstance(fused, FusedMapNode) and fused.num_parallel_calls == 2 and len(fused.stages) == 3
+    )
     assert_pass_keeps_output(ds, "map_fusion")
 
 
@@ -61,9 +63,21 @@ def test_global_rng_seeding_blocks_moving_an_inline_map_onto_threads():
 @pytest.mark.parametrize(
     "a, b, fuses",
     [
-        (dict(num_parallel_calls=2, executor="thread"), dict(num_parallel_calls=4, executor="auto"), True),
-        (dict(num_parallel_calls=2, executor="thread"), dict(num_parallel_calls=2, executor="process"), False),
-        (dict(num_parallel_calls=2, deterministic=False), dict(num_parallel_calls=2, deterministic=True), False),
+        (
+            dict(num_parallel_calls=2, executor="thread"),
+            dict(num_parallel_calls=4, executor="auto"),
+            True,
+        ),
+        (
+            dict(num_parallel_calls=2, executor="thread"),
+            dict(num_parallel_calls=2, executor="process"),
+            False,
+        ),
+        (
+            dict(num_parallel_calls=2, deterministic=False),
+            dict(num_parallel_calls=2, deterministic=True),
+            False,
+        ),
         (dict(num_parallel_calls=tp.AUTOTUNE), dict(num_parallel_calls=3), True),
     ],
 )
@@ -74,7 +88,9 @@ def test_parallel_settings_must_agree(a, b, fuses):
     assert sorted(on) == [4 * x for x in range(12)]
     if fuses:
         fused = running_root(on)
-        expected = tp.AUTOTUNE if tp.AUTOTUNE in (a["num_parallel_calls"], b["num_parallel_calls"]) else 4
+        expected = (
+            tp.AUTOTUNE if tp.AUTOTUNE in (a["num_parallel_calls"], b["num_parallel_calls"]) else 4
+        )
         assert fused.num_parallel_calls == expected
 
 

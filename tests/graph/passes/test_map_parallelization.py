@@ -28,7 +28,9 @@ def test_the_decorator_declares_purity():
 
 
 def test_undeclared_maps_stay_sequential():
-    assert "map_parallelization" not in rewrites(only(tp.range(3).map(noisy), "map_parallelization"))
+    assert "map_parallelization" not in rewrites(
+        only(tp.range(3).map(noisy), "map_parallelization")
+    )
 
 
 def test_pure_cannot_mark_builtins():

@@ -28,7 +28,12 @@ def test_noops_are_removed_and_seeds_below_them_kept(noop):
     it = iter(only(ds, "noop_elimination"))
     next(it)
     stages = [s["stage"] for s in it.stats()]
-    assert stages == ["map(noisy)", "map(noisy)", "shuffle", "range"]  # no iterator left for the no-op
+    assert stages == [
+        "map(noisy)",
+        "map(noisy)",
+        "shuffle",
+        "range",
+    ]  # no iterator left for the no-op
 
 
 def test_repeat_one_inside_a_repeat_keeps_per_repetition_seeds():
@@ -54,4 +59,6 @@ def test_elided_nodes_are_not_shown_as_running():
     text = tp.range(3).take(-1).explain()
     assert "noop_elimination: take(count=-1) -> removed" in text
     running = text.split("As it will run:")[1].split("Cardinality:")[0]
-    assert "take" not in running and not isinstance(only(tp.range(3).take(-1), "noop_elimination"), ElidedNode)
+    assert "take" not in running and not isinstance(
+        only(tp.range(3).take(-1), "noop_elimination"), ElidedNode
+    )

@@ -6,7 +6,13 @@ import sys
 import pytest
 
 import torchpipe as tp
-from tests.graph.passes.toggle import assert_pass_keeps_output, only, rewrites, run_labels, unoptimized
+from tests.graph.passes.toggle import (
+    assert_pass_keeps_output,
+    only,
+    rewrites,
+    run_labels,
+    unoptimized,
+)
 from torchpipe.testing import as_torch_worker, assert_checkpoint_roundtrip
 
 
@@ -38,7 +44,9 @@ def seeds(tmp_path, **interleave):
 
 
 @pytest.mark.parametrize("cycle_length, block_length", [(1, 1), (2, 3), (3, 2), (8, 1)])
-def test_the_same_records_in_the_same_order_and_checkpoints_resume(tmp_path, cycle_length, block_length):
+def test_the_same_records_in_the_same_order_and_checkpoints_resume(
+    tmp_path, cycle_length, block_length
+):
     ds = seeds(tmp_path, cycle_length=cycle_length, block_length=block_length, num_parallel_calls=2)
     ds = ds.map(name, num_parallel_calls=2, executor="thread")
     expected = assert_pass_keeps_output(ds, "record_pushdown")
@@ -46,28 +54,46 @@ def test_the_same_records_in_the_same_order_and_checkpoints_resume(tmp_path, cyc
 
 
 def test_records_are_read_in_the_workers_one_task_a_batch(tmp_path):
-    ds = seeds(tmp_path, cycle_length=2, num_parallel_calls=2).map(name_and_pid, 2, executor="process").batch(5)
+    ds = (
+        seeds(tmp_path, cycle_length=2, num_parallel_calls=2)
+        .map(name_and_pid, 2, executor="process")
+        .batch(5)
+    )
     on = only(ds, "record_pushdown", "map_batch_fusion")
     notes = rewrites(on)
     assert "record_pushdown" in notes and "map_batch_fusion" in notes, on.explain()
-    assert "interleave(fn=tfrecord_file, cycle_length=2, block_length=1)" in run_labels(on)  # inline: no readers
+    assert "interleave(fn=tfrecord_file, cycle_length=2, block_length=1)" in run_labels(
+        on
+    )  # inline: no readers
     got = list(on)
-    assert [n for batch in got for n in batch[0]] == [n for batch in unoptimized(ds) for n in batch[0]]
+    assert [n for batch in got for n in batch[0]] == [
+        n for batch in unoptimized(ds) for n in batch[0]
+    ]
     assert all(int(pid) != os.getpid() for batch in got for pid in batch[1])
 
 
 def test_flat_map_shuffle_and_repeat_between_run_on_addresses(tmp_path):
     paths = write_files(tmp_path)
-    ds = tp.list_files(str(tmp_path / "*.tfrecord")).flat_map(tp.TFRecordDataset).shuffle(6).repeat(2)
+    ds = (
+        tp.list_files(str(tmp_path / "*.tfrecord"))
+        .flat_map(tp.TFRecordDataset)
+        .shuffle(6)
+        .repeat(2)
+    )
     ds = ds.map(name, num_parallel_calls=2, executor="thread").with_options(tp.Options(seed=4))
     got = assert_pass_keeps_output(ds, "record_pushdown", roundtrip=False)
-    assert "through repeat through shuffle" in rewrites(only(ds, "record_pushdown"))["record_pushdown"][0]
+    assert (
+        "through repeat through shuffle"
+        in rewrites(only(ds, "record_pushdown"))["record_pushdown"][0]
+    )
     assert sorted(got) == sorted(RECORDS * 2)
     assert len(paths) == 4
 
 
 def test_states_load_across_the_pass_either_way(tmp_path):
-    ds = seeds(tmp_path, cycle_length=3, block_length=2, num_parallel_calls=2).map(name, 2, executor="thread")
+    ds = seeds(tmp_path, cycle_length=3, block_length=2, num_parallel_calls=2).map(
+        name, 2, executor="thread"
+    )
     on, off = only(ds, "record_pushdown"), only(ds)
     for source, target in [(off, on), (on, off)]:
         it = iter(source)
@@ -81,7 +107,11 @@ def test_states_load_across_the_pass_either_way(tmp_path):
 
 
 def test_resumes_exactly_in_a_new_process(tmp_path):
-    ds = seeds(tmp_path, cycle_length=3, num_parallel_calls=2).map(name, 2, executor="process").batch(4)
+    ds = (
+        seeds(tmp_path, cycle_length=3, num_parallel_calls=2)
+        .map(name, 2, executor="process")
+        .batch(4)
+    )
     it = iter(ds)
     [next(it) for _ in range(2)]
     state = it.state_dict()
@@ -96,8 +126,12 @@ def test_resumes_exactly_in_a_new_process(tmp_path):
         f"it.load_state_dict(pickle.load(open({str(tmp_path / 'state.pkl')!r}, 'rb')))\n"
         "print(repr([b for b in it]))\n"
     )
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=root)
+    root = os.path.dirname(
+        os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=root
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == repr(rest)
 
@@ -117,17 +151,34 @@ def test_every_record_once_across_ranks_and_torch_workers(tmp_path):
 
 
 def test_every_record_once_in_each_epoch(tmp_path):
-    ds = seeds(tmp_path, cycle_length=2, num_parallel_calls=2).map(name, 2, executor="thread").batch(5)
+    ds = (
+        seeds(tmp_path, cycle_length=2, num_parallel_calls=2)
+        .map(name, 2, executor="thread")
+        .batch(5)
+    )
     epochs = [[n for batch in ds for n in batch] for _ in range(2)]
     assert [sorted(e) for e in epochs] == [sorted(RECORDS)] * 2
 
 
 def test_not_for_compressed_remote_or_unknown_files(tmp_path):
     paths = write_files(tmp_path)
-    gzip = tp.from_iterable(paths).interleave(lambda p: tp.TFRecordDataset(p, "GZIP"), cycle_length=2)
-    compressed = tp.TFRecordDataset(paths, compression_type="GZIP", num_parallel_reads=2).map(name, 2)
-    remote = tp.from_iterable(["s3://bucket/a.tfrecord"]).interleave(tp.TFRecordDataset, cycle_length=2).map(name, 2)
-    made = tp.range(4).map(lambda i: paths[i]).interleave(tp.TFRecordDataset, cycle_length=2).map(name, 2)
+    gzip = tp.from_iterable(paths).interleave(
+        lambda p: tp.TFRecordDataset(p, "GZIP"), cycle_length=2
+    )
+    compressed = tp.TFRecordDataset(paths, compression_type="GZIP", num_parallel_reads=2).map(
+        name, 2
+    )
+    remote = (
+        tp.from_iterable(["s3://bucket/a.tfrecord"])
+        .interleave(tp.TFRecordDataset, cycle_length=2)
+        .map(name, 2)
+    )
+    made = (
+        tp.range(4)
+        .map(lambda i: paths[i])
+        .interleave(tp.TFRecordDataset, cycle_length=2)
+        .map(name, 2)
+    )
     no_map = tp.TFRecordDataset(paths, num_parallel_reads=2).batch(2)
     for ds in (gzip.map(name, 2), compressed, remote, made, no_map):
         assert "record_pushdown" not in rewrites(ds), ds.explain()
@@ -141,5 +192,9 @@ def test_the_pass_can_be_switched_off(tmp_path):
 
 
 def test_roundtrip_through_the_fused_batch(tmp_path):
-    ds = seeds(tmp_path, cycle_length=3, block_length=2, num_parallel_calls=2).map(name, 2, executor="thread").batch(3)
+    ds = (
+        seeds(tmp_path, cycle_length=3, block_length=2, num_parallel_calls=2)
+        .map(name, 2, executor="thread")
+        .batch(3)
+    )
     assert_checkpoint_roundtrip(ds)

@@ -19,7 +19,13 @@ def noisy(i, pid):
 
 
 def test_fetches_run_in_the_workers_and_output_is_the_same():
-    ds = tp.from_dataset(Items()).shuffle(5).take(10).map(noisy, 2, executor="process").with_options(tp.Options(seed=1))
+    ds = (
+        tp.from_dataset(Items())
+        .shuffle(5)
+        .take(10)
+        .map(noisy, 2, executor="process")
+        .with_options(tp.Options(seed=1))
+    )
     on, off = list(only(ds, "source_pushdown")), list(only(ds))
     assert all(pid != os.getpid() for _, pid in on) and all(pid == os.getpid() for _, pid in off)
     assert [x for x, _ in on] == [x for x, _ in off]

@@ -34,7 +34,9 @@ def test_only_declared_maps_before_a_plain_batch():
 
 def test_explain_says_what_moved():
     text = only(tp.range(4).map(float).map(scale, batched=True).batch(2), "vectorize").explain()
-    assert "vectorize: map(fn=scale, batched=True) + batch(batch_size=2, drop_remainder=False)" in text
+    assert (
+        "vectorize: map(fn=scale, batched=True) + batch(batch_size=2, drop_remainder=False)" in text
+    )
 
 
 @pytest.mark.parametrize("bad", [1, None, "yes"])

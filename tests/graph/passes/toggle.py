@@ -22,7 +22,9 @@ def unoptimized(ds: tp.Dataset) -> tp.Dataset:
     return ds.with_options(tp.Options(optimizations=NONE))
 
 
-def assert_pass_keeps_output(ds: tp.Dataset, name: str, applies: bool = True, roundtrip: bool = True) -> list[Any]:
+def assert_pass_keeps_output(
+    ds: tp.Dataset, name: str, applies: bool = True, roundtrip: bool = True
+) -> list[Any]:
     """With only ``name`` on, ``ds`` yields exactly what it yields with no pass on, and resumes
     exactly from every position; ``applies`` says whether the pass must have rewritten it."""
     on = only(ds, name)

@@ -65,7 +65,10 @@ def random_case(rnd: random.Random) -> tuple[list[int], int, int]:
 
 def from_lens(lens: list[int], cycle: int, block: int, **kwargs) -> tp.Dataset:
     return tp.range(len(lens)).interleave(
-        lambda x: tp.range(lens[x]).map(lambda i: x * 100 + i), cycle_length=cycle, block_length=block, **kwargs
+        lambda x: tp.range(lens[x]).map(lambda i: x * 100 + i),
+        cycle_length=cycle,
+        block_length=block,
+        **kwargs,
     )
 
 
@@ -106,20 +109,71 @@ PARALLEL = [{}, {"num_parallel_calls": 1}, {"num_parallel_calls": 2}, {"num_para
 # -- order, verified against tf.data 2.21 ----------------------------------------------------
 def test_flat_map_order() -> None:
     # verified against tf.data 2.21
-    assert list(tp.range(len(LENS)).flat_map(uneven)) == [0, 1, 2, 10, 20, 21, 22, 23, 40, 41, 50, 51, 52, 53, 54]
+    assert list(tp.range(len(LENS)).flat_map(uneven)) == [
+        0,
+        1,
+        2,
+        10,
+        20,
+        21,
+        22,
+        23,
+        40,
+        41,
+        50,
+        51,
+        52,
+        53,
+        54,
+    ]
 
 
 def test_flat_map_tensor_rows() -> None:
     rows = torch.tensor([[1, 2, 3], [4, 5, 6], [7, 8, 9]])
     # verified against tf.data 2.21
-    assert [int(v) for v in tp.from_tensor_slices(rows).flat_map(tp.from_tensor_slices)] == list(range(1, 10))
+    assert [int(v) for v in tp.from_tensor_slices(rows).flat_map(tp.from_tensor_slices)] == list(
+        range(1, 10)
+    )
 
 
 @pytest.mark.parametrize("kwargs", PARALLEL)
 def test_interleave_docs_example(kwargs: dict) -> None:
-    ds = tp.range(1, 6).interleave(lambda x: tp.from_iterable([x] * 6), cycle_length=2, block_length=4, **kwargs)
+    ds = tp.range(1, 6).interleave(
+        lambda x: tp.from_iterable([x] * 6), cycle_length=2, block_length=4, **kwargs
+    )
     # verified against tf.data 2.21 (the example of tf.data.Dataset.interleave's docs)
-    want = [1, 1, 1, 1, 2, 2, 2, 2, 1, 1, 2, 2, 3, 3, 3, 3, 4, 4, 4, 4, 3, 3, 4, 4, 5, 5, 5, 5, 5, 5]
+    want = [
+        1,
+        1,
+        1,
+        1,
+        2,
+        2,
+        2,
+        2,
+        1,
+        1,
+        2,
+        2,
+        3,
+        3,
+        3,
+        3,
+        4,
+        4,
+        4,
+        4,
+        3,
+        3,
+        4,
+        4,
+        5,
+        5,
+        5,
+        5,
+        5,
+        5,
+    ]
     assert list(ds) == want
 
 
@@ -150,7 +204,12 @@ def test_random_cases_match_reference() -> None:
         want = reference_interleave(lens, cycle, block)
         assert list(from_lens(lens, cycle, block)) == want, (lens, cycle, block)
         npc = rnd.randint(1, 6)
-        assert list(from_lens(lens, cycle, block, num_parallel_calls=npc)) == want, (lens, cycle, block, npc)
+        assert list(from_lens(lens, cycle, block, num_parallel_calls=npc)) == want, (
+            lens,
+            cycle,
+            block,
+            npc,
+        )
 
 
 def slow_first(x: int) -> tp.Dataset:
@@ -168,7 +227,9 @@ def test_non_deterministic_same_multiset() -> None:
         lens, cycle, block = random_case(rnd)
         got = list(from_lens(lens, cycle, block, num_parallel_calls=3, deterministic=False))
         assert sorted(got) == sorted(reference_interleave(lens, cycle, block))
-    ds = tp.range(9).interleave(slow_first, cycle_length=3, num_parallel_calls=3, deterministic=False)
+    ds = tp.range(9).interleave(
+        slow_first, cycle_length=3, num_parallel_calls=3, deterministic=False
+    )
     assert sorted(ds) == sorted(tp.range(9).interleave(slow_first, cycle_length=3))
 
 
@@ -184,16 +245,27 @@ def test_autotune_cycle_is_the_cores_and_at_least_16(monkeypatch, cores, cycle) 
     want = list(tp.range(60).interleave(uneven_mod, cycle_length=cycle))
     assert want != list(tp.range(60).interleave(uneven_mod, cycle_length=cycle - 1))
     assert list(tp.range(60).interleave(uneven_mod)) == want
-    assert list(tp.range(60).interleave(uneven_mod, cycle_length=tp.AUTOTUNE, num_parallel_calls=tp.AUTOTUNE)) == want
+    assert (
+        list(
+            tp.range(60).interleave(
+                uneven_mod, cycle_length=tp.AUTOTUNE, num_parallel_calls=tp.AUTOTUNE
+            )
+        )
+        == want
+    )
 
 
-@pytest.mark.parametrize("executor, cycle, start", [("thread", 3, 3), ("thread", 200, 64), ("auto", 16, 16),
-                                                    ("process", 16, 2)])  # fmt: skip
+@pytest.mark.parametrize(
+    "executor, cycle, start",
+    [("thread", 3, 3), ("thread", 200, 64), ("auto", 16, 16), ("process", 16, 2)],
+)
 def test_autotuned_readers_start_at_the_cycle_on_threads_and_the_cores_in_processes(
     monkeypatch, executor, cycle, start
 ) -> None:
     monkeypatch.setattr(interleave_op, "usable_cpu_count", lambda: 2)
-    ds = tp.range(4).interleave(uneven_mod, cycle_length=cycle, num_parallel_calls=tp.AUTOTUNE, executor=executor)
+    ds = tp.range(4).interleave(
+        uneven_mod, cycle_length=cycle, num_parallel_calls=tp.AUTOTUNE, executor=executor
+    )
     it = iter(ds.with_options(tp.Options(autotune=tp.AutotuneOptions(enabled=False))))
     next(it)
     (knob,) = find_stage(it, InterleaveIterator).knobs()
@@ -211,7 +283,9 @@ def test_more_threads_than_cycle() -> None:
 
 
 def test_tuple_elements_are_unpacked() -> None:
-    ds = tp.from_tensor_slices(([1, 2], [10, 20])).interleave(lambda a, b: tp.range(a, a + 2).map(lambda i: i + b))
+    ds = tp.from_tensor_slices(([1, 2], [10, 20])).interleave(
+        lambda a, b: tp.range(a, a + 2).map(lambda i: i + b)
+    )
     assert list(ds) == [11, 22, 12, 23]
 
 
@@ -223,7 +297,9 @@ def test_nested_elements_pass_through() -> None:
 
 
 def test_cardinality_and_explain() -> None:
-    ds = tp.range(3).interleave(uneven, cycle_length=2, block_length=3, num_parallel_calls=tp.AUTOTUNE)
+    ds = tp.range(3).interleave(
+        uneven, cycle_length=2, block_length=3, num_parallel_calls=tp.AUTOTUNE
+    )
     assert ds.cardinality() == tp.UNKNOWN
     assert tp.range(3).flat_map(uneven).cardinality() == tp.UNKNOWN
     text = ds.explain()
@@ -236,12 +312,17 @@ def test_errors_continue_like_tf(kwargs: dict) -> None:
     # verified against tf.data 2.21: an element's error leaves the block where it was; a failed
     # input element or fn call leaves the slot empty and current, so the next input refills it.
     inner = tp.range(4).interleave(
-        lambda x: tp.range(3).map(lambda i: fail_at(x * 10 + i, 21)), cycle_length=2, block_length=2, **kwargs
+        lambda x: tp.range(3).map(lambda i: fail_at(x * 10 + i, 21)),
+        cycle_length=2,
+        block_length=2,
+        **kwargs,
     )
     assert collect(inner) == [0, 1, 10, 11, 2, 12, 20, "E", 22, 30, 31, 32]
     assert list(inner.ignore_errors()) == [0, 1, 10, 11, 2, 12, 20, 22, 30, 31, 32]
     failing_input = tp.range(4).map(lambda x: fail_at(x, 1))
-    ds = failing_input.interleave(lambda x: tp.range(3).map(lambda i: x * 10 + i), cycle_length=2, **kwargs)
+    ds = failing_input.interleave(
+        lambda x: tp.range(3).map(lambda i: x * 10 + i), cycle_length=2, **kwargs
+    )
     assert collect(ds) == [0, "E", 20, 1, 21, 2, 22, 30, 31, 32]
     ds = tp.range(4).interleave(fn_fails_at_1, cycle_length=2, **kwargs)
     assert collect(ds) == [0, "E", 20, 1, 21, 2, 22, 30, 31, 32]
@@ -326,8 +407,12 @@ def test_inner_random_ops_reproducible(kwargs: dict) -> None:
     # each inner dataset gets its own seed: the four shuffles are not all the same permutation
     orders = {tuple(v - x * 10 for v in first if v // 10 == x) for x in range(4)}
     assert len(orders) > 1
-    values = list(tp.range(4).interleave(noisy, cycle_length=2, **kwargs).with_options(tp.Options(seed=3)))
-    assert values == list(tp.range(4).interleave(noisy, cycle_length=2).with_options(tp.Options(seed=3)))
+    values = list(
+        tp.range(4).interleave(noisy, cycle_length=2, **kwargs).with_options(tp.Options(seed=3))
+    )
+    assert values == list(
+        tp.range(4).interleave(noisy, cycle_length=2).with_options(tp.Options(seed=3))
+    )
     assert len(set(values)) == len(values)
 
 
@@ -336,12 +421,20 @@ def test_inner_random_ops_reproducible(kwargs: dict) -> None:
 def test_checkpoint_roundtrip_interleave(kwargs: dict) -> None:
     for cycle, block in [(2, 1), (3, 3), (10, 2)]:
         assert_checkpoint_roundtrip(tp.range(len(LENS)).interleave(uneven, cycle, block, **kwargs))
-    ds = tp.range(1, 6).interleave(lambda x: tp.from_iterable([x] * 6), cycle_length=2, block_length=4, **kwargs)
+    ds = tp.range(1, 6).interleave(
+        lambda x: tp.from_iterable([x] * 6), cycle_length=2, block_length=4, **kwargs
+    )
     assert_checkpoint_roundtrip(ds)
 
 
-@pytest.mark.parametrize("kwargs", [{}, {"num_parallel_calls": 2, "executor": "thread"},
-                                    {"num_parallel_calls": 2, "executor": "process"}])  # fmt: skip
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {},
+        {"num_parallel_calls": 2, "executor": "thread"},
+        {"num_parallel_calls": 2, "executor": "process"},
+    ],
+)
 def test_take_gives_in_chunks_what_next_gives_one_by_one(kwargs: dict) -> None:
     lens, cycle, block = [3, 1, 4, 0, 2, 5, 7, 1], 3, 2
     expected = reference_interleave(lens, cycle, block)
@@ -357,13 +450,17 @@ def test_take_gives_in_chunks_what_next_gives_one_by_one(kwargs: dict) -> None:
             except StopIteration:
                 break
         assert stage.stats.produced == len(expected)
-    assert [len(chunk) for chunk in chunks] == [1] + [4] * ((len(expected) - 1) // 4) + [(len(expected) - 1) % 4]
+    assert [len(chunk) for chunk in chunks] == [1] + [4] * ((len(expected) - 1) // 4) + [
+        (len(expected) - 1) % 4
+    ]
     assert [x for chunk in chunks for x in chunk] == expected
     with iter(from_lens(lens, cycle, block, **kwargs)) as resumed:
         resumed.load_state_dict(state)
         assert list(resumed) == expected[5:]
     # a fused map and batch takes its chunks from the interleave: the batches are the elements'
-    batches = from_lens(lens, cycle, block, **kwargs).map(lambda x: x + 1, num_parallel_calls=2).batch(4)
+    batches = (
+        from_lens(lens, cycle, block, **kwargs).map(lambda x: x + 1, num_parallel_calls=2).batch(4)
+    )
     assert [x for b in batches for x in b.tolist()] == [x + 1 for x in expected]
 
 
@@ -371,9 +468,13 @@ def test_take_gives_in_chunks_what_next_gives_one_by_one(kwargs: dict) -> None:
 def test_checkpoint_roundtrip_with_repeat_and_shuffle(kwargs: dict) -> None:
     ds = tp.range(len(LENS)).interleave(uneven, cycle_length=3, block_length=2, **kwargs)
     assert_checkpoint_roundtrip(ds.repeat(2))
-    assert_checkpoint_roundtrip(tp.range(len(LENS)).repeat(2).interleave(uneven, cycle_length=4, **kwargs))
+    assert_checkpoint_roundtrip(
+        tp.range(len(LENS)).repeat(2).interleave(uneven, cycle_length=4, **kwargs)
+    )
     assert_checkpoint_roundtrip(ds.shuffle(4, seed=1))
-    assert_checkpoint_roundtrip(tp.range(len(LENS)).shuffle(3, seed=2).interleave(uneven, 2, 2, **kwargs))
+    assert_checkpoint_roundtrip(
+        tp.range(len(LENS)).shuffle(3, seed=2).interleave(uneven, 2, 2, **kwargs)
+    )
     inner_random = tp.range(4).interleave(shuffled, cycle_length=2, block_length=3, **kwargs)
     assert_checkpoint_roundtrip(inner_random.with_options(tp.Options(seed=5)))
     inner_repeat = tp.range(3).interleave(lambda x: uneven(x).repeat(2), cycle_length=2, **kwargs)
@@ -392,7 +493,10 @@ def test_checkpoint_roundtrip_through_errors(kwargs: dict) -> None:
         tp.range(4)
         .map(lambda x: fail_at(x, 1))
         .interleave(
-            lambda x: tp.range(3).map(lambda i: fail_at(x * 10 + i, 21)), cycle_length=2, block_length=2, **kwargs
+            lambda x: tp.range(3).map(lambda i: fail_at(x * 10 + i, 21)),
+            cycle_length=2,
+            block_length=2,
+            **kwargs,
         )
     )
     assert_checkpoint_roundtrip(ds.ignore_errors())
@@ -402,12 +506,16 @@ def test_checkpoint_random_cases() -> None:
     rnd = random.Random(2)
     for _ in range(6):
         lens, cycle, block = random_case(rnd)
-        assert_checkpoint_roundtrip(from_lens(lens, cycle, block, num_parallel_calls=rnd.randint(1, 4)))
+        assert_checkpoint_roundtrip(
+            from_lens(lens, cycle, block, num_parallel_calls=rnd.randint(1, 4))
+        )
 
 
 def test_checkpoint_state_is_shared_between_inline_and_parallel() -> None:
     inline = tp.range(len(LENS)).interleave(uneven, cycle_length=3, block_length=2)
-    parallel = tp.range(len(LENS)).interleave(uneven, cycle_length=3, block_length=2, num_parallel_calls=2)
+    parallel = tp.range(len(LENS)).interleave(
+        uneven, cycle_length=3, block_length=2, num_parallel_calls=2
+    )
     with iter(inline) as it:
         head = [next(it) for _ in range(5)]
         state = it.state_dict()
@@ -418,8 +526,14 @@ def test_checkpoint_state_is_shared_between_inline_and_parallel() -> None:
 
 @pytest.mark.parametrize("executor", ["thread", "process"])
 def test_checkpoint_non_deterministic_resumes_remaining_elements(executor: str) -> None:
-    ds = tp.range(9).interleave(slow_first, cycle_length=3, block_length=2, num_parallel_calls=3, deterministic=False,
-                                executor=executor)  # fmt: skip
+    ds = tp.range(9).interleave(
+        slow_first,
+        cycle_length=3,
+        block_length=2,
+        num_parallel_calls=3,
+        deterministic=False,
+        executor=executor,
+    )
     with iter(ds) as it:
         head = [next(it) for _ in range(7)]
         state = it.state_dict()
@@ -432,31 +546,79 @@ def test_checkpoint_non_deterministic_resumes_remaining_elements(executor: str) 
 
 def _rng(state: int, has_uint32: int, uinteger: int) -> dict:
     inc = 200833649129300423505225703336343220001
-    return {"bit_generator": "PCG64", "state": {"state": state, "inc": inc}, "has_uint32": has_uint32,
-            "uinteger": uinteger}  # fmt: skip
+    return {
+        "bit_generator": "PCG64",
+        "state": {"state": state, "inc": inc},
+        "has_uint32": has_uint32,
+        "uinteger": uinteger,
+    }
 
 
 # Saved by the interleave iterators before they shared one state machine over reader pools (commit
 # 430b870): one inline after 3 elements, one on threads after 7, of the pipeline below.
-OPS = ["interleave(fn=uneven, cycle_length=3, block_length=2)",
-       "shuffle(buffer_size=3, seed=1, reshuffle_each_iteration=True)", "range(start=0, stop=6, step=1, len=6)",
-       "->", "interleave", "shuffle", "range"]  # fmt: skip
+OPS = [
+    "interleave(fn=uneven, cycle_length=3, block_length=2)",
+    "shuffle(buffer_size=3, seed=1, reshuffle_each_iteration=True)",
+    "range(start=0, stop=6, step=1, len=6)",
+    "->",
+    "interleave",
+    "shuffle",
+    "range",
+]
 SAVED = [
-    ({"format": 3, "ops": OPS, "seed": 458692184222912420, "epoch": 0, "pipeline": {
-        "input": {"input": {"index": 4}, "buffer": [0, 3], "input_done": False,
-                  "rng": _rng(135221972152563403490726731193101921352, 0, 1819963395)},
-        "seq": 2, "cycle_index": 1, "block_index": 1, "end_of_input": False,
-        "slots": [{"element": 2, "seq": 0, "inner": {"input": {"index": 2}, "seq": 2}},
-                  {"element": 1, "seq": 1, "inner": {"input": {"index": 1}, "seq": 1}}, None]}},
-     [40, 41, 22, 23, 50, 51, 0, 1, 52, 53, 2, 54]),
-    ({"format": 3, "ops": OPS, "seed": 185045594099368695, "epoch": 0, "pipeline": {
-        "input": {"input": {"index": 5}, "buffer": [0, 3], "input_done": False,
-                  "rng": _rng(183521842008194837021422278924743593609, 1, 1705563963)},
-        "seq": 3, "cycle_index": 1, "block_index": 0, "end_of_input": False,
-        "slots": [{"element": 2, "seq": 0, "inner": {"input": {"index": 4}, "seq": 4}}, None,
-                  {"element": 4, "seq": 2, "inner": {"input": {"index": 2}, "seq": 2}}]}},
-     [50, 51, 0, 1, 52, 53, 2, 54]),
-]  # fmt: skip
+    (
+        {
+            "format": 3,
+            "ops": OPS,
+            "seed": 458692184222912420,
+            "epoch": 0,
+            "pipeline": {
+                "input": {
+                    "input": {"index": 4},
+                    "buffer": [0, 3],
+                    "input_done": False,
+                    "rng": _rng(135221972152563403490726731193101921352, 0, 1819963395),
+                },
+                "seq": 2,
+                "cycle_index": 1,
+                "block_index": 1,
+                "end_of_input": False,
+                "slots": [
+                    {"element": 2, "seq": 0, "inner": {"input": {"index": 2}, "seq": 2}},
+                    {"element": 1, "seq": 1, "inner": {"input": {"index": 1}, "seq": 1}},
+                    None,
+                ],
+            },
+        },
+        [40, 41, 22, 23, 50, 51, 0, 1, 52, 53, 2, 54],
+    ),
+    (
+        {
+            "format": 3,
+            "ops": OPS,
+            "seed": 185045594099368695,
+            "epoch": 0,
+            "pipeline": {
+                "input": {
+                    "input": {"index": 5},
+                    "buffer": [0, 3],
+                    "input_done": False,
+                    "rng": _rng(183521842008194837021422278924743593609, 1, 1705563963),
+                },
+                "seq": 3,
+                "cycle_index": 1,
+                "block_index": 0,
+                "end_of_input": False,
+                "slots": [
+                    {"element": 2, "seq": 0, "inner": {"input": {"index": 4}, "seq": 4}},
+                    None,
+                    {"element": 4, "seq": 2, "inner": {"input": {"index": 2}, "seq": 2}},
+                ],
+            },
+        },
+        [50, 51, 0, 1, 52, 53, 2, 54],
+    ),
+]
 
 
 @pytest.mark.parametrize(
@@ -469,7 +631,11 @@ SAVED = [
     ],
 )
 def test_checkpoints_saved_before_the_reader_pools_still_load(kwargs: dict) -> None:
-    ds = tp.range(len(LENS)).shuffle(3, seed=1).interleave(uneven, cycle_length=3, block_length=2, **kwargs)
+    ds = (
+        tp.range(len(LENS))
+        .shuffle(3, seed=1)
+        .interleave(uneven, cycle_length=3, block_length=2, **kwargs)
+    )
     for state, rest in SAVED:
         with iter(ds) as resumed:
             resumed.load_state_dict(state)
@@ -477,9 +643,13 @@ def test_checkpoints_saved_before_the_reader_pools_still_load(kwargs: dict) -> N
             assert list(resumed) == rest
 
 
-@pytest.mark.parametrize("key, value", [("cycle_index", 3), ("block_index", -1), ("seq", "2"), ("end_of_input", 0)])
+@pytest.mark.parametrize(
+    "key, value", [("cycle_index", 3), ("block_index", -1), ("seq", "2"), ("end_of_input", 0)]
+)
 def test_a_malformed_state_value_is_a_checkpoint_error_naming_the_key(key: str, value) -> None:
-    ds = tp.range(len(LENS)).interleave(uneven, cycle_length=3, block_length=2, num_parallel_calls=2)
+    ds = tp.range(len(LENS)).interleave(
+        uneven, cycle_length=3, block_length=2, num_parallel_calls=2
+    )
     with iter(ds) as it:
         next(it)
         state = it.state_dict()
@@ -492,7 +662,10 @@ def test_checkpoint_from_other_cycle_length_is_rejected() -> None:
     with iter(tp.range(4).interleave(uneven, cycle_length=2)) as it:
         next(it)
         state = it.state_dict()
-    with iter(tp.range(4).interleave(uneven, cycle_length=3)) as other, pytest.raises(CheckpointError):
+    with (
+        iter(tp.range(4).interleave(uneven, cycle_length=3)) as other,
+        pytest.raises(CheckpointError),
+    ):
         other.load_state_dict(state)
 
 
@@ -510,7 +683,9 @@ def test_close_and_gc_stop_threads() -> None:
     del it
     assert not new_threads(before)
     nested = tp.range(3).interleave(
-        lambda x: tp.range(4).interleave(lambda y: tp.range(50), cycle_length=2, num_parallel_calls=2),
+        lambda x: tp.range(4).interleave(
+            lambda y: tp.range(50), cycle_length=2, num_parallel_calls=2
+        ),
         cycle_length=2,
         num_parallel_calls=2,
     )
@@ -523,7 +698,9 @@ def test_close_and_gc_stop_threads() -> None:
 def test_parallel_nested_matches_inline() -> None:
     def nested(**kwargs) -> tp.Dataset:
         return tp.range(4).interleave(
-            lambda x: tp.range(3).interleave(lambda y: tp.range(x + y).map(lambda i: (x, y, i)), 2, 2, **kwargs),
+            lambda x: tp.range(3).interleave(
+                lambda y: tp.range(x + y).map(lambda i: (x, y, i)), 2, 2, **kwargs
+            ),
             cycle_length=3,
             **kwargs,
         )
@@ -535,11 +712,18 @@ def _hangs_at_three(x):
     return tp.range(2).map(lambda y: (time.sleep(30) if x == 3 else None, (x, y))[1])
 
 
-@pytest.mark.parametrize("executor, deterministic", [("thread", True), ("thread", False), ("process", True)])
+@pytest.mark.parametrize(
+    "executor, deterministic", [("thread", True), ("thread", False), ("process", True)]
+)
 def test_a_hung_reader_raises_a_stall_error(executor, deterministic):
     options = tp.Options(stall_timeout=1.0, optimizations={"inject_prefetch": False})
-    ds = tp.range(6).interleave(_hangs_at_three, cycle_length=2, num_parallel_calls=2, executor=executor,
-                                deterministic=deterministic)  # fmt: skip
+    ds = tp.range(6).interleave(
+        _hangs_at_three,
+        cycle_length=2,
+        num_parallel_calls=2,
+        executor=executor,
+        deterministic=deterministic,
+    )
     it = iter(ds.with_options(options))
     t0 = time.monotonic()
     with pytest.raises(tp.StallError, match=r"interleave\(_hangs_at_three\)") as info:

@@ -21,7 +21,9 @@ from torchpipe.runtime.processes.pool import ProcessPool
 from torchpipe.runtime.timing import CallTiming
 from torchpipe.testing import assert_checkpoint_roundtrip, open_readers, release_readers
 
-NO_TUNER = tp.Options(autotune=tp.AutotuneOptions(enabled=False), optimizations={"inject_prefetch": False})
+NO_TUNER = tp.Options(
+    autotune=tp.AutotuneOptions(enabled=False), optimizations={"inject_prefetch": False}
+)
 
 
 def _find(it):
@@ -35,8 +37,15 @@ def _executor(it):
 
 def _verdicts(monkeypatch, kinds):
     """Judge every 3 elements, and have the policy's verdicts be ``kinds(window number)``."""
-    cadence = dataclasses.replace(reader_placement.READS, elements=4, seconds=0.0, settle_elements=3, every=3,
-                                  settle_s=0.0, settle_process_s=0.0)  # fmt: skip
+    cadence = dataclasses.replace(
+        reader_placement.READS,
+        elements=4,
+        seconds=0.0,
+        settle_elements=3,
+        every=3,
+        settle_s=0.0,
+        settle_process_s=0.0,
+    )
     monkeypatch.setattr(reader_placement, "READS", cadence)
     verdict, windows = ReaderPlacement.verdict, []
 
@@ -75,7 +84,9 @@ def _values(elements):
 @pytest.mark.parametrize("cycle, block", [(1, 1), (3, 2), (4, 1)])
 def test_the_handover_keeps_the_inline_order(switch_early, cycle, block):
     inline = list(tp.range(30).interleave(_records, cycle_length=cycle, block_length=block))
-    ds = tp.range(30).interleave(_records, cycle_length=cycle, block_length=block, num_parallel_calls=3)
+    ds = tp.range(30).interleave(
+        _records, cycle_length=cycle, block_length=block, num_parallel_calls=3
+    )
     it = iter(ds.with_options(NO_TUNER))
     out = list(it)
     assert _values(out) == _values(inline)
@@ -111,10 +122,14 @@ def test_what_threads_read_ahead_moves_over_and_is_not_read_again(switch_early, 
 
 
 def _slow_reads(x):
-    return tp.range(6).map(lambda y: (time.sleep(0.002), (x, y, os.getpid()))[1])  # waits, like remote storage
+    return tp.range(6).map(
+        lambda y: (time.sleep(0.002), (x, y, os.getpid()))[1]
+    )  # waits, like remote storage
 
 
-def test_the_workers_run_the_readers_on_their_threads_from_the_first_task(switch_early, monkeypatch):
+def test_the_workers_run_the_readers_on_their_threads_from_the_first_task(
+    switch_early, monkeypatch
+):
     threads_at_submit = []
     submit = ProcessPool.submit
 
@@ -129,15 +144,23 @@ def test_the_workers_run_the_readers_on_their_threads_from_the_first_task(switch
     assert _executor(it) == "process"
     # Reads that wait: the knob jumps to many reads in flight, threads in each worker; the
     # handed-over readers' first chunks already run on them (not one by one).
-    assert threads_at_submit and set(threads_at_submit) == {threads_at_submit[0]} and threads_at_submit[0] > 1
+    assert (
+        threads_at_submit
+        and set(threads_at_submit) == {threads_at_submit[0]}
+        and threads_at_submit[0] > 1
+    )
 
 
 def test_the_non_deterministic_order_holds_on_both_sides_of_the_handover(switch_early):
-    ds = tp.range(30).interleave(_records, cycle_length=3, num_parallel_calls=3, deterministic=False)
+    ds = tp.range(30).interleave(
+        _records, cycle_length=3, num_parallel_calls=3, deterministic=False
+    )
     it = iter(ds.with_options(NO_TUNER))
     out = list(it)
     assert _executor(it) == "process"
-    assert sorted(_values(out)) == sorted(_values(tp.range(30).interleave(_records, cycle_length=3)))
+    assert sorted(_values(out)) == sorted(
+        _values(tp.range(30).interleave(_records, cycle_length=3))
+    )
     assert _find(it).deterministic is False
 
 
@@ -177,7 +200,9 @@ def test_readers_that_do_python_work_move_to_processes(monkeypatch):
     python_work = Window(0.1, 64, 64, 64 * 200e-6, 64 * 200e-6, 64 * 2e-6)
     monkeypatch.setattr(Window, "between", classmethod(lambda cls, start, end: python_work))
     # Long enough for the first look and two windows that agree, and more.
-    it = iter(tp.range(30).interleave(_burn, cycle_length=2, num_parallel_calls=2).with_options(NO_TUNER))
+    it = iter(
+        tp.range(30).interleave(_burn, cycle_length=2, num_parallel_calls=2).with_options(NO_TUNER)
+    )
     out = list(it)
     assert _values(out) == _values(tp.range(30).interleave(_burn, cycle_length=2))
     assert _executor(it) == "process"
@@ -197,9 +222,11 @@ def _burn_handle(handle):
 
 
 def test_readers_over_unpicklable_inputs_stay_on_threads():
-    it = iter(tp.from_iterable(lambda: (_Handle(x) for x in range(6))).interleave(_burn_handle, cycle_length=2,
-                                                                                  num_parallel_calls=2)
-              .with_options(NO_TUNER))  # fmt: skip
+    it = iter(
+        tp.from_iterable(lambda: (_Handle(x) for x in range(6)))
+        .interleave(_burn_handle, cycle_length=2, num_parallel_calls=2)
+        .with_options(NO_TUNER)
+    )
     out = list(it)
     assert _values(out) == _values(tp.range(6).interleave(_burn, cycle_length=2))
     assert _executor(it) == "thread"
@@ -210,26 +237,38 @@ def _burn_into_handles(x):
 
 
 def test_readers_of_unpicklable_elements_stay_on_threads():
-    it = iter(tp.range(6).interleave(_burn_into_handles, cycle_length=2, num_parallel_calls=2).with_options(NO_TUNER))
+    it = iter(
+        tp.range(6)
+        .interleave(_burn_into_handles, cycle_length=2, num_parallel_calls=2)
+        .with_options(NO_TUNER)
+    )
     out = [pair for pair, _ in it]
     assert out == _values(tp.range(6).interleave(_burn, cycle_length=2))
     assert _executor(it) == "thread"
 
 
 def _waits(x):
-    return tp.range(x % 7 + 5).map(lambda y: (time.sleep(0.0005), (x, y, os.getpid()))[1])  # waits, like storage
+    return tp.range(x % 7 + 5).map(
+        lambda y: (time.sleep(0.0005), (x, y, os.getpid()))[1]
+    )  # waits, like storage
 
 
 def test_readers_that_mostly_wait_stay_on_threads_and_the_workers_go():
     baseline = len(psutil.Process().children(recursive=True))
-    it = iter(tp.range(100).interleave(_waits, cycle_length=2, num_parallel_calls=2).with_options(NO_TUNER))
+    it = iter(
+        tp.range(100)
+        .interleave(_waits, cycle_length=2, num_parallel_calls=2)
+        .with_options(NO_TUNER)
+    )
     out = list(it)
     assert _executor(it) == "thread"
     assert {pid for *_, pid in out} == {os.getpid()}
     deadline = time.monotonic() + 5
     while len(psutil.Process().children(recursive=True)) > baseline and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert len(psutil.Process().children(recursive=True)) == baseline  # the zygote too, closed when threads won
+    assert (
+        len(psutil.Process().children(recursive=True)) == baseline
+    )  # the zygote too, closed when threads won
 
 
 def test_a_pass_shorter_than_the_measurement_ends_cleanly():
@@ -239,7 +278,9 @@ def test_a_pass_shorter_than_the_measurement_ends_cleanly():
 
 
 def test_checkpoints_before_and_after_the_handover_resume_exactly(switch_early):
-    ds = tp.range(9).interleave(lambda x: tp.range(x % 4 + 2), cycle_length=3, block_length=2, num_parallel_calls=2)
+    ds = tp.range(9).interleave(
+        lambda x: tp.range(x % 4 + 2), cycle_length=3, block_length=2, num_parallel_calls=2
+    )
     assert_checkpoint_roundtrip(ds.with_options(NO_TUNER), positions=[0, 2, 5, 9, 14, 20])
 
 
@@ -250,12 +291,20 @@ def test_errors_arrive_in_place_across_the_handover(switch_early):
         return tp.range(4).map(lambda y: 10 // (y - 1) if x == 7 else (x, y))
 
     def run(**parallel):
-        return list(tp.range(10).interleave(fragile, cycle_length=2, **parallel).ignore_errors()
-                    .with_options(NO_TUNER))  # fmt: skip
+        return list(
+            tp.range(10)
+            .interleave(fragile, cycle_length=2, **parallel)
+            .ignore_errors()
+            .with_options(NO_TUNER)
+        )
 
     assert run(num_parallel_calls=2) == run()
     with pytest.raises(KeyError, match="cannot open 5"):
-        list(tp.range(10).interleave(fragile, cycle_length=2, num_parallel_calls=2).with_options(NO_TUNER))
+        list(
+            tp.range(10)
+            .interleave(fragile, cycle_length=2, num_parallel_calls=2)
+            .with_options(NO_TUNER)
+        )
 
 
 def test_the_knob_moves_with_the_handover(switch_early, monkeypatch):
@@ -274,7 +323,10 @@ def test_the_knob_moves_with_the_handover(switch_early, monkeypatch):
     next(it)
     readers = stage_stats(it, "interleave")
     assert list(readers["knobs"].values()) == [5]
-    assert (readers["workers"], readers["threads_per_worker"]) == (2, 3)  # 5 reads in flight: on threads
+    assert (readers["workers"], readers["threads_per_worker"]) == (
+        2,
+        3,
+    )  # 5 reads in flight: on threads
     knob.request(1)
     next(it)
     readers = stage_stats(it, "interleave")
@@ -284,9 +336,15 @@ def test_the_knob_moves_with_the_handover(switch_early, monkeypatch):
 
 @pytest.mark.parametrize("executor", [THREAD, PROCESS])
 def test_explicit_executors_do_not_move(monkeypatch, executor):
-    _verdicts(monkeypatch, lambda window: THREAD if executor == PROCESS else PROCESS)  # the policy would move them
+    _verdicts(
+        monkeypatch, lambda window: THREAD if executor == PROCESS else PROCESS
+    )  # the policy would move them
     baseline = len(psutil.Process().children(recursive=True))
-    ds = tp.range(30).interleave(_records, num_parallel_calls=2, executor=executor).with_options(NO_TUNER)
+    ds = (
+        tp.range(30)
+        .interleave(_records, num_parallel_calls=2, executor=executor)
+        .with_options(NO_TUNER)
+    )
     with iter(ds) as it:
         kinds, pids = set(), set()
         for _ in it:
@@ -318,26 +376,38 @@ def test_readers_move_to_processes_and_back_to_threads_keeping_the_order(monkeyp
     ds = tp.range(40).interleave(reads, cycle_length=3, block_length=2, num_parallel_calls=3)
     it = iter(ds.with_options(NO_TUNER))
     out = list(it)
-    assert _values(out) == _values(tp.range(40).interleave(_records, cycle_length=3, block_length=2))
+    assert _values(out) == _values(
+        tp.range(40).interleave(_records, cycle_length=3, block_length=2)
+    )
     here = [pid == os.getpid() for *_, pid in out]
     assert here[0] and not all(here)
-    back = next(k for k in range(1, len(here)) if here[k] and not here[k - 1])  # read here again after a worker
+    back = next(
+        k for k in range(1, len(here)) if here[k] and not here[k - 1]
+    )  # read here again after a worker
     assert back < len(here)
     lines = (tmp_path / "reads").read_text().splitlines()
-    assert sorted(lines) == sorted(f"{x},{y}" for x, y in _values(out))  # each element read once, either way
+    assert sorted(lines) == sorted(
+        f"{x},{y}" for x, y in _values(out)
+    )  # each element read once, either way
 
 
 def test_checkpoints_resume_exactly_while_readers_move_both_ways(monkeypatch):
     _verdicts(monkeypatch, _there_and_back)
-    ds = tp.range(12).interleave(lambda x: tp.range(x % 4 + 2), cycle_length=3, block_length=2, num_parallel_calls=2)
+    ds = tp.range(12).interleave(
+        lambda x: tp.range(x % 4 + 2), cycle_length=3, block_length=2, num_parallel_calls=2
+    )
     assert_checkpoint_roundtrip(ds.with_options(NO_TUNER), positions=[0, 4, 9, 15, 22, 30, 36])
 
 
 def test_the_non_deterministic_order_holds_while_readers_move_both_ways(monkeypatch):
     _verdicts(monkeypatch, _there_and_back)
-    ds = tp.range(30).interleave(_records, cycle_length=3, num_parallel_calls=3, deterministic=False)
+    ds = tp.range(30).interleave(
+        _records, cycle_length=3, num_parallel_calls=3, deterministic=False
+    )
     out = list(ds.with_options(NO_TUNER))
-    assert sorted(_values(out)) == sorted(_values(tp.range(30).interleave(_records, cycle_length=3)))
+    assert sorted(_values(out)) == sorted(
+        _values(tp.range(30).interleave(_records, cycle_length=3))
+    )
 
 
 class _Clock:
@@ -389,8 +459,12 @@ def test_a_move_waits_for_two_windows_and_processes_measured_slower_send_the_rea
     placement.moved(PROCESS, stats.produced + 100)
     assert not placement.deciding and placement.kind == PROCESS
     assert _run(placement, stats, clock, 0.3, 64, *PARSING) is None  # a cycle not yet delivered
-    assert _run(placement, stats, clock, 0.1, 64, *PARSING) is None  # settled: the first window starts
-    for _ in range(3):  # half the threads' rate: the first window is not counted, then two are needed
+    assert (
+        _run(placement, stats, clock, 0.1, 64, *PARSING) is None
+    )  # settled: the first window starts
+    for _ in range(
+        3
+    ):  # half the threads' rate: the first window is not counted, then two are needed
         assert _run(placement, stats, clock, 0.2, 64, *PARSING) is None
     assert _run(placement, stats, clock, 0.2, 64, *PARSING) == THREAD  # and two verdicts
     placement.moved(THREAD)
@@ -402,11 +476,22 @@ def test_a_move_waits_for_two_windows_and_processes_measured_slower_send_the_rea
 def test_a_busy_moment_moves_nothing(clock):
     placement, stats = ReaderPlacement(2, None), _stats()
     _run(placement, stats, clock, 0.01, 16, *PARSING)
-    verdicts = [_run(placement, stats, clock, 0.1, 64, *reads) for reads in (PARSING, WAITING, PARSING, PARSING)]
+    verdicts = [
+        _run(placement, stats, clock, 0.1, 64, *reads)
+        for reads in (PARSING, WAITING, PARSING, PARSING)
+    ]
     assert verdicts == [None, None, None, PROCESS]
     placement.moved(PROCESS)
     _run(placement, stats, clock, 0.3, 64, *PARSING)
-    for seconds in [0.1, 0.1, 0.1, 0.5, 0.5, 0.1, 0.1]:  # two windows 5x slower: a measure is a median
+    for seconds in [
+        0.1,
+        0.1,
+        0.1,
+        0.5,
+        0.5,
+        0.1,
+        0.1,
+    ]:  # two windows 5x slower: a measure is a median
         assert _run(placement, stats, clock, seconds, 64, *PARSING) is None
 
 

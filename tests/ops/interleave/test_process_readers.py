@@ -37,7 +37,9 @@ def test_long_inner_datasets_arrive_in_chunks():
         num_parallel_calls=2,
         executor="process",
     )
-    inline = tp.range(3).interleave(lambda x: tp.range(300).map(lambda y: x * 1000 + y), cycle_length=3, block_length=7)
+    inline = tp.range(3).interleave(
+        lambda x: tp.range(300).map(lambda y: x * 1000 + y), cycle_length=3, block_length=7
+    )
     assert list(ds) == list(inline)
 
 
@@ -48,7 +50,9 @@ def test_random_inner_pipelines_match_threads_and_inline():
     seeded = tp.Options(seed=9)
     runs = [
         list(
-            tp.range(6).interleave(noisy, cycle_length=2, num_parallel_calls=2, executor=executor).with_options(seeded)
+            tp.range(6)
+            .interleave(noisy, cycle_length=2, num_parallel_calls=2, executor=executor)
+            .with_options(seeded)
         )
         for executor in ("process", "thread")
     ]
@@ -65,7 +69,9 @@ def test_errors_arrive_in_place_with_their_type():
     def run(executor):
         return (
             list(
-                tp.range(6).interleave(fragile, cycle_length=2, num_parallel_calls=2, executor=executor).ignore_errors()
+                tp.range(6)
+                .interleave(fragile, cycle_length=2, num_parallel_calls=2, executor=executor)
+                .ignore_errors()
             )
             if executor
             else list(tp.range(6).interleave(fragile, cycle_length=2).ignore_errors())
@@ -73,19 +79,29 @@ def test_errors_arrive_in_place_with_their_type():
 
     assert run("process") == run(None)
     with pytest.raises(KeyError, match="cannot open 2"):
-        list(tp.range(6).interleave(fragile, cycle_length=2, num_parallel_calls=2, executor="process"))
+        list(
+            tp.range(6).interleave(
+                fragile, cycle_length=2, num_parallel_calls=2, executor="process"
+            )
+        )
 
 
 def test_checkpoint_roundtrip():
     ds = tp.range(7).interleave(
-        lambda x: tp.range(x % 4), cycle_length=3, block_length=2, num_parallel_calls=2, executor="process"
+        lambda x: tp.range(x % 4),
+        cycle_length=3,
+        block_length=2,
+        num_parallel_calls=2,
+        executor="process",
     )
     assert_checkpoint_roundtrip(ds)
     inline = tp.range(7).interleave(lambda x: tp.range(x % 4), cycle_length=3, block_length=2)
     state_it = iter(inline)
     [next(state_it) for _ in range(5)]
     resumed = iter(ds)
-    resumed.load_state_dict(state_it.state_dict())  # the inline and process states are the same format
+    resumed.load_state_dict(
+        state_it.state_dict()
+    )  # the inline and process states are the same format
     assert_same_elements(resumed, state_it)
 
 
@@ -93,12 +109,18 @@ def test_killed_worker_loses_nothing():
     def slow(x):
         return tp.range(30).map(lambda y: (x, y, os.getpid()))
 
-    it = iter(tp.range(4).interleave(slow, cycle_length=2, block_length=5, num_parallel_calls=2, executor="process"))
+    it = iter(
+        tp.range(4).interleave(
+            slow, cycle_length=2, block_length=5, num_parallel_calls=2, executor="process"
+        )
+    )
     head = [next(it) for _ in range(12)]
     os.kill(head[-1][2], signal.SIGKILL)
     rest = list(it)
     expected = list(
-        tp.range(4).interleave(lambda x: tp.range(30).map(lambda y: (x, y)), cycle_length=2, block_length=5)
+        tp.range(4).interleave(
+            lambda x: tp.range(30).map(lambda y: (x, y)), cycle_length=2, block_length=5
+        )
     )
     assert values(head + rest) == expected
 
@@ -122,7 +144,9 @@ def test_a_stream_is_opened_once_per_reader(tmp_path, monkeypatch):
     ds = tp.range(6).interleave(stream, cycle_length=2, num_parallel_calls=2, executor="process")
     assert list(ds) == list(tp.range(6).interleave(stream, cycle_length=2))
     opened = log.read_text().split()
-    assert sorted(opened[: len(opened) - 6]) == [str(x) for x in range(6)]  # the inline run added the rest
+    assert sorted(opened[: len(opened) - 6]) == [
+        str(x) for x in range(6)
+    ]  # the inline run added the rest
 
 
 def test_chunks_end_early_for_slow_reads(monkeypatch):
@@ -140,12 +164,18 @@ def test_chunks_end_early_for_slow_reads(monkeypatch):
         return tp.range(50).map(lambda y: time.sleep(0.004) or y)
 
     ctx = BuildContext(seed=0, seeded=False, epoch=0, options=tp.Options())
-    task = process_readers.InnerChunkTask(InnerOpener(UserFunction(slow, "interleave(slow)", ctx), ctx))
+    task = process_readers.InnerChunkTask(
+        InnerOpener(UserFunction(slow, "interleave(slow)", ctx), ctx)
+    )
     first = task(0, (0, 0, None, 256, 0, 0))
-    assert 1 <= len(first) < 10  # a loaded machine may take 10 ms for one 4 ms read: ends early all the same
+    assert (
+        1 <= len(first) < 10
+    )  # a loaded machine may take 10 ms for one 4 ms read: ends early all the same
     second = task(1, (0, 0, first[-1][2], 256, 0, len(first)))  # the open iterator reads on
     assert [payload for _, payload, _ in first + second] == list(range(len(first) + len(second)))
-    reopened = task(2, (0, 0, first[-1][2], 256, 0, len(first)))  # a stale position re-opens at the state
+    reopened = task(
+        2, (0, 0, first[-1][2], 256, 0, len(first))
+    )  # a stale position re-opens at the state
     assert reopened[0][1] == len(first)
 
 
@@ -154,9 +184,13 @@ def test_tensor_records_arrive_as_rows_and_checkpoint_mid_chunk():
     import torch
 
     def records(x):
-        return tp.range(40).map(lambda y: {"x": torch.full((3,), float(x * 100 + y)), "label": y % 7})
+        return tp.range(40).map(
+            lambda y: {"x": torch.full((3,), float(x * 100 + y)), "label": y % 7}
+        )
 
-    ds = tp.range(5).interleave(records, cycle_length=2, block_length=3, num_parallel_calls=2, executor="process")
+    ds = tp.range(5).interleave(
+        records, cycle_length=2, block_length=3, num_parallel_calls=2, executor="process"
+    )
     inline = tp.range(5).interleave(records, cycle_length=2, block_length=3)
     assert_same_elements(iter(ds), iter(inline))
     assert_checkpoint_roundtrip(ds, positions=[0, 7, 41, 150])
@@ -173,9 +207,13 @@ def test_chunks_end_at_about_chunk_bytes(monkeypatch):
     def big(x):
         return tp.range(100).map(lambda y: torch.full((128, 1024), float(y)))  # 512 KiB each
 
-    monkeypatch.setattr(process_readers, "CHUNK_S", 60.0)  # only the bytes end this chunk, however slow
+    monkeypatch.setattr(
+        process_readers, "CHUNK_S", 60.0
+    )  # only the bytes end this chunk, however slow
     ctx = BuildContext(seed=0, seeded=False, epoch=0, options=tp.Options())
-    task = process_readers.InnerChunkTask(InnerOpener(UserFunction(big, "interleave(big)", ctx), ctx))
+    task = process_readers.InnerChunkTask(
+        InnerOpener(UserFunction(big, "interleave(big)", ctx), ctx)
+    )
     chunk = task(0, (0, 0, None, 256, 0, 0))
     assert isinstance(chunk, process_readers.PackedChunk)
     items = chunk.items()

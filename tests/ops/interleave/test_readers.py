@@ -12,7 +12,14 @@ from torchpipe.core.node import BuildContext
 from torchpipe.core.stats import IteratorStats
 from torchpipe.ops.interleave.interleave import InterleaveIterator
 from torchpipe.ops.interleave.process_readers import ProcessReaders
-from torchpipe.ops.interleave.readers import END, FAILED, VALUE, InlineReaders, InnerOpener, ReaderPlace
+from torchpipe.ops.interleave.readers import (
+    END,
+    FAILED,
+    VALUE,
+    InlineReaders,
+    InnerOpener,
+    ReaderPlace,
+)
 from torchpipe.ops.interleave.thread_readers import ThreadReaders
 from torchpipe.runtime.processes.pool import process_executor_supported
 from torchpipe.runtime.timing import CallTiming
@@ -79,7 +86,9 @@ def test_a_reader_opens_at_a_saved_place_and_gives_what_was_read_ahead_first(kin
         pool.shutdown()
     assert [(k, p) for k, p, _ in got] == [(k, p) for k, p, _ in items[1:]]
     # Each element's position (a state a chunk, and the items read after it) reads on as the inline one does.
-    assert [_rest_from(state) for _, _, state in got[:-1]] == [_rest_from(state) for _, _, state in items[1:-1]]
+    assert [_rest_from(state) for _, _, state in got[:-1]] == [
+        _rest_from(state) for _, _, state in items[1:-1]
+    ]
 
 
 def _rest_from(state) -> list:
@@ -94,7 +103,9 @@ def test_a_reader_takes_the_inner_state_once_a_chunk(kind, monkeypatch):
 
     taken = []
     real = IndexedSourceIterator.get_state
-    monkeypatch.setattr(IndexedSourceIterator, "get_state", lambda self: taken.append(1) or real(self))
+    monkeypatch.setattr(
+        IndexedSourceIterator, "get_state", lambda self: taken.append(1) or real(self)
+    )
     pool = _pool(kind)
     try:
         items = _drain(pool, pool.open(1, 0))
@@ -103,13 +114,20 @@ def test_a_reader_takes_the_inner_state_once_a_chunk(kind, monkeypatch):
     assert [p for _, p, _ in items] == [10, 11, 12, 13, 14, None]
     if kind == "thread":  # a worker process's reads are counted there
         assert len(taken) <= 2
-    assert [_rest_from(state) for _, _, state in items[:-1]] == [[11, 12, 13, 14, None], [12, 13, 14, None],
-                                                               [13, 14, None], [14, None], [None]]  # fmt: skip
+    assert [_rest_from(state) for _, _, state in items[:-1]] == [
+        [11, 12, 13, 14, None],
+        [12, 13, 14, None],
+        [13, 14, None],
+        [14, None],
+        [None],
+    ]
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_reader_whose_read_ahead_ran_to_the_end_opens_nothing(kind):
-    place = ReaderPlace(99, 0, {"stands": "for a state"}, None, ((VALUE, 990, {"after": 990}), (END, None, None)))
+    place = ReaderPlace(
+        99, 0, {"stands": "for a state"}, None, ((VALUE, 990, {"after": 990}), (END, None, None))
+    )
     pool = _pool(kind)
     try:
         reader = pool.open(*place)

@@ -18,7 +18,10 @@ from torchpipe.runtime.timing import CallTiming
 def test_a_hung_read_raises_a_stall_error_naming_the_inner_dataset_and_the_thread():
     gate = threading.Event()
     ctx = BuildContext(seed=0, seeded=False, epoch=0, options=tp.Options())
-    opener = InnerOpener(UserFunction(lambda x: tp.range(2).map(lambda y: gate.wait(10)), "interleave(hang)", ctx), ctx)
+    opener = InnerOpener(
+        UserFunction(lambda x: tp.range(2).map(lambda y: gate.wait(10)), "interleave(hang)", ctx),
+        ctx,
+    )
     pool = ThreadReaders("interleave(hang)", opener, 1, stall_s=0.3)
     stats = IteratorStats()
     stats.calls = CallTiming()

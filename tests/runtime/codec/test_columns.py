@@ -45,13 +45,23 @@ def test_each_tensor_component_travels_as_one_buffer():
     assert codec.encode(values).nbytes > record.nbytes
     rows = codec.decode_bytes(codec.encode_bytes(to_columns(values))).rows()
     first = rows[0][0]
-    assert first.untyped_storage().data_ptr() == rows[-1][0].untyped_storage().data_ptr()  # rows of one stack
+    assert (
+        first.untyped_storage().data_ptr() == rows[-1][0].untyped_storage().data_ptr()
+    )  # rows of one stack
 
 
-@pytest.mark.parametrize("row", [
-    torch.ones(3), torch.ones(2, 5, dtype=torch.bool), torch.tensor(1.5, dtype=torch.float64),
-    torch.ones(16), torch.ones(17, dtype=torch.int16), torch.zeros(0),
-], ids=["12_bytes", "10_bools", "scalar", "64_bytes", "34_bytes", "empty"])  # fmt: skip
+@pytest.mark.parametrize(
+    "row",
+    [
+        torch.ones(3),
+        torch.ones(2, 5, dtype=torch.bool),
+        torch.tensor(1.5, dtype=torch.float64),
+        torch.ones(16),
+        torch.ones(17, dtype=torch.int16),
+        torch.zeros(0),
+    ],
+    ids=["12_bytes", "10_bools", "scalar", "64_bytes", "34_bytes", "empty"],
+)
 def test_rows_start_on_64_byte_boundaries(row):
     values = [{"x": row.clone() if i % 2 else torch.zeros_like(row), "i": i} for i in range(7)]
     record = codec.encode_bytes(to_columns(values))
@@ -75,7 +85,18 @@ def test_rows_start_on_64_byte_boundaries(row):
         [collections.OrderedDict(a=1)] * 2,  # a dict type rows() would not rebuild
         [1, 2, 3],  # plain leaves: sent as they are
     ],
-    ids=["one", "shapes", "dtypes", "grad", "types", "lengths", "nested", "keys", "ordereddict", "ints"],
+    ids=[
+        "one",
+        "shapes",
+        "dtypes",
+        "grad",
+        "types",
+        "lengths",
+        "nested",
+        "keys",
+        "ordereddict",
+        "ints",
+    ],
 )
 def test_other_elements_are_left_as_they_are(values):
     assert to_columns(values) is None

@@ -60,7 +60,14 @@ def test_each_type_round_trips_exactly_below_at_and_above_its_threshold(cls):
 
 def test_str_keeps_every_code_point_lone_surrogates_included():
     n = RAW_MIN
-    for value in ("é" * n, "🙂" * n, "\U0010ffff" * n, "a\0b" * n, "\ud800x\udfff" * n, "\udc80" + text(n)):
+    for value in (
+        "é" * n,
+        "🙂" * n,
+        "\U0010ffff" * n,
+        "a\0b" * n,
+        "\ud800x\udfff" * n,
+        "\udc80" + text(n),
+    ):
         for out in decoded([value, value[:-1]]):
             assert out == [value, value[:-1]]
 
@@ -91,10 +98,21 @@ def rows(count):
 
 def test_rows_and_batches_of_rows_round_trip():
     some = rows(8)
-    named = [Row(r["id"], torch.from_numpy(r["x"]), bytearray(r["blob"]), (r["meta"], r["meta"]["caption"]))
-             for r in some]  # fmt: skip
+    named = [
+        Row(
+            r["id"],
+            torch.from_numpy(r["x"]),
+            bytearray(r["blob"]),
+            (r["meta"], r["meta"]["caption"]),
+        )
+        for r in some
+    ]
     batch = default_collate(rows(32))
-    assert type(batch["blob"]) is list and type(batch["id"]) is list and type(batch["x"]) is torch.Tensor
+    assert (
+        type(batch["blob"]) is list
+        and type(batch["id"]) is list
+        and type(batch["x"]) is torch.Tensor
+    )
     for element in (some[3], some, named, batch, (some[:2], [named[:2]], {"batch": batch})):
         for out in decoded(element):
             assert_elements_equal(out, element)
@@ -106,12 +124,19 @@ def test_rows_and_batches_of_rows_round_trip():
 def test_the_same_object_twice_decodes_as_one_object_and_equal_objects_as_two():
     shared, text_value, blob = make(bytearray, RAW_MIN), text(RAW_MIN), make(bytes, RAW_MIN)
     twin, blob_twin = bytearray(shared), blob[:1] + blob[1:]  # equal, but other objects
-    element = {"a": shared, "b": [shared, twin], "s": (text_value, text_value), "t": [blob, blob_twin, blob]}
+    element = {
+        "a": shared,
+        "b": [shared, twin],
+        "s": (text_value, text_value),
+        "t": [blob, blob_twin, blob],
+    }
     flags, _ = layout(codec.encode_bytes(element))
     assert len(flags) == 5  # shared, twin, the text, blob and blob_twin
     for out in decoded(element):
         assert_elements_equal(out, element)
-        assert out["b"][0] is out["a"] and out["b"][1] is not out["a"] and out["s"][0] is out["s"][1]
+        assert (
+            out["b"][0] is out["a"] and out["b"][1] is not out["a"] and out["s"][0] is out["s"][1]
+        )
         assert out["t"][0] is out["t"][2] and out["t"][1] is not out["t"][0]
         out["a"][0] ^= 0xFF
         assert out["b"][0][0] == out["a"][0] != out["b"][1][0]

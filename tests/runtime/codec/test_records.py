@@ -15,7 +15,9 @@ from torchpipe.runtime.codec import pickling as codec_pickle
 from torchpipe.testing import assert_elements_equal
 
 pytestmark = pytest.mark.filterwarnings(
-    "ignore:ComplexHalf support is experimental", "ignore:.*quantize_per_tensor", "ignore:TypedStorage is deprecated"
+    "ignore:ComplexHalf support is experimental",
+    "ignore:.*quantize_per_tensor",
+    "ignore:TypedStorage is deprecated",
 )
 
 Point = namedtuple("Point", "x y")
@@ -23,7 +25,12 @@ Point = namedtuple("Point", "x y")
 SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 QUANTIZED = ("torch.qint", "torch.quint")
 TORCH_DTYPES = sorted(
-    {v for v in vars(torch).values() if isinstance(v, torch.dtype) and not str(v).startswith(QUANTIZED)}, key=str
+    {
+        v
+        for v in vars(torch).values()
+        if isinstance(v, torch.dtype) and not str(v).startswith(QUANTIZED)
+    },
+    key=str,
 )
 
 
@@ -86,7 +93,9 @@ def tensor_bytes(t):
     t = t.detach()
     if t.is_complex() and t.element_size() not in SAME_SIZE_INT:
         t = torch.view_as_real(t)
-    return bytes(t.view(SAME_SIZE_INT[t.element_size()]).contiguous().reshape(-1).view(torch.uint8).numpy())
+    return bytes(
+        t.view(SAME_SIZE_INT[t.element_size()]).contiguous().reshape(-1).view(torch.uint8).numpy()
+    )
 
 
 TENSOR_LAYOUTS = {
@@ -110,9 +119,15 @@ def test_every_torch_dtype_and_layout_round_trips_bit_exactly(dtype, layout):
 
 
 def test_nan_payloads_survive_bit_for_bit():
-    bits = torch.tensor([0x7FC00001, 0x7F800001, 0xFFC0BEEF, 0x7FBFFFFF], dtype=torch.int64).to(torch.int32)
+    bits = torch.tensor([0x7FC00001, 0x7F800001, 0xFFC0BEEF, 0x7FBFFFFF], dtype=torch.int64).to(
+        torch.int32
+    )
     f32 = bits.view(torch.float32)
-    halves = torch.tensor([0x7E01, 0x7C01, 0xFE55], dtype=torch.int32).to(torch.int16).view(torch.float16)
+    halves = (
+        torch.tensor([0x7E01, 0x7C01, 0xFE55], dtype=torch.int32)
+        .to(torch.int16)
+        .view(torch.float16)
+    )
     arr = np.array([0x7FF0000000000001, 0x7FF8DEADBEEF0001], dtype=np.int64).view(np.float64)
     out = roundtrip((f32, f32[::2], halves, arr, arr[::-1]))
     assert out[0].view(torch.int32).tolist() == bits.tolist()
@@ -126,10 +141,31 @@ def structured_dtype():
 
 
 NUMPY_DTYPES = [
-    np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64,
-    np.float16, np.float32, np.float64, np.longdouble, np.complex64, np.complex128, np.clongdouble,
-    "datetime64[ns]", "timedelta64[s]", "S5", "U3", "V8", ">i4", ">f8", structured_dtype(),
-]  # fmt: skip
+    np.bool_,
+    np.int8,
+    np.int16,
+    np.int32,
+    np.int64,
+    np.uint8,
+    np.uint16,
+    np.uint32,
+    np.uint64,
+    np.float16,
+    np.float32,
+    np.float64,
+    np.longdouble,
+    np.complex64,
+    np.complex128,
+    np.clongdouble,
+    "datetime64[ns]",
+    "timedelta64[s]",
+    "S5",
+    "U3",
+    "V8",
+    ">i4",
+    ">f8",
+    structured_dtype(),
+]
 
 
 def random_array(dtype, shape, seed=0):
@@ -161,7 +197,9 @@ ARRAY_LAYOUTS = {
 
 
 @pytest.mark.parametrize("layout", sorted(ARRAY_LAYOUTS))
-@pytest.mark.parametrize("dtype", NUMPY_DTYPES, ids=lambda d: np.dtype(d).str + ("s" if np.dtype(d).names else ""))
+@pytest.mark.parametrize(
+    "dtype", NUMPY_DTYPES, ids=lambda d: np.dtype(d).str + ("s" if np.dtype(d).names else "")
+)
 def test_every_numpy_dtype_and_layout_round_trips_bit_exactly(dtype, layout):
     a = ARRAY_LAYOUTS[layout](dtype)
     out = roundtrip([a])[0]
@@ -180,7 +218,11 @@ def test_object_arrays_and_array_subclasses_are_pickled():
     masked = np.ma.masked_array([1.0, 2.0, 3.0], mask=[False, True, False])
     out = roundtrip({"objects": objects, "masked": masked})
     assert out["objects"].dtype == object and out["objects"].tolist() == objects.tolist()
-    assert type(out["masked"]) is np.ma.MaskedArray and out["masked"].mask.tolist() == [False, True, False]
+    assert type(out["masked"]) is np.ma.MaskedArray and out["masked"].mask.tolist() == [
+        False,
+        True,
+        False,
+    ]
 
 
 def test_high_rank_and_large_tensors_and_arrays():
@@ -188,7 +230,9 @@ def test_high_rank_and_large_tensors_and_arrays():
     big = random_tensor(torch.float32, (2048, 2048))  # 16 MiB: the GIL-free copy path
     wide = random_array(np.int16, (4096, 1024))
     out = roundtrip((deep, big, big.t(), wide, wide[:, ::2]))
-    assert_elements_equal(out, (deep, big, big.t().contiguous(), wide, np.ascontiguousarray(wide[:, ::2])))
+    assert_elements_equal(
+        out, (deep, big, big.t().contiguous(), wide, np.ascontiguousarray(wide[:, ::2]))
+    )
 
 
 def test_requires_grad_is_kept_on_detached_data():
@@ -205,7 +249,9 @@ def test_lazy_conjugate_and_negative_views_are_resolved():
     z = torch.randn(4, dtype=torch.complex64)
     neg = torch._neg_view(torch.randn(3))
     out = roundtrip((z.conj(), z.conj()[::2], z.conj().imag, neg))
-    assert_elements_equal(out, (z.conj().resolve_conj(), z.conj()[::2].resolve_conj(), -z.imag, neg.resolve_neg()))
+    assert_elements_equal(
+        out, (z.conj().resolve_conj(), z.conj()[::2].resolve_conj(), -z.imag, neg.resolve_neg())
+    )
     assert not out[0].is_conj() and not out[2].is_neg()
 
 
@@ -250,7 +296,11 @@ def test_non_plain_tensors_fall_back_to_pickle():
     assert out[1].is_quantized and torch.equal(out[1].int_repr(), quantized.int_repr())
     assert out[1].q_scale() == quantized.q_scale() and out[1].q_zero_point() == 3
     assert out[2].is_meta and out[2].shape == (2, 3)
-    assert type(out[3]) is torch.nn.Parameter and out[3].requires_grad and torch.equal(out[3].data, param.data)
+    assert (
+        type(out[3]) is torch.nn.Parameter
+        and out[3].requires_grad
+        and torch.equal(out[3].data, param.data)
+    )
 
 
 def test_allocate_hook_receives_every_tensor():
@@ -262,11 +312,18 @@ def test_allocate_hook_receives_every_tensor():
         return t
 
     sparse = torch.randn(3, 3).relu().to_sparse()  # its indices and values are plain tensors
-    element = {"a": torch.randn(2, 3), "b": [torch.arange(4).t(), torch.zeros(0)], "s": sparse, "n": np.ones(2)}
+    element = {
+        "a": torch.randn(2, 3),
+        "b": [torch.arange(4).t(), torch.zeros(0)],
+        "s": sparse,
+        "n": np.ones(2),
+    }
     out = roundtrip(element, allocate=allocate)
     assert len(calls) == 5
     assert out["a"] is calls[0] and out["b"][0] is calls[1] and out["b"][1] is calls[2]
-    assert_elements_equal({k: v for k, v in out.items() if k != "s"}, {k: v for k, v in element.items() if k != "s"})
+    assert_elements_equal(
+        {k: v for k, v in out.items() if k != "s"}, {k: v for k, v in element.items() if k != "s"}
+    )
     assert torch.equal(out["s"].to_dense(), sparse.to_dense())
 
 
@@ -277,7 +334,9 @@ def test_allocate_hook_must_return_the_asked_shape_and_dtype():
     with pytest.raises(TypeError, match="not contiguous"):
         codec.decode(record, allocate=lambda shape, dtype: torch.empty(3, 2, dtype=dtype).t())
     with pytest.raises(TypeError, match="on meta"):
-        codec.decode(record, allocate=lambda shape, dtype: torch.empty(shape, dtype=dtype, device="meta"))
+        codec.decode(
+            record, allocate=lambda shape, dtype: torch.empty(shape, dtype=dtype, device="meta")
+        )
 
 
 def test_decode_uses_the_allocator_for_every_tensor():
@@ -286,7 +345,8 @@ def test_decode_uses_the_allocator_for_every_tensor():
     buf = bytearray(encoded.nbytes)
     encoded.write_into(memoryview(buf))
     out = codec.decode(
-        memoryview(buf), allocate=lambda shape, dtype: shapes.append(shape) or torch.empty(shape, dtype=dtype)
+        memoryview(buf),
+        allocate=lambda shape, dtype: shapes.append(shape) or torch.empty(shape, dtype=dtype),
     )
     assert_elements_equal(out, (torch.ones(5), "x", torch.zeros(2, 2)))
     assert shapes == [(5,), (2, 2)]
@@ -316,7 +376,9 @@ def test_no_view_of_an_mmap_survives_errors():
     with pytest.raises(ValueError, match="bytes") as write_error:
         codec.encode(torch.ones(1000)).write_into(region)
     region.close()  # BufferError if a view kept alive by either traceback still exported it
-    assert decode_error.value.__traceback__ is not None and write_error.value.__traceback__ is not None
+    assert (
+        decode_error.value.__traceback__ is not None and write_error.value.__traceback__ is not None
+    )
 
 
 def test_record_layout_matches_the_documented_format():
@@ -333,7 +395,9 @@ def test_record_layout_matches_the_documented_format():
         offsets.append(offset)
         offset += length
     assert offset == total
-    assert record[offsets[0] : offsets[0] + 6] == torch.arange(3, dtype=torch.int16).numpy().tobytes()
+    assert (
+        record[offsets[0] : offsets[0] + 6] == torch.arange(3, dtype=torch.int16).numpy().tobytes()
+    )
     assert record[offsets[1] : offsets[1] + 3] == b"abc"
     assert_elements_equal(codec.decode_bytes(record)[2], element[2])
 
@@ -389,7 +453,9 @@ def test_unpicklable_parts_are_named_in_a_type_error():
         codec.encode({"ok": torch.ones(1), "fn": lambda x: x})
     assert "return tensors, numpy arrays or plain data" in str(info.value)
     assert info.value.__cause__ is not None
-    with pytest.raises(TypeError, match=r"element\[1\] of type .*HoldsLock: cannot pickle '_thread.lock'"):
+    with pytest.raises(
+        TypeError, match=r"element\[1\] of type .*HoldsLock: cannot pickle '_thread.lock'"
+    ):
         codec.encode((1, HoldsLock()))
     Local = namedtuple("Local", "a")
     with pytest.raises(TypeError, match=r"could not pickle element of type .*Local"):
@@ -405,8 +471,15 @@ def misaligning_element():
     return {
         "tensors": [torch.arange(n, dtype=torch.uint8) for n in (0, 1, 3, 63, 64, 65, 1001)],
         "arrays": [np.arange(n, dtype=np.int16) for n in (0, 1, 5, 33)],
-        "nested": (Point(torch.ones(3, 5, dtype=torch.float64).t(), np.zeros((0, 7))), {"deep": [np.ones(9)[::2]]}),
-        "odd dtypes": (torch.ones(7, dtype=torch.bfloat16), np.array(["ab", "c"]), np.zeros(3, structured_dtype())),
+        "nested": (
+            Point(torch.ones(3, 5, dtype=torch.float64).t(), np.zeros((0, 7))),
+            {"deep": [np.ones(9)[::2]]},
+        ),
+        "odd dtypes": (
+            torch.ones(7, dtype=torch.bfloat16),
+            np.array(["ab", "c"]),
+            np.zeros(3, structured_dtype()),
+        ),
         "scalars": (torch.tensor(1.5), np.float32(2.5), np.array(7, np.int8)),
         "other": ("text", b"y" * 100, 3),
     }
@@ -417,7 +490,9 @@ def test_every_tensor_and_array_is_decoded_64_byte_aligned():
     record = codec.encode_bytes(element)
     pinned = []
     copied = roundtrip(element)  # from a buffer at an arbitrary address: copies
-    allocated = roundtrip(element, allocate=lambda shape, dtype: pinned.append(1) or torch.empty(shape, dtype=dtype))
+    allocated = roundtrip(
+        element, allocate=lambda shape, dtype: pinned.append(1) or torch.empty(shape, dtype=dtype)
+    )
     viewed = codec.decode_view(aligned_base(record))
     for out in (copied, allocated, viewed):
         assert_elements_equal(out, element)
@@ -463,7 +538,9 @@ def test_decode_view_shares_memory_and_frees_the_record_with_the_last_view():
     freed = []
     out = codec.decode_view(base)
     weakref.finalize(base, freed.append, True)
-    assert_elements_equal({k: v for k, v in out.items() if k != "g"}, {k: v for k, v in element.items() if k != "g"})
+    assert_elements_equal(
+        {k: v for k, v in out.items() if k != "g"}, {k: v for k, v in element.items() if k != "g"}
+    )
     assert out["g"].requires_grad and torch.equal(out["g"].detach(), torch.ones(2))
     assert np.shares_memory(out["a"], base) and out["t"].data_ptr() >= base.ctypes.data
     out["t"][0] = 5  # writable
@@ -485,7 +562,12 @@ def test_stacked_tensors_are_stacked_straight_into_the_record():
     }
     out = codec.decode_bytes(codec.encode_bytes(element))
     assert_elements_equal(
-        out, {"x": torch.stack(parts), "flags": torch.ones(3, 2, dtype=torch.bool), "none": torch.zeros(2, 0)}
+        out,
+        {
+            "x": torch.stack(parts),
+            "flags": torch.ones(3, 2, dtype=torch.bool),
+            "none": torch.zeros(2, 0),
+        },
     )
     with pytest.raises(ValueError, match="one shape and dtype"):
         codec.StackedTensor([torch.zeros(2), torch.zeros(3)])
@@ -510,8 +592,11 @@ def test_stacks_of_aligned_rows_decode_as_views_of_aligned_rows(dtype, row_shape
         allocated.append(shape)
         return torch.empty(shape, dtype=dtype)
 
-    for out in (codec.decode_bytes(record), codec.decode_view(aligned_base(record)),
-                codec.decode(record, allocate=allocate)):  # fmt: skip
+    for out in (
+        codec.decode_bytes(record),
+        codec.decode_view(aligned_base(record)),
+        codec.decode(record, allocate=allocate),
+    ):
         assert_elements_equal(out, torch.stack(parts))
         assert out.stride()[0] == stride
         assert [row.data_ptr() % 64 for row in out.unbind(0)] == [0] * 5
@@ -521,9 +606,16 @@ def test_stacks_of_aligned_rows_decode_as_views_of_aligned_rows(dtype, row_shape
 def test_corrupt_row_strides_raise_value_error():
     record = codec.encode_bytes(codec.StackedTensor([torch.ones(3)] * 2, aligned_rows=True))
     assert record.count(struct.pack("<BB", 0x4B, 64)) == 1  # the stride, pickled as BININT1 64
-    for bad in (12, 8, 62, 128):  # no padding; shorter than a row; not whole elements; past the buffer
+    for bad in (
+        12,
+        8,
+        62,
+        128,
+    ):  # no padding; shorter than a row; not whole elements; past the buffer
         with pytest.raises(ValueError, match="corrupt"):
-            codec.decode(record.replace(struct.pack("<BB", 0x4B, 64), struct.pack("<BB", 0x4B, bad)))
+            codec.decode(
+                record.replace(struct.pack("<BB", 0x4B, 64), struct.pack("<BB", 0x4B, bad))
+            )
 
 
 def test_materialize_stacks_what_was_meant_for_shared_memory():

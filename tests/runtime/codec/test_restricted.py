@@ -38,7 +38,9 @@ def _restricted_round_trip(value):
     return codec.decode_bytes(codec.encode_bytes(value), restricted=True)
 
 
-@pytest.mark.parametrize("value", [Plain(1), Typed(2), Slotted(3, 4), {Plain(1, 2): [Typed(1, 2.5)]}])
+@pytest.mark.parametrize(
+    "value", [Plain(1), Typed(2), Slotted(3, 4), {Plain(1, 2): [Typed(1, 2.5)]}]
+)
 def test_plain_namedtuples_are_rebuilt_without_being_allowed(value):
     out = _restricted_round_trip(value)
     assert out == value and type(out) is type(value)
@@ -88,7 +90,9 @@ class _Planted:
 
 
 def test_sparse_indices_are_checked_against_the_size():
-    bad = torch.sparse_coo_tensor(torch.tensor([[0, 5]]), torch.tensor([1.0, 2.0]), (2,), check_invariants=False)
+    bad = torch.sparse_coo_tensor(
+        torch.tensor([[0, 5]]), torch.tensor([1.0, 2.0]), (2,), check_invariants=False
+    )
     with pytest.raises(RuntimeError, match="size is inconsistent with indices"):
         restricted.loads(pickle.dumps(bad))
     good = torch.tensor([[0, 1], [1, 0]]).to_sparse()

@@ -17,7 +17,9 @@ def test_the_rates_are_measured_once_and_plausible():
     assert memory_costs.fault_seconds() == fault_s and memory_costs.byte_seconds() == byte_s
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="page faults are counted per thread on Linux")
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="page faults are counted per thread on Linux"
+)
 def test_a_thread_counts_the_pages_it_faults_in_and_only_reused_ones_are_a_cold_start():
     with mmap.mmap(-1, 8 << 20) as fresh:  # 8 MiB the process never had
         before = memory_costs.thread_faults()

@@ -26,7 +26,9 @@ from torchpipe.testing import as_in_a_fresh_process
 
 def costs(call_s, gil_free=0.0, cpu_s=None, move_s=20e-6, consumer_s=0.0, thread_safe=True):
     cpu_s = call_s if cpu_s is None else cpu_s
-    return CallCosts(call_s, cpu_s, gil_free, move_s, consumer_s, thread_safe, message_s=policy_module.MESSAGE_S)
+    return CallCosts(
+        call_s, cpu_s, gil_free, move_s, consumer_s, thread_safe, message_s=policy_module.MESSAGE_S
+    )
 
 
 @pytest.mark.parametrize(
@@ -36,8 +38,14 @@ def costs(call_s, gil_free=0.0, cpu_s=None, move_s=20e-6, consumer_s=0.0, thread
         (costs(500e-6, move_s=400e-6), INLINE),  # moving the result costs about what making it does
         (costs(2e-3), PROCESS),  # Python that holds the GIL, results cheap to move
         (costs(2e-3, gil_free=0.3), PROCESS),  # short GIL releases do not let threads overlap
-        (costs(10e-3, gil_free=0.98, move_s=2e-3), THREAD),  # C code that releases the GIL, large results
-        (costs(10e-3, gil_free=0.1, cpu_s=0.2e-3), THREAD),  # waits on I/O: many threads overlap the waits
+        (
+            costs(10e-3, gil_free=0.98, move_s=2e-3),
+            THREAD,
+        ),  # C code that releases the GIL, large results
+        (
+            costs(10e-3, gil_free=0.1, cpu_s=0.2e-3),
+            THREAD,
+        ),  # waits on I/O: many threads overlap the waits
     ],
 )
 def test_the_choice_follows_the_costs(calls, kind):
@@ -75,7 +83,9 @@ def test_workers_start_at_the_cores_and_more_for_calls_that_wait():
     assert workers(costs(1e-3), PROCESS, 4) == 4
     assert workers(costs(1e-3), INLINE, 4) == 0
     assert workers(costs(10e-3, cpu_s=1e-3), THREAD, 2) == 20
-    assert workers(costs(10e-3, cpu_s=1e-3), PROCESS, 2) == 4  # processes beyond twice the cores only cost memory
+    assert (
+        workers(costs(10e-3, cpu_s=1e-3), PROCESS, 2) == 4
+    )  # processes beyond twice the cores only cost memory
 
 
 def _acted(policy, seconds):
@@ -95,19 +105,31 @@ def test_the_policy_tries_a_close_alternative_once_and_settles_on_what_was_measu
     # Threads measured slower than predicted (2 ms); processes are predicted faster than that
     # measure (2.3 ms), though not by the margin: after three windows on threads they are tried, once.
     assert _windows_acted(policy, 2.6e-3) == [THREAD, THREAD, PROCESS]
-    assert _windows_acted(policy, 2.9e-3) == [PROCESS, PROCESS, THREAD]  # as many windows, measured worse: back
+    assert _windows_acted(policy, 2.9e-3) == [
+        PROCESS,
+        PROCESS,
+        THREAD,
+    ]  # as many windows, measured worse: back
     assert _acted(policy, 2.6e-3) == THREAD  # nothing left worth trying (inline: 8 ms, over 1.3x)
     assert _acted(policy, 5e-3) == THREAD  # one slow window: a busy moment
-    assert [_acted(policy, 5e-3) for _ in range(2)][-1] == PROCESS  # slow for good: processes measured faster
+    assert [_acted(policy, 5e-3) for _ in range(2)][
+        -1
+    ] == PROCESS  # slow for good: processes measured faster
 
 
 def test_inline_is_tried_even_when_predicted_somewhat_slower():
     policy = Policy(KINDS, 2)
     some_free = costs(2e-3, gil_free=0.2)
     assert policy.decide(some_free) == PROCESS  # predicted 1.2 ms: the first calls looked dear
-    assert _windows_acted(policy, 1.7e-3)[-1] == INLINE  # inline's 2 ms is within 1.3x: worth a trial
-    policy.costs = costs(1e-3, gil_free=0.2)  # as a placement takes a call's cost from inline windows
-    assert _windows_acted(policy, 1.0e-3)[-1] == THREAD  # it measured faster; 1 ms calls: threads get a trial too
+    assert (
+        _windows_acted(policy, 1.7e-3)[-1] == INLINE
+    )  # inline's 2 ms is within 1.3x: worth a trial
+    policy.costs = costs(
+        1e-3, gil_free=0.2
+    )  # as a placement takes a call's cost from inline windows
+    assert (
+        _windows_acted(policy, 1.0e-3)[-1] == THREAD
+    )  # it measured faster; 1 ms calls: threads get a trial too
     assert _windows_acted(policy, 1.3e-3) == [THREAD, THREAD, INLINE]  # measured slower: back
     assert _acted(policy, 1.0e-3) == INLINE  # every candidate measured: it stays
     other = Policy(KINDS, 2)
@@ -124,13 +146,19 @@ def test_threads_are_measured_once_while_calls_run_elsewhere_whatever_the_gil_pr
     # that threads, if the GIL were free, could win.
     held = costs(5e-3, gil_free=0.1, move_s=1e-3)
     assert policy.decide(held) == PROCESS
-    assert _windows_acted(policy, 3.2e-3) == [PROCESS, PROCESS, THREAD]  # not measured: worth a trial
+    assert _windows_acted(policy, 3.2e-3) == [
+        PROCESS,
+        PROCESS,
+        THREAD,
+    ]  # not measured: worth a trial
     assert _windows_acted(policy, 4.0e-3) == [THREAD, THREAD, PROCESS]  # measured slower: back
     assert _acted(policy, 3.2e-3) == PROCESS  # and measured lately: not tried again
     faster = Policy(KINDS, 2)
     faster.decide(held)
     assert _windows_acted(faster, 3.2e-3)[-1] == THREAD
-    assert _windows_acted(faster, 2.1e-3) == [THREAD] * 3  # measured faster: processes must now beat that
+    assert (
+        _windows_acted(faster, 2.1e-3) == [THREAD] * 3
+    )  # measured faster: processes must now beat that
     fair = Policy(KINDS, 2)
     assert fair.decide(costs(80e-3, gil_free=0.6)) == PROCESS  # JPEG-like: 60% free
     # processes deliver a call's share of the cores: threads would not be 1.1x faster even with
@@ -140,16 +168,28 @@ def test_threads_are_measured_once_while_calls_run_elsewhere_whatever_the_gil_pr
     assert _windows_acted(fair, 50e-3) == [PROCESS] * 3
     unsafe = Policy(KINDS, 2)
     unsafe.decide(held.without_threads())
-    assert _windows_acted(unsafe, 2.8e-3) == [PROCESS] * 3  # calls that must not share the global RNGs
+    assert (
+        _windows_acted(unsafe, 2.8e-3) == [PROCESS] * 3
+    )  # calls that must not share the global RNGs
     python = Policy(KINDS, 2)
-    assert python.decide(costs(5e-3, gil_free=0.05)) == PROCESS  # the GIL held 95% of a call: pure Python
-    assert _windows_acted(python, 2.8e-3) == [PROCESS] * 3  # a missed release cannot explain that much
+    assert (
+        python.decide(costs(5e-3, gil_free=0.05)) == PROCESS
+    )  # the GIL held 95% of a call: pure Python
+    assert (
+        _windows_acted(python, 2.8e-3) == [PROCESS] * 3
+    )  # a missed release cannot explain that much
     inline = Policy(KINDS, 2)
     assert inline.decide(costs(1.5e-3, gil_free=0.1, move_s=2e-3)) == INLINE  # dear to move: inline
-    assert _windows_acted(inline, 1.5e-3) == [INLINE, INLINE, THREAD]  # 1.5 ms calls: threads are measured once
+    assert _windows_acted(inline, 1.5e-3) == [
+        INLINE,
+        INLINE,
+        THREAD,
+    ]  # 1.5 ms calls: threads are measured once
     cheap = Policy(KINDS, 2)
     assert cheap.decide(costs(0.3e-3, move_s=0.3e-3)) == INLINE
-    assert _windows_acted(cheap, 0.3e-3) == [INLINE] * 3  # a hand-off would cost more than a missed release could win
+    assert (
+        _windows_acted(cheap, 0.3e-3) == [INLINE] * 3
+    )  # a hand-off would cost more than a missed release could win
 
 
 def test_executors_are_compared_on_as_many_windows_each():
@@ -162,12 +202,19 @@ def test_executors_are_compared_on_as_many_windows_each():
     assert _windows_acted(policy, 2.6e-3) == [THREAD, THREAD, PROCESS]
     assert _acted(policy, 2.9e-3) == PROCESS  # slower, on fewer windows: the trial goes on
     assert policy.windows(PROCESS) == 1 and policy.windows(THREAD) == 3
-    assert _windows_acted(policy, 1.9e-3, 2) == [PROCESS, PROCESS]  # warm: processes measured 1.37x faster, they stay
+    assert _windows_acted(policy, 1.9e-3, 2) == [
+        PROCESS,
+        PROCESS,
+    ]  # warm: processes measured 1.37x faster, they stay
     assert policy.measured[PROCESS] == 1.9e-3
     lucky = Policy(KINDS, 4)
     lucky.decide(close)
     assert _windows_acted(lucky, 2.6e-3)[-1] == PROCESS
-    assert _windows_acted(lucky, 2.9e-3, 2) + [_acted(lucky, 1.9e-3)] == [PROCESS, PROCESS, THREAD]  # one fast window
+    assert _windows_acted(lucky, 2.9e-3, 2) + [_acted(lucky, 1.9e-3)] == [
+        PROCESS,
+        PROCESS,
+        THREAD,
+    ]  # one fast window
     big = Policy(KINDS, 4)
     big.decide(close)
     assert _windows_acted(big, 2.6e-3)[-1] == PROCESS
@@ -219,22 +266,37 @@ def test_the_message_cost_is_what_pools_measured():
 
 
 def test_reads_that_wait_overlap_on_the_threads_of_worker_processes_too():
-    reads = CallCosts(340e-6, 30e-6, 0.91, 0.0, handoff_s=10e-6, message_s=5e-6)  # 5 ms every 16 records
-    assert workers(reads, PROCESS, 2) == 4  # one process a read in flight: the most is twice the cores
-    pooled = CallCosts(340e-6, 30e-6, 0.91, 0.0, handoff_s=10e-6, message_s=5e-6, threads_in_workers=True)
+    reads = CallCosts(
+        340e-6, 30e-6, 0.91, 0.0, handoff_s=10e-6, message_s=5e-6
+    )  # 5 ms every 16 records
+    assert (
+        workers(reads, PROCESS, 2) == 4
+    )  # one process a read in flight: the most is twice the cores
+    pooled = CallCosts(
+        340e-6, 30e-6, 0.91, 0.0, handoff_s=10e-6, message_s=5e-6, threads_in_workers=True
+    )
     assert workers(pooled, PROCESS, 2) == workers(pooled, THREAD, 2) > 4
     assert choose(reads, 2, (THREAD, PROCESS)) == THREAD
     assert choose(pooled, 2, (THREAD, PROCESS), margin=policy_module.READERS_MARGIN) == PROCESS
 
 
 def test_a_move_that_costs_the_same_either_way_needs_the_margin_either_way():
-    reads = CallCosts(200e-6, 200e-6, 0.0, 0.0, handoff_s=2e-6, message_s=5e-6, threads_in_workers=True)
+    reads = CallCosts(
+        200e-6, 200e-6, 0.0, 0.0, handoff_s=2e-6, message_s=5e-6, threads_in_workers=True
+    )
     measured = {THREAD: 30e-6, PROCESS: 40e-6}  # threads measured faster, but not 1.5x
-    assert choose(reads, 2, (THREAD, PROCESS), measured, current=PROCESS) == THREAD  # the usual rule
+    assert (
+        choose(reads, 2, (THREAD, PROCESS), measured, current=PROCESS) == THREAD
+    )  # the usual rule
     margin = policy_module.READERS_MARGIN
-    assert choose(reads, 2, (THREAD, PROCESS), measured, PROCESS, margin, move_margin=margin) == PROCESS
+    assert (
+        choose(reads, 2, (THREAD, PROCESS), measured, PROCESS, margin, move_margin=margin)
+        == PROCESS
+    )
     faster = {THREAD: 20e-6, PROCESS: 40e-6}
-    assert choose(reads, 2, (THREAD, PROCESS), faster, PROCESS, margin, move_margin=margin) == THREAD
+    assert (
+        choose(reads, 2, (THREAD, PROCESS), faster, PROCESS, margin, move_margin=margin) == THREAD
+    )
 
 
 def test_a_prefetch_keeps_its_thread_only_where_it_is_measured_faster_by_the_margin():
@@ -242,12 +304,16 @@ def test_a_prefetch_keeps_its_thread_only_where_it_is_measured_faster_by_the_mar
 
     # Inline not measured: tried where its guess comes within the margin of the thread's measure.
     assert choose_overlap(THREAD, {THREAD: 1e-5}, 1e-6, retry_thread=False) == INLINE
-    assert choose_overlap(THREAD, {THREAD: 1e-3}, 1e-3 * MARGIN * 1.01, retry_thread=False) == THREAD
+    assert (
+        choose_overlap(THREAD, {THREAD: 1e-3}, 1e-3 * MARGIN * 1.01, retry_thread=False) == THREAD
+    )
     # The thread not measured: tried again only where the consumer changed.
     assert choose_overlap(INLINE, {INLINE: 1e-3}, 1e-3, retry_thread=False) == INLINE
     assert choose_overlap(INLINE, {INLINE: 1e-3}, 1e-3, retry_thread=True) == THREAD
     # Both measured: the thread must be MARGIN times faster.
-    assert choose_overlap(INLINE, {INLINE: 1e-3, THREAD: 0.95e-3}, 1e-3, retry_thread=True) == INLINE
+    assert (
+        choose_overlap(INLINE, {INLINE: 1e-3, THREAD: 0.95e-3}, 1e-3, retry_thread=True) == INLINE
+    )
     assert choose_overlap(INLINE, {INLINE: 1e-3, THREAD: 0.5e-3}, 1e-3, retry_thread=True) == THREAD
 
 
@@ -295,8 +361,14 @@ def test_the_report_says_what_was_measured():
     kind = policy.decide(costs)
     policy.review(2e-3)
     report = policy.report()
-    assert report["costs"] == {"call_s": 1e-3, "cpu_s": 8e-4, "gil_free": 0.25, "move_s": 1e-5, "nbytes": 100,
-                               "consumer_s": 0.0}  # fmt: skip
+    assert report["costs"] == {
+        "call_s": 1e-3,
+        "cpu_s": 8e-4,
+        "gil_free": 0.25,
+        "move_s": 1e-5,
+        "nbytes": 100,
+        "consumer_s": 0.0,
+    }
     assert report["measured_s"] == {kind: 2e-3}
 
 
@@ -343,7 +415,9 @@ def test_a_call_cost_that_changes_scales_what_was_measured_unless_the_work_chang
     assert policy.measured == pytest.approx({PROCESS: 9e-3, INLINE: 7e-3})
     assert policy.rebase(dearer, scale=None) == PROCESS and policy.measured == {}
     assert cost_scale(calls, dearer) == 2.0  # all CPU before and after
-    assert cost_scale(calls, dataclasses.replace(calls, call_s=40e-3)) is None  # now it waits 90% of a call
+    assert (
+        cost_scale(calls, dataclasses.replace(calls, call_s=40e-3)) is None
+    )  # now it waits 90% of a call
 
 
 def _run_to_the_end(policy, seconds, windows=40):
@@ -362,7 +436,9 @@ def test_a_run_never_ends_on_an_executor_measured_slower_than_another(seed):
     stay on the slower one (by more than the windows' noise, STAY): the margin a dearer executor
     must win by is the model's uncertainty, which a measurement against a measurement does not have."""
     rng = random.Random(seed)
-    calls = costs(rng.uniform(0.2e-3, 5e-3), gil_free=rng.uniform(0.0, 1.0), move_s=rng.uniform(10e-6, 1e-3))
+    calls = costs(
+        rng.uniform(0.2e-3, 5e-3), gil_free=rng.uniform(0.0, 1.0), move_s=rng.uniform(10e-6, 1e-3)
+    )
     seconds = {kind: calls.call_s * rng.uniform(0.4, 1.6) for kind in KINDS}
     policy = Policy(KINDS, 2)
     policy.decide(calls)
@@ -379,7 +455,11 @@ def test_a_dearer_executor_measured_faster_wins_by_the_windows_noise_not_the_mod
     measured = {INLINE: 2.78e-3, THREAD: 3.22e-3, PROCESS: 2.53e-3}
     assert choose(calls, 2, KINDS, measured, current=INLINE) == PROCESS
     assert choose(calls, 2, KINDS, measured) == PROCESS
-    close = {INLINE: 2.60e-3, THREAD: 3.22e-3, PROCESS: 2.53e-3}  # within the windows' noise: the calls stay
+    close = {
+        INLINE: 2.60e-3,
+        THREAD: 3.22e-3,
+        PROCESS: 2.53e-3,
+    }  # within the windows' noise: the calls stay
     assert choose(calls, 2, KINDS, close, current=INLINE) == INLINE
     # against a prediction (inline's: 2.3 ms) the model's margin still holds
     assert choose(calls, 2, (INLINE, PROCESS), {PROCESS: 2.1e-3}, current=INLINE) == INLINE

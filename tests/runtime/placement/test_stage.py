@@ -14,7 +14,15 @@ from torchpipe.runtime.placement import measure as measure_module
 from torchpipe.runtime.placement import memory_costs
 from torchpipe.runtime.placement import stage as placement_module
 from torchpipe.runtime.placement.measure import measure_calls, move_costs
-from torchpipe.runtime.placement.policy import INLINE, KINDS, PROCESS, THREAD, CallCosts, Policy, workers
+from torchpipe.runtime.placement.policy import (
+    INLINE,
+    KINDS,
+    PROCESS,
+    THREAD,
+    CallCosts,
+    Policy,
+    workers,
+)
 from torchpipe.runtime.placement.stage import Placement
 from torchpipe.runtime.timing import CallTiming
 
@@ -101,13 +109,17 @@ def test_the_first_calls_page_faults_are_left_out_of_what_a_call_costs():
     assert 1 <= ran <= 8 and costs.call_s < max(3 * statistics.median(warm), cold / 2)
 
 
-def test_page_faults_priced_above_the_cpu_the_calls_took_do_not_make_busy_calls_look_waiting(monkeypatch):
+def test_page_faults_priced_above_the_cpu_the_calls_took_do_not_make_busy_calls_look_waiting(
+    monkeypatch,
+):
     """A fault's price is an estimate: priced at more than the calls' CPU, the cold start it
     explains is at most that CPU (faults are CPU time), so busy calls never look as if they wait
     (they asked for 40 threads when it was subtracted whole: a negative CPU time)."""
     if memory_costs.thread_faults() is None:
         pytest.skip("this OS does not count page faults per thread")
-    monkeypatch.setattr(measure_module, "cold_seconds", lambda faults, steady: 1.0)  # a second a call: too much
+    monkeypatch.setattr(
+        measure_module, "cold_seconds", lambda faults, steady: 1.0
+    )  # a second a call: too much
 
     def run(n):
         return [[bytearray(b"\x01") * (64 << 10) for _ in range(32)] for _ in range(n)]
@@ -124,7 +136,9 @@ class _Stage:
         self.timing = CallTiming()
         self.retired = []
         self.dispatch = Dispatcher("stage", InlineExecutor(self.call, self.timing))
-        self.placement = Placement(self.dispatch, self.make, policy, self.timing, on_move, retire=self.retire)
+        self.placement = Placement(
+            self.dispatch, self.make, policy, self.timing, on_move, retire=self.retire
+        )
         self.seq = 0
         self.cost_s = 0.0
         self.inside_s = 0.0
@@ -160,7 +174,9 @@ class _Stage:
 
 def _windows(monkeypatch, elements):
     """Judge every ``elements`` calls, with no settling after a move to threads or inline."""
-    cadence = dataclasses.replace(placement_module.CALLS, elements=elements, seconds=0.0, settle_s=0.0)
+    cadence = dataclasses.replace(
+        placement_module.CALLS, elements=elements, seconds=0.0, settle_s=0.0
+    )
     monkeypatch.setattr(placement_module, "CALLS", cadence)
 
 
@@ -189,7 +205,9 @@ def test_moves_on_the_policys_word_keep_every_element_in_order(monkeypatch):
     assert any(isinstance(e, ThreadExecutor) for e in stage.retired)
 
 
-def test_a_verdict_for_a_predicted_executor_waits_for_two_windows_one_back_to_a_measured_one_does_not(monkeypatch):
+def test_a_verdict_for_a_predicted_executor_waits_for_two_windows_one_back_to_a_measured_one_does_not(
+    monkeypatch,
+):
     """Going where the policy only predicts a gain takes two windows that agree (one can mislead);
     going back where it measured a better rate than the window just measured (a trial that
     lost) takes one: a measurement against a measurement."""
@@ -265,7 +283,11 @@ def test_the_driver_judges_settled_windows_that_follow_each_other():
     driver.moved(PROCESS, settle_at=10, now=8.0)  # workers fork: the process settling time too
     assert driver.window(8.1, 10, lambda: 10) is None and driver.window(8.2, 11, lambda: 11) is None
     assert driver.window(9.0, 12, lambda: 12) is None  # settled: the window starts
-    assert driver.window(9.5, 15, lambda: 15) is None and driver.window(10.0, 15, lambda: 15) == (12, 15, 1.0)
+    assert driver.window(9.5, 15, lambda: 15) is None and driver.window(10.0, 15, lambda: 15) == (
+        12,
+        15,
+        1.0,
+    )
 
 
 def test_a_pass_shorter_than_a_window_is_judged_at_its_end_and_the_next_goes_on_from_its_verdicts():
@@ -277,10 +299,14 @@ def test_a_pass_shorter_than_a_window_is_judged_at_its_end_and_the_next_goes_on_
     assert driver.window(0.07, 7, lambda: 7, last=True) == (2, 7, pytest.approx(0.05))
     assert not driver.agreed(INLINE)  # the first epoch's verdict
     driver.new_pass(7)  # the next epoch: its first two elements fill buffers
-    assert [driver.window(5 + n * 0.01, 7 + n, lambda n=n: 7 + n) for n in range(1, 4)] == [None] * 3
+    assert [driver.window(5 + n * 0.01, 7 + n, lambda n=n: 7 + n) for n in range(1, 4)] == [
+        None
+    ] * 3
     assert driver.window(5.05, 12, lambda: 12, last=True) == (9, 12, pytest.approx(0.03))
     assert driver.agreed(INLINE)  # the second epoch's agrees: the work moves
-    assert driver.window(5.1, 13, lambda: 13, last=True) is None  # too few elements: nothing to judge
+    assert (
+        driver.window(5.1, 13, lambda: 13, last=True) is None
+    )  # too few elements: nothing to judge
     driver.new_pass(13)
     assert driver.window(6.0, 14, lambda: 14, last=True) is None  # no window spans two passes
 
@@ -289,15 +315,27 @@ def test_the_driver_acts_on_agreeing_verdicts_and_tells_a_changed_cost():
     from torchpipe.runtime.placement.driver import CALLS, CHANGED, OVERLAP, REBASE, MoveDriver
 
     driver = MoveDriver(CALLS)
-    assert [driver.agreed(v) for v in (THREAD, PROCESS, PROCESS, PROCESS, PROCESS)] == [False, False, True, False, True]
-    assert all(MoveDriver(OVERLAP).agreed(THREAD) for _ in range(3))  # a prefetch acts on one window
+    assert [driver.agreed(v) for v in (THREAD, PROCESS, PROCESS, PROCESS, PROCESS)] == [
+        False,
+        False,
+        True,
+        False,
+        True,
+    ]
+    assert all(
+        MoveDriver(OVERLAP).agreed(THREAD) for _ in range(3)
+    )  # a prefetch acts on one window
     assert not driver.changed(1e-3) and not driver.changed(1.5e-3)
-    assert driver.changed(1.5e-3 * CHANGED * 1.01) and driver.changed(1.5e-3 * CHANGED * 1.01)  # the base stays
+    assert driver.changed(1.5e-3 * CHANGED * 1.01) and driver.changed(
+        1.5e-3 * CHANGED * 1.01
+    )  # the base stays
     assert not driver.agreed(REBASE) and driver.agreed(REBASE)
     driver.baseline(1e-2)
     assert not driver.changed(1.2e-2)
     fresh = MoveDriver(CALLS)
-    assert not fresh.changed(1e-9) and not fresh.changed(5e-8)  # below the floor: timer noise, no change
+    assert not fresh.changed(1e-9) and not fresh.changed(
+        5e-8
+    )  # below the floor: timer noise, no change
 
 
 class _CountedClocks:
@@ -333,12 +371,16 @@ def test_cheap_inline_calls_are_clocked_one_in_a_few_and_all_counted(monkeypatch
     clocked = clocks.cpu_reads / 2
     assert 1 <= clocked <= 3 * n / timing_module.SAMPLE_EVERY  # ~100 expected, not 1600
     counted = inline.timing.calls
-    assert n - 20 * timing_module.SAMPLE_EVERY <= counted <= n  # exact up to the calls since the last clock
+    assert (
+        n - 20 * timing_module.SAMPLE_EVERY <= counted <= n
+    )  # exact up to the calls since the last clock
     cost[0] = 2 * timing_module.SAMPLED_BELOW_S
     before = clocks.cpu_reads
     for seq in range(5):
         inline.call(seq, seq)
-    assert clocks.cpu_reads - before >= 2 * 4  # the first dear call ends the gap: the next four are clocked
+    assert (
+        clocks.cpu_reads - before >= 2 * 4
+    )  # the first dear call ends the gap: the next four are clocked
     assert inline.timing.calls == n + 5
     assert inline.timing.work_s >= 4 * cost[0]
 
@@ -359,14 +401,18 @@ def test_a_window_that_loses_big_ends_after_a_quarter_of_its_seconds():
 
     for bound, ends in ((0.05, EARLY), (0.5, 1.0), (None, 1.0)):
         driver = MoveDriver(Cadence(elements=3, seconds=1.0, settle_elements=1))
-        assert driver.window(0.0, 1, lambda: 1, slower_than=slower_than(bound)) is None  # the window starts
+        assert (
+            driver.window(0.0, 1, lambda: 1, slower_than=slower_than(bound)) is None
+        )  # the window starts
         done = None
         for n in range(2, 200):  # an element every 0.1 s
             done = driver.window((n - 1) * 0.1, n, lambda n=n: n, slower_than=slower_than(bound))
             if done is not None:
                 break
         assert done is not None and done[2] == pytest.approx(max(ends, 0.3), abs=0.11)
-    assert asked.count(0.05) == 1 and asked.count(0.5) >= 1  # asked once a window, not once an element
+    assert (
+        asked.count(0.05) == 1 and asked.count(0.5) >= 1
+    )  # asked once a window, not once an element
 
 
 def test_a_trial_that_loses_big_goes_back_before_another_is_tried():
@@ -376,7 +422,10 @@ def test_a_trial_that_loses_big_goes_back_before_another_is_tried():
     calls = CallCosts(200e-6, 200e-6, 0.0, 20e-6, message_s=20e-6)  # processes predicted fastest
     policy.decide(calls)
     policy.moved(INLINE)
-    assert policy.review(340e-6) in (THREAD, PROCESS)  # inline measured; an executor predicted faster is tried
+    assert policy.review(340e-6) in (
+        THREAD,
+        PROCESS,
+    )  # inline measured; an executor predicted faster is tried
     policy.moved(THREAD)  # (threads, say)
     assert policy.lost_big(policy.measured) is False
     assert policy.review(800e-6) == INLINE  # lost big: back at once, not on to processes

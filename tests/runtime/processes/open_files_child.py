@@ -40,7 +40,10 @@ def torch_scenario(persistent: bool) -> None:
     kept = []
     try:
         loader = tp.DataLoader(
-            RandomDataset(200, (2, 2)), multiprocessing_context="fork", num_workers=1, persistent_workers=persistent
+            RandomDataset(200, (2, 2)),
+            multiprocessing_context="fork",
+            num_workers=1,
+            persistent_workers=persistent,
         )
         for batch in loader:
             batch.max(dim=0)
@@ -127,7 +130,9 @@ def at_the_limit(fill_at: int) -> None:
     time.sleep(RECHECK_S)
     kept += collect(pool, fill_at + 40, 40)
     assert not pool.descriptors.short  # room again: descriptors pass again
-    assert all(torch.equal(t, big_task(i, i)) for i, t in enumerate(kept)), [int(t[0]) for t in kept]
+    assert all(torch.equal(t, big_task(i, i)) for i, t in enumerate(kept)), [
+        int(t[0]) for t in kept
+    ]
     pool.close()
     print("ok shortages", pool.descriptors.shortages)
 

@@ -12,7 +12,11 @@ import pytest
 
 from torchpipe.runtime.processes import descriptors
 from torchpipe.runtime.processes.channel import Channel, DescriptorsLost
-from torchpipe.runtime.processes.descriptors import DescriptorBudget, is_open_files_error, open_files_error
+from torchpipe.runtime.processes.descriptors import (
+    DescriptorBudget,
+    is_open_files_error,
+    open_files_error,
+)
 from torchpipe.runtime.processes.pool import process_executor_supported
 
 pytestmark = pytest.mark.skipif(not process_executor_supported(), reason="needs fork and memfd")
@@ -104,7 +108,9 @@ def test_without_descriptors_large_messages_travel_in_chunks():
     a.close(), b.close()
 
 
-def test_the_budget_allows_descriptors_again_only_with_room_and_not_more_than_once_a_second(monkeypatch):
+def test_the_budget_allows_descriptors_again_only_with_room_and_not_more_than_once_a_second(
+    monkeypatch,
+):
     now = [0.0]
     budget = DescriptorBudget(clock=lambda: now[0])
     assert not budget.room_again(workers=2)  # never short: nothing to allow
@@ -122,5 +128,11 @@ def test_the_budget_allows_descriptors_again_only_with_room_and_not_more_than_on
 def test_the_error_names_the_limit_and_what_to_do():
     error = open_files_error("map(decode)", "start a worker process")
     limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    assert f"limit of {limit}" in str(error) and "ulimit -n" in str(error) and "map(decode)" in str(error)
-    assert is_open_files_error(OSError(24, "Too many open files")) and not is_open_files_error(OSError(2, "x"))
+    assert (
+        f"limit of {limit}" in str(error)
+        and "ulimit -n" in str(error)
+        and "map(decode)" in str(error)
+    )
+    assert is_open_files_error(OSError(24, "Too many open files")) and not is_open_files_error(
+        OSError(2, "x")
+    )

@@ -61,14 +61,24 @@ def test_a_slot_holds_a_record_of_its_first_result_with_headroom_in_whole_pages(
 
 @pytest.mark.parametrize(
     ("per_worker", "allocate", "held", "slots"),
-    [(2, None, None, 3), (3, None, None, 4), (2, fresh_tensor, None, 2), (2, None, 0, 2), (1, None, 2, 3)],
+    [
+        (2, None, None, 3),
+        (3, None, None, 4),
+        (2, fresh_tensor, None, 2),
+        (2, None, 0, 2),
+        (1, None, 2, 3),
+    ],
 )
-def test_a_workers_ring_has_a_slot_for_each_result_the_consumer_may_hold(per_worker, allocate, held, slots):
+def test_a_workers_ring_has_a_slot_for_each_result_the_consumer_may_hold(
+    per_worker, allocate, held, slots
+):
     """Its tasks in flight, and the result the consumer holds unless each is copied out at once."""
     pool = ProcessPool(filled, 1, "m", per_worker=per_worker, allocate=allocate, held=held)
     pool.start()
     try:
-        assert pool.capacity == per_worker and pool.ring_bytes == 0  # no ring before the first result
+        assert (
+            pool.capacity == per_worker and pool.ring_bytes == 0
+        )  # no ring before the first result
         run_all(pool, [5000])
         assert pool.ring_bytes == slots * slot_bytes(encoded_bytes(5000))
     finally:
@@ -80,24 +90,35 @@ def test_results_of_any_size_arrive_once_and_intact_and_the_ring_grows_only_by_i
     pool = ProcessPool(filled, 2, "m", per_worker=2)
     pool.start()
     try:
-        run_all(pool, [20_000])  # the first result sizes the ring (a worker's; the other's is sized below)
+        run_all(
+            pool, [20_000]
+        )  # the first result sizes the ring (a worker's; the other's is sized below)
         run_all(pool, [20_000] * 4)
         rings = pool.ring_bytes
         assert rings == 2 * 3 * slot_bytes(encoded_bytes(20_000))
         held = []
         for _ in range(4):
             # every 6th too large for a slot: too few to size the ring again (half the last 16 would)
-            sizes = [60_000 if i % 6 == 5 else rng.choice([0, 7, 19_000, 20_000, 21_000]) for i in range(12)]
+            sizes = [
+                60_000 if i % 6 == 5 else rng.choice([0, 7, 19_000, 20_000, 21_000])
+                for i in range(12)
+            ]
             results = run_all(pool, sizes)
             for seq, n in enumerate(sizes):
                 value, error = results[seq]
                 assert error is None and torch.equal(value, filled(seq, n))
-            held += [value for value, _ in results.values() if rng.random() < 0.5]  # hold some, free the rest
+            held += [
+                value for value, _ in results.values() if rng.random() < 0.5
+            ]  # hold some, free the rest
             del results
             rng.shuffle(held)
             del held[: len(held) // 2]
             # larger results took segments; held ones too, or slots the ring added (HELD_MORE a worker)
-            assert rings <= pool.ring_bytes <= 2 * (3 + output.HELD_MORE) * slot_bytes(encoded_bytes(20_000))
+            assert (
+                rings
+                <= pool.ring_bytes
+                <= 2 * (3 + output.HELD_MORE) * slot_bytes(encoded_bytes(20_000))
+            )
     finally:
         pool.close()
 
@@ -118,7 +139,9 @@ def test_a_result_too_large_for_a_slot_takes_a_segment_freed_when_released():
         pool.close()
 
 
-def test_an_idle_worker_gives_back_its_free_slots_pages_and_faults_them_in_again_when_written(monkeypatch):
+def test_an_idle_worker_gives_back_its_free_slots_pages_and_faults_them_in_again_when_written(
+    monkeypatch,
+):
     """Between epochs (or while the loop evaluates) the rings hold no batch the loop needs: their
     free slots give their pages back, as torch's DataLoader holds no batch then. A slot the
     consumer still holds keeps its result intact."""
@@ -175,7 +198,9 @@ def test_a_new_tasks_in_flight_count_takes_effect_with_a_ring_of_as_many_slots()
         assert pool.per_worker == 5 and pool.capacity == 5
         values = run_all(pool, [3000] * 7)
         assert pool.ring_bytes == 6 * slot  # the old ring is let go, though `held` still views it
-        assert torch.equal(held, filled(0, 3000)) and all(torch.equal(values[s][0], filled(s, 3000)) for s in values)
+        assert torch.equal(held, filled(0, 3000)) and all(
+            torch.equal(values[s][0], filled(s, 3000)) for s in values
+        )
         with pytest.raises(ValueError, match="tasks in flight per worker must be an int >= 1"):
             pool.set_per_worker(0)
         with pytest.raises(ValueError, match="results held must be an int >= 0"):
@@ -192,14 +217,18 @@ def test_a_consumer_that_steadily_holds_more_results_than_it_said_gets_a_slot_fo
     pool.start()
     try:
         slot = slot_bytes(encoded_bytes(3000))
-        kept = [(s, v) for s, (v, _) in run_all(pool, [3000, 3000]).items()]  # kept: 2 slots stay held
+        kept = [
+            (s, v) for s, (v, _) in run_all(pool, [3000, 3000]).items()
+        ]  # kept: 2 slots stay held
         for _ in range(30):
             run_all(pool, [3000, 3000])  # 2 in flight beside them: 4 needed
         assert pool.ring_bytes == 4 * slot  # one more, no more
         before = segments_open()
         values = run_all(pool, [3000, 3000])
         assert segments_open() == before  # in the ring again
-        kept += [(s, v) for _ in range(40) for s, (v, _) in run_all(pool, [3000]).items()]  # keeps everything
+        kept += [
+            (s, v) for _ in range(40) for s, (v, _) in run_all(pool, [3000]).items()
+        ]  # keeps everything
         assert pool.ring_bytes == (3 + output.HELD_MORE) * slot  # the limit: the rest in segments
         assert all(torch.equal(v, filled(s, 3000)) for s, v in kept) and len(values) == 2
     finally:

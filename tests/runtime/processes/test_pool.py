@@ -31,13 +31,29 @@ def misaligning(seq, kind):
     """Tensors, arrays and blobs of odd sizes, each of which would misalign the next if packed."""
     g = torch.Generator().manual_seed(seq)
     if kind == "columns":
-        return to_columns([(torch.rand(3, generator=g), np.full(5, i, np.int8), i) for i in range(9)])
+        return to_columns(
+            [(torch.rand(3, generator=g), np.full(5, i, np.int8), i) for i in range(9)]
+        )
     element = {
-        "blobs": [b"\1" * (RAW_MIN + 1), "é" * (RAW_MIN + 3), bytearray(RAW_MIN + 5)],  # raw buffers too
-        "tensors": [torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g) for n in (0, 1, 3, 63, 65, 1001)],
+        "blobs": [
+            b"\1" * (RAW_MIN + 1),
+            "é" * (RAW_MIN + 3),
+            bytearray(RAW_MIN + 5),
+        ],  # raw buffers too
+        "tensors": [
+            torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g)
+            for n in (0, 1, 3, 63, 65, 1001)
+        ],
         "arrays": [np.arange(n, dtype=np.int16) + seq for n in (0, 1, 5, 33)],
-        "nested": ({"deep": [torch.ones(3, 5, dtype=torch.float64).t() * seq]}, (np.ones(9, "f4")[::2],)),
-        "bits": (torch.ones(7, dtype=torch.bfloat16), torch.tensor(seq, dtype=torch.int8), np.array(seq)),
+        "nested": (
+            {"deep": [torch.ones(3, 5, dtype=torch.float64).t() * seq]},
+            (np.ones(9, "f4")[::2],),
+        ),
+        "bits": (
+            torch.ones(7, dtype=torch.bfloat16),
+            torch.tensor(seq, dtype=torch.int8),
+            np.array(seq),
+        ),
         "id": f"row-{seq}",
     }
     if kind == "big":
@@ -72,7 +88,9 @@ def test_results_errors_and_large_results():
         assert {results[0][0]["pid"], results[1][0]["pid"]} <= set(pool.pids)
         assert os.getpid() not in pool.pids
         error = results[2][1]
-        assert isinstance(error, KeyError) and "Traceback from worker process" in error.__notes__[-1]
+        assert (
+            isinstance(error, KeyError) and "Traceback from worker process" in error.__notes__[-1]
+        )
         assert torch.equal(results[4][0], torch.arange(300_000, dtype=torch.float64))
     finally:
         pool.close()
@@ -199,7 +217,9 @@ def test_a_killed_zygote_is_replaced_and_nothing_is_lost(monkeypatch, noticed):
             monkeypatch.setattr(Zygote, "alive", lambda self: True)
         results = run_all(pool, range(8))
         monkeypatch.undo()
-        assert {seq: value["x"].item() for seq, (value, _) in results.items()} == {s: s * s for s in range(8)}
+        assert {seq: value["x"].item() for seq, (value, _) in results.items()} == {
+            s: s * s for s in range(8)
+        }
         assert wait_dead(old) == [] and _zygote(pool) not in old
     finally:
         pool.close()

@@ -106,7 +106,10 @@ def test_payloads_start_on_64_byte_boundaries_in_both_mappings_also_after_wrappi
             pending.append(((offset, nbytes), data))
         assert wraps > 20
     for nbytes in (0, 1, 3 * PAGE + 5):
-        with OneOffSegment.create(nbytes) as segment, OneOffSegment.attach(os.dup(segment.fd), nbytes) as other:
+        with (
+            OneOffSegment.create(nbytes) as segment,
+            OneOffSegment.attach(os.dup(segment.fd), nbytes) as other,
+        ):
             assert address(segment.buffer) % 64 == 0 and address(other.buffer) % 64 == 0
 
 
@@ -142,7 +145,9 @@ def test_empty_ring_takes_a_full_size_record_wherever_its_cursors_are():
     with ShmRing.create(PAGE) as ring:
         for skip, fill in [(64, 0), (64, 0xFF), (1024, 7), (1024, 0xFF), (PAGE - 64, 0)]:
             take(ring, *put(ring, bytes(skip - 8)))  # moves the cursors along, away from 0
-            whole = bytes([fill]) * (PAGE - 8)  # overwrites the wrap marker (0xFF: with a look-alike)
+            whole = bytes([fill]) * (
+                PAGE - 8
+            )  # overwrites the wrap marker (0xFF: with a look-alike)
             assert put(ring, whole) == (0, PAGE - 8)
             assert take(ring, 0, PAGE - 8) == whole
             assert put(ring, b"after") == (0, 5)
@@ -202,12 +207,19 @@ def test_fits_and_too_large_records():
 @pytest.mark.parametrize("seed", range(3))
 def test_a_ring_of_slots_holds_exactly_its_slots_whatever_the_record_sizes(seed):
     rng = np.random.default_rng(seed)
-    with ShmRing.create(3 * PAGE, slot_bytes=PAGE) as ring, ShmRing.attach(os.dup(ring.fd)) as other:
+    with (
+        ShmRing.create(3 * PAGE, slot_bytes=PAGE) as ring,
+        ShmRing.attach(os.dup(ring.fd)) as other,
+    ):
         assert (ring.capacity, ring.slot_bytes, ring.slots) == (3 * PAGE, PAGE, 3)
         assert (other.slot_bytes, other.slots) == (PAGE, 3)  # read from the header
-        assert ring.fits(PAGE - 8) and not ring.fits(PAGE - 7)  # a record larger than a slot never fits
+        assert ring.fits(PAGE - 8) and not ring.fits(
+            PAGE - 7
+        )  # a record larger than a slot never fits
         held = collections.deque()
-        for _ in range(60):  # sizes that would leave a byte ring unable to place a slot-sized record
+        for _ in range(
+            60
+        ):  # sizes that would leave a byte ring unable to place a slot-sized record
             while len(held) < 3:
                 data = payload(rng, int(rng.integers(0, PAGE - 7)))
                 offset, nbytes = put(ring, data)
@@ -256,7 +268,8 @@ def test_attach_validates_the_header():
         struct.pack("=8sQQQ", b"TPSHMRNG", VERSION + 1, PAGE, 248) + bytes(PAGE + 216): "version",
         struct.pack("=8sQQQ", b"TPSHMRNG", VERSION, 2 * PAGE, 248) + bytes(PAGE + 216): "corrupt",
         struct.pack("=8sQQQ", b"TPSHMRNG", VERSION, PAGE, 192) + bytes(PAGE + 216): "corrupt",
-        struct.pack("=8sQQQQ", b"TPSHMRNG", VERSION, 2 * PAGE, 248, 3 * PAGE) + bytes(2 * PAGE + 208): "slots of",
+        struct.pack("=8sQQQQ", b"TPSHMRNG", VERSION, 2 * PAGE, 248, 3 * PAGE)
+        + bytes(2 * PAGE + 208): "slots of",
     }
     for content, message in cases.items():
         fd = os.memfd_create("not-a-ring")
@@ -488,10 +501,14 @@ def test_free_slots_give_their_pages_back_and_the_held_ones_keep_their_records()
         given = ring.give_back_free_slots()
         assert given >= 2 * slot - 4 * PAGE  # two slots, less the partial pages they share
         assert ring.resident_bytes() <= slot + 4 * PAGE
-        assert bytes(other.view(*placed[1])) == bytes([2]) * (slot - 64)  # the held record is intact
+        assert bytes(other.view(*placed[1])) == bytes([2]) * (
+            slot - 64
+        )  # the held record is intact
         reservation = ring.reserve(slot - 64, timeout=0)  # a free slot is written again: faulted in
         reservation.buffer[:] = bytes([3]) * (slot - 64)
         assert bytes(other.view(*ring.commit(reservation))) == bytes([3]) * (slot - 64)
         other.close()
     with ShmRing.create(4 * PAGE) as plain:
-        assert plain.give_back_free_slots() == 0  # records of their own sizes: no slots to give back
+        assert (
+            plain.give_back_free_slots() == 0
+        )  # records of their own sizes: no slots to give back

@@ -35,7 +35,10 @@ def fail_odd(seq, x):
 
 def big(seq, x):
     time.sleep(0.05)
-    return {"thread": threading.get_ident(), "x": torch.full((400_000,), float(seq), dtype=torch.float64)}  # 3.2 MB
+    return {
+        "thread": threading.get_ident(),
+        "x": torch.full((400_000,), float(seq), dtype=torch.float64),
+    }  # 3.2 MB
 
 
 def overlapping(runs):
@@ -50,8 +53,12 @@ def overlapping(runs):
 
 def _most_at_once(runs):
     """The most ``nap`` calls each process ran at the same time, by pid."""
-    return {pid: max(sum(r[0] == pid and r[2] <= s[2] < r[3] for r in runs) for s in runs if s[0] == pid)
-            for pid in {r[0] for r in runs}}  # fmt: skip
+    return {
+        pid: max(
+            sum(r[0] == pid and r[2] <= s[2] < r[3] for r in runs) for s in runs if s[0] == pid
+        )
+        for pid in {r[0] for r in runs}
+    }
 
 
 def spin_on_one_core(seq, seconds):
@@ -89,7 +96,9 @@ def test_one_worker_runs_tasks_at_once_only_when_given_threads(threads):
         else:
             assert overlapping(runs)
         calls, work_s, cpu_s = pool.timing.totals()
-        assert calls == 8 and work_s >= 8 * 0.2 * 0.9  # each task's own wall time, overlapped or not
+        assert (
+            calls == 8 and work_s >= 8 * 0.2 * 0.9
+        )  # each task's own wall time, overlapped or not
         assert cpu_s < work_s / 2  # sleeping costs its thread no CPU
         assert pool.timing.delay_s < work_s / 2  # nor is it a wait for a core
     finally:
@@ -128,8 +137,12 @@ def test_set_threads_up_and_down_while_running():
                 for seq, value, error in pool.collect(0.2):
                     assert seq not in results and error is None
                     results[seq] = value
-        results.update((seq, value) for seq, (value, _) in collect_all(pool, 200 - len(results)).items())
-        assert {seq: value[0] for seq, value in results.items()} == {seq: seq * seq for seq in range(200)}
+        results.update(
+            (seq, value) for seq, (value, _) in collect_all(pool, 200 - len(results)).items()
+        )
+        assert {seq: value[0] for seq, value in results.items()} == {
+            seq: seq * seq for seq in range(200)
+        }
         assert max(value[2] for value in results.values()) == 4  # the worker started 4 task threads
         deadline = time.monotonic() + 10
         while run_all(pool, [0.0])[0][0][2] != 1:  # surplus threads leave once done
@@ -165,7 +178,9 @@ def test_killed_threaded_worker_is_replaced_with_its_threads():
         os.kill(victim, signal.SIGKILL)
         results = collect_all(pool, 12)
         assert all(error is None for _, error in results.values())
-        assert {seq: value[4] for seq, (value, _) in results.items()} == {seq: seq * 10 for seq in range(12)}
+        assert {seq: value[4] for seq, (value, _) in results.items()} == {
+            seq: seq * 10 for seq in range(12)
+        }
         (replacement,) = pool.pids
         assert replacement != victim
         runs = [value for value, _ in results.values() if value[0] == replacement]
@@ -175,7 +190,9 @@ def test_killed_threaded_worker_is_replaced_with_its_threads():
 
 
 def test_threads_are_checked_and_raise_the_in_flight_limit():
-    with pytest.raises(ValueError, match="map\\(nap\\): threads per worker must be an int >= 1, got 0"):
+    with pytest.raises(
+        ValueError, match="map\\(nap\\): threads per worker must be an int >= 1, got 0"
+    ):
         ProcessPool(nap, 1, "map(nap)", threads=0)
     pool = ProcessPool(nap, 2, "map(nap)", threads=6)
     try:
@@ -190,7 +207,9 @@ def test_threads_are_checked_and_raise_the_in_flight_limit():
         for seq in range(2 * (PER_WORKER + 2) + 3):
             pool.submit(seq, 0.3)
         runs = [value for value, _ in collect_all(pool, 2 * (PER_WORKER + 2) + 3).values()]
-        assert sorted(_most_at_once(runs).values()) == [PER_WORKER + 2] * 2  # each worker, no more and no fewer
+        assert (
+            sorted(_most_at_once(runs).values()) == [PER_WORKER + 2] * 2
+        )  # each worker, no more and no fewer
     finally:
         pool.close()
 
@@ -201,7 +220,9 @@ def test_large_results_from_several_threads_at_once():
     try:
         results = run_all(pool, [None] * 16)  # all held: the ring fills, the rest take segments
         for seq, (value, error) in results.items():
-            assert error is None and torch.equal(value["x"], torch.full((400_000,), float(seq), dtype=torch.float64))
+            assert error is None and torch.equal(
+                value["x"], torch.full((400_000,), float(seq), dtype=torch.float64)
+            )
         assert len({value["thread"] for value, _ in results.values()}) >= 2
         slot = slot_bytes(codec.encode(results[0][0]).nbytes)
         # one ring: 4 in flight and 1 held, and slots it added for results held beyond (all 16 here)

@@ -45,4 +45,6 @@ def test_a_running_cluster_or_an_address_is_used_as_it_is(monkeypatch):
     assert _connect(monkeypatch, running=False, address="ray://head:10001") == [
         {"address": "ray://head:10001", "ignore_reinit_error": True}
     ]
-    assert _connect(monkeypatch, running=False, env="10.0.0.1:6379") == [{"address": None, "ignore_reinit_error": True}]
+    assert _connect(monkeypatch, running=False, env="10.0.0.1:6379") == [
+        {"address": None, "ignore_reinit_error": True}
+    ]

@@ -56,16 +56,25 @@ def augmented(executor, n=2):
 
 
 def interleaved(executor):
-    return seeded(tp.range(8).interleave(shard, cycle_length=3, num_parallel_calls=2, executor=executor))
+    return seeded(
+        tp.range(8).interleave(shard, cycle_length=3, num_parallel_calls=2, executor=executor)
+    )
 
 
 # -- options and errors where the mistake is made (no cluster needed) -----------------------------
-@pytest.mark.parametrize("kwargs, error", [
-    ({"num_actors": 0}, ValueError), ({"num_actors": 1.5}, TypeError), ({"min_actors": 0}, ValueError),
-    ({"min_actors": 3, "max_actors": 2}, ValueError), ({"num_cpus": -1}, ValueError),
-    ({"resources": {"gpu_host": "one"}}, TypeError), ({"address": 5}, TypeError),
-    ({"tasks_per_actor": 0}, ValueError),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "kwargs, error",
+    [
+        ({"num_actors": 0}, ValueError),
+        ({"num_actors": 1.5}, TypeError),
+        ({"min_actors": 0}, ValueError),
+        ({"min_actors": 3, "max_actors": 2}, ValueError),
+        ({"num_cpus": -1}, ValueError),
+        ({"resources": {"gpu_host": "one"}}, TypeError),
+        ({"address": 5}, TypeError),
+        ({"tasks_per_actor": 0}, ValueError),
+    ],
+)
 def test_bad_ray_executor_options_fail_at_construction(kwargs, error):
     with pytest.raises(error, match="RayExecutor"):
         tp.RayExecutor(**kwargs)
@@ -78,7 +87,10 @@ def test_a_ray_stage_must_say_how_many_calls_run_at_once():
         tp.range(3).map(abs, 2, executor=tp.RayExecutor(num_actors=3))
     with pytest.raises(ValueError, match="executor must be one of"):
         tp.range(3).map(abs, 2, executor="rays")
-    assert "num_parallel_calls=3," in tp.range(3).map(abs, executor=tp.RayExecutor(num_actors=3)).explain()
+    assert (
+        "num_parallel_calls=3,"
+        in tp.range(3).map(abs, executor=tp.RayExecutor(num_actors=3)).explain()
+    )
 
 
 def test_without_ray_the_error_names_the_extra(monkeypatch):
@@ -93,7 +105,9 @@ def test_without_ray_the_error_names_the_extra(monkeypatch):
 def test_a_map_on_ray_gives_what_processes_give(ray_cluster):
     on_ray = list(augmented("ray"))
     assert_same_elements(on_ray, list(augmented("process")))
-    assert_same_elements(on_ray, list(augmented(tp.RayExecutor(num_actors=1, num_cpus=0.5), n=None)))
+    assert_same_elements(
+        on_ray, list(augmented(tp.RayExecutor(num_actors=1, num_cpus=0.5), n=None))
+    )
     assert len(on_ray) == 12 and on_ray[0]["x"].shape == (4, 3)
 
 
@@ -134,7 +148,9 @@ def test_actors_the_cluster_cannot_place_stall_with_a_clear_error(ray_cluster):
 @pytest.mark.parametrize("with_ray", [False, True], ids=["SIGKILL", "ray.kill"])
 def test_nothing_is_lost_or_repeated_when_an_actor_is_killed(ray_cluster, with_ray):
     make = lambda: tp.range(160).map(slow_square, 2, executor="ray")  # noqa: E731
-    killed = assert_exactly_once(make, seed=3, kill=functools.partial(kill_an_actor, with_ray=with_ray))
+    killed = assert_exactly_once(
+        make, seed=3, kill=functools.partial(kill_an_actor, with_ray=with_ray)
+    )
     assert killed is not None
 
 
@@ -142,13 +158,20 @@ def test_a_fused_batch_and_an_interleave_survive_a_killed_actor(ray_cluster):
     make = lambda: tp.range(160).map(slow_square, 2, executor="ray").batch(4)  # noqa: E731
     assert assert_exactly_once(make, seed=1, kill=kill_an_actor) is not None
     make = lambda: tp.range(16).interleave(  # noqa: E731
-        lambda i: tp.range(i * 10, i * 10 + 10).map(slow_square), cycle_length=4, num_parallel_calls=2, executor="ray"
+        lambda i: tp.range(i * 10, i * 10 + 10).map(slow_square),
+        cycle_length=4,
+        num_parallel_calls=2,
+        executor="ray",
     )
     assert assert_exactly_once(make, seed=2, kill=kill_an_actor) is not None
 
 
 def test_without_restarts_a_dead_actor_is_a_worker_error(ray_cluster):
-    ds = tp.range(200).map(slow_square, 2, executor="ray").with_options(tp.Options(restart_workers=False))
+    ds = (
+        tp.range(200)
+        .map(slow_square, 2, executor="ray")
+        .with_options(tp.Options(restart_workers=False))
+    )
     it = iter(ds)
     for _ in range(20):
         next(it)
@@ -179,7 +202,9 @@ def test_autotune_sizes_the_actor_pool_within_the_clusters_cpus(ray_cluster):
     assert out == [x * x for x in range(300)]
     ((knob, value),) = it.tuned_values().items()
     held = max(len(pool.actor_processes()) for pool in running_pools())
-    assert 1 <= value <= 4 and held <= 4  # 2 CPUs at 0.5 an actor: never more than 4, whatever the model wants
+    assert (
+        1 <= value <= 4 and held <= 4
+    )  # 2 CPUs at 0.5 an actor: never more than 4, whatever the model wants
     stats = it.stats()
     ray = next(stage["ray"] for stage in stats if "ray" in stage)
     assert ray["results"] >= 300 and ray["transfer_s"] > 0 and ray["transfer_bytes_per_s"] > 0

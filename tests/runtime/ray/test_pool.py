@@ -50,7 +50,9 @@ def test_every_task_gives_one_result_and_the_actors_share_them(ray_cluster):
         for seq in range(24):
             pool.submit(seq, seq + 1)
         out = _results(pool, 24)
-        assert {seq: value for seq, (value, _) in out.items()} == {s: (s, (s + 1) ** 2) for s in range(24)}
+        assert {seq: value for seq, (value, _) in out.items()} == {
+            s: (s, (s + 1) ** 2) for s in range(24)
+        }
         report = pool.report()
         calls = [actor["calls"] for actor in report["actors"].values()]
         assert sum(calls) == 24 and len(calls) == 2 and min(calls) > 0  # both took tasks

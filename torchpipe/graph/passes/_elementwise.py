@@ -67,7 +67,9 @@ def _merge(outer: Node, inner: Node, options: Options) -> tuple[Any, ...] | None
     return parallelism, a[1], executor
 
 
-def fuse(node: Node, options: Options, allowed: Callable[[Kinds, Kinds], bool]) -> FusedMapNode | None:
+def fuse(
+    node: Node, options: Options, allowed: Callable[[Kinds, Kinds], bool]
+) -> FusedMapNode | None:
     """``node`` fused with the element-wise stage below it (looking through elided no-ops),
     when ``allowed(outer_kinds, inner_kinds)`` and their settings agree; else None."""
     outer_kinds = stage_kinds(node)
@@ -92,7 +94,11 @@ def fuse(node: Node, options: Options, allowed: Callable[[Kinds, Kinds], bool]) 
 
 
 def apply_fusion(
-    root: Node, options: Options, notes: list[str], name: str, allowed: Callable[[Kinds, Kinds], bool]
+    root: Node,
+    options: Options,
+    notes: list[str],
+    name: str,
+    allowed: Callable[[Kinds, Kinds], bool],
 ) -> Node:
     """``root`` with every adjacent pair of stages that ``allowed`` accepts fused."""
 
@@ -100,7 +106,9 @@ def apply_fusion(
         fused = fuse(node, options, allowed)
         if fused is not None:
             where = "inline" if fused.num_parallel_calls is None else "in parallel"
-            notes.append(f"{name}: {' + '.join(s.name for s in fused.stages)} -> one stage, {where}")
+            notes.append(
+                f"{name}: {' + '.join(s.name for s in fused.stages)} -> one stage, {where}"
+            )
         return fused
 
     return rewrite_bottom_up(root, rule)

@@ -21,7 +21,11 @@ NAME = "map_batch_fusion"
 def apply(root: Node, options: Options, notes: list[str]) -> Node:
     def rule(node: Node) -> Node | None:
         below = node.inputs[0] if node.inputs else None
-        if not (type(node) is BatchNode and isinstance(below, MapNode) and below.num_parallel_calls is not None):
+        if not (
+            type(node) is BatchNode
+            and isinstance(below, MapNode)
+            and below.num_parallel_calls is not None
+        ):
             return None
         if isinstance(below, FusedMapNode) and below.has_filter():
             return None

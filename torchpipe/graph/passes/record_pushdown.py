@@ -34,15 +34,21 @@ NAME = "record_pushdown"
 
 def apply(root: Node, options: Options, notes: list[str]) -> Node:
     def rule(node: Node) -> Node | None:
-        if not (isinstance(node, MapNode) and node.num_parallel_calls is not None and node.dataset is None):
+        if not (
+            isinstance(node, MapNode)
+            and node.num_parallel_calls is not None
+            and node.dataset is None
+        ):
             return None
         found = over_addresses(node.inputs[0])
         if found is None:
             return None
         below, interleave, indexed, chain = found
         via = "".join(f" through {kind}" for kind in chain)
-        notes.append(f"{NAME}: {interleave.label()}{via} -> record addresses, the records read inside "
-                     f"{node.name}'s workers")  # fmt: skip
+        notes.append(
+            f"{NAME}: {interleave.label()}{via} -> record addresses, the records read inside "
+            f"{node.name}'s workers"
+        )
         return with_attrs(with_inputs(node, (below,)), dataset=indexed.fetch)
 
     return rewrite_bottom_up(root, rule)
@@ -82,6 +88,8 @@ def file_names(node: Node) -> list[str] | None:
         names = node.source
     else:
         return None
-    if not isinstance(names, (list, tuple)) or not all(isinstance(n, (str, os.PathLike)) for n in names):
+    if not isinstance(names, (list, tuple)) or not all(
+        isinstance(n, (str, os.PathLike)) for n in names
+    ):
         return None
     return [os.fspath(n) for n in names]

@@ -13,7 +13,11 @@ NAME = "shuffle_repeat_fusion"
 
 def apply(root: Node, options: Options, notes: list[str]) -> Node:
     def rule(node: Node) -> Node | None:
-        if not (isinstance(node, RepeatNode) and node.count != 0 and isinstance(node.inputs[0], ShuffleNode)):
+        if not (
+            isinstance(node, RepeatNode)
+            and node.count != 0
+            and isinstance(node.inputs[0], ShuffleNode)
+        ):
             return None
         fused = ShuffleRepeatNode(node.inputs[0], node)
         notes.append(f"{NAME}: {fused.label()} -> shuffle_repeat")

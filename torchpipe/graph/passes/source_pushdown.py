@@ -26,11 +26,17 @@ NAME = "source_pushdown"
 
 def apply(root: Node, options: Options, notes: list[str]) -> Node:
     def rule(node: Node) -> Node | None:
-        if not (isinstance(node, MapNode) and node.num_parallel_calls is not None and node.dataset is None):
+        if not (
+            isinstance(node, MapNode)
+            and node.num_parallel_calls is not None
+            and node.dataset is None
+        ):
             return None
         below = node.inputs[0]
         if isinstance(below, FetchNode):
-            notes.append(f"{NAME}: {below.label()} above the rank's shard -> fetched inside {node.name}'s workers")
+            notes.append(
+                f"{NAME}: {below.label()} above the rank's shard -> fetched inside {node.name}'s workers"
+            )
             return with_attrs(with_inputs(node, below.inputs), dataset=below.dataset)
         found = over_indices(below)
         if found is None:

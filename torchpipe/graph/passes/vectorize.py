@@ -25,7 +25,9 @@ def apply(root: Node, options: Options, notes: list[str]) -> Node:
         if not (type(node) is BatchNode and type(below) is MapNode and below.batched):
             return None
         batch = with_inputs(node, below.inputs)
-        notes.append(f"{NAME}: {below.label()} + {node.label()} -> {node.label()} + {below.name} once per batch")
+        notes.append(
+            f"{NAME}: {below.label()} + {node.label()} -> {node.label()} + {below.name} once per batch"
+        )
         return with_inputs(below, (batch,))
 
     return rewrite_bottom_up(root, rule)

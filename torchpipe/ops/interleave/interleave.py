@@ -113,8 +113,14 @@ class InterleaveNode(Node):
         params: dict[str, Any] = {"fn": function_name(self.fn), "cycle_length": cycle}
         params["block_length"] = self.block_length
         if self.num_parallel_calls is not None:
-            parallel = "AUTOTUNE" if self.num_parallel_calls == AUTOTUNE else self.num_parallel_calls
-            params.update(num_parallel_calls=parallel, deterministic=self.deterministic, executor=self.executor)
+            parallel = (
+                "AUTOTUNE" if self.num_parallel_calls == AUTOTUNE else self.num_parallel_calls
+            )
+            params.update(
+                num_parallel_calls=parallel,
+                deterministic=self.deterministic,
+                executor=self.executor,
+            )
         return params
 
     def cardinality(self) -> int:
@@ -125,28 +131,56 @@ class InterleaveNode(Node):
 
     def build(self, ctx: BuildContext) -> Iterator:
         source = ctx.build_input(self)
-        cycle = autotune_cycle_length() if self.cycle_length in (None, AUTOTUNE) else self.cycle_length
+        cycle = (
+            autotune_cycle_length() if self.cycle_length in (None, AUTOTUNE) else self.cycle_length
+        )
         if self.num_parallel_calls is None:
             readers = InlineReaders(InnerOpener(UserFunction(self.fn, self.name, ctx), ctx))
-            return InterleaveIterator(self.name, source, {INLINE: readers}, cycle, self.block_length)
+            return InterleaveIterator(
+                self.name, source, {INLINE: readers}, cycle, self.block_length
+            )
         tunable = self.num_parallel_calls == AUTOTUNE
         parallelism = self.num_parallel_calls
-        if tunable:  # a process (an actor) each costs memory: they start at the cores, threads at the cycle
+        if (
+            tunable
+        ):  # a process (an actor) each costs memory: they start at the cores, threads at the cycle
             each_own = executor_kind(self.executor) in (PROCESS, RAY)
             parallelism = usable_cpu_count() if each_own else min(cycle, MAX_PARALLELISM)
         pools = self._pools(ctx)
-        placement = ReaderPlacement(usable_cpu_count(), None if tunable else parallelism) if len(pools) > 1 else None
-        return InterleaveIterator(self.name, source, pools, cycle, self.block_length, parallelism=parallelism,
-                                  deterministic=ctx.deterministic(self.deterministic), tunable=tunable,
-                                  placement=placement)  # fmt: skip
+        placement = (
+            ReaderPlacement(usable_cpu_count(), None if tunable else parallelism)
+            if len(pools) > 1
+            else None
+        )
+        return InterleaveIterator(
+            self.name,
+            source,
+            pools,
+            cycle,
+            self.block_length,
+            parallelism=parallelism,
+            deterministic=ctx.deterministic(self.deterministic),
+            tunable=tunable,
+            placement=placement,
+        )
 
     def _pools(self, ctx: BuildContext) -> dict[str, ReaderPool]:
         """The reader pools by kind, the one reading starts in first."""
-        restart, stall_s, block = ctx.options.restart_workers, ctx.options.stall_timeout, self.block_length
+        restart, stall_s, block = (
+            ctx.options.restart_workers,
+            ctx.options.stall_timeout,
+            self.block_length,
+        )
         processes = process_executor_supported()
-        if executor_kind(self.executor) == RAY:  # as on processes, with the global RNGs seeded per element
+        if (
+            executor_kind(self.executor) == RAY
+        ):  # as on processes, with the global RNGs seeded per element
             opener = InnerOpener(UserFunction(self.fn, self.name, ctx), ctx)
-            return {RAY: RayReaders(self.name, opener, block, restart, stall_s, cast("RayExecutor", self.executor))}
+            return {
+                RAY: RayReaders(
+                    self.name, opener, block, restart, stall_s, cast("RayExecutor", self.executor)
+                )
+            }
         if self.executor == "process" and processes:
             opener = InnerOpener(UserFunction(self.fn, self.name, ctx), ctx)
             return {PROCESS: ProcessReaders(self.name, opener, block, restart, stall_s)}
@@ -155,7 +189,9 @@ class InterleaveNode(Node):
         opener = InnerOpener(UserFunction(self.fn, self.name, ctx, seed_globals=False), ctx)
         pools: dict[str, ReaderPool] = {THREAD: ThreadReaders(self.name, opener, block, stall_s)}
         if self.executor == "auto" and processes:
-            pools[PROCESS] = ProcessReaders(self.name, opener, block, restart, stall_s, threads_in_workers=True)
+            pools[PROCESS] = ProcessReaders(
+                self.name, opener, block, restart, stall_s, threads_in_workers=True
+            )
         return pools
 
 
@@ -228,10 +264,18 @@ class InterleaveIterator(Iterator, Tunable):
     ELEMENT, INNER = "element", "inner"
 
     def __init__(
-        self, name: str, source: Iterator, pools: dict[str, ReaderPool], cycle_length: int, block_length: int, *,
-        parallelism: int = 0, deterministic: bool = True, tunable: bool = False,
+        self,
+        name: str,
+        source: Iterator,
+        pools: dict[str, ReaderPool],
+        cycle_length: int,
+        block_length: int,
+        *,
+        parallelism: int = 0,
+        deterministic: bool = True,
+        tunable: bool = False,
         placement: ReaderPlacement | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().__init__(name, source)
         self._source = source
         self._pools = pools
@@ -251,11 +295,15 @@ class InterleaveIterator(Iterator, Tunable):
         self._placement = placement
         self._knob: LiveKnob | None = None
         if tunable:
-            self._knob = LiveKnob(f"{name}.parallelism", parallelism, 1, MAX_PARALLELISM, False, self.resize)
+            self._knob = LiveKnob(
+                f"{name}.parallelism", parallelism, 1, MAX_PARALLELISM, False, self.resize
+            )
         if self._reads_ahead:
             self.stats.calls = CallTiming()
         else:
-            self.tuning_role = None  # reads run in next(): its self time, like any op on its caller's thread
+            self.tuning_role = (
+                None  # reads run in next(): its self time, like any op on its caller's thread
+            )
         for pool in pools.values():
             pool.bind(self.stats)
 
@@ -312,7 +360,9 @@ class InterleaveIterator(Iterator, Tunable):
         waits for: throughput then comes in bursts, and starts slowly (docs/autotune.md).
         """
         deep = self._parallelism >= _DEEP_READ_AHEAD * self._cycle_length
-        if self._knob is None or not deep or not self.stats.bytes_n:  # sized from the first element on
+        if (
+            self._knob is None or not deep or not self.stats.bytes_n
+        ):  # sized from the first element on
             return 0
         return read_ahead_items(self.stats.bytes_per_element)
 
@@ -397,7 +447,9 @@ class InterleaveIterator(Iterator, Tunable):
         if self.stats.sample_bytes(element):
             self._pool.set_read_ahead(self._deep_read_ahead())
         placement = self._placement
-        if placement is not None and (self.stats.produced + 1) % placement.check_every == 0:  # this one not counted yet
+        if (
+            placement is not None and (self.stats.produced + 1) % placement.check_every == 0
+        ):  # this one not counted yet
             self._review(element)
 
     def _advance_cycle(self) -> None:
@@ -480,7 +532,9 @@ class InterleaveIterator(Iterator, Tunable):
         kind = placement.review(self.stats)
         if kind is not None:
             self._move(kind, element)
-        if placement.settled:  # threads for good: the worker processes' zygote holds memory for nothing
+        if (
+            placement.settled
+        ):  # threads for good: the worker processes' zygote holds memory for nothing
             self._pools.pop(PROCESS).shutdown()
             self._placement = None
 
@@ -502,7 +556,9 @@ class InterleaveIterator(Iterator, Tunable):
         if self._knob is not None:  # the autotuner goes on from the policy's count
             parallelism = min(self._placement.workers(), MAX_PARALLELISM)
             self._knob.moved(parallelism)
-        new.start(parallelism)  # sized before the readers ask: their first reads use every worker thread
+        new.start(
+            parallelism
+        )  # sized before the readers ask: their first reads use every worker thread
         self.resize(parallelism)
         self._slots = [None if r is None else new.open(*moved[id(r)]) for r in self._slots]
         self._ahead = deque(new.open(*moved[id(r)]) for r in self._ahead)
@@ -531,10 +587,21 @@ class InterleaveIterator(Iterator, Tunable):
         }
 
     def _slot_state(self, reader: Reader) -> dict[str, Any]:
-        return {self.ELEMENT: reader.element, self.SEQ: reader.seq, self.INNER: self._pool.inner_state(reader)}
+        return {
+            self.ELEMENT: reader.element,
+            self.SEQ: reader.seq,
+            self.INNER: self._pool.inner_state(reader),
+        }
 
     def set_state(self, state: dict[str, Any]) -> None:
-        keys = (self.INPUT, self.SEQ, self.CYCLE_INDEX, self.BLOCK_INDEX, self.END_OF_INPUT, self.SLOTS)
+        keys = (
+            self.INPUT,
+            self.SEQ,
+            self.CYCLE_INDEX,
+            self.BLOCK_INDEX,
+            self.END_OF_INPUT,
+            self.SLOTS,
+        )
         check_state(self.name, state, *keys)
         saved = state[self.SLOTS]
         if len(saved) != self._cycle_length:
@@ -542,13 +609,17 @@ class InterleaveIterator(Iterator, Tunable):
                 f"{self.name}: checkpoint has {len(saved)} slots but cycle_length is {self._cycle_length}"
             )
         name = self.name
-        self._log.set_state({"input": state[self.INPUT], "seq": check_int(name, state, self.SEQ, 0), "skip": []})
+        self._log.set_state(
+            {"input": state[self.INPUT], "seq": check_int(name, state, self.SEQ, 0), "skip": []}
+        )
         self._cycle_index = check_int(name, state, self.CYCLE_INDEX, 0, self._cycle_length - 1)
         self._block_index = check_int(name, state, self.BLOCK_INDEX, 0, self._block_length - 1)
         self._end_of_input = check_bool(name, state, self.END_OF_INPUT)
         # Readers restored before the first element hold no resources yet: nothing to close.
         self._slots = [
-            None if e is None else self._pool.open(e[self.ELEMENT], check_int(name, e, self.SEQ, 0), e[self.INNER])
+            None
+            if e is None
+            else self._pool.open(e[self.ELEMENT], check_int(name, e, self.SEQ, 0), e[self.INNER])
             for e in saved
         ]
         self._num_open = sum(reader is not None for reader in self._slots)

@@ -73,7 +73,15 @@ class _Look:
         calls = stats.calls
         assert calls is not None  # an interleave's stats count its reads
         _, work_s, cpu_s = calls.totals()
-        return cls(time.perf_counter(), stats.produced, calls.items, work_s, cpu_s, stats.wall_s, stats.wait_s)
+        return cls(
+            time.perf_counter(),
+            stats.produced,
+            calls.items,
+            work_s,
+            cpu_s,
+            stats.wall_s,
+            stats.wait_s,
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,7 +108,14 @@ class Window:
         seconds, elements = end.time - start.time, end.produced - start.produced
         inside = end.inside_s - start.inside_s
         own = max(inside - (end.wait_s - start.wait_s), 0.0)
-        return cls(seconds, elements, end.reads - start.reads, end.work_s - start.work_s, end.cpu_s - start.cpu_s, own)
+        return cls(
+            seconds,
+            elements,
+            end.reads - start.reads,
+            end.work_s - start.work_s,
+            end.cpu_s - start.cpu_s,
+            own,
+        )
 
     @property
     def per_element(self) -> float:
@@ -123,7 +138,9 @@ class ReaderPlacement:
         self.costs: CallCosts | None = None
         self._cores = cores
         self._most = most
-        self._measured: dict[str, deque[float]] = {}  # seconds per element of each pool's last windows
+        self._measured: dict[
+            str, deque[float]
+        ] = {}  # seconds per element of each pool's last windows
         self._cold = True  # the next window is the first on this pool: it does not measure it
         self._wall_per_cpu = 1.0  # a read's wall time over its CPU time, last window
         self._driver = MoveDriver(READS)  # its base cost: CPU seconds per read
@@ -157,16 +174,28 @@ class ReaderPlacement:
         if window.cpu_s > 0:
             self._wall_per_cpu = window.work_s / window.cpu_s
         if not self._cold:
-            self._measured.setdefault(self.kind, deque(maxlen=_WINDOWS_KEPT)).append(window.per_element)
+            self._measured.setdefault(self.kind, deque(maxlen=_WINDOWS_KEPT)).append(
+                window.per_element
+            )
         self._cold = False
         return self._choose()
 
     def _choose(self) -> str:
         assert self.costs is not None  # set by verdict()
-        measured = {kind: statistics.median_low(times) for kind, times in self._measured.items()
-                    if len(times) >= _WINDOWS_NEEDED}  # fmt: skip
-        return choose(self.costs, self._cores, (THREAD, PROCESS), measured if len(measured) > 1 else {},
-                      current=self.kind, margin=READERS_MARGIN, move_margin=READERS_MARGIN)  # fmt: skip
+        measured = {
+            kind: statistics.median_low(times)
+            for kind, times in self._measured.items()
+            if len(times) >= _WINDOWS_NEEDED
+        }
+        return choose(
+            self.costs,
+            self._cores,
+            (THREAD, PROCESS),
+            measured if len(measured) > 1 else {},
+            current=self.kind,
+            margin=READERS_MARGIN,
+            move_margin=READERS_MARGIN,
+        )
 
     def workers(self) -> int:
         """Reads in flight to start a pool with: as many as would keep every core busy if reading
@@ -203,13 +232,25 @@ class ReaderPlacement:
         the CPU time says what a read costs (their wall time swings with their threads' GIL)."""
         cpu = window.cpu_s / window.reads
         if self.kind == PROCESS and self.costs is not None:
-            share = min(1.0, max(self.costs.cpu_s / self.costs.call_s, 0.05)) if self.costs.call_s > 0 else 1.0
+            share = (
+                min(1.0, max(self.costs.cpu_s / self.costs.call_s, 0.05))
+                if self.costs.call_s > 0
+                else 1.0
+            )
             return dataclasses.replace(self.costs, call_s=cpu / share, cpu_s=cpu)
         busy = min(window.cpu_s / window.seconds, _BUSIEST) if window.seconds > 0 else _BUSIEST
         alone = max(cpu, window.work_s / window.reads - cpu * busy / (1.0 - busy))
         handoff = window.own_s / window.elements
-        return CallCosts(alone, cpu, 1.0 - cpu / alone if alone > 0 else 1.0, 0.0, handoff_s=handoff,
-                         message_s=max(RECEIVE_S, handoff), threads_in_workers=True, most=self._most)  # fmt: skip
+        return CallCosts(
+            alone,
+            cpu,
+            1.0 - cpu / alone if alone > 0 else 1.0,
+            0.0,
+            handoff_s=handoff,
+            message_s=max(RECEIVE_S, handoff),
+            threads_in_workers=True,
+            most=self._most,
+        )
 
     def _rebase(self, window: Window) -> str | None:
         """The reads' cost changed: once the next window agrees, forget what was measured and

@@ -71,7 +71,9 @@ class InnerChunkTask:
 
     def __init__(self, opener: InnerOpener) -> None:
         self.opener = opener
-        self._open: OrderedDict[int, tuple[int, Iterator]] = OrderedDict()  # reader_id -> (position, iterator)
+        self._open: OrderedDict[int, tuple[int, Iterator]] = (
+            OrderedDict()
+        )  # reader_id -> (position, iterator)
         self._lock = threading.Lock()
 
     def start_worker(self, slot: int) -> None:
@@ -108,7 +110,9 @@ class InnerChunkTask:
     def _keep(self, reader_id: int, position: int, iterator: Iterator) -> None:
         with self._lock:
             self._open[reader_id] = (position, iterator)
-            evicted = [self._open.popitem(last=False)[1][1] for _ in range(len(self._open) - _KEPT_OPEN)]
+            evicted = [
+                self._open.popitem(last=False)[1][1] for _ in range(len(self._open) - _KEPT_OPEN)
+            ]
         for oldest in evicted:
             oldest.close()
 
@@ -121,7 +125,9 @@ def _read_chunk(iterator: Iterator, count: int) -> list[Item]:
     (:meth:`_ChunkReader.receive`)."""
     items: list[Item] = []
     deadline, nbytes, size = time.perf_counter() + CHUNK_S, 0, 0
-    while len(items) < count and ((nbytes < CHUNK_BYTES and time.perf_counter() < deadline) or not items):
+    while len(items) < count and (
+        (nbytes < CHUNK_BYTES and time.perf_counter() < deadline) or not items
+    ):
         try:
             value = next(iterator)
         except StopIteration:
@@ -169,21 +175,42 @@ def _packed(items: list[Item]) -> list[Item] | PackedChunk:
     if any(kind != VALUE for kind, _, _ in values):
         return items
     columns = to_columns([value for _, value, _ in values])
-    return items if columns is None else PackedChunk(columns, len(values), values[-1][2] if values else None, ended)
+    return (
+        items
+        if columns is None
+        else PackedChunk(columns, len(values), values[-1][2] if values else None, ended)
+    )
 
 
 class _ChunkReader(Reader):
     """One open inner dataset, fed by chunk tasks; only the consumer's thread touches it."""
 
-    __slots__ = ("id", "ready", "taken_state", "read_state", "read", "last_chunk", "pending", "done")
+    __slots__ = (
+        "id",
+        "ready",
+        "taken_state",
+        "read_state",
+        "read",
+        "last_chunk",
+        "pending",
+        "done",
+    )
 
-    def __init__(self, element: Any, seq: int, inner: dict[str, Any] | None, error: BaseException | None,
-                 read_ahead: tuple[Item, ...]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        element: Any,
+        seq: int,
+        inner: dict[str, Any] | None,
+        error: BaseException | None,
+        read_ahead: tuple[Item, ...],
+    ) -> None:
         super().__init__(element, seq, error)
         self.id = next(_READER_IDS)
         self.ready: deque[Item] = deque()
         self.taken_state = inner  # inner state after the last item the consumer took
-        self.read_state = inner  # inner state after the last item read (where the next chunk starts)
+        self.read_state = (
+            inner  # inner state after the last item read (where the next chunk starts)
+        )
         self.read = 0  # items read (where a worker that kept the inner iterator open stands)
         self.last_chunk = 0  # items in the last chunk received
         self.pending: int | None = None  # id of the chunk task in flight
@@ -196,7 +223,11 @@ class _ChunkReader(Reader):
     def wants_chunk(self, ahead: int) -> bool:
         """Whether to ask for the next chunk: none is in flight and at most one chunk's worth
         (or ``ahead`` items) is ready, so a reader holds about two chunks (or ``ahead`` items)."""
-        return self.pending is None and not self.done and len(self.ready) <= max(self.last_chunk, ahead)
+        return (
+            self.pending is None
+            and not self.done
+            and len(self.ready) <= max(self.last_chunk, ahead)
+        )
 
     def receive(self, items: list[Item] | PackedChunk | None, error: BaseException | None) -> None:
         self.pending = None
@@ -245,8 +276,15 @@ class ProcessReaders(ReaderPool[_ChunkReader]):
 
     kind = PROCESS
 
-    def __init__(self, name: str, opener: InnerOpener, block_length: int, restart: bool, stall_s: float | None,
-                 threads_in_workers: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self,
+        name: str,
+        opener: InnerOpener,
+        block_length: int,
+        restart: bool,
+        stall_s: float | None,
+        threads_in_workers: bool = False,
+    ) -> None:
         self.name = name
         self._opener = opener
         self._restart = restart
@@ -289,7 +327,11 @@ class ProcessReaders(ReaderPool[_ChunkReader]):
     def report(self) -> dict[str, Any]:
         if self._pool is None:
             return {}
-        return {"workers": self._pool.size, "threads_per_worker": self._pool.threads, "pids": self._pool.pids}
+        return {
+            "workers": self._pool.size,
+            "threads_per_worker": self._pool.threads,
+            "pids": self._pool.pids,
+        }
 
     def _workers(self, parallelism: int) -> tuple[int, int]:
         """Worker processes and threads in each for ``parallelism``."""
@@ -304,8 +346,14 @@ class ProcessReaders(ReaderPool[_ChunkReader]):
     def reader_capacity(self) -> int:
         return max(2 * self._chunk, self._ahead)
 
-    def open(self, element: Any, seq: int, inner: dict[str, Any] | None = None, error: BaseException | None = None,
-             read_ahead: tuple[Item, ...] = ()) -> _ChunkReader:  # fmt: skip
+    def open(
+        self,
+        element: Any,
+        seq: int,
+        inner: dict[str, Any] | None = None,
+        error: BaseException | None = None,
+        read_ahead: tuple[Item, ...] = (),
+    ) -> _ChunkReader:
         return _ChunkReader(element, seq, inner, error, read_ahead)
 
     def read(self, reader: _ChunkReader) -> None:
@@ -317,12 +365,21 @@ class ProcessReaders(ReaderPool[_ChunkReader]):
             self._next_task += 1
             reader.pending = task
             self._waiting[task] = reader
-            payload = (reader.element, reader.seq, reader.read_state, self._chunk, reader.id, reader.read)
+            payload = (
+                reader.element,
+                reader.seq,
+                reader.read_state,
+                self._chunk,
+                reader.id,
+                reader.read,
+            )
             self._dispatch.submit(task, payload, prefer=reader.id % self._pool.size)
 
     def _receive(self, timeout: float) -> None:
         """Hand the chunks that arrived (waiting up to ``timeout`` s for one) to their readers."""
-        assert self._dispatch is not None and self.stats.calls is not None  # prepared; calls counted
+        assert (
+            self._dispatch is not None and self.stats.calls is not None
+        )  # prepared; calls counted
         for task, items, error in self._dispatch.poll(timeout):
             if error is None:
                 self.stats.calls.add_items(len(items))
@@ -367,7 +424,9 @@ class ProcessReaders(ReaderPool[_ChunkReader]):
         deadline = time.perf_counter() + _STOP_S
         while any(r.pending is not None for r in readers) and time.perf_counter() < deadline:
             self._receive(max(0.0, deadline - time.perf_counter()))
-        places = [ReaderPlace(r.element, r.seq, r.taken_state, r.error, r.read_ahead()) for r in readers]
+        places = [
+            ReaderPlace(r.element, r.seq, r.taken_state, r.error, r.read_ahead()) for r in readers
+        ]
         for reader in readers:
             self.close(reader)
         return places
@@ -377,7 +436,9 @@ class ProcessReaders(ReaderPool[_ChunkReader]):
         they read can come back (``element``, one they gave, stands for it). Where not (an open
         file object, a lock), they cannot read here."""
         try:
-            pickle.dumps([(place.element, place.inner) for place in places], pickle.HIGHEST_PROTOCOL)
+            pickle.dumps(
+                [(place.element, place.inner) for place in places], pickle.HIGHEST_PROTOCOL
+            )
             codec.encode(element)  # tensors are not copied: only the rest is pickled
         except Exception:  # noqa: BLE001 - whatever pickling raises, the answer is no
             return False

@@ -36,16 +36,27 @@ class RayReaders(ProcessReaders):
 
     kind = RAY
 
-    def __init__(self, name: str, opener: InnerOpener, block_length: int, restart: bool, stall_s: float | None,
-                 options: RayExecutor) -> None:  # fmt: skip
+    def __init__(
+        self,
+        name: str,
+        opener: InnerOpener,
+        block_length: int,
+        restart: bool,
+        stall_s: float | None,
+        options: RayExecutor,
+    ) -> None:
         super().__init__(name, opener, block_length, restart, stall_s)
         self._options = options
 
     def _make_pool(self, task: InnerChunkTask) -> Any:
-        return self._options.pool(task, 0, self.name, restart=self._restart, timing=self.stats.calls)
+        return self._options.pool(
+            task, 0, self.name, restart=self._restart, timing=self.stats.calls
+        )
 
     def report(self) -> dict[str, Any]:
-        return {"workers": self._pool.size} if self._pool is not None else {}  # actors: no pids, no threads
+        return (
+            {"workers": self._pool.size} if self._pool is not None else {}
+        )  # actors: no pids, no threads
 
     def resize(self, parallelism: int) -> None:
         if self._reading:

@@ -60,7 +60,12 @@ def items_after(state: dict[str, Any] | None, count: int) -> dict[str, Any]:
 
 def is_items_after(state: Any) -> bool:
     """Whether ``state`` is a position :func:`items_after` made, not an inner iterator's state."""
-    return isinstance(state, dict) and len(state) == 2 and CHUNK_START in state and ITEMS_AFTER in state
+    return (
+        isinstance(state, dict)
+        and len(state) == 2
+        and CHUNK_START in state
+        and ITEMS_AFTER in state
+    )
 
 
 def read_ahead_items(bytes_per_element: float) -> int:
@@ -138,7 +143,9 @@ class ReaderPlace(NamedTuple):
     read_ahead: tuple[Item, ...] = ()
 
 
-def read_on_from(inner: dict[str, Any] | None, read_ahead: tuple[Item, ...]) -> dict[str, Any] | None:
+def read_on_from(
+    inner: dict[str, Any] | None, read_ahead: tuple[Item, ...]
+) -> dict[str, Any] | None:
     """The inner state where reading goes on: after the last item read ahead, else ``inner``."""
     states = [state for kind, _, state in read_ahead if kind in (VALUE, ERROR)]
     return states[-1] if states else inner
@@ -204,8 +211,14 @@ class ReaderPool(abc.ABC, Generic[ReaderT]):
         return False
 
     @abc.abstractmethod
-    def open(self, element: Any, seq: int, inner: dict[str, Any] | None = None, error: BaseException | None = None,
-             read_ahead: tuple[Item, ...] = ()) -> ReaderT:  # fmt: skip
+    def open(
+        self,
+        element: Any,
+        seq: int,
+        inner: dict[str, Any] | None = None,
+        error: BaseException | None = None,
+        read_ahead: tuple[Item, ...] = (),
+    ) -> ReaderT:
         """A reader of inner dataset ``seq``, made from input ``element``, at inner state ``inner``
         (None: its start), that gives ``read_ahead`` (items another pool read after ``inner``)
         first and reads on after them; or, with ``error`` (the input raised), one that only fails
@@ -271,8 +284,14 @@ class ReaderPool(abc.ABC, Generic[ReaderT]):
 class _InlineReader(Reader):
     __slots__ = ("carried", "taken_state", "iterator")
 
-    def __init__(self, element: Any, seq: int, inner: dict[str, Any] | None, error: BaseException | None,
-                 read_ahead: tuple[Item, ...]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        element: Any,
+        seq: int,
+        inner: dict[str, Any] | None,
+        error: BaseException | None,
+        read_ahead: tuple[Item, ...],
+    ) -> None:
         super().__init__(element, seq, error)
         self.carried: deque[Item] | None = deque(read_ahead) if read_ahead else None
         self.taken_state = inner
@@ -294,8 +313,14 @@ class InlineReaders(ReaderPool[_InlineReader]):
     def __init__(self, opener: InnerOpener) -> None:
         self._opener = opener
 
-    def open(self, element: Any, seq: int, inner: dict[str, Any] | None = None, error: BaseException | None = None,
-             read_ahead: tuple[Item, ...] = ()) -> _InlineReader:  # fmt: skip
+    def open(
+        self,
+        element: Any,
+        seq: int,
+        inner: dict[str, Any] | None = None,
+        error: BaseException | None = None,
+        read_ahead: tuple[Item, ...] = (),
+    ) -> _InlineReader:
         return _InlineReader(element, seq, inner, error, read_ahead)
 
     def has_ready(self, reader: _InlineReader) -> bool:
@@ -307,7 +332,9 @@ class InlineReaders(ReaderPool[_InlineReader]):
             if reader.carried or reader.error is not None:
                 return self._carried(reader)
             try:
-                iterator = reader.iterator = self._opener(reader.element, reader.seq, reader.taken_state)
+                iterator = reader.iterator = self._opener(
+                    reader.element, reader.seq, reader.taken_state
+                )
             except Exception as e:  # noqa: BLE001 - the reader fails with it, in its place
                 return FAILED, e
         try:

@@ -50,11 +50,28 @@ class _ThreadReader(Reader):
     reference to the interleave iterator, so an abandoned one can be collected.
     """
 
-    __slots__ = ("ready", "taken_state", "_pool", "_read_state", "_iterator", "_done", "_running", "_stopped",
-                 "_closed", "_future")  # fmt: skip
+    __slots__ = (
+        "ready",
+        "taken_state",
+        "_pool",
+        "_read_state",
+        "_iterator",
+        "_done",
+        "_running",
+        "_stopped",
+        "_closed",
+        "_future",
+    )
 
-    def __init__(self, pool: ThreadReaders, element: Any, seq: int, inner: dict[str, Any] | None,
-                 error: BaseException | None, read_ahead: tuple[Item, ...]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        pool: ThreadReaders,
+        element: Any,
+        seq: int,
+        inner: dict[str, Any] | None,
+        error: BaseException | None,
+        read_ahead: tuple[Item, ...],
+    ) -> None:
         super().__init__(element, seq, error)
         self.ready: deque[Item] = deque(read_ahead)
         self.taken_state = inner  # inner state after the last item the consumer took
@@ -77,12 +94,20 @@ class _ThreadReader(Reader):
         pool = self._pool
         with pool.wakeup:
             threads = pool.threads
-            if threads is None or self._running or self._stopped or self._done or len(self.ready) >= pool.capacity:
+            if (
+                threads is None
+                or self._running
+                or self._stopped
+                or self._done
+                or len(self.ready) >= pool.capacity
+            ):
                 return
             self._running = True
         try:
             self._future = threads.submit(self._read_ahead)
-        except RuntimeError:  # the threads were closed meanwhile (the pass ended): nothing to read for
+        except (
+            RuntimeError
+        ):  # the threads were closed meanwhile (the pass ended): nothing to read for
             with pool.wakeup:
                 self._running = False
 
@@ -212,14 +237,18 @@ class ThreadReaders(ReaderPool[_ThreadReader]):
 
     kind = THREAD
 
-    def __init__(self, name: str, opener: InnerOpener, block_length: int, stall_s: float | None) -> None:
+    def __init__(
+        self, name: str, opener: InnerOpener, block_length: int, stall_s: float | None
+    ) -> None:
         self.name = name
         self.opener = opener
         self.watch = StallWatch(name, stall_s, label="a read of inner dataset")
         self.wakeup = threading.Condition()  # notified whenever an item is ready or a task ends
         self.threads: ThreadPool | None = None
         self._usual = min(max(32, 2 * block_length), 64)
-        self.capacity = self._usual  # items each reader may hold ready; open readers see a change at once
+        self.capacity = (
+            self._usual
+        )  # items each reader may hold ready; open readers see a change at once
 
     def start(self, parallelism: int) -> None:
         self.threads = ThreadPool(parallelism, self.name)
@@ -237,8 +266,14 @@ class ThreadReaders(ReaderPool[_ThreadReader]):
     def report(self) -> dict[str, Any]:
         return {"workers": self.threads.size} if self.threads is not None else {}
 
-    def open(self, element: Any, seq: int, inner: dict[str, Any] | None = None, error: BaseException | None = None,
-             read_ahead: tuple[Item, ...] = ()) -> _ThreadReader:  # fmt: skip
+    def open(
+        self,
+        element: Any,
+        seq: int,
+        inner: dict[str, Any] | None = None,
+        error: BaseException | None = None,
+        read_ahead: tuple[Item, ...] = (),
+    ) -> _ThreadReader:
         return _ThreadReader(self, element, seq, inner, error, read_ahead)
 
     def read(self, reader: _ThreadReader) -> None:
@@ -286,7 +321,9 @@ class ThreadReaders(ReaderPool[_ThreadReader]):
         places = [reader.place() for reader in readers]
         for reader in readers:
             reader.close()
-        if self.threads is not None:  # no reader is left here: a read still running must not hold the move up
+        if (
+            self.threads is not None
+        ):  # no reader is left here: a read still running must not hold the move up
             self.threads.close(wait=False)
             self.threads = None
         return places

@@ -34,7 +34,9 @@ class Columns:
 
     __slots__ = ("kind", "cls", "keys", "columns")
 
-    def __init__(self, kind: str, cls: type | None, keys: list[Any] | None, columns: list[Any]) -> None:
+    def __init__(
+        self, kind: str, cls: type | None, keys: list[Any] | None, columns: list[Any]
+    ) -> None:
         self.kind, self.cls, self.keys, self.columns = kind, cls, keys, columns
 
     def rows(self) -> list[Any]:
@@ -85,7 +87,11 @@ def to_columns(values: list[Any]) -> Columns | None:
         if any(len(v) != size for v in values):
             return None
         columns = list(zip(*values))
-        kind = "named" if nest.is_namedtuple(first) else ("tuple" if cls is tuple else "list" if cls is list else "")
+        kind = (
+            "named"
+            if nest.is_namedtuple(first)
+            else ("tuple" if cls is tuple else "list" if cls is list else "")
+        )
         if not kind:
             return None
         keys = None
@@ -106,7 +112,13 @@ def _tensor_column(tensors: Any) -> StackedTensor | None:
     first = tensors[0]
     shape, dtype = first.shape, first.dtype
     for t in tensors:
-        if (type(t) is not torch.Tensor or t.shape != shape or t.dtype is not dtype or t.requires_grad
-                or not t.is_cpu or t.layout is not torch.strided):  # fmt: skip
+        if (
+            type(t) is not torch.Tensor
+            or t.shape != shape
+            or t.dtype is not dtype
+            or t.requires_grad
+            or not t.is_cpu
+            or t.layout is not torch.strided
+        ):
             return None
     return StackedTensor(list(tensors), aligned_rows=True)

@@ -60,15 +60,32 @@ _TORCH_DTYPES = _plain_torch_dtypes()
 _TORCH_DTYPE_NAMES: dict[torch.dtype, str] = {dtype: name for name, dtype in _TORCH_DTYPES.items()}
 # Reinterpreting as a same-size integer makes every copy a bit copy (NaN payloads survive) and
 # covers dtypes that numpy and some torch kernels lack (bfloat16, float8, bits, complex32).
-_SAME_SIZE_INT: dict[int, torch.dtype] = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_SAME_SIZE_INT: dict[int, torch.dtype] = {
+    1: torch.uint8,
+    2: torch.int16,
+    4: torch.int32,
+    8: torch.int64,
+}
 _NUMPY_NATIVE: frozenset[torch.dtype] = frozenset(
     getattr(torch, name)
     for name in (
-        "bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64",
-        "float16", "float32", "float64", "complex64", "complex128",
+        "bool",
+        "uint8",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint16",
+        "uint32",
+        "uint64",
+        "float16",
+        "float32",
+        "float64",
+        "complex64",
+        "complex128",
     )
     if hasattr(torch, name)
-)  # fmt: skip
+)
 _RAW_ARRAY_KINDS = frozenset("biufcmMSUV")
 _NO_BYTES = memoryview(b"")
 
@@ -164,7 +181,9 @@ class RecordPickler(pickle.Pickler):
         buffers: list[tuple[Any, int, int]] = []
         # A partial, not a bound method: a pickler -> callback -> pickler cycle would leave every
         # encoded element's sources to the cyclic garbage collector.
-        super().__init__(file, protocol=5, buffer_callback=functools.partial(_add_pickle_buffer, buffers))
+        super().__init__(
+            file, protocol=5, buffer_callback=functools.partial(_add_pickle_buffer, buffers)
+        )
         self.buffers = buffers
         # The ids of objects already referenced, and the objects, kept alive: an object a
         # __reduce__ makes and drops while pickling would otherwise free its id for another.
@@ -221,7 +240,9 @@ class RecordPickler(pickle.Pickler):
             if source is None:
                 return None
         self.buffers.append((source, nbytes, 0))
-        return self._remember(t, (_TENSOR, len(self.buffers) - 1, name, tuple(t.shape), t.requires_grad))
+        return self._remember(
+            t, (_TENSOR, len(self.buffers) - 1, name, tuple(t.shape), t.requires_grad)
+        )
 
     def _array_ref(self, a: np.ndarray) -> tuple | None:
         dtype = a.dtype
@@ -232,7 +253,9 @@ class RecordPickler(pickle.Pickler):
         else:
             source = _array_bytes(a) if a.flags.c_contiguous else a
         self.buffers.append((source, a.nbytes, 0))
-        return self._remember(a, (_ARRAY, len(self.buffers) - 1, _array_dtype_token(dtype), a.shape))
+        return self._remember(
+            a, (_ARRAY, len(self.buffers) - 1, _array_dtype_token(dtype), a.shape)
+        )
 
 
 class RecordUnpickler(pickle.Unpickler):
@@ -249,7 +272,12 @@ class RecordUnpickler(pickle.Unpickler):
     """
 
     def __init__(
-        self, skeleton: bytes, buffers: list[Any], raw: list[Any], blobs: dict[int, Any], allocate: Allocator | None
+        self,
+        skeleton: bytes,
+        buffers: list[Any],
+        raw: list[Any],
+        blobs: dict[int, Any],
+        allocate: Allocator | None,
     ) -> None:
         super().__init__(io.BytesIO(skeleton), buffers=buffers)
         self._raw = raw
@@ -269,7 +297,9 @@ class RecordUnpickler(pickle.Unpickler):
         except (TypeError, ValueError, IndexError) as e:
             raise ValueError(f"corrupt element record: bad buffer reference {pid!r}") from e
         if src is None:
-            raise ValueError(f"corrupt element record: {pid!r} references a blob or a pickle buffer")
+            raise ValueError(
+                f"corrupt element record: {pid!r} references a blob or a pickle buffer"
+            )
         obj = self._objects.get(index)
         if obj is None:
             if kind == _TENSOR:
@@ -285,12 +315,18 @@ class RecordUnpickler(pickle.Unpickler):
             self._objects[index] = obj
         return obj
 
-    def _load_tensor(self, src: Any, name: str, shape: tuple[int, ...], requires_grad: bool) -> torch.Tensor:
+    def _load_tensor(
+        self, src: Any, name: str, shape: tuple[int, ...], requires_grad: bool
+    ) -> torch.Tensor:
         dtype = _TORCH_DTYPES.get(name)
         if dtype is None:
-            raise ValueError(f"element record has a tensor of dtype {name!r}, which this torch lacks")
+            raise ValueError(
+                f"element record has a tensor of dtype {name!r}, which this torch lacks"
+            )
         if len(src) != math.prod(shape) * dtype.itemsize:
-            raise ValueError(f"corrupt element record: a {len(src)}-byte buffer for tensor {name}{list(shape)}")
+            raise ValueError(
+                f"corrupt element record: a {len(src)}-byte buffer for tensor {name}{list(shape)}"
+            )
         if isinstance(src, np.ndarray):  # decode_view: a view of the record, no copy
             out = torch.from_numpy(src).view(dtype).view(shape)
             return out.requires_grad_() if requires_grad else out
@@ -298,7 +334,12 @@ class RecordUnpickler(pickle.Unpickler):
             out = torch.empty(shape, dtype=dtype)
         else:
             out = self._allocate(shape, dtype)
-            if out.dtype is not dtype or out.shape != shape or not out.is_cpu or not out.is_contiguous():
+            if (
+                out.dtype is not dtype
+                or out.shape != shape
+                or not out.is_cpu
+                or not out.is_contiguous()
+            ):
                 raise TypeError(
                     f"allocate({shape}, {dtype}) must return a contiguous CPU tensor of that shape and dtype, "
                     f"got {out.dtype} {list(out.shape)} on {out.device}"
@@ -308,20 +349,26 @@ class RecordUnpickler(pickle.Unpickler):
             copy_bytes(_tensor_bytes(out), src)
         return out.requires_grad_() if requires_grad else out
 
-    def _load_rows(self, src: Any, name: str, shape: tuple[int, ...], row_stride: int) -> torch.Tensor:
+    def _load_rows(
+        self, src: Any, name: str, shape: tuple[int, ...], row_stride: int
+    ) -> torch.Tensor:
         """A stack whose rows lie ``row_stride`` bytes apart: a view of the rows, padding left out."""
         dtype = _TORCH_DTYPES.get(name, torch.uint8)  # an unknown name fails in _load_tensor
         row_elems = math.prod(shape[1:])
         stride_elems, misfit = divmod(row_stride, dtype.itemsize)
         if not shape or misfit or stride_elems <= row_elems:
-            raise ValueError(f"corrupt element record: rows {row_stride} bytes apart for tensor {name}{list(shape)}")
+            raise ValueError(
+                f"corrupt element record: rows {row_stride} bytes apart for tensor {name}{list(shape)}"
+            )
         padded = self._load_tensor(src, name, (shape[0], stride_elems), False)
         return padded[:, :row_elems].view(shape)
 
     def _load_array(self, src: Any, token: str | np.dtype, shape: tuple[int, ...]) -> np.ndarray:
         dtype = _array_dtype(token) if isinstance(token, str) else token
         if len(src) != math.prod(shape) * dtype.itemsize:
-            raise ValueError(f"corrupt element record: a {len(src)}-byte buffer for array {dtype}{list(shape)}")
+            raise ValueError(
+                f"corrupt element record: a {len(src)}-byte buffer for array {dtype}{list(shape)}"
+            )
         if isinstance(src, np.ndarray):  # decode_view: a view of the record, no copy
             return src.view(dtype).reshape(shape)
         out = _aligned_empty(shape, dtype)
@@ -334,7 +381,11 @@ def _utf8_str(data: memoryview) -> str:
     return str(data, "utf-8", "surrogatepass")  # as pickle does: lone surrogates survive
 
 
-BLOB_TYPES: dict[int, Callable[[memoryview], Any]] = {BLOB_BYTES: bytes, BLOB_BYTEARRAY: bytearray, BLOB_STR: _utf8_str}
+BLOB_TYPES: dict[int, Callable[[memoryview], Any]] = {
+    BLOB_BYTES: bytes,
+    BLOB_BYTEARRAY: bytearray,
+    BLOB_STR: _utf8_str,
+}
 
 
 def _aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:

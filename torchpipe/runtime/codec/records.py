@@ -112,7 +112,13 @@ class EncodedRecord:
     __slots__ = ("nbytes", "copied_bytes", "_head", "_skeleton", "_sources", "_offsets")
 
     def __init__(
-        self, head: bytes, skeleton: bytes, sources: list[Any], offsets: list[int], nbytes: int, copied_bytes: int = 0
+        self,
+        head: bytes,
+        skeleton: bytes,
+        sources: list[Any],
+        offsets: list[int],
+        nbytes: int,
+        copied_bytes: int = 0,
     ) -> None:
         self.nbytes = nbytes
         self.copied_bytes = copied_bytes
@@ -142,7 +148,9 @@ class EncodedRecord:
     def _write(self, buf: memoryview) -> None:
         if buf.readonly or len(buf) < self.nbytes:
             got = "a read-only one" if buf.readonly else f"{len(buf)} bytes"
-            raise ValueError(f"an element record needs a writable buffer of {self.nbytes} bytes, got {got}")
+            raise ValueError(
+                f"an element record needs a writable buffer of {self.nbytes} bytes, got {got}"
+            )
         head_end = len(self._head)
         buf[:head_end] = self._head
         buf[head_end : head_end + len(self._skeleton)] = self._skeleton
@@ -158,7 +166,9 @@ class EncodedRecord:
 
 
 def _copy_strided_tensor(buf: memoryview, offset: int, src: torch.Tensor) -> None:
-    dst = torch.frombuffer(buf, dtype=torch.uint8, count=src.numel() * src.element_size(), offset=offset)
+    dst = torch.frombuffer(
+        buf, dtype=torch.uint8, count=src.numel() * src.element_size(), offset=offset
+    )
     dst.view(src.dtype).view(src.shape).copy_(src)
 
 
@@ -183,7 +193,9 @@ def materialize(element: Any) -> Any:
     leaves = nest.flatten(element)
     if not any(type(leaf) is StackedTensor for leaf in leaves):
         return element
-    return nest.pack_as(element, [torch.stack(x.parts) if type(x) is StackedTensor else x for x in leaves])
+    return nest.pack_as(
+        element, [torch.stack(x.parts) if type(x) is StackedTensor else x for x in leaves]
+    )
 
 
 def encode(element: Any) -> EncodedRecord:
@@ -313,7 +325,12 @@ def decode_view(base: np.ndarray) -> Any:
         view.release()
 
 
-def _load(view: memoryview, buffer: Callable[[int, int], Any], allocate: Allocator | None, restricted: bool) -> Any:
+def _load(
+    view: memoryview,
+    buffer: Callable[[int, int], Any],
+    allocate: Allocator | None,
+    restricted: bool,
+) -> Any:
     """Unpickle the record in ``view``; ``buffer(start, end)`` gives each tensor's or array's source."""
     try:
         skeleton_start, skeleton_end, spans = _read_header(view)
@@ -339,18 +356,26 @@ def _load(view: memoryview, buffer: Callable[[int, int], Any], allocate: Allocat
 def _read_header(buf: memoryview) -> tuple[int, int, list[tuple[int, int, int]]]:
     """Check the header and buffer table: (skeleton start, skeleton end, (start, end, flags) per buffer)."""
     if len(buf) < _HEADER.size:
-        raise ValueError(f"truncated element record: {len(buf)} bytes, shorter than its {_HEADER.size}-byte header")
+        raise ValueError(
+            f"truncated element record: {len(buf)} bytes, shorter than its {_HEADER.size}-byte header"
+        )
     magic, version, _, count, _, skeleton_len, total = _HEADER.unpack_from(buf)
     if magic != _MAGIC:
         raise ValueError(f"not an element record: magic {bytes(magic)!r}, expected {_MAGIC!r}")
     if version not in _READABLE_VERSIONS:
-        raise ValueError(f"element record format version {version}, this torchpipe reads versions 1 to {_VERSION}")
+        raise ValueError(
+            f"element record format version {version}, this torchpipe reads versions 1 to {_VERSION}"
+        )
     if total > len(buf):
-        raise ValueError(f"truncated element record: its header says {total} bytes, the buffer has {len(buf)}")
+        raise ValueError(
+            f"truncated element record: its header says {total} bytes, the buffer has {len(buf)}"
+        )
     skeleton_start = _HEADER.size + _ENTRY_SIZE * count
     end = skeleton_end = skeleton_start + skeleton_len
     if skeleton_end > total:
-        raise ValueError(f"corrupt element record: its header and skeleton need more than its {total} bytes")
+        raise ValueError(
+            f"corrupt element record: its header and skeleton need more than its {total} bytes"
+        )
     table = struct.unpack_from(f"<{2 * count}Q", buf, _HEADER.size)
     spans = []
     for length, flags in zip(table[0::2], table[1::2]):
@@ -358,7 +383,9 @@ def _read_header(buf: memoryview) -> tuple[int, int, list[tuple[int, int, int]]]
         end = start + length
         spans.append((start, end, flags))
     if end != total:
-        raise ValueError(f"corrupt element record: its buffers end at byte {end}, its header says {total}")
+        raise ValueError(
+            f"corrupt element record: its buffers end at byte {end}, its header says {total}"
+        )
     return skeleton_start, skeleton_end, spans
 
 

@@ -41,7 +41,9 @@ from torchpipe.runtime.codec.pickling import RecordUnpickler
 from torchpipe.runtime.forks import ForkSafeLock
 
 _LOCK = ForkSafeLock()  # the allow-list is read in worker processes too
-_ALLOWED: dict[tuple[str, str], Any] = {}  # the user's allow-list: (module, qualified name) -> object
+_ALLOWED: dict[
+    tuple[str, str], Any
+] = {}  # the user's allow-list: (module, qualified name) -> object
 
 # What a class may define beyond its fields and still be rebuilt as a namedtuple without being
 # allowed: metadata that no unpickling, hashing or duck-typed argument check ever calls.
@@ -72,7 +74,11 @@ ALLOWED_KINDS = (
 # -- the user's allow-list ---------------------------------------------------------------------------
 def _global_name(obj: Any) -> tuple[str, str]:
     module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
-    if not isinstance(obj, (type, types.FunctionType, types.BuiltinFunctionType)) or not module or not qualname:
+    if (
+        not isinstance(obj, (type, types.FunctionType, types.BuiltinFunctionType))
+        or not module
+        or not qualname
+    ):
         raise TypeError(f"add_safe_globals: expected classes or functions, got {obj!r}")
     if "<locals>" in qualname:
         raise TypeError(
@@ -137,22 +143,38 @@ def _storage_from_bytes(data: bytes) -> Any:
 
 
 def _rebuild_tensor(
-    storage: Any, offset: int, size: Any, stride: Any, requires_grad: bool, hooks: Any, metadata: Any = None
+    storage: Any,
+    offset: int,
+    size: Any,
+    stride: Any,
+    requires_grad: bool,
+    hooks: Any,
+    metadata: Any = None,
 ) -> torch.Tensor:
     """``torch._utils._rebuild_tensor_v2`` without backward hooks (they would be callables)."""
     if hooks:
-        raise UntrustedTypeError("a tensor in the file has backward hooks, which would be called", "backward_hooks")
+        raise UntrustedTypeError(
+            "a tensor in the file has backward hooks, which would be called", "backward_hooks"
+        )
     return torch._utils._rebuild_tensor_v2(
         storage, offset, size, stride, requires_grad, collections.OrderedDict(), metadata
     )
 
 
 def _rebuild_qtensor(
-    storage: Any, offset: int, size: Any, stride: Any, quantizer: Any, requires_grad: bool, hooks: Any
+    storage: Any,
+    offset: int,
+    size: Any,
+    stride: Any,
+    quantizer: Any,
+    requires_grad: bool,
+    hooks: Any,
 ) -> torch.Tensor:
     """``torch._utils._rebuild_qtensor`` (a quantized tensor) without backward hooks."""
     if hooks:
-        raise UntrustedTypeError("a tensor in the file has backward hooks, which would be called", "backward_hooks")
+        raise UntrustedTypeError(
+            "a tensor in the file has backward hooks, which would be called", "backward_hooks"
+        )
     return torch._utils._rebuild_qtensor(
         storage, offset, size, stride, quantizer, requires_grad, collections.OrderedDict()
     )
@@ -164,11 +186,17 @@ def _rebuild_sparse_tensor(layout: torch.layout, data: tuple[Any, ...]) -> torch
     if layout == torch.sparse_coo:
         indices, values, size, *coalesced = data
         return torch.sparse_coo_tensor(
-            indices, values, size, check_invariants=True, is_coalesced=coalesced[0] if coalesced else None
+            indices,
+            values,
+            size,
+            check_invariants=True,
+            is_coalesced=coalesced[0] if coalesced else None,
         )
     if layout in (torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc):
         compressed, plain, values, size = data
-        return torch.sparse_compressed_tensor(compressed, plain, values, size, layout=layout, check_invariants=True)
+        return torch.sparse_compressed_tensor(
+            compressed, plain, values, size, layout=layout, check_invariants=True
+        )
     raise ValueError(f"a sparse tensor of layout {layout!r}")
 
 
@@ -176,9 +204,12 @@ def _rebuild_sparse_tensor(layout: torch.layout, data: tuple[Any, ...]) -> torch
 def _builtin_globals() -> dict[tuple[str, str], Any]:
     reconstruct = np.array([None], dtype=object).__reduce__()[0]
     scalar = np.float64(0).__reduce__()[0]
-    from_buffer = np.zeros(1).__reduce_ex__(5)[0]  # protocol 5 arrays; numpy refuses object dtypes there
+    from_buffer = np.zeros(1).__reduce_ex__(5)[
+        0
+    ]  # protocol 5 arrays; numpy refuses object dtypes there
     found: dict[tuple[str, str], Any] = {
-        ("builtins", name): getattr(builtins, name) for name in ("complex", "bytearray", "set", "frozenset")
+        ("builtins", name): getattr(builtins, name)
+        for name in ("complex", "bytearray", "set", "frozenset")
     }
     for module in ("numpy.core.multiarray", "numpy._core.multiarray"):  # numpy 1 and numpy 2 names
         found[module, "_reconstruct"], found[module, "scalar"] = reconstruct, scalar
@@ -193,7 +224,10 @@ def _builtin_globals() -> dict[tuple[str, str], Any]:
             ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor,
             ("torch._utils", "_rebuild_qtensor"): _rebuild_qtensor,
             ("torch._utils", "_rebuild_sparse_tensor"): _rebuild_sparse_tensor,
-            ("torch._utils", "_rebuild_meta_tensor_no_storage"): torch._utils._rebuild_meta_tensor_no_storage,
+            (
+                "torch._utils",
+                "_rebuild_meta_tensor_no_storage",
+            ): torch._utils._rebuild_meta_tensor_no_storage,
             ("torch.serialization", "_get_layout"): torch.serialization._get_layout,
             ("torch.storage", "_load_from_bytes"): _storage_from_bytes,
         }
@@ -218,7 +252,11 @@ def _is_namedtuple_body(cls: type) -> bool:
     """Whether ``cls``'s own body is what ``collections.namedtuple`` made, plus metadata."""
     body = vars(cls)
     fields = body.get("_fields")
-    if cls.__bases__ != (tuple,) or type(fields) is not tuple or not all(type(f) is str for f in fields):
+    if (
+        cls.__bases__ != (tuple,)
+        or type(fields) is not tuple
+        or not all(type(f) is str for f in fields)
+    ):
         return False
     template = _template(fields)
     for key, value in body.items():
@@ -238,10 +276,20 @@ def plain_namedtuple(cls: Any) -> bool:
     docstring. A class with methods of its own (a ``__hash__``, a property that a duck-typed
     argument check could read) is not plain: allow it with :func:`add_safe_globals`.
     """
-    if not isinstance(cls, type) or type(cls) is not type or not issubclass(cls, tuple) or cls is tuple:
+    if (
+        not isinstance(cls, type)
+        or type(cls) is not type
+        or not issubclass(cls, tuple)
+        or cls is tuple
+    ):
         return False
     *own, last_tuple, last_object = cls.__mro__
-    if last_tuple is not tuple or last_object is not object or not own or not _is_namedtuple_body(own[-1]):
+    if (
+        last_tuple is not tuple
+        or last_object is not object
+        or not own
+        or not _is_namedtuple_body(own[-1])
+    ):
         return False
     return all(set(vars(sub)) <= _METADATA for sub in own[:-1])
 
@@ -271,7 +319,11 @@ def find_safe_global(module: str, name: str) -> Any:
             found = _ALLOWED.get((module, name))
     if found is None and module == "torch":
         value = vars(torch).get(name)
-        found = value if isinstance(value, (torch.dtype, torch.layout, torch.memory_format, torch.qscheme)) else None
+        found = (
+            value
+            if isinstance(value, (torch.dtype, torch.layout, torch.memory_format, torch.qscheme))
+            else None
+        )
     if found is None:
         found = _find_namedtuple(module, name)
     if found is None:

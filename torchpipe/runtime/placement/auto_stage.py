@@ -22,7 +22,15 @@ from typing import Any, cast
 from torchpipe.runtime.dispatch import Dispatcher
 from torchpipe.runtime.executor import Executor, InlineExecutor, ThreadExecutor
 from torchpipe.runtime.knob import LiveKnob
-from torchpipe.runtime.placement.policy import INLINE, PROCESS, RAY, THREAD, CallCosts, Policy, may_pay
+from torchpipe.runtime.placement.policy import (
+    INLINE,
+    PROCESS,
+    RAY,
+    THREAD,
+    CallCosts,
+    Policy,
+    may_pay,
+)
 from torchpipe.runtime.placement.stage import Placement
 from torchpipe.runtime.timing import CallTiming
 
@@ -52,9 +60,14 @@ class StageCalls:
 
 
 def pass_candidates(
-    *, inline: bool, processes: bool, last: str | None, costs: CallCosts | None, measured: dict[str, float],
+    *,
+    inline: bool,
+    processes: bool,
+    last: str | None,
+    costs: CallCosts | None,
+    measured: dict[str, float],
     cores: int,
-) -> tuple[str, ...]:  # fmt: skip
+) -> tuple[str, ...]:
     """The executors a stage's pass may place its calls on.
 
     Inline where the stage may run them on the consumer's thread, threads always, and worker
@@ -84,23 +97,43 @@ class AutoStage:
     """
 
     def __init__(
-        self, name: str, calls: StageCalls, timing: CallTiming, policy: Policy | None, *,
-        learned: dict[str, Any] | None = None, stall_s: float | None = None,
+        self,
+        name: str,
+        calls: StageCalls,
+        timing: CallTiming,
+        policy: Policy | None,
+        *,
+        learned: dict[str, Any] | None = None,
+        stall_s: float | None = None,
         on_move: Callable[[str, int], None] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.name = name
         self.policy = policy
         self.knob: LiveKnob | None = None
         self._calls = calls
         self._timing = timing
         self._on_move = on_move
-        self._processes: Executor | None = None  # the process pool made: parked, not closed, when the calls leave
-        self._warm = False  # the parked pool keeps its workers until a window away from it is judged
+        self._processes: Executor | None = (
+            None  # the process pool made: parked, not closed, when the calls leave
+        )
+        self._warm = (
+            False  # the parked pool keeps its workers until a window away from it is judged
+        )
         self.dispatcher = Dispatcher(name, self.make(INLINE, 0), stall_s)
-        self.placement = Placement(self.dispatcher, self.make, policy, timing, self._moved, self.retire, learned,
-                                   on_stay=self.settled)  # fmt: skip
+        self.placement = Placement(
+            self.dispatcher,
+            self.make,
+            policy,
+            timing,
+            self._moved,
+            self.retire,
+            learned,
+            on_stay=self.settled,
+        )
 
-    def add_knob(self, value: int, lowest: int, most: int, apply: Callable[[int], None] | None = None) -> LiveKnob:
+    def add_knob(
+        self, value: int, lowest: int, most: int, apply: Callable[[int], None] | None = None
+    ) -> LiveKnob:
         """The autotuner's knob for how many calls run at once (0: inline), from ``lowest`` to
         ``most``, named ``<stage>.parallelism``; its value follows every move.
 
@@ -108,7 +141,9 @@ class AutoStage:
             apply: what the tuner's request does (default: the placement's ``resize``); a stage
                 whose tuner must not keep it alive passes one that holds it weakly.
         """
-        self.knob = LiveKnob(f"{self.name}.parallelism", value, lowest, most, False, apply or self.placement.resize)
+        self.knob = LiveKnob(
+            f"{self.name}.parallelism", value, lowest, most, False, apply or self.placement.resize
+        )
         return self.knob
 
     @property

@@ -73,7 +73,9 @@ CALLS = Cadence(elements=4, seconds=0.15, settle_elements=2)
 READS = Cadence(elements=32, seconds=0.05, settle_elements=16, every=16)
 """An interleave's readers: windows of reads, looked at every 16 elements (a look reads the
 counters of every reader's calls)."""
-OVERLAP = Cadence(elements=16, seconds=0.1, settle_elements=4, agree=1, settle_s=0.0, settle_process_s=0.0)
+OVERLAP = Cadence(
+    elements=16, seconds=0.1, settle_elements=4, agree=1, settle_s=0.0, settle_process_s=0.0
+)
 """A prefetch's thread against inline: its elements take microseconds, its thread starts in as
 many and its buffer holds two, so it needs no settling, and it acts on one window (trying the
 other mode costs one window, and the policy compares measurements with measurements)."""
@@ -81,7 +83,9 @@ other mode costs one window, and the policy compares measurements with measureme
 
 def cost_changed(now: float, before: float | None) -> bool:
     """Whether a cost per element is another workload's: it moved by more than :data:`CHANGED`."""
-    return before is not None and max(now, before) > CHANGED * max(min(now, before), CHANGED_FLOOR_S)
+    return before is not None and max(now, before) > CHANGED * max(
+        min(now, before), CHANGED_FLOOR_S
+    )
 
 
 class MoveDriver:
@@ -99,11 +103,20 @@ class MoveDriver:
 
     def __init__(self, cadence: Cadence) -> None:
         self.cadence = cadence
-        self._settle = (cadence.settle_elements, 0.0)  # (elements delivered, time) before which nothing is judged
-        self._start: tuple[float, int, Any] | None = None  # (time, count, the stage's look) where the window began
-        self._pending: str | None = None  # the verdict of the last windows, not yet agreed on enough
+        self._settle = (
+            cadence.settle_elements,
+            0.0,
+        )  # (elements delivered, time) before which nothing is judged
+        self._start: tuple[float, int, Any] | None = (
+            None  # (time, count, the stage's look) where the window began
+        )
+        self._pending: str | None = (
+            None  # the verdict of the last windows, not yet agreed on enough
+        )
         self._streak = 0
-        self._base: float | None = None  # the cost per element of the last window like the one before
+        self._base: float | None = (
+            None  # the cost per element of the last window like the one before
+        )
         self._limit: Any = _UNSET  # the open window's slower_than, asked once a window
 
     def moved(self, kind: str, settle_at: int, now: float, again: bool = False) -> None:
@@ -117,9 +130,14 @@ class MoveDriver:
             self._pending, self._streak, self._base = None, 0, None
 
     def window(
-        self, now: float, delivered: int, look: Callable[[], Any], count: int | None = None, last: bool = False,
+        self,
+        now: float,
+        delivered: int,
+        look: Callable[[], Any],
+        count: int | None = None,
+        last: bool = False,
         slower_than: Callable[[], float | None] | None = None,
-    ) -> tuple[Any, Any, float] | None:  # fmt: skip
+    ) -> tuple[Any, Any, float] | None:
         """After an element: once a window is complete, the stage's looks at its start and its end
         (``look()``) and its seconds; else None.
 
@@ -158,7 +176,9 @@ class MoveDriver:
     def _open(self, now: float, count: int, look: Any) -> None:
         self._start, self._limit = (now, count, look), _UNSET
 
-    def _loses(self, seconds: float, count: int, slower_than: Callable[[], float | None] | None) -> bool:
+    def _loses(
+        self, seconds: float, count: int, slower_than: Callable[[], float | None] | None
+    ) -> bool:
         """Whether an open window of ``count`` elements in ``seconds`` ends early: it lasted
         :data:`EARLY` of the cadence's seconds, at more than ``slower_than()`` an element."""
         if slower_than is None or seconds < EARLY * self.cadence.seconds:

@@ -20,11 +20,19 @@ from torchpipe.randomness import GlobalDraws, watch_global_draws
 from torchpipe.runtime import codec
 from torchpipe.runtime.cpu import as_a_pool_thread_runs, run_delay
 from torchpipe.runtime.placement.gil import GilProbe
-from torchpipe.runtime.placement.memory_costs import MMAP_THRESHOLD_MAX, calibrate, cold_seconds, thread_faults
+from torchpipe.runtime.placement.memory_costs import (
+    MMAP_THRESHOLD_MAX,
+    calibrate,
+    cold_seconds,
+    thread_faults,
+)
 from torchpipe.runtime.placement.policy import CallCosts
 from torchpipe.runtime.sizes import element_bytes
 
-_PROBE_CALLS, _PROBE_S = 8, 0.02  # calls measured inline before the first decision (at most; at least one)
+_PROBE_CALLS, _PROBE_S = (
+    8,
+    0.02,
+)  # calls measured inline before the first decision (at most; at least one)
 _PROBE_BYTES = 4 << 20
 """Bytes of results each half of the measured calls may hold (its first call runs whatever its
 size). Every result measured is kept until the consumer takes it, so each faults in fresh pages:
@@ -42,7 +50,9 @@ def prepare_measurements() -> None:
 
 
 def measure_calls(
-    run: Callable[[int], list[Any]], limit: int = _PROBE_CALLS, on_draws: Callable[[GlobalDraws], None] | None = None
+    run: Callable[[int], list[Any]],
+    limit: int = _PROBE_CALLS,
+    on_draws: Callable[[GlobalDraws], None] | None = None,
 ) -> tuple[CallCosts, int]:
     """Run up to ``limit`` calls inline (``run(n)`` runs at most ``n`` and returns their results);
     what one call costs at steady state, and how many ran.
@@ -75,7 +85,11 @@ def measure_calls(
         # again on one core (``cache``'s epochs of 16 JPEG batches: 2 of them, ~11% of the epoch).
         probed_s = sum(s for s, _, _ in probed)
         more = probed and probed_s < _PROBE_S
-        alone = _timed_calls(run, limit - len(results), _PROBE_S / 2, results, None, None, held) if more else []
+        alone = (
+            _timed_calls(run, limit - len(results), _PROBE_S / 2, results, None, None, held)
+            if more
+            else []
+        )
     cpu = time.thread_time() - cpu0
     if not probed:
         return CallCosts(0.0, 0.0, 1.0, 0.0), 0
@@ -112,9 +126,14 @@ class _HeldBytes:
 
 
 def _timed_calls(
-    run: Callable[[int], list[Any]], limit: int, seconds: float, results: list[Any],
-    overhead: Callable[[], float] | None, probe: GilProbe | None = None, held: _HeldBytes | None = None,
-) -> list[tuple[float, float, int]]:  # fmt: skip
+    run: Callable[[int], list[Any]],
+    limit: int,
+    seconds: float,
+    results: list[Any],
+    overhead: Callable[[], float] | None,
+    probe: GilProbe | None = None,
+    held: _HeldBytes | None = None,
+) -> list[tuple[float, float, int]]:
     """Up to ``limit`` calls (at least one, if any is left) for at most about ``seconds`` and
     while their results hold less than ``held`` allows:
     ``(seconds, GIL-free share, page faults)`` of each, less ``overhead`` and less the time the
@@ -140,7 +159,13 @@ def _timed_calls(
         results.extend(done)
         took -= (overhead() - spent) if overhead is not None else 0.0
         took -= (delayed - delay) if delay is not None and delayed is not None else 0.0
-        timed.append((max(took, 1e-9), free, faulted - faults if faults is not None and faulted is not None else 0))
+        timed.append(
+            (
+                max(took, 1e-9),
+                free,
+                faulted - faults if faults is not None and faulted is not None else 0,
+            )
+        )
         if time.perf_counter() > deadline or (held is not None and not held.add(done)):
             break
     return timed

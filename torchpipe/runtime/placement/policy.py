@@ -254,7 +254,13 @@ def choose(
             best = kind
     if current in seconds and best != current:
         dearer = KINDS.index(best) > KINDS.index(current)
-        needed = move_margin if move_margin is not None else dearer_needs(best, current) if dearer else STAY
+        needed = (
+            move_margin
+            if move_margin is not None
+            else dearer_needs(best, current)
+            if dearer
+            else STAY
+        )
         if seconds[best] * needed >= seconds[current]:
             return current
     return best
@@ -270,7 +276,9 @@ def cost_scale(before: CallCosts, now: CallCosts) -> float | None:
     return now.call_s / before.call_s if shares[1] <= 2.0 * shares[0] else None
 
 
-def may_pay(kind: str, current: str | None, costs: CallCosts | None, measured: dict[str, float], cores: int) -> bool:
+def may_pay(
+    kind: str, current: str | None, costs: CallCosts | None, measured: dict[str, float], cores: int
+) -> bool:
     """Whether a stage's next pass should keep ``kind`` among its executors, from what its
     earlier passes learned (where its calls ran, their costs, the times measured): yes before
     any decision, where they ran, where measured faster, or where not measured and worth a trial
@@ -307,10 +315,14 @@ class Policy:
         self.cores = cores
         self.costs: CallCosts | None = None
         self.kind: str | None = None
-        self._measured: dict[str, tuple[float, float]] = {}  # executor -> (seconds per element, when)
+        self._measured: dict[
+            str, tuple[float, float]
+        ] = {}  # executor -> (seconds per element, when)
         # executor -> its last windows: (seconds per element, whether full: see review)
         self._recent: dict[str, collections.deque[tuple[float, bool]]] = {}
-        self._stale_s: dict[str, float] = {}  # executor -> how long its measurement stands (STALE_S at first)
+        self._stale_s: dict[
+            str, float
+        ] = {}  # executor -> how long its measurement stands (STALE_S at first)
 
     @property
     def measured(self) -> dict[str, float]:
@@ -330,8 +342,14 @@ class Policy:
         out: dict[str, Any] = {"measured_s": dict(sorted(self.measured.items()))}
         if self.costs is not None:
             c = self.costs
-            out["costs"] = {"call_s": c.call_s, "cpu_s": c.cpu_s, "gil_free": c.gil_free, "move_s": c.move_s,
-                            "nbytes": c.nbytes, "consumer_s": c.consumer_s}  # fmt: skip
+            out["costs"] = {
+                "call_s": c.call_s,
+                "cpu_s": c.cpu_s,
+                "gil_free": c.gil_free,
+                "move_s": c.move_s,
+                "nbytes": c.nbytes,
+                "consumer_s": c.consumer_s,
+            }
         return out
 
     def decide(self, costs: CallCosts) -> str:
@@ -350,7 +368,9 @@ class Policy:
         if scale is None:
             self._measured.clear()
         else:
-            self._measured = {kind: (seconds * scale, when) for kind, (seconds, when) in self._measured.items()}
+            self._measured = {
+                kind: (seconds * scale, when) for kind, (seconds, when) in self._measured.items()
+            }
         self._recent.clear()
         self._stale_s.clear()
         return self.decide(costs)
@@ -373,7 +393,10 @@ class Policy:
             raise RuntimeError("Policy.review() before decide()")
         recent = self._recent.setdefault(self.kind, collections.deque(maxlen=WINDOWS_KEPT))
         recent.append((seconds_per_element, full))
-        self._measured[self.kind] = (statistics.median_low(seconds for seconds, _ in recent), time.monotonic())
+        self._measured[self.kind] = (
+            statistics.median_low(seconds for seconds, _ in recent),
+            time.monotonic(),
+        )
         measured = self.measured
         choice = choose(self.costs, self.cores, self.candidates, measured, self.kind)
         if choice == self.kind:
@@ -381,7 +404,9 @@ class Policy:
         elif choice in measured and self._outnumbered(choice, measured):
             choice = self.kind  # measured on fewer windows than `choice`: the trial goes on
         elif choice not in measured and self.lost_big(measured):
-            choice = min(measured, key=measured.__getitem__)  # back first: a trial starts from the best measured
+            choice = min(
+                measured, key=measured.__getitem__
+            )  # back first: a trial starts from the best measured
         return choice
 
     def lost_big(self, measured: dict[str, float]) -> bool:
@@ -443,13 +468,25 @@ class Policy:
         assert self.kind is not None and self.costs is not None  # measured: a kind was chosen
         recent = self._recent.get(self.kind, ())
         if len(recent) < WINDOWS_KEPT or not all(full for _, full in recent):
-            return None  # measured on too few windows, or too short ones, to stand against a trial's
+            return (
+                None  # measured on too few windows, or too short ones, to stand against a trial's
+            )
         here, c = measured[self.kind], self.costs
-        waits = 1.0 - c.cpu_s / c.call_s if c.call_s > 0 else 0.0  # the GIL is free while a call waits
+        waits = (
+            1.0 - c.cpu_s / c.call_s if c.call_s > 0 else 0.0
+        )  # the GIL is free while a call waits
         may_miss = max(c.gil_free, waits) >= THREAD_TRIAL_FREE
         for kind in KINDS:
-            if kind in self.candidates and kind not in measured and (kind != THREAD or c.thread_safe):
-                missed = kind == THREAD and may_miss and (self.kind == PROCESS or c.call_s >= THREAD_TRIAL_S)
+            if (
+                kind in self.candidates
+                and kind not in measured
+                and (kind != THREAD or c.thread_safe)
+            ):
+                missed = (
+                    kind == THREAD
+                    and may_miss
+                    and (self.kind == PROCESS or c.call_s >= THREAD_TRIAL_S)
+                )
                 if missed and self._threads_may_win(here):
                     return kind
                 if predict(self.costs, kind, self.cores) < _TRIED_WITHIN[kind] * here:
@@ -468,7 +505,9 @@ class Policy:
         return EXPLORE * best < min(here, predict(self.costs, self.kind, self.cores))
 
 
-def choose_overlap(current: str, measured: dict[str, float], inline_guess: float, retry_thread: bool) -> str:
+def choose_overlap(
+    current: str, measured: dict[str, float], inline_guess: float, retry_thread: bool
+) -> str:
     """Where a prefetch runs its input, :data:`THREAD` (overlapped with the consumer) or
     :data:`INLINE` (on the consumer's thread), after a window on ``current``.
 

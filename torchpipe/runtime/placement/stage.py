@@ -53,10 +53,16 @@ class Placement:
     """
 
     def __init__(
-        self, dispatcher: Dispatcher, make: MakeExecutor, policy: Policy | None, timing: CallTiming,
-        on_move: Callable[[str, int], None] | None = None, retire: Callable[[Executor], None] | None = None,
-        learned: dict[str, Any] | None = None, on_stay: Callable[[], None] | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        dispatcher: Dispatcher,
+        make: MakeExecutor,
+        policy: Policy | None,
+        timing: CallTiming,
+        on_move: Callable[[str, int], None] | None = None,
+        retire: Callable[[Executor], None] | None = None,
+        learned: dict[str, Any] | None = None,
+        on_stay: Callable[[], None] | None = None,
+    ) -> None:
         self.dispatcher = dispatcher
         self.policy = policy
         self.kind = INLINE
@@ -164,16 +170,26 @@ class Placement:
             return
         delivered = self._delivered
         look = lambda: (delivered, inside_s, self._timing.totals())  # noqa: E731 - read only where a window starts or ends
-        done = self._driver.window(time.perf_counter(), delivered, look, last=last, slower_than=self.policy.slower_than)
+        done = self._driver.window(
+            time.perf_counter(), delivered, look, last=last, slower_than=self.policy.slower_than
+        )
         if done is None:
             return
         (first, inside0, calls0), (_, _, calls), seconds = done
         count = delivered - first
         consumer_s = max(seconds - (inside_s - inside0), 0.0) / count
-        self._review(seconds / count, consumer_s, calls, calls0, full=seconds >= self._driver.cadence.seconds)
+        self._review(
+            seconds / count, consumer_s, calls, calls0, full=seconds >= self._driver.cadence.seconds
+        )
 
-    def _review(self, seconds_per_element: float, consumer_s: float, calls: tuple[int, float, float],
-                calls0: tuple[int, float, float], full: bool = True) -> None:  # fmt: skip
+    def _review(
+        self,
+        seconds_per_element: float,
+        consumer_s: float,
+        calls: tuple[int, float, float],
+        calls0: tuple[int, float, float],
+        full: bool = True,
+    ) -> None:
         policy = self.policy
         assert policy is not None and policy.costs is not None  # reviewed: a policy that decided
         per_result = getattr(self.dispatcher.executor, "message_seconds", lambda: None)()

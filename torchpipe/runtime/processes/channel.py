@@ -159,7 +159,9 @@ class Channel:
             except BlockingIOError:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise ChannelClosed(f"no room to send to the other end in {timeout} s") from None
+                    raise ChannelClosed(
+                        f"no room to send to the other end in {timeout} s"
+                    ) from None
                 select.select([], [self.sock], [], min(remaining, 0.1))
 
     def _recv_datagram(self) -> tuple[bytes, list[int], bool]:

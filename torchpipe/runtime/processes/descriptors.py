@@ -82,7 +82,10 @@ class DescriptorBudget:
             return False
         self._checked = self._now()
         limit = open_files_limit()
-        if limit != resource.RLIM_INFINITY and limit - open_files() < _SPARE + SPARE_PER_WORKER * workers:
+        if (
+            limit != resource.RLIM_INFINITY
+            and limit - open_files() < _SPARE + SPARE_PER_WORKER * workers
+        ):
             return False
         self.short = False
         return True

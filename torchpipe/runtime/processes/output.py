@@ -46,7 +46,10 @@ IDLE_S = 1.0
 its free slots (:meth:`Output.give_back_idle`); its next results fault them in again (38 MB: ~10 ms)."""
 RING_GRACE_S = 0.002
 """A slot freed this soon is worth waiting for rather than making a one-off segment."""
-_RESIZE_AFTER, _SIZE_WINDOW = 8, 16  # of the last 16 results, 8 too large for a slot re-size the ring
+_RESIZE_AFTER, _SIZE_WINDOW = (
+    8,
+    16,
+)  # of the last 16 results, 8 too large for a slot re-size the ring
 HELD_MORE = 4
 """The most slots a worker's ring adds, one at a time, for results its consumer holds beyond what
 it said: a prefetch buffer above a map, a batch kept for a log. A one-off segment costs a result
@@ -92,17 +95,29 @@ class Output:
         self._lock = threading.Lock()
         self._closed = False
         self.written = 0  # results and errors sent: a worker that writes none for a while is idle
-        self.descriptors = True  # False: the main process is short of them (no segment, no new ring)
-        self._unconfirmed: dict[int, OneOffSegment] = {}  # segments sent, until main has mapped them
+        self.descriptors = (
+            True  # False: the main process is short of them (no segment, no new ring)
+        )
+        self._unconfirmed: dict[
+            int, OneOffSegment
+        ] = {}  # segments sent, until main has mapped them
         self._asked = max(1, slots)
         self._more = 0  # slots added for results held beyond those asked for (HELD_MORE at most)
         self._ring: ShmRing | None = None  # the ring in use: None until the next result sizes it
         self._sized = False  # whether that result came (a ring of no slots is none at all)
-        self._outgrown: collections.deque[bool] = collections.deque(maxlen=_SIZE_WINDOW)  # too large, of the last
-        self._all_held: collections.deque[bool] = collections.deque(maxlen=_SIZE_WINDOW)  # no slot free, of the last
+        self._outgrown: collections.deque[bool] = collections.deque(
+            maxlen=_SIZE_WINDOW
+        )  # too large, of the last
+        self._all_held: collections.deque[bool] = collections.deque(
+            maxlen=_SIZE_WINDOW
+        )  # no slot free, of the last
         self._keep_slot = 0  # the slot size the next ring keeps (0: sized at its first result)
-        self._release = False  # a budget binds: slots give their pages back once their result is released
-        self._written: set[int] = set()  # slots of the ring in use written since they gave their pages back
+        self._release = (
+            False  # a budget binds: slots give their pages back once their result is released
+        )
+        self._written: set[int] = (
+            set()
+        )  # slots of the ring in use written since they gave their pages back
 
     def confirmed(self, seqs: list[int]) -> None:
         """The main process has mapped these results' segments: let go of them here."""
@@ -238,7 +253,10 @@ class Output:
         with self._lock:
             self._release = not keep
             if self._release and self._more:
-                self._more, self._sized = 0, False  # the next result makes a ring of the slots asked for
+                self._more, self._sized = (
+                    0,
+                    False,
+                )  # the next result makes a ring of the slots asked for
         self.give_back_released()
 
     @property
@@ -286,15 +304,26 @@ class Output:
         reservation = ring.reserve(nbytes, timeout=RING_GRACE_S)
         self._all_held.append(reservation is None)
         if sum(self._all_held) >= _HELD_AFTER and self._more < HELD_MORE and not self._release:
-            self._more, self._sized = self._more + 1, False  # the next result makes a ring with one more
+            self._more, self._sized = (
+                self._more + 1,
+                False,
+            )  # the next result makes a ring with one more
             self._keep_slot = ring.slot_bytes  # of these slots (that result may be an odd one)
         return (len(self.rings) - 1, reservation) if reservation is not None else None
 
     def _in_ring(self, nbytes: int) -> tuple[int, Reservation] | None:
         """Room in the ring as it is (none is added: no descriptor can be sent)."""
         ring = self._ring
-        reservation = ring.reserve(nbytes, timeout=RING_GRACE_S) if ring is not None and ring.fits(nbytes) else None
-        return (self.rings.index(ring), reservation) if ring is not None and reservation is not None else None
+        reservation = (
+            ring.reserve(nbytes, timeout=RING_GRACE_S)
+            if ring is not None and ring.fits(nbytes)
+            else None
+        )
+        return (
+            (self.rings.index(ring), reservation)
+            if ring is not None and reservation is not None
+            else None
+        )
 
     def _size_ring(self, nbytes: int) -> None:
         """Make the ring for results like one of ``nbytes`` (none where a slot exceeds the limit)."""

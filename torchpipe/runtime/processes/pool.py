@@ -30,7 +30,11 @@ from torchpipe.runtime import codec
 from torchpipe.runtime.counts import COUNTS
 from torchpipe.runtime.executor import Result
 from torchpipe.runtime.processes.channel import Channel, ChannelClosed, DescriptorsLost
-from torchpipe.runtime.processes.descriptors import DescriptorBudget, is_open_files_error, open_files_error
+from torchpipe.runtime.processes.descriptors import (
+    DescriptorBudget,
+    is_open_files_error,
+    open_files_error,
+)
 from torchpipe.runtime.processes.loans import RingLoans
 from torchpipe.runtime.processes.output import MAX_RING_BYTES
 from torchpipe.runtime.processes.shm_ring import OneOffSegment, ShmRing, memfd_supported
@@ -47,13 +51,19 @@ class _Worker:
     __slots__ = ("id", "slot", "pid", "channel", "zygote", "rings", "tasks", "retiring", "mapped")
     ready = True  # takes tasks as soon as it is forked (the router asks)
 
-    def __init__(self, worker_id: int, slot: int, pid: int, channel: Channel, zygote: Zygote) -> None:
+    def __init__(
+        self, worker_id: int, slot: int, pid: int, channel: Channel, zygote: Zygote
+    ) -> None:
         self.id = worker_id
-        self.slot = slot  # 0..size-1: what the worker's code sees as its id; replacements inherit it
+        self.slot = (
+            slot  # 0..size-1: what the worker's code sees as its id; replacements inherit it
+        )
         self.pid = pid
         self.channel = channel
         self.zygote = zygote  # the one that forked it, which reaps it
-        self.rings: list[RingLoans | None] = []  # the worker's rings, by index (None: its fd was lost)
+        self.rings: list[
+            RingLoans | None
+        ] = []  # the worker's rings, by index (None: its fd was lost)
         self.tasks: dict[int, Task] = {}  # in flight (or sent again without a descriptor), by seq
         self.retiring = False
         self.mapped: list[int] = []  # results whose segments were mapped here, to tell the worker
@@ -126,14 +136,18 @@ class ProcessPool:
         self._restart = restart
         self._allocate = allocate
         self._held = (0 if allocate is not None else 1) if held is None else self._check_held(held)
-        self._worker_main = functools.partial(run_worker, handler=handler, ring_limit=ring_limit, keep_freed=keep_freed)
+        self._worker_main = functools.partial(
+            run_worker, handler=handler, ring_limit=ring_limit, keep_freed=keep_freed
+        )
         self._zygote: Zygote | None = self._new_zygote() if fork_now else None
         self._workers: dict[int, _Worker] = {}
         self._router = TaskRouter()
         self._unsent: list[Result] = []
         self._next_id = 0
         self._size = size
-        self._main_cpu_s = 0.0  # this process's CPU in submit() and collect(), for message_seconds()
+        self._main_cpu_s = (
+            0.0  # this process's CPU in submit() and collect(), for message_seconds()
+        )
         self._received = 0
         self.descriptors = DescriptorBudget()  # whether workers may pass descriptors (open files)
         self._slot_pages = True  # whether the workers' slots keep their pages once released
@@ -211,10 +225,14 @@ class ProcessPool:
     @property
     def ring_bytes(self) -> int:
         """The bytes of the workers' rings in use, as mapped here."""
-        rings = [loans.ring for w in self._workers.values() for loans in w.rings if loans is not None]
+        rings = [
+            loans.ring for w in self._workers.values() for loans in w.rings if loans is not None
+        ]
         return sum(ring.capacity for ring in rings if not ring.closed)
 
-    def submit(self, seq: int, payload: Any, slot: int | None = None, prefer: int | None = None) -> None:
+    def submit(
+        self, seq: int, payload: Any, slot: int | None = None, prefer: int | None = None
+    ) -> None:
         """Queue a task for the least busy worker, or for the worker in ``slot`` (in order).
 
         ``prefer`` names a slot whose worker should run the task when it has one (it may hold
@@ -280,7 +298,9 @@ class ProcessPool:
         self._size = size
         live = [w for w in self._workers.values() if not w.retiring]
         taken = {w.slot for w in live}
-        for slot in [s for s in range(size + len(live)) if s not in taken][: max(0, size - len(live))]:
+        for slot in [s for s in range(size + len(live)) if s not in taken][
+            : max(0, size - len(live))
+        ]:
             self._spawn(slot)
         for worker in sorted(live, key=lambda w: -w.slot)[: max(0, len(live) - size)]:
             worker.retiring = True
@@ -349,7 +369,9 @@ class ProcessPool:
 
     def _check_per_worker(self, n: int) -> int:
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"{self.name}: tasks in flight per worker must be an int >= 1, got {n!r}")
+            raise ValueError(
+                f"{self.name}: tasks in flight per worker must be an int >= 1, got {n!r}"
+            )
         return n
 
     def _send(self, worker: _Worker, message: tuple) -> None:
@@ -369,7 +391,9 @@ class ProcessPool:
             raise
         worker = _Worker(worker_id, slot, pid, channel, self._live_zygote())
         self._workers[worker_id] = worker
-        self._send(worker, ("slots", self._slots))  # before any task: its first result sizes its ring
+        self._send(
+            worker, ("slots", self._slots)
+        )  # before any task: its first result sizes its ring
         if not self._slot_pages:
             self._send(worker, ("pages", False))
         if self.descriptors.short:
@@ -429,7 +453,9 @@ class ProcessPool:
                 try:
                     pickle.dumps(task.payload, protocol=pickle.HIGHEST_PROTOCOL)
                 except Exception as e:  # noqa: BLE001 - reported as this element's error
-                    self._unsent.append((task.seq, None, _unpicklable_input(self.name, task.seq, e)))
+                    self._unsent.append(
+                        (task.seq, None, _unpicklable_input(self.name, task.seq, e))
+                    )
                 else:
                     again.append(task)
             self._router.requeue(again)
@@ -440,13 +466,19 @@ class ProcessPool:
             message, fds = worker.channel.recv()
         except DescriptorsLost as e:
             if e.message is None:  # its body rode in the lost descriptor
-                raise open_files_error(self.name, f"receive a message from worker {worker.pid}") from e
+                raise open_files_error(
+                    self.name, f"receive a message from worker {worker.pid}"
+                ) from e
             message, fds = e.message, []
             self.descriptors.ran_short()
-            self._allow_descriptors(False, worker, message[1] if message[0] == "ring_added" else None)
+            self._allow_descriptors(
+                False, worker, message[1] if message[0] == "ring_added" else None
+            )
         self._handle(worker, message, fds, results)
 
-    def _handle(self, worker: _Worker, message: tuple, fds: list[int], results: list[Result]) -> None:
+    def _handle(
+        self, worker: _Worker, message: tuple, fds: list[int], results: list[Result]
+    ) -> None:
         kind = message[0]
         if kind == "ring_added":
             if message[2]:  # it replaces the worker's rings: each goes once its records are back
@@ -467,7 +499,9 @@ class ProcessPool:
         COUNTS.add_tally(counts)
         self._router.done(seq)
         if self._unreadable(worker, message, fds):
-            self._send(worker, ("resend", seq, *message[2:5]) if kind == "ring" else ("resend", seq))
+            self._send(
+                worker, ("resend", seq, *message[2:5]) if kind == "ring" else ("resend", seq)
+            )
             return  # the task stays the worker's until the result comes again ("resent")
         worker.tasks.pop(seq, None)
         results.append((seq, *self._result(worker, message, fds)))
@@ -477,9 +511,13 @@ class ProcessPool:
     def _unreadable(worker: _Worker, message: tuple, fds: list[int]) -> bool:
         """Whether a result's memory did not reach this process: its segment's descriptor, or
         its ring's, was lost."""
-        return (message[0] == "segment" and not fds) or (message[0] == "ring" and worker.rings[message[2]] is None)
+        return (message[0] == "segment" and not fds) or (
+            message[0] == "ring" and worker.rings[message[2]] is None
+        )
 
-    def _result(self, worker: _Worker, message: tuple, fds: list[int]) -> tuple[Any, BaseException | None]:
+    def _result(
+        self, worker: _Worker, message: tuple, fds: list[int]
+    ) -> tuple[Any, BaseException | None]:
         kind = message[0]
         if kind == "ring":
             loans = worker.rings[message[2]]
@@ -488,11 +526,16 @@ class ProcessPool:
         if kind == "segment":
             worker.mapped.append(message[1])
             return self._decode_segment(fds[0], message[2]), None
-        if kind in ("bytes", "resent"):  # sent in the channel: the main process was short of descriptors
+        if kind in (
+            "bytes",
+            "resent",
+        ):  # sent in the channel: the main process was short of descriptors
             return codec.decode(message[2], allocate=self._allocate), None
         return None, unpack_exception(message[2], worker.pid)
 
-    def _allow_descriptors(self, allowed: bool, lost_by: _Worker | None = None, lost_ring: int | None = None) -> None:
+    def _allow_descriptors(
+        self, allowed: bool, lost_by: _Worker | None = None, lost_ring: int | None = None
+    ) -> None:
         """Tell every worker whether it may pass descriptors (``lost_by``: the one whose ring
         ``lost_ring`` did not arrive); large messages to them go in chunks meanwhile."""
         for worker in list(self._workers.values()):

@@ -164,11 +164,17 @@ def _read_header(fd: int, mapping: mmap.mmap | memoryview, size: int) -> tuple[i
     if magic != _MAGIC:
         raise ValueError(f"fd {fd} is not a torchpipe shm ring: bad magic {magic!r}")
     if version != VERSION:
-        raise ValueError(f"fd {fd}: shm ring version {version}, this torchpipe reads version {VERSION}")
+        raise ValueError(
+            f"fd {fd}: shm ring version {version}, this torchpipe reads version {VERSION}"
+        )
     if start != _DATA_START or capacity <= 0 or capacity % _LINE or start + capacity != size:
-        raise ValueError(f"fd {fd}: corrupt shm ring header (capacity {capacity}, segment of {size} bytes)")
+        raise ValueError(
+            f"fd {fd}: corrupt shm ring header (capacity {capacity}, segment of {size} bytes)"
+        )
     if slot and (slot % _LINE or capacity % slot):
-        raise ValueError(f"fd {fd}: corrupt shm ring header (slots of {slot} bytes in a capacity of {capacity})")
+        raise ValueError(
+            f"fd {fd}: corrupt shm ring header (slots of {slot} bytes in a capacity of {capacity})"
+        )
     return capacity, slot
 
 
@@ -207,7 +213,9 @@ class ShmRing:
     :meth:`release`, in commit order. Each side must be used by one thread at a time.
     """
 
-    def __init__(self, fd: int, mapping: mmap.mmap | memoryview, capacity: int, slot_bytes: int = 0) -> None:
+    def __init__(
+        self, fd: int, mapping: mmap.mmap | memoryview, capacity: int, slot_bytes: int = 0
+    ) -> None:
         """Wrap a mapped, initialized segment; use :meth:`create` or :meth:`attach` instead."""
         self._fd = fd
         self._capacity = capacity
@@ -218,7 +226,9 @@ class ShmRing:
         self._pending: Reservation | None = None
         self._closed = False
         self._mapping = mapping
-        self._finalizer = weakref.finalize(self, _unmap, fd, mapping, (self._words, self._data, buf))
+        self._finalizer = weakref.finalize(
+            self, _unmap, fd, mapping, (self._words, self._data, buf)
+        )
 
     @classmethod
     def create(cls, capacity: int, slot_bytes: int = 0) -> ShmRing:
@@ -242,8 +252,12 @@ class ShmRing:
             or slot_bytes < 0
             or slot_bytes % mmap.PAGESIZE
         ):
-            raise ValueError(f"slot_bytes must be 0 or a multiple of the page ({mmap.PAGESIZE}), got {slot_bytes!r}")
-        capacity = -(-capacity // slot_bytes) * slot_bytes if slot_bytes > 0 else _page_multiple(capacity)
+            raise ValueError(
+                f"slot_bytes must be 0 or a multiple of the page ({mmap.PAGESIZE}), got {slot_bytes!r}"
+            )
+        capacity = (
+            -(-capacity // slot_bytes) * slot_bytes if slot_bytes > 0 else _page_multiple(capacity)
+        )
         fd = _new_memfd("torchpipe-ring", _DATA_START + capacity)
         try:
             mapping = _map(fd, _DATA_START + capacity)
@@ -264,7 +278,9 @@ class ShmRing:
         """
         size = os.fstat(fd).st_size
         if size < _DATA_START:
-            raise ValueError(f"fd {fd} is not a torchpipe shm ring: {size} bytes is less than a header")
+            raise ValueError(
+                f"fd {fd} is not a torchpipe shm ring: {size} bytes is less than a header"
+            )
         mapping = map_shared(fd, size, _MAP_FLAGS)
         capacity, slot_bytes = _read_header(fd, mapping, size)
         os.close(fd)
@@ -378,7 +394,9 @@ class ShmRing:
         """
         self._check_open()
         if reservation is not self._pending:
-            raise ValueError(f"{reservation!r} is not the outstanding reservation (committed or dropped)")
+            raise ValueError(
+                f"{reservation!r} is not the outstanding reservation (committed or dropped)"
+            )
         self._pending = None
         start, nbytes = reservation._start, reservation.nbytes
         self._words[_DATA_WORD + reservation.offset // 8] = nbytes
@@ -474,7 +492,9 @@ class ShmRing:
         _check_nbytes(nbytes)
         aligned = isinstance(offset, int) and offset >= 0 and offset % _LINE == 0
         if not aligned or offset + self._span(nbytes) > self._capacity:
-            raise ValueError(f"no record of {nbytes} bytes can start at offset {offset!r} of this ring")
+            raise ValueError(
+                f"no record of {nbytes} bytes can start at offset {offset!r} of this ring"
+            )
 
     def _check_length(self, offset: int, nbytes: int) -> None:
         length = self._words[_DATA_WORD + offset // 8]
@@ -502,7 +522,9 @@ class ShmRing:
                 f"were committed; the oldest unreleased record is at offset {oldest}"
             )
         if start + self._span(nbytes) > head:
-            raise ValueError(f"release(offset={offset}, nbytes={nbytes}): that record is not committed")
+            raise ValueError(
+                f"release(offset={offset}, nbytes={nbytes}): that record is not committed"
+            )
         return start
 
 

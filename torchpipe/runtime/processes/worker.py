@@ -285,6 +285,8 @@ def unpack_exception(packed: tuple[bytes | None, str, str, str], pid: int) -> Ba
         except Exception:  # noqa: BLE001 - fall back to the text below
             exc = None
     if not isinstance(exc, BaseException):
-        exc = RuntimeError(f"{type_name}: {message} (the exception could not be sent from the worker)")
+        exc = RuntimeError(
+            f"{type_name}: {message} (the exception could not be sent from the worker)"
+        )
     add_note(exc, f"Traceback from worker process {pid}:\n{text.rstrip()}")
     return exc

@@ -116,17 +116,26 @@ class Zygote:
             message = self._next_message(deadline - time.monotonic())
             if message is not None and message[0] == "spawn_failed" and message[1] == worker_id:
                 main_end.close()
-                raise OSError(message[2], f"{self.name}: the zygote could not start a worker: {message[3]}")
+                raise OSError(
+                    message[2], f"{self.name}: the zygote could not start a worker: {message[3]}"
+                )
             if message is not None and message[0] == "spawned" and message[1] == worker_id:
                 return message[2], main_end
         main_end.close()
-        raise RuntimeError(f"{self.name}: the zygote process {self.pid} did not start a worker in {timeout} s")
+        raise RuntimeError(
+            f"{self.name}: the zygote process {self.pid} did not start a worker in {timeout} s"
+        )
 
     def exit_status(self, pid: int, timeout: float) -> int | None:
         """The ``waitpid`` status of worker ``pid`` once the zygote has reaped it, or None
         (also when the zygote itself is gone, and took its workers with it)."""
         deadline = time.monotonic() + timeout
-        while pid not in self._exits and time.monotonic() < deadline and self._control is not None and self.alive():
+        while (
+            pid not in self._exits
+            and time.monotonic() < deadline
+            and self._control is not None
+            and self.alive()
+        ):
             try:
                 self._next_message(deadline - time.monotonic())
             except ZygoteGone:
@@ -166,7 +175,10 @@ class Zygote:
             pass
         self._control.close()
         self._control = None
-        deadline, pause = time.monotonic() + timeout, 0.0002  # SIGKILL takes well under a millisecond
+        deadline, pause = (
+            time.monotonic() + timeout,
+            0.0002,
+        )  # SIGKILL takes well under a millisecond
         while not self._reaped and time.monotonic() < deadline:
             try:
                 done, _ = os.waitpid(self.pid, os.WNOHANG)
@@ -178,8 +190,12 @@ class Zygote:
                 pause = min(2 * pause, 0.01)
 
 
-def _zygote_main(control: Channel, worker_main: Callable[[Channel, int], None], parent: int) -> None:
-    if os.getppid() != parent:  # no parent-death signal here (module docstring): the channel ends us
+def _zygote_main(
+    control: Channel, worker_main: Callable[[Channel, int], None], parent: int
+) -> None:
+    if (
+        os.getppid() != parent
+    ):  # no parent-death signal here (module docstring): the channel ends us
         os._exit(0)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
     # SIGTERM's default action for the zygote and its workers: a handler the main process set
@@ -195,8 +211,12 @@ def _zygote_main(control: Channel, worker_main: Callable[[Channel, int], None], 
             message, fds = control.recv()
         except ChannelClosed:
             return
-        except DescriptorsLost as e:  # the zygote is at its open-files limit: the worker's end is lost
-            control.send(("spawn_failed", e.message[1], errno.EMFILE, "its channel's descriptor was lost"))
+        except (
+            DescriptorsLost
+        ) as e:  # the zygote is at its open-files limit: the worker's end is lost
+            control.send(
+                ("spawn_failed", e.message[1], errno.EMFILE, "its channel's descriptor was lost")
+            )
             continue
         if message[0] != "spawn":
             return
@@ -208,7 +228,11 @@ def _zygote_main(control: Channel, worker_main: Callable[[Channel, int], None], 
 
 
 def _worker_process(
-    control: Channel, fd: int, worker_main: Callable[[Channel, int], None], worker_id: int, zygote: int
+    control: Channel,
+    fd: int,
+    worker_main: Callable[[Channel, int], None],
+    worker_id: int,
+    zygote: int,
 ) -> None:
     code = 0
     try:

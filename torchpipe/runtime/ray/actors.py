@@ -44,7 +44,9 @@ def require_ray() -> ModuleType:
     try:
         import ray
     except ImportError as e:
-        raise ImportError(f"executor='ray' and tp.from_ray need Ray: {_EXTRA} (or pip install 'ray[data]')") from e
+        raise ImportError(
+            f"executor='ray' and tp.from_ray need Ray: {_EXTRA} (or pip install 'ray[data]')"
+        ) from e
     return ray
 
 
@@ -102,7 +104,9 @@ class TaskServer:
         self._token: str | None = None
         self._handler: Callable[[int, Any], Any] | None = None
 
-    def install(self, token: str, boxed_handler: list[Any], slot: int, threads: int) -> tuple[Any, ...]:
+    def install(
+        self, token: str, boxed_handler: list[Any], slot: int, threads: int
+    ) -> tuple[Any, ...]:
         """Load the handler (``boxed_handler[0]``, an object reference) unless ``token`` is
         installed already, and set the actor up as a worker in ``slot``; ``(OK, pid, node)``
         or ``(ERROR, packed exception)`` if the handler cannot be loaded here (``node``: its
@@ -112,7 +116,9 @@ class TaskServer:
         if token != self._token:
             try:
                 handler = ray.get(boxed_handler[0])
-                torch.set_num_threads(threads)  # the CPUs the actor reserved; the pool is the parallelism
+                torch.set_num_threads(
+                    threads
+                )  # the CPUs the actor reserved; the pool is the parallelism
                 keep_freed_memory()
                 start = getattr(handler, "start_worker", None)
                 if start is not None:
@@ -120,7 +126,11 @@ class TaskServer:
             except Exception as e:  # noqa: BLE001 - the pool raises it, naming the actor
                 return ERROR, pack_exception(e)
             self._handler, self._token = handler, token
-        return OK, os.getpid(), (ray.util.get_node_ip_address(), ray.get_runtime_context().get_node_id())
+        return (
+            OK,
+            os.getpid(),
+            (ray.util.get_node_ip_address(), ray.get_runtime_context().get_node_id()),
+        )
 
     def run(self, token: str, seq: int, payload: Any) -> tuple[Any, ...]:
         """``(OK, record, wall_s, cpu_s)``, ``(ERROR, packed, wall_s, cpu_s)`` or ``(STALE,)``."""
@@ -201,7 +211,9 @@ class IdleActors:
         with self._lock:
             self._kept.setdefault(key, []).append((actor, time.monotonic()))
             if self._reaper is None or not self._reaper.is_alive():
-                self._reaper = threading.Thread(target=self._reap, name="torchpipe-ray-idle", daemon=True)
+                self._reaper = threading.Thread(
+                    target=self._reap, name="torchpipe-ray-idle", daemon=True
+                )
                 self._reaper.start()
 
     def clear(self, keep: Any = None) -> None:
@@ -221,10 +233,19 @@ class IdleActors:
             self._wake.wait(self._idle_s / 2)
             now = time.monotonic()
             with self._lock:
-                kept_now = list(self._kept.values())  # a finalizer may give more meanwhile (reentrant)
-                old = [actor for kept in kept_now for actor, since in kept if now - since >= self._idle_s]
+                kept_now = list(
+                    self._kept.values()
+                )  # a finalizer may give more meanwhile (reentrant)
+                old = [
+                    actor
+                    for kept in kept_now
+                    for actor, since in kept
+                    if now - since >= self._idle_s
+                ]
                 for key in list(self._kept):
-                    self._kept[key] = [(a, since) for a, since in self._kept[key] if now - since < self._idle_s]
+                    self._kept[key] = [
+                        (a, since) for a, since in self._kept[key] if now - since < self._idle_s
+                    ]
                     if not self._kept[key]:
                         del self._kept[key]
                 done = not self._kept

@@ -74,21 +74,32 @@ class RayExecutor:
         _check_number("num_gpus", self.num_gpus)
         _check_int("tasks_per_actor", self.tasks_per_actor, 1)
         if self.resources is not None:
-            if not isinstance(self.resources, dict) or not all(isinstance(k, str) for k in self.resources):
-                raise TypeError(f"RayExecutor: resources must be a dict of str to numbers, got {self.resources!r}")
+            if not isinstance(self.resources, dict) or not all(
+                isinstance(k, str) for k in self.resources
+            ):
+                raise TypeError(
+                    f"RayExecutor: resources must be a dict of str to numbers, got {self.resources!r}"
+                )
             for name, amount in self.resources.items():
                 _check_number(f"resources[{name!r}]", amount)
         if self.address is not None and not isinstance(self.address, str):
-            raise TypeError(f"RayExecutor: address must be a str, got {type(self.address).__name__}")
+            raise TypeError(
+                f"RayExecutor: address must be a str, got {type(self.address).__name__}"
+            )
         if self.runtime_env is not None and not isinstance(self.runtime_env, dict):
-            raise TypeError(f"RayExecutor: runtime_env must be a dict, got {type(self.runtime_env).__name__}")
+            raise TypeError(
+                f"RayExecutor: runtime_env must be a dict, got {type(self.runtime_env).__name__}"
+            )
 
     def actor_options(self, restart: bool) -> dict[str, Any]:
         """The ``.options(...)`` of each actor: what it reserves, where it goes, and Ray's restart
         of a dead actor (``restart``); a call lost with its actor is sent again by the pool, not
         retried by Ray, so that each result comes from one call."""
-        options: dict[str, Any] = {"num_cpus": self.num_cpus, "max_restarts": -1 if restart else 0,
-                                   "max_task_retries": 0}  # fmt: skip
+        options: dict[str, Any] = {
+            "num_cpus": self.num_cpus,
+            "max_restarts": -1 if restart else 0,
+            "max_task_retries": 0,
+        }
         if self.num_gpus:
             options["num_gpus"] = self.num_gpus
         if self.resources:
@@ -112,8 +123,11 @@ class RayExecutor:
 
     def __repr__(self) -> str:
         """``RayExecutor(...)`` with the options that differ from the defaults (for ``explain()``)."""
-        changed = [f"{field.name}={getattr(self, field.name)!r}" for field in dataclasses.fields(self)
-                   if getattr(self, field.name) != field.default]  # fmt: skip
+        changed = [
+            f"{field.name}={getattr(self, field.name)!r}"
+            for field in dataclasses.fields(self)
+            if getattr(self, field.name) != field.default
+        ]
         return f"RayExecutor({', '.join(changed)})"
 
 

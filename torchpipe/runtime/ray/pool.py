@@ -41,7 +41,9 @@ from torchpipe.runtime.timing import CallTiming
 _RETRY_S = 0.1  # an actor Ray is still restarting is asked again after this long
 _FREE_CPUS_S = 2.0  # how long the cluster's free CPUs, as last read, stand
 _GET_S = 10.0  # a result already in the object store; the bound is for a node lost in between
-_RECLAIM_S = 0.5  # an actor not started this long makes the pool take those of pools left unused this long
+_RECLAIM_S = (
+    0.5  # an actor not started this long makes the pool take those of pools left unused this long
+)
 
 _POOLS: weakref.WeakSet[RayActorPool] = weakref.WeakSet()
 
@@ -61,7 +63,12 @@ class ActorStats:
 
     def as_dict(self) -> dict[str, Any]:
         per_call = self.work_s / self.calls if self.calls else 0.0
-        return {"calls": self.calls, "call_s": per_call, "cpu_s": self.cpu_s, "restarts": self.restarts}
+        return {
+            "calls": self.calls,
+            "call_s": per_call,
+            "cpu_s": self.cpu_s,
+            "restarts": self.restarts,
+        }
 
 
 class PoolStats:
@@ -81,8 +88,13 @@ class PoolStats:
     def as_dict(self, actors: dict[str, dict[str, Any]]) -> dict[str, Any]:
         per_result = self.transfer_s / self.results if self.results else 0.0
         rate = self.bytes / self.transfer_s if self.transfer_s > 0 else 0.0
-        return {"results": self.results, "bytes": self.bytes, "transfer_s": per_result,
-                "transfer_bytes_per_s": rate, "actors": actors}  # fmt: skip
+        return {
+            "results": self.results,
+            "bytes": self.bytes,
+            "transfer_s": per_result,
+            "transfer_bytes_per_s": rate,
+            "actors": actors,
+        }
 
 
 class ActorOptions(Protocol):
@@ -159,14 +171,25 @@ class RayActorPool:
         TypeError: if ``handler`` cannot be pickled for the actors.
     """
 
-    def __init__(self, handler: Any, size: int, name: str, options: ActorOptions, *, restart: bool = True,
-                 timing: CallTiming | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        handler: Any,
+        size: int,
+        name: str,
+        options: ActorOptions,
+        *,
+        restart: bool = True,
+        timing: CallTiming | None = None,
+    ) -> None:
         self.name = name
         self.timing = timing if timing is not None else CallTiming()
         self._ray = connect(options.address)
         self._options = options
         self._restart = restart
-        self._key = (session(), repr(sorted(options.actor_options(restart).items(), key=lambda kv: kv[0])))
+        self._key = (
+            session(),
+            repr(sorted(options.actor_options(restart).items(), key=lambda kv: kv[0])),
+        )
         self._token = uuid.uuid4().hex
         self._boxed = [self._put_handler(handler)]  # in a list: Ray does not resolve it per call
         self._threads = max(1, int(options.num_cpus))
@@ -177,12 +200,17 @@ class RayActorPool:
         self._payloads: dict[int, Task] = {}  # every task held: queued or running
         self._unsent: list[Result] = []
         self._size = 0
-        self._free: tuple[float, int] = (-1e9, 0)  # (when read, the actors that fitted then: held + free CPUs')
+        self._free: tuple[float, int] = (
+            -1e9,
+            0,
+        )  # (when read, the actors that fitted then: held + free CPUs')
         self.stats = PoolStats()
         self._main_cpu_s = 0.0
         self._lock = threading.RLock()  # another pool's thread may take this one's lapsed actors
         self._touched = time.monotonic()  # when the consumer last called
-        self._lapsed = False  # its actors were taken while it was not used: start them again when it is
+        self._lapsed = (
+            False  # its actors were taken while it was not used: start them again when it is
+        )
         self._reclaimed_at = 0.0
         _POOLS.add(self)
         self.resize(size)
@@ -205,13 +233,17 @@ class RayActorPool:
     def size(self) -> int:
         return self._size
 
-    def submit(self, seq: int, payload: Any, slot: int | None = None, prefer: int | None = None) -> None:
+    def submit(
+        self, seq: int, payload: Any, slot: int | None = None, prefer: int | None = None
+    ) -> None:
         """Queue a task for the least busy ready actor (or the actor in slot ``prefer``, which may
         hold state from the reader's earlier tasks, when it is up)."""
         cpu = time.thread_time()
         with self._lock:
             self._touch()
-            task = Task(seq, payload, prefer=prefer if prefer is not None else slot)  # a slot is a preference here
+            task = Task(
+                seq, payload, prefer=prefer if prefer is not None else slot
+            )  # a slot is a preference here
             self._payloads[seq] = task
             self._router.add(task)
             self._dispatch()
@@ -293,14 +325,20 @@ class RayActorPool:
             if now - self._free[0] > _FREE_CPUS_S:
                 free = float(self._ray.available_resources().get("CPU", 0.0))
                 total = float(self._ray.cluster_resources().get("CPU", 0.0))
-                self._free = (now, min(len(self._actors) + int(free // per_actor), int(total // per_actor)))
+                self._free = (
+                    now,
+                    min(len(self._actors) + int(free // per_actor), int(total // per_actor)),
+                )
             fits = self._free[1]
         most = fits if self._options.max_actors is None else min(fits, self._options.max_actors)
         return max(most, self._options.min_actors)
 
     def report(self) -> dict[str, Any]:
         """Per-actor calls and times, and what moving results here cost (``it.stats()``)."""
-        actors = {a.describe(): a.stats.as_dict() for a in sorted(self._actors.values(), key=lambda a: a.slot)}
+        actors = {
+            a.describe(): a.stats.as_dict()
+            for a in sorted(self._actors.values(), key=lambda a: a.slot)
+        }
         return self.stats.as_dict(actors)
 
     def actor_processes(self) -> list[tuple[Any, int | None, str]]:
@@ -367,7 +405,9 @@ class RayActorPool:
 
     def _install(self, actor: _Actor) -> None:
         actor.ready = False
-        actor.ping = actor.handle.install.remote(self._token, self._boxed, actor.slot, self._threads)
+        actor.ping = actor.handle.install.remote(
+            self._token, self._boxed, actor.slot, self._threads
+        )
         self._pings[actor.ping] = actor
 
     def _release(self, actor: _Actor) -> None:
@@ -393,8 +433,11 @@ class RayActorPool:
         if not self._router:
             return
         size = max(self._size, 1)
-        for actor, task in self._router.route(self._actors.values(), self._options.tasks_per_actor,
-                                              slot_of=lambda prefer: prefer % size):  # fmt: skip
+        for actor, task in self._router.route(
+            self._actors.values(),
+            self._options.tasks_per_actor,
+            slot_of=lambda prefer: prefer % size,
+        ):
             ref = actor.handle.run.remote(self._token, task.seq, task.payload)
             actor.tasks[task.seq] = ref
             self._running[ref] = (actor, task.seq)
@@ -436,7 +479,10 @@ class RayActorPool:
         except ray.exceptions.ActorDiedError as e:  # Ray gave up on it: a new actor in its slot
             self._actor_died(actor, e)
             return
-        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):  # restarting: ask again soon
+        except (
+            ray.exceptions.RayActorError,
+            ray.exceptions.GetTimeoutError,
+        ):  # restarting: ask again soon
             actor.retry_at = time.monotonic() + _RETRY_S
             return
         if answer[0] == ERROR:
@@ -459,7 +505,10 @@ class RayActorPool:
         except ray.exceptions.RayActorError as e:
             self._lost(actor, seq, e, count=True)
             return
-        except (ray.exceptions.ObjectLostError, ray.exceptions.GetTimeoutError) as e:  # its node went away
+        except (
+            ray.exceptions.ObjectLostError,
+            ray.exceptions.GetTimeoutError,
+        ) as e:  # its node went away
             self._lost(actor, seq, e, count=True)
             return
         if answer[0] == STALE:  # Ray restarted the actor before its installation: install it again
@@ -468,7 +517,9 @@ class RayActorPool:
         kind, body, wall_s, cpu_s = answer
         self._payloads.pop(seq, None)
         self._router.done(seq)
-        self.timing.add(wall_s, cpu_s, start=time.perf_counter() - wall_s, where=actor.describe(), pid=actor.pid)
+        self.timing.add(
+            wall_s, cpu_s, start=time.perf_counter() - wall_s, where=actor.describe(), pid=actor.pid
+        )
         if kind == OK:
             results.append((seq, decode_result(body), None))
             self.stats.received(body.nbytes, time.perf_counter() - t0)
@@ -485,10 +536,16 @@ class RayActorPool:
         if self._actors.get(actor.slot) is not actor:
             error, count = None, False
         if error is not None and not self._restart:
-            raise WorkerError(f"{self.name}: {actor.describe()} died ({error})", actor.pid or -1, "died")
+            raise WorkerError(
+                f"{self.name}: {actor.describe()} died ({error})", actor.pid or -1, "died"
+            )
         if count and self._router.failed(seq):
-            raise WorkerError(f"{self.name}: element {seq} was lost with {MAX_TASK_FAILURES} Ray actors "
-                              f"(the last, {actor.describe()}: {error})", actor.pid or -1, "died")  # fmt: skip
+            raise WorkerError(
+                f"{self.name}: element {seq} was lost with {MAX_TASK_FAILURES} Ray actors "
+                f"(the last, {actor.describe()}: {error})",
+                actor.pid or -1,
+                "died",
+            )
         if actor.ready:
             actor.ready = False
             actor.stats.restarts += count
@@ -500,7 +557,9 @@ class RayActorPool:
         """Ray will not restart ``actor``: its tasks go back to the queue and a new actor takes
         its slot (or, with ``restart=False``, :class:`WorkerError`)."""
         if not self._restart:
-            raise WorkerError(f"{self.name}: {actor.describe()} died ({error})", actor.pid or -1, "died")
+            raise WorkerError(
+                f"{self.name}: {actor.describe()} died ({error})", actor.pid or -1, "died"
+            )
         for ref in actor.tasks.values():
             self._running.pop(ref, None)
         self._router.requeue(self._payloads[seq] for seq in actor.tasks)
@@ -544,7 +603,12 @@ def kill_an_actor(rng: random.Random, with_ray: bool = False) -> int | None:
     """
     import ray
 
-    up = [actor for pool in running_pools() for actor in pool.actor_processes() if actor[1] is not None]
+    up = [
+        actor
+        for pool in running_pools()
+        for actor in pool.actor_processes()
+        if actor[1] is not None
+    ]
     actors = cast("list[tuple[Any, int, str]]", up)  # their pids are known
     if not actors:
         return None
