@@ -6,23 +6,9 @@ from __future__ import annotations
 
 import os
 import pickle
-import signal
-import threading
 
+from tests.runtime.test_forks import held_by_another_thread, in_child
 from torchpipe.runtime.local_files import ProcessLocalFiles
-
-
-def _in_child(check) -> int:
-    """Fork; run ``check()`` in the child (killed by SIGALRM if it hangs); its exit status."""
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        signal.alarm(10)
-        try:
-            os._exit(0 if check() else 1)
-        except BaseException:  # noqa: BLE001 - any failure is the child's exit status
-            os._exit(2)
-    _, status = os.waitpid(pid, 0)
-    return status
 
 
 def test_a_child_forked_while_another_thread_holds_the_lock_opens_its_own(tmp_path):
@@ -30,25 +16,13 @@ def test_a_child_forked_while_another_thread_holds_the_lock_opens_its_own(tmp_pa
     path.write_bytes(b"abc")
     table = ProcessLocalFiles()
     parent_fd = table.descriptor(0, str(path))
-    holding, release = threading.Event(), threading.Event()
 
-    def hold() -> None:
-        with table._lock:  # as a thread opening another file at the moment of the fork
-            holding.set()
-            release.wait(30)
+    def opens_its_own() -> bool:
+        fd = table.descriptor(0, str(path))
+        return fd != parent_fd and os.pread(fd, 3, 0) == b"abc"
 
-    thread = threading.Thread(target=hold)
-    thread.start()
-    holding.wait(10)
-    try:
-        status = _in_child(
-            lambda: (
-                (fd := table.descriptor(0, str(path))) != parent_fd and os.pread(fd, 3, 0) == b"abc"
-            )
-        )
-    finally:
-        release.set()
-        thread.join()
+    with held_by_another_thread(table._lock):  # as a thread opening another file at the fork
+        status = in_child(opens_its_own)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status  # not killed by the alarm
     assert table.descriptor(0, str(path)) == parent_fd  # the parent's table is its own still
 
