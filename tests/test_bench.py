@@ -398,7 +398,7 @@ def test_the_tp_image_row_is_held_to_tf_datas_native_pipeline_and_ffcv():
     assert checks["image_vs_tfdata_native"] == {
         "ratio": 1.15,
         "op": ">=",
-        "target": 1.15,
+        "target": 1.0,  # parity on a full decode (#61): the lead is the training transform's
         "met": True,
     }
     assert (
