@@ -268,9 +268,8 @@ def main(argv: list[str] | None = None) -> None:
         configs = loaders(ds, batch)
         names = args.configs or list(configs)
         runs: dict[str, list[tuple[float, float, float, str]]] = {config: [] for config in names}
-        for _ in range(
-            args.repeat
-        ):  # rounds: a burst of other work on the machine hits every row alike
+        # rounds: a burst of other work on the machine hits every row alike
+        for _ in range(args.repeat):
             for config in names:
                 runs[config].append(cpu_per_batch(configs[config], args.batches, args.warm))
         for config in names:

@@ -102,9 +102,8 @@ def in_fresh_process(
     context = multiprocessing.get_context("fork")
     # Not a daemon: a measurement starts worker processes of its own, which a daemon may not.
     receiver, sender = context.Pipe(duplex=False)
-    with tempfile.TemporaryFile(
-        "w+"
-    ) as stacks:  # where a child past its time writes its threads' stacks
+    # Where a child past its time writes its threads' stacks.
+    with tempfile.TemporaryFile("w+") as stacks:
         start = time.perf_counter()
         child = context.Process(
             target=_child, args=(sender, list(measures), os.getpid(), stacks), name="bench-row"

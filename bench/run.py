@@ -283,9 +283,8 @@ class Runner:
     def cache_trials(self) -> list[Trial]:
         """torchpipe's epochs 1 and 2 of one cached pipeline (made afresh each round)."""
         cores = usable_cpu_count()
-        pipeline = self.work.batched(cores, "thread").prefetch(
-            tp.AUTOTUNE
-        )  # one Dataset: its cache persists
+        # one Dataset: its cache persists
+        pipeline = self.work.batched(cores, "thread").prefetch(tp.AUTOTUNE)
         knobs = {"num_parallel_calls": cores, "executor": "thread"}
         self.chosen["torchpipe_cache"] = knobs
         return [

@@ -185,9 +185,8 @@ def _python(items: peer_items.Items, function: str, parallel: int | None) -> pee
     ds = ds.prefetch(tf.data.AUTOTUNE)
     if parallel is not None:
         options = tf.data.Options()
-        options.threading.private_threadpool_size = (
-            parallel  # the default, a thread a core, caps calls
-        )
+        # the default, a thread a core, caps calls
+        options.threading.private_threadpool_size = parallel
         ds = ds.with_options(options)
     return peer_items.PeerEpochs(partial(_iterate, ds))
 

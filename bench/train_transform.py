@@ -59,9 +59,8 @@ SCALE, RATIO = (0.08, 1.0), (3 / 4, 4 / 3)
 WORKLOADS = ("jpeg", "tfrecord")
 SHARDS = 8
 CYCLE = 8
-EPOCH = (
-    1_281_167  # items in one epoch of the DataLoader rows (ImageNet's training set): files repeated
-)
+# items in one epoch of the DataLoader rows (ImageNet's training set): files repeated
+EPOCH = 1_281_167
 TORCH_WORKERS = (2, 4)
 
 

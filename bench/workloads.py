@@ -227,9 +227,8 @@ class Blob:
         self.features = rng.standard_normal((1024, BLOB_FEATURES), dtype=np.float32)
 
     def __call__(self, i: int) -> dict[str, Any]:
-        start = ((i * 2654435761) & 0xFFFFFFFF) % (
-            len(self.pool) - BLOB_BYTES
-        )  # the same every run
+        # the same every run
+        start = ((i * 2654435761) & 0xFFFFFFFF) % (len(self.pool) - BLOB_BYTES)
         return {
             "id": f"s{i:05d}",
             "features": self.features[i % len(self.features)].copy(),

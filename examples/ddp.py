@@ -48,9 +48,8 @@ def train(
     steps, seen = 0, []
     for i, x, y in batches:
         optimizer.zero_grad()
-        torch.nn.functional.mse_loss(
-            model(x).squeeze(1), y
-        ).backward()  # DDP all-reduces the gradients
+        # DDP all-reduces the gradients
+        torch.nn.functional.mse_loss(model(x).squeeze(1), y).backward()
         optimizer.step()
         steps += 1
         seen += i.tolist()

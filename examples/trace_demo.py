@@ -41,9 +41,8 @@ def run(out: str, images: int) -> None:
     )
     with iter(ds) as it:
         for _ in it:
-            time.sleep(
-                0.006
-            )  # the training step: faster than the pipeline, which is then the limit
+            # the training step: faster than the pipeline, which is then the limit
+            time.sleep(0.006)
         it.trace(os.path.join(out, "trace.json"))
         stats = it.stats()
         stats.plot(os.path.join(out, "timeline.png"))

@@ -44,9 +44,8 @@ from bench.workloads import JpegSample, Mapped
 WARMUP_STEPS = 5
 THUMBNAIL_STRIDE = 8  # 224 px crops -> 28 px thumbnails
 WAITING_LIMIT = 0.2  # a loop that waits less than this share of its time is limited by its step
-OTHERS_LIMIT = (
-    0.15  # other processes' share of the cores above which the comparison is not the loaders'
-)
+# other processes' share of the cores above which the comparison is not the loaders'
+OTHERS_LIMIT = 0.15
 SAME = 0.05  # speed-ups within 5% of 1 are "about the same" (run-to-run noise on a shared machine)
 
 

@@ -42,9 +42,8 @@ class Cluster:
     """
 
     def __init__(self, world_size: int) -> None:
-        context = multiprocessing.get_context(
-            "spawn"
-        )  # a fresh interpreter: no state of the test process
+        # a fresh interpreter: no state of the test process
+        context = multiprocessing.get_context("spawn")
         self.world_size = world_size
         self._results = context.Queue()
         self._inboxes = [context.Queue() for _ in range(world_size)]

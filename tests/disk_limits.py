@@ -62,9 +62,8 @@ class NoRoom:
         """Assert that ``error`` is the DiskFullError of ``stage`` that ran out of this room."""
         assert isinstance(error, tp.DiskFullError), f"expected a DiskFullError, got {error!r}"
         assert isinstance(error, OSError) and error.errno == self.errno
-        assert (
-            isinstance(error.__cause__, OSError) or self.kind == "fsize"
-        )  # a cause does not pickle back
+        # a cause does not pickle back
+        assert isinstance(error.__cause__, OSError) or self.kind == "fsize"
         assert str(error).startswith(f"{stage}: ") and error.stage == stage
         assert (
             f"after writing {error.written:,} bytes to {error.filename}: [Errno {self.errno}]"

@@ -130,9 +130,8 @@ def test_every_workload_and_configuration_end_to_end(small, capsys, name):
     image = {tg.IMAGE_CONFIG} if name in tpimage.PIPELINES else set()
     assert set(entry["results"]) == configs | budget | image | set(tg.TWINS)
     assert entry["peer_errors"] == {} and entry["failed"] == {}
-    assert set(entry["not_measured"]) == (
-        {"ffcv"} if name in tg.TRAIN_WORKLOADS else set()
-    )  # bench/training.py
+    # bench/training.py
+    assert set(entry["not_measured"]) == ({"ffcv"} if name in tg.TRAIN_WORKLOADS else set())
     assert set(entry["floor"]["twins"]) == set(tg.TWINS) and 0 < entry["floor"]["ratio"] <= 1
     assert isinstance(entry["unit"], str) and entry["limit"] > 0
     assert set(entry["targets"]) == set(tg.ZERO_KNOB) | budget | image
@@ -170,9 +169,8 @@ def test_every_workload_and_configuration_end_to_end(small, capsys, name):
         assert (
             result["throughput"] > 0 and result["peak_rss_mb"] > 0 and result["cpu_s_per_item"] >= 0
         )
-        assert result["end_pss_mb"] > 0 and result["end_held_mb"] > 0, (
-            result
-        )  # Linux: smaps_rollup, meminfo
+        # Linux: smaps_rollup, meminfo
+        assert result["end_pss_mb"] > 0 and result["end_held_mb"] > 0, result
         assert (
             result["peak_held_mb"] >= result["end_held_mb"]
             and result["peak_pss_mb"] >= result["end_pss_mb"]
@@ -192,17 +190,15 @@ def test_every_workload_and_configuration_end_to_end(small, capsys, name):
         assert (
             extra["raw_reader_gbps"] > 0 and extra["raw_batched_gbps"] > 0 and extra["cat_gbps"] > 0
         )
-    if (
-        name in tg.TRAIN_WORKLOADS
-    ):  # held to the training-transform targets, not tp.image's fixed-crop ones
+    # held to the training-transform targets, not tp.image's fixed-crop ones
+    if name in tg.TRAIN_WORKLOADS:
         assert set(entry["targets"][tg.IMAGE_CONFIG]) == set(tg.TRAIN_KEYS)
         assert entry["targets"]["torchpipe_dataloader_auto"][tg.TRAIN_AUTO_KEY]["ratio"] > 0
         assert "image_vs_tfdata_native" not in entry["targets"][tg.IMAGE_CONFIG]
     notes = report["machine"]["run"]["peers"]
     assert set(notes) == {"nodes", "spdl", "grain", "ffcv", "tfdata"}
-    assert all(note.startswith("not installed") for note in notes.values()), (
-        notes
-    )  # reported, not skipped
+    # reported, not skipped
+    assert all(note.startswith("not installed") for note in notes.values()), notes
     assert "grain: not installed" in capsys.readouterr().out
     assert "where the zero-knob rows ran" in tg.format_targets(report)
 
@@ -246,9 +242,8 @@ def test_records_rows_and_batches(small):
     assert set(rows[0]) == {"id", "label", "features", "blob", "meta"}
     sizes = {len(row["blob"]) for row in rows}
     low, high = wl.RECORD_BLOB_BYTES
-    assert (
-        min(sizes) >= low and max(sizes) <= high and len(sizes) > 32
-    )  # sizes vary from row to row
+    # sizes vary from row to row
+    assert min(sizes) >= low and max(sizes) <= high and len(sizes) > 32
     assert (
         rows[5]["blob"] == work.dataset[5]["blob"] and rows[5]["id"] == "row-00000005"
     )  # deterministic
@@ -360,9 +355,8 @@ def test_the_budgeted_loader_is_held_to_its_budget_and_the_best_dataloader_withi
         and budgeted["vs_best_dl_in_budget"]["met"]
     )
     assert "peak_vs_budget" not in checks["torchpipe_auto"]  # the zero-knob rows are not budgeted
-    assert "torchpipe_dataloader_budget" not in tg.targets(
-        "jpeg", results, _memory({0: 150.0})
-    )  # no budget measured
+    # no budget measured
+    assert "torchpipe_dataloader_budget" not in tg.targets("jpeg", results, _memory({0: 150.0}))
     report = {"workloads": {"jpeg": {"results": results, "targets": checks}}}
     assert "jpeg/torchpipe_dataloader_budget peak_vs_budget" in tg.format_targets(report)
 
@@ -376,9 +370,8 @@ def test_the_tp_image_pipeline_does_the_workloads_work(small, name):
         ours[0].shape == theirs[0].shape == (64, 3, 224, 224)
         and ours[0].dtype == theirs[0].dtype == torch.uint8
     )
-    if (
-        name == "jpeg"
-    ):  # the same items in the same order; the records come interleaved from the shards
+    # the same items in the same order; the records come interleaved from the shards
+    if name == "jpeg":
         assert ours[1].tolist() == theirs[1].tolist()
     assert set(ours[1].tolist()) == set(theirs[1].tolist())
 
@@ -405,9 +398,8 @@ def test_the_tp_image_row_is_held_to_tf_datas_native_pipeline_and_ffcv():
         checks["image_cpu_vs_tfdata_native"]["ratio"] == pytest.approx(0.95)
         and checks["image_cpu_vs_tfdata_native"]["met"]
     )
-    assert checks["image_peak_vs_dataloader_best"]["ratio"] == pytest.approx(
-        250 / 300
-    )  # at their peaks
+    # at their peaks
+    assert checks["image_peak_vs_dataloader_best"]["ratio"] == pytest.approx(250 / 300)
     assert checks["image_pss_vs_dataloader_best"]["ratio"] == pytest.approx(230 / 280)  # reported
     assert checks["image_vs_ffcv_best"]["ratio"] == pytest.approx(230 / 210)
     assert (
@@ -504,9 +496,8 @@ def _result(
 ) -> dict[str, Any]:
     """A row whose peak held memory is ``pss`` (its end PSS 20 MB below, its end held 10 MB below)."""
     end_pss = None if pss is None else pss - 20.0
-    end_held = (
-        None if pss is None else pss - 10.0
-    )  # as if 10 MB of shared memory were mapped by nobody
+    # as if 10 MB of shared memory were mapped by nobody
+    end_held = None if pss is None else pss - 10.0
     return {
         "throughput": throughput,
         "peak_held_mb": pss,
@@ -806,14 +797,12 @@ def test_peers_measured_last_and_failures_reported(small, monkeypatch, capsys):
         ("early", "cache")
     ] * 3
     late_calls = [k for k, c in enumerate(calls) if c[0] == "late"]
-    assert min(late_calls) > max(
-        k for k, c in enumerate(calls) if c[0] != "late"
-    )  # after every workload
+    # after every workload
+    assert min(late_calls) > max(k for k, c in enumerate(calls) if c[0] != "late")
     assert loads == [min(late_calls)]  # imported once, after every other row, before its own rows
     assert set(report["machine"]["run"]["preloaded_s"]) == {"late"}
-    assert (
-        closed.count("early") == closed.count("late") == 6
-    )  # every measurement stopped its pipeline
+    # every measurement stopped its pipeline
+    assert closed.count("early") == closed.count("late") == 6
     for name in ("tiny", "cache"):
         entry = report["workloads"][name]
         for library in ("early", "late"):
@@ -1002,9 +991,8 @@ os._exit(0)  # TensorFlow's interpreter teardown takes seconds and checks nothin
 def test_tfdata_adapter_with_tensorflow(tmp_path):
     """tf.data over the Python item and with TensorFlow's own ops, in a process of its own: importing
     TensorFlow starts thread pools that the suite's later forked workers must not inherit."""
-    if (
-        importlib.util.find_spec("tensorflow") is None
-    ):  # not importorskip: that imports TensorFlow here
+    # not importorskip: that imports TensorFlow here
+    if importlib.util.find_spec("tensorflow") is None:
         pytest.skip("tensorflow is not installed")
     env = {
         **os.environ,

@@ -31,9 +31,8 @@ def test_what_the_tree_holds_counts_shared_memory_that_no_process_maps():
                     os.unlink(f.name)
         assert grown is not None and pss_now is not None
         seen.append((grown - held, pss_now - pss))
-        if (
-            grown - held > 0.9 * size and pss_now - pss < 0.1 * size
-        ):  # held: the pages; PSS: nobody maps them
+        # held: the pages; PSS: nobody maps them
+        if grown - held > 0.9 * size and pss_now - pss < 0.1 * size:
             return
     pytest.fail(f"(held, PSS) growth in bytes for a {size}-byte file no process maps: {seen}")
 
@@ -53,9 +52,8 @@ def test_rows_report_growth_speed_and_verdicts_against_torch(tmp_path, capsys):
     assert set(report["results"]) == set(cow.configurations())
     for row in report["results"].values():
         assert row["samples_per_s"] > 0 and row["growth_mb"] is not None
-    assert set(report["targets"]) <= set(
-        cow.TARGETS
-    )  # torch's growth may be ~0 on so small an index
+    # torch's growth may be ~0 on so small an index
+    assert set(report["targets"]) <= set(cow.TARGETS)
     printed = capsys.readouterr().out
     assert "| torchpipe_dataloader_shared |" in printed and "samples/s" in printed
     with pytest.raises(SystemExit):

@@ -52,9 +52,8 @@ def test_a_summary_is_the_median_of_its_runs_with_their_spread_and_every_run_kep
         _run(90.0, end_pss_mb=180.0, where="inline", cpu_s_per_item=3e-3, epoch_rates=[20.0, 30.0]),
     ]
     summary = rounds.summarize(runs)
-    assert summary["throughput"] == 100.0 and summary["spread"] == pytest.approx(
-        0.4
-    )  # (130 - 90) / 100
+    # (130 - 90) / 100
+    assert summary["throughput"] == 100.0 and summary["spread"] == pytest.approx(0.4)
     assert summary["end_pss_mb"] == 190.0  # the runs that could read it
     assert summary["cpu_s_per_item"] == 1e-3 and summary["epoch_rates"] == [
         20.0,
@@ -149,9 +148,8 @@ def test_repeat_alternates_a_workloads_configurations_and_takes_every_ratio_from
     )
     entry = report["workloads"]["tiny"]
     results = entry["results"]
-    assert (
-        results["dataloader_best"]["throughput"] == 100.0
-    )  # torch1's median, not its best run (140)
+    # torch1's median, not its best run (140)
+    assert results["dataloader_best"]["throughput"] == 100.0
     assert report["machine"]["run"]["chosen"]["tiny"]["dataloader_best"] == {
         "num_workers": 1,
         "prefetch_factor": 2,

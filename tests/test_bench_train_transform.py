@@ -69,9 +69,8 @@ def test_the_pillow_transform_is_tp_images_on_the_same_window_and_flip(files, se
         rng=np.random.default_rng(window_seed),
         flip=float(flipped),
     )
-    assert (got - want).abs().max().item() <= 1 / (
-        255 * min(tt.STD)
-    ) + 1e-5  # Pillow's resize: within 1
+    # Pillow's resize: within 1
+    assert (got - want).abs().max().item() <= 1 / (255 * min(tt.STD)) + 1e-5
 
 
 def test_the_rows_of_each_workload_and_what_is_missing():
@@ -150,6 +149,5 @@ def test_the_tf_data_row_runs_in_a_fresh_process(files, workload):
     done = subprocess.run(command, capture_output=True, text=True, timeout=50, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert (
-        result["img_s"] > 0 and result["cpu_ms"] >= 0
-    )  # one batch, maybe prefetched: CPU ticks of 10 ms may read 0
+    # one batch, maybe prefetched: CPU ticks of 10 ms may read 0
+    assert result["img_s"] > 0 and result["cpu_ms"] >= 0

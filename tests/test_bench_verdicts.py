@@ -47,9 +47,8 @@ def test_a_row_identical_to_the_best_does_not_miss_and_one_below_the_floor_does(
         assert (
             same[key]["floor"] == pytest.approx(0.92) and below[key]["met"] is False
         )  # 0.91: below both
-    assert (
-        "floor" not in same["vs_best_python_peer"]
-    )  # only the throughput checks against the best rows
+    # only the throughput checks against the best rows
+    assert "floor" not in same["vs_best_python_peer"]
     # a quiet machine's floor above the bound does not raise the bound
     quiet = {
         **results,
@@ -128,9 +127,8 @@ def test_a_row_that_fails_is_recorded_and_the_others_are_measured():
     assert [f.split(":", 1)[0] for f in done.failed["broken"]] == ["round 0", "round 1"]
     assert "RuntimeError: no such device" in done.failed["broken"][0] and len(seen) == 2
     runs = done.runs["fine"]
-    assert all(
-        r["row_wall_s"] >= r["measure_s"] >= 0 for r in runs
-    )  # the fresh process's cost, apart
+    # the fresh process's cost, apart
+    assert all(r["row_wall_s"] >= r["measure_s"] >= 0 for r in runs)
     with pytest.raises(isolate.RowFailed, match="ran past") as info:
         isolate.in_fresh_process([lambda: time.sleep(30)], timeout_s=0.5)
     assert "where its threads were" in str(info.value) and "test_bench_verdicts.py" in str(
@@ -171,9 +169,8 @@ def test_a_known_allocation_held_for_200_ms_shows_in_the_peak():
         after = monitor.pss_and_held()[0]
     assert before is not None and after is not None and monitor.peak_pss is not None
     assert (monitor.peak_pss - before) / MB > HELD_MB * 0.9  # in the peak
-    assert (
-        after - before
-    ) / MB < HELD_MB * 0.5  # and gone at the end: an end reading would miss it
+    # and gone at the end: an end reading would miss it
+    assert (after - before) / MB < HELD_MB * 0.5
     assert monitor.sampler_cpu_s > 0
 
 
@@ -200,9 +197,8 @@ def test_a_peer_without_a_configuration_on_a_workload_says_why(small, monkeypatc
     assert runner.peer_trials(last=False) == [] and runner.not_measured == {
         "empty": run.NOT_MEASURED_GRID
     }
-    assert pr.grid_of(
-        wl.blobs(TINY, True), quick=True
-    )  # blobs gives the peers a grid: they have rows there
+    # blobs gives the peers a grid: they have rows there
+    assert pr.grid_of(wl.blobs(TINY, True), quick=True)
 
 
 def test_a_quick_run_leaves_out_the_grid_points_that_never_won(small, monkeypatch):

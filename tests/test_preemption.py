@@ -226,9 +226,8 @@ def test_a_preempted_run_resumes_in_a_new_process_exactly_and_leaves_nothing(cas
     first.process.send_signal(signal.SIGTERM)
     assert first.finish() == 0, first.stderr()
     assert first.reports[-1] == {"saved": len(first.batches)}
-    assert (
-        3 <= len(first.batches) < len(expected)
-    )  # stopped mid-epoch, so the resume has work to do
+    # stopped mid-epoch, so the resume has work to do
+    assert 3 <= len(first.batches) < len(expected)
     second = _start(run, case, state)
     assert second.finish() == 0, second.stderr()
     assert second.reports[0] == {

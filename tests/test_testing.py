@@ -334,9 +334,8 @@ def test_knobs_are_what_the_autotuner_turns():
     (knob,) = knobs(it)
     knob.request(7)
     assert it.stats()[0]["knobs"]["prefetch.buffer_size"] == 7 and list(it) == list(range(1, 50))
-    assert (
-        knobs(iter(tp.DataLoader(range(8), num_workers=2))) == []
-    )  # fixed workers: nothing to tune
+    # fixed workers: nothing to tune
+    assert knobs(iter(tp.DataLoader(range(8), num_workers=2))) == []
 
 
 def test_move_calls_moves_an_auto_stage_and_loses_nothing():

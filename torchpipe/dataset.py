@@ -188,9 +188,8 @@ class Dataset(torch.utils.data.IterableDataset):
         require_optional_bool("map", "deterministic", deterministic)
         require_executor("map", executor)
         num_parallel_calls = ray_parallelism("map", executor, num_parallel_calls)
-        executor = (
-            resolve_ray(executor) or executor
-        )  # "ray" is RayExecutor(): the node builds its pool with it
+        # "ray" is RayExecutor(): the node builds its pool with it
+        executor = resolve_ray(executor) or executor
         if name is not None and not isinstance(name, str):
             raise TypeError(f"map: name must be a str, got {type(name).__name__}")
         require_bool("map", "pure", pure)

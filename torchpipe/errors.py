@@ -140,9 +140,8 @@ class DiskFullError(OSError):
         filename: str | None = None,
         written: int | None = None,
     ) -> None:
-        if (
-            errno is None
-        ):  # torch's DataLoader re-raises a worker's exception as ``type(e)(its text)``
+        # torch's DataLoader re-raises a worker's exception as ``type(e)(its text)``
+        if errno is None:
             found = re.search(r"\[Errno (\d+)\]", message)
             errno = int(found.group(1)) if found else None
         super().__init__(errno, os.strerror(errno) if errno is not None else message)

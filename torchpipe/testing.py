@@ -497,9 +497,8 @@ def forced_call_costs(
         (loader_workers, "measure_calls", measure),
         (loader_workers, "replica_costs", replica_costs),
     ]
-    if (
-        not moves
-    ):  # no verdict is ever agreed on: nothing moves on a prediction, so nothing is tried
+    # no verdict is ever agreed on: nothing moves on a prediction, so nothing is tried
+    if not moves:
         patches.append(
             (
                 placement_stage,

@@ -47,9 +47,8 @@ def test_a_slower_function_gets_more_parallelism():
     for step in range(6):
         tuner.decide(_window(map_s=1e-3, throughput=1000 * 2**step, parallelism=knob.value))
     before = knob.value
-    tuner.decide(
-        _window(map_s=5e-3, throughput=10**6, parallelism=before)
-    )  # the move paid: throughput rose
+    # the move paid: throughput rose
+    tuner.decide(_window(map_s=5e-3, throughput=10**6, parallelism=before))
     assert knob.value > before
 
 

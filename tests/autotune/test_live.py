@@ -98,9 +98,8 @@ def test_the_bottleneck_is_the_pool_or_the_consumer_whichever_is_slower():
     slow_pipeline = build_model(tree[0], *_looks(*tree, consumer_s=0.1))
     values = {knob.name: knob.value for knob in slow_pipeline.knobs}
     assert bottleneck(slow_pipeline.stages, values) == "map (calls)"
-    assert 1 / predict_time(slow_pipeline.stages, values) == pytest.approx(
-        25, rel=0.1
-    )  # 2 workers, 40 ms a batch
+    # 2 workers, 40 ms a batch
+    assert 1 / predict_time(slow_pipeline.stages, values) == pytest.approx(25, rel=0.1)
     slow_consumer = build_model(tree[0], *_looks(*tree, consumer_s=0.9))
     assert bottleneck(slow_consumer.stages, values) == CONSUMER
 

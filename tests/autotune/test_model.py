@@ -17,9 +17,8 @@ from torchpipe.autotune.model import (
 def test_empty_probability_of_small_queues():
     assert empty_probability(1.0, 1) == pytest.approx(0.5)
     assert empty_probability(1.0, 3) == pytest.approx(0.25)
-    assert empty_probability(0.0, 4) == pytest.approx(
-        1.0
-    )  # an infinitely fast producer: never empty
+    # an infinitely fast producer: never empty
+    assert empty_probability(0.0, 4) == pytest.approx(1.0)
     assert empty_probability(0.5, 1) == pytest.approx(2 / 3)
     assert empty_probability(2.0, 1) == pytest.approx(1 / 3)
     assert empty_probability(1e6, 8) == pytest.approx(0.0, abs=1e-9)  # no overflow for big loads
@@ -43,9 +42,8 @@ def test_a_shallow_buffer_between_equal_speeds_costs_a_stall():
     stages = pipeline(map_s=1e-3, step_s=1.025e-3)
     shallow = predict_time(stages, {"p": 1, "depth": 1})
     deep = predict_time(stages, {"p": 1, "depth": 32})
-    assert shallow == pytest.approx(
-        1.025e-3 + 1.025e-3, rel=0.05
-    )  # one slot: producer and consumer alternate
+    # one slot: producer and consumer alternate
+    assert shallow == pytest.approx(1.025e-3 + 1.025e-3, rel=0.05)
     assert deep < 1.1 * 1.025e-3 < shallow
 
 

@@ -65,9 +65,8 @@ def test_stats_say_where_each_stage_runs_and_name_the_worker_processes():
         children = {p.pid for p in psutil.Process().children(recursive=True)}
     assert prefetch["executor"] == "thread" and "workers" not in source and "executor" not in source
     assert mapped["executor"] == "process" and mapped["workers"] == 2 and len(mapped["pids"]) == 2
-    assert (
-        ran_in == set(mapped["pids"]) and ran_in <= children
-    )  # the calls ran in the processes named
+    # the calls ran in the processes named
+    assert ran_in == set(mapped["pids"]) and ran_in <= children
     with iter(tp.range(40).map(_pid, num_parallel_calls=3, executor="thread")) as it:
         assert set(it) == {os.getpid()}
         (mapped, _) = it.stats()
@@ -101,9 +100,8 @@ def test_an_auto_map_reports_what_its_policy_measured():
     assert set(mapped["policy"]["measured_s"]) <= {"inline", "thread", "process"}
     with iter(tp.range(4).map(_square, num_parallel_calls=2, executor="thread")) as it:
         list(it)
-        assert "policy" not in next(
-            stage for stage in it.stats() if "executor" in stage
-        )  # nothing measured
+        # nothing measured
+        assert "policy" not in next(stage for stage in it.stats() if "executor" in stage)
 
 
 def test_the_report_names_a_slow_stage_and_says_the_pipeline_is_the_limit():

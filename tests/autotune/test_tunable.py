@@ -21,9 +21,8 @@ def _subclasses(cls):
 def test_every_pool_and_buffer_op_implements_the_interface():
     tunable = [cls for cls in _subclasses(Tunable) if cls.__module__.startswith("torchpipe.")]
     assert {cls.tuning_role for cls in tunable} == {POOL, BUFFER}
-    (loader_stage,) = stages(
-        iter(tp.DataLoader(range(4), num_workers="auto"))
-    )  # a DataLoader's batches
+    # a DataLoader's batches
+    (loader_stage,) = stages(iter(tp.DataLoader(range(4), num_workers="auto")))
     expected = {ParallelMapIterator, InterleaveIterator, PrefetchIterator, type(loader_stage)}
     assert set(tunable) == expected
     for cls in tunable:

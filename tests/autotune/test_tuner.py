@@ -119,6 +119,5 @@ def test_a_pools_tasks_in_flight_per_worker_rise_in_powers_of_two_where_the_budg
     assert chosen["in_flight"] == 4  # 1 -> 2 -> 4: it doubles
     assert predict_time(stages(1e6), chosen) < predict_time(stages(1e6), {"p": 2, "in_flight": 1})
     tight = hill_climb(stages(100e6), knobs, Budget(cpu=4, ram=(2 * 2 + 2) * 100e6))
-    assert (
-        tight["in_flight"] == 2
-    )  # 2 workers x 2 tasks in flight + the 2 calls running fit; x4 does not
+    # 2 workers x 2 tasks in flight + the 2 calls running fit; x4 does not
+    assert tight["in_flight"] == 2

@@ -200,9 +200,8 @@ def test_each_rank_reads_only_its_share_through_ops_that_only_reorder(between):
     )
     assert collections.Counter(shares[0] + shares[1]) == collections.Counter(whole)
     for share, source in zip(shares, sources):
-        assert sorted(source.reads) == sorted(
-            x - 1 for x in share
-        )  # dataset[i] read for its share only
+        # dataset[i] read for its share only
+        assert sorted(source.reads) == sorted(x - 1 for x in share)
 
 
 # -- the sources' traits ---------------------------------------------------------------------------

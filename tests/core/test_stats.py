@@ -64,9 +64,8 @@ def test_waits_count_once_however_the_element_was_weighted():
     stats.wait_s += 5e-3  # counted as it happened, inside the element
     stats.clocked(5e-3 + 1e-6, waited=5e-3)
     assert stats.wall_s == pytest.approx(1e-6 + 5e-3 + CLOCK_EVERY * 1e-6)
-    assert stats.wall_s - stats.wait_s == pytest.approx(
-        (1 + CLOCK_EVERY) * 1e-6
-    )  # the op's own time
+    # the op's own time
+    assert stats.wall_s - stats.wait_s == pytest.approx((1 + CLOCK_EVERY) * 1e-6)
 
 
 def test_iterators_count_every_element_and_time_slow_ones():

@@ -247,9 +247,8 @@ class SplitByHand(torch.utils.data.IterableDataset):
 
     def __iter__(self) -> Any:
         ds = tp.range(self.n).map(_tenfold)
-        allow = tp.Options(
-            distribute=tp.DistributeOptions(uneven="allow")
-        )  # the others' lengths are not known
+        # the others' lengths are not known
+        allow = tp.Options(distribute=tp.DistributeOptions(uneven="allow"))
         if self.by == "rank":
             ds = ds.shard(self.world_size, self.rank).with_options(allow)
         elif self.by == "files":  # ranks x workers, by tp.distributed.share_of_files

@@ -7,9 +7,8 @@ from torchpipe.testing import as_torch_worker
 
 
 def test_rank_discovery():
-    assert (
-        current_rank_info() is None and current_share() is None
-    )  # torch.distributed is not initialized here
+    # torch.distributed is not initialized here
+    assert current_rank_info() is None and current_share() is None
     assert current_rank_info(tp.DistributeOptions(rank=1, world_size=3)).rank == 1
     assert (
         current_rank_info(tp.DistributeOptions(rank=0, world_size=1)).world_size == 1

@@ -167,9 +167,8 @@ def test_webdataset_shards_give_every_sample_to_one_rank(tmp_path, world_size, n
         f"distribute: rank 1 of {world_size} keeps one file in {world_size} of shuffle(buffer_size=6"
         in text
     )
-    assert got != shares(
-        make, world_size, seed=8
-    )  # the pipeline seed shuffles the shards all ranks split
+    # the pipeline seed shuffles the shards all ranks split
+    assert got != shares(make, world_size, seed=8)
 
 
 def test_ranks_times_workers_read_each_shard_once(tmp_path, as_torch_distributed):
@@ -204,9 +203,8 @@ def test_with_torch_distributed_the_shards_are_split_once(tmp_path, as_torch_dis
         as_torch_distributed(rank, 2)
         got.append([number(x) for x in make()])
     once_each(got, records(6))
-    assert sorted(number(x) for x in make(policy="off")) == records(
-        6
-    )  # every rank reads every shard
+    # every rank reads every shard
+    assert sorted(number(x) for x in make(policy="off")) == records(6)
     as_torch_distributed(0, 2)  # the rank and world size given win over torch.distributed's
     given = [[number(x) for x in make(rank=rank, world_size=3)] for rank in range(3)]
     once_each(given, records(6))
@@ -236,9 +234,8 @@ def test_policies_and_split_by_rank_false_over_shards(tmp_path):
         set(range(4))
     ] * 2  # samples of every shard
     assert shares(lambda: tp.from_webdataset(urls), 2, policy="off") == [records(4)] * 2
-    few = shares(
-        lambda: tp.from_webdataset(urls), 8
-    )  # 4 shards for 8 ranks: auto splits the samples
+    # 4 shards for 8 ranks: auto splits the samples
+    few = shares(lambda: tp.from_webdataset(urls), 8)
     once_each(few, records(4))
     with pytest.raises(ValueError, match="4 files for 8 ranks x 1 workers"):
         iter(on_rank(tp.from_webdataset(urls), 0, 8, policy="file"))

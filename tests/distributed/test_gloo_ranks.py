@@ -193,9 +193,8 @@ def test_reshard_states_resumes_an_epoch_on_another_number_of_ranks(old, new):
 def test_ddp_trains_a_small_model(use_loader):
     per_rank = ranks(2).run(scenarios.train_ddp, 45, 4, use_loader)
     (steps0, weights0), (steps1, weights1) = per_rank
-    assert (
-        steps0 == steps1 == 6 and weights0 == weights1
-    )  # 22 elements a rank; DDP kept them in step
+    # 22 elements a rank; DDP kept them in step
+    assert steps0 == steps1 == 6 and weights0 == weights1
 
 
 @pytest.mark.parametrize("drop_last", [False, True])

@@ -81,9 +81,8 @@ def test_data_policy_splits_the_shuffled_order_and_reads_only_the_share(world_si
     got = shares(make, world_size)
     once_each(got, range(1, 31))
     for share, source in zip(got, sources):
-        assert sorted(source.reads) == sorted(
-            x - 1 for x in share
-        )  # dataset[i] read for its share only
+        # dataset[i] read for its share only
+        assert sorted(source.reads) == sorted(x - 1 for x in share)
     assert got != shares(make, world_size, seed=8)  # the seed decides the shuffle all ranks split
 
 

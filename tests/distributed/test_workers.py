@@ -83,9 +83,8 @@ def test_several_sources_shard_the_output_and_workers_share_their_seed():
     torch.manual_seed(7)
     first = _through_workers(ds)
     torch.manual_seed(7)
-    assert (
-        _through_workers(ds) == first
-    )  # torch's seed decides the order, as with torch's own datasets
+    # torch's seed decides the order, as with torch's own datasets
+    assert _through_workers(ds) == first
 
 
 def test_a_shared_cache_file_shards_the_output(tmp_path):
@@ -102,9 +101,8 @@ def test_inner_datasets_of_flat_map_are_not_sharded_again():
 
 def test_explain_says_where_the_shard_goes():
     ds = tp.from_dataset(OwnShareOnly()).map(lambda x: x, 2)
-    plan = (
-        ds.explain()
-    )  # the facts: one element in num_workers, of the source, which reads only its share
+    # the facts: one element in num_workers, of the source, which reads only its share
+    plan = ds.explain()
     assert "one element in num_workers of from_dataset(" in plan and "reads only its share" in plan
     assert "is read whole" in tp.from_iterable([1, 2, 3]).explain()
     with as_torch_worker(1, 3):
@@ -307,9 +305,8 @@ def test_code_that_asked_get_worker_info_is_warned_at_the_first_element_naming_b
         with pytest.warns(UserWarning) as caught:  # noqa: PT030 - its text is checked below
             first = next(it)
         rest = list(it)
-    assert (
-        not at_iter and first == 0 and rest == list(range(1, 12))
-    )  # not split again: every element
+    # not split again: every element
+    assert not at_iter and first == 0 and rest == list(range(1, 12))
     text = str(caught[0].message)
     assert "comes 2 times" in text and "lose 1 of every 2" in text and "policy=...)): 'off'" in text
     assert (

@@ -196,9 +196,8 @@ def _with_size(data: bytes, height: int, width: int) -> bytes:
 
 
 def test_a_jpeg_header_claiming_too_many_pixels_is_refused_before_decoding():
-    huge = _with_size(
-        encode(Image.fromarray(photo())), 60000, 60000
-    )  # 3.6e9 pixels, ~11 GB decoded
+    # 3.6e9 pixels, ~11 GB decoded
+    huge = _with_size(encode(Image.fromarray(photo())), 60000, 60000)
     for decode in (tp.image.decode_jpeg, tp.image.decode_image):
         with pytest.raises(tp.image.DecodeError, match="refusing to decode the JPEG") as error:
             decode(huge)

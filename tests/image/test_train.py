@@ -47,9 +47,8 @@ def pillow_reference(data: bytes, seed: int, flip: float) -> torch.Tensor:
     with Image.open(io.BytesIO(data)) as im:
         rgb = im.convert("RGB")
     top, left, h, w = tp.image.random_resized_crop_window(rgb.height, rgb.width, rng=rng)
-    crop = rgb.crop((left, top, left + w, top + h)).resize(
-        (SIZE, SIZE), Image.BILINEAR
-    )  # torchvision's order
+    # torchvision's order
+    crop = rgb.crop((left, top, left + w, top + h)).resize((SIZE, SIZE), Image.BILINEAR)
     if rng.random() < flip:
         crop = crop.transpose(Image.FLIP_LEFT_RIGHT)
     x = torch.from_numpy(np.asarray(crop).copy()).permute(2, 0, 1).float() / 255

@@ -447,13 +447,11 @@ def test_two_gloo_ranks_get_accelerate_s_shards_and_resume(tmp_path):
             results.append(pickle.load(f))
     for result in results:
         assert result["type"] == "AcceleratedDataLoader"
-        assert (
-            result["tp"][: len(result["torch"])] == result["torch"]
-        )  # Accelerate's own shard, step for step
+        # Accelerate's own shard, step for step
+        assert result["tp"][: len(result["torch"])] == result["torch"]
         assert result["resumed"] == result["tp"][5:]
-        if (
-            "trainer" in result
-        ):  # 24 examples, 4 a batch, 2 ranks: 3 steps an epoch; checkpoint-4 is mid-epoch 1
+        # 24 examples, 4 a batch, 2 ranks: 3 steps an epoch; checkpoint-4 is mid-epoch 1
+        if "trainer" in result:
             assert issubclass(result["trainer_type"], AcceleratedDataLoader)
             assert result["trainer"] == result["trainer_torch"] and len(result["trainer"]) == 6
             assert [step for step in result["trainer_resumed"] if step[0] > 4] == result["trainer"][
@@ -463,8 +461,7 @@ def test_two_gloo_ranks_get_accelerate_s_shards_and_resume(tmp_path):
     assert streams == [result["stream_torch"] for result in results]  # IterableDatasetShard's split
     assert [result["stream_resumed"] for result in results] == [stream[1:] for stream in streams]
     assert sorted({x for stream in streams for batch in stream for x in batch}) == list(range(14))
-    for epoch in range(
-        3
-    ):  # 26 elements, 4 a batch, 2 ranks: 4 steps, the last batches padded from the start
+    # 26 elements, 4 a batch, 2 ranks: 4 steps, the last batches padded from the start
+    for epoch in range(3):
         seen = [x for r in results for e, batch, _ in r["tp"] if e == epoch for x in batch]
         assert len(seen) == 32 and set(seen) == set(range(26))

@@ -78,9 +78,8 @@ def test_a_damaged_record_fails_alone_naming_its_file_and_offset(files):
     assert caught.value.path == files[1] and caught.value.offset == target.offset
     kept = list(pipeline(files, after_map=lambda ds: ds.ignore_errors()))
     expected = sorted(f"{k}:{i}" for k in range(3) for i in range(6) if (k, i) != (1, 2))
-    assert (
-        sorted(kept) == expected
-    )  # the records after it in its file too: only the damaged one is lost
+    # the records after it in its file too: only the damaged one is lost
+    assert sorted(kept) == expected
 
 
 def test_a_damaged_header_ends_its_file_there_as_a_reader_does(files):
@@ -101,9 +100,8 @@ def test_a_file_changed_since_the_checkpoint_is_named(files):
     [next(it) for _ in range(4)]
     state = it.state_dict()
     it.close()
-    write(
-        files[0], [b"other|" + b"y" * 3] * 6
-    )  # new lengths: the saved offsets fall inside records
+    # new lengths: the saved offsets fall inside records
+    write(files[0], [b"other|" + b"y" * 3] * 6)
     resumed = iter(pipeline(files))
     resumed.load_state_dict(state)
     with pytest.raises(tp.CheckpointError, match="no record of .*f0.tfrecord starts at byte"):
@@ -113,9 +111,8 @@ def test_a_file_changed_since_the_checkpoint_is_named(files):
 def test_a_sidecar_is_read_where_there_is_one_and_none_is_written(files, monkeypatch):
     by_address.INDEXES.clear()
     assert list(pipeline(files)) == list(off(pipeline(files)))
-    assert not any(
-        os.path.exists(path + ".idx") for path in files
-    )  # the data's directory is left alone
+    # the data's directory is left alone
+    assert not any(os.path.exists(path + ".idx") for path in files)
     tp.io.tfrecord_index(files[0])  # the user's own
     by_address.INDEXES.clear()
     monkeypatch.setattr(

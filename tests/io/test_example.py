@@ -126,9 +126,8 @@ def test_sequence_examples_round_trip_with_tensorflow():
 
 
 def test_unpacked_lists_repeated_fields_and_unknown_fields_follow_protobuf():
-    unpacked_ints = wire.length_delimited(
-        3, b"\x08\x05\x08" + wire.varint(-2)
-    )  # Int64List, one value a field
+    # Int64List, one value a field
+    unpacked_ints = wire.length_delimited(3, b"\x08\x05\x08" + wire.varint(-2))
     floats = (
         b"\x0d"
         + np.float32(1.5).tobytes()

@@ -35,9 +35,8 @@ def test_index_lists_offsets_and_lengths_and_saves_a_sidecar(tmp_path):
     path = write(tmp_path / "f.tfrecord", [b"a", b"", b"xyz"])
     index = tp.io.tfrecord_index(path)
     assert index.tolist() == [[0, 17], [17, 16], [33, 19]] and index.dtype == np.int64
-    assert (
-        open(path + ".idx").read() == "0 17\n17 16\n33 19\n"
-    )  # DALI's / the tfrecord package's format
+    # DALI's / the tfrecord package's format
+    assert open(path + ".idx").read() == "0 17\n17 16\n33 19\n"
     assert tp.io.tfrecord_index(path, write=False).tolist() == index.tolist()
 
 

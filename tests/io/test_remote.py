@@ -108,14 +108,12 @@ def s3():
 @pytest.fixture
 def files(s3, monkeypatch):
     fs, proxy = s3
-    monkeypatch.setattr(
-        s3fs.S3FileSystem, "retries", 1
-    )  # s3fs gives up at once: the retries here are ours
+    # s3fs gives up at once: the retries here are ours
+    monkeypatch.setattr(s3fs.S3FileSystem, "retries", 1)
     proxy.arm(allow=0, cuts=0)
     for k in range(3):
-        with tp.io.TFRecordWriter(
-            f"s3://{BUCKET}/train-{k}.tfrecord"
-        ) as writer:  # writes go through fsspec too
+        # writes go through fsspec too
+        with tp.io.TFRecordWriter(f"s3://{BUCKET}/train-{k}.tfrecord") as writer:
             for record in RECORDS[k::3]:
                 writer.write(record)
     return fs, proxy
@@ -135,9 +133,8 @@ def test_list_files_and_tfrecords_on_s3(files):
         RECORDS[1],
         RECORDS[59],
     ]
-    assert not files[0].exists(
-        f"{BUCKET}/train-0.tfrecord.idx"
-    )  # no sidecar behind the user's back
+    # no sidecar behind the user's back
+    assert not files[0].exists(f"{BUCKET}/train-0.tfrecord.idx")
 
 
 def test_a_read_cut_half_way_is_retried_from_where_it_was(files):

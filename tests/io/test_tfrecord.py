@@ -320,8 +320,7 @@ def test_a_compressed_record_length_the_stream_lacks_is_truncation(tmp_path):
 
     path = str(tmp_path / "short.tfrecord.gz")
     with gzip.open(path, "wb") as f:
-        f.write(
-            frame_header(1 << 30) + b"x" * 100
-        )  # under the maximum: read in pieces, not allocated
+        # under the maximum: read in pieces, not allocated
+        f.write(frame_header(1 << 30) + b"x" * 100)
     with pytest.raises(tp.io.DataLossError, match="truncated record at byte 0"):
         list(tp.TFRecordDataset(path, compression_type="GZIP"))

@@ -189,9 +189,8 @@ def test_ranks_split_the_shards_and_need_a_shared_seed_to_shuffle(shards):
     with pytest.raises(
         RuntimeError, match="every rank must draw the same seed.*tp.Options\\(seed=...\\)"
     ):
-        iter(
-            on_rank(tp.from_webdataset(shards, shardshuffle=True), 0, 2)
-        )  # these ranks cannot share rank 0's
+        # these ranks cannot share rank 0's
+        iter(on_rank(tp.from_webdataset(shards, shardshuffle=True), 0, 2))
     ranks = []
     for rank in (0, 1):  # the same seed on every rank: disjoint shares that cover every shard
         ranks.append(
@@ -324,9 +323,8 @@ def _write_shard(path, count):
             writer.write({"__key__": f"k{i}", "bin": payload(i)})
 
 
-@pytest.mark.filterwarnings(
-    "error::pytest.PytestUnraisableExceptionWarning"
-)  # nothing written when dropped
+# nothing written when dropped
+@pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
 def test_tarwriter_on_a_full_disk_fails_naming_the_file_and_leaves_the_file_there_before_unchanged(
     no_room,
 ):

@@ -266,9 +266,8 @@ def test_the_last_kind_seen_sets_a_features_kind_and_the_same_kind_twice_concate
 
 def test_a_feature_with_no_kind_or_only_unknown_fields_has_kind_zero():
     assert wire.scan_feature(b"", 0, 0) == (0, [])
-    buf = (
-        wire.length_delimited(7, b"x") + _key(1, 0) + b"\x01"
-    )  # unknown field; a kind number not LEN
+    # unknown field; a kind number not LEN
+    buf = wire.length_delimited(7, b"x") + _key(1, 0) + b"\x01"
     assert _feature_parts(buf) == (0, [])
 
 

@@ -44,9 +44,8 @@ def _same(a, b):
         assert len(a) == len(b)
         for x, y in zip(a, b):
             _same(x, y)
-    elif isinstance(
-        a, np.ndarray
-    ):  # passed through in a list, as torch's (a column torch does not stack)
+    # passed through in a list, as torch's (a column torch does not stack)
+    elif isinstance(a, np.ndarray):
         assert a.dtype == b.dtype and np.array_equal(a, b, equal_nan=a.dtype.kind in "fc")
     else:
         assert a == b or (a != a and b != b)  # NaN passed through
@@ -153,9 +152,8 @@ def test_dict_rows_of_every_common_kind_collate_as_torch_does():
     ]
     ours = column_collate(rows)
     _same(ours, default_collate(rows))
-    assert isinstance(
-        ours["meta"]["tags"][0], tuple
-    )  # torch's: a nested list's strings come as tuples
+    # torch's: a nested list's strings come as tuples
+    assert isinstance(ours["meta"]["tags"][0], tuple)
     assert ours["id"] == [f"r{i}" for i in range(32)]
 
 

@@ -64,9 +64,8 @@ def test_a_freed_batchs_memory_is_reused_and_a_kept_one_is_never_written():
     del first
     gc.collect()
     second = collate(_items(ROWS, offset=100.0))["image"]
-    assert (
-        second.data_ptr() == pointer and memory.reused == 1
-    )  # the freed batch's buffer, pages already in
+    # the freed batch's buffer, pages already in
+    assert second.data_ptr() == pointer and memory.reused == 1
     third = collate(_items(ROWS, offset=200.0))["image"]
     assert third.data_ptr() != second.data_ptr()
     assert torch.equal(second, torch.stack([torch.full(LARGE, i + 100.0) for i in range(ROWS)]))

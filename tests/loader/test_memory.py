@@ -101,19 +101,16 @@ def test_a_loader_still_growing_is_read_often_and_one_steady_far_below_its_budge
         (610, CHECK_EVERY_S),
     ]:
         memory.read([], shared_bytes=held)
-        assert (
-            memory.next_reading_in() == wait
-        )  # growing; growing; steady; growing; past half the budget
+        # growing; growing; steady; growing; past half the budget
+        assert memory.next_reading_in() == wait
 
 
 def test_past_the_budget_as_many_workers_go_at_once_as_the_reading_says():
     assert workers_within(held=400, budget=390, workers=4) == 3  # a little past: one goes
-    assert (
-        workers_within(held=400, budget=150, workers=4) == 1
-    )  # 2.5 workers' shares past: three go
-    assert (
-        workers_within(held=400, budget=1, workers=4) == 1
-    )  # one is kept (its slots go next, then it)
+    # 2.5 workers' shares past: three go
+    assert workers_within(held=400, budget=150, workers=4) == 1
+    # one is kept (its slots go next, then it)
+    assert workers_within(held=400, budget=1, workers=4) == 1
 
 
 def test_rings_get_half_the_budget_shared_by_the_workers():
@@ -161,9 +158,8 @@ def test_a_budget_that_binds_releases_slot_pages_and_one_that_frees_keeps_them_a
         (ring,) = worker_rings(pool)[0][-1:]
         assert resident_bytes(ring) >= 2 * ring.slot_bytes  # held: the results' pages
         del values
-        assert wait_until(
-            lambda: resident_bytes(ring) <= 4 * PAGE
-        )  # released: given back within ~20 ms
+        # released: given back within ~20 ms
+        assert wait_until(lambda: resident_bytes(ring) <= 4 * PAGE)
         memory.budget = 1 << 40
         memory.read(pool.process_ids, pool.ring_bytes)
         assert (
@@ -268,9 +264,8 @@ def test_over_its_budget_a_loader_gives_up_workers_then_slots_and_loses_no_batch
             Busy(), batch_size=4, generator=torch.Generator().manual_seed(3), **kwargs
         )
 
-    ref = make(
-        num_workers="auto", persistent_workers=True
-    )  # per-batch seeds: the same draws anywhere
+    # per-batch seeds: the same draws anywhere
+    ref = make(num_workers="auto", persistent_workers=True)
     want = [[b.tolist() for b in ref] for _ in range(3)]
     before = {
         p.pid for p in psutil.Process().children(recursive=True)
@@ -323,13 +318,11 @@ def test_batches_made_on_threads_and_not_handed_out_count_against_the_budget(mon
         persistent_workers=True,
         autotune=tp.AutotuneOptions(ram_budget=1 << 20),
     )
-    with forced_call_costs(
-        0.012, gil_free=1.0, moves=False
-    ):  # 4 MB batches, GIL-free: a thread a core
+    # 4 MB batches, GIL-free: a thread a core
+    with forced_call_costs(0.012, gil_free=1.0, moves=False):
         it = iter(loader)
-    assert (
-        loader.stats()[0]["executor"] == "thread"
-    )  # where the forced costs put it, no window moving it
+    # where the forced costs put it, no window moving it
+    assert loader.stats()[0]["executor"] == "thread"
     want = [[float(i) for i in range(j, j + 4)] for j in range(0, 48, 4)]
     epoch, deadline = 0, time.monotonic() + 30  # epochs until the threads are all given up, however
     while epoch == 0 or (

@@ -15,9 +15,8 @@ from torchpipe.runtime.cpu import usable_cpu_count
 from torchpipe.testing import assert_same_elements, forced_call_costs, start_as_measured
 
 REPLICAS = 2 * usable_cpu_count()
-pytestmark = pytest.mark.filterwarnings(
-    "ignore:This DataLoader will create"
-)  # torch's, for its many workers
+# torch's, for its many workers
+pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create")
 
 
 class Shares(IterableDataset):
@@ -53,18 +52,15 @@ def loaders(dataset, processes=None, replicas=REPLICAS, **kwargs):
     return theirs, ours
 
 
-@pytest.mark.parametrize(
-    "processes", [1, None]
-)  # every replica in one process; measured (spread: they wait)
+# every replica in one process; measured (spread: they wait)
+@pytest.mark.parametrize("processes", [1, None])
 def test_batches_are_torchs_with_a_worker_a_replica_wherever_replicas_run(processes):
     theirs, ours = loaders(Shares(wait_s=0.002), processes, batch_size=4)
-    with forced_call_costs(
-        call_s=0.01, gil_free=1.0, cpu_s=0.0005, moves=False
-    ):  # batches that wait, whatever the load
+    # batches that wait, whatever the load
+    with forced_call_costs(call_s=0.01, gil_free=1.0, cpu_s=0.0005, moves=False):
         got = list(iter(ours))
-    assert_same_elements(
-        got, list(theirs)
-    )  # same order, same draws: each replica keeps its RNG states
+    # same order, same draws: each replica keeps its RNG states
+    assert_same_elements(got, list(theirs))
     assert sorted(int(i) for b in got for i in b["i"]) == list(range(60))
     assert {int(n) for b in got for n in b["of"]} == {REPLICAS}
     # Where it ran is decided, not measured: start_as_measured's processes, else the forced costs (calls
@@ -92,9 +88,8 @@ def test_replicas_that_wait_start_the_first_epoch_over_with_more_and_keep_them()
     first = list(ours)
     (count,) = _of(first)  # every delivered batch from the final count
     assert REPLICAS < count <= 64
-    assert sorted(int(i) for b in first for i in b["i"]) == list(
-        range(200)
-    )  # nothing lost or repeated
+    # nothing lost or repeated
+    assert sorted(int(i) for b in first for i in b["i"]) == list(range(200))
     assert ours.stats()[0]["workers"] == count  # a process a replica
     theirs = torch.utils.data.DataLoader(
         Shares(200, wait_s=0.002),
@@ -125,9 +120,8 @@ def test_a_state_taken_after_the_start_over_resumes_with_its_replicas():
     resumed = make()
     resumed.load_state_dict(state)
     rest = list(resumed)
-    assert (
-        _of(rest) == _of(delivered) == {state["loader"]["replicas"]}
-    )  # the count the state's epoch ran
+    # the count the state's epoch ran
+    assert _of(rest) == _of(delivered) == {state["loader"]["replicas"]}
     assert sorted(int(i) for b in delivered + rest for i in b["i"]) == list(range(120))
 
 
@@ -137,9 +131,8 @@ def test_busy_replicas_keep_the_count_and_share_a_process_a_core():
         f"running {REPLICAS} replicas ({min(64, 8 * usable_cpu_count())} where the first batches wait on I/O)"
         in (tp.explain(ours))
     )
-    with forced_call_costs(
-        call_s=0.01, gil_free=0.0
-    ):  # busy batches, whatever else runs on this machine
+    # busy batches, whatever else runs on this machine
+    with forced_call_costs(call_s=0.01, gil_free=0.0):
         assert _of(ours) == {REPLICAS}
     assert ours.stats()[0]["workers"] == usable_cpu_count()
 
@@ -241,9 +234,8 @@ def test_a_killed_workers_replica_is_replayed_past_what_it_delivered(workers):
     with forced_call_costs(call_s=0.01, gil_free=0.0):
         want = [x for x, _ in make()]
         got = _kill_at(make(), at=40)
-    assert len(got) == len(want) and all(
-        torch.equal(a, b) for a, b in zip(got, want)
-    )  # nothing lost or repeated
+    # nothing lost or repeated
+    assert len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got, want))
 
 
 def test_a_replica_that_cannot_be_replayed_fails_clearly(tmp_path):
@@ -291,6 +283,5 @@ def test_a_start_over_whose_replicas_fail_goes_back_to_the_replicas_that_worked(
     expected = sorted(f * 100 + i for f in range(6) for i in range(20))
     assert sorted(int(x) for b in ours for x in b) == expected  # nothing lost, repeated, or raised
     assert ours.stats()[0]["workers"] <= 6
-    assert (
-        sorted(int(x) for b in ours for x in b) == expected
-    )  # and the next epoch keeps that count
+    # and the next epoch keeps that count
+    assert sorted(int(x) for b in ours for x in b) == expected

@@ -86,14 +86,12 @@ def test_moving_between_this_process_threads_and_processes_mid_epoch_loses_repea
 
 def test_cheap_batches_are_made_in_this_process_and_the_tuners_zero_means_that():
     loader = tp.DataLoader(Sleepy(100_000), batch_size=4, num_workers="auto")
-    with forced_call_costs(
-        5e-6, gil_free=0.0, move_s=1e-4
-    ):  # what cheap batches measure on an idle machine
+    # what cheap batches measure on an idle machine
+    with forced_call_costs(5e-6, gil_free=0.0, move_s=1e-4):
         it = iter(loader)
     first, deadline = [], time.monotonic() + 10
-    while (
-        _executor(loader) != INLINE and time.monotonic() < deadline
-    ):  # it may try the others first
+    # it may try the others first
+    while _executor(loader) != INLINE and time.monotonic() < deadline:
         first.append(next(it))
     first += [next(it) for _ in range(100)]
     assert _executor(loader) == INLINE and _workers(loader, it) == 0 and _pids(loader) == []
@@ -146,9 +144,8 @@ def test_epochs_that_make_cheap_batches_here_fork_no_process():
     after it while processes are predicted no better (~10 ms and its memory an epoch)."""
     loader = tp.DataLoader(Sleepy(2000), batch_size=4, num_workers="auto")
     before = {p.pid for p in psutil.Process().children()}  # other tests' processes may linger
-    with forced_call_costs(
-        5e-6, gil_free=0.0, move_s=1e-4
-    ):  # what cheap batches measure on an idle machine
+    # what cheap batches measure on an idle machine
+    with forced_call_costs(5e-6, gil_free=0.0, move_s=1e-4):
         it = iter(loader)
         first = [next(it)]
     assert _executor(loader) == INLINE and {p.pid for p in psutil.Process().children()} == before
@@ -297,9 +294,8 @@ def test_the_tuner_adds_workers_only_when_the_loop_waits_for_them(work_s, consum
     knob.take_request()  # what the iterator does before its next batch
     assert decision.bottleneck == ("DataLoader workers (calls)" if grows else "consumer")
     if grows:
-        assert (
-            2 < knob.value <= 4 and _workers(loader, it) == knob.value
-        )  # at most doubled in a round
+        # at most doubled in a round
+        assert 2 < knob.value <= 4 and _workers(loader, it) == knob.value
     else:
         assert knob.value <= 2
 
@@ -351,8 +347,7 @@ def test_auto_batches_made_inline_read_the_cpu_clock_one_in_a_few(monkeypatch):
     n = 640
     batches = [next(it) for _ in range(n)]
     assert _executor(loader) == INLINE and len(batches) == n
-    assert (
-        reads[0] <= 2 * 3 * n / timing_module.SAMPLE_EVERY
-    )  # ~80 expected; 1280 when every batch was clocked
+    # ~80 expected; 1280 when every batch was clocked
+    assert reads[0] <= 2 * 3 * n / timing_module.SAMPLE_EVERY
     counted = it._pool.timing.calls - calls_before
     assert n - 20 * timing_module.SAMPLE_EVERY <= counted <= n + 1

@@ -29,9 +29,8 @@ def test_cache_and_snapshot_fills_draw_a_bar_on_a_terminal(tmp_path, monkeypatch
     assert list(tp.range(9).snapshot(tmp_path / "s")) == list(range(9))
     assert f"snapshot({tmp_path / 's'})" in terminal.getvalue() and "9/9" in terminal.getvalue()
     drawn = terminal.getvalue()
-    assert list(tp.range(9).snapshot(tmp_path / "s")) == list(
-        range(9)
-    )  # a read writes nothing: no bar
+    # a read writes nothing: no bar
+    assert list(tp.range(9).snapshot(tmp_path / "s")) == list(range(9))
     assert terminal.getvalue() == drawn
 
 

@@ -215,9 +215,8 @@ def test_padded_batch_errors_while_iterating():
         list(ramps().padded_batch(2, padding_values=1.5))
 
 
-NO_PREFETCH = tp.Options(
-    optimizations={"inject_prefetch": False}
-)  # which would run on after the error
+# which would run on after the error
+NO_PREFETCH = tp.Options(optimizations={"inject_prefetch": False})
 
 
 class Pulls:

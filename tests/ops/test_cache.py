@@ -236,9 +236,8 @@ def test_an_unwritable_directory_fails_at_the_call_unless_a_file_is_there_to_rep
 ):
     path = tmp_path / "c"
     assert list(tp.range(3).cache(path)) == [0, 1, 2]
-    monkeypatch.setattr(
-        os, "access", lambda p, mode: False
-    )  # root may write anywhere; chmod cannot show it
+    # root may write anywhere; chmod cannot show it
+    monkeypatch.setattr(os, "access", lambda p, mode: False)
     assert list(tp.range(3).cache(path)) == [0, 1, 2]  # a replay writes nothing
     with pytest.raises(
         PermissionError,

@@ -44,9 +44,8 @@ def test_collate_rejects_unsupported_components_naming_their_path():
     with pytest.raises(TypeError, match=r"element\.y of type NoneType"):
         collate([Point(1, None), Point(2, None)])
     with pytest.raises(TypeError, match=r"element\['meta'\]\['tags'\] of type NoneType"):
-        collate(
-            [{"meta": {"tags": None}}, {"meta": {"tags": None}}]
-        )  # dict rows: paths made on error only
+        # dict rows: paths made on error only
+        collate([{"meta": {"tags": None}}, {"meta": {"tags": None}}])
     with pytest.raises(
         ValueError, match=r"differ in keys at element\['meta'\]: \['a'\] vs \['b'\]"
     ):

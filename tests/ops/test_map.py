@@ -261,9 +261,8 @@ def test_auto_executor_picks_processes_for_gil_holders_and_threads_otherwise():
         it = iter(tp.range(20).map(python_heavy, 2, executor="auto"))
         assert list(it) == [python_heavy(x) for x in range(20)]
     assert stage_stats(it, "map")["executor"] == "process"
-    with forced_call_costs(
-        2e-3, gil_free=1.0, cpu_s=1e-5, moves=False
-    ):  # waits 2 ms a call, the GIL free
+    # waits 2 ms a call, the GIL free
+    with forced_call_costs(2e-3, gil_free=1.0, cpu_s=1e-5, moves=False):
         it = iter(tp.range(20).map(lambda x: time.sleep(0.002) or x, 2, executor="auto"))
         assert list(it) == list(range(20))
     assert stage_stats(it, "map")["executor"] == "thread"
@@ -301,9 +300,8 @@ def test_the_next_pass_starts_with_the_executor_and_parallelism_the_last_one_set
         out = [next(first)]
     stage = _parallel_stage(first)
     assert stage.executor_kind == kind
-    stage.knobs()[0].request(
-        3
-    )  # what the autotuner's request does, applied before the next element
+    # what the autotuner's request does, applied before the next element
+    stage.knobs()[0].request(3)
     out.extend(first)
     assert out == list(range(20)) and stage.parallelism() == 3
 
@@ -316,9 +314,8 @@ def test_the_next_pass_starts_with_the_executor_and_parallelism_the_last_one_set
     stage = _parallel_stage(second)
     assert stage.executor_kind == kind and stage.parallelism() == 3 and stage.knobs()[0].value == 3
     assert out + list(second) == list(range(20))
-    with pytest.raises(
-        AssertionError, match="no probe again"
-    ):  # what is learned stays with its Dataset
+    # what is learned stays with its Dataset
+    with pytest.raises(AssertionError, match="no probe again"):
         next(iter(tp.range(20).map(abs, tp.AUTOTUNE, executor="auto")))
 
 
@@ -556,12 +553,10 @@ def test_pushdown_through_shuffle_take_skip_shard_repeat(executor):
         i for i, _, _ in inline.with_options(seeded)
     ]  # same order, same seeds
     if executor == "process":
-        assert all(
-            fetch == worker != os.getpid() for _, fetch, worker in out
-        )  # dataset[i] ran in the worker
-    positions = (
-        None if executor == "thread" else [0, 1, 5, 11, 12, 20, 23]
-    )  # a pool forked per resume
+        # dataset[i] ran in the worker
+        assert all(fetch == worker != os.getpid() for _, fetch, worker in out)
+    # a pool forked per resume
+    positions = None if executor == "thread" else [0, 1, 5, 11, 12, 20, 23]
     assert_checkpoint_roundtrip(
         pushed.with_options(seeded).map(lambda i, a, b: i), positions=positions
     )

@@ -234,9 +234,8 @@ def test_autotune_keeps_the_thread_where_it_overlaps_and_comes_back_to_it():
     while _executor(it) != "inline" or len(got) < 200:  # an idle consumer first: inline
         got.append(next(it))
         assert time.monotonic() < deadline
-    while (
-        _executor(it) != "thread"
-    ):  # then one that works as long as an element takes: the thread again
+    # then one that works as long as an element takes: the thread again
+    while _executor(it) != "thread":
         got.append(next(it))
         time.sleep(0.001)
         assert time.monotonic() < deadline
@@ -307,8 +306,7 @@ def test_a_pass_that_starts_inline_starts_the_thread_when_a_stage_below_begins_t
     it = iter(pipeline)
     got = [next(it) for _ in range(10)]
     assert _executor(it) == "inline"
-    monkeypatch.setattr(
-        prefetch, "runs_ahead", lambda stage: True
-    )  # the map below now runs on a pool
+    # the map below now runs on a pool
+    monkeypatch.setattr(prefetch, "runs_ahead", lambda stage: True)
     got += list(it)
     assert got == list(range(400)) and _executor(it) == "thread"

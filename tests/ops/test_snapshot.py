@@ -45,17 +45,15 @@ def test_the_first_job_writes_and_later_jobs_read(tmp_path):
     assert_same_elements(first, elements)
     assert len(_published(tmp_path)) == 1
     count = Counter()
-    again = (
-        tp.from_iterable(elements).take(100).snapshot(tmp_path)
-    )  # another pipeline: a new snapshot
+    # another pipeline: a new snapshot
+    again = tp.from_iterable(elements).take(100).snapshot(tmp_path)
     assert_same_elements(again, elements)
     assert len(_published(tmp_path)) == 2
     same = tp.range(6).map(count).snapshot(tmp_path)
     assert [int(x) for x in same] == list(range(6)) and count.calls == 6
     count.calls = 0
-    assert [int(x) for x in tp.range(6).map(count).snapshot(tmp_path)] == list(
-        range(6)
-    )  # a new Dataset object
+    # a new Dataset object
+    assert [int(x) for x in tp.range(6).map(count).snapshot(tmp_path)] == list(range(6))
     assert count.calls == 0
 
 
@@ -237,9 +235,8 @@ def test_a_killed_writer_leaves_nothing_a_reader_sees_and_its_checkpoint_resumes
         it.load_state_dict(pickle.loads(state_file.read_bytes()))
         rest = list(it)
     assert_same_elements(rest, [saving_jobs.make(i) for i in range(stop, n)])
-    assert len(saving_jobs.CALLS) == 2 * (
-        n - stop
-    )  # the pipeline's calls, then the expected elements'
+    # the pipeline's calls, then the expected elements'
+    assert len(saving_jobs.CALLS) == 2 * (n - stop)
     saving_jobs.CALLS.clear()
     assert_same_elements(
         saving_jobs.pipeline(n).snapshot(root), [saving_jobs.make(i) for i in range(n)]

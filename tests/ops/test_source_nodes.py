@@ -82,9 +82,8 @@ def test_source_errors_propagate_with_their_type():
     with pytest.raises(IndexError, match="missing file"):
         next(it)
     assert list(it) == [2]
-    batches = iter(
-        tp.from_dataset(Broken()).batch(2)
-    )  # the batch fails; the next starts past the failing index
+    # the batch fails; the next starts past the failing index
+    batches = iter(tp.from_dataset(Broken()).batch(2))
     with pytest.raises(IndexError, match="missing file"):
         next(batches)
     assert [b.tolist() for b in batches] == [[2]]
@@ -111,12 +110,10 @@ class CorruptNoBatchFetch(Corrupt):
     [
         lambda ds: tp.from_dataset(ds),  # inline
         lambda ds: tp.from_dataset(ds).batch(2),  # inline, a batch's elements at once: __getitems__
-        lambda ds: tp.from_dataset(ds).map(
-            lambda x: x, 2, executor="thread"
-        ),  # pushed down, threads
-        lambda ds: tp.from_dataset(ds).map(
-            lambda x: x, 2, executor="process"
-        ),  # pushed down, processes
+        # pushed down, threads
+        lambda ds: tp.from_dataset(ds).map(lambda x: x, 2, executor="thread"),
+        # pushed down, processes
+        lambda ds: tp.from_dataset(ds).map(lambda x: x, 2, executor="process"),
         lambda ds: (
             tp.from_dataset(ds).map(lambda x: x, 2, executor="process").batch(2)
         ),  # + batch: __getitems__

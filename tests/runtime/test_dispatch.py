@@ -135,7 +135,6 @@ def test_tasks_left_on_a_switched_out_executor_are_waited_for_not_spun_on():
     dispatch.submit(2, 2)
     assert _drain(dispatch) == [(0, 0), (1, 1), (2, 2)]
     assert waited  # on the threads, for 0.2 s
-    assert (
-        looks["inline"] < 200 and looks["threads"] < 200
-    )  # steps of 5 ms, not a spin (~8000 looks)
+    # steps of 5 ms, not a spin (~8000 looks)
+    assert looks["inline"] < 200 and looks["threads"] < 200
     dispatch.close()

@@ -30,9 +30,8 @@ def test_a_pipeline_raises_an_interrupt_a_finalizer_swallowed():
     it = iter(tp.range(10).map(element))
     got = []
     with pytest.raises(KeyboardInterrupt):
-        for (
-            item
-        ) in it:  # dropping element 3 runs its finalizer, which Python lets swallow the interrupt
+        # dropping element 3 runs its finalizer, which Python lets swallow the interrupt
+        for item in it:
             got.append(item.x)
             del item
     assert got in (

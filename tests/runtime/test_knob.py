@@ -65,9 +65,8 @@ def test_a_process_maps_tasks_in_flight_turned_while_running_keep_every_element_
     assert stage.knobs() == [] and stage.buffer_slots() == 2 * 2  # two workers, two tasks each
     fixed.close()
     it = iter(tuned.with_options(NO_TUNER))
-    out, knob, last = _turn(
-        it, ParallelMapIterator, [4, 1, 2], knob_name=".in_flight"
-    )  # 1: raised to 2
+    # 1: raised to 2
+    out, knob, last = _turn(it, ParallelMapIterator, [4, 1, 2], knob_name=".in_flight")
     assert out == [x * x for x in range(300)]
     stage = find_stage(it, ParallelMapIterator)
     assert knob.value == last == 4  # 43 requests: 4, 1, 2, ..., 4
@@ -148,9 +147,8 @@ def test_a_parallel_interleave_resized_while_running_keeps_its_order(executor):
     ds = tp.range(40).interleave(
         _inner, cycle_length=3, num_parallel_calls=tp.AUTOTUNE, executor=executor
     )
-    every = (
-        60 if executor == "process" else 7
-    )  # each resize of a process pool forks or retires workers
+    # each resize of a process pool forks or retires workers
+    every = 60 if executor == "process" else 7
     out, knob, last = _turn(
         iter(ds.with_options(NO_TUNER)), InterleaveIterator, [1, 8, 2, 5], every=every
     )

@@ -194,9 +194,8 @@ def test_a_batch_with_a_different_shape_still_says_so():
 
 @pytest.mark.parametrize("min_bytes, place_bytes", [(1 << 20, 1), (1, 1 << 10)])
 def test_small_elements_are_left_alone_after_the_first(min_bytes, place_bytes):
-    memory = RecycledStack(
-        min_bytes=min_bytes, place_bytes=place_bytes
-    )  # a small batch; small rows
+    # a small batch; small rows
+    memory = RecycledStack(min_bytes=min_bytes, place_bytes=place_bytes)
     with memory.rows(64) as batch_rows:
         elements = [(torch.zeros(4), i) for i in range(3)]
         assert all(batch_rows.place(j, e) is e for j, e in enumerate(elements))
@@ -215,8 +214,7 @@ def test_batches_with_nothing_to_place_skip_the_check_but_for_every_16th():
         asked.append(memory.placing())
         if asked[-1]:
             batch(large=False)
-    assert (
-        asked.count(True) == 2 and asked[RECHECK_EVERY - 1] is True
-    )  # every 16th batch checks again
+    # every 16th batch checks again
+    assert asked.count(True) == 2 and asked[RECHECK_EVERY - 1] is True
     batch(large=True)  # ... and finding a large row there, every batch places again
     assert all(memory.placing() for _ in range(3))

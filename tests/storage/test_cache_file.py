@@ -231,9 +231,8 @@ def test_a_checkpoint_that_cannot_be_resumed_gives_none(tmp_path):
     assert CacheWriter.resume(path, {**state, "offset": 3}, UPSTREAM) is None  # inside the header
     resumed = CacheWriter.resume(path, state, UPSTREAM)
     assert resumed is not None  # the state itself is usable
-    assert (
-        CacheWriter.resume(path, state, UPSTREAM) is None
-    )  # but not while another writer holds it
+    # but not while another writer holds it
+    assert CacheWriter.resume(path, state, UPSTREAM) is None
     resumed.discard()
     writer.discard()
 

@@ -224,9 +224,10 @@ def test_a_digest_is_twelve_hex_digits_and_the_same_for_a_recreated_lambda():
 def test_a_digest_changes_with_the_code():
     assert function_digest(lambda x: x + 1) != function_digest(lambda x: x + 2)
     assert function_digest(lambda x: x + 1) != function_digest(lambda x: x - 1)
+    # nested code
     assert function_digest(lambda x: [y * 2 for y in x]) != function_digest(
         lambda x: [y * 3 for y in x]
-    )  # nested code
+    )
 
 
 def test_a_digest_changes_with_what_the_function_closes_over_and_its_defaults():

@@ -89,9 +89,8 @@ def test_manifest_says_what_was_saved(tmp_path):
 
 def test_shard_func_chooses_shards_and_load_keeps_the_order(tmp_path):
     ds = tp.range(30).map(lambda i: (i, torch.tensor([i])))
-    ds.save(
-        tmp_path / "s", shard_func=lambda i, x: (i % 3 == 0) * 4
-    )  # a tuple is unpacked, as in map
+    # a tuple is unpacked, as in map
+    ds.save(tmp_path / "s", shard_func=lambda i, x: (i % 3 == 0) * 4)
     shards = json.loads((tmp_path / "s" / MANIFEST).read_text())["shards"]
     assert {(s["shard"], s["records"]) for s in shards} == {(0, 20), (4, 10)}
     assert_same_elements(tp.load(tmp_path / "s"), list(ds))
@@ -203,9 +202,8 @@ def test_records_swapped_on_disk_are_an_error_not_a_reorder(tmp_path):
     with pytest.raises(tp.io.DataLossError, match=rf"the record at byte {b0} is element 1, not 2"):
         loaded[2]
     with pytest.raises(tp.io.DataLossError, match=rf"the record at byte {a0} is element 2, not 1"):
-        list(
-            loaded
-        )  # iterating stops at the first swapped record, not yield it in the other's place
+        # iterating stops at the first swapped record, not yield it in the other's place
+        list(loaded)
 
 
 def test_a_damaged_or_missing_shard_fails_when_loading(tmp_path):
@@ -334,9 +332,8 @@ def test_a_save_killed_with_sigkill_resumes_where_it_stopped(tmp_path):
     done = _progress_count(path)
     saving_jobs.CALLS.clear()
     saving_jobs.pipeline(n).save(path, checkpoint_args={"checkpoint_interval": 10})
-    assert sorted(saving_jobs.CALLS) == list(
-        range(done, n)
-    )  # only what the checkpoint did not cover
+    # only what the checkpoint did not cover
+    assert sorted(saving_jobs.CALLS) == list(range(done, n))
     saving_jobs.CALLS.clear()
     assert_same_elements(tp.load(path), list(saving_jobs.pipeline(n)))
     assert not list(path.glob("*.partial")) and not (path / "progress.pkl").exists()

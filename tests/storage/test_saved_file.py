@@ -225,9 +225,8 @@ def test_a_shard_that_cannot_be_resumed_is_a_saved_format_error(tmp_path):
             match="shorter than the checkpoint or were written by another pipeline",
         ):
             ShardFile.resume(str(tmp_path), name, *args)
-    ShardFile.resume(
-        str(tmp_path), name, offset, 1, PIPELINE
-    ).close()  # the checkpoint itself resumes
+    # the checkpoint itself resumes
+    ShardFile.resume(str(tmp_path), name, offset, 1, PIPELINE).close()
 
 
 # -- the manifest --------------------------------------------------------------------------------
@@ -297,9 +296,8 @@ def test_a_manifest_naming_a_file_outside_its_directory_is_refused(tmp_path, nam
 
 def test_a_lowercase_compression_in_a_manifest_reads_as_that_compression(tmp_path):
     _save(tmp_path, [[(0, "a")]], compression="GZIP")
-    _rewrite_manifest(
-        tmp_path, compression="gzip"
-    )  # accepted by check_compression, so read as GZIP
+    # accepted by check_compression, so read as GZIP
+    _rewrite_manifest(tmp_path, compression="gzip")
     assert SavedRecords(tmp_path)[0] == "a"
 
 

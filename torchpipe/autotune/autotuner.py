@@ -121,16 +121,14 @@ class Autotuner:
     ) -> None:
         self.root = root
         self.clock = clock
-        self._budget = (
-            budget  # or what makes it, asked at the first round (reading the machine costs ~0.3 ms)
-        )
+        # or what makes it, asked at the first round (reading the machine costs ~0.3 ms)
+        self._budget = budget
         self.decisions: collections.deque[Decision] = collections.deque(maxlen=_HISTORY)
         self._intervals = iter(
             intervals if intervals is not None else backoff_intervals(_FIRST_S, _LAST_S)
         )
-        self._first: tuple[Look, float] | None = (
-            None  # the first window's look and when its round is due
-        )
+        # the first window's look and when its round is due
+        self._first: tuple[Look, float] | None = None
         self._live = {knob.name: knob for knob in live_knobs(root)}
         self._held: dict[str, tuple[int, int]] = {}  # knob -> (held value, rounds left): a ceiling
         self._floors: dict[str, tuple[int, int]] = {}  # knob -> (floor value, rounds left)

@@ -210,9 +210,8 @@ class _Builder:
                 f"{it.name} (producer)", 0.0, buffer=depth, bytes_per_element=d.bytes_per_element
             )
             return below + [end, mine]
-        if (
-            tunable.role(it) == POOL and tunable.parallelism(it) > 0
-        ):  # at 0 calls run here: in its self time
+        # at 0 calls run here: in its self time
+        if tunable.role(it) == POOL and tunable.parallelism(it) > 0:
             return self._pool(it, d, below) + [mine]
         return below + [mine]
 
@@ -228,9 +227,8 @@ class _Builder:
         # held. By CPU time alone, calls slowed by a busy machine would seem to wait on I/O, and
         # a worker past the cores would seem to fit the budget.
         cpu_fraction = min(1.0, (d.cpu_s + d.delay_s) / d.work_s) if d.work_s > 0 else 1.0
-        if tunable.calls_on_cluster(
-            it
-        ):  # not this machine's cores: the knob's maximum is the cluster's
+        # not this machine's cores: the knob's maximum is the cluster's
+        if tunable.calls_on_cluster(it):
             cpu_fraction = 0.0
         calls = Stage(
             f"{it.name} (calls)",

@@ -79,9 +79,8 @@ def empty_probability(ratio: float, slots: int) -> float:
         return 1.0
     if abs(ratio - 1.0) < 1e-9:
         return 1.0 / (slots + 1)
-    if (
-        ratio > 1.0
-    ):  # compute with 1 / ratio to avoid overflow: p0 = r^-K (1/r - 1) / (1/r^(K+1) - 1)
+    # compute with 1 / ratio to avoid overflow: p0 = r^-K (1/r - 1) / (1/r^(K+1) - 1)
+    if ratio > 1.0:
         inv = 1.0 / ratio
         return (inv**slots) * (1.0 - inv) / (1.0 - inv ** (slots + 1))
     return (1.0 - ratio) / (1.0 - ratio ** (slots + 1))
@@ -115,9 +114,8 @@ def predict_time(stages: list[Stage], knobs: dict[str, int]) -> float:
     times = service_times(stages, knobs)
     worst = max(t for t, _ in times)
     for (producer, slots), (consumer, _) in zip(times, times[1:]):
-        if (
-            slots == 0
-        ):  # nothing in between (a pool of 0: calls on its consumer's thread): they take turns
+        # nothing in between (a pool of 0: calls on its consumer's thread): they take turns
+        if slots == 0:
             worst = max(worst, producer + consumer)
             continue
         if producer <= 0.0:

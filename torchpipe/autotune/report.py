@@ -203,9 +203,8 @@ def pipeline_stats(
         if tunable.knobs(it):
             entry["knobs"] = {knob.name: knob.value for knob in tunable.knobs(it)}
         entry.update(it.stats.counters)  # errors_ignored, inner_datasets, ...
-        entry.update(
-            getattr(it, "executor_report", dict)()
-        )  # where its calls run: executor, workers, pids
+        # where its calls run: executor, workers, pids
+        entry.update(getattr(it, "executor_report", dict)())
         stages.append(entry)
     if decisions:
         limit = decisions[-1].bottleneck

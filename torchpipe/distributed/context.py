@@ -71,9 +71,8 @@ def _noted_get_worker_info(info: Any) -> None:
         note_split_by_hand(info)  # not torch's own (default_collate asks) nor torchpipe's
 
 
-def _get_worker_info() -> (
-    Any
-):  # the body torch's get_worker_info() runs (see _watch_get_worker_info)
+# the body torch's get_worker_info() runs (see _watch_get_worker_info)
+def _get_worker_info() -> Any:
     if _worker_info is not None:  # type: ignore[name-defined]  # noqa: F821 - a global of torch's worker module, where this runs
         _torchpipe_noted_get_worker_info(_worker_info)  # type: ignore[name-defined]  # noqa: F821
     return _worker_info  # type: ignore[name-defined]  # noqa: F821
@@ -134,9 +133,8 @@ def current_rank_info(options: DistributeOptions | None = None) -> RankInfo | No
     if options.policy == "off":
         return None
     group = _group_rank()
-    if (
-        options.rank is not None and options.world_size is not None
-    ):  # given together (DistributeOptions)
+    # given together (DistributeOptions)
+    if options.rank is not None and options.world_size is not None:
         rank, world = options.rank, options.world_size
     elif group is not None:
         rank, world = group

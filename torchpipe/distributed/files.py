@@ -31,9 +31,8 @@ def share_of_files(files: Sequence[str], share: Share | None = None) -> list[str
     if share is None:
         share = current_share()
         if share is not None and share.num_workers > 1:
-            note_split_by_hand(
-                worker_info(), "split"
-            )  # this worker's code split its data: not again
+            # this worker's code split its data: not again
+            note_split_by_hand(worker_info(), "split")
     if share is None:
         return list(files)
     if len(files) < share.shares:

@@ -146,9 +146,8 @@ class RankSplit:
         """Whether ranks must share the pass seed for their shares to be disjoint."""
         if self.level == "output":
             return True  # every op is below the split; any of them may draw
-        if (
-            self.level == "manual"
-        ):  # the ranks' shares are disjoint where what reaches them is one order
+        # the ranks' shares are disjoint where what reaches them is one order
+        if self.level == "manual":
             return self.top is not None and any(
                 getattr(node, "seed", 0) is None for node in walk(self.top)
             )
@@ -175,9 +174,8 @@ class RankSplit:
                 f"in {shares} of the output"
             )
         what = "file" if self.level == "file" else "element"
-        assert (
-            self.source is not None and self.top is not None
-        )  # set for a "file" or "element" split
+        # set for a "file" or "element" split
+        assert self.source is not None and self.top is not None
         over = "" if self.top is self.source else f" over {self.source.label()}"
         reads = (
             " (indices: dataset[i] is read above the split, for its share only)"

@@ -126,9 +126,8 @@ def split_between_workers(
             f"{who}): not split again",
         )
     if worker.own:
-        return WorkerSplit(
-            True
-        )  # the pipeline is the worker's dataset: no code of the user's split it
+        # the pipeline is the worker's dataset: no code of the user's split it
+        return WorkerSplit(True)
     if worker.by_hand == "split":
         return WorkerSplit(
             False,
@@ -143,9 +142,8 @@ def split_between_workers(
             warning=_asked_warning(worker),
         )
     if WATCHING_GET_WORKER_INFO:
-        return WorkerSplit(
-            True
-        )  # no code of the user's learned which worker it is: none split by it
+        # no code of the user's learned which worker it is: none split by it
+        return WorkerSplit(True)
     return WorkerSplit(True, warning=_unseen_warning(worker))
 
 

@@ -207,9 +207,8 @@ def decode_jpeg_array(
             if count:
                 COUNTS.add("images_decoded")
             return pixels
-        except (
-            ValueError
-        ) as e:  # malformed, truncated, or damage libjpeg-turbo's strict mode refuses
+        # malformed, truncated, or damage libjpeg-turbo's strict mode refuses
+        except ValueError as e:
             fast_error = e
     pixels = pillow_array(image, channels, scale, fast_error)
     if count:

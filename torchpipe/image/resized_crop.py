@@ -148,9 +148,8 @@ def decode_resized_window(
     k = dct_scale((h, w), size)
     decoded = formats.decode_jpeg_array(image, channels, k, fast_dct=fast_dct)
     pixels = formats.orient(formats.as_tensor(decoded), orientation)
-    if (
-        k > 1
-    ):  # the window in the scaled image's pixels (its sides are the full ones / k, rounded up)
+    # the window in the scaled image's pixels (its sides are the full ones / k, rounded up)
+    if k > 1:
         sy, sx = pixels.shape[0] / full_h, pixels.shape[1] / full_w
         top, left = int(top * sy), int(left * sx)
         h = max(1, min(round(h * sy), pixels.shape[0] - top))

@@ -82,9 +82,8 @@ class AcceleratedDataLoader(DataLoader, DataLoaderStateMixin):
         self._epoch = 0  # the epoch of the batches state_dict() counts
         self._ahead = 0  # 1 while a batch fetched to look ahead is not handed over yet
         self._sampler_rng: torch.Tensor | None = None
-        self._pending: tuple[int, torch.Tensor, torch.Tensor | None] | None = (
-            None  # epoch, its RNG states
-        )
+        # epoch, its RNG states
+        self._pending: tuple[int, torch.Tensor, torch.Tensor | None] | None = None
 
     @property
     def total_batch_size(self) -> int:
@@ -153,9 +152,8 @@ class AcceleratedDataLoader(DataLoader, DataLoaderStateMixin):
         it started with, and leaves the global RNGs where they were (a restored checkpoint's)."""
         pending, self._pending = self._pending, None
         if pending is not None and pending[0] != self.iteration:
-            self._tp.resume = (
-                None  # the state's epoch is not this one (it ended): this one starts afresh
-            )
+            # the state's epoch is not this one (it ended): this one starts afresh
+            self._tp.resume = None
             pending = None
         generator = self.synchronized_generator
         if pending is not None and pending[2] is not None and generator is not None:
@@ -217,9 +215,8 @@ class AcceleratedDataLoader(DataLoader, DataLoaderStateMixin):
         keep = sampling_rng_state(self.generator)
         super().load_state_dict(state)
         set_sampling_rng_state(self.generator, keep)  # set again when the epoch starts (_start)
-        if state["yielded"] == _length(
-            self
-        ):  # taken after the epoch's last batch: the next one starts
+        # taken after the epoch's last batch: the next one starts
+        if state["yielded"] == _length(self):
             self._tp.resume = None
             self.iteration = self._epoch = epoch + 1
             self._pending = None
@@ -309,9 +306,8 @@ def _prepare_data_loader(
     if isinstance(dataset, Dataset) or (
         iterable and getattr(accelerator, "dispatch_batches", None) is None
     ):
-        pieces = _iterable_pieces(
-            accelerator, data_loader
-        )  # Accelerate would read it on rank 0 only
+        # Accelerate would read it on rank 0 only
+        pieces = _iterable_pieces(accelerator, data_loader)
         device = accelerator.device if place else None
     else:
         with rebuild.expected():
@@ -381,9 +377,8 @@ def _shard_pieces(original: torch.utils.data.DataLoader, prepared: Any) -> dict[
         isinstance(prepared.sampler, torch.utils.data.BatchSampler)
         and prepared.batch_size is not None
     ):
-        pieces.update(
-            sampler=prepared.sampler, batch_size=prepared.batch_size
-        )  # a batch sampler given as sampler
+        # a batch sampler given as sampler
+        pieces.update(sampler=prepared.sampler, batch_size=prepared.batch_size)
     else:
         pieces["batch_sampler"] = prepared.batch_sampler
     return pieces
@@ -458,9 +453,8 @@ class TrainerMixin:
     def train(
         self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any
     ) -> Any:
-        use_torchpipe(
-            self.accelerator
-        )  # an overridden get_train_dataloader's tp.DataLoader is kept too
+        # an overridden get_train_dataloader's tp.DataLoader is kept too
+        use_torchpipe(self.accelerator)
         folder = resume_from_checkpoint
         if folder is True:
             from transformers.trainer_utils import get_last_checkpoint
@@ -471,9 +465,8 @@ class TrainerMixin:
             os.path.join(folder, STATE_FILE.format(rank=0))
         ):
             self._torchpipe_resume = folder
-            self.args.ignore_data_skip = (
-                True  # the loader resumes itself (the callback's on_train_begin)
-            )
+            # the loader resumes itself (the callback's on_train_begin)
+            self.args.ignore_data_skip = True
         try:
             return super().train(resume_from_checkpoint, *args, **kwargs)  # type: ignore[misc]
         finally:

@@ -373,9 +373,8 @@ def path_dataset(op: str, filenames: Any, braces: bool = False) -> Dataset:
         paths = [name for path in paths for name in expand_braces(path)]
     if not paths:
         raise ValueError(f"{op}: no filenames given")
-    if isinstance(
-        filenames, SplitFileList
-    ):  # tp.distributed.share_of_files' share: not split again
+    # tp.distributed.share_of_files' share: not split again
+    if isinstance(filenames, SplitFileList):
         paths = SplitFileList(paths, filenames.share)
     return Dataset(FileListNode(paths))
 

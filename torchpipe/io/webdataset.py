@@ -201,9 +201,8 @@ class TarAddressFormat(AddressFormat):
         end, key, error = 0, None, None
         exts: set[str] = set()
         try:
-            with tarfile.open(
-                remote.local_path(path), mode="r:"
-            ) as tar:  # seeks over the members' data
+            # "r:" seeks over the members' data
+            with tarfile.open(remote.local_path(path), mode="r:") as tar:
                 while True:
                     at = tar.offset
                     try:

@@ -119,9 +119,8 @@ class ColumnCollate:
             return fn(column, collate_fn_map=self.map)
         if first.nbytes * len(column) >= SMALL_ARRAYS:
             return stack([torch.from_numpy(a) for a in column], collate_fn_map=self.map)
-        return torch.tensor(
-            np.stack(column)
-        )  # copied into memory torch owns (resizable, as torch's)
+        # copied into memory torch owns (resizable, as torch's)
+        return torch.tensor(np.stack(column))
 
 
 _NUMBER_DTYPES = {bool: np.bool_, int: np.int64, float: np.float64}

@@ -218,9 +218,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             current = current._source
         if isinstance(current, _Reports):  # the iterator the epoch runs on says what it does
             return current.stats()
-        return self._tp.last_stats or PipelineStats(
-            [], 0.0, "", 0.0, []
-        )  # the last pass, once it is gone
+        # the last pass, once it is gone
+        return self._tp.last_stats or PipelineStats([], 0.0, "", 0.0, [])
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Make the next ``iter(loader)`` continue the epoch ``state`` was taken in.
@@ -265,22 +264,18 @@ class _LoaderState:
         self.workers_auto = False
         self.tuned_workers: int | None = None  # where num_workers="auto" left the worker count
         self.replicas: int | None = None  # and, over an IterableDataset, the replica count
-        self.policy: Any = (
-            None  # and where it placed batches (a runtime.policy.Policy), for the next epoch
-        )
+        # and where it placed batches (a runtime.policy.Policy), for the next epoch
+        self.policy: Any = None
         self.learned: dict[
             str, Any
         ] = {}  # the placement's windows, judged on from one epoch to the next
         self.autotune = AutotuneOptions()
-        self.memory: Any = (
-            None  # what its workers hold against its budget (a loader.memory.LoaderMemory)
-        )
-        self.drawn_rngs: tuple[str, ...] | None = (
-            None  # the global RNGs its batches draw from, once measured
-        )
-        self.last_stats: PipelineStats | None = (
-            None  # the last pass on workers, after its iterator is gone
-        )
+        # what its workers hold against its budget (a loader.memory.LoaderMemory)
+        self.memory: Any = None
+        # the global RNGs its batches draw from, once measured
+        self.drawn_rngs: tuple[str, ...] | None = None
+        # the last pass on workers, after its iterator is gone
+        self.last_stats: PipelineStats | None = None
 
 
 def explain(pipeline: Dataset | torch.utils.data.DataLoader) -> str:

@@ -159,9 +159,8 @@ class SpanWhenProfiled:
 
 
 _MAP = torch_dataloader._DatasetKind.Map
-_profiling = (
-    torch._C._autograd._profiler_enabled
-)  # a torch.profiler (or the autograd profiler) records
+# a torch.profiler (or the autograd profiler) records
+_profiling = torch._C._autograd._profiler_enabled
 
 
 class Exhausted:

@@ -105,21 +105,18 @@ class WorkerIterator(SpanWhenProfiled, torch_dataloader._BaseDataLoaderIter):
             self._plan = ReplicaPlan(
                 most, self._num_workers, state.tuned_workers, fixed=state.replicas is not None
             )
-        self._held: deque[tuple[int, Any, BaseException | None]] = (
-            deque()
-        )  # the plan's first batches
-        self._before_start_over: int | None = (
-            None  # the replicas an epoch had before it started over with more
-        )
+        # the plan's first batches
+        self._held: deque[tuple[int, Any, BaseException | None]] = deque()
+        # the replicas an epoch had before it started over with more
+        self._before_start_over: int | None = None
         processes = self._plan.processes if self._plan is not None else self._num_workers
         # "auto": the zygote is forked when batches first go to processes (the first decision is
         # made before the tuner's thread starts), not for an epoch that makes them here (its fork
         # and stop took ~10 ms, its memory the epoch)
         self._task = FetchTask(loader, int(self._base_seed), most, self._auto)
         self._options, given = state.autotune, state.autotune.ram_budget
-        if (
-            state.memory is None
-        ):  # the default budget: a share of what was available at the first epoch
+        # the default budget: a share of what was available at the first epoch
+        if state.memory is None:
             state.memory = LoaderMemory(
                 default_budget() if given is None else given, given is not None
             )
@@ -204,16 +201,14 @@ class WorkerIterator(SpanWhenProfiled, torch_dataloader._BaseDataLoaderIter):
             state.drawn_rngs if state.drawn_rngs is not None else GLOBAL_RNGS
         )  # all, until measured
         seed = int(self._base_seed)
-        self._recycled = memory = (
-            RecycledStack()
-        )  # batches made here reuse the memory of those freed
+        # batches made here reuse the memory of those freed
+        self._recycled = memory = RecycledStack()
         self._local = {
             INLINE: LocalFetch(loader, seed, drawn, memory),
             THREAD: LocalFetch(loader, seed, (), memory),
         }
-        self._generator = (
-            loader.generator
-        )  # with the default generator's seed, whether draws must repeat
+        # with the default generator's seed, whether draws must repeat
+        self._generator = loader.generator
         calls = StageCalls(self._local[INLINE], self._local[THREAD], processes=self._processes)
         self._executors = AutoStage(
             STAGE,
@@ -253,9 +248,8 @@ class WorkerIterator(SpanWhenProfiled, torch_dataloader._BaseDataLoaderIter):
     def _moved(self, kind: str, workers: int) -> None:
         self._tp_state.tuned_workers = workers
         self._num_workers = workers
-        if (
-            kind == PROCESS and self._recycled is not None
-        ):  # the workers make the batches now: what this
+        # the workers make the batches now: what this
+        if kind == PROCESS and self._recycled is not None:
             # process kept to make them goes
             self._recycled.drop_free()
             trim_heap()
@@ -276,30 +270,26 @@ class WorkerIterator(SpanWhenProfiled, torch_dataloader._BaseDataLoaderIter):
         self._stage.stats = IteratorStats()
         self._stage.stats.calls = self._pool.timing
         if self._knob is not None and self._options.enabled:
-            options = (
-                self._options
-            )  # the budget is read at the first round (~0.4 ms: an epoch may end sooner)
+            # the budget is read at the first round (~0.4 ms: an epoch may end sooner)
+            options = self._options
             budget = lambda: Budget.of_machine(options.cpu_budget, options.ram_budget)  # noqa: E731
             self._tuner = Autotuner(self._stage, self._clock, budget)  # type: ignore[arg-type]  # duck-typed stage
             if self._tuner_stop is not None:
                 self._tuner_stop.detach()
-            self._tuner_stop = weakref.finalize(
-                self, self._tuner.stop
-            )  # a dropped iterator stops it
+            # a dropped iterator stops it
+            self._tuner_stop = weakref.finalize(self, self._tuner.stop)
         self._epoch += 1
         self._batch = 0  # batches drawn from the sampler this epoch (each one's seed)
         self._active = [True] * (
             self._plan.replicas if self._plan is not None else self._num_workers
         )
-        self._made = [0] * len(
-            self._active
-        )  # batches asked of each worker's (or replica's) dataset
+        # batches asked of each worker's (or replica's) dataset
+        self._made = [0] * len(self._active)
         self._slot = 0
         self._task_slot: dict[int, int | None] = {}
         self._sampler_done = False
-        self._primed: tuple[int, int, Any] | None = (
-            None  # a batch drawn from the sampler, not yet made
-        )
+        # a batch drawn from the sampler, not yet made
+        self._primed: tuple[int, int, Any] | None = None
         if self._placement is not None:
             self._place()
         self._fill()
@@ -324,9 +314,8 @@ class WorkerIterator(SpanWhenProfiled, torch_dataloader._BaseDataLoaderIter):
         # The sampler draws its epoch's seed from the global RNGs when its first batch is drawn (as
         # torch's does): that draw must stay, the measured batches' own draws must not.
         self._primed = self._next_payload()
-        saved = (
-            global_rng_states()
-        )  # once: putting them back after every measured batch would be measured
+        # once: putting them back after every measured batch would be measured
+        saved = global_rng_states()
         try:
             costs, _ = measure_calls(self._run_inline, on_draws=drawn)
         finally:
@@ -625,9 +614,8 @@ class WorkerIterator(SpanWhenProfiled, torch_dataloader._BaseDataLoaderIter):
     def _shutdown_if_done(self) -> None:
         if self._placement is not None:
             self._placement.finish(self._stage.stats.wall_s)
-        self._tp_state.last_stats = (
-            self.stats()
-        )  # loader.stats() describes this pass until the next
+        # loader.stats() describes this pass until the next
+        self._tp_state.last_stats = self.stats()
         self._stop_tuner()
         if not self._persistent_workers:
             self._watching.set()

@@ -49,9 +49,10 @@ def ordered_tracks(snapshot: TraceSnapshot) -> list[TrackInfo]:
 def chrome_trace(snapshot: TraceSnapshot) -> dict[str, Any]:
     """The trace as Trace Event Format JSON data."""
 
+    # whole nanoseconds: a span's end and the next one's start compare exactly
     def ns(
         t: float,
-    ) -> int:  # whole nanoseconds: a span's end and the next one's start compare exactly
+    ) -> int:
         return round((t - snapshot.start) * 1e9)
 
     def us(t: float) -> float:

@@ -188,18 +188,16 @@ class BatchIterator(PassThroughIterator):
         self._seq = 0
 
     def next(self) -> Any:
-        if (
-            self._memory is None or not self._memory.placing()
-        ):  # nothing to place: the input's at once
+        # nothing to place: the input's at once
+        if self._memory is None or not self._memory.placing():
             return self._next_batch(_keep)
         with self._memory.rows(self._batch_size) as rows:
             return self._next_batch(rows.place)
 
     def _next_batch(self, place: Callable[[int, Any], Any]) -> Any:
         elements: list[Any] = []
-        if (
-            place is _keep and self._check_first is None
-        ):  # nothing to do per element: the input's at once
+        # nothing to do per element: the input's at once
+        if place is _keep and self._check_first is None:
             try:
                 elements = self._source.take(self._batch_size)
             except StopIteration:

@@ -309,9 +309,8 @@ class CacheIterator(Iterator):
 
     def _resume_upstream(self, state: dict[str, Any]) -> None:
         self._rebuild_source(origin_of(state[self.ORIGIN]))
-        assert (
-            self._source is not None
-        )  # built with this iterator, parked only once it stops running
+        # built with this iterator, parked only once it stops running
+        assert self._source is not None
         self._source.load_state_dict(state[self.INPUT])
         self._skip, self._quiet = int(state[self.SKIP]), bool(state[self.QUIET])
         if state[self.MODE] == self.FILL:
@@ -323,9 +322,8 @@ class CacheIterator(Iterator):
         if origin == self._origin:
             return
         seed, epoch, iteration = origin
-        assert (
-            self._source is not None
-        )  # built with this iterator, parked only once it stops running
+        # built with this iterator, parked only once it stops running
+        assert self._source is not None
         self._source.close()
         self._source = dataclasses.replace(
             self._ctx, seed=seed, epoch=epoch, iteration=iteration

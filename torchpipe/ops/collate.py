@@ -65,9 +65,8 @@ def _walk(
     first = values[0]
     if not nest.is_container(first):
         return leaf(values, path, shape, pad)
-    if (
-        type(first) is dict and shape is None and pad is None
-    ):  # dict rows, the common case: no specs
+    # dict rows, the common case: no specs
+    if type(first) is dict and shape is None and pad is None:
         keys = first.keys()
         if not all(type(v) is dict and v.keys() == keys for v in values):  # taken by key: any order
             _check_same_container(values, path, stage)

@@ -59,9 +59,8 @@ class MapNode(Node):
         self.name = name or f"map({function_name(fn)})"
         self.pure = pure or is_pure(fn)
         self.batched = batched
-        self.dataset: Any = (
-            None  # the pushed-down source's dataset (the optimizer's source_pushdown)
-        )
+        # the pushed-down source's dataset (the optimizer's source_pushdown)
+        self.dataset: Any = None
         if num_parallel_calls is not None and executor == "auto":
             prepare_measurements()  # the machine's side of the first decision, before the clock runs
 
@@ -122,9 +121,8 @@ class MapNode(Node):
         assert parallelism is not None  # a parallel map's
         in_worker = make_task(self.function(ctx), True)
         tasks = {
-            "inline": make_task(
-                self.function(ctx), False
-            ),  # as a worker: global RNGs seeded per element
+            # as a worker: global RNGs seeded per element
+            "inline": make_task(self.function(ctx), False),
             "thread": make_task(self.function(ctx, seed_globals=False), False),
             "process": in_worker,
             "ray": in_worker,  # a Ray actor runs what a worker process runs (pickled, not forked)

@@ -108,9 +108,8 @@ class ParallelMapIterator(Iterator, Tunable):
         self._pool: ProcessPool | None = None
         self._ray: Any = None  # a tp.RayExecutor (Ray is imported only when it makes its pool)
         self._ray_pool: Any = None
-        if (
-            getattr(executor, "kind", None) == RAY
-        ):  # a tp.RayExecutor: it builds the pool, importing Ray then
+        # a tp.RayExecutor: it builds the pool, importing Ray then
+        if getattr(executor, "kind", None) == RAY:
             self._ray, executor = executor, RAY
         processes = process_executor_supported()
         if executor == PROCESS and not processes:
@@ -241,9 +240,8 @@ class ParallelMapIterator(Iterator, Tunable):
         self._started = True
         if self._fixed is not None:
             self._placement.move(self._fixed, self._parallelism)
-        elif not self._placement.resume(
-            self._learned, self._parallelism
-        ):  # else: an earlier pass measured
+        # else: an earlier pass measured
+        elif not self._placement.resume(self._learned, self._parallelism):
             self._placement.decide(self._measure())
 
     def _measure(self) -> CallCosts:
@@ -258,9 +256,8 @@ class ParallelMapIterator(Iterator, Tunable):
             )
         finally:
             restore_global_rng_states(saved)
-        if (
-            self._knob is None
-        ):  # the user fixed how many calls run at once: the choice is made at that many
+        # the user fixed how many calls run at once: the choice is made at that many
+        if self._knob is None:
             costs = dataclasses.replace(costs, most=self._parallelism)
         return costs.without_threads() if self._reproducible and any(drew) else costs
 

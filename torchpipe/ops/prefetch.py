@@ -362,9 +362,8 @@ class PrefetchIterator(Iterator, Tunable):
             self._knob = LiveKnob(
                 f"{name}.buffer_size", depth, 1, MAX_DEPTH, True, self._set_depth, immediate=True
             )
-            self._choice = self._learned.setdefault(
-                "choice", OverlapChoice(THREAD)
-            )  # with its windows
+            # with its windows
+            self._choice = self._learned.setdefault("choice", OverlapChoice(THREAD))
             self._choice.new_pass()
             self._below = _stages_below(source)
         self._thread: threading.Thread | None = None
@@ -484,9 +483,8 @@ class PrefetchIterator(Iterator, Tunable):
         return not any(runs_ahead(stage) for stage in self._below)
 
     def _review(self) -> None:
-        assert (
-            self._choice is not None and self._returned is not None
-        )  # after an element, when choosing
+        # after an element, when choosing
+        assert self._choice is not None and self._returned is not None
         mode = self._choice.mode
         verdict = self._choice.delivered(
             self._returned,
@@ -495,9 +493,8 @@ class PrefetchIterator(Iterator, Tunable):
             self._done,
             self._nothing_ahead,
         )
-        if (
-            verdict == mode or self._done
-        ):  # at the end of a pass: the next one starts in the new mode
+        # at the end of a pass: the next one starts in the new mode
+        if verdict == mode or self._done:
             return
         if verdict == INLINE:
             self.buffer.pause()  # what the thread has made is delivered first, then the input comes here
@@ -505,9 +502,8 @@ class PrefetchIterator(Iterator, Tunable):
         if self._direct:
             self._direct = False
             self._log.rebase()  # the input moved on outside the log
-        if (
-            not self.buffer.resume() or self._thread is None
-        ):  # a pass that started inline has none yet
+        # a pass that started inline has none yet
+        if not self.buffer.resume() or self._thread is None:
             self._start_thread()
 
     def get_state(self) -> dict[str, Any]:

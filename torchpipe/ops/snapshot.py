@@ -310,9 +310,8 @@ def _abandon(
     writers: ShardWriters, directory: str, generation: str, lock: BinaryIO, bar: ProgressBar
 ) -> None:
     writers.close()
-    for name in os.listdir(
-        directory
-    ):  # shards finished before a failed commit too: no manifest names them
+    # shards finished before a failed commit too: no manifest names them
+    for name in os.listdir(directory):
         if name.startswith(f"shard-{generation}-"):
             with contextlib.suppress(OSError):
                 os.remove(os.path.join(directory, name))

@@ -99,9 +99,8 @@ class DatasetFetch:
         self.stage = (
             getattr(dataset, "torchpipe_stage", None) or f"from_dataset({type(dataset).__name__})"
         )
-        self.getitems = getattr(
-            dataset, "__getitems__", None
-        )  # torch's batched fetch, where it has one
+        # torch's batched fetch, where it has one
+        self.getitems = getattr(dataset, "__getitems__", None)
 
     def __call__(self, index: int) -> Any:
         try:

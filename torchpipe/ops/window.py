@@ -150,9 +150,8 @@ class WindowIterator(Iterator):
                 "empty while input elements are to be skipped"
             )
         structure = state[self.STRUCTURE]
-        if (
-            structure is None and buffer
-        ):  # a state this op made records the structure of what it holds
+        # a state this op made records the structure of what it holds
+        if structure is None and buffer:
             raise CheckpointError(
                 f"{self.name}: state['structure'] is None but the buffer holds elements"
             )

@@ -60,9 +60,8 @@ def one_intra_op_thread() -> None:
     import torch
 
     with _INTRA_OP_LOCK:
-        default = (
-            torch.get_num_threads()
-        )  # also runs torch's per-thread setup, which would reset it later
+        # also runs torch's per-thread setup, which would reset it later
+        default = torch.get_num_threads()
         if default == 1:
             return
         torch.set_num_threads(1)

@@ -41,9 +41,8 @@ class LiveKnob:
         self._pending: int | None = None
         self._lock = threading.Lock()
         self.moves = 0  # times its owner moved the calls to another executor (:meth:`moved`)
-        self.trace: Callable[[str, float], None] | None = (
-            None  # a traced pass's counter of knob values
-        )
+        # a traced pass's counter of knob values
+        self.trace: Callable[[str, float], None] | None = None
 
     @property
     def value(self) -> int:
@@ -54,9 +53,8 @@ class LiveKnob:
     def value(self, value: int) -> None:
         changed = value != self._value
         self._value = value
-        if (
-            changed and self.trace is not None
-        ):  # a traced pass sees every change, the tuner's or a move's
+        # a traced pass sees every change, the tuner's or a move's
+        if changed and self.trace is not None:
             self.trace(self.name, value)
 
     def moved(self, value: int) -> None:

@@ -80,14 +80,12 @@ class RecycledStack:
         self.place_bytes = place_bytes
         self._keep = keep
         self._free: dict[int, list[bytearray]] = defaultdict(list)
-        self._lock = (
-            ForkSafeLock()
-        )  # a buffer given back in a forked worker finds the pool unlocked
+        # a buffer given back in a forked worker finds the pool unlocked
+        self._lock = ForkSafeLock()
         self._local = threading.local()  # the batch this thread is placing rows of
         self.reused = 0  # lends of a buffer given back earlier (memory already faulted in)
-        self._unplaced = (
-            0  # batches since one whose first element had nothing to place (0: placing)
-        )
+        # batches since one whose first element had nothing to place (0: placing)
+        self._unplaced = 0
 
     def __call__(self, tensors: list[torch.Tensor] | tuple[torch.Tensor, ...]) -> torch.Tensor:
         rows: BatchRows | None = getattr(self._local, "rows", None)
@@ -197,9 +195,8 @@ class BatchRows:
             self._placing = any(out is not None for out in self._outs)
         if len(leaves) != len(self._outs):
             return element
-        if (
-            lent
-        ):  # rows written in place: what reads another row is copied out before any is written
+        # rows written in place: what reads another row is copied out before any is written
+        if lent:
             leaves = [_own(leaf, out, j, self._outs) for leaf, out in zip(leaves, self._outs)]
         placed = False
         for k, (leaf, out) in enumerate(zip(leaves, self._outs)):

@@ -213,9 +213,8 @@ class CacheWriter:
             ) from e
         try_lock(pending.file)
         header = file_header(origin, upstream)
-        writer = cls(
-            pending, len(header), len(header), 0, upstream, total
-        )  # from here on, it removes its file
+        # from here on, it removes its file
+        writer = cls(pending, len(header), len(header), 0, upstream, total)
         pending.write(header)
         return writer
 
@@ -403,9 +402,8 @@ class FileStorage:
         self.upstream = upstream
         self.total = total
         self.trusted = trusted
-        self._safe_globals = (
-            SafeGlobals()
-        )  # pickled with the storage, it allows in workers what is allowed here
+        # pickled with the storage, it allows in workers what is allowed here
+        self._safe_globals = SafeGlobals()
 
     def replay(self, origin: Origin | None, state: dict[str, Any] | None) -> CacheReader | None:
         """A reader of the file at ``state``'s position (if it was filled by ``origin``'s pass),

@@ -135,9 +135,8 @@ def _function_parts(fn: Any, depth: int, seen: set[int]) -> Iterator[str]:
     if not isinstance(code, types.CodeType):
         call = getattr(type(fn), "__call__", None)  # noqa: B004 - its code is fingerprinted
         yield f"{type(fn).__module__}.{type(fn).__qualname__}"
-        if isinstance(
-            call, types.FunctionType
-        ):  # a callable object: its class's __call__, its attributes
+        # a callable object: its class's __call__, its attributes
+        if isinstance(call, types.FunctionType):
             yield from _function_parts(call, depth + 1, seen)
             for name, value in sorted(getattr(fn, "__dict__", {}).items()):
                 yield name
@@ -160,13 +159,11 @@ def _function_parts(fn: Any, depth: int, seen: set[int]) -> Iterator[str]:
         if isinstance(found, types.FunctionType) and found.__module__ == fn.__module__:
             yield name
             yield from _function_parts(found, depth + 1, seen)
-        elif isinstance(
-            found, _PLAIN
-        ):  # not a list or dict: those are often state the function writes
+        # not a list or dict: those are often state the function writes
+        elif isinstance(found, _PLAIN):
             yield f"{name}={found!r}"
-        elif isinstance(
-            found, types.ModuleType
-        ):  # config.scale: the module's constants the code names
+        # config.scale: the module's constants the code names
+        elif isinstance(found, types.ModuleType):
             for attr in code.co_names:
                 value = vars(found).get(attr)
                 if isinstance(value, _PLAIN):

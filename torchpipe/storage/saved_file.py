@@ -379,13 +379,11 @@ class SavedRecords:
     def __init__(self, path: str | os.PathLike, trusted: bool = False) -> None:
         self.path = os.fsdecode(os.fspath(path))
         self.trusted = trusted
-        self._safe_globals = (
-            SafeGlobals()
-        )  # pickled with the records, it allows in workers what is allowed here
+        # pickled with the records, it allows in workers what is allowed here
+        self._safe_globals = SafeGlobals()
         self.manifest = read_manifest(self.path)
-        self.compression: str | None = check_compression(
-            self.manifest["compression"]
-        )  # "gzip" reads as GZIP
+        # "gzip" reads as GZIP
+        self.compression: str | None = check_compression(self.manifest["compression"])
         self.origin: Origin = origin_of(self.manifest["origin"])
         self._files = [
             os.path.join(self.path, shard["records_file"]) for shard in self.manifest["shards"]
@@ -492,9 +490,8 @@ class SavedRecords:
 def lock_directory(directory: str) -> BinaryIO | None:
     """An exclusive lock on ``directory`` (its ``.lock`` file held open), or None if another process
     holds it. The kernel drops it when the holder dies, so a killed writer never blocks the next."""
-    file = open_no_follow(
-        os.path.join(directory, LOCK), "a+b"
-    )  # a symlink planted there is refused
+    # a symlink planted there is refused
+    file = open_no_follow(os.path.join(directory, LOCK), "a+b")
     if try_lock(file):
         return file
     file.close()

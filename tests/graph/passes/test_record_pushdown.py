@@ -62,9 +62,8 @@ def test_records_are_read_in_the_workers_one_task_a_batch(tmp_path):
     on = only(ds, "record_pushdown", "map_batch_fusion")
     notes = rewrites(on)
     assert "record_pushdown" in notes and "map_batch_fusion" in notes, on.explain()
-    assert "interleave(fn=tfrecord_file, cycle_length=2, block_length=1)" in run_labels(
-        on
-    )  # inline: no readers
+    # inline: no readers
+    assert "interleave(fn=tfrecord_file, cycle_length=2, block_length=1)" in run_labels(on)
     got = list(on)
     assert [n for batch in got for n in batch[0]] == [
         n for batch in unoptimized(ds) for n in batch[0]

@@ -20,9 +20,8 @@ def test_one_shuffle_iterator_serves_every_repetition():
     it = iter(only(tp.range(5).shuffle(5).repeat(4), "shuffle_repeat_fusion"))
     head = [next(it) for _ in range(18)]  # in the fourth repetition
     produced = {entry["stage"]: entry["produced"] for entry in it.stats()}
-    assert (
-        produced["shuffle"] == 18 and produced["range"] == 5
-    )  # one shuffle for all; its input anew
+    # one shuffle for all; its input anew
+    assert produced["shuffle"] == 18 and produced["range"] == 5
     assert len(head) + len(list(it)) == 20
 
 

@@ -122,9 +122,8 @@ def test_what_threads_read_ahead_moves_over_and_is_not_read_again(switch_early, 
 
 
 def _slow_reads(x):
-    return tp.range(6).map(
-        lambda y: (time.sleep(0.002), (x, y, os.getpid()))[1]
-    )  # waits, like remote storage
+    # waits, like remote storage
+    return tp.range(6).map(lambda y: (time.sleep(0.002), (x, y, os.getpid()))[1])
 
 
 def test_the_workers_run_the_readers_on_their_threads_from_the_first_task(
@@ -248,9 +247,8 @@ def test_readers_of_unpicklable_elements_stay_on_threads():
 
 
 def _waits(x):
-    return tp.range(x % 7 + 5).map(
-        lambda y: (time.sleep(0.0005), (x, y, os.getpid()))[1]
-    )  # waits, like storage
+    # waits, like storage
+    return tp.range(x % 7 + 5).map(lambda y: (time.sleep(0.0005), (x, y, os.getpid()))[1])
 
 
 def test_readers_that_mostly_wait_stay_on_threads_and_the_workers_go():
@@ -266,9 +264,8 @@ def test_readers_that_mostly_wait_stay_on_threads_and_the_workers_go():
     deadline = time.monotonic() + 5
     while len(psutil.Process().children(recursive=True)) > baseline and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert (
-        len(psutil.Process().children(recursive=True)) == baseline
-    )  # the zygote too, closed when threads won
+    # the zygote too, closed when threads won
+    assert len(psutil.Process().children(recursive=True)) == baseline
 
 
 def test_a_pass_shorter_than_the_measurement_ends_cleanly():
@@ -386,9 +383,8 @@ def test_readers_move_to_processes_and_back_to_threads_keeping_the_order(monkeyp
     )  # read here again after a worker
     assert back < len(here)
     lines = (tmp_path / "reads").read_text().splitlines()
-    assert sorted(lines) == sorted(
-        f"{x},{y}" for x, y in _values(out)
-    )  # each element read once, either way
+    # each element read once, either way
+    assert sorted(lines) == sorted(f"{x},{y}" for x, y in _values(out))
 
 
 def test_checkpoints_resume_exactly_while_readers_move_both_ways(monkeypatch):
@@ -459,12 +455,10 @@ def test_a_move_waits_for_two_windows_and_processes_measured_slower_send_the_rea
     placement.moved(PROCESS, stats.produced + 100)
     assert not placement.deciding and placement.kind == PROCESS
     assert _run(placement, stats, clock, 0.3, 64, *PARSING) is None  # a cycle not yet delivered
-    assert (
-        _run(placement, stats, clock, 0.1, 64, *PARSING) is None
-    )  # settled: the first window starts
-    for _ in range(
-        3
-    ):  # half the threads' rate: the first window is not counted, then two are needed
+    # settled: the first window starts
+    assert _run(placement, stats, clock, 0.1, 64, *PARSING) is None
+    # half the threads' rate: the first window is not counted, then two are needed
+    for _ in range(3):
         assert _run(placement, stats, clock, 0.2, 64, *PARSING) is None
     assert _run(placement, stats, clock, 0.2, 64, *PARSING) == THREAD  # and two verdicts
     placement.moved(THREAD)

@@ -99,9 +99,8 @@ def test_checkpoint_roundtrip():
     state_it = iter(inline)
     [next(state_it) for _ in range(5)]
     resumed = iter(ds)
-    resumed.load_state_dict(
-        state_it.state_dict()
-    )  # the inline and process states are the same format
+    # the inline and process states are the same format
+    resumed.load_state_dict(state_it.state_dict())
     assert_same_elements(resumed, state_it)
 
 
@@ -168,14 +167,12 @@ def test_chunks_end_early_for_slow_reads(monkeypatch):
         InnerOpener(UserFunction(slow, "interleave(slow)", ctx), ctx)
     )
     first = task(0, (0, 0, None, 256, 0, 0))
-    assert (
-        1 <= len(first) < 10
-    )  # a loaded machine may take 10 ms for one 4 ms read: ends early all the same
+    # a loaded machine may take 10 ms for one 4 ms read: ends early all the same
+    assert 1 <= len(first) < 10
     second = task(1, (0, 0, first[-1][2], 256, 0, len(first)))  # the open iterator reads on
     assert [payload for _, payload, _ in first + second] == list(range(len(first) + len(second)))
-    reopened = task(
-        2, (0, 0, first[-1][2], 256, 0, len(first))
-    )  # a stale position re-opens at the state
+    # a stale position re-opens at the state
+    reopened = task(2, (0, 0, first[-1][2], 256, 0, len(first)))
     assert reopened[0][1] == len(first)
 
 
@@ -207,9 +204,8 @@ def test_chunks_end_at_about_chunk_bytes(monkeypatch):
     def big(x):
         return tp.range(100).map(lambda y: torch.full((128, 1024), float(y)))  # 512 KiB each
 
-    monkeypatch.setattr(
-        process_readers, "CHUNK_S", 60.0
-    )  # only the bytes end this chunk, however slow
+    # only the bytes end this chunk, however slow
+    monkeypatch.setattr(process_readers, "CHUNK_S", 60.0)
     ctx = BuildContext(seed=0, seeded=False, epoch=0, options=tp.Options())
     task = process_readers.InnerChunkTask(
         InnerOpener(UserFunction(big, "interleave(big)", ctx), ctx)

@@ -55,9 +55,8 @@ def test_each_kind_runs_the_stages_call_for_it_and_moves_keep_every_element_in_o
         assert {value[0] for _, value, _ in out[-5:]} == {kind}
         seq += 5
     assert [(s, value[1]) for s, value, _ in out] == [(s, s) for s in range(25)]
-    assert (
-        pool.sizes == [3, 1] and not pool.closed
-    )  # parked with its workers up when the calls left it
+    # parked with its workers up when the calls left it
+    assert pool.sizes == [3, 1] and not pool.closed
     stage.dispatcher.close()
 
 
@@ -128,9 +127,8 @@ def test_a_kind_the_stage_has_no_executor_of_is_an_error_naming_the_stage():
 
 
 def test_a_pass_drops_processes_only_where_they_cannot_fork_or_were_seen_not_to_pay():
-    cheap = CallCosts(
-        call_s=1e-6, cpu_s=1e-6, gil_free=0.0, move_s=1e-3
-    )  # moving a result costs 1000 calls
+    # moving a result costs 1000 calls
+    cheap = CallCosts(call_s=1e-6, cpu_s=1e-6, gil_free=0.0, move_s=1e-3)
     first = {"last": None, "costs": None, "measured": {}, "cores": 4}
     assert pass_candidates(inline=True, processes=True, **first) == KINDS
     assert pass_candidates(inline=False, processes=True, **first) == (THREAD, PROCESS)

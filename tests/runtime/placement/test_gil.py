@@ -48,9 +48,7 @@ def test_the_free_rate_is_measured_once_a_process(monkeypatch):
         assert measured > 0
         GilProbe.calibrate()  # measured already
         with GilProbe() as probe:  # a probe started later takes the rate measured
-            _, free, _ = probe.measure(
-                lambda: time.sleep(0.02)
-            )  # long enough for a probe on a busy machine
-    assert (
-        len(calibrations) == measured and free > 0.3
-    )  # a sleep: the GIL free (a busy machine delays the probe)
+            # long enough for a probe on a busy machine
+            _, free, _ = probe.measure(lambda: time.sleep(0.02))
+    # a sleep: the GIL free (a busy machine delays the probe)
+    assert len(calibrations) == measured and free > 0.3

@@ -83,9 +83,8 @@ def test_workers_start_at_the_cores_and_more_for_calls_that_wait():
     assert workers(costs(1e-3), PROCESS, 4) == 4
     assert workers(costs(1e-3), INLINE, 4) == 0
     assert workers(costs(10e-3, cpu_s=1e-3), THREAD, 2) == 20
-    assert (
-        workers(costs(10e-3, cpu_s=1e-3), PROCESS, 2) == 4
-    )  # processes beyond twice the cores only cost memory
+    # processes beyond twice the cores only cost memory
+    assert workers(costs(10e-3, cpu_s=1e-3), PROCESS, 2) == 4
 
 
 def _acted(policy, seconds):
@@ -121,15 +120,12 @@ def test_inline_is_tried_even_when_predicted_somewhat_slower():
     policy = Policy(KINDS, 2)
     some_free = costs(2e-3, gil_free=0.2)
     assert policy.decide(some_free) == PROCESS  # predicted 1.2 ms: the first calls looked dear
-    assert (
-        _windows_acted(policy, 1.7e-3)[-1] == INLINE
-    )  # inline's 2 ms is within 1.3x: worth a trial
-    policy.costs = costs(
-        1e-3, gil_free=0.2
-    )  # as a placement takes a call's cost from inline windows
-    assert (
-        _windows_acted(policy, 1.0e-3)[-1] == THREAD
-    )  # it measured faster; 1 ms calls: threads get a trial too
+    # inline's 2 ms is within 1.3x: worth a trial
+    assert _windows_acted(policy, 1.7e-3)[-1] == INLINE
+    # as a placement takes a call's cost from inline windows
+    policy.costs = costs(1e-3, gil_free=0.2)
+    # it measured faster; 1 ms calls: threads get a trial too
+    assert _windows_acted(policy, 1.0e-3)[-1] == THREAD
     assert _windows_acted(policy, 1.3e-3) == [THREAD, THREAD, INLINE]  # measured slower: back
     assert _acted(policy, 1.0e-3) == INLINE  # every candidate measured: it stays
     other = Policy(KINDS, 2)
@@ -156,9 +152,8 @@ def test_threads_are_measured_once_while_calls_run_elsewhere_whatever_the_gil_pr
     faster = Policy(KINDS, 2)
     faster.decide(held)
     assert _windows_acted(faster, 3.2e-3)[-1] == THREAD
-    assert (
-        _windows_acted(faster, 2.1e-3) == [THREAD] * 3
-    )  # measured faster: processes must now beat that
+    # measured faster: processes must now beat that
+    assert _windows_acted(faster, 2.1e-3) == [THREAD] * 3
     fair = Policy(KINDS, 2)
     assert fair.decide(costs(80e-3, gil_free=0.6)) == PROCESS  # JPEG-like: 60% free
     # processes deliver a call's share of the cores: threads would not be 1.1x faster even with
@@ -168,16 +163,13 @@ def test_threads_are_measured_once_while_calls_run_elsewhere_whatever_the_gil_pr
     assert _windows_acted(fair, 50e-3) == [PROCESS] * 3
     unsafe = Policy(KINDS, 2)
     unsafe.decide(held.without_threads())
-    assert (
-        _windows_acted(unsafe, 2.8e-3) == [PROCESS] * 3
-    )  # calls that must not share the global RNGs
+    # calls that must not share the global RNGs
+    assert _windows_acted(unsafe, 2.8e-3) == [PROCESS] * 3
     python = Policy(KINDS, 2)
-    assert (
-        python.decide(costs(5e-3, gil_free=0.05)) == PROCESS
-    )  # the GIL held 95% of a call: pure Python
-    assert (
-        _windows_acted(python, 2.8e-3) == [PROCESS] * 3
-    )  # a missed release cannot explain that much
+    # the GIL held 95% of a call: pure Python
+    assert python.decide(costs(5e-3, gil_free=0.05)) == PROCESS
+    # a missed release cannot explain that much
+    assert _windows_acted(python, 2.8e-3) == [PROCESS] * 3
     inline = Policy(KINDS, 2)
     assert inline.decide(costs(1.5e-3, gil_free=0.1, move_s=2e-3)) == INLINE  # dear to move: inline
     assert _windows_acted(inline, 1.5e-3) == [
@@ -187,9 +179,8 @@ def test_threads_are_measured_once_while_calls_run_elsewhere_whatever_the_gil_pr
     ]  # 1.5 ms calls: threads are measured once
     cheap = Policy(KINDS, 2)
     assert cheap.decide(costs(0.3e-3, move_s=0.3e-3)) == INLINE
-    assert (
-        _windows_acted(cheap, 0.3e-3) == [INLINE] * 3
-    )  # a hand-off would cost more than a missed release could win
+    # a hand-off would cost more than a missed release could win
+    assert _windows_acted(cheap, 0.3e-3) == [INLINE] * 3
 
 
 def test_executors_are_compared_on_as_many_windows_each():
@@ -266,12 +257,10 @@ def test_the_message_cost_is_what_pools_measured():
 
 
 def test_reads_that_wait_overlap_on_the_threads_of_worker_processes_too():
-    reads = CallCosts(
-        340e-6, 30e-6, 0.91, 0.0, handoff_s=10e-6, message_s=5e-6
-    )  # 5 ms every 16 records
-    assert (
-        workers(reads, PROCESS, 2) == 4
-    )  # one process a read in flight: the most is twice the cores
+    # 5 ms every 16 records
+    reads = CallCosts(340e-6, 30e-6, 0.91, 0.0, handoff_s=10e-6, message_s=5e-6)
+    # one process a read in flight: the most is twice the cores
+    assert workers(reads, PROCESS, 2) == 4
     pooled = CallCosts(
         340e-6, 30e-6, 0.91, 0.0, handoff_s=10e-6, message_s=5e-6, threads_in_workers=True
     )

@@ -117,9 +117,8 @@ def test_page_faults_priced_above_the_cpu_the_calls_took_do_not_make_busy_calls_
     (they asked for 40 threads when it was subtracted whole: a negative CPU time)."""
     if memory_costs.thread_faults() is None:
         pytest.skip("this OS does not count page faults per thread")
-    monkeypatch.setattr(
-        measure_module, "cold_seconds", lambda faults, steady: 1.0
-    )  # a second a call: too much
+    # a second a call: too much
+    monkeypatch.setattr(measure_module, "cold_seconds", lambda faults, steady: 1.0)
 
     def run(n):
         return [[bytearray(b"\x01") * (64 << 10) for _ in range(32)] for _ in range(n)]
@@ -304,9 +303,8 @@ def test_a_pass_shorter_than_a_window_is_judged_at_its_end_and_the_next_goes_on_
     ] * 3
     assert driver.window(5.05, 12, lambda: 12, last=True) == (9, 12, pytest.approx(0.03))
     assert driver.agreed(INLINE)  # the second epoch's agrees: the work moves
-    assert (
-        driver.window(5.1, 13, lambda: 13, last=True) is None
-    )  # too few elements: nothing to judge
+    # too few elements: nothing to judge
+    assert driver.window(5.1, 13, lambda: 13, last=True) is None
     driver.new_pass(13)
     assert driver.window(6.0, 14, lambda: 14, last=True) is None  # no window spans two passes
 
@@ -322,20 +320,17 @@ def test_the_driver_acts_on_agreeing_verdicts_and_tells_a_changed_cost():
         False,
         True,
     ]
-    assert all(
-        MoveDriver(OVERLAP).agreed(THREAD) for _ in range(3)
-    )  # a prefetch acts on one window
+    # a prefetch acts on one window
+    assert all(MoveDriver(OVERLAP).agreed(THREAD) for _ in range(3))
     assert not driver.changed(1e-3) and not driver.changed(1.5e-3)
-    assert driver.changed(1.5e-3 * CHANGED * 1.01) and driver.changed(
-        1.5e-3 * CHANGED * 1.01
-    )  # the base stays
+    # the base stays
+    assert driver.changed(1.5e-3 * CHANGED * 1.01) and driver.changed(1.5e-3 * CHANGED * 1.01)
     assert not driver.agreed(REBASE) and driver.agreed(REBASE)
     driver.baseline(1e-2)
     assert not driver.changed(1.2e-2)
     fresh = MoveDriver(CALLS)
-    assert not fresh.changed(1e-9) and not fresh.changed(
-        5e-8
-    )  # below the floor: timer noise, no change
+    # below the floor: timer noise, no change
+    assert not fresh.changed(1e-9) and not fresh.changed(5e-8)
 
 
 class _CountedClocks:
@@ -371,16 +366,14 @@ def test_cheap_inline_calls_are_clocked_one_in_a_few_and_all_counted(monkeypatch
     clocked = clocks.cpu_reads / 2
     assert 1 <= clocked <= 3 * n / timing_module.SAMPLE_EVERY  # ~100 expected, not 1600
     counted = inline.timing.calls
-    assert (
-        n - 20 * timing_module.SAMPLE_EVERY <= counted <= n
-    )  # exact up to the calls since the last clock
+    # exact up to the calls since the last clock
+    assert n - 20 * timing_module.SAMPLE_EVERY <= counted <= n
     cost[0] = 2 * timing_module.SAMPLED_BELOW_S
     before = clocks.cpu_reads
     for seq in range(5):
         inline.call(seq, seq)
-    assert (
-        clocks.cpu_reads - before >= 2 * 4
-    )  # the first dear call ends the gap: the next four are clocked
+    # the first dear call ends the gap: the next four are clocked
+    assert clocks.cpu_reads - before >= 2 * 4
     assert inline.timing.calls == n + 5
     assert inline.timing.work_s >= 4 * cost[0]
 
@@ -410,9 +403,8 @@ def test_a_window_that_loses_big_ends_after_a_quarter_of_its_seconds():
             if done is not None:
                 break
         assert done is not None and done[2] == pytest.approx(max(ends, 0.3), abs=0.11)
-    assert (
-        asked.count(0.05) == 1 and asked.count(0.5) >= 1
-    )  # asked once a window, not once an element
+    # asked once a window, not once an element
+    assert asked.count(0.05) == 1 and asked.count(0.5) >= 1
 
 
 def test_a_trial_that_loses_big_goes_back_before_another_is_tried():

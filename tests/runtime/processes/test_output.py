@@ -76,9 +76,8 @@ def test_a_workers_ring_has_a_slot_for_each_result_the_consumer_may_hold(
     pool = ProcessPool(filled, 1, "m", per_worker=per_worker, allocate=allocate, held=held)
     pool.start()
     try:
-        assert (
-            pool.capacity == per_worker and pool.ring_bytes == 0
-        )  # no ring before the first result
+        # no ring before the first result
+        assert pool.capacity == per_worker and pool.ring_bytes == 0
         run_all(pool, [5000])
         assert pool.ring_bytes == slots * slot_bytes(encoded_bytes(5000))
     finally:
@@ -90,9 +89,8 @@ def test_results_of_any_size_arrive_once_and_intact_and_the_ring_grows_only_by_i
     pool = ProcessPool(filled, 2, "m", per_worker=2)
     pool.start()
     try:
-        run_all(
-            pool, [20_000]
-        )  # the first result sizes the ring (a worker's; the other's is sized below)
+        # the first result sizes the ring (a worker's; the other's is sized below)
+        run_all(pool, [20_000])
         run_all(pool, [20_000] * 4)
         rings = pool.ring_bytes
         assert rings == 2 * 3 * slot_bytes(encoded_bytes(20_000))

@@ -145,9 +145,8 @@ def test_empty_ring_takes_a_full_size_record_wherever_its_cursors_are():
     with ShmRing.create(PAGE) as ring:
         for skip, fill in [(64, 0), (64, 0xFF), (1024, 7), (1024, 0xFF), (PAGE - 64, 0)]:
             take(ring, *put(ring, bytes(skip - 8)))  # moves the cursors along, away from 0
-            whole = bytes([fill]) * (
-                PAGE - 8
-            )  # overwrites the wrap marker (0xFF: with a look-alike)
+            # overwrites the wrap marker (0xFF: with a look-alike)
+            whole = bytes([fill]) * (PAGE - 8)
             assert put(ring, whole) == (0, PAGE - 8)
             assert take(ring, 0, PAGE - 8) == whole
             assert put(ring, b"after") == (0, 5)
@@ -213,13 +212,11 @@ def test_a_ring_of_slots_holds_exactly_its_slots_whatever_the_record_sizes(seed)
     ):
         assert (ring.capacity, ring.slot_bytes, ring.slots) == (3 * PAGE, PAGE, 3)
         assert (other.slot_bytes, other.slots) == (PAGE, 3)  # read from the header
-        assert ring.fits(PAGE - 8) and not ring.fits(
-            PAGE - 7
-        )  # a record larger than a slot never fits
+        # a record larger than a slot never fits
+        assert ring.fits(PAGE - 8) and not ring.fits(PAGE - 7)
         held = collections.deque()
-        for _ in range(
-            60
-        ):  # sizes that would leave a byte ring unable to place a slot-sized record
+        # sizes that would leave a byte ring unable to place a slot-sized record
+        for _ in range(60):
             while len(held) < 3:
                 data = payload(rng, int(rng.integers(0, PAGE - 7)))
                 offset, nbytes = put(ring, data)
@@ -501,14 +498,12 @@ def test_free_slots_give_their_pages_back_and_the_held_ones_keep_their_records()
         given = ring.give_back_free_slots()
         assert given >= 2 * slot - 4 * PAGE  # two slots, less the partial pages they share
         assert ring.resident_bytes() <= slot + 4 * PAGE
-        assert bytes(other.view(*placed[1])) == bytes([2]) * (
-            slot - 64
-        )  # the held record is intact
+        # the held record is intact
+        assert bytes(other.view(*placed[1])) == bytes([2]) * (slot - 64)
         reservation = ring.reserve(slot - 64, timeout=0)  # a free slot is written again: faulted in
         reservation.buffer[:] = bytes([3]) * (slot - 64)
         assert bytes(other.view(*ring.commit(reservation))) == bytes([3]) * (slot - 64)
         other.close()
     with ShmRing.create(4 * PAGE) as plain:
-        assert (
-            plain.give_back_free_slots() == 0
-        )  # records of their own sizes: no slots to give back
+        # records of their own sizes: no slots to give back
+        assert plain.give_back_free_slots() == 0

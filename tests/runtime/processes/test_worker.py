@@ -96,9 +96,8 @@ def test_one_worker_runs_tasks_at_once_only_when_given_threads(threads):
         else:
             assert overlapping(runs)
         calls, work_s, cpu_s = pool.timing.totals()
-        assert (
-            calls == 8 and work_s >= 8 * 0.2 * 0.9
-        )  # each task's own wall time, overlapped or not
+        # each task's own wall time, overlapped or not
+        assert calls == 8 and work_s >= 8 * 0.2 * 0.9
         assert cpu_s < work_s / 2  # sleeping costs its thread no CPU
         assert pool.timing.delay_s < work_s / 2  # nor is it a wait for a core
     finally:
@@ -207,9 +206,8 @@ def test_threads_are_checked_and_raise_the_in_flight_limit():
         for seq in range(2 * (PER_WORKER + 2) + 3):
             pool.submit(seq, 0.3)
         runs = [value for value, _ in collect_all(pool, 2 * (PER_WORKER + 2) + 3).values()]
-        assert (
-            sorted(_most_at_once(runs).values()) == [PER_WORKER + 2] * 2
-        )  # each worker, no more and no fewer
+        # each worker, no more and no fewer
+        assert sorted(_most_at_once(runs).values()) == [PER_WORKER + 2] * 2
     finally:
         pool.close()
 

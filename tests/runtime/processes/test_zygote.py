@@ -44,9 +44,8 @@ def test_a_zygote_forked_by_a_thread_outlives_the_thread():
 
     def fork_then_end():
         made.append(Zygote(echo_worker, "test"))
-        time.sleep(
-            0.3
-        )  # the zygote is up (and would have asked for the signal) before the thread ends
+        # the zygote is up (and would have asked for the signal) before the thread ends
+        time.sleep(0.3)
 
     thread = threading.Thread(target=fork_then_end)
     thread.start()

@@ -202,9 +202,8 @@ def test_autotune_sizes_the_actor_pool_within_the_clusters_cpus(ray_cluster):
     assert out == [x * x for x in range(300)]
     ((knob, value),) = it.tuned_values().items()
     held = max(len(pool.actor_processes()) for pool in running_pools())
-    assert (
-        1 <= value <= 4 and held <= 4
-    )  # 2 CPUs at 0.5 an actor: never more than 4, whatever the model wants
+    # 2 CPUs at 0.5 an actor: never more than 4, whatever the model wants
+    assert 1 <= value <= 4 and held <= 4
     stats = it.stats()
     ray = next(stage["ray"] for stage in stats if "ray" in stage)
     assert ray["results"] >= 300 and ray["transfer_s"] > 0 and ray["transfer_bytes_per_s"] > 0

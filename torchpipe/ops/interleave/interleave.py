@@ -141,9 +141,8 @@ class InterleaveNode(Node):
             )
         tunable = self.num_parallel_calls == AUTOTUNE
         parallelism = self.num_parallel_calls
-        if (
-            tunable
-        ):  # a process (an actor) each costs memory: they start at the cores, threads at the cycle
+        # a process (an actor) each costs memory: they start at the cores, threads at the cycle
+        if tunable:
             each_own = executor_kind(self.executor) in (PROCESS, RAY)
             parallelism = usable_cpu_count() if each_own else min(cycle, MAX_PARALLELISM)
         pools = self._pools(ctx)
@@ -172,9 +171,8 @@ class InterleaveNode(Node):
             self.block_length,
         )
         processes = process_executor_supported()
-        if (
-            executor_kind(self.executor) == RAY
-        ):  # as on processes, with the global RNGs seeded per element
+        # as on processes, with the global RNGs seeded per element
+        if executor_kind(self.executor) == RAY:
             opener = InnerOpener(UserFunction(self.fn, self.name, ctx), ctx)
             return {
                 RAY: RayReaders(
@@ -301,9 +299,8 @@ class InterleaveIterator(Iterator, Tunable):
         if self._reads_ahead:
             self.stats.calls = CallTiming()
         else:
-            self.tuning_role = (
-                None  # reads run in next(): its self time, like any op on its caller's thread
-            )
+            # reads run in next(): its self time, like any op on its caller's thread
+            self.tuning_role = None
         for pool in pools.values():
             pool.bind(self.stats)
 
@@ -360,9 +357,8 @@ class InterleaveIterator(Iterator, Tunable):
         waits for: throughput then comes in bursts, and starts slowly (docs/autotune.md).
         """
         deep = self._parallelism >= _DEEP_READ_AHEAD * self._cycle_length
-        if (
-            self._knob is None or not deep or not self.stats.bytes_n
-        ):  # sized from the first element on
+        # sized from the first element on
+        if self._knob is None or not deep or not self.stats.bytes_n:
             return 0
         return read_ahead_items(self.stats.bytes_per_element)
 
@@ -532,9 +528,8 @@ class InterleaveIterator(Iterator, Tunable):
         kind = placement.review(self.stats)
         if kind is not None:
             self._move(kind, element)
-        if (
-            placement.settled
-        ):  # threads for good: the worker processes' zygote holds memory for nothing
+        # threads for good: the worker processes' zygote holds memory for nothing
+        if placement.settled:
             self._pools.pop(PROCESS).shutdown()
             self._placement = None
 
@@ -556,9 +551,8 @@ class InterleaveIterator(Iterator, Tunable):
         if self._knob is not None:  # the autotuner goes on from the policy's count
             parallelism = min(self._placement.workers(), MAX_PARALLELISM)
             self._knob.moved(parallelism)
-        new.start(
-            parallelism
-        )  # sized before the readers ask: their first reads use every worker thread
+        # sized before the readers ask: their first reads use every worker thread
+        new.start(parallelism)
         self.resize(parallelism)
         self._slots = [None if r is None else new.open(*moved[id(r)]) for r in self._slots]
         self._ahead = deque(new.open(*moved[id(r)]) for r in self._ahead)

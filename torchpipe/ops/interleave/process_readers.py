@@ -71,9 +71,8 @@ class InnerChunkTask:
 
     def __init__(self, opener: InnerOpener) -> None:
         self.opener = opener
-        self._open: OrderedDict[int, tuple[int, Iterator]] = (
-            OrderedDict()
-        )  # reader_id -> (position, iterator)
+        # reader_id -> (position, iterator)
+        self._open: OrderedDict[int, tuple[int, Iterator]] = OrderedDict()
         self._lock = threading.Lock()
 
     def start_worker(self, slot: int) -> None:
@@ -208,9 +207,8 @@ class _ChunkReader(Reader):
         self.id = next(_READER_IDS)
         self.ready: deque[Item] = deque()
         self.taken_state = inner  # inner state after the last item the consumer took
-        self.read_state = (
-            inner  # inner state after the last item read (where the next chunk starts)
-        )
+        # inner state after the last item read (where the next chunk starts)
+        self.read_state = inner
         self.read = 0  # items read (where a worker that kept the inner iterator open stands)
         self.last_chunk = 0  # items in the last chunk received
         self.pending: int | None = None  # id of the chunk task in flight
@@ -377,9 +375,8 @@ class ProcessReaders(ReaderPool[_ChunkReader]):
 
     def _receive(self, timeout: float) -> None:
         """Hand the chunks that arrived (waiting up to ``timeout`` s for one) to their readers."""
-        assert (
-            self._dispatch is not None and self.stats.calls is not None
-        )  # prepared; calls counted
+        # prepared; calls counted
+        assert self._dispatch is not None and self.stats.calls is not None
         for task, items, error in self._dispatch.poll(timeout):
             if error is None:
                 self.stats.calls.add_items(len(items))

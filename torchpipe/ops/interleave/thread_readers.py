@@ -105,9 +105,8 @@ class _ThreadReader(Reader):
             self._running = True
         try:
             self._future = threads.submit(self._read_ahead)
-        except (
-            RuntimeError
-        ):  # the threads were closed meanwhile (the pass ended): nothing to read for
+        # the threads were closed meanwhile (the pass ended): nothing to read for
+        except RuntimeError:
             with pool.wakeup:
                 self._running = False
 
@@ -246,9 +245,8 @@ class ThreadReaders(ReaderPool[_ThreadReader]):
         self.wakeup = threading.Condition()  # notified whenever an item is ready or a task ends
         self.threads: ThreadPool | None = None
         self._usual = min(max(32, 2 * block_length), 64)
-        self.capacity = (
-            self._usual
-        )  # items each reader may hold ready; open readers see a change at once
+        # items each reader may hold ready; open readers see a change at once
+        self.capacity = self._usual
 
     def start(self, parallelism: int) -> None:
         self.threads = ThreadPool(parallelism, self.name)
@@ -321,9 +319,8 @@ class ThreadReaders(ReaderPool[_ThreadReader]):
         places = [reader.place() for reader in readers]
         for reader in readers:
             reader.close()
-        if (
-            self.threads is not None
-        ):  # no reader is left here: a read still running must not hold the move up
+        # no reader is left here: a read still running must not hold the move up
+        if self.threads is not None:
             self.threads.close(wait=False)
             self.threads = None
         return places

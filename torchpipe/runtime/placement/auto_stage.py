@@ -113,12 +113,10 @@ class AutoStage:
         self._calls = calls
         self._timing = timing
         self._on_move = on_move
-        self._processes: Executor | None = (
-            None  # the process pool made: parked, not closed, when the calls leave
-        )
-        self._warm = (
-            False  # the parked pool keeps its workers until a window away from it is judged
-        )
+        # the process pool made: parked, not closed, when the calls leave
+        self._processes: Executor | None = None
+        # the parked pool keeps its workers until a window away from it is judged
+        self._warm = False
         self.dispatcher = Dispatcher(name, self.make(INLINE, 0), stall_s)
         self.placement = Placement(
             self.dispatcher,

@@ -107,16 +107,13 @@ class MoveDriver:
             cadence.settle_elements,
             0.0,
         )  # (elements delivered, time) before which nothing is judged
-        self._start: tuple[float, int, Any] | None = (
-            None  # (time, count, the stage's look) where the window began
-        )
-        self._pending: str | None = (
-            None  # the verdict of the last windows, not yet agreed on enough
-        )
+        # (time, count, the stage's look) where the window began
+        self._start: tuple[float, int, Any] | None = None
+        # the verdict of the last windows, not yet agreed on enough
+        self._pending: str | None = None
         self._streak = 0
-        self._base: float | None = (
-            None  # the cost per element of the last window like the one before
-        )
+        # the cost per element of the last window like the one before
+        self._base: float | None = None
         self._limit: Any = _UNSET  # the open window's slower_than, asked once a window
 
     def moved(self, kind: str, settle_at: int, now: float, again: bool = False) -> None:

@@ -84,7 +84,6 @@ class GilProbe:
         result = call()
         seconds = time.perf_counter() - t0
         observed = self._ticks - before
-        could_tick = max(
-            seconds - (self._delay() - delay), seconds / 2
-        )  # less the probe's wait for a core
+        # less the probe's wait for a core
+        could_tick = max(seconds - (self._delay() - delay), seconds / 2)
         return result, min(1.0, observed / max(self._free_rate * could_tick, 1e-9)), seconds

@@ -30,9 +30,8 @@ PAGE = mmap.PAGESIZE
 MMAP_THRESHOLD_MAX = 32 << 20
 """glibc's largest dynamic mmap threshold (64-bit): a block above it is mapped on every
 allocation and unmapped when freed, so its pages fault in again on every call."""
-_CALIBRATION_BYTES = (
-    16 << 20
-)  # mapped and touched to time a fault, half copied onto the other to time a byte
+# mapped and touched to time a fault, half copied onto the other to time a byte
+_CALIBRATION_BYTES = 16 << 20
 _COPIES = 3
 CACHED_BYTES = 1 << 20
 """Results smaller than this move at about the speed a decode measured on a hot record shows (they

@@ -404,9 +404,8 @@ class Policy:
         elif choice in measured and self._outnumbered(choice, measured):
             choice = self.kind  # measured on fewer windows than `choice`: the trial goes on
         elif choice not in measured and self.lost_big(measured):
-            choice = min(
-                measured, key=measured.__getitem__
-            )  # back first: a trial starts from the best measured
+            # back first: a trial starts from the best measured
+            choice = min(measured, key=measured.__getitem__)
         return choice
 
     def lost_big(self, measured: dict[str, float]) -> bool:
@@ -468,13 +467,11 @@ class Policy:
         assert self.kind is not None and self.costs is not None  # measured: a kind was chosen
         recent = self._recent.get(self.kind, ())
         if len(recent) < WINDOWS_KEPT or not all(full for _, full in recent):
-            return (
-                None  # measured on too few windows, or too short ones, to stand against a trial's
-            )
+            # measured on too few windows, or too short ones, to stand against a trial's
+            return None
         here, c = measured[self.kind], self.costs
-        waits = (
-            1.0 - c.cpu_s / c.call_s if c.call_s > 0 else 0.0
-        )  # the GIL is free while a call waits
+        # the GIL is free while a call waits
+        waits = 1.0 - c.cpu_s / c.call_s if c.call_s > 0 else 0.0
         may_miss = max(c.gil_free, waits) >= THREAD_TRIAL_FREE
         for kind in KINDS:
             if (

@@ -95,9 +95,8 @@ class Output:
         self._lock = threading.Lock()
         self._closed = False
         self.written = 0  # results and errors sent: a worker that writes none for a while is idle
-        self.descriptors = (
-            True  # False: the main process is short of them (no segment, no new ring)
-        )
+        # False: the main process is short of them (no segment, no new ring)
+        self.descriptors = True
         self._unconfirmed: dict[
             int, OneOffSegment
         ] = {}  # segments sent, until main has mapped them
@@ -105,19 +104,15 @@ class Output:
         self._more = 0  # slots added for results held beyond those asked for (HELD_MORE at most)
         self._ring: ShmRing | None = None  # the ring in use: None until the next result sizes it
         self._sized = False  # whether that result came (a ring of no slots is none at all)
-        self._outgrown: collections.deque[bool] = collections.deque(
-            maxlen=_SIZE_WINDOW
-        )  # too large, of the last
-        self._all_held: collections.deque[bool] = collections.deque(
-            maxlen=_SIZE_WINDOW
-        )  # no slot free, of the last
+        # too large, of the last
+        self._outgrown: collections.deque[bool] = collections.deque(maxlen=_SIZE_WINDOW)
+        # no slot free, of the last
+        self._all_held: collections.deque[bool] = collections.deque(maxlen=_SIZE_WINDOW)
         self._keep_slot = 0  # the slot size the next ring keeps (0: sized at its first result)
-        self._release = (
-            False  # a budget binds: slots give their pages back once their result is released
-        )
-        self._written: set[int] = (
-            set()
-        )  # slots of the ring in use written since they gave their pages back
+        # a budget binds: slots give their pages back once their result is released
+        self._release = False
+        # slots of the ring in use written since they gave their pages back
+        self._written: set[int] = set()
 
     def confirmed(self, seqs: list[int]) -> None:
         """The main process has mapped these results' segments: let go of them here."""

@@ -55,9 +55,8 @@ class _Worker:
         self, worker_id: int, slot: int, pid: int, channel: Channel, zygote: Zygote
     ) -> None:
         self.id = worker_id
-        self.slot = (
-            slot  # 0..size-1: what the worker's code sees as its id; replacements inherit it
-        )
+        # 0..size-1: what the worker's code sees as its id; replacements inherit it
+        self.slot = slot
         self.pid = pid
         self.channel = channel
         self.zygote = zygote  # the one that forked it, which reaps it
@@ -145,9 +144,8 @@ class ProcessPool:
         self._unsent: list[Result] = []
         self._next_id = 0
         self._size = size
-        self._main_cpu_s = (
-            0.0  # this process's CPU in submit() and collect(), for message_seconds()
-        )
+        # this process's CPU in submit() and collect(), for message_seconds()
+        self._main_cpu_s = 0.0
         self._received = 0
         self.descriptors = DescriptorBudget()  # whether workers may pass descriptors (open files)
         self._slot_pages = True  # whether the workers' slots keep their pages once released
@@ -391,9 +389,8 @@ class ProcessPool:
             raise
         worker = _Worker(worker_id, slot, pid, channel, self._live_zygote())
         self._workers[worker_id] = worker
-        self._send(
-            worker, ("slots", self._slots)
-        )  # before any task: its first result sizes its ring
+        # before any task: its first result sizes its ring
+        self._send(worker, ("slots", self._slots))
         if not self._slot_pages:
             self._send(worker, ("pages", False))
         if self.descriptors.short:

@@ -193,9 +193,8 @@ class Zygote:
 def _zygote_main(
     control: Channel, worker_main: Callable[[Channel, int], None], parent: int
 ) -> None:
-    if (
-        os.getppid() != parent
-    ):  # no parent-death signal here (module docstring): the channel ends us
+    # no parent-death signal here (module docstring): the channel ends us
+    if os.getppid() != parent:
         os._exit(0)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
     # SIGTERM's default action for the zygote and its workers: a handler the main process set
@@ -211,9 +210,8 @@ def _zygote_main(
             message, fds = control.recv()
         except ChannelClosed:
             return
-        except (
-            DescriptorsLost
-        ) as e:  # the zygote is at its open-files limit: the worker's end is lost
+        # the zygote is at its open-files limit: the worker's end is lost
+        except DescriptorsLost as e:
             control.send(
                 ("spawn_failed", e.message[1], errno.EMFILE, "its channel's descriptor was lost")
             )

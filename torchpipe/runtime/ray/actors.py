@@ -116,9 +116,8 @@ class TaskServer:
         if token != self._token:
             try:
                 handler = ray.get(boxed_handler[0])
-                torch.set_num_threads(
-                    threads
-                )  # the CPUs the actor reserved; the pool is the parallelism
+                # the CPUs the actor reserved; the pool is the parallelism
+                torch.set_num_threads(threads)
                 keep_freed_memory()
                 start = getattr(handler, "start_worker", None)
                 if start is not None:
@@ -233,9 +232,8 @@ class IdleActors:
             self._wake.wait(self._idle_s / 2)
             now = time.monotonic()
             with self._lock:
-                kept_now = list(
-                    self._kept.values()
-                )  # a finalizer may give more meanwhile (reentrant)
+                # a finalizer may give more meanwhile (reentrant)
+                kept_now = list(self._kept.values())
                 old = [
                     actor
                     for kept in kept_now

@@ -41,9 +41,8 @@ from torchpipe.runtime.timing import CallTiming
 _RETRY_S = 0.1  # an actor Ray is still restarting is asked again after this long
 _FREE_CPUS_S = 2.0  # how long the cluster's free CPUs, as last read, stand
 _GET_S = 10.0  # a result already in the object store; the bound is for a node lost in between
-_RECLAIM_S = (
-    0.5  # an actor not started this long makes the pool take those of pools left unused this long
-)
+# an actor not started this long makes the pool take those of pools left unused this long
+_RECLAIM_S = 0.5
 
 _POOLS: weakref.WeakSet[RayActorPool] = weakref.WeakSet()
 
@@ -208,9 +207,8 @@ class RayActorPool:
         self._main_cpu_s = 0.0
         self._lock = threading.RLock()  # another pool's thread may take this one's lapsed actors
         self._touched = time.monotonic()  # when the consumer last called
-        self._lapsed = (
-            False  # its actors were taken while it was not used: start them again when it is
-        )
+        # its actors were taken while it was not used: start them again when it is
+        self._lapsed = False
         self._reclaimed_at = 0.0
         _POOLS.add(self)
         self.resize(size)
@@ -241,9 +239,8 @@ class RayActorPool:
         cpu = time.thread_time()
         with self._lock:
             self._touch()
-            task = Task(
-                seq, payload, prefer=prefer if prefer is not None else slot
-            )  # a slot is a preference here
+            # a slot is a preference here
+            task = Task(seq, payload, prefer=prefer if prefer is not None else slot)
             self._payloads[seq] = task
             self._router.add(task)
             self._dispatch()
