@@ -10,7 +10,8 @@ import time
 import pytest
 
 import torchpipe as tp
-from torchpipe.runtime.ray.pool import ActorStats, PoolStats, RayActorPool, running_pools
+from torchpipe.runtime.ray.pool import RayActorPool, running_pools
+from torchpipe.runtime.ray.stats import ActorStats, PoolStats
 
 pytestmark = [pytest.mark.xdist_group("ray"), pytest.mark.timeout(150)]
 WAIT_S = 90.0
