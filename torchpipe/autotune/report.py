@@ -105,21 +105,19 @@ class PipelineStats(list):
             f"torchpipe pass: {self.seconds:.1f} s, {root['produced']} elements, {root['throughput']:.4g}/s",
             f"{'stage':<36} {'elements':>9} {'per s':>9} {'self/elem':>10} {'wait':>5} {'buffer':>7}  knobs",
         ]
-        for stage in self:
-            wait = f"{stage['wait_ratio']:.0%}" if "wait_ratio" in stage else ""
-            fill = f"{stage['occupancy']:.0%}" if "occupancy" in stage else ""
-            knobs = ", ".join(f"{k}={v}" for k, v in stage.get("knobs", {}).items())
-            name = "  " * stage["depth"] + stage["stage"]
-            lines.append(
-                f"{name[:36]:<36} {stage['produced']:>9} {stage['throughput']:>9.4g} "
-                f"{_duration(stage['self_s']):>10} {wait:>5} {fill:>7}  {knobs}"
-            )
+        lines.extend(_stage_line(stage) for stage in self)
         lines.extend(
             line
             for stage in self
             if "ray" in stage
             for line in _ray_lines(stage["stage"], stage["ray"])
         )
+        lines.extend(self._verdict_lines())
+        return "\n".join(lines)
+
+    def _verdict_lines(self) -> list[str]:
+        """What the numbers say: images decoded, the bottleneck, the limit, the tuner's choice."""
+        lines = []
         if self.images["decoded"]:
             lines.append(
                 f"Images: {self.images['decoded']} decoded by tp.image, {self.images['fallback']} of them by "
@@ -141,7 +139,19 @@ class PipelineStats(list):
                 f"Autotune: {len(self.decisions)} rounds; now {chosen} (measured {last.throughput:.4g}/s, "
                 f"model predicts {last.predicted:.4g}/s)"
             )
-        return "\n".join(lines)
+        return lines
+
+
+def _stage_line(stage: dict[str, Any]) -> str:
+    """A stage's row of the report's table."""
+    wait = f"{stage['wait_ratio']:.0%}" if "wait_ratio" in stage else ""
+    fill = f"{stage['occupancy']:.0%}" if "occupancy" in stage else ""
+    knobs = ", ".join(f"{k}={v}" for k, v in stage.get("knobs", {}).items())
+    name = "  " * stage["depth"] + stage["stage"]
+    return (
+        f"{name[:36]:<36} {stage['produced']:>9} {stage['throughput']:>9.4g} "
+        f"{_duration(stage['self_s']):>10} {wait:>5} {fill:>7}  {knobs}"
+    )
 
 
 def _ray_lines(stage: str, ray: dict[str, Any]) -> list[str]:
@@ -178,34 +188,8 @@ def pipeline_stats(
     when its tree was built; ``trace`` the pass's events if it is traced."""
     now = look(root, consumer_s)
     seconds = max(now.time - start.time, 1e-9)
-    stages = []
-    for it, depth in walk(root):
-        counters = now.iterators[
-            id(it)
-        ]  # the tree is built when the pass starts: totals are the pass's
-        entry: dict[str, Any] = {
-            "stage": it.name,
-            "depth": depth,
-            "produced": counters.produced,
-            "throughput": counters.produced / seconds,
-        }
-        if tunable.role(it) == POOL:  # its calls' own time, on the threads or workers that ran them
-            entry["self_s"] = counters.work_s / max(counters.calls, 1)
-        else:
-            inputs_wall = sum(now.iterators[id(child)].wall_s for child in it.children())
-            entry["self_s"] = caller_seconds(it, counters, inputs_wall) / max(counters.produced, 1)
-        if counters.wall_s > 0 and tunable.role(it) is not None:
-            entry["wait_ratio"] = counters.wait_s / counters.wall_s
-        if it.stats.occupancy_n:
-            entry["occupancy"] = (
-                it.stats.occupancy_sum / it.stats.occupancy_n / max(it.stats.capacity, 1)
-            )
-        if tunable.knobs(it):
-            entry["knobs"] = {knob.name: knob.value for knob in tunable.knobs(it)}
-        entry.update(it.stats.counters)  # errors_ignored, inner_datasets, ...
-        # where its calls run: executor, workers, pids
-        entry.update(getattr(it, "executor_report", dict)())
-        stages.append(entry)
+    # the tree is built when the pass starts: totals are the pass's
+    stages = [_stage_entry(it, depth, now, seconds) for it, depth in walk(root)]
     if decisions:
         limit = decisions[-1].bottleneck
     else:
@@ -219,3 +203,31 @@ def pipeline_stats(
         "fallback": counts["images_fallback"] - start.shared.get("images_fallback", 0),
     }
     return PipelineStats(stages, seconds, limit, waiting, list(decisions), trace, images)
+
+
+def _stage_entry(it: Iterator, depth: int, now: Look, seconds: float) -> dict[str, Any]:
+    """The stats of one stage, ``depth`` below the root, over the pass's ``seconds``."""
+    counters = now.iterators[id(it)]
+    entry: dict[str, Any] = {
+        "stage": it.name,
+        "depth": depth,
+        "produced": counters.produced,
+        "throughput": counters.produced / seconds,
+    }
+    if tunable.role(it) == POOL:  # its calls' own time, on the threads or workers that ran them
+        entry["self_s"] = counters.work_s / max(counters.calls, 1)
+    else:
+        inputs_wall = sum(now.iterators[id(child)].wall_s for child in it.children())
+        entry["self_s"] = caller_seconds(it, counters, inputs_wall) / max(counters.produced, 1)
+    if counters.wall_s > 0 and tunable.role(it) is not None:
+        entry["wait_ratio"] = counters.wait_s / counters.wall_s
+    if it.stats.occupancy_n:
+        entry["occupancy"] = (
+            it.stats.occupancy_sum / it.stats.occupancy_n / max(it.stats.capacity, 1)
+        )
+    if tunable.knobs(it):
+        entry["knobs"] = {knob.name: knob.value for knob in tunable.knobs(it)}
+    entry.update(it.stats.counters)  # errors_ignored, inner_datasets, ...
+    # where its calls run: executor, workers, pids
+    entry.update(getattr(it, "executor_report", dict)())
+    return entry

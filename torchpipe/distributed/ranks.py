@@ -230,20 +230,10 @@ def place(root: Node, policy: str, share: Share, by_worker: tuple[Node, ...] = (
     pipeline's own ``shard`` ops that split it between torch workers, not ranks."""
     nodes, sources = walk(root), sources_of(root)
     marks = [node for node in nodes if isinstance(node, SplitFilesNode)]
-    by_rank = [node for node in user_shards(root) if node not in by_worker]
-    if policy == "auto" and by_rank:
-        return RankSplit("manual", by_rank[0], why="the pipeline shards itself")
-    listed = next((node.split_by_hand for node in sources if node.split_by_hand), "")
-    if policy == "auto" and listed:
-        return RankSplit("manual", why=listed)
-    given = next((node.given_share for node in nodes if node.given_share), "")
-    if policy == "auto" and given:  # a source that is already this rank's share (tp.from_ray's)
-        return RankSplit("given", why=given)
-    if policy == "auto" and any(not mark.split for mark in marks):
-        return RankSplit(
-            "whole",
-            why="its files are read whole on every rank (from_webdataset(split_by_rank=False))",
-        )
+    if policy == "auto":
+        told = _split_as_told(root, nodes, sources, marks, by_worker)
+        if told is not None:
+            return told
     single = split_at_source(root, sources)
     mark = next((mark for mark in marks if mark.split), None) if single else None
     files = single and (mark is not None or _starts_from_files(root, sources[0]))
@@ -255,14 +245,7 @@ def place(root: Node, policy: str, share: Share, by_worker: tuple[Node, ...] = (
             "(or 'auto')"
         )
     if files and policy in ("auto", "file"):
-        # where tp.io.split_files marks, else above the file list and its shuffle
-        top = mark.inputs[0] if mark is not None else _index_top(root, sources[0])
-        count = top.cardinality()
-        if count == INFINITE or count >= share.shares:
-            return RankSplit("file", top, sources[0], shuffled=mark is not None and mark.shuffled)
-        if policy == "file":
-            raise ValueError(f"DistributeOptions(policy='file'): {share.too_few_files(count)}")
-        return RankSplit("output", why=f"{count} files, fewer than {share.shares} ranks x workers")
+        return _file_split(root, sources[0], mark, policy, share)
     if single and not files:
         return RankSplit("data", _index_top(root, sources[0]), sources[0])
     why = (
@@ -275,6 +258,52 @@ def place(root: Node, policy: str, share: Share, by_worker: tuple[Node, ...] = (
         )
     )
     return RankSplit("output", why=why)
+
+
+def _split_as_told(
+    root: Node,
+    nodes: list[Node],
+    sources: list[Node],
+    marks: list[SplitFilesNode],
+    by_worker: tuple[Node, ...],
+) -> RankSplit | None:
+    """Where ``"auto"`` leaves the split to the pipeline, as it says: it shards itself, its
+    source's list is split by hand or is the rank's share already, or its files are read whole on
+    every rank; None where it says nothing."""
+    by_rank = [node for node in user_shards(root) if node not in by_worker]
+    if by_rank:
+        return RankSplit("manual", by_rank[0], why="the pipeline shards itself")
+    listed = next((node.split_by_hand for node in sources if node.split_by_hand), "")
+    if listed:
+        return RankSplit("manual", why=listed)
+    given = next((node.given_share for node in nodes if node.given_share), "")
+    if given:  # a source that is already this rank's share (tp.from_ray's)
+        return RankSplit("given", why=given)
+    if any(not mark.split for mark in marks):
+        return RankSplit(
+            "whole",
+            why="its files are read whole on every rank (from_webdataset(split_by_rank=False))",
+        )
+    return None
+
+
+def _file_split(
+    root: Node, source: Node, mark: SplitFilesNode | None, policy: str, share: Share
+) -> RankSplit:
+    """The split of a pipeline that starts from a list of files: by file, where there are files
+    enough for every rank and worker.
+
+    Raises:
+        ValueError: with ``policy="file"``, where there are not.
+    """
+    # where tp.io.split_files marks, else above the file list and its shuffle
+    top = mark.inputs[0] if mark is not None else _index_top(root, source)
+    count = top.cardinality()
+    if count == INFINITE or count >= share.shares:
+        return RankSplit("file", top, source, shuffled=mark is not None and mark.shuffled)
+    if policy == "file":
+        raise ValueError(f"DistributeOptions(policy='file'): {share.too_few_files(count)}")
+    return RankSplit("output", why=f"{count} files, fewer than {share.shares} ranks x workers")
 
 
 def describe_rank_split(root: Node, options: DistributeOptions) -> str:

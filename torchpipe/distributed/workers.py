@@ -125,6 +125,13 @@ def split_between_workers(
             f"{NAME}: the pipeline shards itself by worker ({shards[0].label()} in "
             f"{who}): not split again",
         )
+    return _split_unless_by_hand(worker)
+
+
+def _split_unless_by_hand(worker: TorchWorker) -> WorkerSplit:
+    """``"auto"``'s split for a pipeline that does not shard itself: none where the code that
+    iterates it in ``worker`` split the data by hand (or may have, unseen: then a warning)."""
+    who = worker.label()
     if worker.own:
         # the pipeline is the worker's dataset: no code of the user's split it
         return WorkerSplit(True)

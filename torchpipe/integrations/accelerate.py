@@ -313,18 +313,28 @@ def _prepare_data_loader(
         with rebuild.expected():
             prepared = prepare(data_loader, device_placement, *args, **kwargs)
         if not isinstance(prepared, DataLoaderShard):
-            warnings.warn(
-                f"Accelerate prepared this loader as a {type(prepared).__name__} (dispatch_batches=True?): "
-                "its batches come from torch's DataLoader; DataLoaderConfiguration(dispatch_batches=False) "
-                "keeps torchpipe's",
-                UserWarning,
-                stacklevel=3,
-            )
+            warnings.warn(_dispatched(prepared), UserWarning, stacklevel=3)
             return prepared
         pieces = _shard_pieces(data_loader, prepared)
         device = getattr(prepared, "device", None)
         _forget(accelerator, prepared)
-    arguments = _loader_arguments(data_loader, options)
+    return _accelerated_loader(accelerator, pieces, _loader_arguments(data_loader, options), device)
+
+
+def _dispatched(prepared: Any) -> str:
+    """The warning for a loader that Accelerate prepared as one that dispatches batches."""
+    return (
+        f"Accelerate prepared this loader as a {type(prepared).__name__} (dispatch_batches=True?): "
+        "its batches come from torch's DataLoader; DataLoaderConfiguration(dispatch_batches=False) "
+        "keeps torchpipe's"
+    )
+
+
+def _accelerated_loader(
+    accelerator: Any, pieces: dict[str, Any], arguments: dict[str, Any], device: Any
+) -> AcceleratedDataLoader:
+    """The loader made of ``pieces`` and ``arguments``, putting batches on ``device`` (where it is
+    not the CPU and the original loader named none), tracked and checkpointed by ``accelerator``."""
     if arguments["device"] is None and device is not None and torch.device(device).type != "cpu":
         arguments["device"] = device
     loader = AcceleratedDataLoader(**pieces, **arguments)

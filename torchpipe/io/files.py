@@ -14,7 +14,7 @@ import os
 import re
 import weakref
 import zlib
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from typing import Any, BinaryIO
 
 from torchpipe.arguments import require_bool
@@ -377,6 +377,19 @@ def path_dataset(op: str, filenames: Any, braces: bool = False) -> Dataset:
     if isinstance(filenames, SplitFileList):
         paths = SplitFileList(paths, filenames.share)
     return Dataset(FileListNode(paths))
+
+
+def read_each(
+    files: Dataset, reader: Callable[[Any], Dataset], num_parallel_reads: int | None
+) -> Dataset:
+    """The elements of every file in ``files``, each file read by ``reader``: one file after
+    another (``num_parallel_reads=None``), or ``num_parallel_reads`` files (or ``tp.AUTOTUNE``)
+    interleaved, an element from each in turn, read ahead in parallel."""
+    if num_parallel_reads is None:
+        return files.flat_map(reader)
+    return files.interleave(
+        reader, cycle_length=num_parallel_reads, num_parallel_calls=num_parallel_reads
+    )
 
 
 def split_files(files: Dataset, *, shuffled: bool = False) -> Dataset:

@@ -25,7 +25,15 @@ from torchpipe.arguments import require_bool
 from torchpipe.io import remote
 from torchpipe.io.addresses import AddressFormat
 from torchpipe.io.files import DataLossError, check_path, open_input
-from torchpipe.io.tfrecord_framing import _CRC, _HEADER, FOOTER_BYTES, HEADER_BYTES, masked_crc
+from torchpipe.io.tfrecord_framing import (
+    _CRC,
+    _HEADER,
+    FOOTER_BYTES,
+    HEADER_BYTES,
+    corrupt,
+    masked_crc,
+    truncated,
+)
 from torchpipe.runtime.local_files import ProcessLocalFiles
 
 FRAMING = HEADER_BYTES + FOOTER_BYTES
@@ -144,28 +152,11 @@ def scan_until_error(
         while offset < size:
             header = os.pread(f.fileno(), HEADER_BYTES, offset) if local else f.read(HEADER_BYTES)
             if len(header) < HEADER_BYTES:
-                error = DataLossError(
-                    f"{path}: truncated record at byte {offset}: {len(header)} of its "
-                    f"{HEADER_BYTES} header bytes",
-                    path,
-                    offset,
-                )
+                error = truncated(path, offset, f"{len(header)} of its {HEADER_BYTES} header bytes")
                 break
             length, length_crc = _HEADER.unpack(header)
-            if masked_crc(header[:8]) != length_crc:
-                error = DataLossError(
-                    f"{path}: corrupt record at byte {offset}: the length's CRC does not match",
-                    path,
-                    offset,
-                )
-                break
-            if offset + FRAMING + length > size:
-                error = DataLossError(
-                    f"{path}: truncated record at byte {offset}: {length} bytes long, past the "
-                    f"end of the file ({size} bytes)",
-                    path,
-                    offset,
-                )
+            if masked_crc(header[:8]) != length_crc or offset + FRAMING + length > size:
+                error = _bad_header(path, offset, header, size)
                 break
             offsets.append(offset)
             lengths.append(FRAMING + length)
@@ -173,6 +164,15 @@ def scan_until_error(
             if not local:
                 f.seek(length + FOOTER_BYTES, io.SEEK_CUR)
     return np.array([offsets, lengths], dtype=np.int64).T.reshape(-1, 2), error
+
+
+def _bad_header(path: str, offset: int, header: bytes, size: int) -> DataLossError:
+    """The error for a record ``header`` at byte ``offset`` whose length's CRC does not match, or
+    whose length runs past the end of the file (``size`` bytes)."""
+    length, length_crc = _HEADER.unpack(header)
+    if masked_crc(header[:8]) != length_crc:
+        return corrupt(path, offset, "the length's CRC does not match")
+    return truncated(path, offset, f"{length} bytes long, past the end of the file ({size} bytes)")
 
 
 def _write_sidecar(index_path: str, index: np.ndarray) -> None:
@@ -259,11 +259,10 @@ class TFRecordRecords:
         else:
             framed = os.pread(self._local.descriptor(file, remote.local_path(path)), length, offset)
         if len(framed) < length:
-            raise DataLossError(
-                f"{path}: truncated record at byte {offset}: {len(framed)} of its {length} bytes; "
-                "has the file changed since it was indexed?",
+            raise truncated(
                 path,
                 offset,
+                f"{len(framed)} of its {length} bytes; has the file changed since it was indexed?",
             )
         return unframe(framed, path, offset, self.verify)
 
@@ -280,20 +279,12 @@ def unframe(framed: Any, path: str, offset: int, verify: bool) -> bytes:
     """
     length, length_crc = _HEADER.unpack_from(framed)
     if length != len(framed) - FRAMING or (verify and masked_crc(framed[:8]) != length_crc):
-        raise DataLossError(
-            f"{path}: corrupt record at byte {offset}: its header does not match the index "
-            "(a stale index, or a damaged length)",
-            path,
-            offset,
+        raise corrupt(
+            path, offset, "its header does not match the index (a stale index, or a damaged length)"
         )
     data = framed[HEADER_BYTES : HEADER_BYTES + length]
     if verify and masked_crc(data) != _CRC.unpack_from(framed, HEADER_BYTES + length)[0]:
-        raise DataLossError(
-            f"{path}: corrupt record at byte {offset}: the data's CRC does not match "
-            f"({length} bytes)",
-            path,
-            offset,
-        )
+        raise corrupt(path, offset, f"the data's CRC does not match ({length} bytes)")
     return data if type(data) is bytes else bytes(data)
 
 

@@ -30,6 +30,7 @@ from torchpipe.io.files import (
     check_path,
     open_stream,
     path_dataset,
+    read_each,
 )
 from torchpipe.io.index import TFRecordAddressFormat
 from torchpipe.io.tfrecord_framing import (
@@ -172,6 +173,21 @@ def TFRecordDataset(  # noqa: N802 - tf.data's name
     On several ranks (docs/distributed.md) a list of files is split by whole file between ranks
     and their torch DataLoader workers, as ``tp.DistributeOptions`` says.
     """
+    compression = _check_arguments(compression_type, buffer_size, num_parallel_reads, verify, retry)
+    reader = TFRecordFileReader(compression, buffer_size, verify, retry)
+    if isinstance(filenames, (str, os.PathLike)) and num_parallel_reads is None:
+        return reader(filenames)
+    return read_each(path_dataset("TFRecordDataset", filenames), reader, num_parallel_reads)
+
+
+def _check_arguments(
+    compression_type: Any, buffer_size: Any, num_parallel_reads: Any, verify: Any, retry: Any
+) -> str | None:
+    """``TFRecordDataset``'s compression, checked with its other arguments.
+
+    Raises:
+        TypeError, ValueError: for arguments of the wrong type or value.
+    """
     compression = check_compression_type("TFRecordDataset", compression_type)
     if buffer_size is not None:
         require_int("TFRecordDataset", "buffer_size", buffer_size, minimum=1)
@@ -182,18 +198,7 @@ def TFRecordDataset(  # noqa: N802 - tf.data's name
         raise TypeError(
             f"TFRecordDataset: retry must be a tp.io.RetryPolicy, got {type(retry).__name__}"
         )
-    reader = TFRecordFileReader(compression, buffer_size, verify, retry)
-    if isinstance(filenames, (str, os.PathLike)) and num_parallel_reads is None:
-        return reader(filenames)
-    files = path_dataset("TFRecordDataset", filenames)
-    if num_parallel_reads is None:
-        return files.flat_map(reader)
-    return files.interleave(
-        reader,
-        cycle_length=num_parallel_reads,
-        block_length=1,
-        num_parallel_calls=num_parallel_reads,
-    )
+    return compression
 
 
 TFRecordDataset.__torchpipe_file_opener__ = TFRecordFileReader(None, None, True, None)  # type: ignore[attr-defined]

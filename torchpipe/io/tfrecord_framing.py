@@ -86,48 +86,47 @@ def read_record(
     if len(header) < HEADER_BYTES:
         if not header:
             return None
-        raise DataLossError(
-            f"{path}: truncated record at byte {offset}: {len(header)} of its "
-            f"{HEADER_BYTES} header bytes",
-            path,
-            offset,
-        )
+        raise truncated(path, offset, f"{len(header)} of its {HEADER_BYTES} header bytes")
     length, length_crc = _HEADER.unpack(header)
     if verify and masked_crc(header[:8]) != length_crc:
-        raise DataLossError(
-            f"{path}: corrupt record at byte {offset}: the length's CRC does not match",
-            path,
-            offset,
-        )
-    if limit is not None and HEADER_BYTES + length + FOOTER_BYTES > limit:
-        raise DataLossError(
-            f"{path}: truncated record at byte {offset}: it is {length} bytes long, but the file "
-            f"has {limit - HEADER_BYTES} bytes after its header",
-            path,
-            offset,
-        )
-    if length > MAX_RECORD_BYTES:
-        raise DataLossError(
-            f"{path}: corrupt record at byte {offset}: its length {length} is above the "
-            f"{MAX_RECORD_BYTES}-byte maximum (tfrecord_framing.MAX_RECORD_BYTES)",
-            path,
-            offset,
-        )
+        raise corrupt(path, offset, "the length's CRC does not match")
+    if length > MAX_RECORD_BYTES or (
+        limit is not None and HEADER_BYTES + length + FOOTER_BYTES > limit
+    ):
+        raise _bad_length(path, offset, length, limit)
     data = read(length) if length <= _READ_PIECE else _read_pieces(read, length)
     footer = read(FOOTER_BYTES)
     if len(data) < length or len(footer) < FOOTER_BYTES:
         got = len(data) + len(footer)
-        raise DataLossError(
-            f"{path}: truncated record at byte {offset}: {got} of its {length + FOOTER_BYTES} "
-            f"data and CRC bytes",
-            path,
-            offset,
-        )
+        raise truncated(path, offset, f"{got} of its {length + FOOTER_BYTES} data and CRC bytes")
     if verify and masked_crc(data) != _CRC.unpack(footer)[0]:
-        raise DataLossError(
-            f"{path}: corrupt record at byte {offset}: the data's CRC does not match "
-            f"({length} bytes)",
+        raise corrupt(path, offset, f"the data's CRC does not match ({length} bytes)")
+    return data
+
+
+def truncated(path: str, offset: int, detail: str) -> DataLossError:
+    """The error for the record at byte ``offset`` of ``path`` cut short; ``detail`` says how."""
+    return DataLossError(f"{path}: truncated record at byte {offset}: {detail}", path, offset)
+
+
+def corrupt(path: str, offset: int, detail: str) -> DataLossError:
+    """The error for the damaged record at byte ``offset`` of ``path``; ``detail`` says how."""
+    return DataLossError(f"{path}: corrupt record at byte {offset}: {detail}", path, offset)
+
+
+def _bad_length(path: str, offset: int, length: int, limit: int | None) -> DataLossError:
+    """The error for a record whose ``length`` runs past the ``limit`` bytes left in the file, or
+    past :data:`MAX_RECORD_BYTES`."""
+    if limit is not None and HEADER_BYTES + length + FOOTER_BYTES > limit:
+        return truncated(
             path,
             offset,
+            f"it is {length} bytes long, but the file has {limit - HEADER_BYTES} bytes after its "
+            "header",
         )
-    return data
+    return corrupt(
+        path,
+        offset,
+        f"its length {length} is above the {MAX_RECORD_BYTES}-byte maximum "
+        "(tfrecord_framing.MAX_RECORD_BYTES)",
+    )

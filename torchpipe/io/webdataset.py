@@ -37,6 +37,7 @@ from torchpipe.io.files import (
     check_path,
     open_stream,
     path_dataset,
+    read_each,
 )
 from torchpipe.ops.source_nodes import FileOpener, IndexedFiles
 
@@ -290,24 +291,23 @@ def from_webdataset(
     _check_arguments(
         op, urls, shardshuffle, seed, split_by_rank, num_parallel_reads, decode, buffer_size
     )
-    files = path_dataset(op, urls, braces=True)
+    shards = _shards(path_dataset(op, urls, braces=True), shardshuffle, seed, split_by_rank)
+    samples = read_each(shards, TarShardReader(buffer_size, retry), num_parallel_reads)
+    if decode is False:
+        return samples
+    return samples.map(SampleDecoder() if decode is True else decode)
+
+
+def _shards(files: Dataset, shardshuffle: bool, seed: int | None, split_by_rank: bool) -> Dataset:
+    """The shards to read, in their order: ``files`` shuffled each epoch (with ``shardshuffle``),
+    then marked where they are split between ranks."""
     if shardshuffle:
         files = files.shuffle(len(files), seed=seed)
     # The split goes after the shard shuffle, through the distribution rewrite (so that the
     # pipeline's DistributeOptions decide); split_by_rank=False is a mark that keeps it out.
-    files = Dataset(
+    return Dataset(
         SplitFilesNode(files._node, shuffled=shardshuffle and seed is None, split=split_by_rank)
     )
-    reader = TarShardReader(buffer_size, retry)
-    if num_parallel_reads is None:
-        samples = files.flat_map(reader)
-    else:
-        samples = files.interleave(
-            reader, cycle_length=num_parallel_reads, num_parallel_calls=num_parallel_reads
-        )
-    if decode is False:
-        return samples
-    return samples.map(SampleDecoder() if decode is True else decode)
 
 
 def _check_arguments(

@@ -48,39 +48,9 @@ def ordered_tracks(snapshot: TraceSnapshot) -> list[TrackInfo]:
 
 def chrome_trace(snapshot: TraceSnapshot) -> dict[str, Any]:
     """The trace as Trace Event Format JSON data."""
-
-    # whole nanoseconds: a span's end and the next one's start compare exactly
-    def ns(
-        t: float,
-    ) -> int:
-        return round((t - snapshot.start) * 1e9)
-
-    def us(t: float) -> float:
-        return ns(t) / 1000
-
-    spans: dict[int, list[tuple[int, int]]] = defaultdict(list)
-    events: list[dict[str, Any]] = []
-    for kind, track, t0, t1, _name, _args in snapshot.events:
-        if kind == SPAN:
-            spans[track].append((ns(t0), ns(t1)))
-        elif kind == COUNTER:
-            events.append(
-                {"name": track, "ph": "C", "ts": us(t0), "pid": snapshot.pid, "args": {"value": t1}}
-            )
+    spans, events = _spans_and_counters(snapshot)
     tids = _thread_events(snapshot, spans, events)
-    for kind, track, t0, _, name, args in snapshot.events:
-        if kind == INSTANT:
-            events.append(
-                {
-                    "name": name,
-                    "ph": "i",
-                    "s": "t",
-                    "ts": us(t0),
-                    "pid": snapshot.tracks[track].pid,
-                    "tid": tids[track],
-                    "args": args or {},
-                }
-            )
+    events.extend(_instant_events(snapshot, tids))
     events.extend(_process_events(snapshot))
     other = {
         "torchpipe_detail": "every element"
@@ -90,6 +60,52 @@ def chrome_trace(snapshot: TraceSnapshot) -> dict[str, Any]:
         "seconds": snapshot.end - snapshot.start,
     }
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": other}
+
+
+def _ns(t: float, start: float) -> int:
+    """``t`` in whole nanoseconds since ``start``: a span's end and the next one's start compare
+    exactly."""
+    return round((t - start) * 1e9)
+
+
+def _spans_and_counters(
+    snapshot: TraceSnapshot,
+) -> tuple[dict[int, list[tuple[int, int]]], list[dict[str, Any]]]:
+    """The spans by track (in ns since the start), and the counter events."""
+    spans: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    counters: list[dict[str, Any]] = []
+    start = snapshot.start
+    for kind, track, t0, t1, _name, _args in snapshot.events:
+        if kind == SPAN:
+            spans[track].append((_ns(t0, start), _ns(t1, start)))
+        elif kind == COUNTER:
+            counters.append(
+                {
+                    "name": track,
+                    "ph": "C",
+                    "ts": _ns(t0, start) / 1000,
+                    "pid": snapshot.pid,
+                    "args": {"value": t1},
+                }
+            )
+    return spans, counters
+
+
+def _instant_events(snapshot: TraceSnapshot, tids: dict[int, int]) -> list[dict[str, Any]]:
+    """The tuner's rounds, each on its track's first thread (``tids``)."""
+    return [
+        {
+            "name": name,
+            "ph": "i",
+            "s": "t",
+            "ts": _ns(t0, snapshot.start) / 1000,
+            "pid": snapshot.tracks[track].pid,
+            "tid": tids[track],
+            "args": args or {},
+        }
+        for kind, track, t0, _, name, args in snapshot.events
+        if kind == INSTANT
+    ]
 
 
 def _thread_events(

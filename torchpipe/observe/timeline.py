@@ -78,6 +78,24 @@ def plot_timeline(
         dpi=DPI,
         gridspec_kw={"height_ratios": [0.38 * rows + 0.4, 2.0]},
     )
+    _plot_tracks(ax, tracks, spans, seconds)
+    ax.set_title(
+        title + ("" if snapshot.every_element else "  (cheap elements sampled, about 1 in 16)"),
+        fontsize=10,
+    )
+    ax.legend(loc="upper right", fontsize=7, ncol=2)
+    ax.grid(axis="x", alpha=0.3)
+    _plot_counters(bottom, counters, rounds, seconds)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def _plot_tracks(
+    ax: Any, tracks: list[Any], spans: dict[int, list[tuple[float, float]]], seconds: float
+) -> None:
+    """A row of bars per track, the first at the top."""
+    rows = max(len(tracks), 1)
     gap = seconds / (WIDTH_IN * DPI)  # one pixel
     colors = _stage_colors(tracks)
     for row, info in enumerate(tracks):
@@ -85,9 +103,8 @@ def plot_timeline(
         shown = (
             spans[info.id] if len(spans[info.id]) <= MAX_BARS else merge_spans(spans[info.id], gap)
         )
-        bars = [
-            (t0, max(t1 - t0, gap)) for t0, t1 in shown
-        ]  # at least a pixel: a 1 us element still shows
+        # at least a pixel: a 1 us element still shows
+        bars = [(t0, max(t1 - t0, gap)) for t0, t1 in shown]
         if info.group == CONSUMER:
             ax.broken_barh(
                 [(0.0, seconds)], (y - 0.35, 0.7), facecolors=_STEP, label="training step"
@@ -105,16 +122,6 @@ def plot_timeline(
     ax.set_yticks(range(rows))
     ax.set_yticklabels([_row_label(info) for info in reversed(tracks)], fontsize=8)
     ax.set_ylim(-0.6, rows - 0.4)
-    ax.set_title(
-        title + ("" if snapshot.every_element else "  (cheap elements sampled, about 1 in 16)"),
-        fontsize=10,
-    )
-    ax.legend(loc="upper right", fontsize=7, ncol=2)
-    ax.grid(axis="x", alpha=0.3)
-    _plot_counters(bottom, counters, rounds, seconds)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
 
 
 def _series(snapshot: TraceSnapshot) -> tuple[dict[int, list], dict[str, list], list[float]]:

@@ -114,6 +114,8 @@ def function_digest(fn: Callable[..., Any]) -> str:
 
 
 def _function_parts(fn: Any, depth: int, seen: set[int]) -> Iterator[str]:
+    """What :func:`function_digest` hashes of ``fn``, part by part (``...`` for a callable met
+    already, or one nested more than three deep)."""
     if id(fn) in seen or depth > 3:
         yield "..."
         return
@@ -127,24 +129,38 @@ def _function_parts(fn: Any, depth: int, seen: set[int]) -> Iterator[str]:
         owner = fn.__self__
         yield type(owner).__qualname__
         if not isinstance(owner, type):
-            for name, value in sorted(getattr(owner, "__dict__", {}).items()):
-                yield name
-                yield from _value_parts(value, depth, seen)
+            yield from _attribute_parts(owner, depth, seen)
         fn = fn.__func__
     code = getattr(fn, "__code__", None)
     if not isinstance(code, types.CodeType):
-        call = getattr(type(fn), "__call__", None)  # noqa: B004 - its code is fingerprinted
-        yield f"{type(fn).__module__}.{type(fn).__qualname__}"
-        # a callable object: its class's __call__, its attributes
-        if isinstance(call, types.FunctionType):
-            yield from _function_parts(call, depth + 1, seen)
-            for name, value in sorted(getattr(fn, "__dict__", {}).items()):
-                yield name
-                yield from _value_parts(value, depth, seen)
-        else:  # a builtin: its name is all there is
-            yield f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', '')}"
+        yield from _callable_object_parts(fn, depth, seen)
         return
     yield from _code_parts(code)
+    yield from _bound_value_parts(fn, depth, seen)
+    yield from _named_global_parts(fn, code, depth, seen)
+
+
+def _attribute_parts(owner: Any, depth: int, seen: set[int]) -> Iterator[str]:
+    """The attributes of a method's or a callable object's ``owner``, by name."""
+    for name, value in sorted(getattr(owner, "__dict__", {}).items()):
+        yield name
+        yield from _value_parts(value, depth, seen)
+
+
+def _callable_object_parts(fn: Any, depth: int, seen: set[int]) -> Iterator[str]:
+    """A callable without code of its own: an object (its class's ``__call__`` and its
+    attributes), or a builtin (its name is all there is)."""
+    call = getattr(type(fn), "__call__", None)  # noqa: B004 - its code is fingerprinted
+    yield f"{type(fn).__module__}.{type(fn).__qualname__}"
+    if isinstance(call, types.FunctionType):
+        yield from _function_parts(call, depth + 1, seen)
+        yield from _attribute_parts(fn, depth, seen)
+    else:
+        yield f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', '')}"
+
+
+def _bound_value_parts(fn: types.FunctionType, depth: int, seen: set[int]) -> Iterator[str]:
+    """The values ``fn`` carries: its defaults and what it closes over."""
     for value in (fn.__defaults__, fn.__kwdefaults__):
         yield from _value_parts(value, depth, seen)
     for cell in fn.__closure__ or ():
@@ -153,6 +169,13 @@ def _function_parts(fn: Any, depth: int, seen: set[int]) -> Iterator[str]:
         except ValueError:  # an empty cell (a name not yet bound)
             continue
         yield from _value_parts(contents, depth, seen)
+
+
+def _named_global_parts(
+    fn: types.FunctionType, code: types.CodeType, depth: int, seen: set[int]
+) -> Iterator[str]:
+    """The globals ``code`` names that decide what ``fn`` computes: its module's functions and
+    plain constants, and a module's plain constants (``config.scale``)."""
     module_globals = getattr(fn, "__globals__", {})
     for name in code.co_names:
         found = module_globals.get(name)
@@ -162,7 +185,6 @@ def _function_parts(fn: Any, depth: int, seen: set[int]) -> Iterator[str]:
         # not a list or dict: those are often state the function writes
         elif isinstance(found, _PLAIN):
             yield f"{name}={found!r}"
-        # config.scale: the module's constants the code names
         elif isinstance(found, types.ModuleType):
             for attr in code.co_names:
                 value = vars(found).get(attr)

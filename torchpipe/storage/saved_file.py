@@ -116,6 +116,42 @@ def _create_partial(base: str, suffix: str, stage: str) -> PendingFile:
     return PendingFile(file, temp, base + suffix, stage)
 
 
+def _resumable_start(
+    records: BinaryIO,
+    index: BinaryIO,
+    base: str,
+    name: str,
+    offset: int,
+    count: int,
+    pipeline: list[str],
+) -> int:
+    """Where the records of the partial shard ``name`` (at ``base``) start, if its ``records``
+    and ``index`` files hold ``offset`` bytes and ``count`` entries at least, written by
+    ``pipeline``.
+
+    Raises:
+        SavedFormatError: otherwise (both files closed).
+    """
+    try:
+        version, start, meta = read_header(records, base)
+        usable = (
+            version == VERSION
+            and meta["pipeline"] == pipeline
+            and start <= offset <= os.fstat(records.fileno()).st_size
+            and count * ENTRY.size <= os.fstat(index.fileno()).st_size
+        )
+    except (ValueError, KeyError) as e:
+        records.close(), index.close()
+        raise SavedFormatError(f"cannot resume shard {name}: {e}") from e
+    if not usable:
+        records.close(), index.close()
+        raise SavedFormatError(
+            f"cannot resume shard {name}: its files are shorter than the checkpoint or "
+            "were written by another pipeline"
+        )
+    return start
+
+
 class ShardFile:
     """One shard being written: its records file and its index, both ``.partial`` until finished.
 
@@ -180,24 +216,7 @@ class ShardFile:
             index = open_no_follow(base + ".index" + PARTIAL, "r+b", buffering=_IO_BUFFER)
         except OSError as e:
             raise SavedFormatError(f"cannot resume shard {name}: {e}") from e
-        try:
-            version, start, meta = read_header(records, base)
-            usable = (
-                version == VERSION
-                and meta["pipeline"] == pipeline
-                and start <= offset <= os.fstat(records.fileno()).st_size
-                and count * ENTRY.size <= os.fstat(index.fileno()).st_size
-            )
-        except (ValueError, KeyError) as e:
-            usable = False
-            records.close(), index.close()
-            raise SavedFormatError(f"cannot resume shard {name}: {e}") from e
-        if not usable:
-            records.close(), index.close()
-            raise SavedFormatError(
-                f"cannot resume shard {name}: its files are shorter than the checkpoint or "
-                "were written by another pipeline"
-            )
+        start = _resumable_start(records, index, base, name, offset, count, pipeline)
         for file, size in ((records, offset), (index, count * ENTRY.size)):
             file.truncate(size)
             file.seek(size)

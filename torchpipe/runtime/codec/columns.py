@@ -74,29 +74,10 @@ def to_columns(values: list[Any]) -> Columns | None:
     if cls is torch.Tensor:
         stacked = _tensor_column(values)
         return None if stacked is None else Columns("leaf", None, None, [stacked])
-    if isinstance(first, Mapping):
-        if cls is not dict:
-            return None
-        keys = list(first)
-        if any(list(v) != keys for v in values):
-            return None
-        columns = list(zip(*(v.values() for v in values)))
-        kind = "dict"
-    elif isinstance(first, (tuple, list)):
-        size = len(first)
-        if any(len(v) != size for v in values):
-            return None
-        columns = list(zip(*values))
-        kind = (
-            "named"
-            if nest.is_namedtuple(first)
-            else ("tuple" if cls is tuple else "list" if cls is list else "")
-        )
-        if not kind:
-            return None
-        keys = None
-    else:
+    unzipped = _unzip(values, first, cls)
+    if unzipped is None:
         return None
+    kind, keys, columns = unzipped
     packed = []
     for column in columns:
         if any(nest.is_container(x) for x in column):
@@ -104,6 +85,31 @@ def to_columns(values: list[Any]) -> Columns | None:
         stacked = _tensor_column(column) if type(column[0]) is torch.Tensor else None
         packed.append(stacked if stacked is not None else list(column))
     return Columns(kind, cls if kind == "named" else None, keys, packed)
+
+
+def _unzip(
+    values: list[Any], first: Any, cls: type
+) -> tuple[str, list[Any] | None, list[tuple[Any, ...]]] | None:
+    """How elements of type ``cls`` are rebuilt (``kind`` and ``keys``) and their components,
+    column by column; None where they are not all one dict's keys or one tuple's length."""
+    if isinstance(first, Mapping):
+        if cls is not dict:
+            return None
+        keys = list(first)
+        if any(list(v) != keys for v in values):
+            return None
+        return "dict", keys, list(zip(*(v.values() for v in values)))
+    if not isinstance(first, (tuple, list)):
+        return None
+    size = len(first)
+    if any(len(v) != size for v in values):
+        return None
+    kind = (
+        "named"
+        if nest.is_namedtuple(first)
+        else ("tuple" if cls is tuple else "list" if cls is list else "")
+    )
+    return (kind, None, list(zip(*values))) if kind else None
 
 
 def _tensor_column(tensors: Any) -> StackedTensor | None:
