@@ -1,12 +1,12 @@
 """``Dataset``: the immutable logical pipeline node and its chain methods.
 
-Chain methods validate their arguments and build a node; the logic lives in ``ops/<family>.py``.
+Chain methods check their arguments and build a node; the checks (``check_*``) and the logic
+live with each op in ``ops/<family>.py``.
 A ``Dataset`` is a ``torch.utils.data.IterableDataset``, so any torch consumer can iterate it.
 """
 
 from __future__ import annotations
 
-import numbers
 import os
 import weakref
 from collections.abc import Callable, Sequence
@@ -14,46 +14,37 @@ from typing import Any, Literal, overload
 
 import torch
 
-from torchpipe.arguments import (
-    ray_parallelism,
-    require_bool,
-    require_callable,
-    require_executor,
-    require_int,
-    require_optional_bool,
-    require_parallelism,
-    require_path,
-    require_seed,
-)
 from torchpipe.constants import AUTOTUNE, INFINITE, UNKNOWN
+from torchpipe.core.arguments import require_callable, require_int, require_path
 from torchpipe.core.node import Node, walk
 from torchpipe.distributed.context import current_rank_info
 from torchpipe.distributed.workers import current_worker
 from torchpipe.graph import PassHistory, PipelineIterator, Plan, explain_plan, plan_facts
 from torchpipe.ops.batch import (
     BatchNode,
-    BucketBySequenceLengthNode,
     PaddedBatchNode,
     RebatchNode,
     UnbatchNode,
+    check_batch_args,
+    check_rebatch_args,
 )
-from torchpipe.ops.cache import CacheNode, check_cache_path
+from torchpipe.ops.bucket import BucketBySequenceLengthNode, check_bucket_args
+from torchpipe.ops.cache import CacheNode, check_cache_args
 from torchpipe.ops.combine import ConcatenateNode, ZipNode
 from torchpipe.ops.device import DeviceNode, check_device
 from torchpipe.ops.filter import FilterNode, IgnoreErrorsNode, TakeWhileNode
-from torchpipe.ops.interleave.interleave import FlatMapNode, InterleaveNode
-from torchpipe.ops.map import MapNode
+from torchpipe.ops.interleave.interleave import FlatMapNode, InterleaveNode, check_interleave_args
+from torchpipe.ops.map import MapNode, check_map_args
 from torchpipe.ops.passthrough import WithOptionsNode
 from torchpipe.ops.prefetch import PrefetchNode
-from torchpipe.ops.repeat import RepeatNode
+from torchpipe.ops.repeat import RepeatNode, check_repeat_count
 from torchpipe.ops.scan import EnumerateNode, ScanNode
-from torchpipe.ops.select import ShardNode, SkipNode, TakeNode
-from torchpipe.ops.shuffle import ShuffleNode
-from torchpipe.ops.snapshot import SnapshotNode
-from torchpipe.ops.window import WindowNode
+from torchpipe.ops.select import ShardNode, SkipNode, TakeNode, check_shard_args
+from torchpipe.ops.shuffle import ShuffleNode, check_shuffle_args
+from torchpipe.ops.snapshot import SnapshotNode, check_snapshot_args
+from torchpipe.ops.window import WindowNode, check_window_args
 from torchpipe.options import Options
 from torchpipe.runtime.ray.executor import RayExecutor
-from torchpipe.runtime.ray.executor import resolve as resolve_ray
 from torchpipe.storage.save import check_checkpoint_args, save
 from torchpipe.storage.saved_file import check_compression
 
@@ -73,9 +64,7 @@ class Dataset(torch.utils.data.IterableDataset):
         self._node = node
         self._history = PassHistory()  # the epoch counter, and what the latest pass tuned
         self._latest: weakref.ref | None = None  # the latest pass, for explain()'s tuned values
-        self._memory: dict[
-            tuple[int, ...], dict[str, Any]
-        ] = {}  # what passes learned: the next starts there
+        self._memory: dict[tuple[int, ...], dict[str, Any]] = {}  # what passes learned, by path
 
     def __getstate__(self) -> dict[str, Any]:
         # A copy (torch's DataLoader pickles its dataset for spawned workers) starts afresh.
@@ -183,22 +172,11 @@ class Dataset(torch.utils.data.IterableDataset):
         Raises:
             TypeError, ValueError: for arguments of the wrong type or range.
         """
-        require_callable("map", "fn", fn)
-        require_parallelism("map", num_parallel_calls)
-        require_optional_bool("map", "deterministic", deterministic)
-        require_executor("map", executor)
-        num_parallel_calls = ray_parallelism("map", executor, num_parallel_calls)
-        # "ray" is RayExecutor(): the node builds its pool with it
-        executor = resolve_ray(executor) or executor
-        if name is not None and not isinstance(name, str):
-            raise TypeError(f"map: name must be a str, got {type(name).__name__}")
-        require_bool("map", "pure", pure)
-        require_bool("map", "batched", batched)
-        return Dataset(
-            MapNode(
-                self._node, fn, num_parallel_calls, deterministic, executor, name, pure, batched
-            )
+        parallel, executor = check_map_args(
+            fn, num_parallel_calls, deterministic, executor, name, pure, batched
         )
+        node = MapNode(self._node, fn, parallel, deterministic, executor, name, pure, batched)
+        return Dataset(node)
 
     def filter(self, predicate: Callable[..., Any]) -> Dataset:
         """Keep the elements for which ``predicate`` returns True (a bool or 0-d bool tensor)."""
@@ -236,17 +214,11 @@ class Dataset(torch.utils.data.IterableDataset):
                 in each) if they cost 20 us or more of CPU an element (docs/executors.md).
                 Only ``tp.rng()`` is reproducible in ``fn`` with threads or ``"auto"``.
         """
-        require_callable("interleave", "fn", fn)
-        if cycle_length is not None and cycle_length != AUTOTUNE:
-            require_int("interleave", "cycle_length", cycle_length, minimum=1)
-        require_int("interleave", "block_length", block_length, minimum=1)
-        require_parallelism("interleave", num_parallel_calls)
-        require_optional_bool("interleave", "deterministic", deterministic)
-        require_executor("interleave", executor)
-        num_parallel_calls = ray_parallelism("interleave", executor, num_parallel_calls)
-        executor = resolve_ray(executor) or executor
+        parallel, executor = check_interleave_args(
+            fn, cycle_length, block_length, num_parallel_calls, deterministic, executor
+        )
         node = InterleaveNode(
-            self._node, fn, cycle_length, block_length, num_parallel_calls, deterministic, executor
+            self._node, fn, cycle_length, block_length, parallel, deterministic, executor
         )
         return Dataset(node)
 
@@ -282,10 +254,7 @@ class Dataset(torch.utils.data.IterableDataset):
         stacks tensors and arrays into tensors, turns numbers into tensors and collects strings
         and bytes into lists. ``collate_fn(list_of_elements)`` replaces it.
         """
-        require_int("batch", "batch_size", batch_size, minimum=1)
-        require_bool("batch", "drop_remainder", drop_remainder)
-        if collate_fn is not None:
-            require_callable("batch", "collate_fn", collate_fn)
+        check_batch_args("batch", batch_size, drop_remainder, collate_fn)
         return Dataset(BatchNode(self._node, batch_size, drop_remainder, collate_fn))
 
     def padded_batch(
@@ -310,8 +279,7 @@ class Dataset(torch.utils.data.IterableDataset):
                 for ``padding_values`` of another structure than the element's, a str padding a
                 numeric component, or a number its component's dtype cannot hold.
         """
-        require_int("padded_batch", "batch_size", batch_size, minimum=1)
-        require_bool("padded_batch", "drop_remainder", drop_remainder)
+        check_batch_args("padded_batch", batch_size, drop_remainder)
         return Dataset(
             PaddedBatchNode(self._node, batch_size, padded_shapes, padding_values, drop_remainder)
         )
@@ -325,15 +293,8 @@ class Dataset(torch.utils.data.IterableDataset):
 
         Equivalent to ``unbatch().batch(batch_size)``; a list of sizes is used in turn.
         """
-        sizes = [batch_size] if isinstance(batch_size, numbers.Integral) else batch_size
-        if not isinstance(sizes, Sequence) or isinstance(sizes, str) or not sizes:
-            raise TypeError(
-                f"rebatch: batch_size must be an int or a non-empty list of ints, got {batch_size!r}"
-            )
-        for size in sizes:
-            require_int("rebatch", "batch_size", size, minimum=1)
-        require_bool("rebatch", "drop_remainder", drop_remainder)
-        return Dataset(RebatchNode(self._node, [int(s) for s in sizes], drop_remainder))
+        sizes = check_rebatch_args(batch_size, drop_remainder)
+        return Dataset(RebatchNode(self._node, sizes, drop_remainder))
 
     def bucket_by_sequence_length(
         self,
@@ -351,36 +312,24 @@ class Dataset(torch.utils.data.IterableDataset):
         bucket is emitted as a padded batch, and partial buckets are flushed at the end in
         bucket order.
         """
-        require_callable("bucket_by_sequence_length", "element_length_func", element_length_func)
-        bounds = list(bucket_boundaries)
-        sizes = list(bucket_batch_sizes)
-        for b in bounds:
-            require_int("bucket_by_sequence_length", "bucket_boundaries", b, minimum=1)
-        if any(a >= b for a, b in zip(bounds, bounds[1:])):
-            raise ValueError(
-                f"bucket_by_sequence_length: bucket_boundaries must increase, got {bounds}"
-            )
-        for s in sizes:
-            require_int("bucket_by_sequence_length", "bucket_batch_sizes", s, minimum=1)
-        if len(sizes) != len(bounds) + 1:
-            raise ValueError(
-                "bucket_by_sequence_length: len(bucket_batch_sizes) must be len(bucket_boundaries) + 1, "
-                f"got {len(sizes)} and {len(bounds)}"
-            )
-        require_bool("bucket_by_sequence_length", "pad_to_bucket_boundary", pad_to_bucket_boundary)
-        require_bool("bucket_by_sequence_length", "drop_remainder", drop_remainder)
-        return Dataset(
-            BucketBySequenceLengthNode(
-                self._node,
-                element_length_func,
-                bounds,
-                sizes,
-                padded_shapes,
-                padding_values,
-                pad_to_bucket_boundary,
-                drop_remainder,
-            )
+        bounds, sizes = check_bucket_args(
+            element_length_func,
+            bucket_boundaries,
+            bucket_batch_sizes,
+            pad_to_bucket_boundary,
+            drop_remainder,
         )
+        node = BucketBySequenceLengthNode(
+            self._node,
+            element_length_func,
+            bounds,
+            sizes,
+            padded_shapes,
+            padding_values,
+            pad_to_bucket_boundary,
+            drop_remainder,
+        )
+        return Dataset(node)
 
     def window(
         self, size: int, shift: int | None = None, stride: int = 1, drop_remainder: bool = False
@@ -421,20 +370,8 @@ class Dataset(torch.utils.data.IterableDataset):
                 not a bool.
             ValueError: if ``size``, ``shift`` or ``stride`` is below 1.
         """
-        require_int("window", "size", size, minimum=1)
-        if shift is not None:
-            require_int("window", "shift", shift, minimum=1)
-        require_int("window", "stride", stride, minimum=1)
-        require_bool("window", "drop_remainder", drop_remainder)
-        return Dataset(
-            WindowNode(
-                self._node,
-                int(size),
-                int(size if shift is None else shift),
-                int(stride),
-                drop_remainder,
-            )
-        )
+        size, shift, stride = check_window_args(size, shift, stride, drop_remainder)
+        return Dataset(WindowNode(self._node, size, shift, stride, drop_remainder))
 
     # -- order and size -------------------------------------------------------------------
     def shuffle(
@@ -445,16 +382,12 @@ class Dataset(torch.utils.data.IterableDataset):
         The same seed gives the same order; with ``reshuffle_each_iteration`` each epoch and each
         repetition is shuffled differently.
         """
-        require_int("shuffle", "buffer_size", buffer_size, minimum=1)
-        require_seed("shuffle", seed)
-        require_bool("shuffle", "reshuffle_each_iteration", reshuffle_each_iteration)
+        check_shuffle_args(buffer_size, seed, reshuffle_each_iteration)
         return Dataset(ShuffleNode(self._node, buffer_size, seed, reshuffle_each_iteration))
 
     def repeat(self, count: int | None = None) -> Dataset:
         """Repeat the dataset ``count`` times; ``None`` or -1 repeats forever."""
-        if count is not None:
-            require_int("repeat", "count", count, minimum=-1)
-        return Dataset(RepeatNode(self._node, -1 if count is None else count))
+        return Dataset(RepeatNode(self._node, check_repeat_count(count)))
 
     def take(self, count: int) -> Dataset:
         """The first ``count`` elements; -1 takes all."""
@@ -473,10 +406,7 @@ class Dataset(torch.utils.data.IterableDataset):
 
     def shard(self, num_shards: int, index: int) -> Dataset:
         """Every ``num_shards``-th element starting at ``index``."""
-        require_int("shard", "num_shards", num_shards, minimum=1)
-        require_int("shard", "index", index, minimum=0)
-        if index >= num_shards:
-            raise ValueError(f"shard: index must be < num_shards ({num_shards}), got {index}")
+        check_shard_args(num_shards, index)
         return Dataset(ShardNode(self._node, num_shards, index))
 
     # -- combining ------------------------------------------------------------------------
@@ -511,19 +441,10 @@ class Dataset(torch.utils.data.IterableDataset):
 
         Raises:
             TypeError: for a path that is not a str, os.PathLike or None, or ``trusted`` not a bool.
-            ValueError, OSError: for a file no pass could write (see :func:`check_cache_path`):
-                a URL, a directory, a missing or unwritable directory.
+            ValueError, OSError: for a file no pass could write: a URL, a directory, a missing or
+                unwritable directory (see :func:`torchpipe.ops.cache.check_cache_path`).
         """
-        if (
-            path is not None
-            and not isinstance(path, (str, bytes))
-            and not hasattr(path, "__fspath__")
-        ):
-            raise TypeError(
-                f"cache: path must be a str, os.PathLike or None, got {type(path).__name__}"
-            )
-        require_bool("cache", "trusted", trusted)
-        check_cache_path(path)
+        check_cache_args(path, trusted)
         return Dataset(CacheNode(self._node, path, trusted))
 
     def save(
@@ -559,13 +480,9 @@ class Dataset(torch.utils.data.IterableDataset):
         require_path("save", path)
         if shard_func is not None:
             require_callable("save", "shard_func", shard_func)
-        save(
-            self,
-            os.fsdecode(os.fspath(path)),
-            shard_func,
-            check_compression(compression),
-            **check_checkpoint_args(checkpoint_args),
-        )
+        compression = check_compression(compression)
+        checkpointing = check_checkpoint_args(checkpoint_args)
+        save(self, os.fsdecode(os.fspath(path)), shard_func, compression, **checkpointing)
 
     def snapshot(
         self, path: str | os.PathLike, *, compression: str | None = None, trusted: bool = False
@@ -594,13 +511,8 @@ class Dataset(torch.utils.data.IterableDataset):
             trusted: read the snapshot with full pickle: any class loads, and a planted snapshot
                 can run any code. Only for a ``path`` that no one you do not trust could write.
         """
-        require_path("snapshot", path)
-        require_bool("snapshot", "trusted", trusted)
-        return Dataset(
-            SnapshotNode(
-                self._node, os.fsdecode(os.fspath(path)), check_compression(compression), trusted
-            )
-        )
+        path, compression = check_snapshot_args(path, compression, trusted)
+        return Dataset(SnapshotNode(self._node, path, compression, trusted))
 
     def prefetch(self, buffer_size: int) -> Dataset:
         """Compute up to ``buffer_size`` elements ahead on a background thread.

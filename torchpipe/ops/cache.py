@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from torchpipe import nest
+from torchpipe.core.arguments import require_bool
 from torchpipe.core.iterator import Iterator
 from torchpipe.core.node import BuildContext, Node
 from torchpipe.core.state import check_bool, check_int, check_state
@@ -39,6 +40,7 @@ __all__ = [
     "CacheNode",
     "MemoryStore",
     "StaleCacheWarning",
+    "check_cache_args",
     "check_cache_path",
 ]
 
@@ -160,6 +162,17 @@ class _MemoryRecorder:
 
 # -- the op ----------------------------------------------------------------------------------------
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
+
+
+def check_cache_args(path: Any, trusted: Any) -> None:
+    """Raise at ``cache(...)`` for a ``path`` that is not a str, os.PathLike or None, a ``trusted``
+    not a bool, or a file no pass could write (:func:`check_cache_path`)."""
+    if path is not None and not isinstance(path, (str, bytes)) and not hasattr(path, "__fspath__"):
+        raise TypeError(
+            f"cache: path must be a str, os.PathLike or None, got {type(path).__name__}"
+        )
+    require_bool("cache", "trusted", trusted)
+    check_cache_path(path)
 
 
 def check_cache_path(path: str | bytes | os.PathLike | None) -> None:

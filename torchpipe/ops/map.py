@@ -6,11 +6,17 @@ resizing in ``parallel_map.py``."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from torchpipe.constants import AUTOTUNE
+from torchpipe.core.arguments import (
+    require_bool,
+    require_callable,
+    require_int,
+    require_optional_bool,
+)
 from torchpipe.core.function import UserFunction
 from torchpipe.core.iterator import Iterator, PassThroughIterator
 from torchpipe.core.node import AUTOTUNE_SYMBOL, BuildContext, Node, function_name
@@ -20,10 +26,9 @@ from torchpipe.ops.source_nodes import DatasetFetch
 from torchpipe.runtime.codec import StackedTensor
 from torchpipe.runtime.cpu import usable_cpu_count
 from torchpipe.runtime.placement.measure import prepare_measurements
+from torchpipe.runtime.ray.executor import RayExecutor
+from torchpipe.runtime.ray.executor import resolve as resolve_ray
 from torchpipe.runtime.recycle import RecycledStack
-
-if TYPE_CHECKING:
-    from torchpipe.runtime.ray.executor import RayExecutor
 
 EXECUTORS = ("auto", "thread", "process", "ray")
 """Accepted ``executor=`` names (and a ``tp.RayExecutor``, whose kind is ``"ray"``)."""
@@ -32,6 +37,77 @@ EXECUTORS = ("auto", "thread", "process", "ray")
 def executor_kind(executor: Any) -> str:
     """The executor an ``executor=`` argument names: a ``tp.RayExecutor`` is ``"ray"``."""
     return executor if isinstance(executor, str) else getattr(executor, "kind", "auto")
+
+
+def check_map_args(
+    fn: Any,
+    num_parallel_calls: Any,
+    deterministic: Any,
+    executor: Any,
+    name: Any,
+    pure: Any,
+    batched: Any,
+) -> tuple[int | None, str | RayExecutor]:
+    """Raise at ``map(...)`` for an argument of the wrong type or range.
+
+    Returns:
+        ``num_parallel_calls`` and ``executor`` as :class:`MapNode` takes them
+        (see :func:`check_parallel_args`).
+    """
+    require_callable("map", "fn", fn)
+    num_parallel_calls, executor = check_parallel_args(
+        "map", num_parallel_calls, deterministic, executor
+    )
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"map: name must be a str, got {type(name).__name__}")
+    require_bool("map", "pure", pure)
+    require_bool("map", "batched", batched)
+    return num_parallel_calls, executor
+
+
+def check_parallel_args(
+    op: str, num_parallel_calls: Any, deterministic: Any, executor: Any
+) -> tuple[int | None, str | RayExecutor]:
+    """Raise at a parallel stage's call (``map``, ``interleave``) for a ``num_parallel_calls``
+    that is not None, ``tp.AUTOTUNE`` or an int >= 1, a ``deterministic`` not None or a bool, or
+    an ``executor`` not in :data:`EXECUTORS` nor a ``tp.RayExecutor``.
+
+    Returns:
+        ``num_parallel_calls`` (on Ray, see :func:`_ray_parallelism`) and the executor, with
+        ``"ray"`` as ``RayExecutor()`` (the node builds its pool with it).
+    """
+    if num_parallel_calls is not None and num_parallel_calls != AUTOTUNE:
+        require_int(op, "num_parallel_calls", num_parallel_calls, minimum=1)
+    require_optional_bool(op, "deterministic", deterministic)
+    if not isinstance(executor, RayExecutor) and (
+        not isinstance(executor, str) or executor not in EXECUTORS
+    ):
+        raise ValueError(
+            f"{op}: executor must be one of {EXECUTORS} or a tp.RayExecutor, got {executor!r}"
+        )
+    return _ray_parallelism(op, executor, num_parallel_calls), resolve_ray(executor) or executor
+
+
+def _ray_parallelism(op: str, executor: Any, num_parallel_calls: int | None) -> int | None:
+    """The stage's ``num_parallel_calls`` where it runs on Ray: a ``RayExecutor``'s
+    ``num_actors`` where set (an int ``num_parallel_calls`` must agree), else as given, which
+    must then say how many run at once."""
+    ray = resolve_ray(executor)
+    if ray is None:
+        return num_parallel_calls
+    actors = ray.num_actors
+    if actors is not None and num_parallel_calls not in (None, actors):
+        raise ValueError(
+            f"{op}: num_parallel_calls={num_parallel_calls} and RayExecutor(num_actors={actors}) "
+            "disagree; give one of them"
+        )
+    parallel = ray.parallelism(num_parallel_calls)
+    if parallel is None:
+        raise ValueError(
+            f"{op}: executor={executor!r} runs calls in parallel on Ray actors: give "
+            "num_parallel_calls (an int or tp.AUTOTUNE) or RayExecutor(num_actors=...)"
+        )
+    return parallel
 
 
 class MapNode(Node):

@@ -7,10 +7,23 @@ import copy
 from typing import Any
 
 from torchpipe.constants import INFINITE, UNKNOWN
+from torchpipe.core.arguments import require_int
 from torchpipe.core.iterator import Iterator
 from torchpipe.core.node import BuildContext, Node
 from torchpipe.core.state import check_bool, check_int, check_state
 from torchpipe.ops.shuffle import ShuffleIterator, ShuffleNode
+
+
+def check_repeat_count(count: Any) -> int:
+    """``repeat(count)``'s count as :class:`RepeatNode` takes it: -1 (forever) for None.
+
+    Raises:
+        TypeError, ValueError: for a count that is not None or an int >= -1.
+    """
+    if count is None:
+        return -1
+    require_int("repeat", "count", count, minimum=-1)
+    return count
 
 
 class RepeatNode(Node):

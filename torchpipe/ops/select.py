@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from torchpipe.constants import INFINITE, UNKNOWN
+from torchpipe.core.arguments import require_int
 from torchpipe.core.iterator import Iterator, PassThroughIterator
 from torchpipe.core.node import BuildContext, Node
 
@@ -86,6 +87,15 @@ class SkipIterator(PassThroughIterator):
             next(self._source)
             self._skipped += 1
         return next(self._source)
+
+
+def check_shard_args(num_shards: Any, index: Any) -> None:
+    """Raise at ``shard(...)`` for a ``num_shards`` that is not an int >= 1, or an ``index`` not
+    an int in ``[0, num_shards)``."""
+    require_int("shard", "num_shards", num_shards, minimum=1)
+    require_int("shard", "index", index, minimum=0)
+    if index >= num_shards:
+        raise ValueError(f"shard: index must be < num_shards ({num_shards}), got {index}")
 
 
 class ShardNode(Node):

@@ -7,11 +7,20 @@ from typing import Any
 
 import numpy as np
 
+from torchpipe.core.arguments import require_bool, require_int, require_seed
 from torchpipe.core.held_elements import HeldStructure
 from torchpipe.core.iterator import Iterator
 from torchpipe.core.node import BuildContext, Node
 from torchpipe.core.state import check_bool, check_state
 from torchpipe.errors import CheckpointError
+
+
+def check_shuffle_args(buffer_size: Any, seed: Any, reshuffle_each_iteration: Any) -> None:
+    """Raise at ``shuffle(...)`` for a ``buffer_size`` that is not an int >= 1, a ``seed`` not
+    None or an int >= 0, or a ``reshuffle_each_iteration`` not a bool."""
+    require_int("shuffle", "buffer_size", buffer_size, minimum=1)
+    require_seed("shuffle", seed)
+    require_bool("shuffle", "reshuffle_each_iteration", reshuffle_each_iteration)
 
 
 class ShuffleNode(Node):

@@ -22,6 +22,7 @@ import warnings
 import weakref
 from typing import Any, BinaryIO
 
+from torchpipe.core.arguments import require_bool, require_path
 from torchpipe.core.node import Node
 from torchpipe.observe.progress import ProgressBar
 from torchpipe.ops.cache import CacheNode
@@ -36,6 +37,7 @@ from torchpipe.storage.saved_file import (
     SavedFormatError,
     SavedRecords,
     ShardFile,
+    check_compression,
     lock_directory,
     new_generation,
     read_manifest,
@@ -50,6 +52,18 @@ _POSITION, _TEMP, _OFFSET, _WRITTEN = (
     "offset",
     "written",
 )  # CacheIterator's state keys
+
+
+def check_snapshot_args(path: Any, compression: Any, trusted: Any) -> tuple[str, str | None]:
+    """Raise at ``snapshot(...)`` for a ``path`` that is not a non-empty str or os.PathLike, a
+    ``trusted`` not a bool, or a ``compression`` other than None, ``"GZIP"`` or ``"ZLIB"``.
+
+    Returns:
+        ``path`` as a str and the compression's name, as :class:`SnapshotNode` takes them.
+    """
+    require_path("snapshot", path)
+    require_bool("snapshot", "trusted", trusted)
+    return os.fsdecode(os.fspath(path)), check_compression(compression)
 
 
 class SnapshotNode(CacheNode):

@@ -5,11 +5,29 @@ from __future__ import annotations
 from typing import Any
 
 from torchpipe.constants import INFINITE, UNKNOWN
+from torchpipe.core.arguments import require_bool, require_int
 from torchpipe.core.held_elements import HeldStructure
 from torchpipe.core.iterator import Iterator
 from torchpipe.core.node import BuildContext, Node
 from torchpipe.core.state import check_bool, check_int, check_state
 from torchpipe.errors import CheckpointError
+
+
+def check_window_args(
+    size: Any, shift: Any, stride: Any, drop_remainder: Any
+) -> tuple[int, int, int]:
+    """Raise at ``window(...)`` for a ``size``, ``shift`` (None: ``size``) or ``stride`` that is
+    not an int >= 1, or a ``drop_remainder`` not a bool.
+
+    Returns:
+        ``size``, ``shift`` and ``stride`` as :class:`WindowNode` takes them: ints.
+    """
+    require_int("window", "size", size, minimum=1)
+    if shift is not None:
+        require_int("window", "shift", shift, minimum=1)
+    require_int("window", "stride", stride, minimum=1)
+    require_bool("window", "drop_remainder", drop_remainder)
+    return int(size), int(size if shift is None else shift), int(stride)
 
 
 class WindowNode(Node):

@@ -14,7 +14,7 @@ import torchpipe as tp
 from tests.trees import find_stage
 from torchpipe.errors import CheckpointError
 from torchpipe.ops.interleave import interleave as interleave_op
-from torchpipe.ops.interleave.interleave import InterleaveIterator
+from torchpipe.ops.interleave.iterator import InterleaveIterator
 from torchpipe.testing import assert_checkpoint_roundtrip
 
 LENS = [3, 1, 4, 0, 2, 5]

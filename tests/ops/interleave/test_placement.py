@@ -13,7 +13,7 @@ from tests.trees import find_stage, stage_stats
 from torchpipe.core.stats import IteratorStats
 from torchpipe.ops.interleave import interleave, process_readers
 from torchpipe.ops.interleave import placement as reader_placement
-from torchpipe.ops.interleave.interleave import InterleaveIterator
+from torchpipe.ops.interleave.iterator import InterleaveIterator
 from torchpipe.ops.interleave.placement import ReaderPlacement, Window
 from torchpipe.runtime.cpu import usable_cpu_count
 from torchpipe.runtime.placement.policy import PROCESS, THREAD

@@ -10,7 +10,7 @@ from torchpipe.autotune import tunable
 from torchpipe.core.function import UserFunction
 from torchpipe.core.node import BuildContext
 from torchpipe.core.stats import IteratorStats
-from torchpipe.ops.interleave.interleave import InterleaveIterator
+from torchpipe.ops.interleave.iterator import InterleaveIterator
 from torchpipe.ops.interleave.process_readers import ProcessReaders
 from torchpipe.ops.interleave.readers import (
     END,
