@@ -18,9 +18,8 @@ import functools
 import os
 import pickle
 import select
-import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -40,8 +39,9 @@ from torchpipe.runtime.processes.output import MAX_RING_BYTES
 from torchpipe.runtime.processes.shm_ring import OneOffSegment, ShmRing, memfd_supported
 from torchpipe.runtime.processes.worker import run_worker, unpack_exception
 from torchpipe.runtime.processes.zygote import Zygote, ZygoteGone, describe_exit
-from torchpipe.runtime.routing import MAX_TASK_FAILURES, Task, TaskRouter
+from torchpipe.runtime.routing import MAX_TASK_FAILURES, Task
 from torchpipe.runtime.timing import CallTiming
+from torchpipe.runtime.worker_pool import WorkerPool
 
 PER_WORKER = 4
 """Tasks in flight per worker by default (more when each worker runs more tasks at once on threads)."""
@@ -67,6 +67,9 @@ class _Worker:
         self.retiring = False
         self.mapped: list[int] = []  # results whose segments were mapped here, to tell the worker
 
+    def describe(self) -> str:
+        return f"worker process {self.pid}"
+
     def close(self) -> None:
         self.channel.close()
         for loans in self.rings:
@@ -74,7 +77,7 @@ class _Worker:
                 loans.close()  # tensors still viewing a ring keep its mapping alive
 
 
-class ProcessPool:
+class ProcessPool(WorkerPool[_Worker]):
     """A resizable pool of worker processes forked from a zygote.
 
     Create it before the pipeline starts threads: the constructor forks the zygote; ``start``
@@ -128,35 +131,25 @@ class ProcessPool:
         per_worker: int = PER_WORKER,
         held: int | None = None,
     ) -> None:
-        self.name = name
-        self._threads = self._check_threads(threads)
-        self._tasks_per_worker = self._check_per_worker(per_worker)
-        self.timing = timing if timing is not None else CallTiming()
-        self._restart = restart
+        super().__init__(name, size, restart, timing)
+        self._threads = self._checked(threads, "threads per worker")
+        self._tasks_per_worker = self._checked(per_worker, "tasks in flight per worker")
         self._allocate = allocate
-        self._held = (0 if allocate is not None else 1) if held is None else self._check_held(held)
+        if held is None:
+            held = 0 if allocate is not None else 1
+        self._held = self._checked(held, "results held", 0)
         self._worker_main = functools.partial(
             run_worker, handler=handler, ring_limit=ring_limit, keep_freed=keep_freed
         )
         self._zygote: Zygote | None = self._new_zygote() if fork_now else None
-        self._workers: dict[int, _Worker] = {}
-        self._router = TaskRouter()
-        self._unsent: list[Result] = []
         self._next_id = 0
-        self._size = size
-        # this process's CPU in submit() and collect(), for message_seconds()
-        self._main_cpu_s = 0.0
-        self._received = 0
         self.descriptors = DescriptorBudget()  # whether workers may pass descriptors (open files)
         self._slot_pages = True  # whether the workers' slots keep their pages once released
 
     def start(self) -> None:
-        """Spawn the workers (the zygote is already running)."""
+        """Spawn the workers (the zygote is already running). At size 0 (:meth:`resize`) the pool
+        is parked: no workers, its zygote ready to fork them again."""
         self.resize(self._size)
-
-    @property
-    def capacity(self) -> int:
-        return self._size * self._per_worker
 
     @property
     def threads(self) -> int:
@@ -172,12 +165,12 @@ class ProcessPool:
         Raises:
             ValueError: if ``n`` is not an int >= 1.
         """
-        if self._check_threads(n) == self._threads:
+        if self._checked(n, "threads per worker") == self._threads:
             return  # live workers have it; new ones get it when spawned
         slots = self._slots
         self._threads = n
         for worker in list(self._workers.values()):
-            self._send(worker, ("threads", n))
+            self._tell(worker, ("threads", n))
         self._slots_changed(slots)
         self._dispatch()
 
@@ -196,14 +189,9 @@ class ProcessPool:
             ValueError: if ``n`` is not an int >= 1.
         """
         slots = self._slots
-        self._tasks_per_worker = self._check_per_worker(n)
+        self._tasks_per_worker = self._checked(n, "tasks in flight per worker")
         self._slots_changed(slots)
         self._dispatch()
-
-    @property
-    def size(self) -> int:
-        """The number of workers asked for (retiring ones finish their tasks first)."""
-        return self._size
 
     @property
     def pids(self) -> list[int]:
@@ -221,89 +209,18 @@ class ProcessPool:
         return self._zygote.pid if self._zygote is not None else None
 
     @property
+    def worker_rings(self) -> list[list[ShmRing]]:
+        """Each worker's shared-memory rings as mapped here, retiring workers too, in the order
+        the worker added them: a seam for tests."""
+        return [[r.ring for r in w.rings if r is not None] for w in self._workers.values()]
+
+    @property
     def ring_bytes(self) -> int:
         """The bytes of the workers' rings in use, as mapped here."""
         rings = [
             loans.ring for w in self._workers.values() for loans in w.rings if loans is not None
         ]
         return sum(ring.capacity for ring in rings if not ring.closed)
-
-    def submit(
-        self, seq: int, payload: Any, slot: int | None = None, prefer: int | None = None
-    ) -> None:
-        """Queue a task for the least busy worker, or for the worker in ``slot`` (in order).
-
-        ``prefer`` names a slot whose worker should run the task when it has one (it may hold
-        state from earlier tasks, e.g. an open file); the task waits for that worker while it is
-        busy and goes to the least busy one only when the slot has no worker (after a shrink).
-        """
-        cpu = time.thread_time()
-        self._router.add(Task(seq, payload, slot, prefer))
-        self._dispatch()
-        self._main_cpu_s += time.thread_time() - cpu
-
-    def message_seconds(self) -> float | None:
-        """This process's CPU time per result so far: sending the task, waking up, receiving and
-        decoding the result (what a task costs here besides the work); None before 32 results."""
-        return self._main_cpu_s / self._received if self._received >= 32 else None
-
-    def collect(self, timeout: float) -> list[Result]:
-        """Results that arrived, copied out of shared memory; waits up to ``timeout`` s."""
-        cpu = time.thread_time()
-        try:
-            return self._collect(timeout)
-        finally:
-            self._main_cpu_s += time.thread_time() - cpu
-
-    def _collect(self, timeout: float) -> list[Result]:
-        results, self._unsent = self._unsent, []
-        channels = {w.channel.fileno(): w for w in self._workers.values()}
-        ready, _, _ = select.select(list(channels), [], [], 0 if results else timeout)
-        for fd in ready:
-            worker = channels[fd]
-            try:
-                while worker.id in self._workers and worker.channel.poll(0):
-                    self._receive(worker, results)
-                if worker.mapped and worker.id in self._workers:  # not retired meanwhile
-                    worker.channel.send(("mapped", worker.mapped))
-                    worker.mapped = []
-            except ChannelClosed:
-                self._on_exit(worker)
-        if self.descriptors.room_again(len(self._workers)):
-            self._allow_descriptors(True)
-        self._dispatch()
-        self._received += len(results)
-        return results
-
-    def holds(self, seq: int) -> bool:
-        """Whether task ``seq`` is queued here or running in a worker."""
-        return (
-            any(seq in w.tasks for w in self._workers.values())
-            or self._router.holds(seq)
-            or any(r[0] == seq for r in self._unsent)
-        )
-
-    def where(self, seq: int) -> str:
-        """The worker running task ``seq``, for errors."""
-        worker = next((w for w in self._workers.values() if seq in w.tasks), None)
-        return f"worker process {worker.pid}" if worker is not None else "the process pool's queue"
-
-    def resize(self, size: int) -> None:
-        """Grow by spawning workers; shrink by retiring some once their tasks are done. At 0 the
-        pool is parked: no workers, its zygote ready to fork them again."""
-        if size < 0:
-            raise ValueError(f"{self.name}: pool size must be >= 0, got {size}")
-        self._size = size
-        live = [w for w in self._workers.values() if not w.retiring]
-        taken = {w.slot for w in live}
-        for slot in [s for s in range(size + len(live)) if s not in taken][
-            : max(0, size - len(live))
-        ]:
-            self._spawn(slot)
-        for worker in sorted(live, key=lambda w: -w.slot)[: max(0, len(live) - size)]:
-            worker.retiring = True
-            self._retire_if_idle(worker)
-        self._dispatch()
 
     @property
     def slot_pages(self) -> bool:
@@ -318,7 +235,7 @@ class ProcessPool:
         if keep != self._slot_pages:
             self._slot_pages = keep
             for worker in list(self._workers.values()):
-                self._send(worker, ("pages", keep))
+                self._tell(worker, ("pages", keep))
 
     def release_zygote(self) -> bool:
         """Stop the zygote of a pool with no workers left (its copies of the pages this process
@@ -330,20 +247,60 @@ class ProcessPool:
         self._zygote = None
         return True
 
-    def close(self) -> None:
-        """Kill the zygote and every worker; idempotent."""
-        if self._zygote is not None:
-            self._zygote.close()
-        for worker in self._workers.values():
-            worker.close()
-        self._workers.clear()
-        self._router.clear()
-
-    # -- internals --------------------------------------------------------------------------
+    # -- the pool's part of the contract (runtime/worker_pool.py) ----------------------------
     @property
     def _per_worker(self) -> int:
         return max(self._tasks_per_worker, self._threads)
 
+    def _fill(self, slot: int) -> None:
+        if not any(w.slot == slot and not w.retiring for w in self._workers.values()):
+            self._spawn(slot)  # a retiring worker in the slot finishes its tasks first
+
+    def _send_tasks(self, routed: Iterable[tuple[_Worker, Task]]) -> None:
+        """Several tasks per message."""
+        batches: dict[int, list[Task]] = {}
+        for worker, task in routed:
+            batches.setdefault(worker.id, []).append(task)
+        for worker_id, batch in batches.items():
+            if worker_id in self._workers:
+                self._send_batch(self._workers[worker_id], batch)
+
+    def _collect(self, timeout: float, results: list[Result]) -> None:
+        channels = {w.channel.fileno(): w for w in self._workers.values()}
+        ready, _, _ = select.select(list(channels), [], [], timeout)
+        for fd in ready:
+            worker = channels[fd]
+            try:
+                while worker.id in self._workers and worker.channel.poll(0):
+                    self._receive(worker, results)
+                if worker.mapped and worker.id in self._workers:  # not retired meanwhile
+                    worker.channel.send(("mapped", worker.mapped))
+                    worker.mapped = []
+            except ChannelClosed:
+                self._on_exit(worker)
+        if self.descriptors.room_again(len(self._workers)):
+            self._allow_descriptors(True)
+        self._dispatch()
+
+    def _release(self, worker: _Worker) -> None:
+        try:
+            worker.channel.send(("stop",))
+        except ChannelClosed:
+            pass
+        worker.close()
+        del self._workers[worker.id]
+
+    def _close(self) -> None:
+        """Kill the zygote and every worker."""
+        if self._zygote is not None:
+            self._zygote.close()
+        for worker in self._workers.values():
+            worker.close()
+
+    def _queue_place(self) -> str:
+        return "the process pool's queue"
+
+    # -- internals --------------------------------------------------------------------------
     @property
     def _slots(self) -> int:
         """Results the main process may hold from a worker at once: its tasks in flight, and the
@@ -353,26 +310,14 @@ class ProcessPool:
     def _slots_changed(self, before: int) -> None:
         if self._slots != before:
             for worker in list(self._workers.values()):
-                self._send(worker, ("slots", self._slots))
+                self._tell(worker, ("slots", self._slots))
 
-    def _check_threads(self, n: int) -> int:
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"{self.name}: threads per worker must be an int >= 1, got {n!r}")
+    def _checked(self, n: int, what: str, least: int = 1) -> int:
+        if isinstance(n, bool) or not isinstance(n, int) or n < least:
+            raise ValueError(f"{self.name}: {what} must be an int >= {least}, got {n!r}")
         return n
 
-    def _check_held(self, n: int) -> int:
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise ValueError(f"{self.name}: results held must be an int >= 0, got {n!r}")
-        return n
-
-    def _check_per_worker(self, n: int) -> int:
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(
-                f"{self.name}: tasks in flight per worker must be an int >= 1, got {n!r}"
-            )
-        return n
-
-    def _send(self, worker: _Worker, message: tuple) -> None:
+    def _tell(self, worker: _Worker, message: tuple) -> None:
         try:
             worker.channel.send(message)
         except ChannelClosed:
@@ -390,14 +335,14 @@ class ProcessPool:
         worker = _Worker(worker_id, slot, pid, channel, self._live_zygote())
         self._workers[worker_id] = worker
         # before any task: its first result sizes its ring
-        self._send(worker, ("slots", self._slots))
+        self._tell(worker, ("slots", self._slots))
         if not self._slot_pages:
-            self._send(worker, ("pages", False))
+            self._tell(worker, ("pages", False))
         if self.descriptors.short:
             worker.channel.descriptors = False
-            self._send(worker, ("descriptors", False, None))
+            self._tell(worker, ("descriptors", False, None))
         if self._threads > 1:  # before any task; with 1 the worker runs tasks inline already
-            self._send(worker, ("threads", self._threads))
+            self._tell(worker, ("threads", self._threads))
 
     def _fork_worker(self, slot: int) -> tuple[int, Channel]:
         if self._zygote is None or not self._zygote.alive():
@@ -428,16 +373,7 @@ class ProcessPool:
         assert self._zygote is not None  # _spawn forked one
         return self._zygote
 
-    def _dispatch(self) -> None:
-        """Hand queued tasks to workers (:class:`TaskRouter`'s rule), several per message."""
-        plan: dict[int, list[Task]] = {}
-        for worker, task in self._router.route(self._workers.values(), self._per_worker):
-            plan.setdefault(worker.id, []).append(task)
-        for worker_id, batch in plan.items():
-            if worker_id in self._workers:
-                self._send_tasks(self._workers[worker_id], batch)
-
-    def _send_tasks(self, worker: _Worker, batch: list[Task]) -> None:
+    def _send_batch(self, worker: _Worker, batch: list[Task]) -> None:
         worker.tasks.update((task.seq, task) for task in batch)
         try:
             worker.channel.send(("tasks", [(task.seq, task.payload) for task in batch]))
@@ -496,7 +432,7 @@ class ProcessPool:
         COUNTS.add_tally(counts)
         self._router.done(seq)
         if self._unreadable(worker, message, fds):
-            self._send(
+            self._tell(
                 worker, ("resend", seq, *message[2:5]) if kind == "ring" else ("resend", seq)
             )
             return  # the task stays the worker's until the result comes again ("resent")
@@ -537,7 +473,7 @@ class ProcessPool:
         ``lost_ring`` did not arrive); large messages to them go in chunks meanwhile."""
         for worker in list(self._workers.values()):
             worker.channel.descriptors = allowed
-            self._send(worker, ("descriptors", allowed, lost_ring if worker is lost_by else None))
+            self._tell(worker, ("descriptors", allowed, lost_ring if worker is lost_by else None))
 
     def _decode_record(self, ring: RingLoans, offset: int, nbytes: int) -> Any:
         """The result in a ring record: tensors view the record, or are copied to ``allocate``."""
@@ -556,15 +492,6 @@ class ProcessPool:
         base = np.frombuffer(segment.buffer, np.uint8)
         weakref.finalize(base, segment.close)
         return codec.decode_view(base)
-
-    def _retire_if_idle(self, worker: _Worker) -> None:
-        if worker.retiring and not worker.tasks:
-            try:
-                worker.channel.send(("stop",))
-            except ChannelClosed:
-                pass
-            worker.close()
-            del self._workers[worker.id]
 
     def _on_exit(self, worker: _Worker) -> None:
         """A worker's channel closed: it died. Re-dispatch its tasks, or raise."""

@@ -25,6 +25,7 @@ import threading
 import time
 import uuid
 import weakref
+from collections.abc import Iterable
 from typing import Any, Protocol, cast
 
 import numpy as np
@@ -36,8 +37,9 @@ from torchpipe.runtime.executor import Result
 from torchpipe.runtime.processes.worker import unpack_exception
 from torchpipe.runtime.ray.actors import ERROR, IDLE, OK, STALE, connect, session, start_actor
 from torchpipe.runtime.ray.stats import ActorStats, PoolStats
-from torchpipe.runtime.routing import MAX_TASK_FAILURES, Task, TaskRouter
+from torchpipe.runtime.routing import MAX_TASK_FAILURES, Task
 from torchpipe.runtime.timing import CallTiming
+from torchpipe.runtime.worker_pool import WorkerPool
 
 _RETRY_S = 0.1  # an actor Ray is still restarting is asked again after this long
 _FREE_CPUS_S = 2.0  # how long the cluster's free CPUs, as last read, stand
@@ -104,8 +106,10 @@ class _Actor:
         return f"Ray actor {self.slot} (pid {self.pid} on {self.node})"
 
 
-class RayActorPool:
+class RayActorPool(WorkerPool[_Actor]):
     """Runs ``handler(seq, payload)`` tasks on Ray actors; resizable, restarts dead actors.
+
+    A task's ``slot`` is a preference here, as ``prefer`` is (an actor holds no order).
 
     Args:
         handler: the task, pickled once into the object store (cloudpickle: lambdas and
@@ -122,6 +126,8 @@ class RayActorPool:
         TypeError: if ``handler`` cannot be pickled for the actors.
     """
 
+    _lock: threading.RLock  # another pool's thread may take this one's lapsed actors
+
     def __init__(
         self,
         handler: Any,
@@ -132,32 +138,19 @@ class RayActorPool:
         restart: bool = True,
         timing: CallTiming | None = None,
     ) -> None:
-        self.name = name
-        self.timing = timing if timing is not None else CallTiming()
+        super().__init__(name, 0, restart, timing)
         self._ray = connect(options.address)
         self._options = options
-        self._restart = restart
-        self._key = (
-            session(),
-            repr(sorted(options.actor_options(restart).items(), key=lambda kv: kv[0])),
-        )
+        self._key = (session(), repr(sorted(options.actor_options(restart).items())))
         self._token = uuid.uuid4().hex
         self._boxed = [self._put_handler(handler)]  # in a list: Ray does not resolve it per call
         self._threads = max(1, int(options.num_cpus))
-        self._actors: dict[int, _Actor] = {}  # by slot
-        self._pings: dict[Any, _Actor] = {}
+        self._pings: dict[Any, _Actor] = {}  # installation call -> its actor
         self._running: dict[Any, tuple[_Actor, int]] = {}  # call reference -> (actor, seq)
-        self._router = TaskRouter()
         self._payloads: dict[int, Task] = {}  # every task held: queued or running
-        self._unsent: list[Result] = []
-        self._size = 0
-        self._free: tuple[float, int] = (
-            -1e9,
-            0,
-        )  # (when read, the actors that fitted then: held + free CPUs')
+        self._free = (-1e9, 0)  # (when read, the actors that fitted then: held + free CPUs')
         self.stats = PoolStats()
-        self._main_cpu_s = 0.0
-        self._lock = threading.RLock()  # another pool's thread may take this one's lapsed actors
+        self._lock = threading.RLock()
         self._touched = time.monotonic()  # when the consumer last called
         # its actors were taken while it was not used: start them again when it is
         self._lapsed = False
@@ -174,94 +167,12 @@ class RayActorPool:
                 "Use a function defined at module level or a lambda whose captured values pickle."
             ) from e
 
-    # -- the Executor interface ---------------------------------------------------------------
     @property
     def capacity(self) -> int:
-        return max(self._size, 1) * self._options.tasks_per_actor
-
-    @property
-    def size(self) -> int:
-        return self._size
-
-    def submit(
-        self, seq: int, payload: Any, slot: int | None = None, prefer: int | None = None
-    ) -> None:
-        """Queue a task for the least busy ready actor (or the actor in slot ``prefer``, which may
-        hold state from the reader's earlier tasks, when it is up)."""
-        cpu = time.thread_time()
-        with self._lock:
-            self._touch()
-            # a slot is a preference here
-            task = Task(seq, payload, prefer=prefer if prefer is not None else slot)
-            self._payloads[seq] = task
-            self._router.add(task)
-            self._dispatch()
-        self._main_cpu_s += time.thread_time() - cpu
-
-    def collect(self, timeout: float) -> list[Result]:
-        """Results that arrived, waiting up to ``timeout`` s for the first; actors that answered
-        their installation start taking tasks."""
-        cpu = time.thread_time()
-        try:
-            with self._lock:
-                self._touch()
-                return self._collect(timeout)
-        finally:
-            self._main_cpu_s += time.thread_time() - cpu
-
-    def holds(self, seq: int) -> bool:
-        return seq in self._payloads or any(r[0] == seq for r in self._unsent)
-
-    def where(self, seq: int) -> str:
-        actor = next((a for a in self._actors.values() if seq in a.tasks), None)
-        if actor is not None:
-            return actor.describe()
-        waiting = sum(not a.ready for a in self._actors.values())
-        return f"the Ray pool's queue ({waiting} of {len(self._actors)} actors not started or restarting)"
-
-    def resize(self, size: int) -> None:
-        """Grow by starting (or taking warm) actors; shrink by retiring the highest slots once
-        their tasks are done."""
-        if size < 0:
-            raise ValueError(f"{self.name}: pool size must be >= 0, got {size}")
-        with self._lock:
-            self._touched = time.monotonic()
-            self._resize(size)
-
-    def _resize(self, size: int) -> None:
-        self._size = size
-        for slot in range(size):
-            actor = self._actors.get(slot)
-            if actor is None:
-                self._add(slot)
-            elif actor.retiring:
-                actor.retiring = False
-        for actor in list(self._actors.values()):
-            if actor.slot >= size:
-                actor.retiring = True
-                self._retire_if_idle(actor)
-        self._dispatch()
-
-    def close(self) -> None:
-        """Stop using the actors: idle ones stay warm for the next pool (``IDLE_S``); idempotent."""
-        with self._lock:
-            self._close()
-
-    def _close(self) -> None:
-        for actor in list(self._actors.values()):
-            self._release(actor)
-        self._actors.clear()
-        self._pings.clear()
-        self._running.clear()
-        self._router.clear()
-        self._payloads.clear()
+        """How many tasks may be in flight: a pool of no actors still takes one actor's."""
+        return max(self._size, 1) * self._per_worker
 
     # -- what the iterator and the autotuner ask ------------------------------------------------
-    def message_seconds(self) -> float | None:
-        """This process's CPU time per result: submitting, waiting, fetching and decoding."""
-        received = self.stats.results
-        return self._main_cpu_s / received if received >= 32 else None
-
     def most_actors(self) -> int:
         """The most actors the stage may have: ``max_actors``, and no more than the cluster's free
         CPUs allow besides those it held when they were read (read at most every
@@ -276,7 +187,7 @@ class RayActorPool:
                 total = float(self._ray.cluster_resources().get("CPU", 0.0))
                 self._free = (
                     now,
-                    min(len(self._actors) + int(free // per_actor), int(total // per_actor)),
+                    min(len(self._workers) + int(free // per_actor), int(total // per_actor)),
                 )
             fits = self._free[1]
         most = fits if self._options.max_actors is None else min(fits, self._options.max_actors)
@@ -286,13 +197,13 @@ class RayActorPool:
         """Per-actor calls and times, and what moving results here cost (``it.stats()``)."""
         actors = {
             a.describe(): a.stats.as_dict()
-            for a in sorted(self._actors.values(), key=lambda a: a.slot)
+            for a in sorted(self._workers.values(), key=lambda a: a.slot)
         }
         return self.stats.as_dict(actors)
 
     def actor_processes(self) -> list[tuple[Any, int | None, str]]:
         """``(actor handle, pid, Ray's node id)`` of every actor the pool runs (for fault tests)."""
-        return [(a.handle, a.pid, a.node_id) for a in self._actors.values() if not a.retiring]
+        return [(a.handle, a.pid, a.node_id) for a in self._workers.values() if not a.retiring]
 
     def lapse_if_unused(self, unused_s: float) -> bool:
         """Give up every actor if the consumer has not called for ``unused_s`` seconds (a pass
@@ -302,22 +213,62 @@ class RayActorPool:
         if not self._lock.acquire(blocking=False):
             return False  # in use right now
         try:
-            if self._lapsed or not self._actors or time.monotonic() - self._touched < unused_s:
+            if self._lapsed or not self._workers or time.monotonic() - self._touched < unused_s:
                 return False
-            for actor in list(self._actors.values()):
+            for actor in list(self._workers.values()):
                 self._release(actor)
             self._lapsed = True
             return True
         finally:
             self._lock.release()
 
-    # -- internals --------------------------------------------------------------------------
+    # -- the pool's part of the contract (runtime/worker_pool.py) ------------------------------
+    @property
+    def _per_worker(self) -> int:
+        return self._options.tasks_per_actor
+
     def _touch(self) -> None:
         self._touched = time.monotonic()
         if self._lapsed:  # used again after its actors were taken: start (or take) some
             self._lapsed = False
             self._resize(self._size)
 
+    def _resize(self, size: int) -> None:
+        self._touched = time.monotonic()
+        super()._resize(size)
+
+    def _fill(self, slot: int) -> None:
+        actor = self._workers.get(slot)
+        if actor is None:
+            self._add(slot)
+        elif actor.retiring:
+            actor.retiring = False
+
+    def _queue(self, task: Task) -> None:
+        prefer = task.prefer if task.prefer is not None else task.slot
+        task = task._replace(slot=None, prefer=prefer)  # a slot is a preference here
+        self._payloads[task.seq] = task
+        self._router.add(task)
+
+    def _has_task(self, seq: int) -> bool:
+        return seq in self._payloads  # also the calls of actors it gave up while unused
+
+    def _queue_place(self) -> str:
+        waiting = sum(not a.ready for a in self._workers.values())
+        return f"the Ray pool's queue ({waiting} of {len(self._workers)} actors not started or restarting)"
+
+    def _slot_of(self, prefer: int) -> int:
+        return prefer % max(self._size, 1)
+
+    def _close(self) -> None:
+        """Idle actors stay warm for the next pool (``IDLE_S``)."""
+        for actor in list(self._workers.values()):
+            self._release(actor)
+        self._pings.clear()
+        self._running.clear()
+        self._payloads.clear()
+
+    # -- internals --------------------------------------------------------------------------
     def _reclaim(self) -> None:
         """Some actors of this pool could not start for a while (the cluster's CPUs are held):
         take the actors of pools nobody uses, and free the warm actors of other options."""
@@ -328,7 +279,7 @@ class RayActorPool:
         for pool in running_pools():
             if pool is not self:
                 pool.lapse_if_unused(_RECLAIM_S)
-        for actor in [a for a in self._actors.values() if a.pid is None and not a.ready]:
+        for actor in [a for a in self._workers.values() if a.pid is None and not a.ready]:
             warm = IDLE.take(self._key)
             if warm is None:
                 break
@@ -341,7 +292,7 @@ class RayActorPool:
     def _starved(self) -> bool:
         """Whether an actor asked for has not started within ``_RECLAIM_S``."""
         now = time.monotonic()
-        return any(a.pid is None and now - a.added_at > _RECLAIM_S for a in self._actors.values())
+        return any(a.pid is None and now - a.added_at > _RECLAIM_S for a in self._workers.values())
 
     def _add(self, slot: int) -> None:
         handle = IDLE.take(self._key)
@@ -349,7 +300,7 @@ class RayActorPool:
             IDLE.clear(keep=self._key)  # warm actors of other options would hold the CPUs it needs
             handle = start_actor(self._options.actor_options(self._restart))
         actor = _Actor(slot, handle)
-        self._actors[slot] = actor
+        self._workers[slot] = actor
         self._install(actor)
 
     def _install(self, actor: _Actor) -> None:
@@ -361,7 +312,7 @@ class RayActorPool:
 
     def _release(self, actor: _Actor) -> None:
         """Hand ``actor`` to the warm set if it is up, else kill it."""
-        self._actors.pop(actor.slot, None)
+        self._workers.pop(actor.slot, None)
         if actor.ping is not None:
             self._pings.pop(actor.ping, None)
         if actor.ready and self._ray.is_initialized():
@@ -372,34 +323,21 @@ class RayActorPool:
             except Exception:  # noqa: BLE001 - dead already
                 pass
 
-    def _retire_if_idle(self, actor: _Actor) -> None:
-        if actor.retiring and not actor.tasks:
-            self._release(actor)
-
-    def _dispatch(self) -> None:
-        """Send queued tasks, in order, to ready actors with room (:class:`TaskRouter`'s rule; a
-        task that prefers a slot whose actor exists waits for that one)."""
-        if not self._router:
-            return
-        size = max(self._size, 1)
-        for actor, task in self._router.route(
-            self._actors.values(),
-            self._options.tasks_per_actor,
-            slot_of=lambda prefer: prefer % size,
-        ):
+    def _send_tasks(self, routed: Iterable[tuple[_Actor, Task]]) -> None:
+        for actor, task in routed:
             ref = actor.handle.run.remote(self._token, task.seq, task.payload)
             actor.tasks[task.seq] = ref
             self._running[ref] = (actor, task.seq)
 
-    def _collect(self, timeout: float) -> list[Result]:
-        results, self._unsent = self._unsent, []
+    def _collect(self, timeout: float, results: list[Result]) -> None:
+        """Also: actors that answered their installation start taking tasks."""
         self._retry_installs()
         waiting = [*self._running, *self._pings]
         if not waiting:
-            if not results and timeout > 0:
+            if timeout > 0:
                 time.sleep(min(timeout, _RETRY_S))  # actors restarting: nothing to wait on yet
-            return results
-        ready, _ = self._ray.wait(waiting, num_returns=1, timeout=0 if results else timeout)
+            return
+        ready, _ = self._ray.wait(waiting, num_returns=1, timeout=timeout)
         if ready:
             more, _ = self._ray.wait(waiting, num_returns=len(waiting), timeout=0)
             ready = more or ready
@@ -411,11 +349,10 @@ class RayActorPool:
         self._dispatch()
         if self._starved():
             self._reclaim()
-        return results
 
     def _retry_installs(self) -> None:
         now = time.monotonic()
-        for actor in self._actors.values():
+        for actor in self._workers.values():
             if not actor.ready and actor.ping is None and now >= actor.retry_at:
                 self._install(actor)
 
@@ -482,7 +419,7 @@ class RayActorPool:
         """Task ``seq`` got no result from ``actor``: queue it again (in order) and install the
         actor again once it is back; or raise. An actor the pool gave up while unused may have
         been killed for another pool's sake: its tasks go again, and that is no failure."""
-        if self._actors.get(actor.slot) is not actor:
+        if self._workers.get(actor.slot) is not actor:
             error, count = None, False
         if error is not None and not self._restart:
             raise WorkerError(
@@ -513,10 +450,10 @@ class RayActorPool:
             self._running.pop(ref, None)
         self._router.requeue(self._payloads[seq] for seq in actor.tasks)
         actor.tasks.clear()
-        del self._actors[actor.slot]
+        del self._workers[actor.slot]
         if actor.slot < self._size:
             self._add(actor.slot)
-            self._actors[actor.slot].stats.restarts = actor.stats.restarts + 1
+            self._workers[actor.slot].stats.restarts = actor.stats.restarts + 1
 
 
 def decode_result(record: np.ndarray) -> Any:
