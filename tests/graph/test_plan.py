@@ -222,3 +222,16 @@ def test_garbled_counters_and_flags_of_every_kind_of_op_are_checkpoint_errors():
 def test_checkpoint_error_is_public():
     assert tp.CheckpointError is CheckpointError and "CheckpointError" in tp.__all__
     assert tp.__all__ == sorted(tp.__all__)
+
+
+def test_the_tree_is_what_the_first_element_built_until_close():
+    """PipelineIterator.tree, the seam of testing.stages: the running op iterators' root."""
+    it = iter(
+        tp.range(4).map(abs).with_options(tp.Options(optimizations={"inject_prefetch": False}))
+    )
+    assert it.tree is None
+    assert next(it) == 0
+    root = it.tree
+    assert root is not None and root.name.startswith("map")
+    it.close()
+    assert it.tree is None

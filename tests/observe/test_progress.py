@@ -5,7 +5,7 @@ import warnings
 import pytest
 
 import torchpipe as tp
-from torchpipe.observe.progress import ProgressBar
+from torchpipe.observe.progress import ProgressBar, missing_tqdm_unwarned
 from torchpipe.testing import as_in_a_fresh_process
 
 
@@ -60,3 +60,17 @@ def test_without_tqdm_one_warning_names_the_extra(monkeypatch):
             warnings.simplefilter("error")
             assert not ProgressBar("work", 10, stream=stream).active
     assert stream.getvalue() == ""
+
+
+def test_missing_tqdm_unwarned_warns_again_in_the_block_only(monkeypatch):
+    """progress.missing_tqdm_unwarned(), the seam of testing.as_in_a_fresh_process."""
+    monkeypatch.setitem(sys.modules, "tqdm", None)
+    stream = Terminal()
+    with as_in_a_fresh_process():
+        with pytest.warns(UserWarning, match="tqdm"):
+            ProgressBar("work", 10, stream=stream).update()
+        with missing_tqdm_unwarned(), pytest.warns(UserWarning, match="tqdm"):
+            ProgressBar("work", 10, stream=stream).update()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # said in this process already, as before the block
+            ProgressBar("work", 10, stream=stream).update()

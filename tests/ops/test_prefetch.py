@@ -310,3 +310,21 @@ def test_a_pass_that_starts_inline_starts_the_thread_when_a_stage_below_begins_t
     monkeypatch.setattr(prefetch, "runs_ahead", lambda stage: True)
     got += list(it)
     assert got == list(range(400)) and _executor(it) == "thread"
+
+
+def test_leave_in_takes_inline_or_thread_and_only_under_autotune():
+    """PrefetchIterator.leave_in, the seam of testing.leave_prefetch_in."""
+    it = iter(tp.range(10).prefetch(tp.AUTOTUNE).with_options(NO_INJECT))
+    next(it)
+    (stage,) = [s for s in stages(it) if isinstance(s, PrefetchIterator)]
+    with pytest.raises(ValueError, match="not 'process'"):
+        stage.leave_in("process")
+    stage.leave_in(INLINE)
+    assert stage.mode == INLINE
+    it.close()
+    fixed = iter(tp.range(10).prefetch(2).with_options(NO_INJECT))
+    next(fixed)
+    (stage,) = [s for s in stages(fixed) if isinstance(s, PrefetchIterator)]
+    with pytest.raises(ValueError, match="AUTOTUNE"):
+        stage.leave_in(THREAD)
+    fixed.close()

@@ -245,6 +245,12 @@ class PipelineIterator:
     def __iter__(self) -> PipelineIterator:
         return self
 
+    @property
+    def tree(self) -> Iterator | None:
+        """The pass's iterator tree, its root op's iterator (None until the first element or
+        state builds it): a seam for tests and tools that look at a running pass's stages."""
+        return self._tree
+
     def __next__(self) -> Any:
         interrupts.raise_dropped()  # a Ctrl-C that a finalizer of the last element swallowed
         tree = self._tree if self._tree is not None else self._build()

@@ -7,8 +7,10 @@ CI it is silent (tqdm's ``disable=None``). Without tqdm installed (``pip install
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 from torchpipe.constants import INFINITE, UNKNOWN
@@ -77,6 +79,18 @@ def _is_terminal(stream: Any) -> bool:
         return bool(stream.isatty())
     except (AttributeError, ValueError):  # no isatty, or a closed stream
         return False
+
+
+@contextlib.contextmanager
+def missing_tqdm_unwarned() -> Iterator[None]:
+    """A seam for tests: within the block the warning that tqdm is missing is not said yet, as in
+    a new process; whether this process said it is put back after the block."""
+    global _warned
+    before, _warned = _warned, False
+    try:
+        yield
+    finally:
+        _warned = before
 
 
 def _warn_once() -> None:

@@ -33,6 +33,7 @@ from torchpipe.runtime.placement.policy import (
     CallCosts,
     Policy,
 )
+from torchpipe.runtime.placement.stage import Placement
 from torchpipe.runtime.processes.pool import ProcessPool, process_executor_supported
 from torchpipe.runtime.timing import CallTiming
 
@@ -174,6 +175,18 @@ class ParallelMapIterator(Iterator, Tunable):
     def executor_kind(self) -> str:
         """``inline``, ``thread`` or ``process`` once chosen; ``auto`` before the first element."""
         return self._placement.kind if self._started else (self._fixed or AUTO)
+
+    @property
+    def placement(self) -> Placement:
+        """Where the calls run and what moves them (a fixed executor's has no policy): a seam
+        for tests that force a move, as the policy's verdicts and the autotuner do."""
+        return self._placement
+
+    @property
+    def process_pool(self) -> ProcessPool | None:
+        """The stage's process pool, where it made one (None before, and once closed): a seam for
+        tests that look at its worker processes."""
+        return self._pool
 
     def knobs(self) -> list[LiveKnob]:
         if self._knob is not None and self._ray_pool is not None:  # the cluster's free CPUs move

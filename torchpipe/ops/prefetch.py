@@ -410,6 +410,21 @@ class PrefetchIterator(Iterator, Tunable):
         """``thread`` or ``inline``: where the input runs (``prefetch(tp.AUTOTUNE)`` chooses)."""
         return self._choice.mode if self._choice is not None else THREAD
 
+    def leave_in(self, mode: str) -> None:
+        """A seam for tests: take ``mode`` (``inline`` or ``thread``) as where this pass leaves its
+        input, as a window's verdict would, for the next pass over the Dataset to start from.
+
+        Raises:
+            ValueError: for another mode, or a depth that is not AUTOTUNE (no choice to make).
+        """
+        if self._choice is None:
+            raise ValueError(
+                "the prefetch is not prefetch(tp.AUTOTUNE): it always runs its input on its thread"
+            )
+        if mode not in (INLINE, THREAD):
+            raise ValueError(f"a prefetch's input runs 'inline' or on a 'thread', not {mode!r}")
+        self._choice.mode = mode
+
     def start(self) -> None:
         # Pin the starting position on this thread, before the producer owns the input.
         self._log.state()

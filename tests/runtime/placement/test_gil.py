@@ -52,3 +52,27 @@ def test_the_free_rate_is_measured_once_a_process(monkeypatch):
             _, free, _ = probe.measure(lambda: time.sleep(0.02))
     # a sleep: the GIL free (a busy machine delays the probe)
     assert len(calibrations) == measured and free > 0.3
+
+
+def test_uncalibrated_is_a_new_process_to_the_probe_and_puts_the_rate_back(monkeypatch):
+    """GilProbe.uncalibrated(), the seam of testing.as_in_a_fresh_process: a probe calibrates
+    afresh in the block; after it, this process's rate stands again (nothing is measured)."""
+    from torchpipe.runtime.placement import gil
+
+    GilProbe.calibrate()
+    sleep, calibrations = time.sleep, []
+
+    def counting_sleep(seconds):
+        if seconds == gil.CALIBRATE_S:
+            calibrations.append(seconds)
+        sleep(seconds)
+
+    monkeypatch.setattr(gil.time, "sleep", counting_sleep)
+    with GilProbe.uncalibrated():
+        GilProbe.calibrate()
+        assert calibrations
+    del calibrations[:]
+    GilProbe.calibrate()
+    with GilProbe():
+        pass
+    assert calibrations == []

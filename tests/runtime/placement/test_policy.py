@@ -256,6 +256,17 @@ def test_the_message_cost_is_what_pools_measured():
         assert choose(calls, 2, KINDS) == INLINE
 
 
+def test_message_cost_unobserved_is_a_new_process_and_puts_the_observed_cost_back():
+    """policy.message_cost_unobserved(), the seam of testing.as_in_a_fresh_process."""
+    with as_in_a_fresh_process():  # what this test observes stays in it
+        policy_module.observe_message_cost(2e-3)
+        with policy_module.message_cost_unobserved():
+            assert policy_module.message_cost() == policy_module.MESSAGE_S
+            policy_module.observe_message_cost(5e-3)
+            assert policy_module.message_cost() == 5e-3
+        assert policy_module.message_cost() == 2e-3
+
+
 def test_reads_that_wait_overlap_on_the_threads_of_worker_processes_too():
     # 5 ms every 16 records
     reads = CallCosts(340e-6, 30e-6, 0.91, 0.0, handoff_s=10e-6, message_s=5e-6)

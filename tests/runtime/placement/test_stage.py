@@ -422,3 +422,49 @@ def test_a_trial_that_loses_big_goes_back_before_another_is_tried():
     assert policy.lost_big(policy.measured) is False
     assert policy.review(800e-6) == INLINE  # lost big: back at once, not on to processes
     assert policy.slower_than() == pytest.approx(1.5 * 340e-6)
+
+
+def test_a_placement_made_never_moving_keeps_its_calls_where_its_first_decision_put_them(
+    monkeypatch,
+):
+    """Placement.never_moving(), the seam tests hold calls with: every window says threads, yet
+    a placement made in the block stays inline, in this pass and the next; one made after it moves."""
+    _windows(monkeypatch, 2)
+    monkeypatch.setattr(driver_module, "cost_changed", lambda now, before: False)
+
+    class Threads(Policy):
+        def review(self, seconds_per_element, full=True):
+            return THREAD
+
+    with Placement.never_moving():
+        held = _Stage(Threads((INLINE, THREAD), 2))
+    held.placement.decide(CallCosts(1e-6, 1e-6, 0.0, 0.0))
+    assert [v for _, v, _ in held.run(20)] == [2 * x for x in range(20)]
+    assert held.placement.kind == INLINE
+    moved = _Stage(Threads((INLINE, THREAD), 2))
+    moved.placement.decide(CallCosts(1e-6, 1e-6, 0.0, 0.0))
+    moved.run(20)
+    assert moved.placement.kind == THREAD
+    held.placement.move(THREAD, 2)  # an explicit move still moves
+    assert held.placement.kind == THREAD
+    for stage in (held, moved):
+        while stage.dispatch.pending:
+            stage.dispatch.take()
+        stage.dispatch.close()
+
+
+def test_forced_costs_report_what_they_force_while_the_calls_run_and_no_longer_after():
+    """measure.forced_costs(), the seam of testing.forced_call_costs: the calls run (all of them,
+    their global draws watched), their measured cost is the one forced."""
+    forced = CallCosts(0.5, 0.25, 0.5, 1e-3)
+    ran, drawn = [], []
+
+    def run(n):
+        ran.extend(range(n))
+        return list(range(n))
+
+    with measure_module.forced_costs(forced):
+        assert measure_calls(run, limit=6, on_draws=drawn.append) == (forced, 6)
+    assert ran == list(range(6)) and len(drawn) == 1
+    costs, _ = measure_calls(lambda n: list(range(n)))
+    assert costs != forced and costs.call_s < 0.5

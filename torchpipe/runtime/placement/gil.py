@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from torchpipe.runtime.cpu import run_delay
@@ -60,6 +61,17 @@ class GilProbe:
         if cls._calibrated is None:
             with cls():
                 pass
+
+    @classmethod
+    @contextlib.contextmanager
+    def uncalibrated(cls) -> Iterator[None]:
+        """A seam for tests: within the block no free rate is known, as in a new process (the next
+        probe calibrates afresh); this process's own is put back after the block."""
+        before, GilProbe._calibrated = GilProbe._calibrated, None
+        try:
+            yield
+        finally:
+            GilProbe._calibrated = before
 
     def __exit__(self, *exc: Any) -> None:
         self._stop.set()

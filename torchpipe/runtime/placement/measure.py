@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 import numpy as np
@@ -39,6 +39,7 @@ size). Every result measured is kept until the consumer takes it, so each faults
 ``blobs``' eight 2 MB batches took 12 ms to measure, where delivered one by one they take 2.6."""
 _MOVE_SAMPLES = 3  # decodings timed for the cost of receiving a result (the fastest counts)
 _CALL_FLOOR = 0.1  # a call is taken to cost at least this share of its time, whatever it faulted
+_forced: CallCosts | None = None  # what measure_calls reports within forced_costs()
 
 
 def prepare_measurements() -> None:
@@ -47,6 +48,19 @@ def prepare_measurements() -> None:
     will place its calls calls this when it is made, so its first elements do not wait for it."""
     calibrate()
     GilProbe.calibrate()
+
+
+@contextlib.contextmanager
+def forced_costs(costs: CallCosts) -> Iterator[None]:
+    """A seam for tests and benchmarks: within the block :func:`measure_calls` still runs its
+    calls (all ``limit`` of them at once, watching the global RNGs they draw) but reports
+    ``costs`` for each, whatever the machine's load; what it reported before is put back after."""
+    global _forced
+    before, _forced = _forced, costs
+    try:
+        yield
+    finally:
+        _forced = before
 
 
 def measure_calls(
@@ -70,6 +84,9 @@ def measure_calls(
     half also finds out which global RNGs the calls draw from (``watch_global_draws``; the time
     that takes is left out), and ``on_draws`` is told before the second half runs.
     """
+    forced = _forced
+    if forced is not None:
+        return _run_at_forced_costs(run, limit, on_draws, forced)
     results: list[Any] = []
     held = _HeldBytes()
     cpu0 = time.thread_time()
@@ -111,6 +128,20 @@ def measure_calls(
         nbytes=nbytes,
     )
     return costs, len(results)
+
+
+def _run_at_forced_costs(
+    run: Callable[[int], list[Any]],
+    limit: int,
+    on_draws: Callable[[GlobalDraws], None] | None,
+    costs: CallCosts,
+) -> tuple[CallCosts, int]:
+    """:func:`measure_calls` within :func:`forced_costs`: the calls run, their costs are ``costs``."""
+    with watch_global_draws() as draws:
+        done = run(limit)
+    if on_draws is not None:
+        on_draws(draws)
+    return costs, len(done)
 
 
 class _HeldBytes:

@@ -17,10 +17,12 @@ that gets dearer mid-epoch) is predicted afresh. docs/executors.md states the ru
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import math
 import statistics
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from torchpipe.runtime.placement.memory_costs import CACHED_BYTES, byte_seconds
@@ -153,6 +155,18 @@ def observe_message_cost(seconds: float) -> None:
     global _observed_message_s
     previous = _observed_message_s
     _observed_message_s = seconds if previous is None else 0.5 * (previous + seconds)
+
+
+@contextlib.contextmanager
+def message_cost_unobserved() -> Iterator[None]:
+    """A seam for tests: within the block no pool has observed a result's cost yet, as in a new
+    process (:func:`message_cost` is :data:`MESSAGE_S`); the observed one is put back after."""
+    global _observed_message_s
+    before, _observed_message_s = _observed_message_s, None
+    try:
+        yield
+    finally:
+        _observed_message_s = before
 
 
 def message_cost() -> float:

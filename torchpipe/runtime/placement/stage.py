@@ -12,14 +12,16 @@ reorders an element: tasks in flight finish where they are, and results keep the
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import sys
 import time
-from collections.abc import Callable
-from typing import Any, cast
+from collections.abc import Callable, Iterator
+from typing import Any, ClassVar, cast
 
 from torchpipe.runtime.dispatch import Dispatcher
 from torchpipe.runtime.executor import Executor
-from torchpipe.runtime.placement.driver import CALLS, LEAVE, REBASE, MoveDriver
+from torchpipe.runtime.placement.driver import CALLS, LEAVE, REBASE, Cadence, MoveDriver
 from torchpipe.runtime.placement.policy import (
     INLINE,
     PROCESS,
@@ -52,6 +54,20 @@ class Placement:
         on_stay: called after a window whose verdict keeps the calls where they run.
     """
 
+    _held: ClassVar[bool] = False  # within never_moving()
+
+    @classmethod
+    @contextlib.contextmanager
+    def never_moving(cls) -> Iterator[None]:
+        """A seam for tests and benchmarks: a stage whose first placement is made within the block
+        acts on no window's verdict, then or in its later passes (none is ever agreed on): its
+        calls stay where its first decision or an explicit :meth:`move` put them."""
+        before, Placement._held = Placement._held, True
+        try:
+            yield
+        finally:
+            Placement._held = before
+
     def __init__(
         self,
         dispatcher: Dispatcher,
@@ -74,8 +90,13 @@ class Placement:
         self._retire = retire
         # The windows go on from one pass to the next (an epoch may be shorter than a window).
         self._windows = learned if learned is not None else {}
-        self._driver: MoveDriver = self._windows.setdefault("driver", MoveDriver(CALLS))
+        self._driver: MoveDriver = self._windows.setdefault("driver", MoveDriver(self._cadence()))
         self._windows.setdefault("delivered", 0)
+
+    @classmethod
+    def _cadence(cls) -> Cadence:
+        """The windows of a placement made now (:data:`CALLS`, none agreed on where held)."""
+        return dataclasses.replace(CALLS, agree=sys.maxsize) if cls._held else CALLS
 
     @property
     def _delivered(self) -> int:
