@@ -131,6 +131,7 @@ class WorkerIterator(SpanWhenProfiled, torch_dataloader._BaseDataLoaderIter):
         self._stage = WorkersStage(self)
         self._executors: AutoStage | None = None  # "auto": where batches are made, and the moves
         self._recycled: RecycledStack | None = None  # "auto": the memory of batches made here
+        self._parked_released = False  # "auto": the parked workers' slots gave their pages back
         self._placement: Placement | None = None
         self._knob: LiveKnob | None = None
         # Batch k goes to worker (or replica) k % n: a replica's batches must, and fixed workers
@@ -246,13 +247,24 @@ class WorkerIterator(SpanWhenProfiled, torch_dataloader._BaseDataLoaderIter):
             self._memory.shed(f"workers past {fit}: past the budget at their predicted peak")
 
     def _moved(self, kind: str, workers: int) -> None:
+        """After a move: only the place that makes the batches now keeps memory for the next. To
+        the workers, what this process kept to make them goes; away from them, the workers parked
+        for a trial elsewhere give their slots' pages back as their batches are taken (else their
+        rings and this process's batches peak together), and keep them again on the way back
+        unless a budget released them."""
         self._tp_state.tuned_workers = workers
         self._num_workers = workers
-        # the workers make the batches now: what this
-        if kind == PROCESS and self._recycled is not None:
-            # process kept to make them goes
-            self._recycled.drop_free()
-            trim_heap()
+        pool, memory = self._pool, self._memory
+        if kind == PROCESS:
+            if self._recycled is not None:
+                self._recycled.drop_free()
+                trim_heap()
+            if self._parked_released and memory.slot_pages != "released":
+                pool.set_slot_pages(True)
+            self._parked_released = False
+        elif pool.size and pool.slot_pages:
+            pool.set_slot_pages(False)
+            self._parked_released = True
 
     def _reset(self, loader: DataLoader, first_iter: bool = False) -> None:
         """The next epoch with the same (persistent) workers, as torch's iterator does."""
