@@ -6,6 +6,8 @@ import torchpipe as tp
 from torchpipe.autotune.live import build_model, look, start_look
 from torchpipe.autotune.tunable import BUFFER, POOL, Tunable
 from torchpipe.core.iterator import Iterator
+from torchpipe.core.tunable import WeakStage
+from torchpipe.loader.workers import WorkerIterator
 from torchpipe.ops.interleave.interleave import InterleaveIterator
 from torchpipe.ops.parallel_map import ParallelMapIterator
 from torchpipe.ops.prefetch import PrefetchIterator
@@ -20,10 +22,14 @@ def _subclasses(cls):
 
 def test_every_pool_and_buffer_op_implements_the_interface():
     tunable = [cls for cls in _subclasses(Tunable) if cls.__module__.startswith("torchpipe.")]
-    assert {cls.tuning_role for cls in tunable} == {POOL, BUFFER}
-    # a DataLoader's batches
+    # a DataLoader's batches: a stage that holds its iterator weakly, which answers for it
     (loader_stage,) = stages(iter(tp.DataLoader(range(4), num_workers="auto")))
-    expected = {ParallelMapIterator, InterleaveIterator, PrefetchIterator, type(loader_stage)}
+    assert isinstance(loader_stage, WeakStage) and loader_stage.tuning_role == POOL
+    for name in ("children", "knobs", "buffer_slots", "parallelism", "calls_in_processes"):
+        assert callable(getattr(WorkerIterator, name)), name
+    roles = {cls.tuning_role for cls in tunable if cls is not WeakStage}
+    assert roles == {POOL, BUFFER}
+    expected = {ParallelMapIterator, InterleaveIterator, PrefetchIterator, WeakStage}
     assert set(tunable) == expected
     for cls in tunable:
         assert not inspect.isabstract(cls), (

@@ -296,8 +296,11 @@ def test_over_its_budget_a_loader_gives_up_workers_then_slots_and_loses_no_batch
 class Waits(torch.utils.data.Dataset):
     """1 MB items that wait (GIL-free) and draw from no RNG: threads suit them."""
 
+    def __init__(self, length=48):
+        self.length = length
+
     def __len__(self):
-        return 48
+        return self.length
 
     def __getitem__(self, i):
         time.sleep(0.003)
@@ -398,4 +401,31 @@ def test_moved_to_worker_processes_the_main_process_lets_go_of_the_buffers_it_ke
     assert it._recycled.free_bytes == 0
     assert [b[:, 0, 0].tolist() for b in it] == [
         [float(i) for i in range(j, j + 4)] for j in range(12, 48, 4)
+    ]
+
+
+def test_workers_parked_for_a_trial_elsewhere_give_their_slots_pages_back_until_the_calls_return():
+    """A trial on threads or inline while the workers wait parked: their rings' pages and this
+    process's batches would peak together, so the parked slots give their pages back as their
+    batches are taken, and keep them again once the workers make the batches; no batch is lost."""
+    loader = tp.DataLoader(Waits(length=160), batch_size=4, num_workers="auto")
+    with forced_call_costs(2e-2, gil_free=0.0, moves=False):  # held where the test moves them
+        it = iter(loader)
+    move_calls(it, "process", 2)
+    got = [next(it) for _ in range(16)]  # the measured batches (made here), then the workers'
+    pool = it._pool
+    assert pool.slot_pages and pool.size == 2 and all(worker_rings(pool))
+    move_calls(it, "inline", 0)
+    assert not pool.slot_pages and pool.size == 2  # parked, its pages given back
+    got += [next(it) for _ in range(8)]
+    del got[:]  # the loop let go of the workers' batches: their slots' pages go
+
+    def resident() -> list[int]:  # a worker may have replaced its ring meanwhile
+        return [resident_bytes(ring) for rings in worker_rings(pool) for ring in rings]
+
+    assert wait_until(lambda: all(n <= 4 * PAGE for n in resident())), resident()
+    move_calls(it, "process", 2)
+    assert pool.slot_pages  # the workers make the batches again: their slots keep their pages
+    assert [b[:, 0, 0].tolist() for b in it] == [
+        [float(i) for i in range(j, j + 4)] for j in range(96, 160, 4)
     ]

@@ -15,8 +15,7 @@ import torchpipe as tp
 from torchpipe.autotune.autotuner import Autotuner, ConsumerClock
 from torchpipe.autotune.live import Counters, Look
 from torchpipe.autotune.tuner import Budget
-from torchpipe.loader.stage import NOT_ON_THREADS
-from torchpipe.loader.workers import WorkerIterator
+from torchpipe.loader.workers import NOT_ON_THREADS, WorkerIterator
 from torchpipe.randomness import seeds_were_set
 from torchpipe.runtime.cpu import usable_cpu_count
 from torchpipe.runtime.placement.policy import INLINE, PROCESS, THREAD

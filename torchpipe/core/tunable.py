@@ -11,7 +11,8 @@ reads it (``autotune/tunable.py``).
 from __future__ import annotations
 
 import abc
-from typing import Any
+import weakref
+from typing import Any, Protocol
 
 from torchpipe.core.stats import IteratorStats
 from torchpipe.runtime.knob import LiveKnob
@@ -57,3 +58,60 @@ class Tunable(abc.ABC):
         """Whether its calls run on a cluster's CPUs (Ray actors), which the machine's CPU budget
         does not count (default: no)."""
         return False
+
+    def executor_report(self) -> dict[str, Any]:
+        """Where its calls run, for ``stats()`` (default: nothing to say)."""
+        return {}
+
+
+class StageOwner(Protocol):
+    """What a :class:`WeakStage` asks of the object doing the work: the :class:`Tunable`
+    contract's questions (that object keeps no ``stats`` of the stage's: the stage does)."""
+
+    def children(self) -> list[Any]: ...
+    def knobs(self) -> list[LiveKnob]: ...
+    def buffer_slots(self) -> int: ...
+    def parallelism(self) -> int: ...
+    def calls_in_processes(self) -> bool: ...
+    def executor_report(self) -> dict[str, Any]: ...
+
+
+class WeakStage(Tunable):
+    """A :class:`Tunable` that holds the object doing the work weakly, for the autotuner's thread:
+    a stage whose owner the user drops (a DataLoader's iterator, and its worker processes) must
+    not be kept alive by the tuner. It keeps the stage's counters and answers for its owner
+    (:meth:`Tunable.knobs`, :meth:`~Tunable.parallelism`, ...), or nothing once the owner is gone.
+
+    Args:
+        name: the stage's name.
+        tuning_role: :data:`POOL` or :data:`BUFFER`.
+        owner: what answers the contract's questions while it lives.
+    """
+
+    def __init__(self, name: str, tuning_role: str, owner: StageOwner) -> None:
+        self.name, self.tuning_role, self.stats = name, tuning_role, IteratorStats()
+        self._owner = weakref.ref(owner)
+
+    def children(self) -> list[Any]:
+        owner = self._owner()
+        return owner.children() if owner is not None else []
+
+    def knobs(self) -> list[LiveKnob]:
+        owner = self._owner()
+        return owner.knobs() if owner is not None else []
+
+    def buffer_slots(self) -> int:
+        owner = self._owner()
+        return owner.buffer_slots() if owner is not None else 0
+
+    def parallelism(self) -> int:
+        owner = self._owner()
+        return owner.parallelism() if owner is not None else 0
+
+    def calls_in_processes(self) -> bool:
+        owner = self._owner()
+        return owner is not None and owner.calls_in_processes()
+
+    def executor_report(self) -> dict[str, Any]:
+        owner = self._owner()
+        return owner.executor_report() if owner is not None else {}

@@ -25,6 +25,7 @@ import time
 import warnings
 import weakref
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import torch.utils.data._utils.collate as torch_collate
@@ -37,6 +38,7 @@ from torchpipe.autotune.live import start_look
 from torchpipe.autotune.report import PipelineStats, pipeline_stats
 from torchpipe.autotune.tuner import Budget
 from torchpipe.core.stats import IteratorStats
+from torchpipe.core.tunable import POOL, WeakStage
 from torchpipe.loader.fetch import DataLoader, Exhausted, FetchTask, LocalFetch, SpanWhenProfiled
 from torchpipe.loader.memory import (
     LoaderMemory,
@@ -52,7 +54,6 @@ from torchpipe.loader.memory import (
     workers_within,
 )
 from torchpipe.loader.replicas import MAX_REPLICAS, ReplicaPlan, io_replicas
-from torchpipe.loader.stage import STAGE, WorkersStage, resize_weakly
 from torchpipe.options import DEFAULT_STALL_TIMEOUT_S
 from torchpipe.randomness import (
     GLOBAL_RNGS,
@@ -72,6 +73,13 @@ from torchpipe.runtime.placement.stage import Placement
 from torchpipe.runtime.processes.pool import ProcessPool
 from torchpipe.runtime.processes.worker import MAX_RING_BYTES
 from torchpipe.runtime.recycle import RecycledStack
+
+STAGE = "DataLoader workers"
+NOT_ON_THREADS = (
+    "the dataset draws from the global RNGs (random, numpy, torch), which threads share, and seeds were set "
+    "(a generator given, or torch.manual_seed) so its draws must repeat on every run"
+)
+"""Why ``num_workers="auto"`` makes no batch on threads, in ``loader.stats()``."""
 
 
 class WorkerIterator(SpanWhenProfiled, torch_dataloader._BaseDataLoaderIter):
@@ -128,9 +136,12 @@ class WorkerIterator(SpanWhenProfiled, torch_dataloader._BaseDataLoaderIter):
         self._pool = self._new_pool(
             self._task, 0 if self._auto else processes, fork_now=not self._auto
         )
-        self._stage = WorkersStage(self)
+        # what the autotuner and stats() see: this iterator's answers, held weakly (the tuner's
+        # thread must not keep a dropped iterator, and its workers, alive)
+        self._stage = WeakStage(STAGE, POOL, self)
         self._executors: AutoStage | None = None  # "auto": where batches are made, and the moves
         self._recycled: RecycledStack | None = None  # "auto": the memory of batches made here
+        self._parked_released = False  # "auto": the parked workers' slots gave their pages back
         self._placement: Placement | None = None
         self._knob: LiveKnob | None = None
         # Batch k goes to worker (or replica) k % n: a replica's batches must, and fixed workers
@@ -220,7 +231,7 @@ class WorkerIterator(SpanWhenProfiled, torch_dataloader._BaseDataLoaderIter):
             on_move=self._moved,
         )
         self._dispatch, self._placement = self._executors.dispatcher, self._executors.placement
-        self._knob = self._executors.add_knob(0, 0, most, apply=resize_weakly(self))
+        self._knob = self._executors.add_knob(0, 0, most, apply=_weakly(self.resize))
 
     def _processes(self, workers: int) -> ProcessPool:
         """The worker processes, ``workers`` of them (the zygote forked the first time), their
@@ -246,13 +257,58 @@ class WorkerIterator(SpanWhenProfiled, torch_dataloader._BaseDataLoaderIter):
             self._memory.shed(f"workers past {fit}: past the budget at their predicted peak")
 
     def _moved(self, kind: str, workers: int) -> None:
+        """After a move: only the place that makes the batches now keeps memory for the next. To
+        the workers, what this process kept to make them goes; away from them, the workers parked
+        for a trial elsewhere give their slots' pages back as their batches are taken (else their
+        rings and this process's batches peak together), and keep them again on the way back
+        unless a budget released them."""
         self._tp_state.tuned_workers = workers
         self._num_workers = workers
-        # the workers make the batches now: what this
-        if kind == PROCESS and self._recycled is not None:
-            # process kept to make them goes
-            self._recycled.drop_free()
-            trim_heap()
+        pool, memory = self._pool, self._memory
+        if kind == PROCESS:
+            if self._recycled is not None:
+                self._recycled.drop_free()
+                trim_heap()
+            if self._parked_released and memory.slot_pages != "released":
+                pool.set_slot_pages(True)
+            self._parked_released = False
+        elif pool.size and pool.slot_pages:
+            pool.set_slot_pages(False)
+            self._parked_released = True
+
+    # The autotuner's contract (core/tunable.py), answered for the WeakStage that holds this weakly.
+
+    def children(self) -> list[Any]:
+        return []
+
+    def knobs(self) -> list[LiveKnob]:
+        return [self._knob] if self._knob is not None else []
+
+    def parallelism(self) -> int:
+        """Worker processes or threads making batches now (0: in this process)."""
+        return self._placement.workers if self._placement is not None else self._pool.size
+
+    def buffer_slots(self) -> int:
+        return self._window()
+
+    def calls_in_processes(self) -> bool:
+        return self._placement is None or self._placement.kind == PROCESS
+
+    def executor_report(self) -> dict[str, Any]:
+        """Where batches are made, for ``loader.stats()``, as a parallel map reports it: the
+        ``executor`` kind, its ``workers``, the worker processes' ``pids`` and, with
+        ``num_workers="auto"``, what its policy measured (:meth:`AutoStage.policy_report`)."""
+        kind = self._placement.kind if self._placement is not None else PROCESS
+        report = {"executor": kind, "workers": self.parallelism(), "pids": self._pool.pids}
+        if self._executors is not None:
+            report.update(self._executors.policy_report(NOT_ON_THREADS))
+        return report
+
+    def resize(self, workers: int) -> None:
+        """The autotuner's request: make batches on ``workers`` workers (0: in this process)."""
+        assert self._placement is not None  # the knob exists with num_workers="auto"
+        self._placement.resize(workers)
+        self._fill()
 
     def _reset(self, loader: DataLoader, first_iter: bool = False) -> None:
         """The next epoch with the same (persistent) workers, as torch's iterator does."""
@@ -273,7 +329,8 @@ class WorkerIterator(SpanWhenProfiled, torch_dataloader._BaseDataLoaderIter):
             # the budget is read at the first round (~0.4 ms: an epoch may end sooner)
             options = self._options
             budget = lambda: Budget.of_machine(options.cpu_budget, options.ram_budget)  # noqa: E731
-            self._tuner = Autotuner(self._stage, self._clock, budget)  # type: ignore[arg-type]  # duck-typed stage
+            # the tree is this one stage
+            self._tuner = Autotuner(self._stage, self._clock, budget)  # type: ignore[arg-type]
             if self._tuner_stop is not None:
                 self._tuner_stop.detach()
             # a dropped iterator stops it
@@ -325,22 +382,25 @@ class WorkerIterator(SpanWhenProfiled, torch_dataloader._BaseDataLoaderIter):
         placement.decide(costs.without_threads() if must_repeat else costs)
 
     def _run_inline(self, limit: int) -> list[Any]:
-        results: list[Any] = []
-        while len(results) < limit and not self._sampler_done:
-            payload = self._next_payload()
-            if payload is None:
-                break
-            try:
-                value, error = self._local[INLINE].seeded(payload), None
-                if not self._stage.stats.bytes_n:  # the peak is predicted before the first move
-                    self._stage.stats.sample_bytes(value)
-            except Exception as e:  # noqa: BLE001 - delivered in its place
-                value, error = None, e
-            self._task_slot[self._seq] = None
-            self._dispatch.put(self._seq, value, error)
-            self._seq += 1
-            results.append(value)
+        """The first batches, made here and timed: the policy's first measurement."""
+        assert self._executors is not None  # num_workers="auto" (_start_auto)
+        inline = self._local[INLINE]
+        results = self._executors.run_inline(
+            limit, self._next_call, lambda seq, payload: inline.seeded(payload)
+        )
+        made = next((value for value in results if value is not None), None)
+        if made is not None and not self._stage.stats.bytes_n:
+            self._stage.stats.sample_bytes(made)  # the peak is predicted before the first move
         return results
+
+    def _next_call(self) -> tuple[int, Any] | None:
+        """The next batch drawn from the sampler as a numbered call, made here; None at the end."""
+        payload = None if self._sampler_done else self._next_payload()
+        if payload is None:
+            return None
+        self._task_slot[self._seq] = None
+        self._seq += 1
+        return self._seq - 1, payload
 
     def _next_payload(self) -> tuple[int, int, Any] | None:
         if self._primed is not None:
@@ -492,7 +552,8 @@ class WorkerIterator(SpanWhenProfiled, torch_dataloader._BaseDataLoaderIter):
         if self._memory.over:
             self._keep_to_budget(self._memory)
         elif self._memory.new_reading():  # judged again on what the last reading measured
-            self._hold_peak(self._pool.size)
+            # workers parked for a trial elsewhere keep their slots released (_moved)
+            self._hold_peak(self._pool.size if self.calls_in_processes() else 0)
         if error is not None:
             raise error
         if self._tuner is not None and not self._tuner.started:
@@ -686,3 +747,15 @@ def _held_here(ref: weakref.ref[WorkerIterator]) -> float:
     made_here = executors is not None and executors.kind == THREAD
     pending = iterator._dispatch.pending if made_here else 0
     return iterator._recycled.free_bytes + pending * iterator._stage.stats.bytes_per_element
+
+
+def _weakly(method: Callable[[int], None]) -> Callable[[int], None]:
+    """``method``, holding its object weakly (a no-op once it is gone): the tuner's thread calls it."""
+    ref = weakref.WeakMethod(method)
+
+    def call(value: int) -> None:
+        live = ref()
+        if live is not None:
+            live(value)
+
+    return call

@@ -48,6 +48,11 @@ MOST_IN_FLIGHT = 4
 the consumer waits for lack of them and the RAM budget holds them."""
 
 
+NOT_ON_THREADS = (
+    "the function draws from the global RNGs (random, numpy, torch), which threads share, and its "
+    "draws must repeat on every run (deterministic, with seeds set)"
+)
+"""Why ``executor="auto"`` runs no call on threads, in ``stats()``."""
 _DISPATCHED = object()
 """What :meth:`ParallelMapIterator._next_here` returns where the dispatcher's path must go on."""
 
@@ -226,8 +231,7 @@ class ParallelMapIterator(Iterator, Tunable):
             report["pids"] = self._pool.pids
         if self._ray_pool is not None:
             report["ray"] = self._ray_pool.report()
-        if self._policy is not None:
-            report["policy"] = self._policy.report()
+        report.update(self._executors.policy_report(NOT_ON_THREADS))
         return report
 
     def prepare(self) -> None:
@@ -275,18 +279,16 @@ class ParallelMapIterator(Iterator, Tunable):
         return costs.without_threads() if self._reproducible and any(drew) else costs
 
     def _run_inline(self, limit: int) -> list[Any]:
-        results: list[Any] = []
-        while len(results) < limit and not self._exhausted:
+        return self._executors.run_inline(limit, self._next_call)
+
+    def _next_call(self) -> tuple[int, Any] | None:
+        """The next input element as a numbered call; None at the input's end (an input error on
+        the way is delivered in its place)."""
+        while not self._exhausted:
             seq, payload = self._pull()
-            if seq is None:
-                continue
-            try:
-                value, error = self._tasks[INLINE](seq, payload), None
-            except Exception as e:  # noqa: BLE001 - delivered in its place, like a worker's
-                value, error = None, e
-            self._dispatch.put(seq, value, error)
-            results.append(value)
-        return results
+            if seq is not None:
+                return seq, payload
+        return None
 
     def _processes(self, workers: int) -> Executor:
         """The worker processes with ``workers`` of them (forking the zygote the first time)."""

@@ -163,6 +163,47 @@ class AutoStage:
         its exception propagates."""
         return cast(InlineExecutor, self.dispatcher.executor).call(seq, payload)
 
+    def run_inline(
+        self,
+        limit: int,
+        next_call: Callable[[], tuple[int, Any] | None],
+        call: Handler | None = None,
+    ) -> list[Any]:
+        """Run up to ``limit`` calls on this thread (what the policy's first measurement times),
+        each delivered in its place through the dispatcher, a failed one as its exception.
+
+        Args:
+            limit: the most calls to run.
+            next_call: the next call's ``(seq, payload)``, None where there is none.
+            call: the call to run (default: the stage's inline call).
+
+        Returns:
+            The values, None for a call that raised.
+        """
+        call = call or self._calls.inline
+        results: list[Any] = []
+        while len(results) < limit and (task := next_call()) is not None:
+            seq, payload = task
+            try:
+                value, error = call(seq, payload), None
+            except Exception as e:  # noqa: BLE001 - delivered in its place, like a worker's
+                value, error = None, e
+            self.dispatcher.put(seq, value, error)
+            results.append(value)
+        return results
+
+    def policy_report(self, not_on_threads: str) -> dict[str, Any]:
+        """What the policy measured, for ``stats()``: the executors it ``measured`` and its
+        ``policy`` report (:meth:`~torchpipe.runtime.placement.policy.Policy.report`), and, where
+        the calls may not run on threads, ``not_on_threads``: why. Nothing for a fixed executor."""
+        policy = self.policy
+        if policy is None:
+            return {}
+        report: dict[str, Any] = {"measured": sorted(policy.measured), "policy": policy.report()}
+        if policy.costs is not None and not policy.costs.thread_safe:
+            report["not_on_threads"] = not_on_threads
+        return report
+
     def make(self, kind: str, workers: int) -> Executor:
         """The stage's executor of ``kind`` with ``workers`` threads, processes or actors.
 

@@ -230,8 +230,9 @@ class Output:
         with self._lock:
             if max(1, slots) != self._asked:
                 self._asked = max(1, slots)
-                if self.descriptors:  # else the ring stays: a new one could not be sent
-                    self._ring, self._sized = None, False
+                # the next result sizes a new ring (none can be sent without descriptors); until
+                # then this one stays, and gives its pages back when idle or under a budget
+                self._sized = not self.descriptors
 
     def _descriptors_changed(self, lost_ring: int | None) -> None:
         """Descriptors were allowed or not (:attr:`descriptors`); the lock is held."""
@@ -279,7 +280,8 @@ class Output:
         with self._lock:
             if self._closed or self._ring is None:
                 return 0
-            self._written.clear()
+            # a slot the main process still holds is given back once released, under a budget
+            self._written -= self._ring.free_slots()
             return self._ring.give_back_free_slots()
 
     def _reserve(self, nbytes: int) -> tuple[int, Reservation] | None:
