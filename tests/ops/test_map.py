@@ -572,7 +572,7 @@ def spin(x):
 def test_auto_moves_to_processes_when_threads_prove_slow(monkeypatch, force_costs):
     import dataclasses
 
-    from torchpipe.runtime.placement import stage as placement
+    from torchpipe.runtime.placement import placement
 
     monkeypatch.setattr(
         placement, "CALLS", dataclasses.replace(placement.CALLS, seconds=0.0, settle_s=0.0)

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from torchpipe.autotune import tunable
-from torchpipe.autotune.live import Look, Model, build_model, look, walk
+from torchpipe.autotune.live import Look, Model, build_model, look, walk_iterators
 from torchpipe.autotune.model import Knob, bottleneck, predict_time
 from torchpipe.autotune.tuner import Budget, backoff_intervals, hill_climb
 from torchpipe.core.iterator import Iterator
@@ -99,7 +99,7 @@ class Decision:
 
 def live_knobs(root: Iterator) -> list[LiveKnob]:
     """Every AUTOTUNE knob in the tree under ``root``."""
-    return [knob for it, _ in walk(root) for knob in tunable.knobs(it)]
+    return [knob for it, _ in walk_iterators(root) for knob in tunable.knobs(it)]
 
 
 class Autotuner:
@@ -140,7 +140,8 @@ class Autotuner:
         self.trace: Callable[[Decision], None] | None = None  # a traced pass records every round
 
     @property
-    def knobs(self) -> dict[str, LiveKnob]:
+    def knobs_by_name(self) -> dict[str, LiveKnob]:
+        """The live knobs it tunes, by name."""
         return dict(self._live)
 
     @property

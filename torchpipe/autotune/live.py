@@ -90,7 +90,7 @@ def start_look() -> Look:
     return Look(time.perf_counter(), {}, 0.0, time.process_time(), COUNTS.snapshot())
 
 
-def walk(root: Iterator) -> list[tuple[Iterator, int]]:
+def walk_iterators(root: Iterator) -> list[tuple[Iterator, int]]:
     """``root`` and every iterator below it, depth first, root first, with their depths."""
     out, stack = [], [(root, 0)]
     while stack:
@@ -103,7 +103,7 @@ def walk(root: Iterator) -> list[tuple[Iterator, int]]:
 def look(root: Iterator, consumer_s: float) -> Look:
     """The counters of ``root`` and every iterator below it, now."""
     counters, moves = {}, 0
-    for it, _ in walk(root):
+    for it, _ in walk_iterators(root):
         moves += sum(knob.moves for knob in tunable.knobs(it))
         stats = it.stats
         calls, work_s, cpu_s = stats.calls.totals() if stats.calls is not None else (0, 0.0, 0.0)

@@ -64,7 +64,7 @@ class Stage:
     per_unit: str | None = None
 
 
-def buffer_slots(stage: Stage, knobs: dict[str, int]) -> int:
+def slots_at(stage: Stage, knobs: dict[str, int]) -> int:
     """The slots of the buffer after ``stage`` at these knob values (0: no buffer)."""
     if stage.buffer is None:
         return 0
@@ -105,7 +105,7 @@ def service_times(stages: list[Stage], knobs: dict[str, int]) -> list[tuple[floa
     result = []
     for group, _ in segments(stages):
         total = sum(_time(stage, knobs) for stage in group)
-        result.append((total, buffer_slots(group[-1], knobs)))
+        result.append((total, slots_at(group[-1], knobs)))
     return result
 
 
@@ -153,7 +153,7 @@ def memory_bytes(stages: list[Stage], knobs: dict[str, int]) -> float:
     """Bytes held by buffers and in-flight elements (what the RAM budget limits)."""
     total = 0.0
     for stage in stages:
-        held = buffer_slots(stage, knobs)
+        held = slots_at(stage, knobs)
         if stage.parallelism is not None:
             held += knobs[stage.parallelism]
         total += held * stage.bytes_per_element

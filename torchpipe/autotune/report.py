@@ -11,7 +11,14 @@ from typing import Any
 
 from torchpipe.autotune import tunable
 from torchpipe.autotune.autotuner import Decision
-from torchpipe.autotune.live import CONSUMER, Look, build_model, caller_seconds, look, walk
+from torchpipe.autotune.live import (
+    CONSUMER,
+    Look,
+    build_model,
+    caller_seconds,
+    look,
+    walk_iterators,
+)
 from torchpipe.autotune.model import bottleneck
 from torchpipe.autotune.tunable import POOL
 from torchpipe.core.iterator import Iterator
@@ -189,7 +196,7 @@ def pipeline_stats(
     now = look(root, consumer_s)
     seconds = max(now.time - start.time, 1e-9)
     # the tree is built when the pass starts: totals are the pass's
-    stages = [_stage_entry(it, depth, now, seconds) for it, depth in walk(root)]
+    stages = [_stage_entry(it, depth, now, seconds) for it, depth in walk_iterators(root)]
     if decisions:
         limit = decisions[-1].bottleneck
     else:

@@ -413,7 +413,7 @@ def _close(tree: Iterator, tuner: Autotuner | None, history: PassHistory, number
 
 def _tuned_values(tuner: Autotuner | None) -> dict[str, int]:
     return (
-        {name: knob.value for name, knob in sorted(tuner.knobs.items())}
+        {name: knob.value for name, knob in sorted(tuner.knobs_by_name.items())}
         if tuner is not None
         else {}
     )

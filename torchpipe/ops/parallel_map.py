@@ -24,6 +24,7 @@ from torchpipe.runtime.executor import Executor
 from torchpipe.runtime.knob import LiveKnob
 from torchpipe.runtime.placement.auto_stage import AutoStage, StageCalls, pass_candidates
 from torchpipe.runtime.placement.measure import measure_calls
+from torchpipe.runtime.placement.placement import Placement
 from torchpipe.runtime.placement.policy import (
     INLINE,
     MAX_THREADS,
@@ -33,7 +34,6 @@ from torchpipe.runtime.placement.policy import (
     CallCosts,
     Policy,
 )
-from torchpipe.runtime.placement.stage import Placement
 from torchpipe.runtime.processes.pool import ProcessPool, process_executor_supported
 from torchpipe.runtime.timing import CallTiming
 

@@ -5,7 +5,7 @@ private state. ``torchpipe.testing`` hands every one of them on.
 Each hook goes through the seam that the object it steers documents for tests
 (:meth:`~torchpipe.graph.plan.PipelineIterator.tree`,
 :func:`~torchpipe.runtime.placement.measure.forced_costs`,
-:meth:`~torchpipe.runtime.placement.stage.Placement.never_moving`, ...). A DataLoader's iterator
+:meth:`~torchpipe.runtime.placement.placement.Placement.never_moving`, ...). A DataLoader's iterator
 (``torchpipe.loader``) has none yet: what it reads there is marked ``loader:`` below.
 """
 
@@ -16,15 +16,15 @@ from collections.abc import Iterator
 from typing import Any
 
 from torchpipe.autotune import tunable
-from torchpipe.autotune.live import walk
+from torchpipe.autotune.live import walk_iterators
 from torchpipe.graph.plan import PipelineIterator
 from torchpipe.loader import workers as loader_workers
 from torchpipe.loader.workers import WorkerIterator
 from torchpipe.ops.interleave.iterator import InterleaveIterator
 from torchpipe.ops.prefetch import PrefetchIterator
 from torchpipe.runtime.placement import measure
+from torchpipe.runtime.placement.placement import Placement
 from torchpipe.runtime.placement.policy import CallCosts
-from torchpipe.runtime.placement.stage import Placement
 from torchpipe.runtime.processes.pool import ProcessPool
 
 
@@ -41,7 +41,7 @@ def stages(iterator: Any) -> list[Any]:
     root = iterator.tree if isinstance(iterator, PipelineIterator) else iterator
     if root is None:
         raise AssertionError("the pass has not started: take an element first")
-    return [stage for stage, _ in walk(root)]
+    return [stage for stage, _ in walk_iterators(root)]
 
 
 def find_stage(iterator: Any, kind: type) -> Any:

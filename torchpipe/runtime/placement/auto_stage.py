@@ -3,7 +3,7 @@
 A stage says what its call is on each kind of executor (:class:`StageCalls`); :class:`AutoStage`
 builds the rest of what ``executor="auto"`` (and ``num_workers="auto"``) needs: the
 :class:`~torchpipe.runtime.dispatch.Dispatcher` its tasks go through, the
-:class:`~torchpipe.runtime.placement.stage.Placement` that moves them, the autotuner's knob for
+:class:`~torchpipe.runtime.placement.placement.Placement` that moves them, the autotuner's knob for
 how many run at once, and the making and retiring of executors as the calls move.
 :func:`pass_candidates` says which executors a pass may choose from. A fixed executor is a
 placement whose policy is None: it is moved to once and stays.
@@ -22,6 +22,7 @@ from typing import Any, cast
 from torchpipe.runtime.dispatch import Dispatcher
 from torchpipe.runtime.executor import Executor, InlineExecutor, ThreadExecutor
 from torchpipe.runtime.knob import LiveKnob
+from torchpipe.runtime.placement.placement import Placement
 from torchpipe.runtime.placement.policy import (
     INLINE,
     PROCESS,
@@ -31,7 +32,6 @@ from torchpipe.runtime.placement.policy import (
     Policy,
     may_pay,
 )
-from torchpipe.runtime.placement.stage import Placement
 from torchpipe.runtime.timing import CallTiming
 
 Handler = Callable[[int, Any], Any]

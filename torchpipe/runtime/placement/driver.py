@@ -4,7 +4,7 @@ Every such stage goes through one driver, :class:`MoveDriver`, with one set of c
 it cuts what the stage delivers into windows (:class:`Cadence`), judges nothing while a move
 settles, acts on a verdict of the policy only once ``agree`` windows in a row gave it, and tells a
 workload that changed (:data:`CHANGED`). Its users: a
-:class:`~torchpipe.runtime.placement.stage.Placement` (map and the DataLoader), an interleave's
+:class:`~torchpipe.runtime.placement.placement.Placement` (map and the DataLoader), an interleave's
 :class:`~torchpipe.ops.interleave.placement.ReaderPlacement` (threads or worker processes) and a
 prefetch's :class:`~torchpipe.ops.prefetch.OverlapChoice` (its thread or inline); which placement
 is better, given the measurements, is :mod:`~torchpipe.runtime.placement.policy`'s call.
@@ -28,7 +28,7 @@ SETTLE_S = 0.05
 buffers fill."""
 SETTLE_PROCESS_S = 0.05
 """The same after a move to worker processes: they fork and fault their rings in. Their first
-results are not judged either (:meth:`~torchpipe.runtime.placement.stage.Placement.move`): two a
+results are not judged either (:meth:`~torchpipe.runtime.placement.placement.Placement.move`): two a
 worker, its first call cold."""
 AGREE = 2
 """Windows in a row whose verdicts must agree before work moves: one can mislead (a cold start, a

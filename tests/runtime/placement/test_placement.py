@@ -12,8 +12,9 @@ from torchpipe.runtime.executor import InlineExecutor, ThreadExecutor
 from torchpipe.runtime.placement import driver as driver_module
 from torchpipe.runtime.placement import measure as measure_module
 from torchpipe.runtime.placement import memory_costs
-from torchpipe.runtime.placement import stage as placement_module
+from torchpipe.runtime.placement import placement as placement_module
 from torchpipe.runtime.placement.measure import measure_calls, move_costs
+from torchpipe.runtime.placement.placement import Placement
 from torchpipe.runtime.placement.policy import (
     INLINE,
     KINDS,
@@ -23,7 +24,6 @@ from torchpipe.runtime.placement.policy import (
     Policy,
     workers,
 )
-from torchpipe.runtime.placement.stage import Placement
 from torchpipe.runtime.timing import CallTiming
 
 
