@@ -32,7 +32,7 @@ from torchpipe.loader.memory import (
 )
 from torchpipe.runtime.processes.output import slot_bytes
 from torchpipe.runtime.processes.pool import ProcessPool
-from torchpipe.testing import forced_call_costs, move_calls, worker_rings
+from torchpipe.testing import worker_rings
 
 
 class Busy(torch.utils.data.Dataset):
@@ -255,123 +255,6 @@ def wait_until(condition, timeout=20.0):
     return condition()
 
 
-def test_over_its_budget_a_loader_gives_up_workers_then_slots_and_loses_no_batch(monkeypatch):
-    monkeypatch.setattr(loader_memory, "SETTLE_S", 0.0)  # shed a step at each reading
-    monkeypatch.setattr(loader_memory, "CHECK_EVERY_S", 0.01)
-
-    def make(**kwargs):
-        return tp.DataLoader(
-            Busy(), batch_size=4, generator=torch.Generator().manual_seed(3), **kwargs
-        )
-
-    # per-batch seeds: the same draws anywhere
-    ref = make(num_workers="auto", persistent_workers=True)
-    want = [[b.tolist() for b in ref] for _ in range(3)]
-    before = {
-        p.pid for p in psutil.Process().children(recursive=True)
-    }  # ref's persistent workers among them
-    lean = make(
-        num_workers="auto", autotune=tp.AutotuneOptions(ram_budget=1), persistent_workers=True
-    )
-    for epoch in range(3):  # each batch once, in order, with its draws, while workers go
-        it = iter(lean)
-        if epoch == 0:
-            move_calls(it, "process", 3)
-            assert it._placement.workers == 1  # the cap the predicted peak set
-        assert [b.tolist() for b in it] == want[epoch]
-    memory = lean.stats()[0]["memory"]
-    assert memory["default"] is False and memory["budget"] == 1
-    shed = memory["shed"]
-    assert shed and shed[-1] == "the workers' zygote"  # no worker process fits in one byte
-    steps = [s.split(":")[0] for s in shed]
-    slots, last = steps.index("a ring slot"), steps.index("the last worker")
-    # held on the predicted peak: capped at one worker before the first move (3 asked), its slots'
-    # pages given back once released, then its slots, then the last worker
-    assert steps[:2] == ["workers past 1", "slot pages"] and 2 <= slots < last
-    assert lean.stats()[0]["executor"] == "inline"  # capped at 0 by the budget, whatever measured
-    left = {p.pid for p in psutil.Process().children(recursive=True)} - before
-    assert not left  # nor the workers' zygote, once they are gone
-
-
-class Waits(torch.utils.data.Dataset):
-    """1 MB items that wait (GIL-free) and draw from no RNG: threads suit them."""
-
-    def __init__(self, length=48):
-        self.length = length
-
-    def __len__(self):
-        return self.length
-
-    def __getitem__(self, i):
-        time.sleep(0.003)
-        return torch.full((256, 1024), float(i))
-
-
-def test_batches_made_on_threads_and_not_handed_out_count_against_the_budget(monkeypatch):
-    """A batch a thread made waits in this process until the loop takes it: the loader's, as a
-    batch in a worker's ring is. With no worker process at all, the readings see them and the
-    loader gives up threads down to inline."""
-    monkeypatch.setattr(loader_memory, "SETTLE_S", 0.0)
-    monkeypatch.setattr(loader_memory, "CHECK_EVERY_S", 0.01)
-    before = {p.pid for p in psutil.Process().children(recursive=True)}
-    loader = tp.DataLoader(
-        Waits(),
-        batch_size=4,
-        num_workers="auto",
-        persistent_workers=True,
-        autotune=tp.AutotuneOptions(ram_budget=1 << 20),
-    )
-    # 4 MB batches, GIL-free: a thread a core
-    with forced_call_costs(0.012, gil_free=1.0, moves=False):
-        it = iter(loader)
-    # where the forced costs put it, no window moving it
-    assert loader.stats()[0]["executor"] == "thread"
-    want = [[float(i) for i in range(j, j + 4)] for j in range(0, 48, 4)]
-    epoch, deadline = 0, time.monotonic() + 30  # epochs until the threads are all given up, however
-    while epoch == 0 or (
-        loader.stats()[0]["executor"] != "inline" and time.monotonic() < deadline
-    ):  # loaded
-        assert [
-            b[:, 0, 0].tolist() for b in (it if epoch == 0 else loader)
-        ] == want  # each batch once, in order
-        epoch += 1
-    memory = loader.stats()[0]["memory"]
-    forked = {p.pid for p in psutil.Process().children(recursive=True)} - before
-    assert memory["peak"] > 1 << 20 and not forked  # read with no worker process
-    steps = [step.split(":")[0] for step in memory["shed"]]
-    # threads capped at their predicted peak ("workers past 1") or given up at a reading ("worker 2 of 2")
-    assert steps[0].startswith("worker") and "the last worker" in steps
-    assert loader.stats()[0]["executor"] == "inline"
-
-
-def test_a_worker_count_the_user_chose_is_kept_past_the_budget_with_one_warning(monkeypatch):
-    """Past the budget the slots give their pages back first (the count is kept); still past
-    it, a warning says once what the loader holds."""
-    monkeypatch.setattr(loader_memory, "SETTLE_S", 0.0)
-    monkeypatch.setattr(loader_memory, "CHECK_EVERY_S", 0.01)
-    loader = tp.DataLoader(
-        Busy(), batch_size=4, num_workers=2, autotune=tp.AutotuneOptions(ram_budget=1)
-    )
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        got = [b for _ in range(2) for b in loader]
-    assert len(got) == 2 * 60  # nothing lost
-    said = [
-        str(w.message) for w in caught if "worker processes and their rings hold" in str(w.message)
-    ]
-    assert (
-        len(said) == 1
-        and "num_workers is yours and is kept" in said[0]
-        and "its ram_budget" in said[0]
-    )
-    memory = loader.stats()[0]["memory"]
-    assert loader.stats()[0]["workers"] == 2 and memory["slot_pages"] == "released"
-    assert (
-        memory["shed"][0].startswith("slot pages: released")
-        and "2 workers kept" in memory["slot_pages_why"]
-    )
-
-
 def test_without_a_ram_budget_the_loader_keeps_to_a_share_of_the_memory_available():
     available = psutil.virtual_memory().available
     loader = tp.DataLoader(Busy(), batch_size=4, num_workers="auto")
@@ -386,46 +269,3 @@ def test_without_a_ram_budget_the_loader_keeps_to_a_share_of_the_memory_availabl
 def test_the_autotune_argument_is_checked():
     with pytest.raises(TypeError, match="autotune must be a tp.AutotuneOptions"):
         tp.DataLoader(Busy(), num_workers="auto", autotune={"ram_budget": 1})
-
-
-def test_moved_to_worker_processes_the_main_process_lets_go_of_the_buffers_it_kept_for_batches():
-    """Batches of 1 MB or more made here are stacked into buffers kept for reuse; once the workers
-    make the batches, those buffers would be held for nothing."""
-    loader = tp.DataLoader(Waits(), batch_size=4, num_workers="auto")
-    it = iter(loader)
-    move_calls(it, "inline", 0)
-    kept = [next(it) for _ in range(3)]
-    del kept  # their buffers come back to be kept
-    assert it._recycled.free_bytes >= 4 << 20
-    move_calls(it, "process", 2)
-    assert it._recycled.free_bytes == 0
-    assert [b[:, 0, 0].tolist() for b in it] == [
-        [float(i) for i in range(j, j + 4)] for j in range(12, 48, 4)
-    ]
-
-
-def test_workers_parked_for_a_trial_elsewhere_give_their_slots_pages_back_until_the_calls_return():
-    """A trial on threads or inline while the workers wait parked: their rings' pages and this
-    process's batches would peak together, so the parked slots give their pages back as their
-    batches are taken, and keep them again once the workers make the batches; no batch is lost."""
-    loader = tp.DataLoader(Waits(length=160), batch_size=4, num_workers="auto")
-    with forced_call_costs(2e-2, gil_free=0.0, moves=False):  # held where the test moves them
-        it = iter(loader)
-    move_calls(it, "process", 2)
-    got = [next(it) for _ in range(16)]  # the measured batches (made here), then the workers'
-    pool = it._pool
-    assert pool.slot_pages and pool.size == 2 and all(worker_rings(pool))
-    move_calls(it, "inline", 0)
-    assert not pool.slot_pages and pool.size == 2  # parked, its pages given back
-    got += [next(it) for _ in range(8)]
-    del got[:]  # the loop let go of the workers' batches: their slots' pages go
-
-    def resident() -> list[int]:  # a worker may have replaced its ring meanwhile
-        return [resident_bytes(ring) for rings in worker_rings(pool) for ring in rings]
-
-    assert wait_until(lambda: all(n <= 4 * PAGE for n in resident())), resident()
-    move_calls(it, "process", 2)
-    assert pool.slot_pages  # the workers make the batches again: their slots keep their pages
-    assert [b[:, 0, 0].tolist() for b in it] == [
-        [float(i) for i in range(j, j + 4)] for j in range(96, 160, 4)
-    ]

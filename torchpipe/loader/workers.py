@@ -17,12 +17,16 @@ runtime's dispatcher (bounded waits, the stall check, in order or as completed).
   set (a ``generator``, ``torch.manual_seed``) augmentation is the same on every run wherever a
   batch was made; a dataset that draws from them then never runs on threads, which share them
   (without seeds it may: docs/determinism.md).
+
+What it does for its RAM budget is loader/budget.py's (:class:`BudgetedWorkers`), how an
+IterableDataset's epoch settles its replicas loader/replica_starts.py's (:class:`ReplicaStarts`):
+both mixins share its state. It answers the autotuner's contract itself, held weakly by a
+:class:`~torchpipe.core.tunable.WeakStage`.
 """
 
 from __future__ import annotations
 
 import time
-import warnings
 import weakref
 from collections import deque
 from collections.abc import Callable
@@ -39,21 +43,16 @@ from torchpipe.autotune.report import PipelineStats, pipeline_stats
 from torchpipe.autotune.tuner import Budget
 from torchpipe.core.stats import IteratorStats
 from torchpipe.core.tunable import POOL, WeakStage
+from torchpipe.loader.budget import BudgetedWorkers, held_here
 from torchpipe.loader.fetch import DataLoader, Exhausted, FetchTask, LocalFetch, SpanWhenProfiled
 from torchpipe.loader.memory import (
     LoaderMemory,
     default_budget,
-    hold_peak,
-    over_budget,
     pool_holdings,
-    private_bytes,
-    release_slot_pages,
     ring_limit,
-    trim_heap,
-    workers_fitting,
-    workers_within,
 )
-from torchpipe.loader.replicas import MAX_REPLICAS, ReplicaPlan, io_replicas
+from torchpipe.loader.replica_starts import ReplicaStarts
+from torchpipe.loader.replicas import ReplicaPlan, io_replicas
 from torchpipe.options import DEFAULT_STALL_TIMEOUT_S
 from torchpipe.randomness import (
     GLOBAL_RNGS,
@@ -63,7 +62,7 @@ from torchpipe.randomness import (
     seeds_were_set,
 )
 from torchpipe.runtime import interrupts
-from torchpipe.runtime.cpu import usable_cpu_count, voluntary_switches
+from torchpipe.runtime.cpu import usable_cpu_count
 from torchpipe.runtime.dispatch import Dispatcher
 from torchpipe.runtime.knob import LiveKnob
 from torchpipe.runtime.placement.auto_stage import AutoStage, StageCalls, pass_candidates
@@ -82,7 +81,9 @@ NOT_ON_THREADS = (
 """Why ``num_workers="auto"`` makes no batch on threads, in ``loader.stats()``."""
 
 
-class WorkerIterator(SpanWhenProfiled, torch_dataloader._BaseDataLoaderIter):
+class WorkerIterator(
+    SpanWhenProfiled, BudgetedWorkers, ReplicaStarts, torch_dataloader._BaseDataLoaderIter
+):
     """Batches made off the consumer's path (or, with ``"auto"``, wherever is fastest), delivered
     in sampler order (or as they finish with ``in_order=False``).
 
@@ -105,34 +106,13 @@ class WorkerIterator(SpanWhenProfiled, torch_dataloader._BaseDataLoaderIter):
             if state.workers_auto
             else self._num_workers
         )
-        # auto over an IterableDataset: `most` replicas (or what an earlier epoch decided), on
-        # processes decided from the first batches
-        self._plan: ReplicaPlan | None = None
-        if state.workers_auto and iterable:
-            most = state.replicas or most
-            self._plan = ReplicaPlan(
-                most, self._num_workers, state.tuned_workers, fixed=state.replicas is not None
-            )
-        # the plan's first batches
-        self._held: deque[tuple[int, Any, BaseException | None]] = deque()
-        # the replicas an epoch had before it started over with more
-        self._before_start_over: int | None = None
+        most = self._plan_replicas(state, iterable, most)
         processes = self._plan.processes if self._plan is not None else self._num_workers
         # "auto": the zygote is forked when batches first go to processes (the first decision is
         # made before the tuner's thread starts), not for an epoch that makes them here (its fork
         # and stop took ~10 ms, its memory the epoch)
         self._task = FetchTask(loader, int(self._base_seed), most, self._auto)
-        self._options, given = state.autotune, state.autotune.ram_budget
-        # the default budget: a share of what was available at the first epoch
-        if state.memory is None:
-            state.memory = LoaderMemory(
-                default_budget() if given is None else given, given is not None
-            )
-        self._memory: LoaderMemory = state.memory
-        lean = given is not None and state.workers_auto  # a budget the user gave: rings stay small
-        self._ring_limit = (
-            ring_limit(given, min(most, usable_cpu_count())) if lean else MAX_RING_BYTES
-        )
+        self._take_budget(state, most)
         self._pool = self._new_pool(
             self._task, 0 if self._auto else processes, fork_now=not self._auto
         )
@@ -157,6 +137,33 @@ class WorkerIterator(SpanWhenProfiled, torch_dataloader._BaseDataLoaderIter):
         self._epoch = -1
         self._seq = 0  # sequence numbers run on across epochs: late results of a broken-off
         self._start_epoch()  # epoch can never be taken for this one's
+
+    def _plan_replicas(self, state: Any, iterable: bool, most: int) -> int:
+        """``"auto"`` over an IterableDataset: ``most`` replicas (or what an earlier epoch
+        decided), on processes decided from the first batches. Returns the replicas (else ``most``)."""
+        self._plan: ReplicaPlan | None = None
+        if state.workers_auto and iterable:
+            most = state.replicas or most
+            self._plan = ReplicaPlan(
+                most, self._num_workers, state.tuned_workers, fixed=state.replicas is not None
+            )
+        self._held = deque()  # the plan's first batches
+        self._before_start_over = None  # the replicas an epoch had before it started over
+        return most
+
+    def _take_budget(self, state: Any, most: int) -> None:
+        """The RAM budget the loader keeps across epochs: the user's, else a share of what was
+        available at the first epoch; a budget the user gave keeps the rings small."""
+        self._options, given = state.autotune, state.autotune.ram_budget
+        if state.memory is None:
+            state.memory = LoaderMemory(
+                default_budget() if given is None else given, given is not None
+            )
+        self._memory = state.memory
+        lean = given is not None and state.workers_auto
+        self._ring_limit = (
+            ring_limit(given, min(most, usable_cpu_count())) if lean else MAX_RING_BYTES
+        )
 
     @classmethod
     def describe(cls, loader: DataLoader) -> list[str]:
@@ -233,49 +240,6 @@ class WorkerIterator(SpanWhenProfiled, torch_dataloader._BaseDataLoaderIter):
         self._dispatch, self._placement = self._executors.dispatcher, self._executors.placement
         self._knob = self._executors.add_knob(0, 0, most, apply=_weakly(self.resize))
 
-    def _processes(self, workers: int) -> ProcessPool:
-        """The worker processes, ``workers`` of them (the zygote forked the first time), their
-        slots' pages released first where the budget would not hold them at the peak."""
-        if workers > self._pool.size:  # not the cap: the placement is moving now
-            batch, here = self._stage.stats.bytes_per_element, _held_here(weakref.ref(self))
-            hold_peak(self._memory, self._pool, workers, batch, here)
-        self._pool.resize(workers)
-        return self._pool
-
-    def _hold_peak(self, workers: int) -> None:
-        """The budget held on the predicted peak (docs/autotune.md): the slots of ``workers``
-        workers release or keep their pages by it, and "auto" caps its workers at those that fit."""
-        batch, here = self._stage.stats.bytes_per_element, _held_here(weakref.ref(self))
-        hold_peak(self._memory, self._pool, workers, batch, here)
-        placement = self._placement
-        if placement is None or self._knob is None or batch <= 0:
-            return
-        most = self._knob.maximum if placement.most is None else placement.most
-        fit = workers_fitting(self._memory, self._pool, most, batch, here)
-        if 0 < fit < most:
-            self._cap(placement, fit)
-            self._memory.shed(f"workers past {fit}: past the budget at their predicted peak")
-
-    def _moved(self, kind: str, workers: int) -> None:
-        """After a move: only the place that makes the batches now keeps memory for the next. To
-        the workers, what this process kept to make them goes; away from them, the workers parked
-        for a trial elsewhere give their slots' pages back as their batches are taken (else their
-        rings and this process's batches peak together), and keep them again on the way back
-        unless a budget released them."""
-        self._tp_state.tuned_workers = workers
-        self._num_workers = workers
-        pool, memory = self._pool, self._memory
-        if kind == PROCESS:
-            if self._recycled is not None:
-                self._recycled.drop_free()
-                trim_heap()
-            if self._parked_released and memory.slot_pages != "released":
-                pool.set_slot_pages(True)
-            self._parked_released = False
-        elif pool.size and pool.slot_pages:
-            pool.set_slot_pages(False)
-            self._parked_released = True
-
     # The autotuner's contract (core/tunable.py), answered for the WeakStage that holds this weakly.
 
     def children(self) -> list[Any]:
@@ -319,7 +283,7 @@ class WorkerIterator(SpanWhenProfiled, torch_dataloader._BaseDataLoaderIter):
         self._stop_tuner()
         here = weakref.ref(self)  # the watcher must not keep the iterator alive
         self._watching = self._memory.watch(
-            pool_holdings(self._pool, lambda: _held_here(here)), id(self._pool)
+            pool_holdings(self._pool, lambda: held_here(here)), id(self._pool)
         )
         self._dispatch.forget()
         self._clock, self._started = ConsumerClock(), start_look()
@@ -458,64 +422,6 @@ class WorkerIterator(SpanWhenProfiled, torch_dataloader._BaseDataLoaderIter):
         """The worker slot that makes ``replica``'s batches; None while that waits for a measurement."""
         return replica if self._plan is None else self._plan.host(replica)
 
-    def _decide_replicas(self, plan: ReplicaPlan) -> None:
-        """Take the first batch of each replica started (one alone may be a slow start) and decide
-        from their cost where the others run, or start the epoch over with more replicas. The
-        batches are held until then: none is delivered before the count is final."""
-        while self._dispatch.pending:
-            self._held.append(self._take())
-        calls, wall_s, cpu_s, asleep = replica_costs(self._pool)
-        whole = all(
-            error is None and not isinstance(value, Exhausted) for _, value, error in self._held
-        )
-        io = _waits_on_io(calls, wall_s, cpu_s, asleep)
-        room = self._room() if whole and not plan.fixed and io else plan.replicas
-        # batches that did not wait on I/O waited for a core: a process a core, like busy ones
-        restart = (
-            plan.decide(calls, wall_s, cpu_s if io else wall_s, usable_cpu_count(), room)
-            if calls
-            else None
-        )
-        if not whole and self._before_start_over is not None:
-            # The dataset fails or ends early with as many replicas as the start-over asked for (it
-            # splits files by num_workers, say) where fewer made their first batches: back to those.
-            self._start_over(self._before_start_over, None)
-            return
-        if restart is None or not whole:  # an ended or failing replica: more replicas will not pay
-            self._before_start_over = None
-            plan.decided = plan.fixed = True
-            self._tp_state.replicas, self._tp_state.tuned_workers = plan.replicas, plan.processes
-            self._pool.resize(plan.processes)
-            return
-        self._start_over(restart, plan.replicas)
-
-    def _start_over(self, replicas: int, before: int | None) -> None:
-        """Start the epoch over with ``replicas``, a process each, their first batches held to be
-        judged again where ``before`` (the count they replace) is given, else final."""
-        self._before_start_over = before
-        self._held.clear()  # made again, and split otherwise, by the new replicas
-        self._task_slot.clear()
-        self._tp_state.replicas = self._tp_state.tuned_workers = replicas
-        # judged again: the count fixed, the first batches held; final: every replica placed now
-        self._plan = ReplicaPlan(
-            replicas, replicas, decided=None if before else replicas, fixed=True
-        )
-        self._task = self._task.with_replicas(replicas)
-        pool = self._new_pool(self._task, replicas)
-        pool.start()
-        self._dispatch.switch(pool)  # the first replicas' pool, idle now, is closed
-        self._pool = pool
-        self._stage.stats.calls = pool.timing
-        self._batch = self._slot = 0
-        self._active, self._made = [True] * replicas, [0] * replicas
-
-    def _room(self) -> int:
-        """How many worker processes the RAM budget holds, from what the first one holds alone."""
-        each = private_bytes(self._pool.pids[0]) if self._pool.pids else 0
-        if not each:
-            return MAX_REPLICAS
-        return max(1, int(self._memory.budget // each))
-
     def skip(self, count: int) -> None:
         """Resume support: drop ``count`` batches (map-style: drawn from the sampler, not fetched)."""
         for _ in range(count):
@@ -560,55 +466,6 @@ class WorkerIterator(SpanWhenProfiled, torch_dataloader._BaseDataLoaderIter):
             self._tuner.tick()  # as a pipeline's: the first batch starts its first window, the first round its thread
         self._clock.leave()
         return pin_memory(value, self._pin_memory_device) if self._pin_memory else value
-
-    def _keep_to_budget(self, memory: LoaderMemory) -> None:
-        """Past the memory budget: first the ring slots give their pages back once their batch is
-        released (:func:`release_slot_pages`: every worker is kept); then, with
-        ``num_workers="auto"``, give up workers (down to one; as many at once as the reading says
-        are past it, at an equal share each),
-        then its ring slots (batches in flight, down to one), then the last worker (batches made
-        here), then the zygote; the caps hold for later epochs. A count the user chose (or the
-        replicas of an IterableDataset, which decide what each batch holds) is kept: a warning
-        says once what the loader holds."""
-        if release_slot_pages(memory, self._pool):
-            return  # memory buys workers: what the loader holds is read again first
-        placement = self._placement
-        if placement is None:
-            if not memory.warned:
-                memory.warned = True
-                warnings.warn(over_budget(memory, self._pool.size), stacklevel=3)
-            memory.over = False
-            return
-        if placement.workers > 1:
-            most = placement.workers
-            keep = workers_within(memory.held, memory.budget, most)
-            step = (
-                f"worker {most} of {most}"
-                if keep == most - 1
-                else f"worker {keep + 1} to {most} of {most}"
-            )
-            self._cap(placement, keep)
-        elif placement.workers == 1 and self._factor > 1:
-            self._factor -= 1
-            self._pool.set_per_worker(self._factor)
-            step = f"a ring slot: {self._factor} batches in flight a worker"
-        elif placement.workers == 1:
-            step = "the last worker: batches made in this process"
-            self._cap(placement, 0)
-        elif self._pool.size:
-            step = "the parked workers"
-            self._pool.resize(0)
-        elif self._pool.process_ids:
-            step = "the workers' zygote"
-            self._pool.release_zygote()
-        else:
-            return  # nothing is left to give up: what is held is not the loader's
-        memory.shed(step)
-
-    def _cap(self, placement: Placement, most: int) -> None:
-        if self._knob is not None:
-            self._knob.maximum = most
-        placement.cap(most)
 
     def _fetch_here(self, executors: AutoStage) -> Any:
         """The next batch, made on this thread (inline, nothing in flight): no dispatch needed."""
@@ -712,41 +569,6 @@ def _sizing(state: Any, iterable: bool) -> str:
         return f" (resized by the autotuner: 1 to {2 * cores})"
     more = "" if state.replicas else f" ({io_replicas(cores)} where the first batches wait on I/O)"
     return f" running {state.replicas or 2 * cores} replicas{more}, one a process where they wait, else in turn"
-
-
-def replica_costs(pool: Any) -> tuple[int, float, float, int]:
-    """What the first batches of an IterableDataset's replicas cost in ``pool``'s workers: the
-    calls, their wall and CPU seconds, and how often the workers went to sleep of their own accord."""
-    calls, wall_s, cpu_s = pool.timing.totals()
-    return calls, wall_s, cpu_s, sum(voluntary_switches(pid) for pid in pool.pids)
-
-
-def _waits_on_io(calls: int, wall_s: float, cpu_s: float, asleep: int) -> bool:
-    """Whether the first batches waited on I/O, enough to spread the replicas over more
-    processes than cores, or to start the epoch over with more: most of their time (3x
-    their CPU time), 2 ms or more a batch, with their workers going to sleep on their own
-    (``asleep`` more than 3 times a batch: besides waiting for their task). A busy machine's
-    cores make a batch wait too, but not asleep: more processes or replicas would not help it,
-    and the replica count decides what each batch holds."""
-    return (
-        calls > 0
-        and wall_s >= 3 * cpu_s
-        and (wall_s - cpu_s) / calls >= 0.002
-        and asleep > 3 * calls
-    )
-
-
-def _held_here(ref: weakref.ref[WorkerIterator]) -> float:
-    """The bytes a DataLoader's iterator holds in this process (0 once it is gone): batches made
-    here on threads and not handed out (each task in flight holds one, or will), and the memory
-    kept for the next ones. A batch handed out is the training loop's, as with torch's workers."""
-    iterator = ref()
-    if iterator is None or iterator._recycled is None:
-        return 0.0
-    executors = iterator._executors
-    made_here = executors is not None and executors.kind == THREAD
-    pending = iterator._dispatch.pending if made_here else 0
-    return iterator._recycled.free_bytes + pending * iterator._stage.stats.bytes_per_element
 
 
 def _weakly(method: Callable[[int], None]) -> Callable[[int], None]:

@@ -18,7 +18,6 @@ from typing import Any
 from torchpipe.autotune import tunable
 from torchpipe.autotune.live import walk_iterators
 from torchpipe.graph.plan import PipelineIterator
-from torchpipe.loader import workers as loader_workers
 from torchpipe.loader.workers import WorkerIterator
 from torchpipe.ops.interleave.iterator import InterleaveIterator
 from torchpipe.ops.prefetch import PrefetchIterator
@@ -119,30 +118,9 @@ def forced_call_costs(
     costs = CallCosts(call_s, call_s if cpu_s is None else cpu_s, gil_free, move_s)
     with contextlib.ExitStack() as forced:
         forced.enter_context(measure.forced_costs(costs))
-        forced.enter_context(_forced_replica_costs(costs))
         if not moves:  # no verdict is ever agreed on: nothing moves on a prediction
             forced.enter_context(Placement.never_moving())
         yield
-
-
-@contextlib.contextmanager
-def _forced_replica_costs(costs: CallCosts) -> Iterator[None]:
-    """Within the block the first batches of an IterableDataset's replicas cost ``costs`` a call.
-
-    loader: ``torchpipe.loader.workers`` has no seam for it yet; its ``replica_costs`` is replaced.
-    """
-
-    def replica_costs(pool: Any) -> tuple[int, float, float, int]:
-        calls = pool.timing.totals()[0]
-        waiting = 1.0 - costs.cpu_s / costs.call_s if costs.call_s > 0 else 0.0
-        # asleep as it waits
-        return calls, costs.call_s * calls, costs.cpu_s * calls, round(4 * calls * waiting)
-
-    original, loader_workers.replica_costs = loader_workers.replica_costs, replica_costs
-    try:
-        yield
-    finally:
-        loader_workers.replica_costs = original
 
 
 def zygote_pids(iterator: Any) -> list[int]:

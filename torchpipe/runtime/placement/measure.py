@@ -63,6 +63,11 @@ def forced_costs(costs: CallCosts) -> Iterator[None]:
         _forced = before
 
 
+def forced_now() -> CallCosts | None:
+    """What :func:`forced_costs` forces now; None where calls are measured."""
+    return _forced
+
+
 def measure_calls(
     run: Callable[[int], list[Any]],
     limit: int = _PROBE_CALLS,

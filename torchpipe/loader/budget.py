@@ -1,0 +1,152 @@
+"""The DataLoader's memory budget at work in its worker iterator: the predicted peak held before
+workers are added, slots that give their pages back where it binds, workers given up past it, and
+what each move leaves behind (docs/autotune.md says what a budget counts). :class:`BudgetedWorkers`
+is that part of :class:`~torchpipe.loader.workers.WorkerIterator`, a mixin sharing its state; the
+budget's figures and readings are loader/memory.py's."""
+
+from __future__ import annotations
+
+import warnings
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from torchpipe.core.tunable import WeakStage
+from torchpipe.loader.memory import (
+    LoaderMemory,
+    hold_peak,
+    over_budget,
+    release_slot_pages,
+    trim_heap,
+    workers_fitting,
+    workers_within,
+)
+from torchpipe.runtime.dispatch import Dispatcher
+from torchpipe.runtime.knob import LiveKnob
+from torchpipe.runtime.placement.auto_stage import AutoStage
+from torchpipe.runtime.placement.placement import Placement
+from torchpipe.runtime.placement.policy import PROCESS, THREAD
+from torchpipe.runtime.processes.pool import ProcessPool
+from torchpipe.runtime.recycle import RecycledStack
+
+
+class BudgetedWorkers:
+    """What the worker iterator does for its RAM budget: before a move, at each reading, past it."""
+
+    _pool: ProcessPool
+    _memory: LoaderMemory
+    _placement: Placement | None
+    _knob: LiveKnob | None
+    _factor: int
+    _recycled: RecycledStack | None
+    _executors: AutoStage | None
+    _dispatch: Dispatcher
+    _parked_released: bool
+    _num_workers: int
+    _tp_state: Any
+    _stage: WeakStage
+
+    def _processes(self, workers: int) -> ProcessPool:
+        """The worker processes, ``workers`` of them (the zygote forked the first time), their
+        slots' pages released first where the budget would not hold them at the peak."""
+        if workers > self._pool.size:  # not the cap: the placement is moving now
+            batch, here = self._stage.stats.bytes_per_element, held_here(weakref.ref(self))
+            hold_peak(self._memory, self._pool, workers, batch, here)
+        self._pool.resize(workers)
+        return self._pool
+
+    def _hold_peak(self, workers: int) -> None:
+        """The budget held on the predicted peak (docs/autotune.md): the slots of ``workers``
+        workers release or keep their pages by it, and "auto" caps its workers at those that fit."""
+        batch, here = self._stage.stats.bytes_per_element, held_here(weakref.ref(self))
+        hold_peak(self._memory, self._pool, workers, batch, here)
+        placement = self._placement
+        if placement is None or self._knob is None or batch <= 0:
+            return
+        most = self._knob.maximum if placement.most is None else placement.most
+        fit = workers_fitting(self._memory, self._pool, most, batch, here)
+        if 0 < fit < most:
+            self._cap(placement, fit)
+            self._memory.shed(f"workers past {fit}: past the budget at their predicted peak")
+
+    def _moved(self, kind: str, workers: int) -> None:
+        """After a move: only the place that makes the batches now keeps memory for the next. To
+        the workers, what this process kept to make them goes; away from them, the workers parked
+        for a trial elsewhere give their slots' pages back as their batches are taken (else their
+        rings and this process's batches peak together), and keep them again on the way back
+        unless a budget released them."""
+        self._tp_state.tuned_workers = workers
+        self._num_workers = workers
+        pool, memory = self._pool, self._memory
+        if kind == PROCESS:
+            if self._recycled is not None:
+                self._recycled.drop_free()
+                trim_heap()
+            if self._parked_released and memory.slot_pages != "released":
+                pool.set_slot_pages(True)
+            self._parked_released = False
+        elif pool.size and pool.slot_pages:
+            pool.set_slot_pages(False)
+            self._parked_released = True
+
+    def _keep_to_budget(self, memory: LoaderMemory) -> None:
+        """Past the memory budget: first the ring slots give their pages back once their batch is
+        released (:func:`release_slot_pages`: every worker is kept); then, with
+        ``num_workers="auto"``, give up workers (down to one; as many at once as the reading says
+        are past it, at an equal share each),
+        then its ring slots (batches in flight, down to one), then the last worker (batches made
+        here), then the zygote; the caps hold for later epochs. A count the user chose (or the
+        replicas of an IterableDataset, which decide what each batch holds) is kept: a warning
+        says once what the loader holds."""
+        if release_slot_pages(memory, self._pool):
+            return  # memory buys workers: what the loader holds is read again first
+        placement = self._placement
+        if placement is None:
+            if not memory.warned:
+                memory.warned = True
+                warnings.warn(over_budget(memory, self._pool.size), stacklevel=3)
+            memory.over = False
+            return
+        if placement.workers > 1:
+            most = placement.workers
+            keep = workers_within(memory.held, memory.budget, most)
+            step = (
+                f"worker {most} of {most}"
+                if keep == most - 1
+                else f"worker {keep + 1} to {most} of {most}"
+            )
+            self._cap(placement, keep)
+        elif placement.workers == 1 and self._factor > 1:
+            self._factor -= 1
+            self._pool.set_per_worker(self._factor)
+            step = f"a ring slot: {self._factor} batches in flight a worker"
+        elif placement.workers == 1:
+            step = "the last worker: batches made in this process"
+            self._cap(placement, 0)
+        elif self._pool.size:
+            step = "the parked workers"
+            self._pool.resize(0)
+        elif self._pool.process_ids:
+            step = "the workers' zygote"
+            self._pool.release_zygote()
+        else:
+            return  # nothing is left to give up: what is held is not the loader's
+        memory.shed(step)
+
+    def _cap(self, placement: Placement, most: int) -> None:
+        if self._knob is not None:
+            self._knob.maximum = most
+        placement.cap(most)
+
+
+def held_here(ref: Callable[[], BudgetedWorkers | None]) -> float:
+    """The bytes a DataLoader's iterator holds in this process (0 once it is gone): batches made
+    here on threads and not handed out (each task in flight holds one, or will), and the memory
+    kept for the next ones. A batch handed out is the training loop's, as with torch's workers."""
+    iterator = ref()
+    if iterator is None or iterator._recycled is None:
+        return 0.0
+    executors = iterator._executors
+    made_here = executors is not None and executors.kind == THREAD
+    pending = iterator._dispatch.pending if made_here else 0
+    return iterator._recycled.free_bytes + pending * iterator._stage.stats.bytes_per_element
