@@ -432,8 +432,9 @@ def test_a_pipeline_as_dataset_is_not_replicated_into_workers_and_a_worker_count
     pipeline = tp.range(10).map(lambda x: x * 2, 2)
     with pytest.warns(
         UserWarning, match="num_workers=2 is not used: a tp.Dataset runs its own parallel stages"
-    ):
+    ) as record:
         loader = tp.DataLoader(pipeline, batch_size=4, num_workers=2)
+    assert record[0].filename == __file__  # the warning points where the loader is made
     assert [b.tolist() for b in loader] == [[0, 2, 4, 6], [8, 10, 12, 14], [16, 18]]
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -102,36 +102,44 @@ class BudgetedWorkers:
             return  # memory buys workers: what the loader holds is read again first
         placement = self._placement
         if placement is None:
-            if not memory.warned:
-                memory.warned = True
-                warnings.warn(over_budget(memory, self._pool.size), stacklevel=3)
-            memory.over = False
+            self._warn_over_budget(memory)
             return
+        step = self._give_up_one(placement, memory)
+        if step is not None:  # None: nothing is left to give up: what is held is not the loader's
+            memory.shed(step)
+
+    def _warn_over_budget(self, memory: LoaderMemory) -> None:
+        """Workers the user chose (or the replicas' count) are kept past the budget: say once
+        what the loader holds (the warning points where :meth:`_keep_to_budget` was called from)."""
+        if not memory.warned:
+            memory.warned = True
+            warnings.warn(over_budget(memory, self._pool.size), stacklevel=4)
+        memory.over = False
+
+    def _give_up_one(self, placement: Placement, memory: LoaderMemory) -> str | None:
+        """The next step past the budget (:meth:`_keep_to_budget`'s order), taken: what was given
+        up, for :meth:`~torchpipe.loader.memory.LoaderMemory.shed`; None where nothing is left."""
         if placement.workers > 1:
             most = placement.workers
             keep = workers_within(memory.held, memory.budget, most)
-            step = (
-                f"worker {most} of {most}"
-                if keep == most - 1
-                else f"worker {keep + 1} to {most} of {most}"
-            )
             self._cap(placement, keep)
-        elif placement.workers == 1 and self._factor > 1:
+            if keep == most - 1:
+                return f"worker {most} of {most}"
+            return f"worker {keep + 1} to {most} of {most}"
+        if placement.workers == 1 and self._factor > 1:
             self._factor -= 1
             self._pool.set_per_worker(self._factor)
-            step = f"a ring slot: {self._factor} batches in flight a worker"
-        elif placement.workers == 1:
-            step = "the last worker: batches made in this process"
+            return f"a ring slot: {self._factor} batches in flight a worker"
+        if placement.workers == 1:
             self._cap(placement, 0)
-        elif self._pool.size:
-            step = "the parked workers"
+            return "the last worker: batches made in this process"
+        if self._pool.size:
             self._pool.resize(0)
-        elif self._pool.process_ids:
-            step = "the workers' zygote"
+            return "the parked workers"
+        if self._pool.process_ids:
             self._pool.release_zygote()
-        else:
-            return  # nothing is left to give up: what is held is not the loader's
-        memory.shed(step)
+            return "the workers' zygote"
+        return None
 
     def _cap(self, placement: Placement, most: int) -> None:
         if self._knob is not None:

@@ -106,24 +106,10 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         device: str | torch.device | None = None,
         autotune: AutotuneOptions | None = None,
     ) -> None:
-        _check_dataset(dataset)
-        _check_workers(num_workers, prefetch_factor)
-        if autotune is not None and not isinstance(autotune, AutotuneOptions):
-            raise TypeError(
-                f"autotune must be a tp.AutotuneOptions or None, got {type(autotune).__name__}"
-            )
-        if isinstance(dataset, Dataset) and isinstance(num_workers, int) and num_workers > 0:
-            warnings.warn(
-                f"num_workers={num_workers} is not used: a tp.Dataset runs its own parallel stages in "
-                "this process (num_parallel_calls=..., or tp.AUTOTUNE); replicas in workers would "
-                "repeat its elements",
-                UserWarning,
-                stacklevel=2,
-            )
+        _check_arguments(dataset, num_workers, prefetch_factor, autotune)
         workers_auto = num_workers == "auto"
-        if workers_auto:
-            num_workers = usable_cpu_count()
-        num_workers = cast(int, num_workers)  # _check_workers refused any other str
+        # _check_workers refused any other str
+        num_workers = usable_cpu_count() if workers_auto else cast(int, num_workers)
         newer = {"in_order": in_order} if _TORCH_HAS_IN_ORDER else {}
         super().__init__(
             dataset,
@@ -147,8 +133,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         if not _TORCH_HAS_IN_ORDER:
             self.in_order = in_order  # torch < 2.6 lacks it; torchpipe's workers honour it
         self.__dict__["_tp"] = _LoaderState(None if device is None else check_device(device))
-        self._tp.workers_auto = workers_auto
-        self._tp.autotune = autotune or AutotuneOptions()
+        self._tp.workers_auto, self._tp.autotune = workers_auto, autotune or AutotuneOptions()
         if workers_auto:
             prepare_measurements()  # the machine's side of the first decision, before the first epoch
 
@@ -294,7 +279,13 @@ def explain(pipeline: Dataset | torch.utils.data.DataLoader) -> str:
 
 
 def _loader_lines(loader: torch.utils.data.DataLoader) -> list[str]:
+    """:func:`explain`'s lines for a DataLoader: its arguments as written, then how it will run."""
     state: _LoaderState | None = loader.__dict__.get("_tp")
+    return _written_lines(loader, state) + ["As it will run:"] + _running_lines(loader, state)
+
+
+def _written_lines(loader: torch.utils.data.DataLoader, state: _LoaderState | None) -> list[str]:
+    """The loader as written: its kind, dataset, batching and workers."""
     dataset = loader.dataset
     workers = (
         f"{loader.num_workers} (auto: usable cores to start)"
@@ -312,19 +303,22 @@ def _loader_lines(loader: torch.utils.data.DataLoader) -> list[str]:
     )
     sampler = type(loader.sampler).__name__
     collate = getattr(loader.collate_fn, "__name__", type(loader.collate_fn).__name__)
-    lines = [
+    return [
         f"{'tp' if isinstance(loader, DataLoader) else 'torch'} DataLoader as written:",
         f"  dataset: {type(dataset).__name__} ({kind})",
         f"  batch_size={loader.batch_size}, drop_last={loader.drop_last}, sampler: {sampler}, collate_fn: {collate}",
         f"  num_workers={workers}, prefetch_factor={loader.prefetch_factor}, "
         f"persistent_workers={loader.persistent_workers}, pin_memory={loader.pin_memory}",
-        "As it will run:",
     ]
+
+
+def _running_lines(loader: torch.utils.data.DataLoader, state: _LoaderState | None) -> list[str]:
+    """How the loader will run: the iterator an epoch runs on, then the copy to its device."""
     if not isinstance(loader, DataLoader):
-        lines.append("  torch's own iterator (torch.utils.data.DataLoader)")
+        lines = ["  torch's own iterator (torch.utils.data.DataLoader)"]
     else:  # the iterator an epoch runs on says how it runs
         route = _route(loader)
-        lines.extend(
+        lines = (
             route.describe(loader)
             if route is not None
             else ["  torch's own iterator (a spawn/forkserver context)"]
@@ -423,6 +417,33 @@ def _epoch_batches(loader: torch.utils.data.DataLoader) -> int | None:
         return len(loader)
     except TypeError:
         return None
+
+
+def _check_arguments(
+    dataset: Any, num_workers: Any, prefetch_factor: int | None, autotune: Any
+) -> None:
+    """Raise for what torch would take and fail on only when an epoch starts (a ``dataset`` or
+    ``num_workers`` it cannot use, :func:`_check_dataset`, :func:`_check_workers`) and for an
+    ``autotune`` that is not a tp.AutotuneOptions; warn where workers would go unused (a
+    tp.Dataset runs its own parallel stages).
+
+    Raises:
+        TypeError, ValueError: as :class:`DataLoader` says.
+    """
+    _check_dataset(dataset)
+    _check_workers(num_workers, prefetch_factor)
+    if autotune is not None and not isinstance(autotune, AutotuneOptions):
+        raise TypeError(
+            f"autotune must be a tp.AutotuneOptions or None, got {type(autotune).__name__}"
+        )
+    if isinstance(dataset, Dataset) and isinstance(num_workers, int) and num_workers > 0:
+        warnings.warn(
+            f"num_workers={num_workers} is not used: a tp.Dataset runs its own parallel stages in "
+            "this process (num_parallel_calls=..., or tp.AUTOTUNE); replicas in workers would "
+            "repeat its elements",
+            UserWarning,
+            stacklevel=3,  # where the DataLoader is made
+        )
 
 
 def _check_dataset(dataset: Any) -> None:

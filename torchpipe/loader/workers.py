@@ -101,21 +101,7 @@ class WorkerIterator(
         self._tp_state = state = vars(loader)["_tp"]
         iterable = self._dataset_kind == torch_dataloader._DatasetKind.Iterable
         self._auto = state.workers_auto and not iterable
-        most = (
-            max(self._num_workers, 2 * usable_cpu_count())
-            if state.workers_auto
-            else self._num_workers
-        )
-        most = self._plan_replicas(state, iterable, most)
-        processes = self._plan.processes if self._plan is not None else self._num_workers
-        # "auto": the zygote is forked when batches first go to processes (the first decision is
-        # made before the tuner's thread starts), not for an epoch that makes them here (its fork
-        # and stop took ~10 ms, its memory the epoch)
-        self._task = FetchTask(loader, int(self._base_seed), most, self._auto)
-        self._take_budget(state, most)
-        self._pool = self._new_pool(
-            self._task, 0 if self._auto else processes, fork_now=not self._auto
-        )
+        most = self._plan_workers(loader, state, iterable)
         # what the autotuner and stats() see: this iterator's answers, held weakly (the tuner's
         # thread must not keep a dropped iterator, and its workers, alive)
         self._stage = WeakStage(STAGE, POOL, self)
@@ -137,6 +123,26 @@ class WorkerIterator(
         self._epoch = -1
         self._seq = 0  # sequence numbers run on across epochs: late results of a broken-off
         self._start_epoch()  # epoch can never be taken for this one's
+
+    def _plan_workers(self, loader: DataLoader, state: Any, iterable: bool) -> int:
+        """The most workers (or replicas) batches may be made on, returned, and what they need:
+        the fetch task, the RAM budget and the worker processes (not started yet)."""
+        most = (
+            max(self._num_workers, 2 * usable_cpu_count())
+            if state.workers_auto
+            else self._num_workers
+        )
+        most = self._plan_replicas(state, iterable, most)
+        processes = self._plan.processes if self._plan is not None else self._num_workers
+        # "auto": the zygote is forked when batches first go to processes (the first decision is
+        # made before the tuner's thread starts), not for an epoch that makes them here (its fork
+        # and stop took ~10 ms, its memory the epoch)
+        self._task = FetchTask(loader, int(self._base_seed), most, self._auto)
+        self._take_budget(state, most)
+        self._pool = self._new_pool(
+            self._task, 0 if self._auto else processes, fork_now=not self._auto
+        )
+        return most
 
     def _plan_replicas(self, state: Any, iterable: bool, most: int) -> int:
         """``"auto"`` over an IterableDataset: ``most`` replicas (or what an earlier epoch

@@ -114,31 +114,44 @@ class ParallelMapIterator(Iterator, Tunable):
         self._pool: ProcessPool | None = None
         self._ray: Any = None  # a tp.RayExecutor (Ray is imported only when it makes its pool)
         self._ray_pool: Any = None
-        # a tp.RayExecutor: it builds the pool, importing Ray then
+        processes = self._take_executor(executor)
+        self._parallelism = (
+            self._learned.get("parallelism", parallelism) if tunable else parallelism
+        )
+        self._policy = self._new_policy(tunable, processes) if self._fixed is None else None
+        self._executors = self._new_stage(name, self.stats.calls, stall_s)
+        self._dispatch, self._placement = self._executors.dispatcher, self._executors.placement
+        self._knob = self._add_knob() if tunable else None
+        self._in_flight, self._in_flight_knob = self._tasks_in_flight(tunable)
+
+    def _take_executor(self, executor: Any) -> bool:
+        """Where the calls run: fixed by ``executor`` (a tp.RayExecutor's actors, which build
+        their pool, importing Ray then; threads for processes where the system cannot fork them),
+        or the policy's choice (``"auto"``). Returns whether worker processes can run calls here."""
         if getattr(executor, "kind", None) == RAY:
             self._ray, executor = executor, RAY
         processes = process_executor_supported()
         if executor == PROCESS and not processes:
             executor = THREAD
         self._fixed = executor if executor != AUTO else None
-        self._parallelism = (
-            self._learned.get("parallelism", parallelism) if tunable else parallelism
-        )
-        self._policy = self._new_policy(tunable, processes) if self._fixed is None else None
+        return processes
+
+    def _new_stage(self, name: str, timing: CallTiming, stall_s: float | None) -> AutoStage:
+        """The runtime's auto stage for the calls (timed in ``timing``): their executors (Ray
+        actors where a tp.RayExecutor asked for them), the dispatcher, the placement and its moves."""
         ray = self._ray_actors if self._ray is not None else None
-        calls = StageCalls(tasks[INLINE], tasks[THREAD], processes=self._processes, ray=ray)
-        self._executors = AutoStage(
+        calls = StageCalls(
+            self._tasks[INLINE], self._tasks[THREAD], processes=self._processes, ray=ray
+        )
+        return AutoStage(
             name,
             calls,
-            self.stats.calls,
+            timing,
             self._policy,
             learned=self._learned,
             stall_s=stall_s,
             on_move=self._moved,
         )
-        self._dispatch, self._placement = self._executors.dispatcher, self._executors.placement
-        self._knob = self._add_knob() if tunable else None
-        self._in_flight, self._in_flight_knob = self._tasks_in_flight(tunable)
 
     def _add_knob(self) -> LiveKnob:
         """``num_parallel_calls=AUTOTUNE``: the autotuner's knob, from 0 (inline) where the policy

@@ -152,14 +152,10 @@ class MoveDriver:
         """
         count = delivered if count is None else count
         if self._start is None:
-            if not last and delivered >= self._settle[0] and now >= self._settle[1]:
-                self._open(now, count, look())
+            self._open_once_settled(now, delivered, count, look, last)
             return None
         start, count0, first = self._start
-        short = now - start < self.cadence.seconds and not last
-        if count - count0 < self.cadence.elements or (
-            short and not self._loses(now - start, count - count0, slower_than)
-        ):
+        if not self._complete(now - start, count - count0, last, slower_than):
             if last:
                 self._start = None
             return None
@@ -172,6 +168,28 @@ class MoveDriver:
 
     def _open(self, now: float, count: int, look: Any) -> None:
         self._start, self._limit = (now, count, look), _UNSET
+
+    def _open_once_settled(
+        self, now: float, delivered: int, count: int, look: Callable[[], Any], last: bool
+    ) -> None:
+        """Open the first window after a move or a pass's start once what it leaves to settle
+        was delivered and its settling time passed (not at a pass's last element)."""
+        if not last and delivered >= self._settle[0] and now >= self._settle[1]:
+            self._open(now, count, look())
+
+    def _complete(
+        self,
+        seconds: float,
+        count: int,
+        last: bool,
+        slower_than: Callable[[], float | None] | None,
+    ) -> bool:
+        """Whether the open window, ``count`` counted elements in ``seconds``, is complete: it
+        holds the cadence's elements and lasted its seconds, or the pass ends (``last``), or it
+        loses big (:meth:`_loses`)."""
+        if count < self.cadence.elements:
+            return False
+        return seconds >= self.cadence.seconds or last or self._loses(seconds, count, slower_than)
 
     def _loses(
         self, seconds: float, count: int, slower_than: Callable[[], float | None] | None

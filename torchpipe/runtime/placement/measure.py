@@ -12,7 +12,7 @@ import contextlib
 import statistics
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import numpy as np
 
@@ -40,6 +40,9 @@ size). Every result measured is kept until the consumer takes it, so each faults
 _MOVE_SAMPLES = 3  # decodings timed for the cost of receiving a result (the fastest counts)
 _CALL_FLOOR = 0.1  # a call is taken to cost at least this share of its time, whatever it faulted
 _forced: CallCosts | None = None  # what measure_calls reports within forced_costs()
+_Timed = tuple[float, float, int]
+"""A timed call: ``(seconds, GIL-free share, page faults)`` (:func:`_timed_calls`)."""
+_N = TypeVar("_N", int, float)
 
 
 def prepare_measurements() -> None:
@@ -93,6 +96,21 @@ def measure_calls(
     if forced is not None:
         return _run_at_forced_costs(run, limit, on_draws, forced)
     results: list[Any] = []
+    probed, alone, cpu = _run_both_halves(run, limit, on_draws, results)
+    if not probed:
+        return CallCosts(0.0, 0.0, 1.0, 0.0), 0
+    return _steady_costs(probed, alone, cpu, results[0]), len(results)
+
+
+def _run_both_halves(
+    run: Callable[[int], list[Any]],
+    limit: int,
+    on_draws: Callable[[GlobalDraws], None] | None,
+    results: list[Any],
+) -> tuple[list[_Timed], list[_Timed], float]:
+    """:func:`measure_calls`' calls, their results added to ``results``: the first half beside the
+    GIL probe (and watching the global RNGs' draws, where ``on_draws``, told after it), the rest
+    alone; what each took (:func:`_timed_calls`) and the CPU time of this thread through both."""
     held = _HeldBytes()
     cpu0 = time.thread_time()
     watching = watch_global_draws() if on_draws is not None else contextlib.nullcontext()
@@ -105,17 +123,22 @@ def measure_calls(
         held.limit += _PROBE_BYTES  # as much again for the second half
         # A call that took the whole time alone is measured once: a second would take as long
         # again on one core (``cache``'s epochs of 16 JPEG batches: 2 of them, ~11% of the epoch).
-        probed_s = sum(s for s, _, _ in probed)
-        more = probed and probed_s < _PROBE_S
+        more = probed and sum(s for s, _, _ in probed) < _PROBE_S
         alone = (
             _timed_calls(run, limit - len(results), _PROBE_S / 2, results, None, None, held)
             if more
             else []
         )
-    cpu = time.thread_time() - cpu0
-    if not probed:
-        return CallCosts(0.0, 0.0, 1.0, 0.0), 0
-    move_s, nbytes, steady_bytes = move_costs(results[0])
+    return probed, alone, time.thread_time() - cpu0
+
+
+def _steady_costs(probed: list[_Timed], alone: list[_Timed], cpu: float, first: Any) -> CallCosts:
+    """What one call costs at steady state, from the calls timed beside the GIL probe
+    (``probed``, at least one) and alone, the CPU time they took and the first result: each
+    call's page faults priced (:func:`~torchpipe.runtime.placement.memory_costs.cold_seconds`)
+    and left out, the median of the calls run alone (else of all), the GIL-free share the probe
+    saw, and what moving ``first`` between processes costs (:func:`move_costs`)."""
+    move_s, nbytes, steady_bytes = move_costs(first)
     cold = [cold_seconds(faults, steady_bytes) for _, _, faults in probed + alone]
     wall = sum(s for s, _, _ in probed + alone)
     # A fault is CPU time of this thread: the faults' priced time cannot exceed the CPU the calls
@@ -125,14 +148,14 @@ def measure_calls(
     share = cold_s / sum(cold) if sum(cold) > 0 else 0.0
     steady = [max(s - c * share, s * _CALL_FLOOR) for (s, _, _), c in zip(probed + alone, cold)]
     call_s = statistics.median(steady[len(probed) :] or steady)
-    costs = CallCosts(
+    probed_s = sum(s for s, _, _ in probed)
+    return CallCosts(
         call_s=call_s,
         cpu_s=call_s * min(1.0, (cpu - cold_s) / (wall - cold_s)) if wall > cold_s else call_s,
         gil_free=sum(s * free for s, free, _ in probed) / probed_s if probed_s > 0 else 1.0,
         move_s=move_s,
         nbytes=nbytes,
     )
-    return costs, len(results)
 
 
 def _run_at_forced_costs(
@@ -169,42 +192,49 @@ def _timed_calls(
     overhead: Callable[[], float] | None,
     probe: GilProbe | None = None,
     held: _HeldBytes | None = None,
-) -> list[tuple[float, float, int]]:
+) -> list[_Timed]:
     """Up to ``limit`` calls (at least one, if any is left) for at most about ``seconds`` and
     while their results hold less than ``held`` allows:
     ``(seconds, GIL-free share, page faults)`` of each, less ``overhead`` and less the time the
     thread waited for a core others held (:func:`~torchpipe.runtime.cpu.run_delay`: on a busy
     machine a call that computes would otherwise look as if it waited, and ask for threads);
     their results added to ``results``."""
-    timed: list[tuple[float, float, int]] = []
+    timed: list[_Timed] = []
     deadline = time.perf_counter() + seconds
     while len(timed) < max(limit, 1):
         spent = overhead() if overhead is not None else 0.0
         delay = run_delay()
         faults = thread_faults()
-        if probe is not None:
-            done, free, took = probe.measure(lambda: run(1))
-        else:
-            t0 = time.perf_counter()
-            done, free = run(1), 0.0
-            took = time.perf_counter() - t0
+        done, free, took = _one_call(run, probe)
         if not done:
             break
         faulted = thread_faults()
         delayed = run_delay()
         results.extend(done)
         took -= (overhead() - spent) if overhead is not None else 0.0
-        took -= (delayed - delay) if delay is not None and delayed is not None else 0.0
-        timed.append(
-            (
-                max(took, 1e-9),
-                free,
-                faulted - faults if faults is not None and faulted is not None else 0,
-            )
-        )
+        took -= _grown(delay, delayed)
+        timed.append((max(took, 1e-9), free, _grown(faults, faulted)))
         if time.perf_counter() > deadline or (held is not None and not held.add(done)):
             break
     return timed
+
+
+def _one_call(
+    run: Callable[[int], list[Any]], probe: GilProbe | None
+) -> tuple[list[Any], float, float]:
+    """Run one call: its results, the share of it the GIL was free (``probe``'s measure; 0.0
+    without one) and its wall seconds."""
+    if probe is not None:
+        return probe.measure(lambda: run(1))
+    t0 = time.perf_counter()
+    done, free = run(1), 0.0
+    return done, free, time.perf_counter() - t0
+
+
+def _grown(before: _N | None, after: _N | None) -> _N:
+    """How much a counter of this thread grew between two readings; 0 where the OS does not
+    count it (either reading None)."""
+    return after - before if before is not None and after is not None else 0
 
 
 def move_costs(result: Any) -> tuple[float, int, int]:

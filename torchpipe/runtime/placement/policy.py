@@ -257,27 +257,58 @@ def choose(
     if not options:
         raise ValueError(f"no executor to choose from in {candidates!r}")
     seconds = {kind: measured.get(kind, predict(costs, kind, cores)) for kind in options}
+    contest = _Contest(seconds, measured, margin, move_margin)
+    best = contest.fastest()
+    if current is not None and contest.keeps(current, best):
+        return current
+    return best
 
-    def dearer_needs(kind: str, cheaper: str) -> float:
-        both = move_margin is None and kind in measured and cheaper in measured
-        return STAY if both else margin
 
-    best = options[0]
-    for kind in options[1:]:
-        if seconds[kind] * dearer_needs(kind, best) < seconds[best]:
-            best = kind
-    if current in seconds and best != current:
+@dataclasses.dataclass(frozen=True)
+class _Contest:
+    """The executors :func:`choose` compares and the margins a win needs (its arguments).
+
+    Attributes:
+        seconds: seconds per element of each option (measured, else predicted), cheapest first.
+        measured: the executors measured (their margin against each other is :data:`STAY`).
+        margin: what a dearer executor must beat a cheaper one by, where not both were measured.
+        move_margin: what any executor must beat the current one by (None: the rule above).
+    """
+
+    seconds: dict[str, float]
+    measured: dict[str, float]
+    margin: float
+    move_margin: float | None
+
+    def fastest(self) -> str:
+        """The fastest option, where a dearer one must beat the best cheaper one by its margin."""
+        options = list(self.seconds)
+        best = options[0]
+        for kind in options[1:]:
+            if self.seconds[kind] * self._dearer_needs(kind, best) < self.seconds[best]:
+                best = kind
+        return best
+
+    def keeps(self, current: str, best: str) -> bool:
+        """Whether the calls stay on ``current`` (an option) rather than move to ``best``: a
+        dearer one must be its margin faster, a cheaper one :data:`STAY` times (either
+        ``move_margin`` where given)."""
+        if current not in self.seconds or best == current:
+            return False
         dearer = KINDS.index(best) > KINDS.index(current)
         needed = (
-            move_margin
-            if move_margin is not None
-            else dearer_needs(best, current)
+            self.move_margin
+            if self.move_margin is not None
+            else self._dearer_needs(best, current)
             if dearer
             else STAY
         )
-        if seconds[best] * needed >= seconds[current]:
-            return current
-    return best
+        return self.seconds[best] * needed >= self.seconds[current]
+
+    def _dearer_needs(self, kind: str, cheaper: str) -> float:
+        """How many times faster ``kind`` must be than ``cheaper``, being dearer."""
+        both = self.move_margin is None and kind in self.measured and cheaper in self.measured
+        return STAY if both else self.margin
 
 
 def cost_scale(before: CallCosts, now: CallCosts) -> float | None:
@@ -479,30 +510,43 @@ class Policy:
         judged as one short window) a trial of processes at the 5th cost 115 ms of a run of 200,
         for a prediction that missed by 2.4x."""
         assert self.kind is not None and self.costs is not None  # measured: a kind was chosen
-        recent = self._recent.get(self.kind, ())
-        if len(recent) < WINDOWS_KEPT or not all(full for _, full in recent):
+        if not self._windows_full(self.kind):
             # measured on too few windows, or too short ones, to stand against a trial's
             return None
-        here, c = measured[self.kind], self.costs
-        # the GIL is free while a call waits
+        here = measured[self.kind]
+        for kind in self._not_tried(measured):
+            if self._threads_missed(kind) and self._threads_may_win(here):
+                return kind
+            if predict(self.costs, kind, self.cores) < _TRIED_WITHIN[kind] * here:
+                return kind
+        return None
+
+    def _windows_full(self, kind: str) -> bool:
+        """Whether ``kind`` was measured on :data:`WINDOWS_KEPT` full windows in a row."""
+        recent = self._recent.get(kind, ())
+        return len(recent) >= WINDOWS_KEPT and all(full for _, full in recent)
+
+    def _not_tried(self, measured: dict[str, float]) -> list[str]:
+        """The candidates not measured lately (threads only for calls that may run on them)."""
+        assert self.costs is not None  # measured: a kind was chosen
+        thread_safe = self.costs.thread_safe
+        return [
+            kind
+            for kind in KINDS
+            if kind in self.candidates and kind not in measured and (kind != THREAD or thread_safe)
+        ]
+
+    def _threads_missed(self, kind: str) -> bool:
+        """Whether ``kind`` is threads, whose prediction the GIL probe may have missed (it saw the
+        GIL free :data:`THREAD_TRIAL_FREE` of a call or more, or the call waits, with the GIL
+        free), while the calls run on processes or take :data:`THREAD_TRIAL_S` or more."""
+        c = self.costs
+        assert c is not None  # measured: a kind was chosen
+        if kind != THREAD:
+            return False
         waits = 1.0 - c.cpu_s / c.call_s if c.call_s > 0 else 0.0
         may_miss = max(c.gil_free, waits) >= THREAD_TRIAL_FREE
-        for kind in KINDS:
-            if (
-                kind in self.candidates
-                and kind not in measured
-                and (kind != THREAD or c.thread_safe)
-            ):
-                missed = (
-                    kind == THREAD
-                    and may_miss
-                    and (self.kind == PROCESS or c.call_s >= THREAD_TRIAL_S)
-                )
-                if missed and self._threads_may_win(here):
-                    return kind
-                if predict(self.costs, kind, self.cores) < _TRIED_WITHIN[kind] * here:
-                    return kind
-        return None
+        return may_miss and (self.kind == PROCESS or c.call_s >= THREAD_TRIAL_S)
 
     def _threads_may_win(self, here: float) -> bool:
         """Whether threads, predicted as if the GIL were free throughout (a release the probe

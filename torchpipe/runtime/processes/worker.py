@@ -90,35 +90,50 @@ def run_worker(
             that runs first. After a ``("threads", n)`` message with ``n > 1`` it is called
             from up to ``n`` threads at once, so it must then be thread-safe.
     """
+    _set_up(handler, worker_id, keep_freed)
+    parent = os.getppid()
+    output = Output(channel, DEFAULT_SLOTS, ring_limit)
+    tasks = _TaskRunner(handler, output)
+    idle = _Idle(output)
+    try:
+        _serve_messages(channel, parent, tasks, output, idle, keep_freed)
+    except ChannelClosed:
+        return
+    finally:
+        tasks.stop(_JOIN_S)
+        output.close()
+
+
+def _set_up(handler: Handler, worker_id: int, keep_freed: bool) -> None:
+    """The worker's own setup, before it serves: one intra-op thread, freed memory kept (where
+    ``keep_freed``), and the handler's ``start_worker(worker_id)`` where it has one."""
     torch.set_num_threads(1)  # one worker, one core; the pool provides the parallelism
     if keep_freed:
         keep_freed_memory()
     start = getattr(handler, "start_worker", None)
     if start is not None:
         start(worker_id)  # per-worker setup (torch's worker seeding, worker_init_fn, ...)
-    parent = os.getppid()
-    output = Output(channel, DEFAULT_SLOTS, ring_limit)
-    tasks = _TaskRunner(handler, output)
-    idle = _Idle(output)
-    try:
-        while os.getppid() == parent:
-            if not channel.poll(_RELEASE_POLL_S if output.releasing else _POLL_S):
-                idle.check()
-                output.give_back_released()
-                continue
-            idle.busy()
-            message, _ = channel.recv()
-            if message[0] == "tasks":
-                tasks.run(message[1])
-            elif message[0] == "stop":
-                return
-            else:
-                _configure(message, tasks, output, keep_freed)
-    except ChannelClosed:
-        return
-    finally:
-        tasks.stop(_JOIN_S)
-        output.close()
+
+
+def _serve_messages(
+    channel: Channel, parent: int, tasks: _TaskRunner, output: Output, idle: _Idle, keep_freed: bool
+) -> None:
+    """The worker's loop: run the tasks it is sent and act on the other messages until told to
+    stop or the ``parent`` process is gone; between messages, give pages back (:class:`_Idle`,
+    slots released under a budget)."""
+    while os.getppid() == parent:
+        if not channel.poll(_RELEASE_POLL_S if output.releasing else _POLL_S):
+            idle.check()
+            output.give_back_released()
+            continue
+        idle.busy()
+        message, _ = channel.recv()
+        if message[0] == "tasks":
+            tasks.run(message[1])
+        elif message[0] == "stop":
+            return
+        else:
+            _configure(message, tasks, output, keep_freed)
 
 
 def _configure(message: tuple, tasks: _TaskRunner, output: Output, keep_freed: bool) -> None:
