@@ -1,10 +1,12 @@
-"""How calls are clocked and counted: CallTiming's sampling of cheap calls."""
+"""How calls are clocked and counted: CallTiming's totals, CallClock, sampling cheap calls."""
 
 import time
 
+import pytest
+
 from torchpipe.runtime import timing as timing_module
 from torchpipe.runtime.executor import InlineExecutor
-from torchpipe.runtime.timing import CallTiming
+from torchpipe.runtime.timing import CallClock, CallTiming, SampledCalls
 
 
 class _CountedClocks:
@@ -48,3 +50,54 @@ def test_cheap_inline_calls_are_clocked_one_in_a_few_and_all_counted(monkeypatch
     assert clocks.cpu_reads - before >= 2 * 4
     assert inline.timing.calls == n + 5
     assert inline.timing.work_s >= 4 * cost[0]
+
+
+class _Tracer:
+    """A CallTracer that records what it is told."""
+
+    def __init__(self):
+        self.calls = []
+
+    def call(self, wall_s, start, where, pid):
+        self.calls.append((wall_s, start, where, pid))
+
+
+def test_call_timing_adds_calls_items_and_delays_and_tells_a_trace():
+    timing = CallTiming()
+    timing.add(0.5, 0.25, calls=2, items=3, delay_s=0.125)
+    timing.add_items(4)
+    assert timing.totals() == (2, 0.5, 0.25) and timing.items == 7 and timing.delay_s == 0.125
+    timing.trace = _Tracer()
+    timing.add(1.0, 0.5, start=10.0, where="worker 1", pid=42)
+    assert timing.trace.calls == [(1.0, 10.0, "worker 1", 42)] and timing.calls == 3
+
+
+def test_a_clock_without_its_delay_read_tells_none_and_a_call_counts_once():
+    clock = CallClock(delay=False)
+    time.sleep(0.01)
+    wall_s, cpu_s, delay_s = clock.spent()
+    assert wall_s >= 0.01 and cpu_s >= 0.0 and delay_s == 0.0
+    timing = CallTiming()
+    timing.add_call(CallClock(), items=2)
+    calls, work_s, _ = timing.totals()
+    assert calls == 1 and work_s >= 0.0 and timing.items == 2 and timing.delay_s >= 0.0
+
+
+def test_a_sampled_call_that_raises_propagates_and_is_counted():
+    timing = CallTiming()
+    sampled = SampledCalls(timing)
+
+    def fails(seq, payload):
+        raise KeyError(payload)
+
+    with pytest.raises(KeyError):
+        sampled.run(fails, 0, "x")
+    assert timing.calls == 1  # the first call's CPU clock is read: it is added at once
+
+
+def test_a_traced_pass_reads_every_call():
+    timing = CallTiming()
+    timing.trace = _Tracer()
+    sampled = SampledCalls(timing)
+    assert [sampled.run(lambda seq, x: x + 1, seq, seq) for seq in range(50)] == list(range(1, 51))
+    assert timing.calls == 50 and len(timing.trace.calls) == 50
