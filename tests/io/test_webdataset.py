@@ -103,14 +103,6 @@ def test_grouping_skips_and_splits_names_as_webdataset_does(tmp_path):
     }
 
 
-def test_brace_expansion():
-    assert tp.io.expand_braces("s-{000..002}.tar") == ["s-000.tar", "s-001.tar", "s-002.tar"]
-    assert tp.io.expand_braces("{a,b}/{8..10}") == ["a/8", "a/9", "a/10", "b/8", "b/9", "b/10"]
-    assert tp.io.expand_braces("plain.tar") == ["plain.tar"]
-    with pytest.raises(ValueError, match="counts down"):
-        tp.io.expand_braces("{3..1}")
-
-
 def test_checkpoints_at_every_sample(shards, tmp_path):
     assert_checkpoint_roundtrip(tp.from_webdataset(shards))
     assert_checkpoint_roundtrip(
