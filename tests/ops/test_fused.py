@@ -1,4 +1,4 @@
-"""Element-wise chains run as one stage (ops/fused.py): the fused node, its inline iterator's state."""
+"""Element-wise chains run as one stage (ops/fused.py): the fused node, its inline iterator."""
 
 import pytest
 
