@@ -1,4 +1,4 @@
-"""ShardWriters: elements written to their shards by writer threads, in order; errors raised back."""
+"""ShardWriters: elements written to their shards by writer threads, in order; errors raised."""
 
 import os
 
