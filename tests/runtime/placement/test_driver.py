@@ -5,11 +5,13 @@ import pytest
 from torchpipe.runtime.placement.driver import (
     CALLS,
     CHANGED,
+    CHANGED_FLOOR_S,
     EARLY,
     OVERLAP,
     REBASE,
     Cadence,
     MoveDriver,
+    cost_changed,
 )
 from torchpipe.runtime.placement.policy import INLINE, PROCESS, THREAD
 
@@ -94,3 +96,30 @@ def test_a_window_that_loses_big_ends_after_a_quarter_of_its_seconds():
         assert done is not None and done[2] == pytest.approx(max(ends, 0.3), abs=0.11)
     # asked once a window, not once an element
     assert asked.count(0.05) == 1 and asked.count(0.5) >= 1
+
+
+def test_a_move_drops_what_was_pending_unless_the_work_runs_where_it_ran_before():
+    cadence = Cadence(elements=1, seconds=0.0, settle_elements=0, agree=2, settle_s=0.5)
+    driver = MoveDriver(cadence)
+    assert not driver.agreed(THREAD)
+    driver.moved(THREAD, settle_at=0, now=0.0, again=True)  # a new pass's executor
+    assert driver.agreed(THREAD)
+    assert not driver.agreed(INLINE)
+    driver.moved(INLINE, settle_at=0, now=0.0)
+    assert not driver.agreed(INLINE)  # counted afresh
+    driver.changed(1e-3)
+    driver.moved(THREAD, settle_at=0, now=0.0)
+    assert not driver.changed(1.0)  # no base: nothing to differ from
+    assert driver.window(0.4, 1, lambda: 1) is None  # settling: no window starts
+    assert driver.window(0.5, 2, lambda: 2) is None and driver.window(0.6, 3, lambda: 3) == (
+        2,
+        3,
+        pytest.approx(0.1),
+    )
+
+
+def test_a_cost_changed_when_it_moved_by_more_than_changed_either_way():
+    assert not cost_changed(1.0, None)
+    assert cost_changed(CHANGED * 1.01, 1.0) and cost_changed(1.0, CHANGED * 1.01)
+    assert not cost_changed(CHANGED * 0.99, 1.0) and not cost_changed(1.0, CHANGED * 0.99)
+    assert not cost_changed(0.0, CHANGED_FLOOR_S)  # below the floor: timer noise
