@@ -3,9 +3,7 @@
 import random
 import time
 
-import numpy as np
 import pytest
-import torch
 
 import torchpipe as tp
 from torchpipe.core import stats as stats_module
@@ -79,17 +77,3 @@ def test_iterators_count_every_element_and_time_slow_ones():
     assert list(it) == list(range(50))
     stage = it.stats()[0]
     assert stage["produced"] == 50 and 0.05 <= stage["self_s"] * 50 < 5
-
-
-def test_an_elements_bytes_count_its_tensors_arrays_bytes_and_strings():
-    from torchpipe.runtime.sizes import element_bytes
-
-    batch = {
-        "id": ["ab", "cd"],
-        "payload": [b"x" * 1000, b"y" * 24],
-        "x": torch.zeros(4),
-        "n": np.zeros(2, np.int64),
-        "meta": {"tags": [["a"], ["bc"]], "len": 3},
-    }
-    assert element_bytes(batch) == 4 + 1024 + 16 + 16 + 3
-    assert element_bytes(None) == 0 and element_bytes([]) == 0

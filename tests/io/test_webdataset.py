@@ -103,14 +103,6 @@ def test_grouping_skips_and_splits_names_as_webdataset_does(tmp_path):
     }
 
 
-def test_brace_expansion():
-    assert tp.io.expand_braces("s-{000..002}.tar") == ["s-000.tar", "s-001.tar", "s-002.tar"]
-    assert tp.io.expand_braces("{a,b}/{8..10}") == ["a/8", "a/9", "a/10", "b/8", "b/9", "b/10"]
-    assert tp.io.expand_braces("plain.tar") == ["plain.tar"]
-    with pytest.raises(ValueError, match="counts down"):
-        tp.io.expand_braces("{3..1}")
-
-
 def test_checkpoints_at_every_sample(shards, tmp_path):
     assert_checkpoint_roundtrip(tp.from_webdataset(shards))
     assert_checkpoint_roundtrip(
@@ -256,37 +248,6 @@ def test_decoders_by_extension_and_overrides(tmp_path):
         tp.io.SampleDecoder()(broken)
     assert "decoding field 'cls' of sample 'a'" in str(info.value.__notes__)
     assert tp.io.DEFAULT_DECODERS["jpg"] is tp.io.DEFAULT_DECODERS["png"]
-
-
-def test_images_decode_through_tp_image_channels_first_as_pillow_reads_them():
-    from PIL import Image
-
-    pixels = np.cumsum(
-        np.random.default_rng(0).integers(0, 40, (48, 64, 3), dtype=np.uint8),
-        axis=1,
-        dtype=np.uint8,
-    )
-    decode = tp.io.DEFAULT_DECODERS["jpg"]
-    for mode, form in (("RGB", "JPEG"), ("L", "JPEG"), ("RGBA", "PNG"), ("P", "GIF")):
-        buffer = io.BytesIO()
-        Image.fromarray(pixels).convert(mode).save(buffer, form)
-        data = buffer.getvalue()
-        chw = decode(data)
-        assert chw.dtype == torch.uint8 and chw.shape == (3, 48, 64) and chw.is_contiguous()
-        assert torch.equal(chw, tp.image.decode_image(data).permute(2, 0, 1))
-        with Image.open(io.BytesIO(data)) as image:
-            assert torch.equal(
-                chw, torch.from_numpy(np.array(image.convert("RGB"))).permute(2, 0, 1)
-            ), mode
-    with pytest.raises(tp.image.DecodeError):
-        decode(b"no image")
-
-
-def test_npy_pickles_are_refused():
-    buffer = io.BytesIO()
-    np.save(buffer, np.array([{"a": 1}], dtype=object), allow_pickle=True)
-    with pytest.raises(ValueError, match="allow_pickle"):
-        tp.io.SampleDecoder()({"__key__": "k", "npy": buffer.getvalue()})
 
 
 def test_tarwriter_rejects_bad_samples(tmp_path):

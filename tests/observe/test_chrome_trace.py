@@ -1,6 +1,5 @@
 import json
 import os
-import sys
 import time
 from collections import Counter, defaultdict
 
@@ -198,29 +197,6 @@ def test_interleaved_readers_share_a_track_in_lanes(tmp_path):
     assert len(lanes) >= 2 and sum(len(_spans_on(data, t)) for t in lanes) == 20
     reads = [t for t in _threads(data) if t.startswith("interleave(<lambda>) on thread ")]
     assert sum(len(_spans_on(data, t)) for t in reads) >= 20
-
-
-def test_the_timeline_png(tmp_path):
-    pytest.importorskip("matplotlib")
-    ds = (
-        tp.range(64)
-        .map(decode, num_parallel_calls=2, executor="thread")
-        .batch(8)
-        .with_options(tp.Options(trace=True))
-    )
-    with iter(ds) as it:
-        list(it)
-        it.stats().plot(tmp_path / "t.png")
-    data = (tmp_path / "t.png").read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
-
-
-def test_the_plot_names_the_extra_when_matplotlib_is_missing(tmp_path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "matplotlib", None)
-    with iter(tp.range(3).with_options(tp.Options(trace=True))) as it:
-        list(it)
-        with pytest.raises(ImportError, match=r"pip install 'torchpipe\[plot\]'"):
-            it.stats().plot(tmp_path / "t.png")
 
 
 def test_the_trace_shown_in_the_docs_is_valid():

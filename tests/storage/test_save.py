@@ -19,7 +19,6 @@ from tests.storage import saving_jobs
 from torchpipe.runtime.cpu import usable_cpu_count
 from torchpipe.storage.saved_file import ENTRY, MANIFEST, SavedFormatError, lock_directory
 from torchpipe.testing import (
-    assert_checkpoint_roundtrip,
     assert_elements_equal,
     assert_same_elements,
 )
@@ -135,28 +134,6 @@ def test_load_of_a_directory_without_a_save_says_so(tmp_path):
     (tmp_path / MANIFEST).write_text('{"format": "something else"}')
     with pytest.raises(SavedFormatError, match="not the manifest of a torchpipe saved dataset"):
         tp.load(tmp_path)
-
-
-def test_random_access_bounds(tmp_path):
-    tp.range(5).save(tmp_path / "s")
-    loaded = tp.load(tmp_path / "s")
-    assert loaded[-1] == 4 and loaded[0] == 0
-    with pytest.raises(IndexError, match="index 5 out of range for 5 elements"):
-        loaded[5]
-
-
-def test_loaded_checkpoints_are_an_index(tmp_path):
-    tp.range(12).map(lambda i: torch.tensor([i])).save(tmp_path / "s")
-    loaded = tp.load(tmp_path / "s")
-    assert_checkpoint_roundtrip(loaded)
-    with iter(loaded) as it:
-        next(it)
-        assert it.state_dict()["pipeline"] == {"index": 1}
-    shuffled = loaded.shuffle(12, seed=1).map(
-        lambda x: x * 2, num_parallel_calls=2, executor="process"
-    )
-    assert sorted(int(x) for x in shuffled) == [2 * i for i in range(12)]
-    assert pickle.loads(pickle.dumps(loaded))[3] == torch.tensor([3])
 
 
 def _damage(path, offset_from_end):

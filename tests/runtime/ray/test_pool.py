@@ -1,7 +1,7 @@
 """``RayActorPool`` on its own (``torchpipe/runtime/ray/pool.py``): every task's result once, tasks
 spread over the actors, a pool that shrinks while tasks run, one that gives its actors up when
-unused and starts again when used, and what its report counts. The map and interleave on Ray,
-killed actors and checkpoints are tests/runtime/ray/test_executor.py's."""
+unused and starts again when used. The map and interleave on Ray, killed actors and checkpoints
+are tests/runtime/ray/test_executor.py's; what its report counts, test_stats.py's."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import pytest
 
 import torchpipe as tp
 from torchpipe.runtime.ray.pool import RayActorPool, running_pools
-from torchpipe.runtime.ray.stats import ActorStats, PoolStats
 
 pytestmark = [pytest.mark.xdist_group("ray"), pytest.mark.timeout(150)]
 WAIT_S = 90.0
@@ -119,18 +118,3 @@ def test_an_unused_pool_gives_its_actors_up_and_starts_again_when_used(ray_clust
         assert pool in running_pools()
     finally:
         pool.close()
-
-
-def test_the_stats_count_calls_and_transfers():
-    actor = ActorStats()
-    assert actor.as_dict() == {"calls": 0, "call_s": 0.0, "cpu_s": 0.0, "restarts": 0}
-    actor.call(0.2, 0.1)
-    actor.call(0.4, 0.3)
-    assert actor.as_dict()["calls"] == 2 and actor.as_dict()["call_s"] == pytest.approx(0.3)
-    stats = PoolStats()
-    assert stats.as_dict({})["transfer_bytes_per_s"] == 0.0
-    stats.received(1000, 0.5)
-    stats.received(3000, 0.5)
-    report = stats.as_dict({"a": {}})
-    assert report["results"] == 2 and report["transfer_s"] == pytest.approx(0.5)
-    assert report["transfer_bytes_per_s"] == pytest.approx(4000.0) and report["actors"] == {"a": {}}

@@ -1,0 +1,130 @@
+"""Measuring a stage's first calls inline: their cost, GIL-free share, faults and move costs."""
+
+import statistics
+import time
+
+import pytest
+import torch
+
+from torchpipe.runtime.placement import measure as measure_module
+from torchpipe.runtime.placement import memory_costs
+from torchpipe.runtime.placement.measure import measure_calls, move_costs
+from torchpipe.runtime.placement.policy import THREAD, CallCosts, workers
+
+
+def _python(n):
+    total = 0
+    for i in range(n):
+        total += i
+    return total
+
+
+def test_measuring_tells_python_from_waiting():
+    busy, ran = measure_calls(lambda n: [_python(20_000) for _ in range(n)])
+    assert ran >= 1 and busy.gil_free < 0.5 and busy.cpu_s > 0.5 * busy.call_s
+    idle, _ = measure_calls(lambda n: [time.sleep(0.002) for _ in range(n)])
+    # The GIL probe shares the cores with whatever else runs: on a loaded machine a sleep reads
+    # about half GIL-free (0.4998 seen), so the order is what must hold, and the CPU time.
+    assert idle.gil_free > busy.gil_free and idle.cpu_s < 0.5 * idle.call_s and idle.call_s >= 0.002
+
+
+def test_measuring_stops_when_the_calls_run_out():
+    supply = iter(range(3))
+    costs, ran = measure_calls(lambda n: [x for _, x in zip(range(n), supply)])
+    assert ran == 3
+    assert measure_calls(lambda n: [])[1] == 0
+
+
+def test_a_call_that_takes_the_measuring_time_alone_is_measured_once():
+    # A second would take as long again on one core, the others idle (an epoch of 16 JPEG
+    # batches lost 2 of them to measuring).
+    _, ran = measure_calls(lambda n: [time.sleep(2 * measure_module._PROBE_S) for _ in range(n)])
+    assert ran == 1
+    _, ran = measure_calls(lambda n: [time.sleep(measure_module._PROBE_S / 20) for _ in range(n)])
+    assert ran > 1  # short ones: the second half measures them without the GIL probe
+
+
+def test_measuring_holds_few_large_results(monkeypatch):
+    # Every result measured is held until the consumer takes it: calls whose results are large
+    # stop at a few (each half's first runs whatever its size), small ones run eight.
+    monkeypatch.setattr(measure_module, "_PROBE_S", 60.0)  # bytes stop them here, not time
+    _, ran = measure_calls(lambda n: [torch.ones(3 << 20, dtype=torch.uint8) for _ in range(n)])
+    assert ran == 3  # 3 MiB, then 6 (past 4); then 9 (past 8, the two halves' share)
+    _, ran = measure_calls(lambda n: [torch.ones(10 << 20, dtype=torch.uint8) for _ in range(n)])
+    assert ran == 2
+    _, ran = measure_calls(lambda n: list(range(n)))
+    assert ran == measure_module._PROBE_CALLS
+
+
+def test_moving_a_large_result_costs_more_than_a_small_one_and_unpicklable_ones_cannot_move():
+    rows = [bytes([i % 256]) * 100 for i in range(4000)]
+    (small, small_bytes, _), (large, large_bytes, _) = move_costs({"a": 1}), move_costs(rows)
+    assert 0 < small < large and small_bytes < 4000 * 100 < large_bytes
+    assert move_costs(lambda: None)[0] == float("inf")
+
+
+def test_only_blocks_the_allocator_maps_afresh_every_time_count_as_steady_faults():
+    big = torch.zeros(40 << 18)  # 40 MiB: above glibc's largest mmap threshold
+    _, copied, steady = move_costs({"big": big, "small": torch.zeros(1000)})
+    assert steady == big.nbytes and copied < 4096  # tensors are viewed where they land: not copied
+    blobs = [bytes([i]) * 65536 for i in range(32)]
+    _, copied, steady = move_costs(blobs)
+    assert steady == 0 and copied >= 32 * 65536  # blobs are copied out on the receiving side
+
+
+def test_the_first_calls_page_faults_are_left_out_of_what_a_call_costs():
+    """Each call keeps 2 MiB in 64 KiB blobs it never had (as results waiting for the consumer
+    do); later calls, once the consumer drops results, reuse those pages: the faults are a cold
+    start."""
+    if memory_costs.thread_faults() is None:
+        pytest.skip("this OS does not count page faults per thread")
+
+    def run(n):
+        return [[bytearray(b"\x01") * (64 << 10) for _ in range(32)] for _ in range(n)]
+
+    costs, ran = measure_calls(run)
+    warm = []
+    for _ in range(7):  # the same calls, each result dropped before the next: its pages reused
+        t0 = time.perf_counter()
+        run(1)
+        warm.append(time.perf_counter() - t0)
+    faults = (2 << 20) // memory_costs.PAGE
+    cold = statistics.median(warm) + faults * memory_costs.fault_seconds()
+    # at most 8 calls, fewer where the machine is so busy that they run past the measuring time
+    assert 1 <= ran <= 8 and costs.call_s < max(3 * statistics.median(warm), cold / 2)
+
+
+def test_page_faults_priced_above_the_cpu_the_calls_took_do_not_make_busy_calls_look_waiting(
+    monkeypatch,
+):
+    """A fault's price is an estimate: priced at more than the calls' CPU, the cold start it
+    explains is at most that CPU (faults are CPU time), so busy calls never look as if they wait
+    (they asked for 40 threads when it was subtracted whole: a negative CPU time)."""
+    if memory_costs.thread_faults() is None:
+        pytest.skip("this OS does not count page faults per thread")
+    # a second a call: too much
+    monkeypatch.setattr(measure_module, "cold_seconds", lambda faults, steady: 1.0)
+
+    def run(n):
+        return [[bytearray(b"\x01") * (64 << 10) for _ in range(32)] for _ in range(n)]
+
+    costs, _ = measure_calls(run)
+    assert costs.cpu_s > 0.5 * costs.call_s > 0  # busy: not waiting
+    assert workers(costs, THREAD, 2) == 2  # a thread a core, not one a wait
+
+
+def test_forced_costs_report_what_they_force_while_the_calls_run_and_no_longer_after():
+    """measure.forced_costs(), the seam of testing.forced_call_costs: the calls run (all of them,
+    their global draws watched), their measured cost is the one forced."""
+    forced = CallCosts(0.5, 0.25, 0.5, 1e-3)
+    ran, drawn = [], []
+
+    def run(n):
+        ran.extend(range(n))
+        return list(range(n))
+
+    with measure_module.forced_costs(forced):
+        assert measure_calls(run, limit=6, on_draws=drawn.append) == (forced, 6)
+    assert ran == list(range(6)) and len(drawn) == 1
+    costs, _ = measure_calls(lambda n: list(range(n)))
+    assert costs != forced and costs.call_s < 0.5
