@@ -143,7 +143,10 @@ def test_moved_to_worker_processes_the_main_process_lets_go_of_the_buffers_it_ke
     """Batches of 1 MB or more made here are stacked into buffers kept for reuse; once the workers
     make the batches, those buffers would be held for nothing."""
     loader = tp.DataLoader(Waits(), batch_size=4, num_workers="auto")
-    it = iter(loader)
+    # cheap calls: the first batches are made here, and stay wherever the test moves them (a
+    # loaded machine's windows would move them on; measured, the first batches may go to workers)
+    with forced_call_costs(1e-5, gil_free=0.0, moves=False):
+        it = iter(loader)
     move_calls(it, "inline", 0)
     kept = [next(it) for _ in range(3)]
     del kept  # their buffers come back to be kept
