@@ -2,8 +2,22 @@ import time
 
 import numpy as np
 
+from torchpipe.runtime.placement import gil
 from torchpipe.runtime.placement.gil import GilProbe
 from torchpipe.testing import as_in_a_fresh_process
+
+
+def counted_calibrations(monkeypatch):
+    """The calibrations the probe runs from now on (each sleeps ``CALIBRATE_S``), as a list."""
+    sleep, calibrations = time.sleep, []
+
+    def counting_sleep(seconds):
+        if seconds == gil.CALIBRATE_S:
+            calibrations.append(seconds)
+        sleep(seconds)
+
+    monkeypatch.setattr(gil.time, "sleep", counting_sleep)
+    return calibrations
 
 
 def python_loop():
@@ -32,16 +46,7 @@ def test_numpy_work_mostly_releases_the_gil():
 
 
 def test_the_free_rate_is_measured_once_a_process(monkeypatch):
-    from torchpipe.runtime.placement import gil
-
-    sleep, calibrations = time.sleep, []
-
-    def counting_sleep(seconds):
-        if seconds == gil.CALIBRATE_S:
-            calibrations.append(seconds)
-        sleep(seconds)
-
-    monkeypatch.setattr(gil.time, "sleep", counting_sleep)
+    calibrations = counted_calibrations(monkeypatch)
     with as_in_a_fresh_process():
         GilProbe.calibrate()
         measured = len(calibrations)
@@ -57,17 +62,8 @@ def test_the_free_rate_is_measured_once_a_process(monkeypatch):
 def test_uncalibrated_is_a_new_process_to_the_probe_and_puts_the_rate_back(monkeypatch):
     """GilProbe.uncalibrated(), the seam of testing.as_in_a_fresh_process: a probe calibrates
     afresh in the block; after it, this process's rate stands again (nothing is measured)."""
-    from torchpipe.runtime.placement import gil
-
     GilProbe.calibrate()
-    sleep, calibrations = time.sleep, []
-
-    def counting_sleep(seconds):
-        if seconds == gil.CALIBRATE_S:
-            calibrations.append(seconds)
-        sleep(seconds)
-
-    monkeypatch.setattr(gil.time, "sleep", counting_sleep)
+    calibrations = counted_calibrations(monkeypatch)
     with GilProbe.uncalibrated():
         GilProbe.calibrate()
         assert calibrations
