@@ -5,7 +5,7 @@ import gc
 import pytest
 
 from torchpipe.core.stats import IteratorStats
-from torchpipe.core.tunable import BUFFER, POOL, Tunable, WeakStage
+from torchpipe.core.tunable import BUFFER, POOL, Tunable, WeakStage, weakly
 
 
 class Owner:
@@ -69,3 +69,22 @@ def test_a_weak_stage_does_not_keep_its_owner_alive_and_then_answers_nothing():
     gc.collect()
     assert _answers(stage) == ([], [], 0, 0, False, False, {})
     assert stage.stats is stats  # the stage's counters stay the stage's
+
+
+def test_a_weak_call_reaches_its_object_while_it_lives_and_does_nothing_after():
+    class Sized:
+        def __init__(self):
+            self.sizes = []
+
+        def resize(self, n):
+            self.sizes.append(n)
+
+    sized = Sized()
+    call = weakly(sized.resize)
+    call(3)
+    assert sized.sizes == [3]
+    seen = sized.sizes
+    del sized
+    gc.collect()
+    call(4)  # its object is gone: nothing to call, nothing kept alive
+    assert seen == [3]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import abc
 import weakref
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from torchpipe.core.stats import IteratorStats
@@ -115,3 +116,16 @@ class WeakStage(Tunable):
     def executor_report(self) -> dict[str, Any]:
         owner = self._owner()
         return owner.executor_report() if owner is not None else {}
+
+
+def weakly(method: Callable[[int], None]) -> Callable[[int], None]:
+    """``method``, holding its object weakly (a no-op once it is gone): what the tuner's thread
+    calls must not keep a stage's owner alive, as :class:`WeakStage`."""
+    ref = weakref.WeakMethod(method)
+
+    def call(value: int) -> None:
+        live = ref()
+        if live is not None:
+            live(value)
+
+    return call

@@ -29,7 +29,6 @@ from __future__ import annotations
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable
 from typing import Any
 
 import torch.utils.data._utils.collate as torch_collate
@@ -42,7 +41,7 @@ from torchpipe.autotune.live import start_look
 from torchpipe.autotune.report import PipelineStats, pipeline_stats
 from torchpipe.autotune.tuner import Budget
 from torchpipe.core.stats import IteratorStats
-from torchpipe.core.tunable import POOL, WeakStage
+from torchpipe.core.tunable import POOL, WeakStage, weakly
 from torchpipe.loader.budget import BudgetedWorkers, held_here
 from torchpipe.loader.fetch import DataLoader, Exhausted, FetchTask, LocalFetch, SpanWhenProfiled
 from torchpipe.loader.memory import (
@@ -244,7 +243,7 @@ class WorkerIterator(
             on_move=self._moved,
         )
         self._dispatch, self._placement = self._executors.dispatcher, self._executors.placement
-        self._knob = self._executors.add_knob(0, 0, most, apply=_weakly(self.resize))
+        self._knob = self._executors.add_knob(0, 0, most, apply=weakly(self.resize))
 
     # The autotuner's contract (core/tunable.py), answered for the WeakStage that holds this weakly.
 
@@ -263,6 +262,24 @@ class WorkerIterator(
 
     def calls_in_processes(self) -> bool:
         return self._placement is None or self._placement.kind == PROCESS
+
+    @property
+    def stage(self) -> WeakStage:
+        """The workers' stage as the autotuner and ``stats()`` see it: a seam for tests that
+        look at its knobs and counters."""
+        return self._stage
+
+    @property
+    def placement(self) -> Placement | None:
+        """Where batches are made and what moves them (``num_workers="auto"``; None for a fixed
+        count), as the map stage's: a seam for tests that force a move."""
+        return self._placement
+
+    @property
+    def process_pool(self) -> ProcessPool:
+        """The worker processes' pool (parked, with no worker, while batches are made here), as
+        the map stage's: a seam for tests that look at its worker processes."""
+        return self._pool
 
     def executor_report(self) -> dict[str, Any]:
         """Where batches are made, for ``loader.stats()``, as a parallel map reports it: the
@@ -575,15 +592,3 @@ def _sizing(state: Any, iterable: bool) -> str:
         return f" (resized by the autotuner: 1 to {2 * cores})"
     more = "" if state.replicas else f" ({io_replicas(cores)} where the first batches wait on I/O)"
     return f" running {state.replicas or 2 * cores} replicas{more}, one a process where they wait, else in turn"
-
-
-def _weakly(method: Callable[[int], None]) -> Callable[[int], None]:
-    """``method``, holding its object weakly (a no-op once it is gone): the tuner's thread calls it."""
-    ref = weakref.WeakMethod(method)
-
-    def call(value: int) -> None:
-        live = ref()
-        if live is not None:
-            live(value)
-
-    return call

@@ -5,8 +5,9 @@ private state. ``torchpipe.testing`` hands every one of them on.
 Each hook goes through the seam that the object it steers documents for tests
 (:meth:`~torchpipe.graph.plan.PipelineIterator.tree`,
 :func:`~torchpipe.runtime.placement.measure.forced_costs`,
-:meth:`~torchpipe.runtime.placement.placement.Placement.never_moving`, ...). A DataLoader's iterator
-(``torchpipe.loader``) has none yet: what it reads there is marked ``loader:`` below.
+:meth:`~torchpipe.runtime.placement.placement.Placement.never_moving`, a DataLoader iterator's
+``stage``, ``placement`` and ``process_pool``, ...); only :func:`start_as_measured` still writes a
+DataLoader's state itself (marked ``loader:``).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def stages(iterator: Any) -> list[Any]:
         AssertionError: if the pass has not started (nothing built yet).
     """
     if isinstance(iterator, WorkerIterator):
-        return [iterator._stage]  # loader: no public accessor yet
+        return [iterator.stage]
     root = iterator.tree if isinstance(iterator, PipelineIterator) else iterator
     if root is None:
         raise AssertionError("the pass has not started: take an element first")
@@ -84,7 +85,7 @@ def move_calls(iterator: Any, kind: str, workers: int) -> None:
 def _placements(iterator: Any) -> list[Placement | None]:
     """The placement of each stage of a running pass (None for a stage without one)."""
     if isinstance(iterator, WorkerIterator):
-        return [iterator._placement]  # loader: no public accessor yet
+        return [iterator.placement]
     return [getattr(stage, "placement", None) for stage in stages(iterator)]
 
 
@@ -159,7 +160,7 @@ def _process_pools(iterator: Any) -> list[ProcessPool]:
     """The process pools the stages of a running pass or a DataLoader's iterator hold now."""
     pools: list[Any] = []
     if isinstance(iterator, WorkerIterator):
-        pools = [iterator._pool]  # loader: no public accessor yet
+        pools = [iterator.process_pool]
     else:
         pools = [getattr(stage, "process_pool", None) for stage in stages(iterator)]
     return [pool for pool in pools if isinstance(pool, ProcessPool)]
