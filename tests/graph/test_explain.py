@@ -1,5 +1,3 @@
-import pytest
-
 import torchpipe as tp
 
 
@@ -48,29 +46,6 @@ def test_explain_shows_what_each_pass_did_and_the_plan_that_runs():
     )
     first = running.strip().splitlines()[0]
     assert first.startswith("map(fn=abs, num_parallel_calls=2") and "+ batch(batch_size=4" in first
-
-
-def test_tp_explain_describes_a_dataloader():
-    import torch
-
-    class Squares(torch.utils.data.Dataset):
-        def __len__(self):
-            return 10
-
-        def __getitem__(self, i):
-            return i * i
-
-    text = tp.explain(tp.DataLoader(Squares(), batch_size=4, shuffle=True, num_workers="auto"))
-    assert "dataset: Squares (a map-style dataset)" in text and "sampler: RandomSampler" in text
-    assert (
-        "(auto: usable cores to start)" in text
-        and "worker processes forked from a zygote (resized by the autotuner" in text
-    )
-    assert "torch's own iterator (num_workers=0)" in tp.explain(tp.DataLoader(Squares()))
-    assert "Optimizations:" in tp.explain(tp.DataLoader(tp.range(3).map(abs), batch_size=None))
-    assert tp.explain(tp.range(3)) == tp.range(3).explain()
-    with pytest.raises(TypeError, match="tp.Dataset or a DataLoader"):
-        tp.explain([1, 2])
 
 
 def test_explain_shows_the_values_the_autotuner_chose_for_the_latest_pass():
