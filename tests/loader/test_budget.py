@@ -44,7 +44,7 @@ def test_over_its_budget_a_loader_gives_up_workers_then_slots_and_loses_no_batch
         it = iter(lean)
         if epoch == 0:
             move_calls(it, "process", 3)
-            assert it._placement.workers == 1  # the cap the predicted peak set
+            assert it.placement.workers == 1  # the cap the predicted peak set
         assert [b.tolist() for b in it] == want[epoch]
     memory = lean.stats()[0]["memory"]
     assert memory["default"] is False and memory["budget"] == 1

@@ -6,7 +6,7 @@ import torchpipe as tp
 from tests.graph.passes.toggle import only, running_root
 from torchpipe.errors import CheckpointError
 from torchpipe.ops.fused import FusedMapNode, is_pure_stage
-from torchpipe.testing import assert_checkpoint_roundtrip
+from torchpipe.testing import assert_checkpoint_roundtrip, node
 
 
 def double(x):
@@ -20,7 +20,7 @@ def even(x):
 def _fused(ds, stages):
     """``ds``'s last ``stages`` maps and filters as one inline stage, as the passes would make
     them (and a filter before a map too, which they do not fuse)."""
-    hops, below = [], ds._node
+    hops, below = [], node(ds)
     for _ in range(stages):
         hops.append(below)
         below = below.inputs[0]
@@ -51,11 +51,11 @@ def test_the_fused_node_names_its_stages_innermost_first():
 
 
 def test_a_stage_is_pure_only_where_its_function_was_declared_so():
-    assert is_pure_stage(tp.range(2).map(double, pure=True)._node)
-    assert not is_pure_stage(tp.range(2).map(double)._node)
-    assert is_pure_stage(tp.range(2).filter(tp.pure(lambda x: x > 0))._node)
-    assert not is_pure_stage(tp.range(2).filter(even)._node)
-    assert not is_pure_stage(tp.range(2)._node)
+    assert is_pure_stage(node(tp.range(2).map(double, pure=True)))
+    assert not is_pure_stage(node(tp.range(2).map(double)))
+    assert is_pure_stage(node(tp.range(2).filter(tp.pure(lambda x: x > 0))))
+    assert not is_pure_stage(node(tp.range(2).filter(even)))
+    assert not is_pure_stage(node(tp.range(2)))
 
 
 def test_an_inline_chain_gives_what_the_ops_give_apart_and_resumes_anywhere():
