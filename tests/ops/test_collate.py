@@ -115,3 +115,35 @@ def test_collate_copies_read_only_arrays_without_a_warning():
         batch = collate(arrays)
     assert torch.equal(batch, torch.tensor([[0.0] * 3, [1.0] * 3]))
     assert not any(a.flags.writeable for a in arrays)
+
+
+def test_collate_takes_dict_rows_by_key_and_names_what_differs():
+    # rows may list their keys in any order: the batch has the first row's order
+    out = collate([{"a": 1, "b": np.float32(2)}, {"b": np.float32(3), "a": 4}])
+    assert list(out) == ["a", "b"]
+    assert_elements_equal(out, {"a": torch.tensor([1, 4]), "b": torch.tensor([2.0, 3.0])})
+    with pytest.raises(
+        ValueError, match=r"differ in structure at element\['m'\]: dict of length 1"
+    ):
+        collate([{"m": {"a": 1}}, {"m": {"a": 1, "b": 2}}])
+    with pytest.raises(
+        ValueError, match=r"differ in keys at element: \['a', 'b'\] vs \['a', 'c'\]"
+    ):
+        collate([{"a": 1, "b": 2}, {"a": 1, "c": 2}])
+    with pytest.raises(ValueError, match="differ in structure at element: dict"):
+        collate([{"a": 1}, collections.OrderedDict(a=1)])
+    # a tuple's and a list's children are named by index, a namedtuple's by field
+    with pytest.raises(TypeError, match=r"element\[1\]\[0\] of type NoneType"):
+        collate([(1, [None]), (2, [None])])
+
+
+def test_collate_makes_number_columns_of_the_documented_dtypes():
+    assert_elements_equal(
+        collate([np.float32(1.5), np.array(2.5, np.float32)]), torch.tensor([1.5, 2.5])
+    )
+    assert collate([True, False]).dtype == torch.bool
+    assert collate([1, 2]).dtype == torch.int64
+    with pytest.raises(ValueError, match=r"element does not fit in torch.int64"):
+        collate([1, 2**70])
+    with pytest.raises(ValueError, match=r"element\['n'\] does not fit in torch.float64"):
+        collate([{"n": 1.0}, {"n": 10**400}])

