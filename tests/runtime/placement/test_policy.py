@@ -463,3 +463,43 @@ def test_a_dearer_executor_measured_faster_wins_by_the_windows_noise_not_the_mod
     assert choose(calls, 2, KINDS, close, current=INLINE) == INLINE
     # against a prediction (inline's: 2.3 ms) the model's margin still holds
     assert choose(calls, 2, (INLINE, PROCESS), {PROCESS: 2.1e-3}, current=INLINE) == INLINE
+
+
+@pytest.mark.parametrize("forget", ["stale", "costs_changed"])
+def test_an_executor_measured_faster_is_measured_again_once_its_figure_is_old(monkeypatch, forget):
+    """#59 item 7, over time: processes measured faster, then their figure went stale (or the
+    calls' costs changed kind) while the model predicts inline faster. The calls do not end
+    inline: processes are tried again, and kept where they still measure faster."""
+    now = [0.0]
+    monkeypatch.setattr(policy_module.time, "monotonic", lambda: now[0])
+    calls = costs(1e-3, move_s=1.5e-3)  # the model: results too dear to move, inline wins
+    seconds = {INLINE: 1.0e-3, PROCESS: 0.6e-3}  # measured: processes win
+    policy = Policy((INLINE, PROCESS), 2)
+    assert policy.decide(calls) == INLINE
+    policy.moved(PROCESS)  # as a trial of processes does
+    for _ in range(WINDOWS_KEPT):
+        policy.review(seconds[PROCESS])
+    if forget == "stale":
+        now[0] += 1000.0
+    else:
+        policy.rebase(dataclasses.replace(calls, cpu_s=0.1e-3), scale=None)
+    policy.moved(INLINE)  # where the model sends the calls with nothing measured lately
+    ends = []
+    for _ in range(3 * WINDOWS_KEPT):
+        verdict = policy.review(seconds[policy.kind])
+        if verdict != policy.kind:
+            policy.moved(verdict)
+        ends.append(policy.kind)
+    assert ends[-1] == PROCESS and PROCESS in policy.measured
+    # processes lose now: back inline, and where the model predicts inline faster too (the
+    # costs as first measured), the losing trial is not repeated once its figure is old
+    seconds[PROCESS] = 2e-3
+    for _ in range(3 * WINDOWS_KEPT):
+        verdict = policy.review(seconds[policy.kind])
+        if verdict != policy.kind:
+            policy.moved(verdict)
+    assert policy.kind == INLINE
+    if forget == "stale":
+        now[0] += 1000.0
+        for _ in range(3 * WINDOWS_KEPT):
+            assert policy.review(seconds[INLINE]) == INLINE

@@ -410,8 +410,10 @@ class Policy:
         say otherwise (forgotten, the model's prediction had sent ``bigtensor``'s fills back to
         processes, measured slower than inline, every few seconds). ``scale=None`` (the calls
         now wait where they computed, or the reverse): what was measured is forgotten."""
-        if scale is None:
-            self._measured.clear()
+        if scale is None:  # stale at once: no longer a measurement, but still worth a trial
+            self._measured = {
+                kind: (seconds, -math.inf) for kind, (seconds, _) in self._measured.items()
+            }
         else:
             self._measured = {
                 kind: (seconds * scale, when) for kind, (seconds, when) in self._measured.items()
@@ -515,11 +517,22 @@ class Policy:
             return None
         here = measured[self.kind]
         for kind in self._not_tried(measured):
+            if self._measured_faster(kind, here):
+                return kind
             if self._threads_missed(kind) and self._threads_may_win(here):
                 return kind
             if predict(self.costs, kind, self.cores) < _TRIED_WITHIN[kind] * here:
                 return kind
         return None
+
+    def _measured_faster(self, kind: str, here: float) -> bool:
+        """Whether ``kind``'s last measurement, stale now (or from before the calls' costs
+        changed), was :data:`STAY` times faster than ``here``: it is measured again, whatever the
+        model predicts, so a run does not end on an executor slower than one it measured (#59
+        item 7: ``tiny``'s and ``bigtensor``'s DataLoader ended inline, processes measured faster
+        before their measurement went stale and the model predicted them slower)."""
+        last = self._measured.get(kind)
+        return last is not None and last[0] * STAY < here
 
     def _windows_full(self, kind: str) -> bool:
         """Whether ``kind`` was measured on :data:`WINDOWS_KEPT` full windows in a row."""
