@@ -235,3 +235,14 @@ def test_the_tree_is_what_the_first_element_built_until_close():
     assert root is not None and root.name.startswith("map")
     it.close()
     assert it.tree is None
+
+
+def test_a_pass_sizes_the_heap_kept_between_elements_at_its_first(monkeypatch):
+    from torchpipe.graph import plan
+
+    asked = []
+    monkeypatch.setattr(plan, "hold_free", asked.append)
+    ds = tp.range(40).map(lambda i: {"payload": bytes(1000), "i": i}).batch(8)
+    for _ in range(2):
+        assert len(list(ds)) == 5
+    assert asked == [8 * 1000 + 8 * 8] * 2  # the first batch of each pass

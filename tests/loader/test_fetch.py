@@ -69,3 +69,25 @@ def test_a_freed_batchs_memory_is_reused_and_a_kept_one_is_never_written():
     third = collate(_items(ROWS, offset=200.0))["image"]
     assert third.data_ptr() != second.data_ptr()
     assert torch.equal(second, torch.stack([torch.full(LARGE, i + 100.0) for i in range(ROWS)]))
+
+
+class _Payloads(torch.utils.data.Dataset):
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        return {"payload": bytes(4096), "i": i}
+
+
+@pytest.mark.parametrize("num_workers", [0, "auto"])
+def test_the_first_batch_sizes_the_heap_kept_between_batches(monkeypatch, num_workers):
+    import torchpipe as tp
+    from torchpipe.loader import fetch
+
+    asked = []
+    monkeypatch.setattr(fetch, "hold_free", asked.append)
+    loader = tp.DataLoader(_Payloads(), batch_size=16, num_workers=num_workers)
+    for _ in range(2):
+        assert len(list(loader)) == 4
+    # once an iterator, with the batch's bytes: 16 payloads of 4 KB and 16 int64s
+    assert asked and set(asked) == {16 * 4096 + 16 * 8} and len(asked) <= 2

@@ -28,6 +28,8 @@ from torchpipe.observe.tracing import TUNER, TraceLog, Track
 from torchpipe.options import Options
 from torchpipe.randomness import fresh_seed
 from torchpipe.runtime import interrupts
+from torchpipe.runtime.heap import hold_free
+from torchpipe.runtime.sizes import element_bytes
 from torchpipe.storage.fingerprint import describe_ops, ops_of
 
 _FORMAT = 3
@@ -211,6 +213,7 @@ class PipelineIterator:
         self._log: TraceLog | None = None
         self._waits: Track | None = None  # the training loop's track in a traced pass
         self._warning = plan.warning  # said at the first element
+        self._first = True
 
     def _build(self) -> Iterator:
         trace = self._plan.options.trace
@@ -245,6 +248,14 @@ class PipelineIterator:
     def __iter__(self) -> PipelineIterator:
         return self
 
+    def _at_first(self, element: Any) -> None:
+        """The pass's first element: the plan's warning is said, and this process's heap keeps
+        room for elements of its size between them (``runtime/heap.py``)."""
+        self._first = False
+        if self._warning is not None:
+            _warn_once(self._warning)
+        hold_free(element_bytes(element))
+
     @property
     def tree(self) -> Iterator | None:
         """The pass's iterator tree, its root op's iterator (None until the first element or
@@ -266,9 +277,8 @@ class PipelineIterator:
             raise
         if tuner is not None and not tuner.started:
             tuner.tick()  # the first element starts the tuner's first window; its thread, the first round
-        if self._warning is not None:
-            _warn_once(self._warning)
-            self._warning = None
+        if self._first:
+            self._at_first(element)
         clock.leave()
         if waits is not None:
             waits.span(t0, time.perf_counter())

@@ -17,11 +17,11 @@ from torchpipe.loader.memory import (
     hold_peak,
     over_budget,
     release_slot_pages,
-    trim_heap,
     workers_fitting,
     workers_within,
 )
 from torchpipe.runtime.dispatch import Dispatcher
+from torchpipe.runtime.heap import trim_heap
 from torchpipe.runtime.knob import LiveKnob
 from torchpipe.runtime.placement.auto_stage import AutoStage
 from torchpipe.runtime.placement.placement import Placement

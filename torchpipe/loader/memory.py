@@ -20,7 +20,6 @@ The budget is ``autotune=tp.AutotuneOptions(ram_budget=...)`` where given, else
 
 from __future__ import annotations
 
-import ctypes
 import math
 import threading
 import time
@@ -29,6 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 from torchpipe.autotune.tuner import RAM_SHARE, Budget
+from torchpipe.runtime.heap import trim_heap
 from torchpipe.runtime.processes.output import slot_bytes
 
 DEFAULT_SHARE = RAM_SHARE
@@ -312,15 +312,6 @@ def workers_fitting(
         if predicted_peak(memory, pool, n, batch_bytes, here, False) <= memory.budget
     )
     return next(fits, 1)
-
-
-def trim_heap() -> None:
-    """Give back what this process's heap holds free (glibc's ``malloc_trim``): the memory the
-    loader's own inline and thread calls left there. Not glibc: no-op."""
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 def _mib(nbytes: float) -> str:

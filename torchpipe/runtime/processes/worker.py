@@ -35,7 +35,6 @@ Where results go (a ring of slots sized at the first result, or one-off segments
 
 from __future__ import annotations
 
-import ctypes
 import os
 import pickle
 import queue
@@ -48,23 +47,20 @@ from typing import Any, cast
 import torch
 
 from torchpipe.errors import add_note
+from torchpipe.runtime.heap import keep_freed_memory, return_freed_memory
 from torchpipe.runtime.processes.channel import Channel, ChannelClosed
 from torchpipe.runtime.processes.output import IDLE_S, MAX_RING_BYTES, Output, pack_exception
 
 __all__ = [
     "DEFAULT_SLOTS",
     "MAX_RING_BYTES",
-    "keep_freed_memory",
     "pack_exception",
-    "return_freed_memory",
     "run_worker",
     "unpack_exception",
 ]
 
 _POLL_S = 0.5
 _RELEASE_POLL_S = 0.02  # under a budget: a slot released gives its pages back this soon
-_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc mallopt parameters
-_DEFAULT_TRIM_THRESHOLD, _DEFAULT_MMAP_MAX = 128 * 1024, 65536  # glibc's defaults for them
 DEFAULT_SLOTS = 5
 """A worker's ring slots until the pool says: 4 tasks in flight and the one the consumer holds."""
 _JOIN_S = 2.0  # how long a stopping worker waits for its task threads
@@ -177,35 +173,6 @@ class _Idle:
         elif not self._given and time.monotonic() - self._since >= IDLE_S:
             self._given = True
             self._output.give_back_idle()
-
-
-def keep_freed_memory() -> None:
-    """Make glibc's malloc reuse freed memory in this worker instead of returning it.
-
-    By default every allocation of 32 MB or more (and, after a while, of less) is a fresh
-    ``mmap``: each new tensor then pays a page fault per 4 KB page, which made a worker that
-    builds 32 MB tensors spend five times longer faulting than filling them. Keeping freed
-    memory (no mmap, no trimming) costs a worker's RSS staying at its peak. Not glibc: no-op.
-    """
-    try:
-        libc = ctypes.CDLL(None)
-        libc.mallopt(_M_MMAP_MAX, 0)
-        libc.mallopt(_M_TRIM_THRESHOLD, 1 << 30)
-    except (OSError, AttributeError):
-        pass
-
-
-def return_freed_memory() -> None:
-    """Undo :func:`keep_freed_memory` (glibc's defaults: large blocks are mapped and unmapped,
-    freed memory is trimmed) and give back what the heap holds free now (``malloc_trim``): a
-    memory budget binds. Not glibc: no-op."""
-    try:
-        libc = ctypes.CDLL(None)
-        libc.mallopt(_M_MMAP_MAX, _DEFAULT_MMAP_MAX)
-        libc.mallopt(_M_TRIM_THRESHOLD, _DEFAULT_TRIM_THRESHOLD)
-        libc.malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 class _TaskRunner:

@@ -29,7 +29,8 @@ import torch
 
 from torchpipe.runtime import codec
 from torchpipe.runtime.codec.pickling import ALIGN
-from torchpipe.runtime.processes.worker import keep_freed_memory, pack_exception
+from torchpipe.runtime.heap import keep_freed_memory
+from torchpipe.runtime.processes.worker import pack_exception
 
 _EXTRA = "pip install 'torchpipe[ray]'"
 _log = logging.getLogger(__name__)

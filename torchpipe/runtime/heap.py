@@ -1,0 +1,102 @@
+"""What this process's C heap (glibc's malloc) keeps and gives back: the one place that tunes it.
+
+Three uses, one concern each:
+
+- :func:`hold_free`: the process that takes the batches (the training loop's) keeps about a
+  batch's worth of freed heap for the next batch. glibc gives freed memory at the top of its
+  heap back to the system once more than its trim threshold (128 KiB at first) is free; a batch
+  of 32 rows with a 64 KB ``bytes`` each frees 2 MB at once, so every batch was given back and
+  faulted in again, page by page: 5x the time of building it (``blobs``' epochs, 18 ms or 90 ms,
+  by how the process's allocations happened to start). glibc raises that threshold itself,
+  to twice the size of the largest block it mapped and then freed (up to 32 MiB); this maps and
+  frees one such block of the batch's size, so its own rule keeps the room, no setting fixed.
+- :func:`keep_freed_memory` / :func:`return_freed_memory`: a worker process keeps everything
+  it freed (no mapped blocks, no trimming), or goes back to glibc's defaults when a memory budget
+  binds.
+- :func:`trim_heap`: give back what the heap holds free now (the loader's own inline and thread
+  calls' leftovers), when the loader sheds for a budget.
+
+Elsewhere than glibc (macOS, musl) each is a no-op.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc mallopt parameters
+_DEFAULT_TRIM_THRESHOLD, _DEFAULT_MMAP_MAX = 128 * 1024, 65536  # glibc's defaults for them
+MAPPED_MAX = 32 << 20
+"""The largest freed block glibc raises its thresholds for (``DEFAULT_MMAP_THRESHOLD_MAX`` on 64-bit)."""
+HOLD_BATCHES = 2
+"""Batches' worth of heap :func:`hold_free` keeps room for (a batch in use, the next being made)."""
+
+_held = 0  # the most this process was made to hold (inherited by forks: their heap is a copy)
+
+
+def _libc() -> Any:
+    """glibc's functions (``malloc``/``free`` typed for pointers), or None elsewhere."""
+    try:
+        libc = ctypes.CDLL(None)
+        libc.malloc.restype = ctypes.c_void_p
+        libc.malloc.argtypes = [ctypes.c_size_t]
+        libc.free.argtypes = [ctypes.c_void_p]
+        libc.mallopt  # noqa: B018 - glibc has it; musl and macOS do not
+    except (OSError, AttributeError):
+        return None
+    return libc
+
+
+def hold_free(batch_bytes: int) -> None:
+    """Let this process's heap keep :data:`HOLD_BATCHES` batches of ``batch_bytes`` free between
+    batches, rather than give them back to the system and fault them in again (the module's
+    docstring). Blocks smaller than that are then made from the heap rather than mapped one by
+    one. Costs one map and unmap the first time a size is asked for (then nothing); where
+    ``mallopt`` fixed the thresholds (a worker's :func:`keep_freed_memory`), glibc keeps them."""
+    global _held
+    size = min(HOLD_BATCHES * max(int(batch_bytes), 0), MAPPED_MAX)
+    if size <= _held:
+        return  # two threads asking at once map a block each: no harm
+    libc = _libc()
+    if libc is not None:
+        # a block past the threshold is mapped; freeing it raises the thresholds to its size
+        libc.free(libc.malloc(size + 1))
+    _held = size
+
+
+def held() -> int:
+    """The room :func:`hold_free` made in this process, in bytes (0: none asked yet)."""
+    return _held
+
+
+def keep_freed_memory() -> None:
+    """Make glibc's malloc reuse freed memory in this worker instead of returning it.
+
+    By default every allocation of 32 MB or more (and, after a while, of less) is a fresh
+    ``mmap``: each new tensor then pays a page fault per 4 KB page, which made a worker that
+    builds 32 MB tensors spend five times longer faulting than filling them. Keeping freed
+    memory (no mmap, no trimming) costs a worker's RSS staying at its peak.
+    """
+    libc = _libc()
+    if libc is not None:
+        libc.mallopt(_M_MMAP_MAX, 0)
+        libc.mallopt(_M_TRIM_THRESHOLD, 1 << 30)
+
+
+def return_freed_memory() -> None:
+    """Undo :func:`keep_freed_memory` (glibc's defaults: large blocks are mapped and unmapped,
+    freed memory is trimmed) and give back what the heap holds free now (``malloc_trim``): a
+    memory budget binds."""
+    libc = _libc()
+    if libc is not None:
+        libc.mallopt(_M_MMAP_MAX, _DEFAULT_MMAP_MAX)
+        libc.mallopt(_M_TRIM_THRESHOLD, _DEFAULT_TRIM_THRESHOLD)
+        libc.malloc_trim(0)
+
+
+def trim_heap() -> None:
+    """Give back what this process's heap holds free (glibc's ``malloc_trim``): the memory the
+    loader's own inline and thread calls left there."""
+    libc = _libc()
+    if libc is not None:
+        libc.malloc_trim(0)
