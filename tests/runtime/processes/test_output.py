@@ -1,3 +1,4 @@
+import ctypes
 import gc
 import mmap
 import random
@@ -38,18 +39,16 @@ def segments_open():
 
 def resident_bytes(ring):
     """Bytes of an attached ring's pages in memory, read from this process's mapping of it (the
-    consumer holds no descriptor of the ring to ask)."""
-    address = np.frombuffer(ring._words, np.uint64).ctypes.data
-    inside = False
-    with open("/proc/self/smaps") as smaps:
-        for line in smaps:
-            first = line.split(maxsplit=1)[0]
-            if not first.endswith(":"):  # a mapping's header: its address range first
-                low, high = (int(end, 16) for end in first.split("-"))
-                inside = low <= address < high
-            elif inside and first == "Rss:":
-                return int(line.split()[1]) * 1024
-    raise AssertionError("the ring is not mapped here")
+    consumer holds no descriptor of the ring to ask): ``mincore`` tells which of the memfd's
+    pages are resident, whether this process touched them or not."""
+    words = np.frombuffer(ring._words, np.uint64)
+    pages = -(-words.nbytes // PAGE)
+    vector = (ctypes.c_ubyte * pages)()
+    libc = ctypes.CDLL(None, use_errno=True)
+    address = ctypes.c_void_p(words.ctypes.data)
+    if libc.mincore(address, ctypes.c_size_t(words.nbytes), vector) != 0:
+        raise OSError(ctypes.get_errno(), "mincore of the ring's mapping")
+    return sum(page & 1 for page in vector) * PAGE
 
 
 def test_a_slot_holds_a_record_of_its_first_result_with_headroom_in_whole_pages():
@@ -153,7 +152,8 @@ def test_an_idle_worker_gives_back_its_free_slots_pages_and_faults_them_in_again
         del results
         gc.collect()
         (ring,) = worker_rings(pool)[0][-1:]
-        assert ring.slots == 3 and resident_bytes(ring) >= 3 * ring.slot_bytes
+        # held at once: every slot written (a slot's pages are allocated as they are written)
+        assert ring.slots == 3 and resident_bytes(ring) >= 3 * 8 * n
         deadline = time.monotonic() + 20
         while resident_bytes(ring) > ring.slot_bytes + 4 * PAGE and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -163,7 +163,38 @@ def test_an_idle_worker_gives_back_its_free_slots_pages_and_faults_them_in_again
         gc.collect()
         again = run_all(pool, [n] * 3)
         assert all(torch.equal(again[seq][0], filled(seq, n)) for seq in range(3))
-        assert resident_bytes(ring) >= 2 * ring.slot_bytes  # written again: faulted in
+        assert resident_bytes(ring) >= 2 * 8 * n  # written again: faulted in
+    finally:
+        pool.close()
+
+
+def test_slots_a_consumer_that_keeps_up_leaves_unwritten_give_their_pages_back(monkeypatch):
+    """#58: a consumer that takes each result before the next is made empties the ring each time;
+    the results then all go to its first slot, and the slots written while it fell behind give
+    their pages back once unwritten for IDLE_S, while results keep coming."""
+    monkeypatch.setattr(output, "IDLE_S", 0.2)  # the zygote, forked at start, reads it
+    pool = ProcessPool(filled, 1, "m", per_worker=2)
+    pool.start()
+    try:
+        n = 1 << 18  # 2 MB results: a ring of 3 slots
+        held = run_all(pool, [n] * 3)  # fell behind: every slot written
+        (ring,) = worker_rings(pool)[0][-1:]
+        assert resident_bytes(ring) >= 3 * 8 * n
+        del held
+        gc.collect()
+        deadline = time.monotonic() + 20
+        kept_up = 0
+        while resident_bytes(ring) > ring.slot_bytes + 4 * PAGE and time.monotonic() < deadline:
+            (value, error) = run_all(pool, [n])[0]  # taken, then let go, before the next
+            assert error is None and torch.equal(value, filled(0, n))
+            del value
+            kept_up += 1
+            time.sleep(0.01)
+        assert resident_bytes(ring) <= ring.slot_bytes + 4 * PAGE  # the first slot only
+        assert kept_up >= 1  # while results kept coming (a task each ~10 ms: never idle)
+        held = run_all(pool, [n] * 3)  # behind again: the slots are written again
+        assert all(torch.equal(value, filled(seq, n)) for seq, (value, _) in held.items())
+        assert resident_bytes(ring) >= 3 * 8 * n
     finally:
         pool.close()
 

@@ -11,7 +11,10 @@ steadily holds more results than it said, a prefetch buffer above a map say, a r
 more replaces it, up to :data:`HELD_MORE` more). The slots keep their pages (written once, reused
 by every result after), so large results pay no page faults, until the worker has been idle for
 :data:`IDLE_S` (an epoch ended, an evaluation runs): then the slots that hold no result give their
-pages back, as torch's DataLoader holds no batch between epochs.
+pages back, as torch's DataLoader holds no batch between epochs. A slot unwritten for as long
+gives its pages back too: an empty ring starts again at its first slot (``ShmRing``), so where
+the consumer keeps up with the worker its results all go to the first slots and the others go
+cold; the ring then holds what is in flight, as torch's DataLoader does, not every slot it has.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import collections
 import mmap
 import pickle
 import threading
+import time
 import traceback
 from typing import Any
 
@@ -111,8 +115,11 @@ class Output:
         self._keep_slot = 0  # the slot size the next ring keeps (0: sized at its first result)
         # a budget binds: slots give their pages back once their result is released
         self._release = False
-        # slots of the ring in use written since they gave their pages back
+        # slots of the ring in use written since they gave their pages back (a new ring's all are:
+        # it is mapped populated), and when each was last written
         self._written: set[int] = set()
+        self._written_at: dict[int, float] = {}
+        self._next_cold = 0.0  # when to look for slots unwritten for IDLE_S next
 
     def confirmed(self, seqs: list[int]) -> None:
         """The main process has mapped these results' segments: let go of them here."""
@@ -213,8 +220,11 @@ class Output:
         index, reservation = placed
         encoded.write_into(reservation.buffer)
         offset, nbytes = self.rings[index].commit(reservation)
+        now = time.monotonic()
         self._written.add(offset)
+        self._written_at[offset] = now
         self._send(("ring", seq, index, offset, nbytes, *cost))
+        self._give_back_cold(now)
 
     def _send(self, message: tuple, fds: list[int] | tuple[int, ...] = ()) -> None:
         if self._closed:  # the worker is stopping: nobody reads the result
@@ -274,6 +284,20 @@ class Output:
         self._written -= released
         return ring.give_back_free_slots(only=released) if released else 0
 
+    def _give_back_cold(self, now: float) -> None:
+        """Slots unwritten for :data:`IDLE_S` give their pages back (the lock is held): a consumer
+        that keeps up empties the ring before each result, which then goes to its first slot
+        (``ShmRing``'s rewind), so the ring holds what is in flight, not every slot it has."""
+        ring = self._ring
+        if now < self._next_cold or ring is None or self._closed:
+            return
+        self._next_cold = now + IDLE_S / 4
+        cold = {o for o in self._written if now - self._written_at.get(o, now) >= IDLE_S}
+        cold &= ring.free_slots()
+        if cold:
+            self._written -= cold
+            ring.give_back_free_slots(only=cold)
+
     def give_back_idle(self) -> int:
         """The worker has been idle a while: give back the pages of slots that hold no result
         (the next result written to one faults its pages in again). Returns the bytes given back."""
@@ -326,12 +350,16 @@ class Output:
         """Make the ring for results like one of ``nbytes`` (none where a slot exceeds the limit)."""
         self._sized, self._ring = True, None
         self._written.clear()
+        self._written_at.clear()
         self._outgrown.clear()
         self._all_held.clear()
         slot, self._keep_slot = self._keep_slot or slot_bytes(nbytes), 0
         slots = min(self._slots, self._limit // slot)
         if slots:
             self._ring = self._add_ring(slots * slot, slot, replaces=bool(self.rings))
+            now = time.monotonic()  # mapped populated: every slot holds its pages
+            self._written = set(range(0, slots * slot, slot))
+            self._written_at = dict.fromkeys(self._written, now)
 
 
 def _cost(clock: CallClock, counts: Tally) -> Cost:

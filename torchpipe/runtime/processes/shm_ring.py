@@ -37,7 +37,9 @@ boundary: each length word ends a cache line and its payload starts on the next,
 the tensors the codec lays out in them) are 64-byte aligned. When a record does not fit before
 the end of the data area, the producer writes a wrap marker where it would have started and
 puts the record at offset 0; the consumer's ``release`` skips the marker. An empty ring takes
-any record that :meth:`ShmRing.fits`, wherever its cursors are. See
+any record that :meth:`ShmRing.fits`, wherever its cursors are; an empty ring of slots has its
+producer move both cursors to slot 0 first, so slots a consumer that keeps up never needs stay
+unwritten. See
 ``docs/shm_ring.md`` for the space rules and the memory-ordering argument.
 """
 
@@ -94,8 +96,9 @@ def _check_nbytes(nbytes: int) -> None:
         raise ValueError(f"nbytes must be an int >= 0, got {nbytes!r}")
 
 
-def _new_memfd(name: str, size: int) -> int:
-    """A sealed anonymous file of ``size`` bytes, its pages allocated now.
+def _new_memfd(name: str, size: int, allocate: int | None = None) -> int:
+    """A sealed anonymous file of ``size`` bytes, its first ``allocate`` bytes' pages (all of them
+    by default) allocated now.
 
     Allocating up front turns a lack of memory into an OSError here rather than a SIGBUS on
     the first write; the seals stop either side from resizing it under the other's mapping.
@@ -106,7 +109,7 @@ def _new_memfd(name: str, size: int) -> int:
     fd = os.memfd_create(name, flags)
     try:
         os.ftruncate(fd, size)
-        _allocate(fd, size)
+        _allocate(fd, size if allocate is None else allocate)
         _seal(fd)
     except BaseException:
         os.close(fd)
@@ -134,8 +137,9 @@ def _seal(fd: int) -> None:
         pass  # sealing is a guard against misuse, not needed for correctness
 
 
-def _map(fd: int, size: int) -> mmap.mmap:
-    return mmap.mmap(fd, size, flags=_MAP_FLAGS, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+def _map(fd: int, size: int, populate: bool = True) -> mmap.mmap:
+    flags = _MAP_FLAGS if populate else mmap.MAP_SHARED
+    return mmap.mmap(fd, size, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
 
 
 def _unmap(fd: int, mapping: mmap.mmap | memoryview, views: tuple[memoryview, ...]) -> None:
@@ -157,7 +161,7 @@ def _unmap(fd: int, mapping: mmap.mmap | memoryview, views: tuple[memoryview, ..
         os.close(fd)
 
 
-def _read_header(fd: int, mapping: mmap.mmap | memoryview, size: int) -> tuple[int, int]:
+def _read_header(fd: int, mapping: bytes | mmap.mmap | memoryview, size: int) -> tuple[int, int]:
     """The capacity and slot size recorded in a ring's header, after checking the header
     describes this segment."""
     magic, version, capacity, start, slot = _HEADER.unpack_from(mapping, 0)
@@ -258,9 +262,12 @@ class ShmRing:
         capacity = (
             -(-capacity // slot_bytes) * slot_bytes if slot_bytes > 0 else _page_multiple(capacity)
         )
-        fd = _new_memfd("torchpipe-ring", _DATA_START + capacity)
+        # A ring of slots allocates and maps its first slot now, the others as they are first
+        # written: slots a consumer that keeps up never needs take no memory (see _rewind_if_empty).
+        size = _DATA_START + capacity
+        fd = _new_memfd("torchpipe-ring", size, _DATA_START + slot_bytes if slot_bytes else size)
         try:
-            mapping = _map(fd, _DATA_START + capacity)
+            mapping = _map(fd, size, populate=not slot_bytes)
         except BaseException:
             os.close(fd)
             raise
@@ -281,8 +288,11 @@ class ShmRing:
             raise ValueError(
                 f"fd {fd} is not a torchpipe shm ring: {size} bytes is less than a header"
             )
-        mapping = map_shared(fd, size, _MAP_FLAGS)
-        capacity, slot_bytes = _read_header(fd, mapping, size)
+        header = os.pread(fd, _HEADER.size, 0)
+        capacity, slot_bytes = _read_header(fd, header, size)
+        # a ring of slots: its pages are mapped as records are read (populating would allocate
+        # the slots not written yet)
+        mapping = map_shared(fd, size, mmap.MAP_SHARED if slot_bytes else _MAP_FLAGS)
         os.close(fd)
         return cls(-1, mapping, capacity, slot_bytes)
 
@@ -375,6 +385,7 @@ class ShmRing:
             )
         size = self._span(nbytes)
         self._pending = None
+        self._rewind_if_empty()
         start = self._wait_for_space(size, timeout)
         if start is None:
             return None
@@ -463,6 +474,20 @@ class ShmRing:
     def _check_open(self) -> None:
         if self._closed:
             raise ValueError("shm ring is closed")
+
+    def _rewind_if_empty(self) -> None:
+        """An empty ring of slots starts again at slot 0: its producer moves both cursors there
+        (the consumer, with no record to release, does not touch its tail until the next record
+        is sent). Where the consumer keeps up, every record then goes to slot 0 and the other
+        slots stay unwritten, so they can give their pages back (docs/shm_ring.md)."""
+        if not self._slot:
+            return
+        head = self._words[_HEAD_WORD]
+        position = head % self._capacity
+        if position and self._words[_TAIL_WORD] == head:
+            start = head - position + self._capacity
+            self._words[_TAIL_WORD] = start
+            self._words[_HEAD_WORD] = start
 
     def _wait_for_space(self, size: int, timeout: float) -> int | None:
         """Where the record will start, polling the consumer's tail with growing sleeps."""
