@@ -2,8 +2,8 @@
 
 Three uses, one concern each:
 
-- :func:`hold_free`: the process that takes the batches (the training loop's) keeps about a
-  batch's worth of freed heap for the next batch. glibc gives freed memory at the top of its
+- :func:`hold_free`: the process that takes the batches (the training loop's) keeps a batch's
+  worth of freed heap for the next batch. glibc gives freed memory at the top of its
   heap back to the system once more than its trim threshold (128 KiB at first) is free; a batch
   of 32 rows with a 64 KB ``bytes`` each frees 2 MB at once, so every batch was given back and
   faulted in again, page by page: 5x the time of building it (``blobs``' epochs, 18 ms or 90 ms,
@@ -28,8 +28,6 @@ _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc mallopt parameters
 _DEFAULT_TRIM_THRESHOLD, _DEFAULT_MMAP_MAX = 128 * 1024, 65536  # glibc's defaults for them
 MAPPED_MAX = 32 << 20
 """The largest freed block glibc raises its thresholds for (``DEFAULT_MMAP_THRESHOLD_MAX`` on 64-bit)."""
-HOLD_BATCHES = 2
-"""Batches' worth of heap :func:`hold_free` keeps room for (a batch in use, the next being made)."""
 
 _held = 0  # the most this process was made to hold (inherited by forks: their heap is a copy)
 
@@ -48,13 +46,15 @@ def _libc() -> Any:
 
 
 def hold_free(batch_bytes: int) -> None:
-    """Let this process's heap keep :data:`HOLD_BATCHES` batches of ``batch_bytes`` free between
-    batches, rather than give them back to the system and fault them in again (the module's
-    docstring). Blocks smaller than that are then made from the heap rather than mapped one by
-    one. Costs one map and unmap the first time a size is asked for (then nothing); where
-    ``mallopt`` fixed the thresholds (a worker's :func:`keep_freed_memory`), glibc keeps them."""
+    """Let this process's heap keep a batch of ``batch_bytes`` free between batches (glibc then
+    trims past twice that), rather than give it back to the system and fault it in again (the
+    module's docstring). Blocks smaller than a batch are then made from the heap rather than
+    mapped one by one, as glibc does by itself once it freed a mapped batch (a tensor batch's:
+    for those this changes little). Costs one map and unmap the first time a size is asked for
+    (then nothing); where ``mallopt`` fixed the thresholds (a worker's :func:`keep_freed_memory`),
+    glibc keeps them."""
     global _held
-    size = min(HOLD_BATCHES * max(int(batch_bytes), 0), MAPPED_MAX)
+    size = min(max(int(batch_bytes), 0), MAPPED_MAX)
     if size <= _held:
         return  # two threads asking at once map a block each: no harm
     libc = _libc()
