@@ -89,5 +89,5 @@ def test_the_first_batch_sizes_the_heap_kept_between_batches(monkeypatch, num_wo
     loader = tp.DataLoader(_Payloads(), batch_size=16, num_workers=num_workers)
     for _ in range(2):
         assert len(list(loader)) == 4
-    # once an iterator, with the batch's bytes: 16 payloads of 4 KB and 16 int64s
+    # once an iterator, with what the batch holds in the heap: 16 payloads of 4 KB, 16 int64s
     assert asked and set(asked) == {16 * 4096 + 16 * 8} and len(asked) <= 2

@@ -29,7 +29,7 @@ from torchpipe.options import Options
 from torchpipe.randomness import fresh_seed
 from torchpipe.runtime import interrupts
 from torchpipe.runtime.heap import hold_free
-from torchpipe.runtime.sizes import element_bytes
+from torchpipe.runtime.sizes import heap_bytes
 from torchpipe.storage.fingerprint import describe_ops, ops_of
 
 _FORMAT = 3
@@ -254,7 +254,7 @@ class PipelineIterator:
         self._first = False
         if self._warning is not None:
             _warn_once(self._warning)
-        hold_free(element_bytes(element))
+        hold_free(heap_bytes(element))
 
     @property
     def tree(self) -> Iterator | None:

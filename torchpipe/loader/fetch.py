@@ -32,7 +32,7 @@ from torchpipe.randomness import (
 from torchpipe.runtime.codec import StackedTensor
 from torchpipe.runtime.heap import hold_free
 from torchpipe.runtime.recycle import MIN_BYTES, RecycledStack
-from torchpipe.runtime.sizes import element_bytes
+from torchpipe.runtime.sizes import heap_bytes
 
 DataLoader = torch.utils.data.DataLoader
 """What a fetch is made from: a ``tp.DataLoader`` (a torch one, with torchpipe's state in its
@@ -172,7 +172,7 @@ class HoldsBatchHeap:
         data = super().__next__()  # type: ignore[misc]
         if not self._heap_held:
             self._heap_held = True
-            hold_free(element_bytes(data))
+            hold_free(heap_bytes(data))
         return data
 
 

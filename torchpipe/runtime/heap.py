@@ -46,15 +46,16 @@ def _libc() -> Any:
 
 
 def hold_free(batch_bytes: int) -> None:
-    """Let this process's heap keep a batch of ``batch_bytes`` free between batches (glibc then
-    trims past twice that), rather than give it back to the system and fault it in again (the
-    module's docstring). Blocks smaller than a batch are then made from the heap rather than
-    mapped one by one, as glibc does by itself once it freed a mapped batch (a tensor batch's:
-    for those this changes little). Costs one map and unmap the first time a size is asked for
-    (then nothing); where ``mallopt`` fixed the thresholds (a worker's :func:`keep_freed_memory`),
-    glibc keeps them."""
+    """Let this process's heap keep two batches of ``batch_bytes`` free between batches (the one
+    let go while the next is alive: glibc then trims past four), rather than give them back to the
+    system and fault them in again (the module's docstring). ``batch_bytes`` is what a batch holds
+    in the heap (:func:`~torchpipe.runtime.sizes.heap_bytes`: its blobs, strings and small arrays;
+    a large tensor is a block of its own, which glibc maps, and raises its thresholds for by
+    itself once freed). Blocks smaller than that are then made from the heap rather than mapped.
+    Costs one map and unmap the first time a size is asked for (then nothing); where ``mallopt``
+    fixed the thresholds (a worker's :func:`keep_freed_memory`), glibc keeps them."""
     global _held
-    size = min(max(int(batch_bytes), 0), MAPPED_MAX)
+    size = min(2 * max(int(batch_bytes), 0), MAPPED_MAX)
     if size <= _held:
         return  # two threads asking at once map a block each: no harm
     libc = _libc()

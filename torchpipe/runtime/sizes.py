@@ -28,3 +28,14 @@ def element_bytes(element: Any) -> int:
     if items and type(items[0]) in _TEXT and all(type(item) is type(items[0]) for item in items):
         return sum(map(len, items))
     return sum(element_bytes(item) for item in items)
+
+
+def heap_bytes(element: Any, mapped: int = 128 << 10) -> int:
+    """Bytes of an element that a C heap holds: its ``bytes`` and strings, and its tensors and
+    arrays smaller than ``mapped`` (glibc maps larger blocks of their own, freed by unmapping)."""
+    if isinstance(element, (torch.Tensor, np.ndarray)):
+        nbytes = element_bytes(element)
+        return nbytes if nbytes < mapped else 0
+    if isinstance(element, _TEXT) or not nest.is_container(element):
+        return element_bytes(element)
+    return sum(heap_bytes(item, mapped) for item in nest.children(element))
