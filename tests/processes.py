@@ -20,3 +20,24 @@ def wait_dead(pids, timeout: float = 10.0) -> list[int]:
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.02)
+
+
+def dev_shm(mine=None) -> set[str]:
+    """The entries in /dev/shm, less torch's own files of processes other than ``mine`` (default:
+    this one): torch names them ``torch_<pid>_...``, and another test's DataLoader may make one
+    at any time (the suite runs tests side by side)."""
+    if not os.path.isdir("/dev/shm"):
+        return set()
+    mine = {os.getpid()} if mine is None else set(mine)
+    kept = set()
+    for name in os.listdir("/dev/shm"):
+        parts = name.split("_")
+        if (
+            parts[0] == "torch"
+            and len(parts) > 1
+            and parts[1].isdigit()
+            and int(parts[1]) not in mine
+        ):
+            continue
+        kept.add(name)
+    return kept

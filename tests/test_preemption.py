@@ -27,6 +27,7 @@ import pytest
 
 import torchpipe as tp
 from tests.preemption_child import CASES, ROWS, Rows, Stream, double
+from tests.processes import dev_shm
 from torchpipe.testing import assert_exactly_once
 
 REPO = Path(__file__).resolve().parent.parent
@@ -155,8 +156,8 @@ def _start(run: dict[str, Any], *args: Any, **kwargs: Any) -> Child:
 # -- what a run can leave behind --------------------------------------------------------------
 
 
-def _shm_entries() -> set[str]:
-    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+def _shm_entries(pids: set[int] | list[int] = ()) -> set[str]:
+    return dev_shm({os.getpid(), *pids})
 
 
 def _processes_of(token: str) -> list[int]:
@@ -201,10 +202,10 @@ def _assert_nothing_left(token: str, pids: set[int], shm_before: set[str]) -> No
         time.sleep(0.05)
     assert left == [], f"processes of the run outlived it: {left}"
     assert _memfds_of(pids) == {}
-    new = _shm_entries() - shm_before
+    new = _shm_entries(pids) - shm_before
     if new:
         time.sleep(0.5)  # another test's entry in passing (the machine is shared) is gone by now
-        new &= _shm_entries()
+        new &= _shm_entries(pids)
     assert new == set(), f"new entries in /dev/shm: {sorted(new)}"
 
 

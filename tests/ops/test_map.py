@@ -130,7 +130,7 @@ import sys  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from tests.processes import wait_dead  # noqa: E402
+from tests.processes import dev_shm, wait_dead  # noqa: E402
 
 
 def augment(x):
@@ -411,7 +411,7 @@ time.sleep(60)
 
 
 def test_sigkilled_parent_leaves_no_processes_and_no_shm():
-    shm_before = set(os.listdir("/dev/shm"))
+    shm_before = dev_shm()
     child = subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE, text=True)
     try:
         pids = [int(p) for p in child.stdout.readline().split()]
@@ -420,7 +420,7 @@ def test_sigkilled_parent_leaves_no_processes_and_no_shm():
         child.wait(10)
     assert pids
     assert wait_dead(pids) == []
-    assert set(os.listdir("/dev/shm")) <= shm_before
+    assert dev_shm({child.pid, *pids}) <= shm_before
 
 
 def test_early_break_and_close_stop_every_worker():

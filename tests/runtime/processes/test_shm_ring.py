@@ -10,6 +10,7 @@ import struct
 import numpy as np
 import pytest
 
+from tests.processes import dev_shm
 from torchpipe.runtime.processes.shm_ring import VERSION, OneOffSegment, ShmRing, memfd_supported
 
 pytestmark = pytest.mark.skipif(not memfd_supported(), reason="needs Linux memfd_create")
@@ -17,10 +18,6 @@ pytestmark = pytest.mark.skipif(not memfd_supported(), reason="needs Linux memfd
 PAGE = mmap.PAGESIZE
 MESSAGE = struct.Struct("=qq")  # (offset, nbytes); offset -1 means "the producer timed out"
 FORK = multiprocessing.get_context("fork")
-
-
-def dev_shm():
-    return sorted(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else []
 
 
 @pytest.fixture(autouse=True)
