@@ -2,14 +2,14 @@
 
 Three uses, one concern each:
 
-- :func:`hold_free`: the process that takes the batches (the training loop's) keeps a batch's
-  worth of freed heap for the next batch. glibc gives freed memory at the top of its
+- :func:`hold_free`: the process that takes the batches (the training loop's) keeps two
+  batches' worth of freed heap for the next batches. glibc gives freed memory at the top of its
   heap back to the system once more than its trim threshold (128 KiB at first) is free; a batch
   of 32 rows with a 64 KB ``bytes`` each frees 2 MB at once, so every batch was given back and
   faulted in again, page by page: 5x the time of building it (``blobs``' epochs, 18 ms or 90 ms,
   by how the process's allocations happened to start). glibc raises that threshold itself,
   to twice the size of the largest block it mapped and then freed (up to 32 MiB); this maps and
-  frees one such block of the batch's size, so its own rule keeps the room, no setting fixed.
+  frees one such block, so its own rule keeps the room, no setting fixed.
 - :func:`keep_freed_memory` / :func:`return_freed_memory`: a worker process keeps everything
   it freed (no mapped blocks, no trimming), or goes back to glibc's defaults when a memory budget
   binds.

@@ -409,7 +409,9 @@ class Policy:
         executor's measured time is scaled alike: the ranking measured stands until new windows
         say otherwise (forgotten, the model's prediction had sent ``bigtensor``'s fills back to
         processes, measured slower than inline, every few seconds). ``scale=None`` (the calls
-        now wait where they computed, or the reverse): what was measured is forgotten."""
+        now wait where they computed, or the reverse): what was measured no longer stands, but
+        an executor measured faster than the next one measured is tried again
+        (:meth:`_measured_faster`)."""
         if scale is None:  # stale at once: no longer a measurement, but still worth a trial
             self._measured = {
                 kind: (seconds, -math.inf) for kind, (seconds, _) in self._measured.items()

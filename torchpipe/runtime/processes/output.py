@@ -115,8 +115,8 @@ class Output:
         self._keep_slot = 0  # the slot size the next ring keeps (0: sized at its first result)
         # a budget binds: slots give their pages back once their result is released
         self._release = False
-        # slots of the ring in use written since they gave their pages back (a new ring's all are:
-        # it is mapped populated), and when each was last written
+        # slots of the ring in use written since they gave their pages back (a new ring's first
+        # is: its pages are allocated with the ring's), and when each was last written
         self._written: set[int] = set()
         self._written_at: dict[int, float] = {}
         self._next_cold = 0.0  # when to look for slots unwritten for IDLE_S next
@@ -357,9 +357,8 @@ class Output:
         slots = min(self._slots, self._limit // slot)
         if slots:
             self._ring = self._add_ring(slots * slot, slot, replaces=bool(self.rings))
-            now = time.monotonic()  # mapped populated: every slot holds its pages
-            self._written = set(range(0, slots * slot, slot))
-            self._written_at = dict.fromkeys(self._written, now)
+            self._written = {0}  # allocated with the ring; the others as they are written
+            self._written_at = {0: time.monotonic()}
 
 
 def _cost(clock: CallClock, counts: Tally) -> Cost:
