@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -36,4 +37,52 @@ def test_a_hung_read_raises_a_stall_error_naming_the_inner_dataset_and_the_threa
         assert (info.value.stage, info.value.seq) == ("interleave(hang)", 7)
     finally:
         gate.set()
+        pool.shutdown()
+
+
+class _CountingCondition:
+    """The pool's condition, counting how often the consumer's thread takes it."""
+
+    def __init__(self) -> None:
+        self._condition = threading.Condition()
+        self.consumer = threading.get_ident()
+        self.taken = 0
+
+    def __enter__(self):
+        if threading.get_ident() == self.consumer:
+            self.taken += 1
+        return self._condition.__enter__()
+
+    def __exit__(self, *exc):
+        return self._condition.__exit__(*exc)
+
+    def __getattr__(self, name):
+        return getattr(self._condition, name)
+
+
+def test_the_consumer_takes_what_a_reader_has_ready_at_once_and_hands_it_out_without_the_lock():
+    ctx = BuildContext(seed=0, seeded=False, epoch=0, options=tp.Options())
+    opener = InnerOpener(UserFunction(lambda n: tp.range(n), "interleave(range)", ctx), ctx)
+    pool = ThreadReaders("interleave(range)", opener, 1, stall_s=None)
+    pool.wakeup = counting = _CountingCondition()
+    stats = IteratorStats()
+    stats.calls = CallTiming()
+    pool.bind(stats)
+    pool.start(1)
+    reader = pool.open(100, 0)
+    pool.read(reader)
+    try:
+        deadline = time.monotonic() + 10
+        while reader.held() < pool.capacity and time.monotonic() < deadline:
+            time.sleep(0.01)  # the reader reads ahead as far as it may
+        assert reader.held() == pool.capacity == 32
+        before = counting.taken
+        got = [pool.take(reader) for _ in range(32)]
+        # the lot at once, a look to read on at half of it: not a lock, or three, an element
+        assert counting.taken - before <= 3
+        assert reader.taken_state is not None  # the position after what was handed out
+        got += [pool.take(reader) for _ in range(68)]
+        assert got == [("value", i) for i in range(100)]
+        assert reader.place().inner == reader.taken_state
+    finally:
         pool.shutdown()

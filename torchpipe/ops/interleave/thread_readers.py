@@ -1,8 +1,10 @@
 """Interleave readers on a thread pool: each open inner dataset is read ahead by pool tasks.
 
 A reader's task reads up to ``_READS_PER_TASK`` items, then goes to the back of the pool's queue,
-so readers take turns on the threads. Each item waits in the reader until the consumer takes it,
-with its position: the inner iterator's state at the start of the task and the items read since
+so readers take turns on the threads. Each item waits in the reader until the consumer takes it;
+the consumer takes every item a reader has ready at once, under one lock, and hands them out one by
+one without it (#59: a lock, or three, an element was most of what a cheap element cost), with its
+position: the inner iterator's state at the start of the task and the items read since
 (``readers.items_after``; one ``state_dict()`` a task, not one an item). Every read is marked
 on the runtime's stall watch (:class:`~torchpipe.runtime.stall.StallWatch`), so a read that never
 returns raises ``StallError`` naming the stage, the inner dataset and the thread, as the
@@ -39,6 +41,7 @@ from torchpipe.runtime.timing import CallClock
 
 _WAIT_S = 0.5  # one wait's step: the stall limit is checked between steps
 _READS_PER_TASK = 32  # then the task goes to the back of the pool's queue: readers take turns
+_PUSH_EVERY = 16  # items a task hands over at once (at once where the consumer has none left)
 _STOP_S = 0.1  # how long release() waits for reads in progress
 
 
@@ -52,6 +55,7 @@ class _ThreadReader(Reader):
 
     __slots__ = (
         "ready",
+        "mine",
         "taken_state",
         "_pool",
         "_read_state",
@@ -74,6 +78,8 @@ class _ThreadReader(Reader):
     ) -> None:
         super().__init__(element, seq, error)
         self.ready: deque[Item] = deque(read_ahead)
+        # taken from ready by the consumer, not yet handed out (the consumer's thread only)
+        self.mine: deque[Item] = deque()
         self.taken_state = inner  # inner state after the last item the consumer took
         self._pool = pool
         self._read_state = read_on_from(inner, read_ahead)  # where the inner iterator opens
@@ -99,7 +105,7 @@ class _ThreadReader(Reader):
                 or self._running
                 or self._stopped
                 or self._done
-                or len(self.ready) >= pool.capacity
+                or self.held() >= pool.capacity
             ):
                 return
             self._running = True
@@ -109,6 +115,11 @@ class _ThreadReader(Reader):
         except RuntimeError:
             with pool.wakeup:
                 self._running = False
+
+    def held(self) -> int:
+        """Items read and not handed out: ready, and taken by the consumer (its length is read
+        from the pool's threads too: one read of a deque's length)."""
+        return len(self.ready) + len(self.mine)
 
     def stop(self, deadline: float) -> None:
         """Stop reading and wait (until ``deadline``, a ``perf_counter`` time) for a running task
@@ -127,9 +138,9 @@ class _ThreadReader(Reader):
         a successor reads nothing again. Nothing read ahead if opening failed, or if a read still
         runs (:meth:`stop` did not wait long enough): the successor reads again from the items taken."""
         with self._pool.wakeup:
-            if self._running or any(kind == FAILED for kind, _, _ in self.ready):
+            items = [*self.mine, *self.ready]
+            if self._running or any(kind == FAILED for kind, _, _ in items):
                 return ReaderPlace(self.element, self.seq, self.taken_state, self.error)
-            items = list(self.ready)
         taken = self.taken_state
         if self._iterator is not None and not (items and items[-1][0] == END):
             try:
@@ -148,6 +159,7 @@ class _ThreadReader(Reader):
         with self._pool.wakeup:
             self._stopped = self._closed = True
             self.ready.clear()
+            self.mine.clear()
             close_now = not self._running or (self._future is not None and self._future.cancel())
             self._running = self._running and not close_now
         if close_now and self._iterator is not None:
@@ -161,9 +173,7 @@ class _ThreadReader(Reader):
         try:
             if self._iterator is None and not self._open(where):
                 return
-            reads = 0
-            while reads < _READS_PER_TASK and self._read_one(where, reads + 1):
-                reads += 1
+            reads = self._read_task(where)
             more = reads == _READS_PER_TASK
             if reads:  # one state a task: the next task's items stand after it
                 self._take_state()
@@ -183,43 +193,56 @@ class _ThreadReader(Reader):
         try:
             self._read_state = self._iterator.state_dict()
         except Exception as e:  # noqa: BLE001 - the machinery failed, not one element
-            self._push(FAILED, e, None, done=True)
+            self._push([(FAILED, e, None)], done=True)
 
     def _open(self, where: str) -> bool:
         self._pool.watch.begin(self.seq, where)
         try:
             self._iterator = self._pool.opener(self.element, self.seq, self._read_state)
         except Exception as e:  # noqa: BLE001 - the reader fails with it, in its place
-            self._push(FAILED, e, None, done=True)
+            self._push([(FAILED, e, None)], done=True)
             return False
         return True
 
-    def _read_one(self, where: str, k: int) -> bool:
-        """Read the task's ``k``-th item; whether reading may go on."""
+    def _read_task(self, where: str) -> int:
+        """Read up to ``_READS_PER_TASK`` items, while the reader may hold more, and hand them
+        over in lots of up to ``_PUSH_EVERY`` (at once where the consumer has none left); the
+        items read (values and errors)."""
         pool = self._pool
-        with pool.wakeup:
-            if self._stopped or len(self.ready) >= pool.capacity:
-                return False
-        pool.watch.begin(self.seq, where)
-        clock = CallClock()
         iterator, calls = self._iterator, pool.stats.calls
         assert iterator is not None and calls is not None  # opened; the stage's calls counted
-        try:
-            kind, payload = VALUE, next(iterator)
-        except StopIteration:
-            kind, payload = END, None
-        except Exception as e:  # noqa: BLE001 - this element's error, delivered in its place
-            kind, payload = ERROR, e
-        calls.add_call(clock, items=1)
-        state = items_after(self._read_state, k) if kind != END else None
-        self._push(kind, payload, state, done=kind == END)
-        return kind in (VALUE, ERROR)
+        reads, ended = 0, False
+        lot: list[Item] = []
+        clock = CallClock()
+        while reads < _READS_PER_TASK and not ended:
+            if self._stopped or self.held() + len(lot) >= pool.capacity:
+                break  # read without the lock: at worst one item more, kept as read
+            if not lot:
+                pool.watch.begin(self.seq, where)
+                clock = CallClock()
+            try:
+                kind, payload = VALUE, next(iterator)
+                reads += 1
+            except StopIteration:
+                kind, payload, ended = END, None, True
+            except Exception as e:  # noqa: BLE001 - this element's error, delivered in its place
+                kind, payload = ERROR, e
+                reads += 1
+            lot.append((kind, payload, items_after(self._read_state, reads) if not ended else None))
+            if ended or len(lot) >= _PUSH_EVERY or not (self.ready or self.mine):
+                calls.add_call(clock, items=len(lot))
+                self._push(lot, done=ended)
+                lot = []
+        if lot:
+            calls.add_call(clock, items=len(lot))
+            self._push(lot)
+        return reads
 
-    def _push(self, kind: str, payload: Any, state: Any, done: bool = False) -> None:
+    def _push(self, items: list[Item], done: bool = False) -> None:
         wakeup = self._pool.wakeup
         with wakeup:
             if not self._closed:  # an item read as the reader stopped is kept: it was read
-                self.ready.append((kind, payload, state))
+                self.ready.extend(items)
             self._done = self._done or done
             wakeup.notify_all()
 
@@ -278,10 +301,24 @@ class ThreadReaders(ReaderPool[_ThreadReader]):
         reader.refill()
 
     def has_ready(self, reader: _ThreadReader) -> bool:
+        if reader.mine:
+            return True
         with self.wakeup:
             return bool(reader.ready)
 
     def take(self, reader: _ThreadReader) -> tuple[str, Any]:
+        mine = reader.mine
+        if not mine:
+            self._take_ready(reader)
+        kind, payload, state = mine.popleft()
+        if kind in (VALUE, ERROR):
+            reader.taken_state = state
+            if len(mine) == self.capacity // 2:
+                reader.refill()  # half of what it may hold handed out: read on meanwhile
+        return kind, payload
+
+    def _take_ready(self, reader: _ThreadReader) -> None:
+        """Move every item the reader has ready to the consumer's side, waiting for one."""
         t0 = time.perf_counter()
         with self.wakeup:
             while not reader.ready:
@@ -290,13 +327,11 @@ class ThreadReaders(ReaderPool[_ThreadReader]):
                 if not reader.ready:
                     self.watch.check()
             ready = len(reader.ready)
-            kind, payload, state = reader.ready.popleft()
+            reader.mine.extend(reader.ready)
+            reader.ready.clear()
         self.stats.wait_s += time.perf_counter() - t0
         self.stats.look(ready, self.capacity)
-        if kind in (VALUE, ERROR):
-            reader.taken_state = state
-            reader.refill()
-        return kind, payload
+        reader.refill()
 
     def wait(self, until: Callable[[], bool]) -> None:
         with self.wakeup:  # readers push under it: nothing is missed between the look and the wait
