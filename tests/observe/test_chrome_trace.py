@@ -196,7 +196,8 @@ def test_interleaved_readers_share_a_track_in_lanes(tmp_path):
     ]  # the 4 readers' maps: one track
     assert len(lanes) >= 2 and sum(len(_spans_on(data, t)) for t in lanes) == 20
     reads = [t for t in _threads(data) if t.startswith("interleave(<lambda>) on thread ")]
-    assert sum(len(_spans_on(data, t)) for t in reads) >= 20
+    # a span for each lot a reader hands over (up to 16 reads): at least one a reader
+    assert sum(len(_spans_on(data, t)) for t in reads) >= 4
 
 
 def test_the_trace_shown_in_the_docs_is_valid():
