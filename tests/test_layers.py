@@ -22,6 +22,7 @@ FLOORS = [
     ["runtime"],
     ["observe"],
     ["options", "constants", "errors", "nest", "randomness", "deprecation", "shared_sequence"],
+    ["seed_sequences"],
 ]
 
 

@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from torchpipe.seed_sequences import PresetSeedSequence, pcg64_states
+
 _MASK64 = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
 
@@ -120,6 +122,10 @@ class _CallState(threading.local):
     seq: int = 0
     generator: np.random.Generator | None = None
     watch: GlobalDraws | None = None
+    # the last (stage_seed, seq) tp.rng() seeded, and the PCG64 states of a window of seqs
+    # after it (rng_window): a stage's elements come to a thread in increasing order
+    last: tuple[int, int] | None = None
+    window: tuple[int, int, np.ndarray, np.ndarray] | None = None
 
 
 @contextlib.contextmanager
@@ -210,9 +216,39 @@ def rng() -> np.random.Generator:
         )
     gen = state.generator
     if gen is None:
-        seed = mix_seed(state.stage_seed, state.seq)
-        gen = state.generator = np.random.Generator(np.random.PCG64(seed))
+        gen = state.generator = np.random.Generator(np.random.PCG64(_seed_of(state)))
     return gen
+
+
+RNG_WINDOW = 64
+"""Elements whose PCG64 states :func:`rng` hashes at once (numpy's ``SeedSequence`` costs ~8 us
+a seed alone, ~1 us in a window), once it sees a stage's elements come in order."""
+
+
+def _seed_of(state: _CallState) -> int | PresetSeedSequence:
+    """What the current element's PCG64 is seeded with: ``mix_seed(stage_seed, seq)``, or its
+    state hashed beforehand with the next elements' where the last element seeded on this thread
+    was one of the same stage shortly before (the same generator either way)."""
+    stage_seed, seq = state.stage_seed, state.seq
+    assert stage_seed is not None
+    last, state.last = state.last, (stage_seed, seq)
+    window = state.window
+    if window is None or window[0] != stage_seed or not 0 <= seq - window[1] < RNG_WINDOW:
+        if last is None or last[0] != stage_seed or not 0 < seq - last[1] <= 4 * RNG_WINDOW:
+            return mix_seed(stage_seed, seq)
+        seeds = _mix_seeds(stage_seed, seq, RNG_WINDOW)
+        window = state.window = (stage_seed, seq, seeds, pcg64_states(seeds))
+    i = seq - window[1]
+    return PresetSeedSequence(int(window[2][i]), window[3][i])
+
+
+def _mix_seeds(stage_seed: int, first: int, count: int) -> np.ndarray:
+    """``mix_seed(stage_seed, seq)`` for ``count`` seqs from ``first``, as a uint64 array."""
+    h = np.uint64(_splitmix64(_GOLDEN ^ (stage_seed & _MASK64)))
+    x = (np.arange(first, first + count, dtype=np.uint64) ^ h) + np.uint64(_GOLDEN)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return (x ^ (x >> np.uint64(31))) >> np.uint64(1)
 
 
 def sampling_rng_state(generator: torch.Generator | None) -> torch.Tensor:

@@ -37,3 +37,15 @@ def test_dct_scaled_decodes_agree_with_pillows_draft(kinds, scale):
     slow = formats.pillow_array(image, 3, scale)
     assert fast.shape == slow.shape == (-(-48 // scale), -(-64 // scale), 3)
     assert np.abs(fast.astype(int) - slow).max() <= 1
+
+
+def test_a_file_is_read_whole_and_a_missing_one_is_named(tmp_path):
+    data = bytes(range(256)) * 300
+    (tmp_path / "a.jpg").write_bytes(data)
+    (tmp_path / "empty.jpg").write_bytes(b"")
+    assert formats.read_file(str(tmp_path / "a.jpg")) == data
+    assert formats.read_file(str(tmp_path / "empty.jpg")) == b""
+    with pytest.raises(FileNotFoundError, match="missing.jpg"):
+        tp.image.decode_jpeg(tmp_path / "missing.jpg")
+    with pytest.raises(IsADirectoryError, match=str(tmp_path)):
+        formats.read_file(str(tmp_path))

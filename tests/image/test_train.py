@@ -162,3 +162,25 @@ def test_a_batch_made_on_threads_holds_the_rows_written_in_place(jpegs, monkeypa
             b[0].untyped_storage().data_ptr() == row.untyped_storage().data_ptr() for b in got
         )
     assert all(torch.equal(x, y) for (x, _), (y, _) in zip(got, batches(large_steps, jpegs)))
+
+
+@pytest.mark.parametrize("between", ["shuffle", "cache"])
+def test_rows_are_not_lent_through_an_op_that_keeps_elements(jpegs, between):
+    # a row lent to an image kept in a shuffle buffer was overwritten by the element placed there
+    def run(collate_fn):
+        data = [jpegs[i % len(jpegs)] for i in range(16)]
+        ds = tp.from_tensor_slices((data, list(range(16)))).map(large_transform)
+        ds = ds.shuffle(5) if between == "shuffle" else ds.cache()
+        ds = ds.batch(8, collate_fn=collate_fn).with_options(tp.Options(seed=5))
+        out = []
+        for _ in range(2):
+            for images, labels in ds:
+                out.append((images.clone(), labels.clone()))
+                images.zero_()  # as a consumer normalizing in place
+        return out
+
+    def stack(elements):
+        return torch.stack([e[0] for e in elements]), torch.tensor([e[1] for e in elements])
+
+    for (x, labels), (y, want_labels) in zip(run(None), run(stack)):
+        assert torch.equal(labels, want_labels) and torch.equal(x, y)

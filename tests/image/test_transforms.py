@@ -204,3 +204,67 @@ def test_in_a_dataloader_the_draws_repeat_wherever_batches_are_made(jpegs):
         assert torch.equal(ya, yb) and torch.equal(xa, xb)
     assert sorted(torch.cat([y for _, y in auto]).tolist()) == list(range(24))
     assert all(math.isfinite(float(x.sum())) for x, _ in auto)
+
+
+def _crop_flip_chw(data: bytes) -> torch.Tensor:
+    """The bench's fixed crop: decode, a random 224 crop, a random flip, CHW uint8."""
+    crop = tp.image.random_crop(tp.image.decode_jpeg(data, fast_dct=True), 224)
+    return tp.image.to_tensor(tp.image.random_flip_left_right(crop), dtype=torch.uint8)
+
+
+@pytest.fixture(scope="module")
+def large_jpegs() -> list[bytes]:
+    # eight 224 crops of uint8 make a batch of 1.2 MB: large enough to be stacked into reused memory
+    return [encode(Image.fromarray(photo(240, 300, seed=i)), quality=90) for i in range(16)]
+
+
+@pytest.mark.parametrize("between", [None, "shuffle", "cache", "stash"])
+@pytest.mark.parametrize("parallel", [None, 2])
+def test_to_tensor_writes_its_rows_of_a_batch_in_place_with_the_pixels_it_gives_alone(
+    large_jpegs, between, parallel
+):
+    made: dict[bytes, torch.Tensor] = {}  # kept: their values must not change
+
+    def item(data: bytes) -> torch.Tensor:
+        made[data] = _crop_flip_chw(data)
+        return 255 - made[data] if between == "stash" else made[data]
+
+    def run(collate_fn):
+        made.clear()
+        ds = tp.from_iterable(large_jpegs).map(item, num_parallel_calls=parallel, executor="thread")
+        if between == "shuffle":
+            ds = ds.shuffle(5)
+        elif between == "cache":
+            ds = ds.cache()
+        ds = ds.batch(8, collate_fn=collate_fn).with_options(tp.Options(seed=3))
+        batches = []
+        for _ in range(1 + (between == "cache")):
+            for batch in ds:
+                batches.append(batch.clone())
+                batch.zero_()  # as a consumer normalizing in place
+        return batches
+
+    stacked = run(torch.stack)  # a collate_fn: nothing is written in place
+    alone = {data: t.clone() for data, t in made.items()}
+    in_place = run(None)
+    assert len(in_place) == len(stacked) and made.keys() == alone.keys()
+    for mine, theirs in zip(in_place, stacked):
+        assert torch.equal(mine, theirs)
+    if between is not None:  # else the kept tensors are the batches' rows, zeroed by the consumer
+        for data, t in made.items():
+            assert torch.equal(t, alone[data])
+
+
+@pytest.mark.parametrize("parallel", [None, 2])
+def test_to_tensor_in_a_map_batched_after_it_writes_the_batch_itself(large_jpegs, parallel):
+    made: list[torch.Tensor] = []
+
+    def item(data: bytes) -> torch.Tensor:
+        made.append(_crop_flip_chw(data))
+        return made[-1]
+
+    ds = tp.from_iterable(large_jpegs).map(item, num_parallel_calls=parallel, executor="thread")
+    batch = next(iter(ds.batch(8)))
+    rows = {batch[j].data_ptr() for j in range(8)}
+    # the first image decides the rows, and is copied to its own; the others wrote theirs
+    assert sum(t.data_ptr() in rows for t in list(made)) == 7

@@ -218,3 +218,42 @@ def test_batches_with_nothing_to_place_skip_the_check_but_for_every_16th():
     assert asked.count(True) == 2 and asked[RECHECK_EVERY - 1] is True
     batch(large=True)  # ... and finding a large row there, every batch places again
     assert all(memory.placing() for _ in range(3))
+
+
+def test_a_shape_asked_for_while_the_first_element_is_made_gets_rows_however_small():
+    memory = RecycledStack(min_bytes=1, place_bytes=1 << 30)
+    with memory.rows(3) as batch_rows:  # nothing asked: small tensors are left to the stack
+        first = torch.zeros(2, 4)
+        assert batch_rows.place(0, (first, 0))[0] is first
+        assert batch_row((2, 4), torch.float32) is None
+    with memory.rows(3) as batch_rows:
+        assert batch_row((2, 4), torch.float32) is None  # asked: the first element's is a copy
+        placed = [batch_rows.place(0, (first, 0))]
+        assert placed[0][0] is not first and torch.equal(placed[0][0], first)
+        for j in (1, 2):
+            row = batch_row((2, 4), torch.float32)
+            placed.append(batch_rows.place(j, (row.fill_(float(j)), j)))
+        batch = collate_in_stage(placed, "batch", memory)
+    assert batch[0].data_ptr() == placed[0][0].data_ptr()  # stacked in place: no copy
+    assert batch[0][:, 0, 0].tolist() == [0.0, 1.0, 2.0]
+
+
+def test_a_lent_row_the_element_does_not_return_is_never_written():
+    memory = RecycledStack(min_bytes=1, place_bytes=1)
+    kept = []  # as a function's own cache, or a shuffle buffer, would keep it
+    with memory.rows(3) as batch_rows:
+        placed = [batch_rows.place(0, (torch.zeros(2, 4), 0))]
+        kept.append(batch_row((2, 4), torch.float32).fill_(7.0))
+        placed.append(batch_rows.place(1, (torch.full((2, 4), 1.0), 1)))
+        assert batch_row((2, 4), torch.float32) is None  # no more rows lent in this batch
+        placed.append(batch_rows.place(2, (torch.full((2, 4), 2.0), 2)))
+        batch = collate_in_stage(placed, "batch", memory)
+    assert batch[0][:, 0, 0].tolist() == [0.0, 1.0, 2.0]
+    assert kept[0].eq(7.0).all()
+
+
+def test_rows_are_not_lent_where_the_batch_does_not_ask_to():
+    memory = RecycledStack(min_bytes=1, place_bytes=1)
+    with memory.rows(3, lend=False) as batch_rows:
+        batch_rows.place(0, (torch.zeros(2, 4), 0))
+        assert batch_row((2, 4), torch.float32) is None

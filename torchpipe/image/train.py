@@ -17,8 +17,7 @@ import torch
 
 from torchpipe.image import formats
 from torchpipe.image.resized_crop import decode_resized_window
-from torchpipe.image.transforms import Size, _affine, _values, generator, pair
-from torchpipe.runtime.recycle import batch_row
+from torchpipe.image.transforms import Size, _affine, _values, generator, output, pair
 
 
 def train_transform(
@@ -116,5 +115,4 @@ def _destination(
                 f"out must be a contiguous {dtype} tensor of shape {shape}, got {out.dtype} {tuple(out.shape)}"
             )
         return out
-    row = batch_row(shape, dtype)
-    return row if row is not None else torch.empty(shape, dtype=dtype)
+    return output(shape, dtype)

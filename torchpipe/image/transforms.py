@@ -15,6 +15,7 @@ import torch
 from torch.nn import functional
 
 from torchpipe.randomness import rng as element_rng
+from torchpipe.runtime.recycle import batch_row
 
 Size = int | Sequence[int]
 """An output size: ``(height, width)``, or one int for a square."""
@@ -172,25 +173,25 @@ def to_tensor(
     ``Normalize``) when they are given; ``dtype=torch.uint8`` keeps the values (only the layout
     changes), as FFCV's ``ToTorchImage``.
 
-    Transpose and conversion are one copy into the output, normalization one pass over it.
+    Transpose and conversion are one copy into the output, normalization one pass over it. In a
+    ``map`` whose results go straight to a ``batch`` (no shuffle or cache between), the output is
+    the image's row of the batch being built (:func:`~torchpipe.runtime.recycle.batch_row`), so
+    the batch copies nothing more: a function that also keeps it sees the batch's memory.
 
     Raises:
         ValueError: ``mean`` and ``std`` with an integer ``dtype``, or one without the other.
     """
     check_image(image, "to_tensor")
-    channels = image.shape[2]
-    out = torch.empty((channels, image.shape[0], image.shape[1]), dtype=dtype)
-    if dtype in _NUMPY_DTYPES and image.dtype in _NUMPY_DTYPES and image.device.type == "cpu":
-        np.copyto(
-            out.numpy(), image.numpy().transpose(2, 0, 1), casting="unsafe"
-        )  # numpy's strided copy is faster
+    if not dtype.is_floating_point and (mean is not None or std is not None):
+        raise ValueError(f"mean and std normalize to floats: ask for a float dtype, not {dtype}")
+    height, width, channels = image.shape
+    out = output((channels, height, width), dtype)
+    if image.device.type == "cpu" and dtype in _NUMPY_DTYPES and image.dtype in _NUMPY_DTYPES:
+        # numpy's strided copy is faster
+        np.copyto(out.numpy(), image.numpy().transpose(2, 0, 1), casting="unsafe")
     else:
         out.copy_(image.permute(2, 0, 1))
     if not dtype.is_floating_point:
-        if mean is not None or std is not None:
-            raise ValueError(
-                f"mean and std normalize to floats: ask for a float dtype, not {dtype}"
-            )
         return out
     peak = 255.0 if image.dtype == torch.uint8 else 1.0
     if mean is None and std is None and peak == 1.0:
@@ -200,6 +201,14 @@ def to_tensor(
 
 
 _NUMPY_DTYPES = (torch.uint8, torch.float16, torch.float32, torch.float64)
+
+
+def output(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A new CPU tensor for an op's result: the row of the batch being built on this thread where
+    it has one of that shape and dtype (:func:`~torchpipe.runtime.recycle.batch_row`), else
+    ``torch.empty``."""
+    row = batch_row(shape, dtype)
+    return row if row is not None else torch.empty(shape, dtype=dtype)
 
 
 def normalize(image: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:

@@ -85,8 +85,17 @@ class BatchNode(Node):
     def build(self, ctx: BuildContext) -> Iterator:
         memory = self.memory()
         combine = self.combiner(ctx, stack=memory or torch.stack)
+        # an op may write its result into its row only where it goes to the batch as it is made:
+        # not through a shuffle buffer or a cache, which keep it
+        lend = self.inputs[0].kind in ("map", "fused_map")
         return BatchIterator(
-            self.name, ctx.build_input(self), self.batch_size, self.drop_remainder, combine, memory
+            self.name,
+            ctx.build_input(self),
+            self.batch_size,
+            self.drop_remainder,
+            combine,
+            memory,
+            lend_rows=lend,
         )
 
     def memory(self) -> RecycledStack | None:
@@ -170,6 +179,9 @@ class BatchIterator(PassThroughIterator):
         combine: ``combine(batch_seq, elements)`` makes the batch.
         memory: the stack ``combine`` collates with, whose rows elements are copied to as they
             arrive (None: elements are kept as they are until ``combine``).
+        lend_rows: whether ops making the elements may write them into their rows
+            (:func:`~torchpipe.runtime.recycle.batch_row`): only where ``source`` is a map run
+            on this thread, whose results come here as they are made.
         check_first: called with the pass's first element, to raise before any batch is made
             where the op's arguments do not fit the elements.
     """
@@ -185,12 +197,14 @@ class BatchIterator(PassThroughIterator):
         combine: _Combine,
         memory: RecycledStack | None = None,
         check_first: Callable[[Any], None] | None = None,
+        lend_rows: bool = False,
     ) -> None:
         super().__init__(name, source)
         self._batch_size = batch_size
         self._drop_remainder = drop_remainder
         self._combine = combine
         self._memory = memory
+        self._lend_rows = lend_rows
         self._check_first = check_first
         self._seq = 0
 
@@ -198,7 +212,7 @@ class BatchIterator(PassThroughIterator):
         # nothing to place: the input's at once
         if self._memory is None or not self._memory.placing():
             return self._next_batch(_keep)
-        with self._memory.rows(self._batch_size) as rows:
+        with self._memory.rows(self._batch_size, lend=self._lend_rows) as rows:
             return self._next_batch(rows.place)
 
     def _next_batch(self, place: Callable[[int, Any], Any]) -> Any:

@@ -55,7 +55,8 @@ def batch_row(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor | None:
     """The row of the batch this thread is building that the element being made will be placed
     in, for a tensor of ``shape`` and ``dtype``: an op that writes its result there and returns
     it saves the copy into the batch. None where no batch is being built on this thread, or it has
-    no rows for such a tensor (as for its first element, whose tensors decide the rows).
+    no rows for such a tensor (as for its first element, whose tensors decide the rows: a tensor
+    of a shape and dtype asked for then gets a row however small, as the op will write it in place).
 
     The k-th call during one element gets the row of the k-th such tensor of the element.
     """
@@ -109,10 +110,12 @@ class RecycledStack:
         self._unplaced = (self._unplaced + 1) % RECHECK_EVERY
         return False
 
-    def rows(self, batch_size: int) -> BatchRows:
+    def rows(self, batch_size: int, lend: bool = True) -> BatchRows:
         """A context for building one batch of ``batch_size`` on this thread: ``place`` each
-        element as it arrives, then collate the placed elements (with this stack) inside it."""
-        return BatchRows(self, batch_size)
+        element as it arrives, then collate the placed elements (with this stack) inside it.
+        ``lend``: whether :func:`batch_row` lends rows to the ops making the elements (only
+        where each element is placed as soon as it is made)."""
+        return BatchRows(self, batch_size, lend)
 
     def empty(self, like: torch.Tensor, n: int) -> torch.Tensor | None:
         """A lent batch of ``n`` tensors like ``like``; None where the batch would be small or
@@ -163,13 +166,17 @@ class BatchRows:
     else stays as it is, and the collation then stacks (or rejects) it as usual.
     """
 
-    def __init__(self, memory: RecycledStack, batch_size: int) -> None:
+    def __init__(self, memory: RecycledStack, batch_size: int, lend: bool = True) -> None:
         self._memory = memory
         self._size = batch_size
+        self._lend = lend
         self._outs: list[torch.Tensor | None] | None = None  # per leaf of the first element
         self._placing = True  # until the first element shows nothing to place
         self._next = 0  # the element being made: placed elements arrive in order
         self._lent: list[int] = []  # the leaves whose row batch_row gave the element being made
+        # (shape, dtype) an op asked batch_row for while the first element was made: such
+        # tensors get rows however small, since the op then writes its later ones in place
+        self._wanted: list[tuple[tuple[int, ...], torch.dtype]] = []
         self._outer: BatchRows | None = None
 
     def __enter__(self) -> BatchRows:
@@ -193,6 +200,12 @@ class BatchRows:
         if self._outs is None:
             self._outs = self._prepare(element, leaves)
             self._placing = any(out is not None for out in self._outs)
+        if lent and not _kept(leaves, lent, j, self._outs):
+            # a row lent while the element was made is not the element's own tensor: whatever
+            # holds it (a function's cache, a buffer) must keep its values, so no row of this
+            # batch is written again; the collation stacks the elements into other memory
+            self._placing = False
+            return element
         if len(leaves) != len(self._outs):
             return element
         # rows written in place: what reads another row is copied out before any is written
@@ -209,6 +222,11 @@ class BatchRows:
 
     def row_for(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | None:
         """:func:`batch_row` for this batch."""
+        if not self._lend or not self._placing:
+            return None
+        if self._outs is None:  # the first element: its tensors decide the rows
+            self._wanted.append((shape, dtype))
+            return None
         j = self._next
         for k, out in enumerate(self._outs or ()):
             if (
@@ -244,9 +262,11 @@ class BatchRows:
         return out if len(tensors) == len(out) else out[: len(tensors)]
 
     def _large(self, leaf: Any) -> bool:
-        return (
-            type(leaf) is torch.Tensor
-            and leaf.numel() * leaf.element_size() >= self._memory.place_bytes
+        """Whether ``leaf`` gets a row: a tensor of ``place_bytes`` or more, or one an op would
+        write in place (it asked for a row while the first element was made)."""
+        return type(leaf) is torch.Tensor and (
+            leaf.numel() * leaf.element_size() >= self._memory.place_bytes
+            or (tuple(leaf.shape), leaf.dtype) in self._wanted
         )
 
     def _prepare(self, element: Any, leaves: list[Any]) -> list[torch.Tensor | None]:
@@ -262,6 +282,16 @@ class BatchRows:
 
 def _same(leaf: torch.Tensor, row: torch.Tensor) -> bool:
     return leaf.data_ptr() == row.data_ptr() and leaf.stride() == row.stride()
+
+
+def _kept(leaves: list[Any], lent: list[int], j: int, outs: list[torch.Tensor | None]) -> bool:
+    """Whether each row lent while element ``j`` was made is that element's tensor there."""
+    for k in lent:
+        out = outs[k]
+        leaf = leaves[k] if k < len(leaves) else None
+        if out is None or type(leaf) is not torch.Tensor or not _same(leaf, out[j]):
+            return False
+    return True
 
 
 def _own(leaf: Any, out: torch.Tensor | None, j: int, outs: list[torch.Tensor | None]) -> Any:
