@@ -11,6 +11,9 @@ budgeted loader's peak against the budget, and its speed against the fastest tor
 whose peak fits.
 
     python -m bench.budget_peak --repeat 3
+
+One configuration alone: ``python -m bench.budget_peak --trial jpeg tp_2 0`` (``torch_N`` and
+``tp_N``: N workers, fixed; ``tp_auto``; ``tp_budget`` with the budget in MB last).
 """
 
 from __future__ import annotations
@@ -55,6 +58,8 @@ def trial(name: str, config: str, budget_mb: float | None) -> dict[str, Any]:
             loader: Any = torch.utils.data.DataLoader(
                 dataset, batch_size=64, num_workers=TORCH[config]
             )
+        elif config.startswith("tp_") and config[3:].isdigit():  # tp_2: num_workers=2, fixed
+            loader = tp.DataLoader(dataset, batch_size=64, num_workers=int(config[3:]))
         else:
             options = (
                 tp.AutotuneOptions(ram_budget=budget_mb * 2**20)
