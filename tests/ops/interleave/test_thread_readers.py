@@ -16,20 +16,25 @@ from torchpipe.ops.interleave.thread_readers import ThreadReaders
 from torchpipe.runtime.timing import CallTiming
 
 
-def test_a_hung_read_raises_a_stall_error_naming_the_inner_dataset_and_the_thread():
-    gate = threading.Event()
+def _reading(fn, name, element, seq, stall_s, wakeup=None):
+    """A thread pool of one reader's thread, reading inner dataset ``fn(element)`` as ``seq``."""
     ctx = BuildContext(seed=0, seeded=False, epoch=0, options=tp.Options())
-    opener = InnerOpener(
-        UserFunction(lambda x: tp.range(2).map(lambda y: gate.wait(10)), "interleave(hang)", ctx),
-        ctx,
-    )
-    pool = ThreadReaders("interleave(hang)", opener, 1, stall_s=0.3)
+    opener = InnerOpener(UserFunction(fn, f"interleave({name})", ctx), ctx)
+    pool = ThreadReaders(f"interleave({name})", opener, 1, stall_s=stall_s)
+    if wakeup is not None:
+        pool.wakeup = wakeup
     stats = IteratorStats()
     stats.calls = CallTiming()
     pool.bind(stats)
     pool.start(1)
-    reader = pool.open(0, 7)
+    reader = pool.open(element, seq)
     pool.read(reader)
+    return pool, reader
+
+
+def test_a_hung_read_raises_a_stall_error_naming_the_inner_dataset_and_the_thread():
+    gate = threading.Event()
+    pool, reader = _reading(lambda x: tp.range(2).map(lambda y: gate.wait(10)), "hang", 0, 7, 0.3)
     try:
         named = r"interleave\(hang\): a read of inner dataset 7 .* thread interleave\(hang\)-0"
         with pytest.raises(tp.StallError, match=named) as info:
@@ -61,16 +66,8 @@ class _CountingCondition:
 
 
 def test_the_consumer_takes_what_a_reader_has_ready_at_once_and_hands_it_out_without_the_lock():
-    ctx = BuildContext(seed=0, seeded=False, epoch=0, options=tp.Options())
-    opener = InnerOpener(UserFunction(lambda n: tp.range(n), "interleave(range)", ctx), ctx)
-    pool = ThreadReaders("interleave(range)", opener, 1, stall_s=None)
-    pool.wakeup = counting = _CountingCondition()
-    stats = IteratorStats()
-    stats.calls = CallTiming()
-    pool.bind(stats)
-    pool.start(1)
-    reader = pool.open(100, 0)
-    pool.read(reader)
+    counting = _CountingCondition()
+    pool, reader = _reading(tp.range, "range", 100, 0, None, counting)
     try:
         deadline = time.monotonic() + 10
         while reader.held() < pool.capacity and time.monotonic() < deadline:
