@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from torchpipe.runtime.processes.loans import RingLoans
-from torchpipe.runtime.processes.shm_ring import ShmRing, memfd_supported
+from torchpipe.runtime.processes.memfd import memfd_supported
+from torchpipe.runtime.processes.shm_ring import ShmRing
 
 pytestmark = pytest.mark.skipif(not memfd_supported(), reason="needs Linux memfd_create")
 

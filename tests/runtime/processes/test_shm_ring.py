@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from tests.processes import dev_shm
-from torchpipe.runtime.processes.shm_ring import VERSION, OneOffSegment, ShmRing, memfd_supported
+from torchpipe.runtime.processes.memfd import OneOffSegment, memfd_supported
+from torchpipe.runtime.processes.shm_ring import VERSION, ShmRing
 
 pytestmark = pytest.mark.skipif(not memfd_supported(), reason="needs Linux memfd_create")
 

@@ -30,7 +30,8 @@ from typing import Any
 from torchpipe.runtime import codec
 from torchpipe.runtime.counts import COUNTS, Tally
 from torchpipe.runtime.processes.channel import Channel, ChannelClosed
-from torchpipe.runtime.processes.shm_ring import OneOffSegment, Reservation, ShmRing, record_bytes
+from torchpipe.runtime.processes.memfd import OneOffSegment
+from torchpipe.runtime.processes.shm_ring import Reservation, ShmRing, record_bytes
 from torchpipe.runtime.timing import CallClock
 
 Cost = tuple[float, float, float, float, Tally | None]

@@ -35,8 +35,9 @@ from torchpipe.runtime.processes.descriptors import (
     open_files_error,
 )
 from torchpipe.runtime.processes.loans import RingLoans
+from torchpipe.runtime.processes.memfd import OneOffSegment, memfd_supported
 from torchpipe.runtime.processes.output import MAX_RING_BYTES
-from torchpipe.runtime.processes.shm_ring import OneOffSegment, ShmRing, memfd_supported
+from torchpipe.runtime.processes.shm_ring import ShmRing
 from torchpipe.runtime.processes.worker import run_worker, unpack_exception
 from torchpipe.runtime.processes.zygote import Zygote, ZygoteGone, describe_exit
 from torchpipe.runtime.routing import MAX_TASK_FAILURES, Task

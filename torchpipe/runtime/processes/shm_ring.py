@@ -3,7 +3,7 @@
 A worker process (the producer) writes each encoded result into its ring and sends only
 ``(offset, nbytes)`` to the main process (the consumer) over a socket; the consumer reads the
 record in place, copies it out and releases it. A result larger than the ring goes into a
-:class:`OneOffSegment` instead.
+:class:`~torchpipe.runtime.processes.memfd.OneOffSegment` instead (memfd.py: the files both are made of).
 
 A ring made with ``slot_bytes`` is a ring of fixed slots: every record takes one whole slot
 (a record larger than a slot does not fit), so a ring of ``k`` slots always holds ``k`` records,
@@ -45,9 +45,6 @@ unwritten. See
 
 from __future__ import annotations
 
-import errno
-import fcntl
-import functools
 import mmap
 import os
 import struct
@@ -55,6 +52,13 @@ import time
 import weakref
 
 from torchpipe.runtime.processes.mapping import map_shared
+from torchpipe.runtime.processes.memfd import (
+    MAP_FLAGS,
+    check_nbytes,
+    map_memfd,
+    new_memfd,
+    unmap,
+)
 
 VERSION = 3
 _MAGIC = b"TPSHMRNG"
@@ -68,97 +72,13 @@ _HEAD_WORD = _LINE // 8
 _TAIL_WORD = 2 * _LINE // 8
 _DATA_WORD = _DATA_START // 8
 _WRAP = 0xFFFF_FFFF_FFFF_FFFF
-_MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-_SEALS = ("F_SEAL_SHRINK", "F_SEAL_GROW", "F_SEAL_SEAL")
 _FIRST_SLEEP_S = 20e-6
 _MAX_SLEEP_S = 1e-3
-
-
-@functools.cache
-def memfd_supported() -> bool:
-    """Whether this platform can create the anonymous shared-memory files rings are made of."""
-    if not hasattr(os, "memfd_create"):
-        return False
-    try:
-        os.close(os.memfd_create("torchpipe-probe", os.MFD_CLOEXEC))
-    except OSError as e:  # at the open-files limit it is there all the same: the pool says so
-        return e.errno in (errno.EMFILE, errno.ENFILE)
-    return True
 
 
 def record_bytes(nbytes: int) -> int:
     """Bytes a record of ``nbytes`` payload takes in the data area: length word, payload, padding."""
     return -(-(_LENGTH_BYTES + nbytes) // _LINE) * _LINE
-
-
-def _check_nbytes(nbytes: int) -> None:
-    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
-        raise ValueError(f"nbytes must be an int >= 0, got {nbytes!r}")
-
-
-def _new_memfd(name: str, size: int, allocate: int | None = None) -> int:
-    """A sealed anonymous file of ``size`` bytes, its first ``allocate`` bytes' pages (all of them
-    by default) allocated now.
-
-    Allocating up front turns a lack of memory into an OSError here rather than a SIGBUS on
-    the first write; the seals stop either side from resizing it under the other's mapping.
-    """
-    if not memfd_supported():
-        raise OSError(errno.ENOSYS, "torchpipe shared memory needs Linux memfd_create")
-    flags = os.MFD_CLOEXEC | getattr(os, "MFD_ALLOW_SEALING", 0)
-    fd = os.memfd_create(name, flags)
-    try:
-        os.ftruncate(fd, size)
-        _allocate(fd, size if allocate is None else allocate)
-        _seal(fd)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def _allocate(fd: int, size: int) -> None:
-    try:
-        os.posix_fallocate(fd, 0, size)
-    except OSError as e:
-        if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
-            raise
-
-
-def _seal(fd: int) -> None:
-    if not hasattr(fcntl, "F_ADD_SEALS"):
-        return
-    seals = 0
-    for name in _SEALS:
-        seals |= getattr(fcntl, name, 0)
-    try:
-        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
-    except OSError:
-        pass  # sealing is a guard against misuse, not needed for correctness
-
-
-def _map(fd: int, size: int, populate: bool = True) -> mmap.mmap:
-    flags = _MAP_FLAGS if populate else mmap.MAP_SHARED
-    return mmap.mmap(fd, size, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
-
-
-def _unmap(fd: int, mapping: mmap.mmap | memoryview, views: tuple[memoryview, ...]) -> None:
-    """Release our views, unmap, close the descriptor.
-
-    A view the caller still holds keeps the mapping alive (mmap refuses to close): it is then
-    unmapped when the last such view is freed, so no caller is ever left with a dangling view.
-    """
-    for view in views:
-        try:
-            view.release()
-        except BufferError:
-            pass
-    try:
-        mapping.close() if isinstance(mapping, mmap.mmap) else mapping.release()
-    except BufferError:
-        pass
-    if fd >= 0:
-        os.close(fd)
 
 
 def _read_header(fd: int, mapping: bytes | mmap.mmap | memoryview, size: int) -> tuple[int, int]:
@@ -230,9 +150,7 @@ class ShmRing:
         self._pending: Reservation | None = None
         self._closed = False
         self._mapping = mapping
-        self._finalizer = weakref.finalize(
-            self, _unmap, fd, mapping, (self._words, self._data, buf)
-        )
+        self._finalizer = weakref.finalize(self, unmap, fd, mapping, (self._words, self._data, buf))
 
     @classmethod
     def create(cls, capacity: int, slot_bytes: int = 0) -> ShmRing:
@@ -265,9 +183,9 @@ class ShmRing:
         # A ring of slots allocates and maps its first slot now, the others as they are first
         # written: slots a consumer that keeps up never needs take no memory (see _rewind_if_empty).
         size = _DATA_START + capacity
-        fd = _new_memfd("torchpipe-ring", size, _DATA_START + slot_bytes if slot_bytes else size)
+        fd = new_memfd("torchpipe-ring", size, _DATA_START + slot_bytes if slot_bytes else size)
         try:
-            mapping = _map(fd, size, populate=not slot_bytes)
+            mapping = map_memfd(fd, size, populate=not slot_bytes)
         except BaseException:
             os.close(fd)
             raise
@@ -292,7 +210,7 @@ class ShmRing:
         capacity, slot_bytes = _read_header(fd, header, size)
         # a ring of slots: its pages are mapped as records are read (populating would allocate
         # the slots not written yet)
-        mapping = map_shared(fd, size, mmap.MAP_SHARED if slot_bytes else _MAP_FLAGS)
+        mapping = map_shared(fd, size, mmap.MAP_SHARED if slot_bytes else MAP_FLAGS)
         os.close(fd)
         return cls(-1, mapping, capacity, slot_bytes)
 
@@ -376,7 +294,7 @@ class ShmRing:
             ValueError: the record can never fit (see :meth:`fits`): use a OneOffSegment.
         """
         self._check_open()
-        _check_nbytes(nbytes)
+        check_nbytes(nbytes)
         if not self.fits(nbytes):
             raise ValueError(
                 f"a record of {nbytes} bytes needs {record_bytes(nbytes)} bytes, more than the ring's "
@@ -514,7 +432,7 @@ class ShmRing:
         return start if tail == head or start + size <= tail + self._capacity else None
 
     def _check_bounds(self, offset: int, nbytes: int) -> None:
-        _check_nbytes(nbytes)
+        check_nbytes(nbytes)
         aligned = isinstance(offset, int) and offset >= 0 and offset % _LINE == 0
         if not aligned or offset + self._span(nbytes) > self._capacity:
             raise ValueError(
@@ -551,71 +469,3 @@ class ShmRing:
                 f"release(offset={offset}, nbytes={nbytes}): that record is not committed"
             )
         return start
-
-
-class OneOffSegment:
-    """A memfd segment holding one element too large for the ring; never refused for its size.
-
-    The producer creates, fills and sends ``fd`` (``socket.send_fds``), then closes its side;
-    the consumer attaches, copies out and closes. The memory goes when the last side closes.
-
-    Attributes:
-        fd: the segment's descriptor, owned by this object (-1 once attached: the mapping needs none).
-        nbytes: payload size.
-        buffer: writable memoryview of exactly ``nbytes`` bytes (page-aligned).
-    """
-
-    def __init__(self, fd: int, mapping: mmap.mmap | memoryview, nbytes: int) -> None:
-        """Wrap a mapped segment; use :meth:`create` or :meth:`attach` instead."""
-        self.fd = fd
-        self.nbytes = nbytes
-        whole = memoryview(mapping)
-        self.buffer = whole[:nbytes]
-        self._finalizer = weakref.finalize(self, _unmap, fd, mapping, (self.buffer, whole))
-
-    @classmethod
-    def create(cls, nbytes: int) -> OneOffSegment:
-        """A new segment of ``nbytes`` bytes.
-
-        Raises:
-            ValueError: ``nbytes`` is not an int >= 0.
-            OSError: memfd is unsupported, or the memory cannot be allocated.
-        """
-        _check_nbytes(nbytes)
-        size = max(nbytes, 1)  # mmap cannot map zero bytes
-        fd = _new_memfd("torchpipe-segment", size)
-        try:
-            mapping = _map(fd, size)
-        except BaseException:
-            os.close(fd)
-            raise
-        return cls(fd, mapping, nbytes)
-
-    @classmethod
-    def attach(cls, fd: int, nbytes: int) -> OneOffSegment:
-        """Map the segment behind ``fd`` (received from its creator) and close ``fd``: a result
-        the consumer holds holds a mapping, not a descriptor (open-files limit).
-
-        Raises:
-            ValueError: the segment is smaller than ``nbytes``.
-        """
-        _check_nbytes(nbytes)
-        size = os.fstat(fd).st_size
-        if size < max(nbytes, 1):
-            raise ValueError(f"fd {fd}: segment of {size} bytes cannot hold {nbytes} bytes")
-        mapping = map_shared(fd, max(nbytes, 1), _MAP_FLAGS)
-        os.close(fd)
-        return cls(-1, mapping, nbytes)
-
-    def close(self) -> None:
-        """Unmap and close the descriptor; idempotent."""
-        self._finalizer()
-
-    def __enter__(self) -> OneOffSegment:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        return f"OneOffSegment(nbytes={self.nbytes}, fd={self.fd})"
