@@ -46,6 +46,12 @@ class BudgetedWorkers:
     _tp_state: Any
     _stage: WeakStage
 
+    @property
+    def kept_bytes(self) -> int:
+        """Bytes this process keeps to stack the next batches made here in (0 where none are, or
+        once the batches moved to worker processes): a seam for tests and the budget's count."""
+        return self._recycled.free_bytes if self._recycled is not None else 0
+
     def _processes(self, workers: int) -> ProcessPool:
         """The worker processes, ``workers`` of them (the zygote forked the first time), their
         slots' pages released first where the budget would not hold them at the peak."""
@@ -157,4 +163,4 @@ def held_here(ref: Callable[[], BudgetedWorkers | None]) -> float:
     executors = iterator._executors
     made_here = executors is not None and executors.kind == THREAD
     pending = iterator._dispatch.pending if made_here else 0
-    return iterator._recycled.free_bytes + pending * iterator._stage.stats.bytes_per_element
+    return iterator.kept_bytes + pending * iterator._stage.stats.bytes_per_element

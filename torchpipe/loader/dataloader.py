@@ -27,7 +27,7 @@ from torchpipe.autotune.report import PipelineStats
 from torchpipe.dataset import Dataset
 from torchpipe.errors import CheckpointError
 from torchpipe.loader.collate import default_collate as column_collate
-from torchpipe.loader.fetch import HoldsBatchHeap, SpanWhenProfiled, fetch_seeded
+from torchpipe.loader.fetch import LoaderNext, fetch_seeded
 from torchpipe.loader.rebuild import notice_read
 from torchpipe.loader.replicas import MAX_REPLICAS
 from torchpipe.loader.workers import WorkerIterator
@@ -469,9 +469,7 @@ def _skip(iterator: Any, count: int) -> None:
         ) from None
 
 
-class _InlineIterator(
-    HoldsBatchHeap, SpanWhenProfiled, torch_dataloader._SingleProcessDataLoaderIter
-):
+class _InlineIterator(LoaderNext, torch_dataloader._SingleProcessDataLoaderIter):
     """torch's iterator for ``num_workers=0``, whose errors name the batch and the index that failed;
     torch's ``default_collate`` runs a column at a time (loader/collate.py: the same batches)."""
 

@@ -142,34 +142,30 @@ def _failed_index(error: BaseException, index: Any) -> str:
     return f"dataset indices [{shown}]"
 
 
-class SpanWhenProfiled:
-    """A mixin for torch's DataLoader iterators: ``__next__`` opens torch's profiler span (its
-    ``enumerate(DataLoader)#...`` record) only while a profiler records (~5 us a batch, where a
-    cheap batch costs tens). An IterableDataset's batches (torch checks their count against its
-    length) and an epoch's first batch go through torch's own ``__next__``."""
+class LoaderNext:
+    """A mixin for torchpipe's DataLoader iterators, what their ``__next__`` adds to torch's:
+
+    - torch's profiler span (its ``enumerate(DataLoader)#...`` record) is opened only while a
+      profiler records (~5 us a batch, where a cheap batch costs tens). An IterableDataset's
+      batches (torch checks their count against its length) and an epoch's first batch go
+      through torch's own ``__next__``;
+    - the first batch sizes the heap this process keeps free between batches
+      (``runtime/heap.py``'s :func:`hold_free`), so that a batch's freed memory is not given back
+      and faulted in again at every batch (rows with 64 KB ``bytes`` ran 5x slower so, made here
+      or received from workers).
+    """
 
     _sampler_iter: Any
     _dataset_kind: Any
     _num_yielded: int
-
-    def __next__(self) -> Any:
-        if self._sampler_iter is None or self._dataset_kind != _MAP or _profiling():
-            return super().__next__()  # type: ignore[misc]
-        data = self._next_data()  # type: ignore[attr-defined]
-        self._num_yielded += 1
-        return data
-
-
-class HoldsBatchHeap:
-    """A mixin for the DataLoader's iterators: the first batch sizes the heap this process keeps
-    free between batches (``runtime/heap.py``'s :func:`hold_free`), so that a batch's freed
-    memory is not given back and faulted in again at every batch (rows with 64 KB ``bytes``
-    ran 5x slower so, made here or received from workers)."""
-
     _heap_held = False
 
     def __next__(self) -> Any:
-        data = super().__next__()  # type: ignore[misc]
+        if self._sampler_iter is None or self._dataset_kind != _MAP or _profiling():
+            data = super().__next__()  # type: ignore[misc]
+        else:
+            data = self._next_data()  # type: ignore[attr-defined]
+            self._num_yielded += 1
         if not self._heap_held:
             self._heap_held = True
             hold_free(heap_bytes(data))

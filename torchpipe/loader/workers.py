@@ -43,14 +43,7 @@ from torchpipe.autotune.tuner import Budget
 from torchpipe.core.stats import IteratorStats
 from torchpipe.core.tunable import POOL, WeakStage, weakly
 from torchpipe.loader.budget import BudgetedWorkers, held_here
-from torchpipe.loader.fetch import (
-    DataLoader,
-    Exhausted,
-    FetchTask,
-    HoldsBatchHeap,
-    LocalFetch,
-    SpanWhenProfiled,
-)
+from torchpipe.loader.fetch import DataLoader, Exhausted, FetchTask, LoaderNext, LocalFetch
 from torchpipe.loader.memory import (
     LoaderMemory,
     default_budget,
@@ -88,11 +81,7 @@ NOT_ON_THREADS = (
 
 
 class WorkerIterator(
-    HoldsBatchHeap,
-    SpanWhenProfiled,
-    BudgetedWorkers,
-    ReplicaStarts,
-    torch_dataloader._BaseDataLoaderIter,
+    LoaderNext, BudgetedWorkers, ReplicaStarts, torch_dataloader._BaseDataLoaderIter
 ):
     """Batches made off the consumer's path (or, with ``"auto"``, wherever is fastest), delivered
     in sampler order (or as they finish with ``in_order=False``).

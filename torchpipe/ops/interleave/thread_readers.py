@@ -213,11 +213,11 @@ class _ThreadReader(Reader):
         assert iterator is not None and calls is not None  # opened; the stage's calls counted
         reads, ended = 0, False
         lot: list[Item] = []
-        clock = CallClock()
+        clock: CallClock | None = None  # since the lot's first read
         while reads < _READS_PER_TASK and not ended:
             if self._stopped or self.held() + len(lot) >= pool.capacity:
                 break  # read without the lock: at worst one item more, kept as read
-            if not lot:
+            if clock is None:
                 pool.watch.begin(self.seq, where)
                 clock = CallClock()
             try:
@@ -232,8 +232,8 @@ class _ThreadReader(Reader):
             if ended or len(lot) >= _PUSH_EVERY or not (self.ready or self.mine):
                 calls.add_call(clock, items=len(lot))
                 self._push(lot, done=ended)
-                lot = []
-        if lot:
+                lot, clock = [], None
+        if clock is not None:
             calls.add_call(clock, items=len(lot))
             self._push(lot)
         return reads
