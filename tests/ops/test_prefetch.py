@@ -271,6 +271,45 @@ def test_passes_shorter_than_a_window_are_judged_at_their_end_and_the_next_goes_
     assert _executor(it) == "inline"
 
 
+def test_autotune_starts_inline_with_no_thread_as_the_plain_loop():
+    before = set(threading.enumerate())
+    it = iter(tp.range(100).prefetch(tp.AUTOTUNE).with_options(NO_INJECT))
+    assert [next(it) for _ in range(5)] == list(range(5))
+    assert _executor(it) == "inline" and not _prefetch_threads(before)
+
+
+def _run_windows(choice, now, outside, seconds):
+    """Deliver elements for ``seconds`` to ``choice``: 1 ms to make one, and the consumer's 1 ms
+    between its requests; inline an element takes both, on the thread 2.6 ms (the two hold the
+    GIL, and the hand-offs cost). Returns (now, outside, the modes seen)."""
+    modes = set()
+    end = now + seconds
+    while now < end:
+        element_s, pull_s = (2e-3, 1e-3) if choice.mode == INLINE else (2.6e-3, 1.6e-3)
+        now += element_s
+        outside += 1e-3
+        modes.add(choice.delivered(now, outside, lambda p=pull_s: p))
+    return now, outside, modes
+
+
+def test_a_thread_that_loses_its_trial_is_tried_again_less_and_less_often():
+    """Inline, a consumer working 1 ms between requests for 1 ms elements: the thread is tried
+    (it may hide one behind the other); it measures slower and the input comes back inline. Its
+    measurement then stands 20 s, not 10, and 40 s after the next loss."""
+    choice = OverlapChoice(INLINE)
+    now, outside, modes = _run_windows(choice, 0.0, 0.0, 0.5)
+    assert modes == {INLINE, THREAD} and choice.mode == INLINE
+    now, outside, modes = _run_windows(choice, now, outside, 15.0)
+    assert modes == {INLINE}  # 15 s on: the thread's figure stands 20 s now
+    now, outside, modes = _run_windows(choice, now, outside, 6.0)
+    assert THREAD in modes and choice.mode == INLINE  # tried again once stale, and lost again
+    lost_at = now
+    now, outside, modes = _run_windows(choice, now, outside, 35.0)
+    assert modes == {INLINE}
+    now, outside, modes = _run_windows(choice, now, outside, 6.0)
+    assert THREAD in modes and now - lost_at < 42.0
+
+
 def test_the_input_runs_inline_only_while_no_stage_below_runs_ahead():
     from torchpipe.ops.parallel_map import ParallelMapIterator
     from torchpipe.ops.prefetch import runs_ahead

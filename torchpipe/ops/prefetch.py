@@ -11,10 +11,11 @@ thread to another costs a few microseconds of GIL hand-offs, more than a cheap i
 one, and a consumer that asks again at once (a benchmark loop, a loop that only counts) gives the
 thread nothing to hide. So ``prefetch(tp.AUTOTUNE)`` (the one the optimizer puts at the end of
 every pipeline, too) over an input in which no stage runs ahead (no parallel map or interleave)
-measures what the consumer gets, window by window, and runs its input inline on the consumer's
-thread when that is faster (:class:`OverlapChoice`); it goes back to the thread when the
-consumer's own time per element changes. Over a stage that runs ahead, and for an explicit
-``prefetch(n)``, it keeps its thread.
+starts inline, as the plain loop, and measures what the consumer gets, window by window: its
+thread is tried where the consumer's own time between requests is long enough beside the input's
+for an overlap to pay, and kept where it measured faster (:class:`OverlapChoice`); the other mode
+is measured again when the consumer's own time per element changes. Over a stage that runs
+ahead, and for an explicit ``prefetch(n)``, it keeps its thread.
 """
 
 from __future__ import annotations
@@ -35,7 +36,13 @@ from torchpipe.core.stats import IteratorStats
 from torchpipe.core.tunable import BUFFER, POOL, Tunable
 from torchpipe.runtime.knob import LiveKnob
 from torchpipe.runtime.placement.driver import OVERLAP, MoveDriver, cost_changed
-from torchpipe.runtime.placement.policy import INLINE, STALE_S, THREAD, choose_overlap
+from torchpipe.runtime.placement.policy import (
+    INLINE,
+    STALE_MAX_S,
+    STALE_S,
+    THREAD,
+    choose_overlap,
+)
 
 AUTOTUNE_DEPTH = 2
 """Buffer depth used for ``prefetch(tp.AUTOTUNE)`` until the autotuner resizes it."""
@@ -262,13 +269,16 @@ class OverlapChoice:
     windows; each says what the consumer got per element, its own time between requests
     included: what the two modes are compared by (:func:`~torchpipe.runtime.placement.policy.choose_overlap`).
     A consumer whose own time per element changes by ``CHANGED`` is measured afresh, and a
-    measurement older than ``STALE_S`` no longer stands for its mode.
+    measurement older than ``STALE_S`` no longer stands for its mode; each time the input leaves
+    a mode it was measured in, that mode's measurement stands twice as long (up to
+    ``STALE_MAX_S``), so a thread that keeps losing is tried less and less often.
     """
 
     def __init__(self, mode: str) -> None:
         self.mode = mode
         self._driver = MoveDriver(OVERLAP)
         self._measured: dict[str, tuple[float, float]] = {}  # mode -> (seconds per element, when)
+        self._stale_s: dict[str, float] = {}  # mode -> how long its measurement stands
         self._consumer_s: float | None = None  # the consumer's own time per element when decided
         self._count = 0  # elements delivered, in every pass
 
@@ -307,6 +317,7 @@ class OverlapChoice:
         if verdict == INLINE and may_inline is not None and not may_inline():
             verdict = THREAD
         if verdict != self.mode and self._driver.agreed(verdict):
+            self._stale_s[self.mode] = min(2 * self._stale_s.get(self.mode, STALE_S), STALE_MAX_S)
             self.mode = verdict
             self._driver.moved(verdict, count + OVERLAP.settle_elements, now)
             self._consumer_s = consumer_s
@@ -318,11 +329,15 @@ class OverlapChoice:
         # time is not one: a consumer sharing the GIL with the thread takes longer by as much.
         if cost_changed(consumer_s, base) and abs(consumer_s - (base or 0.0)) > per_element / 2:
             self._measured = {self.mode: (per_element, now)}
+            self._stale_s.clear()
             self._consumer_s = consumer_s
-        measured = {mode: s for mode, (s, when) in self._measured.items() if now - when < STALE_S}
-        # Inline, the consumer waits for each element's making.
+        measured = {
+            mode: s
+            for mode, (s, when) in self._measured.items()
+            if now - when < self._stale_s.get(mode, STALE_S)
+        }
         return choose_overlap(
-            self.mode, measured, pull_s + consumer_s, retry_thread=base is not None
+            self.mode, measured, pull_s, consumer_s, retry_thread=base is not None
         )
 
 
@@ -363,7 +378,8 @@ class PrefetchIterator(Iterator, Tunable):
                 f"{name}.buffer_size", depth, 1, MAX_DEPTH, True, self._set_depth, immediate=True
             )
             # with its windows
-            self._choice = self._learned.setdefault("choice", OverlapChoice(THREAD))
+            # inline first: the plain loop, until the consumer's own time says a thread may pay
+            self._choice = self._learned.setdefault("choice", OverlapChoice(INLINE))
             self._choice.new_pass()
             self._below = _stages_below(source)
         self._thread: threading.Thread | None = None

@@ -302,19 +302,25 @@ def test_a_move_that_costs_the_same_either_way_needs_the_margin_either_way():
 def test_a_prefetch_keeps_its_thread_only_where_it_is_measured_faster_by_the_margin():
     from torchpipe.runtime.placement.policy import MARGIN, choose_overlap
 
-    # Inline not measured: tried where its guess comes within the margin of the thread's measure.
-    assert choose_overlap(THREAD, {THREAD: 1e-5}, 1e-6, retry_thread=False) == INLINE
+    # Inline not measured: tried where its guess (pull + consumer) comes within the margin of
+    # the thread's measure.
+    assert choose_overlap(THREAD, {THREAD: 1e-5}, 0.5e-6, 0.5e-6, retry_thread=False) == INLINE
     assert (
-        choose_overlap(THREAD, {THREAD: 1e-3}, 1e-3 * MARGIN * 1.01, retry_thread=False) == THREAD
+        choose_overlap(THREAD, {THREAD: 1e-3}, 1e-3 * MARGIN * 1.01, 0.0, retry_thread=False)
+        == THREAD
     )
-    # The thread not measured: tried again only where the consumer changed.
-    assert choose_overlap(INLINE, {INLINE: 1e-3}, 1e-3, retry_thread=False) == INLINE
-    assert choose_overlap(INLINE, {INLINE: 1e-3}, 1e-3, retry_thread=True) == THREAD
+    # The thread not measured: tried where the consumer changed, or where the consumer's own
+    # time is long enough beside the input's that hiding the shorter pays the margin.
+    assert choose_overlap(INLINE, {INLINE: 1e-3}, 1e-3, 0.0, retry_thread=False) == INLINE
+    assert choose_overlap(INLINE, {INLINE: 1e-3}, 0.9e-3, 0.1e-3, retry_thread=False) == INLINE
+    assert choose_overlap(INLINE, {INLINE: 1e-3}, 1e-3, 0.0, retry_thread=True) == THREAD
+    assert choose_overlap(INLINE, {INLINE: 2e-3}, 1e-3, 1e-3, retry_thread=False) == THREAD
+    assert choose_overlap(INLINE, {INLINE: 1e-3}, 0.7e-3, 0.3e-3, retry_thread=False) == THREAD
     # Both measured: the thread must be MARGIN times faster.
-    assert (
-        choose_overlap(INLINE, {INLINE: 1e-3, THREAD: 0.95e-3}, 1e-3, retry_thread=True) == INLINE
-    )
-    assert choose_overlap(INLINE, {INLINE: 1e-3, THREAD: 0.5e-3}, 1e-3, retry_thread=True) == THREAD
+    both = {INLINE: 1e-3, THREAD: 0.95e-3}
+    assert choose_overlap(INLINE, both, 0.5e-3, 0.5e-3, retry_thread=True) == INLINE
+    both = {INLINE: 1e-3, THREAD: 0.5e-3}
+    assert choose_overlap(INLINE, both, 0.5e-3, 0.5e-3, retry_thread=False) == THREAD
 
 
 def test_the_bytes_a_result_moves_are_priced_at_the_machines_copy_rate(monkeypatch):
