@@ -110,9 +110,10 @@ def test_the_report_names_a_slow_stage_and_says_the_pipeline_is_the_limit():
     _consume(it, 15)
     stats = it.stats()
     it.close()
-    assert stats.bottleneck == "map(_slow)" and not stats.consumer_is_limit
+    # the map runs fused with its batch, one stage
+    assert stats.bottleneck == "map(_slow)+batch" and not stats.consumer_is_limit
     text = str(stats)
-    assert "Bottleneck: map(_slow)" in text and "Limit: the pipeline" in text
+    assert "Bottleneck: map(_slow)+batch" in text and "Limit: the pipeline" in text
 
 
 def test_the_report_says_when_the_training_step_is_the_limit():

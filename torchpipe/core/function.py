@@ -71,16 +71,24 @@ class UserFunction:
             seed_global_rngs(mix_seed(self._seed, WORKER_MARK, slot))
 
     def on_elements(
-        self, first: int, elements: list, then: Callable[[int, Any], Any] | None = None
+        self,
+        first: int,
+        elements: list,
+        then: Callable[[int, Any], Any] | None = None,
+        out: list | None = None,
     ) -> list:
         """:meth:`on_element` for elements numbered from ``first`` on (a batch's): the element's
         seed is made current for each, once entered for all (a call's bookkeeping is most of
         what a cheap function costs). ``then(j, result)``, where given, takes each result while
-        it is in the cache (a batch's rows are copied into place)."""
+        it is in the cache (a batch's rows are copied into place). The results are appended to
+        ``out`` where given (on an error, the results before it are there) and returned."""
+        results = [] if out is None else out
         if self._seed_globals:
-            mapped = [self.on_element(first + j, element) for j, element in enumerate(elements)]
-            return mapped if then is None else [then(j, result) for j, result in enumerate(mapped)]
-        fn, results, seq = self.fn, [], first
+            for j, element in enumerate(elements):
+                result = self.on_element(first + j, element)
+                results.append(result if then is None else then(j, result))
+            return results
+        fn, seq = self.fn, first
         prev = enter_call(self._seed, first)
         try:
             for seq, element in enumerate(elements, first):

@@ -55,6 +55,11 @@ class Node(abc.ABC):
         ``repeat`` gives its first repetition's)."""
         return self.input_context(ctx, 0)
 
+    def checkpoint_kinds(self) -> tuple[str, ...]:
+        """The op kinds a checkpoint's fingerprint names it by: its own, or its parts' for a
+        fused op whose state is theirs (a checkpoint then loads fused or not)."""
+        return (self.kind,)
+
     def label(self) -> str:
         """The op as ``explain()`` shows it: ``kind(name=value, ...)``."""
         body = ", ".join(f"{k}={_fmt(v)}" for k, v in self.params().items())

@@ -84,7 +84,7 @@ class Plan:
         # (a rank's share node names its rank in its state instead, so that states can be resharded).
         written, run = (
             describe_ops(self.distribution.written),
-            [node.kind for node in ops_of(self.runtime_root)],
+            [kind for node in ops_of(self.runtime_root) for kind in node.checkpoint_kinds()],
         )
         self._fingerprint = written + ["->"] + run
 

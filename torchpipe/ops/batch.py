@@ -251,6 +251,14 @@ class BatchIterator(PassThroughIterator):
         except StopIteration:
             return []
 
+    def set_state(self, state: dict[str, Any]) -> None:
+        if "pending" in state:  # only a map fused with its batch holds inputs over (map.py)
+            raise CheckpointError(
+                f"{self.name}: the checkpoint holds inputs left over from an element that failed "
+                "in a map fused with this batch; load it with the map_batch_fusion optimization on"
+            )
+        super().set_state(state)
+
 
 def _keep(j: int, element: Any) -> Any:
     return element

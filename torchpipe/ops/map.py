@@ -20,6 +20,8 @@ from torchpipe.core.arguments import (
 from torchpipe.core.function import UserFunction
 from torchpipe.core.iterator import Iterator, PassThroughIterator
 from torchpipe.core.node import AUTOTUNE_SYMBOL, BuildContext, Node, function_name
+from torchpipe.core.state import check_int, check_state
+from torchpipe.errors import CheckpointError
 from torchpipe.ops.batch import BatchIterator, BatchNode
 from torchpipe.ops.parallel_map import ParallelMapIterator
 from torchpipe.ops.source_nodes import DatasetFetch
@@ -264,12 +266,13 @@ class MapTask:
 
 
 class MapBatchNode(Node):
-    """A parallel map followed by batch, run as one task per batch (map+batch fusion).
+    """A map followed by batch, run as one task per batch (map+batch fusion).
 
     Each task maps a whole batch and collates it where it ran (in a worker process, straight
-    to shared memory): one dispatch and one transfer per batch. Elements keep the sequence
-    numbers (and so the seeds) they have unfused. Made by ``graph.fusion``; an error in one
-    element fails its whole batch.
+    to shared memory): one dispatch and one transfer per batch. A sequential map's task runs on
+    the consumer's thread, in order, as the unfused map would, with no call of torchpipe's
+    between two elements. Elements keep the sequence numbers (and so the seeds) they have
+    unfused. Made by ``graph.fusion``; an error in one element fails its whole batch.
     """
 
     kind = "map_batch"
@@ -286,7 +289,13 @@ class MapBatchNode(Node):
         return self.batch_node.cardinality()
 
     def is_asynchronous(self) -> bool:
-        return True
+        return self.map_node.is_asynchronous()
+
+    def checkpoint_kinds(self) -> tuple[str, ...]:
+        # a sequential map's fused state is the unfused pair's (MapBatchIterator)
+        if self.map_node.num_parallel_calls is None:
+            return (self.batch_node.kind, self.map_node.kind)
+        return (self.kind,)
 
     def input_context(self, ctx: BuildContext, index: int) -> BuildContext:
         return self.map_node.input_context(self.batch_node.input_context(ctx, 0), index)
@@ -306,6 +315,15 @@ class MapBatchNode(Node):
             True: batch.combiner(ctx, stack=StackedTensor),
         }
         size = batch.batch_size
+        if map_node.num_parallel_calls is None:
+            return MapBatchIterator(
+                f"{map_node.name}+{batch.name}",
+                source,
+                map_node.function(map_ctx),
+                batch,
+                combiners[False],
+                memory,
+            )
 
         def make_task(fn: UserFunction, in_process: bool) -> MapBatchTask:
             return MapBatchTask(
@@ -371,3 +389,90 @@ class MapIterator(PassThroughIterator):
         seq = self._seq
         self._seq = seq + 1
         return self._fn.on_element(seq, element)
+
+
+class MapBatchIterator(Iterator):
+    """A sequential map fused with its batch: a batch's inputs taken from the input at once, the
+    function called over them in one loop on this thread, the results collated.
+
+    It gives what the unfused map and batch give, errors included: an error in an element
+    fails its batch (the elements mapped before it are dropped, as the unfused batch drops
+    them) and the inputs after it start the next batch. Its checkpoint is the unfused pair's
+    (``{"input": {"input": ..., "seq": elements}, "seq": batches}``), so each loads the other's,
+    with the inputs left over from an error, where there are any, under ``"pending"``.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        source: Iterator,
+        fn: UserFunction,
+        batch: BatchNode,
+        combine: Callable[[int, list], Any],
+        memory: RecycledStack | None,
+    ) -> None:
+        super().__init__(name, source)
+        self._source = source
+        self._fn = fn
+        self._size = batch.batch_size
+        self._drop_remainder = batch.drop_remainder
+        self._combine = combine
+        self._memory = memory
+        self._elements = 0  # elements mapped (the unfused map's count, and their seeds)
+        self._seq = 0  # batches made
+        self._pending: list = []  # inputs after an element that failed: the next batch's first
+
+    def next(self) -> Any:
+        inputs, self._pending = self._pending, []
+        if len(inputs) < self._size:
+            try:
+                inputs = inputs + self._source.take(self._size - len(inputs))
+            except StopIteration:
+                if not inputs:
+                    raise
+        batch = self._map(inputs)
+        if self._drop_remainder and len(inputs) < self._size:
+            raise StopIteration
+        self._seq += 1
+        return batch
+
+    def _map(self, inputs: list) -> Any:
+        """The batch of ``inputs``, mapped and collated (into recycled rows where it places)."""
+        first, memory = self._elements, self._memory
+        done: list[Any] = []
+        try:
+            if memory is None or not memory.placing():
+                return self._combine(self._seq, self._fn.on_elements(first, inputs, out=done))
+            with memory.rows(len(inputs)) as rows:
+                results = self._fn.on_elements(first, inputs, rows.place, out=done)
+                return self._combine(self._seq, results)
+        except BaseException:
+            if len(done) < len(inputs):  # the element that raised; those after it come next
+                self._pending = inputs[len(done) + 1 :]
+            raise
+        finally:
+            self._elements = first + len(inputs) - len(self._pending)
+
+    def get_state(self) -> dict[str, Any]:
+        state: dict[str, Any] = {
+            "input": {"input": self._source.state_dict(), "seq": self._elements},
+            "seq": self._seq,
+        }
+        if self._pending:
+            state["pending"] = list(self._pending)
+        return state
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        check_state(self.name, state, "input", "seq")
+        if not isinstance(state["input"], dict):
+            raise CheckpointError(f"{self.name}: state['input'] must be the map's state, a dict")
+        check_state(self.name, state["input"], "input", "seq")
+        seq = check_int(self.name, state, "seq", minimum=0)
+        elements = check_int(self.name, state["input"], "seq", minimum=0)
+        pending = state.get("pending", [])
+        if not isinstance(pending, list) or len(pending) >= self._size:
+            raise CheckpointError(
+                f"{self.name}: state['pending'] must be a list shorter than a batch"
+            )
+        self._source.load_state_dict(state["input"]["input"])
+        self._seq, self._elements, self._pending = seq, elements, list(pending)

@@ -97,8 +97,89 @@ def test_rewrite_copies_only_what_changes():
     fused = map_batch_fusion.apply(root, tp.Options(), notes)
     assert fused is not root and isinstance(fused.inputs[0], MapBatchNode) and len(notes) == 1
     assert root.inputs[0] is written  # the graph as written is untouched
-    plain = node(tp.range(5).map(abs).batch(2))
-    assert map_batch_fusion.apply(plain, tp.Options(), []) is plain  # sequential maps are not fused
+    plain = node(tp.range(5).map(abs).batch(2).filter(bool))
+    assert map_batch_fusion.apply(plain, tp.Options(), []) is not plain  # sequential maps too
+
+
+def test_a_sequential_map_fused_with_its_batch_gives_what_it_gives_unfused():
+    """Inline, in order, on the consumer's thread: the same batches, the same tp.rng() draws and
+    global RNG draws of a seeded pipeline, a stateful function seeing its elements in order."""
+    import threading
+
+    seen = []
+
+    def stateful(x, label):
+        seen.append((label, threading.get_ident()))
+        return global_noise(x + float(tp.rng().random()), label)
+
+    ds = tp.from_dataset(Items()).map(stateful).batch(5).with_options(tp.Options(seed=4))
+    assert "map_batch_fusion" in rewrites(ds)
+    assert_pass_keeps_output(ds, "map_batch_fusion")
+    seen.clear()
+    batches = list(ds)
+    assert [label for label, _ in seen] == list(range(22))
+    assert {ident for _, ident in seen} == {threading.get_ident()}
+    assert [b[1].tolist() for b in batches][-1] == [20, 21]
+    assert_checkpoint_roundtrip(ds)
+    assert_checkpoint_roundtrip(tp.range(9).map(abs).batch(2).repeat(2))
+
+
+def test_an_error_in_a_fused_sequential_map_names_its_element():
+    def fails_at_seven(x):
+        if x == 7:
+            raise ValueError("seven")
+        return x
+
+    it = iter(tp.range(10).map(fails_at_seven).batch(4))
+    assert next(it).tolist() == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match="seven") as raised:
+        next(it)
+    assert "map(fails_at_seven) at element 7" in "\n".join(raised.value.__notes__)
+    assert [b.tolist() for b in it] == [[8, 9]]
+    skipped = tp.range(10).map(fails_at_seven).batch(4).ignore_errors()
+    assert [b.tolist() for b in skipped] == [[0, 1, 2, 3], [8, 9]]
+
+
+def _fails_at_five(x):
+    if x == 5:
+        raise ValueError("five")
+    return x + tp.rng().random()
+
+
+@pytest.mark.parametrize("fused_first", [True, False])
+def test_a_fused_sequential_map_and_the_unfused_pair_load_each_others_checkpoints(fused_first):
+    """The inputs after a failed element start the next batch, as unfused; a checkpoint taken
+    there (the fused one keeps them under "pending") resumes in either form."""
+    ds = tp.range(14).map(_fails_at_five).batch(4).with_options(tp.Options(seed=1))
+    forms = (ds, only(ds)) if fused_first else (only(ds), ds)
+    it = iter(forms[0])
+    first = next(it)
+    with pytest.raises(ValueError, match="five"):
+        next(it)
+    state = it.state_dict()
+    rest = [b.tolist() for b in it]
+    assert [int(x) for b in rest for x in b] == [6, 7, 8, 9, 10, 11, 12, 13]
+    assert next(iter(forms[1])).tolist() == first.tolist()  # the same seeds either way
+    resumed = iter(forms[1])
+    if fused_first:  # the unfused pair cannot hold the inputs over: it says so
+        with pytest.raises(tp.CheckpointError, match="map_batch_fusion optimization on"):
+            resumed.load_state_dict(state)
+        resumed = iter(forms[0])
+    resumed.load_state_dict(state)
+    assert [b.tolist() for b in resumed] == rest
+    # between two batches, with nothing held over: either way
+    ds = tp.range(14).map(_noise).batch(4).with_options(tp.Options(seed=1))
+    forms = (ds, only(ds)) if fused_first else (only(ds), ds)
+    it = iter(forms[0])
+    next(it)
+    state = it.state_dict()
+    resumed = iter(forms[1])
+    resumed.load_state_dict(state)
+    assert [b.tolist() for b in resumed] == [b.tolist() for b in it]
+
+
+def _noise(x):
+    return x + tp.rng().random()
 
 
 def global_noise(x, label):

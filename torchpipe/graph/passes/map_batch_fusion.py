@@ -1,8 +1,10 @@
-"""map_batch_fusion: a parallel map followed by ``batch`` runs one task per batch.
+"""map_batch_fusion: a map followed by ``batch`` runs one task per batch.
 
 Each task maps a whole batch and collates it where it ran (in a worker process, straight
-into shared memory): one dispatch and one transfer per batch. Elements keep the sequence
-numbers, and so the seeds, they have unfused. A fused chain with a filter is not fused with
+into shared memory): one dispatch and one transfer per batch. A sequential map's runs on the
+consumer's thread, its elements taken from the input at once and the function called over them
+in one loop (no call of torchpipe's an element). Elements keep the sequence numbers, and so the
+seeds, they have unfused. A fused chain with a filter is not fused with
 the batch (the batch boundaries depend on what the filter keeps).
 """
 
@@ -21,11 +23,7 @@ NAME = "map_batch_fusion"
 def apply(root: Node, options: Options, notes: list[str]) -> Node:
     def rule(node: Node) -> Node | None:
         below = node.inputs[0] if node.inputs else None
-        if not (
-            type(node) is BatchNode
-            and isinstance(below, MapNode)
-            and below.num_parallel_calls is not None
-        ):
+        if not (type(node) is BatchNode and isinstance(below, MapNode)):
             return None
         if isinstance(below, FusedMapNode) and below.has_filter():
             return None
