@@ -29,7 +29,7 @@ from torchpipe.randomness import (
     restore_global_rng_states,
     seed_global_rngs,
 )
-from torchpipe.runtime.codec import StackedTensor
+from torchpipe.runtime.codec import StackedTensor, stackable
 from torchpipe.runtime.heap import hold_free
 from torchpipe.runtime.recycle import MIN_BYTES, RecycledStack
 from torchpipe.runtime.sizes import heap_bytes
@@ -39,26 +39,12 @@ DataLoader = torch.utils.data.DataLoader
 ``__dict__`` as ``_tp``; loader/dataloader.py, which imports this package's modules)."""
 
 
-def _plain(batch: list[torch.Tensor]) -> bool:
-    """Whether ``batch`` is plain CPU tensors of one shape and dtype (what ``torch.stack`` stacks
-    without promoting a dtype or raising)."""
-    first = batch[0]
-    return all(
-        type(t) is torch.Tensor
-        and t.layout is torch.strided
-        and t.device.type == "cpu"
-        and t.shape == first.shape
-        and t.dtype == first.dtype
-        for t in batch
-    )
-
-
 def _stack_later(batch: list[torch.Tensor], *, collate_fn_map: Any = None) -> Any:
     """torch's tensor collation, except that same-shape plain tensors are stacked straight into
     the shared-memory record the batch is sent in (torch's own would allocate a new shared
     segment per batch)."""
-    if _plain(batch):
-        return StackedTensor(batch)
+    if stackable(batch):
+        return StackedTensor(batch, checked=True)
     return torch_collate.collate_tensor_fn(batch, collate_fn_map=collate_fn_map)
 
 
@@ -79,7 +65,7 @@ def recycling_collate(memory: RecycledStack) -> Callable[[list[Any]], Any]:
         large = (
             first.numel() * first.element_size() * len(batch) >= MIN_BYTES
         )  # else checking costs more
-        if large and _plain(batch):
+        if large and stackable(batch):
             return memory(batch)
         return torch_collate.collate_tensor_fn(batch, collate_fn_map=collate_fn_map)
 

@@ -624,3 +624,26 @@ def test_materialize_stacks_what_was_meant_for_shared_memory():
     assert_elements_equal(out, {"a": torch.stack(parts), "b": 3})
     plain = {"a": torch.ones(1)}
     assert codec.materialize(plain) is plain
+
+
+def test_stackable_takes_only_plain_cpu_tensors_of_one_shape_and_dtype():
+    rows = [torch.full((2, 3), float(i)) for i in range(4)]
+    assert codec.stackable(rows)
+    stacked = codec.decode_bytes(codec.encode_bytes(codec.StackedTensor(rows, checked=True)))
+    assert torch.equal(stacked, torch.stack(rows))
+
+    class Sub(torch.Tensor):
+        pass
+
+    others = {
+        "shape": torch.zeros(3, 2),
+        "dtype": torch.zeros(2, 3, dtype=torch.float64),
+        "grad": torch.zeros(2, 3, requires_grad=True),
+        "sparse": torch.zeros(2, 3).to_sparse(),
+        "subclass": torch.zeros(2, 3).as_subclass(Sub),
+    }
+    for name, odd in others.items():
+        assert not codec.stackable([*rows, odd]), name
+        assert not codec.stackable([odd, *rows]), name
+    with pytest.raises(ValueError, match="one shape and dtype"):
+        codec.StackedTensor([*rows, others["dtype"]])

@@ -2,7 +2,7 @@
 pickle-5 with out-of-band buffers), and many small elements as columns. The record layout is in
 :mod:`~torchpipe.runtime.codec.records`."""
 
-from torchpipe.runtime.codec.pickling import StackedTensor
+from torchpipe.runtime.codec.pickling import StackedTensor, stackable
 from torchpipe.runtime.codec.records import (
     EncodedRecord,
     decode,
@@ -22,4 +22,5 @@ __all__ = [
     "encode",
     "encode_bytes",
     "materialize",
+    "stackable",
 ]

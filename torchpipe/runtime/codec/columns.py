@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from torchpipe import nest
-from torchpipe.runtime.codec.pickling import StackedTensor
+from torchpipe.runtime.codec.pickling import StackedTensor, stackable
 
 _MIN_ROWS = 2
 
@@ -115,16 +115,6 @@ def _unzip(
 def _tensor_column(tensors: Any) -> StackedTensor | None:
     """The column as one stack, when every entry is a plain CPU tensor of the first's shape and
     dtype that needs no gradient."""
-    first = tensors[0]
-    shape, dtype = first.shape, first.dtype
-    for t in tensors:
-        if (
-            type(t) is not torch.Tensor
-            or t.shape != shape
-            or t.dtype is not dtype
-            or t.requires_grad
-            or not t.is_cpu
-            or t.layout is not torch.strided
-        ):
-            return None
-    return StackedTensor(list(tensors), aligned_rows=True)
+    if not stackable(tensors):
+        return None
+    return StackedTensor(list(tensors), aligned_rows=True, checked=True)

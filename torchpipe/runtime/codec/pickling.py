@@ -13,7 +13,7 @@ import functools
 import io
 import math
 import pickle
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -139,6 +139,25 @@ def _add_pickle_buffer(buffers: list[tuple[Any, int, int]], buffer: pickle.Pickl
     buffers.append((raw, len(raw), OUT_OF_BAND | (READONLY if raw.readonly else 0)))
 
 
+def stackable(tensors: Sequence[torch.Tensor]) -> bool:
+    """Whether ``tensors`` are plain CPU tensors (strided, needing no gradient) of the first's
+    shape and dtype: rows a :class:`StackedTensor` stacks as ``torch.stack`` would (~0.3 us a
+    tensor: an attribute a check, no ``device`` object made)."""
+    first = tensors[0]
+    shape, dtype = first.shape, first.dtype
+    for t in tensors:
+        if (
+            type(t) is not torch.Tensor
+            or t.shape != shape
+            or t.dtype is not dtype
+            or t.requires_grad
+            or not t.is_cpu
+            or t.layout is not torch.strided
+        ):
+            return False
+    return True
+
+
 class StackedTensor:
     """Same-shape tensors to be stacked straight into the record that is being written.
 
@@ -158,9 +177,11 @@ class StackedTensor:
 
     __slots__ = ("parts", "shape", "dtype", "row_stride")
 
-    def __init__(self, parts: list[torch.Tensor], aligned_rows: bool = False) -> None:
+    def __init__(
+        self, parts: list[torch.Tensor], aligned_rows: bool = False, checked: bool = False
+    ) -> None:
         first = parts[0]
-        if any(p.shape != first.shape or p.dtype != first.dtype for p in parts):
+        if not checked and any(p.shape != first.shape or p.dtype != first.dtype for p in parts):
             raise ValueError("StackedTensor: the tensors must have one shape and dtype")
         self.parts = parts
         self.shape = (len(parts), *first.shape)
