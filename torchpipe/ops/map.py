@@ -269,10 +269,11 @@ class MapBatchNode(Node):
     """A map followed by batch, run as one task per batch (map+batch fusion).
 
     Each task maps a whole batch and collates it where it ran (in a worker process, straight
-    to shared memory): one dispatch and one transfer per batch. A sequential map's task runs on
-    the consumer's thread, in order, as the unfused map would, with no call of torchpipe's
-    between two elements. Elements keep the sequence numbers (and so the seeds) they have
-    unfused. Made by ``graph.fusion``; an error in one element fails its whole batch.
+    to shared memory): one dispatch and one transfer per batch; an error in one element fails
+    its whole batch. A sequential map's runs on the consumer's thread, in order, with no call of
+    torchpipe's between two elements, and gives what the unfused pair gives, errors included
+    (:class:`MapBatchIterator`). Elements keep the sequence numbers (and so the seeds) they have
+    unfused. Made by ``graph.fusion``.
     """
 
     kind = "map_batch"
@@ -303,36 +304,27 @@ class MapBatchNode(Node):
     def build(self, ctx: BuildContext) -> Iterator:
         batch, map_node = self.batch_node, self.map_node
         map_ctx = batch.input_context(ctx, 0)  # where the map sits unfused: keeps its seeds
+        name = f"{map_node.name}+{batch.name}"
         source, fetch = map_node.source(map_ctx)
-        chunks = map_ctx.traced(
-            BatchIterator(batch.name, source, batch.batch_size, batch.drop_remainder, _as_list)
-        )
         # In a worker the batch is stacked straight into the shared-memory record it is sent in;
         # here, into memory that earlier batches used.
         memory = batch.memory()
-        combiners = {
-            False: batch.combiner(ctx, stack=memory or torch.stack),
-            True: batch.combiner(ctx, stack=StackedTensor),
-        }
-        size = batch.batch_size
+        here = batch.combiner(ctx, stack=memory or torch.stack)
         if map_node.num_parallel_calls is None:
-            return MapBatchIterator(
-                f"{map_node.name}+{batch.name}",
-                source,
-                map_node.function(map_ctx),
-                batch,
-                combiners[False],
-                memory,
-            )
+            fn = map_node.function(map_ctx)
+            return MapBatchIterator(name, source, fn, batch, here, memory)
+        chunks = map_ctx.traced(
+            BatchIterator(batch.name, source, batch.batch_size, batch.drop_remainder, _as_list)
+        )
+        combiners = {False: here, True: batch.combiner(ctx, stack=StackedTensor)}
+        size = batch.batch_size
 
         def make_task(fn: UserFunction, in_process: bool) -> MapBatchTask:
             return MapBatchTask(
                 fn, fetch, combiners[in_process], size, None if in_process else memory
             )
 
-        return map_node.parallel_iterator(
-            f"{map_node.name}+{batch.name}", map_ctx, chunks, make_task
-        )
+        return map_node.parallel_iterator(name, map_ctx, chunks, make_task)
 
 
 class MapBatchTask:
