@@ -41,7 +41,6 @@ class BudgetedWorkers:
     _recycled: RecycledStack | None
     _executors: AutoStage | None
     _dispatch: Dispatcher
-    _parked_released: bool
     _num_workers: int
     _tp_state: Any
     _stage: WeakStage
@@ -77,23 +76,19 @@ class BudgetedWorkers:
 
     def _moved(self, kind: str, workers: int) -> None:
         """After a move: only the place that makes the batches now keeps memory for the next. To
-        the workers, what this process kept to make them goes; away from them, the workers parked
-        for a trial elsewhere give their slots' pages back as their batches are taken (else their
-        rings and this process's batches peak together), and keep them again on the way back
-        unless a budget released them."""
+        the workers, what this process kept to make them goes (the parked workers' slots are the
+        :class:`~torchpipe.runtime.placement.auto_stage.AutoStage`'s: they give their pages back
+        while a trial runs elsewhere, and keep them again on the way back unless
+        :meth:`_pages_back` says no)."""
         self._tp_state.tuned_workers = workers
         self._num_workers = workers
-        pool, memory = self._pool, self._memory
-        if kind == PROCESS:
-            if self._recycled is not None:
-                self._recycled.drop_free()
-                trim_heap()
-            if self._parked_released and memory.slot_pages != "released":
-                pool.set_slot_pages(True)
-            self._parked_released = False
-        elif pool.size and pool.slot_pages:
-            pool.set_slot_pages(False)
-            self._parked_released = True
+        if self._recycled is not None and self._recycled.keep_freed(kind != PROCESS):
+            trim_heap()
+
+    def _pages_back(self) -> bool:
+        """Whether the parked workers' slots may keep their pages again (not where a budget
+        released them)."""
+        return self._memory.slot_pages != "released"
 
     def _keep_to_budget(self, memory: LoaderMemory) -> None:
         """Past the memory budget: first the ring slots give their pages back once their batch is

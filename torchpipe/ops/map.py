@@ -189,8 +189,10 @@ class MapNode(Node):
         ctx: BuildContext,
         source: Iterator,
         make_task: Callable[[UserFunction, bool], Any],
+        memory: RecycledStack | None = None,
     ) -> ParallelMapIterator:
-        """A parallel stage running ``make_task(fn, in_process)`` per input; ``ctx`` is this node's."""
+        """A parallel stage running ``make_task(fn, in_process)`` per input; ``ctx`` is this
+        node's; ``memory``: where the tasks made in this process stack their batches."""
         parallelism = (
             usable_cpu_count() if self.num_parallel_calls == AUTOTUNE else self.num_parallel_calls
         )
@@ -215,6 +217,7 @@ class MapNode(Node):
             learned=ctx.learned(),
             stall_s=ctx.options.stall_timeout,
             reproducible_globals=ctx.seeded,
+            memory=memory,
         )
 
 
@@ -313,7 +316,7 @@ class MapBatchNode(Node):
             )
 
         return map_node.parallel_iterator(
-            f"{map_node.name}+{batch.name}", map_ctx, chunks, make_task
+            f"{map_node.name}+{batch.name}", map_ctx, chunks, make_task, memory
         )
 
 

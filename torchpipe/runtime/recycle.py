@@ -80,6 +80,7 @@ class RecycledStack:
         self._min_bytes = min_bytes
         self.place_bytes = place_bytes
         self._keep = keep
+        self._kept = True  # whether buffers that come back are kept (keep_freed)
         self._free: dict[int, list[bytearray]] = defaultdict(list)
         # a buffer given back in a forked worker finds the pool unlocked
         self._lock = ForkSafeLock()
@@ -141,14 +142,21 @@ class RecycledStack:
     def _give_back(self, owner: bytearray) -> None:
         with self._lock:
             free = self._free[len(owner)]
-            if len(free) < self._keep:
+            if self._kept and len(free) < self._keep:
                 free.append(owner)
 
-    def drop_free(self) -> None:
-        """Let the kept free buffers go (where this process stops making batches: they would be
-        held for nothing). Buffers lent now come back and are kept as before."""
+    def keep_freed(self, keep: bool) -> int:
+        """Whether buffers that come back are kept for the next batches. False where this
+        process stops making batches (its calls went to worker processes): the free buffers go
+        now, and those still lent (batches a buffer or the loop holds) when they come back, not
+        to be kept alongside the workers' memory. Returns the bytes let go now."""
         with self._lock:
+            self._kept = keep
+            if keep:
+                return 0
+            dropped = sum(size * len(free) for size, free in self._free.items())
             self._free.clear()
+            return dropped
 
     @property
     def free_bytes(self) -> int:
