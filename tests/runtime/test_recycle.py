@@ -1,4 +1,6 @@
 import gc
+import json
+import os
 import threading
 from collections import namedtuple
 
@@ -7,7 +9,12 @@ import torch
 
 import torchpipe as tp
 from torchpipe.ops.collate import collate_in_stage
-from torchpipe.runtime.recycle import RECHECK_EVERY, RecycledStack, batch_row
+from torchpipe.runtime.recycle import (
+    RECHECK_EVERY,
+    RecycledStack,
+    batch_row,
+    forget_batches_in_fork,
+)
 from torchpipe.testing import forced_call_costs, move_calls, stages
 
 Pair = namedtuple("Pair", "image label")
@@ -174,6 +181,38 @@ def test_buffers_are_not_kept_while_batches_are_made_elsewhere_even_those_lent_t
     again = memory(rows(5))
     del again
     assert memory.free_bytes == 5 * 3 * 8 * 4  # kept again
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_fork_that_forgets_the_batches_drops_their_pages_and_leaves_the_parents():
+    """The zygote forgets the batches the main process made (alive or kept at the fork): its copies
+    of their pages go (it never reads them), and the parent's batches are untouched."""
+    memory = RecycledStack(min_bytes=1)
+    kept, held = memory(rows(64, shape=(256, 1024))), memory(rows(64, shape=(256, 1024)))
+    nbytes = 2 * kept.numel() * kept.element_size()
+    del kept  # one kept for reuse, one lent
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child reports what it saw, and never returns into pytest
+        try:
+            before = _rss_bytes()
+            dropped = forget_batches_in_fork()
+            gone = before - _rss_bytes()
+            zeros = int(not held.numpy()[1:-1].any())  # numpy: torch's threads are not forked
+            os.write(write, json.dumps([dropped, gone, zeros]).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as f:
+        dropped, gone, zeros = json.loads(f.read())
+    os.waitpid(pid, 0)
+    assert dropped >= 0.99 * nbytes and gone >= 0.9 * nbytes and zeros
+    assert torch.equal(held, torch.stack(rows(64, shape=(256, 1024))))  # the parent's as made
 
 
 def test_a_batched_map_moved_to_worker_processes_keeps_no_batch_memory_here():

@@ -21,11 +21,10 @@ from torchpipe.loader.memory import (
     workers_within,
 )
 from torchpipe.runtime.dispatch import Dispatcher
-from torchpipe.runtime.heap import trim_heap
 from torchpipe.runtime.knob import LiveKnob
 from torchpipe.runtime.placement.auto_stage import AutoStage
 from torchpipe.runtime.placement.placement import Placement
-from torchpipe.runtime.placement.policy import PROCESS, THREAD
+from torchpipe.runtime.placement.policy import THREAD
 from torchpipe.runtime.processes.pool import ProcessPool
 from torchpipe.runtime.recycle import RecycledStack
 
@@ -75,15 +74,13 @@ class BudgetedWorkers:
             self._memory.shed(f"workers past {fit}: past the budget at their predicted peak")
 
     def _moved(self, kind: str, workers: int) -> None:
-        """After a move: only the place that makes the batches now keeps memory for the next. To
-        the workers, what this process kept to make them goes (the parked workers' slots are the
-        :class:`~torchpipe.runtime.placement.auto_stage.AutoStage`'s: they give their pages back
-        while a trial runs elsewhere, and keep them again on the way back unless
-        :meth:`_pages_back` says no)."""
+        """After a move: the worker count later epochs start with. (What this process keeps to
+        make batches, and the parked workers' slots, are the
+        :class:`~torchpipe.runtime.placement.auto_stage.AutoStage`'s: kept only while the batches
+        are made here, and given back while a trial runs elsewhere unless :meth:`_pages_back`
+        says the budget released them.)"""
         self._tp_state.tuned_workers = workers
         self._num_workers = workers
-        if self._recycled is not None and self._recycled.keep_freed(kind != PROCESS):
-            trim_heap()
 
     def _pages_back(self) -> bool:
         """Whether the parked workers' slots may keep their pages again (not where a budget

@@ -241,6 +241,7 @@ class WorkerIterator(
             stall_s=DEFAULT_STALL_TIMEOUT_S,
             on_move=self._moved,
             pages_back=self._pages_back,
+            memory=memory,
         )
         self._dispatch, self._placement = self._executors.dispatcher, self._executors.placement
         self._knob = self._executors.add_knob(0, 0, most, apply=weakly(self.resize))

@@ -21,7 +21,6 @@ from torchpipe.ops.filter import DROPPED
 from torchpipe.randomness import global_rng_states, restore_global_rng_states
 from torchpipe.runtime.cpu import usable_cpu_count
 from torchpipe.runtime.executor import Executor
-from torchpipe.runtime.heap import trim_heap
 from torchpipe.runtime.knob import LiveKnob
 from torchpipe.runtime.placement.auto_stage import AutoStage, StageCalls, pass_candidates
 from torchpipe.runtime.placement.measure import measure_calls
@@ -157,6 +156,7 @@ class ParallelMapIterator(Iterator, Tunable):
             learned=self._learned,
             stall_s=stall_s,
             on_move=self._moved,
+            memory=self._memory,
         )
 
     def _add_knob(self) -> LiveKnob:
@@ -339,8 +339,6 @@ class ParallelMapIterator(Iterator, Tunable):
         return MAX_THREADS if kind != PROCESS else 2 * usable_cpu_count()
 
     def _moved(self, kind: str, workers: int) -> None:
-        if self._memory is not None and self._memory.keep_freed(kind in (INLINE, THREAD)):
-            trim_heap()  # the buffers kept for batches made here, of which none is now
         self._placement.remember(self._learned)
         if workers:
             self._parallelism = workers

@@ -1,10 +1,12 @@
 """The one builder of an auto stage: its executors of each kind, their moves, retiring and the knob."""
 
 import pytest
+import torch
 
 from torchpipe.runtime.executor import ThreadExecutor
 from torchpipe.runtime.placement.auto_stage import AutoStage, StageCalls, pass_candidates
 from torchpipe.runtime.placement.policy import INLINE, KINDS, PROCESS, THREAD, CallCosts, Policy
+from torchpipe.runtime.recycle import RecycledStack
 from torchpipe.runtime.timing import CallTiming
 
 
@@ -153,6 +155,31 @@ def test_the_heap_is_given_back_when_threads_are_left_or_the_calls_leave_this_pr
     _run(stage, 4, 2)
     stage.placement.move(THREAD, 2)  # the process pool is parked, not closed: no trim
     assert len(trims) == 2
+    stage.dispatcher.close()
+
+
+def test_batch_memory_kept_here_goes_before_the_process_pool_is_made_and_returns_after():
+    """A zygote forked while the buffers are kept would copy them: they go first."""
+    memory = RecycledStack(min_bytes=1)
+    batch = memory([torch.zeros(1024)] * 4)
+    del batch
+    kept_then = []
+    pool = _Pool()
+
+    def processes(workers):
+        kept_then.append(memory.free_bytes)
+        pool.resize(workers)
+        return pool
+
+    calls = StageCalls(lambda seq, x: x, lambda seq, x: x, processes=processes)
+    stage = AutoStage("map(f)", calls, CallTiming(), None, memory=memory)
+    assert memory.free_bytes == 4 * 4096
+    stage.placement.move(PROCESS, 2)
+    assert kept_then == [0]
+    stage.placement.move(THREAD, 2)  # made here again: kept again
+    batch = memory([torch.zeros(1024)] * 4)
+    del batch
+    assert memory.free_bytes == 4 * 4096
     stage.dispatcher.close()
 
 

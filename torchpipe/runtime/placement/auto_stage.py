@@ -33,6 +33,7 @@ from torchpipe.runtime.placement.policy import (
     Policy,
     may_pay,
 )
+from torchpipe.runtime.recycle import RecycledStack
 from torchpipe.runtime.timing import CallTiming
 
 Handler = Callable[[int, Any], Any]
@@ -97,6 +98,8 @@ class AutoStage:
         on_move: called with ``(kind, workers)`` after every move, once the knob follows it.
         pages_back: whether the parked pool's slots may keep their pages again when the calls
             come back to it (default: always; a loader's RAM budget may have released them).
+        memory: where the calls made in this process stack their batches: it keeps the buffers
+            of freed batches only while the calls run here.
     """
 
     def __init__(
@@ -110,8 +113,10 @@ class AutoStage:
         stall_s: float | None = None,
         on_move: Callable[[str, int], None] | None = None,
         pages_back: Callable[[], bool] | None = None,
+        memory: RecycledStack | None = None,
     ) -> None:
         self.name = name
+        self._memory = memory
         self.policy = policy
         self.knob: LiveKnob | None = None
         self._calls = calls
@@ -218,12 +223,15 @@ class AutoStage:
             ValueError: for a kind the stage has no executor of.
         """
         if kind == INLINE:
+            self._keep_memory(True)
             return InlineExecutor(self._calls.inline, self._timing)
         if kind == THREAD:
+            self._keep_memory(True)
             return ThreadExecutor(self._calls.thread, workers, self.name, self._timing)
         pool = {PROCESS: self._calls.processes, RAY: self._calls.ray}.get(kind)
         if pool is None:
             raise ValueError(f"{self.name}: no {kind!r} executor for this stage's calls")
+        self._keep_memory(False)  # before a zygote is forked: it would copy what is kept
         executor = pool(workers)
         if kind == PROCESS:
             self._processes, self._warm = executor, False
@@ -251,6 +259,12 @@ class AutoStage:
         if self._warm and self._processes is not None and self.placement.kind != PROCESS:
             self._warm = False
             self._processes.resize(0)
+
+    def _keep_memory(self, keep: bool) -> None:
+        """Whether the buffers of batches made here are kept for the next ones (only while the
+        calls run here: else they go, and the heap they leave is given back)."""
+        if self._memory is not None and self._memory.keep_freed(keep):
+            trim_heap()
 
     def _park_pages(self, kind: str) -> None:
         """Away from the process pool, its parked workers' slots give their pages back as their
