@@ -129,6 +129,7 @@ class AutoStage:
         self._pages_back = pages_back
         # the parked pool's slots gave their pages back when the calls left it (_park_pages)
         self._parked_released = False
+        self._trim_when_settled = False  # retire() gave heap back while results were in flight
         self.dispatcher = Dispatcher(name, self.make(INLINE, 0), stall_s)
         self.placement = Placement(
             self.dispatcher,
@@ -252,10 +253,16 @@ class AutoStage:
         here = now is not self._processes and isinstance(now, (InlineExecutor, ThreadExecutor))
         if isinstance(executor, ThreadExecutor) or not here:
             trim_heap()
+            # the results made there that were in flight are freed once delivered: again then
+            self._trim_when_settled = True
 
     def settled(self) -> None:
-        """A window away from the parked pool kept the calls where they are: its workers go (its
-        zygote is kept to come back to)."""
+        """A window kept the calls where they are: the heap the executor left gave back again
+        (its last results were delivered since, and freed), and, away from the parked pool, its
+        workers go (its zygote is kept to come back to)."""
+        if self._trim_when_settled:
+            self._trim_when_settled = False
+            trim_heap()
         if self._warm and self._processes is not None and self.placement.kind != PROCESS:
             self._warm = False
             self._processes.resize(0)
