@@ -55,19 +55,48 @@ _MADV_DONTNEED = 4  # Linux's madvise advice: drop these pages (private ones rea
 
 
 class _Buffer(bytearray):
-    """A batch's memory: a bytearray that can be weakly referenced (:data:`_BUFFERS`)."""
+    """A batch's memory: a bytearray that can be weakly referenced (:data:`_BUFFERS`);
+    ``delivered`` while the batch lent in it is the user's (:func:`delivered`)."""
 
-    __slots__ = ("__weakref__",)
+    __slots__ = ("__weakref__", "delivered")
+
+    delivered: bool
 
 
 _BUFFERS: dict[int, weakref.ref[_Buffer]] = {}
-"""Every buffer a :class:`RecycledStack` has made that is alive (lent, or kept for reuse), by id
-(a bytearray compares by content: a set would take two zeroed buffers for one)."""
+"""Every buffer a :class:`RecycledStack` has made that is alive (lent, or kept for reuse), by the
+address of its memory (a bytearray compares by content: a set would take two zeroed buffers for
+one), which is where a batch stacked in it starts."""
+
+_SCALARS = (str, bytes, int, float, bool)
 
 
 def _register(buffer: _Buffer) -> None:
-    key = id(buffer)  # gone from the dict when the buffer is (before its id can be reused)
+    # gone from the dict when the buffer is (before its memory can be reused)
+    key = np.frombuffer(buffer, np.uint8).ctypes.data
     _BUFFERS[key] = weakref.ref(buffer, lambda _: _BUFFERS.pop(key, None))
+
+
+def delivered(element: Any) -> None:
+    """``element`` goes to the user now: the batches stacked in buffers of ours that it holds are
+    the user's, whose code may keep them and read them in a process forked later (a zygote
+    keeps their pages; :func:`forget_batches_in_fork`). Called by the pipeline's and the
+    DataLoader's ``__next__``; looks only where tensors may be (lists of strings or numbers are
+    skipped at their first item)."""
+    if not _BUFFERS:
+        return
+    stack = [element]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, torch.Tensor):
+            ref = _BUFFERS.get(x.untyped_storage().data_ptr()) if x.device.type == "cpu" else None
+            buffer = ref() if ref is not None else None
+            if buffer is not None:
+                buffer.delivered = True
+        elif isinstance(x, dict):
+            stack.extend(x.values())
+        elif isinstance(x, (list, tuple)) and x and not isinstance(x[0], _SCALARS):
+            stack.extend(x)
 
 
 def forget_batches_in_fork() -> int:
@@ -75,9 +104,11 @@ def forget_batches_in_fork() -> int:
     the parent stacked: the child never reads them, and the copies it would keep of them (a
     parent's batches alive at the fork: the first calls' results, measured here and waiting to
     be delivered) would be the child's alone once the parent frees them, and each worker's
-    share of them besides. Only whole pages inside each buffer are dropped (its allocator's
-    headers stay); a buffer read after this reads zeros, and one lent again is written whole
-    first. Returns the bytes dropped; 0 where ``madvise`` cannot be called.
+    share of them besides. Batches delivered to the user are left alone (user code forked with
+    them may read them), as are buffers too small to hold a whole page. Only whole pages inside
+    each buffer are dropped (its allocator's headers stay); a buffer read after this reads zeros,
+    and one lent again is written whole first. Returns the bytes dropped; 0 where ``madvise``
+    cannot be called.
     """
     try:
         libc = ctypes.CDLL(None, use_errno=True)
@@ -87,7 +118,7 @@ def forget_batches_in_fork() -> int:
     dropped = 0
     for ref in list(_BUFFERS.values()):
         buffer = ref()
-        if buffer is None:
+        if buffer is None or buffer.delivered:
             continue
         start = np.frombuffer(buffer, np.uint8).ctypes.data
         first, end = -(-start // page) * page, (start + len(buffer)) // page * page
@@ -181,6 +212,7 @@ class RecycledStack:
         if owner is None:
             owner = _Buffer(nbytes)
             _register(owner)
+        owner.delivered = False
         # np.frombuffer's array is the base that every view of the batch keeps alive (numpy
         # stops collapsing bases at a non-array), so its finalizer runs only when all are gone.
         lent = np.frombuffer(owner, np.uint8)
