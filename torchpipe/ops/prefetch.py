@@ -36,13 +36,8 @@ from torchpipe.core.stats import IteratorStats
 from torchpipe.core.tunable import BUFFER, POOL, Tunable
 from torchpipe.runtime.knob import LiveKnob
 from torchpipe.runtime.placement.driver import OVERLAP, MoveDriver, cost_changed
-from torchpipe.runtime.placement.policy import (
-    INLINE,
-    STALE_MAX_S,
-    STALE_S,
-    THREAD,
-    choose_overlap,
-)
+from torchpipe.runtime.placement.overlap import choose_overlap
+from torchpipe.runtime.placement.policy import INLINE, STALE_MAX_S, STALE_S, THREAD
 
 AUTOTUNE_DEPTH = 2
 """Buffer depth used for ``prefetch(tp.AUTOTUNE)`` until the autotuner resizes it."""
@@ -267,7 +262,7 @@ class OverlapChoice:
     The runtime's measure-and-move driver (:class:`~torchpipe.runtime.placement.driver.MoveDriver`, with
     the cadence :data:`~torchpipe.runtime.placement.driver.OVERLAP`) cuts the delivered elements into
     windows; each says what the consumer got per element, its own time between requests
-    included: what the two modes are compared by (:func:`~torchpipe.runtime.placement.policy.choose_overlap`).
+    included: what the two modes are compared by (:func:`~torchpipe.runtime.placement.overlap.choose_overlap`).
     A consumer whose own time per element changes by ``CHANGED`` is measured afresh, and a
     measurement older than ``STALE_S`` no longer stands for its mode; each time the input leaves
     a mode it was measured in, that mode's measurement stands twice as long (up to

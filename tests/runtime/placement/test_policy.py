@@ -300,7 +300,8 @@ def test_a_move_that_costs_the_same_either_way_needs_the_margin_either_way():
 
 
 def test_a_prefetch_keeps_its_thread_only_where_it_is_measured_faster_by_the_margin():
-    from torchpipe.runtime.placement.policy import MARGIN, choose_overlap
+    from torchpipe.runtime.placement.overlap import choose_overlap
+    from torchpipe.runtime.placement.policy import MARGIN
 
     # Inline not measured: tried where its guess (pull + consumer) comes within the margin of
     # the thread's measure.

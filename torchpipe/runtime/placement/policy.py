@@ -573,33 +573,3 @@ class Policy:
         assert self.costs is not None and self.kind is not None  # measured: a kind was chosen
         best = predict(dataclasses.replace(self.costs, gil_free=1.0), THREAD, self.cores)
         return EXPLORE * best < min(here, predict(self.costs, self.kind, self.cores))
-
-
-def choose_overlap(
-    current: str, measured: dict[str, float], pull_s: float, consumer_s: float, retry_thread: bool
-) -> str:
-    """Where a prefetch runs its input, :data:`THREAD` (overlapped with the consumer) or
-    :data:`INLINE` (on the consumer's thread), after a window on ``current``.
-
-    Measured on both, the thread, dearer in CPU and memory, stays only where it was ``MARGIN``
-    times faster. Inline not measured (lately) is tried where its guess (the input's time per
-    element plus the consumer's own) comes within ``MARGIN`` of the thread's measure. The thread
-    not measured (lately) is tried where ``retry_thread`` (the consumer changed since), or where
-    its guess, the longer of the two times (at best the thread hides the shorter), is ``MARGIN``
-    times faster than inline measured: a consumer that works between its requests about as long
-    as an element takes to make.
-
-    Args:
-        current: the mode the window ran in (in ``measured``).
-        measured: seconds per element the consumer got in each mode, within their stale time.
-        pull_s: the input's time per element.
-        consumer_s: the consumer's own time per element, between its requests.
-        retry_thread: whether an inline prefetch should measure its thread again.
-    """
-    other = INLINE if current == THREAD else THREAD
-    if other not in measured:
-        if other == INLINE:
-            return INLINE if pull_s + consumer_s < MARGIN * measured[current] else current
-        overlaps = MARGIN * max(pull_s, consumer_s) < measured[current]
-        return THREAD if retry_thread or overlaps else current
-    return THREAD if measured[THREAD] * MARGIN < measured[INLINE] else INLINE
