@@ -359,6 +359,8 @@ def test_the_executor_policy_decides_the_handover(cpu_share, moves):
     # 64 reads of 200 us each in 0.1 s: Python parsing (GIL held, two cores to spread it on) or
     # waiting; this thread's own time: 2 us an element.
     window = Window(0.1, 64, 64, 64 * 200e-6, 64 * 200e-6 * cpu_share, 64 * 2e-6)
+    # the first window is cold, the next measures: no verdict before the threads were measured
+    assert placement.verdict(window) is None and placement.verdict(window) is None
     assert placement.verdict(window) == (PROCESS if moves and usable_cpu_count() > 1 else THREAD)
 
 

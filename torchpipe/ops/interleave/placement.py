@@ -166,15 +166,14 @@ class ReaderPlacement:
         if not self.deciding and measured and self._driver.changed(window.cpu_s / window.reads):
             return self._rebase(window)
         verdict = self.verdict(window)
-        if self.kind not in self._measures():
-            return None  # no pool is left before it was measured: its windows are what it did
-        return self._agreed(verdict)
+        return None if verdict is None else self._agreed(verdict)
 
-    def verdict(self, window: Window) -> str:
+    def verdict(self, window: Window) -> str | None:
         """The pool the policy chooses after ``window``: measured against measured once both
         pools were measured, predicted against predicted until then; either way the other pool
-        must be ``READERS_MARGIN`` faster. A pool's measure is the lower median of its last
-        windows but the first (readers start, read-ahead fills), and needs two of them: one
+        must be ``READERS_MARGIN`` faster; None until the pool the readers read in was measured
+        (no pool is left on the model's word alone). A pool's measure is the lower median of
+        its last windows but the first (readers start, read-ahead fills), and needs two of them: one
         window slowed by something else (a busy core, a collection) moves nothing."""
         self.costs = self._costs(window)
         if window.cpu_s > 0:
@@ -184,6 +183,8 @@ class ReaderPlacement:
                 window.per_element
             )
         self._cold = False
+        if self.kind not in self._measures():
+            return None  # no pool is left before it was measured: its windows are what it did
         return self._choose()
 
     def _measures(self) -> dict[str, float]:
