@@ -494,6 +494,9 @@ def test_a_busy_moment_moves_nothing(clock):
 def test_readers_the_first_verdict_keeps_on_threads_stay_there(clock):
     placement, stats = ReaderPlacement(2, None), _stats()
     _run(placement, stats, clock, 0.01, 16, *WAITING)
+    for _ in range(2):  # the cold window, then the threads' measure
+        assert _run(placement, stats, clock, 0.1, 64, *WAITING) is None and placement.deciding
+        assert not placement.settled
     assert _run(placement, stats, clock, 0.1, 64, *WAITING) is None and not placement.settled
     assert _run(placement, stats, clock, 0.1, 64, *WAITING) is None and placement.settled
 
@@ -501,11 +504,13 @@ def test_readers_the_first_verdict_keeps_on_threads_stay_there(clock):
 def test_reads_that_get_cheap_on_processes_send_the_readers_back_after_two_windows(clock):
     placement, stats = ReaderPlacement(2, None), _stats()
     _run(placement, stats, clock, 0.01, 16, *PARSING)
-    _run(placement, stats, clock, 0.1, 64, *PARSING)
+    for _ in range(3):
+        _run(placement, stats, clock, 0.1, 64, *PARSING)
     assert _run(placement, stats, clock, 0.1, 64, *PARSING) == PROCESS
     placement.moved(PROCESS)
     _run(placement, stats, clock, 0.3, 64, *PARSING)  # settled: the first window starts
-    assert _run(placement, stats, clock, 0.06, 64, *PARSING) is None  # faster than threads: stays
+    for _ in range(4):  # faster than threads: stays (cold, two to measure, one watched)
+        assert _run(placement, stats, clock, 0.06, 64, *PARSING) is None
     # The workload changes: a read costs 400x less (records already in memory), and receiving one
     # from a worker costs twice what reading it here does. Measured times from before no longer count.
     assert _run(placement, stats, clock, 0.06, 64, *CHEAP) is None  # once: could be a blip
