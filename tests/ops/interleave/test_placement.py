@@ -515,3 +515,20 @@ def test_reads_that_get_cheap_on_processes_send_the_readers_back_after_two_windo
     # from a worker costs twice what reading it here does. Measured times from before no longer count.
     assert _run(placement, stats, clock, 0.06, 64, *CHEAP) is None  # once: could be a blip
     assert _run(placement, stats, clock, 0.06, 64, *CHEAP) == THREAD
+
+
+def test_the_costly_windows_after_a_move_keep_what_the_threads_measured(clock):
+    """Readers re-read to where they were after a move: the first windows on processes cost many
+    times a read's CPU. That is not a new workload: the threads' measure stands, and processes
+    measured 3x slower than it send the readers back (the model alone would keep them there)."""
+    placement, stats = ReaderPlacement(2, None), _stats()
+    _run(placement, stats, clock, 0.01, 16, *PARSING)
+    for _ in range(3):
+        _run(placement, stats, clock, 0.1, 64, *PARSING)
+    assert _run(placement, stats, clock, 0.1, 64, *PARSING) == PROCESS
+    placement.moved(PROCESS)
+    _run(placement, stats, clock, 0.3, 64, *PARSING)
+    re_reading = (PARSING[0] * 10, PARSING[1] * 10)
+    verdicts = [_run(placement, stats, clock, 0.5, 64, *re_reading) for _ in range(2)]
+    verdicts += [_run(placement, stats, clock, 0.3, 64, *PARSING) for _ in range(4)]
+    assert THREAD in verdicts
