@@ -1,4 +1,6 @@
 import gc
+import json
+import os
 import threading
 from collections import namedtuple
 
@@ -7,7 +9,14 @@ import torch
 
 import torchpipe as tp
 from torchpipe.ops.collate import collate_in_stage
-from torchpipe.runtime.recycle import RECHECK_EVERY, RecycledStack, batch_row
+from torchpipe.runtime.recycle import (
+    RECHECK_EVERY,
+    RecycledStack,
+    batch_row,
+    delivered,
+    forget_batches_in_fork,
+)
+from torchpipe.testing import forced_call_costs, move_calls, stages
 
 Pair = namedtuple("Pair", "image label")
 
@@ -159,6 +168,112 @@ def test_rows_lent_for_one_tensor_and_returned_as_another_are_not_overwritten():
 
 def big_row(i):
     return {"x": torch.full((256, 1024), float(i)), "i": i}
+
+
+def test_buffers_are_not_kept_while_batches_are_made_elsewhere_even_those_lent_then():
+    memory = RecycledStack(min_bytes=1)
+    first, held = memory(rows(5)), memory(rows(5))
+    del first
+    assert memory.free_bytes == 5 * 3 * 8 * 4
+    assert memory.keep_freed(False) == 5 * 3 * 8 * 4 and memory.free_bytes == 0
+    del held  # lent before: it comes back, and goes
+    assert memory.free_bytes == 0
+    memory.keep_freed(True)
+    again = memory(rows(5))
+    del again
+    assert memory.free_bytes == 5 * 3 * 8 * 4  # kept again
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _in_fork(probe):
+    """``probe()``'s JSON-able result, run in a forked child (that never returns into pytest)."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.write(write, json.dumps(probe()).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as f:
+        result = json.loads(f.read())
+    os.waitpid(pid, 0)
+    return result
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_fork_that_forgets_the_batches_drops_their_pages_and_leaves_the_parents():
+    """The zygote forgets the batches the main process made (kept at the fork, or lent and not
+    yet delivered): its copies of their pages go (it never reads them), and the parent's batches
+    are untouched. A batch delivered to the user stays whole there: user code may read it."""
+    memory = RecycledStack(min_bytes=1)
+    kept, held = memory(rows(64, shape=(256, 1024))), memory(rows(64, shape=(256, 1024)))
+    given = memory(rows(64, shape=(256, 1024), start=1))
+    delivered({"batch": [given], "names": ["a", "b"]})
+    nbytes = 2 * kept.numel() * kept.element_size()
+    del kept  # one kept for reuse, one lent
+
+    def probe():
+        before = _rss_bytes()
+        dropped = forget_batches_in_fork()
+        gone = before - _rss_bytes()
+        # numpy: torch's threads are not forked
+        return [dropped, gone, int(not held.numpy()[1:-1].any()), given.numpy().tolist()]
+
+    dropped, gone, zeros, seen = _in_fork(probe)
+    assert 0.99 * nbytes <= dropped < 1.5 * nbytes and gone >= 0.9 * nbytes and zeros
+    assert seen == torch.stack(rows(64, shape=(256, 1024), start=1)).tolist()
+    assert torch.equal(held, torch.stack(rows(64, shape=(256, 1024))))  # the parent's as made
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_the_batches_a_pipeline_or_dataloader_gives_are_the_users_in_a_later_fork():
+    pipeline = iter(tp.from_dataset(range(64)).map(big_row).batch(8))
+    loader = iter(tp.DataLoader(Mapped(), batch_size=8))
+    batches = [next(pipeline)["x"], next(loader)["x"]]
+    assert all(b.abs().sum() > 0 for b in batches)
+
+    def probe():
+        forget_batches_in_fork()
+        return [float(b.numpy().sum()) for b in batches]
+
+    assert _in_fork(probe) == [float(b.sum()) for b in batches]
+
+
+class Mapped(torch.utils.data.Dataset):
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        return big_row(i + 1)
+
+
+def test_a_batched_map_moved_to_worker_processes_keeps_no_batch_memory_here():
+    """Batches made here (threads, inline) are stacked into buffers kept for the next; once
+    worker processes make them, those buffers, and those of batches still held then, go."""
+    ds = tp.from_dataset(range(400)).map(big_row, tp.AUTOTUNE, executor="auto").batch(8)
+    with forced_call_costs(1e-3, gil_free=1.0, moves=False):  # held where the test moves them
+        it = iter(ds)
+        got = [next(it)]
+    stage = next(s for s in stages(it) if hasattr(s, "kept_bytes"))
+    move_calls(it, "thread", 2)
+    got += [next(it) for _ in range(6)]
+    move_calls(it, "process", 2)
+    del got  # the batches made here come back: not kept
+    assert stage.kept_bytes == 0
+    batches = [next(it) for _ in range(6)]
+    assert stage.kept_bytes == 0
+    move_calls(it, "inline", 0)
+    del batches
+    batches = [next(it) for _ in range(6)]  # the workers' in flight first, then made here
+    del batches
+    assert stage.kept_bytes > 0
+    seqs = [int(b["i"][0]) for b in it]
+    assert seqs == list(range(19 * 8, 400, 8))
 
 
 @pytest.mark.parametrize("executor", [None, "thread"])

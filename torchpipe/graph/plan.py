@@ -29,6 +29,7 @@ from torchpipe.options import Options
 from torchpipe.randomness import fresh_seed
 from torchpipe.runtime import interrupts
 from torchpipe.runtime.heap import hold_free
+from torchpipe.runtime.recycle import delivered
 from torchpipe.runtime.sizes import heap_bytes
 from torchpipe.storage.fingerprint import describe_ops, ops_of
 
@@ -279,6 +280,7 @@ class PipelineIterator:
             tuner.tick()  # the first element starts the tuner's first window; its thread, the first round
         if self._first:
             self._at_first(element)
+        delivered(element)
         clock.leave()
         if waits is not None:
             waits.span(t0, time.perf_counter())

@@ -21,11 +21,10 @@ from torchpipe.loader.memory import (
     workers_within,
 )
 from torchpipe.runtime.dispatch import Dispatcher
-from torchpipe.runtime.heap import trim_heap
 from torchpipe.runtime.knob import LiveKnob
 from torchpipe.runtime.placement.auto_stage import AutoStage
 from torchpipe.runtime.placement.placement import Placement
-from torchpipe.runtime.placement.policy import PROCESS, THREAD
+from torchpipe.runtime.placement.policy import THREAD
 from torchpipe.runtime.processes.pool import ProcessPool
 from torchpipe.runtime.recycle import RecycledStack
 
@@ -41,7 +40,6 @@ class BudgetedWorkers:
     _recycled: RecycledStack | None
     _executors: AutoStage | None
     _dispatch: Dispatcher
-    _parked_released: bool
     _num_workers: int
     _tp_state: Any
     _stage: WeakStage
@@ -76,24 +74,18 @@ class BudgetedWorkers:
             self._memory.shed(f"workers past {fit}: past the budget at their predicted peak")
 
     def _moved(self, kind: str, workers: int) -> None:
-        """After a move: only the place that makes the batches now keeps memory for the next. To
-        the workers, what this process kept to make them goes; away from them, the workers parked
-        for a trial elsewhere give their slots' pages back as their batches are taken (else their
-        rings and this process's batches peak together), and keep them again on the way back
-        unless a budget released them."""
+        """After a move: the worker count later epochs start with. (What this process keeps to
+        make batches, and the parked workers' slots, are the
+        :class:`~torchpipe.runtime.placement.auto_stage.AutoStage`'s: kept only while the batches
+        are made here, and given back while a trial runs elsewhere unless :meth:`_pages_back`
+        says the budget released them.)"""
         self._tp_state.tuned_workers = workers
         self._num_workers = workers
-        pool, memory = self._pool, self._memory
-        if kind == PROCESS:
-            if self._recycled is not None:
-                self._recycled.drop_free()
-                trim_heap()
-            if self._parked_released and memory.slot_pages != "released":
-                pool.set_slot_pages(True)
-            self._parked_released = False
-        elif pool.size and pool.slot_pages:
-            pool.set_slot_pages(False)
-            self._parked_released = True
+
+    def _pages_back(self) -> bool:
+        """Whether the parked workers' slots may keep their pages again (not where a budget
+        released them)."""
+        return self._memory.slot_pages != "released"
 
     def _keep_to_budget(self, memory: LoaderMemory) -> None:
         """Past the memory budget: first the ring slots give their pages back once their batch is

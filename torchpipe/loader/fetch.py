@@ -31,7 +31,7 @@ from torchpipe.randomness import (
 )
 from torchpipe.runtime.codec import StackedTensor, stackable
 from torchpipe.runtime.heap import hold_free
-from torchpipe.runtime.recycle import MIN_BYTES, RecycledStack
+from torchpipe.runtime.recycle import MIN_BYTES, RecycledStack, delivered
 from torchpipe.runtime.sizes import heap_bytes
 
 DataLoader = torch.utils.data.DataLoader
@@ -155,6 +155,7 @@ class LoaderNext:
         if not self._heap_held:
             self._heap_held = True
             hold_free(heap_bytes(data))
+        delivered(data)
         return data
 
 

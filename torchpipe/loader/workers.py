@@ -106,7 +106,6 @@ class WorkerIterator(
         self._stage = WeakStage(STAGE, POOL, self)
         self._executors: AutoStage | None = None  # "auto": where batches are made, and the moves
         self._recycled: RecycledStack | None = None  # "auto": the memory of batches made here
-        self._parked_released = False  # "auto": the parked workers' slots gave their pages back
         self._placement: Placement | None = None
         self._knob: LiveKnob | None = None
         # Batch k goes to worker (or replica) k % n: a replica's batches must, and fixed workers
@@ -241,6 +240,8 @@ class WorkerIterator(
             learned=state.learned,
             stall_s=DEFAULT_STALL_TIMEOUT_S,
             on_move=self._moved,
+            pages_back=self._pages_back,
+            memory=memory,
         )
         self._dispatch, self._placement = self._executors.dispatcher, self._executors.placement
         self._knob = self._executors.add_knob(0, 0, most, apply=weakly(self.resize))

@@ -191,8 +191,10 @@ class MapNode(Node):
         ctx: BuildContext,
         source: Iterator,
         make_task: Callable[[UserFunction, bool], Any],
+        memory: RecycledStack | None = None,
     ) -> ParallelMapIterator:
-        """A parallel stage running ``make_task(fn, in_process)`` per input; ``ctx`` is this node's."""
+        """A parallel stage running ``make_task(fn, in_process)`` per input; ``ctx`` is this
+        node's; ``memory``: where the tasks made in this process stack their batches."""
         parallelism = (
             usable_cpu_count() if self.num_parallel_calls == AUTOTUNE else self.num_parallel_calls
         )
@@ -217,6 +219,7 @@ class MapNode(Node):
             learned=ctx.learned(),
             stall_s=ctx.options.stall_timeout,
             reproducible_globals=ctx.seeded,
+            memory=memory,
         )
 
 
@@ -324,7 +327,7 @@ class MapBatchNode(Node):
                 fn, fetch, combiners[in_process], size, None if in_process else memory
             )
 
-        return map_node.parallel_iterator(name, map_ctx, chunks, make_task)
+        return map_node.parallel_iterator(name, map_ctx, chunks, make_task, memory)
 
 
 class MapBatchTask:

@@ -35,6 +35,7 @@ from torchpipe.runtime.placement.policy import (
     Policy,
 )
 from torchpipe.runtime.processes.pool import ProcessPool, process_executor_supported
+from torchpipe.runtime.recycle import RecycledStack
 from torchpipe.runtime.timing import CallTiming
 
 AUTO = "auto"
@@ -82,6 +83,8 @@ class ParallelMapIterator(Iterator, Tunable):
         reproducible_globals: calls must draw the same numbers from the global RNGs on every run
             (the pipeline has a seed): threads, which share those RNGs, are then a candidate only
             for calls that do not draw from them.
+        memory: where the calls made in this process (inline, threads) stack their batches: it
+            keeps freed batches' buffers only while they run here.
     """
 
     tuning_role = POOL
@@ -100,8 +103,10 @@ class ParallelMapIterator(Iterator, Tunable):
         learned: dict[str, Any] | None = None,
         stall_s: float | None = None,
         reproducible_globals: bool = False,
+        memory: RecycledStack | None = None,
     ) -> None:
         super().__init__(name, source)
+        self._memory = memory
         self._learned = learned if learned is not None else {}
         self.stats.calls = CallTiming()
         self._log = PositionLog(source)
@@ -151,6 +156,7 @@ class ParallelMapIterator(Iterator, Tunable):
             learned=self._learned,
             stall_s=stall_s,
             on_move=self._moved,
+            memory=self._memory,
         )
 
     def _add_knob(self) -> LiveKnob:
@@ -188,6 +194,12 @@ class ParallelMapIterator(Iterator, Tunable):
             cores=cores,
         )
         return Policy(candidates, cores)
+
+    @property
+    def kept_bytes(self) -> int:
+        """Bytes this process keeps to stack the next batches made here in (0 where none are, or
+        once the calls went to worker processes): a seam for tests, as the DataLoader's."""
+        return self._memory.free_bytes if self._memory is not None else 0
 
     @property
     def executor_kind(self) -> str:

@@ -377,8 +377,7 @@ class PrefetchIterator(Iterator, Tunable):
             self._knob = LiveKnob(
                 f"{name}.buffer_size", depth, 1, MAX_DEPTH, True, self._set_depth, immediate=True
             )
-            # with its windows
-            # inline first: the plain loop, until the consumer's own time says a thread may pay
+            # with its windows; inline first, as the plain loop, until a thread measures faster
             self._choice = self._learned.setdefault("choice", OverlapChoice(INLINE))
             self._choice.new_pass()
             self._below = _stages_below(source)

@@ -24,6 +24,8 @@ row of the batch this thread is building (from the second element on), to write 
 
 from __future__ import annotations
 
+import ctypes
+import os
 import threading
 import weakref
 from collections import defaultdict
@@ -49,6 +51,82 @@ flatten of the element and a call per element: 10 us a batch of dict rows), but 
 
 
 _building = threading.local()  # the BatchRows this thread is filling, for batch_row
+_MADV_DONTNEED = 4  # Linux's madvise advice: drop these pages (private ones read as zeros after)
+
+
+class _Buffer(bytearray):
+    """A batch's memory: a bytearray that can be weakly referenced (:data:`_BUFFERS`);
+    ``delivered`` while the batch lent in it is the user's (:func:`delivered`)."""
+
+    __slots__ = ("__weakref__", "delivered")
+
+    delivered: bool
+
+
+_BUFFERS: dict[int, weakref.ref[_Buffer]] = {}
+"""Every buffer a :class:`RecycledStack` has made that is alive (lent, or kept for reuse), by the
+address of its memory (a bytearray compares by content: a set would take two zeroed buffers for
+one), which is where a batch stacked in it starts."""
+
+_SCALARS = (str, bytes, int, float, bool)
+
+
+def _register(buffer: _Buffer) -> None:
+    # gone from the dict when the buffer is (before its memory can be reused)
+    key = np.frombuffer(buffer, np.uint8).ctypes.data
+    _BUFFERS[key] = weakref.ref(buffer, lambda _: _BUFFERS.pop(key, None))
+
+
+def delivered(element: Any) -> None:
+    """``element`` goes to the user now: the batches stacked in buffers of ours that it holds are
+    the user's, whose code may keep them and read them in a process forked later (a zygote
+    keeps their pages; :func:`forget_batches_in_fork`). Called by the pipeline's and the
+    DataLoader's ``__next__``; looks only where tensors may be (lists of strings or numbers are
+    skipped at their first item)."""
+    if not _BUFFERS:
+        return
+    stack = [element]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, torch.Tensor):
+            ref = _BUFFERS.get(x.untyped_storage().data_ptr()) if x.device.type == "cpu" else None
+            buffer = ref() if ref is not None else None
+            if buffer is not None:
+                buffer.delivered = True
+        elif isinstance(x, dict):
+            stack.extend(x.values())
+        elif isinstance(x, (list, tuple)) and x and not isinstance(x[0], _SCALARS):
+            stack.extend(x)
+
+
+def forget_batches_in_fork() -> int:
+    """In a process just forked to fork workers (the zygote), let go of the pages of the batches
+    the parent stacked: the child never reads them, and the copies it would keep of them (a
+    parent's batches alive at the fork: the first calls' results, measured here and waiting to
+    be delivered) would be the child's alone once the parent frees them, and each worker's
+    share of them besides. Batches delivered to the user are left alone (user code forked with
+    them may read them), as are buffers too small to hold a whole page. Only whole pages inside
+    each buffer are dropped (its allocator's headers stay); a buffer read after this reads zeros,
+    and one lent again is written whole first. Returns the bytes dropped; 0 where ``madvise``
+    cannot be called.
+    """
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        page = os.sysconf("SC_PAGE_SIZE")
+    except (OSError, AttributeError, ValueError):
+        return 0
+    dropped = 0
+    for ref in list(_BUFFERS.values()):
+        buffer = ref()
+        if buffer is None or buffer.delivered:
+            continue
+        start = np.frombuffer(buffer, np.uint8).ctypes.data
+        first, end = -(-start // page) * page, (start + len(buffer)) // page * page
+        if end > first and not libc.madvise(
+            ctypes.c_void_p(first), ctypes.c_size_t(end - first), _MADV_DONTNEED
+        ):
+            dropped += end - first
+    return dropped
 
 
 def batch_row(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor | None:
@@ -80,7 +158,8 @@ class RecycledStack:
         self._min_bytes = min_bytes
         self.place_bytes = place_bytes
         self._keep = keep
-        self._free: dict[int, list[bytearray]] = defaultdict(list)
+        self._kept = True  # whether buffers that come back are kept (keep_freed)
+        self._free: dict[int, list[_Buffer]] = defaultdict(list)
         # a buffer given back in a forked worker finds the pool unlocked
         self._lock = ForkSafeLock()
         self._local = threading.local()  # the batch this thread is placing rows of
@@ -131,24 +210,33 @@ class RecycledStack:
             owner = free.pop() if free else None
             self.reused += owner is not None
         if owner is None:
-            owner = bytearray(nbytes)
+            owner = _Buffer(nbytes)
+            _register(owner)
+        owner.delivered = False
         # np.frombuffer's array is the base that every view of the batch keeps alive (numpy
         # stops collapsing bases at a non-array), so its finalizer runs only when all are gone.
         lent = np.frombuffer(owner, np.uint8)
         weakref.finalize(lent, self._give_back, owner)
         return lent
 
-    def _give_back(self, owner: bytearray) -> None:
+    def _give_back(self, owner: _Buffer) -> None:
         with self._lock:
             free = self._free[len(owner)]
-            if len(free) < self._keep:
+            if self._kept and len(free) < self._keep:
                 free.append(owner)
 
-    def drop_free(self) -> None:
-        """Let the kept free buffers go (where this process stops making batches: they would be
-        held for nothing). Buffers lent now come back and are kept as before."""
+    def keep_freed(self, keep: bool) -> int:
+        """Whether buffers that come back are kept for the next batches. False where this
+        process stops making batches (its calls went to worker processes): the free buffers go
+        now, and those still lent (batches a buffer or the loop holds) when they come back, not
+        to be kept alongside the workers' memory. Returns the bytes let go now."""
         with self._lock:
+            self._kept = keep
+            if keep:
+                return 0
+            dropped = sum(size * len(free) for size, free in self._free.items())
             self._free.clear()
+            return dropped
 
     @property
     def free_bytes(self) -> int:

@@ -1,10 +1,12 @@
 """The one builder of an auto stage: its executors of each kind, their moves, retiring and the knob."""
 
 import pytest
+import torch
 
 from torchpipe.runtime.executor import ThreadExecutor
 from torchpipe.runtime.placement.auto_stage import AutoStage, StageCalls, pass_candidates
 from torchpipe.runtime.placement.policy import INLINE, KINDS, PROCESS, THREAD, CallCosts, Policy
+from torchpipe.runtime.recycle import RecycledStack
 from torchpipe.runtime.timing import CallTiming
 
 
@@ -15,6 +17,12 @@ class _Pool(ThreadExecutor):
         super().__init__(lambda seq, x: (PROCESS, x), 1, "pool")
         self.sizes = []
         self.closed = False
+        self.slot_pages = True
+        self.told = []  # every set_slot_pages, in order
+
+    def set_slot_pages(self, keep):
+        self.slot_pages = keep
+        self.told.append(keep)
 
     def resize(self, size):
         self.sizes.append(size)
@@ -25,7 +33,7 @@ class _Pool(ThreadExecutor):
         super().close()
 
 
-def _stage(policy=None, moves=None):
+def _stage(policy=None, moves=None, pages_back=None):
     pool = _Pool()
 
     def processes(workers):
@@ -34,7 +42,9 @@ def _stage(policy=None, moves=None):
 
     calls = StageCalls(lambda seq, x: (INLINE, x), lambda seq, x: (THREAD, x), processes=processes)
     on_move = (lambda kind, n: moves.append((kind, n))) if moves is not None else None
-    stage = AutoStage("map(f)", calls, CallTiming(), policy, stall_s=10.0, on_move=on_move)
+    stage = AutoStage(
+        "map(f)", calls, CallTiming(), policy, stall_s=10.0, on_move=on_move, pages_back=pages_back
+    )
     return stage, pool
 
 
@@ -90,6 +100,89 @@ def test_calls_that_come_back_to_the_parked_pool_after_a_window_elsewhere_find_i
     assert pool.sizes == [2, 2] and not pool.closed  # never resized to 0: nothing forked again
     stage.settled()  # a window on processes: nothing parked, nothing to let go
     assert pool.sizes == [2, 2]
+    stage.dispatcher.close()
+
+
+@pytest.mark.parametrize("trial", [THREAD, INLINE])
+def test_the_parked_pools_slots_give_their_pages_back_while_a_trial_runs_elsewhere(trial):
+    """A trial's results would otherwise peak with the parked rings' pages: they are released
+    while the calls run elsewhere, and kept again when the calls come back."""
+    stage, pool = _stage()
+    stage.placement.move(PROCESS, 2)
+    _run(stage, 0, 4)
+    assert pool.slot_pages and pool.told == []
+    stage.placement.move(trial, 0 if trial == INLINE else 2)
+    assert not pool.slot_pages  # before the trial's first task
+    _run(stage, 4, 4)
+    stage.placement.move(INLINE if trial == THREAD else THREAD, 2)  # still away: told once
+    assert pool.told == [False]
+    stage.placement.move(PROCESS, 2)
+    assert pool.slot_pages and pool.told == [False, True]
+    assert [value[0] for _, value, _ in _run(stage, 8, 4)] == [PROCESS] * 4
+    stage.dispatcher.close()
+
+
+def test_slots_a_budget_released_stay_released_when_the_calls_come_back():
+    budget_released = []
+    stage, pool = _stage(pages_back=lambda: not budget_released)
+    stage.placement.move(PROCESS, 2)
+    stage.placement.move(THREAD, 2)
+    budget_released.append(True)
+    stage.placement.move(PROCESS, 2)
+    assert not pool.slot_pages and pool.told == [False]
+    stage.placement.move(THREAD, 2)  # released already: nothing to tell, nothing to restore
+    stage.placement.move(PROCESS, 2)
+    assert pool.told == [False]
+    stage.dispatcher.close()
+
+
+def test_the_heap_is_given_back_when_threads_are_left_or_the_calls_leave_this_process(monkeypatch):
+    """Threads' arenas and the inline calls' freed elements are trimmed once nothing here makes
+    the results any more; not on a move from inline to threads (the calls still run here)."""
+    import torchpipe.runtime.placement.auto_stage as auto_stage
+
+    trims = []
+    monkeypatch.setattr(auto_stage, "trim_heap", lambda: trims.append(stage.kind))
+    stage, _ = _stage()
+    _run(stage, 0, 2)
+    stage.placement.move(THREAD, 2)  # inline -> threads: the main thread still calls
+    _run(stage, 2, 2)
+    assert trims == []
+    stage.placement.move(INLINE, 0)  # threads left: their arenas
+    assert len(trims) == 1
+    stage.placement.move(PROCESS, 2)  # inline -> processes: the main heap
+    assert len(trims) == 2
+    _run(stage, 4, 2)
+    stage.placement.move(THREAD, 2)  # the process pool is parked, not closed: no trim
+    assert len(trims) == 2
+    stage.settled()  # a window later the results in flight then were delivered: once more
+    stage.settled()
+    assert len(trims) == 3
+    stage.dispatcher.close()
+
+
+def test_batch_memory_kept_here_goes_before_the_process_pool_is_made_and_returns_after():
+    """A zygote forked while the buffers are kept would copy them: they go first."""
+    memory = RecycledStack(min_bytes=1)
+    batch = memory([torch.zeros(1024)] * 4)
+    del batch
+    kept_then = []
+    pool = _Pool()
+
+    def processes(workers):
+        kept_then.append(memory.free_bytes)
+        pool.resize(workers)
+        return pool
+
+    calls = StageCalls(lambda seq, x: x, lambda seq, x: x, processes=processes)
+    stage = AutoStage("map(f)", calls, CallTiming(), None, memory=memory)
+    assert memory.free_bytes == 4 * 4096
+    stage.placement.move(PROCESS, 2)
+    assert kept_then == [0]
+    stage.placement.move(THREAD, 2)  # made here again: kept again
+    batch = memory([torch.zeros(1024)] * 4)
+    del batch
+    assert memory.free_bytes == 4 * 4096
     stage.dispatcher.close()
 
 

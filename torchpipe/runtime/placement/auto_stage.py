@@ -21,6 +21,7 @@ from typing import Any, cast
 
 from torchpipe.runtime.dispatch import Dispatcher
 from torchpipe.runtime.executor import Executor, InlineExecutor, ThreadExecutor
+from torchpipe.runtime.heap import trim_heap
 from torchpipe.runtime.knob import LiveKnob
 from torchpipe.runtime.placement.placement import Placement
 from torchpipe.runtime.placement.policy import (
@@ -32,6 +33,7 @@ from torchpipe.runtime.placement.policy import (
     Policy,
     may_pay,
 )
+from torchpipe.runtime.recycle import RecycledStack
 from torchpipe.runtime.timing import CallTiming
 
 Handler = Callable[[int, Any], Any]
@@ -94,6 +96,10 @@ class AutoStage:
         learned: what the stage's passes learned (the placement's windows go on from it).
         stall_s: the dispatcher's stall limit (``Options.stall_timeout``).
         on_move: called with ``(kind, workers)`` after every move, once the knob follows it.
+        pages_back: whether the parked pool's slots may keep their pages again when the calls
+            come back to it (default: always; a loader's RAM budget may have released them).
+        memory: where the calls made in this process stack their batches: it keeps the buffers
+            of freed batches only while the calls run here.
     """
 
     def __init__(
@@ -106,8 +112,11 @@ class AutoStage:
         learned: dict[str, Any] | None = None,
         stall_s: float | None = None,
         on_move: Callable[[str, int], None] | None = None,
+        pages_back: Callable[[], bool] | None = None,
+        memory: RecycledStack | None = None,
     ) -> None:
         self.name = name
+        self._memory = memory
         self.policy = policy
         self.knob: LiveKnob | None = None
         self._calls = calls
@@ -117,6 +126,10 @@ class AutoStage:
         self._processes: Executor | None = None
         # the parked pool keeps its workers until a window away from it is judged
         self._warm = False
+        self._pages_back = pages_back
+        # the parked pool's slots gave their pages back when the calls left it (_park_pages)
+        self._parked_released = False
+        self._trim_when_settled = False  # retire() gave heap back while results were in flight
         self.dispatcher = Dispatcher(name, self.make(INLINE, 0), stall_s)
         self.placement = Placement(
             self.dispatcher,
@@ -211,12 +224,15 @@ class AutoStage:
             ValueError: for a kind the stage has no executor of.
         """
         if kind == INLINE:
+            self._keep_memory(True)
             return InlineExecutor(self._calls.inline, self._timing)
         if kind == THREAD:
+            self._keep_memory(True)
             return ThreadExecutor(self._calls.thread, workers, self.name, self._timing)
         pool = {PROCESS: self._calls.processes, RAY: self._calls.ray}.get(kind)
         if pool is None:
             raise ValueError(f"{self.name}: no {kind!r} executor for this stage's calls")
+        self._keep_memory(False)  # before a zygote is forked: it would copy what is kept
         executor = pool(workers)
         if kind == PROCESS:
             self._processes, self._warm = executor, False
@@ -225,20 +241,56 @@ class AutoStage:
     def retire(self, executor: Executor) -> None:
         """What becomes of an executor the calls left, once its tasks are done: the process pool
         is parked with its workers up, so that calls coming back after a window elsewhere (the
-        policy trying threads) fork nothing; any other is closed."""
+        policy trying threads) fork nothing; any other is closed. Threads left, or calls gone
+        out of this process, leave heap behind that nothing here reuses (the threads' arenas,
+        the inline calls' freed elements): it is given back to the system (``malloc_trim``),
+        so that it does not peak with the memory of the executor the calls went to."""
         if executor is self._processes:
             self._warm = True
-        else:
-            executor.close()
+            return
+        executor.close()
+        now = self.dispatcher.executor
+        here = now is not self._processes and isinstance(now, (InlineExecutor, ThreadExecutor))
+        if isinstance(executor, ThreadExecutor) or not here:
+            trim_heap()
+            # the results made there that were in flight are freed once delivered: again then
+            self._trim_when_settled = True
 
     def settled(self) -> None:
-        """A window away from the parked pool kept the calls where they are: its workers go (its
-        zygote is kept to come back to)."""
+        """A window kept the calls where they are: the heap the executor left gave back again
+        (its last results were delivered since, and freed), and, away from the parked pool, its
+        workers go (its zygote is kept to come back to)."""
+        if self._trim_when_settled:
+            self._trim_when_settled = False
+            trim_heap()
         if self._warm and self._processes is not None and self.placement.kind != PROCESS:
             self._warm = False
             self._processes.resize(0)
 
+    def _keep_memory(self, keep: bool) -> None:
+        """Whether the buffers of batches made here are kept for the next ones (only while the
+        calls run here: else they go, and the heap they leave is given back)."""
+        if self._memory is not None and self._memory.keep_freed(keep):
+            trim_heap()
+
+    def _park_pages(self, kind: str) -> None:
+        """Away from the process pool, its parked workers' slots give their pages back as their
+        results are released (and the workers their free heap): a trial elsewhere would
+        otherwise hold its own results on top of the parked rings'. Back on the pool, the slots
+        keep their pages again (no page faults a result), unless ``pages_back`` says no."""
+        pool: Any = self._processes  # a ProcessPool, or Ray's actors (no rings)
+        if pool is None or not hasattr(pool, "set_slot_pages"):  # Ray actors hold no rings
+            return
+        if kind == PROCESS:
+            if self._parked_released and (self._pages_back is None or self._pages_back()):
+                pool.set_slot_pages(True)
+            self._parked_released = False
+        elif not self._parked_released and pool.slot_pages:
+            pool.set_slot_pages(False)
+            self._parked_released = True
+
     def _moved(self, kind: str, workers: int) -> None:
+        self._park_pages(kind)
         if self.knob is not None:
             self.knob.moved(workers)
         if self._on_move is not None:

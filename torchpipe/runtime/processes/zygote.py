@@ -30,6 +30,7 @@ import traceback
 from collections.abc import Callable
 
 from torchpipe.runtime.processes.channel import Channel, ChannelClosed, DescriptorsLost
+from torchpipe.runtime.recycle import forget_batches_in_fork
 
 _POLL_S = 0.2
 _PR_SET_PDEATHSIG = 1
@@ -201,6 +202,7 @@ def _zygote_main(
     # (to save a checkpoint) would be inherited and make them ignore SIGTERM; a worker sent it
     # on its own must die and be replaced like any dead worker.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    forget_batches_in_fork()  # the main process's batches: never read here, nor by the workers
     zygote = os.getpid()
     while os.getppid() == parent:
         _report_exits(control)
