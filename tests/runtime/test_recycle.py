@@ -213,7 +213,8 @@ def test_a_fork_that_forgets_the_batches_drops_their_pages_and_leaves_the_parent
     memory = RecycledStack(min_bytes=1)
     kept, held = memory(rows(64, shape=(256, 1024))), memory(rows(64, shape=(256, 1024)))
     given = memory(rows(64, shape=(256, 1024), start=1))
-    delivered({"batch": [given], "names": ["a", "b"]})
+    odd = [torch.eye(3).to_sparse(), torch.zeros(2, device="meta"), torch.zeros(4)[::2]]
+    delivered({"batch": [given], "names": ["a", "b"], "odd": odd})  # others are passed over
     nbytes = 2 * kept.numel() * kept.element_size()
     del kept  # one kept for reuse, one lent
 

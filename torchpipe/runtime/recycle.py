@@ -89,7 +89,10 @@ def delivered(element: Any) -> None:
     while stack:
         x = stack.pop()
         if isinstance(x, torch.Tensor):
-            ref = _BUFFERS.get(x.untyped_storage().data_ptr()) if x.device.type == "cpu" else None
+            # a batch of ours is a plain strided CPU tensor (sparse ones have no storage)
+            if x.layout is not torch.strided or not x.is_cpu or x.is_quantized or x.is_nested:
+                continue
+            ref = _BUFFERS.get(x.untyped_storage().data_ptr())
             buffer = ref() if ref is not None else None
             if buffer is not None:
                 buffer.delivered = True
