@@ -359,6 +359,8 @@ def test_the_executor_policy_decides_the_handover(cpu_share, moves):
     # 64 reads of 200 us each in 0.1 s: Python parsing (GIL held, two cores to spread it on) or
     # waiting; this thread's own time: 2 us an element.
     window = Window(0.1, 64, 64, 64 * 200e-6, 64 * 200e-6 * cpu_share, 64 * 2e-6)
+    # the first window is cold, the next measures: no verdict before the threads were measured
+    assert placement.verdict(window) is None and placement.verdict(window) is None
     assert placement.verdict(window) == (PROCESS if moves and usable_cpu_count() > 1 else THREAD)
 
 
@@ -492,6 +494,9 @@ def test_a_busy_moment_moves_nothing(clock):
 def test_readers_the_first_verdict_keeps_on_threads_stay_there(clock):
     placement, stats = ReaderPlacement(2, None), _stats()
     _run(placement, stats, clock, 0.01, 16, *WAITING)
+    for _ in range(2):  # the cold window, then the threads' measure
+        assert _run(placement, stats, clock, 0.1, 64, *WAITING) is None and placement.deciding
+        assert not placement.settled
     assert _run(placement, stats, clock, 0.1, 64, *WAITING) is None and not placement.settled
     assert _run(placement, stats, clock, 0.1, 64, *WAITING) is None and placement.settled
 
@@ -499,12 +504,31 @@ def test_readers_the_first_verdict_keeps_on_threads_stay_there(clock):
 def test_reads_that_get_cheap_on_processes_send_the_readers_back_after_two_windows(clock):
     placement, stats = ReaderPlacement(2, None), _stats()
     _run(placement, stats, clock, 0.01, 16, *PARSING)
-    _run(placement, stats, clock, 0.1, 64, *PARSING)
+    for _ in range(3):
+        _run(placement, stats, clock, 0.1, 64, *PARSING)
     assert _run(placement, stats, clock, 0.1, 64, *PARSING) == PROCESS
     placement.moved(PROCESS)
     _run(placement, stats, clock, 0.3, 64, *PARSING)  # settled: the first window starts
-    assert _run(placement, stats, clock, 0.06, 64, *PARSING) is None  # faster than threads: stays
+    for _ in range(4):  # faster than threads: stays (cold, two to measure, one watched)
+        assert _run(placement, stats, clock, 0.06, 64, *PARSING) is None
     # The workload changes: a read costs 400x less (records already in memory), and receiving one
     # from a worker costs twice what reading it here does. Measured times from before no longer count.
     assert _run(placement, stats, clock, 0.06, 64, *CHEAP) is None  # once: could be a blip
     assert _run(placement, stats, clock, 0.06, 64, *CHEAP) == THREAD
+
+
+def test_the_costly_windows_after_a_move_keep_what_the_threads_measured(clock):
+    """Readers re-read to where they were after a move: the first windows on processes cost many
+    times a read's CPU. That is not a new workload: the threads' measure stands, and processes
+    measured 3x slower than it send the readers back (the model alone would keep them there)."""
+    placement, stats = ReaderPlacement(2, None), _stats()
+    _run(placement, stats, clock, 0.01, 16, *PARSING)
+    for _ in range(3):
+        _run(placement, stats, clock, 0.1, 64, *PARSING)
+    assert _run(placement, stats, clock, 0.1, 64, *PARSING) == PROCESS
+    placement.moved(PROCESS)
+    _run(placement, stats, clock, 0.3, 64, *PARSING)
+    re_reading = (PARSING[0] * 10, PARSING[1] * 10)
+    verdicts = [_run(placement, stats, clock, 0.5, 64, *re_reading) for _ in range(2)]
+    verdicts += [_run(placement, stats, clock, 0.3, 64, *PARSING) for _ in range(4)]
+    assert THREAD in verdicts

@@ -160,15 +160,20 @@ class ReaderPlacement:
         window = Window.between(done[0], done[1])
         if window.elements <= 0:
             return None
-        if not self.deciding and self._driver.changed(window.cpu_s / window.reads):
+        # a pool's cost is watched for a change once it was measured: the windows right after a
+        # move (readers re-read to where they were, workers start) are not a new workload
+        measured = self.kind in self._measures()
+        if not self.deciding and measured and self._driver.changed(window.cpu_s / window.reads):
             return self._rebase(window)
-        return self._agreed(self.verdict(window))
+        verdict = self.verdict(window)
+        return None if verdict is None else self._agreed(verdict)
 
-    def verdict(self, window: Window) -> str:
+    def verdict(self, window: Window) -> str | None:
         """The pool the policy chooses after ``window``: measured against measured once both
         pools were measured, predicted against predicted until then; either way the other pool
-        must be ``READERS_MARGIN`` faster. A pool's measure is the lower median of its last
-        windows but the first (readers start, read-ahead fills), and needs two of them: one
+        must be ``READERS_MARGIN`` faster; None until the pool the readers read in was measured
+        (no pool is left on the model's word alone). A pool's measure is the lower median of
+        its last windows but the first (readers start, read-ahead fills), and needs two of them: one
         window slowed by something else (a busy core, a collection) moves nothing."""
         self.costs = self._costs(window)
         if window.cpu_s > 0:
@@ -178,15 +183,21 @@ class ReaderPlacement:
                 window.per_element
             )
         self._cold = False
+        if self.kind not in self._measures():
+            return None  # no pool is left before it was measured: its windows are what it did
         return self._choose()
 
-    def _choose(self) -> str:
-        assert self.costs is not None  # set by verdict()
-        measured = {
+    def _measures(self) -> dict[str, float]:
+        """Each pool's measure: the lower median of its last windows, once it has enough."""
+        return {
             kind: statistics.median_low(times)
             for kind, times in self._measured.items()
             if len(times) >= _WINDOWS_NEEDED
         }
+
+    def _choose(self) -> str:
+        assert self.costs is not None  # set by verdict()
+        measured = self._measures()
         return choose(
             self.costs,
             self._cores,
@@ -237,7 +248,15 @@ class ReaderPlacement:
                 if self.costs.call_s > 0
                 else 1.0
             )
-            return dataclasses.replace(self.costs, call_s=cpu / share, cpu_s=cpu)
+            # what taking the workers' elements costs this thread, as measured there
+            handoff = window.own_s / window.elements
+            return dataclasses.replace(
+                self.costs,
+                call_s=cpu / share,
+                cpu_s=cpu,
+                handoff_s=handoff,
+                message_s=max(RECEIVE_S, handoff),
+            )
         busy = min(window.cpu_s / window.seconds, _BUSIEST) if window.seconds > 0 else _BUSIEST
         alone = max(cpu, window.work_s / window.reads - cpu * busy / (1.0 - busy))
         handoff = window.own_s / window.elements
