@@ -188,6 +188,7 @@ class _ChunkReader(Reader):
         "id",
         "ready",
         "taken_state",
+        "taken_after",
         "read_state",
         "read",
         "last_chunk",
@@ -206,7 +207,10 @@ class _ChunkReader(Reader):
         super().__init__(element, seq, error)
         self.id = next(_READER_IDS)
         self.ready: deque[Item] = deque()
-        self.taken_state = inner  # inner state after the last item the consumer took
+        # the consumer's position: ``taken_after`` items after the inner state ``taken_state``
+        # (an item within a chunk carries no state of its own; its position is made when asked)
+        self.taken_state = inner
+        self.taken_after = 0
         # inner state after the last item read (where the next chunk starts)
         self.read_state = inner
         self.read = 0  # items read (where a worker that kept the inner iterator open stands)
@@ -238,21 +242,47 @@ class _ChunkReader(Reader):
         assert items is not None  # no error: the chunk came
         self.read += len(items)
         self.last_chunk = len(items)
-        start = self.read_state  # where the chunk was read from: its items stand after it
-        for k, (kind, payload, state) in enumerate(items, 1):
-            if kind == END:
-                self.ready.append((kind, payload, state))
-                self.done = True
-                continue
-            self.read_state = items_after(start, k) if state is None else state
-            self.ready.append((kind, payload, self.read_state))
+        self.ready.extend(items)
+        values = len(items) - (bool(items) and items[-1][0] == END)
+        if values < len(items):
+            self.done = True
+        if values:  # the chunk's last value carries the state after it (read_ahead: each does)
+            state = items[values - 1][2]
+            self.read_state = items_after(self.read_state, values) if state is None else state
+
+    def take(self) -> Item:
+        """The next ready item, the consumer's position moved past a value or an error."""
+        item = self.ready.popleft()
+        kind, _, state = item
+        if kind in (VALUE, ERROR):
+            if state is None:
+                self.taken_after += 1
+            else:
+                self.taken_state, self.taken_after = state, 0
+        return item
+
+    def position(self) -> dict[str, Any] | None:
+        """The inner position after the last item the consumer took."""
+        if self.taken_after:
+            return items_after(self.taken_state, self.taken_after)
+        return self.taken_state
 
     def read_ahead(self) -> tuple[Item, ...]:
         """What was read and not taken; nothing while a chunk is out or if opening failed: the
         successor reads again from the items taken."""
         if self.pending is not None or any(kind == FAILED for kind, _, _ in self.ready):
             return ()
-        return tuple(self.ready)
+        items, base, after = [], self.taken_state, self.taken_after
+        for kind, payload, state in self.ready:  # each item with its position, as carried
+            if kind == END:
+                items.append((kind, payload, state))
+                continue
+            if state is None:
+                after += 1
+            else:
+                base, after = state, 0
+            items.append((kind, payload, items_after(base, after) if after else base))
+        return tuple(items)
 
 
 class ProcessReaders(ReaderPool[_ChunkReader]):
@@ -394,9 +424,8 @@ class ProcessReaders(ReaderPool[_ChunkReader]):
             t0 = time.perf_counter()
             self._receive(_WAIT_S)
             self.stats.wait_s += time.perf_counter() - t0
-        kind, payload, state = reader.ready.popleft()
+        kind, payload, _ = reader.take()
         if kind in (VALUE, ERROR):
-            reader.taken_state = state
             self.read(reader)
         self._taken += 1
         if self._taken % _COLLECT_EVERY == 0:  # readers not being taken from read on meanwhile
@@ -408,7 +437,7 @@ class ProcessReaders(ReaderPool[_ChunkReader]):
             self._receive(_WAIT_S)
 
     def inner_state(self, reader: _ChunkReader) -> dict[str, Any] | None:
-        return reader.taken_state
+        return reader.position()
 
     def close(self, reader: _ChunkReader) -> None:
         reader.done = True
@@ -422,7 +451,7 @@ class ProcessReaders(ReaderPool[_ChunkReader]):
         while any(r.pending is not None for r in readers) and time.perf_counter() < deadline:
             self._receive(max(0.0, deadline - time.perf_counter()))
         places = [
-            ReaderPlace(r.element, r.seq, r.taken_state, r.error, r.read_ahead()) for r in readers
+            ReaderPlace(r.element, r.seq, r.position(), r.error, r.read_ahead()) for r in readers
         ]
         for reader in readers:
             self.close(reader)
