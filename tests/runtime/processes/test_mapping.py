@@ -4,6 +4,8 @@ import errno
 import gc
 import mmap
 import os
+import subprocess
+import sys
 import tempfile
 
 import numpy as np
@@ -82,3 +84,28 @@ def test_a_mapping_the_kernel_refuses_raises_os_error():
         assert raised.value.errno == errno.EACCES
     finally:
         os.close(read_only)
+
+
+_READ_AT_EXIT = """
+import atexit, os, sys, tempfile
+read = []
+# Registered before weakref's own exit hook, so this runs after the finalizers (atexit is LIFO),
+# as a thread still running at exit (a prefetch's) reads its tensors then.
+atexit.register(lambda: print("read at exit", bytes(read[0][:5]).decode(), flush=True))
+from torchpipe.runtime.processes.mapping import map_shared
+fd, path = tempfile.mkstemp()
+os.unlink(path)
+os.write(fd, b"hello" + bytes(4096))
+read.append(map_shared(fd, 4096))
+os.close(fd)
+"""
+
+
+def test_a_mapping_still_viewed_at_exit_is_not_unmapped_under_its_reader():
+    # A regression: the interpreter's exit ran the unmap of mappings still viewed (weakref
+    # finalizers run at exit), under a prefetch thread still collating rows that viewed them.
+    done = subprocess.run(
+        [sys.executable, "-c", _READ_AT_EXIT], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "read at exit hello" in done.stdout

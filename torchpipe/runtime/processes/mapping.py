@@ -52,6 +52,8 @@ def map_shared(fd: int, size: int, flags: int = mmap.MAP_SHARED) -> memoryview:
         code = ctypes.get_errno() or errno.ENOMEM
         raise OSError(code, f"mmap of {size} bytes: {os.strerror(code)}")
     memory = (ctypes.c_ubyte * size).from_address(address)
-    weakref.finalize(memory, _libc.munmap, address, size)
+    # Not at exit: a thread still running then (a prefetch's, say) may read a tensor that views
+    # this memory while the interpreter runs its finalizers; the process's end unmaps it anyway.
+    weakref.finalize(memory, _libc.munmap, address, size).atexit = False
     array: Any = np.frombuffer(memoryview(memory), np.uint8)
     return memoryview(array)  # a plain byte format, which cast() takes
