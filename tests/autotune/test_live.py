@@ -144,7 +144,8 @@ def test_calls_that_wait_for_a_core_count_as_wanting_one_and_no_worker_is_added_
     }
     model = build_model(prefetch, Look(0.0, {}, 0.0, 0.0), Look(1.0, counters, 0.01, 0.02))
     calls = next(stage for stage in model.stages if stage.name == "map (calls)")
-    assert calls.cpu_fraction == pytest.approx(0.9)
+    # it ran 6 ms of the 7 it did not wait for a core: 6 of its 3 ms waited count, 6/7 of 3
+    assert calls.cpu_fraction == pytest.approx((1.2 + 0.6 * 1.2 / 1.4) / 2.0)
     assert bottleneck(model.stages, {k.name: k.value for k in model.knobs}) == "map (calls)"
     budget = Budget(cpu=2.0, ram=1e9)
     assert hill_climb(model.stages, model.knobs, budget)["map.parallelism"] == 2
@@ -154,3 +155,44 @@ def test_calls_that_wait_for_a_core_count_as_wanting_one_and_no_worker_is_added_
     assert (
         hill_climb(unwaited, model.knobs, budget)["map.parallelism"] > 2
     )  # what CPU time alone allowed
+
+
+def test_reads_that_sleep_on_storage_count_only_their_share_of_the_wait_for_a_core():
+    """Sixteen reads in flight, each 27 ms of sleeping on storage with 1 ms of parsing; on a busy
+    machine each waited 2.75 ms for a core at its wake-ups. Counted whole, that wait made a read
+    want 0.14 of a core, and the budget held the reads in flight below 16 where the storage's
+    latency wanted more (the cores were half idle); counted in the share the read computes (1 ms
+    of the 24.25 it did not wait for a core), the reads may go past 16."""
+    source = Fake("source")
+    pool = Fake(
+        "map",
+        source,
+        role="pool",
+        knob=_knob("map.parallelism", 16, 64),
+        parallelism=16,
+        slots=64,
+        in_processes=True,
+    )
+    batch = Fake("batch", pool)
+    prefetch = Fake(
+        "prefetch", batch, role="buffer", knob=_knob("prefetch.buffer_size", 2, 64, True), slots=2
+    )
+    counters = {
+        id(source): Counters(produced=1600, wall_s=0.02),
+        id(pool): Counters(
+            produced=1600, wall_s=0.95, wait_s=0.9, calls=1600, work_s=43.2, cpu_s=1.6, delay_s=4.4
+        ),
+        id(batch): Counters(produced=25, wall_s=0.96),
+        id(prefetch): Counters(produced=25, wall_s=0.2, wait_s=0.199, bytes_per_element=1000.0),
+    }
+    model = build_model(prefetch, Look(0.0, {}, 0.0, 0.0), Look(1.0, counters, 0.01, 0.02))
+    calls = next(stage for stage in model.stages if stage.name == "map (calls)")
+    assert calls.cpu_fraction == pytest.approx((1.6 + 4.4 * 1.6 / 38.8) / 43.2)
+    knobs = model.knobs
+    budget = Budget(cpu=2.0, ram=1e9)
+    assert hill_climb(model.stages, knobs, budget)["map.parallelism"] > 16
+    whole = [
+        dataclasses.replace(calls, cpu_fraction=(1.6 + 4.4) / 43.2) if s is calls else s
+        for s in model.stages
+    ]
+    assert hill_climb(whole, knobs, budget)["map.parallelism"] <= 16  # the wait counted whole

@@ -223,10 +223,7 @@ class _Builder:
         # (a process map's ``in_flight``), held at ``slots`` where it has none.
         local_processes = tunable.calls_in_processes(it) and not tunable.calls_on_cluster(it)
         per_unit = self.knob(it, ".in_flight", slots) if local_processes else None
-        # The cores the calls want: the time they ran and the time they waited for a core others
-        # held. By CPU time alone, calls slowed by a busy machine would seem to wait on I/O, and
-        # a worker past the cores would seem to fit the budget.
-        cpu_fraction = min(1.0, (d.cpu_s + d.delay_s) / d.work_s) if d.work_s > 0 else 1.0
+        cpu_fraction = _cpu_fraction(d)
         # not this machine's cores: the knob's maximum is the cluster's
         if tunable.calls_on_cluster(it):
             cpu_fraction = 0.0
@@ -244,6 +241,26 @@ class _Builder:
             self.main_cpu_s += d.cpu_s
         cut = _after_last_buffer(below)
         return below[:cut] + [calls] + below[cut:]
+
+
+def _cpu_fraction(d: Counters) -> float:
+    """The share of a core each call in flight wants: the time it ran, and of the time it waited
+    for a core others held, the share it would have run (its CPU time over its time not spent
+    waiting for a core).
+
+    By CPU time alone, calls slowed by a busy machine would seem to wait on I/O, and a worker past
+    the cores would seem to fit the budget: a call that computes throughout wanted a core all the
+    time it waited. A read that mostly sleeps on storage waits for a core only at its wake-ups, a
+    small part of its time: counted whole, that wait (the busier the machine, the longer) read as
+    a core wanted for most of the read, and the reads kept in flight stayed far below what hides
+    the storage's latency with the cores half idle (``latency``: 15 reads in flight, where 32 ran
+    1.6x faster).
+    """
+    if d.work_s <= 0:
+        return 1.0
+    running = d.work_s - d.delay_s
+    computing = min(1.0, d.cpu_s / running) if running > 0 else 1.0
+    return min(1.0, (d.cpu_s + d.delay_s * computing) / d.work_s)
 
 
 def _delivered_work(d: Counters) -> float:
