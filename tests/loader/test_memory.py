@@ -331,3 +331,21 @@ def test_without_a_ram_budget_the_loader_keeps_to_a_share_of_the_memory_availabl
 def test_the_autotune_argument_is_checked():
     with pytest.raises(TypeError, match="autotune must be a tp.AutotuneOptions"):
         tp.DataLoader(Busy(), num_workers="auto", autotune={"ram_budget": 1})
+
+
+def test_the_watcher_reads_on_after_a_ring_closes_while_it_is_listed():
+    """A worker retiring closes its rings while the watcher lists them: that reading is skipped,
+    the next taken (the watcher thread must not die: the budget would go unread)."""
+    memory, calls = LoaderMemory(budget=2**50, given=False), []
+
+    def holdings():
+        calls.append(1)
+        if len(calls) == 1:
+            raise ValueError("shm ring is closed")
+        return [os.getpid()], 0.0, {}
+
+    stop = memory.watch(holdings, key=5)
+    try:
+        assert wait_until(lambda: memory.held > 0) and len(calls) >= 2
+    finally:
+        stop.set()

@@ -217,7 +217,8 @@ class LoaderMemory:
         while not stop.is_set():
             try:
                 now = holdings()
-            except (RuntimeError, OSError):  # the workers or rings changed while listed: next time
+            # the workers or rings changed while they were listed (a ring closed): next time
+            except (RuntimeError, ValueError, OSError):
                 now = ([], 0.0, {})
             if now is None:
                 return
