@@ -4,6 +4,7 @@ and what each move leaves behind."""
 
 import time
 import warnings
+import weakref
 
 import psutil
 import torch
@@ -183,3 +184,27 @@ def test_workers_parked_for_a_trial_elsewhere_give_their_slots_pages_back_until_
     assert [b[:, 0, 0].tolist() for b in it] == [
         [float(i) for i in range(j, j + 4)] for j in range(96, 160, 4)
     ]
+
+
+def test_a_worker_placements_predicted_peak_leaves_out_what_batches_made_here_hold():
+    """What this process holds for batches made here (those its threads made and the memory
+    kept to stack the next) goes when the batches move to worker processes: a worker placement's
+    predicted peak counts what this process holds only while the batches are made there."""
+    loader = tp.DataLoader(Waits(length=400), batch_size=4, num_workers="auto")
+    it = iter(loader)
+    next(it)
+    move_calls(it, "thread", 2)
+    held = []
+    for _ in range(60):  # the threads run ahead: batches made here wait, memory is kept
+        next(it)
+        held.append(held_here(weakref.ref(it)))
+        if held[-1] > 0:
+            break
+    assert it.placement.kind == "thread" and held[-1] > 0
+    assert it._here_on_processes() == 0.0
+    move_calls(it, "process", 1)
+    for _ in range(8):
+        next(it)
+    assert it.placement.kind == "process"
+    assert it._here_on_processes() == held_here(weakref.ref(it))
+    del it  # its workers go with it

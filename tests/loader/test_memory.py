@@ -2,8 +2,11 @@
 memory available): what the loader holds is read from its processes by a watcher thread; past it,
 ``num_workers="auto"`` gives up workers, then ring slots, and a count the user chose warns once."""
 
+import mmap
 import os
 import random
+import subprocess
+import sys
 import threading
 import time
 import warnings
@@ -179,6 +182,65 @@ def test_a_budget_that_binds_releases_slot_pages_and_one_that_frees_keeps_them_a
         pool.close()
 
 
+def test_a_rings_pages_count_once_whether_its_worker_alone_maps_them_or_both_sides_do():
+    """A ring's page the worker wrote and this process has not read yet is among the worker's
+    private pages: counted with the rings (their resident pages), it is left out of the
+    worker's own (a jpeg loader with released slots read 132 MiB where its tree held 90)."""
+    size = 8 << 20
+    fd = os.memfd_create("test-ring")
+    try:
+        os.ftruncate(fd, size)
+        pages = mmap.mmap(fd, size)
+        pages[:] = b"\1" * size  # mapped here alone, as a result the consumer has not read
+        whole, apart = private_bytes(os.getpid()), private_bytes(os.getpid(), size)
+        assert abs(whole - apart - size) < 1 << 20
+        reader = subprocess.Popen(  # the consumer maps and reads them: now shared, not private
+            [sys.executable, "-c", READ_AND_WAIT.format(fd=fd, size=size)],
+            pass_fds=(fd,),
+            stdout=subprocess.PIPE,
+        )
+        try:
+            assert reader.stdout is not None and reader.stdout.readline().strip() == b"read"
+            whole, apart = private_bytes(os.getpid()), private_bytes(os.getpid(), size)
+            assert abs(whole - apart) < 1 << 20 and whole < apart + size // 2
+        finally:
+            reader.kill()
+            reader.wait()
+        pages.close()
+    finally:
+        os.close(fd)
+
+
+READ_AND_WAIT = """
+import mmap, sys, time
+pages = mmap.mmap({fd}, {size})
+assert sum(pages[k] for k in range(0, {size}, mmap.PAGESIZE)) == {size} // mmap.PAGESIZE
+print("read", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_pool_reads_its_workers_rings_resident_pages_not_their_size():
+    """What a loader's budget counts of its rings is the pages they hold (this process holds no
+    descriptor of them: ``mincore`` of its mapping), not the slots they may hold."""
+    pool = ProcessPool(lambda seq, n: torch.full((n,), float(seq)), 1, "m", per_worker=2)
+    pool.start()
+    try:
+        n = 1 << 19  # 4 MB results: a ring of 3 slots
+        assert len(run_all(pool, [n] * 6)) == 6
+        (pid,) = pool.pids
+        (ring,) = worker_rings(pool)[0][-1:]
+        assert pool.ring_residency == {pid: resident_bytes(ring)}
+        assert 2 * ring.slot_bytes <= pool.ring_residency[pid] <= pool.ring_bytes + 4 * PAGE
+        pool.set_slot_pages(False)
+        values = run_all(pool, [n] * 3)
+        del values  # released: their slots' pages given back within ~20 ms
+        assert wait_until(lambda: pool.ring_residency[pid] <= 4 * PAGE)
+        assert pool.ring_bytes >= 3 * ring.slot_bytes  # the slots are still there
+    finally:
+        pool.close()
+
+
 class SlotPool:
     """A pool's slot pages and counts, without processes: what :func:`hold_peak` reads and sets."""
 
@@ -269,3 +331,21 @@ def test_without_a_ram_budget_the_loader_keeps_to_a_share_of_the_memory_availabl
 def test_the_autotune_argument_is_checked():
     with pytest.raises(TypeError, match="autotune must be a tp.AutotuneOptions"):
         tp.DataLoader(Busy(), num_workers="auto", autotune={"ram_budget": 1})
+
+
+def test_the_watcher_reads_on_after_a_ring_closes_while_it_is_listed():
+    """A worker retiring closes its rings while the watcher lists them: that reading is skipped,
+    the next taken (the watcher thread must not die: the budget would go unread)."""
+    memory, calls = LoaderMemory(budget=2**50, given=False), []
+
+    def holdings():
+        calls.append(1)
+        if len(calls) == 1:
+            raise ValueError("shm ring is closed")
+        return [os.getpid()], 0.0, {}
+
+    stop = memory.watch(holdings, key=5)
+    try:
+        assert wait_until(lambda: memory.held > 0) and len(calls) >= 2
+    finally:
+        stop.set()

@@ -24,7 +24,7 @@ from torchpipe.runtime.dispatch import Dispatcher
 from torchpipe.runtime.knob import LiveKnob
 from torchpipe.runtime.placement.auto_stage import AutoStage
 from torchpipe.runtime.placement.placement import Placement
-from torchpipe.runtime.placement.policy import THREAD
+from torchpipe.runtime.placement.policy import PROCESS, THREAD
 from torchpipe.runtime.processes.pool import ProcessPool
 from torchpipe.runtime.recycle import RecycledStack
 
@@ -54,7 +54,7 @@ class BudgetedWorkers:
         """The worker processes, ``workers`` of them (the zygote forked the first time), their
         slots' pages released first where the budget would not hold them at the peak."""
         if workers > self._pool.size:  # not the cap: the placement is moving now
-            batch, here = self._stage.stats.bytes_per_element, held_here(weakref.ref(self))
+            batch, here = self._stage.stats.bytes_per_element, self._here_on_processes()
             hold_peak(self._memory, self._pool, workers, batch, here)
         self._pool.resize(workers)
         return self._pool
@@ -62,7 +62,7 @@ class BudgetedWorkers:
     def _hold_peak(self, workers: int) -> None:
         """The budget held on the predicted peak (docs/autotune.md): the slots of ``workers``
         workers release or keep their pages by it, and "auto" caps its workers at those that fit."""
-        batch, here = self._stage.stats.bytes_per_element, held_here(weakref.ref(self))
+        batch, here = self._stage.stats.bytes_per_element, self._here_on_processes()
         hold_peak(self._memory, self._pool, workers, batch, here)
         placement = self._placement
         if placement is None or self._knob is None or batch <= 0:
@@ -72,6 +72,16 @@ class BudgetedWorkers:
         if 0 < fit < most:
             self._cap(placement, fit)
             self._memory.shed(f"workers past {fit}: past the budget at their predicted peak")
+
+    def _here_on_processes(self) -> float:
+        """What this process holds of the loader's while its batches are made by worker processes:
+        what it holds now where they are, else nothing (the memory kept to stack batches made
+        here, and the batches its threads made, go when the batches move to processes; counting
+        them in a worker placement's peak cost tfrecord's budget row its second worker)."""
+        placement = self._placement
+        if placement is not None and placement.kind != PROCESS:
+            return 0.0
+        return held_here(weakref.ref(self))
 
     def _moved(self, kind: str, workers: int) -> None:
         """After a move: the worker count later epochs start with. (What this process keeps to

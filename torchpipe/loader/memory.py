@@ -52,17 +52,30 @@ MAX_PROCESSES = 256
 MIN_RING_BYTES = 1 << 20
 """The least a worker's rings may hold under a given budget (results beyond take one-off segments)."""
 _PRIVATE = (b"Private_Clean:", b"Private_Dirty:", b"Private_Hugetlb:")
+_PSS_SHMEM = b"Pss_Shmem:"
 
 
-def private_bytes(pid: int) -> int:
-    """The pages process ``pid`` holds alone (its USS), in bytes; 0 where it is gone or unreadable.
-    A forked worker shares every page it has not written with the process it was forked from:
-    those cost nothing more."""
+def private_bytes(pid: int, ring_resident: int = 0) -> int:
+    """The pages process ``pid`` holds alone (its USS), in bytes, but those of its rings (whose
+    resident bytes are ``ring_resident``): 0 where it is gone or unreadable. A forked worker
+    shares every page it has not written with the process it was forked from: those cost
+    nothing more.
+
+    A ring's page the worker wrote and this process has not read yet is mapped by the worker
+    alone, so it counts among its private pages; the rings are counted apart, by their resident
+    pages, so such a page would count twice (with slots that give their pages back, every result
+    in flight: a jpeg loader with 2 workers read 132 MiB where its tree held 90). A page both
+    map counts half in the worker's ``Pss_Shmem``, one it maps alone whole, so of its rings'
+    ``ring_resident`` bytes it holds ``2 * Pss_Shmem - ring_resident`` alone."""
     try:
         with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
-            return sum(int(line.split()[1]) * 1024 for line in f if line.startswith(_PRIVATE))
+            lines = [line.split() for line in f if line.startswith((*_PRIVATE, _PSS_SHMEM))]
     except OSError:
         return 0
+    private = sum(int(v) * 1024 for k, v, *_ in lines if k in _PRIVATE)
+    shmem = sum(int(v) * 1024 for k, v, *_ in lines if k == _PSS_SHMEM)
+    in_rings = min(shmem, ring_resident, max(0, 2 * shmem - ring_resident))
+    return private - in_rings
 
 
 def default_budget() -> float:
@@ -88,9 +101,10 @@ def workers_within(held: float, budget: float, workers: int) -> int:
     return max(1, workers - max(past, 1))
 
 
-Holdings = Callable[[], "tuple[list[int], float] | None"]
-"""What a loader holds now: its processes' pids, and the bytes of its rings and of what it holds in
-this process; None once it is gone."""
+Holdings = Callable[[], "tuple[list[int], float, dict[int, int]] | None"]
+"""What a loader holds now: its processes' pids, the bytes of its rings' resident pages and of
+what it holds in this process, and each worker's rings' resident bytes by pid; None once it is
+gone."""
 
 
 class LoaderMemory:
@@ -120,11 +134,15 @@ class LoaderMemory:
         self._key = 0
         self._thread: threading.Thread | None = None
 
-    def read(self, pids: list[int], shared_bytes: float) -> float:
-        """Take a reading: the pages processes ``pids`` hold alone, and ``shared_bytes`` (the
-        rings, and what the loader holds in this process)."""
+    def read(
+        self, pids: list[int], shared_bytes: float, rings: dict[int, int] | None = None
+    ) -> float:
+        """Take a reading: the pages processes ``pids`` hold alone (but their rings' pages, whose
+        resident bytes ``rings`` gives by pid: :func:`private_bytes`), and ``shared_bytes`` (the
+        rings' resident pages, and what the loader holds in this process)."""
         taken = time.monotonic()
-        alone = [private_bytes(pid) for pid in pids]
+        rings = rings or {}
+        alone = [private_bytes(pid, rings.get(pid, 0)) for pid in pids]
         held = float(sum(alone) + shared_bytes)
         self._last, self.held, self.peak = self.held, held, max(self.peak, held)
         if len(self.alone) > 4 * MAX_PROCESSES:  # workers come and go: keep the last ones'
@@ -199,8 +217,9 @@ class LoaderMemory:
         while not stop.is_set():
             try:
                 now = holdings()
-            except RuntimeError:  # the pool's workers changed while they were listed: next time
-                now = ([], 0.0)
+            # the workers or rings changed while they were listed (a ring closed): next time
+            except (RuntimeError, ValueError, OSError):
+                now = ([], 0.0, {})
             if now is None:
                 return
             if now[0] or now[1]:
@@ -219,12 +238,15 @@ def pool_holdings(pool: Any, here: Callable[[], float] | None = None) -> Holding
     out, memory kept for the next ones)."""
     ref = weakref.ref(pool)
 
-    def holdings() -> tuple[list[int], float] | None:
+    def holdings() -> tuple[list[int], float, dict[int, int]] | None:
         live = ref()
         if live is None:
             return None
-        return list(live.process_ids), float(live.ring_bytes) + (
-            here() if here is not None else 0.0
+        rings = live.ring_residency
+        return (
+            list(live.process_ids),
+            float(sum(rings.values())) + (here() if here is not None else 0.0),
+            rings,
         )
 
     return holdings

@@ -224,6 +224,19 @@ class ProcessPool(WorkerPool[_Worker]):
         return sum(ring.capacity for ring in rings if not ring.closed)
 
     @property
+    def ring_residency(self) -> dict[int, int]:
+        """Each worker's rings' resident bytes (their pages written and not given back), by pid:
+        what its rings hold, where :attr:`ring_bytes` is what they may (a memory budget's count)."""
+        return {
+            w.pid: sum(
+                loans.ring.resident_bytes()
+                for loans in w.rings
+                if loans is not None and not loans.ring.closed
+            )
+            for w in self._workers.values()
+        }
+
+    @property
     def slot_pages(self) -> bool:
         """Whether the workers' ring slots keep their pages once released (see :meth:`set_slot_pages`)."""
         return self._slot_pages

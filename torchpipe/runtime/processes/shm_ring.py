@@ -45,6 +45,7 @@ unwritten. See
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 import struct
@@ -150,6 +151,7 @@ class ShmRing:
         self._pending: Reservation | None = None
         self._closed = False
         self._mapping = mapping
+        self._address = mapping_address(mapping) if fd < 0 else None  # for resident_bytes
         self._finalizer = weakref.finalize(self, unmap, fd, mapping, (self._words, self._data, buf))
 
     @classmethod
@@ -245,9 +247,13 @@ class ShmRing:
         return self._words[_HEAD_WORD] - self._words[_TAIL_WORD]
 
     def resident_bytes(self) -> int:
-        """Bytes of the segment held in memory: its pages written and not given back."""
+        """Bytes of the segment held in memory: its pages written and not given back (an attached
+        ring, which holds no descriptor, asks ``mincore`` of its mapping: which of the memfd's
+        pages are in memory, whether this process touched them or not)."""
         self._check_open()
-        return os.fstat(self._fd).st_blocks * 512
+        if self._fd >= 0:
+            return os.fstat(self._fd).st_blocks * 512
+        return resident_pages(self._address, len(self._mapping)) * mmap.PAGESIZE
 
     def give_back_free_slots(self, only: set[int] | None = None) -> int:
         """Give the pages of every slot that holds no record (of those at offsets ``only``, where
@@ -469,3 +475,27 @@ class ShmRing:
                 f"release(offset={offset}, nbytes={nbytes}): that record is not committed"
             )
         return start
+
+
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_LOW_BIT = bytes(b & 1 for b in range(256))
+
+
+def mapping_address(mapping: mmap.mmap | memoryview) -> int | None:
+    """Where a writable mapping starts in this process (None where it is read-only)."""
+    try:
+        return ctypes.addressof(ctypes.c_char.from_buffer(mapping))
+    except TypeError:
+        return None
+
+
+def resident_pages(address: int | None, nbytes: int) -> int:
+    """How many pages of the shared mapping at ``address`` are in memory, whichever process
+    touched them (``mincore``); 0 where it cannot say (gone, or never known)."""
+    pages = -(-nbytes // mmap.PAGESIZE)
+    if address is None or not pages:
+        return 0
+    vector = (ctypes.c_ubyte * pages)()
+    if _LIBC.mincore(ctypes.c_void_p(address), ctypes.c_size_t(nbytes), vector) != 0:
+        return 0
+    return bytes(vector).translate(_LOW_BIT).count(1)
