@@ -47,6 +47,12 @@ def test_every_task_gives_one_result_and_the_actors_share_them(ray_cluster):
     pool = _pool(square, 2, tasks_per_actor=1)
     try:
         assert pool.size == 2 and pool.capacity == 2
+        # Both actors up first: one still starting when the 24 short tasks are sent may get none
+        # of them (the ready one is free again each 10 ms), and "both took tasks" is then luck.
+        deadline = time.monotonic() + WAIT_S
+        while any(pid is None for _, pid, _ in pool.actor_processes()):
+            assert time.monotonic() < deadline, "the actors did not start"
+            assert pool.collect(0.2) == []  # installs them; no task was sent
         for seq in range(24):
             pool.submit(seq, seq + 1)
         out = _results(pool, 24)
