@@ -49,6 +49,7 @@ class TreeMonitor:
         self.peak_rss = 0
         self.peak_pss: float | None = None
         self.peak_held: float | None = None
+        self.start_held: float | None = None  # the tree before the loader: the first reading
         self.sampler_cpu_s = 0.0
         self.samples = 0
         self._thread = threading.Thread(target=self._run, name="bench-monitor", daemon=True)
@@ -80,6 +81,8 @@ class TreeMonitor:
                 self.peak_pss = max(self.peak_pss or 0.0, pss)
             if held is not None:
                 self.peak_held = max(self.peak_held or 0.0, held)
+                if self.start_held is None:
+                    self.start_held = held
 
     def sample(self) -> None:
         """Read every process of the tree once; update the peak RSS and the CPU times."""
@@ -400,6 +403,7 @@ def _memory(monitor: TreeMonitor, pss: float | None, held: float | None) -> dict
     peak_held = max((v for v in (monitor.peak_held, held) if v is not None), default=None)
     return {
         "peak_held_mb": mb(peak_held),
+        "start_held_mb": mb(monitor.start_held),
         "peak_pss_mb": mb(peak_pss),
         "end_pss_mb": mb(pss),
         "end_held_mb": mb(held),

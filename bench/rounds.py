@@ -33,6 +33,7 @@ MEDIAN_KEYS = (
     "converge_s",
     "peak_rss_mb",
     "peak_held_mb",
+    "start_held_mb",
     "peak_pss_mb",
     "end_pss_mb",
     "end_held_mb",

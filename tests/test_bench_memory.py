@@ -37,6 +37,17 @@ def test_what_the_tree_holds_counts_shared_memory_that_no_process_maps():
     pytest.fail(f"(held, PSS) growth in bytes for a {size}-byte file no process maps: {seen}")
 
 
+def test_the_monitor_keeps_its_first_reading_as_the_tree_before_the_loader():
+    # the budget row's ram_budget is its share of the tree less this reading (bench/run.py)
+    with TreeMonitor() as monitor:
+        before = monitor.start_held
+        block = bytearray(64 * 2**20)  # the "loader": 64 MB of this process's own pages
+        monitor.sample_held()
+        assert monitor.start_held == before  # the first reading stays
+    assert before is not None and monitor.peak_held is not None
+    assert monitor.peak_held - before > 0.9 * len(block)
+
+
 def test_the_index_and_its_shared_copy_give_the_same_samples():
     index, shared = cow.Index(50), cow.SharedIndex(50)
     assert len(index) == len(shared) == 50
