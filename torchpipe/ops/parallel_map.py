@@ -128,6 +128,29 @@ class ParallelMapIterator(Iterator, Tunable):
         self._dispatch, self._placement = self._executors.dispatcher, self._executors.placement
         self._knob = self._add_knob() if tunable else None
         self._in_flight, self._in_flight_knob = self._tasks_in_flight(tunable)
+        self._held_above: Callable[[], int] | None = None
+
+    def count_held_above(self, held: Callable[[], int]) -> None:
+        """Count ``held()`` results, delivered to the buffer right above (a prefetch's) and kept
+        there, as tasks in flight while the calls run in worker processes.
+
+        There each result is a record of a worker's ring, which has a slot for each task in
+        flight and one for the result the consumer holds: a buffer that kept more made the
+        rings add slots (or send one-off segments), and the tree held a buffer's worth of
+        batches more than torch's DataLoader, which keeps ``prefetch_factor`` batches a worker
+        and the one the user holds. Counted, the buffer is part of the map's window: results
+        wait there instead of here, and the workers run ahead by what is left of it (one task
+        at least, so that the pass goes on)."""
+        self._held_above = held
+
+    def _room(self) -> bool:
+        """Whether another task may be submitted (see :meth:`count_held_above`)."""
+        dispatch = self._dispatch
+        if not dispatch.has_room():
+            return False
+        if self._held_above is None or self._placement.kind != PROCESS or not dispatch.pending:
+            return True
+        return dispatch.pending + self._held_above() < dispatch.executor.capacity
 
     def _take_executor(self, executor: Any) -> bool:
         """Where the calls run: fixed by ``executor`` (a tp.RayExecutor's actors, which build
@@ -359,7 +382,7 @@ class ParallelMapIterator(Iterator, Tunable):
         return seq, element
 
     def _fill(self) -> None:
-        while not self._exhausted and self._dispatch.has_room():
+        while not self._exhausted and self._room():
             seq, payload = self._pull()
             if seq is not None:
                 self._dispatch.submit(seq, payload)

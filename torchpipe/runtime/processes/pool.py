@@ -216,6 +216,11 @@ class ProcessPool(WorkerPool[_Worker]):
         return [[r.ring for r in w.rings if r is not None] for w in self._workers.values()]
 
     @property
+    def held_records(self) -> list[int]:
+        """How many records of each worker's rings results still view here (delivered or not)."""
+        return [self._held_by(worker) for worker in self._workers.values()]
+
+    @property
     def ring_bytes(self) -> int:
         """The bytes of the workers' rings in use, as mapped here."""
         rings = [
@@ -300,6 +305,10 @@ class ProcessPool(WorkerPool[_Worker]):
 
     def _queue_place(self) -> str:
         return "the process pool's queue"
+
+    def _held_by(self, worker: _Worker) -> int:
+        """The worker's ring records still lent out here (results not yet freed)."""
+        return sum(loans.lent for loans in worker.rings if loans is not None)
 
     # -- internals --------------------------------------------------------------------------
     @property
