@@ -16,6 +16,7 @@ from torchpipe.testing import (
     forced_call_costs,
     knobs,
     leave_prefetch_in,
+    ring_slots,
     stages,
     worker_rings,
 )
@@ -385,7 +386,10 @@ def _process_map(n, depth):
 def _records_in_rings(pool):
     """Results the workers wrote into their rings and the main process has not released."""
     return sum(
-        (ring.slots or 0) - len(ring.free_slots()) for rings in worker_rings(pool) for ring in rings
+        (ring.slots or 0) - len(ring.free_slots())
+        for rings in worker_rings(pool)
+        for ring in rings
+        if not ring.closed  # a ring replaced by one of another slot count, let go
     )
 
 
@@ -418,6 +422,31 @@ def test_a_prefetch_above_a_process_map_is_part_of_its_window(depth):
                 assert _at_rest(it, pool, depth) <= max(pool.capacity, depth)
             batch = next(it, None)
     assert firsts == [[float(i) for i in range(k, k + 4)] for k in range(0, 240, 4)]
+
+
+def _mib_row(i):
+    return torch.full((1 << 18,), float(i))  # 1 MiB: batches of 4 MiB, LARGE_RESULT_BYTES
+
+
+def test_large_results_below_a_prefetch_count_the_consumers_too_and_the_rings_drop_its_slot():
+    # Batches of 4 MiB: the one the consumer holds counts as a task in flight too, so the
+    # workers' rings need no slot for it (2 slots each, not 3) and hold 3 records at rest (4
+    # where only the buffer counts).
+    ds = tp.from_dataset(range(96)).map(_mib_row, 2, executor="process").batch(4).prefetch(2)
+    firsts, at_rest = [], None
+    with iter(ds.with_options(NO_INJECT)) as it:
+        batch = next(it)
+        pool = find_stage(it, ParallelMapIterator).process_pool
+        while batch is not None:
+            firsts.append(batch[:, 0].tolist())
+            del batch
+            if len(firsts) == 8:
+                at_rest = _at_rest(it, pool, 2)
+            batch = next(it, None)
+        slots = ring_slots(it)
+    assert slots == [2, 2]
+    assert at_rest is not None and at_rest <= pool.capacity - 1
+    assert firsts == [[float(i) for i in range(k, k + 4)] for k in range(0, 96, 4)]
 
 
 def test_a_prefetch_above_a_process_map_resumes_exactly():

@@ -194,6 +194,18 @@ class ProcessPool(WorkerPool[_Worker]):
         self._slots_changed(slots)
         self._dispatch()
 
+    def set_held(self, n: int) -> None:
+        """Each worker's ring keeps ``n`` slots for results the consumer holds besides those in
+        flight from now on (0: the consumer's are counted in flight; see ``held``). Each worker
+        takes a ring of the new slot count at its next result.
+
+        Raises:
+            ValueError: if ``n`` is not an int >= 0.
+        """
+        slots = self._slots
+        self._held = self._checked(n, "results held", 0)
+        self._slots_changed(slots)
+
     @property
     def pids(self) -> list[int]:
         return [w.pid for w in self._workers.values() if not w.retiring]
