@@ -3,9 +3,11 @@ import threading
 import time
 
 import pytest
+import torch
 
 import torchpipe as tp
 from tests.trees import find_stage, stage_stats
+from torchpipe.ops.parallel_map import ParallelMapIterator
 from torchpipe.ops.prefetch import AUTOTUNE_DEPTH, OverlapChoice, PrefetchIterator
 from torchpipe.runtime.placement.policy import INLINE, THREAD
 from torchpipe.testing import (
@@ -14,7 +16,9 @@ from torchpipe.testing import (
     forced_call_costs,
     knobs,
     leave_prefetch_in,
+    ring_slots,
     stages,
+    worker_rings,
 )
 
 NO_INJECT = tp.Options(optimizations={"inject_prefetch": False})
@@ -367,3 +371,83 @@ def test_leave_in_takes_inline_or_thread_and_only_under_autotune():
     with pytest.raises(ValueError, match="AUTOTUNE"):
         stage.leave_in(THREAD)
     fixed.close()
+
+
+def _row(i):
+    return torch.full((256,), float(i))
+
+
+def _process_map(n, depth):
+    """A batched map on two worker processes (two tasks in flight each), a prefetch above."""
+    ds = tp.from_dataset(range(n)).map(_row, 2, executor="process").batch(4).prefetch(depth)
+    return ds.with_options(NO_INJECT)
+
+
+def _records_in_rings(pool):
+    """Results the workers wrote into their rings and the main process has not released."""
+    return sum(
+        (ring.slots or 0) - len(ring.free_slots())
+        for rings in worker_rings(pool)
+        for ring in rings
+        if not ring.closed  # a ring replaced by one of another slot count, let go
+    )
+
+
+def _at_rest(it, pool, depth):
+    """Records in the rings once the prefetch's buffer is full and the workers are done."""
+    prefetch, last, deadline = find_stage(it, PrefetchIterator), -1, time.monotonic() + 10
+    while time.monotonic() < deadline:
+        time.sleep(0.2)
+        records = _records_in_rings(pool)
+        if len(prefetch.buffer) == depth and records == last:
+            return records
+        last = records
+    raise AssertionError("the prefetch's buffer did not fill")
+
+
+@pytest.mark.parametrize("depth", [2, 6])
+def test_a_prefetch_above_a_process_map_is_part_of_its_window(depth):
+    # Each result is a record of a worker's ring: what the prefetch keeps counts as the map's
+    # tasks in flight, so with the consumer away the rings hold the map's window (or the
+    # buffer, where that is deeper), no more (before: 3 tasks more, 5 and 9 records here).
+    firsts = []
+    with iter(_process_map(240, depth)) as it:
+        batch = next(it)  # (not enumerate(it): it keeps its last tuple, and the batch in it)
+        pool = find_stage(it, ParallelMapIterator).process_pool
+        assert pool.capacity == 4  # 2 workers, 2 tasks each
+        while batch is not None:
+            firsts.append(batch[:, 0].tolist())
+            del batch
+            if len(firsts) in (1, 30):
+                assert _at_rest(it, pool, depth) <= max(pool.capacity, depth)
+            batch = next(it, None)
+    assert firsts == [[float(i) for i in range(k, k + 4)] for k in range(0, 240, 4)]
+
+
+def _mib_row(i):
+    return torch.full((1 << 18,), float(i))  # 1 MiB: batches of 4 MiB, LARGE_RESULT_BYTES
+
+
+def test_large_results_below_a_prefetch_count_the_consumers_too_and_the_rings_drop_its_slot():
+    # Batches of 4 MiB: the one the consumer holds counts as a task in flight too, so the
+    # workers' rings need no slot for it (2 slots each, not 3) and hold 3 records at rest (4
+    # where only the buffer counts).
+    ds = tp.from_dataset(range(96)).map(_mib_row, 2, executor="process").batch(4).prefetch(2)
+    firsts, at_rest = [], None
+    with iter(ds.with_options(NO_INJECT)) as it:
+        batch = next(it)
+        pool = find_stage(it, ParallelMapIterator).process_pool
+        while batch is not None:
+            firsts.append(batch[:, 0].tolist())
+            del batch
+            if len(firsts) == 8:
+                at_rest = _at_rest(it, pool, 2)
+            batch = next(it, None)
+        slots = ring_slots(it)
+    assert slots == [2, 2]
+    assert at_rest is not None and at_rest <= pool.capacity - 1
+    assert firsts == [[float(i) for i in range(k, k + 4)] for k in range(0, 96, 4)]
+
+
+def test_a_prefetch_above_a_process_map_resumes_exactly():
+    assert_checkpoint_roundtrip(_process_map(24, 3), positions=[0, 2, 5])

@@ -55,3 +55,13 @@ def test_requeued_tasks_go_ahead_of_later_ones_and_failures_are_counted():
     ) + [True]
     router.done(7)
     assert not router.failed(7)
+
+
+def test_of_the_least_busy_workers_the_one_whose_results_are_held_least_takes_a_task():
+    router = TaskRouter()
+    for seq in range(3):
+        router.add(Task(seq, seq))
+    workers = [_Worker(0), _Worker(1), _Worker(2, busy=1)]
+    held = {0: 2, 1: 0, 2: 0}  # worker 0's ring has two results the consumer still holds
+    routed = router.route(workers, 2, held=lambda w: held[w.slot])
+    assert [(w.slot, t.seq) for w, t in routed] == [(1, 0), (0, 1), (1, 2)]

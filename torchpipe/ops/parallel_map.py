@@ -36,6 +36,7 @@ from torchpipe.runtime.placement.policy import (
 )
 from torchpipe.runtime.processes.pool import ProcessPool, process_executor_supported
 from torchpipe.runtime.recycle import RecycledStack
+from torchpipe.runtime.sizes import element_bytes
 from torchpipe.runtime.timing import CallTiming
 
 AUTO = "auto"
@@ -44,6 +45,12 @@ IN_FLIGHT = 2
 ``prefetch_factor`` default: one running, one waiting, so a worker never waits for the main
 process, which may be busy with the training step, between two). Each is a slot of the worker's
 ring, so this is also the memory a worker holds."""
+LARGE_RESULT_BYTES = 4 << 20
+"""From this size on, a result held by the consumer below a prefetch counts as a task in flight
+too, and a worker's ring has no slot for it (see :meth:`ParallelMapIterator.count_held_above`):
+a slot that large is worth more than the task it costs, whose round trip (0.1-0.2 ms) is small
+beside writing such a result; smaller ones keep the slot and the task (rows of 4 KB on 2
+processes lost 10% of their batches a second without it)."""
 MOST_IN_FLIGHT = 4
 """The most the autotuner may raise it to (``num_parallel_calls=AUTOTUNE``), where its model says
 the consumer waits for lack of them and the RAM budget holds them."""
@@ -128,6 +135,43 @@ class ParallelMapIterator(Iterator, Tunable):
         self._dispatch, self._placement = self._executors.dispatcher, self._executors.placement
         self._knob = self._add_knob() if tunable else None
         self._in_flight, self._in_flight_knob = self._tasks_in_flight(tunable)
+        self._held_above: Callable[[], int] | None = None
+        self._consumers = 0  # the consumer's result, counted in flight (large results only)
+
+    def count_held_above(self, held: Callable[[], int]) -> None:
+        """Count ``held()`` results, delivered to the buffer right above (a prefetch's) and kept
+        there, as tasks in flight while the calls run in worker processes.
+
+        There each result is a record of a worker's ring, which has a slot for each task in
+        flight and one for the result the consumer holds: a buffer that kept more made the
+        rings add slots (or send one-off segments), and the tree held a buffer's worth of
+        batches more than torch's DataLoader, which keeps ``prefetch_factor`` batches a worker
+        and the one the user holds. Counted, the buffer is part of the map's window: results
+        wait there instead of here, and the workers run ahead by what is left of it (one task
+        at least, so that the pass goes on). Where the results are large
+        (:data:`LARGE_RESULT_BYTES`) the one the consumer holds counts too, and the rings drop
+        the slot they kept for it: torch's DataLoader's memory, its workers' ``prefetch_factor``
+        batches and the user's one, with no slot more that the rings would go round through."""
+        self._held_above = held
+
+    def _count_the_consumers(self, value: Any) -> None:
+        """The first large result (sampled) while a buffer above counts: the consumer's too."""
+        pool = self._pool
+        if pool is None or self._placement.kind != PROCESS:
+            return
+        if element_bytes(value) >= LARGE_RESULT_BYTES:
+            self._consumers = 1
+            pool.set_held(0)
+
+    def _room(self) -> bool:
+        """Whether another task may be submitted (see :meth:`count_held_above`)."""
+        dispatch = self._dispatch
+        if not dispatch.has_room():
+            return False
+        if self._held_above is None or self._placement.kind != PROCESS or not dispatch.pending:
+            return True
+        held = self._held_above() + self._consumers
+        return dispatch.pending + held < dispatch.executor.capacity
 
     def _take_executor(self, executor: Any) -> bool:
         """Where the calls run: fixed by ``executor`` (a tp.RayExecutor's actors, which build
@@ -359,7 +403,7 @@ class ParallelMapIterator(Iterator, Tunable):
         return seq, element
 
     def _fill(self) -> None:
-        while not self._exhausted and self._dispatch.has_room():
+        while not self._exhausted and self._room():
             seq, payload = self._pull()
             if seq is not None:
                 self._dispatch.submit(seq, payload)
@@ -390,7 +434,9 @@ class ParallelMapIterator(Iterator, Tunable):
             if error is not None:
                 raise error
             if value is not DROPPED:  # a fused filter said no
-                self.stats.sample_bytes(value)
+                sampled = self.stats.sample_bytes(value)
+                if sampled and self._held_above is not None and not self._consumers:
+                    self._count_the_consumers(value)
                 return value
 
     def _next_here(self) -> Any:

@@ -244,6 +244,9 @@ def _produce(
         buffer.append(item)
         if item is _END or isinstance(item, _Failure):
             return
+        # not kept while waiting for room: the consumer may be done with it by then (a batch
+        # that views a worker's ring record holds the record until its last reference goes)
+        del item
 
 
 def _pull(log: PositionLog) -> Any:
@@ -376,6 +379,9 @@ class PrefetchIterator(Iterator, Tunable):
             self._choice = self._learned.setdefault("choice", OverlapChoice(INLINE))
             self._choice.new_pass()
             self._below = _stages_below(source)
+        count_held = getattr(source, "count_held_above", None)
+        if count_held is not None:  # a parallel map: what waits here is part of its window
+            count_held(self.buffer.__len__)
         self._thread: threading.Thread | None = None
         self._pulls = _PullClock()
         self._delivered = 0

@@ -61,7 +61,11 @@ class TaskRouter:
         return any(task.seq == seq for task in self._queued)
 
     def route(
-        self, workers: Iterable[W], limit: int, slot_of: Callable[[int], int] | None = None
+        self,
+        workers: Iterable[W],
+        limit: int,
+        slot_of: Callable[[int], int] | None = None,
+        held: Callable[[W], int] | None = None,
     ) -> list[tuple[W, Task]]:
         """Take the queued tasks that a worker can run now, in order, each with its worker.
 
@@ -70,16 +74,20 @@ class TaskRouter:
             limit: the most tasks a worker may have in flight.
             slot_of: maps a task's preferred slot to a worker's (e.g. modulo the pool's size);
                 None: the same number.
+            held: how many of a worker's results the consumer still holds (a process's ring
+                records): of the workers with the fewest in flight, the one holding the fewest
+                takes the task, so that no ring fills while another's slots are free.
         """
         live = [w for w in workers if not w.retiring]
         by_slot = {w.slot: w for w in live}
         ready = [w for w in live if w.ready]
         load = {id(w): len(w.tasks) for w in live}
+        kept_by = {id(w): held(w) for w in live} if held is not None else None
         routed: list[tuple[W, Task]] = []
         blocked: set[int] = set()
         kept: deque[Task] = deque()
         for task in self._queued:
-            worker = _pick(task, by_slot, ready, load, slot_of)
+            worker = _pick(task, by_slot, ready, load, slot_of, kept_by)
             if (
                 worker is None
                 or not worker.ready
@@ -130,13 +138,17 @@ def _pick(
     ready: list[W],
     load: dict[int, int],
     slot_of: Callable[[int], int] | None,
+    held: dict[int, int] | None = None,
 ) -> W | None:
     """The worker for ``task``: its slot's, its preferred slot's while that has one, else the
-    ready one with the fewest tasks in flight (None: it waits)."""
+    ready one with the fewest tasks in flight, of those the one whose results the consumer
+    holds fewest of (None: it waits)."""
     if task.slot is not None:
         return by_slot.get(task.slot)
     if task.prefer is not None:
         slot = slot_of(task.prefer) if slot_of is not None else task.prefer
         if slot in by_slot:
             return by_slot[slot]
-    return min(ready, key=lambda w: load[id(w)], default=None)
+    if held is None:
+        return min(ready, key=lambda w: load[id(w)], default=None)
+    return min(ready, key=lambda w: (load[id(w)], held[id(w)]), default=None)

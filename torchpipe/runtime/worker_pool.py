@@ -180,6 +180,11 @@ class WorkerPool(abc.ABC, Generic[W]):
         """The slot of the worker a task that prefers slot ``prefer`` goes to."""
         return prefer
 
+    def _held_by(self, worker: W) -> int:
+        """How many of ``worker``'s results the consumer still holds, where they take its memory
+        (a worker process's ring records): the router's tie-break (0: nothing kept there)."""
+        return 0
+
     # -- what they do alike -----------------------------------------------------------------
     def _resize(self, size: int) -> None:
         self._size = size
@@ -194,7 +199,10 @@ class WorkerPool(abc.ABC, Generic[W]):
         """Send queued tasks, in order, to workers with room (:class:`TaskRouter`'s rule)."""
         if self._router:
             workers = self._workers.values()
-            self._send_tasks(self._router.route(workers, self._per_worker, slot_of=self._slot_of))
+            routed = self._router.route(
+                workers, self._per_worker, slot_of=self._slot_of, held=self._held_by
+            )
+            self._send_tasks(routed)
 
     def _retire_if_idle(self, worker: W) -> None:
         if worker.retiring and not worker.tasks:

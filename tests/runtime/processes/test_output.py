@@ -238,6 +238,23 @@ def test_a_new_tasks_in_flight_count_takes_effect_with_a_ring_of_as_many_slots()
         pool.close()
 
 
+def test_results_held_besides_those_in_flight_can_be_set_and_the_ring_follows():
+    pool = ProcessPool(filled, 1, "m", per_worker=2)
+    pool.start()
+    try:
+        run_all(pool, [3000])
+        slot = slot_bytes(encoded_bytes(3000))
+        assert pool.ring_bytes == 3 * slot  # 2 in flight and 1 the consumer holds
+        pool.set_held(0)  # the consumer's results are counted in flight (a prefetch above)
+        values = run_all(pool, [3000] * 4)
+        assert pool.ring_bytes == 2 * slot and pool.capacity == 2
+        assert all(torch.equal(values[s][0], filled(s, 3000)) for s in values)
+        with pytest.raises(ValueError, match="results held must be an int >= 0"):
+            pool.set_held(-1)
+    finally:
+        pool.close()
+
+
 def test_a_consumer_that_steadily_holds_more_results_than_it_said_gets_a_slot_for_each_up_to_a_limit():
     """As a prefetch buffer above a map does, or a loop that keeps its first batch: with every slot
     held, results take one-off segments (a copy and page faults more each); where that is steady

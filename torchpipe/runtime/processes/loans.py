@@ -39,6 +39,11 @@ class RingLoans:
         return base
 
     @property
+    def lent(self) -> int:
+        """Records lent out and not yet back in the ring (one freed early waits for the older)."""
+        return len(self._out)
+
+    @property
     def ring(self) -> ShmRing:
         return self._ring
 

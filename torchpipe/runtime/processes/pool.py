@@ -194,6 +194,18 @@ class ProcessPool(WorkerPool[_Worker]):
         self._slots_changed(slots)
         self._dispatch()
 
+    def set_held(self, n: int) -> None:
+        """Each worker's ring keeps ``n`` slots for results the consumer holds besides those in
+        flight from now on (0: the consumer's are counted in flight; see ``held``). Each worker
+        takes a ring of the new slot count at its next result.
+
+        Raises:
+            ValueError: if ``n`` is not an int >= 0.
+        """
+        slots = self._slots
+        self._held = self._checked(n, "results held", 0)
+        self._slots_changed(slots)
+
     @property
     def pids(self) -> list[int]:
         return [w.pid for w in self._workers.values() if not w.retiring]
@@ -214,6 +226,11 @@ class ProcessPool(WorkerPool[_Worker]):
         """Each worker's shared-memory rings as mapped here, retiring workers too, in the order
         the worker added them: a seam for tests."""
         return [[r.ring for r in w.rings if r is not None] for w in self._workers.values()]
+
+    @property
+    def held_records(self) -> list[int]:
+        """How many records of each worker's rings results still view here (delivered or not)."""
+        return [self._held_by(worker) for worker in self._workers.values()]
 
     @property
     def ring_bytes(self) -> int:
@@ -313,6 +330,10 @@ class ProcessPool(WorkerPool[_Worker]):
 
     def _queue_place(self) -> str:
         return "the process pool's queue"
+
+    def _held_by(self, worker: _Worker) -> int:
+        """The worker's ring records still lent out here (results not yet freed)."""
+        return sum(loans.lent for loans in worker.rings if loans is not None)
 
     # -- internals --------------------------------------------------------------------------
     @property
