@@ -15,16 +15,16 @@ def _knob(name, value, maximum=16, is_buffer=False):
     return LiveKnob(name, value, 1, maximum, is_buffer, lambda v: None)
 
 
-def _tree():
+def _tree(parallelism=2, maximum=16):
     """source -> map (a pool of 2 processes, AUTOTUNE) -> batch(8) -> prefetch (AUTOTUNE)."""
     source = Fake("source")
     pool = Fake(
         "map",
         source,
         role="pool",
-        knob=_knob("map.parallelism", 2),
-        parallelism=2,
-        slots=8,
+        knob=_knob("map.parallelism", parallelism, maximum),
+        parallelism=parallelism,
+        slots=4 * parallelism,
         in_processes=True,
     )
     batch = Fake("batch", pool)
@@ -163,20 +163,7 @@ def test_reads_that_sleep_on_storage_count_only_their_share_of_the_wait_for_a_co
     want 0.14 of a core, and the budget held the reads in flight below 16 where the storage's
     latency wanted more (the cores were half idle); counted in the share the read computes (1 ms
     of the 24.25 it did not wait for a core), the reads may go past 16."""
-    source = Fake("source")
-    pool = Fake(
-        "map",
-        source,
-        role="pool",
-        knob=_knob("map.parallelism", 16, 64),
-        parallelism=16,
-        slots=64,
-        in_processes=True,
-    )
-    batch = Fake("batch", pool)
-    prefetch = Fake(
-        "prefetch", batch, role="buffer", knob=_knob("prefetch.buffer_size", 2, 64, True), slots=2
-    )
+    prefetch, batch, pool, source = _tree(parallelism=16, maximum=64)
     counters = {
         id(source): Counters(produced=1600, wall_s=0.02),
         id(pool): Counters(

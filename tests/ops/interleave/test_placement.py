@@ -501,14 +501,21 @@ def test_readers_the_first_verdict_keeps_on_threads_stay_there(clock):
     assert _run(placement, stats, clock, 0.1, 64, *WAITING) is None and placement.settled
 
 
-def test_reads_that_get_cheap_on_processes_send_the_readers_back_after_two_windows(clock):
+def _on_processes(clock):
+    """Readers that parse, measured on threads, moved to processes by the model's word, and the
+    first window there (settled)."""
     placement, stats = ReaderPlacement(2, None), _stats()
     _run(placement, stats, clock, 0.01, 16, *PARSING)
     for _ in range(3):
         _run(placement, stats, clock, 0.1, 64, *PARSING)
     assert _run(placement, stats, clock, 0.1, 64, *PARSING) == PROCESS
     placement.moved(PROCESS)
-    _run(placement, stats, clock, 0.3, 64, *PARSING)  # settled: the first window starts
+    _run(placement, stats, clock, 0.3, 64, *PARSING)
+    return placement, stats
+
+
+def test_reads_that_get_cheap_on_processes_send_the_readers_back_after_two_windows(clock):
+    placement, stats = _on_processes(clock)
     for _ in range(4):  # faster than threads: stays (cold, two to measure, one watched)
         assert _run(placement, stats, clock, 0.06, 64, *PARSING) is None
     # The workload changes: a read costs 400x less (records already in memory), and receiving one
@@ -521,13 +528,7 @@ def test_the_costly_windows_after_a_move_keep_what_the_threads_measured(clock):
     """Readers re-read to where they were after a move: the first windows on processes cost many
     times a read's CPU. That is not a new workload: the threads' measure stands, and processes
     measured 3x slower than it send the readers back (the model alone would keep them there)."""
-    placement, stats = ReaderPlacement(2, None), _stats()
-    _run(placement, stats, clock, 0.01, 16, *PARSING)
-    for _ in range(3):
-        _run(placement, stats, clock, 0.1, 64, *PARSING)
-    assert _run(placement, stats, clock, 0.1, 64, *PARSING) == PROCESS
-    placement.moved(PROCESS)
-    _run(placement, stats, clock, 0.3, 64, *PARSING)
+    placement, stats = _on_processes(clock)
     re_reading = (PARSING[0] * 10, PARSING[1] * 10)
     verdicts = [_run(placement, stats, clock, 0.5, 64, *re_reading) for _ in range(2)]
     verdicts += [_run(placement, stats, clock, 0.3, 64, *PARSING) for _ in range(4)]
