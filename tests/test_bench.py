@@ -57,6 +57,7 @@ EPOCH_KEYS = {
     "first_batch_s",
     "peak_rss_mb",
     "peak_held_mb",
+    "start_held_mb",
     "peak_pss_mb",
     "end_pss_mb",
     "end_held_mb",
@@ -126,6 +127,12 @@ def test_every_workload_and_configuration_end_to_end(small, capsys, name):
     )
     budget = {tg.BUDGET_CONFIG} if entry["budget"] is not None else set()
     assert bool(budget) == (name in run.BUDGETED and held_more), entry["budget"]
+    if budget:  # the loader's own share: the tree's budget less the tree before any loader
+        given = entry["budget"]
+        assert 0 < given["tree_before_loader_mb"] < given["held_mb"]
+        assert given["ram_budget_mb"] == pytest.approx(
+            given["held_mb"] - given["tree_before_loader_mb"]
+        )
     configs = {"cache": CACHE_CONFIGS, "blobs": EPOCH_CONFIGS}.get(name, CONFIGS)
     image = {tg.IMAGE_CONFIG} if name in tpimage.PIPELINES else set()
     assert set(entry["results"]) == configs | budget | image | set(tg.TWINS)
@@ -174,6 +181,7 @@ def test_every_workload_and_configuration_end_to_end(small, capsys, name):
         assert (
             result["peak_held_mb"] >= result["end_held_mb"]
             and result["peak_pss_mb"] >= result["end_pss_mb"]
+            and 0 < result["start_held_mb"] <= result["peak_held_mb"]
         )
         assert name in ("blobs", "cache") or (
             result["converge_s"] > 0 and not result["ended_early"]
