@@ -128,3 +128,31 @@ def test_forced_costs_report_what_they_force_while_the_calls_run_and_no_longer_a
     assert ran == list(range(6)) and len(drawn) == 1
     costs, _ = measure_calls(lambda n: list(range(n)))
     assert costs != forced and costs.call_s < 0.5
+
+
+def _counting_decodes(monkeypatch):
+    """How many times the measuring decodes a result to price its move (a list, counted in)."""
+    decodes = []
+    real = measure_module.codec.decode_view
+
+    def decode_view(record):
+        decodes.append(len(record))
+        return real(record)
+
+    monkeypatch.setattr(measure_module.codec, "decode_view", decode_view)
+    return decodes
+
+
+def test_a_result_dearer_to_move_than_to_make_is_priced_without_timing_every_decode(monkeypatch):
+    # Receiving a result copies its blobs at least once: where that copy (or one decoding) costs
+    # a call made here, processes cannot win, and timing three decodes of it only took the first
+    # epoch's time (~5 ms of a 25 ms epoch of rows with 64 KB blobs).
+    decodes = _counting_decodes(monkeypatch)
+    blobs = [bytes([i]) * 65536 for i in range(64)]  # 4 MiB of blobs, made in no time
+    costs, _ = measure_calls(lambda n: [blobs for _ in range(n)])
+    assert len(decodes) <= 1
+    assert costs.move_s >= costs.call_s and costs.nbytes == move_costs(blobs)[1]
+    decodes.clear()
+    # a result cheap to move beside its call: the fastest of a few decodes prices it
+    costs, _ = measure_calls(lambda n: [(time.sleep(0.003), b"x")[1] for _ in range(n)])
+    assert len(decodes) == measure_module._MOVE_SAMPLES and costs.move_s < costs.call_s

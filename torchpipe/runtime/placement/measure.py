@@ -22,6 +22,7 @@ from torchpipe.runtime.cpu import as_a_pool_thread_runs, run_delay
 from torchpipe.runtime.placement.gil import GilProbe
 from torchpipe.runtime.placement.memory_costs import (
     MMAP_THRESHOLD_MAX,
+    byte_seconds,
     calibrate,
     cold_seconds,
     thread_faults,
@@ -138,7 +139,8 @@ def _steady_costs(probed: list[_Timed], alone: list[_Timed], cpu: float, first: 
     call's page faults priced (:func:`~torchpipe.runtime.placement.memory_costs.cold_seconds`)
     and left out, the median of the calls run alone (else of all), the GIL-free share the probe
     saw, and what moving ``first`` between processes costs (:func:`move_costs`)."""
-    move_s, nbytes, steady_bytes = move_costs(first)
+    encoded = _encoded(first)
+    nbytes, steady_bytes = _sizes(encoded)
     cold = [cold_seconds(faults, steady_bytes) for _, _, faults in probed + alone]
     wall = sum(s for s, _, _ in probed + alone)
     # A fault is CPU time of this thread: the faults' priced time cannot exceed the CPU the calls
@@ -148,6 +150,11 @@ def _steady_costs(probed: list[_Timed], alone: list[_Timed], cpu: float, first: 
     share = cold_s / sum(cold) if sum(cold) > 0 else 0.0
     steady = [max(s - c * share, s * _CALL_FLOOR) for (s, _, _), c in zip(probed + alone, cold)]
     call_s = statistics.median(steady[len(probed) :] or steady)
+    # Receiving a result copies its blobs and pickled data at least once: where that copy, or a
+    # decoding, alone costs a call made here, processes cannot win, and the decodes need not be
+    # timed (again) (a batch of 2 MB of blobs: ~5 ms of a first epoch of ~25).
+    copy_s = nbytes * byte_seconds()
+    move_s = copy_s if copy_s >= call_s else _decode_seconds(encoded, enough=call_s)
     probed_s = sum(s for s, _, _ in probed)
     return CallCosts(
         call_s=call_s,
@@ -245,10 +252,31 @@ def move_costs(result: Any) -> tuple[float, int, int]:
     large that the allocator maps them afresh for every result
     (:data:`~torchpipe.runtime.placement.memory_costs.MMAP_THRESHOLD_MAX`). A result that cannot travel
     costs infinite seconds."""
+    encoded = _encoded(result)
+    return (_decode_seconds(encoded), *_sizes(encoded))
+
+
+def _encoded(result: Any) -> Any:
+    """``result`` encoded for a worker's ring, or None where it cannot travel."""
     try:
-        encoded = codec.encode(codec.materialize(result))
+        return codec.encode(codec.materialize(result))
     except Exception:  # noqa: BLE001 - cannot travel: processes would fail on it
-        return float("inf"), 0, 0
+        return None
+
+
+def _sizes(encoded: Any) -> tuple[int, int]:
+    """The bytes a move of ``encoded`` copies on each side, and those of its blocks the allocator
+    maps afresh (see :func:`move_costs`); none where it cannot travel."""
+    if encoded is None:
+        return 0, 0
+    return encoded.copied_bytes, encoded.bytes_in_blocks(MMAP_THRESHOLD_MAX)
+
+
+def _decode_seconds(encoded: Any, enough: float = float("inf")) -> float:
+    """The fastest of a few decodings of ``encoded`` (infinite where it cannot travel); one only
+    where it took ``enough`` seconds (a call made here: processes cannot win then)."""
+    if encoded is None:
+        return float("inf")
     record = np.empty(encoded.nbytes, np.uint8)
     encoded.write_into(memoryview(record))  # type: ignore[arg-type]  # numpy declares __buffer__ for Python 3.12+ only
     best = float("inf")
@@ -256,4 +284,6 @@ def move_costs(result: Any) -> tuple[float, int, int]:
         t0 = time.perf_counter()
         codec.decode_view(record)
         best = min(best, time.perf_counter() - t0)
-    return best, encoded.copied_bytes, encoded.bytes_in_blocks(MMAP_THRESHOLD_MAX)
+        if best >= enough:
+            break
+    return best
