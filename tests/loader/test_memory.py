@@ -186,14 +186,16 @@ def test_a_rings_pages_count_once_whether_its_worker_alone_maps_them_or_both_sid
     """A ring's page the worker wrote and this process has not read yet is among the worker's
     private pages: counted with the rings (their resident pages), it is left out of the
     worker's own (a jpeg loader with released slots read 132 MiB where its tree held 90)."""
-    size = 8 << 20
+    # Large beside what else this process may allocate between two readings (the suite's
+    # threads): the readings are compared within an eighth of it.
+    size, slack = 64 << 20, 8 << 20
     fd = os.memfd_create("test-ring")
     try:
         os.ftruncate(fd, size)
         pages = mmap.mmap(fd, size)
         pages[:] = b"\1" * size  # mapped here alone, as a result the consumer has not read
         whole, apart = private_bytes(os.getpid()), private_bytes(os.getpid(), size)
-        assert abs(whole - apart - size) < 1 << 20
+        assert abs(whole - apart - size) < slack
         reader = subprocess.Popen(  # the consumer maps and reads them: now shared, not private
             [sys.executable, "-c", READ_AND_WAIT.format(fd=fd, size=size)],
             pass_fds=(fd,),
@@ -202,7 +204,7 @@ def test_a_rings_pages_count_once_whether_its_worker_alone_maps_them_or_both_sid
         try:
             assert reader.stdout is not None and reader.stdout.readline().strip() == b"read"
             whole, apart = private_bytes(os.getpid()), private_bytes(os.getpid(), size)
-            assert abs(whole - apart) < 1 << 20 and whole < apart + size // 2
+            assert abs(whole - apart) < slack and whole < apart + size // 2
         finally:
             reader.kill()
             reader.wait()
