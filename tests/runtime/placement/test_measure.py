@@ -144,13 +144,13 @@ def _counting_decodes(monkeypatch):
 
 
 def test_a_result_dearer_to_move_than_to_make_is_priced_without_timing_every_decode(monkeypatch):
-    # Receiving a result copies its blobs at least once: where that copy (or one decoding) costs
+    # Receiving a result copies its blobs at least once: where that copy (or two decodings) cost
     # a call made here, processes cannot win, and timing three decodes of it only took the first
-    # epoch's time (~5 ms of a 25 ms epoch of rows with 64 KB blobs).
+    # epoch's time (~1.5 ms a decoding, of a 25 ms epoch of rows with 64 KB blobs).
     decodes = _counting_decodes(monkeypatch)
     blobs = [bytes([i]) * 65536 for i in range(64)]  # 4 MiB of blobs, made in no time
     costs, _ = measure_calls(lambda n: [blobs for _ in range(n)])
-    assert len(decodes) <= 1
+    assert len(decodes) <= 2  # the first is cold: the second prices it
     assert costs.move_s >= costs.call_s and costs.nbytes == move_costs(blobs)[1]
     decodes.clear()
     # a result cheap to move beside its call: the fastest of a few decodes prices it

@@ -150,9 +150,9 @@ def _steady_costs(probed: list[_Timed], alone: list[_Timed], cpu: float, first: 
     share = cold_s / sum(cold) if sum(cold) > 0 else 0.0
     steady = [max(s - c * share, s * _CALL_FLOOR) for (s, _, _), c in zip(probed + alone, cold)]
     call_s = statistics.median(steady[len(probed) :] or steady)
-    # Receiving a result copies its blobs and pickled data at least once: where that copy, or a
-    # decoding, alone costs a call made here, processes cannot win, and the decodes need not be
-    # timed (again) (a batch of 2 MB of blobs: ~5 ms of a first epoch of ~25).
+    # Receiving a result copies its blobs and pickled data at least once: where that copy alone
+    # costs a call made here, processes cannot win, and the decodes need not be timed; where two
+    # decodings did, a third need not be (a batch of 2 MB of blobs: ~1.5 ms a decoding).
     copy_s = nbytes * byte_seconds()
     move_s = copy_s if copy_s >= call_s else _decode_seconds(encoded, enough=call_s)
     probed_s = sum(s for s, _, _ in probed)
@@ -273,17 +273,18 @@ def _sizes(encoded: Any) -> tuple[int, int]:
 
 
 def _decode_seconds(encoded: Any, enough: float = float("inf")) -> float:
-    """The fastest of a few decodings of ``encoded`` (infinite where it cannot travel); one only
-    where it took ``enough`` seconds (a call made here: processes cannot win then)."""
+    """The fastest of a few decodings of ``encoded`` (infinite where it cannot travel); two only
+    where both took ``enough`` seconds (a call made here: processes cannot win then). The first
+    is cold (its memory faulted in), so one alone would price a move too high."""
     if encoded is None:
         return float("inf")
     record = np.empty(encoded.nbytes, np.uint8)
     encoded.write_into(memoryview(record))  # type: ignore[arg-type]  # numpy declares __buffer__ for Python 3.12+ only
     best = float("inf")
-    for _ in range(_MOVE_SAMPLES):
+    for tries in range(1, _MOVE_SAMPLES + 1):
         t0 = time.perf_counter()
         codec.decode_view(record)
         best = min(best, time.perf_counter() - t0)
-        if best >= enough:
+        if tries >= 2 and best >= enough:
             break
     return best
