@@ -156,3 +156,6 @@ def test_a_result_dearer_to_move_than_to_make_is_priced_without_timing_every_dec
     # a result cheap to move beside its call: the fastest of a few decodes prices it
     costs, _ = measure_calls(lambda n: [(time.sleep(0.003), b"x")[1] for _ in range(n)])
     assert len(decodes) == measure_module._MOVE_SAMPLES and costs.move_s < costs.call_s
+    # one that cannot travel cannot move, however cheap its call
+    costs, _ = measure_calls(lambda n: [lambda: None for _ in range(n)])
+    assert costs.move_s == float("inf")

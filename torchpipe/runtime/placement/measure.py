@@ -154,7 +154,10 @@ def _steady_costs(probed: list[_Timed], alone: list[_Timed], cpu: float, first: 
     # costs a call made here, processes cannot win, and the decodes need not be timed; where two
     # decodings did, a third need not be (a batch of 2 MB of blobs: ~1.5 ms a decoding).
     copy_s = nbytes * byte_seconds()
-    move_s = copy_s if copy_s >= call_s else _decode_seconds(encoded, enough=call_s)
+    if encoded is not None and copy_s >= call_s:
+        move_s = copy_s
+    else:  # infinite where it cannot travel
+        move_s = _decode_seconds(encoded, enough=call_s)
     probed_s = sum(s for s, _, _ in probed)
     return CallCosts(
         call_s=call_s,
