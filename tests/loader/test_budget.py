@@ -12,6 +12,7 @@ import torch
 import torchpipe as tp
 from tests.loader.test_memory import Busy, wait_until
 from tests.runtime.processes.test_output import PAGE, resident_bytes
+from torchpipe.loader import budget as budget_module
 from torchpipe.loader import memory as loader_memory
 from torchpipe.loader.budget import held_here
 from torchpipe.testing import forced_call_costs, move_calls, worker_rings
@@ -186,12 +187,23 @@ def test_workers_parked_for_a_trial_elsewhere_give_their_slots_pages_back_until_
     ]
 
 
-def test_a_worker_placements_predicted_peak_leaves_out_what_batches_made_here_hold():
+def test_a_worker_placements_predicted_peak_leaves_out_what_batches_made_here_hold(monkeypatch):
     """What this process holds for batches made here (those its threads made and the memory
     kept to stack the next) goes when the batches move to worker processes: a worker placement's
     predicted peak counts what this process holds only while the batches are made there."""
-    loader = tp.DataLoader(Waits(length=400), batch_size=4, num_workers="auto")
+    predicted = []  # (this process's share the peak was predicted with, what it held then)
+    made = []  # the iterator, once made
+
+    def hold_peak(memory, pool, workers, batch, here):
+        if made:
+            predicted.append((here, held_here(weakref.ref(made[0]))))
+        return real(memory, pool, workers, batch, here)
+
+    real = budget_module.hold_peak
+    monkeypatch.setattr(budget_module, "hold_peak", hold_peak)
+    loader = tp.DataLoader(Waits(length=800), batch_size=4, num_workers="auto")
     it = iter(loader)
+    made.append(it)
     next(it)
     move_calls(it, "thread", 2)
     held = []
@@ -201,10 +213,15 @@ def test_a_worker_placements_predicted_peak_leaves_out_what_batches_made_here_ho
         if held[-1] > 0:
             break
     assert it.placement.kind == "thread" and held[-1] > 0
-    assert it._here_on_processes() == 0.0
+    predicted.clear()
     move_calls(it, "process", 1)
-    for _ in range(8):
-        next(it)
+    assert predicted and predicted[0][0] == 0.0 and predicted[0][1] > 0  # the move's peak
+    predicted.clear()
+    # on processes, the peak is judged again at each reading: what this process holds counts
+    for _ in it:
+        if predicted:
+            break
     assert it.placement.kind == "process"
-    assert it._here_on_processes() == held_here(weakref.ref(it))
+    assert predicted and all(here == now for here, now in predicted)
+    made.clear()
     del it  # its workers go with it

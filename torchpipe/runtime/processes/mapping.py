@@ -57,3 +57,26 @@ def map_shared(fd: int, size: int, flags: int = mmap.MAP_SHARED) -> memoryview:
     weakref.finalize(memory, _libc.munmap, address, size).atexit = False
     array: Any = np.frombuffer(memoryview(memory), np.uint8)
     return memoryview(array)  # a plain byte format, which cast() takes
+
+
+_LOW_BIT = bytes(b & 1 for b in range(256))
+
+
+def mapping_address(mapping: mmap.mmap | memoryview) -> int | None:
+    """Where a writable mapping starts in this process (None where it is read-only)."""
+    try:
+        return ctypes.addressof(ctypes.c_char.from_buffer(mapping))
+    except TypeError:
+        return None
+
+
+def resident_pages(address: int | None, nbytes: int) -> int:
+    """How many pages of the shared mapping at ``address`` are in memory, whichever process
+    touched them (``mincore``); 0 where it cannot say (gone, or never known)."""
+    pages = -(-nbytes // mmap.PAGESIZE)
+    if address is None or not pages:
+        return 0
+    vector = (ctypes.c_ubyte * pages)()
+    if _libc.mincore(ctypes.c_void_p(address), ctypes.c_size_t(nbytes), vector) != 0:
+        return 0
+    return bytes(vector).translate(_LOW_BIT).count(1)

@@ -228,11 +228,6 @@ class ProcessPool(WorkerPool[_Worker]):
         return [[r.ring for r in w.rings if r is not None] for w in self._workers.values()]
 
     @property
-    def held_records(self) -> list[int]:
-        """How many records of each worker's rings results still view here (delivered or not)."""
-        return [self._held_by(worker) for worker in self._workers.values()]
-
-    @property
     def ring_bytes(self) -> int:
         """The bytes of the workers' rings in use, as mapped here."""
         rings = [

@@ -45,14 +45,13 @@ unwritten. See
 
 from __future__ import annotations
 
-import ctypes
 import mmap
 import os
 import struct
 import time
 import weakref
 
-from torchpipe.runtime.processes.mapping import map_shared
+from torchpipe.runtime.processes.mapping import map_shared, mapping_address, resident_pages
 from torchpipe.runtime.processes.memfd import (
     MAP_FLAGS,
     check_nbytes,
@@ -475,27 +474,3 @@ class ShmRing:
                 f"release(offset={offset}, nbytes={nbytes}): that record is not committed"
             )
         return start
-
-
-_LIBC = ctypes.CDLL(None, use_errno=True)
-_LOW_BIT = bytes(b & 1 for b in range(256))
-
-
-def mapping_address(mapping: mmap.mmap | memoryview) -> int | None:
-    """Where a writable mapping starts in this process (None where it is read-only)."""
-    try:
-        return ctypes.addressof(ctypes.c_char.from_buffer(mapping))
-    except TypeError:
-        return None
-
-
-def resident_pages(address: int | None, nbytes: int) -> int:
-    """How many pages of the shared mapping at ``address`` are in memory, whichever process
-    touched them (``mincore``); 0 where it cannot say (gone, or never known)."""
-    pages = -(-nbytes // mmap.PAGESIZE)
-    if address is None or not pages:
-        return 0
-    vector = (ctypes.c_ubyte * pages)()
-    if _LIBC.mincore(ctypes.c_void_p(address), ctypes.c_size_t(nbytes), vector) != 0:
-        return 0
-    return bytes(vector).translate(_LOW_BIT).count(1)
