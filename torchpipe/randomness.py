@@ -121,6 +121,7 @@ class _CallState(threading.local):
     stage_seed: int | None = None
     seq: int = 0
     generator: np.random.Generator | None = None
+    generator_seq: int = -1  # the seq ``generator`` is the element generator of
     watch: GlobalDraws | None = None
     # the last (stage_seed, seq) tp.rng() seeded, and the PCG64 states of a window of seqs
     # after it (rng_window): a stage's elements come to a thread in increasing order
@@ -175,28 +176,29 @@ def _same_state(a: Any, b: Any) -> bool:
 
 _call_state = _CallState()
 
-_Saved = tuple[Any, int, Any]
+_Saved = tuple[Any, int, Any, int]
 
 
 def enter_call(stage_seed: int, seq: int) -> _Saved:
     """Make element ``seq`` of a stage current for this thread's ``tp.rng()``; returns what to
     restore (calls nest when a user function iterates a pipeline itself)."""
     state = _call_state
-    prev = (state.stage_seed, state.seq, state.generator)
+    prev = (state.stage_seed, state.seq, state.generator, state.generator_seq)
     state.stage_seed, state.seq, state.generator = stage_seed, seq, None
     return prev
 
 
-def next_call(seq: int) -> None:
-    """Make element ``seq`` of the stage entered last (:func:`enter_call`) current for this
-    thread's ``tp.rng()``: the next of a batch's elements."""
-    state = _call_state
-    state.seq, state.generator = seq, None
+def call_state() -> _CallState:
+    """This thread's call state: a stage that runs a batch's elements enters the first
+    (:func:`enter_call`), then sets ``seq`` to each next one (an attribute write, no call: a cheap
+    function's element costs little more), and ``tp.rng()`` follows it."""
+    return _call_state
 
 
 def exit_call(prev: _Saved) -> None:
     """Undo :func:`enter_call`."""
-    _call_state.stage_seed, _call_state.seq, _call_state.generator = prev
+    state = _call_state
+    state.stage_seed, state.seq, state.generator, state.generator_seq = prev
 
 
 def rng() -> np.random.Generator:
@@ -215,8 +217,9 @@ def rng() -> np.random.Generator:
             "tp.rng() can only be called inside a function run by a torchpipe pipeline"
         )
     gen = state.generator
-    if gen is None:
+    if gen is None or state.generator_seq != state.seq:  # the element changed since
         gen = state.generator = np.random.Generator(np.random.PCG64(_seed_of(state)))
+        state.generator_seq = state.seq
     return gen
 
 

@@ -111,6 +111,17 @@ def test_tp_rng_gives_one_generator_a_call_and_is_refused_outside_one():
         tp.rng()  # the failed call left nothing behind
 
 
+def test_a_batchs_elements_each_get_their_own_generator_as_one_at_a_time():
+    def draws(x):
+        generator = tp.rng()
+        return float(generator.random()), tp.rng() is generator
+
+    fn = UserFunction(draws, "map(f)", _ctx())
+    batch = fn.on_elements(5, [0, 0, 0, 0])
+    assert batch == [fn.on_element(seq, 0) for seq in range(5, 9)]
+    assert len({value for value, _ in batch}) == 4 and all(same for _, same in batch)
+
+
 def test_a_nested_call_restores_the_outer_elements_generator():
     inner = UserFunction(_draw, "map(inner)", _ctx().child(1))
 

@@ -9,10 +9,10 @@ from torchpipe.core.node import WORKER_MARK, BuildContext
 from torchpipe.errors import add_note
 from torchpipe.randomness import (
     call_seeded,
+    call_state,
     enter_call,
     exit_call,
     mix_seed,
-    next_call,
     seed_global_rngs,
 )
 
@@ -88,11 +88,11 @@ class UserFunction:
                 result = self.on_element(first + j, element)
                 results.append(result if then is None else then(j, result))
             return results
-        fn, seq = self.fn, first
+        fn, seq, state = self.fn, first, call_state()
         prev = enter_call(self._seed, first)
         try:
             for seq, element in enumerate(elements, first):
-                next_call(seq)
+                state.seq = seq  # this element's tp.rng() (call_state)
                 result = fn(*element) if type(element) is tuple else fn(element)
                 results.append(result if then is None else then(seq - first, result))
         except StopIteration as e:
