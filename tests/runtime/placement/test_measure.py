@@ -49,7 +49,9 @@ def test_measuring_holds_few_large_results(monkeypatch):
     # stop at a few (each half's first runs whatever its size), small ones run eight.
     monkeypatch.setattr(measure_module, "_PROBE_S", 60.0)  # bytes stop them here, not time
     _, ran = measure_calls(lambda n: [torch.ones(3 << 20, dtype=torch.uint8) for _ in range(n)])
-    assert ran == 3  # 3 MiB, then 6 (past 4); then 9 (past 8, the two halves' share)
+    assert ran == 2  # 3 MiB (past 2); then 6 (past 4, the two halves' share)
+    _, ran = measure_calls(lambda n: [torch.ones(1 << 20, dtype=torch.uint8) for _ in range(n)])
+    assert ran == 4  # 1 MiB, then 2; then 3, 4
     _, ran = measure_calls(lambda n: [torch.ones(10 << 20, dtype=torch.uint8) for _ in range(n)])
     assert ran == 2
     _, ran = measure_calls(lambda n: list(range(n)))
@@ -156,6 +158,11 @@ def test_a_result_dearer_to_move_than_to_make_is_priced_without_timing_every_dec
     # a result cheap to move beside its call: the fastest of a few decodes prices it
     costs, _ = measure_calls(lambda n: [(time.sleep(0.003), b"x")[1] for _ in range(n)])
     assert len(decodes) == measure_module._MOVE_SAMPLES and costs.move_s < costs.call_s
+    # where processes lose to inline even at a copy of the result's bytes, no decode is timed
+    decodes.clear()
+    monkeypatch.setattr(measure_module, "processes_cannot_win", lambda costs, cores: True)
+    costs, _ = measure_calls(lambda n: [(time.sleep(0.003), b"x")[1] for _ in range(n)])
+    assert not decodes and costs.move_s < costs.call_s
     # one that cannot travel cannot move, however cheap its call
     costs, _ = measure_calls(lambda n: [lambda: None for _ in range(n)])
     assert costs.move_s == float("inf")

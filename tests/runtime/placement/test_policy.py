@@ -18,6 +18,7 @@ from torchpipe.runtime.placement.policy import (
     cost_scale,
     may_pay,
     predict,
+    processes_cannot_win,
     transfer_seconds,
     workers,
 )
@@ -50,6 +51,19 @@ def costs(call_s, gil_free=0.0, cpu_s=None, move_s=20e-6, consumer_s=0.0, thread
 )
 def test_the_choice_follows_the_costs(calls, kind):
     assert choose(calls, 2, KINDS) == kind
+
+
+def test_processes_that_lose_at_the_least_a_move_costs_cannot_win():
+    # blobs: 0.15 ms a batch of 2 MB, a copy of its bytes 0.08 ms: a move priced at that least
+    # still leaves processes far behind inline, so its price need not be measured
+    blobs = costs(150e-6, move_s=80e-6)
+    assert processes_cannot_win(blobs, 2) and choose(blobs, 2, KINDS) == INLINE
+    # a dear call whose result is cheap to move: a trial's worth, the move is measured
+    assert not processes_cannot_win(costs(2e-3, move_s=80e-6), 2)
+    # within a trial's reach of inline (EXPLORE), however cheap the call: measured too
+    near = costs(150e-6, move_s=1e-6)
+    assert predict(near, PROCESS, 8) < policy_module.EXPLORE_INLINE * predict(near, INLINE, 8)
+    assert not processes_cannot_win(near, 8)
 
 
 def test_a_dearer_executor_must_win_by_the_margin():

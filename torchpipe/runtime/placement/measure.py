@@ -9,6 +9,7 @@ result between processes measured by decoding one: :func:`move_costs`); the
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -18,7 +19,7 @@ import numpy as np
 
 from torchpipe.randomness import GlobalDraws, watch_global_draws
 from torchpipe.runtime import codec
-from torchpipe.runtime.cpu import as_a_pool_thread_runs, run_delay
+from torchpipe.runtime.cpu import as_a_pool_thread_runs, run_delay, usable_cpu_count
 from torchpipe.runtime.placement.gil import GilProbe
 from torchpipe.runtime.placement.memory_costs import (
     MMAP_THRESHOLD_MAX,
@@ -27,17 +28,18 @@ from torchpipe.runtime.placement.memory_costs import (
     cold_seconds,
     thread_faults,
 )
-from torchpipe.runtime.placement.policy import CallCosts
+from torchpipe.runtime.placement.policy import CallCosts, processes_cannot_win
 from torchpipe.runtime.sizes import element_bytes
 
 _PROBE_CALLS, _PROBE_S = (
     8,
     0.02,
 )  # calls measured inline before the first decision (at most; at least one)
-_PROBE_BYTES = 4 << 20
+_PROBE_BYTES = 2 << 20
 """Bytes of results each half of the measured calls may hold (its first call runs whatever its
 size). Every result measured is kept until the consumer takes it, so each faults in fresh pages:
-``blobs``' eight 2 MB batches took 12 ms to measure, where delivered one by one they take 2.6."""
+``blobs``' eight 2 MB batches took 12 ms to measure, where delivered one by one they take 2.6;
+four took 5.6-6 ms (1.4 ms each, 0.15 ms delivered), two take half as long."""
 _MOVE_SAMPLES = 3  # decodings timed for the cost of receiving a result (the fastest counts)
 _CALL_FLOOR = 0.1  # a call is taken to cost at least this share of its time, whatever it faulted
 _forced: CallCosts | None = None  # what measure_calls reports within forced_costs()
@@ -150,22 +152,24 @@ def _steady_costs(probed: list[_Timed], alone: list[_Timed], cpu: float, first: 
     share = cold_s / sum(cold) if sum(cold) > 0 else 0.0
     steady = [max(s - c * share, s * _CALL_FLOOR) for (s, _, _), c in zip(probed + alone, cold)]
     call_s = statistics.median(steady[len(probed) :] or steady)
-    # Receiving a result copies its blobs and pickled data at least once: where that copy alone
-    # costs a call made here, processes cannot win, and the decodes need not be timed; where two
-    # decodings did, a third need not be (a batch of 2 MB of blobs: ~1.5 ms a decoding).
-    copy_s = nbytes * byte_seconds()
-    if encoded is not None and copy_s >= call_s:
-        move_s = copy_s
-    else:  # infinite where it cannot travel
-        move_s = _decode_seconds(encoded, enough=call_s)
     probed_s = sum(s for s, _, _ in probed)
-    return CallCosts(
+    # Receiving a result copies its blobs and pickled data at least once: where that copy alone
+    # costs a call made here, or processes moving results at that copy are beyond a trial's
+    # reach (processes_cannot_win), the decodes need not be timed; where two decodings cost a
+    # call, a third need not be (a batch of 2 MB of blobs: ~1.5 ms a decoding).
+    costs = CallCosts(
         call_s=call_s,
         cpu_s=call_s * min(1.0, (cpu - cold_s) / (wall - cold_s)) if wall > cold_s else call_s,
         gil_free=sum(s * free for s, free, _ in probed) / probed_s if probed_s > 0 else 1.0,
-        move_s=move_s,
+        move_s=nbytes * byte_seconds(),
         nbytes=nbytes,
     )
+    if encoded is not None and (
+        costs.move_s >= call_s or processes_cannot_win(costs, usable_cpu_count())
+    ):
+        return costs
+    # infinite where it cannot travel
+    return dataclasses.replace(costs, move_s=_decode_seconds(encoded, enough=call_s))
 
 
 def _run_at_forced_costs(

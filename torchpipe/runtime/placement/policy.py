@@ -217,6 +217,16 @@ def predict(costs: CallCosts, kind: str, cores: int) -> float:
     return max((c.call_s + move) / n, receive + c.consumer_s, cpu / cores)
 
 
+def processes_cannot_win(costs: CallCosts, cores: int) -> bool:
+    """Whether processes lose to inline whatever moving a result costs: with ``costs.move_s`` at
+    the least a move can cost (a copy of the result's bytes), they are predicted
+    :data:`EXPLORE_INLINE` times slower than inline or more, beyond a trial's reach
+    (:data:`EXPLORE`) and the model's usual miss on the consumer's side. Then the move's price
+    need not be measured (``blobs``: 32 rows of 64 KB at 0.15 ms a batch, ~3 ms of decodes in
+    an epoch of 20)."""
+    return predict(costs, PROCESS, cores) >= EXPLORE_INLINE * predict(costs, INLINE, cores)
+
+
 def transfer_seconds(costs: CallCosts) -> float:
     """Seconds each side spends moving one result between processes: decoding it as measured,
     and, for a result larger than a core's cache, at least a copy of its bytes at the machine's
