@@ -1,3 +1,5 @@
+import os
+import threading
 import time
 
 import numpy as np
@@ -72,3 +74,41 @@ def test_uncalibrated_is_a_new_process_to_the_probe_and_puts_the_rate_back(monke
     with GilProbe():
         pass
     assert calibrations == []
+
+
+def _probe_threads():
+    return [t for t in threading.enumerate() if t.name == "torchpipe-gil-probe"]
+
+
+def test_probes_share_one_thread_that_ticks_only_while_one_is_open():
+    with GilProbe():
+        pass
+    assert len(_probe_threads()) == 1
+    ticker = gil._Ticker._here
+    with GilProbe() as first, GilProbe() as second:  # open at once: both see the ticks
+        _, free_first, _ = first.measure(lambda: time.sleep(0.02))
+        _, free_second, _ = second.measure(lambda: time.sleep(0.02))
+    assert free_first > 0 and free_second > 0
+    assert _probe_threads() == [ticker._thread] and ticker._open == 0
+    ticks = ticker.ticks
+    time.sleep(0.02)  # none open: the thread waits (at most the tick it was sleeping through)
+    assert ticker.ticks <= ticks + 1
+
+
+def test_a_forked_child_starts_its_own_probe_thread():
+    with GilProbe():
+        pass
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: the parent's thread is not here; a probe must still tick
+        try:
+            with GilProbe() as probe:
+                _, free, _ = probe.measure(lambda: time.sleep(0.02))
+            os.write(write, b"1" if free > 0 and len(_probe_threads()) == 1 else b"0")
+        finally:
+            os._exit(0)
+    os.close(write)
+    answer = os.read(read, 1)
+    os.waitpid(pid, 0)
+    os.close(read)
+    assert answer == b"1"

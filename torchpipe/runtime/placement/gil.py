@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -16,6 +17,61 @@ CALIBRATE_S = 0.005
 _CALIBRATIONS = 2
 
 
+class _Ticker:
+    """The probe's thread, one a process, started at the first probe and kept: while a probe is
+    open it wakes every 0.2 ms and needs the GIL for an instant (a tick); while none is, it waits
+    on an event. Starting a thread costs a first measurement 1-2 ms on a busy machine (it waits
+    for a core and for the GIL), where a cheap stage's first epoch takes 20 ms."""
+
+    _here: _Ticker | None = None  # this process's (a forked child starts its own)
+    _lock = threading.Lock()
+
+    def __init__(self) -> None:
+        self.ticks = 0
+        self.native_id: int | None = None
+        self._open = 0  # probes open now
+        self._ticking = threading.Event()
+        self._started = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="torchpipe-gil-probe", daemon=True)
+        self._thread.start()
+        self._started.wait(timeout=1.0)
+
+    @classmethod
+    def opened(cls) -> _Ticker:
+        """This process's ticker (started now the first time), ticking until :meth:`close`."""
+        with cls._lock:
+            ticker = cls._here
+            if ticker is None:
+                ticker = cls._here = cls()
+            ticker._open += 1
+            ticker._ticking.set()
+        return ticker
+
+    def close(self) -> None:
+        """One probe fewer; the thread waits once none is open."""
+        with self._lock:
+            self._open -= 1
+            if self._open == 0:
+                self._ticking.clear()
+
+    @classmethod
+    def _forget(cls) -> None:
+        """In a forked child: the parent's thread is not there (the next probe starts one)."""
+        cls._here = None
+        cls._lock = threading.Lock()
+
+    def _run(self) -> None:
+        self.native_id = threading.get_native_id()
+        self._started.set()
+        while True:
+            self._ticking.wait()
+            time.sleep(_PROBE_SLEEP_S)
+            self.ticks += 1
+
+
+os.register_at_fork(after_in_child=_Ticker._forget)
+
+
 class GilProbe:
     """A thread that wakes every 0.2 ms and needs the GIL for an instant; a context manager.
 
@@ -27,22 +83,18 @@ class GilProbe:
     for a core: the time it waited runnable (:func:`~torchpipe.runtime.cpu.run_delay`) is left
     out of the time it could have ticked in, in the calibration and in every measurement, up to
     half of it (the probe also waits for a core while the GIL is held, where leaving all of it
-    out would make Python code look GIL-free).
+    out would make Python code look GIL-free). The thread is the process's :class:`_Ticker`,
+    which probes share (one probe's ticks are those counted while it measures).
     """
 
     _calibrated: float | None = None  # the free rate measured first in this process
 
     def __init__(self) -> None:
-        self._ticks = 0
-        self._native_id: int | None = None
-        self._started = threading.Event()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="torchpipe-gil-probe", daemon=True)
+        self._ticker: _Ticker | None = None
         self._free_rate = 1.0
 
     def __enter__(self) -> GilProbe:
-        self._thread.start()
-        self._started.wait(timeout=1.0)
+        self._ticker = _Ticker.opened()
         if GilProbe._calibrated is not None:  # the rate is the machine's: measured once a process
             self._free_rate = GilProbe._calibrated
             return self
@@ -74,19 +126,19 @@ class GilProbe:
             GilProbe._calibrated = before
 
     def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
-        self._thread.join(timeout=1.0)
+        if self._ticker is not None:
+            self._ticker.close()
+            self._ticker = None
+
+    @property
+    def _ticks(self) -> int:
+        assert self._ticker is not None  # open: within the block
+        return self._ticker.ticks
 
     def _delay(self) -> float:
         """Seconds the probe thread has waited for a core (0 where unknown)."""
-        return (run_delay(self._native_id) or 0.0) if self._native_id is not None else 0.0
-
-    def _run(self) -> None:
-        self._native_id = threading.get_native_id()
-        self._started.set()
-        while not self._stop.is_set():
-            time.sleep(_PROBE_SLEEP_S)
-            self._ticks += 1
+        native_id = self._ticker.native_id if self._ticker is not None else None
+        return (run_delay(native_id) or 0.0) if native_id is not None else 0.0
 
     def measure(self, call: Callable[[], Any]) -> tuple[Any, float, float]:
         """``(result, free_fraction, seconds)``: ``call()``'s result, the share of its duration
