@@ -34,10 +34,15 @@ class _Stage:
         self.seq = 0
         self.cost_s = 0.0
         self.inside_s = 0.0
+        self.run_delay_s = 0.0  # seconds of cost_s reported as waiting for a core (run_delay)
+        self.reports_delay = False
 
     def call(self, seq, x):
         if self.cost_s:
+            started = time.perf_counter()
             time.sleep(self.cost_s)
+            if self.reports_delay:
+                self.run_delay_s += time.perf_counter() - started
         return x * 2
 
     def make(self, kind, workers):
@@ -142,6 +147,40 @@ def test_calls_whose_cost_changes_are_decided_afresh(monkeypatch):
         if stage.placement.kind == THREAD:
             break
     assert stage.placement.kind == THREAD and stage.placement.workers > 2
+    stage.dispatch.close()
+
+
+def test_inline_calls_that_waited_for_a_busy_core_are_not_taken_for_io(monkeypatch):
+    # On a busy machine the consumer's thread waits for a core while its calls run: their wall
+    # time grows and their CPU time does not, as if they waited on I/O, and they went to many
+    # threads (blobs: 0.15 ms batches read 0.34 ms of wall to 0.07 of CPU). The thread's run delay
+    # in the window is the machine's: here each call's 3 ms "wait" is reported as one.
+    _windows(monkeypatch, 4)
+    policy = Policy((INLINE, THREAD), 2)
+    stage = _Stage(policy)
+    monkeypatch.setattr(placement_module, "run_delay", lambda: stage.run_delay_s)
+    stage.placement.decide(CallCosts(1e-6, 1e-6, 0.0, 0.0, handoff_s=1e-3))
+    stage.cost_s, stage.reports_delay = 0.003, True
+    for _ in range(6):
+        stage.run(30)
+    # compared with test_calls_whose_cost_changes_are_decided_afresh: a call is its time on a
+    # core (3 ms of wall without the delay taken out), and nothing to overlap on threads
+    assert stage.placement.kind == INLINE and policy.costs.call_s < 0.001
+    stage.dispatch.close()
+
+
+def test_an_inline_calls_cpu_share_is_read_over_every_window_since_it_came_or_changed():
+    # A window's CPU time is sampled (one cheap call in 16): one window's share swings
+    stage = _Stage(Policy((INLINE, THREAD), 2))
+    stage.placement.decide(CallCosts(1e-4, 1e-4, 0.0, 0.0))
+    share = stage.placement._inline_share
+    assert share(1e-4, 0.3e-4, 100, False) == pytest.approx(0.3)
+    assert share(1e-4, 1.7e-4, 100, False) == 1.0  # capped
+    assert share(1e-4, 1.0e-4, 200, False) == pytest.approx((0.3 + 1.7 + 2.0) / 4)
+    assert share(2e-4, 0.2e-4, 100, True) == pytest.approx(0.1)  # changed: afresh
+    stage.placement.move(THREAD, 2)
+    stage.placement.move(INLINE, 0)
+    assert share(1e-4, 0.5e-4, 10, False) == pytest.approx(0.5)  # back inline: afresh
     stage.dispatch.close()
 
 

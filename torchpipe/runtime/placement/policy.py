@@ -69,7 +69,14 @@ costs a second of throughput."""
 _TRIED_WITHIN = {INLINE: EXPLORE_INLINE, THREAD: 1 / EXPLORE, PROCESS: EXPLORE}
 """An executor not measured is tried where predicted below this many times the current one's
 measure. Threads must be predicted faster: their prediction is the GIL's, and they are tried
-whatever it says where it may miss (:data:`THREAD_TRIAL_S`)."""
+whatever it says where it may miss (:data:`THREAD_TRIAL_S`). So must processes from inline
+(:data:`_FROM_INLINE`)."""
+_FROM_INLINE = {PROCESS: 1 / EXPLORE}
+"""From inline, processes too must be predicted ``EXPLORE`` times faster to be tried: calls that
+run inline are cheap beside what a worker's result costs this process, and a window on
+processes, each pool forked and warmed up on the cores the consumer needs, cost ``records``'
+0.15 ms batches 1.6-3 ms each where predicted about as fast as inline (EXPLORE's reason, a
+prediction that ties with threads' on calls that overlap there, does not hold from inline)."""
 THREAD_FREE_SHARE = 0.6
 """The GIL-free share of a call from which threads start to overlap it (fully at 1). Traced on 2
 cores, JPEG decodes and TFRecord parses seen 0.59-0.75 free ran 1.3-1.5x slower on 2 threads
@@ -266,12 +273,31 @@ def choose(
     options = [k for k in KINDS if k in candidates and (k != THREAD or costs.thread_safe)]
     if not options:
         raise ValueError(f"no executor to choose from in {candidates!r}")
-    seconds = {kind: measured.get(kind, predict(costs, kind, cores)) for kind in options}
+    miss = model_miss(costs, cores, measured, current)
+    seconds = {kind: measured.get(kind, predict(costs, kind, cores) * miss) for kind in options}
     contest = _Contest(seconds, measured, margin, move_margin)
     best = contest.fastest()
     if current is not None and contest.keeps(current, best):
         return current
     return best
+
+
+def model_miss(
+    costs: CallCosts, cores: int, measured: dict[str, float], current: str | None
+) -> float:
+    """How many times slower than predicted the calls were measured inline, where they run
+    inline (``current``), at least 1: an executor not measured is predicted that much slower too.
+    What inline's prediction (a call and the consumer's time) leaves out, the others pay as well:
+    a machine busier than when the calls were first measured, each element's bookkeeping;
+    compared bare with that measurement, a prediction tried executors that could not win
+    (``records``' 0.15 ms batches measured 0.18 ms inline, threads predicted 0.15 then measured
+    0.44; on a busy machine, inline 0.29 against threads predicted 0.17). A miss on threads or
+    processes is theirs (contention, messages) and says nothing of the others; nor does inline
+    measured faster than predicted make the others more hopeful."""
+    if current != INLINE or current not in measured:
+        return 1.0
+    predicted = predict(costs, current, cores)
+    return max(1.0, measured[current] / predicted) if predicted > 0 else 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -476,6 +502,11 @@ class Policy:
         others = [seconds for kind, seconds in measured.items() if kind != self.kind]
         return here is not None and bool(others) and here > LOSES_BIG * min(others)
 
+    def model_miss(self) -> float:
+        """:func:`model_miss` for the calls where they run now."""
+        assert self.costs is not None  # decided
+        return model_miss(self.costs, self.cores, self.measured, self.kind)
+
     def slower_than(self) -> float | None:
         """Seconds per element past which a window on the current executor may end early (it
         loses big against the fastest other executor measured lately); None where none was."""
@@ -528,12 +559,16 @@ class Policy:
             # measured on too few windows, or too short ones, to stand against a trial's
             return None
         here = measured[self.kind]
+        miss = self.model_miss()
         for kind in self._not_tried(measured):
             if self._measured_faster(kind, here):
                 return kind
             if self._threads_missed(kind) and self._threads_may_win(here):
                 return kind
-            if predict(self.costs, kind, self.cores) < _TRIED_WITHIN[kind] * here:
+            within = (_FROM_INLINE if self.kind == INLINE else _TRIED_WITHIN).get(
+                kind, _TRIED_WITHIN[kind]
+            )
+            if predict(self.costs, kind, self.cores) * miss < within * here:
                 return kind
         return None
 
