@@ -91,7 +91,9 @@ class InnerChunkTask:
         # reader_id -> (the chunk it reads next, iterator), least recently used first
         self._open: OrderedDict[int, tuple[int, Iterator]] = OrderedDict()
         self._due: Counter[tuple[int, int]] = Counter()  # (reader_id, chunk) arrived, not done
-        self._changed = threading.Condition()
+        self._lock = threading.Lock()
+        # reader_id -> (woken when its chunk is done, threads waiting): one reader's, not all
+        self._waiting: dict[int, tuple[threading.Condition, int]] = {}
 
     def start_worker(self, slot: int) -> None:
         self.opener.seed_worker(slot)
@@ -106,7 +108,7 @@ class InnerChunkTask:
     def queued(self, task_id: int, payload: tuple) -> None:
         """Called on the worker's main thread as each chunk arrives, in order, before any thread
         runs it: a chunk that follows it waits for it here rather than answer stale."""
-        with self._changed:
+        with self._lock:
             self._due[payload[4], payload[5]] += 1
 
     def __call__(self, task_id: int, payload: tuple) -> list[Item] | PackedChunk | StaleChunk:
@@ -139,7 +141,7 @@ class InnerChunkTask:
         """``(the reader's iterator after chunk - 1, or None; an iterator of the reader kept at
         another chunk, which a chunk with a state replaces: the caller closes it)``. A chunk that
         follows waits while chunk - 1 is due here (arrived, and read or waiting on a thread)."""
-        with self._changed:
+        with self._lock:
             while True:
                 kept = self._open.get(reader_id)
                 if kept is not None and kept[0] == chunk:
@@ -147,17 +149,30 @@ class InnerChunkTask:
                     return kept[1], None
                 if not follows or self._due[reader_id, chunk - 1] <= 0:
                     break
-                t0 = time.perf_counter()
-                self._changed.wait(_WAIT_S)
-                waited(time.perf_counter() - t0)
+                self._wait(reader_id)
             other = None if follows else self._open.pop(reader_id, None)
         return None, other[1] if other is not None else None
+
+    def _wait(self, reader_id: int) -> None:
+        """Wait (holding ``_lock``) until a chunk of the reader is done, or ``_WAIT_S``."""
+        condition, count = self._waiting.get(reader_id, (None, 0))
+        if condition is None:
+            condition = threading.Condition(self._lock)
+        self._waiting[reader_id] = (condition, count + 1)
+        t0 = time.perf_counter()
+        try:
+            condition.wait(_WAIT_S)
+        finally:
+            condition, count = self._waiting.pop(reader_id)
+            if count > 1:
+                self._waiting[reader_id] = (condition, count - 1)
+        waited(time.perf_counter() - t0)
 
     def _done(self, reader_id: int, chunk: int, iterator: Iterator | None) -> None:
         """Chunk ``chunk`` is done: keep ``iterator`` (None: it ended, failed or was not read)
         for the next."""
         evicted = []
-        with self._changed:
+        with self._lock:
             key = (reader_id, chunk)
             if self._due[key] > 1:
                 self._due[key] -= 1
@@ -170,7 +185,9 @@ class InnerChunkTask:
                 self._open[reader_id] = (chunk + 1, iterator)
                 while len(self._open) > _KEPT_OPEN:
                     evicted.append(self._open.popitem(last=False)[1][1])
-            self._changed.notify_all()
+            waiting = self._waiting.get(reader_id)
+            if waiting is not None:
+                waiting[0].notify_all()
         for oldest in evicted:
             oldest.close()
 
