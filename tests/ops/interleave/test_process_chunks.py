@@ -202,6 +202,28 @@ def test_chunks_back_out_of_order_or_stale_keep_the_order_and_the_positions(
     assert_checkpoint_roundtrip(ds, positions=[0, 1, 4, 7, 20, 33, 60, 64])
 
 
+def test_a_reader_opened_ahead_keeps_one_chunk_out_and_two_once_taken_from(monkeypatch):
+    """Readers opened ahead of the cycle's slots fill up one chunk at a time: the workers read
+    first for the readers the consumer takes from."""
+    pools: list[_Scripted] = []
+    monkeypatch.setattr(
+        ProcessReaders, "_make_pool", lambda self, task: pools.append(_Scripted(task)) or pools[-1]
+    )
+    monkeypatch.setattr(process_readers, "CHUNK_ITEMS", 3)
+    readers = ProcessReaders("interleave(fn)", _opener(_numbers), 1, restart=True, stall_s=30.0)
+    stats = IteratorStats()
+    stats.calls = CallTiming()
+    readers.bind(stats)
+    readers.prepare()
+    readers.start(2)
+    reader = readers.open(2, 2)
+    readers.read(reader)
+    assert pools[0].out[reader.id] == 1
+    assert readers.take(reader) == (VALUE, 200)
+    assert pools[0].out[reader.id] == 2
+    readers.shutdown()
+
+
 def _pool(fn, threads_in_workers: bool, parallelism: int) -> ProcessReaders:
     if not process_executor_supported():
         pytest.skip("worker processes need Linux")

@@ -275,6 +275,7 @@ class _ChunkReader(Reader):
         "out",
         "early",
         "stale",
+        "taken",
         "done",
     )
 
@@ -302,6 +303,7 @@ class _ChunkReader(Reader):
         # chunks that came before a chunk ahead of them, by number: (items, error)
         self.early: dict[int, tuple[list[Item] | PackedChunk | None, BaseException | None]] = {}
         self.stale: set[int] = set()  # answered stale: asked again once the chunk before is in
+        self.taken = False  # taken from: in a slot of the cycle, not opened ahead of them
         self.done = error is not None
         if error is not None:
             self.ready.append((FAILED, error, None))
@@ -315,12 +317,14 @@ class _ChunkReader(Reader):
 
     def wants_chunk(self, ahead: int) -> bool:
         """Whether to ask for the next chunk: fewer than ``IN_FLIGHT`` are out (none of them to
-        be asked again) and at most one chunk's worth (or ``ahead`` items) is ready, so a reader
-        holds about three chunks (or ``ahead`` items and two chunks) ready or in flight."""
+        be asked again; one until the consumer takes from the reader: readers opened ahead of
+        the slots fill up without taking the workers from those it waits for) and at most one
+        chunk's worth (or ``ahead`` items) is ready, so a reader holds about three chunks (or
+        ``ahead`` items and two chunks) ready or in flight."""
         return (
             not self.done
             and not self.stale
-            and self.asked - self.handed < IN_FLIGHT
+            and self.asked - self.handed < (IN_FLIGHT if self.taken else 1)
             and len(self.ready) <= max(self.last_chunk, ahead)
         )
 
@@ -365,6 +369,7 @@ class _ChunkReader(Reader):
 
     def take(self) -> Item:
         """The next ready item, the consumer's position moved past a value or an error."""
+        self.taken = True
         item = self.ready.popleft()
         kind, _, state = item
         if kind in (VALUE, ERROR):
