@@ -3,15 +3,16 @@
 A chunk task asks a worker to read the next chunk of an inner dataset's elements and send them
 back together with the inner iterator's state after them. A worker keeps the inner datasets it has
 open between chunks (each reader's chunks go to the same worker), so a stream is read once, not
-re-opened per chunk. A reader keeps two chunks out (``IN_FLIGHT``): the worker reads the next
-while the one before travels and is consumed. Chunks are numbered per reader. The first chunk out
-carries the state to open at, where a worker that does not hold the inner iterator there opens it;
-the second only says "go on after chunk k" (its state is not known yet), and a worker that does not
-hold the iterator after chunk k (after a resize or a worker's death) answers :class:`StaleChunk`,
-and the reader asks for it again with the state once chunk k is in. The reader takes chunks in
-their order, whatever order they arrive in, so central dispatch, resizing and restarts work as for
-``map``. Chunks go through the runtime's :class:`~torchpipe.runtime.dispatch.Dispatcher` (as
-completed), so their waits are bounded and watched like every other stage's.
+re-opened per chunk. A reader the consumer takes from keeps two chunks out (``IN_FLIGHT``; one
+while it waits ahead of the slots): the worker reads the next while one travels. Chunks are
+numbered per reader. The first chunk out carries the state to open at, where a worker that does
+not hold the inner iterator there opens it; the second only says "go on after chunk k" (its state
+is not known yet), and a worker that does not hold the iterator after chunk k (after a resize or
+a worker's death) answers :class:`StaleChunk`, and the reader asks for it again with the state
+once chunk k is in. The reader takes chunks in their order, whatever order they arrive in, so
+central dispatch, resizing and restarts work as for ``map``. Chunks go through the runtime's
+:class:`~torchpipe.runtime.dispatch.Dispatcher` (as completed), so their waits are bounded and
+watched like every other stage's.
 """
 
 from __future__ import annotations
@@ -59,9 +60,8 @@ IN_FLIGHT = 2  # chunks a reader keeps out: a worker reads the next while one tr
 
 
 class StaleChunk:
-    """A worker's answer to a chunk that goes on after chunk ``k`` of a reader where it does not
-    hold that reader's inner iterator after chunk ``k``: nothing was read; ask again with the
-    state after chunk ``k``."""
+    """A worker's answer to a chunk that goes on after chunk ``k`` where it does not hold the
+    reader's inner iterator there: nothing was read; ask again with the state after chunk ``k``."""
 
     __slots__ = ()
 
@@ -75,15 +75,12 @@ class InnerChunkTask:
 
     A worker that holds the reader's inner iterator after chunk ``chunk - 1`` reads on from it.
     Otherwise a chunk that ``follows`` the one before it (sent before that one's state was known)
-    waits while chunk ``chunk - 1`` is due in this worker (:meth:`queued`; read or waiting on
-    another thread) and reads on after it, or else answers :class:`StaleChunk`; any other chunk
-    opens the inner dataset at ``state``.
+    waits while chunk ``chunk - 1`` is due in this worker (:meth:`queued`) and reads on after it,
+    or else answers :class:`StaleChunk`; any other chunk opens the inner dataset at ``state``.
     Returns a list of ``(kind, payload, inner_state_after)``, the state taken once, after the
-    chunk's last element (the others carry None); it ends with an ``END`` item if the inner
-    dataset ended. A chunk of values of one flat structure comes as a :class:`PackedChunk`
-    (its values as columns) instead. Worker processes inherit the task through fork (Ray actors
-    get it pickled). Threads of a worker may run chunks of several readers at once, and two of
-    one reader (the second waits for the first).
+    chunk's last element (the others carry None), ending with an ``END`` item if the inner
+    dataset ended; a chunk of values of one flat structure comes as a :class:`PackedChunk`.
+    Worker processes inherit the task through fork (Ray actors get it pickled).
     """
 
     def __init__(self, opener: InnerOpener) -> None:
@@ -138,9 +135,8 @@ class InnerChunkTask:
     def _claim(
         self, reader_id: int, chunk: int, follows: bool
     ) -> tuple[Iterator | None, Iterator | None]:
-        """``(the reader's iterator after chunk - 1, or None; an iterator of the reader kept at
-        another chunk, which a chunk with a state replaces: the caller closes it)``. A chunk that
-        follows waits while chunk - 1 is due here (arrived, and read or waiting on a thread)."""
+        """``(the iterator after chunk - 1 or None, one kept at another chunk that a chunk with a
+        state replaces, for the caller to close)``; a chunk that follows waits for chunk - 1."""
         with self._lock:
             while True:
                 kept = self._open.get(reader_id)
