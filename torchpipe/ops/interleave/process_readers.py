@@ -533,9 +533,13 @@ class ProcessReaders(ReaderPool[_ChunkReader]):
                 self.stats.calls.add_items(len(items))
             waiting = self._waiting.pop(task, None)
             if waiting is not None:
+                handed = waiting.handed
                 waiting.receive(task, items, error)
                 if waiting.done:  # chunks still out after the end come back to no one
                     self._forget(waiting)
+                for later, chunk in waiting.out.items():
+                    if handed < waiting.handed == chunk:  # it waited for the one before it
+                        self._dispatch.began(later)
                 self.read(waiting)
 
     def has_ready(self, reader: _ChunkReader) -> bool:
