@@ -65,3 +65,20 @@ def test_no_limit_never_raises(clock):
     watch.begin(1)
     clock.now += 10**6
     watch.check()
+
+
+def test_work_that_waited_for_other_work_is_clocked_from_when_it_starts_its_own(clock):
+    """A process interleave's chunk that waited in its worker for the chunk before it."""
+    watch = StallWatch("interleave(read)", 1.0)
+    watch.begin(1, "worker 0")
+    watch.begin(2, "worker 0")
+    clock.now += 0.8
+    watch.end(1)
+    watch.again(2)  # the chunk before it came back: its own read starts about now
+    watch.again(7)  # work not out stays not out
+    clock.now += 0.8
+    watch.check()  # 1.6 s out, 0.8 s of its own
+    assert watch.seqs() == [2]
+    clock.now += 0.3
+    with pytest.raises(tp.StallError, match="worker 0"):
+        watch.check()

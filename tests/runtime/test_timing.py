@@ -101,3 +101,21 @@ def test_a_traced_pass_reads_every_call():
     sampled = SampledCalls(timing)
     assert [sampled.run(lambda seq, x: x + 1, seq, seq) for seq in range(50)] == list(range(1, 51))
     assert timing.calls == 50 and len(timing.trace.calls) == 50
+
+
+def test_a_call_clock_leaves_out_what_the_call_waited_for_another_call():
+    """A process interleave's next chunk waits on its thread for the chunk before: the wait is
+    not what the chunk cost, and the task is placed in a trace from when it stopped waiting."""
+    import threading
+
+    from torchpipe.runtime.processes.output import _cost
+
+    clock = CallClock()
+    timing_module.waited(1000.0)  # more than the call can have taken: only a deduction shows it
+    other = threading.Thread(target=timing_module.waited, args=(5000.0,))
+    other.start()
+    other.join()  # another thread's waits are its calls'
+    wall_s, _, _ = clock.spent()
+    assert clock.waited_s() == 1000.0 and -1000.0 <= wall_s < 0.0
+    assert _cost(clock, None)[0] == clock.wall + 1000.0
+    assert CallClock().waited_s() == 0.0

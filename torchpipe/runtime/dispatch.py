@@ -66,6 +66,12 @@ class Dispatcher:
         self._sent.begin(seq)
         self.executor.submit(seq, payload, **route)
 
+    def began(self, seq: int) -> None:
+        """Task ``seq``, in flight, starts its own work about now (it waited for another task
+        first, as a process interleave's chunk waits for the chunk before it): its stall clock
+        starts again."""
+        self._sent.again(seq)
+
     def put(self, seq: int, value: Any, error: BaseException | None = None) -> None:
         """Deliver ``value`` (or raise ``error``) in ``seq``'s place: a result computed elsewhere."""
         self._order.append(seq)

@@ -40,6 +40,15 @@ class StallWatch:
             self._out.pop(seq, None)
             self._out[seq] = (began, where)
 
+    def again(self, seq: int) -> None:
+        """Work ``seq``, if out, starts its own part now (it waited for other work): its clock
+        starts again, where it runs kept."""
+        began = time.monotonic()
+        with self._lock:
+            out = self._out.pop(seq, None)
+            if out is not None:
+                self._out[seq] = (began, out[1])
+
     def end(self, seq: int) -> bool:
         """Work ``seq`` is done; whether it was out."""
         with self._lock:

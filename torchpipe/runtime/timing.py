@@ -81,23 +81,41 @@ class CallTiming:
             return self.calls, self.work_s, self.cpu_s
 
 
+_WAITS = threading.local()  # per thread: seconds calls waited for another call (see waited())
+
+
+def waited(seconds: float) -> None:
+    """Count ``seconds`` this thread just spent inside a call waiting for another call to end
+    (a process interleave's next chunk, for the chunk before it on another thread): a
+    :class:`CallClock` running on this thread leaves them out of the call's wall time, which
+    is what the call cost, not how long it stood in line."""
+    _WAITS.s = getattr(_WAITS, "s", 0.0) + seconds
+
+
 class CallClock:
     """This thread's clocks at the start of a call: wall time, CPU time and, unless ``delay`` is
     False, run delay (two reads of a file a call, ~8 us: a call on the consumer's thread, which
-    no model reads it for, does without)."""
+    no model reads it for, does without). The wall time leaves out what the call said it
+    :func:`waited` for another call."""
 
-    __slots__ = ("wall", "cpu", "delay")
+    __slots__ = ("wall", "cpu", "delay", "waits")
 
     def __init__(self, delay: bool = True) -> None:
         self.wall, self.cpu = time.perf_counter(), time.thread_time()
         self.delay = run_delay() if delay else None
+        self.waits = getattr(_WAITS, "s", 0.0)
 
     def spent(self) -> tuple[float, float, float]:
         """``(wall_s, cpu_s, delay_s)`` since the start (delay 0 where not read, or where the
         kernel does not tell)."""
         delay = run_delay() if self.delay is not None else None
         delay_s = delay - self.delay if delay is not None and self.delay is not None else 0.0
-        return time.perf_counter() - self.wall, time.thread_time() - self.cpu, delay_s
+        wall_s = time.perf_counter() - self.wall - self.waited_s()
+        return wall_s, time.thread_time() - self.cpu, delay_s
+
+    def waited_s(self) -> float:
+        """Seconds the call said it :func:`waited` since the start."""
+        return getattr(_WAITS, "s", 0.0) - self.waits
 
 
 SAMPLED_BELOW_S = 1e-3

@@ -320,14 +320,12 @@ def test_the_knob_moves_with_the_handover(switch_early, monkeypatch):
     next(it)
     readers = stage_stats(it, "interleave")
     assert list(readers["knobs"].values()) == [5]
-    assert (readers["workers"], readers["threads_per_worker"]) == (
-        2,
-        3,
-    )  # 5 reads in flight: on threads
+    # 5 reads in flight: on threads, two a read (a reader's next chunk waits on one)
+    assert (readers["workers"], readers["threads_per_worker"]) == (2, 6)
     knob.request(1)
     next(it)
     readers = stage_stats(it, "interleave")
-    assert (readers["workers"], readers["threads_per_worker"]) == (1, 1)
+    assert (readers["workers"], readers["threads_per_worker"]) == (1, 2)
     it.close()
 
 

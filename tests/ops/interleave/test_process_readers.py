@@ -166,13 +166,13 @@ def test_chunks_end_early_for_slow_reads(monkeypatch):
     task = process_readers.InnerChunkTask(
         InnerOpener(UserFunction(slow, "interleave(slow)", ctx), ctx)
     )
-    first = task(0, (0, 0, None, 256, 0, 0))
+    first = task(0, (0, 0, None, 256, 0, 0, False))
     # a loaded machine may take 10 ms for one 4 ms read: ends early all the same
     assert 1 <= len(first) < 10
-    second = task(1, (0, 0, first[-1][2], 256, 0, len(first)))  # the open iterator reads on
+    second = task(1, (0, 0, first[-1][2], 256, 0, 1, False))  # the open iterator reads on
     assert [payload for _, payload, _ in first + second] == list(range(len(first) + len(second)))
-    # a stale position re-opens at the state
-    reopened = task(2, (0, 0, first[-1][2], 256, 0, len(first)))
+    # a chunk other than the one the kept iterator reads next re-opens at the state
+    reopened = task(2, (0, 0, first[-1][2], 256, 0, 1, False))
     assert reopened[0][1] == len(first)
 
 
@@ -210,7 +210,7 @@ def test_chunks_end_at_about_chunk_bytes(monkeypatch):
     task = process_readers.InnerChunkTask(
         InnerOpener(UserFunction(big, "interleave(big)", ctx), ctx)
     )
-    chunk = task(0, (0, 0, None, 256, 0, 0))
+    chunk = task(0, (0, 0, None, 256, 0, 0, False))
     assert isinstance(chunk, process_readers.PackedChunk)
     items = chunk.items()
     assert len(items) == process_readers.CHUNK_BYTES // (512 << 10)

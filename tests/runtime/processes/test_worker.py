@@ -227,3 +227,36 @@ def test_large_results_from_several_threads_at_once():
         assert (PER_WORKER + 1) * slot <= pool.ring_bytes <= (PER_WORKER + 1 + HELD_MORE) * slot
     finally:
         pool.close()
+
+
+class _Arrivals:
+    """A handler with ``queued``: each task returns the tasks its worker had seen arrive by then,
+    in the order they arrived."""
+
+    def __init__(self):
+        self.arrived = []
+        self.lock = threading.Lock()
+
+    def queued(self, seq, payload):
+        assert threading.current_thread() is threading.main_thread()  # the worker's main thread
+        with self.lock:
+            self.arrived.append(seq)
+
+    def __call__(self, seq, x):
+        time.sleep(x)
+        with self.lock:
+            return list(self.arrived)
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_a_handler_is_told_of_each_task_as_it_arrives_before_it_runs(threads):
+    pool = ProcessPool(_Arrivals(), 1, "interleave(arrivals)", threads=threads)
+    pool.start()
+    try:
+        results = run_all(pool, [0.01] * 12)
+    finally:
+        pool.close()
+    for seq in range(12):
+        arrived, error = results[seq]
+        assert error is None and seq in arrived  # told before it ran
+        assert arrived == sorted(arrived) == list(range(len(arrived)))  # in order

@@ -1,11 +1,16 @@
 """Interleave readers in worker processes: each open inner dataset is read ahead chunk by chunk.
 
-A chunk task asks a worker to open one inner dataset at a saved position, read the next chunk of
-elements, and send them back together with the inner iterator's state after each one. A worker
-keeps the inner datasets it has open between chunks (each reader's chunks go to the same worker),
-so a stream is read once, not re-opened per chunk; a chunk that lands elsewhere (after a resize or
-a worker's death) opens the inner dataset at its saved position instead, so central dispatch,
-resizing and restarts work as for ``map``. Chunks go through the runtime's
+A chunk task asks a worker to read the next chunk of an inner dataset's elements and send them
+back together with the inner iterator's state after them. A worker keeps the inner datasets it has
+open between chunks (each reader's chunks go to the same worker), so a stream is read once, not
+re-opened per chunk. A reader the consumer takes from keeps two chunks out (``IN_FLIGHT``; one
+while it waits ahead of the slots): the worker reads the next while one travels. Chunks are
+numbered per reader. The first chunk out carries the state to open at, where a worker that does
+not hold the inner iterator there opens it; the second only says "go on after chunk k" (its state
+is not known yet), and a worker that does not hold the iterator after chunk k (after a resize or
+a worker's death) answers :class:`StaleChunk`, and the reader asks for it again with the state
+once chunk k is in. The reader takes chunks in their order, whatever order they arrive in, so
+central dispatch, resizing and restarts work as for ``map``. Chunks go through the runtime's
 :class:`~torchpipe.runtime.dispatch.Dispatcher` (as completed), so their waits are bounded and
 watched like every other stage's.
 """
@@ -16,7 +21,7 @@ import itertools
 import pickle
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
 from typing import Any
 
@@ -40,6 +45,7 @@ from torchpipe.runtime.dispatch import Dispatcher
 from torchpipe.runtime.placement.policy import PROCESS
 from torchpipe.runtime.processes.pool import ProcessPool
 from torchpipe.runtime.sizes import element_bytes
+from torchpipe.runtime.timing import waited
 
 _WAIT_S = 0.5
 _STOP_S = 0.1  # how long release() waits for chunks in flight
@@ -50,30 +56,41 @@ CHUNK_BYTES = 4 << 20  # or at about this many bytes of tensors and arrays
 _SIZE_EVERY = 8  # the chunk's size counts every item as the last one measured, measuring every 8th
 _COLLECT_EVERY = 16  # items taken between looks for chunks that arrived for other readers
 _READER_IDS = itertools.count()  # unique in the main process, whose forks the workers are
+IN_FLIGHT = 2  # chunks a reader keeps out: a worker reads the next while one travels
+
+
+class StaleChunk:
+    """A worker's answer to a chunk that goes on after chunk ``k`` where it does not hold the
+    reader's inner iterator there: nothing was read; ask again with the state after chunk ``k``."""
+
+    __slots__ = ()
 
 
 class InnerChunkTask:
-    """Runs in a worker: read the next chunk of inner dataset ``seq``.
+    """Runs in a worker: read chunk ``chunk`` of inner dataset ``seq`` for reader ``reader_id``.
 
     A chunk ends at ``count`` items (at least ``block_length``), after ``CHUNK_S`` seconds of
     reading or at ``CHUNK_BYTES``, whichever comes first: one round trip carries many cheap items
     or several slow reads, and little memory.
 
-    The payload names the reader (``reader_id``) and how many items it has read so far; a
-    worker that still has that reader's inner iterator open at that position reads on from it,
-    any other opens the inner dataset at ``state``. Returns a list of ``(kind, payload,
-    inner_state_after)``, the state taken once, after the chunk's last element (the others carry
-    None); it ends with an ``END`` item if the inner dataset ended. A chunk of
-    values of one flat structure comes as a :class:`PackedChunk` (its values as columns) instead.
-    Worker processes inherit the task through fork (Ray actors get it pickled). Threads of a worker may run tasks of
-    different readers at once (a reader has one chunk in flight at a time).
+    A worker that holds the reader's inner iterator after chunk ``chunk - 1`` reads on from it.
+    Otherwise a chunk that ``follows`` the one before it (sent before that one's state was known)
+    waits while chunk ``chunk - 1`` is due in this worker (:meth:`queued`) and reads on after it,
+    or else answers :class:`StaleChunk`; any other chunk opens the inner dataset at ``state``.
+    Returns a list of ``(kind, payload, inner_state_after)``, the state taken once, after the
+    chunk's last element (the others carry None), ending with an ``END`` item if the inner
+    dataset ended; a chunk of values of one flat structure comes as a :class:`PackedChunk`.
+    Worker processes inherit the task through fork (Ray actors get it pickled).
     """
 
     def __init__(self, opener: InnerOpener) -> None:
         self.opener = opener
-        # reader_id -> (position, iterator)
+        # reader_id -> (the chunk it reads next, iterator), least recently used first
         self._open: OrderedDict[int, tuple[int, Iterator]] = OrderedDict()
+        self._due: Counter[tuple[int, int]] = Counter()  # (reader_id, chunk) arrived, not done
         self._lock = threading.Lock()
+        # reader_id -> (woken when its chunk is done, threads waiting): one reader's, not all
+        self._waiting: dict[int, tuple[threading.Condition, int]] = {}
 
     def start_worker(self, slot: int) -> None:
         self.opener.seed_worker(slot)
@@ -85,33 +102,88 @@ class InnerChunkTask:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["opener"])  # type: ignore[misc]  # this class's own __init__
 
-    def __call__(self, task_id: int, payload: tuple) -> list[Item] | PackedChunk:
-        element, seq, state, count, reader_id, position = payload
+    def queued(self, task_id: int, payload: tuple) -> None:
+        """Called on the worker's main thread as each chunk arrives, in order, before any thread
+        runs it: a chunk that follows it waits for it here rather than answer stale."""
         with self._lock:
-            kept = self._open.pop(reader_id, None)
-        if kept is not None and kept[0] == position:
-            iterator = kept[1]
-        else:
-            if kept is not None:
-                kept[1].close()
-            iterator = self.opener(element, seq, state)
-        try:
-            items = _read_chunk(iterator, count)
-        except BaseException:
-            iterator.close()
-            raise
-        if items and items[-1][0] == END:
-            iterator.close()
-        else:
-            self._keep(reader_id, position + len(items), iterator)
-        return _packed(items)
+            self._due[payload[4], payload[5]] += 1
 
-    def _keep(self, reader_id: int, position: int, iterator: Iterator) -> None:
+    def __call__(self, task_id: int, payload: tuple) -> list[Item] | PackedChunk | StaleChunk:
+        element, seq, state, count, reader_id, chunk, follows = payload
+        kept = None
+        try:
+            iterator, other = self._claim(reader_id, chunk, follows)
+            if other is not None:
+                other.close()  # kept at another chunk: this one opens at its state
+            if iterator is None and follows:
+                return StaleChunk()
+            if iterator is None:
+                iterator = self.opener(element, seq, state)
+            try:
+                items = _read_chunk(iterator, count)
+            except BaseException:
+                iterator.close()
+                raise
+            if items and items[-1][0] == END:
+                iterator.close()
+            else:
+                kept = iterator
+            return _packed(items)
+        finally:
+            self._done(reader_id, chunk, kept)
+
+    def _claim(
+        self, reader_id: int, chunk: int, follows: bool
+    ) -> tuple[Iterator | None, Iterator | None]:
+        """``(the iterator after chunk - 1 or None, one kept at another chunk that a chunk with a
+        state replaces, for the caller to close)``; a chunk that follows waits for chunk - 1."""
         with self._lock:
-            self._open[reader_id] = (position, iterator)
-            evicted = [
-                self._open.popitem(last=False)[1][1] for _ in range(len(self._open) - _KEPT_OPEN)
-            ]
+            while True:
+                kept = self._open.get(reader_id)
+                if kept is not None and kept[0] == chunk:
+                    del self._open[reader_id]
+                    return kept[1], None
+                if not follows or self._due[reader_id, chunk - 1] <= 0:
+                    break
+                self._wait(reader_id)
+            other = None if follows else self._open.pop(reader_id, None)
+        return None, other[1] if other is not None else None
+
+    def _wait(self, reader_id: int) -> None:
+        """Wait (holding ``_lock``) until a chunk of the reader is done, or ``_WAIT_S``."""
+        condition, count = self._waiting.get(reader_id, (None, 0))
+        if condition is None:
+            condition = threading.Condition(self._lock)
+        self._waiting[reader_id] = (condition, count + 1)
+        t0 = time.perf_counter()
+        try:
+            condition.wait(_WAIT_S)
+        finally:
+            condition, count = self._waiting.pop(reader_id)
+            if count > 1:
+                self._waiting[reader_id] = (condition, count - 1)
+        waited(time.perf_counter() - t0)
+
+    def _done(self, reader_id: int, chunk: int, iterator: Iterator | None) -> None:
+        """Chunk ``chunk`` is done: keep ``iterator`` (None: it ended, failed or was not read)
+        for the next."""
+        evicted = []
+        with self._lock:
+            key = (reader_id, chunk)
+            if self._due[key] > 1:
+                self._due[key] -= 1
+            else:
+                self._due.pop(key, None)
+            if iterator is not None:
+                replaced = self._open.pop(reader_id, None)  # a stray: chunks of a reader take turns
+                if replaced is not None:
+                    evicted.append(replaced[1])
+                self._open[reader_id] = (chunk + 1, iterator)
+                while len(self._open) > _KEPT_OPEN:
+                    evicted.append(self._open.popitem(last=False)[1][1])
+            waiting = self._waiting.get(reader_id)
+            if waiting is not None:
+                waiting[0].notify_all()
         for oldest in evicted:
             oldest.close()
 
@@ -182,7 +254,10 @@ def _packed(items: list[Item]) -> list[Item] | PackedChunk:
 
 
 class _ChunkReader(Reader):
-    """One open inner dataset, fed by chunk tasks; only the consumer's thread touches it."""
+    """One open inner dataset, fed by chunk tasks; only the consumer's thread touches it.
+
+    Its chunks are numbered from 0; up to ``IN_FLIGHT`` are out at once, and they are handed in
+    (to ``ready``) in their order, whatever order they come back in."""
 
     __slots__ = (
         "id",
@@ -190,9 +265,13 @@ class _ChunkReader(Reader):
         "taken_state",
         "taken_after",
         "read_state",
-        "read",
         "last_chunk",
-        "pending",
+        "asked",
+        "handed",
+        "out",
+        "early",
+        "stale",
+        "taken",
         "done",
     )
 
@@ -211,28 +290,63 @@ class _ChunkReader(Reader):
         # (an item within a chunk carries no state of its own; its position is made when asked)
         self.taken_state = inner
         self.taken_after = 0
-        # inner state after the last item read (where the next chunk starts)
+        # inner state after the last item handed in (where the next chunk starts)
         self.read_state = inner
-        self.read = 0  # items read (where a worker that kept the inner iterator open stands)
-        self.last_chunk = 0  # items in the last chunk received
-        self.pending: int | None = None  # id of the chunk task in flight
+        self.last_chunk = 0  # items in the last chunk handed in
+        self.asked = 0  # chunks asked for: the next one's number
+        self.handed = 0  # chunks handed in: the number of the next one to hand in
+        self.out: dict[int, int] = {}  # chunk task in flight -> its chunk's number
+        # chunks that came before a chunk ahead of them, by number: (items, error)
+        self.early: dict[int, tuple[list[Item] | PackedChunk | None, BaseException | None]] = {}
+        self.stale: set[int] = set()  # answered stale: asked again once the chunk before is in
+        self.taken = False  # taken from: in a slot of the cycle, not opened ahead of them
         self.done = error is not None
         if error is not None:
             self.ready.append((FAILED, error, None))
         elif read_ahead:  # as if a chunk had brought them: the next chunk starts after them
-            self.receive(list(read_ahead), None)
+            self._hand_in(list(read_ahead), None)
+
+    @property
+    def pending(self) -> bool:
+        """Whether a chunk task is out."""
+        return bool(self.out)
 
     def wants_chunk(self, ahead: int) -> bool:
-        """Whether to ask for the next chunk: none is in flight and at most one chunk's worth
-        (or ``ahead`` items) is ready, so a reader holds about two chunks (or ``ahead`` items)."""
+        """Whether to ask for the next chunk: fewer than ``IN_FLIGHT`` are out (none of them to
+        be asked again; one until the consumer takes from the reader: readers opened ahead of
+        the slots fill up without taking the workers from those it waits for) and at most one
+        chunk's worth (or ``ahead`` items) is ready, so a reader holds about three chunks (or
+        ``ahead`` items and two chunks) ready or in flight."""
         return (
-            self.pending is None
-            and not self.done
+            not self.done
+            and not self.stale
+            and self.asked - self.handed < (IN_FLIGHT if self.taken else 1)
             and len(self.ready) <= max(self.last_chunk, ahead)
         )
 
-    def receive(self, items: list[Item] | PackedChunk | None, error: BaseException | None) -> None:
-        self.pending = None
+    def receive(
+        self,
+        task: int,
+        items: list[Item] | PackedChunk | StaleChunk | None,
+        error: BaseException | None,
+    ) -> None:
+        """Chunk task ``task`` came back: hand in its chunk, and those that came early after it,
+        in their order; a stale one waits to be asked again."""
+        chunk = self.out.pop(task)
+        if isinstance(items, StaleChunk):
+            self.stale.add(chunk)
+            return
+        self.early[chunk] = (items, error)
+        while not self.done and self.handed in self.early:
+            items, error = self.early.pop(self.handed)
+            assert not isinstance(items, StaleChunk)  # kept apart above
+            self.handed += 1
+            self._hand_in(items, error)
+        if self.done:  # what comes after the end or a failure is not wanted
+            self.early.clear()
+            self.stale.clear()
+
+    def _hand_in(self, items: list[Item] | PackedChunk | None, error: BaseException | None) -> None:
         if error is not None:
             self.ready.append((FAILED, error, None))
             self.done = True
@@ -240,7 +354,6 @@ class _ChunkReader(Reader):
         if isinstance(items, PackedChunk):
             items = items.items()
         assert items is not None  # no error: the chunk came
-        self.read += len(items)
         self.last_chunk = len(items)
         self.ready.extend(items)
         values = len(items) - (bool(items) and items[-1][0] == END)
@@ -252,6 +365,7 @@ class _ChunkReader(Reader):
 
     def take(self) -> Item:
         """The next ready item, the consumer's position moved past a value or an error."""
+        self.taken = True
         item = self.ready.popleft()
         kind, _, state = item
         if kind in (VALUE, ERROR):
@@ -270,7 +384,7 @@ class _ChunkReader(Reader):
     def read_ahead(self) -> tuple[Item, ...]:
         """What was read and not taken; nothing while a chunk is out or if opening failed: the
         successor reads again from the items taken."""
-        if self.pending is not None or any(kind == FAILED for kind, _, _ in self.ready):
+        if self.pending or any(kind == FAILED for kind, _, _ in self.ready):
             return ()
         items, base, after = [], self.taken_state, self.taken_after
         for kind, payload, state in self.ready:  # each item with its position, as carried
@@ -291,7 +405,8 @@ class ProcessReaders(ReaderPool[_ChunkReader]):
     With ``threads_in_workers`` (the ``executor="auto"`` choice), ``parallelism`` counts reads in
     flight rather than processes: one process per core (at most) runs them on threads of its own,
     so readers that wait on slow storage overlap their waits without a process (and its memory)
-    each, while their Python work spreads over one GIL a core.
+    each, while their Python work spreads over one GIL a core. Each read in flight has
+    ``IN_FLIGHT`` threads: a reader's next chunk waits on one while the chunk before is read.
 
     Args:
         name: the stage name.
@@ -366,13 +481,13 @@ class ProcessReaders(ReaderPool[_ChunkReader]):
         if not self._threads_in_workers:
             return parallelism, 1
         processes = max(1, min(parallelism, usable_cpu_count()))
-        return processes, -(-parallelism // processes)
+        return processes, IN_FLIGHT * -(-parallelism // processes)
 
     def set_read_ahead(self, items: int) -> None:
         self._ahead = items
 
     def reader_capacity(self) -> int:
-        return max(2 * self._chunk, self._ahead)
+        return max(self._chunk, self._ahead) + IN_FLIGHT * self._chunk
 
     def open(
         self,
@@ -385,34 +500,46 @@ class ProcessReaders(ReaderPool[_ChunkReader]):
         return _ChunkReader(element, seq, inner, error, read_ahead)
 
     def read(self, reader: _ChunkReader) -> None:
-        # A reader asks for its next chunk when it opens, when a chunk arrives and when an item
-        # is taken from it: the only times wants_chunk() can change.
-        if self._reading and reader.wants_chunk(self._ahead):
-            assert self._dispatch is not None and self._pool is not None  # reading: prepared
-            task = self._next_task
-            self._next_task += 1
-            reader.pending = task
-            self._waiting[task] = reader
-            payload = (
-                reader.element,
-                reader.seq,
-                reader.read_state,
-                self._chunk,
-                reader.id,
-                reader.read,
-            )
-            self._dispatch.submit(task, payload, prefer=reader.id % self._pool.size)
+        # A reader asks for chunks when it opens, when a chunk arrives and when an item is taken
+        # from it: the only times what it wants can change.
+        if not self._reading or reader.done:
+            return
+        if reader.handed in reader.stale:  # the chunk before it is in: ask again, with its state
+            reader.stale.discard(reader.handed)
+            self._ask(reader, reader.handed)
+        while reader.wants_chunk(self._ahead):
+            reader.asked += 1
+            self._ask(reader, reader.asked - 1)
+
+    def _ask(self, reader: _ChunkReader, chunk: int) -> None:
+        """Send the task for ``reader``'s chunk ``chunk``: one that follows a chunk not yet in
+        goes on after it (its state is not known yet), any other starts at ``read_state``."""
+        assert self._dispatch is not None and self._pool is not None  # reading: prepared
+        task = self._next_task
+        self._next_task += 1
+        reader.out[task] = chunk
+        self._waiting[task] = reader
+        follows = chunk > reader.handed
+        state = None if follows else reader.read_state
+        payload = (reader.element, reader.seq, state, self._chunk, reader.id, chunk, follows)
+        self._dispatch.submit(task, payload, prefer=reader.id % self._pool.size)
 
     def _receive(self, timeout: float) -> None:
         """Hand the chunks that arrived (waiting up to ``timeout`` s for one) to their readers."""
         # prepared; calls counted
         assert self._dispatch is not None and self.stats.calls is not None
         for task, items, error in self._dispatch.poll(timeout):
-            if error is None:
+            if error is None and not isinstance(items, StaleChunk):
                 self.stats.calls.add_items(len(items))
             waiting = self._waiting.pop(task, None)
             if waiting is not None:
-                waiting.receive(items, error)
+                handed = waiting.handed
+                waiting.receive(task, items, error)
+                if waiting.done:  # chunks still out after the end come back to no one
+                    self._forget(waiting)
+                for later, chunk in waiting.out.items():
+                    if handed < waiting.handed == chunk:  # it waited for the one before it
+                        self._dispatch.began(later)
                 self.read(waiting)
 
     def has_ready(self, reader: _ChunkReader) -> bool:
@@ -442,13 +569,20 @@ class ProcessReaders(ReaderPool[_ChunkReader]):
     def close(self, reader: _ChunkReader) -> None:
         reader.done = True
         reader.ready.clear()
-        if reader.pending is not None:
-            self._waiting.pop(reader.pending, None)
+        self._forget(reader)
+
+    def _forget(self, reader: _ChunkReader) -> None:
+        """Let the chunks ``reader`` has out come back to no one."""
+        for task in reader.out:
+            self._waiting.pop(task, None)
+        reader.out.clear()
+        reader.early.clear()
+        reader.stale.clear()
 
     def release(self, readers: list[_ChunkReader]) -> list[ReaderPlace]:
         self._reading = False  # chunks that arrive now are kept, and no more are asked for
         deadline = time.perf_counter() + _STOP_S
-        while any(r.pending is not None for r in readers) and time.perf_counter() < deadline:
+        while any(r.pending for r in readers) and time.perf_counter() < deadline:
             self._receive(max(0.0, deadline - time.perf_counter()))
         places = [
             ReaderPlace(r.element, r.seq, r.position(), r.error, r.read_ahead()) for r in readers

@@ -1,12 +1,13 @@
 """Interleave readers on Ray actors: ``interleave(fn, ..., executor="ray")``.
 
 The process readers' protocol as it is (``ops/interleave/process_readers.py``): each open inner dataset is
-read chunk by chunk through the dispatcher, a chunk task naming the reader and its position, so an
-actor that still has the inner iterator open reads on from it, and any other (after a resize, or
-an actor Ray restarted) opens it at the saved position. Only the pool differs: the chunk task is
-pickled once to a :class:`~torchpipe.runtime.ray.pool.RayActorPool` (which the stage's
-``tp.RayExecutor`` makes: nothing here imports Ray), each actor reads one chunk at a time, and
-chunks come back through Ray's object store.
+read chunk by chunk through the dispatcher, two chunks out, a chunk task naming the reader and the
+chunk's number, so an actor that still has the inner iterator open reads on from it, and any other
+(after a resize, or an actor Ray restarted) opens it at the saved position, or answers stale where
+the chunk goes on after one whose state it was sent without. Only the pool differs: the chunk task
+is pickled once to a :class:`~torchpipe.runtime.ray.pool.RayActorPool` (which the stage's
+``tp.RayExecutor`` makes: nothing here imports Ray), each actor reads one chunk at a time (a
+reader's second chunk runs after its first), and chunks come back through Ray's object store.
 """
 
 from __future__ import annotations

@@ -366,8 +366,9 @@ def _cost(clock: CallClock, counts: Tally) -> Cost:
     """``(start, wall seconds, CPU seconds, run delay, counts)`` of a task, always a message's last
     five fields: the start (``perf_counter``, one clock for all processes) places it in a trace;
     the run delay is the seconds it waited for a core; the counts are what the task counted
-    (None: nothing, the usual case)."""
-    return (clock.wall, *clock.spent(), counts or None)
+    (None: nothing, the usual case). A task that waited for another task first (``timing.waited``)
+    starts once it waited."""
+    return (clock.wall + clock.waited_s(), *clock.spent(), counts or None)
 
 
 def pack_exception(exc: BaseException) -> tuple[bytes | None, str, str, str]:

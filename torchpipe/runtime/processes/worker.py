@@ -83,8 +83,10 @@ def run_worker(
             ``("slots", n)``, :data:`DEFAULT_SLOTS` until then).
         keep_freed: keep freed memory for reuse (:func:`keep_freed_memory`) rather than return it.
         handler: ``handler(seq, payload)`` per task; if it has ``start_worker(worker_id)``,
-            that runs first. After a ``("threads", n)`` message with ``n > 1`` it is called
-            from up to ``n`` threads at once, so it must then be thread-safe.
+            that runs first, and if it has ``queued(seq, payload)``, that is called on the
+            worker's main thread as each task arrives, in order, before any thread runs it.
+            After a ``("threads", n)`` message with ``n > 1`` it is called from up to ``n``
+            threads at once, so it must then be thread-safe.
     """
     _set_up(handler, worker_id, keep_freed)
     parent = os.getppid()
@@ -187,6 +189,7 @@ class _TaskRunner:
 
     def __init__(self, handler: Handler, output: Output) -> None:
         self._handler = handler
+        self._queued: Callable[[int, Any], None] | None = getattr(handler, "queued", None)
         self._output = output
         self._queue: queue.SimpleQueue[tuple[int, Any] | object] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
@@ -213,6 +216,9 @@ class _TaskRunner:
 
     def run(self, batch: list[tuple[int, Any]]) -> None:
         """Run the tasks of one message, or queue them for the threads."""
+        if self._queued is not None:
+            for seq, payload in batch:
+                self._queued(seq, payload)
         if not self._threads:
             for seq, payload in batch:
                 self._output.run(self._handler, seq, payload)
