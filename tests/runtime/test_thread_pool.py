@@ -67,9 +67,16 @@ def test_close_cancels_queued_calls():
 
 def test_close_waits_for_running_calls():
     pool = ThreadPool(2, "tp-join")
-    done = []
-    futures = [pool.submit(lambda: time.sleep(0.2) or done.append(1)) for _ in range(2)]
-    time.sleep(0.05)  # both calls are running
+    done, started = [], threading.Semaphore(0)
+
+    def call():
+        started.release()
+        time.sleep(0.2)
+        done.append(1)
+
+    futures = [pool.submit(call) for _ in range(2)]
+    for _ in range(2):  # both calls are running (on a loaded machine a thread starts late)
+        assert started.acquire(timeout=10)
     pool.close()
     assert done == [1, 1] and all(f.done() for f in futures)
     assert alive("tp-join") == 0
