@@ -21,8 +21,9 @@ import torchpipe as tp
 from torchpipe.core.function import UserFunction
 from torchpipe.core.node import BuildContext
 from torchpipe.core.stats import IteratorStats
-from torchpipe.ops.interleave import process_readers
-from torchpipe.ops.interleave.process_readers import InnerChunkTask, ProcessReaders, StaleChunk
+from torchpipe.ops.interleave import chunk_task, process_readers
+from torchpipe.ops.interleave.chunk_task import InnerChunkTask, StaleChunk
+from torchpipe.ops.interleave.process_readers import ProcessReaders
 from torchpipe.ops.interleave.readers import END, VALUE, InlineReaders, InnerOpener
 from torchpipe.runtime.processes.pool import process_executor_supported
 from torchpipe.runtime.timing import CallTiming
@@ -40,12 +41,12 @@ def _chunk(chunk: int, follows: bool, state: Any = None, reader: int = 0) -> tup
 
 
 def _values(chunk) -> list:
-    items = chunk.items() if isinstance(chunk, process_readers.PackedChunk) else chunk
+    items = chunk.items() if isinstance(chunk, chunk_task.PackedChunk) else chunk
     return [payload for kind, payload, _ in items if kind == VALUE]
 
 
 def _state(chunk) -> Any:
-    items = chunk.items() if isinstance(chunk, process_readers.PackedChunk) else chunk
+    items = chunk.items() if isinstance(chunk, chunk_task.PackedChunk) else chunk
     return [state for kind, _, state in items if kind == VALUE][-1]
 
 

@@ -154,18 +154,16 @@ def test_chunks_end_early_for_slow_reads(monkeypatch):
 
     from torchpipe.core.function import UserFunction
     from torchpipe.core.node import BuildContext
-    from torchpipe.ops.interleave import process_readers
+    from torchpipe.ops.interleave import chunk_task
     from torchpipe.ops.interleave.readers import InnerOpener
 
-    monkeypatch.setattr(process_readers, "CHUNK_S", 0.01)
+    monkeypatch.setattr(chunk_task, "CHUNK_S", 0.01)
 
     def slow(x):
         return tp.range(50).map(lambda y: time.sleep(0.004) or y)
 
     ctx = BuildContext(seed=0, seeded=False, epoch=0, options=tp.Options())
-    task = process_readers.InnerChunkTask(
-        InnerOpener(UserFunction(slow, "interleave(slow)", ctx), ctx)
-    )
+    task = chunk_task.InnerChunkTask(InnerOpener(UserFunction(slow, "interleave(slow)", ctx), ctx))
     first = task(0, (0, 0, None, 256, 0, 0, False))
     # a loaded machine may take 10 ms for one 4 ms read: ends early all the same
     assert 1 <= len(first) < 10
@@ -198,22 +196,20 @@ def test_chunks_end_at_about_chunk_bytes(monkeypatch):
 
     from torchpipe.core.function import UserFunction
     from torchpipe.core.node import BuildContext
-    from torchpipe.ops.interleave import process_readers
+    from torchpipe.ops.interleave import chunk_task
     from torchpipe.ops.interleave.readers import InnerOpener
 
     def big(x):
         return tp.range(100).map(lambda y: torch.full((128, 1024), float(y)))  # 512 KiB each
 
     # only the bytes end this chunk, however slow
-    monkeypatch.setattr(process_readers, "CHUNK_S", 60.0)
+    monkeypatch.setattr(chunk_task, "CHUNK_S", 60.0)
     ctx = BuildContext(seed=0, seeded=False, epoch=0, options=tp.Options())
-    task = process_readers.InnerChunkTask(
-        InnerOpener(UserFunction(big, "interleave(big)", ctx), ctx)
-    )
+    task = chunk_task.InnerChunkTask(InnerOpener(UserFunction(big, "interleave(big)", ctx), ctx))
     chunk = task(0, (0, 0, None, 256, 0, 0, False))
-    assert isinstance(chunk, process_readers.PackedChunk)
+    assert isinstance(chunk, chunk_task.PackedChunk)
     items = chunk.items()
-    assert len(items) == process_readers.CHUNK_BYTES // (512 << 10)
+    assert len(items) == chunk_task.CHUNK_BYTES // (512 << 10)
     assert [float(value[0, 0]) for _, value, _ in items] == list(range(len(items)))
 
 

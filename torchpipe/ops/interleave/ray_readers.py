@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from torchpipe.ops.interleave.process_readers import InnerChunkTask, ProcessReaders
+from torchpipe.ops.interleave.chunk_task import InnerChunkTask
+from torchpipe.ops.interleave.process_readers import ProcessReaders
 from torchpipe.ops.interleave.readers import InnerOpener
 from torchpipe.runtime.placement.policy import RAY
 
