@@ -217,18 +217,21 @@ def _executor(it):
 
 
 def test_autotune_runs_the_input_inline_for_a_consumer_with_nothing_to_overlap():
-    before = set(threading.enumerate())
     it = iter(tp.range(10**6).prefetch(tp.AUTOTUNE).with_options(NO_INJECT))
-    got = [
-        next(it) for _ in range(20_000)
-    ]  # a loop that only collects: a hand-off costs more than an element
-    assert got == list(range(20_000)) and _executor(it) == "inline"
-    assert not _prefetch_threads(before)
+    # a loop that only collects: a hand-off costs more than an element. On a loaded machine
+    # the consumer, descheduled, may look busy for a window and the thread get a trial: what
+    # must hold is that the input ends up inline, every element in its place.
+    got = [next(it) for _ in range(20_000)]
+    deadline = time.monotonic() + 20
+    while _executor(it) != "inline":
+        got.append(next(it))
+        assert time.monotonic() < deadline
+    assert got == list(range(len(got)))
     state = it.state_dict()
     rest = [next(it) for _ in range(10)]
     again = iter(tp.range(10**6).prefetch(tp.AUTOTUNE).with_options(NO_INJECT))
     again.load_state_dict(state)
-    assert [next(again) for _ in range(10)] == rest == list(range(20_000, 20_010))
+    assert [next(again) for _ in range(10)] == rest == list(range(len(got), len(got) + 10))
 
 
 def test_autotune_keeps_the_thread_where_it_overlaps_and_comes_back_to_it():
