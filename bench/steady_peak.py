@@ -35,10 +35,15 @@ def _tfrecord(config: str) -> Any:
     from bench import tfrecord, workloads
 
     paths = tfrecord.tfrecord_shards(JPEG_FILES)
+    pattern = str(Path(paths[0]).parent / "train-*.tfrecord")
     if config == "dsl":
-        pattern = str(Path(paths[0]).parent / "train-*.tfrecord")
         ds = tfrecord.pipeline_builder(pattern)(tp.AUTOTUNE, "auto").batch(64)
         return ds.prefetch(tp.AUTOTUNE)
+    if config.startswith("thread_"):  # the same map fixed on N threads (what "auto" may end on)
+        ds = tfrecord.pipeline_builder(pattern)(int(config[7:]), "thread").batch(64)
+        return ds.prefetch(tp.AUTOTUNE)
+    if config == "inline":  # the same map on the consumer's thread
+        return tfrecord.pipeline_builder(pattern)(None, "thread").batch(64).prefetch(tp.AUTOTUNE)
     return workloads.Mapped(tfrecord.RecordSample(tp.io.TFRecordRecords(paths)), 10**7)
 
 
@@ -54,12 +59,13 @@ def _loader(workload: str, config: str) -> Any:
 
     if workload == "tfrecord":
         made = _tfrecord(config)
-        if config == "dsl":
+        if config == "dsl" or config.startswith("thread_") or config == "inline":
             return iter(made)
         if config == "dl":
             return iter(tp.DataLoader(made, batch_size=64, num_workers="auto"))
+        workers = int(config[6:])
         loader = torch.utils.data.DataLoader(
-            made, batch_size=64, num_workers=int(config[6:]), prefetch_factor=2
+            made, batch_size=64, num_workers=workers, prefetch_factor=2 if workers else None
         )
         return iter(loader)
     fn = _dataset(workload)
@@ -67,7 +73,9 @@ def _loader(workload: str, config: str) -> Any:
         data = workloads.Mapped(fn, 10**7)
         workers = int(config[6:])
         return iter(
-            torch.utils.data.DataLoader(data, batch_size=64, num_workers=workers, prefetch_factor=2)
+            torch.utils.data.DataLoader(
+                data, batch_size=64, num_workers=workers, prefetch_factor=2 if workers else None
+            )
         )
     if config == "dl":
         data = workloads.Mapped(fn, 10**7)
@@ -132,7 +140,9 @@ def trial(workload: str, config: str, seconds: float, step: float) -> dict[str, 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("workload", choices=["jpeg", "bigtensor", "tfrecord"])
-    parser.add_argument("configs", nargs="+", help="dsl, dl or torch_N")
+    parser.add_argument(
+        "configs", nargs="+", help="dsl, dl or torch_N (tfrecord: also thread_N, inline)"
+    )
     parser.add_argument("--step", type=float, default=0.01, help="the training step's seconds")
     parser.add_argument("--seconds", type=float, default=12.0)
     parser.add_argument("--repeat", type=int, default=3)

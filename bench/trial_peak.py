@@ -38,7 +38,19 @@ def _dataset(workload: str) -> Any:
         return workloads.JpegSample(data.jpeg_files(1024))
     if workload == "bigtensor":
         return workloads.big_tensor
-    raise ValueError(f"workload: 'jpeg' or 'bigtensor', not {workload!r}")
+    if workload == "tfrecord":  # the DataLoader's item of bench/run.py's tfrecord rows
+        from bench import tfrecord
+
+        paths = tfrecord.tfrecord_shards(1024)
+        return tfrecord.RecordSample(tp_records(paths))
+    raise ValueError(f"workload: 'jpeg', 'bigtensor' or 'tfrecord', not {workload!r}")
+
+
+def tp_records(paths: list[str]) -> Any:
+    """The shards' records by index (``tp.io.TFRecordRecords``)."""
+    import torchpipe as tp
+
+    return tp.io.TFRecordRecords(paths)
 
 
 def _phases(text: str) -> list[tuple[str, int]]:
@@ -162,7 +174,7 @@ def trial(workload: str, config: str, phases: list[tuple[str, int]], step: float
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("workload", choices=["jpeg", "bigtensor"])
+    parser.add_argument("workload", choices=["jpeg", "bigtensor", "tfrecord"])
     parser.add_argument("configs", nargs="+", help="dsl, dl or torch_N")
     parser.add_argument("--phases", default=PHASES, help="kind:count,... (default %(default)s)")
     parser.add_argument("--step", type=float, default=0.01, help="the training step's seconds")

@@ -19,6 +19,11 @@ class _Pool(ThreadExecutor):
         self.closed = False
         self.slot_pages = True
         self.told = []  # every set_slot_pages, in order
+        self.zygote_released = 0
+
+    def release_zygote(self):
+        self.zygote_released += 1
+        return True
 
     def set_slot_pages(self, keep):
         self.slot_pages = keep
@@ -82,10 +87,13 @@ def test_a_thread_pool_the_calls_leave_is_closed_and_the_process_pool_parked(mon
     assert pool.sizes == [2] and closed == [
         threads
     ]  # parked: its workers wait for a window's verdict
-    stage.settled()  # a window away from it kept the calls there: its workers go, its zygote stays
-    assert pool.sizes == [2, 0] and not pool.closed
+    assert pool.zygote_released == 0
+    # a window away from it kept the calls there: its workers go, and its zygote (a new one is
+    # forked if they come back)
     stage.settled()
-    assert pool.sizes == [2, 0]  # once
+    assert pool.sizes == [2, 0] and not pool.closed and pool.zygote_released == 1
+    stage.settled()
+    assert pool.sizes == [2, 0] and pool.zygote_released == 1  # once
     stage.dispatcher.close()
 
 
@@ -99,7 +107,7 @@ def test_calls_that_come_back_to_the_parked_pool_after_a_window_elsewhere_find_i
     assert [value[0] for _, value, _ in _run(stage, 8, 4)] == [PROCESS] * 4
     assert pool.sizes == [2, 2] and not pool.closed  # never resized to 0: nothing forked again
     stage.settled()  # a window on processes: nothing parked, nothing to let go
-    assert pool.sizes == [2, 2]
+    assert pool.sizes == [2, 2] and pool.zygote_released == 0
     stage.dispatcher.close()
 
 

@@ -259,13 +259,19 @@ class AutoStage:
     def settled(self) -> None:
         """A window kept the calls where they are: the heap the executor left gave back again
         (its last results were delivered since, and freed), and, away from the parked pool, its
-        workers go (its zygote is kept to come back to)."""
+        workers go, and its zygote with them: it holds its own copies of every page this process
+        rewrote since the fork (``tfrecord``: 20-100 MB, torch's DataLoader with no workers holds
+        none), and a pool that needs workers again forks a new one (a ``fork`` of this process,
+        ~10 ms, as ``executor="auto"`` forks its first)."""
         if self._trim_when_settled:
             self._trim_when_settled = False
             trim_heap()
         if self._warm and self._processes is not None and self.placement.kind != PROCESS:
             self._warm = False
             self._processes.resize(0)
+            release = getattr(self._processes, "release_zygote", None)  # Ray's actors: none
+            if release is not None:
+                release()
 
     def _keep_memory(self, keep: bool) -> None:
         """Whether the buffers of batches made here are kept for the next ones (only while the
