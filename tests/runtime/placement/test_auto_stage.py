@@ -169,6 +169,28 @@ def test_the_heap_is_given_back_when_threads_are_left_or_the_calls_leave_this_pr
     stage.dispatcher.close()
 
 
+def test_the_heap_is_given_back_when_fewer_threads_make_the_calls(monkeypatch):
+    """Threads that exit leave their arenas' free memory: trimmed at the first window after
+    (their last results delivered), not on more threads, nor while the count stays."""
+    import torchpipe.runtime.placement.auto_stage as auto_stage
+
+    trims = []
+    monkeypatch.setattr(auto_stage, "trim_heap", lambda: trims.append(stage.workers))
+    stage, _ = _stage()
+    stage.placement.move(THREAD, 2)
+    stage.placement.resize(4)  # the tuner asks for more threads
+    _run(stage, 0, 8)
+    stage.settled()
+    assert trims == []
+    stage.placement.resize(2)  # and fewer again
+    assert trims == []  # their last results may still be in flight
+    _run(stage, 8, 4)
+    stage.settled()
+    stage.settled()
+    assert trims == [2]  # once
+    stage.dispatcher.close()
+
+
 def test_batch_memory_kept_here_goes_before_the_process_pool_is_made_and_returns_after():
     """A zygote forked while the buffers are kept would copy them: they go first."""
     memory = RecycledStack(min_bytes=1)

@@ -129,7 +129,8 @@ class AutoStage:
         self._pages_back = pages_back
         # the parked pool's slots gave their pages back when the calls left it (_park_pages)
         self._parked_released = False
-        self._trim_when_settled = False  # retire() gave heap back while results were in flight
+        self._trim_when_settled = False  # heap to give back once the results in flight are
+        self._threads = 0  # the threads the calls run on (0: not on threads)
         self.dispatcher = Dispatcher(name, self.make(INLINE, 0), stall_s)
         self.placement = Placement(
             self.dispatcher,
@@ -257,8 +258,8 @@ class AutoStage:
             self._trim_when_settled = True
 
     def settled(self) -> None:
-        """A window kept the calls where they are: the heap the executor left gave back again
-        (its last results were delivered since, and freed), and, away from the parked pool, its
+        """A window kept the calls where they are: the heap the executor (or the threads) left
+        gave back again (its last results were delivered since, and freed), and, away from the parked pool, its
         workers go, and its zygote with them: it holds its own copies of every page this process
         rewrote since the fork (``tfrecord``: 20-100 MB, torch's DataLoader with no workers holds
         none), and a pool that needs workers again forks a new one (a ``fork`` of this process,
@@ -297,6 +298,12 @@ class AutoStage:
 
     def _moved(self, kind: str, workers: int) -> None:
         self._park_pages(kind)
+        if kind == THREAD and workers < self._threads:
+            # threads that exit leave their arenas' free memory behind (glibc keeps up to twice
+            # the largest block it mapped free in each: ~20 MB a thread on tfrecord), which the
+            # threads left reuse only in part: given back once their last results are delivered
+            self._trim_when_settled = True
+        self._threads = workers if kind == THREAD else 0
         if self.knob is not None:
             self.knob.moved(workers)
         if self._on_move is not None:
