@@ -63,7 +63,7 @@ def _phases(text: str) -> list[tuple[str, int]]:
     return phases
 
 
-def _start(config: str, fn: Any) -> Any:
+def _start(config: str, fn: Any, gil_free: float = 0.5) -> Any:
     """The iterator of ``config`` over ``fn``'s elements, its first batch taken."""
     import torchpipe as tp
     from bench import workloads
@@ -75,7 +75,7 @@ def _start(config: str, fn: Any) -> Any:
         )
         return iter(loader)
     off = tp.AutotuneOptions(enabled=False)  # the knobs stay: every run makes the same moves
-    with forced_call_costs(5e-3, gil_free=0.5, moves=False):
+    with forced_call_costs(5e-3, gil_free=gil_free, moves=False):
         if config == "dl":
             dl = tp.DataLoader(
                 workloads.Mapped(fn, 10**7), batch_size=64, num_workers="auto", autotune=off
@@ -118,7 +118,9 @@ def _parts(shmem_at_start: int) -> dict[str, Any]:
     }
 
 
-def trial(workload: str, config: str, phases: list[tuple[str, int]], step: float) -> dict:
+def trial(
+    workload: str, config: str, phases: list[tuple[str, int]], step: float, gil_free: float = 0.5
+) -> dict:
     """One run in this process: the peak, and each phase's peak, last reading and batches/s."""
     from bench.measure import release_memory, system_shmem
     from torchpipe.testing import move_calls
@@ -140,7 +142,7 @@ def trial(workload: str, config: str, phases: list[tuple[str, int]], step: float
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    it = _start(config, fn)
+    it = _start(config, fn, gil_free)
     bounds, rates, parts = [], [], []
     for kind, count in phases:
         if not config.startswith("torch_"):
@@ -179,17 +181,25 @@ def main() -> None:
     parser.add_argument("--phases", default=PHASES, help="kind:count,... (default %(default)s)")
     parser.add_argument("--step", type=float, default=0.01, help="the training step's seconds")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument(
+        "--gil-free",
+        type=float,
+        default=0.5,
+        help="the calls' forced GIL-free share (1: the policy's verdict on threads is threads, "
+        "so a window there keeps them and the parked pool is let go)",
+    )
     parser.add_argument("--trial", action="store_true", help="one run in this process")
     args = parser.parse_args()
     phases = _phases(args.phases)
     if args.trial:
-        print(json.dumps(trial(args.workload, args.configs[0], phases, args.step)))
+        print(json.dumps(trial(args.workload, args.configs[0], phases, args.step, args.gil_free)))
         return
     runs: dict[str, list[dict]] = {c: [] for c in args.configs}
     for _ in range(args.repeat):  # alternating, each run in a fresh process
         for config in args.configs:
             command = [sys.executable, "-m", "bench.trial_peak", args.workload, config, "--trial"]
             command += ["--phases", args.phases, "--step", str(args.step)]
+            command += ["--gil-free", str(args.gil_free)]
             done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=True)
             runs[config].append(json.loads(done.stdout.strip().splitlines()[-1]))
     for config, found in runs.items():

@@ -97,6 +97,42 @@ def test_a_thread_pool_the_calls_leave_is_closed_and_the_process_pool_parked(mon
     stage.dispatcher.close()
 
 
+class _Measured(Policy):
+    """A policy whose measurements the test sets."""
+
+    def __init__(self, measured):
+        super().__init__(KINDS, 2)
+        self.fixed = measured
+
+    @property
+    def measured(self):
+        return dict(self.fixed)
+
+
+@pytest.mark.parametrize("to", [THREAD, INLINE])
+def test_a_pool_the_calls_leave_for_an_executor_measured_faster_lets_its_processes_go(to):
+    """Not parked for a window: its workers and zygote go once its tasks are done; a trial of
+    an executor not measured yet (or measured slower) parks it as before."""
+    policy = _Measured({PROCESS: 2e-3})
+    stage, pool = _stage(policy)
+    stage.placement.move(PROCESS, 2)
+    _run(stage, 0, 4)
+    stage.placement.move(to, 2)  # a trial: nothing measured there yet
+    assert pool.sizes == [2] and pool.zygote_released == 0
+    stage.placement.move(PROCESS, 2)
+    _run(stage, 4, 4)
+    policy.fixed[to] = 1e-3  # measured faster than the processes
+    stage.placement.move(to, 2)
+    _run(stage, 8, 4)
+    assert pool.sizes == [2, 2, 0] and pool.zygote_released == 1
+    stage.settled()
+    assert pool.sizes == [2, 2, 0] and pool.zygote_released == 1  # nothing parked left
+    stage.placement.move(PROCESS, 2)  # a later trial asks for workers again
+    assert [value[0] for _, value, _ in _run(stage, 12, 4)] == [PROCESS] * 4
+    assert pool.sizes == [2, 2, 0, 2]
+    stage.dispatcher.close()
+
+
 def test_calls_that_come_back_to_the_parked_pool_after_a_window_elsewhere_find_its_workers_up():
     stage, pool = _stage()
     stage.placement.move(PROCESS, 2)

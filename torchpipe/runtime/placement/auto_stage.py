@@ -242,12 +242,17 @@ class AutoStage:
     def retire(self, executor: Executor) -> None:
         """What becomes of an executor the calls left, once its tasks are done: the process pool
         is parked with its workers up, so that calls coming back after a window elsewhere (the
-        policy trying threads) fork nothing; any other is closed. Threads left, or calls gone
-        out of this process, leave heap behind that nothing here reuses (the threads' arenas,
-        the inline calls' freed elements): it is given back to the system (``malloc_trim``),
-        so that it does not peak with the memory of the executor the calls went to."""
+        policy trying threads) fork nothing, unless they left it for an executor measured faster
+        (its workers and zygote go then, not a window later); any other is closed. Threads
+        left, or calls gone out of this process, leave heap behind that nothing here reuses (the
+        threads' arenas, the inline calls' freed elements): it is given back to the system
+        (``malloc_trim``), so that it does not peak with the memory of the executor the calls
+        went to."""
         if executor is self._processes:
-            self._warm = True
+            if self._processes_lost():
+                self._let_go(executor)
+            else:
+                self._warm = True
             return
         executor.close()
         now = self.dispatcher.executor
@@ -259,20 +264,38 @@ class AutoStage:
 
     def settled(self) -> None:
         """A window kept the calls where they are: the heap the executor (or the threads) left
-        gave back again (its last results were delivered since, and freed), and, away from the parked pool, its
-        workers go, and its zygote with them: it holds its own copies of every page this process
-        rewrote since the fork (``tfrecord``: 20-100 MB, torch's DataLoader with no workers holds
-        none), and a pool that needs workers again forks a new one (a ``fork`` of this process,
-        ~10 ms, as ``executor="auto"`` forks its first)."""
+        gave back again (its last results were delivered since, and freed), and, away from the
+        parked pool, its workers go, and its zygote with them: it holds its own copies of every
+        page this process rewrote since the fork (``tfrecord``: 20-100 MB; torch's DataLoader
+        with no workers holds none), and a pool that needs workers again forks a new one (a
+        ``fork`` of this process, ~10 ms, as ``executor="auto"`` forks its first)."""
         if self._trim_when_settled:
             self._trim_when_settled = False
             trim_heap()
         if self._warm and self._processes is not None and self.placement.kind != PROCESS:
             self._warm = False
-            self._processes.resize(0)
-            release = getattr(self._processes, "release_zygote", None)  # Ray's actors: none
-            if release is not None:
-                release()
+            self._let_go(self._processes)
+
+    def _processes_lost(self) -> bool:
+        """Whether the calls left the process pool for an executor measured faster lately (not a
+        trial of another, which the calls may come back from at once: the pool is then parked)."""
+        now = self.dispatcher.executor  # the placement's kind is set once the switch is done
+        if now is self._processes or not isinstance(now, (InlineExecutor, ThreadExecutor)):
+            return False
+        policy, kind = self.policy, INLINE if isinstance(now, InlineExecutor) else THREAD
+        if policy is None:
+            return False
+        measured = policy.measured
+        return PROCESS in measured and kind in measured and measured[kind] < measured[PROCESS]
+
+    @staticmethod
+    def _let_go(pool: Executor) -> None:
+        """The pool's workers go, and its zygote (Ray's actors have none); asked for workers
+        again, it forks a new one."""
+        pool.resize(0)
+        release = getattr(pool, "release_zygote", None)
+        if release is not None:
+            release()
 
     def _keep_memory(self, keep: bool) -> None:
         """Whether the buffers of batches made here are kept for the next ones (only while the
