@@ -8,10 +8,14 @@ off, so every run makes the same moves), the loader ahead of a training step of 
 seconds, and samples the process tree's held memory (:class:`bench.measure.TreeMonitor`) every
 50 ms from before the loader is made. Printed: the peak over the run and each phase's peak and
 last reading (MB over the tree before the loader), and batches a second per phase; ``torch_N``
-runs torch's DataLoader with N workers for the whole run, the reference.
+runs torch's DataLoader with N workers for the whole run, the reference. A phase
+``kind:count:kept`` plays, a third of the way in, the window whose verdict keeps the calls
+there (:func:`~torchpipe.testing.keep_calls`: the pool the calls left lets its workers and
+zygote go), so that the phase's last reading is the end state of a run that settled there.
 
     python -m bench.trial_peak bigtensor dsl --repeat 3
     python -m bench.trial_peak bigtensor dl torch_2 --phases process:2,thread:2,inline:0
+    python -m bench.trial_peak tfrecord dsl torch_0 --phases process:2,thread:2:kept
 """
 
 from __future__ import annotations
@@ -53,13 +57,23 @@ def tp_records(paths: list[str]) -> Any:
     return tp.io.TFRecordRecords(paths)
 
 
-def _phases(text: str) -> list[tuple[str, int]]:
+def _phases(text: str) -> list[tuple[str, int, bool]]:
+    """``kind:count`` or ``kind:count:kept`` each (``kept``: a third of the way into the phase a
+    window's verdict keeps the calls there, :func:`~torchpipe.testing.keep_calls`)."""
     phases = []
     for part in text.split(","):
-        kind, _, count = part.partition(":")
-        if kind not in ("inline", "thread", "process") or not count.isdigit():
-            raise ValueError(f"a phase is kind:count (inline, thread or process), not {part!r}")
-        phases.append((kind, int(count)))
+        kind, count, *rest = part.split(":") + [""]
+        kept = rest[0] == "kept"
+        if (
+            kind not in ("inline", "thread", "process")
+            or not count.isdigit()
+            or rest[0] not in ("", "kept")
+            or len(rest) > 2
+        ):
+            raise ValueError(
+                f"a phase is kind:count or kind:count:kept (inline, thread or process), not {part!r}"
+            )
+        phases.append((kind, int(count), kept))
     return phases
 
 
@@ -119,11 +133,15 @@ def _parts(shmem_at_start: int) -> dict[str, Any]:
 
 
 def trial(
-    workload: str, config: str, phases: list[tuple[str, int]], step: float, gil_free: float = 0.5
+    workload: str,
+    config: str,
+    phases: list[tuple[str, int, bool]],
+    step: float,
+    gil_free: float = 0.5,
 ) -> dict:
     """One run in this process: the peak, and each phase's peak, last reading and batches/s."""
     from bench.measure import release_memory, system_shmem
-    from torchpipe.testing import move_calls
+    from torchpipe.testing import keep_calls, move_calls
 
     fn = _dataset(workload)
     release_memory()
@@ -144,15 +162,18 @@ def trial(
     sampler.start()
     it = _start(config, fn, gil_free)
     bounds, rates, parts = [], [], []
-    for kind, count in phases:
+    for kind, count, kept in phases:
         if not config.startswith("torch_"):
             move_calls(it, kind, count)
-        start, batches = time.perf_counter(), 0
+        start, batches, keep = time.perf_counter(), 0, kept and not config.startswith("torch_")
         while time.perf_counter() - start < PHASE_S:
             batch = next(it)
             del batch
             batches += 1
             time.sleep(step)
+            if keep and time.perf_counter() - start >= PHASE_S / 3:
+                keep_calls(it)
+                keep = False
         bounds.append((start, time.perf_counter()))
         rates.append(batches / (time.perf_counter() - start))
     stop.set()
