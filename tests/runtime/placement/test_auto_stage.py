@@ -194,14 +194,16 @@ def test_the_heap_is_given_back_when_threads_are_left_or_the_calls_leave_this_pr
     assert trims == []
     stage.placement.move(INLINE, 0)  # threads left: their arenas
     assert len(trims) == 1
-    stage.placement.move(PROCESS, 2)  # inline -> processes: the main heap
-    assert len(trims) == 2
+    # inline -> processes: the main heap, before the pool forks (a zygote forked now would copy
+    # what the calls here left free) and once the inline calls are done
+    stage.placement.move(PROCESS, 2)
+    assert len(trims) == 3
     _run(stage, 4, 2)
     stage.placement.move(THREAD, 2)  # the process pool is parked, not closed: no trim
-    assert len(trims) == 2
+    assert len(trims) == 3
     stage.settled()  # a window later the results in flight then were delivered: once more
     stage.settled()
-    assert len(trims) == 3
+    assert len(trims) == 4
     stage.dispatcher.close()
 
 
@@ -224,6 +226,31 @@ def test_the_heap_is_given_back_when_fewer_threads_make_the_calls(monkeypatch):
     stage.settled()
     stage.settled()
     assert trims == [2]  # once
+    stage.dispatcher.close()
+
+
+def test_the_heap_is_trimmed_before_the_process_pool_forks_its_zygote(monkeypatch):
+    """A zygote forked from threads that just made batches (a trial of processes after threads,
+    or a new zygote once the last went) would copy their arenas' free memory: it is given back
+    first, before the pool is asked for workers."""
+    import torchpipe.runtime.placement.auto_stage as auto_stage
+
+    events = []
+    monkeypatch.setattr(auto_stage, "trim_heap", lambda: events.append("trim"))
+    pool = _Pool()
+
+    def processes(workers):
+        events.append("fork")
+        pool.resize(workers)
+        return pool
+
+    calls = StageCalls(lambda seq, x: x, lambda seq, x: x, processes=processes)
+    stage = AutoStage("map(f)", calls, CallTiming(), None)
+    stage.placement.move(THREAD, 2)
+    _run(stage, 0, 4)
+    events.clear()
+    stage.placement.move(PROCESS, 2)
+    assert events[:2] == ["trim", "fork"]
     stage.dispatcher.close()
 
 

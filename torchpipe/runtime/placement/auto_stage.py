@@ -233,7 +233,11 @@ class AutoStage:
         pool = {PROCESS: self._calls.processes, RAY: self._calls.ray}.get(kind)
         if pool is None:
             raise ValueError(f"{self.name}: no {kind!r} executor for this stage's calls")
-        self._keep_memory(False)  # before a zygote is forked: it would copy what is kept
+        # before a zygote is forked (the first, or a new one once the last went): it would copy
+        # the buffers kept here and the heap the calls made here left free (the threads' arenas)
+        if self._memory is not None:
+            self._memory.keep_freed(False)
+        trim_heap()
         executor = pool(workers)
         if kind == PROCESS:
             self._processes, self._warm = executor, False
