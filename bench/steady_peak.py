@@ -8,7 +8,10 @@ torch's ``DataLoader(num_workers=2, prefetch_factor=2)``, each in a fresh proces
 training step of ``--step`` seconds (0: none). The tree's held memory (each process's PSS
 without shared memory, plus the shared memory the machine gained) is sampled every 50 ms from
 before the loader is made; printed: its peak (MB over the tree before the loader), what each
-process held at that peak, batches a second over the run's second half, and where the map ran.
+process held at that peak, the peak over the run's second half (``late_peak_mb``: once the
+placement trials are mostly over) and the last reading (``end_mb``, ``end_parts``), batches a
+second over the run's second half, and where the map ran. On ``tfrecord`` also ``thread_N``
+and ``inline``: the same map fixed there.
 
     python -m bench.steady_peak bigtensor dsl torch_2 --step 0.01 --repeat 3
 """
@@ -35,10 +38,15 @@ def _tfrecord(config: str) -> Any:
     from bench import tfrecord, workloads
 
     paths = tfrecord.tfrecord_shards(JPEG_FILES)
+    pattern = str(Path(paths[0]).parent / "train-*.tfrecord")
     if config == "dsl":
-        pattern = str(Path(paths[0]).parent / "train-*.tfrecord")
         ds = tfrecord.pipeline_builder(pattern)(tp.AUTOTUNE, "auto").batch(64)
         return ds.prefetch(tp.AUTOTUNE)
+    if config.startswith("thread_"):  # the same map fixed on N threads (what "auto" may end on)
+        ds = tfrecord.pipeline_builder(pattern)(int(config[7:]), "thread").batch(64)
+        return ds.prefetch(tp.AUTOTUNE)
+    if config == "inline":  # the same map on the consumer's thread
+        return tfrecord.pipeline_builder(pattern)(None, "thread").batch(64).prefetch(tp.AUTOTUNE)
     return workloads.Mapped(tfrecord.RecordSample(tp.io.TFRecordRecords(paths)), 10**7)
 
 
@@ -54,12 +62,13 @@ def _loader(workload: str, config: str) -> Any:
 
     if workload == "tfrecord":
         made = _tfrecord(config)
-        if config == "dsl":
+        if config == "dsl" or config.startswith("thread_") or config == "inline":
             return iter(made)
         if config == "dl":
             return iter(tp.DataLoader(made, batch_size=64, num_workers="auto"))
+        workers = int(config[6:])
         loader = torch.utils.data.DataLoader(
-            made, batch_size=64, num_workers=int(config[6:]), prefetch_factor=2
+            made, batch_size=64, num_workers=workers, prefetch_factor=2 if workers else None
         )
         return iter(loader)
     fn = _dataset(workload)
@@ -67,7 +76,9 @@ def _loader(workload: str, config: str) -> Any:
         data = workloads.Mapped(fn, 10**7)
         workers = int(config[6:])
         return iter(
-            torch.utils.data.DataLoader(data, batch_size=64, num_workers=workers, prefetch_factor=2)
+            torch.utils.data.DataLoader(
+                data, batch_size=64, num_workers=workers, prefetch_factor=2 if workers else None
+            )
         )
     if config == "dl":
         data = workloads.Mapped(fn, 10**7)
@@ -86,15 +97,15 @@ def trial(workload: str, config: str, seconds: float, step: float) -> dict[str, 
     shmem_at_start = system_shmem() or 0
     start_parts = _parts(shmem_at_start)
     before = start_parts["main"] + sum(start_parts["children"])
-    readings: list[tuple[float, dict[str, Any]]] = []
+    # (MB held over the tree before the loader, what each process held then, when)
+    readings: list[tuple[float, dict[str, Any], float]] = []
     stop = threading.Event()
 
     def sample() -> None:
         while not stop.wait(0.05):
             parts = _parts(shmem_at_start)
-            readings.append(
-                (parts["main"] + sum(parts["children"]) + parts["shmem"] - before, parts)
-            )
+            held = parts["main"] + sum(parts["children"]) + parts["shmem"] - before
+            readings.append((held, parts, time.perf_counter()))
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
@@ -121,9 +132,13 @@ def trial(workload: str, config: str, seconds: float, step: float) -> dict[str, 
         )
     del it
     top = max(readings, key=lambda r: r[0])
+    late = [r for r in readings if r[2] >= half] or readings
     return {
         "peak_mb": round(top[0]),
         "parts": top[1],
+        "late_peak_mb": round(max(r[0] for r in late)),
+        "end_mb": round(late[-1][0]),
+        "end_parts": late[-1][1],
         "batches_per_s": round(rate, 1),
         "where": where,
     }
@@ -132,7 +147,9 @@ def trial(workload: str, config: str, seconds: float, step: float) -> dict[str, 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("workload", choices=["jpeg", "bigtensor", "tfrecord"])
-    parser.add_argument("configs", nargs="+", help="dsl, dl or torch_N")
+    parser.add_argument(
+        "configs", nargs="+", help="dsl, dl or torch_N (tfrecord: also thread_N, inline)"
+    )
     parser.add_argument("--step", type=float, default=0.01, help="the training step's seconds")
     parser.add_argument("--seconds", type=float, default=12.0)
     parser.add_argument("--repeat", type=int, default=3)
@@ -158,6 +175,8 @@ def main() -> None:
                     "step": args.step,
                     "config": config,
                     "peak_mb": statistics.median(r["peak_mb"] for r in found),
+                    "late_peak_mb": statistics.median(r["late_peak_mb"] for r in found),
+                    "end_mb": statistics.median(r["end_mb"] for r in found),
                     "batches_per_s": statistics.median(r["batches_per_s"] for r in found),
                     "runs_peak_mb": [r["peak_mb"] for r in found],
                     "runs_batches_per_s": [r["batches_per_s"] for r in found],

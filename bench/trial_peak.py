@@ -8,10 +8,14 @@ off, so every run makes the same moves), the loader ahead of a training step of 
 seconds, and samples the process tree's held memory (:class:`bench.measure.TreeMonitor`) every
 50 ms from before the loader is made. Printed: the peak over the run and each phase's peak and
 last reading (MB over the tree before the loader), and batches a second per phase; ``torch_N``
-runs torch's DataLoader with N workers for the whole run, the reference.
+runs torch's DataLoader with N workers for the whole run, the reference. A phase
+``kind:count:kept`` plays, a third of the way in, the window whose verdict keeps the calls
+there (:func:`~torchpipe.testing.keep_calls`: the pool the calls left lets its workers and
+zygote go), so that the phase's last reading is the end state of a run that settled there.
 
     python -m bench.trial_peak bigtensor dsl --repeat 3
     python -m bench.trial_peak bigtensor dl torch_2 --phases process:2,thread:2,inline:0
+    python -m bench.trial_peak tfrecord dsl torch_0 --phases process:2,thread:2:kept
 """
 
 from __future__ import annotations
@@ -38,20 +42,42 @@ def _dataset(workload: str) -> Any:
         return workloads.JpegSample(data.jpeg_files(1024))
     if workload == "bigtensor":
         return workloads.big_tensor
-    raise ValueError(f"workload: 'jpeg' or 'bigtensor', not {workload!r}")
+    if workload == "tfrecord":  # the DataLoader's item of bench/run.py's tfrecord rows
+        from bench import tfrecord
+
+        paths = tfrecord.tfrecord_shards(1024)
+        return tfrecord.RecordSample(tp_records(paths))
+    raise ValueError(f"workload: 'jpeg', 'bigtensor' or 'tfrecord', not {workload!r}")
 
 
-def _phases(text: str) -> list[tuple[str, int]]:
+def tp_records(paths: list[str]) -> Any:
+    """The shards' records by index (``tp.io.TFRecordRecords``)."""
+    import torchpipe as tp
+
+    return tp.io.TFRecordRecords(paths)
+
+
+def _phases(text: str) -> list[tuple[str, int, bool]]:
+    """``kind:count`` or ``kind:count:kept`` each (``kept``: a third of the way into the phase a
+    window's verdict keeps the calls there, :func:`~torchpipe.testing.keep_calls`)."""
     phases = []
     for part in text.split(","):
-        kind, _, count = part.partition(":")
-        if kind not in ("inline", "thread", "process") or not count.isdigit():
-            raise ValueError(f"a phase is kind:count (inline, thread or process), not {part!r}")
-        phases.append((kind, int(count)))
+        kind, count, *rest = part.split(":") + [""]
+        kept = rest[0] == "kept"
+        if (
+            kind not in ("inline", "thread", "process")
+            or not count.isdigit()
+            or rest[0] not in ("", "kept")
+            or len(rest) > 2
+        ):
+            raise ValueError(
+                f"a phase is kind:count or kind:count:kept (inline, thread or process), not {part!r}"
+            )
+        phases.append((kind, int(count), kept))
     return phases
 
 
-def _start(config: str, fn: Any) -> Any:
+def _start(config: str, fn: Any, gil_free: float = 0.5) -> Any:
     """The iterator of ``config`` over ``fn``'s elements, its first batch taken."""
     import torchpipe as tp
     from bench import workloads
@@ -63,7 +89,7 @@ def _start(config: str, fn: Any) -> Any:
         )
         return iter(loader)
     off = tp.AutotuneOptions(enabled=False)  # the knobs stay: every run makes the same moves
-    with forced_call_costs(5e-3, gil_free=0.5, moves=False):
+    with forced_call_costs(5e-3, gil_free=gil_free, moves=False):
         if config == "dl":
             dl = tp.DataLoader(
                 workloads.Mapped(fn, 10**7), batch_size=64, num_workers="auto", autotune=off
@@ -106,10 +132,16 @@ def _parts(shmem_at_start: int) -> dict[str, Any]:
     }
 
 
-def trial(workload: str, config: str, phases: list[tuple[str, int]], step: float) -> dict:
+def trial(
+    workload: str,
+    config: str,
+    phases: list[tuple[str, int, bool]],
+    step: float,
+    gil_free: float = 0.5,
+) -> dict:
     """One run in this process: the peak, and each phase's peak, last reading and batches/s."""
     from bench.measure import release_memory, system_shmem
-    from torchpipe.testing import move_calls
+    from torchpipe.testing import keep_calls, move_calls
 
     fn = _dataset(workload)
     release_memory()
@@ -128,17 +160,20 @@ def trial(workload: str, config: str, phases: list[tuple[str, int]], step: float
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    it = _start(config, fn)
+    it = _start(config, fn, gil_free)
     bounds, rates, parts = [], [], []
-    for kind, count in phases:
+    for kind, count, kept in phases:
         if not config.startswith("torch_"):
             move_calls(it, kind, count)
-        start, batches = time.perf_counter(), 0
+        start, batches, keep = time.perf_counter(), 0, kept and not config.startswith("torch_")
         while time.perf_counter() - start < PHASE_S:
             batch = next(it)
             del batch
             batches += 1
             time.sleep(step)
+            if keep and time.perf_counter() - start >= PHASE_S / 3:
+                keep_calls(it)
+                keep = False
         bounds.append((start, time.perf_counter()))
         rates.append(batches / (time.perf_counter() - start))
     stop.set()
@@ -162,22 +197,30 @@ def trial(workload: str, config: str, phases: list[tuple[str, int]], step: float
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("workload", choices=["jpeg", "bigtensor"])
+    parser.add_argument("workload", choices=["jpeg", "bigtensor", "tfrecord"])
     parser.add_argument("configs", nargs="+", help="dsl, dl or torch_N")
     parser.add_argument("--phases", default=PHASES, help="kind:count,... (default %(default)s)")
     parser.add_argument("--step", type=float, default=0.01, help="the training step's seconds")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument(
+        "--gil-free",
+        type=float,
+        default=0.5,
+        help="the calls' forced GIL-free share (1: the policy's verdict on threads is threads, "
+        "so a window there keeps them and the parked pool is let go)",
+    )
     parser.add_argument("--trial", action="store_true", help="one run in this process")
     args = parser.parse_args()
     phases = _phases(args.phases)
     if args.trial:
-        print(json.dumps(trial(args.workload, args.configs[0], phases, args.step)))
+        print(json.dumps(trial(args.workload, args.configs[0], phases, args.step, args.gil_free)))
         return
     runs: dict[str, list[dict]] = {c: [] for c in args.configs}
     for _ in range(args.repeat):  # alternating, each run in a fresh process
         for config in args.configs:
             command = [sys.executable, "-m", "bench.trial_peak", args.workload, config, "--trial"]
             command += ["--phases", args.phases, "--step", str(args.step)]
+            command += ["--gil-free", str(args.gil_free)]
             done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=True)
             runs[config].append(json.loads(done.stdout.strip().splitlines()[-1]))
     for config, found in runs.items():

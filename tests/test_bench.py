@@ -1164,3 +1164,16 @@ def test_peer_epochs_with_the_library_yield_every_sample_each_epoch(small, libra
             assert sorted(ids) == [f"s{i:05d}" for i in range(TINY.blob_samples)]
     finally:
         loader.close()
+
+
+def test_trial_peak_phases_name_a_kind_a_count_and_whether_a_window_keeps_the_calls():
+    from bench.trial_peak import _phases
+
+    assert _phases("process:2,thread:2:kept,inline:0") == [
+        ("process", 2, False),
+        ("thread", 2, True),
+        ("inline", 0, False),
+    ]
+    for bad in ("gpu:2", "thread:x", "thread:2:held", "thread:2:kept:1"):
+        with pytest.raises(ValueError, match="a phase is kind:count"):
+            _phases(bad)

@@ -12,6 +12,7 @@ import torch
 
 import torchpipe as tp
 import torchpipe.testing
+from tests.processes import wait_dead
 from torchpipe.core.iterator import Iterator
 from torchpipe.core.node import Node
 from torchpipe.testing import (
@@ -21,6 +22,7 @@ from torchpipe.testing import (
     assert_same_elements,
     find_stage,
     forced_call_costs,
+    keep_calls,
     knobs,
     leave_prefetch_in,
     move_calls,
@@ -377,6 +379,27 @@ def test_zygote_pids_are_the_parents_of_the_worker_processes():
     threads = iter(tp.range(5).map(abs, 2, executor="thread"))
     next(threads)
     assert zygote_pids(threads) == []
+
+
+def test_a_window_kept_away_from_the_process_pool_lets_its_workers_and_zygote_go():
+    """keep_calls plays the window that keeps the calls on threads: the parked workers and
+    their zygote end; back on processes a new zygote forks new workers."""
+    with forced_call_costs(1e-3, gil_free=0.0, moves=False):
+        it = iter(tp.range(10**6).map(lambda x: os.getpid(), 2, executor="auto"))
+        next(it)
+    move_calls(it, "process", 2)
+    pids = {next(it) for _ in range(20)} - {os.getpid()}
+    (zygote,) = zygote_pids(it)
+    assert len(pids) == 2 and {psutil.Process(pid).ppid() for pid in pids} == {zygote}
+    move_calls(it, "thread", 2)
+    assert {next(it) for _ in range(8)} <= pids | {os.getpid()}  # the last in flight, then here
+    keep_calls(it)
+    assert zygote_pids(it) == [] and wait_dead([zygote, *pids]) == []
+    move_calls(it, "process", 2)
+    again = {next(it) for _ in range(20)} - {os.getpid()}
+    (second,) = zygote_pids(it)
+    assert second != zygote and again and {psutil.Process(p).ppid() for p in again} == {second}
+    it.close()
 
 
 def test_worker_pids_and_rings_are_the_pools():

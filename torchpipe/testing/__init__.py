@@ -37,6 +37,7 @@ from torchpipe.runtime.placement.policy import message_cost_unobserved
 from torchpipe.testing.hooks import (
     find_stage,
     forced_call_costs,
+    keep_calls,
     knobs,
     leave_prefetch_in,
     move_calls,
@@ -65,6 +66,7 @@ __all__ = [
     "forced_call_costs",
     "knobs",
     "leave_prefetch_in",
+    "keep_calls",
     "move_calls",
     "node",
     "open_readers",

@@ -82,6 +82,23 @@ def move_calls(iterator: Any, kind: str, workers: int) -> None:
     )
 
 
+def keep_calls(iterator: Any) -> None:
+    """Play a window whose verdict keeps the calls of the first stage of ``iterator`` placed by
+    the policy where they run now (what a judged window that stays does: a process pool the
+    calls left lets its workers and zygote go, the heap threads left is given back).
+
+    Raises:
+        AssertionError: if no stage of ``iterator`` is placed by a policy.
+    """
+    for placement in _placements(iterator):
+        if placement is not None and placement.policy is not None:
+            placement.stayed()
+            return
+    raise AssertionError(
+        "no stage of this pass is placed by a policy (executor='auto', num_workers='auto')"
+    )
+
+
 def _placements(iterator: Any) -> list[Placement | None]:
     """The placement of each stage of a running pass (None for a stage without one)."""
     if isinstance(iterator, WorkerIterator):

@@ -19,6 +19,11 @@ class _Pool(ThreadExecutor):
         self.closed = False
         self.slot_pages = True
         self.told = []  # every set_slot_pages, in order
+        self.zygote_released = 0
+
+    def release_zygote(self):
+        self.zygote_released += 1
+        return True
 
     def set_slot_pages(self, keep):
         self.slot_pages = keep
@@ -82,10 +87,49 @@ def test_a_thread_pool_the_calls_leave_is_closed_and_the_process_pool_parked(mon
     assert pool.sizes == [2] and closed == [
         threads
     ]  # parked: its workers wait for a window's verdict
-    stage.settled()  # a window away from it kept the calls there: its workers go, its zygote stays
-    assert pool.sizes == [2, 0] and not pool.closed
+    assert pool.zygote_released == 0
+    # a window away from it kept the calls there: its workers go, and its zygote (a new one is
+    # forked if they come back)
     stage.settled()
-    assert pool.sizes == [2, 0]  # once
+    assert pool.sizes == [2, 0] and not pool.closed and pool.zygote_released == 1
+    stage.settled()
+    assert pool.sizes == [2, 0] and pool.zygote_released == 1  # once
+    stage.dispatcher.close()
+
+
+class _Measured(Policy):
+    """A policy whose measurements the test sets."""
+
+    def __init__(self, measured):
+        super().__init__(KINDS, 2)
+        self.fixed = measured
+
+    @property
+    def measured(self):
+        return dict(self.fixed)
+
+
+@pytest.mark.parametrize("to", [THREAD, INLINE])
+def test_a_pool_the_calls_leave_for_an_executor_measured_faster_lets_its_processes_go(to):
+    """Not parked for a window: its workers and zygote go once its tasks are done; a trial of
+    an executor not measured yet (or measured slower) parks it as before."""
+    policy = _Measured({PROCESS: 2e-3})
+    stage, pool = _stage(policy)
+    stage.placement.move(PROCESS, 2)
+    _run(stage, 0, 4)
+    stage.placement.move(to, 2)  # a trial: nothing measured there yet
+    assert pool.sizes == [2] and pool.zygote_released == 0
+    stage.placement.move(PROCESS, 2)
+    _run(stage, 4, 4)
+    policy.fixed[to] = 1e-3  # measured faster than the processes
+    stage.placement.move(to, 2)
+    _run(stage, 8, 4)
+    assert pool.sizes == [2, 2, 0] and pool.zygote_released == 1
+    stage.settled()
+    assert pool.sizes == [2, 2, 0] and pool.zygote_released == 1  # nothing parked left
+    stage.placement.move(PROCESS, 2)  # a later trial asks for workers again
+    assert [value[0] for _, value, _ in _run(stage, 12, 4)] == [PROCESS] * 4
+    assert pool.sizes == [2, 2, 0, 2]
     stage.dispatcher.close()
 
 
@@ -99,7 +143,7 @@ def test_calls_that_come_back_to_the_parked_pool_after_a_window_elsewhere_find_i
     assert [value[0] for _, value, _ in _run(stage, 8, 4)] == [PROCESS] * 4
     assert pool.sizes == [2, 2] and not pool.closed  # never resized to 0: nothing forked again
     stage.settled()  # a window on processes: nothing parked, nothing to let go
-    assert pool.sizes == [2, 2]
+    assert pool.sizes == [2, 2] and pool.zygote_released == 0
     stage.dispatcher.close()
 
 
@@ -150,14 +194,63 @@ def test_the_heap_is_given_back_when_threads_are_left_or_the_calls_leave_this_pr
     assert trims == []
     stage.placement.move(INLINE, 0)  # threads left: their arenas
     assert len(trims) == 1
-    stage.placement.move(PROCESS, 2)  # inline -> processes: the main heap
-    assert len(trims) == 2
+    # inline -> processes: the main heap, before the pool forks (a zygote forked now would copy
+    # what the calls here left free) and once the inline calls are done
+    stage.placement.move(PROCESS, 2)
+    assert len(trims) == 3
     _run(stage, 4, 2)
     stage.placement.move(THREAD, 2)  # the process pool is parked, not closed: no trim
-    assert len(trims) == 2
+    assert len(trims) == 3
     stage.settled()  # a window later the results in flight then were delivered: once more
     stage.settled()
-    assert len(trims) == 3
+    assert len(trims) == 4
+    stage.dispatcher.close()
+
+
+def test_the_heap_is_given_back_when_fewer_threads_make_the_calls(monkeypatch):
+    """Threads that exit leave their arenas' free memory: trimmed at the first window after
+    (their last results delivered), not on more threads, nor while the count stays."""
+    import torchpipe.runtime.placement.auto_stage as auto_stage
+
+    trims = []
+    monkeypatch.setattr(auto_stage, "trim_heap", lambda: trims.append(stage.workers))
+    stage, _ = _stage()
+    stage.placement.move(THREAD, 2)
+    stage.placement.resize(4)  # the tuner asks for more threads
+    _run(stage, 0, 8)
+    stage.settled()
+    assert trims == []
+    stage.placement.resize(2)  # and fewer again
+    assert trims == []  # their last results may still be in flight
+    _run(stage, 8, 4)
+    stage.settled()
+    stage.settled()
+    assert trims == [2]  # once
+    stage.dispatcher.close()
+
+
+def test_the_heap_is_trimmed_before_the_process_pool_forks_its_zygote(monkeypatch):
+    """A zygote forked from threads that just made batches (a trial of processes after threads,
+    or a new zygote once the last went) would copy their arenas' free memory: it is given back
+    first, before the pool is asked for workers."""
+    import torchpipe.runtime.placement.auto_stage as auto_stage
+
+    events = []
+    monkeypatch.setattr(auto_stage, "trim_heap", lambda: events.append("trim"))
+    pool = _Pool()
+
+    def processes(workers):
+        events.append("fork")
+        pool.resize(workers)
+        return pool
+
+    calls = StageCalls(lambda seq, x: x, lambda seq, x: x, processes=processes)
+    stage = AutoStage("map(f)", calls, CallTiming(), None)
+    stage.placement.move(THREAD, 2)
+    _run(stage, 0, 4)
+    events.clear()
+    stage.placement.move(PROCESS, 2)
+    assert events[:2] == ["trim", "fork"]
     stage.dispatcher.close()
 
 

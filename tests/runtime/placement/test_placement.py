@@ -226,6 +226,38 @@ def test_a_trial_that_loses_big_goes_back_before_another_is_tried():
     assert policy.slower_than() == pytest.approx(1.5 * 340e-6)
 
 
+def test_a_placement_made_never_moving_does_not_go_back_to_an_executor_measured_faster(
+    monkeypatch,
+):
+    """The verdict back to an executor measured lately is acted on at once elsewhere (no
+    agreement asked): a placement made within never_moving() is not moved by it either
+    (bench/trial_peak.py's fixed moves went back to processes from an inline phase)."""
+    _windows(monkeypatch, 2)
+    monkeypatch.setattr(driver_module, "cost_changed", lambda now, before: False)
+
+    class BackToThreads(Policy):
+        def review(self, seconds_per_element, full=True):
+            return THREAD
+
+        @property
+        def measured(self):
+            return {INLINE: 2e-3, THREAD: 1e-3}
+
+    with Placement.never_moving():
+        held = _Stage(BackToThreads((INLINE, THREAD), 2))
+    held.placement.decide(CallCosts(1e-6, 1e-6, 0.0, 0.0))
+    held.placement.move(INLINE, 0)  # an explicit move, as trial_peak's phases make
+    held.run(20)
+    assert held.placement.kind == INLINE
+    moved = _Stage(BackToThreads((INLINE, THREAD), 2))
+    moved.placement.decide(CallCosts(1e-6, 1e-6, 0.0, 0.0))
+    moved.placement.move(INLINE, 0)
+    moved.run(4)
+    assert moved.placement.kind == THREAD  # back at once, where not held
+    while moved.dispatch.pending:
+        moved.dispatch.take()
+
+
 def test_a_placement_made_never_moving_keeps_its_calls_where_its_first_decision_put_them(
     monkeypatch,
 ):

@@ -257,3 +257,24 @@ def test_a_pool_made_not_to_fork_now_forks_its_zygote_with_its_first_worker():
         assert sorted(v["x"].item() for v, _ in run_all(pool, [1, 2, 3]).values()) == [1, 4, 9]
     finally:
         pool.close()
+
+
+def test_a_released_zygote_goes_and_the_next_workers_fork_a_new_one():
+    """A parked pool (no workers) lets its zygote go; asked for workers again it forks another,
+    whose workers run tasks as the first ones did. With workers up it is kept."""
+    pool = ProcessPool(square, 1, "m")
+    pool.start()
+    try:
+        first = pool.zygote_pid
+        assert not pool.release_zygote()  # a worker is up: its zygote stays
+        pool.resize(0)
+        assert pool.release_zygote() and pool.zygote_pid is None
+        assert wait_dead([first]) == [] and pool.process_ids == []
+        assert not pool.release_zygote()  # none left
+        pool.resize(2)
+        second = pool.zygote_pid
+        assert second not in (None, first)
+        assert {psutil.Process(pid).ppid() for pid in pool.pids} == {second}
+        assert sorted(v["x"].item() for v, _ in run_all(pool, [1, 2, 3]).values()) == [1, 4, 9]
+    finally:
+        pool.close()

@@ -129,7 +129,8 @@ class AutoStage:
         self._pages_back = pages_back
         # the parked pool's slots gave their pages back when the calls left it (_park_pages)
         self._parked_released = False
-        self._trim_when_settled = False  # retire() gave heap back while results were in flight
+        self._trim_when_settled = False  # heap to give back once the results in flight are
+        self._threads = 0  # the threads the calls run on (0: not on threads)
         self.dispatcher = Dispatcher(name, self.make(INLINE, 0), stall_s)
         self.placement = Placement(
             self.dispatcher,
@@ -232,7 +233,11 @@ class AutoStage:
         pool = {PROCESS: self._calls.processes, RAY: self._calls.ray}.get(kind)
         if pool is None:
             raise ValueError(f"{self.name}: no {kind!r} executor for this stage's calls")
-        self._keep_memory(False)  # before a zygote is forked: it would copy what is kept
+        # before a zygote is forked (the first, or a new one once the last went): it would copy
+        # the buffers kept here and the heap the calls made here left free (the threads' arenas)
+        if self._memory is not None:
+            self._memory.keep_freed(False)
+        trim_heap()
         executor = pool(workers)
         if kind == PROCESS:
             self._processes, self._warm = executor, False
@@ -241,12 +246,17 @@ class AutoStage:
     def retire(self, executor: Executor) -> None:
         """What becomes of an executor the calls left, once its tasks are done: the process pool
         is parked with its workers up, so that calls coming back after a window elsewhere (the
-        policy trying threads) fork nothing; any other is closed. Threads left, or calls gone
-        out of this process, leave heap behind that nothing here reuses (the threads' arenas,
-        the inline calls' freed elements): it is given back to the system (``malloc_trim``),
-        so that it does not peak with the memory of the executor the calls went to."""
+        policy trying threads) fork nothing, unless they left it for an executor measured faster
+        (its workers and zygote go then, not a window later); any other is closed. Threads
+        left, or calls gone out of this process, leave heap behind that nothing here reuses (the
+        threads' arenas, the inline calls' freed elements): it is given back to the system
+        (``malloc_trim``), so that it does not peak with the memory of the executor the calls
+        went to."""
         if executor is self._processes:
-            self._warm = True
+            if self._processes_lost():
+                self._let_go(executor)
+            else:
+                self._warm = True
             return
         executor.close()
         now = self.dispatcher.executor
@@ -257,15 +267,39 @@ class AutoStage:
             self._trim_when_settled = True
 
     def settled(self) -> None:
-        """A window kept the calls where they are: the heap the executor left gave back again
-        (its last results were delivered since, and freed), and, away from the parked pool, its
-        workers go (its zygote is kept to come back to)."""
+        """A window kept the calls where they are: the heap the executor (or the threads) left
+        gave back again (its last results were delivered since, and freed), and, away from the
+        parked pool, its workers go, and its zygote with them: it holds its own copies of every
+        page this process rewrote since the fork (``tfrecord``: 20-100 MB; torch's DataLoader
+        with no workers holds none), and a pool that needs workers again forks a new one (a
+        ``fork`` of this process, ~10 ms, as ``executor="auto"`` forks its first)."""
         if self._trim_when_settled:
             self._trim_when_settled = False
             trim_heap()
         if self._warm and self._processes is not None and self.placement.kind != PROCESS:
             self._warm = False
-            self._processes.resize(0)
+            self._let_go(self._processes)
+
+    def _processes_lost(self) -> bool:
+        """Whether the calls left the process pool for an executor measured faster lately (not a
+        trial of another, which the calls may come back from at once: the pool is then parked)."""
+        now = self.dispatcher.executor  # the placement's kind is set once the switch is done
+        if now is self._processes or not isinstance(now, (InlineExecutor, ThreadExecutor)):
+            return False
+        policy, kind = self.policy, INLINE if isinstance(now, InlineExecutor) else THREAD
+        if policy is None:
+            return False
+        measured = policy.measured
+        return PROCESS in measured and kind in measured and measured[kind] < measured[PROCESS]
+
+    @staticmethod
+    def _let_go(pool: Executor) -> None:
+        """The pool's workers go, and its zygote (Ray's actors have none); asked for workers
+        again, it forks a new one."""
+        pool.resize(0)
+        release = getattr(pool, "release_zygote", None)
+        if release is not None:
+            release()
 
     def _keep_memory(self, keep: bool) -> None:
         """Whether the buffers of batches made here are kept for the next ones (only while the
@@ -291,6 +325,12 @@ class AutoStage:
 
     def _moved(self, kind: str, workers: int) -> None:
         self._park_pages(kind)
+        if kind == THREAD and workers < self._threads:
+            # threads that exit leave their arenas' free memory behind (glibc keeps up to twice
+            # the largest block it mapped free in each: ~20 MB a thread on tfrecord), which the
+            # threads left reuse only in part: given back once their last results are delivered
+            self._trim_when_settled = True
+        self._threads = workers if kind == THREAD else 0
         if self.knob is not None:
             self.knob.moved(workers)
         if self._on_move is not None:

@@ -100,6 +100,11 @@ class Placement:
         return dataclasses.replace(CALLS, agree=sys.maxsize) if cls._held else CALLS
 
     @property
+    def _held_here(self) -> bool:
+        """Whether this placement was made within :meth:`never_moving` (no verdict moves it)."""
+        return self._driver.cadence.agree == sys.maxsize
+
+    @property
     def _delivered(self) -> int:
         return cast(int, self._windows["delivered"])
 
@@ -137,6 +142,13 @@ class Placement:
         self._driver.moved(kind, self._delivered + unjudged, time.perf_counter(), again)
         if self._on_move is not None:
             self._on_move(self.kind, self.workers)
+
+    def stayed(self) -> None:
+        """A window's verdict kept the calls where they run: the stage hears it (``on_stay``: it
+        lets go of what the calls left). Also a seam for tests and benchmarks that hold the
+        verdicts (:meth:`never_moving`) and play a window that keeps the calls."""
+        if self._on_stay is not None:
+            self._on_stay()
 
     def new_pass(self) -> None:
         """The stage starts another pass (an epoch) where the last one left its calls: the
@@ -251,14 +263,16 @@ class Placement:
             verdict = policy.rebase(policy.costs, cost_scale(before, policy.costs))
         else:
             verdict = policy.review(seconds_per_element, full)
-            if verdict == self.kind and self._on_stay is not None:
-                self._on_stay()
+            if verdict == self.kind:
+                self.stayed()
             # Windows in a row must say to leave for an executor only predicted; where to may
             # differ between two about as fast (inline, then threads): the latest verdict is
             # taken. Back to one measured lately, a measurement against a measurement, the calls
             # go at once: a trial that lost costs one window, not two.
             agreed = self._driver.agreed(LEAVE if verdict != self.kind else verdict)
-            back = verdict in policy.measured and self.kind in policy.measured
+            back = (
+                verdict in policy.measured and self.kind in policy.measured and not self._held_here
+            )
             if verdict == self.kind or not (agreed or back):
                 return
         self.move(verdict, workers(policy.costs, verdict, policy.cores))
