@@ -202,7 +202,10 @@ def test_a_worker_placements_predicted_peak_leaves_out_what_batches_made_here_ho
     real = budget_module.hold_peak
     monkeypatch.setattr(budget_module, "hold_peak", hold_peak)
     loader = tp.DataLoader(Waits(length=800), batch_size=4, num_workers="auto")
-    it = iter(loader)
+    # the moves are this test's: a first decision measured on a loaded machine went to
+    # processes, and the move to them below then started no worker
+    with forced_call_costs(0.012, gil_free=1.0, moves=False):
+        it = iter(loader)
     made.append(it)
     next(it)
     move_calls(it, "thread", 2)
