@@ -474,18 +474,18 @@ def test_leave_prefetch_in_is_where_the_next_pass_starts():
 
 
 def test_as_in_a_fresh_process_forgets_the_process_memos_and_puts_them_back():
-    from torchpipe.runtime.placement import policy
+    from torchpipe.runtime.placement import costs
     from torchpipe.runtime.placement.gil import GilProbe
 
     GilProbe.calibrate()
-    policy.observe_message_cost(5e-3)
-    cost = policy.message_cost()
+    costs.observe_message_cost(5e-3)
+    cost = costs.message_cost()
     with torchpipe.testing.as_in_a_fresh_process():
-        assert policy.message_cost() == policy.MESSAGE_S  # none observed yet
-        policy.observe_message_cost(7e-3)
+        assert costs.message_cost() == costs.MESSAGE_S  # none observed yet
+        costs.observe_message_cost(7e-3)
         with GilProbe() as probe:  # calibrates afresh: a probe measures either way
             assert 0.0 <= probe.measure(lambda: None)[1] <= 1.0
-    assert policy.message_cost() == cost
+    assert costs.message_cost() == cost
 
 
 def _nap(x):
@@ -499,7 +499,8 @@ def _nap(x):
 def test_forced_call_costs_can_keep_the_calls_where_the_costs_placed_them(monkeypatch, moves):
     """Whatever the windows measure (here: every window says threads), ``moves=False`` keeps a
     stage made in the block where the forced costs placed it; with ``moves=True`` they move it."""
-    from torchpipe.runtime.placement.policy import THREAD, Policy
+    from torchpipe.runtime.placement.costs import THREAD
+    from torchpipe.runtime.placement.policy import Policy
 
     monkeypatch.setattr(Policy, "review", lambda self, seconds, full=True: THREAD)
     no_prefetch = tp.Options(optimizations={"inject_prefetch": False})

@@ -130,20 +130,29 @@ def test_calls_that_read_ahead_count_the_work_of_the_elements_delivered():
     assert calls.work_s == pytest.approx(4.0 * 80 / 400 / 10)  # 10 ms an element read, 8 a batch
 
 
-def test_calls_that_wait_for_a_core_count_as_wanting_one_and_no_worker_is_added_past_the_cores():
-    """Two workers kept busy on two busy cores: each 10 ms call ran 6 ms and waited 3 for a core.
-    By CPU time alone they would seem to wait on I/O 40% of the time, and a third worker to fit."""
-    prefetch, batch, pool, source = _tree()
+def _model_with_calls(tree, pool):
+    """The live model of ``tree`` (``_tree()``'s) after a second in which its map's pool counted
+    ``pool`` (the source made as many elements, 25 batches of them went out), and its calls' stage."""
+    prefetch, batch, mapped, source = tree
     counters = {
-        id(source): Counters(produced=200, wall_s=0.02),
-        id(pool): Counters(
-            produced=200, wall_s=0.9, wait_s=0.85, calls=200, work_s=2.0, cpu_s=1.2, delay_s=0.6
-        ),
-        id(batch): Counters(produced=25, wall_s=0.91),
+        id(source): Counters(produced=pool.produced, wall_s=0.02),
+        id(mapped): pool,
+        id(batch): Counters(produced=25, wall_s=pool.wall_s + 0.01),
         id(prefetch): Counters(produced=25, wall_s=0.2, wait_s=0.199, bytes_per_element=1000.0),
     }
     model = build_model(prefetch, Look(0.0, {}, 0.0, 0.0), Look(1.0, counters, 0.01, 0.02))
-    calls = next(stage for stage in model.stages if stage.name == "map (calls)")
+    return model, next(stage for stage in model.stages if stage.name == "map (calls)")
+
+
+def test_calls_that_wait_for_a_core_count_as_wanting_one_and_no_worker_is_added_past_the_cores():
+    """Two workers kept busy on two busy cores: each 10 ms call ran 6 ms and waited 3 for a core.
+    By CPU time alone they would seem to wait on I/O 40% of the time, and a third worker to fit."""
+    model, calls = _model_with_calls(
+        _tree(),
+        Counters(
+            produced=200, wall_s=0.9, wait_s=0.85, calls=200, work_s=2.0, cpu_s=1.2, delay_s=0.6
+        ),
+    )
     # it ran 6 ms of the 7 it did not wait for a core: 6 of its 3 ms waited count, 6/7 of 3
     assert calls.cpu_fraction == pytest.approx((1.2 + 0.6 * 1.2 / 1.4) / 2.0)
     assert bottleneck(model.stages, {k.name: k.value for k in model.knobs}) == "map (calls)"
@@ -163,17 +172,12 @@ def test_reads_that_sleep_on_storage_count_only_their_share_of_the_wait_for_a_co
     want 0.14 of a core, and the budget held the reads in flight below 16 where the storage's
     latency wanted more (the cores were half idle); counted in the share the read computes (1 ms
     of the 24.25 it did not wait for a core), the reads may go past 16."""
-    prefetch, batch, pool, source = _tree(parallelism=16, maximum=64)
-    counters = {
-        id(source): Counters(produced=1600, wall_s=0.02),
-        id(pool): Counters(
+    model, calls = _model_with_calls(
+        _tree(parallelism=16, maximum=64),
+        Counters(
             produced=1600, wall_s=0.95, wait_s=0.9, calls=1600, work_s=43.2, cpu_s=1.6, delay_s=4.4
         ),
-        id(batch): Counters(produced=25, wall_s=0.96),
-        id(prefetch): Counters(produced=25, wall_s=0.2, wait_s=0.199, bytes_per_element=1000.0),
-    }
-    model = build_model(prefetch, Look(0.0, {}, 0.0, 0.0), Look(1.0, counters, 0.01, 0.02))
-    calls = next(stage for stage in model.stages if stage.name == "map (calls)")
+    )
     assert calls.cpu_fraction == pytest.approx((1.6 + 4.4 * 1.6 / 38.8) / 43.2)
     knobs = model.knobs
     budget = Budget(cpu=2.0, ram=1e9)

@@ -3,8 +3,8 @@
 The decisions they lead to are tests/loader/test_replicas.py's."""
 
 from torchpipe.loader.replica_starts import _waits_on_io, replica_costs
+from torchpipe.runtime.placement.costs import CallCosts
 from torchpipe.runtime.placement.measure import forced_costs
-from torchpipe.runtime.placement.policy import CallCosts
 from torchpipe.runtime.timing import CallTiming
 
 

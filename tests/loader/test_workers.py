@@ -18,7 +18,7 @@ from torchpipe.autotune.tuner import Budget
 from torchpipe.loader.workers import NOT_ON_THREADS, WorkerIterator
 from torchpipe.randomness import seeds_were_set
 from torchpipe.runtime.cpu import usable_cpu_count
-from torchpipe.runtime.placement.policy import INLINE, PROCESS, THREAD
+from torchpipe.runtime.placement.costs import INLINE, PROCESS, THREAD
 from torchpipe.testing import forced_call_costs, knobs, move_calls, stages
 
 

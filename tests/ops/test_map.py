@@ -9,7 +9,8 @@ import torchpipe as tp
 from tests.trees import stage_stats
 from torchpipe.ops import parallel_map
 from torchpipe.ops.parallel_map import ParallelMapIterator
-from torchpipe.runtime.placement.policy import PROCESS, THREAD, Policy
+from torchpipe.runtime.placement.costs import PROCESS, THREAD
+from torchpipe.runtime.placement.policy import Policy
 from torchpipe.testing import (
     assert_checkpoint_roundtrip,
     find_stage,

@@ -9,7 +9,7 @@ import torchpipe as tp
 from tests.trees import find_stage, stage_stats
 from torchpipe.ops.parallel_map import ParallelMapIterator
 from torchpipe.ops.prefetch import AUTOTUNE_DEPTH, OverlapChoice, PrefetchIterator
-from torchpipe.runtime.placement.policy import INLINE, THREAD
+from torchpipe.runtime.placement.costs import INLINE, THREAD
 from torchpipe.testing import (
     assert_checkpoint_roundtrip,
     assert_same_elements,

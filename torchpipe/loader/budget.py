@@ -23,8 +23,8 @@ from torchpipe.loader.memory import (
 from torchpipe.runtime.dispatch import Dispatcher
 from torchpipe.runtime.knob import LiveKnob
 from torchpipe.runtime.placement.auto_stage import AutoStage
+from torchpipe.runtime.placement.costs import PROCESS, THREAD
 from torchpipe.runtime.placement.placement import Placement
-from torchpipe.runtime.placement.policy import PROCESS, THREAD
 from torchpipe.runtime.processes.pool import ProcessPool
 from torchpipe.runtime.recycle import RecycledStack
 

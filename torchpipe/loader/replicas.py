@@ -33,7 +33,7 @@ import torch
 import torch.utils.data._utils.worker as torch_worker
 
 from torchpipe.randomness import global_rng_states, restore_global_rng_states
-from torchpipe.runtime.placement.policy import THREAD, CallCosts, workers
+from torchpipe.runtime.placement.costs import THREAD, CallCosts, workers
 
 MakeFetcher = Callable[[Any], Any]
 """``make_fetcher(dataset)``: torch's fetcher over ``dataset`` (for an IterableDataset, a fresh replica iterator)."""

@@ -65,9 +65,10 @@ from torchpipe.runtime.cpu import usable_cpu_count
 from torchpipe.runtime.dispatch import Dispatcher
 from torchpipe.runtime.knob import LiveKnob
 from torchpipe.runtime.placement.auto_stage import AutoStage, StageCalls, pass_candidates
+from torchpipe.runtime.placement.costs import INLINE, KINDS, PROCESS, THREAD
 from torchpipe.runtime.placement.measure import measure_calls
 from torchpipe.runtime.placement.placement import Placement
-from torchpipe.runtime.placement.policy import INLINE, KINDS, PROCESS, THREAD, Policy
+from torchpipe.runtime.placement.policy import Policy
 from torchpipe.runtime.processes.pool import ProcessPool
 from torchpipe.runtime.processes.worker import MAX_RING_BYTES
 from torchpipe.runtime.recycle import RecycledStack

@@ -23,17 +23,10 @@ from torchpipe.runtime.cpu import usable_cpu_count
 from torchpipe.runtime.executor import Executor
 from torchpipe.runtime.knob import LiveKnob
 from torchpipe.runtime.placement.auto_stage import AutoStage, StageCalls, pass_candidates
+from torchpipe.runtime.placement.costs import INLINE, MAX_THREADS, PROCESS, RAY, THREAD, CallCosts
 from torchpipe.runtime.placement.measure import measure_calls
 from torchpipe.runtime.placement.placement import Placement
-from torchpipe.runtime.placement.policy import (
-    INLINE,
-    MAX_THREADS,
-    PROCESS,
-    RAY,
-    THREAD,
-    CallCosts,
-    Policy,
-)
+from torchpipe.runtime.placement.policy import Policy
 from torchpipe.runtime.processes.pool import ProcessPool, process_executor_supported
 from torchpipe.runtime.recycle import RecycledStack
 from torchpipe.runtime.sizes import element_bytes

@@ -35,9 +35,10 @@ from torchpipe.core.position_log import PositionLog
 from torchpipe.core.stats import IteratorStats
 from torchpipe.core.tunable import BUFFER, POOL, Tunable
 from torchpipe.runtime.knob import LiveKnob
+from torchpipe.runtime.placement.costs import INLINE, THREAD
 from torchpipe.runtime.placement.driver import OVERLAP, MoveDriver, cost_changed
 from torchpipe.runtime.placement.overlap import choose_overlap
-from torchpipe.runtime.placement.policy import INLINE, STALE_MAX_S, STALE_S, THREAD
+from torchpipe.runtime.placement.policy import STALE_MAX_S, STALE_S
 
 AUTOTUNE_DEPTH = 2
 """Buffer depth used for ``prefetch(tp.AUTOTUNE)`` until the autotuner resizes it."""

@@ -9,6 +9,7 @@ import math
 import os
 import threading
 from collections.abc import Iterator
+from typing import TypeVar
 
 from torchpipe.runtime.forks import ForkSafeLock
 
@@ -133,6 +134,15 @@ def run_delay(thread_id: int | None = None) -> float | None:
             return int(f.read().split()[1]) / 1e9
     except (OSError, ValueError, IndexError):
         return None
+
+
+_N = TypeVar("_N", int, float)
+
+
+def grown(before: _N | None, after: _N | None) -> _N:
+    """How much a counter of a thread (:func:`run_delay`, page faults) grew between two
+    readings; 0 where the OS does not count it (either reading None)."""
+    return after - before if before is not None and after is not None else 0
 
 
 class _ThreadSchedstat(threading.local):

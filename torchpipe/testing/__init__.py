@@ -32,8 +32,8 @@ import torch.utils.data._utils.worker as torch_worker
 
 from torchpipe import nest
 from torchpipe.observe.progress import missing_tqdm_unwarned
+from torchpipe.runtime.placement.costs import message_cost_unobserved
 from torchpipe.runtime.placement.gil import GilProbe
-from torchpipe.runtime.placement.policy import message_cost_unobserved
 from torchpipe.testing.hooks import (
     find_stage,
     forced_call_costs,

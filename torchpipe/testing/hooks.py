@@ -23,8 +23,8 @@ from torchpipe.loader.workers import WorkerIterator
 from torchpipe.ops.interleave.iterator import InterleaveIterator
 from torchpipe.ops.prefetch import PrefetchIterator
 from torchpipe.runtime.placement import measure
+from torchpipe.runtime.placement.costs import CallCosts
 from torchpipe.runtime.placement.placement import Placement
-from torchpipe.runtime.placement.policy import CallCosts
 from torchpipe.runtime.processes.pool import ProcessPool
 
 

@@ -16,7 +16,7 @@ from torchpipe.ops.interleave import placement as reader_placement
 from torchpipe.ops.interleave.iterator import InterleaveIterator
 from torchpipe.ops.interleave.placement import ReaderPlacement, Window
 from torchpipe.runtime.cpu import usable_cpu_count
-from torchpipe.runtime.placement.policy import PROCESS, THREAD
+from torchpipe.runtime.placement.costs import PROCESS, THREAD
 from torchpipe.runtime.processes.pool import ProcessPool
 from torchpipe.runtime.timing import CallTiming
 from torchpipe.testing import assert_checkpoint_roundtrip, open_readers, release_readers

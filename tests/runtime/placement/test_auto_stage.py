@@ -5,7 +5,8 @@ import torch
 
 from torchpipe.runtime.executor import ThreadExecutor
 from torchpipe.runtime.placement.auto_stage import AutoStage, StageCalls, pass_candidates
-from torchpipe.runtime.placement.policy import INLINE, KINDS, PROCESS, THREAD, CallCosts, Policy
+from torchpipe.runtime.placement.costs import INLINE, KINDS, PROCESS, THREAD, CallCosts
+from torchpipe.runtime.placement.policy import Policy
 from torchpipe.runtime.recycle import RecycledStack
 from torchpipe.runtime.timing import CallTiming
 

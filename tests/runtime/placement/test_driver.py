@@ -2,6 +2,7 @@
 
 import pytest
 
+from torchpipe.runtime.placement.costs import INLINE, PROCESS, THREAD
 from torchpipe.runtime.placement.driver import (
     CALLS,
     CHANGED,
@@ -13,7 +14,6 @@ from torchpipe.runtime.placement.driver import (
     MoveDriver,
     cost_changed,
 )
-from torchpipe.runtime.placement.policy import INLINE, PROCESS, THREAD
 
 
 def test_the_driver_judges_settled_windows_that_follow_each_other():

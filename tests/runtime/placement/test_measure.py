@@ -8,8 +8,8 @@ import torch
 
 from torchpipe.runtime.placement import measure as measure_module
 from torchpipe.runtime.placement import memory_costs
+from torchpipe.runtime.placement.costs import THREAD, CallCosts, workers
 from torchpipe.runtime.placement.measure import measure_calls, move_costs
-from torchpipe.runtime.placement.policy import THREAD, CallCosts, workers
 
 
 def _python(n):

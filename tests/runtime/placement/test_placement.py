@@ -9,15 +9,9 @@ from torchpipe.runtime.dispatch import Dispatcher
 from torchpipe.runtime.executor import InlineExecutor, ThreadExecutor
 from torchpipe.runtime.placement import driver as driver_module
 from torchpipe.runtime.placement import placement as placement_module
+from torchpipe.runtime.placement.costs import INLINE, KINDS, PROCESS, THREAD, CallCosts
 from torchpipe.runtime.placement.placement import Placement
-from torchpipe.runtime.placement.policy import (
-    INLINE,
-    KINDS,
-    PROCESS,
-    THREAD,
-    CallCosts,
-    Policy,
-)
+from torchpipe.runtime.placement.policy import Policy
 from torchpipe.runtime.timing import CallTiming
 
 

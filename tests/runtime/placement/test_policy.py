@@ -5,23 +5,26 @@ import random
 
 import pytest
 
+from torchpipe.runtime.placement import costs as costs_module
 from torchpipe.runtime.placement import policy as policy_module
-from torchpipe.runtime.placement.policy import (
+from torchpipe.runtime.placement.costs import (
     INLINE,
     KINDS,
     PROCESS,
     THREAD,
-    WINDOWS_KEPT,
     CallCosts,
-    Policy,
-    choose,
     cost_scale,
-    may_pay,
-    model_miss,
     predict,
-    processes_cannot_win,
     transfer_seconds,
     workers,
+)
+from torchpipe.runtime.placement.policy import (
+    WINDOWS_KEPT,
+    Policy,
+    choose,
+    may_pay,
+    model_miss,
+    processes_cannot_win,
 )
 from torchpipe.testing import as_in_a_fresh_process
 
@@ -29,7 +32,7 @@ from torchpipe.testing import as_in_a_fresh_process
 def costs(call_s, gil_free=0.0, cpu_s=None, move_s=20e-6, consumer_s=0.0, thread_safe=True):
     cpu_s = call_s if cpu_s is None else cpu_s
     return CallCosts(
-        call_s, cpu_s, gil_free, move_s, consumer_s, thread_safe, message_s=policy_module.MESSAGE_S
+        call_s, cpu_s, gil_free, move_s, consumer_s, thread_safe, message_s=costs_module.MESSAGE_S
     )
 
 
@@ -266,20 +269,20 @@ def test_the_message_cost_is_what_pools_measured():
     calls = CallCosts(300e-6, 300e-6, 0.0, 10e-6)
     with as_in_a_fresh_process():
         before = predict(calls, PROCESS, 2)
-        policy_module.observe_message_cost(1e-3)  # results turned out dear here
-        assert policy_module.message_cost() == 1e-3 and predict(calls, PROCESS, 2) > before
+        costs_module.observe_message_cost(1e-3)  # results turned out dear here
+        assert costs_module.message_cost() == 1e-3 and predict(calls, PROCESS, 2) > before
         assert choose(calls, 2, KINDS) == INLINE
 
 
 def test_message_cost_unobserved_is_a_new_process_and_puts_the_observed_cost_back():
-    """policy.message_cost_unobserved(), the seam of testing.as_in_a_fresh_process."""
+    """costs.message_cost_unobserved(), the seam of testing.as_in_a_fresh_process."""
     with as_in_a_fresh_process():  # what this test observes stays in it
-        policy_module.observe_message_cost(2e-3)
-        with policy_module.message_cost_unobserved():
-            assert policy_module.message_cost() == policy_module.MESSAGE_S
-            policy_module.observe_message_cost(5e-3)
-            assert policy_module.message_cost() == 5e-3
-        assert policy_module.message_cost() == 2e-3
+        costs_module.observe_message_cost(2e-3)
+        with costs_module.message_cost_unobserved():
+            assert costs_module.message_cost() == costs_module.MESSAGE_S
+            costs_module.observe_message_cost(5e-3)
+            assert costs_module.message_cost() == 5e-3
+        assert costs_module.message_cost() == 2e-3
 
 
 def test_reads_that_wait_overlap_on_the_threads_of_worker_processes_too():
@@ -343,7 +346,7 @@ def test_the_bytes_a_result_moves_are_priced_at_the_machines_copy_rate(monkeypat
     """A cheap call whose result is large (64 KB blobs, 2 MB a batch) stays in this process: each
     side of a move copies the bytes at the memory bandwidth, which a decode measured on a hot
     record (in the cache) understates."""
-    monkeypatch.setattr(policy_module, "byte_seconds", lambda: 1 / 20e9)  # 20 GB/s
+    monkeypatch.setattr(costs_module, "byte_seconds", lambda: 1 / 20e9)  # 20 GB/s
     hot = costs(400e-6, move_s=40e-6)  # the decode of a hot 2 MB record
     assert choose(hot, 2, KINDS) == PROCESS  # unpriced, processes look faster
     blobs = dataclasses.replace(hot, nbytes=2 << 20)

@@ -29,7 +29,7 @@ from torchpipe.ops.interleave.readers import MAX_PARALLELISM, InlineReaders, Inn
 from torchpipe.ops.interleave.thread_readers import ThreadReaders
 from torchpipe.ops.map import check_parallel_args, executor_kind
 from torchpipe.runtime.cpu import usable_cpu_count
-from torchpipe.runtime.placement.policy import INLINE, PROCESS, RAY, THREAD
+from torchpipe.runtime.placement.costs import INLINE, PROCESS, RAY, THREAD
 from torchpipe.runtime.processes.pool import process_executor_supported
 
 if TYPE_CHECKING:

@@ -27,7 +27,7 @@ from torchpipe.ops.interleave.readers import (
     read_ahead_items,
 )
 from torchpipe.runtime.knob import LiveKnob
-from torchpipe.runtime.placement.policy import INLINE, PROCESS
+from torchpipe.runtime.placement.costs import INLINE, PROCESS
 from torchpipe.runtime.timing import CallTiming
 
 _DEEP_READ_AHEAD = 4  # reads in flight a slot from which AUTOTUNE readers read far ahead

@@ -45,8 +45,9 @@ import time
 from collections import deque
 
 from torchpipe.core.stats import IteratorStats
+from torchpipe.runtime.placement.costs import PROCESS, THREAD, CallCosts
 from torchpipe.runtime.placement.driver import READS, REBASE, MoveDriver
-from torchpipe.runtime.placement.policy import PROCESS, READERS_MARGIN, THREAD, CallCosts, choose
+from torchpipe.runtime.placement.policy import READERS_MARGIN, choose
 
 _WINDOWS_KEPT = 5  # a pool's measure is the lower median of its last windows,
 _WINDOWS_NEEDED = 2  # of at least this many (its first window, cold, not counted)

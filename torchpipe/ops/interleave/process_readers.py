@@ -40,7 +40,7 @@ from torchpipe.ops.interleave.readers import (
 from torchpipe.runtime import codec
 from torchpipe.runtime.cpu import usable_cpu_count
 from torchpipe.runtime.dispatch import Dispatcher
-from torchpipe.runtime.placement.policy import PROCESS
+from torchpipe.runtime.placement.costs import PROCESS
 from torchpipe.runtime.processes.pool import ProcessPool
 
 _WAIT_S = 0.5

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from torchpipe.ops.interleave.chunk_task import InnerChunkTask
 from torchpipe.ops.interleave.process_readers import ProcessReaders
 from torchpipe.ops.interleave.readers import InnerOpener
-from torchpipe.runtime.placement.policy import RAY
+from torchpipe.runtime.placement.costs import RAY
 
 if TYPE_CHECKING:
     from torchpipe.runtime.ray.executor import RayExecutor

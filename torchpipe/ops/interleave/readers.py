@@ -26,7 +26,7 @@ from torchpipe.core.function import UserFunction
 from torchpipe.core.iterator import Iterator
 from torchpipe.core.node import BuildContext
 from torchpipe.core.stats import IteratorStats
-from torchpipe.runtime.placement.policy import INLINE
+from torchpipe.runtime.placement.costs import INLINE
 
 VALUE, ERROR, END, FAILED = "value", "error", "end", "failed"
 """What taking from a reader can give (see the module docstring)."""

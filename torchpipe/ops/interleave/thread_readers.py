@@ -34,7 +34,7 @@ from torchpipe.ops.interleave.readers import (
     items_after,
     read_on_from,
 )
-from torchpipe.runtime.placement.policy import THREAD
+from torchpipe.runtime.placement.costs import THREAD
 from torchpipe.runtime.stall import StallWatch
 from torchpipe.runtime.thread_pool import ThreadPool
 from torchpipe.runtime.timing import CallClock

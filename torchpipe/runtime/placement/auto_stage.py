@@ -23,16 +23,9 @@ from torchpipe.runtime.dispatch import Dispatcher
 from torchpipe.runtime.executor import Executor, InlineExecutor, ThreadExecutor
 from torchpipe.runtime.heap import trim_heap
 from torchpipe.runtime.knob import LiveKnob
+from torchpipe.runtime.placement.costs import INLINE, PROCESS, RAY, THREAD, CallCosts
 from torchpipe.runtime.placement.placement import Placement
-from torchpipe.runtime.placement.policy import (
-    INLINE,
-    PROCESS,
-    RAY,
-    THREAD,
-    CallCosts,
-    Policy,
-    may_pay,
-)
+from torchpipe.runtime.placement.policy import Policy, may_pay
 from torchpipe.runtime.recycle import RecycledStack
 from torchpipe.runtime.timing import CallTiming
 
@@ -129,7 +122,7 @@ class AutoStage:
         self._pages_back = pages_back
         # the parked pool's slots gave their pages back when the calls left it (_park_pages)
         self._parked_released = False
-        self._trim_when_settled = False  # heap to give back once the results in flight are
+        self._trim_when_settled = False  # heap to give back once the results in flight are out
         self._threads = 0  # the threads the calls run on (0: not on threads)
         self.dispatcher = Dispatcher(name, self.make(INLINE, 0), stall_s)
         self.placement = Placement(

@@ -16,7 +16,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from torchpipe.runtime.placement.policy import PROCESS
+from torchpipe.runtime.placement.costs import PROCESS
 
 CHANGED = 2.0
 """A cost per element (a call's, a read's, the consumer's own) that grows or shrinks by more than

@@ -13,13 +13,14 @@ import dataclasses
 import statistics
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
 import numpy as np
 
 from torchpipe.randomness import GlobalDraws, watch_global_draws
 from torchpipe.runtime import codec
-from torchpipe.runtime.cpu import as_a_pool_thread_runs, run_delay, usable_cpu_count
+from torchpipe.runtime.cpu import as_a_pool_thread_runs, grown, run_delay, usable_cpu_count
+from torchpipe.runtime.placement.costs import CallCosts
 from torchpipe.runtime.placement.gil import GilProbe
 from torchpipe.runtime.placement.memory_costs import (
     MMAP_THRESHOLD_MAX,
@@ -28,7 +29,7 @@ from torchpipe.runtime.placement.memory_costs import (
     cold_seconds,
     thread_faults,
 )
-from torchpipe.runtime.placement.policy import CallCosts, processes_cannot_win
+from torchpipe.runtime.placement.policy import processes_cannot_win
 from torchpipe.runtime.sizes import element_bytes
 
 _PROBE_CALLS, _PROBE_S = (
@@ -45,7 +46,6 @@ _CALL_FLOOR = 0.1  # a call is taken to cost at least this share of its time, wh
 _forced: CallCosts | None = None  # what measure_calls reports within forced_costs()
 _Timed = tuple[float, float, int]
 """A timed call: ``(seconds, GIL-free share, page faults)`` (:func:`_timed_calls`)."""
-_N = TypeVar("_N", int, float)
 
 
 def prepare_measurements() -> None:
@@ -226,8 +226,8 @@ def _timed_calls(
         delayed = run_delay()
         results.extend(done)
         took -= (overhead() - spent) if overhead is not None else 0.0
-        took -= _grown(delay, delayed)
-        timed.append((max(took, 1e-9), free, _grown(faults, faulted)))
+        took -= grown(delay, delayed)
+        timed.append((max(took, 1e-9), free, grown(faults, faulted)))
         if time.perf_counter() > deadline or (held is not None and not held.add(done)):
             break
     return timed
@@ -243,12 +243,6 @@ def _one_call(
     t0 = time.perf_counter()
     done, free = run(1), 0.0
     return done, free, time.perf_counter() - t0
-
-
-def _grown(before: _N | None, after: _N | None) -> _N:
-    """How much a counter of this thread grew between two readings; 0 where the OS does not
-    count it (either reading None)."""
-    return after - before if before is not None and after is not None else 0
 
 
 def move_costs(result: Any) -> tuple[float, int, int]:

@@ -6,7 +6,8 @@ consumer got per element in each mode, with the policy's ``MARGIN`` for the dear
 
 from __future__ import annotations
 
-from torchpipe.runtime.placement.policy import INLINE, MARGIN, THREAD
+from torchpipe.runtime.placement.costs import INLINE, THREAD
+from torchpipe.runtime.placement.policy import MARGIN
 
 
 def choose_overlap(

@@ -19,20 +19,20 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, ClassVar, cast
 
-from torchpipe.runtime.cpu import run_delay
+from torchpipe.runtime.cpu import grown, run_delay
 from torchpipe.runtime.dispatch import Dispatcher
 from torchpipe.runtime.executor import Executor
-from torchpipe.runtime.placement.driver import CALLS, LEAVE, REBASE, Cadence, MoveDriver
-from torchpipe.runtime.placement.policy import (
+from torchpipe.runtime.placement.costs import (
     INLINE,
     PROCESS,
     CallCosts,
-    Policy,
     cost_scale,
     observe_message_cost,
     transfer_seconds,
     workers,
 )
+from torchpipe.runtime.placement.driver import CALLS, LEAVE, REBASE, Cadence, MoveDriver
+from torchpipe.runtime.placement.policy import Policy
 from torchpipe.runtime.timing import CallTiming
 
 MakeExecutor = Callable[[str, int], Executor]
@@ -213,7 +213,7 @@ class Placement:
         (first, inside0, calls0, delay0), (_, _, calls, delay), seconds = done
         count = delivered - first
         consumer_s = max(seconds - (inside_s - inside0), 0.0) / count
-        waited = _grown(delay0, delay) if self.kind == INLINE else 0.0
+        waited = grown(delay0, delay) if self.kind == INLINE else 0.0
         self._review(
             seconds / count,
             consumer_s,
@@ -284,9 +284,9 @@ class Placement:
         throughout; that share decides whether calls wait enough to overlap on threads."""
         if self.kind != INLINE:
             return 1.0
-        totals = self._windows.get("inline_calls")
-        if changed or not isinstance(totals, list):
-            totals = self._windows["inline_calls"] = [0.0, 0.0]
+        if changed:
+            self._windows.pop("inline_calls", None)
+        totals = self._windows.setdefault("inline_calls", [0.0, 0.0])  # wall, CPU
         totals[0] += wall * ran
         totals[1] += cpu * ran
         return min(1.0, totals[1] / totals[0]) if totals[0] > 0 else 1.0
@@ -307,8 +307,3 @@ class Placement:
             if not changed and alone >= costs.call_s:
                 return
         self.policy.costs = dataclasses.replace(costs, call_s=alone, cpu_s=alone * share)
-
-
-def _grown(before: float | None, after: float | None) -> float:
-    """How much a run-delay reading grew (0 where the kernel does not report it)."""
-    return after - before if before is not None and after is not None else 0.0

@@ -14,7 +14,7 @@ import dataclasses
 from typing import Any, ClassVar
 
 from torchpipe.constants import AUTOTUNE
-from torchpipe.runtime.placement.policy import RAY
+from torchpipe.runtime.placement.costs import RAY
 from torchpipe.runtime.ray.actors import require_ray
 
 __all__ = ["RAY", "RayExecutor", "require_ray", "resolve"]
