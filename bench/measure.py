@@ -503,7 +503,8 @@ def placement(loader: Any, iterator: Any) -> dict[str, Any] | None:
     The stage is the first that reports workers (a pipeline's prefetch runs on a thread of its
     own, the work on the map's), else the last that reports an executor (the work, below the
     prefetch, run in this process). ``where`` is
-    ``"process x2"`` (``"inline"`` without workers); ``self_s`` the stage's own seconds per element
+    ``"process x2"`` (``"inline"`` without workers); ``most_processes`` the most worker processes
+    it held at once, over every pass; ``self_s`` the stage's own seconds per element
     (a batch where map and batch are fused); ``measured`` the executors a ``num_workers="auto"``
     DataLoader measured lately; ``knobs`` every stage's AUTOTUNE values at the end; ``autotune``
     the tuner's last round (its values, the throughput it measured and the model's prediction).
@@ -534,7 +535,7 @@ def placement(loader: Any, iterator: Any) -> dict[str, Any] | None:
         "bottleneck": getattr(stats, "bottleneck", None),
         "waiting": getattr(stats, "waiting", None),
     }
-    for key in ("measured", "not_on_threads", "policy"):
+    for key in ("measured", "not_on_threads", "policy", "most_processes"):
         if key in stage:
             out[key] = stage[key]
     decisions = getattr(stats, "decisions", None) or []

@@ -223,6 +223,20 @@ def workers_of(result: dict[str, Any]) -> int | None:
     return int(count) if kind == "process" and count.isdigit() else 0
 
 
+def most_workers_of(result: dict[str, Any]) -> int | None:
+    """The most worker processes a torchpipe configuration held at once in the run (its
+    placement's ``most_processes``: a trial of processes counts), or where it ended
+    (:func:`workers_of`) if more or not reported. A zero-knob row's peak memory is judged
+    against torch's at this many workers: at its peak the run held what that many of torch's
+    workers hold (#58's decision: a run that tried 2 processes and ended on threads is judged
+    against torch with 2 workers, its end figures against torch with none)."""
+    end = workers_of(result)
+    most = (result.get("placement") or {}).get("most_processes")
+    if most is None:
+        return end
+    return max(most, end or 0)
+
+
 def floor(results: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
     """The run's noise floor on one workload, from its ``TWINS`` (each the median of its runs):
     ``ratio``, the lowest twin's median over the highest's, and the twins' medians. A row whose
@@ -319,16 +333,17 @@ def _zero_knob_checks(
         "vs_tfdata_native": _ratio(throughput, results.get(TFDATA_NATIVE, {}).get("throughput")),
         "converge_s": mine.get("converge_s"),
     }
+    at = dict.fromkeys(_MEMORY, workers) | {"peak_vs_same_workers": most_workers_of(mine)}
     for key, figure in _MEMORY.items():
         ratios[key] = _ratio(
-            mine.get(figure), memory_at[figure].get(workers) if workers is not None else None
+            mine.get(figure), memory_at[figure].get(at[key]) if at[key] is not None else None
         )
     floor_ratio = noise["ratio"] if noise is not None else None
     out = {t.key: t.check(ratios[t.key], floor_ratio if t.key in FLOORED else None) for t in wanted}
     out["vs_best_of_any"]["against"] = best
     out["vs_best_python_peer"]["against"] = peer
     for key in _MEMORY:
-        out[key]["workers"] = workers
+        out[key]["workers"] = at[key]
     if "later_epochs_vs_dataloader_best" in out:
         out["later_epochs_vs_dataloader_best"]["epoch"] = epoch
     return out

@@ -591,6 +591,23 @@ def test_the_workers_a_configuration_ran_on():
     assert tg.workers_of({"where": None}) is None and tg.workers_of({}) is None
 
 
+def test_a_zero_knob_rows_peak_is_judged_at_the_most_workers_it_held_its_end_where_it_ended():
+    """#58's decision: a run that tried 2 worker processes and ended on threads held, at its
+    peak, what torch's 2 workers hold; its end figures are torch's with none beside it."""
+    tried = _result(114.0, 210.0, "thread x2") | {"placement": {"most_processes": 2}}
+    results = {"dataloader_best": _result(100.0, 200.0), "torchpipe_auto": tried}
+    memory = _memory({0: 150.0, 2: 200.0}, {0: 130.0, 2: 180.0}, {0: 150.0, 2: 320.0})
+    auto = tg.targets("jpeg", results, memory)["torchpipe_auto"]
+    assert auto["peak_vs_same_workers"]["workers"] == 2
+    assert auto["peak_vs_same_workers"]["ratio"] == pytest.approx(210 / 200)
+    assert auto["pss_vs_same_workers"]["workers"] == 0
+    assert auto["pss_vs_same_workers"]["ratio"] == pytest.approx(tried["end_pss_mb"] / 130)
+    assert tg.most_workers_of(tried) == 2 and tg.most_workers_of({"where": "process x3"}) == 3
+    # never more than it ended on: a count older than the run's own report cannot lower it
+    assert tg.most_workers_of({"where": "process x4", "placement": {"most_processes": 2}}) == 4
+    assert tg.most_workers_of({}) is None
+
+
 def test_targets_with_missing_configs_and_pss():
     results = {
         "dataloader_best": _result(100.0, None),

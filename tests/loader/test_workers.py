@@ -244,6 +244,27 @@ def test_without_seeds_a_dataset_that_draws_may_run_on_threads_and_loses_or_repe
     assert torch.cat(batches)[:, 4].any() and "not_on_threads" not in loader.stats()[0]
 
 
+def test_stats_say_the_most_worker_processes_a_run_held_its_trials_and_earlier_epochs_included():
+    """A run's memory at its peak is what its most worker processes held (a trial of processes
+    holds what torch's workers hold), whatever it ends on: stats() keep that count from pass to
+    pass, as the bench's memory verdicts read it."""
+    loader = tp.DataLoader(Sleepy(64), batch_size=2, num_workers="auto", persistent_workers=True)
+    with forced_call_costs(1e-3, gil_free=1.0, moves=False):  # held where the test moves them
+        it = iter(loader)
+        first = [next(it)]
+        assert loader.stats()[0]["most_processes"] == 0  # none forked yet
+        move_calls(it, PROCESS, 2)
+        first += list(it)
+        assert loader.stats()[0]["most_processes"] == 2
+        it = iter(loader)  # the next epoch, back in this process
+        move_calls(it, INLINE, 0)
+        second = list(it)
+    entry = loader.stats()[0]
+    assert entry["executor"] == INLINE and entry["most_processes"] == 2
+    assert torch.cat(first)[:, 0].tolist() == torch.cat(second)[:, 0].tolist() == list(range(64))
+    assert (torch.cat(first)[:, 1] >= 0).any() and second[-1][0, 1] == -1  # then inline
+
+
 def test_fixed_workers_and_iterable_datasets_are_not_tuned():
     fixed = tp.DataLoader(Sleepy(8), num_workers=2)
     iter(fixed)

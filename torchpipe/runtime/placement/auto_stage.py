@@ -200,13 +200,19 @@ class AutoStage:
         return results
 
     def policy_report(self, not_on_threads: str) -> dict[str, Any]:
-        """What the policy measured, for ``stats()``: the executors it ``measured`` and its
-        ``policy`` report (:meth:`~torchpipe.runtime.placement.policy.Policy.report`), and, where
-        the calls may not run on threads, ``not_on_threads``: why. Nothing for a fixed executor."""
+        """What the policy measured, for ``stats()``: the executors it ``measured``, its ``policy``
+        report (:meth:`~torchpipe.runtime.placement.policy.Policy.report`), the most worker
+        processes the calls ran on at once over every pass (``most_processes``: a trial counts),
+        and, where the calls may not run on threads, ``not_on_threads``: why. Nothing for a fixed
+        executor."""
         policy = self.policy
         if policy is None:
             return {}
-        report: dict[str, Any] = {"measured": sorted(policy.measured), "policy": policy.report()}
+        report: dict[str, Any] = {
+            "measured": sorted(policy.measured),
+            "policy": policy.report(),
+            "most_processes": self.placement.most_processes,
+        }
         if policy.costs is not None and not policy.costs.thread_safe:
             report["not_on_threads"] = not_on_threads
         return report

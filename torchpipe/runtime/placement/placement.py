@@ -114,6 +114,12 @@ class Placement:
         kept from one pass to the next: a RAM budget's verdict."""
         return cast("int | None", self._windows.get("most"))
 
+    @property
+    def most_processes(self) -> int:
+        """The most worker processes the calls ran on at once, over every pass so far (a trial's
+        included): what the stage's memory was at most, counted as torch counts ``num_workers``."""
+        return cast(int, self._windows.get("most_processes", 0))
+
     def cap(self, most: int) -> None:
         """From now on run calls on at most ``most`` threads or processes (0: inline)."""
         self._windows["most"] = most
@@ -135,6 +141,8 @@ class Placement:
         elif count != self.workers:
             self.dispatcher.executor.resize(count)
         self.kind, self.workers = kind, count
+        if kind == PROCESS and count > self.most_processes:
+            self._windows["most_processes"] = count
         if self.policy is not None:
             self.policy.moved(kind)
         unjudged = self._driver.cadence.settle_elements + self.dispatcher.pending
