@@ -1,6 +1,7 @@
 """interleave(executor="auto"): readers start on threads and move between threads and worker processes mid-pass."""
 
 import dataclasses
+import itertools
 import os
 import threading
 import time
@@ -12,6 +13,7 @@ import torchpipe as tp
 from tests.trees import find_stage, stage_stats
 from torchpipe.core.stats import IteratorStats
 from torchpipe.ops.interleave import interleave, process_readers
+from torchpipe.ops.interleave import iterator as interleave_iterator
 from torchpipe.ops.interleave import placement as reader_placement
 from torchpipe.ops.interleave.iterator import InterleaveIterator
 from torchpipe.ops.interleave.placement import ReaderPlacement, Window
@@ -385,6 +387,78 @@ def test_readers_move_to_processes_and_back_to_threads_keeping_the_order(monkeyp
     lines = (tmp_path / "reads").read_text().splitlines()
     # each element read once, either way
     assert sorted(lines) == sorted(f"{x},{y}" for x, y in _values(out))
+
+
+class _LoggedStream:
+    """Inner datasets over a generator, which resume by reading again from their start, that log
+    every element they read to a file, from threads or processes."""
+
+    def __init__(self, path, forever=False):
+        self.path, self.forever = path, forever
+
+    def __call__(self, x):
+        path, count = self.path, None if self.forever else x % 7 + 5
+
+        def records():
+            for y in itertools.count() if count is None else range(count):
+                with open(path, "a") as f:  # one short append: whole lines, whichever process
+                    f.write(f"{x},{y}\n")
+                yield x, y, os.getpid()
+
+        return tp.from_iterable(records)
+
+
+def test_readers_the_consumer_took_from_finish_where_they_are_and_read_nothing_twice(
+    monkeypatch, tmp_path
+):
+    """A move leaves the readers the consumer has taken from where they read: opened in the
+    other pool, a stream would read again all it gave (each move, every open reader's elements
+    so far). Readers opened from then on, and those not taken from yet, read in the other pool."""
+    _verdicts(monkeypatch, _there_and_back)
+    reads = _LoggedStream(str(tmp_path / "reads"))
+    ds = tp.range(40).interleave(reads, cycle_length=3, block_length=2, num_parallel_calls=3)
+    it = iter(ds.with_options(NO_TUNER))
+    out = list(it)
+    assert _values(out) == _values(
+        tp.range(40).interleave(_records, cycle_length=3, block_length=2)
+    )
+    here = [pid == os.getpid() for *_, pid in out]
+    assert (
+        here[0] and not all(here) and any(here[k] and not here[k - 1] for k in range(1, len(here)))
+    )
+    lines = (tmp_path / "reads").read_text().splitlines()
+    assert sorted(lines) == sorted(f"{x},{y}" for x, y in _values(out))  # each read once
+
+
+def test_readers_still_reading_where_they_were_after_the_drain_time_move_too(monkeypatch):
+    """Readers that stay after a move go over too once ``DRAIN_S`` passed (an inner dataset that
+    never ends must not hold the other pool up): in their places, nothing lost or repeated."""
+    _verdicts(monkeypatch, lambda window: PROCESS)
+    monkeypatch.setattr(interleave_iterator, "DRAIN_S", 0.0)
+    ds = tp.range(30).interleave(_records, cycle_length=3, block_length=2, num_parallel_calls=3)
+    it = iter(ds.with_options(NO_TUNER))
+    out = list(it)
+    assert _values(out) == _values(
+        tp.range(30).interleave(_records, cycle_length=3, block_length=2)
+    )
+    assert out[-1][2] != os.getpid() and _executor(it) == "process"
+
+
+def test_a_pass_closed_while_readers_of_endless_streams_stay_stops_both_pools(
+    monkeypatch, tmp_path
+):
+    _verdicts(monkeypatch, lambda window: PROCESS)
+    reads = _LoggedStream(str(tmp_path / "reads"), forever=True)
+    ds = tp.range(4).interleave(reads, cycle_length=2, num_parallel_calls=2).take(60)
+    before = {p.pid for p in psutil.Process().children(recursive=True)}  # other tests' leftovers
+    it = iter(ds.with_options(NO_TUNER))
+    out = list(it)
+    assert _values(out) == [(x, y) for y in range(30) for x in (0, 1)]
+    children = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+    assert children  # the worker processes (and their zygote) the readers moved to
+    it.close()
+    gone, alive = psutil.wait_procs(children, timeout=10)
+    assert not alive
 
 
 def test_checkpoints_resume_exactly_while_readers_move_both_ways(monkeypatch):

@@ -1,6 +1,7 @@
 """The interleave iterator (:class:`InterleaveIterator`): tf.data's cycle of slots over a pool of
 readers, the bookkeeping of which reader is in which slot and which are open ahead of them, its
-checkpoint, and the handover of every open reader when ``executor="auto"`` moves them.
+checkpoint, and the handover of the open readers when ``executor="auto"`` moves them (those the
+consumer took from finish where they are).
 
 The nodes that build it, and the pools they choose, are in ``interleave.py``.
 """
@@ -23,6 +24,7 @@ from torchpipe.ops.interleave.readers import (
     MAX_PARALLELISM,
     VALUE,
     Reader,
+    ReaderPlace,
     ReaderPool,
     read_ahead_items,
 )
@@ -31,6 +33,18 @@ from torchpipe.runtime.placement.costs import INLINE, PROCESS
 from torchpipe.runtime.timing import CallTiming
 
 _DEEP_READ_AHEAD = 4  # reads in flight a slot from which AUTOTUNE readers read far ahead
+DRAIN_S = 5.0
+"""After a move, the most seconds the readers the consumer has taken from read on in the pool they
+opened in: opened again in the other pool, an inner dataset that resumes by reading from its start
+(``tp.from_iterable``) reads again all it gave (``latency``'s readers, moved from processes to
+threads halfway through their shards, re-parsed ~50k records on the GIL: 1-7k records/s for 1.5-5 s,
+against 30-40k). Those that have not ended by then move (one that never ends must not hold the
+other pool up for good)."""
+
+
+def _unread(place: ReaderPlace) -> bool:
+    """Whether a reader at ``place`` gave the consumer nothing yet (it opens elsewhere at no cost)."""
+    return place.inner is None
 
 
 class _DirectInput:
@@ -118,6 +132,10 @@ class InterleaveIterator(Iterator, Tunable):
         self._source = source
         self._pools = pools
         self._pool = next(iter(pools.values()))
+        # after a move: the pool the readers that stayed read in, those readers, and until when
+        self._old: ReaderPool | None = None
+        self._staying: set[Reader] = set()
+        self._drain_until = 0.0
         self._placement = placement
         self._cycle_length = cycle_length
         self._block_length = block_length
@@ -233,6 +251,10 @@ class InterleaveIterator(Iterator, Tunable):
             if reader is not None:
                 self._pool.read(reader)
 
+    def _pool_of(self, reader: Reader) -> ReaderPool:
+        """The pool ``reader`` reads in: the one it opened in while it stays there after a move."""
+        return self._old if self._old is not None and reader in self._staying else self._pool
+
     def next(self) -> Any:
         # tf.data's state machine: the next element, from the slot whose turn it is. A pool that
         # reads ahead also takes the knob's requests, opens readers ahead of the slots and looks
@@ -273,7 +295,8 @@ class InterleaveIterator(Iterator, Tunable):
                 else:
                     self._fill_slot()
                 continue
-            kind, payload = self._pool.take(reader)
+            pool = self._pool if self._old is None else self._pool_of(reader)
+            kind, payload = pool.take(reader)
             if kind == VALUE:
                 self._block_index += 1
                 if self._block_index == self._block_length:
@@ -326,9 +349,14 @@ class InterleaveIterator(Iterator, Tunable):
 
     def _clear_slot(self) -> None:
         reader = self._slots[self._cycle_index]
+        assert reader is not None  # the slot cleared holds the reader that ended
         self._slots[self._cycle_index] = None
         self._num_open -= 1
-        self._pool.close(reader)
+        self._pool_of(reader).close(reader)
+        if self._old is not None:
+            self._staying.discard(reader)
+            if not self._staying:
+                self._drained()
 
     def _top_up(self) -> None:
         """Open readers ahead of the slots, up to the lookahead."""
@@ -358,8 +386,10 @@ class InterleaveIterator(Iterator, Tunable):
         index = self._servable_slot()
         if index is None:
             t0 = time.perf_counter()
+            current = self._slots[self._cycle_index]
+            pool = self._pool if current is None else self._pool_of(current)
             while index is None:
-                self._pool.wait(lambda: self._servable_slot() is not None)
+                pool.wait(lambda: self._servable_slot() is not None)
                 index = self._servable_slot()
             self.stats.wait_s += time.perf_counter() - t0
         if index != self._cycle_index:
@@ -375,7 +405,7 @@ class InterleaveIterator(Iterator, Tunable):
                 # An empty slot is served at once: refilled, or skipped at the end of input.
                 if step == 0 or not self._end_of_input:
                     return index
-            elif self._pool.has_ready(reader):
+            elif self._pool_of(reader).has_ready(reader):
                 return index
         return None
 
@@ -384,6 +414,10 @@ class InterleaveIterator(Iterator, Tunable):
         """Let the placement look at the counters; move the readers if it says so."""
         placement = self._placement
         assert placement is not None  # reviewed under executor="auto"
+        if self._old is not None:  # judged once every reader reads in the pool they moved to
+            if time.perf_counter() >= self._drain_until:
+                self._move_staying()
+            return
         kind = placement.review(self.stats)
         if kind is not None:
             self._move(kind, element)
@@ -393,18 +427,22 @@ class InterleaveIterator(Iterator, Tunable):
             self._placement = None
 
     def _move(self, kind: str, element: Any) -> None:
-        """Hand every open reader (in a slot or ahead of them) over to pool ``kind``, with what
-        it read ahead: the input position, the cycle and each reader's place stay as they are, so
-        nothing is lost, repeated, reordered or read twice. Readers whose input elements, positions
-        or elements (``element`` stands for them) cannot go there stay, for good."""
+        """Move the readers to pool ``kind``: readers open from now on open there, and so do the
+        open ones the consumer has taken nothing from, with what they read ahead. Those it has
+        taken from stay, reading on where they are until they end (for at most
+        :data:`DRAIN_S`): opened there again, an inner dataset that resumes by reading from its
+        start would read again all it gave. The input position, the cycle and each reader's
+        place stay as they are, so nothing is lost, repeated, reordered or read twice. Readers
+        whose input elements, positions or elements (``element`` stands for them) cannot go there
+        stay, for good."""
         assert self._placement is not None  # moved under executor="auto"
         old, new = self._pool, self._pools[kind]
         readers = self.open_readers
-        if not new.accepts([old.place(reader) for reader in readers], element):
+        places = [old.place(reader) for reader in readers]
+        if not new.accepts(places, element):
             self._placement.settle()
             return
-        moved = {id(reader): place for reader, place in zip(readers, old.release(readers))}
-        old.park()
+        staying = {r for r, place in zip(readers, places) if not _unread(place)}
         self._pool = new
         parallelism = self._parallelism
         if self._knob is not None:  # the autotuner goes on from the policy's count
@@ -413,11 +451,41 @@ class InterleaveIterator(Iterator, Tunable):
         # sized before the readers ask: their first reads use every worker thread
         new.start(parallelism)
         self.resize(parallelism)
-        self._slots = [None if r is None else new.open(*moved[id(r)]) for r in self._slots]
-        self._ahead = deque(new.open(*moved[id(r)]) for r in self._ahead)
-        for reader in [*self._slots, *self._ahead]:
-            if reader is not None:
-                new.read(reader)
+        self._hand_over(old, [r for r in readers if r not in staying], others_stay=bool(staying))
+        if staying:
+            self._old, self._staying = old, staying
+            self._drain_until = time.perf_counter() + DRAIN_S
+        else:
+            old.park()
+        self._placement.moved(kind, self.stats.produced + self._cycle_length * self._block_length)
+
+    def _hand_over(self, old: ReaderPool, readers: list[Reader], others_stay: bool) -> None:
+        """Let ``readers`` go from ``old`` and open them again, reading, in the current pool."""
+        if not readers:
+            return
+        new = self._pool
+        opened = {
+            r: new.open(*place) for r, place in zip(readers, old.release(readers, others_stay))
+        }
+        self._slots = [None if r is None else opened.get(r, r) for r in self._slots]
+        self._ahead = deque(opened.get(r, r) for r in self._ahead)
+        for reader in opened.values():
+            new.read(reader)
+
+    def _move_staying(self) -> None:
+        """:data:`DRAIN_S` after a move: the readers still reading where they were go over too."""
+        assert self._old is not None  # draining
+        staying = [r for r in self.open_readers if r in self._staying]
+        self._hand_over(self._old, staying, others_stay=False)
+        self._drained()
+
+    def _drained(self) -> None:
+        """Every reader reads in the pool they moved to: the other one stops, and the windows
+        that judge the new pool start now (what the readers did meanwhile was both pools')."""
+        assert self._old is not None and self._placement is not None  # draining, under "auto"
+        self._old.park()
+        self._old, self._staying = None, set()
+        kind = self._pool.kind
         self._placement.moved(kind, self.stats.produced + self._cycle_length * self._block_length)
 
     def _end_of_pass(self) -> None:
@@ -443,7 +511,7 @@ class InterleaveIterator(Iterator, Tunable):
         return {
             self.ELEMENT: reader.element,
             self.SEQ: reader.seq,
-            self.INNER: self._pool.inner_state(reader),
+            self.INNER: self._pool_of(reader).inner_state(reader),
         }
 
     def set_state(self, state: dict[str, Any]) -> None:
@@ -479,13 +547,18 @@ class InterleaveIterator(Iterator, Tunable):
 
     # -- closing ---------------------------------------------------------------------------------
     def children(self) -> list[Iterator]:
-        return [self._source, *self._pool.children([r for r in self._slots if r is not None])]
+        slotted = [r for r in self._slots if r is not None]
+        children = self._pool.children([r for r in slotted if r not in self._staying])
+        if self._old is not None:
+            children += self._old.children([r for r in slotted if r in self._staying])
+        return [self._source, *children]
 
     def shutdown(self) -> None:
         for pool in self._pools.values():
             pool.shutdown()
         for reader in [*self._slots, *self._ahead]:
             if reader is not None:
-                self._pool.close(reader)
+                self._pool_of(reader).close(reader)
         self._slots = [None] * self._cycle_length
         self._ahead.clear()
+        self._old, self._staying = None, set()

@@ -19,9 +19,11 @@ what it measures and how the readers move, because readers are not calls:
 - a Placement's first decision comes from calls run inline; readers of slow storage read inline
   would wait one at a time, so readers start on threads and the reads' costs come from the windows
   there (their wall time less their waits for the GIL, which a read in a worker does not pay);
-- a move re-opens every open inner dataset at its position in the other pool, which for a stream
-  that resumes by reading again from its start (``tp.from_iterable``) costs what it read so far.
-  So the other pool must be ``READERS_MARGIN`` (1.5x) faster, whichever way the move goes (not
+- an inner dataset opened again at its position in the other pool costs, for a stream that
+  resumes by reading again from its start (``tp.from_iterable``), what it read so far: the readers
+  the consumer took from finish where they are (for at most ``DRAIN_S``, in ``iterator.py``), and
+  the windows judge the new pool once they did. And the other pool must be ``READERS_MARGIN``
+  (1.5x) faster, whichever way the move goes (not
   ``MARGIN`` one way and no slower the other); measured times stand for the pass (a Placement
   forgets them after 10 s, and would send readers back and forth every 10 s where a prediction
   and a measurement disagree), and a pool's measure is the lower median of several windows (one

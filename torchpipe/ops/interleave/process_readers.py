@@ -237,6 +237,7 @@ class ProcessReaders(ReaderPool[_ChunkReader]):
         self._pool: ProcessPool | None = None
         self._dispatch: Dispatcher | None = None
         self._reading = False  # chunks are asked for (not while parked or letting readers go)
+        self._leaving: set[_ChunkReader] = set()  # readers let go while the others read on
         self._next_task = 0
         self._taken = 0
 
@@ -300,7 +301,7 @@ class ProcessReaders(ReaderPool[_ChunkReader]):
     def read(self, reader: _ChunkReader) -> None:
         # A reader asks for chunks when it opens, when a chunk arrives and when an item is taken
         # from it: the only times what it wants can change.
-        if not self._reading or reader.done:
+        if not self._reading or reader.done or reader in self._leaving:
             return
         if reader.handed in reader.stale:  # the chunk before it is in: ask again, with its state
             reader.stale.discard(reader.handed)
@@ -377,8 +378,13 @@ class ProcessReaders(ReaderPool[_ChunkReader]):
         reader.early.clear()
         reader.stale.clear()
 
-    def release(self, readers: list[_ChunkReader]) -> list[ReaderPlace]:
-        self._reading = False  # chunks that arrive now are kept, and no more are asked for
+    def release(self, readers: list[_ChunkReader], others_stay: bool = False) -> list[ReaderPlace]:
+        # chunks that arrive now are kept, and no more are asked for (by these readers alone
+        # where the others stay and read on)
+        if others_stay:
+            self._leaving.update(readers)
+        else:
+            self._reading = False
         deadline = time.perf_counter() + _STOP_S
         while any(r.pending for r in readers) and time.perf_counter() < deadline:
             self._receive(max(0.0, deadline - time.perf_counter()))
@@ -387,6 +393,7 @@ class ProcessReaders(ReaderPool[_ChunkReader]):
         ]
         for reader in readers:
             self.close(reader)
+        self._leaving.difference_update(readers)
         return places
 
     def accepts(self, places: list[ReaderPlace], element: Any) -> bool:

@@ -260,11 +260,12 @@ class ReaderPool(abc.ABC, Generic[ReaderT]):
         """Stop ``reader`` and release its inner iterator."""
 
     @abc.abstractmethod
-    def release(self, readers: list[ReaderT]) -> list[ReaderPlace]:
+    def release(self, readers: list[ReaderT], others_stay: bool = False) -> list[ReaderPlace]:
         """Stop ``readers`` and close them, returning their places with what they read ahead,
         so that another pool goes on from there: nothing lost, repeated or read twice. A reader
         whose read in progress outlasts a short wait hands over nothing read ahead (its successor
-        reads again from the items taken) rather than hold the move up."""
+        reads again from the items taken) rather than hold the move up. ``others_stay``: the
+        pool's other readers stay and read on (only these stop)."""
 
     def accepts(self, places: list[ReaderPlace], element: Any) -> bool:
         """Whether readers at ``places`` can read here, giving elements like ``element``."""
@@ -361,7 +362,7 @@ class InlineReaders(ReaderPool[_InlineReader]):
         if reader.iterator is not None:
             reader.iterator.close()
 
-    def release(self, readers: list[_InlineReader]) -> list[ReaderPlace]:
+    def release(self, readers: list[_InlineReader], others_stay: bool = False) -> list[ReaderPlace]:
         places = []
         for reader in readers:
             carried = tuple(reader.carried or ())

@@ -347,7 +347,7 @@ class ThreadReaders(ReaderPool[_ThreadReader]):
     def close(self, reader: _ThreadReader) -> None:
         reader.close()
 
-    def release(self, readers: list[_ThreadReader]) -> list[ReaderPlace]:
+    def release(self, readers: list[_ThreadReader], others_stay: bool = False) -> list[ReaderPlace]:
         deadline = time.perf_counter() + _STOP_S
         for reader in readers:
             reader.stop(deadline)
@@ -355,7 +355,7 @@ class ThreadReaders(ReaderPool[_ThreadReader]):
         for reader in readers:
             reader.close()
         # no reader is left here: a read still running must not hold the move up
-        if self.threads is not None:
+        if self.threads is not None and not others_stay:
             self.threads.close(wait=False)
             self.threads = None
         return places
