@@ -482,12 +482,13 @@ def clock(monkeypatch):
     return fake
 
 
-def _run(placement, stats, clock, seconds, elements, wall, cpu):
-    """``elements`` delivered in ``seconds``, each read taking ``wall`` and ``cpu`` seconds; what
-    the placement says at the end."""
+def _run(placement, stats, clock, seconds, elements, wall, cpu, reads=None):
+    """``elements`` delivered in ``seconds``, each read (as many as elements, or ``reads``)
+    taking ``wall`` and ``cpu`` seconds; what the placement says at the end."""
     clock.now += seconds
     stats.produced += elements
-    stats.calls.add(wall * elements, cpu * elements, calls=elements, items=elements)
+    reads = elements if reads is None else reads
+    stats.calls.add(wall * reads, cpu * reads, calls=reads, items=reads)
     stats.clocked(elements * 2e-6)  # this thread's own time: 2 us an element
     return placement.review(stats)
 
@@ -579,6 +580,22 @@ def test_reads_that_get_cheap_on_processes_send_the_readers_back_after_two_windo
     # from a worker costs twice what reading it here does. Measured times from before no longer count.
     assert _run(placement, stats, clock, 0.06, 64, *CHEAP) is None  # once: could be a blip
     assert _run(placement, stats, clock, 0.06, 64, *CHEAP) == THREAD
+
+
+def test_the_windows_while_the_pool_moved_to_ramps_up_are_not_its_measure(clock):
+    """The pool the readers moved to starts its reads in flight and fills its read-ahead: what it
+    delivers in its first 0.3 s (here a fifth of the threads' rate) is not its measure, and at
+    the threads' rate after that the readers stay (they went back to threads on it)."""
+    placement, stats = ReaderPlacement(2, None), _stats()
+    _run(placement, stats, clock, 0.01, 16, *PARSING)
+    for _ in range(3):
+        _run(placement, stats, clock, 0.1, 64, *PARSING)
+    assert _run(placement, stats, clock, 0.1, 64, *PARSING) == PROCESS
+    placement.moved(PROCESS)
+    # reading ahead, it delivers an eighth of what it reads
+    verdicts = [_run(placement, stats, clock, 0.035, 8, *PARSING, reads=64) for _ in range(8)]
+    verdicts += [_run(placement, stats, clock, 0.1, 64, *PARSING) for _ in range(6)]
+    assert THREAD not in verdicts and placement.kind == PROCESS
 
 
 def test_the_costly_windows_after_a_move_keep_what_the_threads_measured(clock):

@@ -70,9 +70,14 @@ class Cadence:
 
 CALLS = Cadence(elements=4, seconds=0.15, settle_elements=2)
 """Map's and the DataLoader's calls: a few calls make a window (a call may take a second)."""
-READS = Cadence(elements=32, seconds=0.05, settle_elements=16, every=16)
+READS = Cadence(
+    elements=32, seconds=0.05, settle_elements=16, every=16, settle_s=0.3, settle_process_s=0.3
+)
 """An interleave's readers: windows of reads, looked at every 16 elements (a look reads the
-counters of every reader's calls)."""
+counters of every reader's calls), judged from 0.3 s after a move: the pool they moved to starts
+its reads in flight from the policy's count and fills its read-ahead (``latency``'s processes
+measured 76, 679, 57, then 30 us an element in their first windows, 50 ms each, and the readers
+went back to threads on it, measured at 22-29)."""
 OVERLAP = Cadence(
     elements=16, seconds=0.1, settle_elements=4, agree=1, settle_s=0.0, settle_process_s=0.0
 )
