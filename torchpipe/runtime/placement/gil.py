@@ -15,13 +15,15 @@ _PROBE_SLEEP_S = 0.0002
 CALIBRATE_S = 0.005
 """Seconds of each of the calibration's windows (the probe's free rate: the fastest of them)."""
 _CALIBRATIONS = 2
-MIN_TICKS = 10
+MIN_TICKS = 5
 """Ticks the probe must be able to make in a measurement (at its free rate) for the GIL-free share
-it reads to count whole: it resolves a share to one tick, so over a window of 2-3 ticks (one
-``blobs`` batch, 0.5 ms: the first measurement holds no more of its 2 MB results) one tick more or
-less reads 0.4 more or less free (0.0-0.77 in fresh processes; 0.7-0.77 predicted threads 1.2-1.6x
-faster than inline, where they ran 2.7x slower: #59). A shorter window's share counts in
-proportion (:meth:`GilProbe.resolved`)."""
+it reads to count whole. It resolves a share to one tick: from 5 ticks on, to a fifth or better,
+half the span (0.6 to 1, :data:`~torchpipe.runtime.placement.costs.THREAD_FREE_SHARE`) over which
+threads are predicted to start overlapping calls. Over a window of 2-3 ticks (one ``blobs`` batch,
+0.5 ms: the first measurement holds no more of its 2 MB results) one tick more or less reads 0.4
+more or less free (0.0-0.77 in fresh processes; 0.7-0.77 predicted threads 1.2-1.6x faster than
+inline, where they ran 2.7x slower: #59). A shorter window's share counts in proportion
+(:meth:`GilProbe.resolved`)."""
 
 
 class _Ticker:
