@@ -39,6 +39,18 @@ def test_python_code_holds_the_gil_and_sleeping_releases_it():
     assert held_free < 0.5 and held_free < sleep_free
 
 
+def test_a_share_counts_whole_only_over_a_window_the_probe_resolves():
+    # It resolves a share to one tick: over a window of a few ticks the share counts in
+    # proportion, towards held (blobs' single 0.5 ms batch read 0.0-0.77 free), over a window of
+    # MIN_TICKS ticks or more it counts whole.
+    with GilProbe() as probe:
+        assert probe.resolved(0.8, 1.0) == 0.8  # 1 s: thousands of ticks
+        assert probe.resolved(0.8, 0.0) == 0.0
+        short = probe.resolved(0.8, 0.0005)  # 2-3 ticks at the probe's 0.2 ms
+        assert 0.0 < short < 0.8 * 3 / gil.MIN_TICKS + 1e-9
+        assert probe.resolved(0.8, 0.0001) < short  # the shorter, the less it counts
+
+
 def test_numpy_work_mostly_releases_the_gil():
     a = np.random.default_rng(0).random((300, 300))
     with GilProbe() as probe:

@@ -6,6 +6,7 @@ import time
 import pytest
 import torch
 
+from torchpipe.runtime.placement import gil as gil_module
 from torchpipe.runtime.placement import measure as measure_module
 from torchpipe.runtime.placement import memory_costs
 from torchpipe.runtime.placement.costs import THREAD, CallCosts, workers
@@ -42,6 +43,26 @@ def test_a_call_that_takes_the_measuring_time_alone_is_measured_once():
     assert ran == 1
     _, ran = measure_calls(lambda n: [time.sleep(measure_module._PROBE_S / 20) for _ in range(n)])
     assert ran > 1  # short ones: the second half measures them without the GIL probe
+
+
+def test_a_gil_free_share_counts_only_as_far_as_the_probe_could_resolve_it(monkeypatch):
+    # Calls with large results are probed one at a time (blobs' 2 MB batches: a window of 0.5 ms,
+    # 2-3 of the probe's ticks, read 0.0-0.77 GIL-free, and threads were tried at 2.7x slower):
+    # a share over a window too short for MIN_TICKS ticks counts in proportion, not whole.
+    monkeypatch.setattr(measure_module, "_PROBE_S", 60.0)  # bytes stop them here, not time
+
+    def run(n):  # GIL-free calls (a sleep), one result fills the first half's bytes
+        out = []
+        for _ in range(n):
+            time.sleep(0.002)
+            out.append(torch.empty(3 << 20, dtype=torch.uint8))
+        return out
+
+    monkeypatch.setattr(gil_module, "MIN_TICKS", 10**6)  # no window resolves a share
+    unresolved, _ = measure_calls(run)
+    monkeypatch.setattr(gil_module, "MIN_TICKS", 1)  # every window does
+    resolved, _ = measure_calls(run)
+    assert unresolved.gil_free < 0.01 and resolved.gil_free > 0.2
 
 
 def test_measuring_holds_few_large_results(monkeypatch):

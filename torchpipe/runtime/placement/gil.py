@@ -15,6 +15,15 @@ _PROBE_SLEEP_S = 0.0002
 CALIBRATE_S = 0.005
 """Seconds of each of the calibration's windows (the probe's free rate: the fastest of them)."""
 _CALIBRATIONS = 2
+MIN_TICKS = 5
+"""Ticks the probe must be able to make in a measurement (at its free rate) for the GIL-free share
+it reads to count whole. It resolves a share to one tick: from 5 ticks on, to a fifth or better,
+half the span (0.6 to 1, :data:`~torchpipe.runtime.placement.costs.THREAD_FREE_SHARE`) over which
+threads are predicted to start overlapping calls. Over a window of 2-3 ticks (one ``blobs`` batch,
+0.5 ms: the first measurement holds no more of its 2 MB results) one tick more or less reads 0.4
+more or less free (0.0-0.77 in fresh processes; 0.7-0.77 predicted threads 1.2-1.6x faster than
+inline, where they ran 2.7x slower: #59). A shorter window's share counts in proportion
+(:meth:`GilProbe.resolved`)."""
 
 
 class _Ticker:
@@ -139,6 +148,12 @@ class GilProbe:
         """Seconds the probe thread has waited for a core (0 where unknown)."""
         native_id = self._ticker.native_id if self._ticker is not None else None
         return (run_delay(native_id) or 0.0) if native_id is not None else 0.0
+
+    def resolved(self, share: float, seconds: float) -> float:
+        """``share``, a GIL-free share measured over ``seconds`` in all, as far as the probe could
+        resolve it: whole where it could tick :data:`MIN_TICKS` times in them, else in proportion
+        (towards held: a share the probe cannot resolve is not evidence that threads overlap)."""
+        return share * min(1.0, self._free_rate * max(seconds, 0.0) / MIN_TICKS)
 
     def measure(self, call: Callable[[], Any]) -> tuple[Any, float, float]:
         """``(result, free_fraction, seconds)``: ``call()``'s result, the share of its duration

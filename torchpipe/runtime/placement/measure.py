@@ -83,7 +83,9 @@ def measure_calls(
     what one call costs at steady state, and how many ran.
 
     The first half run beside a GIL probe, which measures the share of a call the GIL is free but
-    slows calls that release it often (each release lets the probe in); the rest run alone, and
+    slows calls that release it often (each release lets the probe in; a share over a window too
+    short for the probe to resolve counts in proportion: :meth:`GilProbe.resolved`, calls with
+    large results are probed one at a time); the rest run alone, and
     their median is the cost of a call. They run with one intra-op thread for torch's ops, as on a
     pool thread or in a worker process (:func:`~torchpipe.runtime.cpu.as_a_pool_thread_runs`).
     The first calls are not like the later ones: they fault
@@ -121,6 +123,9 @@ def _run_both_halves(
         with GilProbe() as probe, watching as draws:
             overhead = (lambda: draws.overhead_s) if draws is not None else None
             probed = _timed_calls(run, limit // 2, _PROBE_S / 2, results, overhead, probe, held)
+            # calls with large results stop at one: its share counts as far as it was resolved
+            window = sum(s for s, _, _ in probed)
+            probed = [(s, probe.resolved(free, window), n) for s, free, n in probed]
         if on_draws is not None:
             on_draws(cast(GlobalDraws, draws))  # watched: not the nullcontext's None
         held.limit += _PROBE_BYTES  # as much again for the second half
