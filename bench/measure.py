@@ -501,10 +501,10 @@ def placement(loader: Any, iterator: Any) -> dict[str, Any] | None:
     from its public ``stats()``; None for torch's and the peers'.
 
     The stage is the first that reports workers (a pipeline's prefetch runs on a thread of its
-    own, the work on the map's), else the last that reports an executor (the work, below the
-    prefetch, run in this process). ``where`` is
+    own, the work on the map's), else the first the policy placed (its calls run in this
+    process), else the last that reports an executor. ``where`` is
     ``"process x2"`` (``"inline"`` without workers); ``most_processes`` the most worker processes
-    it held at once, over every pass; ``self_s`` the stage's own seconds per element
+    a stage the policy placed held at once, over every pass; ``self_s`` the stage's own seconds per element
     (a batch where map and batch are fused); ``measured`` the executors a ``num_workers="auto"``
     DataLoader measured lately; ``knobs`` every stage's AUTOTUNE values at the end; ``autotune``
     the tuner's last round (its values, the throughput it measured and the model's prediction).
@@ -518,7 +518,8 @@ def placement(loader: Any, iterator: Any) -> dict[str, Any] | None:
     except Exception:  # noqa: BLE001 - a report only; the measurement stands without it
         return None
     placed = [stage for stage in stages if "executor" in stage]
-    stage = next((s for s in placed if s.get("workers")), placed[-1] if placed else None)
+    auto = next((s for s in placed if "policy" in s), placed[-1] if placed else None)
+    stage = next((s for s in placed if s.get("workers")), auto)
     if stage is None:
         return None
     where = (
@@ -535,9 +536,12 @@ def placement(loader: Any, iterator: Any) -> dict[str, Any] | None:
         "bottleneck": getattr(stats, "bottleneck", None),
         "waiting": getattr(stats, "waiting", None),
     }
-    for key in ("measured", "not_on_threads", "policy", "most_processes"):
+    for key in ("measured", "not_on_threads", "policy"):
         if key in stage:
             out[key] = stage[key]
+    most = [s["most_processes"] for s in placed if "most_processes" in s]
+    if most:
+        out["most_processes"] = max(most)
     decisions = getattr(stats, "decisions", None) or []
     if decisions:
         last = decisions[-1]

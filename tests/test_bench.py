@@ -18,7 +18,7 @@ import psutil
 import pytest
 import torch
 
-from bench import cuts, data, markdown, plot, rounds, run, suite, tpimage
+from bench import cuts, data, markdown, measure, plot, rounds, run, suite, tpimage
 from bench import peers as pr
 from bench import targets as tg
 from bench import workloads as wl
@@ -1194,3 +1194,28 @@ def test_trial_peak_phases_name_a_kind_a_count_and_whether_a_window_keeps_the_ca
     for bad in ("gpu:2", "thread:x", "thread:2:held", "thread:2:kept:1"):
         with pytest.raises(ValueError, match="a phase is kind:count"):
             _phases(bad)
+
+
+def test_placement_reads_the_stage_the_policy_placed_and_the_most_processes_any_held():
+    """A pipeline whose map runs inline (no stage with workers) is where the map's calls ran,
+    not a source's inline interleave below it; its trials' worker processes count."""
+
+    class Source:
+        def stats(self):
+            return [
+                {"stage": "prefetch", "executor": "thread"},
+                {
+                    "stage": "map(f)+batch",
+                    "executor": "inline",
+                    "workers": 0,
+                    "policy": {},
+                    "measured": ["inline", "process"],
+                    "most_processes": 2,
+                },
+                {"stage": "interleave(read)", "executor": "inline"},
+            ]
+
+    found = measure.placement(None, Source())
+    assert found is not None and found["stage"] == "map(f)+batch"
+    assert found["where"] == "inline" and found["most_processes"] == 2
+    assert found["measured"] == ["inline", "process"]
