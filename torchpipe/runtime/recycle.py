@@ -102,28 +102,6 @@ def delivered(element: Any) -> None:
             stack.extend(x)
 
 
-def recycled_bytes(element: Any) -> int:
-    """The bytes of ``element``'s tensors stacked in a :class:`RecycledStack`'s buffers: memory the
-    next batches reuse once this one is freed, whose pages fault in once, not at every batch,
-    however large (glibc maps a block over 32 MB afresh at every allocation; a buffer is kept)."""
-    if not _BUFFERS:
-        return 0
-    total, stack = 0, [element]
-    while stack:
-        x = stack.pop()
-        if isinstance(x, torch.Tensor):
-            if x.layout is not torch.strided or not x.is_cpu or x.is_quantized or x.is_nested:
-                continue
-            storage = x.untyped_storage()
-            if storage.data_ptr() in _BUFFERS:
-                total += storage.nbytes()
-        elif isinstance(x, dict):
-            stack.extend(x.values())
-        elif isinstance(x, (list, tuple)) and x and not isinstance(x[0], _SCALARS):
-            stack.extend(x)
-    return total
-
-
 def forget_batches_in_fork() -> int:
     """In a process just forked to fork workers (the zygote), let go of the pages of the batches
     the parent stacked: the child never reads them, and the copies it would keep of them (a

@@ -166,25 +166,3 @@ def test_a_result_dearer_to_move_than_to_make_is_priced_without_timing_every_dec
     # one that cannot travel cannot move, however cheap its call
     costs, _ = measure_calls(lambda n: [lambda: None for _ in range(n)])
     assert costs.move_s == float("inf")
-
-
-def test_a_result_stacked_in_reused_memory_is_not_taken_to_fault_at_every_call(monkeypatch):
-    """A block over glibc's largest mmap threshold is mapped afresh, and faulted in, at every
-    call; a batch stacked in a buffer the next batches reuse is not (``bigtensor``'s 38 MB
-    batches: taken to, the first calls measured 23-27 ms, 3 at steady state, and the first
-    placement forked worker processes)."""
-    from torchpipe.runtime.recycle import RecycledStack
-
-    rows = [torch.ones(1 << 20) for _ in range(10)]  # a 40 MiB batch of 10 rows
-    memory = RecycledStack()
-    steady = []
-    monkeypatch.setattr(
-        measure_module,
-        "cold_seconds",
-        lambda faults, steady_bytes: steady.append(steady_bytes) or 0.0,
-    )
-    measure_calls(lambda n: [memory(rows)], limit=2)
-    assert steady and set(steady) == {0}
-    steady.clear()
-    measure_calls(lambda n: [torch.stack(rows)], limit=2)  # fresh memory every call
-    assert steady and set(steady) == {40 << 20}

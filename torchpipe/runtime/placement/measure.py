@@ -30,7 +30,6 @@ from torchpipe.runtime.placement.memory_costs import (
     thread_faults,
 )
 from torchpipe.runtime.placement.policy import processes_cannot_win
-from torchpipe.runtime.recycle import recycled_bytes
 from torchpipe.runtime.sizes import element_bytes
 
 _PROBE_CALLS, _PROBE_S = (
@@ -144,11 +143,6 @@ def _steady_costs(probed: list[_Timed], alone: list[_Timed], cpu: float, first: 
     saw, and what moving ``first`` between processes costs (:func:`move_costs`)."""
     encoded = _encoded(first)
     nbytes, steady_bytes = _sizes(encoded)
-    # a batch stacked in a buffer the next batches reuse faults once, however large: its first
-    # call's faults are cold too (``bigtensor``'s 38 MB batches: taken to fault at every call,
-    # the first calls measured 23-27 ms, 3 at steady state, and the first placement forked
-    # worker processes, whose trial set the row's peak memory)
-    steady_bytes = max(0, steady_bytes - recycled_bytes(first))
     cold = [cold_seconds(faults, steady_bytes) for _, _, faults in probed + alone]
     wall = sum(s for s, _, _ in probed + alone)
     # A fault is CPU time of this thread: the faults' priced time cannot exceed the CPU the calls
