@@ -279,3 +279,33 @@ def test_a_placement_made_never_moving_keeps_its_calls_where_its_first_decision_
         while stage.dispatch.pending:
             stage.dispatch.take()
         stage.dispatch.close()
+
+
+@pytest.mark.parametrize("count", [1, 3])
+def test_each_threads_first_results_are_not_judged_as_a_worker_processs_are_not(monkeypatch, count):
+    """A thread's first calls build their results in memory faulted in afresh (the batch
+    buffers dropped while calls ran on processes, a new thread's arena): ``bigtensor``'s
+    DataLoader faulted ~40k pages (4 batches of 38 MB) at the start of each trial on threads,
+    whose first window then lost big to processes and was never tried again. Like each worker
+    process's first two results, each thread's are left out of the windows."""
+    _windows(monkeypatch, 1)
+    monkeypatch.setattr(driver_module, "cost_changed", lambda now, before: False)
+    judged = []
+
+    class Recording(Policy):
+        def review(self, seconds_per_element, full=True):
+            judged.append(stage.placement._delivered)
+            return self.kind
+
+    stage = _Stage(Recording((INLINE, THREAD), 2))
+    stage.placement.decide(CallCosts(1e-6, 1e-6, 0.0, 0.0))
+    stage.run(5)
+    pending = stage.dispatch.pending
+    moved_at = stage.placement._delivered
+    stage.placement.move(THREAD, count)
+    judged.clear()
+    stage.run(12 + 2 * count)
+    stage.dispatch.close()
+    settle = placement_module.CALLS.settle_elements + pending + 2 * count
+    # the first window opens once they were delivered and ends one element later
+    assert judged and judged[0] == moved_at + settle + 1

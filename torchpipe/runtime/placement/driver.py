@@ -25,7 +25,7 @@ CHANGED_FLOOR_S = 1e-7
 """Costs below this many seconds are taken as this much when telling a change (timer noise)."""
 SETTLE_S = 0.05
 """After a move to inline or threads, seconds during which nothing is judged: threads start,
-buffers fill."""
+buffers fill. Each thread's first two results are not judged either (as a worker's: below)."""
 SETTLE_PROCESS_S = 0.05
 """The same after a move to worker processes: they fork and fault their rings in. Their first
 results are not judged either (:meth:`~torchpipe.runtime.placement.placement.Placement.move`): two a

@@ -25,6 +25,7 @@ from torchpipe.runtime.executor import Executor
 from torchpipe.runtime.placement.costs import (
     INLINE,
     PROCESS,
+    THREAD,
     CallCosts,
     cost_scale,
     observe_message_cost,
@@ -129,7 +130,8 @@ class Placement:
     def move(self, kind: str, count: int, again: bool = False) -> None:
         """Run new calls on ``kind`` with ``count`` threads or processes from now on (at most
         :attr:`most`). What is in flight, made where the calls ran before, is not judged, nor the
-        first two results of each worker process. ``again``: a new pass goes on where the last
+        first two results of each worker process or thread (their first calls are cold: a worker
+        faults its ring in, a thread its batches' memory and its arena). ``again``: a new pass goes on where the last
         one ran its calls."""
         if self.most is not None:
             count = min(count, self.most)
@@ -146,7 +148,9 @@ class Placement:
         if self.policy is not None:
             self.policy.moved(kind)
         unjudged = self._driver.cadence.settle_elements + self.dispatcher.pending
-        unjudged += 2 * count if kind == PROCESS else 0
+        # a trial of threads judged on its cold start lost big to processes (#59: `bigtensor`'s
+        # DataLoader faulted ~40k pages, four 38 MB batches, then) and was not tried again
+        unjudged += 2 * count if kind in (PROCESS, THREAD) else 0
         self._driver.moved(kind, self._delivered + unjudged, time.perf_counter(), again)
         if self._on_move is not None:
             self._on_move(self.kind, self.workers)
