@@ -323,25 +323,3 @@ def test_a_pass_drops_processes_only_where_they_cannot_fork_or_were_seen_not_to_
     seen = {"last": INLINE, "costs": cheap, "measured": {}, "cores": 4}
     assert pass_candidates(inline=True, processes=True, **seen) == (INLINE, THREAD)
     assert pass_candidates(inline=True, processes=True, **{**seen, "last": PROCESS}) == KINDS
-
-
-@pytest.mark.skipif(torch.get_num_threads() < 2, reason="torch runs one intra-op thread already")
-def test_inline_calls_measured_dear_run_with_one_intra_op_thread_as_they_were_measured():
-    """#59 item 7: a call is measured with one intra-op thread, as it runs on a pool thread or in
-    a worker; inline on the consumer's thread torch split ``bigtensor``'s fills over both cores
-    and waited for the busy one (49-65 ms a batch against 10-14). Calls of ``ONE_INTRA_OP_S`` or
-    more run inline as measured; cheaper ones keep the thread's setting (the switch costs ~2 us)."""
-    default = torch.get_num_threads()
-    seen = []
-    calls = StageCalls(lambda seq, x: seen.append(torch.get_num_threads()), lambda seq, x: None)
-    policy = Policy((INLINE, THREAD), 2)
-    stage = AutoStage("map(f)", calls, CallTiming(), policy, stall_s=10.0)
-    for call_s, threads in ((2e-3, 1), (1e-4, default)):
-        policy.decide(CallCosts(call_s, call_s, 0.5, 0.0))
-        stage.placement.move(INLINE, 0)
-        _run(stage, 0, 1)
-        stage.call_here(1, 1)
-        assert seen == [threads, threads]
-        assert torch.get_num_threads() == default  # put back after each call
-        seen.clear()
-    stage.dispatcher.close()

@@ -19,7 +19,6 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any, cast
 
-from torchpipe.runtime.cpu import as_a_pool_thread_runs
 from torchpipe.runtime.dispatch import Dispatcher
 from torchpipe.runtime.executor import Executor, InlineExecutor, ThreadExecutor
 from torchpipe.runtime.heap import trim_heap
@@ -34,14 +33,6 @@ Handler = Callable[[int, Any], Any]
 """``handler(seq, payload) -> value``: one call of a stage."""
 PoolOf = Callable[[int], Executor]
 """``pool(workers)``: a stage's pool of ``workers`` processes (or actors), made when first asked for."""
-ONE_INTRA_OP_S = 1e-3
-"""Inline calls measured at least this long run with one intra-op thread for torch's ops, as they
-were measured (:func:`~torchpipe.runtime.cpu.as_a_pool_thread_runs`) and as they run on a pool
-thread or in a worker: on the consumer's thread torch splits each op over every core, and where
-another core is busy the op waits for it. ``bigtensor``'s DataLoader batches (64 fills of 600 KB
-and their stack, 2.4 ms measured) took 49-65 ms a batch inline that way on 2 shared cores, 10-14
-with one intra-op thread; judged by those windows, inline lost to threads and processes it would
-have matched. Shorter calls skip the switch (~2 us a call: 1% of ``records``' 0.15 ms batches)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -234,7 +225,7 @@ class AutoStage:
         """
         if kind == INLINE:
             self._keep_memory(True)
-            return InlineExecutor(self._inline_call, self._timing)
+            return InlineExecutor(self._calls.inline, self._timing)
         if kind == THREAD:
             self._keep_memory(True)
             return ThreadExecutor(self._calls.thread, workers, self.name, self._timing)
@@ -250,15 +241,6 @@ class AutoStage:
         if kind == PROCESS:
             self._processes, self._warm = executor, False
         return executor
-
-    def _inline_call(self, seq: int, payload: Any) -> Any:
-        """The stage's inline call, with one intra-op thread where calls cost
-        :data:`ONE_INTRA_OP_S` or more (as measured)."""
-        costs = self.policy.costs if self.policy is not None else None
-        if costs is None or costs.call_s < ONE_INTRA_OP_S:
-            return self._calls.inline(seq, payload)
-        with as_a_pool_thread_runs():
-            return self._calls.inline(seq, payload)
 
     def retire(self, executor: Executor) -> None:
         """What becomes of an executor the calls left, once its tasks are done: the process pool
