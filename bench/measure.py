@@ -401,9 +401,15 @@ def _memory(monitor: TreeMonitor, pss: float | None, held: float | None) -> dict
 
     peak_pss = max((v for v in (monitor.peak_pss, pss) if v is not None), default=None)
     peak_held = max((v for v in (monitor.peak_held, held) if v is not None), default=None)
+    start = monitor.start_held
     return {
         "peak_held_mb": mb(peak_held),
-        "start_held_mb": mb(monitor.start_held),
+        "start_held_mb": mb(start),
+        # what the loader added to the tree at its peak: the memory verdicts' figure (a row's tree
+        # before the loader moves with its parent's: peers imported there added ~200 MB)
+        "peak_growth_mb": mb(peak_held - start)
+        if peak_held is not None and start is not None
+        else None,
         "peak_pss_mb": mb(peak_pss),
         "end_pss_mb": mb(pss),
         "end_held_mb": mb(held),

@@ -34,6 +34,7 @@ MEDIAN_KEYS = (
     "peak_rss_mb",
     "peak_held_mb",
     "start_held_mb",
+    "peak_growth_mb",
     "peak_pss_mb",
     "end_pss_mb",
     "end_held_mb",

@@ -161,7 +161,7 @@ class Runner:
             int, float | None
         ] = {}  # and what it held, shared memory counted once
         self.dataloader_peak: dict[int, float | None] = {}  # and what it held at its peak
-        self.tree_before_loader: float | None = None  # the row process before its loader (MB)
+        self.dataloader_growth: dict[int, float | None] = {}  # and what it added at its peak
         self.grid: list[
             tuple[dict[str, int], dict[str, Any]]
         ] = []  # every DataLoader configuration measured
@@ -320,49 +320,46 @@ class Runner:
                 self.dataloader_pss[args["num_workers"]] = result.get("end_pss_mb")
                 self.dataloader_held[args["num_workers"]] = result.get("end_held_mb")
                 self.dataloader_peak[args["num_workers"]] = result.get("peak_held_mb")
-                if args["num_workers"] == 0:
-                    self.tree_before_loader = result.get("start_held_mb")
+                self.dataloader_growth[args["num_workers"]] = result.get("peak_growth_mb")
 
     def budget_trial(self) -> list[Trial]:
-        """``tp.DataLoader("auto")`` under a RAM budget that binds (``BUDGETED`` workloads): the
-        tree's peak held memory halfway between torch's without workers (``dataloader_default``)
-        and ``torchpipe_dataloader_auto``'s, so its unconstrained choice does not fit and some
-        parallelism may; held to the fastest DataLoader configuration whose peak fits it.
+        """``tp.DataLoader("auto")`` under a RAM budget that binds (``BUDGETED`` workloads): what
+        the loader adds to the tree at its peak halfway between torch's without workers
+        (``dataloader_default``) and ``torchpipe_dataloader_auto``'s, so its unconstrained choice
+        does not fit and some parallelism may; held to the fastest DataLoader configuration whose
+        peak fits it.
 
-        The loader's ``ram_budget`` is that peak less the tree before any loader (the row
-        process's first reading): what the loader may hold of its own, its calls' heap in this
-        process included (issue #58's rule). Less torch's peak without workers instead, it was
-        short by the heap torch's own inline calls hold there (45-50 MB on ``tfrecord``), which
-        torch's workers give back and a budgeted loader counts."""
+        The loader's ``ram_budget`` is that growth over the tree before it (each row process's
+        first reading): what the loader may hold of its own, its calls' heap in this process
+        included (issue #58's rule). Growth, not the tree's peak: a row's tree before the loader
+        moves with its parent's (the peers imported there added ~200 MB to the rows after them).
+        """
         if self.work.name not in BUDGETED or self.work.epochs:
             return []
-        base = self.dataloader_peak.get(0)
-        unconstrained = self.results.get("torchpipe_dataloader_auto", {}).get("peak_held_mb")
+        base = self.dataloader_growth.get(0)
+        unconstrained = self.results.get("torchpipe_dataloader_auto", {}).get("peak_growth_mb")
         if base is None or unconstrained is None or unconstrained <= base:
             return []
-        total = (base + unconstrained) / 2
+        own = (base + unconstrained) / 2
         fitting = [
             (a, r)
             for a, r in self.grid
-            if r.get("peak_held_mb") is not None and r["peak_held_mb"] <= total
+            if r.get("peak_growth_mb") is not None and r["peak_growth_mb"] <= own
         ]
         best_args, best = max(
             fitting, key=lambda pair: pair[1]["throughput"], default=({}, {"throughput": None})
         )
-        before = self.tree_before_loader if self.tree_before_loader is not None else base
-        own = total - before
         options = tp.AutotuneOptions(ram_budget=own * 2**20)
         dataset, kwargs = self.work.dataset, self.work.loader_kwargs("auto")
         self.budget = {
-            "held_mb": total,
+            "growth_mb": own,
             "ram_budget_mb": own,
-            "tree_before_loader_mb": before,
             "best_args": best_args,
             "best_throughput": best["throughput"],
         }
         knobs = (
-            f"ram_budget={own:.0f} MB: the tree at {total:.0f} MB at its peak, halfway from "
-            f"{base:.0f} MB without workers, {before:.0f} MB before the loader"
+            f"ram_budget={own:.0f} MB at its peak over the tree before the loader, halfway from "
+            f"{base:.0f} MB without workers"
         )
         make = partial(tp.DataLoader, dataset, num_workers="auto", autotune=options, **kwargs)
         return [self.trial(BUDGET_CONFIG, make, knobs)]
@@ -550,6 +547,7 @@ def entry(runner: Runner) -> dict[str, Any]:
         "end_pss_mb": runner.dataloader_pss,
         "end_held_mb": runner.dataloader_held,
         "peak_held_mb": runner.dataloader_peak,
+        "peak_growth_mb": runner.dataloader_growth,
     }
     return {
         "unit": work.unit,
@@ -562,6 +560,7 @@ def entry(runner: Runner) -> dict[str, Any]:
         "dataloader_pss": {str(k): v for k, v in runner.dataloader_pss.items()},
         "dataloader_held": {str(k): v for k, v in runner.dataloader_held.items()},
         "dataloader_peak": {str(k): v for k, v in runner.dataloader_peak.items()},
+        "dataloader_growth": {str(k): v for k, v in runner.dataloader_growth.items()},
         "extra": work.extra,
         "peer_errors": runner.errors,
         "failed": runner.failed,

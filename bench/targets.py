@@ -16,10 +16,13 @@ identical to the best reads that far below it on the machine at hand). Each must
 1.1 x the memory torch's DataLoader holds at the same parallelism (issue #41), at their peaks
 (issue #57): what the process tree holds (PSS, plus shared memory no process maps: the batches
 torch has sent and not yet delivered wait in shared-memory files) sampled every 50 ms through the
-row (``peak_held_mb``), with as many workers as torchpipe ran its work on (``process xN``; 0 where
-it ran in this process, inline or on threads) and ``prefetch_factor=2``. The end PSS and end held
-ratios are reported beside it, not judged (summed RSS, which counts pages shared with forked
-workers once per process, is for information only). ``converge_s``, the seconds from ``iter()``
+row, each row's peak taken on the same tree before the loader (:data:`PEAK`: a row's own tree
+before its loader moves with its parent's, by ~200 MB once the peers were imported there), with
+as many workers as torchpipe ran its work on at most (``most_processes``, a trial's included:
+:func:`most_workers_of`; 0 where it ran in this process, inline or on threads) and
+``prefetch_factor=2``. The end PSS and end held ratios are reported beside it, not judged
+(summed RSS, which counts pages shared with forked workers once per process, is for information
+only). ``converge_s``, the seconds from ``iter()``
 to the first 0.5 s at the row's steady rate, must be at most 2 s; the throughput verdicts read
 the steady rate, a window long enough that the placement's trials are over.
 ``tfdata_native``, ``ffcv_best`` and ``torchpipe_tpimage`` do the work with other kernels: they
@@ -237,6 +240,23 @@ def most_workers_of(result: dict[str, Any]) -> int | None:
     return max(most, end or 0)
 
 
+PEAK = "peak_growth_mb"
+"""A row's peak, as judged: what its tree held at its peak over what it held before the loader.
+Each peak verdict adds the tree before any loader (:func:`tree_before`) to both sides: the tree's
+peak as #57 defines it, every row on the same tree (a row's own tree before its loader moves with
+its parent's: the peers imported there added ~200 MB to the `jpeg` rows after them, which read
+1.5x torch for it)."""
+
+
+def tree_before(results: dict[str, dict[str, Any]]) -> float:
+    """The tree before any loader (MB): ``dataloader_default``'s first reading, 0 if not read."""
+    return results.get("dataloader_default", {}).get("start_held_mb") or 0.0
+
+
+def _held(growth: float | None, before: float) -> float | None:
+    return None if growth is None else growth + before
+
+
 def floor(results: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
     """The run's noise floor on one workload, from its ``TWINS`` (each the median of its runs):
     ``ratio``, the lowest twin's median over the highest's, and the twins' medians. A row whose
@@ -258,16 +278,16 @@ def targets(
     """Each zero-knob configuration's ratios against its targets, as ``{config: {key: check}}``.
 
     ``dataloader_memory`` is torch's DataLoader's memory by ``num_workers`` (``prefetch_factor=2``)
-    for each memory key of a result (``peak_held_mb``, ``end_pss_mb``, ``end_held_mb``). A ratio
+    for each memory key of a result (``peak_growth_mb``, ``end_pss_mb``, ``end_held_mb``). A ratio
     is None (and ``met`` None) where what it needs was not measured: the configuration itself,
     ``dataloader_best``, a memory figure (None where ``/proc`` could not be read), or the
     DataLoader at the configuration's worker count. ``FLOORED`` checks carry the run's noise floor
     (``floor``: :func:`floor`'s ratio, where twins were measured). ``vs_best_of_any`` and
     ``vs_best_python_peer`` name the configuration they compare with (``against``);
     ``later_epochs_vs_dataloader_best`` the epoch its ratio was lowest in (``epoch``, 0 the
-    first); the memory checks the worker count (``workers``). ``budget`` (``held_mb``: the budget
-    as the tree's peak held memory; ``best_throughput``: the fastest DataLoader configuration
-    within it) checks :data:`BUDGET_CONFIG` where it was measured.
+    first); the memory checks the worker count (``workers``). ``budget`` (``growth_mb``: the
+    budget as what the loader adds to the tree at its peak; ``best_throughput``: the fastest
+    DataLoader configuration within it) checks :data:`BUDGET_CONFIG` where it was measured.
     """
     epochs = name in EPOCH_WORKLOADS
     skipped = BUDGET_KEYS + IMAGE_KEYS + TRAIN_KEYS + (TRAIN_AUTO_KEY,)
@@ -282,7 +302,10 @@ def targets(
         mine, by_key = results[BUDGET_CONFIG], {t.key: t for t in TARGETS}
         out[BUDGET_CONFIG] = {
             "peak_vs_budget": by_key["peak_vs_budget"].check(
-                _ratio(mine.get("peak_held_mb"), budget["held_mb"])
+                _ratio(
+                    _held(mine.get(PEAK), tree_before(results)),
+                    _held(budget["growth_mb"], tree_before(results)),
+                )
             ),
             "vs_best_dl_in_budget": by_key["vs_best_dl_in_budget"].check(
                 _ratio(mine["throughput"], budget["best_throughput"])
@@ -297,7 +320,7 @@ def targets(
 
 
 _MEMORY = {
-    "peak_vs_same_workers": "peak_held_mb",
+    "peak_vs_same_workers": PEAK,
     "pss_vs_same_workers": "end_pss_mb",
     "held_vs_same_workers": "end_held_mb",
 }
@@ -334,10 +357,13 @@ def _zero_knob_checks(
         "converge_s": mine.get("converge_s"),
     }
     at = dict.fromkeys(_MEMORY, workers) | {"peak_vs_same_workers": most_workers_of(mine)}
+    before = tree_before(results)
     for key, figure in _MEMORY.items():
-        ratios[key] = _ratio(
-            mine.get(figure), memory_at[figure].get(at[key]) if at[key] is not None else None
-        )
+        theirs = memory_at[figure].get(at[key]) if at[key] is not None else None
+        if figure == PEAK:
+            ratios[key] = _ratio(_held(mine.get(figure), before), _held(theirs, before))
+        else:
+            ratios[key] = _ratio(mine.get(figure), theirs)
     floor_ratio = noise["ratio"] if noise is not None else None
     out = {t.key: t.check(ratios[t.key], floor_ratio if t.key in FLOORED else None) for t in wanted}
     out["vs_best_of_any"]["against"] = best
@@ -383,7 +409,8 @@ def _image_checks(name: str, results: dict[str, dict[str, Any]]) -> dict[str, di
             mine.get("cpu_s_per_item"), native.get("cpu_s_per_item")
         ),
         "image_peak_vs_dataloader_best": _ratio(
-            mine.get("peak_held_mb"), results.get(BASELINE, {}).get("peak_held_mb")
+            _held(mine.get(PEAK), tree_before(results)),
+            _held(results.get(BASELINE, {}).get(PEAK), tree_before(results)),
         ),
         "image_pss_vs_dataloader_best": _ratio(
             mine.get("end_pss_mb"), results.get(BASELINE, {}).get("end_pss_mb")
