@@ -559,15 +559,20 @@ def test_readers_the_first_verdict_keeps_on_threads_stay_there(clock):
     assert _run(placement, stats, clock, 0.1, 64, *WAITING) is None and placement.settled
 
 
-def _on_processes(clock):
-    """Readers that parse, measured on threads, moved to processes by the model's word, and the
-    first window there (settled)."""
+def _moved_to_processes(clock):
+    """Readers that parse, measured on threads, moved to processes by the model's word."""
     placement, stats = ReaderPlacement(2, None), _stats()
     _run(placement, stats, clock, 0.01, 16, *PARSING)
     for _ in range(3):
         _run(placement, stats, clock, 0.1, 64, *PARSING)
     assert _run(placement, stats, clock, 0.1, 64, *PARSING) == PROCESS
     placement.moved(PROCESS)
+    return placement, stats
+
+
+def _on_processes(clock):
+    """:func:`_moved_to_processes`, and the first window there (settled)."""
+    placement, stats = _moved_to_processes(clock)
     _run(placement, stats, clock, 0.3, 64, *PARSING)
     return placement, stats
 
@@ -586,12 +591,7 @@ def test_the_windows_while_the_pool_moved_to_ramps_up_are_not_its_measure(clock)
     """The pool the readers moved to starts its reads in flight and fills its read-ahead: what it
     delivers in its first 0.3 s (here a fifth of the threads' rate) is not its measure, and at
     the threads' rate after that the readers stay (they went back to threads on it)."""
-    placement, stats = ReaderPlacement(2, None), _stats()
-    _run(placement, stats, clock, 0.01, 16, *PARSING)
-    for _ in range(3):
-        _run(placement, stats, clock, 0.1, 64, *PARSING)
-    assert _run(placement, stats, clock, 0.1, 64, *PARSING) == PROCESS
-    placement.moved(PROCESS)
+    placement, stats = _moved_to_processes(clock)
     # reading ahead, it delivers an eighth of what it reads
     verdicts = [_run(placement, stats, clock, 0.035, 8, *PARSING, reads=64) for _ in range(8)]
     verdicts += [_run(placement, stats, clock, 0.1, 64, *PARSING) for _ in range(6)]
