@@ -354,7 +354,8 @@ class ThreadReaders(ReaderPool[_ThreadReader]):
         places = [reader.place() for reader in readers]
         for reader in readers:
             reader.close()
-        # no reader is left here: a read still running must not hold the move up
+        # no reader is left here (unless others stay and read on): a read still running must not
+        # hold the move up
         if self.threads is not None and not others_stay:
             self.threads.close(wait=False)
             self.threads = None
