@@ -300,12 +300,10 @@ def targets(
     }
     if budget is not None and BUDGET_CONFIG in results:
         mine, by_key = results[BUDGET_CONFIG], {t.key: t for t in TARGETS}
+        before = tree_before(results)
         out[BUDGET_CONFIG] = {
             "peak_vs_budget": by_key["peak_vs_budget"].check(
-                _ratio(
-                    _held(mine.get(PEAK), tree_before(results)),
-                    _held(budget["growth_mb"], tree_before(results)),
-                )
+                _ratio(_held(mine.get(PEAK), before), _held(budget["growth_mb"], before))
             ),
             "vs_best_dl_in_budget": by_key["vs_best_dl_in_budget"].check(
                 _ratio(mine["throughput"], budget["best_throughput"])

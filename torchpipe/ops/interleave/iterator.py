@@ -24,7 +24,6 @@ from torchpipe.ops.interleave.readers import (
     MAX_PARALLELISM,
     VALUE,
     Reader,
-    ReaderPlace,
     ReaderPool,
     read_ahead_items,
 )
@@ -40,11 +39,6 @@ opened in: opened again in the other pool, an inner dataset that resumes by read
 threads halfway through their shards, re-parsed ~50k records on the GIL: 1-7k records/s for 1.5-5 s,
 against 30-40k). Those that have not ended by then move (one that never ends must not hold the
 other pool up for good)."""
-
-
-def _unread(place: ReaderPlace) -> bool:
-    """Whether a reader at ``place`` gave the consumer nothing yet (it opens elsewhere at no cost)."""
-    return place.inner is None
 
 
 class _DirectInput:
@@ -442,7 +436,8 @@ class InterleaveIterator(Iterator, Tunable):
         if not new.accepts(places, element):
             self._placement.settle()
             return
-        staying = {r for r, place in zip(readers, places) if not _unread(place)}
+        # those the consumer took from (an inner state) stay; the others open there at no cost
+        staying = {r for r, place in zip(readers, places) if place.inner is not None}
         self._pool = new
         parallelism = self._parallelism
         if self._knob is not None:  # the autotuner goes on from the policy's count

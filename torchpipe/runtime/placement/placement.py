@@ -131,8 +131,8 @@ class Placement:
         """Run new calls on ``kind`` with ``count`` threads or processes from now on (at most
         :attr:`most`). What is in flight, made where the calls ran before, is not judged, nor the
         first two results of each worker process or thread (their first calls are cold: a worker
-        faults its ring in, a thread its batches' memory and its arena). ``again``: a new pass goes on where the last
-        one ran its calls."""
+        faults its ring in, a thread its batches' memory and its arena). ``again``: a new pass
+        goes on where the last one ran its calls."""
         if self.most is not None:
             count = min(count, self.most)
             kind = INLINE if count < 1 else kind
@@ -226,15 +226,7 @@ class Placement:
         count = delivered - first
         consumer_s = max(seconds - (inside_s - inside0), 0.0) / count
         waited = grown(delay0, delay) if self.kind == INLINE else 0.0
-        self._review(
-            seconds / count,
-            consumer_s,
-            calls,
-            calls0,
-            full=seconds >= self._driver.cadence.seconds,
-            waited_s=waited,
-            window_s=seconds,
-        )
+        self._review(seconds / count, consumer_s, calls, calls0, seconds, waited)
 
     def _review(
         self,
@@ -242,16 +234,16 @@ class Placement:
         consumer_s: float,
         calls: tuple[int, float, float],
         calls0: tuple[int, float, float],
-        full: bool = True,
-        waited_s: float = 0.0,
-        window_s: float = 0.0,
+        window_s: float,
+        waited_s: float,
     ) -> None:
-        """Judge a window: ``seconds_per_element`` the consumer got, its own ``consumer_s`` an
-        element, the calls' timing totals at its end and start; ``waited_s`` of its ``window_s``
-        seconds this thread waited for a core others held (inline calls run on it: their share of
-        that wait is the machine's load, not the calls', which would otherwise look as if they
-        waited on I/O and ask for threads: ``blobs``' 0.15 ms batches read 0.34 ms of wall to
-        0.07 of CPU on a busy machine, and went to 10 threads)."""
+        """Judge a window of ``window_s`` seconds (a full one lasts the cadence's): the
+        ``seconds_per_element`` the consumer got, its own ``consumer_s`` an element, the calls'
+        timing totals at its end and start; ``waited_s`` of its seconds this thread waited for a
+        core others held (inline calls run on it: their share of that wait is the machine's
+        load, not the calls', which would otherwise look as if they waited on I/O and ask for
+        threads: ``blobs``' 0.15 ms batches read 0.34 ms of wall to 0.07 of CPU on a busy
+        machine, and went to 10 threads)."""
         policy = self.policy
         assert policy is not None and policy.costs is not None  # reviewed: a policy that decided
         per_result = getattr(self.dispatcher.executor, "message_seconds", lambda: None)()
@@ -274,7 +266,7 @@ class Placement:
                 return
             verdict = policy.rebase(policy.costs, cost_scale(before, policy.costs))
         else:
-            verdict = policy.review(seconds_per_element, full)
+            verdict = policy.review(seconds_per_element, window_s >= self._driver.cadence.seconds)
             if verdict == self.kind:
                 self.stayed()
             # Windows in a row must say to leave for an executor only predicted; where to may
