@@ -34,7 +34,8 @@ class TreeMonitor:
     count once per process (an upper bound, as ``ps`` would show); :meth:`pss` counts them once,
     and :meth:`held` counts shared memory once whether a process maps it or not. Every
     ``SAMPLE_S`` the thread reads :meth:`pss_and_held` too and keeps their peaks (``peak_pss``,
-    ``peak_held``, bytes), and the CPU seconds those reads cost it (``sampler_cpu_s``: the kernel
+    ``peak_held``, bytes; ``peak_parts``: what each process held alone at the held peak, and the
+    shared memory gained, MB), and the CPU seconds those reads cost it (``sampler_cpu_s``: the kernel
     walks each process's pages, ~3 ms a process with torch loaded), which :meth:`cpu_seconds`
     leaves out of the tree's. CPU time is remembered per process, so a worker that exits before
     the end still counts.
@@ -50,6 +51,7 @@ class TreeMonitor:
         self.peak_pss: float | None = None
         self.peak_held: float | None = None
         self.start_held: float | None = None  # the tree before the loader: the first reading
+        self.peak_parts: dict[str, float] = {}
         self.sampler_cpu_s = 0.0
         self.samples = 0
         self._thread = threading.Thread(target=self._run, name="bench-monitor", daemon=True)
@@ -74,12 +76,14 @@ class TreeMonitor:
 
     def sample_held(self) -> None:
         """Read what the tree holds now (:meth:`pss_and_held`) and update the peaks."""
-        pss, held = self.pss_and_held()
+        pss, held, parts = self._read_held()
         with self._lock:
             self.samples += 1
             if pss is not None:
                 self.peak_pss = max(self.peak_pss or 0.0, pss)
             if held is not None:
+                if held > (self.peak_held or 0.0):
+                    self.peak_parts = parts
                 self.peak_held = max(self.peak_held or 0.0, held)
                 if self.start_held is None:
                     self.start_held = held
@@ -123,19 +127,31 @@ class TreeMonitor:
 
     def pss_and_held(self) -> tuple[float | None, float | None]:
         """:meth:`pss` and :meth:`held` from one reading of the tree's ``smaps_rollup`` files."""
-        fields = self._rollup(b"Pss:", b"Pss_Shmem:")
+        return self._read_held()[:2]
+
+    def _read_held(self) -> tuple[float | None, float | None, dict[str, float]]:
+        """:meth:`pss_and_held`, and what each process holds alone (PSS without shared memory)
+        and the shared memory gained, in MB, keyed ``name:pid`` and ``shmem``."""
+        parts: dict[str, float] = {}
+        fields = self._rollup(b"Pss:", b"Pss_Shmem:", parts=parts)
         if fields is None:
-            return None, None
+            return None, None, {}
         shmem = system_shmem()
         if shmem is None or self._shmem_at_start is None:
-            return fields[b"Pss:"], None
-        return fields[b"Pss:"], fields[b"Pss:"] - fields[b"Pss_Shmem:"] + max(
-            0, shmem - self._shmem_at_start
-        )
+            return fields[b"Pss:"], None, parts
+        gained = max(0, shmem - self._shmem_at_start)
+        parts["shmem"] = round(gained / 2**20, 1)
+        return fields[b"Pss:"], fields[b"Pss:"] - fields[b"Pss_Shmem:"] + gained, parts
 
-    def _rollup(self, *keys: bytes) -> dict[bytes, int] | None:
-        """The sums over the tree of these ``smaps_rollup`` fields, in bytes (None where unreadable)."""
+    def _rollup(
+        self, *keys: bytes, parts: dict[str, float] | None = None
+    ) -> dict[bytes, int] | None:
+        """The sums over the tree of these ``smaps_rollup`` fields, in bytes (None where
+        unreadable); ``parts`` gets each process's PSS without shared memory, MB."""
         totals = dict.fromkeys(keys, 0)
+        wanted = set(keys) | (
+            {b"Private_Clean:", b"Private_Dirty:"} if parts is not None else set()
+        )
         try:
             processes = [self._root] + self._root.children(recursive=True)
         except psutil.Error:
@@ -146,16 +162,22 @@ class TreeMonitor:
                 with open(f"/proc/{process.pid}/smaps_rollup", "rb") as f:
                     for line in f:
                         key, value, *_ = line.split()
-                        if key in totals:
+                        if key in wanted:
                             found[key] = int(value) * 1024
             except (FileNotFoundError, ProcessLookupError):
                 continue  # exited between the listing and the read
             except (OSError, ValueError):
                 return None
-            if len(found) < len(keys):
+            if any(key not in found for key in keys):
                 return None
-            for key, value in found.items():
-                totals[key] += value
+            for key in keys:
+                totals[key] += found[key]
+            if parts is not None and b"Pss_Shmem:" in found:
+                alone = found[b"Pss:"] - found[b"Pss_Shmem:"]
+                parts[str(process.pid)] = round(alone / 2**20, 1)
+                private = found.get(b"Private_Clean:", 0) + found.get(b"Private_Dirty:", 0)
+                if private:
+                    parts[f"{process.pid} private"] = round(private / 2**20, 1)
         return totals
 
     def cpu_seconds(self) -> float:
@@ -414,6 +436,7 @@ def _memory(monitor: TreeMonitor, pss: float | None, held: float | None) -> dict
         "end_pss_mb": mb(pss),
         "end_held_mb": mb(held),
         "peak_rss_mb": monitor.peak_rss / 2**20,
+        "peak_parts": monitor.peak_parts,
         "held_samples": monitor.samples,
     }
 

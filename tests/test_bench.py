@@ -63,6 +63,7 @@ EPOCH_KEYS = {
     "end_pss_mb",
     "end_held_mb",
     "held_samples",
+    "peak_parts",
     "cpu_s_per_item",
     "others_cpu_share",
     "sampler_cpu_share",
@@ -80,7 +81,7 @@ KEYS = EPOCH_KEYS - {"epoch_rates", "epoch_executors", "steady_throughput"} | {
     "converged",
     "ended_early",
 }
-NUMBERS = KEYS - {"where", "placement", "spread", "runs", "converged", "ended_early"}
+NUMBERS = KEYS - {"where", "placement", "spread", "runs", "converged", "ended_early", "peak_parts"}
 """What one measurement reports as numbers (the fake results of the table tests)."""
 
 

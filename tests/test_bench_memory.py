@@ -48,6 +48,19 @@ def test_the_monitor_keeps_its_first_reading_as_the_tree_before_the_loader():
     assert monitor.peak_held - before > 0.9 * len(block)
 
 
+def test_the_monitor_says_what_each_process_held_at_the_peak():
+    # where a row's peak came from: this process's own pages, apart from shared memory
+    with TreeMonitor() as monitor:
+        block = bytearray(64 * 2**20)
+        block[::4096] = b"\1" * (len(block) // 4096)
+        monitor.sample_held()
+        parts = dict(monitor.peak_parts)
+    del block
+    mine = str(os.getpid())
+    assert parts[mine] >= 64 and parts[f"{mine} private"] >= 64, parts
+    assert "shmem" in parts
+
+
 def test_the_index_and_its_shared_copy_give_the_same_samples():
     index, shared = cow.Index(50), cow.SharedIndex(50)
     assert len(index) == len(shared) == 50
