@@ -1,6 +1,7 @@
 """A batch fetched in this process: torch's collation, its large tensors in reused memory."""
 
 import gc
+import weakref
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ from torchpipe.runtime.recycle import RecycledStack
 
 ROWS = 8
 LARGE = (3, 128, 128)  # 8 rows of float32: 1.5 MB, past RecycledStack's smallest
+PLACED = (3, 192, 192)  # 432 KB of float32: placed in its row as it comes (PLACE_BYTES)
 
 
 def _items(n, offset=0.0):
@@ -121,3 +123,79 @@ def test_a_batch_fetched_here_has_its_elements_heap_kept_for_the_next(monkeypatc
         out = local(batch, (0, batch, list(range(4 * batch, 4 * batch + 4))))
         assert out.shape == (4, 64, 1024) and out[0, 0, 0] == 4 * batch
     assert held == [4 * 64 * 1024 * 4]
+
+
+class _LargeRows(torch.utils.data.Dataset):
+    """Dicts with a 432 KB image (placed in its row), a small tensor and a string; element
+    ``fails`` raises. Each element checks that the last one's image is gone by then: placed in
+    its row of the batch as soon as it was fetched, not kept until the collation."""
+
+    def __init__(self, fails=None):
+        self.fails = fails
+        self.last = None  # a weak reference to the last element's image
+        self.kept_until_collated = 0
+
+    def __len__(self):
+        return 32
+
+    def __getitem__(self, i):
+        if i == self.fails:
+            raise OSError("Truncated File Read")
+        if self.last is not None and self.last() is not None:
+            self.kept_until_collated += 1
+        image = torch.full(PLACED, float(i))
+        self.last = weakref.ref(image)
+        return {"image": image, "small": torch.arange(3) + i, "name": f"x{i}"}
+
+
+def test_a_batch_made_here_places_each_element_in_its_row_as_it_is_fetched():
+    import torchpipe as tp
+    from torchpipe.loader import fetch
+
+    dataset = _LargeRows()
+    memory = RecycledStack()
+    local = fetch.LocalFetch(tp.DataLoader(dataset, batch_size=ROWS), 0, (), memory)
+    assert isinstance(local.fetcher, fetch.PlacingFetch)
+    first = local(0, (0, 0, list(range(ROWS))))
+    second = local(1, (0, 1, list(range(ROWS, 2 * ROWS))))
+    for out, start in ((first, 0), (second, ROWS)):
+        expected = default_collate([dataset[i] for i in range(start, start + ROWS)])
+        assert _same(out, expected)
+    # the elements' images went to their rows as they came (none kept until the collation), the
+    # batch the user holds is not written by the next
+    dataset.kept_until_collated = 0
+    third = local(2, (0, 2, list(range(2 * ROWS, 3 * ROWS))))
+    assert dataset.kept_until_collated == 0 and third["image"][0, 0, 0, 0] == 2 * ROWS
+    assert torch.equal(first["image"][:, 0, 0, 0], torch.arange(ROWS, dtype=torch.float32))
+
+
+def test_torchs_fetcher_keeps_the_elements_until_collated():
+    # the case the placing fetch changes, and the datasets it leaves to torch's fetcher
+    import torchpipe as tp
+    from torchpipe.loader import fetch
+
+    class Items(_LargeRows):
+        def __getitems__(self, indices):
+            return [self[i] for i in indices]
+
+    dataset = Items()
+    local = fetch.LocalFetch(tp.DataLoader(dataset, batch_size=ROWS), 0, (), RecycledStack())
+    assert not isinstance(local.fetcher, fetch.PlacingFetch)
+    local(0, (0, 0, list(range(ROWS))))
+    assert dataset.kept_until_collated == ROWS - 1
+    custom = tp.DataLoader(_LargeRows(), batch_size=ROWS, collate_fn=lambda rows: rows)
+    assert not isinstance(
+        fetch.LocalFetch(custom, 0, (), RecycledStack()).fetcher, fetch.PlacingFetch
+    )
+
+
+def test_an_error_while_placing_names_the_batch_and_the_index():
+    import torchpipe as tp
+
+    loader = tp.DataLoader(_LargeRows(fails=13), batch_size=4, num_workers="auto")
+    with pytest.raises(OSError, match="Truncated File Read") as caught:
+        list(loader)
+    assert (
+        "raised in torchpipe stage DataLoader at batch 3, dataset index 13"
+        in caught.value.__notes__
+    )
