@@ -11,7 +11,8 @@ from torchpipe.ops.interleave.process_readers import CHUNK_ITEMS, IN_FLIGHT
 from torchpipe.ops.interleave.readers import read_ahead_items
 from torchpipe.ops.parallel_map import ParallelMapIterator
 from torchpipe.ops.prefetch import PrefetchIterator
-from torchpipe.testing import reader_capacity, ring_slots
+from torchpipe.runtime.cpu import usable_cpu_count
+from torchpipe.testing import forced_call_costs, move_calls, reader_capacity, ring_slots
 
 NO_TUNER = tp.Options(
     autotune=tp.AutotuneOptions(enabled=False), optimizations={"inject_prefetch": False}
@@ -193,3 +194,38 @@ def test_readers_read_far_ahead_only_with_four_reads_in_flight_a_slot(executor):
         assert far > 2 * usual
         assert read_ahead() == (far + out if deep else usual)
     it.close()
+
+
+def _big_square(x):
+    return x * x
+
+
+@pytest.mark.parametrize("waits", [False, True])
+def test_calls_that_compute_are_tuned_to_one_process_a_core_at_most(waits):
+    """A process past the cores holds a worker's memory and cannot make calls that compute any
+    faster (``bigtensor``'s DSL was tuned to 4 processes on 2 cores); calls that wait may have
+    twice the cores, in a map and in a DataLoader."""
+    cores = usable_cpu_count()
+    costs = {"cpu_s": 0.002 if waits else 0.01, "moves": False}
+    with forced_call_costs(0.01, 0.0, **costs):
+        it = iter(
+            tp.range(10_000)
+            .map(_big_square, num_parallel_calls=tp.AUTOTUNE, executor="auto")
+            .with_options(NO_TUNER)
+        )
+        next(it)
+    move_calls(it, "process", 1)
+    (knob,) = [k for k in find_stage(it, ParallelMapIterator).knobs() if k.name.endswith("lism")]
+    assert knob.maximum == (2 if waits else 1) * cores
+    move_calls(it, "thread", 1)  # threads: as many as calls in flight want
+    assert knob.maximum > 2 * cores
+    it.close()
+    loader = tp.DataLoader(list(range(1000)), batch_size=4, num_workers="auto")
+    with forced_call_costs(0.01, 0.0, **costs):
+        batches = iter(loader)
+    move_calls(batches, "process", 1)
+    (knob,) = batches.knobs()
+    assert knob.maximum == (2 if waits else 1) * cores
+    move_calls(batches, "thread", 1)
+    assert knob.maximum == max(loader.num_workers, 2 * cores)
+    del batches

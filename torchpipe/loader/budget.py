@@ -20,10 +20,11 @@ from torchpipe.loader.memory import (
     workers_fitting,
     workers_within,
 )
+from torchpipe.runtime.cpu import usable_cpu_count
 from torchpipe.runtime.dispatch import Dispatcher
 from torchpipe.runtime.knob import LiveKnob
 from torchpipe.runtime.placement.auto_stage import AutoStage
-from torchpipe.runtime.placement.costs import PROCESS, THREAD
+from torchpipe.runtime.placement.costs import PROCESS, THREAD, most_processes
 from torchpipe.runtime.placement.placement import Placement
 from torchpipe.runtime.processes.pool import ProcessPool
 from torchpipe.runtime.recycle import RecycledStack
@@ -41,6 +42,7 @@ class BudgetedWorkers:
     _executors: AutoStage | None
     _dispatch: Dispatcher
     _num_workers: int
+    _most_workers: int
     _tp_state: Any
     _stage: WeakStage
 
@@ -84,13 +86,25 @@ class BudgetedWorkers:
         return held_here(weakref.ref(self))
 
     def _moved(self, kind: str, workers: int) -> None:
-        """After a move: the worker count later epochs start with. (What this process keeps to
-        make batches, and the parked workers' slots, are the
+        """After a move: the worker count later epochs start with, and the most the autotuner may
+        ask for where the batches now are (on processes, one a core for batches that compute:
+        :func:`~torchpipe.runtime.placement.costs.most_processes`; a budget's cap stands). (What
+        this process keeps to make batches, and the parked workers' slots, are the
         :class:`~torchpipe.runtime.placement.auto_stage.AutoStage`'s: kept only while the batches
         are made here, and given back while a trial runs elsewhere unless :meth:`_pages_back`
         says the budget released them.)"""
         self._tp_state.tuned_workers = workers
         self._num_workers = workers
+        placement = self._placement
+        if self._knob is None or placement is None:
+            return
+        most = self._most_workers
+        if kind == PROCESS:  # one a core for batches that compute (most_processes)
+            policy = placement.policy
+            most = min(most, most_processes(policy.costs if policy else None, usable_cpu_count()))
+        if placement.most is not None:  # a budget's cap stands
+            most = min(most, placement.most)
+        self._knob.maximum = max(most, workers, self._knob.minimum)
 
     def _pages_back(self) -> bool:
         """Whether the parked workers' slots may keep their pages again (not where a budget

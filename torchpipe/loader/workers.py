@@ -245,6 +245,7 @@ class WorkerIterator(
             memory=memory,
         )
         self._dispatch, self._placement = self._executors.dispatcher, self._executors.placement
+        self._most_workers = most  # the knob's maximum, but on processes (_moved)
         self._knob = self._executors.add_knob(0, 0, most, apply=weakly(self.resize))
 
     # The autotuner's contract (core/tunable.py), answered for the WeakStage that holds this weakly.

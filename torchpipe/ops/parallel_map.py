@@ -23,7 +23,15 @@ from torchpipe.runtime.cpu import usable_cpu_count
 from torchpipe.runtime.executor import Executor
 from torchpipe.runtime.knob import LiveKnob
 from torchpipe.runtime.placement.auto_stage import AutoStage, StageCalls, pass_candidates
-from torchpipe.runtime.placement.costs import INLINE, MAX_THREADS, PROCESS, RAY, THREAD, CallCosts
+from torchpipe.runtime.placement.costs import (
+    INLINE,
+    MAX_THREADS,
+    PROCESS,
+    RAY,
+    THREAD,
+    CallCosts,
+    most_processes,
+)
 from torchpipe.runtime.placement.measure import measure_calls
 from torchpipe.runtime.placement.placement import Placement
 from torchpipe.runtime.placement.policy import Policy
@@ -369,11 +377,14 @@ class ParallelMapIterator(Iterator, Tunable):
         return self._ray_pool
 
     def _most(self, kind: str) -> int:
-        """The most calls in flight the autotuner may ask for: processes beyond twice the cores
-        only cost memory; threads wait on I/O; actors as many as the cluster's free CPUs allow."""
+        """The most calls in flight the autotuner may ask for: processes one a core for calls
+        that compute, twice the cores for calls that wait (:func:`most_processes`); threads wait
+        on I/O; actors as many as the cluster's free CPUs allow."""
         if kind == RAY:
             return self._ray_pool.most_actors() if self._ray_pool is not None else self._parallelism
-        return MAX_THREADS if kind != PROCESS else 2 * usable_cpu_count()
+        if kind != PROCESS:
+            return MAX_THREADS
+        return most_processes(self._policy.costs if self._policy else None, usable_cpu_count())
 
     def _moved(self, kind: str, workers: int) -> None:
         self._placement.remember(self._learned)

@@ -124,6 +124,17 @@ def workers(costs: CallCosts, kind: str, cores: int) -> int:
     return max(1, min(2 * cores, wanted))
 
 
+def most_processes(costs: CallCosts | None, cores: int) -> int:
+    """The most worker processes the autotuner may give calls that cost ``costs``: one a core for
+    calls that compute (wall time under :data:`WAITS_FOR_MORE` times their CPU time), twice the
+    cores for calls that wait or whose costs are not known yet. A process past the cores cannot
+    make computing calls faster, only hold a worker's memory more (``bigtensor``'s DSL: tuned to 4
+    processes on 2 cores in some runs, 410-520 MB against torch's 2 workers' 390)."""
+    if costs is None or costs.call_s > WAITS_FOR_MORE * max(costs.cpu_s, 1e-9):
+        return 2 * cores
+    return cores
+
+
 def predict(costs: CallCosts, kind: str, cores: int) -> float:
     """Seconds per element the consumer gets from ``kind`` at steady state.
 
