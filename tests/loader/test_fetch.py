@@ -199,3 +199,21 @@ def test_an_error_while_placing_names_the_batch_and_the_index():
         "raised in torchpipe stage DataLoader at batch 3, dataset index 13"
         in caught.value.__notes__
     )
+
+
+def test_num_workers_0_places_each_element_in_its_row_too():
+    import torchpipe as tp
+
+    dataset = _LargeRows()
+    loader = tp.DataLoader(dataset, batch_size=ROWS)
+    batches = list(loader)
+    assert dataset.kept_until_collated == 0 and len(batches) == len(dataset) // ROWS
+    for k, batch in enumerate(batches):  # every batch kept: none written by a later one
+        expected = default_collate([dataset[i] for i in range(k * ROWS, (k + 1) * ROWS)])
+        assert _same(batch, expected)
+    with pytest.raises(OSError, match="Truncated") as caught:
+        list(tp.DataLoader(_LargeRows(fails=13), batch_size=4))
+    assert (
+        "raised in torchpipe stage DataLoader at batch 3, dataset index 13"
+        in caught.value.__notes__
+    )

@@ -27,7 +27,13 @@ from torchpipe.autotune.report import PipelineStats
 from torchpipe.dataset import Dataset
 from torchpipe.errors import CheckpointError
 from torchpipe.loader.collate import default_collate as column_collate
-from torchpipe.loader.fetch import LoaderNext, fetch_seeded
+from torchpipe.loader.fetch import (
+    LoaderNext,
+    PlacingFetch,
+    fetch_seeded,
+    places,
+    recycling_collate,
+)
 from torchpipe.loader.rebuild import notice_read
 from torchpipe.loader.replicas import MAX_REPLICAS
 from torchpipe.loader.workers import WorkerIterator
@@ -37,6 +43,7 @@ from torchpipe.randomness import mix_seed, sampling_rng_state, set_sampling_rng_
 from torchpipe.runtime.cpu import usable_cpu_count
 from torchpipe.runtime.placement.measure import prepare_measurements
 from torchpipe.runtime.processes.pool import process_executor_supported
+from torchpipe.runtime.recycle import RecycledStack
 
 _FORK = ("fork", None)
 _TORCH_HAS_IN_ORDER = (
@@ -471,11 +478,16 @@ def _skip(iterator: Any, count: int) -> None:
 
 class _InlineIterator(LoaderNext, torch_dataloader._SingleProcessDataLoaderIter):
     """torch's iterator for ``num_workers=0``, whose errors name the batch and the index that failed;
-    torch's ``default_collate`` runs a column at a time (loader/collate.py: the same batches)."""
+    torch's ``default_collate`` runs a column at a time (loader/collate.py: the same batches), and
+    where it can each element's large tensors go to their row of the batch as the element is
+    fetched (:class:`~torchpipe.loader.fetch.PlacingFetch`, in memory reused once a batch is let go)."""
 
     def __init__(self, loader: DataLoader) -> None:
         super().__init__(loader)
-        if self._collate_fn is torch_collate.default_collate:
+        if places(loader):
+            memory = RecycledStack()
+            self._dataset_fetcher = PlacingFetch(self._dataset, recycling_collate(memory), memory)
+        elif self._collate_fn is torch_collate.default_collate:
             self._dataset_fetcher = torch_dataloader._DatasetKind.create_fetcher(
                 self._dataset_kind,
                 self._dataset,

@@ -102,7 +102,7 @@ class PlacingFetch:
             return self.collate_fn(data)
 
 
-def _places(loader: DataLoader) -> bool:
+def places(loader: DataLoader) -> bool:
     """Whether batches made here place their elements as they are fetched (:class:`PlacingFetch`):
     map-style, batched by the loader, with torch's ``default_collate``, and no ``__getitems__``
     (which fetches the batch's elements at once)."""
@@ -325,7 +325,7 @@ class LocalFetch:
             collate_fn = held_while_collated(collate_fn)
         self.fetcher: Any = (
             PlacingFetch(loader.dataset, collate_fn, memory)
-            if _places(loader)
+            if places(loader)
             else torch_dataloader._DatasetKind.create_fetcher(
                 loader._dataset_kind,
                 loader.dataset,
