@@ -181,6 +181,27 @@ def test_slots_a_budget_released_stay_released_when_the_calls_come_back():
     stage.dispatcher.close()
 
 
+def test_a_pool_whose_slots_a_budget_released_is_not_parked_its_workers_go():
+    """Under a RAM budget that released the slots' pages, a trial elsewhere would peak with the
+    parked workers' heaps (``jpeg``'s budget row: 135 MB against its budget of 103, on two threads
+    beside two parked workers): the workers go at once, the zygote stays to fork them again."""
+    budget_released = [True]
+    stage, pool = _stage(pages_back=lambda: not budget_released)
+    stage.placement.move(PROCESS, 2)
+    _run(stage, 0, 4)
+    stage.placement.move(THREAD, 2)
+    _run(stage, 4, 4)
+    assert pool.sizes == [2, 0] and pool.zygote_released == 0 and not pool.closed
+    stage.placement.move(PROCESS, 2)  # back: its workers forked again
+    assert [value[0] for _, value, _ in _run(stage, 8, 4)] == [PROCESS] * 4
+    assert pool.sizes == [2, 0, 2]
+    budget_released.clear()  # no budget binds: parked as before
+    stage.placement.move(THREAD, 2)
+    _run(stage, 12, 4)
+    assert pool.sizes == [2, 0, 2]
+    stage.dispatcher.close()
+
+
 def test_the_heap_is_given_back_when_threads_are_left_or_the_calls_leave_this_process(monkeypatch):
     """Threads' arenas and the inline calls' freed elements are trimmed once nothing here makes
     the results any more; not on a move from inline to threads (the calls still run here)."""

@@ -246,7 +246,9 @@ class AutoStage:
         """What becomes of an executor the calls left, once its tasks are done: the process pool
         is parked with its workers up, so that calls coming back after a window elsewhere (the
         policy trying threads) fork nothing, unless they left it for an executor measured faster
-        (its workers and zygote go then, not a window later); any other is closed. Threads
+        (its workers and zygote go then, not a window later) or a RAM budget released its slots'
+        pages (``pages_back`` says no: its workers go, their heaps would peak with the trial's
+        memory; the zygote stays to fork them again); any other is closed. Threads
         left, or calls gone out of this process, leave heap behind that nothing here reuses (the
         threads' arenas, the inline calls' freed elements): it is given back to the system
         (``malloc_trim``), so that it does not peak with the memory of the executor the calls
@@ -254,6 +256,8 @@ class AutoStage:
         if executor is self._processes:
             if self._processes_lost():
                 self._let_go(executor)
+            elif self._pages_back is not None and not self._pages_back():
+                executor.resize(0)
             else:
                 self._warm = True
             return
