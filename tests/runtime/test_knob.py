@@ -196,10 +196,6 @@ def test_readers_read_far_ahead_only_with_four_reads_in_flight_a_slot(executor):
     it.close()
 
 
-def _big_square(x):
-    return x * x
-
-
 @pytest.mark.parametrize("waits", [False, True])
 def test_calls_that_compute_are_tuned_to_one_process_a_core_at_most(waits):
     """A process past the cores holds a worker's memory and cannot make calls that compute any
@@ -210,7 +206,7 @@ def test_calls_that_compute_are_tuned_to_one_process_a_core_at_most(waits):
     with forced_call_costs(0.01, 0.0, **costs):
         it = iter(
             tp.range(10_000)
-            .map(_big_square, num_parallel_calls=tp.AUTOTUNE, executor="auto")
+            .map(_square, num_parallel_calls=tp.AUTOTUNE, executor="auto")
             .with_options(NO_TUNER)
         )
         next(it)

@@ -115,7 +115,7 @@ def workers(costs: CallCosts, kind: str, cores: int) -> int:
     a process too many holds its share of results in memory for nothing)."""
     if kind == INLINE:
         return 0
-    waits = costs.call_s / max(costs.cpu_s, costs.call_s * 0.05, 1e-9)  # wall per CPU second
+    waits = _wall_per_cpu(costs)
     wanted = math.ceil(cores * waits) if waits >= WAITS_FOR_MORE else cores
     if costs.most is not None:
         wanted = min(wanted, costs.most)
@@ -130,9 +130,12 @@ def most_processes(costs: CallCosts | None, cores: int) -> int:
     cores for calls that wait or whose costs are not known yet. A process past the cores cannot
     make computing calls faster, only hold a worker's memory more (``bigtensor``'s DSL: tuned to 4
     processes on 2 cores in some runs, 410-520 MB against torch's 2 workers' 390)."""
-    if costs is None or costs.call_s > WAITS_FOR_MORE * max(costs.cpu_s, 1e-9):
-        return 2 * cores
-    return cores
+    return 2 * cores if costs is None or _wall_per_cpu(costs) >= WAITS_FOR_MORE else cores
+
+
+def _wall_per_cpu(costs: CallCosts) -> float:
+    """A call's wall seconds per CPU second (at most 20: a call that only waits)."""
+    return costs.call_s / max(costs.cpu_s, costs.call_s * 0.05, 1e-9)
 
 
 def predict(costs: CallCosts, kind: str, cores: int) -> float:
