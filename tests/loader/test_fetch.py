@@ -191,10 +191,13 @@ def test_torchs_fetcher_keeps_the_elements_until_collated():
 
 def test_an_error_while_placing_names_the_batch_and_the_index():
     import torchpipe as tp
+    from torchpipe.testing import forced_call_costs
 
     loader = tp.DataLoader(_LargeRows(fails=13), batch_size=4, num_workers="auto")
+    with forced_call_costs(1e-5, 0.0, moves=False):  # cheap batches: made here, placed
+        batches = iter(loader)
     with pytest.raises(OSError, match="Truncated File Read") as caught:
-        list(loader)
+        list(batches)
     assert (
         "raised in torchpipe stage DataLoader at batch 3, dataset index 13"
         in caught.value.__notes__
