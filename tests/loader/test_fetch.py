@@ -220,3 +220,27 @@ def test_num_workers_0_places_each_element_in_its_row_too():
         "raised in torchpipe stage DataLoader at batch 3, dataset index 13"
         in caught.value.__notes__
     )
+
+
+class _LargeStream(torch.utils.data.IterableDataset):
+    """``n`` elements as ``_LargeRows`` makes them, then the end (or ``fails`` raises there)."""
+
+    def __init__(self, n, fails=None):
+        self.rows, self.n = _LargeRows(fails), n
+
+    def __iter__(self):
+        return (self.rows[i] for i in range(self.n))
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_an_iterable_datasets_batches_place_their_rows_too(drop_last):
+    import torchpipe as tp
+
+    stream = _LargeStream(10)
+    ours = list(tp.DataLoader(stream, batch_size=4, drop_last=drop_last))
+    assert stream.rows.kept_until_collated == 0
+    theirs = list(torch.utils.data.DataLoader(_LargeStream(10), batch_size=4, drop_last=drop_last))
+    assert len(ours) == len(theirs) == (2 if drop_last else 3)
+    assert all(_same(a, b) for a, b in zip(ours, theirs))  # the last, shorter one too
+    with pytest.raises(OSError, match="Truncated"):
+        list(tp.DataLoader(_LargeStream(10, fails=6), batch_size=4))

@@ -30,6 +30,7 @@ from torchpipe.loader.collate import default_collate as column_collate
 from torchpipe.loader.fetch import (
     LoaderNext,
     PlacingFetch,
+    PlacingIterableFetch,
     fetch_seeded,
     places,
     recycling_collate,
@@ -484,9 +485,17 @@ class _InlineIterator(LoaderNext, torch_dataloader._SingleProcessDataLoaderIter)
 
     def __init__(self, loader: DataLoader) -> None:
         super().__init__(loader)
+        memory = RecycledStack()
         if places(loader):
-            memory = RecycledStack()
             self._dataset_fetcher = PlacingFetch(self._dataset, recycling_collate(memory), memory)
+        elif (
+            self._dataset_kind == torch_dataloader._DatasetKind.Iterable
+            and self._auto_collation
+            and self._collate_fn is torch_collate.default_collate
+        ):
+            self._dataset_fetcher = PlacingIterableFetch(
+                self._dataset, recycling_collate(memory), self._drop_last, memory
+            )
         elif self._collate_fn is torch_collate.default_collate:
             self._dataset_fetcher = torch_dataloader._DatasetKind.create_fetcher(
                 self._dataset_kind,

@@ -102,6 +102,38 @@ class PlacingFetch:
             return self.collate_fn(data)
 
 
+class PlacingIterableFetch(torch_fetch._IterableDatasetFetcher):
+    """torch's fetcher of an ``IterableDataset``'s batches (``num_workers=0``, batched by the
+    loader, ``default_collate``) where, as in :class:`PlacingFetch`, each element's large tensors
+    go to their row of the batch as the element comes; the end of the stream and ``drop_last``
+    as torch's (a last, shorter batch is the first rows of its memory)."""
+
+    def __init__(
+        self,
+        dataset: Any,
+        collate_fn: Callable[[list[Any]], Any],
+        drop_last: bool,
+        memory: RecycledStack,
+    ) -> None:
+        super().__init__(dataset, True, collate_fn, drop_last)
+        self._memory = memory
+
+    def fetch(self, possibly_batched_index: list[Any]) -> Any:
+        if self.ended or not self._memory.placing():
+            return super().fetch(possibly_batched_index)
+        wanted, data = len(possibly_batched_index), []
+        with self._memory.rows(wanted) as rows:
+            for j in range(wanted):
+                try:  # the element is placed at once: no name keeps it while the next is made
+                    data.append(rows.place(j, next(self.dataset_iter)))
+                except StopIteration:
+                    self.ended = True
+                    break
+            if not data or (self.drop_last and len(data) < wanted):
+                raise StopIteration
+            return self.collate_fn(data)
+
+
 def places(loader: DataLoader) -> bool:
     """Whether batches made here place their elements as they are fetched (:class:`PlacingFetch`):
     map-style, batched by the loader, with torch's ``default_collate``, and no ``__getitems__``
