@@ -485,18 +485,16 @@ class _InlineIterator(LoaderNext, torch_dataloader._SingleProcessDataLoaderIter)
 
     def __init__(self, loader: DataLoader) -> None:
         super().__init__(loader)
+        if self._collate_fn is not torch_collate.default_collate:
+            return  # a collate_fn of the user's: torch's fetcher as it is
         memory = RecycledStack()
         if places(loader):
             self._dataset_fetcher = PlacingFetch(self._dataset, recycling_collate(memory), memory)
-        elif (
-            self._dataset_kind == torch_dataloader._DatasetKind.Iterable
-            and self._auto_collation
-            and self._collate_fn is torch_collate.default_collate
-        ):
+        elif self._dataset_kind == torch_dataloader._DatasetKind.Iterable and self._auto_collation:
             self._dataset_fetcher = PlacingIterableFetch(
                 self._dataset, recycling_collate(memory), self._drop_last, memory
             )
-        elif self._collate_fn is torch_collate.default_collate:
+        else:
             self._dataset_fetcher = torch_dataloader._DatasetKind.create_fetcher(
                 self._dataset_kind,
                 self._dataset,
