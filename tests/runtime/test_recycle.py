@@ -9,6 +9,7 @@ import torch
 
 import torchpipe as tp
 from torchpipe.ops.collate import collate_in_stage
+from torchpipe.runtime.heap import hold_free
 from torchpipe.runtime.recycle import (
     RECHECK_EVERY,
     RecycledStack,
@@ -182,6 +183,32 @@ def test_buffers_are_not_kept_while_batches_are_made_elsewhere_even_those_lent_t
     again = memory(rows(5))
     del again
     assert memory.free_bytes == 5 * 3 * 8 * 4  # kept again
+
+
+def _mapped(address: int) -> bool:
+    with open("/proc/self/maps") as f:
+        spans = (line.split(None, 1)[0].split("-") for line in f)
+        return any(int(a, 16) <= address < int(b, 16) for a, b in spans)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs /proc")
+def test_a_batch_made_on_a_thread_gives_its_pages_back_once_freed_and_not_kept():
+    """A buffer from the C heap made on a pool thread stayed in that thread's arena once freed,
+    which ``malloc_trim`` does not shrink: its memory is a mapping of its own, gone with it.
+    (The loader's consumer keeps two batches of freed heap, as here: glibc then gives batches of
+    this size from its arenas rather than mappings of their own.)"""
+    hold_free(8 << 20)
+    memory = RecycledStack()
+    made = []
+    worker = threading.Thread(target=lambda: made.append(memory(rows(4, shape=(512, 1024)))))
+    worker.start()
+    worker.join()
+    address = made[0].data_ptr()
+    assert _mapped(address)
+    memory.keep_freed(False)
+    made.clear()
+    gc.collect()
+    assert not _mapped(address)
 
 
 def _rss_bytes() -> int:

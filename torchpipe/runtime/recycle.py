@@ -25,6 +25,7 @@ row of the batch this thread is building (from the second element on), to write 
 from __future__ import annotations
 
 import ctypes
+import mmap
 import os
 import threading
 import weakref
@@ -54,18 +55,25 @@ _building = threading.local()  # the BatchRows this thread is filling, for batch
 _MADV_DONTNEED = 4  # Linux's madvise advice: drop these pages (private ones read as zeros after)
 
 
-class _Buffer(bytearray):
-    """A batch's memory: a bytearray that can be weakly referenced (:data:`_BUFFERS`);
-    ``delivered`` while the batch lent in it is the user's (:func:`delivered`)."""
+class _Buffer(mmap.mmap):
+    """A batch's memory: a private anonymous mapping of its own, weakly referenced
+    (:data:`_BUFFERS`); ``delivered`` while the batch lent in it is the user's
+    (:func:`delivered`). Its pages go back to the system the moment it is freed, whatever thread
+    made it: a buffer from the C heap, made by a pool thread, stays in that thread's arena once
+    freed, whose free top ``malloc_trim`` does not give back (``jpeg``'s DataLoader kept 26 MB of
+    its threads' batches after its calls went back to worker processes)."""
 
-    __slots__ = ("__weakref__", "delivered")
+    __slots__ = ("delivered",)
 
     delivered: bool
+
+    def __new__(cls, nbytes: int) -> _Buffer:
+        return super().__new__(cls, -1, nbytes, flags=mmap.MAP_PRIVATE)
 
 
 _BUFFERS: dict[int, weakref.ref[_Buffer]] = {}
 """Every buffer a :class:`RecycledStack` has made that is alive (lent, or kept for reuse), by the
-address of its memory (a bytearray compares by content: a set would take two zeroed buffers for
+address of its memory (a mapping compares by content: a set would take two zeroed buffers for
 one), which is where a batch stacked in it starts."""
 
 _SCALARS = (str, bytes, int, float, bool)
