@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import gc
 import os
 import signal
 import socket
@@ -203,6 +204,7 @@ def _zygote_main(
     # on its own must die and be replaced like any dead worker.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     forget_batches_in_fork()  # the main process's batches: never read here, nor by the workers
+    gc.freeze()  # the workers' collections leave alone what they share with this process
     zygote = os.getpid()
     while os.getppid() == parent:
         _report_exits(control)
