@@ -10,11 +10,13 @@ import psutil
 import torch
 
 import torchpipe as tp
-from tests.loader.test_memory import Busy, wait_until
+from tests.loader.test_memory import Busy, SlotPool, wait_until
 from tests.runtime.processes.test_output import PAGE, resident_bytes
 from torchpipe.loader import budget as budget_module
 from torchpipe.loader import memory as loader_memory
-from torchpipe.loader.budget import held_here
+from torchpipe.loader.budget import BudgetedWorkers, held_here
+from torchpipe.loader.memory import LoaderMemory, hold_peak, predicted_peak
+from torchpipe.runtime.processes.output import slot_bytes
 from torchpipe.testing import forced_call_costs, move_calls, worker_rings
 
 
@@ -53,10 +55,11 @@ def test_over_its_budget_a_loader_gives_up_workers_then_slots_and_loses_no_batch
     shed = memory["shed"]
     assert shed and shed[-1] == "the workers' zygote"  # no worker process fits in one byte
     steps = [s.split(":")[0] for s in shed]
-    slots, last = steps.index("a ring slot"), steps.index("the last worker")
-    # held on the predicted peak: capped at one worker before the first move (3 asked), its slots'
-    # pages given back once released, then its slots, then the last worker
-    assert steps[:2] == ["workers past 1", "slot pages"] and 2 <= slots < last
+    # held on the predicted peak: capped at one worker before the first move (3 asked), one
+    # batch in flight (its slots kept), then its slots' pages given back once released, then
+    # the last worker
+    assert steps[:3] == ["workers past 1", "batches in flight", "slot pages"], shed
+    assert steps.index("the last worker") > 2 and "a ring slot" not in steps
     assert lean.stats()[0]["executor"] == "inline"  # capped at 0 by the budget, whatever measured
     left = {p.pid for p in psutil.Process().children(recursive=True)} - before
     assert not left  # nor the workers' zygote, once they are gone
@@ -228,3 +231,53 @@ def test_a_worker_placements_predicted_peak_leaves_out_what_batches_made_here_ho
     assert predicted and all(here == now for here, now in predicted)
     made.clear()
     del it  # its workers go with it
+
+
+class InFlightPool(SlotPool):
+    def set_per_worker(self, n):
+        self.per_worker = n
+
+
+class Budgeted(BudgetedWorkers):
+    """The budget's part of a worker iterator, over a pool without processes."""
+
+    def __init__(self, memory, pool, factor=2, auto=True):
+        self._memory, self._pool = memory, pool
+        self._placement = object() if auto else None  # num_workers="auto" has a placement
+        self._factor = self._asked_factor = factor
+
+
+def test_a_budget_that_binds_keeps_one_batch_in_flight_a_worker_before_any_slot_faults(monkeypatch):
+    """With num_workers="auto", where 2 workers' slots with prefetch_factor batches in flight
+    each are predicted past the budget and with one batch each are not: one batch in flight a
+    worker, every slot keeping its pages (no page faults; a slot less than released ones hold);
+    prefetch_factor again once a budget has room for it. A count the user chose keeps its
+    prefetch_factor (its slots give their pages back instead)."""
+    monkeypatch.setattr(loader_memory, "SETTLE_S", 0.0)
+    batch = 8 * 2**20
+    pool = InFlightPool(size=2)
+    memory = LoaderMemory(budget=1.0, given=True)
+    memory.alone = {11: batch, 12: batch}
+    full = predicted_peak(memory, pool, 2, batch, 0.0, kept=True)
+    one = predicted_peak(memory, pool, 2, batch, 0.0, kept=True, in_flight=1)
+    assert one == full - 2 * slot_bytes(batch)
+    assert one < predicted_peak(memory, pool, 2, batch, 0.0, kept=False)  # fewer than released
+    memory.budget = (one + full) / 2
+    budgeted = Budgeted(memory, pool)
+    budgeted._fit_in_flight(2, batch, 0.0)
+    assert budgeted._factor == pool.per_worker == 1
+    assert not hold_peak(memory, pool, 2, batch, 0.0) and pool.switched == []  # pages kept
+    report = memory.report()
+    assert report["in_flight"] == 1 and "past the budget" in report["in_flight_why"]
+    assert report["shed"][-1].startswith("batches in flight: 1 a worker, their slots kept")
+    budgeted._fit_in_flight(2, batch, 0.0)  # between: as it is
+    assert budgeted._factor == 1
+    memory.budget = full / loader_memory.ROOM_SHARE + 2**20  # the budget frees
+    memory.held = batch  # and the last reading has the room
+    budgeted._fit_in_flight(2, batch, 0.0)
+    assert budgeted._factor == pool.per_worker == 2 and memory.report()["in_flight"] == 2
+    assert "within 80%" in memory.report()["in_flight_why"]
+    fixed = Budgeted(LoaderMemory(budget=(one + full) / 2, given=True), InFlightPool(2), auto=False)
+    fixed._memory.alone = memory.alone
+    fixed._fit_in_flight(2, batch, 0.0)
+    assert fixed._factor == fixed._pool.per_worker == 2

@@ -128,6 +128,8 @@ class LoaderMemory:
         self.over = False
         self.shed_steps: list[str] = []  # what was given up, in order, for stats()
         self.slot_pages, self.slot_pages_why = "kept", "no budget has bound"  # for stats()
+        self.in_flight: int | None = None  # batches in flight a worker, once a budget set them
+        self.in_flight_why = "no budget has bound"
         self.warned = False
         self._settled_at = 0.0
         self._stop = threading.Event()
@@ -211,6 +213,8 @@ class LoaderMemory:
             "shed": list(self.shed_steps),
             "slot_pages": self.slot_pages,
             "slot_pages_why": self.slot_pages_why,
+            "in_flight": self.in_flight,
+            "in_flight_why": self.in_flight_why,
         }
 
     def _run(self, holdings: Holdings, stop: threading.Event) -> None:
@@ -261,17 +265,24 @@ def release_slot_pages(memory: LoaderMemory, pool: Any) -> bool:
         return False
     pool.set_slot_pages(False)
     trim_heap()
-    why = f"{_mib(memory.held)} held, past the budget of {_mib(memory.budget)}"
+    why = f"{mib(memory.held)} held, past the budget of {mib(memory.budget)}"
     memory.slot_pages, memory.slot_pages_why = "released", f"{why}: {pool.size} workers kept"
     memory.shed(f"slot pages: released once their batch is ({why})")
     return True
 
 
 def predicted_peak(
-    memory: LoaderMemory, pool: Any, workers: int, batch_bytes: float, here: float, kept: bool
+    memory: LoaderMemory,
+    pool: Any,
+    workers: int,
+    batch_bytes: float,
+    here: float,
+    kept: bool,
+    in_flight: int | None = None,
 ) -> float:
     """What the loader will hold at its worst moment with ``workers`` workers, their slots keeping
-    their pages (``kept``) or not: each worker at the most one of the workers was read to hold
+    their pages (``kept``) or not, each with ``in_flight`` batches in flight (None: as many as
+    now): each worker at the most one of the workers was read to hold
     alone, or a batch (its samples, which a reading between batches misses), or before any was
     read two (its first result travels in a segment of its own until its ring is sized), and
     every slot resident that may be (kept: each worker's batches in flight and the one the
@@ -281,9 +292,10 @@ def predicted_peak(
     # unread: a batch's samples, and its result in a segment of its own until the ring is sized
     heap = max((n for pid, n in memory.alone.items() if pid != zygote), default=2 * batch_bytes)
     slot = slot_bytes(int(batch_bytes))
-    in_flight = max(pool.per_worker, pool.threads)
+    now = max(pool.per_worker, pool.threads)
+    in_flight = now if in_flight is None else max(in_flight, pool.threads)
     rings = workers * (in_flight + 1) * slot if kept else (workers * in_flight + 1) * slot
-    if kept and workers >= pool.size:
+    if kept and workers >= pool.size and in_flight >= now:
         rings = max(rings, pool.ring_bytes)  # a ring with a slot more where the consumer held more
     held_by_zygote = memory.alone.get(zygote, 0.0) if zygote is not None else 0.0
     return here + held_by_zygote + workers * max(heap, batch_bytes) + rings
@@ -303,18 +315,18 @@ def hold_peak(
     if pool.slot_pages and kept > memory.budget:
         pool.set_slot_pages(False)
         trim_heap()
-        why = f"{_mib(kept)} predicted at the peak with {workers} workers' slots resident"
+        why = f"{mib(kept)} predicted at the peak with {workers} workers' slots resident"
         memory.slot_pages, memory.slot_pages_why = (
             "released",
-            f"{why}, past the budget of {_mib(memory.budget)}",
+            f"{why}, past the budget of {mib(memory.budget)}",
         )
         memory.shed(f"slot pages: released once their batch is ({why})")
     elif not pool.slot_pages and memory.settled and kept <= ROOM_SHARE * memory.budget:
         pool.set_slot_pages(True)
         memory.slot_pages = "kept"
         memory.slot_pages_why = (
-            f"{_mib(kept)} predicted at the peak with {workers} workers' slots resident is within "
-            f"{ROOM_SHARE:.0%} of the budget of {_mib(memory.budget)}"
+            f"{mib(kept)} predicted at the peak with {workers} workers' slots resident is within "
+            f"{ROOM_SHARE:.0%} of the budget of {mib(memory.budget)}"
         )
         memory.settle()
     return (
@@ -324,19 +336,25 @@ def hold_peak(
 
 
 def workers_fitting(
-    memory: LoaderMemory, pool: Any, most: int, batch_bytes: float, here: float
+    memory: LoaderMemory,
+    pool: Any,
+    most: int,
+    batch_bytes: float,
+    here: float,
+    in_flight: int | None = None,
 ) -> int:
     """The most workers, up to ``most`` and at least one, whose predicted peak with released slots
-    (:func:`predicted_peak`) is within the budget: the cap a loader sets before it adds workers."""
+    and ``in_flight`` batches in flight each (None: as many as now; :func:`predicted_peak`) is
+    within the budget: the cap a loader sets before it adds workers."""
     fits = (
         n
         for n in range(most, 1, -1)
-        if predicted_peak(memory, pool, n, batch_bytes, here, False) <= memory.budget
+        if predicted_peak(memory, pool, n, batch_bytes, here, False, in_flight) <= memory.budget
     )
     return next(fits, 1)
 
 
-def _mib(nbytes: float) -> str:
+def mib(nbytes: float) -> str:
     return f"{nbytes / 2**20:.0f} MiB"
 
 

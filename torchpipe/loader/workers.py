@@ -97,7 +97,7 @@ class WorkerIterator(
         interrupts.watch()
         super().__init__(loader)
         self._in_order = loader.in_order
-        self._factor = loader.prefetch_factor or 2
+        self._factor = self._asked_factor = loader.prefetch_factor or 2
         self._tp_state = state = vars(loader)["_tp"]
         iterable = self._dataset_kind == torch_dataloader._DatasetKind.Iterable
         self._auto = state.workers_auto and not iterable
