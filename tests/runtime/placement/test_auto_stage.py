@@ -39,7 +39,7 @@ class _Pool(ThreadExecutor):
         super().close()
 
 
-def _stage(policy=None, moves=None, pages_back=None):
+def _stage(policy=None, moves=None, pages_back=None, parks=None):
     pool = _Pool()
 
     def processes(workers):
@@ -49,7 +49,14 @@ def _stage(policy=None, moves=None, pages_back=None):
     calls = StageCalls(lambda seq, x: (INLINE, x), lambda seq, x: (THREAD, x), processes=processes)
     on_move = (lambda kind, n: moves.append((kind, n))) if moves is not None else None
     stage = AutoStage(
-        "map(f)", calls, CallTiming(), policy, stall_s=10.0, on_move=on_move, pages_back=pages_back
+        "map(f)",
+        calls,
+        CallTiming(),
+        policy,
+        stall_s=10.0,
+        on_move=on_move,
+        pages_back=pages_back,
+        parks=parks,
     )
     return stage, pool
 
@@ -181,12 +188,13 @@ def test_slots_a_budget_released_stay_released_when_the_calls_come_back():
     stage.dispatcher.close()
 
 
-def test_a_pool_whose_slots_a_budget_released_is_not_parked_its_workers_go():
-    """Under a RAM budget that released the slots' pages, a trial elsewhere would peak with the
-    parked workers' heaps (``jpeg``'s budget row: 135 MB against its budget of 103, on two threads
-    beside two parked workers): the workers go at once, the zygote stays to fork them again."""
+def test_a_pool_under_a_budget_that_binds_is_not_parked_its_workers_go():
+    """Under a RAM budget that binds (slots released, or fewer batches in flight), a trial
+    elsewhere would peak with the parked workers' heaps (``jpeg``'s budget row: 135 MB against
+    its budget of 103, on two threads beside two parked workers): the workers go at once, the
+    zygote stays to fork them again."""
     budget_released = [True]
-    stage, pool = _stage(pages_back=lambda: not budget_released)
+    stage, pool = _stage(parks=lambda: not budget_released)
     stage.placement.move(PROCESS, 2)
     _run(stage, 0, 4)
     stage.placement.move(THREAD, 2)
