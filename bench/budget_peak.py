@@ -152,16 +152,22 @@ def trial(name: str, config: str, budget_mb: float | None) -> dict[str, Any]:
             if now - start > SECONDS:
                 break
         elapsed = time.perf_counter() - (first or start)
-        memory = None
+        memory, where = None, None
         if hasattr(loader, "stats"):
             found = loader.stats()
             memory = found[0].get("memory") if found else None
+            where = f"{found[0].get('executor')} x{found[0].get('workers')}" if found else None
         if hasattr(iterator, "close"):
             iterator.close()
         elif hasattr(iterator, "_shutdown_workers"):
             iterator._shutdown_workers()
     peak = max(monitor.peak_held or 0.0, before)
-    return {"peak_mb": (peak - before) / 2**20, "throughput": units / elapsed, "memory": memory}
+    return {
+        "peak_mb": (peak - before) / 2**20,
+        "throughput": units / elapsed,
+        "memory": memory,
+        "where": where,
+    }
 
 
 def _run(name: str, config: str, budget_mb: float | None = None) -> dict[str, Any]:

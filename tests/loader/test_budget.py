@@ -3,6 +3,7 @@ ring slots given up past it, batches made here counted, a user's count kept with
 and what each move leaves behind."""
 
 import time
+import types
 import warnings
 import weakref
 
@@ -243,7 +244,8 @@ class Budgeted(BudgetedWorkers):
 
     def __init__(self, memory, pool, factor=2, auto=True):
         self._memory, self._pool = memory, pool
-        self._placement = object() if auto else None  # num_workers="auto" has a placement
+        # num_workers="auto" has a placement, no cap here
+        self._placement = types.SimpleNamespace(most=None) if auto else None
         self._factor = self._asked_factor = factor
 
 
