@@ -163,13 +163,14 @@ def worker_rings(pool: ProcessPool) -> list[list[Any]]:
 
 
 def ring_slots(iterator: Any) -> list[int]:
-    """The slots of each worker's newest ring in the process pools a running pass or DataLoader
-    iterator holds: the results the worker may have in flight and held at once."""
+    """The slots of each worker's rings in use (its newest ring and its spare) in the process
+    pools a running pass or DataLoader iterator holds: the results the worker may have in flight
+    and held at once."""
     return [
-        rings[-1].slots
+        sum(ring.slots for ring in rings if not ring.closed)
         for pool in _process_pools(iterator)
         for rings in worker_rings(pool)
-        if rings
+        if any(not ring.closed for ring in rings)
     ]
 
 

@@ -58,6 +58,11 @@ def test_a_slot_holds_a_record_of_its_first_result_with_headroom_in_whole_pages(
         assert slot_bytes(n) % PAGE == 0 and need <= slot_bytes(n) < need + PAGE + 64
 
 
+def resident(rings):
+    """The resident bytes of a worker's ring and its spare."""
+    return sum(resident_bytes(ring) for ring in rings)
+
+
 @pytest.mark.parametrize(
     ("per_worker", "allocate", "held", "slots"),
     [
@@ -146,24 +151,24 @@ def test_an_idle_worker_gives_back_its_free_slots_pages_and_faults_them_in_again
     pool = ProcessPool(filled, 1, "m", per_worker=2)
     pool.start()
     try:
-        n = 1 << 20  # 8 MB results: a ring of 3 slots
+        n = 1 << 20  # 8 MB results: a ring of 2 slots and a spare of 1
         results = run_all(pool, [n] * 6)
         kept = results[5][0]
         del results
         gc.collect()
-        (ring,) = worker_rings(pool)[0][-1:]
+        ring, spare = rings = worker_rings(pool)[0][-2:]
         # held at once: every slot written (a slot's pages are allocated as they are written)
-        assert ring.slots == 3 and resident_bytes(ring) >= 3 * 8 * n
+        assert (ring.slots, spare.slots) == (2, 1) and resident(rings) >= 3 * 8 * n
         deadline = time.monotonic() + 20
-        while resident_bytes(ring) > ring.slot_bytes + 4 * PAGE and time.monotonic() < deadline:
+        while resident(rings) > ring.slot_bytes + 4 * PAGE and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert resident_bytes(ring) <= ring.slot_bytes + 4 * PAGE  # the held slot's pages stay
+        assert resident(rings) <= ring.slot_bytes + 4 * PAGE  # the held slot's pages stay
         assert torch.equal(kept, filled(5, n))
         del kept
         gc.collect()
         again = run_all(pool, [n] * 3)
         assert all(torch.equal(again[seq][0], filled(seq, n)) for seq in range(3))
-        assert resident_bytes(ring) >= 2 * 8 * n  # written again: faulted in
+        assert resident(rings) >= 2 * 8 * n  # written again: faulted in
     finally:
         pool.close()
 
@@ -176,25 +181,25 @@ def test_slots_a_consumer_that_keeps_up_leaves_unwritten_give_their_pages_back(m
     pool = ProcessPool(filled, 1, "m", per_worker=2)
     pool.start()
     try:
-        n = 1 << 18  # 2 MB results: a ring of 3 slots
+        n = 1 << 18  # 2 MB results: a ring of 2 slots and a spare of 1
         held = run_all(pool, [n] * 3)  # fell behind: every slot written
-        (ring,) = worker_rings(pool)[0][-1:]
-        assert resident_bytes(ring) >= 3 * 8 * n
+        ring, _ = rings = worker_rings(pool)[0][-2:]
+        assert resident(rings) >= 3 * 8 * n
         del held
         gc.collect()
         deadline = time.monotonic() + 20
         kept_up = 0
-        while resident_bytes(ring) > ring.slot_bytes + 4 * PAGE and time.monotonic() < deadline:
+        while resident(rings) > ring.slot_bytes + 4 * PAGE and time.monotonic() < deadline:
             (value, error) = run_all(pool, [n])[0]  # taken, then let go, before the next
             assert error is None and torch.equal(value, filled(0, n))
             del value
             kept_up += 1
             time.sleep(0.01)
-        assert resident_bytes(ring) <= ring.slot_bytes + 4 * PAGE  # the first slot only
+        assert resident(rings) <= ring.slot_bytes + 4 * PAGE  # the first slot only
         assert kept_up >= 1  # while results kept coming (a task each ~10 ms: never idle)
         held = run_all(pool, [n] * 3)  # behind again: the slots are written again
         assert all(torch.equal(value, filled(seq, n)) for seq, (value, _) in held.items())
-        assert resident_bytes(ring) >= 3 * 8 * n
+        assert resident(rings) >= 3 * 8 * n
     finally:
         pool.close()
 
@@ -277,5 +282,29 @@ def test_a_consumer_that_steadily_holds_more_results_than_it_said_gets_a_slot_fo
         ]  # keeps everything
         assert pool.ring_bytes == (3 + output.HELD_MORE) * slot  # the limit: the rest in segments
         assert all(torch.equal(v, filled(s, 3000)) for s, v in kept) and len(values) == 2
+    finally:
+        pool.close()
+
+
+def test_a_consumer_that_holds_one_result_while_the_next_comes_keeps_two_slots_resident():
+    """#58: 2 in flight and 1 held make 3 slots, but a consumer that holds one result while the
+    next arrives has 2 in use at once. A ring turns through all its slots while it never
+    empties: the third slot is a spare ring's, written only where a third is held."""
+    pool = ProcessPool(filled, 1, "m", per_worker=2)
+    pool.start()
+    try:
+        n = 1 << 18  # 2 MB results
+        last = run_all(pool, [n])[0][0]
+        for _ in range(12):  # the last one held while the next is made and taken
+            value, error = run_all(pool, [n])[0]
+            assert error is None and torch.equal(value, filled(0, n))
+            last = value
+        ring, spare = worker_rings(pool)[0][-2:]
+        assert ring.slots == 2 and spare.slots == 1
+        assert resident_bytes(spare) <= PAGE  # never written (its header page only)
+        assert resident_bytes(ring) >= 2 * 8 * n
+        held = run_all(pool, [n] * 3)  # three held at once: the spare's slot too, no segment
+        assert all(torch.equal(v, filled(s, n)) for s, (v, _) in held.items())
+        assert resident_bytes(spare) >= 8 * n and torch.equal(last, filled(0, n))
     finally:
         pool.close()

@@ -3,7 +3,10 @@
 A worker's ring holds exactly the results the main process may hold from it at once: the tasks
 it may have in flight and undelivered, plus the one the consumer holds (none where each result is
 copied out as it arrives). The pool tells the worker that count (``("slots", n)``). The worker's
-first result sizes the ring: ``n`` slots of :func:`slot_bytes` each. A result larger than a slot,
+first result sizes the ring: ``n`` slots of :func:`slot_bytes` each, the last of them (where
+``n`` is 2 or more) a ring of its own, the spare, written only where a result finds the others
+all held: a ring turns through all its slots while it never empties, so a consumer that holds
+one result while the next comes kept every slot resident with two in use. A result larger than a slot,
 or one that finds every slot still held, goes to a one-off segment, freed when the main process is
 done with it, as torch's DataLoader frees each batch (where most results outgrow the slots, the
 first result was not typical: a ring of as many, larger slots replaces it; where a consumer
@@ -108,6 +111,11 @@ class Output:
         self._asked = max(1, slots)
         self._more = 0  # slots added for results held beyond those asked for (HELD_MORE at most)
         self._ring: ShmRing | None = None  # the ring in use: None until the next result sizes it
+        self._ring_index = -1  # its index in rings
+        # the spare: a ring of one slot, made when a result finds the ring's slots all held
+        self._spare: ShmRing | None = None
+        self._spare_index = -1
+        self._spare_at: float | None = None  # when it was last written (None: no pages held)
         self._sized = False  # whether that result came (a ring of no slots is none at all)
         # too large, of the last
         self._outgrown: collections.deque[bool] = collections.deque(maxlen=_SIZE_WINDOW)
@@ -186,10 +194,13 @@ class Output:
             self._write(seq, encoded, _cost(clock, counts))
             self.written += 1
 
-    def _add_ring(self, capacity: int, slot: int = 0, replaces: bool = False) -> ShmRing:
+    def _add_ring(
+        self, capacity: int, slot: int = 0, replaces: bool = False, first_slot: bool = True
+    ) -> ShmRing:
         """A new ring, announced to the main process; ``replaces``: the older rings take no more
-        records (the main process lets go of each once its records are back)."""
-        ring = ShmRing.create(capacity, slot)
+        records (the main process lets go of each once its records are back); ``first_slot``:
+        its first slot's pages allocated now."""
+        ring = ShmRing.create(capacity, slot, first_slot)
         if replaces:
             for old in self.rings:
                 old.close()  # the main process's mapping stays while it holds records there
@@ -222,8 +233,11 @@ class Output:
         encoded.write_into(reservation.buffer)
         offset, nbytes = self.rings[index].commit(reservation)
         now = time.monotonic()
-        self._written.add(offset)
-        self._written_at[offset] = now
+        if index == self._spare_index:
+            self._spare_at = now
+        else:
+            self._written.add(offset)
+            self._written_at[offset] = now
         self._send(("ring", seq, index, offset, nbytes, *cost))
         self._give_back_cold(now)
 
@@ -251,6 +265,8 @@ class Output:
             self._sized = False  # the next result sizes a ring again
         elif lost_ring is not None and self._ring is self.rings[lost_ring]:
             self._ring = None  # every result in the channel
+        elif lost_ring is not None and self._spare is self.rings[lost_ring]:
+            self._spare = None
 
     def set_slot_pages(self, keep: bool) -> None:
         """Whether slots keep their pages once the main process released their result (no page
@@ -279,11 +295,22 @@ class Output:
 
     def _give_back_released(self) -> int:
         ring = self._ring
-        if not self._release or self._closed or ring is None or not self._written:
+        if not self._release or self._closed or ring is None:
             return 0
+        given = self._give_back_spare()
+        if not self._written:
+            return given
         released = ring.free_slots() & self._written
         self._written -= released
-        return ring.give_back_free_slots(only=released) if released else 0
+        return given + (ring.give_back_free_slots(only=released) if released else 0)
+
+    def _give_back_spare(self) -> int:
+        """The spare's slot gives its pages back if it holds none (the lock is held)."""
+        spare = self._spare
+        if spare is None or self._spare_at is None or not spare.free_slots():
+            return 0
+        self._spare_at = None
+        return spare.give_back_free_slots()
 
     def _give_back_cold(self, now: float) -> None:
         """Slots unwritten for :data:`IDLE_S` give their pages back (the lock is held): a consumer
@@ -293,6 +320,8 @@ class Output:
         if now < self._next_cold or ring is None or self._closed:
             return
         self._next_cold = now + IDLE_S / 4
+        if self._spare_at is not None and now - self._spare_at >= IDLE_S:
+            self._give_back_spare()
         cold = {o for o in self._written if now - self._written_at.get(o, now) >= IDLE_S}
         cold &= ring.free_slots()
         if cold:
@@ -307,7 +336,7 @@ class Output:
                 return 0
             # a slot the main process still holds is given back once released, under a budget
             self._written -= self._ring.free_slots()
-            return self._ring.give_back_free_slots()
+            return self._give_back_spare() + self._ring.give_back_free_slots()
 
     def _reserve(self, nbytes: int) -> tuple[int, Reservation] | None:
         """Room for a record of ``nbytes`` in the ring (the lock is held); None: a one-off segment
@@ -323,7 +352,14 @@ class Output:
         ring = self._ring
         if ring is None or not ring.fits(nbytes):
             return None
-        reservation = ring.reserve(nbytes, timeout=RING_GRACE_S)
+        # a slot of its own for a result held beyond the ring's
+        spare = self._spare is not None
+        reservation = ring.reserve(nbytes, timeout=0.0 if spare else RING_GRACE_S)
+        if reservation is None and self._spare is not None:
+            found = self._spare.reserve(nbytes, timeout=RING_GRACE_S)
+            if found is not None:
+                self._all_held.append(False)
+                return self._spare_index, found
         self._all_held.append(reservation is None)
         if sum(self._all_held) >= _HELD_AFTER and self._more < HELD_MORE and not self._release:
             self._more, self._sized = (
@@ -331,7 +367,7 @@ class Output:
                 False,
             )  # the next result makes a ring with one more
             self._keep_slot = ring.slot_bytes  # of these slots (that result may be an odd one)
-        return (len(self.rings) - 1, reservation) if reservation is not None else None
+        return (self._ring_index, reservation) if reservation is not None else None
 
     def _in_ring(self, nbytes: int) -> tuple[int, Reservation] | None:
         """Room in the ring as it is (none is added: no descriptor can be sent)."""
@@ -356,10 +392,20 @@ class Output:
         self._all_held.clear()
         slot, self._keep_slot = self._keep_slot or slot_bytes(nbytes), 0
         slots = min(self._slots, self._limit // slot)
-        if slots:
-            self._ring = self._add_ring(slots * slot, slot, replaces=bool(self.rings))
+        # the last slot is a spare ring's: a ring turns through all its slots while it never
+        # empties, so one whose results the consumer takes as they come (two at most in use at
+        # once, of three) kept all three resident; the spare is written only where the consumer
+        # held one more, and goes cold otherwise
+        self._spare, self._spare_index, self._spare_at = None, -1, None
+        ring_slots = slots - 1 if slots >= 2 else slots
+        if ring_slots:
+            self._ring = self._add_ring(ring_slots * slot, slot, replaces=bool(self.rings))
+            self._ring_index = len(self.rings) - 1
             self._written = {0}  # allocated with the ring; the others as they are written
             self._written_at = {0: time.monotonic()}
+        if slots >= 2:  # its slot allocated as it is first written
+            self._spare = self._add_ring(slot, slot, first_slot=False)
+            self._spare_index = len(self.rings) - 1
 
 
 def _cost(clock: CallClock, counts: Tally) -> Cost:

@@ -154,13 +154,15 @@ class ShmRing:
         self._finalizer = weakref.finalize(self, unmap, fd, mapping, (self._words, self._data, buf))
 
     @classmethod
-    def create(cls, capacity: int, slot_bytes: int = 0) -> ShmRing:
+    def create(cls, capacity: int, slot_bytes: int = 0, first_slot: bool = True) -> ShmRing:
         """A new, empty ring with at least ``capacity`` bytes of data area.
 
         Args:
             capacity: rounded up to a multiple of the page (and of ``slot_bytes``).
             slot_bytes: 0 for records of their own size; else the size of the slot every record
                 takes, a multiple of the page: a ring of ``capacity // slot_bytes`` slots.
+            first_slot: a ring of slots allocates its first slot now (False: when first written,
+                as the others).
 
         Raises:
             ValueError: ``capacity`` is not a positive int, or ``slot_bytes`` not a multiple of
@@ -184,7 +186,8 @@ class ShmRing:
         # A ring of slots allocates and maps its first slot now, the others as they are first
         # written: slots a consumer that keeps up never needs take no memory (see _rewind_if_empty).
         size = _DATA_START + capacity
-        fd = new_memfd("torchpipe-ring", size, _DATA_START + slot_bytes if slot_bytes else size)
+        first = slot_bytes if first_slot else 0
+        fd = new_memfd("torchpipe-ring", size, _DATA_START + first if slot_bytes else size)
         try:
             mapping = map_memfd(fd, size, populate=not slot_bytes)
         except BaseException:
