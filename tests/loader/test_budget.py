@@ -3,6 +3,7 @@ ring slots given up past it, batches made here counted, a user's count kept with
 and what each move leaves behind."""
 
 import time
+import types
 import warnings
 import weakref
 
@@ -243,7 +244,8 @@ class Budgeted(BudgetedWorkers):
 
     def __init__(self, memory, pool, factor=2, auto=True):
         self._memory, self._pool = memory, pool
-        self._placement = object() if auto else None  # num_workers="auto" has a placement
+        # num_workers="auto" has a placement, no cap here
+        self._placement = types.SimpleNamespace(most=None) if auto else None
         self._factor = self._asked_factor = factor
 
 
@@ -267,6 +269,7 @@ def test_a_budget_that_binds_keeps_one_batch_in_flight_a_worker_before_any_slot_
     budgeted._fit_in_flight(2, batch, 0.0)
     assert budgeted._factor == pool.per_worker == 1
     assert not hold_peak(memory, pool, 2, batch, 0.0) and pool.switched == []  # pages kept
+    assert not budgeted._parks()  # a budget binds: no workers kept up during a trial elsewhere
     report = memory.report()
     assert report["in_flight"] == 1 and "past the budget" in report["in_flight_why"]
     assert report["shed"][-1].startswith("batches in flight: 1 a worker, their slots kept")
@@ -276,6 +279,7 @@ def test_a_budget_that_binds_keeps_one_batch_in_flight_a_worker_before_any_slot_
     memory.held = batch  # and the last reading has the room
     budgeted._fit_in_flight(2, batch, 0.0)
     assert budgeted._factor == pool.per_worker == 2 and memory.report()["in_flight"] == 2
+    assert budgeted._parks()
     assert "within 80%" in memory.report()["in_flight_why"]
     fixed = Budgeted(LoaderMemory(budget=(one + full) / 2, given=True), InFlightPool(2), auto=False)
     fixed._memory.alone = memory.alone

@@ -242,6 +242,7 @@ class WorkerIterator(
             stall_s=DEFAULT_STALL_TIMEOUT_S,
             on_move=self._moved,
             pages_back=self._pages_back,
+            parks=self._parks,
             memory=memory,
         )
         self._dispatch, self._placement = self._executors.dispatcher, self._executors.placement

@@ -39,7 +39,7 @@ class _Pool(ThreadExecutor):
         super().close()
 
 
-def _stage(policy=None, moves=None, pages_back=None):
+def _stage(policy=None, moves=None, pages_back=None, parks=None):
     pool = _Pool()
 
     def processes(workers):
@@ -56,6 +56,7 @@ def _stage(policy=None, moves=None, pages_back=None):
         stall_s=10.0,
         on_move=on_move,
         pages_back=pages_back,
+        parks=parks,
     )
     return stage, pool
 
@@ -77,8 +78,8 @@ def test_each_kind_runs_the_stages_call_for_it_and_moves_keep_every_element_in_o
         assert {value[0] for _, value, _ in out[-5:]} == {kind}
         seq += 5
     assert [(s, value[1]) for s, value, _ in out] == [(s, s) for s in range(25)]
-    # parked when the calls left it: its workers gone, forked again when they came back
-    assert pool.sizes == [3, 0, 1] and not pool.closed
+    # parked with its workers up when the calls left it
+    assert pool.sizes == [3, 1] and not pool.closed
     stage.dispatcher.close()
 
 
@@ -96,14 +97,16 @@ def test_a_thread_pool_the_calls_leave_is_closed_and_the_process_pool_parked(mon
     stage.retire(threads)
     assert closed == [threads]
     stage.retire(stage.make(PROCESS, 2))
-    assert pool.sizes == [2, 0] and closed == [threads]  # parked: its zygote kept
+    assert pool.sizes == [2] and closed == [
+        threads
+    ]  # parked: its workers wait for a window's verdict
     assert pool.zygote_released == 0
     # a window away from it kept the calls there: its workers go, and its zygote (a new one is
     # forked if they come back)
     stage.settled()
-    assert pool.sizes[-1] == 0 and not pool.closed and pool.zygote_released == 1
+    assert pool.sizes == [2, 0] and not pool.closed and pool.zygote_released == 1
     stage.settled()
-    assert pool.sizes[-1] == 0 and pool.zygote_released == 1  # once
+    assert pool.sizes == [2, 0] and pool.zygote_released == 1  # once
     stage.dispatcher.close()
 
 
@@ -122,42 +125,38 @@ class _Measured(Policy):
 @pytest.mark.parametrize("to", [THREAD, INLINE])
 def test_a_pool_the_calls_leave_for_an_executor_measured_faster_lets_its_processes_go(to):
     """Not parked for a window: its workers and zygote go once its tasks are done; a trial of
-    an executor not measured yet (or measured slower) parks it (its zygote kept)."""
+    an executor not measured yet (or measured slower) parks it as before."""
     policy = _Measured({PROCESS: 2e-3})
     stage, pool = _stage(policy)
     stage.placement.move(PROCESS, 2)
     _run(stage, 0, 4)
     stage.placement.move(to, 2)  # a trial: nothing measured there yet
-    _run(stage, 4, 4)
-    assert pool.sizes == [2, 0] and pool.zygote_released == 0
+    assert pool.sizes == [2] and pool.zygote_released == 0
     stage.placement.move(PROCESS, 2)
-    _run(stage, 8, 4)
+    _run(stage, 4, 4)
     policy.fixed[to] = 1e-3  # measured faster than the processes
     stage.placement.move(to, 2)
-    _run(stage, 12, 4)
-    assert pool.sizes == [2, 0, 2, 0] and pool.zygote_released == 1
+    _run(stage, 8, 4)
+    assert pool.sizes == [2, 2, 0] and pool.zygote_released == 1
     stage.settled()
-    assert pool.sizes == [2, 0, 2, 0] and pool.zygote_released == 1  # nothing parked left
+    assert pool.sizes == [2, 2, 0] and pool.zygote_released == 1  # nothing parked left
     stage.placement.move(PROCESS, 2)  # a later trial asks for workers again
-    assert [value[0] for _, value, _ in _run(stage, 16, 4)] == [PROCESS] * 4
-    assert pool.sizes == [2, 0, 2, 0, 2]
+    assert [value[0] for _, value, _ in _run(stage, 12, 4)] == [PROCESS] * 4
+    assert pool.sizes == [2, 2, 0, 2]
     stage.dispatcher.close()
 
 
-def test_calls_that_come_back_to_the_parked_pool_after_a_window_elsewhere_find_its_zygote():
-    """A trial elsewhere would peak with the parked workers' heaps: they go, the zygote stays,
-    and the calls that come back get workers forked from it again."""
+def test_calls_that_come_back_to_the_parked_pool_after_a_window_elsewhere_find_its_workers_up():
     stage, pool = _stage()
     stage.placement.move(PROCESS, 2)
     _run(stage, 0, 4)
     stage.placement.move(THREAD, 2)  # the policy tries threads for a window
     _run(stage, 4, 4)
-    assert pool.sizes == [2, 0] and pool.zygote_released == 0
-    stage.placement.move(PROCESS, 2)  # measured slower: back, to workers forked again
+    stage.placement.move(PROCESS, 2)  # measured slower: back, to the workers kept up
     assert [value[0] for _, value, _ in _run(stage, 8, 4)] == [PROCESS] * 4
-    assert pool.sizes == [2, 0, 2] and not pool.closed
+    assert pool.sizes == [2, 2] and not pool.closed  # never resized to 0: nothing forked again
     stage.settled()  # a window on processes: nothing parked, nothing to let go
-    assert pool.sizes == [2, 0, 2] and pool.zygote_released == 0
+    assert pool.sizes == [2, 2] and pool.zygote_released == 0
     stage.dispatcher.close()
 
 
@@ -191,6 +190,28 @@ def test_slots_a_budget_released_stay_released_when_the_calls_come_back():
     stage.placement.move(THREAD, 2)  # released already: nothing to tell, nothing to restore
     stage.placement.move(PROCESS, 2)
     assert pool.told == [False]
+    stage.dispatcher.close()
+
+
+def test_a_pool_under_a_budget_that_binds_is_not_parked_its_workers_go():
+    """Under a RAM budget that binds (slots released, or fewer batches in flight), a trial
+    elsewhere would peak with the parked workers' heaps (``jpeg``'s budget row: 135 MB against
+    its budget of 103, on two threads beside two parked workers): the workers go at once, the
+    zygote stays to fork them again."""
+    budget_released = [True]
+    stage, pool = _stage(parks=lambda: not budget_released)
+    stage.placement.move(PROCESS, 2)
+    _run(stage, 0, 4)
+    stage.placement.move(THREAD, 2)
+    _run(stage, 4, 4)
+    assert pool.sizes == [2, 0] and pool.zygote_released == 0 and not pool.closed
+    stage.placement.move(PROCESS, 2)  # back: its workers forked again
+    assert [value[0] for _, value, _ in _run(stage, 8, 4)] == [PROCESS] * 4
+    assert pool.sizes == [2, 0, 2]
+    budget_released.clear()  # no budget binds: parked as before
+    stage.placement.move(THREAD, 2)
+    _run(stage, 12, 4)
+    assert pool.sizes == [2, 0, 2]
     stage.dispatcher.close()
 
 

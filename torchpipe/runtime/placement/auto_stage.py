@@ -91,6 +91,8 @@ class AutoStage:
         on_move: called with ``(kind, workers)`` after every move, once the knob follows it.
         pages_back: whether the parked pool's slots may keep their pages again when the calls
             come back to it (default: always; a loader's RAM budget may have released them).
+        parks: whether the pool keeps its workers up while a trial runs elsewhere (default:
+            always; not where a loader's RAM budget binds).
         memory: where the calls made in this process stack their batches: it keeps the buffers
             of freed batches only while the calls run here.
     """
@@ -106,6 +108,7 @@ class AutoStage:
         stall_s: float | None = None,
         on_move: Callable[[str, int], None] | None = None,
         pages_back: Callable[[], bool] | None = None,
+        parks: Callable[[], bool] | None = None,
         memory: RecycledStack | None = None,
     ) -> None:
         self.name = name
@@ -120,6 +123,7 @@ class AutoStage:
         # the parked pool keeps its workers until a window away from it is judged
         self._warm = False
         self._pages_back = pages_back
+        self._parks = parks
         # the parked pool's slots gave their pages back when the calls left it (_park_pages)
         self._parked_released = False
         self._trim_when_settled = False  # heap to give back once the results in flight are out
@@ -244,13 +248,11 @@ class AutoStage:
 
     def retire(self, executor: Executor) -> None:
         """What becomes of an executor the calls left, once its tasks are done: the process pool
-        is parked, its workers gone and its zygote kept to fork them again if the calls come back
-        after a window elsewhere (the policy trying threads; a fork of the zygote each), unless
-        they left it for an executor measured faster (its zygote goes then too, not a window
-        later); any other is closed. Parked with their workers up, as it was, their heaps peaked
-        with the trial's memory (``jpeg``'s DataLoader: two workers of 50 MB each beside two
-        threads' batches), and gave calls that came back no speed a fork did not (36.9 against
-        37.2 batches/s back on processes, a probe). Threads
+        is parked with its workers up, so that calls coming back after a window elsewhere (the
+        policy trying threads) fork nothing, unless they left it for an executor measured faster
+        (its workers and zygote go then, not a window later) or a RAM budget binds (``parks``
+        says no: its workers go, their heaps would peak with the trial's memory; the zygote
+        stays to fork them again); any other is closed. Threads
         left, or calls gone out of this process, leave heap behind that nothing here reuses (the
         threads' arenas, the inline calls' freed elements): it is given back to the system
         (``malloc_trim``), so that it does not peak with the memory of the executor the calls
@@ -258,8 +260,9 @@ class AutoStage:
         if executor is self._processes:
             if self._processes_lost():
                 self._let_go(executor)
-            else:
+            elif self._parks is not None and not self._parks():
                 executor.resize(0)
+            else:
                 self._warm = True
             return
         executor.close()
@@ -273,7 +276,7 @@ class AutoStage:
     def settled(self) -> None:
         """A window kept the calls where they are: the heap the executor (or the threads) left
         gave back again (its last results were delivered since, and freed), and, away from the
-        parked pool, its zygote goes: it holds its own copies of every
+        parked pool, its workers go, and its zygote with them: it holds its own copies of every
         page this process rewrote since the fork (``tfrecord``: 20-100 MB; torch's DataLoader
         with no workers holds none), and a pool that needs workers again forks a new one (a
         ``fork`` of this process, ~10 ms, as ``executor="auto"`` forks its first)."""
