@@ -112,7 +112,7 @@ class Output:
         self._more = 0  # slots added for results held beyond those asked for (HELD_MORE at most)
         self._ring: ShmRing | None = None  # the ring in use: None until the next result sizes it
         self._ring_index = -1  # its index in rings
-        # the spare: a ring of one slot, made when a result finds the ring's slots all held
+        # the spare: a ring of one slot, made with the ring, written where its slots are all held
         self._spare: ShmRing | None = None
         self._spare_index = -1
         self._spare_at: float | None = None  # when it was last written (None: no pages held)
