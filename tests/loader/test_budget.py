@@ -267,21 +267,21 @@ def test_a_budget_that_binds_keeps_one_batch_in_flight_a_worker_before_any_slot_
     memory.budget = (one + full) / 2
     budgeted = Budgeted(memory, pool)
     budgeted._fit_in_flight(2, batch, 0.0)
-    assert budgeted._factor == pool.per_worker == 1
+    assert pool.per_worker == 1 and memory.report()["in_flight"] == 1
     assert not hold_peak(memory, pool, 2, batch, 0.0) and pool.switched == []  # pages kept
     assert not budgeted._parks()  # a budget binds: no workers kept up during a trial elsewhere
     report = memory.report()
     assert report["in_flight"] == 1 and "past the budget" in report["in_flight_why"]
     assert report["shed"][-1].startswith("batches in flight: 1 a worker, their slots kept")
     budgeted._fit_in_flight(2, batch, 0.0)  # between: as it is
-    assert budgeted._factor == 1
+    assert pool.per_worker == 1
     memory.budget = full / loader_memory.ROOM_SHARE + 2**20  # the budget frees
     memory.held = batch  # and the last reading has the room
     budgeted._fit_in_flight(2, batch, 0.0)
-    assert budgeted._factor == pool.per_worker == 2 and memory.report()["in_flight"] == 2
+    assert pool.per_worker == 2 and memory.report()["in_flight"] == 2
     assert budgeted._parks()
     assert "within 80%" in memory.report()["in_flight_why"]
     fixed = Budgeted(LoaderMemory(budget=(one + full) / 2, given=True), InFlightPool(2), auto=False)
     fixed._memory.alone = memory.alone
     fixed._fit_in_flight(2, batch, 0.0)
-    assert fixed._factor == fixed._pool.per_worker == 2
+    assert fixed._pool.per_worker == 2 and fixed._memory.report()["in_flight"] is None

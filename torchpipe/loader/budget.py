@@ -61,18 +61,23 @@ class BudgetedWorkers:
         """The worker processes, ``workers`` of them (the zygote forked the first time), their
         slots' pages released first where the budget would not hold them at the peak."""
         if workers > self._pool.size:  # not the cap: the placement is moving now
-            batch, here = self._stage.stats.bytes_per_element, self._here_on_processes()
-            self._fit_in_flight(workers, batch, here)
-            hold_peak(self._memory, self._pool, workers, batch, here)
+            self._hold_slots(workers)
         self._pool.resize(workers)
         return self._pool
+
+    def _hold_slots(self, workers: int) -> tuple[float, float]:
+        """The slots of ``workers`` workers held on the predicted peak: fewer batches in flight
+        (:meth:`_fit_in_flight`), then their pages released or kept (:func:`hold_peak`).
+        Returns the batch's bytes and what this process holds, as predicted with."""
+        batch, here = self._stage.stats.bytes_per_element, self._here_on_processes()
+        self._fit_in_flight(workers, batch, here)
+        hold_peak(self._memory, self._pool, workers, batch, here)
+        return batch, here
 
     def _hold_peak(self, workers: int) -> None:
         """The budget held on the predicted peak (docs/autotune.md): the slots of ``workers``
         workers release or keep their pages by it, and "auto" caps its workers at those that fit."""
-        batch, here = self._stage.stats.bytes_per_element, self._here_on_processes()
-        self._fit_in_flight(workers, batch, here)
-        hold_peak(self._memory, self._pool, workers, batch, here)
+        batch, here = self._hold_slots(workers)
         placement = self._placement
         if placement is None or self._knob is None or batch <= 0:
             return
@@ -231,7 +236,8 @@ def held_here(ref: Callable[[], BudgetedWorkers | None]) -> float:
     if iterator is None or iterator._recycled is None:
         return 0.0
     executors = iterator._executors
-    made_here = executors is not None and executors.kind == THREAD
-    pending = iterator._dispatch.pending if made_here else 0
-    making = min(pending, executors.placement.workers) if made_here and executors else 0
-    return iterator.kept_bytes + (pending + making) * iterator._stage.stats.bytes_per_element
+    batches = 0
+    if executors is not None and executors.kind == THREAD:
+        pending = iterator._dispatch.pending
+        batches = pending + min(pending, executors.placement.workers)  # made, and being made
+    return iterator.kept_bytes + batches * iterator._stage.stats.bytes_per_element

@@ -352,11 +352,10 @@ class Output:
         ring = self._ring
         if ring is None or not ring.fits(nbytes):
             return None
-        # a slot of its own for a result held beyond the ring's
-        spare = self._spare is not None
-        reservation = ring.reserve(nbytes, timeout=0.0 if spare else RING_GRACE_S)
-        if reservation is None and self._spare is not None:
-            found = self._spare.reserve(nbytes, timeout=RING_GRACE_S)
+        spare = self._spare  # a slot of its own for a result held beyond the ring's
+        reservation = ring.reserve(nbytes, timeout=0.0 if spare is not None else RING_GRACE_S)
+        if reservation is None and spare is not None:
+            found = spare.reserve(nbytes, timeout=RING_GRACE_S)
             if found is not None:
                 self._all_held.append(False)
                 return self._spare_index, found
