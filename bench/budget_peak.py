@@ -167,6 +167,7 @@ def trial(name: str, config: str, budget_mb: float | None) -> dict[str, Any]:
         "throughput": units / elapsed,
         "memory": memory,
         "where": where,
+        "peak_parts": monitor.peak_parts,
     }
 
 

@@ -12,6 +12,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from torchpipe.runtime.cpu import one_intra_op_thread
+from torchpipe.runtime.heap import give_back_arena
 
 _POLL_S = 0.5
 _JOIN_S = 2.0  # close() waits this long in all for running calls to return
@@ -97,6 +98,13 @@ class ThreadPool:
 
 def _work(tasks: queue.SimpleQueue, stopped: threading.Event) -> None:
     one_intra_op_thread()
+    try:
+        _serve(tasks, stopped)
+    finally:
+        give_back_arena()  # what its calls made and freed stays in its arena otherwise
+
+
+def _serve(tasks: queue.SimpleQueue, stopped: threading.Event) -> None:
     while not stopped.is_set():
         try:
             item = tasks.get(timeout=_POLL_S)
