@@ -145,8 +145,7 @@ def trial(name: str, config: str, budget_mb: float | None) -> dict[str, Any]:
             now = time.perf_counter()
             if first is None and now - start > 2.0:
                 first, units = now, 0.0  # two seconds of start-up, then the window
-            units += count(batch)[1]
-            del batch
+            units += count(batch)[1]  # held while the next comes, as in a training loop
             if step:
                 time.sleep(step)
             if now - start > SECONDS:

@@ -113,8 +113,7 @@ def trial(workload: str, config: str, seconds: float, step: float) -> dict[str, 
     start = time.perf_counter()
     half, count, count_half = start + seconds / 2, 0, 0
     while (now := time.perf_counter()) - start < seconds:
-        batch = next(it)
-        del batch
+        batch = next(it)  # noqa: F841 - held while the next comes, as in a training loop
         count += 1
         if now < half:
             count_half = count

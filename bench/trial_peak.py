@@ -167,8 +167,7 @@ def trial(
             move_calls(it, kind, count)
         start, batches, keep = time.perf_counter(), 0, kept and not config.startswith("torch_")
         while time.perf_counter() - start < PHASE_S:
-            batch = next(it)
-            del batch
+            batch = next(it)  # noqa: F841 - held while the next comes, as in a training loop
             batches += 1
             time.sleep(step)
             if keep and time.perf_counter() - start >= PHASE_S / 3:

@@ -285,3 +285,27 @@ def test_a_budget_that_binds_keeps_one_batch_in_flight_a_worker_before_any_slot_
     fixed._memory.alone = memory.alone
     fixed._fit_in_flight(2, batch, 0.0)
     assert fixed._pool.per_worker == 2 and fixed._memory.report()["in_flight"] is None
+
+
+def test_under_a_budget_that_binds_a_move_waits_for_the_executor_left_to_finish():
+    """While the budget binds, the calls' next executor gets no batch until the one they left has
+    finished its own: the memory of both (a trial's threads' batches and the workers' heaps)
+    never peaks together. No batch is lost or repeated."""
+    loader = tp.DataLoader(Waits(length=200), batch_size=4, num_workers="auto")
+    with forced_call_costs(2e-2, gil_free=0.0, moves=False):  # held where the test moves them
+        it = iter(loader)
+    move_calls(it, "process", 2)
+    got = [next(it)[:, 0, 0].tolist() for _ in range(12)]
+    it._parks = lambda: False  # the budget binds (its cap, fewer in flight or released pages)
+    dispatch = it._dispatch
+    submit, sent_while_draining = dispatch.submit, []
+
+    def spy(*args, **kwargs):
+        sent_while_draining.append(dispatch.draining)
+        return submit(*args, **kwargs)
+
+    dispatch.submit = spy
+    move_calls(it, "thread", 2)
+    got += [b[:, 0, 0].tolist() for b in it]
+    assert got == [[float(i) for i in range(j, j + 4)] for j in range(0, 200, 4)]
+    assert sent_while_draining and not any(sent_while_draining)

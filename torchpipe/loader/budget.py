@@ -165,7 +165,8 @@ class BudgetedWorkers:
         (it capped the workers, lowered the batches in flight or released the slots' pages), as
         their heaps would peak with the trial's memory (``jpeg``'s budget row, capped
         at 2 workers, on two threads beside two parked workers: 106-148 MB against its budget
-        of 100)."""
+        of 100). Nor, then, does a move send the executor the calls go to a batch before the one
+        they left has finished its own (:meth:`~torchpipe.loader.workers.WorkerIterator._fill`)."""
         capped = self._placement is not None and self._placement.most is not None
         return self._pages_back() and self._factor >= self._asked_factor and not capped
 

@@ -414,6 +414,8 @@ class WorkerIterator(
 
     def _fill(self) -> None:
         """Send batches until ``prefetch_factor`` per worker are in flight (or none are left)."""
+        if self._dispatch.draining and not self._parks():
+            return  # under a budget that binds, two executors never hold their memory at once
         while (
             self._dispatch.pending < self._window()
             and not self._sampler_done

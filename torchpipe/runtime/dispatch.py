@@ -55,6 +55,11 @@ class Dispatcher:
         """Results waiting to be delivered."""
         return len(self._done)
 
+    @property
+    def draining(self) -> bool:
+        """Whether an executor the tasks were switched from still runs some."""
+        return bool(self._draining)
+
     def has_room(self) -> bool:
         """Whether another task fits in the executor's window."""
         return len(self._order) < self.executor.capacity
