@@ -5,6 +5,7 @@ memory available): what the loader holds is read from its processes by a watcher
 import mmap
 import os
 import random
+import signal
 import subprocess
 import sys
 import threading
@@ -49,6 +50,36 @@ class Busy(torch.utils.data.Dataset):
         while time.thread_time() < end:
             pass
         return torch.tensor([i, random.randrange(1000)])
+
+
+def test_pages_its_processes_share_only_among_themselves_count_once():
+    """Two forks share this process's pages; once it rewrote its copy of 32 MB, the forks' old
+    copy is shared by them alone: no process holds it alone, so their private pages miss it,
+    but the machine holds it for them. The pages they share with this process are not theirs."""
+    size = 32 << 20
+    data = bytearray(size)
+    data[:: mmap.PAGESIZE] = b"\1" * (size // mmap.PAGESIZE)  # resident before the forks
+    memory = LoaderMemory(budget=2**50, given=True)
+    pids = []
+    try:
+        for _ in range(2):
+            pid = os.fork()
+            if pid == 0:  # the fork waits to be killed, writing nothing
+                time.sleep(60)
+                os._exit(0)
+            pids.append(pid)
+        time.sleep(0.2)
+        lent = memory.read(pids, shared_bytes=0)
+        assert lent < 24 << 20  # a share of this process's 32 MB (and its heap) is not theirs
+        data[:: mmap.PAGESIZE] = b"\2" * (size // mmap.PAGESIZE)  # this process's own copy now
+        held = memory.read(pids, shared_bytes=0)
+        assert held - lent > 0.9 * size
+        assert sum(private_bytes(pid) for pid in pids) < held - 0.9 * size
+        assert memory.shared > 0.9 * size
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
 
 
 def test_a_process_holds_its_own_pages_and_a_reading_judges_them_against_the_budget():
