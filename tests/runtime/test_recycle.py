@@ -185,6 +185,18 @@ def test_buffers_are_not_kept_while_batches_are_made_elsewhere_even_those_lent_t
     assert memory.free_bytes == 5 * 3 * 8 * 4  # kept again
 
 
+def test_batches_made_one_at_a_time_keep_one_buffer_free_a_size():
+    memory = RecycledStack(min_bytes=1)
+    lent = [memory(rows(5)) for _ in range(4)]
+    del lent  # a trial's four in flight come back
+    each = 5 * 3 * 8 * 4
+    assert memory.free_bytes == 4 * each
+    assert memory.keep_freed(True, most=1) == 3 * each and memory.free_bytes == each
+    held, building = memory(rows(5)), memory(rows(5))
+    del held, building  # the loop's batch and the next: one is kept
+    assert memory.free_bytes == each
+
+
 def _mapped(address: int) -> bool:
     with open("/proc/self/maps") as f:
         spans = (line.split(None, 1)[0].split("-") for line in f)
