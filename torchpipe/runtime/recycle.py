@@ -168,7 +168,7 @@ class RecycledStack:
     ) -> None:
         self._min_bytes = min_bytes
         self.place_bytes = place_bytes
-        self._keep = keep
+        self._keep = self._asked = keep
         self._kept = True  # whether buffers that come back are kept (keep_freed)
         self._free: dict[int, list[_Buffer]] = defaultdict(list)
         # a buffer given back in a forked worker finds the pool unlocked
@@ -236,14 +236,15 @@ class RecycledStack:
             if self._kept and len(free) < self._keep:
                 free.append(owner)
 
-    def keep_freed(self, keep: bool, most: int = KEEP) -> int:
+    def keep_freed(self, keep: bool, most: int | None = None) -> int:
         """Whether buffers that come back are kept for the next batches, ``most`` of a size at
-        most (one where batches are made one at a time: the loop's batch and the next are all
-        there is). False where this process stops making batches (its calls went to worker
+        most (None: the pool's ``keep``; one where batches are made one at a time: the loop's
+        batch and the next are all there is). False where this process stops making batches (its calls went to worker
         processes): the free buffers go now, and those still lent (batches a buffer or the loop
         holds) when they come back, not to be kept alongside the workers' memory. Returns the
         bytes let go now (free buffers beyond ``most`` go too: a loader inline after a trial on
         threads kept its four, 38 MB on `jpeg`, where torch's DataLoader without workers keeps none)."""
+        most = self._asked if most is None else most
         with self._lock:
             self._kept, self._keep = keep, most if keep else self._keep
             dropped = 0

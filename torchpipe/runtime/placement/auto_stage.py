@@ -26,7 +26,7 @@ from torchpipe.runtime.knob import LiveKnob
 from torchpipe.runtime.placement.costs import INLINE, PROCESS, RAY, THREAD, CallCosts
 from torchpipe.runtime.placement.placement import Placement
 from torchpipe.runtime.placement.policy import Policy, may_pay
-from torchpipe.runtime.recycle import KEEP, RecycledStack
+from torchpipe.runtime.recycle import RecycledStack
 from torchpipe.runtime.timing import CallTiming
 
 Handler = Callable[[int, Any], Any]
@@ -308,9 +308,10 @@ class AutoStage:
         if release is not None:
             release()
 
-    def _keep_memory(self, keep: bool, most: int = KEEP) -> None:
+    def _keep_memory(self, keep: bool, most: int | None = None) -> None:
         """Whether the buffers of batches made here are kept for the next ones, ``most`` of a size
-        (only while the calls run here: else they go, and the heap they leave is given back)."""
+        (None: as many as the pool keeps; only while the calls run here: else they go, and the
+        heap they leave is given back)."""
         if self._memory is not None and self._memory.keep_freed(keep, most):
             trim_heap()
 
