@@ -55,8 +55,8 @@ MIN_RING_BYTES = 1 << 20
 """The least a worker's rings may hold under a given budget (results beyond take one-off segments)."""
 _PRIVATE = (b"Private_Clean:", b"Private_Dirty:", b"Private_Hugetlb:")
 _PSS_SHMEM = b"Pss_Shmem:"
-_READ = (*_PRIVATE, _PSS_SHMEM, b"Pss:")
-_SHARED = (b"Anonymous:", b"Pss_Anon:", b"Pss_File:")
+_READ = (*_PRIVATE, _PSS_SHMEM, b"Pss_Anon:")
+_SHARED = (b"Anonymous:", b"Pss_Anon:")
 
 
 def _rollup(pid: int, keys: tuple[bytes, ...]) -> dict[bytes, int] | None:
@@ -68,32 +68,38 @@ def _rollup(pid: int, keys: tuple[bytes, ...]) -> dict[bytes, int] | None:
         return None
 
 
+def _in_rings(fields: dict[bytes, int], ring_resident: int) -> int:
+    """Of a worker's rings' ``ring_resident`` bytes, those it maps alone (:func:`private_bytes`)."""
+    shmem = fields.get(_PSS_SHMEM, 0)
+    return min(shmem, ring_resident, max(0, 2 * shmem - ring_resident))
+
+
 def _alone(fields: dict[bytes, int] | None, ring_resident: int) -> int:
     """What :func:`private_bytes` says of a process whose rollup ``fields`` were read."""
     if fields is None:
         return 0
-    private = sum(fields.get(k, 0) for k in _PRIVATE)
-    shmem = fields.get(_PSS_SHMEM, 0)
-    return private - min(shmem, ring_resident, max(0, 2 * shmem - ring_resident))
+    return sum(fields.get(k, 0) for k in _PRIVATE) - _in_rings(fields, ring_resident)
+
+
+def _anonymous_shares(fields: dict[bytes, int] | None, ring_resident: int) -> int:
+    """A process's share of the anonymous pages it shares with others: the PSS of its anonymous
+    pages less those it holds alone (its private dirty pages but its rings')."""
+    if fields is None:
+        return 0
+    alone = fields.get(b"Private_Dirty:", 0) - _in_rings(fields, ring_resident)
+    return max(0, fields.get(b"Pss_Anon:", 0) - alone)
 
 
 def shared_away(pid: int) -> int:
-    """The bytes of the pages process ``pid`` shares with other processes, less its share of them
-    (its RSS less its PSS, shared memory left out), anonymous and file pages: 0 where it cannot
-    be read. A fork shares every page of its parent's; the children's PSS holds a share of each,
-    and the parent's drops by as much."""
+    """The bytes of the anonymous pages process ``pid`` shares with other processes, less its
+    share of them (their RSS less their PSS): 0 where it cannot be read. A fork shares every
+    page of its parent's; the children's PSS holds a share of each, and the parent's drops by as
+    much. Only forks share anonymous pages: other jobs mapping the same libraries, which move
+    the file pages' shares, leave this alone."""
     fields = _rollup(pid, _SHARED)
-    try:
-        with open(f"/proc/{pid}/status", "rb") as f:
-            file_rss = next(
-                int(line.split()[1]) * 1024 for line in f if line.startswith(b"RssFile:")
-            )
-    except (OSError, StopIteration, ValueError):
-        return 0
     if fields is None or len(fields) < len(_SHARED):
         return 0
-    anonymous = fields[b"Anonymous:"] - fields[b"Pss_Anon:"]
-    return max(0, anonymous) + max(0, file_rss - fields[b"Pss_File:"])
+    return max(0, fields[b"Anonymous:"] - fields[b"Pss_Anon:"])
 
 
 def private_bytes(pid: int, ring_resident: int = 0) -> int:
@@ -181,18 +187,18 @@ class LoaderMemory:
         themselves only, and ``shared_bytes`` (the rings' resident pages, and what the loader
         holds in this process).
 
-        The pages they share only among themselves are what their PSS (shared memory left out)
-        holds beyond the share of this process's pages that a fork gives them, which this
-        process's :func:`shared_away` grew by since the loader started: the zygote and its
+        The pages they share only among themselves are what their shares of the anonymous pages
+        they share hold beyond the share of this process's pages that a fork gives them, which
+        this process's :func:`shared_away` grew by since the loader started: the zygote and its
         workers keep the pages this process rewrote since the fork (`jpeg`, 2 workers: the
         tree grew by 113 MB where what they held alone and the rings read 78)."""
         taken = time.monotonic()
         rings = rings or {}
         read = [_rollup(pid, _READ) for pid in pids]
         alone = [_alone(fields, rings.get(pid, 0)) for pid, fields in zip(pids, read)]
-        own = sum(f[b"Pss:"] - f[_PSS_SHMEM] for f in read if f is not None and b"Pss:" in f)
+        shares = sum(_anonymous_shares(f, rings.get(pid, 0)) for pid, f in zip(pids, read))
         lent = max(0, shared_away(os.getpid()) - self._shared_away) if pids else 0
-        self.shared = float(max(0, own - lent - sum(alone)))
+        self.shared = float(max(0, shares - lent))
         held = float(sum(alone) + self.shared + shared_bytes)
         self._last, self.held, self.peak = self.held, held, max(self.peak, held)
         if len(self.alone) > 4 * MAX_PROCESSES:  # workers come and go: keep the last ones'
