@@ -1,10 +1,9 @@
 """What a DataLoader holds of its own, read on a thread of its own, against a budget.
 
 What counts (docs/autotune.md, "What a loader's memory budget counts"): the pages its worker
-processes and their zygote hold alone (a worker's heap, a batch it has made and not handed over)
-and those they share only among themselves, the rings batches travel in, and the batches made
-on this process's threads and not handed out, with the memory kept for the next (a batch handed
-out is the loop's, as with torch's workers).
+processes and their zygote hold alone (a worker's heap, a batch it has made and not handed over),
+the rings batches travel in, and the batches made on this process's threads and not handed out,
+with the memory kept for the next (a batch handed out is the loop's, as with torch's workers).
 A model of it would miss what matters (a worker's heap after its first batches, what
 the zygote keeps of pages this process rewrote since), so it is read from
 ``/proc/<pid>/smaps_rollup``: a reading of a process with torch loaded costs a few milliseconds,
@@ -22,7 +21,6 @@ The budget is ``autotune=tp.AutotuneOptions(ram_budget=...)`` where given, else
 from __future__ import annotations
 
 import math
-import os
 import threading
 import time
 import weakref
@@ -55,51 +53,6 @@ MIN_RING_BYTES = 1 << 20
 """The least a worker's rings may hold under a given budget (results beyond take one-off segments)."""
 _PRIVATE = (b"Private_Clean:", b"Private_Dirty:", b"Private_Hugetlb:")
 _PSS_SHMEM = b"Pss_Shmem:"
-_READ = (*_PRIVATE, _PSS_SHMEM, b"Pss_Anon:")
-_SHARED = (b"Anonymous:", b"Pss_Anon:")
-
-
-def _rollup(pid: int, keys: tuple[bytes, ...]) -> dict[bytes, int] | None:
-    """These fields of ``/proc/<pid>/smaps_rollup``, in bytes; None where it cannot be read."""
-    try:
-        with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
-            return {k: int(v) * 1024 for k, v, *_ in (line.split() for line in f) if k in keys}
-    except (OSError, ValueError):
-        return None
-
-
-def _in_rings(fields: dict[bytes, int], ring_resident: int) -> int:
-    """Of a worker's rings' ``ring_resident`` bytes, those it maps alone (:func:`private_bytes`)."""
-    shmem = fields.get(_PSS_SHMEM, 0)
-    return min(shmem, ring_resident, max(0, 2 * shmem - ring_resident))
-
-
-def _alone(fields: dict[bytes, int] | None, ring_resident: int) -> int:
-    """What :func:`private_bytes` says of a process whose rollup ``fields`` were read."""
-    if fields is None:
-        return 0
-    return sum(fields.get(k, 0) for k in _PRIVATE) - _in_rings(fields, ring_resident)
-
-
-def _anonymous_shares(fields: dict[bytes, int] | None, ring_resident: int) -> int:
-    """A process's share of the anonymous pages it shares with others: the PSS of its anonymous
-    pages less those it holds alone (its private dirty pages but its rings')."""
-    if fields is None:
-        return 0
-    alone = fields.get(b"Private_Dirty:", 0) - _in_rings(fields, ring_resident)
-    return max(0, fields.get(b"Pss_Anon:", 0) - alone)
-
-
-def shared_away(pid: int) -> int:
-    """The bytes of the anonymous pages process ``pid`` shares with other processes, less its
-    share of them (their RSS less their PSS): 0 where it cannot be read. A fork shares every
-    page of its parent's; the children's PSS holds a share of each, and the parent's drops by as
-    much. Only forks share anonymous pages: other jobs mapping the same libraries, which move
-    the file pages' shares, leave this alone."""
-    fields = _rollup(pid, _SHARED)
-    if fields is None or len(fields) < len(_SHARED):
-        return 0
-    return max(0, fields[b"Anonymous:"] - fields[b"Pss_Anon:"])
 
 
 def private_bytes(pid: int, ring_resident: int = 0) -> int:
@@ -114,7 +67,15 @@ def private_bytes(pid: int, ring_resident: int = 0) -> int:
     in flight: a jpeg loader with 2 workers read 132 MiB where its tree held 90). A page both
     map counts half in the worker's ``Pss_Shmem``, one it maps alone whole, so of its rings'
     ``ring_resident`` bytes it holds ``2 * Pss_Shmem - ring_resident`` alone."""
-    return _alone(_rollup(pid, _READ), ring_resident)
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
+            lines = [line.split() for line in f if line.startswith((*_PRIVATE, _PSS_SHMEM))]
+    except OSError:
+        return 0
+    private = sum(int(v) * 1024 for k, v, *_ in lines if k in _PRIVATE)
+    shmem = sum(int(v) * 1024 for k, v, *_ in lines if k == _PSS_SHMEM)
+    in_rings = min(shmem, ring_resident, max(0, 2 * shmem - ring_resident))
+    return private - in_rings
 
 
 def default_budget() -> float:
@@ -162,10 +123,6 @@ class LoaderMemory:
         self.budget, self.given = budget, given
         self.held = self.peak = 0.0
         self.alone: dict[int, float] = {}  # the most each of its processes was read to hold alone
-        # pages its processes share among themselves and with no other (the zygote's and its
-        # workers' copies of what this process rewrote since the fork), at the last reading
-        self.shared = 0.0
-        self._shared_away = shared_away(os.getpid())  # this process's, before any worker
         self.readings = self._judged = 0  # readings taken; the last one judged on the peak
         self._last = 0.0  # the reading before the last
         self.over = False
@@ -183,23 +140,12 @@ class LoaderMemory:
         self, pids: list[int], shared_bytes: float, rings: dict[int, int] | None = None
     ) -> float:
         """Take a reading: the pages processes ``pids`` hold alone (but their rings' pages, whose
-        resident bytes ``rings`` gives by pid: :func:`private_bytes`) and those they share among
-        themselves only, and ``shared_bytes`` (the rings' resident pages, and what the loader
-        holds in this process).
-
-        The pages they share only among themselves are what their shares of the anonymous pages
-        they share hold beyond the share of this process's pages that a fork gives them, which
-        this process's :func:`shared_away` grew by since the loader started: the zygote and its
-        workers keep the pages this process rewrote since the fork (`jpeg`, 2 workers: the
-        tree grew by 113 MB where what they held alone and the rings read 78)."""
+        resident bytes ``rings`` gives by pid: :func:`private_bytes`), and ``shared_bytes`` (the
+        rings' resident pages, and what the loader holds in this process)."""
         taken = time.monotonic()
         rings = rings or {}
-        read = [_rollup(pid, _READ) for pid in pids]
-        alone = [_alone(fields, rings.get(pid, 0)) for pid, fields in zip(pids, read)]
-        shares = sum(_anonymous_shares(f, rings.get(pid, 0)) for pid, f in zip(pids, read))
-        lent = max(0, shared_away(os.getpid()) - self._shared_away) if pids else 0
-        self.shared = float(max(0, shares - lent))
-        held = float(sum(alone) + self.shared + shared_bytes)
+        alone = [private_bytes(pid, rings.get(pid, 0)) for pid in pids]
+        held = float(sum(alone) + shared_bytes)
         self._last, self.held, self.peak = self.held, held, max(self.peak, held)
         if len(self.alone) > 4 * MAX_PROCESSES:  # workers come and go: keep the last ones'
             self.alone = dict(list(self.alone.items())[-MAX_PROCESSES:])
@@ -340,8 +286,7 @@ def predicted_peak(
     alone, or a batch (its samples, which a reading between batches misses), or before any was
     read two (its first result travels in a segment of its own until its ring is sized), and
     every slot resident that may be (kept: each worker's batches in flight and the one the
-    consumer holds; released: those in flight, and the consumer's one), the zygote as read, the
-    pages the loader's processes share among themselves only (:attr:`LoaderMemory.shared`), and
+    consumer holds; released: those in flight, and the consumer's one), the zygote as read, and
     ``here`` bytes in this process. A reading every :data:`CHECK_EVERY_S` misses what comes between; this does not."""
     zygote = pool.zygote_pid
     # unread: a batch's samples, and its result in a segment of its own until the ring is sized
@@ -353,7 +298,7 @@ def predicted_peak(
     if kept and workers >= pool.size and in_flight >= now:
         rings = max(rings, pool.ring_bytes)  # a ring with a slot more where the consumer held more
     held_by_zygote = memory.alone.get(zygote, 0.0) if zygote is not None else 0.0
-    return here + held_by_zygote + memory.shared + workers * max(heap, batch_bytes) + rings
+    return here + held_by_zygote + workers * max(heap, batch_bytes) + rings
 
 
 def hold_peak(
