@@ -281,10 +281,11 @@ def test_a_budget_that_binds_keeps_one_batch_in_flight_a_worker_before_any_slot_
     assert pool.per_worker == 2 and memory.report()["in_flight"] == 2
     assert budgeted._parks()
     assert "within 80%" in memory.report()["in_flight_why"]
-    fixed = Budgeted(LoaderMemory(budget=(one + full) / 2, given=True), InFlightPool(2), auto=False)
-    fixed._memory.alone = memory.alone
+    user_memory, user_pool = LoaderMemory(budget=(one + full) / 2, given=True), InFlightPool(2)
+    user_memory.alone = memory.alone
+    fixed = Budgeted(user_memory, user_pool, auto=False)
     fixed._fit_in_flight(2, batch, 0.0)
-    assert fixed._pool.per_worker == 2 and fixed._memory.report()["in_flight"] is None
+    assert user_pool.per_worker == 2 and user_memory.report()["in_flight"] is None
 
 
 def test_under_a_budget_that_binds_a_move_waits_for_the_executor_left_to_finish():

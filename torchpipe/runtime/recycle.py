@@ -239,19 +239,21 @@ class RecycledStack:
     def keep_freed(self, keep: bool, most: int | None = None) -> int:
         """Whether buffers that come back are kept for the next batches, ``most`` of a size at
         most (None: the pool's ``keep``; one where batches are made one at a time: the loop's
-        batch and the next are all there is). False where this process stops making batches (its calls went to worker
-        processes): the free buffers go now, and those still lent (batches a buffer or the loop
-        holds) when they come back, not to be kept alongside the workers' memory. Returns the
-        bytes let go now (free buffers beyond ``most`` go too: a loader inline after a trial on
-        threads kept its four, 38 MB on `jpeg`, where torch's DataLoader without workers keeps none)."""
-        most = self._asked if most is None else most
+        batch and the next are all there is). False where this process stops making batches
+        (its calls went to worker processes): the free buffers go now, and those still lent
+        (batches a buffer or the loop holds) when they come back, not to be kept alongside the
+        workers' memory. Returns the bytes let go now (free buffers beyond ``most`` go too: a
+        loader inline after a trial on threads kept its four, 38 MB on `jpeg`, where torch's
+        DataLoader without workers keeps none)."""
+        kept = (self._asked if most is None else most) if keep else 0
         with self._lock:
-            self._kept, self._keep = keep, most if keep else self._keep
+            self._kept = keep
+            if keep:
+                self._keep = kept
             dropped = 0
             for size, free in self._free.items():
-                beyond = free[most:] if keep else free
-                dropped += size * len(beyond)
-                del free[len(free) - len(beyond) :]
+                dropped += size * len(free[kept:])
+                del free[kept:]
             return dropped
 
     @property
