@@ -138,3 +138,34 @@ def test_tasks_left_on_a_switched_out_executor_are_waited_for_not_spun_on():
     # steps of 5 ms, not a spin (~8000 looks)
     assert looks["inline"] < 200 and looks["threads"] < 200
     dispatch.close()
+
+
+def test_tasks_sent_ahead_to_another_executor_are_delivered_in_their_places_and_it_is_retired():
+    """A worker started ahead of the dispatcher (the DataLoader's head start) was sent tasks 1-2
+    while task 0 ran here: 0 put after them, 3 sent after, every one delivered once, in order,
+    and the executor they ran on retired once they are done."""
+    retired = []
+    ahead = ThreadExecutor(_slow_square, 1, "ahead")
+    ahead.submit(1, 1)
+    ahead.submit(2, 2)
+    dispatch = Dispatcher("t", InlineExecutor(_slow_square))
+    dispatch.adopt(ahead, [1, 2], retired.append)
+    dispatch.put(0, 0)  # the first call, made here after the others were sent
+    dispatch.submit(3, 3)
+    assert _drain(dispatch) == [(s, s * s) for s in range(4)]
+    assert retired == [ahead]
+
+
+def test_an_executor_switched_back_to_while_it_finishes_tasks_is_not_retired():
+    retired = []
+    threads = ThreadExecutor(_slow_square, 2, "t")
+    dispatch = Dispatcher("t", threads)
+    dispatch.submit(0, 3)
+    dispatch.switch(InlineExecutor(_slow_square), retired.append)
+    dispatch.switch(threads, retired.append)  # back, before task 0 was collected
+    dispatch.submit(1, 4)
+    assert _drain(dispatch) == [(0, 9), (1, 16)]
+    assert threads not in retired and len(retired) == 1  # the inline one, at once
+    dispatch.submit(2, 5)  # still running
+    assert _drain(dispatch) == [(2, 25)]
+    dispatch.close()

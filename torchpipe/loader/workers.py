@@ -19,9 +19,10 @@ runtime's dispatcher (bounded waits, the stall check, in order or as completed).
   (without seeds it may: docs/determinism.md).
 
 What it does for its RAM budget is loader/budget.py's (:class:`BudgetedWorkers`), how an
-IterableDataset's epoch settles its replicas loader/replica_starts.py's (:class:`ReplicaStarts`):
-both mixins share its state. It answers the autotuner's contract itself, held weakly by a
-:class:`~torchpipe.core.tunable.WeakStage`.
+IterableDataset's epoch settles its replicas loader/replica_starts.py's (:class:`ReplicaStarts`),
+where an auto epoch's batches go and how the first are measured loader/first_batches.py's
+(:class:`FirstBatches`, with a worker's head start): the mixins share its state. It answers
+the autotuner's contract itself, held weakly by a :class:`~torchpipe.core.tunable.WeakStage`.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from torchpipe.core.stats import IteratorStats
 from torchpipe.core.tunable import POOL, WeakStage, weakly
 from torchpipe.loader.budget import BudgetedWorkers, held_here
 from torchpipe.loader.fetch import DataLoader, Exhausted, FetchTask, LoaderNext, LocalFetch
+from torchpipe.loader.first_batches import Call, FirstBatches, HeadStart
 from torchpipe.loader.memory import (
     LoaderMemory,
     default_budget,
@@ -55,10 +57,6 @@ from torchpipe.loader.replicas import ReplicaPlan, io_replicas
 from torchpipe.options import DEFAULT_STALL_TIMEOUT_S
 from torchpipe.randomness import (
     GLOBAL_RNGS,
-    GlobalDraws,
-    global_rng_states,
-    restore_global_rng_states,
-    seeds_were_set,
 )
 from torchpipe.runtime import interrupts
 from torchpipe.runtime.cpu import usable_cpu_count
@@ -66,7 +64,6 @@ from torchpipe.runtime.dispatch import Dispatcher
 from torchpipe.runtime.knob import LiveKnob
 from torchpipe.runtime.placement.auto_stage import AutoStage, StageCalls, pass_candidates
 from torchpipe.runtime.placement.costs import INLINE, KINDS, PROCESS, THREAD
-from torchpipe.runtime.placement.measure import measure_calls
 from torchpipe.runtime.placement.placement import Placement
 from torchpipe.runtime.placement.policy import Policy
 from torchpipe.runtime.processes.pool import ProcessPool
@@ -82,7 +79,7 @@ NOT_ON_THREADS = (
 
 
 class WorkerIterator(
-    LoaderNext, BudgetedWorkers, ReplicaStarts, torch_dataloader._BaseDataLoaderIter
+    LoaderNext, BudgetedWorkers, ReplicaStarts, FirstBatches, torch_dataloader._BaseDataLoaderIter
 ):
     """Batches made off the consumer's path (or, with ``"auto"``, wherever is fastest), delivered
     in sampler order (or as they finish with ``in_order=False``).
@@ -338,60 +335,12 @@ class WorkerIterator(
         self._sampler_done = False
         # a batch drawn from the sampler, not yet made
         self._primed: tuple[int, int, Any] | None = None
+        # batches drawn and numbered ahead for the first measurement's head start, not yet sent
+        self._ahead: deque[Call] = deque()
+        self._head: HeadStart | None = None
         if self._placement is not None:
             self._place()
         self._fill()
-
-    def _place(self) -> None:
-        """Where this epoch's batches go: where the last epoch left them, or, the first time, where
-        the policy puts them after a few batches made here and measured. A dataset that draws from
-        the global RNGs stays off threads (which share them) only where seeds were set: without,
-        its draws differ on every run anyway (:func:`seeds_were_set`)."""
-        policy, state, placement = self._tp_state.policy, self._tp_state, self._placement
-        assert policy is not None and placement is not None  # num_workers="auto" (_start_auto)
-        if policy.kind is not None:
-            if placement.kind == policy.kind and placement.workers == (state.tuned_workers or 0):
-                placement.new_pass()  # persistent workers: the batches stay where they were made
-            else:
-                placement.move(policy.kind, state.tuned_workers or 0, again=True)
-            return
-
-        def drawn(draws: GlobalDraws) -> None:  # from here on only these are seeded and put back
-            state.drawn_rngs = self._local[INLINE].rngs = tuple(sorted(draws.drawn))
-
-        # The sampler draws its epoch's seed from the global RNGs when its first batch is drawn (as
-        # torch's does): that draw must stay, the measured batches' own draws must not.
-        self._primed = self._next_payload()
-        # once: putting them back after every measured batch would be measured
-        saved = global_rng_states()
-        try:
-            costs, _ = measure_calls(self._run_inline, on_draws=drawn)
-        finally:
-            restore_global_rng_states(saved)
-        must_repeat = bool(state.drawn_rngs) and seeds_were_set(self._generator)
-        self._hold_peak(0)  # the budget caps the workers before the first move, not after it
-        placement.decide(costs.without_threads() if must_repeat else costs)
-
-    def _run_inline(self, limit: int) -> list[Any]:
-        """The first batches, made here and timed: the policy's first measurement."""
-        assert self._executors is not None  # num_workers="auto" (_start_auto)
-        inline = self._local[INLINE]
-        results = self._executors.run_inline(
-            limit, self._next_call, lambda seq, payload: inline.seeded(payload)
-        )
-        made = next((value for value in results if value is not None), None)
-        if made is not None and not self._stage.stats.bytes_n:
-            self._stage.stats.sample_bytes(made)  # the peak is predicted before the first move
-        return results
-
-    def _next_call(self) -> tuple[int, Any] | None:
-        """The next batch drawn from the sampler as a numbered call, made here; None at the end."""
-        payload = None if self._sampler_done else self._next_payload()
-        if payload is None:
-            return None
-        self._task_slot[self._seq] = None
-        self._seq += 1
-        return self._seq - 1, payload
 
     def _next_payload(self) -> tuple[int, int, Any] | None:
         if self._primed is not None:
@@ -418,9 +367,14 @@ class WorkerIterator(
             return  # under a budget that binds, two executors never hold their memory at once
         while (
             self._dispatch.pending < self._window()
-            and not self._sampler_done
+            and (self._ahead or not self._sampler_done)
             and (self._auto or any(self._active))
         ):
+            if self._ahead:  # drawn ahead for the first measurement (auto: never pinned)
+                call = self._ahead.popleft()
+                self._task_slot[call[0]] = None
+                self._dispatch.submit(*call)
+                continue
             replica = host = None
             if self._pinned:  # workers (or replicas) get torch's order: batch k to k % n
                 replica = self._next_active()
@@ -457,6 +411,7 @@ class WorkerIterator(
             if (
                 self._dataset_kind == torch_dataloader._DatasetKind.Map
                 and not self._dispatch.pending
+                and not self._ahead
             ):
                 if self._next_payload() is None:
                     raise StopIteration  # the caller says the state is not this epoch's
@@ -498,12 +453,11 @@ class WorkerIterator(
 
     def _fetch_here(self, executors: AutoStage) -> Any:
         """The next batch, made on this thread (inline, nothing in flight): no dispatch needed."""
-        payload = self._next_payload()
-        if payload is None:
+        call = self._numbered()
+        if call is None:
             self._shutdown_if_done()
             raise StopIteration
-        self._seq += 1
-        return executors.call_here(self._seq - 1, payload)
+        return executors.call_here(*call)
 
     def _receive(self) -> tuple[Any, BaseException | None, float]:
         """The next batch from the dispatcher (sent ahead to an executor): value, error, seconds waited."""

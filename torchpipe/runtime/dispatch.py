@@ -9,11 +9,14 @@ element and where it runs.
 
 The executor can be swapped while tasks are in flight (:meth:`Dispatcher.switch`): tasks already
 sent finish where they are, new ones go to the new executor, and results keep their sequence
-numbers, so nothing is lost, repeated or reordered.
+numbers, so nothing is lost, repeated or reordered. Tasks another thread sent to an executor
+ahead of the dispatcher (:meth:`Dispatcher.adopt`: a worker started while the first call was
+measured) are delivered in their places the same way.
 """
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections import deque
 from collections.abc import Callable
@@ -79,8 +82,31 @@ class Dispatcher:
 
     def put(self, seq: int, value: Any, error: BaseException | None = None) -> None:
         """Deliver ``value`` (or raise ``error``) in ``seq``'s place: a result computed elsewhere."""
-        self._order.append(seq)
+        self._expect(seq)
         self._done[seq] = (value, error)
+
+    def adopt(
+        self,
+        executor: Executor,
+        seqs: list[int],
+        retire: Callable[[Executor], None] | None = None,
+    ) -> None:
+        """Deliver in their places tasks ``seqs`` that were submitted to ``executor`` without this
+        dispatcher (ahead of it, from another thread); an executor that is not this dispatcher's
+        is handed to ``retire`` once they are done, as one switched from is (unless switched to
+        before)."""
+        for seq in seqs:
+            self._expect(seq)
+            self._sent.begin(seq)
+        if executor is not self.executor and all(e is not executor for e, _ in self._draining):
+            self._draining.append((executor, retire))
+
+    def _expect(self, seq: int) -> None:
+        """Deliver ``seq`` in sequence order, though it may come after later ones (put or adopted)."""
+        if self._order and seq < self._order[-1]:
+            self._order.insert(bisect.bisect(self._order, seq), seq)
+        else:
+            self._order.append(seq)
 
     def take(
         self, in_order: bool = True, deadline: float | None = None
@@ -151,8 +177,10 @@ class Dispatcher:
 
     def switch(self, executor: Executor, retire: Callable[[Executor], None] | None = None) -> None:
         """Send new tasks to ``executor``; tasks in flight finish on the old one, which is then
-        handed to ``retire`` (default: closed)."""
+        handed to ``retire`` (default: closed). An executor switched back to while it was still
+        finishing tasks is no longer retired."""
         old, self.executor = self.executor, executor
+        self._draining = [(e, retire) for e, retire in self._draining if e is not executor]
         if old is not executor and not self._retire(old, retire):
             self._draining.append((old, retire))
 

@@ -259,7 +259,7 @@ class AutoStage:
         went to."""
         if executor is self._processes:
             if self._processes_lost():
-                self._let_go(executor)
+                self.let_go(executor)
             elif self._parks is not None and not self._parks():
                 executor.resize(0)
             else:
@@ -285,7 +285,7 @@ class AutoStage:
             trim_heap()
         if self._warm and self._processes is not None and self.placement.kind != PROCESS:
             self._warm = False
-            self._let_go(self._processes)
+            self.let_go(self._processes)
 
     def _processes_lost(self) -> bool:
         """Whether the calls left the process pool for an executor measured faster lately (not a
@@ -300,9 +300,10 @@ class AutoStage:
         return PROCESS in measured and kind in measured and measured[kind] < measured[PROCESS]
 
     @staticmethod
-    def _let_go(pool: Executor) -> None:
+    def let_go(pool: Executor) -> None:
         """The pool's workers go, and its zygote (Ray's actors have none); asked for workers
-        again, it forks a new one."""
+        again, it forks a new one. (Also how a pool the calls never went to is retired: the
+        DataLoader's head start, loader/head_start.py.)"""
         pool.resize(0)
         release = getattr(pool, "release_zygote", None)
         if release is not None:

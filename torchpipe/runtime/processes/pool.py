@@ -147,6 +147,13 @@ class ProcessPool(WorkerPool[_Worker]):
         self.descriptors = DescriptorBudget()  # whether workers may pass descriptors (open files)
         self._slot_pages = True  # whether the workers' slots keep their pages once released
 
+    def fork_zygote(self) -> None:
+        """Fork the zygote now where none runs (a pool made with ``fork_now=False`` forks it at
+        its first worker): from a thread that runs the user's code alone at this moment, so
+        that the zygote and its workers copy no lock another thread holds, and later workers can
+        be started from any thread."""
+        self._live_zygote()
+
     def start(self) -> None:
         """Spawn the workers (the zygote is already running). At size 0 (:meth:`resize`) the pool
         is parked: no workers, its zygote ready to fork them again."""
@@ -362,7 +369,8 @@ class ProcessPool(WorkerPool[_Worker]):
             if is_open_files_error(e):
                 raise open_files_error(self.name, "start a worker process") from e
             raise
-        worker = _Worker(worker_id, slot, pid, channel, self._live_zygote())
+        assert self._zygote is not None  # it forked the worker
+        worker = _Worker(worker_id, slot, pid, channel, self._zygote)
         self._workers[worker_id] = worker
         # before any task: its first result sizes its ring
         self._tell(worker, ("slots", self._slots))
@@ -375,8 +383,6 @@ class ProcessPool(WorkerPool[_Worker]):
             self._tell(worker, ("threads", self._threads))
 
     def _fork_worker(self, slot: int) -> tuple[int, Channel]:
-        if self._zygote is None or not self._zygote.alive():
-            self._replace_zygote()
         try:
             return self._live_zygote().spawn(slot)
         except ZygoteGone:  # killed, but not yet reaped when alive() looked
@@ -400,7 +406,10 @@ class ProcessPool(WorkerPool[_Worker]):
             raise
 
     def _live_zygote(self) -> Zygote:
-        assert self._zygote is not None  # _spawn forked one
+        """The zygote, forked now where there is none or it was killed."""
+        if self._zygote is None or not self._zygote.alive():
+            self._replace_zygote()
+        assert self._zygote is not None  # forked just now
         return self._zygote
 
     def _send_batch(self, worker: _Worker, batch: list[Task]) -> None:
