@@ -55,9 +55,7 @@ from torchpipe.loader.memory import (
 from torchpipe.loader.replica_starts import ReplicaStarts
 from torchpipe.loader.replicas import ReplicaPlan, io_replicas
 from torchpipe.options import DEFAULT_STALL_TIMEOUT_S
-from torchpipe.randomness import (
-    GLOBAL_RNGS,
-)
+from torchpipe.randomness import GLOBAL_RNGS
 from torchpipe.runtime import interrupts
 from torchpipe.runtime.cpu import usable_cpu_count
 from torchpipe.runtime.dispatch import Dispatcher
