@@ -185,10 +185,9 @@ class FirstBatches:
             self._pool.release_zygote()  # forked for a head start that did not start
 
     def _head_start(self, policy: Policy) -> HeadStart | None:
-        """Where the first batch may run long and the next may go to a worker process (docs/autotune.md):
-        that batch (primed) and the next, numbered now, and a head start (:class:`HeadStart`)
-        for the second. Not under a RAM budget the user gave, on one core, nor where processes
-        are no candidate."""
+        """A head start (:class:`HeadStart`, docs/autotune.md) for the batch after the primed
+        one, both numbered now (the primed one is measured first). None under a RAM budget the
+        user gave, on one core, where processes are no candidate, or for a one-batch epoch."""
         if (
             PROCESS not in policy.candidates
             or self._primed is None
