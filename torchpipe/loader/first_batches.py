@@ -56,7 +56,7 @@ Call = tuple[int, Any]
 
 
 class HeadStart:
-    """One worker process started on ``calls`` where the first batch runs past ``after_s``.
+    """One worker process started on ``calls`` where the first batch runs past :data:`HEAD_START_S`.
 
     Made (the zygote forked, on the caller's thread) before the first batch is made;
     :meth:`arm` as that batch starts; :meth:`settle` once it has run, before
@@ -65,14 +65,11 @@ class HeadStart:
     Args:
         pool: the loader's worker processes (none running yet).
         calls: the batches after the first, numbered, for the worker.
-        after_s: how long the first batch runs before the worker starts (default:
-            :data:`HEAD_START_S`).
     """
 
-    def __init__(self, pool: ProcessPool, calls: list[Call], after_s: float | None = None) -> None:
+    def __init__(self, pool: ProcessPool, calls: list[Call]) -> None:
         pool.fork_zygote()
         self._pool, self._calls = pool, calls
-        self._after_s = HEAD_START_S if after_s is None else after_s
         self._lock = threading.Lock()
         self._waiting = self._started = False
         self._done = threading.Event()
@@ -85,9 +82,9 @@ class HeadStart:
         return self._timer is not None
 
     def arm(self) -> None:
-        """The first batch starts now: the worker starts on ``calls`` if it still runs in ``after_s``."""
+        """The first batch starts now: the worker starts on ``calls`` if it still runs then."""
         self._waiting = True
-        self._timer = threading.Timer(self._after_s, self._start)
+        self._timer = threading.Timer(HEAD_START_S, self._start)
         self._timer.name, self._timer.daemon = "torchpipe-head-start", True
         self._timer.start()
 
@@ -196,13 +193,12 @@ class FirstBatches:
         ):
             return None
         first, self._primed = self._primed, None
-        self._ahead.append((self._seq, first))
-        self._seq += 1
-        payload = self._next_payload()
-        if payload is None:
-            return None  # a one-batch epoch
-        self._ahead.append((self._seq, payload))
-        self._seq += 1
+        for payload in (first, self._next_payload()):
+            if payload is None:
+                return None  # a one-batch epoch
+            self._ahead.append((self._seq, payload))
+            self._task_slot[self._seq] = None  # map-style: made by no replica
+            self._seq += 1
         return HeadStart(self._pool, [self._ahead[-1]])
 
     def _settle_head(self) -> None:
@@ -216,7 +212,6 @@ class FirstBatches:
             return
         seqs = [seq for seq, _ in sent]
         self._ahead = deque(call for call in self._ahead if call[0] not in seqs)
-        self._task_slot.update(dict.fromkeys(seqs))
         self._dispatch.adopt(self._pool, seqs, AutoStage.let_go)
 
     def _run_inline(self, limit: int) -> list[Any]:

@@ -369,9 +369,7 @@ class WorkerIterator(
             and (self._auto or any(self._active))
         ):
             if self._ahead:  # drawn ahead for the first measurement (auto: never pinned)
-                call = self._ahead.popleft()
-                self._task_slot[call[0]] = None
-                self._dispatch.submit(*call)
+                self._dispatch.submit(*self._ahead.popleft())
                 continue
             replica = host = None
             if self._pinned:  # workers (or replicas) get torch's order: batch k to k % n
